@@ -1,0 +1,10 @@
+"""Shared test fixtures. Servers a test needs are started by the test itself."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

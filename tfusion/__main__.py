@@ -1,0 +1,5 @@
+"""Allows `python -m tfusion`."""
+
+from tfusion.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""allocator package."""

@@ -1,0 +1,154 @@
+"""Command line: flags -> Settings -> roles; nothing else.
+
+`tfusion --role=<roles>` runs one or more roles in this process; `tfusion crds` prints the CRDs.
+Bad input exits 2 with one line that names the flag or value; a role that cannot start exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from tfusion import __version__
+from tfusion.settings import ALL_ROLES, OPTIONS, ROLES, Option, Settings, SettingsError
+
+PROG = "tfusion"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a mistake as one line (it names the flag) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    roles = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not roles:
+        raise argparse.ArgumentTypeError("expected at least one role")
+    for role in roles:
+        if role not in ALL_ROLES:
+            raise argparse.ArgumentTypeError(
+                f"unknown role {role!r}; expected {', '.join(ALL_ROLES)} or a comma list of them")
+    return roles
+
+
+def _flag_type(opt: Option) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return opt.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = opt.attr
+    return convert
+
+
+def _describe_default(opt: Option) -> str:
+    default = opt.default
+    if isinstance(default, tuple):
+        default = "-".join(str(part) for part in default)
+    elif isinstance(default, bool):
+        default = str(default).lower()
+    elif isinstance(default, float) and default.is_integer():
+        default = f"{int(default)}s"
+    text = f"{opt.help} (default: {default!s}" if default != "" else f"{opt.help} (default: unset"
+    if opt.env:
+        text += f"; env {opt.env}"
+    return text + ")"
+
+
+def build_parser(roles: Sequence[str] | None) -> _Parser:
+    """The parser for the given roles; None (no --role yet) shows every role's flags."""
+    parser = _Parser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
+                     epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--role", type=parse_roles, default=("all",),
+                        help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
+    parser.add_argument("--listen", default=None,
+                        help="address of the single role's HTTP server (same as --apiserver-listen or "
+                             "--controller-listen; default: that role's)")
+    shown = set(ROLES) if roles is None or "all" in roles else set(roles)
+    groups = {"common": parser.add_argument_group("common")}
+    for role in ROLES:
+        if role in shown:
+            groups[role] = parser.add_argument_group(role)
+    for opt in OPTIONS:
+        if opt.flag is None or opt.role not in groups:
+            continue
+        kwargs: dict[str, Any] = {"dest": opt.attr, "default": None, "help": _describe_default(opt),
+                                  "type": _flag_type(opt)}
+        if opt.is_bool_flag:
+            kwargs.update(nargs="?", const=True, metavar="BOOL")
+        groups[opt.role].add_argument(opt.flag, **kwargs)
+    if roles is not None:
+        for role in set(ROLES) - shown:
+            for opt in OPTIONS:
+                if opt.flag and opt.role == role:
+                    parser.add_argument(opt.flag, dest=opt.attr, default=None, type=_flag_type(opt),
+                                        help=argparse.SUPPRESS,
+                                        **({"nargs": "?", "const": True} if opt.is_bool_flag else {}))
+    return parser
+
+
+def _pre_parse_roles(argv: Sequence[str]) -> tuple[str, ...] | None:
+    pre = _Parser(prog=PROG, add_help=False)
+    pre.add_argument("--role", type=parse_roles, default=None)
+    known, _ = pre.parse_known_args(list(argv))
+    return known.role  # type: ignore[no-any-return]
+
+
+def settings_from_args(argv: Sequence[str]) -> Settings:
+    roles = _pre_parse_roles(argv)
+    parser = build_parser(roles)
+    args = parser.parse_args(list(argv))
+    roles = args.role
+    flags = {opt.attr: getattr(args, opt.attr, None) for opt in OPTIONS if opt.flag}
+    if args.listen is not None:
+        primary = [r for r in roles if r in ("apiserver", "controller")]
+        if len(primary) != 1 or "all" in roles:
+            parser.error("--listen is ambiguous with these roles; use --apiserver-listen or --controller-listen")
+        flags[f"{primary[0]}_listen"] = args.listen
+    try:
+        return Settings.load(flags, roles=roles)
+    except SettingsError as exc:
+        parser.error(str(exc))
+
+
+def _crds_command(argv: Sequence[str]) -> int:
+    parser = _Parser(prog=f"{PROG} crds", description="Print all CRDs as one YAML stream, or write one file per kind.")
+    parser.add_argument("--out", default=None, help="directory to write one <plural>.yaml per kind into")
+    args = parser.parse_args(list(argv))
+    from tfusion.api import crds
+
+    if args.out:
+        for path in crds.write_crds(args.out):
+            print(path)
+    else:
+        sys.stdout.write(crds.crds_yaml())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "crds":
+        return _crds_command(argv[1:])
+    settings = settings_from_args(argv)
+    logging.basicConfig(
+        level={"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+               "error": logging.ERROR}[settings.log_level],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tfusion.roles import RoleError, run
+
+    try:
+        return run(settings)
+    except RoleError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""hypervisor/devices package."""

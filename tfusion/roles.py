@@ -1,0 +1,82 @@
+"""Runs the selected roles in one anyio task group and stops them on SIGINT/SIGTERM.
+
+Each role lives in `tfusion/<role>/role.py` as `async def run(settings, *, task_status)`; it calls
+`task_status.started(...)` once it serves, and cleans up (leases released, servers closed) when
+cancelled. The embedded API server starts first, so the others get its kubeconfig.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from tfusion.settings import Settings
+
+log = logging.getLogger("tfusion")
+
+RoleRunner = Callable[..., Awaitable[Any]]
+
+#: the shutdown budget after a signal: roles get this long to release leases and close servers
+SHUTDOWN_GRACE_S = 4.0
+
+
+class RoleError(RuntimeError):
+    """A role cannot run (not built, or failed to start); the message says which and why."""
+
+
+def load_role(role: str) -> RoleRunner:
+    module_name = f"tfusion.{role}.role"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise RoleError(f"role {role!r} is not built yet in this version of tfusion") from None
+        raise
+    runner: RoleRunner = module.run
+    return runner
+
+
+def planned_roles(settings: Settings) -> list[str]:
+    """The role modules this process starts, in start order."""
+    wanted = ["apiserver", "controller", "hypervisor"] if "all" in settings.roles else list(settings.roles)
+    if settings.kube_mode == "embedded" and "apiserver" not in wanted:
+        wanted.insert(0, "apiserver")
+    order = {"apiserver": 0, "controller": 1, "hypervisor": 2}
+    return sorted(dict.fromkeys(wanted), key=order.__getitem__)
+
+
+def run(settings: Settings) -> int:
+    runners = {role: load_role(role) for role in planned_roles(settings)}
+    return anyio.run(_run_all, settings, runners)
+
+
+async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+        if "apiserver" in runners:
+            kubeconfig = await tg.start(_started, runners.pop("apiserver"), settings)
+            if settings.kube_mode == "embedded":
+                settings = settings.replace(kube=str(kubeconfig))
+        for runner in runners.values():
+            await tg.start(_started, runner, settings)
+        log.info("tfusion running roles: %s", ", ".join(settings.roles))
+    return 0
+
+
+async def _started(runner: RoleRunner, settings: Settings, *,
+                   task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+    await runner(settings, task_status=task_status)
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
