@@ -72,25 +72,20 @@ def build_parser(roles: Sequence[str] | None) -> _Parser:
                         help="address of the single role's HTTP server (same as --apiserver-listen or "
                              "--controller-listen; default: that role's)")
     shown = set(ROLES) if roles is None or "all" in roles else set(roles)
-    groups = {"common": parser.add_argument_group("common")}
-    for role in ROLES:
-        if role in shown:
-            groups[role] = parser.add_argument_group(role)
+    groups: dict[str, Any] = {"common": parser.add_argument_group("common")}
+    groups.update({role: parser.add_argument_group(role) for role in ROLES if role in shown})
     for opt in OPTIONS:
-        if opt.flag is None or opt.role not in groups:
+        if opt.flag is None:
             continue
-        kwargs: dict[str, Any] = {"dest": opt.attr, "default": None, "help": _describe_default(opt),
-                                  "type": _flag_type(opt)}
+        # Flags of roles not shown still parse (a shared command line may carry them) but stay out of --help.
+        container = groups.get(opt.role, parser)
+        kwargs: dict[str, Any] = {
+            "dest": opt.attr, "default": None, "type": _flag_type(opt),
+            "help": _describe_default(opt) if opt.role in groups else argparse.SUPPRESS,
+        }
         if opt.is_bool_flag:
             kwargs.update(nargs="?", const=True, metavar="BOOL")
-        groups[opt.role].add_argument(opt.flag, **kwargs)
-    if roles is not None:
-        for role in set(ROLES) - shown:
-            for opt in OPTIONS:
-                if opt.flag and opt.role == role:
-                    parser.add_argument(opt.flag, dest=opt.attr, default=None, type=_flag_type(opt),
-                                        help=argparse.SUPPRESS,
-                                        **({"nargs": "?", "const": True} if opt.is_bool_flag else {}))
+        container.add_argument(opt.flag, **kwargs)
     return parser
 
 
@@ -120,7 +115,7 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
 
 def _crds_command(argv: Sequence[str]) -> int:
     parser = _Parser(prog=f"{PROG} crds", description="Print all CRDs as one YAML stream, or write one file per kind.")
-    parser.add_argument("--out", default=None, help="directory to write one <plural>.yaml per kind into")
+    parser.add_argument("--out", default=None, help="directory for one tensor-fusion.ai_<plural>.yaml per kind")
     args = parser.parse_args(list(argv))
     from tfusion.api import crds
 
@@ -137,6 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "crds":
         return _crds_command(argv[1:])
     settings = settings_from_args(argv)
+    from tfusion.api import annotations as ann
+
+    try:  # every label/annotation key follows TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX/_SUFFIX
+        ann.set_domain(settings.domain_prefix, settings.domain_suffix)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level={"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
                "error": logging.ERROR}[settings.log_level],

@@ -91,6 +91,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535."""
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise ValueError(f"expected a port number from 0 to 65535, got {text!r}")
+    return int(text)
+
+
+def _listen_or_port(text: str) -> str:
+    """HOST:PORT, :PORT, or a bare port (the original's PORT variable) meaning :PORT."""
+    address = f":{text}" if text.isdigit() else text
+    parse_listen(address)  # raises ValueError naming what is expected
+    return address
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: its attribute, flag, environment variable, default, parser and owning role."""
@@ -139,15 +153,23 @@ OPTIONS: tuple[Option, ...] = (
        "watch events kept for resume; older resourceVersions get 410 Expired"),
     # --- controller -------------------------------------------------------------------------------
     _o("controller_listen", "--controller-listen", "PORT", ":8080",
-       lambda v: f":{v}" if v.isdigit() else v, "controller",
+       _listen_or_port, "controller",
        "controller HTTP API, /healthz, /readyz and /metrics"),
     _o("webhook_listen", "--webhook-listen", None, ":9443", str, "controller", "TLS pod admission webhook"),
     _o("leader_elect", "--leader-elect", None, True, parse_bool, "controller",
        "elect one active controller through a Lease", is_bool_flag=True),
     _o("operator_namespace", "--operator-namespace", "OPERATOR_NAMESPACE", "tensor-fusion-sys", str, "controller",
        "namespace of the leader Lease and operator objects"),
+    _o("leader_lease_duration", "--leader-elect-lease-duration", None, 15.0, parse_duration, "controller",
+       "how long a leader Lease is honoured after its last renewal"),
+    _o("leader_renew_deadline", "--leader-elect-renew-deadline", None, 10.0, parse_duration, "controller",
+       "a leader that has not renewed for this long stops leading"),
+    _o("leader_retry_period", "--leader-elect-retry-period", None, 2.0, parse_duration, "controller",
+       "how often candidates and the leader try the Lease"),
     _o("dynamic_config", "--dynamic-config", None, "/etc/tensor-fusion/config.yaml", str, "controller",
        "dynamic config file, hot-reloaded when it changes"),
+    _o("dynamic_config_interval", "--dynamic-config-interval", None, 5.0, parse_duration, "controller",
+       "how often the dynamic config file's modification time is checked"),
     _o("scheduler_config", "--scheduler-config", None, "/etc/tensor-fusion/scheduler-config.yaml", str,
        "controller", "KubeSchedulerConfiguration with GPUResourcesFit args"),
     _o("metrics_path", "--metrics-path", None, "/logs/metrics.log", str, "controller",
@@ -170,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("sync_interval", "--sync-interval", None, 10.0, parse_duration, "controller",
        "how often allocator state is written to GPU and quota status"),
     # --- hypervisor -------------------------------------------------------------------------------
-    _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, int, "hypervisor",
+    _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
     _o("devices", "--devices", None, "auto", str, "hypervisor",
        "device backend: auto (NVML when a driver answers, else none), nvml, or sim:2xA100-SXM4-80GB,..."),
@@ -228,7 +250,11 @@ class Settings:
     webhook_listen: str = ":9443"
     leader_elect: bool = True
     operator_namespace: str = "tensor-fusion-sys"
+    leader_lease_duration: float = 15.0
+    leader_renew_deadline: float = 10.0
+    leader_retry_period: float = 2.0
     dynamic_config: str = "/etc/tensor-fusion/config.yaml"
+    dynamic_config_interval: float = 5.0
     scheduler_config: str = "/etc/tensor-fusion/scheduler-config.yaml"
     metrics_path: str = "/logs/metrics.log"
     host_port_range: tuple[int, int] = (40000, 42000)
@@ -322,3 +348,9 @@ def _resolve(opt: Option, flag_value: Any, env: Mapping[str, str]) -> Any:
 
 def option(attr: str) -> Option:
     return _BY_ATTR[attr]
+
+
+def process_environment() -> dict[str, str]:
+    """A copy of this process's environment, for child processes that must inherit it (the
+    hypervisor's local workers); kept here so that nothing else reads os.environ."""
+    return dict(os.environ)

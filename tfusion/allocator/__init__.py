@@ -1,1 +1,54 @@
-"""allocator package."""
+"""The GPU allocator: pure, synchronous GPU state, filters, scoring, ledger and quota.
+
+No I/O and no await here: the controller feeds it informer events and asks it questions, the
+hypervisor's single-node mode uses it directly. See allocator.py for the model.
+"""
+
+from tfusion.allocator.allocator import (
+    AllocationInfo,
+    FilterResult,
+    GpuAllocator,
+    Placement,
+    PoolConfig,
+)
+from tfusion.allocator.errors import (
+    AllocatorError,
+    FilterStage,
+    InvalidAllocation,
+    PlacementModeError,
+    QuotaExceeded,
+    Removal,
+    Unschedulable,
+)
+from tfusion.allocator.quota import QuotaSpec, QuotaSpecError, Usage, quota_from_object
+from tfusion.allocator.request import AllocRequest, RequestError, Resources, request_from_pod
+from tfusion.allocator.scoring import PLACEMENT_MODES, Weights
+from tfusion.allocator.state import GpuInfo, GpuObjectError, gpu_from_object
+
+__all__ = [
+    "PLACEMENT_MODES",
+    "AllocRequest",
+    "AllocationInfo",
+    "AllocatorError",
+    "FilterResult",
+    "FilterStage",
+    "GpuAllocator",
+    "GpuInfo",
+    "GpuObjectError",
+    "InvalidAllocation",
+    "Placement",
+    "PlacementModeError",
+    "PoolConfig",
+    "QuotaExceeded",
+    "QuotaSpec",
+    "QuotaSpecError",
+    "Removal",
+    "RequestError",
+    "Resources",
+    "Unschedulable",
+    "Usage",
+    "Weights",
+    "gpu_from_object",
+    "quota_from_object",
+    "request_from_pod",
+]

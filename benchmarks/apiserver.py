@@ -1,0 +1,226 @@
+"""Embedded API server throughput and latency, over real HTTP, printed as ONE JSON object.
+
+Starts `tfusion --role=apiserver` in a child process (its own core, a fresh state file), then drives it
+from this process with many concurrent keep-alive connections (a minimal HTTP/1.1 client, so the
+client's own cost does not hide the server's):
+
+- creates_per_s: ConfigMap creates per second with `--clients` concurrent connections;
+- patch_p99_ms: p99 latency of merge patches with `--clients` concurrent patchers;
+- watch_lag_p99_ms: time from a patch's response to the matching event arriving at a watcher,
+  measured while the concurrent patch load runs.
+
+Usage: python benchmarks/apiserver.py [--clients 32] [--creates 6000] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NS_PATH = "/api/v1/namespaces/default/configmaps"
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; requests are sequential on it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> Connection:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        assert self.reader is not None and self.writer is not None
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str, int]:
+    kubeconfig = workdir / "kubeconfig"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfusion",
+            "--role=apiserver",
+            "--apiserver-listen",
+            "127.0.0.1:0",
+            "--state",
+            str(workdir / "state.db"),
+            "--kubeconfig-out",
+            str(kubeconfig),
+            "--log-level",
+            "warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while not kubeconfig.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"apiserver did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
+        time.sleep(0.05)
+    url = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    host, port = url.split("//")[1].rsplit(":", 1)
+    return proc, host, int(port)
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
+
+
+async def creates(host: str, port: int, clients: int, total: int) -> float:
+    connections = [await Connection(host, port).open() for _ in range(clients)]
+    counter = iter(range(total))
+
+    async def worker(conn: Connection) -> None:
+        for i in counter:
+            body = json.dumps(
+                {"metadata": {"name": f"cm-{i}", "labels": {"bench": "yes"}}, "data": {"k": "v" * 64}}
+            ).encode()
+            status, _ = await conn.request("POST", NS_PATH, body)
+            assert status == 201, status
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - started
+    for conn in connections:
+        conn.close()
+    return total / elapsed
+
+
+async def patches_with_watch(host: str, port: int, clients: int, objects: int, seconds: float) -> dict[str, Any]:
+    arrivals: dict[str, float] = {}
+    ready = asyncio.Event()
+
+    async def watcher() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        status_rv = await list_rv()
+        writer.write(f"GET {NS_PATH}?watch=true&resourceVersion={status_rv} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        ready.set()
+        buffer = b""
+        try:
+            while True:
+                size_line = await reader.readline()
+                size = int(size_line.strip() or b"0", 16)
+                chunk = await reader.readexactly(size + 2)
+                now = time.perf_counter()
+                buffer += chunk[:-2]
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line:
+                        event = json.loads(line)
+                        arrivals[event["object"]["metadata"]["resourceVersion"]] = now
+        finally:
+            writer.close()
+
+    async def list_rv() -> str:
+        conn = await Connection(host, port).open()
+        _, body = await conn.request("GET", f"{NS_PATH}?limit=1")
+        conn.close()
+        return str(json.loads(body)["metadata"]["resourceVersion"])
+
+    watch_task = asyncio.ensure_future(watcher())
+    await ready.wait()
+    latencies: list[float] = []
+    responded: dict[str, float] = {}
+    deadline = time.perf_counter() + seconds
+    connections = [await Connection(host, port).open() for _ in range(clients)]
+
+    async def patcher(index: int, conn: Connection) -> None:
+        n = 0
+        while time.perf_counter() < deadline:
+            name = f"cm-{(index + n * clients) % objects}"
+            n += 1
+            body = json.dumps({"data": {"k": f"{index}-{n}"}}).encode()
+            started = time.perf_counter()
+            status, answer = await conn.request("PATCH", f"{NS_PATH}/{name}", body, "application/merge-patch+json")
+            done = time.perf_counter()
+            assert status == 200, (status, answer[:200])
+            latencies.append(done - started)
+            responded[json.loads(answer)["metadata"]["resourceVersion"]] = done
+
+    await asyncio.gather(*(patcher(i, c) for i, c in enumerate(connections)))
+    await asyncio.sleep(0.5)  # let the last events arrive
+    watch_task.cancel()
+    for conn in connections:
+        conn.close()
+    lags = [max(0.0, arrivals[rv] - t) for rv, t in responded.items() if rv in arrivals]
+    missing = len(responded) - len(lags)
+    return {
+        "patches_per_s": round(len(latencies) / seconds, 1),
+        "patch_p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "patch_p99_ms": round(p99(latencies) * 1000, 2),
+        "watch_lag_p50_ms": round(statistics.median(lags) * 1000, 2) if lags else None,
+        "watch_lag_p99_ms": round(p99(lags) * 1000, 2) if lags else None,
+        "watch_events_missing": missing,
+    }
+
+
+async def main_async(args: argparse.Namespace, host: str, port: int) -> dict[str, Any]:
+    result: dict[str, Any] = {"clients": args.clients, "creates": args.creates}
+    result["creates_per_s"] = round(await creates(host, port, args.clients, args.creates), 1)
+    result.update(await patches_with_watch(host, port, args.clients, args.creates, args.seconds))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--creates", type=int, default=6000)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, host, port = start_server(Path(tmp))
+        try:
+            result = asyncio.run(main_async(args, host, port))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    result["cpu_count"] = os.cpu_count()
+    result["note"] = "server in its own process, client in this one, same machine"
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The `apiserver` pytest fixture: a fresh embedded Kubernetes API server per test, over real HTTP.
+
+Usage (the fixture is registered for every test through tests/conftest.py):
+
+    @pytest.mark.anyio
+    async def test_something(apiserver):
+        api = await kr8s.asyncio.api(kubeconfig=apiserver.kubeconfig)   # or httpx on apiserver.url
+        await apply_crds(apiserver)            # only if the test needs the tensor-fusion.ai kinds
+
+    def test_cli(apiserver):                   # sync tests work too (e.g. kubectl in a subprocess)
+        subprocess.run(["kubectl", "--kubeconfig", apiserver.kubeconfig, "get", "ns"], check=True)
+
+The server runs in a background thread with its own event loop, so any test event loop (or none)
+can talk to it. It listens on 127.0.0.1 with a free port, plain HTTP, no auth, state in a tmp
+SQLite file; namespaces default, kube-system and tensor-fusion-sys exist; nothing else is applied.
+
+Handle (`ApiServerHandle`):
+- `.url`, `.kubeconfig` (path of a kubeconfig file, namespace "default"), `.state` (SQLite path),
+  `.server` (the EmbeddedApiServer; touch it only through the methods below);
+- `.close_watches()`: end every open watch stream (clients see a clean end and must re-watch);
+- `.compact()`: drop the watch event log, so a watch from an older resourceVersion gets 410;
+- `.restart()`: stop and serve again from the same state file on the same port;
+- `.call(fn)`: run a plain function on the server's loop and return its result.
+Bookmarks are sent every `BOOKMARK_INTERVAL_S` (1 s) to watches that allow them.
+
+`apply_crds(handle)` (async) / `apply_crds_sync(handle)` POST every CRD from
+`tfusion.api.crds.all_crds()` and wait until each kind is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from tfusion.apiserver.embedded import EmbeddedApiServer
+
+T = TypeVar("T")
+BOOKMARK_INTERVAL_S = 1.0
+
+
+class ApiServerHandle:
+    """An EmbeddedApiServer running in its own thread and event loop."""
+
+    def __init__(self, state: Path, kubeconfig: Path, *, watch_history: int = 10000) -> None:
+        self.state = state
+        self.kubeconfig = str(kubeconfig)
+        self.server = EmbeddedApiServer(
+            state,
+            listen="127.0.0.1:0",
+            watch_history=watch_history,
+            kubeconfig_path=kubeconfig,
+            bookmark_interval=BOOKMARK_INTERVAL_S,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._main, name="apiserver", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> ApiServerHandle:
+        self._thread.start()
+        self._ready.result(timeout=30)
+        return self
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with self.server:
+            self._ready.set_result(None)
+            await self._stop.wait()
+
+    def _run(self, coro_fn: Callable[[], Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self._loop).result(timeout=60)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        async def wrapper() -> T:
+            return fn()
+
+        result: T = self._run(wrapper)
+        return result
+
+    def close_watches(self) -> None:
+        self.call(self.server.close_watches)
+
+    def compact(self) -> None:
+        self.call(self.server.compact)
+
+    def restart(self) -> None:
+        self._run(self.server.restart)
+
+    def stop(self) -> None:
+        if self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+
+@pytest.fixture
+def apiserver(tmp_path: Path) -> Iterator[ApiServerHandle]:
+    handle = ApiServerHandle(tmp_path / "state.db", tmp_path / "kubeconfig").start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _crd_objects() -> list[dict[str, Any]]:
+    from tfusion.api.crds import all_crds
+
+    return [dict(crd) for crd in all_crds()]
+
+
+def _crd_path(crd: dict[str, Any]) -> str:
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+    return f"/apis/{spec['group']}/{version}/{spec['names']['plural']}"
+
+
+def apply_crds_sync(handle: ApiServerHandle, crds: list[dict[str, Any]] | None = None) -> list[str]:
+    """POST each CRD (PUT when it exists) and wait until its kind answers a list; returns the plurals."""
+    crds = _crd_objects() if crds is None else crds
+    plurals = []
+    with httpx.Client(base_url=handle.url, timeout=10) as client:
+        for crd in crds:
+            url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+            response = client.post(url, json=crd)
+            if response.status_code == 409:
+                current = client.get(f"{url}/{crd['metadata']['name']}").json()
+                body = {
+                    **crd,
+                    "metadata": {**crd["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
+                }
+                response = client.put(f"{url}/{crd['metadata']['name']}", json=body)
+            response.raise_for_status()
+            plurals.append(crd["spec"]["names"]["plural"])
+        deadline = time.monotonic() + 5
+        for crd in crds:
+            while client.get(_crd_path(crd)).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {crd['metadata']['name']} not served after 5 s")
+                time.sleep(0.02)
+    return plurals
+
+
+async def apply_crds(handle: ApiServerHandle, crds: list[dict[str, Any]] | None = None) -> list[str]:
+    """Async form of apply_crds_sync (runs it in a worker thread)."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(lambda: apply_crds_sync(handle, crds))

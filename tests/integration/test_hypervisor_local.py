@@ -1,0 +1,232 @@
+"""The hypervisor's HTTP API over real HTTP with the local backend and simulated devices."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tfusion.hypervisor import role
+from tfusion.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
+
+
+def settings_for(state: Path, **extra: Any) -> Settings:
+    flags = {"backend": "local", "devices": SPEC, "hypervisor_port": 0, "state_dir": str(state),
+             "metrics_output_path": str(state / "metrics.log"), "metrics_interval": 0.3, "node_name": "box-1",
+             **extra}
+    return Settings.load(flags, env={}, roles=("hypervisor",))
+
+
+@asynccontextmanager
+async def hypervisor(state: Path, **extra: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(role.run, settings_for(state, **extra))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+        tg.cancel_scope.cancel()
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not await predicate():
+            await anyio.sleep(0.05)
+
+
+async def test_probes_and_devices(tmp_path: Path) -> None:
+    async with hypervisor(tmp_path) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["conditions"] == [{"name": "discovery", "ready": True, "message": "3 device(s) from sim"}]
+        devices = (await http.get("/api/v1/devices")).json()["data"]
+        assert [{k: d[k] for k in ("Model", "Healthy", "Index")} for d in devices] == [
+            {"Model": "NVIDIA A100-SXM4-80GB", "Healthy": True, "Index": 0},
+            {"Model": "NVIDIA A100-SXM4-80GB", "Healthy": True, "Index": 1},
+            {"Model": "NVIDIA H100 80GB HBM3", "Healthy": True, "Index": 2}]
+        assert {"UUID", "Vendor", "NUMANode", "TotalMemoryBytes", "MaxTflops", "Properties"} <= set(devices[0])
+        one = await http.get(f"/api/v1/devices/{devices[2]['UUID']}")
+        assert one.json()["data"]["MaxTflops"] == 989
+        missing = await http.get("/api/v1/devices/gpu-nope")
+        assert (missing.status_code, missing.json()) == (404, {"error": "Device not found"})
+        unknown_route = await http.get("/api/v1/nothing")
+        assert unknown_route.status_code == 404 and "error" in unknown_route.json()
+        # a device turns unhealthy (through the simulator's load file) and rediscovery reports it
+        (tmp_path / "sim-load.json").write_text(json.dumps({"devices": {"1": {"healthy": False,
+                                                                              "healthMessage": "XID 79"}}}))
+        found = await http.post("/api/v1/devices/discover")
+        assert found.status_code == 200 and found.json()["status"] == "Device discovery triggered"
+        healthy = [d["Healthy"] for d in (await http.get("/api/v1/devices")).json()["data"]]
+        assert healthy == [True, False, True]
+        assert "unhealthy" in (await http.get("/readyz")).json()["conditions"][0]["message"]
+        assert json.loads((tmp_path / "devices.json").read_text())[1]["Healthy"] is False
+
+
+async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> None:
+    env_file = tmp_path / "env.txt"
+    async with hypervisor(tmp_path) as http:
+        h100 = (await http.get("/api/v1/devices")).json()["data"][2]["UUID"]
+        created = await http.post("/api/v1/workers", json={
+            "name": "trainer", "requests": {"tflops": "100", "vram": "8Gi"},
+            "limits": {"tflops": "200", "vram": "16Gi"},
+            "gpuIds": [h100], "isolation": "hard", "qos": "low", "env": {"EXTRA": "1"},
+            "command": ["sh", "-c", f"env > {env_file}.tmp && mv {env_file}.tmp {env_file}; exec sleep 60"]})
+        assert created.status_code == 201, created.text
+        allocation = created.json()["data"]
+        uid = allocation["WorkerInfo"]["WorkerUID"]
+        assert allocation["WorkerInfo"]["AllocatedDevices"] == [h100]
+        assert allocation["WorkerInfo"]["Requests"] == {"tflops": "100", "compute": "0", "vram": "8Gi"}
+        assert allocation["WorkerInfo"]["WorkerRunningInfo"]["isRunning"] is True
+        pid = allocation["WorkerInfo"]["WorkerRunningInfo"]["pid"]
+        native = "GPU-" + h100[4:]
+        assert allocation["Envs"]["NVIDIA_VISIBLE_DEVICES"] == native
+        assert allocation["Envs"]["TF_CUDA_SM_PERCENT_LIMIT"] == "21"  # 200 of 989 TFLOPS, rounded up
+
+        await wait_for(lambda: anyio.to_thread.run_sync(env_file.exists))
+        env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == native and env["CUDA_VISIBLE_DEVICES"] == native
+        assert env["TF_CUDA_SM_PERCENT_LIMIT"] == "21" and env["TF_GPU_MEMORY_LIMIT"] == str(16 * 1024**3)
+        assert env["POD_NAME"] == "trainer" and env["TF_WORKER_UID"] == uid and env["EXTRA"] == "1"
+
+        # the simulated driver reports the worker's process on the H100: per-process usage
+        (tmp_path / "sim-load.json").write_text(json.dumps({"processes": [
+            {"pid": pid, "device": 2, "memoryBytes": 3 * 1024**3, "computePercent": 40}]}))
+
+        async def usage_seen() -> bool:
+            data = (await http.get(f"/api/v1/workers/{uid}")).json()["data"]
+            return bool(data["metrics"][h100])
+
+        await wait_for(usage_seen)
+        data = (await http.get(f"/api/v1/workers/{uid}")).json()["data"]
+        assert data["worker_uid"] == uid
+        usage = data["metrics"][h100][str(pid)]
+        assert usage["MemoryBytes"] == 3 * 1024**3 and usage["ComputePercentage"] == 40
+        assert usage["MemoryPercentage"] == pytest.approx(3 / 16 * 100)
+        assert (await http.get("/api/v1/workers/trainer")).json()["data"]["worker_uid"] == uid  # by name too
+
+        listed = (await http.get("/api/v1/workers")).json()["data"]
+        assert [w["WorkerInfo"]["WorkerName"] for w in listed] == ["trainer"]
+        limiter = (await http.get("/api/v1/limiter")).json()
+        assert limiter == {"limiters": [{
+            "worker_uid": uid, "requests": {"tflops": "100", "compute": "0", "vram": "8Gi"},
+            "limits": {"tflops": "200", "compute": "0", "vram": "16Gi"}}]}
+        assert (await http.post("/api/v1/trap")).json() == {"message": "trap initiated", "snapshot_count": 1}
+        pods = (await http.get("/api/v1/pod")).json()
+        assert pods == {"pods": [{"pod_name": "trainer", "namespace": "default", "gpu_uuids": [h100],
+                                  "tflops_limit": 200.0, "vram_limit": 16 * 1024**3, "qos_level": "low"}]}
+        snap = await http.post(f"/api/v1/workers/{uid}/snapshot")
+        assert (snap.status_code, snap.json()) == (501, {"error": "worker snapshot is not implemented yet"})
+        assert (await http.post(f"/api/v1/workers/{uid}/resume")).status_code == 501
+        assert (await http.post("/api/v1/workers/nope/snapshot")).status_code == 404
+
+        metrics = (await http.get("/metrics")).text
+        labels = f'model="NVIDIA H100 80GB HBM3",node="box-1",pool="unknown",uuid="{h100}"'
+        assert f"tf_gpu_capacity_tflops{{{labels}}} 989.0" in metrics
+        assert "tf_worker_memory_used_bytes{" in metrics and 'pod="trainer"' in metrics
+
+        deleted = await http.delete(f"/api/v1/workers/{uid}")
+        assert deleted.status_code == 200 and deleted.json()["data"]["released"] == [h100]
+        assert (await http.get(f"/api/v1/workers/{uid}")).status_code == 404
+        assert (await http.delete(f"/api/v1/workers/{uid}")).status_code == 404
+        with pytest.raises(ProcessLookupError):
+            import os
+
+            os.kill(pid, 0)
+        # the whole H100 is free again
+        again = await http.post("/api/v1/workers", json={"name": "big", "requests": {"tflops": "989", "vram": "1Gi"},
+                                                         "gpuIds": [h100]})
+        assert again.status_code == 201, again.text
+    lines = (tmp_path / "metrics.log").read_text().splitlines()
+    assert any(line.startswith("tf_gpu_usage,node=box-1,pool=unknown,uuid=") for line in lines)
+    assert any(line.startswith("tf_worker_usage,") and "pod_name=trainer" in line for line in lines)
+
+
+async def test_over_asking_and_bad_bodies(tmp_path: Path) -> None:
+    async with hypervisor(tmp_path) as http:
+        too_big = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "2000", "vram": "1Gi"}})
+        assert too_big.status_code == 409
+        body = too_big.json()
+        assert "does not fit" in body["error"]
+        assert len(body["free"]) == 3 and {"uuid", "availableTflops", "availableVram"} <= set(body["free"][0])
+        assert any("TFLOPS available" in reason for reason in body["reasons"])
+        cases = [
+            ({"requests": {"tflops": "1"}}, "name"),
+            ({"name": "Bad_Name"}, "name"),
+            ({"name": "w", "requests": {"tflops": "lots"}}, "requests.tflops"),
+            ({"name": "w", "requests": {"gpus": 1}}, "requests.gpus"),
+            ({"name": "w", "gpuCount": 9}, "gpuCount"),
+            ({"name": "w", "gpuIds": ["gpu-nope"]}, "gpuIds"),
+            ({"name": "w", "isolation": "magic"}, "isolation"),
+            ({"name": "w", "qos": "urgent"}, "qos"),
+            ({"name": "w", "command": 5}, "command"),
+            ({"name": "w", "env": {"A": 1}}, "env"),
+            ({"name": "w", "colour": "red"}, "colour"),
+            ({"name": "w", "requests": {"tflops": "10", "computePercent": 10}}, "requests.computePercent"),
+        ]
+        for payload, field in cases:
+            response = await http.post("/api/v1/workers", json=payload)
+            assert response.status_code == 422, (payload, response.text)
+            assert response.json()["field"] == field, (payload, response.json())
+            assert field.split(".")[-1] in response.json()["error"] or field in response.json()["error"]
+        assert (await http.post("/api/v1/workers", content=b"{nope")).status_code == 400
+        assert (await http.post("/api/v1/workers", content=b"[1]")).json() == {
+            "error": "request body must be a JSON object, got list"}
+        ok = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "10", "vram": "1Gi"}})
+        assert ok.status_code == 201
+        dup = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "10", "vram": "1Gi"}})
+        assert dup.status_code == 409 and "already exists" in dup.json()["error"]
+
+
+async def test_token_routes_need_kubernetes_in_local_mode(tmp_path: Path) -> None:
+    async with hypervisor(tmp_path) as http:
+        for response in (await http.get("/api/v1/pod", params={"container_name": "main"}),
+                         await http.get("/api/v1/pod", headers={"Authorization": "Bearer abc"}),
+                         await http.post("/api/v1/process", params={"container_name": "c", "container_pid": "5"})):
+            assert response.status_code == 401
+            assert "needs the Kubernetes backend" in response.json()["error"]
+        missing = await http.post("/api/v1/process", params={"container_name": "c"})
+        assert missing.status_code == 400 and "container_pid" in missing.json()["error"]
+
+
+async def test_state_survives_a_restart(tmp_path: Path) -> None:
+    async with hypervisor(tmp_path) as http:
+        first = (await http.post("/api/v1/workers", json={
+            "name": "keeper", "requests": {"tflops": "300", "vram": "70Gi"}, "gpuCount": 1,
+            "command": ["sleep", "60"]})).json()["data"]["WorkerInfo"]
+        old_pid = first["WorkerRunningInfo"]["pid"]
+    saved = json.loads((tmp_path / "workers.json").read_text())
+    assert [w["WorkerName"] for w in saved] == ["keeper"]
+    assert {d["Index"] for d in json.loads((tmp_path / "devices.json").read_text())} == {0, 1, 2}
+    async with hypervisor(tmp_path) as http:
+        workers = (await http.get("/api/v1/workers")).json()["data"]
+        assert [w["WorkerInfo"]["WorkerUID"] for w in workers] == [first["WorkerUID"]]
+        restored = workers[0]["WorkerInfo"]
+        assert restored["AllocatedDevices"] == first["AllocatedDevices"]
+        assert restored["WorkerRunningInfo"]["isRunning"] and restored["WorkerRunningInfo"]["pid"] != old_pid
+        # the restored allocation still holds its device: a second big worker must go elsewhere
+        second = (await http.post("/api/v1/workers", json={
+            "name": "other", "requests": {"tflops": "300", "vram": "70Gi"}})).json()["data"]["WorkerInfo"]
+        assert second["AllocatedDevices"] != first["AllocatedDevices"]
+
+
+async def test_auto_without_a_driver_runs_with_no_devices(tmp_path: Path) -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("an NVIDIA driver library is installed here; this test needs a machine without one")
+    async with hypervisor(tmp_path, devices="auto") as http:
+        ready = (await http.get("/readyz")).json()
+        assert ready["status"] == "ready"
+        assert "no NVIDIA driver answered" in ready["conditions"][0]["message"]
+        assert (await http.get("/api/v1/devices")).json() == {"data": []}
+        response = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "1", "vram": "1Gi"}})
+        assert response.status_code == 409 and "no devices" in response.json()["error"]

@@ -1,0 +1,175 @@
+"""Leader election against the embedded API server: one leader among racing candidates, release
+on shutdown, step-down before the renew deadline, a stolen lease, the leader-info ConfigMap."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, TokenBucket
+from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEASE_NAME, LeaderElector, micro_time
+
+pytestmark = pytest.mark.anyio
+
+NS = "tensor-fusion-sys"
+FAST = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.2}
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+@pytest.fixture
+async def clients(apiserver: Any) -> AsyncIterator[list[KubeClient]]:
+    made = [await KubeClient.connect(str(apiserver.kubeconfig), qps=0) for _ in range(3)]
+    yield made
+    for client in made:
+        await client.close()
+
+
+class Candidate:
+    """An elector plus a record of its leader-only work."""
+
+    def __init__(self, client: KubeClient, name: str, **timing: float) -> None:
+        self.registry = CollectorRegistry()
+        self.started: list[float] = []
+        self.stopped: list[float] = []
+        self.work_cancelled: list[float] = []
+        self.elector = LeaderElector(client, namespace=NS, identity=name, registry=self.registry,
+                                     on_started_leading=self.work, on_stopped_leading=self.stop,
+                                     **(timing or FAST))  # type: ignore[arg-type]
+
+    async def work(self) -> None:
+        self.started.append(time.monotonic())
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.work_cancelled.append(time.monotonic())
+
+    def stop(self) -> None:
+        self.stopped.append(time.monotonic())
+
+    @property
+    def gauge(self) -> float | None:
+        return self.registry.get_sample_value("tfusion_leader")
+
+
+async def lease(client: KubeClient) -> dict[str, Any]:
+    return await client.get(r.LEASES, LEASE_NAME, namespace=NS)
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+def test_micro_time_has_six_fractional_digits() -> None:
+    assert micro_time(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2026-01-02T03:04:05.000000Z"
+    assert MICRO_TIME.match(micro_time())
+
+
+async def test_timings_must_be_ordered(clients: list[KubeClient]) -> None:
+    with pytest.raises(ValueError, match="lease_duration"):
+        LeaderElector(clients[0], lease_duration=5, renew_deadline=10, retry_period=2)
+
+
+async def test_racing_candidates_elect_exactly_one(clients: list[KubeClient]) -> None:
+    candidates = [Candidate(client, f"cand-{i}") for i, client in enumerate(clients)]
+    async with anyio.create_task_group() as tg:
+        for cand in candidates:
+            tg.start_soon(cand.elector.run)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert sum(c.elector.is_leader for c in candidates) <= 1
+            await anyio.sleep(0.01)
+        leaders = [c for c in candidates if c.elector.is_leader]
+        assert len(leaders) == 1
+        held = await lease(clients[0])
+        assert held["spec"]["holderIdentity"] == leaders[0].elector.identity
+        assert held["spec"]["leaseDurationSeconds"] == 2
+        assert MICRO_TIME.match(held["spec"]["renewTime"]) and MICRO_TIME.match(held["spec"]["acquireTime"])
+        assert [c.gauge for c in candidates].count(1.0) == 1
+        assert [c.gauge for c in candidates].count(0.0) == 2
+        assert all(len(c.started) == (1 if c is leaders[0] else 0) for c in candidates)
+        info = await clients[0].get(r.CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=NS)
+        assert re.match(r"^\d+\.\d+\.\d+\.\d+$", info["data"]["leader-ip"])
+        tg.cancel_scope.cancel()
+
+
+async def test_release_on_shutdown_hands_over_within_a_retry_period(clients: list[KubeClient]) -> None:
+    first = Candidate(clients[0], "first")
+    second = Candidate(clients[1], "second", lease_duration=15.0, renew_deadline=10.0, retry_period=0.3)
+    async with anyio.create_task_group() as tg:
+        first_scope = anyio.CancelScope()
+        tg.start_soon(_run_in, first_scope, first)
+        await wait_for(lambda: first.elector.is_leader)
+        tg.start_soon(second.elector.run)
+        await anyio.sleep(0.5)
+        assert not second.elector.is_leader
+        first_scope.cancel()
+        await wait_for(lambda: bool(first.work_cancelled))
+        released_at = time.monotonic()
+        # the lease is 15 s long, yet a released lease is taken at the next retry
+        await wait_for(lambda: second.elector.is_leader, timeout=2.0)
+        assert time.monotonic() - released_at < 1.5
+        held = await lease(clients[2])
+        assert held["spec"]["holderIdentity"] == "second"
+        assert held["spec"]["leaseTransitions"] == 1  # created by "first" (0), taken by "second" (1)
+        assert first.gauge == 0.0 and first.stopped
+        tg.cancel_scope.cancel()
+    released = await lease(clients[2])
+    assert released["spec"]["holderIdentity"] == "" and released["spec"]["leaseDurationSeconds"] == 1
+
+
+async def _run_in(scope: anyio.CancelScope, cand: Candidate) -> None:
+    with scope:
+        await cand.elector.run()
+
+
+async def test_stalled_leader_steps_down_before_the_renew_deadline(clients: list[KubeClient]) -> None:
+    leader = Candidate(clients[0], "stalls", lease_duration=2.0, renew_deadline=1.2, retry_period=0.2)
+    standby = Candidate(clients[1], "standby")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(leader.elector.run)
+        await wait_for(lambda: leader.elector.is_leader)
+        tg.start_soon(standby.elector.run)
+        await anyio.sleep(0.5)
+        # every request of the leader now waits ~100 s for the rate limiter: renewals stall
+        stalled = TokenBucket(0.01, 1)
+        stalled.reserve()
+        clients[0].limiter = stalled
+        await wait_for(lambda: not leader.elector.is_leader, timeout=3)
+        stopped_wall = datetime.now(UTC)
+        last_renew = datetime.strptime((await lease(clients[2]))["spec"]["renewTime"],
+                                       "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        assert (stopped_wall - last_renew).total_seconds() < 1.2, "must stop before the renew deadline"
+        assert leader.work_cancelled and leader.stopped and leader.gauge == 0.0
+        await wait_for(lambda: standby.elector.is_leader, timeout=4)
+        assert leader.work_cancelled[0] < standby.started[0], "the old leader stops before the new starts"
+        clients[0].limiter = TokenBucket(0, 1)  # unstall, so shutdown need not wait out the release timeout
+        tg.cancel_scope.cancel()
+
+
+async def test_stolen_lease_stops_leading_at_once(clients: list[KubeClient]) -> None:
+    leader = Candidate(clients[0], "victim", lease_duration=10.0, renew_deadline=8.0, retry_period=0.2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(leader.elector.run)
+        await wait_for(lambda: leader.elector.is_leader)
+        current = await lease(clients[1])
+        current["spec"]["holderIdentity"] = "intruder"
+        current["spec"]["renewTime"] = micro_time()
+        await clients[1].replace(r.LEASES, current)
+        stolen_at = time.monotonic()
+        await wait_for(lambda: not leader.elector.is_leader, timeout=2)
+        assert time.monotonic() - stolen_at < 1.0
+        assert leader.work_cancelled and leader.stopped
+        assert leader.elector.observed_holder == "intruder"
+        tg.cancel_scope.cancel()
+    # it never held the lease at shutdown, so it must not have released (overwritten) it
+    assert (await lease(clients[1]))["spec"]["holderIdentity"] == "intruder"

@@ -1,0 +1,229 @@
+"""The command line: help lists every flag with its default, --version, and one-line errors.
+
+Most cases call `tfusion.cli.main` in-process; a few run `python -m tfusion` to check the real entry
+point and environment handling (the test never changes its own os.environ).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tfusion import __version__, cli, roles
+from tfusion.settings import OPTIONS, ROLES, Option
+
+
+def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code: Any = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return int(code or 0), out, err
+
+
+def _expected_default(opt: Option) -> str:
+    default = opt.default
+    if default == "":
+        return "unset"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, tuple):
+        return "-".join(map(str, default))
+    if isinstance(default, float) and opt.parse.__name__ == "parse_duration":
+        return f"{int(default)}s" if default.is_integer() else f"{default}s"
+    return str(default)
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """flag -> its help text with whitespace collapsed (argparse wraps to the terminal width)."""
+    entries: dict[str, str] = {}
+    for block in re.split(r"\n(?=  -)", text):
+        match = re.match(r"\s*(--[a-z0-9-]+)", block)
+        if match:
+            entries[match.group(1)] = " ".join(block.split())
+    return entries
+
+
+def _flag_options(role_filter: set[str]) -> list[Option]:
+    return [opt for opt in OPTIONS if opt.flag and opt.role in role_filter]
+
+
+def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run_main(["--help"], capsys)
+    assert code == 0 and err == ""
+    entries = _help_entries(out)
+    for opt in _flag_options({"common", *ROLES}):
+        assert opt.flag in entries, f"{opt.flag} missing from --help"
+        assert f"default: {_expected_default(opt)}" in entries[opt.flag], entries[opt.flag]
+        if opt.env:
+            assert f"env {opt.env}" in entries[opt.flag]
+    for flag in ("--role", "--listen", "--version"):
+        assert flag in entries
+    assert "default: all" in entries["--role"]
+    assert "tfusion crds" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_help_lists_that_roles_flags_only(role: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run_main([f"--role={role}", "--help"], capsys)
+    assert code == 0
+    entries = _help_entries(out)
+    for opt in _flag_options({"common", role}):
+        assert opt.flag in entries, f"{opt.flag} missing from --role={role} --help"
+        assert f"default: {_expected_default(opt)}" in entries[opt.flag]
+    others = [opt.flag for opt in OPTIONS if opt.flag and opt.role not in ("common", role)]
+    shown = [flag for flag in others if flag in entries]
+    assert not shown, f"--role={role} --help shows other roles' flags {shown}"
+
+
+def test_comma_list_of_roles_shows_both(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run_main(["--role", "controller,hypervisor", "--help"], capsys)
+    assert code == 0
+    entries = _help_entries(out)
+    assert "--controller-listen" in entries and "--port" in entries
+    assert "--apiserver-listen" not in entries
+
+
+def test_all_role_help_shows_everything(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run_main(["--role=all", "--help"], capsys)
+    entries = _help_entries(out)
+    assert all(opt.flag in entries for opt in OPTIONS if opt.flag)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run_main(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"tfusion {__version__}"
+
+
+def _assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tfusion: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize("argv", [["--role=gpu"], ["--role", "controller,gpu"], ["--role=gpu", "--help"]])
+def test_unknown_role_exits_2_naming_it(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, err, "'gpu'", "controller, hypervisor")
+    assert out == ""
+
+
+def test_empty_role_list_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main(["--role=,"], capsys)
+    _assert_one_line_error(code, err, "--role", "at least one role")
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--role=hypervisor", "--bogus=1"], ["extra-word"]])
+def test_unknown_flag_exits_2_naming_it(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, err, argv[-1].split("=")[0])
+
+
+@pytest.mark.parametrize(("argv", "needle"), [(["--role=hypervisor", "--port=eighty"], "--port"),
+                                              (["--log-level=loud"], "--log-level"),
+                                              (["--role=controller", "--host-port-range=5-1"],
+                                               "--host-port-range"),
+                                              (["--role=apiserver", "--watch-history=0"], "--watch-history")])
+def test_bad_flag_value_exits_2_naming_the_flag(argv: list[str], needle: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("role_arg", ["--role=controller,apiserver", "--role=all", "--role=hypervisor"])
+def test_listen_needs_exactly_one_server_role(role_arg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run_main([role_arg, "--listen", "127.0.0.1:0"], capsys)
+    _assert_one_line_error(code, err, "--listen")
+
+
+def test_listen_with_one_role_sets_that_roles_address() -> None:
+    apiserver = cli.settings_from_args(["--role=apiserver", "--listen", "127.0.0.1:0"])
+    assert apiserver.apiserver_listen == "127.0.0.1:0"
+    assert cli.settings_from_args(["--role=controller", "--listen=:0"]).controller_listen == ":0"
+
+
+def test_flags_reach_settings() -> None:
+    settings = cli.settings_from_args(["--role=hypervisor", "--port=9100", "--leader-elect=false",
+                                       "--devices", "sim:2xA100-SXM4-80GB"])
+    assert settings.roles == ("hypervisor",)
+    assert settings.hypervisor_port == 9100
+    assert settings.leader_elect is False
+    assert settings.devices == "sim:2xA100-SXM4-80GB"
+    assert cli.settings_from_args(["--role=controller", "--leader-elect"]).leader_elect is True
+
+
+def test_a_role_that_is_not_built_exits_1(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    real_import = importlib.import_module
+
+    def import_without_roles(name: str, package: str | None = None) -> ModuleType:
+        if name.startswith("tfusion.") and name.endswith(".role"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_without_roles)
+    code, _, err = _run_main(["--role=hypervisor", "--kube=in-cluster", "--backend=local"], capsys)
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "'hypervisor' is not built yet" in lines[0]
+
+
+def test_a_broken_dependency_of_a_role_is_not_reported_as_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = importlib.import_module
+
+    def import_with_missing_dependency(name: str, package: str | None = None) -> ModuleType:
+        if name == "tfusion.controller.role":
+            raise ModuleNotFoundError("No module named 'somelib'", name="somelib")
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_with_missing_dependency)
+    with pytest.raises(ModuleNotFoundError, match="somelib"):
+        roles.load_role("controller")
+
+
+# --- the real entry point -------------------------------------------------------------------------------
+
+
+def _tfusion(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSOR_FUSION_", "HYPERVISOR_"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "tfusion", *args], capture_output=True, text=True,
+                          timeout=60, env=full_env, check=False)
+
+
+def test_python_m_tfusion_help_and_unknown_flag() -> None:
+    ok = _tfusion("--role=hypervisor", "--help")
+    assert ok.returncode == 0
+    assert "--port" in ok.stdout and "HYPERVISOR_PORT" in ok.stdout
+    bad = _tfusion("--nope")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "tfusion: error: unrecognized arguments: --nope"
+
+
+def test_bad_environment_value_exits_2_naming_the_variable() -> None:
+    result = _tfusion("--role=hypervisor", "--kube=in-cluster", env={"HYPERVISOR_PORT": "eighty"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HYPERVISOR_PORT" in lines[0] and "'eighty'" in lines[0]
+
+
+def test_bad_custom_domain_exits_2_naming_the_variables() -> None:
+    result = _tfusion("--role=hypervisor", "--kube=in-cluster",
+                      env={"TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX": "Not_Valid"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX" in lines[0] and "'Not_Valid.ai'" in lines[0]

@@ -1,0 +1,197 @@
+"""What a pod asks of the allocator, parsed once from its annotations.
+
+`request_from_pod` is the one parser of the GPU annotations (`tflops-request`, `vram-limit`,
+`gpu-count`, `isolation`, ...): the scheduler, the extender, simulate-schedule, leader recovery and
+the webhook all call it, so a pod means the same thing everywhere. The result is an immutable
+`AllocRequest` in allocator units (milli-TFLOPS, bytes, milli-percent) so that no filter ever
+parses a string. Rules (reference §2.1, §3.1):
+- a request defaults to its limit, and a limit to its request;
+- TFLOPS and compute percent are alternatives: given both for the request (or both for the limit) is
+  an error; compute percent is 0..100;
+- gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
+- qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod.
+Errors are `RequestError` naming the annotation, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tfusion.allocator.units import PERCENT_SCALE
+from tfusion.api import annotations as tfa
+from tfusion.api.annotations import AnnotationError
+
+MAX_GPU_COUNT = 128
+QOS_LEVELS = ("low", "medium", "high", "critical")
+ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
+
+
+class RequestError(AnnotationError):
+    """A pod annotation cannot be turned into an allocation request (a ValueError).
+
+    `key` is the annotation, `value` what the pod holds and `allowed` what would be accepted.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A per-GPU amount: TFLOPS (milli) or compute percent (milli-percent), and VRAM (bytes)."""
+
+    tflops: int = 0
+    percent: int = 0
+    vram: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AllocRequest:
+    """One pod's GPU request, per GPU, in allocator units.
+
+    `tflops_*` are milli-TFLOPS, `percent_*` milli-percent of a GPU's TFLOPS (used only when the
+    TFLOPS value is 0), `vram_*` bytes. `workload` is (namespace, name). `gpu_names` are the GPUs an
+    existing worker already holds (leader recovery). `node_affinity` is kept for the deprecated
+    NodeAffinity filter slot and is not evaluated.
+    """
+
+    pod_uid: str
+    pod_name: str
+    namespace: str
+    pool: str
+    workload: tuple[str, str]
+    tflops_request: int = 0
+    tflops_limit: int = 0
+    percent_request: int = 0
+    percent_limit: int = 0
+    vram_request: int = 0
+    vram_limit: int = 0
+    count: int = 1
+    gpu_model: str = ""
+    vendor: str = ""
+    indices: tuple[int, ...] = ()
+    qos: str = "medium"
+    isolation: str = "soft"
+    partition_template: str = ""
+    gpu_names: tuple[str, ...] = ()
+    node_affinity: Any = field(default=None, compare=False)
+
+    @property
+    def request(self) -> Resources:
+        return Resources(self.tflops_request, self.percent_request, self.vram_request)
+
+    @property
+    def limit(self) -> Resources:
+        return Resources(self.tflops_limit, self.percent_limit, self.vram_limit)
+
+    def with_resources(self, request: Resources, limit: Resources) -> AllocRequest:
+        """A copy with a new per-GPU request and limit (vertical resize)."""
+        return replace(self, tflops_request=request.tflops, percent_request=request.percent,
+                       vram_request=request.vram, tflops_limit=limit.tflops, percent_limit=limit.percent,
+                       vram_limit=limit.vram)
+
+    def tflops_need(self, capacity_milli: int) -> int:
+        """milli-TFLOPS this request takes from a GPU of `capacity_milli` (percent converted)."""
+        if self.tflops_request or not self.percent_request:
+            return self.tflops_request
+        return self.percent_request * capacity_milli // PERCENT_SCALE
+
+    def tflops_limit_on(self, capacity_milli: int) -> int:
+        """milli-TFLOPS of the limit on a GPU of `capacity_milli` (percent converted)."""
+        if self.tflops_limit or not self.percent_limit:
+            return self.tflops_limit
+        return self.percent_limit * capacity_milli // PERCENT_SCALE
+
+
+def request_from_pod(pod: Mapping[str, Any], *, default_pool: str | None = None) -> AllocRequest:
+    """Parse a pod's metadata (annotations, labels, uid, name, namespace) into an `AllocRequest`.
+
+    `default_pool` is used when the pod names no pool (the webhook resolves the default pool);
+    without either the pod is rejected.
+    """
+    try:
+        return _parse_pod(pod, default_pool)
+    except RequestError:
+        raise
+    except AnnotationError as exc:
+        raise RequestError(exc.key, exc.value, exc.allowed, kind=exc.kind, detail=exc.detail) from None
+
+
+def _quantity(notes: Mapping[str, str], key: str, *, milli: bool) -> int:
+    raw = notes.get(key)
+    if raw is None or raw == "":
+        return 0
+    q = tfa.parse_quantity_annotation(raw, key=key)
+    return q.milli_value() if milli else q.value()
+
+
+def _percent(notes: Mapping[str, str], key: str) -> int:
+    raw = notes.get(key)
+    if raw is None or raw == "":
+        return 0
+    return tfa.parse_compute_percent(raw, key=key).milli_value()
+
+
+def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest:
+    meta = pod.get("metadata") or {}
+    notes: Mapping[str, str] = meta.get("annotations") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    name = meta.get("name") or ""
+    namespace = meta.get("namespace") or "default"
+
+    pool = notes.get(tfa.GPU_POOL) or default_pool or ""
+    if not pool:
+        raise RequestError(tfa.GPU_POOL, "", "the name of a GPUPool", detail="no pool given")
+
+    t_req = _quantity(notes, tfa.TFLOPS_REQUEST, milli=True)
+    t_lim = _quantity(notes, tfa.TFLOPS_LIMIT, milli=True)
+    p_req = _percent(notes, tfa.COMPUTE_PERCENT_REQUEST)
+    p_lim = _percent(notes, tfa.COMPUTE_PERCENT_LIMIT)
+    for t_key, p_key, t_val, p_val in (
+        (tfa.TFLOPS_REQUEST, tfa.COMPUTE_PERCENT_REQUEST, t_req, p_req),
+        (tfa.TFLOPS_LIMIT, tfa.COMPUTE_PERCENT_LIMIT, t_lim, p_lim),
+    ):
+        if t_val and p_val:
+            raise RequestError(p_key, notes.get(p_key, ""), f"either {t_key} or {p_key}, not both",
+                               detail=f"{t_key} is also set")
+    if t_req or t_lim:  # TFLOPS wins over compute percent
+        p_req = p_lim = 0
+    t_req, t_lim = t_req or t_lim, t_lim or t_req
+    p_req, p_lim = p_req or p_lim, p_lim or p_req
+    v_req = _quantity(notes, tfa.VRAM_REQUEST, milli=False)
+    v_lim = _quantity(notes, tfa.VRAM_LIMIT, milli=False)
+    v_req, v_lim = v_req or v_lim, v_lim or v_req
+
+    indices: tuple[int, ...] = ()
+    if notes.get(tfa.GPU_INDICES):
+        indices = tfa.parse_gpu_indices(notes[tfa.GPU_INDICES], key=tfa.GPU_INDICES)
+    count = 1
+    if indices:
+        count = len(indices)
+    elif notes.get(tfa.GPU_COUNT):
+        count = tfa.parse_gpu_count(notes[tfa.GPU_COUNT], key=tfa.GPU_COUNT)
+    if not 1 <= count <= MAX_GPU_COUNT:
+        raise RequestError(tfa.GPU_INDICES, notes.get(tfa.GPU_INDICES, ""),
+                           f"1 to {MAX_GPU_COUNT} indices")
+
+    qos = "medium"
+    if notes.get(tfa.QOS):
+        qos = tfa.parse_qos(notes[tfa.QOS], key=tfa.QOS)
+    isolation = "soft"
+    if notes.get(tfa.ISOLATION):
+        isolation = tfa.parse_isolation(notes[tfa.ISOLATION], key=tfa.ISOLATION)
+    gpu_names: tuple[str, ...] = ()
+    if notes.get(tfa.GPU_IDS):
+        gpu_names = tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)
+
+    return AllocRequest(
+        pod_uid=meta.get("uid") or "",
+        pod_name=name,
+        namespace=namespace,
+        pool=pool,
+        workload=(namespace, labels.get(tfa.WORKLOAD) or name),
+        tflops_request=t_req, tflops_limit=t_lim, percent_request=p_req, percent_limit=p_lim,
+        vram_request=v_req, vram_limit=v_lim, count=count,
+        gpu_model=notes.get(tfa.GPU_MODEL, ""), vendor=notes.get(tfa.VENDOR, ""),
+        indices=indices, qos=qos, isolation=isolation,
+        partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
+    )

@@ -1,0 +1,169 @@
+"""What the allocator knows about one GPU, and how it is read from a GPU custom resource.
+
+`GpuInfo` is the immutable, integer-only description of a GPU as the hypervisor reports it
+(capacity, phase, model, node, pool, ...). It is built once per informer event by
+`gpu_from_object`; the allocator keeps its own mutable bookkeeping (`GpuSlot`) next to it and never
+takes `status.available`, `status.runningApps` or `status.allocatedPartitions` from the object,
+because those fields are the allocator's output, not its input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tfusion.api.quantity import Quantity, QuantityError
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+PHASE_RUNNING = "Running"
+PHASE_PENDING = "Pending"
+USED_BY_TENSOR_FUSION = "tensor-fusion"
+ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
+
+# virtualization-capabilities JSON key -> isolation mode it allows
+_CAPABILITY_KEYS = {
+    "supportsSoftIsolation": "soft",
+    "supportsHardIsolation": "hard",
+    "supportsPartitioning": "partitioned",
+}
+
+
+class GpuObjectError(ValueError):
+    """A GPU custom resource lacks a field the allocator needs, or holds an unreadable value."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """A GPU as reported: identity, placement, capacity (milli-TFLOPS, bytes) and capabilities.
+
+    `virtualization` is the set of isolation modes the device supports according to the
+    `virtualization-capabilities` annotation, or None when the hypervisor did not report it (then
+    every mode is allowed, as upstream does).
+    """
+
+    name: str
+    node: str
+    pool: str
+    capacity_tflops: int
+    capacity_vram: int
+    model: str = ""
+    vendor: str = "NVIDIA"
+    phase: str = PHASE_RUNNING
+    used_by: str = USED_BY_TENSOR_FUSION
+    index: int | None = None
+    numa: int | None = None
+    isolation_mode: str = ""
+    isolation_policy: str = ""
+    virtualization: frozenset[str] | None = None
+
+
+def _quantity(obj: Mapping[str, Any], path: str, value: Any, *, milli: bool) -> int:
+    if value is None:
+        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path} is missing")
+    try:
+        q = Quantity.parse(value)
+    except QuantityError as exc:
+        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path}: {exc}") from exc
+    if q.sign() < 0:
+        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path} is negative ({value})")
+    return q.milli_value() if milli else q.value()
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_virtualization(raw: str | None) -> frozenset[str] | None:
+    """Modes allowed by a `virtualization-capabilities` annotation; None when absent or unreadable."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return frozenset(mode for key, mode in _CAPABILITY_KEYS.items() if data.get(key) is True) | {"shared"}
+
+
+def gpu_from_object(obj: Mapping[str, Any]) -> GpuInfo:
+    """Build a `GpuInfo` from a GPU custom resource (a dict as the API server returns it).
+
+    The node is `status.nodeSelector["kubernetes.io/hostname"]`, else the `managed-by` label; the
+    pool is the `gpupool` label. Capacity must be present; the rest has the CRD's defaults.
+    """
+    from tfusion.api import annotations as tfa  # the domain prefix is configurable: read keys at call time
+
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    name = meta.get("name")
+    if not name:
+        raise GpuObjectError("GPU object has no metadata.name")
+    labels = meta.get("labels") or {}
+    node = (status.get("nodeSelector") or {}).get(HOSTNAME_LABEL) or labels.get(tfa.MANAGED_BY) or ""
+    capacity = status.get("capacity") or {}
+    return GpuInfo(
+        name=name,
+        node=node,
+        pool=labels.get(tfa.GPU_POOL, ""),
+        capacity_tflops=_quantity(obj, "status.capacity.tflops", capacity.get("tflops"), milli=True),
+        capacity_vram=_quantity(obj, "status.capacity.vram", capacity.get("vram"), milli=False),
+        model=status.get("gpuModel") or "",
+        vendor=status.get("vendor") or "NVIDIA",
+        phase=status.get("phase") or PHASE_PENDING,
+        used_by=status.get("usedBy") or "",
+        index=_optional_int(status.get("index")),
+        numa=_optional_int(status.get("numaNode")),
+        isolation_mode=status.get("isolationMode") or "",
+        isolation_policy=status.get("isolationPolicy") or "",
+        virtualization=parse_virtualization((meta.get("annotations") or {}).get(
+            tfa.VIRTUALIZATION_CAPABILITIES)),
+    )
+
+
+class GpuSlot:
+    """The allocator's mutable record for one GPU.
+
+    `used_*` is the sum of the request charges of live allocations (assumed and committed) on it;
+    `shared_by` is the pod holding it whole under shared isolation. Available is derived:
+    0 while shared, else capacity minus used, never below 0.
+    """
+
+    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "pool", "schedulable",
+                 "shared_by", "used_t", "used_v")
+
+    def __init__(self, info: GpuInfo) -> None:
+        self.info = info
+        self.name = info.name
+        self.node = info.node
+        self.pool = info.pool
+        self.used_t = 0
+        self.used_v = 0
+        self.shared_by: str | None = None
+        self.allocs: dict[str, tuple[int, int]] = {}  # pod uid -> request charge (t, v) on this GPU
+        self.avail_t = info.capacity_tflops
+        self.avail_v = info.capacity_vram
+        self.schedulable = True
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the derived fields after a change of info or usage."""
+        info = self.info
+        if self.shared_by is not None:
+            self.avail_t = 0
+            self.avail_v = 0
+        else:
+            self.avail_t = max(0, info.capacity_tflops - self.used_t)
+            self.avail_v = max(0, info.capacity_vram - self.used_v)
+        self.schedulable = info.phase == PHASE_RUNNING and info.used_by in ("", USED_BY_TENSOR_FUSION)
+
+    @property
+    def idle(self) -> bool:
+        return not self.allocs and self.shared_by is None

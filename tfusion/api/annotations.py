@@ -1,0 +1,547 @@
+"""Every TensorFusion label, annotation, finalizer and resource name, and parsers for their values.
+
+Why it exists: pods, nodes, pools and GPUs talk to the controller, scheduler and hypervisor through
+`tensor-fusion.ai/...` keys. Spelling them once here, and parsing their values once here, keeps the
+roles in agreement and gives users one clear error for a bad value (which key, what value, what is
+allowed), e.g. ``annotation tensor-fusion.ai/gpu-count: "200" is not allowed; expected an integer
+from 1 to 128``.
+
+The domain: like the original, ``<TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX>.<TENSOR_FUSION_CUSTOM_DOMAIN_SUFFIX>``
+(default ``tensor-fusion.ai``). The CLI calls `set_domain` once at start-up, which rewrites every
+key constant of this module. Therefore **always read keys as module attributes**::
+
+    from tfusion.api import annotations as ann
+    pod_annotations[ann.GPU_IDS]                  # right: follows set_domain
+    from tfusion.api.annotations import GPU_IDS   # wrong: frozen at import time
+
+Import it under another name (``as ann``): in a module with ``from __future__ import annotations``
+the bare name ``annotations`` is taken, and mypy rejects the second import.
+
+Keys marked "label" are labels; the others are annotations unless their comment says otherwise.
+Upstream abbreviates the domain as ``tf/`` in its docs; here every key is spelled out in full.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Final
+
+from tfusion.api.quantity import Quantity, QuantityError
+
+DEFAULT_DOMAIN_PREFIX: Final = "tensor-fusion"
+DEFAULT_DOMAIN_SUFFIX: Final = "ai"
+#: the current domain; rewritten by set_domain, like every key below
+DOMAIN = "tensor-fusion.ai"
+
+# --- pod inputs read by the webhook (reference §2.1) -------------------------------------------------
+ENABLED = "tensor-fusion.ai/enabled"  # label: "true" = TF pod; "false" = never auto-migrate
+WORKLOAD_PROFILE = "tensor-fusion.ai/workload-profile"  # WorkloadProfile name in the pod's namespace
+GPU_POOL = "tensor-fusion.ai/gpupool"  # annotation on pods; label on workloads, GPUs, pods
+IS_LOCAL_GPU = "tensor-fusion.ai/is-local-gpu"
+SIDECAR_WORKER = "tensor-fusion.ai/sidecar-worker"
+ISOLATION = "tensor-fusion.ai/isolation"
+PARTITION_ID = "tensor-fusion.ai/partition-id"
+WORKER_POD_TEMPLATE = "tensor-fusion.ai/worker-pod-template"
+TFLOPS_REQUEST = "tensor-fusion.ai/tflops-request"
+TFLOPS_LIMIT = "tensor-fusion.ai/tflops-limit"
+VRAM_REQUEST = "tensor-fusion.ai/vram-request"
+VRAM_LIMIT = "tensor-fusion.ai/vram-limit"
+COMPUTE_PERCENT_REQUEST = "tensor-fusion.ai/compute-percent-request"
+COMPUTE_PERCENT_LIMIT = "tensor-fusion.ai/compute-percent-limit"
+GPU_COUNT = "tensor-fusion.ai/gpu-count"
+GPU_INDICES = "tensor-fusion.ai/gpu-indices"
+GPU_MODEL = "tensor-fusion.ai/gpu-model"
+VENDOR = "tensor-fusion.ai/vendor"
+QOS = "tensor-fusion.ai/qos"
+INJECT_CONTAINER = "tensor-fusion.ai/inject-container"
+DEDICATED_GPU = "tensor-fusion.ai/dedicated-gpu"
+AUTOSCALE = "tensor-fusion.ai/autoscale"
+AUTOSCALE_TARGET = "tensor-fusion.ai/autoscale-target"
+ENABLED_REPLICAS = "tensor-fusion.ai/enabled-replicas"
+GANG_ENABLED = "tensor-fusion.ai/gang-enabled"
+GANG_MIN_MEMBERS = "tensor-fusion.ai/gang-min-members"
+GANG_TIMEOUT = "tensor-fusion.ai/gang-timeout"
+DISABLE_FEATURES = "tensor-fusion.ai/disable-features"  # annotation on pods, label on workloads
+HOST_PORT = "tensor-fusion.ai/host-port"  # label: "auto" = allocate a cluster-level host port
+PORT_NAME = "tensor-fusion.ai/port-name"  # label: the container port that gets the host port
+EVICTION_PROTECTION = "tensor-fusion.ai/eviction-protection"  # duration
+REQUIRE_GPU_TOPOLOGY = "tensor-fusion.ai/require-gpu-topology"
+GPU_TOPOLOGY_MAX_TIER = "tensor-fusion.ai/gpu-topology-max-tier"
+GPU_TOPOLOGY_SOURCE = "tensor-fusion.ai/gpu-topology-source"
+
+# --- written by the webhook (reference §2.3) ---------------------------------------------------------
+WORKLOAD_MODE = "tensor-fusion.ai/workload-mode"  # on TensorFusionWorkload: dynamic|fixed
+CONTAINER_GPU_COUNT = "tensor-fusion.ai/container-gpu-count"  # JSON {container: count}
+PENDING_OWNED_WORKLOAD = "tensor-fusion.ai/pending-owned-workload"
+GANG_DESIRED_MEMBERS = "tensor-fusion.ai/gang-desired-members"
+GANG_REQUIRED_MEMBERS = "tensor-fusion.ai/gang-required-members"
+GANG_GROUP_KEY = "tensor-fusion.ai/gang-group-key"  # "<namespace>/<workload>"
+WORKLOAD = "tensor-fusion.ai/workload"  # label on local-mode pods and connections
+SELECTED_WORKLOAD = "tensor-fusion.ai/selected-workload"  # remote mode
+INDEX = "tensor-fusion.ai/index"  # pod index 1..128 (device-plugin handshake)
+POD_TEMPLATE_HASH = "tensor-fusion.ai/pod-template-hash"  # label
+COMPONENT = "tensor-fusion.ai/component"  # label: worker|client|hypervisor|...
+EMBEDDED_WORKER = "tensor-fusion.ai/embedded-worker"
+USED_BY = "tensor-fusion.ai/used-by"  # taint key on GPU nodes; value USED_BY_TENSOR_FUSION
+PORT_NUMBER = "tensor-fusion.ai/port-number"
+TF_COUNTER_PREFIX = "tensor-fusion.ai/tf-counter-"  # + pod template hash, on the pod's owner (grey release)
+POD_COUNTER_KEY = "tensor-fusion.ai/pod-counter-key"
+
+# --- written later by the scheduler and controllers (reference §2.4) -----------------------------------
+GPU_IDS = "tensor-fusion.ai/gpu-ids"  # comma list of GPU CR names: the scheduler/hypervisor contract
+EFFECTIVE_HARD_SM_PERCENT = "tensor-fusion.ai/effective-hard-sm-percent"
+CONTAINER_GPUS = "tensor-fusion.ai/container-gpus"  # JSON {container: [gpu ids]}
+DEDICATED_WORKER = "tensor-fusion.ai/dedicated-worker"
+DEFRAG_EVICTED = "tensor-fusion.ai/defrag-evicted"
+FINALIZER = "tensor-fusion.ai/finalizer"  # finalizer (not an annotation)
+PARTITION_UUIDS = "tensor-fusion.ai/partition-uuids"  # CRI container annotation "part:parent,..."
+
+# --- pools, nodes, GPUs, claims, provider configs (reference §1, hypervisor §4) ------------------------
+MANAGED_BY = "tensor-fusion.ai/managed-by"  # label: owning cluster / pool / GPUNode
+CLUSTER = "tensor-fusion.ai/cluster"  # label on GPUNodeClaims
+POOL_LABEL_PREFIX = "tensor-fusion.ai/pool-"  # label "<prefix><pool>=true" on GPUNodes and claims
+NODE_PROVISIONER = "tensor-fusion.ai/node-provisioner"  # label: the GPUNodeClaim
+NODE_CLASS = "tensor-fusion.ai/node-class"  # label on GPUNodeClaims
+HARDWARE_VENDOR = "tensor-fusion.ai/hardware-vendor"  # label on GPUNodes and Nodes
+NODE_SELECTOR_HASH = "tensor-fusion.ai/node-selector-hash"  # label on Nodes
+ORPHAN = "tensor-fusion.ai/orphan"  # label on Nodes without a claim
+SHOULD_DELETE = "tensor-fusion.ai/should-delete"  # label on Nodes chosen by compaction
+DO_NOT_DISRUPT = "tensor-fusion.ai/do-not-disrupt"
+EXPANSION_SOURCE = "tensor-fusion.ai/expansion-source"  # label
+LAST_SYNC = "tensor-fusion.ai/last-sync"  # RFC 3339
+GPU_MISSING_SINCE = "tensor-fusion.ai/gpu-missing-since"  # RFC 3339, on GPUs whose device vanished
+VIRTUALIZATION_CAPABILITIES = "tensor-fusion.ai/virtualization-capabilities"  # JSON, on GPUs
+IS_DEFAULT_POOL = "tensor-fusion.ai/is-default-pool"  # "true"|"false", on GPUPools
+MANUAL_COMPACTION = "tensor-fusion.ai/manual-compaction"  # RFC 3339, on GPUPools
+PROVIDER_CONFIG_REVISIONS = "tensor-fusion.ai/provider-config-revisions"  # JSON vendor -> hash, on GPUPools
+PROVIDER_CONFIG_HASH = "tensor-fusion.ai/provider-config-hash"
+HYPERVISOR_UPDATE_IN_PROGRESS = "tensor-fusion.ai/hypervisor-update-in-progress"
+WORKER_UPDATE_IN_PROGRESS = "tensor-fusion.ai/worker-update-in-progress"
+CLIENT_UPDATE_IN_PROGRESS = "tensor-fusion.ai/client-update-in-progress"
+HYPERVISOR_BATCH_UPDATE_LAST_TIME = "tensor-fusion.ai/hypervisor-batch-update-last-time"
+WORKER_BATCH_UPDATE_LAST_TIME = "tensor-fusion.ai/worker-batch-update-last-time"
+CLIENT_BATCH_UPDATE_LAST_TIME = "tensor-fusion.ai/client-batch-update-last-time"
+HOURLY_PRICING = "tensor-fusion.ai/hourly-pricing"  # on GPUNodeClaims
+WORKER_NAME = "tensor-fusion.ai/worker-name"  # label on TensorFusionConnections
+# node requirement keys of GPUPool nodeProvisioner (besides the well-known Kubernetes ones)
+GPU_VENDOR_REQUIREMENT = "tensor-fusion.ai/gpu-vendor"
+GPU_INSTANCE_FAMILY = "tensor-fusion.ai/gpu-instance-family"
+GPU_INSTANCE_SIZE = "tensor-fusion.ai/gpu-instance-size"
+
+# --- extended resources of the hypervisor's device plugins (hypervisor §9) -----------------------------
+INDEX_RESOURCE_PREFIX = "tensor-fusion.ai/index_"  # + one hex digit 0..f
+
+# --- names outside the domain --------------------------------------------------------------------------
+SCHEDULER_NAME: Final = "tensor-fusion-scheduler"
+PRIORITY_CLASS_PREFIX: Final = "tensor-fusion-"  # tensor-fusion-high, tensor-fusion-critical
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+NVIDIA_GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
+
+# --- values --------------------------------------------------------------------------------------------
+COMPONENT_WORKER: Final = "worker"
+COMPONENT_CLIENT: Final = "client"
+COMPONENT_HYPERVISOR: Final = "hypervisor"
+WORKLOAD_MODE_DYNAMIC: Final = "dynamic"
+WORKLOAD_MODE_FIXED: Final = "fixed"
+USED_BY_TENSOR_FUSION: Final = "tensor-fusion"  # value of the USED_BY taint
+HOST_PORT_AUTO: Final = "auto"
+QOS_LEVELS: Final = ("low", "medium", "high", "critical")
+ISOLATION_MODES: Final = ("shared", "soft", "hard", "partitioned")
+AUTOSCALE_TARGETS: Final = ("compute", "vram", "all")
+WORKLOAD_MODES: Final = (WORKLOAD_MODE_DYNAMIC, WORKLOAD_MODE_FIXED)
+DISABLE_FEATURE_NAMES: Final = ("gpu-opt", "mem-manager", "gpu-limiter", "start-worker")
+
+GPU_COUNT_MIN: Final = 1
+GPU_COUNT_MAX: Final = 128
+#: the device-plugin handshake: 16 resources index_0..index_f, each requested 1..8 times
+INDEX_RESOURCES: Final = 16
+INDEX_SLOTS_PER_RESOURCE: Final = 8
+POD_INDEX_MAX: Final = INDEX_RESOURCES * INDEX_SLOTS_PER_RESOURCE  # 128
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE: Final = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", re.ASCII)
+
+
+def _domain_keys() -> dict[str, str]:
+    """Name -> value of every module constant that lives in the current domain."""
+    prefix = DOMAIN + "/"
+    return {name: value for name, value in globals().items()
+            if name.isupper() and isinstance(value, str) and value.startswith(prefix)}
+
+
+def set_domain(prefix: str, suffix: str) -> None:
+    """Move every key to ``<prefix>.<suffix>/...`` (the CLI calls this once at start-up).
+
+    Raises ValueError when the domain is not a DNS subdomain (what Kubernetes requires of the
+    prefix of a label or annotation key).
+    """
+    global DOMAIN
+    domain = f"{prefix}.{suffix}"
+    too_long = len(domain) > 253 or any(len(label) > 63 for label in domain.split("."))
+    if too_long or not _DNS_SUBDOMAIN_RE.fullmatch(domain):
+        raise ValueError(
+            f"TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX/_SUFFIX give the domain {domain!r}, which is not a DNS "
+            "subdomain; expected lowercase letters, digits, '-' and '.', e.g. 'tensor-fusion' and 'ai'")
+    old_prefix = DOMAIN + "/"
+    module = globals()
+    for name, value in _domain_keys().items():
+        module[name] = domain + "/" + value[len(old_prefix):]
+    DOMAIN = domain
+
+
+def all_keys() -> dict[str, str]:
+    """Every key constant in the current domain, by constant name (for docs and tests)."""
+    return _domain_keys()
+
+
+# --- key helpers ---------------------------------------------------------------------------------------
+
+
+def pool_label(pool: str) -> str:
+    """The ``<domain>/pool-<pool>`` label a GPUNode of that pool carries (value "true")."""
+    return POOL_LABEL_PREFIX + pool
+
+
+def tf_counter_key(pod_template_hash: str) -> str:
+    """The grey-release counter annotation on a pod's owner."""
+    return TF_COUNTER_PREFIX + pod_template_hash
+
+
+def priority_class_name(qos: str) -> str:
+    """The PriorityClass for a QoS level (the chart ships tensor-fusion-{critical,high,medium})."""
+    return PRIORITY_CLASS_PREFIX + parse_qos(qos)
+
+
+def index_resource(k: int) -> str:
+    """``<domain>/index_<hex k>``, k in 0..15: one of the hypervisor's dummy device-plugin resources."""
+    if not 0 <= k < INDEX_RESOURCES:
+        raise ValueError(f"index resource number {k} is out of range; expected 0 to {INDEX_RESOURCES - 1}")
+    return f"{INDEX_RESOURCE_PREFIX}{k:x}"
+
+
+def index_resource_number(resource_name: str) -> int | None:
+    """k for ``<domain>/index_<hex k>``; None for any other resource name."""
+    if not resource_name.startswith(INDEX_RESOURCE_PREFIX):
+        return None
+    digit = resource_name[len(INDEX_RESOURCE_PREFIX):]
+    if len(digit) != 1 or digit not in "0123456789abcdef":
+        return None
+    return int(digit, 16)
+
+
+def index_resource_names() -> tuple[str, ...]:
+    return tuple(index_resource(k) for k in range(INDEX_RESOURCES))
+
+
+def encode_pod_index(n: int) -> tuple[str, int]:
+    """Pod index n (1..128) -> (resource ``index_<k>``, count c) with n = 8k + c, c in 1..8.
+
+    The original's webhook used k = n // 8 and c = n % 8 + 1, which its scheduler decodes as
+    n + 1 and which makes n = 128 ask for the nonexistent ``index_10``. Here encode and decode
+    are inverse: 1 -> (index_0, 1), 8 -> (index_0, 8), 9 -> (index_1, 1), 128 -> (index_f, 8).
+    """
+    if isinstance(n, bool) or not 1 <= n <= POD_INDEX_MAX:
+        raise ValueError(f"pod index {n!r} is out of range; expected an integer from 1 to {POD_INDEX_MAX}")
+    k, c = divmod(n - 1, INDEX_SLOTS_PER_RESOURCE)
+    return index_resource(k), c + 1
+
+
+def decode_pod_index(resource_name: str, count: int) -> int:
+    """(resource ``index_<k>``, count c) -> pod index 8k + c; the inverse of encode_pod_index."""
+    k = index_resource_number(resource_name)
+    if k is None:
+        raise ValueError(f"resource {resource_name!r} is not an index resource; expected "
+                         f"{INDEX_RESOURCE_PREFIX}0 to {INDEX_RESOURCE_PREFIX}f")
+    if isinstance(count, bool) or not 1 <= count <= INDEX_SLOTS_PER_RESOURCE:
+        raise ValueError(f"resource {resource_name}: count {count!r} is out of range; "
+                         f"expected 1 to {INDEX_SLOTS_PER_RESOURCE}")
+    return k * INDEX_SLOTS_PER_RESOURCE + count
+
+
+# --- errors --------------------------------------------------------------------------------------------
+
+
+class AnnotationError(ValueError):
+    """A label or annotation value is not allowed; names the key, quotes the value, says what is."""
+
+    def __init__(self, key: str, value: str, allowed: str, *, kind: str = "annotation",
+                 detail: str = "") -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        self.kind = kind
+        self.detail = detail
+        reason = f" ({detail})" if detail else ""
+        super().__init__(f"{kind} {key}: {json.dumps(value)} is not allowed{reason}; expected {allowed}")
+
+
+# --- value parsers -------------------------------------------------------------------------------------
+
+_GO_TRUE = ("1", "t", "T", "true", "TRUE", "True")
+_GO_FALSE = ("0", "f", "F", "false", "FALSE", "False")
+
+
+def parse_bool(value: str, *, key: str, kind: str = "annotation") -> bool:
+    """Go's strconv.ParseBool spellings: true/false, True/False, TRUE/FALSE, t/f, 1/0.
+
+    The original compares many of these annotations with "true" literally, so it reads "True" as
+    false; here every spelling Go accepts counts, and anything else is an error instead of false.
+    """
+    text = value.strip()
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise AnnotationError(key, value, '"true" or "false"', kind=kind)
+
+
+def parse_int(value: str, *, key: str, minimum: int | None = None, maximum: int | None = None,
+              kind: str = "annotation") -> int:
+    """A base-10 integer, optionally within [minimum, maximum]."""
+    allowed = _int_range_text(minimum, maximum)
+    text = value.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII):
+        raise AnnotationError(key, value, allowed, kind=kind)
+    number = int(text)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise AnnotationError(key, value, allowed, kind=kind)
+    return number
+
+
+def _int_range_text(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an integer from {minimum} to {maximum}"
+    if minimum is not None:
+        return f"an integer of at least {minimum}"
+    if maximum is not None:
+        return f"an integer of at most {maximum}"
+    return "an integer"
+
+
+def parse_choice(value: str, choices: Collection[str], *, key: str, kind: str = "annotation") -> str:
+    text = value.strip()
+    if text not in choices:
+        raise AnnotationError(key, value, "one of " + "|".join(choices), kind=kind)
+    return text
+
+
+def parse_gpu_count(value: str, *, key: str | None = None) -> int:
+    """``gpu-count``: GPUs per pod, 1..128."""
+    return parse_int(value, key=key or GPU_COUNT, minimum=GPU_COUNT_MIN, maximum=GPU_COUNT_MAX)
+
+
+def parse_pod_index(value: str, *, key: str | None = None) -> int:
+    """``index``: the pod index of the device-plugin handshake, 1..128."""
+    return parse_int(value, key=key or INDEX, minimum=1, maximum=POD_INDEX_MAX)
+
+
+def parse_gpu_indices(value: str, *, key: str | None = None) -> tuple[int, ...]:
+    """``gpu-indices``: a comma list of distinct GPU indices, e.g. "0,1,3"."""
+    key = key or GPU_INDICES
+    allowed = 'a comma list of distinct non-negative GPU indices such as "0,1,3"'
+    indices: list[int] = []
+    for part in value.split(","):
+        text = part.strip()
+        if not text.isascii() or not text.isdigit():
+            raise AnnotationError(key, value, allowed, detail=f"{text!r} is not an index")
+        if int(text) in indices:
+            raise AnnotationError(key, value, allowed, detail=f"index {int(text)} appears twice")
+        if int(text) > 2**31 - 1:
+            raise AnnotationError(key, value, allowed, detail=f"index {text} is too large")
+        indices.append(int(text))
+    return tuple(indices)
+
+
+def parse_qos(value: str, *, key: str | None = None) -> str:
+    """``qos``: low|medium|high|critical."""
+    return parse_choice(value, QOS_LEVELS, key=key or QOS)
+
+
+def parse_isolation(value: str, *, key: str | None = None) -> str:
+    """``isolation``: shared|soft|hard|partitioned."""
+    return parse_choice(value, ISOLATION_MODES, key=key or ISOLATION)
+
+
+def parse_workload_mode(value: str, *, key: str | None = None) -> str:
+    return parse_choice(value, WORKLOAD_MODES, key=key or WORKLOAD_MODE)
+
+
+def parse_autoscale_target(value: str, *, key: str | None = None) -> str:
+    return parse_choice(value, AUTOSCALE_TARGETS, key=key or AUTOSCALE_TARGET)
+
+
+_QUANTITY_ALLOWED = 'a non-negative Kubernetes quantity such as "10", "500m", "16Gi" or "1.5"'
+
+
+def parse_quantity_annotation(value: str, *, key: str) -> Quantity:
+    """A non-negative quantity (``tflops-request``, ``vram-limit``, ...)."""
+    try:
+        quantity = Quantity.parse(value)
+    except QuantityError as exc:
+        raise AnnotationError(key, value, _QUANTITY_ALLOWED, detail=exc.reason) from None
+    if quantity < 0:
+        raise AnnotationError(key, value, _QUANTITY_ALLOWED, detail="it is negative")
+    return quantity
+
+
+def parse_compute_percent(value: str, *, key: str | None = None) -> Quantity:
+    """``compute-percent-request``/``-limit``: a percentage of one GPU's compute, 0 to 100."""
+    key = key or COMPUTE_PERCENT_REQUEST
+    allowed = 'a percentage from 0 to 100 such as "50" or "12.5"'
+    try:
+        quantity = Quantity.parse(value)
+    except QuantityError as exc:
+        raise AnnotationError(key, value, allowed, detail=exc.reason) from None
+    if not 0 <= quantity <= 100:
+        raise AnnotationError(key, value, allowed)
+    return quantity
+
+
+def parse_csv(value: str, *, key: str, allowed: Collection[str] | None = None,
+              kind: str = "annotation") -> tuple[str, ...]:
+    """A comma list: items stripped, empty items dropped, duplicates dropped (order kept).
+
+    With `allowed`, every item must be one of them.
+    """
+    items = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    if allowed is not None:
+        for item in items:
+            if item not in allowed:
+                raise AnnotationError(key, value, "a comma list of " + ", ".join(allowed), kind=kind,
+                                      detail=f"{item!r} is unknown")
+    return items
+
+
+def parse_disable_features(value: str, *, key: str | None = None,
+                           kind: str = "annotation") -> tuple[str, ...]:
+    """``disable-features``: a comma list of gpu-opt, mem-manager, gpu-limiter, start-worker."""
+    return parse_csv(value, key=key or DISABLE_FEATURES, allowed=DISABLE_FEATURE_NAMES, kind=kind)
+
+
+def parse_gpu_ids(value: str, *, key: str | None = None) -> tuple[str, ...]:
+    """``gpu-ids``: a comma list of GPU object names (lowercased device UUIDs), in order."""
+    key = key or GPU_IDS
+    allowed = 'a comma list of GPU names such as "gpu-1a2b,gpu-3c4d"'
+    names: list[str] = []
+    for part in value.split(","):
+        name = part.strip().lower()
+        if not name or len(name) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(name):
+            raise AnnotationError(key, value, allowed, detail=f"{part.strip()!r} is not a GPU name")
+        if name in names:
+            raise AnnotationError(key, value, allowed, detail=f"{name!r} appears twice")
+        names.append(name)
+    return tuple(names)
+
+
+def format_gpu_ids(names: Iterable[str]) -> str:
+    return ",".join(names)
+
+
+def _load_json_object(value: str, key: str, allowed: str) -> dict[str, object]:
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise AnnotationError(key, value, allowed, detail=f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise AnnotationError(key, value, allowed, detail="not a JSON object")
+    return data
+
+
+def parse_container_gpus(value: str, *, key: str | None = None) -> dict[str, tuple[str, ...]]:
+    """``container-gpus``: JSON ``{"<container>": ["<gpu name>", ...]}``."""
+    key = key or CONTAINER_GPUS
+    allowed = 'a JSON object of container name to a list of GPU names, e.g. {"main": ["gpu-1"]}'
+    result: dict[str, tuple[str, ...]] = {}
+    for container, gpus in _load_json_object(value, key, allowed).items():
+        if not isinstance(gpus, list) or not all(isinstance(g, str) and g for g in gpus):
+            raise AnnotationError(key, value, allowed, detail=f"container {container!r}: not a list of names")
+        result[container] = tuple(g.lower() for g in gpus)
+    return result
+
+
+def format_container_gpus(mapping: Mapping[str, Iterable[str]]) -> str:
+    """The ``container-gpus`` value: compact JSON, containers sorted by name."""
+    return json.dumps({c: list(mapping[c]) for c in sorted(mapping)}, separators=(",", ":"))
+
+
+def parse_container_gpu_count(value: str, *, key: str | None = None) -> dict[str, int]:
+    """``container-gpu-count``: JSON ``{"<container>": <GPUs>}``, each 1..128."""
+    key = key or CONTAINER_GPU_COUNT
+    allowed = (f'a JSON object of container name to a GPU count from {GPU_COUNT_MIN} to {GPU_COUNT_MAX}, '
+               'e.g. {"main": 2}')
+    result: dict[str, int] = {}
+    for container, count in _load_json_object(value, key, allowed).items():
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= GPU_COUNT_MAX:
+            raise AnnotationError(key, value, allowed, detail=f"container {container!r}: {count!r}")
+        result[container] = count
+    return result
+
+
+_DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str, *, key: str) -> float:
+    """A Go duration ("30s", "1h30m", "1.5h", "500ms"; bare "0") as seconds, not negative."""
+    allowed = 'a duration such as "30s", "5m", "1h30m" or "0"'
+    text = value.strip()
+    if text == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise AnnotationError(key, value, allowed)
+    return total
+
+
+def parse_gang_timeout(value: str, *, key: str | None = None) -> float | None:
+    """``gang-timeout``: seconds to wait for the whole gang; "0" or "0s" means wait forever (None)."""
+    seconds = parse_duration(value, key=key or GANG_TIMEOUT)
+    return None if seconds == 0 else seconds
+
+
+def parse_gang_min_members(value: str, *, key: str | None = None) -> int:
+    """``gang-min-members``: 0 (= the replica count) or at least 2."""
+    key = key or GANG_MIN_MEMBERS
+    number = parse_int(value, key=key, minimum=0)
+    if number == 1:
+        raise AnnotationError(key, value, "0 (all replicas) or an integer of at least 2",
+                              detail="a gang of one is not a gang")
+    return number
+
+
+def parse_effective_hard_sm_percent(value: str, *, key: str | None = None) -> int:
+    return parse_int(value, key=key or EFFECTIVE_HARD_SM_PERCENT, minimum=1, maximum=100)
+
+
+def parse_port_number(value: str, *, key: str | None = None) -> int:
+    return parse_int(value, key=key or PORT_NUMBER, minimum=1, maximum=65535)
+
+
+def parse_timestamp(value: str, *, key: str) -> datetime:
+    """An RFC 3339 time with a zone (``last-sync``, ``gpu-missing-since``, ``manual-compaction``)."""
+    allowed = 'an RFC 3339 time such as "2025-01-31T12:00:00Z"'
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise AnnotationError(key, value, allowed) from None
+    if moment.tzinfo is None:
+        raise AnnotationError(key, value, allowed, detail="no time zone")
+    return moment
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 in UTC with a Z, seconds precision, as Go's time.RFC3339 writes it."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_json_object(value: str, *, key: str) -> dict[str, object]:
+    """Any JSON object (``virtualization-capabilities``, ``provider-config-revisions``)."""
+    return _load_json_object(value, key, "a JSON object")

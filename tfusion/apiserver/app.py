@@ -1,0 +1,531 @@
+"""The raw ASGI application: Kubernetes REST paths → Engine calls → JSON (or Table) responses.
+
+No web framework: kube paths are parsed by hand (a handful of shapes), bodies are decoded with
+orjson, and stored objects are sent as the JSON bytes the store already holds, which keeps the
+per-request cost low enough for thousands of writes per second on one core.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from tfusion.apiserver import discovery, errors, tables
+from tfusion.apiserver.errors import ApiError
+from tfusion.apiserver.objects import Engine
+from tfusion.apiserver.resources import ResourceInfo
+from tfusion.apiserver.store import Entry
+from tfusion.apiserver.watch import WatchRequest, serve_watch
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON = b"application/json"
+_PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
+
+
+class Request:
+    __slots__ = ("body", "headers", "method", "params", "path", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.params = {
+            k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True).items()
+        }
+        self.headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", ())}
+        self.body = b""
+
+    async def read_body(self) -> bytes:
+        chunks = []
+        while True:
+            message = await self.receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        self.body = b"".join(chunks)
+        return self.body
+
+    def json(self) -> Any:
+        if not self.body:
+            raise errors.bad_request("the request body is empty")
+        ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
+        if ctype not in ("application/json", "", "*/*") and not ctype.endswith("+json"):
+            if "yaml" in ctype:
+                import yaml
+
+                try:
+                    return yaml.safe_load(self.body)
+                except yaml.YAMLError as exc:
+                    raise errors.bad_request(f"error decoding YAML: {exc}") from None
+            raise errors.unsupported_media_type(ctype, ["application/json", "application/yaml"])
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError as exc:
+            raise errors.bad_request(f"error decoding JSON: {exc}") from None
+
+    @property
+    def wants_table(self) -> bool:
+        return "as=Table" in self.headers.get("accept", "")
+
+    @property
+    def dry_run(self) -> bool:
+        return self.params.get("dryRun") == "All"
+
+
+class Target:
+    """A resource path: which resource, namespace, object name and subresource."""
+
+    __slots__ = ("info", "name", "namespace", "subresource", "watch")
+
+    def __init__(self, info: ResourceInfo, namespace: str | None, name: str, subresource: str, watch: bool) -> None:
+        self.info, self.namespace, self.name, self.subresource, self.watch = info, namespace, name, subresource, watch
+
+
+class ApiApp:
+    """ASGI entry point. `services` supplies the parts that are not plain object storage."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        token: str | None = None,
+        server_address: str = "127.0.0.1:6443",
+        bookmark_interval: float = 60.0,
+        authenticate: Callable[[str], bool] | None = None,
+        special: dict[tuple[str, str], Callable[[Request, Target], Awaitable[tuple[int, Any]]]] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.token = token
+        self.server_address = server_address
+        self.bookmark_interval = bookmark_interval
+        self.authenticate = authenticate
+        #: (storage key, subresource or "create") -> handler, for binding/eviction/token/tokenreview
+        self.special = special or {}
+        self._openapi_cache: dict[tuple[int, str], bytes] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            if self.token is not None and request.path.rstrip("/") not in _PUBLIC:
+                self._check_auth(request)
+            await self._route(request, send)
+        except ApiError as exc:
+            await respond(send, exc.code, exc.status())
+        except Exception as exc:  # a bug: answer 500 with the reason, keep serving
+            log.exception("internal error on %s %s", request.method, request.path)
+            await respond(
+                send, 500, errors.ApiError(500, "InternalError", f"Internal error occurred: {exc!r}").status()
+            )
+
+    def _check_auth(self, request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        if header.startswith("Bearer "):
+            presented = header[7:].strip()
+            assert self.token is not None
+            if hmac.compare_digest(presented, self.token):
+                return
+            if self.authenticate is not None and self.authenticate(presented):
+                return
+        raise errors.unauthorized()
+
+    # ------------------------------------------------------------------------------ routing
+    async def _route(self, request: Request, send: Send) -> None:
+        path = request.path
+        parts = [p for p in path.split("/") if p]
+        if not parts:
+            await respond(
+                send, 200, {"paths": ["/api", "/api/v1", "/apis", "/openapi/v2", "/openapi/v3", "/version", "/healthz"]}
+            )
+            return
+        head = parts[0]
+        if head in ("healthz", "livez", "readyz") and len(parts) == 1:
+            await send_bytes(send, 200, b"ok", b"text/plain")
+            return
+        if head == "version" and len(parts) == 1:
+            await respond(send, 200, discovery.VERSION)
+            return
+        if head == "openapi":
+            await self._openapi(parts, send)
+            return
+        registry = self.engine.registry
+        if head == "api":
+            if len(parts) == 1:
+                await respond(send, 200, discovery.api_versions(self.server_address))
+                return
+            group, version, rest = "", parts[1], parts[2:]
+        elif head == "apis":
+            if len(parts) == 1:
+                await respond(send, 200, discovery.api_group_list(registry.groups()))
+                return
+            group = parts[1]
+            if len(parts) == 2:
+                versions = registry.groups().get(group)
+                if not versions:
+                    raise errors.not_found_path(path)
+                await respond(send, 200, discovery.api_group(group, versions))
+                return
+            version, rest = parts[2], parts[3:]
+        else:
+            raise errors.not_found_path(path)
+        if not rest:
+            infos = registry.in_group_version(group, version)
+            if not infos:
+                raise errors.not_found_path(path)
+            gv = f"{group}/{version}" if group else version
+            await respond(send, 200, discovery.resource_list(gv, infos))
+            return
+        target = self._target(group, version, rest, path)
+        await self._dispatch(request, target, send)
+
+    def _target(self, group: str, version: str, rest: list[str], path: str) -> Target:
+        registry = self.engine.registry
+        watch = False
+        if rest[0] == "watch":
+            watch, rest = True, rest[1:]
+            if not rest:
+                raise errors.not_found_path(path)
+        namespace: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            info = registry.get(group, version, rest[2])
+            if info is not None and info.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        info = registry.get(group, version, rest[0])
+        if info is None:
+            raise errors.not_found_path(path)
+        if info.namespaced and namespace is None and len(rest) > 1:
+            raise errors.not_found_path(path)
+        name = rest[1] if len(rest) > 1 else ""
+        subresource = rest[2] if len(rest) > 2 else ""
+        if len(rest) > 3 or (subresource and subresource not in info.subresources):
+            raise errors.not_found_path(path)
+        return Target(info, namespace, name, subresource, watch)
+
+    async def _dispatch(self, request: Request, target: Target, send: Send) -> None:
+        method = request.method
+        info = target.info
+        engine = self.engine
+        ns = target.namespace or ""
+        params = request.params
+        if target.subresource and target.subresource != "status":
+            if method != "POST":
+                raise errors.method_not_allowed(method)
+            handler = self.special.get((info.storage_key, target.subresource))
+            if handler is None:
+                raise errors.method_not_allowed(method)
+            await request.read_body()
+            code, body = await handler(request, target)
+            await respond(send, code, body)
+            return
+        if method == "GET":
+            if target.watch or params.get("watch") in ("true", "1"):
+                await self._watch(request, target, send)
+            elif target.name:
+                self._check_verb(info, "get", method)
+                entry = engine.get(info, ns if info.namespaced else "", target.name)
+                await self._send_object(request, send, info, entry, 200)
+            else:
+                self._check_verb(info, "list", method)
+                await self._list(request, target, send)
+            return
+        if method == "POST":
+            if target.name:
+                raise errors.method_not_allowed(method)
+            self._check_verb(info, "create", method)
+            await request.read_body()
+            handler = self.special.get((info.storage_key, "create"))
+            if handler is not None:
+                code, body = await handler(request, target)
+                await respond(send, code, body)
+                return
+            entry = await engine.create(
+                info, ns, request.json(), dry_run=request.dry_run, field_validation=params.get("fieldValidation", "")
+            )
+            await self._send_object(request, send, info, entry, 201)
+            return
+        if method == "PUT":
+            if not target.name:
+                raise errors.method_not_allowed(method)
+            self._check_verb(info, "update", method)
+            await request.read_body()
+            entry = await engine.update(
+                info,
+                ns,
+                target.name,
+                request.json(),
+                subresource=target.subresource,
+                dry_run=request.dry_run,
+                field_validation=params.get("fieldValidation", ""),
+            )
+            await self._send_object(request, send, info, entry, 200)
+            return
+        if method == "PATCH":
+            if not target.name:
+                raise errors.method_not_allowed(method)
+            self._check_verb(info, "patch", method)
+            await request.read_body()
+            ctype = request.headers.get("content-type", "")
+            if ctype.split(";")[0].strip() == "application/apply-patch+yaml":
+                raise errors.unsupported_media_type(
+                    ctype,
+                    [
+                        "application/json-patch+json",
+                        "application/merge-patch+json",
+                        "application/strategic-merge-patch+json",
+                    ],
+                )
+            entry = await engine.patch(
+                info,
+                ns,
+                target.name,
+                request.body,
+                ctype,
+                subresource=target.subresource,
+                dry_run=request.dry_run,
+                field_validation=params.get("fieldValidation", ""),
+            )
+            await self._send_object(request, send, info, entry, 200)
+            return
+        if method == "DELETE":
+            if target.subresource:
+                raise errors.method_not_allowed(method)
+            await request.read_body()
+            options = self._delete_options(request)
+            if target.name:
+                self._check_verb(info, "delete", method)
+                entry = engine.delete(info, ns, target.name, options, dry_run=request.dry_run)
+                await self._send_object(request, send, info, entry, 200)
+            else:
+                self._check_verb(info, "deletecollection", method)
+                await self._delete_collection(request, target, options, send)
+            return
+        raise errors.method_not_allowed(method)
+
+    @staticmethod
+    def _check_verb(info: ResourceInfo, verb: str, method: str) -> None:
+        if verb not in info.verbs:
+            raise errors.method_not_allowed(method)
+
+    @staticmethod
+    def _delete_options(request: Request) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if request.body.strip():
+            body = request.json()
+            if not isinstance(body, dict):
+                raise errors.bad_request("DeleteOptions must be a JSON object")
+            options.update(body)
+        for key in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
+            if key in request.params:
+                value: Any = request.params[key]
+                if key == "orphanDependents":
+                    value = value == "true"
+                options[key] = value
+        return options
+
+    # ------------------------------------------------------------------------------ reads
+    def _selectors(self, request: Request) -> tuple[Any, Any]:
+        from tfusion.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
+
+        label_text = request.params.get("labelSelector", "")
+        field_text = request.params.get("fieldSelector", "")
+        try:
+            labels = parse_label_selector(label_text) if label_text else None
+            fields = parse_field_selector(field_text) if field_text else None
+        except SelectorError as exc:
+            raise errors.bad_request(f"unable to parse requirement: {exc}") from None
+        return labels, fields
+
+    async def _list(self, request: Request, target: Target, send: Send) -> None:
+        info = target.info
+        labels, fields = self._selectors(request)
+        limit_text = request.params.get("limit", "")
+        try:
+            limit = int(limit_text) if limit_text else 0
+        except ValueError:
+            raise errors.bad_request(f"invalid limit: {limit_text!r}") from None
+        rv = self.engine.store.rv
+        entries, token, remaining = self.engine.list(
+            info,
+            target.namespace if info.namespaced else None,
+            label_selector=labels,
+            field_selector=fields,
+            limit=max(limit, 0),
+            continue_token=request.params.get("continue", ""),
+        )
+        list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if token:
+            list_meta["continue"] = token
+            list_meta["remainingItemCount"] = remaining
+        if request.wants_table:
+            objects = [_versioned(info, e) for e in entries]
+            await respond(
+                send,
+                200,
+                tables.table(
+                    info, objects, list_meta=list_meta, include_object=request.params.get("includeObject", "Metadata")
+                ),
+            )
+            return
+        head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.api_version, "metadata": list_meta})
+        items = b",".join(
+            e.raw if e.obj.get("apiVersion") == info.api_version else orjson.dumps(_versioned(info, e)) for e in entries
+        )
+        await send_bytes(send, 200, head[:-1] + b',"items":[' + items + b"]}")
+
+    async def _watch(self, request: Request, target: Target, send: Send) -> None:
+        info = target.info
+        self._check_verb(info, "watch", request.method)
+        labels, fields = self._selectors(request)
+        if target.name:  # legacy /watch/<resource>/<name>
+            from tfusion.apiserver.selectors import parse_field_selector
+
+            fields = parse_field_selector(f"metadata.name={target.name}")
+        rv = request.params.get("resourceVersion") or None
+        if rv is not None and rv != "0":
+            try:
+                int(rv)
+            except ValueError:
+                raise errors.bad_request(f"invalid resourceVersion {rv!r}") from None
+        timeout_text = request.params.get("timeoutSeconds", "")
+        try:
+            timeout = float(timeout_text) if timeout_text else None
+        except ValueError:
+            raise errors.bad_request(f"invalid timeoutSeconds {timeout_text!r}") from None
+        watch = WatchRequest(
+            info,
+            target.namespace if info.namespaced else None,
+            resource_version=rv,
+            label_selector=labels,
+            field_selector=fields,
+            timeout_s=timeout,
+            bookmarks=request.params.get("allowWatchBookmarks") == "true",
+            as_table=request.wants_table,
+            include_object=request.params.get("includeObject", "Metadata"),
+        )
+        await serve_watch(
+            self.engine.store, watch, send, request.receive, bookmark_interval=self.bookmark_interval, headers=[]
+        )
+
+    async def _send_object(self, request: Request, send: Send, info: ResourceInfo, entry: Entry, code: int) -> None:
+        if request.wants_table:
+            await respond(
+                send,
+                code,
+                tables.table(
+                    info,
+                    [_versioned(info, entry)],
+                    list_meta={"resourceVersion": str(entry.rv)},
+                    include_object=request.params.get("includeObject", "Metadata"),
+                ),
+            )
+            return
+        if entry.obj.get("apiVersion") == info.api_version:
+            await send_bytes(send, code, entry.raw)
+        else:
+            await respond(send, code, _versioned(info, entry))
+
+    async def _delete_collection(self, request: Request, target: Target, options: dict[str, Any], send: Send) -> None:
+        info = target.info
+        labels, fields = self._selectors(request)
+        entries, _, _ = self.engine.list(
+            info, target.namespace if info.namespaced else None, label_selector=labels, field_selector=fields
+        )
+        deleted = []
+        for entry in entries:
+            meta = entry.obj["metadata"]
+            try:
+                result = self.engine.delete(
+                    info, meta.get("namespace", ""), meta["name"], options, dry_run=request.dry_run
+                )
+            except ApiError as exc:
+                if exc.code == 404:
+                    continue
+                raise
+            deleted.append(_versioned(info, result))
+        await respond(
+            send,
+            200,
+            {
+                "kind": info.list_kind,
+                "apiVersion": info.api_version,
+                "metadata": {"resourceVersion": str(self.engine.store.rv)},
+                "items": deleted,
+            },
+        )
+
+    # ------------------------------------------------------------------------------ openapi
+    async def _openapi(self, parts: list[str], send: Send) -> None:
+        registry = self.engine.registry
+        key = (registry.generation, "/".join(parts))
+        cached = self._openapi_cache.get(key)
+        if cached is None:
+            by_gv: dict[tuple[str, str], list[ResourceInfo]] = {}
+            for info in registry.all():
+                by_gv.setdefault((info.group, info.version), []).append(info)
+            if parts[1:] == ["v2"]:
+                body: Any = discovery.openapi_v2(registry.all())
+            elif parts[1:] == ["v3"]:
+                body = discovery.openapi_v3_root(by_gv, registry.generation)
+            elif len(parts) >= 4 and parts[1] == "v3":
+                if parts[2] == "api" and len(parts) == 4:
+                    gv = ("", parts[3])
+                elif parts[2] == "apis" and len(parts) == 5:
+                    gv = (parts[3], parts[4])
+                else:
+                    raise errors.not_found_path("/" + "/".join(parts))
+                if gv not in by_gv:
+                    raise errors.not_found_path("/" + "/".join(parts))
+                body = discovery.openapi_v3_group_version(gv[0], gv[1], by_gv[gv])
+            else:
+                raise errors.not_found_path("/" + "/".join(parts))
+            cached = orjson.dumps(body)
+            if len(self._openapi_cache) > 64:
+                self._openapi_cache.clear()
+            self._openapi_cache[key] = cached
+        await send_bytes(send, 200, cached)
+
+
+def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:
+    if entry.obj.get("apiVersion") == info.api_version:
+        return entry.obj
+    obj = dict(entry.obj)
+    obj["apiVersion"] = info.api_version
+    return obj
+
+
+async def respond(send: Send, code: int, body: Any) -> None:
+    await send_bytes(send, code, orjson.dumps(body))
+
+
+async def send_bytes(send: Send, code: int, body: bytes, content_type: bytes = JSON) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": code,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,233 @@
+"""`EmbeddedApiServer`: the whole API server (store, engine, garbage collector, HTTP) as one start/stop object.
+
+The role and the test fixture both use it. On loopback it serves plain HTTP with no
+authentication; on any other address HTTPS with a self-signed certificate and a bearer token. It
+writes a kubeconfig for kubectl and kr8s, and offers fault injection for tests: closing every
+watch stream, compacting the watch event log, and restarting on the same state file and port.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import uvicorn
+from anyio.abc import TaskGroup, TaskStatus
+
+from tfusion.apiserver import security
+from tfusion.apiserver.app import ApiApp
+from tfusion.apiserver.gc import GarbageCollector
+from tfusion.apiserver.objects import Engine
+from tfusion.apiserver.resources import Registry
+from tfusion.apiserver.services import Services
+from tfusion.apiserver.store import Store
+from tfusion.apiserver.tokens import TokenAuthority
+from tfusion.settings import parse_listen
+from tfusion.web import Server, bind_socket
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedApiServer:
+    def __init__(
+        self,
+        state: str | Path,
+        *,
+        listen: str = "127.0.0.1:0",
+        watch_history: int = 10000,
+        kubeconfig_path: str | Path | None = None,
+        bookmark_interval: float = 60.0,
+        tls: bool | None = None,
+    ) -> None:
+        self.state = Path(state)
+        self.host, self.port = parse_listen(listen)
+        self.tls = not security.is_loopback(self.host) if tls is None else tls
+        self.watch_history = watch_history
+        self.kubeconfig_path = Path(kubeconfig_path) if kubeconfig_path else None
+        self.bookmark_interval = bookmark_interval
+        self.token: str | None = None
+        self.ca_pem: bytes | None = None
+        self.store: Store | None = None
+        self.engine: Engine | None = None
+        self._tg: TaskGroup | None = None
+        self._stop_requested: anyio.Event | None = None
+        self._stopped = anyio.Event()
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def url(self) -> str:
+        return security.server_url(self.host, self.port, self.tls)
+
+    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        return security.kubeconfig(self.url, token=self.token, ca_pem=self.ca_pem, namespace=namespace)
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> EmbeddedApiServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._start_serving()
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+            raise
+
+    async def stop(self) -> None:
+        if self._tg is None:
+            return
+        await self._stop_serving()
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        self._tg = None
+
+    async def restart(self) -> None:
+        """Stop serving, close the state file, and serve again from it on the same port."""
+        await self._stop_serving()
+        await self._start_serving()
+
+    def close_watches(self) -> None:
+        """End every open watch stream (clients see a clean end of stream and re-watch)."""
+        if self.store is not None:
+            self.store.close_watches()
+
+    def compact(self) -> None:
+        """Drop the watch event log: watches from any earlier resourceVersion now get 410 Expired."""
+        if self.store is not None:
+            self.store.compact()
+
+    # ------------------------------------------------------------------------------ internals
+    async def _start_serving(self) -> None:
+        assert self._tg is not None
+        store = Store(self.state, self.watch_history)
+        try:
+            app, gc, certfile, keyfile = self._build(store)
+            sock = bind_socket(f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}")
+        except BaseException:
+            store.close()
+            raise
+        self.port = sock.getsockname()[1]
+        app.server_address = f"{self.host}:{self.port}"
+        if self.kubeconfig_path is not None:
+            security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
+        self._stopped = anyio.Event()
+        await self._tg.start(self._serve, app, gc, sock, certfile, keyfile)
+
+    def _build(self, store: Store) -> tuple[ApiApp, GarbageCollector, str | None, str | None]:
+        registry = Registry()
+        engine = Engine(store, registry)
+        engine.bootstrap()
+
+        def authority() -> TokenAuthority:
+            # generating an RSA key takes a while: only when a token is first issued or checked
+            key = store.get_meta("sa.key")
+            loaded = TokenAuthority.load_or_create(key)
+            if key is None:
+                store.set_meta("sa.key", loaded.private_key_pem)
+            return loaded
+
+        services = Services(engine, authority)
+        from tfusion.apiserver.webhooks import Webhooks
+
+        engine.admit = Webhooks(engine).admit
+        certfile = keyfile = None
+        if self.tls:
+            token = store.get_meta("admin.token")
+            if token is None:
+                token = security.new_token().encode()
+                store.set_meta("admin.token", token)
+            self.token = token.decode()
+            cert, key = store.get_meta("tls.crt"), store.get_meta("tls.key")
+            if cert is None or key is None:
+                cert, key = security.self_signed(self.host)
+                store.set_meta("tls.crt", cert)
+                store.set_meta("tls.key", key)
+            self.ca_pem = cert
+            base = self.state.parent / (self.state.name + ".tls")
+            security.write_private(base.with_suffix(".crt"), cert)
+            security.write_private(base.with_suffix(".key"), key)
+            certfile, keyfile = str(base.with_suffix(".crt")), str(base.with_suffix(".key"))
+
+        def authenticate(token: str) -> bool:
+            return bool(services.review(token).get("authenticated"))
+
+        app = ApiApp(
+            engine,
+            token=self.token,
+            bookmark_interval=self.bookmark_interval,
+            authenticate=authenticate if self.tls else None,
+            special=services.handlers(),
+        )
+        self.store, self.engine = store, engine
+        return app, GarbageCollector(engine), certfile, keyfile
+
+    async def _serve(
+        self,
+        app: ApiApp,
+        gc: GarbageCollector,
+        sock: socket.socket,
+        certfile: str | None,
+        keyfile: str | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        store = self.store
+        assert store is not None
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
+            timeout_graceful_shutdown=1,
+        )
+        server = Server(config)
+        done = anyio.Event()
+
+        async def run_server() -> None:
+            try:
+                await server.serve([sock])
+            finally:
+                done.set()
+
+        self._stop_requested = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gc.run)
+                tg.start_soon(run_server)
+                while not server.started:
+                    if done.is_set():
+                        raise OSError(f"API server on {self.host}:{self.port} failed to start")
+                    await anyio.sleep(0.01)
+                task_status.started()
+                await self._stop_requested.wait()
+                store.close_watches()
+                server.should_exit = server.force_exit = True
+                with anyio.move_on_after(3):
+                    await done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            sock.close()
+            store.close()
+            self._stopped.set()
+
+    async def _stop_serving(self) -> None:
+        if self._stop_requested is None:
+            return
+        self._stop_requested.set()
+        await self._stopped.wait()
+        self._stop_requested = None

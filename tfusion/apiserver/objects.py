@@ -1,0 +1,610 @@
+"""Object semantics of kube-apiserver over the store: create, update, patch, delete, list.
+
+This is where metadata is owned (uid, creationTimestamp, generateName, generation, deletionTimestamp),
+where optimistic concurrency is decided, where the status subresource is split from the main
+resource, where finalizers hold an object back from deletion, and where kind-specific defaults and
+validation (built-in kinds, CRDs, custom resources) run. HTTP is handled elsewhere (app.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from tfusion.apiserver import crds, errors, validation
+from tfusion.apiserver.errors import ApiError
+from tfusion.apiserver.resources import Registry, ResourceInfo
+from tfusion.apiserver.store import Entry, Store
+
+NAMESPACES = "/namespaces"
+PODS = "/pods"
+CRDS = "apiextensions.k8s.io/customresourcedefinitions"
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "tensor-fusion-sys")
+FOREGROUND = "foregroundDeletion"
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+#: (operation, info, object, old object or None, dry run) -> the object after mutating admission
+Admit = Callable[[str, ResourceInfo, dict[str, Any], dict[str, Any] | None, bool], Awaitable[dict[str, Any]]]
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def spec_part(obj: dict[str, Any], status_split: bool) -> dict[str, Any]:
+    skip = ("metadata", "status", "apiVersion", "kind") if status_split else ("metadata", "apiVersion", "kind")
+    return {k: v for k, v in obj.items() if k not in skip}
+
+
+class Engine:
+    def __init__(self, store: Store, registry: Registry) -> None:
+        self.store = store
+        self.registry = registry
+        self.admit: Admit | None = None
+        self.on_namespace_terminating: Callable[[str], None] = lambda name: None
+        #: set by the garbage collector: does anything name this uid as its owner?
+        self.has_dependents: Callable[[str], bool] = lambda uid: False
+        #: set by the garbage collector: an owner is waiting for its dependents (foreground deletion)
+        self.on_foreground: Callable[[str], None] = lambda uid: None
+
+    # ------------------------------------------------------------------------------ reads
+    def get(self, info: ResourceInfo, namespace: str, name: str) -> Entry:
+        entry = self.store.get(info.storage_key, namespace, name)
+        if entry is None:
+            raise errors.not_found(info.plural, info.group, name)
+        return entry
+
+    def namespace_check(self, info: ResourceInfo, namespace: str, *, creating: bool) -> None:
+        if not info.namespaced:
+            return
+        ns = self.store.get(NAMESPACES, "", namespace)
+        if ns is None:
+            raise errors.not_found("namespaces", "", namespace)
+        if creating and ns.obj["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{errors.qualified(info.plural, info.group)} "" is forbidden: '
+                f"unable to create new content in namespace {namespace} because it "
+                f"is being terminated",
+                details={
+                    "kind": info.plural,
+                    "group": info.group,
+                    "causes": [
+                        {
+                            "reason": "NamespaceTerminating",
+                            "message": f"namespace {namespace} is being terminated",
+                            "field": "metadata.namespace",
+                        }
+                    ],
+                },
+            )
+
+    # ------------------------------------------------------------------------------ create
+    async def create(
+        self, info: ResourceInfo, namespace: str, body: Any, *, dry_run: bool = False, field_validation: str = ""
+    ) -> Entry:
+        obj = self._check_body(info, body)
+        self._strict(info, obj, field_validation)
+        meta = obj["metadata"]
+        if info.namespaced:
+            body_ns = meta.get("namespace")
+            if body_ns and body_ns != namespace:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            generate = meta.get("generateName")
+            if not generate:
+                raise errors.invalid(
+                    info.kind,
+                    info.group,
+                    "",
+                    [validation.required("metadata.name", "name or generateName is required")],
+                )
+            meta["name"] = generate + "".join(random.choices(_NAME_ALPHABET, k=5))
+        name = meta["name"]
+        if not isinstance(name, str):
+            raise errors.bad_request("metadata.name must be a string")
+        self.namespace_check(info, namespace, creating=True)
+        for key in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
+            meta.pop(key, None)
+        if info.status_split:
+            obj.pop("status", None)
+        self._defaults(info, obj, None)
+        if self.admit is not None:
+            obj = await self.admit("CREATE", info, obj, None, dry_run)
+            meta = obj["metadata"]
+            meta["name"] = name
+            if info.namespaced:
+                meta["namespace"] = namespace
+        # from here on no await: the existence check and the write are one atomic step
+        self.namespace_check(info, namespace, creating=True)
+        if self.store.get(info.storage_key, namespace if info.namespaced else "", name) is not None:
+            raise errors.already_exists(info.plural, info.group, name)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        if info.has_spec:
+            meta["generation"] = 1
+        else:
+            meta.pop("generation", None)
+        self._defaults(info, obj, None)
+        self._validate(info, obj, None)
+        if dry_run:
+            return Entry(obj, orjson.dumps(obj), self.store.rv)
+        entry = self.store.put(info.storage_key, obj, None)
+        self._after_write(info, entry, None)
+        return entry
+
+    @staticmethod
+    def _strict(info: ResourceInfo, obj: dict[str, Any], field_validation: str) -> None:
+        """fieldValidation=Strict (kubectl's default): unknown fields of a custom resource are an error."""
+        if field_validation != "Strict" or not info.is_custom:
+            return
+        unknown = crds.unknown_fields(info, obj)
+        if unknown:
+            fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+            raise errors.bad_request(
+                f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: '
+                f"strict decoding error: {fields}"
+            )
+
+    def _check_body(self, info: ResourceInfo, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise errors.bad_request(f"the body of the request must be a JSON object describing a {info.kind}")
+        kind = body.get("kind")
+        if kind and kind != info.kind:
+            raise errors.bad_request(
+                f"the kind in the body ({kind}) does not match the kind of the resource ({info.kind})"
+            )
+        api_version = body.get("apiVersion")
+        if api_version and api_version != info.api_version:
+            raise errors.bad_request(
+                f"the API version in the data ({api_version}) does not match the expected "
+                f"API version ({info.api_version})"
+            )
+        body["kind"], body["apiVersion"] = info.kind, info.api_version
+        meta = body.get("metadata")
+        if meta is None:
+            meta = body["metadata"] = {}
+        if not isinstance(meta, dict):
+            raise errors.bad_request("metadata must be an object")
+        return body
+
+    # ------------------------------------------------------------------------------ update / patch
+    async def update(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        dry_run: bool = False,
+        field_validation: str = "",
+    ) -> Entry:
+        obj = self._check_body(info, body)
+        self._strict(info, obj, field_validation)
+        meta = obj["metadata"]
+        if meta.get("name") and meta["name"] != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
+        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+            raise errors.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run)
+
+    async def patch(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        patch_body: bytes,
+        content_type: str,
+        *,
+        subresource: str = "",
+        dry_run: bool = False,
+        field_validation: str = "",
+    ) -> Entry:
+        from tfusion.apiserver import patch as patching
+
+        ctype = content_type.split(";")[0].strip().lower()
+        allowed = ["application/json-patch+json", "application/merge-patch+json"]
+        if not info.is_custom:
+            allowed.append("application/strategic-merge-patch+json")
+        if ctype not in allowed:
+            raise errors.unsupported_media_type(ctype, allowed)
+        try:
+            document = orjson.loads(patch_body)
+        except orjson.JSONDecodeError as exc:
+            raise errors.bad_request(f"error decoding patch: {exc}") from None
+        current = self.get(info, namespace, name)
+        target = current.copy()
+        try:
+            if ctype == "application/json-patch+json":
+                patched = patching.json_patch(target, document)
+            elif ctype == "application/merge-patch+json":
+                if not isinstance(document, dict):
+                    raise errors.bad_request("a merge patch must be a JSON object")
+                patched = patching.merge_patch(target, document)
+            else:
+                patched = patching.strategic_merge_patch(target, document, info.kind)
+        except patching.PatchError as exc:
+            raise errors.invalid(info.kind, info.group, name, [("patch", "FieldValueInvalid", str(exc))]) from None
+        if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+            raise errors.invalid(
+                info.kind,
+                info.group,
+                name,
+                [("metadata", "FieldValueRequired", "Required value: a patch may not remove metadata")],
+            )
+        meta = patched["metadata"]
+        if meta.get("name") != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        patched["kind"], patched["apiVersion"] = info.kind, info.api_version
+        self._strict(info, patched, field_validation)
+        return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run)
+
+    async def _replace(
+        self, info: ResourceInfo, namespace: str, name: str, obj: dict[str, Any], *, subresource: str, dry_run: bool
+    ) -> Entry:
+        ns = namespace if info.namespaced else ""
+        self.namespace_check(info, ns, creating=False)
+        old = self.get(info, ns, name)
+        wanted_rv = obj["metadata"].get("resourceVersion")
+        if wanted_rv and str(wanted_rv) != str(old.rv):
+            raise errors.conflict(info.plural, info.group, name)
+        obj = self._merge_system_fields(info, old.obj, obj, subresource)
+        if self.admit is not None and subresource == "":
+            obj = await self.admit("UPDATE", info, obj, old.obj, dry_run)
+            obj = self._merge_system_fields(info, old.obj, obj, subresource)
+            # the object may have changed while the webhook ran: decide on the version the caller read
+            latest = self.get(info, ns, name)
+            if latest is not old:
+                if wanted_rv:
+                    raise errors.conflict(info.plural, info.group, name)
+                return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run)
+        return self.commit_update(info, old, obj, dry_run=dry_run)
+
+    def _merge_system_fields(
+        self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], subresource: str
+    ) -> dict[str, Any]:
+        """Keep what clients cannot change: server-owned metadata, and spec/status per the subresource."""
+        if subresource == "status":
+            merged: dict[str, Any] = orjson.loads(orjson.dumps(old))
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            return merged
+        meta, old_meta = new["metadata"], old["metadata"]
+        for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
+            if key in old_meta:
+                meta[key] = old_meta[key]
+            else:
+                meta.pop(key, None)
+        meta["name"] = old_meta["name"]
+        if "namespace" in old_meta:
+            meta["namespace"] = old_meta["namespace"]
+        meta.pop("managedFields", None)
+        meta.pop("selfLink", None)
+        if info.status_split:
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        return new
+
+    def commit_update(self, info: ResourceInfo, old: Entry, obj: dict[str, Any], *, dry_run: bool = False) -> Entry:
+        """Validate and store `obj` as the next version of `old` (no await: atomic)."""
+        meta, old_meta = obj["metadata"], old.obj["metadata"]
+        if old_meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or ()) - set(old_meta.get("finalizers") or ())
+            if added:
+                raise errors.invalid(
+                    info.kind,
+                    info.group,
+                    meta["name"],
+                    [
+                        validation.forbidden(
+                            "metadata.finalizers",
+                            "no new finalizers can be added if the object is being deleted, found "
+                            f"new finalizers {sorted(added)}",
+                        )
+                    ],
+                )
+        self._defaults(info, obj, old.obj)
+        self._validate(info, obj, old.obj)
+        if info.has_spec:
+            generation = old_meta.get("generation", 1)
+            if spec_part(obj, info.status_split) != spec_part(old.obj, info.status_split):
+                generation += 1
+            meta["generation"] = generation
+        meta["resourceVersion"] = old_meta.get("resourceVersion")
+        if obj == old.obj:
+            return old  # no-op: kube-apiserver neither bumps the resourceVersion nor emits an event
+        if dry_run:
+            return Entry(obj, orjson.dumps(obj), old.rv)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and info.storage_key != NAMESPACES:
+            self.store.put(info.storage_key, obj, old)
+            return self._remove(info, self.store.get(info.storage_key, meta.get("namespace", ""), meta["name"]))
+        entry = self.store.put(info.storage_key, obj, old)
+        self._after_write(info, entry, old)
+        return entry
+
+    # ------------------------------------------------------------------------------ delete
+    def delete(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        options: dict[str, Any] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> Entry:
+        options = options or {}
+        ns = namespace if info.namespaced else ""
+        old = self.get(info, ns, name)
+        preconditions = options.get("preconditions") or {}
+        old_meta = old.obj["metadata"]
+        if preconditions.get("uid") and preconditions["uid"] != old_meta.get("uid"):
+            raise errors.conflict(
+                info.plural,
+                info.group,
+                name,
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in "
+                f"object meta: {old_meta.get('uid')}",
+            )
+        if preconditions.get("resourceVersion") and str(preconditions["resourceVersion"]) != str(old.rv):
+            raise errors.conflict(
+                info.plural,
+                info.group,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: "
+                f"{preconditions['resourceVersion']}, ResourceVersion in object meta: {old.rv}",
+            )
+        policy = options.get("propagationPolicy")
+        if policy is None and options.get("orphanDependents") is True:
+            policy = "Orphan"
+        if policy not in (None, "Orphan", "Background", "Foreground"):
+            raise errors.invalid(
+                "DeleteOptions",
+                "",
+                "",
+                [
+                    validation.invalid_value(
+                        "propagationPolicy", policy, 'supported values: "Orphan", "Background", "Foreground"'
+                    )
+                ],
+            )
+        if dry_run:
+            return old
+        uid = old_meta.get("uid", "")
+        if policy == "Orphan":
+            self.orphan_dependents(uid)
+        if info.storage_key == NAMESPACES:
+            return self._terminate_namespace(info, old)
+        finalizers = list(old_meta.get("finalizers") or ())
+        if policy == "Foreground" and self.has_dependents(uid) and FOREGROUND not in finalizers:
+            # kube's foreground cascade: the owner waits, marked, until its dependents are gone
+            finalizers.append(FOREGROUND)
+        if finalizers:
+            if old_meta.get("deletionTimestamp") and finalizers == old_meta.get("finalizers"):
+                return old
+            obj = old.copy()
+            meta = obj["metadata"]
+            meta["finalizers"] = finalizers
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = now_rfc3339()
+                meta["deletionGracePeriodSeconds"] = 0
+                if info.has_spec:
+                    meta["generation"] = old_meta.get("generation", 1) + 1
+            entry = self.store.put(info.storage_key, obj, old)
+            if FOREGROUND in finalizers:
+                self.on_foreground(uid)
+            return entry
+        return self._remove(info, old)
+
+    def _remove(self, info: ResourceInfo, entry: Entry | None) -> Entry:
+        assert entry is not None
+        final = self.store.remove(info.storage_key, entry)
+        if info.storage_key == CRDS:
+            self._crd_removed(entry.obj)
+        return final
+
+    def _terminate_namespace(self, info: ResourceInfo, old: Entry) -> Entry:
+        if old.obj["metadata"].get("deletionTimestamp"):
+            return old
+        obj = old.copy()
+        obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        obj.setdefault("status", {})["phase"] = "Terminating"
+        entry = self.store.put(info.storage_key, obj, old)
+        self.on_namespace_terminating(obj["metadata"]["name"])
+        return entry
+
+    def finish_namespace(self, name: str) -> bool:
+        """Remove a terminating namespace once nothing is left in it; True when it is gone."""
+        entry = self.store.get(NAMESPACES, "", name)
+        if entry is None:
+            return True
+        for storage_key in self.store.storage_keys():
+            if storage_key == NAMESPACES:
+                continue
+            for _ in self.store.items(storage_key, name):
+                return False
+        if entry.obj["metadata"].get("finalizers"):
+            return False
+        self.store.remove(NAMESPACES, entry)
+        return True
+
+    def orphan_dependents(self, owner_uid: str) -> None:
+        if not owner_uid:
+            return
+        for storage_key in self.store.storage_keys():
+            info = self.registry.storage_info(storage_key)
+            if info is None:
+                continue
+            for _, entry in self.store.items(storage_key):
+                refs = entry.obj["metadata"].get("ownerReferences") or []
+                if any(r.get("uid") == owner_uid for r in refs):
+                    obj = entry.copy()
+                    kept = [r for r in refs if r.get("uid") != owner_uid]
+                    if kept:
+                        obj["metadata"]["ownerReferences"] = kept
+                    else:
+                        obj["metadata"].pop("ownerReferences", None)
+                    self.store.put(storage_key, obj, entry)
+
+    # ------------------------------------------------------------------------------ list
+    def list(
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        *,
+        label_selector: Any = None,
+        field_selector: Any = None,
+        limit: int = 0,
+        continue_token: str = "",
+    ) -> tuple[list[Entry], str, int]:
+        """Matching entries in key order, the continue token and the remaining count (when limited)."""
+        start: tuple[str, str] | None = None
+        if continue_token:
+            start = decode_continue(continue_token)
+        entries = sorted(self.store.items(info.storage_key, namespace), key=lambda kv: kv[0])
+        out: list[Entry] = []
+        token, remaining = "", 0
+        for index, (key, entry) in enumerate(entries):
+            if start is not None and key <= start:
+                continue
+            obj = entry.obj
+            if label_selector is not None and not label_selector.matches(obj["metadata"].get("labels") or {}):
+                continue
+            if field_selector is not None and not field_selector.matches(obj):
+                continue
+            if limit and len(out) == limit:
+                token = encode_continue(self.store.rv, out[-1].obj["metadata"])
+                remaining = sum(1 for _ in entries[index:])
+                break
+            out.append(entry)
+        return out, token, remaining
+
+    # ------------------------------------------------------------------------------ kind hooks
+    def _defaults(self, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        key = info.storage_key
+        if key == PODS:
+            validation.default_pod(obj)
+            if old is None:
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+        elif key == NAMESPACES:
+            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            if old is None:
+                obj["status"] = {"phase": "Active"}
+            labels = obj["metadata"].setdefault("labels", {})
+            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+        elif key == "/services":
+            validation.default_service(obj)
+        elif key == CRDS:
+            crds.default_crd(obj)
+        elif info.is_custom:
+            crds.default_custom(info, obj)
+
+    def _validate(self, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        meta = obj["metadata"]
+        causes = validation.validate_metadata(meta)
+        if old is None:
+            causes += validation.validate_name(info.storage_key, meta["name"])
+        key = info.storage_key
+        if key == PODS:
+            causes += validation.validate_pod(obj)
+            if old is not None:
+                causes += validation.validate_pod_update(old, obj)
+        elif key == CRDS:
+            causes += crds.validate_crd(obj, old, self.registry)
+        elif info.is_custom:
+            causes += crds.validate_custom(info, obj)
+        if causes:
+            raise errors.invalid(info.kind, info.group, meta.get("name", ""), causes)
+
+    def _after_write(self, info: ResourceInfo, entry: Entry, old: Entry | None) -> None:
+        if info.storage_key == CRDS:
+            crds.register(self.registry, entry.obj)
+        elif info.storage_key == NAMESPACES and old is None:
+            self._default_service_account(entry.obj["metadata"]["name"])
+
+    def _default_service_account(self, namespace: str) -> None:
+        """What kube-controller-manager does for every namespace: a ServiceAccount named default."""
+        if self.store.get("/serviceaccounts", namespace, "default") is None:
+            self.store.put(
+                "/serviceaccounts",
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {
+                        "name": "default",
+                        "namespace": namespace,
+                        "uid": str(uuid.uuid4()),
+                        "creationTimestamp": now_rfc3339(),
+                    },
+                },
+                None,
+            )
+
+    def _crd_removed(self, crd: dict[str, Any]) -> None:
+        """Deleting a CRD deletes every object of its kind, then stops serving it."""
+        spec = crd.get("spec") or {}
+        storage_key = f"{spec.get('group', '')}/{(spec.get('names') or {}).get('plural', '')}"
+        for _, entry in self.store.items(storage_key):
+            self.store.remove(storage_key, entry)
+        self.registry.remove_crd(crd["metadata"]["name"])
+
+    # ------------------------------------------------------------------------------ bootstrap
+    def bootstrap(self) -> None:
+        info = self.registry.get("", "v1", "namespaces")
+        assert info is not None
+        for name in SYSTEM_NAMESPACES:
+            if self.store.get(NAMESPACES, "", name) is None:
+                obj = {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": name,
+                        "uid": str(uuid.uuid4()),
+                        "creationTimestamp": now_rfc3339(),
+                        "labels": {"kubernetes.io/metadata.name": name},
+                    },
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                }
+                self.store.put(NAMESPACES, obj, None)
+                self._default_service_account(name)
+        for _, entry in self.store.items(CRDS):
+            crds.register(self.registry, entry.obj)
+
+
+def encode_continue(rv: int, meta: dict[str, Any]) -> str:
+    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [meta.get("namespace", ""), meta["name"]]})
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_continue(token: str) -> tuple[str, str]:
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+        ns, name = data["start"]
+        return str(ns), str(name)
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise errors.bad_request(f"continue key is not valid: {token!r}") from None

@@ -1,0 +1,164 @@
+"""What the embedded API server serves: one `ResourceInfo` per group/version/resource.
+
+Built-in kinds are listed here; custom resources are added (and removed) at run time from
+CustomResourceDefinition objects. Discovery, OpenAPI, routing, tables and validation all read the
+same `Registry`, so a kind is either fully served or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+@dataclass
+class ResourceInfo:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    singular: str = ""
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()  # "status", "binding", "eviction", "token"
+    verbs: tuple[str, ...] = ALL_VERBS
+    has_spec: bool = True  # generation is tracked from spec (everything but metadata/status) changes
+    schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
+    printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    crd_name: str = ""  # set for custom resources
+    storage_version: str = ""
+    preserve_unknown: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.singular:
+            self.singular = self.kind.lower()
+        if not self.storage_version:
+            self.storage_version = self.version
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def storage_key(self) -> str:
+        """Objects of every served version of a resource share one store."""
+        return f"{self.group}/{self.plural}"
+
+    @property
+    def status_split(self) -> bool:
+        return "status" in self.subresources
+
+    @property
+    def is_custom(self) -> bool:
+        return bool(self.crd_name)
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+
+def _core(plural: str, kind: str, namespaced: bool, **kw: Any) -> ResourceInfo:
+    return ResourceInfo("", "v1", plural, kind, namespaced, **kw)
+
+
+CREATE_ONLY = ("create",)
+
+BUILTINS: tuple[ResourceInfo, ...] = (
+    _core("namespaces", "Namespace", False, short_names=("ns",), subresources=("status",)),
+    _core("nodes", "Node", False, short_names=("no",), subresources=("status",)),
+    _core(
+        "pods", "Pod", True, short_names=("po",), categories=("all",), subresources=("status", "binding", "eviction")
+    ),
+    _core("services", "Service", True, short_names=("svc",), categories=("all",), subresources=("status",)),
+    _core("configmaps", "ConfigMap", True, short_names=("cm",), has_spec=False),
+    _core("secrets", "Secret", True, has_spec=False),
+    _core("events", "Event", True, short_names=("ev",), has_spec=False),
+    _core("serviceaccounts", "ServiceAccount", True, short_names=("sa",), subresources=("token",), has_spec=False),
+    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",), has_spec=False),
+    ResourceInfo("coordination.k8s.io", "v1", "leases", "Lease", True),
+    ResourceInfo("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=CREATE_ONLY),
+    ResourceInfo(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        False,
+        has_spec=False,
+    ),
+    ResourceInfo(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        short_names=("crd", "crds"),
+        subresources=("status",),
+    ),
+    ResourceInfo(
+        "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=("pc",), has_spec=False
+    ),
+)
+
+#: kinds that kube-apiserver never persists (request/response only)
+VIRTUAL = {"authentication.k8s.io/tokenreviews"}
+
+
+class Registry:
+    """Served resources, indexed by (group, version, plural); custom ones change at run time."""
+
+    def __init__(self) -> None:
+        self._by_gvr: dict[tuple[str, str, str], ResourceInfo] = {}
+        self.generation = 0  # bumps whenever the served set changes (discovery caches key on it)
+        for info in BUILTINS:
+            self.add(info)
+
+    def add(self, info: ResourceInfo) -> None:
+        self._by_gvr[(info.group, info.version, info.plural)] = info
+        self.generation += 1
+
+    def remove_crd(self, crd_name: str) -> None:
+        for key in [k for k, v in self._by_gvr.items() if v.crd_name == crd_name]:
+            del self._by_gvr[key]
+        self.generation += 1
+
+    def get(self, group: str, version: str, plural: str) -> ResourceInfo | None:
+        return self._by_gvr.get((group, version, plural))
+
+    def all(self) -> list[ResourceInfo]:
+        return list(self._by_gvr.values())
+
+    def by_storage_key(self, storage_key: str) -> list[ResourceInfo]:
+        return [i for i in self._by_gvr.values() if i.storage_key == storage_key]
+
+    def storage_info(self, storage_key: str) -> ResourceInfo | None:
+        infos = self.by_storage_key(storage_key)
+        for info in infos:
+            if info.version == info.storage_version:
+                return info
+        return infos[0] if infos else None
+
+    def groups(self) -> dict[str, list[str]]:
+        """group → served versions, preferred (storage) version first."""
+        out: dict[str, list[str]] = {}
+        for info in self._by_gvr.values():
+            if not info.group:
+                continue
+            versions = out.setdefault(info.group, [])
+            if info.version not in versions:
+                if info.version == info.storage_version:
+                    versions.insert(0, info.version)
+                else:
+                    versions.append(info.version)
+        return out
+
+    def in_group_version(self, group: str, version: str) -> list[ResourceInfo]:
+        return [i for i in self._by_gvr.values() if i.group == group and i.version == version]
+
+    def by_kind(self, group: str, kind: str) -> ResourceInfo | None:
+        for info in self._by_gvr.values():
+            if info.group == group and info.kind == kind:
+                return info
+        return None

@@ -1,0 +1,198 @@
+"""Endpoints that are not plain object storage: pods/binding, pods/eviction, serviceaccounts/token, tokenreviews.
+
+They are POST-only, kube-apiserver answers them with a Status (binding, eviction) or with the
+request object filled in (TokenRequest, TokenReview), and the token ones delegate signing and
+checking to tokens.TokenAuthority.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tfusion.apiserver import errors, validation
+from tfusion.apiserver.app import Request, Target
+from tfusion.apiserver.objects import PODS, Engine, now_rfc3339
+from tfusion.apiserver.tokens import TokenAuthority
+
+Handler = Callable[[Request, Target], Awaitable[tuple[int, Any]]]
+
+_SUCCESS = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+#: kube-apiserver raises shorter TokenRequest lifetimes to this minimum
+MIN_TOKEN_SECONDS = 600
+
+
+class Services:
+    def __init__(self, engine: Engine, authority: Callable[[], TokenAuthority]) -> None:
+        self.engine = engine
+        self._make_authority = authority
+        self._authority: TokenAuthority | None = None
+
+    @property
+    def authority(self) -> TokenAuthority:
+        if self._authority is None:
+            self._authority = self._make_authority()
+        return self._authority
+
+    def handlers(self) -> dict[tuple[str, str], Handler]:
+        return {
+            (PODS, "binding"): self.bind,
+            (PODS, "eviction"): self.evict,
+            ("/serviceaccounts", "token"): self.token_request,
+            ("authentication.k8s.io/tokenreviews", "create"): self.token_review,
+        }
+
+    def _pod_info(self) -> Any:
+        info = self.engine.registry.get("", "v1", "pods")
+        assert info is not None
+        return info
+
+    async def bind(self, request: Request, target: Target) -> tuple[int, Any]:
+        body = request.json()
+        if not isinstance(body, dict):
+            raise errors.bad_request("a Binding must be a JSON object")
+        node = (body.get("target") or {}).get("name")
+        if not node:
+            raise errors.invalid("Binding", "", target.name, [validation.required("target.name")])
+        info = self._pod_info()
+        ns = target.namespace or ""
+        pod = self.engine.get(info, ns, target.name)
+        expected_uid = (body.get("metadata") or {}).get("uid")
+        if expected_uid and expected_uid != pod.obj["metadata"].get("uid"):
+            raise errors.conflict("pods", "", target.name, "the UID in the binding does not match the pod")
+        current = (pod.obj.get("spec") or {}).get("nodeName")
+        if current:
+            raise errors.conflict(
+                "pods/binding", "", target.name, f'pod {target.name} is already assigned to node "{current}"'
+            )
+        if pod.obj["metadata"].get("deletionTimestamp"):
+            raise errors.conflict(
+                "pods/binding", "", target.name, f"pod {target.name} is being deleted, cannot be assigned to a host"
+            )
+        obj = pod.copy()
+        obj["spec"]["nodeName"] = node
+        for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
+            obj["metadata"].setdefault("annotations", {})[key] = value
+        conditions = [
+            c for c in obj.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"
+        ]
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+        )
+        obj["status"]["conditions"] = conditions
+        self.engine.store.put(info.storage_key, obj, pod)
+        return 201, _SUCCESS
+
+    async def evict(self, request: Request, target: Target) -> tuple[int, Any]:
+        body = request.json() if request.body.strip() else {}
+        info = self._pod_info()
+        options = (body.get("deleteOptions") or {}) if isinstance(body, dict) else {}
+        self.engine.delete(info, target.namespace or "", target.name, options, dry_run=request.dry_run)
+        return 201, _SUCCESS
+
+    async def token_request(self, request: Request, target: Target) -> tuple[int, Any]:
+        body = request.json()
+        if not isinstance(body, dict):
+            raise errors.bad_request("a TokenRequest must be a JSON object")
+        spec = body.get("spec") or {}
+        ns = target.namespace or ""
+        sa_info = self.engine.registry.get("", "v1", "serviceaccounts")
+        assert sa_info is not None
+        account = self.engine.get(sa_info, ns, target.name)
+        seconds = spec.get("expirationSeconds", 3600)
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+            raise errors.invalid(
+                "TokenRequest",
+                "authentication.k8s.io",
+                target.name,
+                [
+                    validation.invalid_value(
+                        "spec.expirationSeconds", seconds, "may not specify a duration less than 10 minutes"
+                    )
+                ],
+            )
+        seconds = max(seconds, MIN_TOKEN_SECONDS)
+        pod_name = pod_uid = None
+        bound = spec.get("boundObjectRef")
+        if bound:
+            if bound.get("kind") != "Pod":
+                raise errors.invalid(
+                    "TokenRequest",
+                    "authentication.k8s.io",
+                    target.name,
+                    [
+                        (
+                            "spec.boundObjectRef.kind",
+                            "FieldValueNotSupported",
+                            f'Unsupported value: "{bound.get("kind")}": supported values: "Pod"',
+                        )
+                    ],
+                )
+            pod = self.engine.get(self._pod_info(), ns, str(bound.get("name", "")))
+            pod_name, pod_uid = pod.obj["metadata"]["name"], pod.obj["metadata"]["uid"]
+            if bound.get("uid") and bound["uid"] != pod_uid:
+                raise errors.conflict(
+                    "pods",
+                    "",
+                    pod_name,
+                    f"the UID in the bound object reference "
+                    f"({bound['uid']}) does not match the UID in record. "
+                    f"The object might have been deleted and then "
+                    f"recreated",
+                )
+        token, expiry = self.authority.issue(
+            namespace=ns,
+            service_account=target.name,
+            sa_uid=account.obj["metadata"]["uid"],
+            pod_name=pod_name,
+            pod_uid=pod_uid,
+            audiences=spec.get("audiences") or None,
+            expiration_seconds=seconds,
+        )
+        stamp = dt.datetime.fromtimestamp(expiry, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        result = {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": target.name, "namespace": ns, "creationTimestamp": None},
+            "spec": {
+                **spec,
+                "expirationSeconds": seconds,
+                "audiences": spec.get("audiences") or list(self.authority.api_audiences),
+            },
+            "status": {"token": token, "expirationTimestamp": stamp},
+        }
+        return 201, result
+
+    def lookup(self, plural: str) -> Callable[[str, str], dict[str, Any] | None]:
+        def find(namespace: str, name: str) -> dict[str, Any] | None:
+            entry = self.engine.store.get(f"/{plural}", namespace, name)
+            return entry.obj if entry else None
+
+        return find
+
+    def review(self, token: str, audiences: list[str] | None = None) -> dict[str, Any]:
+        return self.authority.review(
+            token,
+            audiences=audiences,
+            lookup_pod=self.lookup("pods"),
+            lookup_service_account=self.lookup("serviceaccounts"),
+        )
+
+    async def token_review(self, request: Request, target: Target) -> tuple[int, Any]:
+        body = request.json()
+        if not isinstance(body, dict):
+            raise errors.bad_request("a TokenReview must be a JSON object")
+        spec = body.get("spec") or {}
+        token = spec.get("token")
+        if not isinstance(token, str) or not token:
+            raise errors.invalid("TokenReview", "authentication.k8s.io", "", [validation.required("spec.token")])
+        status = self.review(token, spec.get("audiences") or None)
+        result = {
+            "kind": "TokenReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None, **(body.get("metadata") or {})},
+            "spec": spec,
+            "status": status,
+        }
+        return 201, result

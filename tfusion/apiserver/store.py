@@ -1,0 +1,195 @@
+"""Object storage of the embedded API server: the working set in memory, SQLite (WAL) as the durable copy.
+
+Every write gets the next value of one global, monotonic resourceVersion and is committed to SQLite
+before the caller answers, so a restart on the same file keeps every object and continues the
+sequence. Writes happen on the server's event loop with no await between reading the current
+version and storing the new one, which is what makes optimistic concurrency (409 on a stale
+resourceVersion) exact. Each write is also appended to a bounded event log (watch resume) and
+fanned out to the live watchers of that resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ObjKey = tuple[str, str]  # (namespace or "", name)
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+
+class Entry:
+    """One stored object: the dict (never mutated once stored) and its JSON encoding."""
+
+    __slots__ = ("obj", "raw", "rv")
+
+    def __init__(self, obj: dict[str, Any], raw: bytes, rv: int) -> None:
+        self.obj = obj
+        self.raw = raw
+        self.rv = rv
+
+    def copy(self) -> dict[str, Any]:
+        """A deep, mutable copy (decoding the stored JSON is the fastest deep copy)."""
+        result: dict[str, Any] = orjson.loads(self.raw)
+        return result
+
+
+@dataclass(slots=True)
+class Event:
+    rv: int
+    storage_key: str
+    type: str
+    entry: Entry
+    old: Entry | None  # the previous state, so selector watches can turn MODIFIED into ADDED/DELETED
+
+
+@dataclass(eq=False)
+class Subscription:
+    """A live watcher of one resource; the store pushes every event of that resource to `queue`."""
+
+    storage_key: str
+    namespace: str | None
+    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+
+class Store:
+    def __init__(self, path: str | Path, history: int) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS objects (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,"
+            " rv INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (skey, ns, name)) WITHOUT ROWID"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL)")
+        self._db.commit()
+        row = self._db.execute("SELECT v FROM meta WHERE k = 'rv'").fetchone()
+        self.rv = int(row[0]) if row else 0
+        self._objects: dict[str, dict[ObjKey, Entry]] = {}
+        for skey, ns, name, rv, data in self._db.execute("SELECT skey, ns, name, rv, data FROM objects"):
+            raw = bytes(data)
+            self._objects.setdefault(skey, {})[(ns, name)] = Entry(orjson.loads(raw), raw, rv)
+        self.history = history
+        self.log: deque[Event] = deque(maxlen=history)
+        #: events with rv > log_start are all in `log`; a watch from an older rv gets 410
+        self.log_start = self.rv
+        self._subs: dict[str, set[Subscription]] = {}
+        self.listeners: list[Callable[[Event], None]] = []
+
+    # ---------------------------------------------------------------- metadata (keys, signing, tls)
+    def get_meta(self, key: str) -> bytes | None:
+        row = self._db.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (key, value))
+        self._db.commit()
+
+    # ---------------------------------------------------------------- reads
+    def get(self, storage_key: str, namespace: str, name: str) -> Entry | None:
+        bucket = self._objects.get(storage_key)
+        return bucket.get((namespace, name)) if bucket else None
+
+    def items(self, storage_key: str, namespace: str | None = None) -> Iterator[tuple[ObjKey, Entry]]:
+        bucket = self._objects.get(storage_key)
+        if not bucket:
+            return iter(())
+        if namespace is None:
+            return iter(list(bucket.items()))
+        return iter([(k, e) for k, e in bucket.items() if k[0] == namespace])
+
+    def count(self, storage_key: str) -> int:
+        return len(self._objects.get(storage_key) or ())
+
+    def storage_keys(self) -> list[str]:
+        return [k for k, v in self._objects.items() if v]
+
+    # ---------------------------------------------------------------- writes
+    def put(self, storage_key: str, obj: dict[str, Any], old: Entry | None) -> Entry:
+        """Store `obj` (created when `old` is None) under a new resourceVersion; returns the new entry."""
+        self.rv += 1
+        rv = self.rv
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(rv)
+        raw = orjson.dumps(obj)
+        ns, name = meta.get("namespace", ""), meta["name"]
+        self._db.execute(
+            "INSERT OR REPLACE INTO objects (skey, ns, name, rv, data) VALUES (?, ?, ?, ?, ?)",
+            (storage_key, ns, name, rv, raw),
+        )
+        self._save_rv()
+        entry = Entry(obj, raw, rv)
+        self._objects.setdefault(storage_key, {})[(ns, name)] = entry
+        self._emit(Event(rv, storage_key, MODIFIED if old else ADDED, entry, old))
+        return entry
+
+    def remove(self, storage_key: str, old: Entry) -> Entry:
+        """Delete an object; the DELETED event carries its last state under a new resourceVersion."""
+        self.rv += 1
+        rv = self.rv
+        obj = old.copy()
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(rv)
+        ns, name = meta.get("namespace", ""), meta["name"]
+        self._db.execute("DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, ns, name))
+        self._save_rv()
+        self._objects[storage_key].pop((ns, name), None)
+        entry = Entry(obj, orjson.dumps(obj), rv)
+        self._emit(Event(rv, storage_key, DELETED, entry, old))
+        return entry
+
+    def _save_rv(self) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('rv', ?)", (str(self.rv).encode(),))
+        self._db.commit()
+
+    def _emit(self, event: Event) -> None:
+        if len(self.log) == self.log.maxlen and self.log:
+            self.log_start = self.log[0].rv
+        self.log.append(event)
+        for sub in self._subs.get(event.storage_key, ()):
+            if sub.namespace is None or sub.namespace == event.entry.obj["metadata"].get("namespace", ""):
+                sub.queue.put_nowait(event)
+        for listener in self.listeners:
+            listener(event)
+
+    # ---------------------------------------------------------------- watch support
+    def subscribe(self, storage_key: str, namespace: str | None) -> Subscription:
+        sub = Subscription(storage_key, namespace)
+        self._subs.setdefault(storage_key, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subs.get(sub.storage_key, set()).discard(sub)
+
+    def events_since(self, storage_key: str, rv: int) -> list[Event] | None:
+        """Events of one resource after `rv`, or None when some of them are no longer retained."""
+        if rv < self.log_start:
+            return None
+        return [e for e in self.log if e.rv > rv and e.storage_key == storage_key]
+
+    def close_watches(self) -> None:
+        for subs in self._subs.values():
+            for sub in list(subs):
+                sub.close()
+
+    def compact(self) -> None:
+        """Forget the event log: a watch from any resourceVersion before now gets 410 Expired."""
+        self.log.clear()
+        self.log_start = self.rv
+
+    def close(self) -> None:
+        self.close_watches()
+        self._db.close()

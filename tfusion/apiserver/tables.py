@@ -1,0 +1,296 @@
+"""Server-side printing (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`), as `kubectl get` asks for.
+
+Custom resources get Name plus their CRD's additionalPrinterColumns (Name and Age when there are
+none); built-in kinds get the columns kubectl users expect. Dates print as ages, like kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tfusion.apiserver.resources import ResourceInfo
+
+Column = tuple[str, str, str, Callable[[dict[str, Any]], Any]]  # name, type, description, cell getter
+
+
+def human_age(timestamp: Any) -> str:
+    if not isinstance(timestamp, str) or not timestamp:
+        return "<unknown>"
+    try:
+        then = calendar.timegm(time.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return "<invalid>"
+    seconds = max(0, int(time.time() - then))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if days < 730:
+        return f"{days}d"
+    return f"{days // 365}y"
+
+
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\?\(@\.([\w.-]+)\s*==\s*[\"']([^\"']*)[\"']\)\]|\[\*\]")
+
+
+def json_path(expression: str) -> Callable[[dict[str, Any]], Any]:
+    """The subset of kubectl JSONPath used by printer columns: .a.b, [0], [*], [?(@.type=="Ready")]."""
+    text = expression.strip()
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1]
+    if not text.startswith((".", "[")):
+        text = "." + text
+    steps: list[tuple[str, Any]] = []
+    pos = 0
+    while pos < len(text):
+        match = _STEP.match(text, pos)
+        if not match:
+            return lambda obj: None
+        if match.group(1) is not None:
+            steps.append(("key", match.group(1)))
+        elif match.group(2) is not None:
+            steps.append(("index", int(match.group(2))))
+        elif match.group(3) is not None:
+            steps.append(("filter", (match.group(3).split("."), match.group(4))))
+        else:
+            steps.append(("all", None))
+        pos = match.end()
+
+    def get(obj: dict[str, Any]) -> Any:
+        values: list[Any] = [obj]
+        for kind, arg in steps:
+            out: list[Any] = []
+            for value in values:
+                out.extend(_step(kind, arg, value))
+            values = out
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+    return get
+
+
+def _step(kind: str, arg: Any, value: Any) -> list[Any]:
+    if kind == "key":
+        return [value[arg]] if isinstance(value, dict) and arg in value else []
+    if not isinstance(value, list):
+        return []
+    if kind == "index":
+        return [value[arg]] if -len(value) <= arg < len(value) else []
+    if kind == "all":
+        return list(value)
+    path, wanted = arg
+    matched = []
+    for item in value:
+        current = item
+        for part in path:
+            current = current.get(part) if isinstance(current, dict) else None
+        if current is not None and str(current) == wanted:
+            matched.append(item)
+    return matched
+
+
+def _meta(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: obj.get("metadata", {}).get(key)
+
+
+NAME: Column = ("Name", "string", "Name must be unique within a namespace.", _meta("name"))
+AGE: Column = (
+    "Age",
+    "date",
+    "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    _meta("creationTimestamp"),
+)
+
+
+def _pod_ready(pod: dict[str, Any]) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    total = len((pod.get("spec") or {}).get("containers") or [])
+    return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
+
+
+def _pod_status(pod: dict[str, Any]) -> str:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    return str(status.get("reason") or status.get("phase") or "Unknown")
+
+
+def _restarts(pod: dict[str, Any]) -> int:
+    return sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def _node_status(node: dict[str, Any]) -> str:
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    text = "Ready" if ready and ready.get("status") == "True" else "NotReady" if ready else "Unknown"
+    if (node.get("spec") or {}).get("unschedulable"):
+        text += ",SchedulingDisabled"
+    return text
+
+
+def _node_roles(node: dict[str, Any]) -> str:
+    prefix = "node-role.kubernetes.io/"
+    roles = [k[len(prefix) :] for k in (node.get("metadata") or {}).get("labels") or {} if k.startswith(prefix)]
+    return ",".join(sorted(roles)) or "<none>"
+
+
+def _ports(svc: dict[str, Any]) -> str:
+    ports = (svc.get("spec") or {}).get("ports") or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
+
+
+def _count(key: str) -> Callable[[dict[str, Any]], int]:
+    return lambda obj: len(obj.get(key) or {}) + (len(obj.get("binaryData") or {}) if key == "data" else 0)
+
+
+def _path(expr: str) -> Callable[[dict[str, Any]], Any]:
+    return json_path(expr)
+
+
+_BUILTIN_COLUMNS: dict[str, list[Column]] = {
+    "/pods": [
+        NAME,
+        ("Ready", "string", "containers ready", _pod_ready),
+        ("Status", "string", "pod status", _pod_status),
+        ("Restarts", "integer", "container restarts", _restarts),
+        AGE,
+        ("IP", "string", "pod IP", _path(".status.podIP")),
+        ("Node", "string", "node name", _path(".spec.nodeName")),
+    ],
+    "/nodes": [
+        NAME,
+        ("Status", "string", "node status", _node_status),
+        ("Roles", "string", "node roles", _node_roles),
+        AGE,
+        ("Version", "string", "kubelet version", _path(".status.nodeInfo.kubeletVersion")),
+    ],
+    "/namespaces": [NAME, ("Status", "string", "namespace phase", _path(".status.phase")), AGE],
+    "/services": [
+        NAME,
+        ("Type", "string", "service type", _path(".spec.type")),
+        ("Cluster-IP", "string", "cluster IP", _path(".spec.clusterIP")),
+        ("Port(s)", "string", "ports", _ports),
+        AGE,
+    ],
+    "/configmaps": [NAME, ("Data", "integer", "entries", _count("data")), AGE],
+    "/secrets": [
+        NAME,
+        ("Type", "string", "secret type", _path(".type")),
+        ("Data", "integer", "entries", _count("data")),
+        AGE,
+    ],
+    "/events": [
+        ("Last Seen", "string", "last seen", _path(".lastTimestamp")),
+        ("Type", "string", "event type", _path(".type")),
+        ("Reason", "string", "reason", _path(".reason")),
+        (
+            "Object",
+            "string",
+            "involved object",
+            lambda e: (
+                f"{(e.get('involvedObject') or {}).get('kind', '').lower()}/"
+                f"{(e.get('involvedObject') or {}).get('name', '')}"
+            ),
+        ),
+        ("Message", "string", "message", _path(".message")),
+    ],
+    "coordination.k8s.io/leases": [NAME, ("Holder", "string", "holder", _path(".spec.holderIdentity")), AGE],
+    "apiextensions.k8s.io/customresourcedefinitions": [
+        NAME,
+        ("Created At", "string", "creation time", _meta("creationTimestamp")),
+    ],
+    "scheduling.k8s.io/priorityclasses": [
+        NAME,
+        ("Value", "integer", "priority", _path(".value")),
+        ("Global-Default", "boolean", "global default", lambda o: bool(o.get("globalDefault"))),
+        AGE,
+    ],
+}
+
+
+def columns_for(info: ResourceInfo) -> list[Column]:
+    if info.is_custom:
+        if not info.printer_columns:
+            return [NAME, ("Age", "date", AGE[2], AGE[3])]
+        columns: list[Column] = [NAME]
+        for spec in info.printer_columns:
+            columns.append(
+                (
+                    str(spec.get("name", "")),
+                    str(spec.get("type", "string")),
+                    str(spec.get("description", "")),
+                    json_path(str(spec.get("jsonPath", ""))),
+                )
+            )
+        return columns
+    return _BUILTIN_COLUMNS.get(info.storage_key, [NAME, AGE])
+
+
+def _cell(kind: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "date":
+        return human_age(value)
+    if isinstance(value, list | dict):
+        import orjson
+
+        return orjson.dumps(value).decode() if not isinstance(value, list) else ",".join(str(v) for v in value)
+    return value
+
+
+def _priority(name: str, info: ResourceInfo) -> int:
+    wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",)}.get(info.storage_key, ())
+    return 1 if name in wide else 0
+
+
+def table(
+    info: ResourceInfo,
+    objects: list[dict[str, Any]],
+    *,
+    include_object: str = "Metadata",
+    list_meta: dict[str, Any] | None = None,
+    with_columns: bool = True,
+) -> dict[str, Any]:
+    columns = columns_for(info)
+    rows = []
+    for obj in objects:
+        row: dict[str, Any] = {"cells": [_cell(kind, get(obj)) for _, kind, _, get in columns]}
+        if include_object == "Object":
+            row["object"] = obj
+        elif include_object != "None":
+            row["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj.get("metadata", {}),
+            }
+        rows.append(row)
+    body: dict[str, Any] = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {}, "rows": rows}
+    if with_columns:
+        body["columnDefinitions"] = [
+            {
+                "name": name,
+                "type": "string" if kind == "date" else kind,
+                "format": "date" if kind == "date" else "",
+                "description": description,
+                "priority": _priority(name, info),
+            }
+            for name, kind, description, _ in columns
+        ]
+    else:
+        body["columnDefinitions"] = None
+    return body

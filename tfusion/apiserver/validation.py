@@ -1,0 +1,187 @@
+"""Checks and defaults kube-apiserver applies to built-in kinds (names, pods, namespaces, ...).
+
+Only what clients of tfusion can observe is implemented: object names, the fields a pod must have,
+which pod fields may change after creation, and the defaults kube-apiserver fills in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Cause = tuple[str, str, str]  # (field path, reason, message)
+
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_PATH_SEGMENT_BAD = ("/", "%")
+
+SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+    "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+    "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+
+#: resources whose names are DNS labels rather than subdomains
+LABEL_NAMED = {"/namespaces", "/services"}
+#: resources whose names only need to be valid path segments
+PATH_NAMED = {
+    "/events",
+    "events.k8s.io/events",
+    "/configmaps",
+    "/secrets",
+    "/serviceaccounts",
+    "coordination.k8s.io/leases",
+}
+
+
+def invalid_value(field: str, value: Any, why: str) -> Cause:
+    return field, "FieldValueInvalid", f"Invalid value: {_quote(value)}: {why}"
+
+
+def required(field: str, why: str = "") -> Cause:
+    return field, "FieldValueRequired", "Required value" + (f": {why}" if why else "")
+
+
+def forbidden(field: str, why: str) -> Cause:
+    return field, "FieldValueForbidden", f"Forbidden: {why}"
+
+
+def _quote(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    return str(value)
+
+
+def validate_name(storage_key: str, name: str) -> list[Cause]:
+    if storage_key in PATH_NAMED:
+        if name in (".", "..") or any(c in name for c in _PATH_SEGMENT_BAD):
+            return [invalid_value("metadata.name", name, "may not contain '/' or '%' and may not be '.' or '..'")]
+        return []
+    if storage_key in LABEL_NAMED:
+        if len(name) > 63 or not _DNS1123_LABEL.fullmatch(name):
+            return [
+                invalid_value(
+                    "metadata.name", name, LABEL_MSG if len(name) <= 63 else "must be no more than 63 characters"
+                )
+            ]
+        return []
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return [
+            invalid_value(
+                "metadata.name", name, SUBDOMAIN_MSG if len(name) <= 253 else "must be no more than 253 characters"
+            )
+        ]
+    return []
+
+
+def validate_metadata(meta: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    for field in ("labels", "annotations"):
+        value = meta.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            causes.append(invalid_value(f"metadata.{field}", value, "must be a map of string to string"))
+            continue
+        for key, val in value.items():
+            if not isinstance(val, str):
+                causes.append(invalid_value(f"metadata.{field}", val, f"value of {key!r} must be a string"))
+    finalizers = meta.get("finalizers")
+    if finalizers is not None and (not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)):
+        causes.append(invalid_value("metadata.finalizers", finalizers, "must be a list of strings"))
+    return causes
+
+
+# ------------------------------------------------------------------------------------ pods
+def default_pod(pod: dict[str, Any]) -> None:
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    spec.setdefault("priority", 0)
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            if isinstance(container, dict):
+                container.setdefault("terminationMessagePath", "/dev/termination-log")
+                container.setdefault("terminationMessagePolicy", "File")
+                image = container.get("image", "")
+                tag_latest = isinstance(image, str) and (":" not in image.rsplit("/", 1)[-1]) and "@" not in image
+                container.setdefault("imagePullPolicy", "Always" if tag_latest else "IfNotPresent")
+                container.setdefault("resources", {})
+
+
+def validate_pod(pod: dict[str, Any]) -> list[Cause]:
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return [required("spec")]
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return [required("spec.containers")]
+    causes: list[Cause] = []
+    seen: set[str] = set()
+    for kind in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(kind) or []):
+            path = f"spec.{kind}[{i}]"
+            if not isinstance(container, dict):
+                causes.append(invalid_value(path, container, "must be an object"))
+                continue
+            name = container.get("name")
+            if not name:
+                causes.append(required(f"{path}.name"))
+            elif not isinstance(name, str) or not _DNS1123_LABEL.fullmatch(name):
+                causes.append(invalid_value(f"{path}.name", name, LABEL_MSG))
+            elif name in seen:
+                causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
+            else:
+                seen.add(name)
+            if not container.get("image"):
+                causes.append(required(f"{path}.image"))
+    return causes
+
+
+_MUTABLE_POD_SPEC = {"activeDeadlineSeconds", "tolerations", "schedulingGates"}
+
+
+def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    """kube-apiserver lets a pod's spec change only in container images and a few other fields."""
+    old_spec, new_spec = dict(old.get("spec") or {}), dict(new.get("spec") or {})
+    for kind in ("containers", "initContainers"):
+        olds, news = old_spec.get(kind) or [], new_spec.get(kind) or []
+        if len(olds) == len(news):
+            old_spec[kind] = [{**o, "image": None} for o in olds]
+            new_spec[kind] = [{**n, "image": None} for n in news]
+    for key in _MUTABLE_POD_SPEC:
+        old_spec.pop(key, None)
+        new_spec.pop(key, None)
+    if old_spec != new_spec:
+        return [
+            forbidden(
+                "spec",
+                "pod updates may not change fields other than `spec.containers[*].image`, "
+                "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, "
+                "`spec.tolerations` (only additions to existing tolerations) or "
+                "`spec.schedulingGates`",
+            )
+        ]
+    return []
+
+
+def default_service(svc: dict[str, Any]) -> None:
+    spec = svc.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            if "port" in port:
+                port.setdefault("targetPort", port["port"])

@@ -1,0 +1,213 @@
+"""Watch streams: newline-delimited JSON events over a chunked HTTP response, as kube-apiserver sends them.
+
+A watch starts from the current state (synthetic ADDED events) when no resourceVersion or "0" is
+given, or resumes after the given resourceVersion from the store's event log (a 410 Expired ERROR
+event when that part of the log is gone). Label and field selectors apply to events the way the
+watch cache applies them: an object that stops matching arrives as DELETED, one that starts
+matching as ADDED. BOOKMARK events carry only the current resourceVersion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from tfusion.apiserver import errors, tables
+from tfusion.apiserver.resources import ResourceInfo
+from tfusion.apiserver.store import ADDED, DELETED, MODIFIED, Entry, Event, Store
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class WatchRequest:
+    def __init__(
+        self,
+        info: ResourceInfo,
+        namespace: str | None,
+        *,
+        resource_version: str | None,
+        label_selector: Any,
+        field_selector: Any,
+        timeout_s: float | None,
+        bookmarks: bool,
+        as_table: bool = False,
+        include_object: str = "Metadata",
+    ) -> None:
+        self.info = info
+        self.namespace = namespace
+        self.resource_version = resource_version
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.timeout_s = timeout_s
+        self.bookmarks = bookmarks
+        self.as_table = as_table
+        self.include_object = include_object
+        self._table_started = False
+
+    def matches(self, obj: dict[str, Any]) -> bool:
+        if self.label_selector is not None and not self.label_selector.matches(obj["metadata"].get("labels") or {}):
+            return False
+        return self.field_selector is None or self.field_selector.matches(obj)
+
+    def line(self, event_type: str, entry: Entry) -> bytes:
+        if self.as_table:
+            body = tables.table(
+                self.info,
+                [self._versioned(entry)],
+                include_object=self.include_object,
+                list_meta={"resourceVersion": str(entry.rv)},
+                with_columns=not self._table_started,
+            )
+            self._table_started = True
+            return orjson.dumps({"type": event_type, "object": body}) + b"\n"
+        raw = entry.raw
+        if entry.obj.get("apiVersion") != self.info.api_version:
+            raw = orjson.dumps(self._versioned(entry))
+        return b'{"type":"' + event_type.encode() + b'","object":' + raw + b"}\n"
+
+    def _versioned(self, entry: Entry) -> dict[str, Any]:
+        if entry.obj.get("apiVersion") == self.info.api_version:
+            return entry.obj
+        obj = dict(entry.obj)
+        obj["apiVersion"] = self.info.api_version
+        return obj
+
+    def translate(self, event: Event) -> bytes | None:
+        """The line this watcher sees for a store event, or None when it sees nothing."""
+        if self.label_selector is None and self.field_selector is None:
+            return self.line(event.type, event.entry)
+        now = self.matches(event.entry.obj)
+        if event.type == ADDED:
+            return self.line(ADDED, event.entry) if now else None
+        before = event.old is not None and self.matches(event.old.obj)
+        if event.type == DELETED:
+            return self.line(DELETED, event.entry) if before else None
+        if now and before:
+            return self.line(MODIFIED, event.entry)
+        if now:
+            return self.line(ADDED, event.entry)
+        if before:
+            return self.line(DELETED, event.entry)
+        return None
+
+    def bookmark(self, rv: int) -> bytes:
+        obj = {"kind": self.info.kind, "apiVersion": self.info.api_version, "metadata": {"resourceVersion": str(rv)}}
+        return orjson.dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
+
+
+def _error_line(error: errors.ApiError) -> bytes:
+    return orjson.dumps({"type": "ERROR", "object": error.status()}) + b"\n"
+
+
+async def serve_watch(
+    store: Store,
+    request: WatchRequest,
+    send: Send,
+    receive: Receive,
+    *,
+    bookmark_interval: float,
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    info = request.info
+    sub = store.subscribe(info.storage_key, request.namespace)
+    try:
+        initial: list[bytes] = []
+        rv_text = request.resource_version
+        if rv_text in (None, "", "0"):
+            for _, entry in sorted(store.items(info.storage_key, request.namespace), key=lambda kv: kv[0]):
+                if request.matches(entry.obj):
+                    initial.append(request.line(ADDED, entry))
+        else:
+            assert rv_text is not None
+            since = int(rv_text)
+            events = store.events_since(info.storage_key, since)
+            if events is None:
+                initial.append(
+                    _error_line(errors.expired(f"too old resource version: {since} ({store.log_start + 1})"))
+                )
+                await _start(send, headers)
+                await send({"type": "http.response.body", "body": b"".join(initial), "more_body": False})
+                return
+            for event in events:
+                if (
+                    request.namespace is not None
+                    and event.entry.obj["metadata"].get("namespace", "") != request.namespace
+                ):
+                    continue
+                line = request.translate(event)
+                if line is not None:
+                    initial.append(line)
+        await _start(send, headers)
+        if initial:
+            await send({"type": "http.response.body", "body": b"".join(initial), "more_body": True})
+        await _stream(store, request, sub.queue, send, receive, bookmark_interval)
+    finally:
+        store.unsubscribe(sub)
+
+
+async def _start(send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"), *headers]}
+    )
+
+
+async def _stream(
+    store: Store,
+    request: WatchRequest,
+    queue: asyncio.Queue[Event | None],
+    send: Send,
+    receive: Receive,
+    bookmark_interval: float,
+) -> None:
+    async def wait_disconnect() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                queue.put_nowait(None)
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    deadline = time.monotonic() + request.timeout_s if request.timeout_s else None
+    next_bookmark = time.monotonic() + bookmark_interval
+    try:
+        while True:
+            now = time.monotonic()
+            wait = next_bookmark - now if request.bookmarks else None
+            if deadline is not None:
+                wait = min(wait, deadline - now) if wait is not None else deadline - now
+            try:
+                event = (
+                    await asyncio.wait_for(queue.get(), timeout=max(wait, 0)) if wait is not None else await queue.get()
+                )
+            except TimeoutError:
+                event = False  # type: ignore[assignment]
+            if event is None:
+                break
+            chunk: list[bytes] = []
+            closing = False
+            while event:
+                line = request.translate(event)
+                if line is not None:
+                    chunk.append(line)
+                try:
+                    event = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                if event is None:
+                    closing = True
+            now = time.monotonic()
+            if request.bookmarks and now >= next_bookmark:
+                chunk.append(request.bookmark(store.rv))
+                next_bookmark = now + bookmark_interval
+            if chunk:
+                await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+            if closing or (deadline is not None and now >= deadline):
+                break
+    finally:
+        watcher.cancel()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

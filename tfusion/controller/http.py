@@ -1,0 +1,22 @@
+"""The controller's HTTP API under /api (the TensorFusion routes that clients already call).
+
+For now: `GET /api/config`, the dynamic config as `{"config": …}` with the file's camelCase keys.
+The allocation, simulate-schedule, connection and port/index routes are added next to it by the
+modules that own those services.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import get
+
+from tfusion.controller.dynamic_config import DynamicConfig
+
+
+def config_handlers(config: DynamicConfig) -> list[Any]:
+    @get("/api/config", sync_to_thread=False, summary="The controller's dynamic config")
+    def api_config() -> dict[str, Any]:
+        return {"config": config.current}
+
+    return [api_config]

@@ -1,0 +1,1 @@
+"""GPU scheduling around the allocator: extender endpoints, built-in scheduler, simulate-schedule."""

@@ -1,0 +1,121 @@
+"""`POST /api/simulate-schedule`: filter and score a Pod without reserving anything.
+
+Pure: takes the allocator and the Pod manifest, returns (HTTP status, body). The body keeps the
+original's envelope `{scheduleResult, filterDetail, error, ...}` with its Go field names
+(`SuggestedHost`, `FilterStageDetails`, `FilterName`, `Before`, `After`, `Diff`) and adds `Removed`
+to each stage: every GPU the stage dropped, its node and why (e.g. `gpu-3f2a: VRAM available 6Gi <
+requested 8Gi`). When nothing fits, `error.diagnosis.nodeToStatus.nodes` says per node why.
+Status codes: 400 unreadable body or bad annotations (the message names the annotation), 500
+`scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
+The allocator's state is not changed (only `filter`, `select` and `score` are called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from tfusion.allocator import GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
+from tfusion.allocator.errors import FilterStage
+
+SCHEDULER_NAME = "tensor-fusion-scheduler"
+PLUGIN = "GPUResourcesFit"
+FRAMEWORK_NOT_FOUND = "scheduler framework not found"
+
+
+def parse_body(body: bytes) -> tuple[int, Any]:
+    """Read a Pod manifest in YAML or JSON; (400, error body) when it is not one."""
+    try:
+        pod = yaml.safe_load(body.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        return 400, {"error": f"request body is not a YAML or JSON Pod manifest: {exc}"}
+    if not isinstance(pod, dict):
+        return 400, {"error": "request body must be a Pod manifest (a YAML or JSON object)"}
+    if pod.get("kind", "Pod") != "Pod":
+        return 400, {"error": f"request body must be a Pod manifest, got kind {pod.get('kind')!r}"}
+    return 200, pod
+
+
+def simulate_schedule_body(allocator: GpuAllocator, body: bytes) -> tuple[int, dict[str, Any]]:
+    """`simulate_schedule` on a raw request body."""
+    status, pod = parse_body(body)
+    if status != 200:
+        return status, pod  # type: ignore[no-any-return]
+    return simulate_schedule(allocator, pod)
+
+
+def _stage_json(stage: FilterStage) -> dict[str, Any]:
+    return {
+        "FilterName": stage.name,
+        "Before": stage.before_gpus,
+        "After": stage.after_gpus,
+        "Diff": stage.before - stage.after,
+        "Removed": [{"gpu": r.gpu, "node": r.node, "reason": r.reason} for r in stage.removed],
+    }
+
+
+def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
+    prefilter = isinstance(exc, QuotaExceeded) or not exc.nodes
+    code = "UnschedulableAndUnresolvable" if exc.unresolvable else "Unschedulable"
+    nodes = {
+        node: {"code": code, "plugin": PLUGIN, "reasons": reasons,
+               "message": "; ".join(reasons) if reasons else "no candidate GPU"}
+        for node, reasons in exc.nodes.items()
+    }
+    return {
+        "type": "FitError",
+        "message": exc.message,
+        "stage": exc.stage,
+        "numAllNodes": num_nodes,
+        "diagnosis": {
+            "preFilterMsg": exc.message if prefilter else "",
+            "postFilterMsg": "",
+            "unschedulablePlugins": [PLUGIN],
+            "pendingPlugins": [],
+            "nodeToStatus": {"nodes": nodes, "absentNodesStatus": None},
+        },
+    }
+
+
+def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Run the GPU filter chain and scoring for `pod` and explain the outcome; no side effects."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return 400, {"error": "the Pod manifest has no spec"}
+    if spec.get("schedulerName") != SCHEDULER_NAME:
+        return 500, {"error": FRAMEWORK_NOT_FOUND}
+    try:
+        req = request_from_pod(pod)
+    except RequestError as exc:
+        return 400, {"error": str(exc)}
+
+    result = allocator.filter(req, explain=True)
+    num_nodes = len(allocator.nodes())
+    feasible = sorted(result.nodes)
+    mode = allocator.pool_config(req.pool).placement_mode
+    scores = allocator.score(req, feasible)
+    error: dict[str, Any] | None = None
+    suggested = ""
+    final: list[str] = []
+    try:
+        placement = allocator.select(req)
+        suggested, final = placement.node, list(placement.gpu_names)
+    except Unschedulable as exc:
+        error = _fit_error(exc, num_nodes)
+        feasible = [] if not exc.nodes or isinstance(exc, QuotaExceeded) else feasible
+    return 200, {
+        "scheduleResult": {"SuggestedHost": suggested, "EvaluatedNodes": result.evaluated,
+                           "FeasibleNodes": len(feasible)},
+        "filterDetail": {"FilterStageDetails": [_stage_json(s) for s in result.stages]},
+        "error": error,
+        "cycleState": None,
+        "gpuSchedulerState": {
+            "NodeGPUs": result.nodes,
+            "NodeScores": scores,
+            "FinalGPUs": final,
+            "ScoringStrategy": mode,
+        },
+        "progressiveNodeNames": None,
+    }

@@ -1,0 +1,156 @@
+"""What the device layer reports: devices, their live metrics and the processes on them.
+
+`DeviceInfo.to_wire` gives the JSON shape of the original's `DeviceInfo` (Go field names, PascalCase),
+which is what `/api/v1/devices` returns and what the local backend persists in `devices.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+NVIDIA = "NVIDIA"
+
+def wire_uuid(native_uuid: str) -> str:
+    """Kubernetes object names must be lowercase; the driver's casing is kept for driver calls."""
+    return native_uuid.lower()
+
+
+@dataclass(frozen=True)
+class VirtualizationCapabilities:
+    supports_partitioning: bool = False
+    supports_soft_isolation: bool = True
+    supports_hard_isolation: bool = True
+    supports_snapshot: bool = False
+    supports_metrics: bool = True
+    supports_remoting: bool = False
+    max_partitions: int = 0
+    max_workers_per_device: int = 16
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "SupportsPartitioning": self.supports_partitioning,
+            "SupportsSoftIsolation": self.supports_soft_isolation,
+            "SupportsHardIsolation": self.supports_hard_isolation,
+            "SupportsSnapshot": self.supports_snapshot,
+            "SupportsMetrics": self.supports_metrics,
+            "SupportsRemoting": self.supports_remoting,
+            "MaxPartitions": self.max_partitions,
+            "MaxWorkersPerDevice": self.max_workers_per_device,
+        }
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any] | None) -> VirtualizationCapabilities:
+        raw = raw or {}
+        return cls(
+            supports_partitioning=bool(raw.get("SupportsPartitioning", False)),
+            supports_soft_isolation=bool(raw.get("SupportsSoftIsolation", True)),
+            supports_hard_isolation=bool(raw.get("SupportsHardIsolation", True)),
+            supports_snapshot=bool(raw.get("SupportsSnapshot", False)),
+            supports_metrics=bool(raw.get("SupportsMetrics", True)),
+            supports_remoting=bool(raw.get("SupportsRemoting", False)),
+            max_partitions=int(raw.get("MaxPartitions", 0)),
+            max_workers_per_device=int(raw.get("MaxWorkersPerDevice", 16)))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One accelerator as discovered. `uuid` is lowercase; `native_uuid` keeps the driver's casing."""
+
+    native_uuid: str
+    vendor: str
+    model: str
+    index: int
+    numa_node: int = -1
+    total_memory_bytes: int = 0
+    max_tflops: float = 0.0
+    pci_bus_id: str = ""
+    compute_capability: str = ""
+    sm_count: int = 0
+    driver_version: str = ""
+    healthy: bool = True
+    health_message: str = ""
+    capabilities: VirtualizationCapabilities = field(default_factory=VirtualizationCapabilities)
+    extra_properties: tuple[tuple[str, str], ...] = ()
+    device_nodes: tuple[str, ...] = ()
+
+    @property
+    def uuid(self) -> str:
+        return wire_uuid(self.native_uuid)
+
+    def replace(self, **changes: Any) -> DeviceInfo:
+        return dataclasses.replace(self, **changes)
+
+    def properties(self) -> dict[str, str]:
+        props = dict(self.extra_properties)
+        for key, value in (("driverVersion", self.driver_version), ("computeCapability", self.compute_capability),
+                           ("pciBusId", self.pci_bus_id),
+                           ("totalComputeUnits", str(self.sm_count) if self.sm_count else ""),
+                           ("healthMessage", self.health_message),
+                           ("nativeUUID", self.native_uuid if self.native_uuid != self.uuid else "")):
+            if value:
+                props[key] = value
+        return props
+
+    def to_wire(self, isolation_mode: str = "", isolation_policy: str = "") -> dict[str, Any]:
+        """The original's DeviceInfo JSON (Go field names)."""
+        return {
+            "UUID": self.uuid,
+            "Vendor": self.vendor,
+            "Model": self.model,
+            "Index": self.index,
+            "NUMANode": self.numa_node,
+            "Topology": None,
+            "TotalMemoryBytes": self.total_memory_bytes,
+            "MaxTflops": self.max_tflops,
+            "VirtualizationCapabilities": self.capabilities.to_wire(),
+            "Properties": self.properties(),
+            "Healthy": self.healthy,
+            "ParentUUID": "",
+            "DeviceNode": {node: node for node in self.device_nodes},
+            "DeviceEnv": {},
+            "IsolationMode": isolation_mode,
+            "IsolationPolicy": isolation_policy.capitalize() if isolation_policy else "",
+        }
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> DeviceInfo:
+        """Inverse of `to_wire` (for devices.json); unknown properties are kept."""
+        props = dict(raw.get("Properties") or {})
+        known = {"driverVersion", "computeCapability", "pciBusId", "totalComputeUnits", "healthMessage",
+                 "nativeUUID"}
+        return cls(
+            native_uuid=str(props.get("nativeUUID") or raw["UUID"]),
+            vendor=str(raw.get("Vendor", "")), model=str(raw.get("Model", "")), index=int(raw.get("Index", 0)),
+            numa_node=int(raw.get("NUMANode", -1)), total_memory_bytes=int(raw.get("TotalMemoryBytes", 0)),
+            max_tflops=float(raw.get("MaxTflops", 0.0)), pci_bus_id=str(props.get("pciBusId", "")),
+            compute_capability=str(props.get("computeCapability", "")),
+            sm_count=int(props.get("totalComputeUnits") or 0), driver_version=str(props.get("driverVersion", "")),
+            healthy=bool(raw.get("Healthy", True)), health_message=str(props.get("healthMessage", "")),
+            capabilities=VirtualizationCapabilities.from_wire(raw.get("VirtualizationCapabilities")),
+            extra_properties=tuple(sorted((k, str(v)) for k, v in props.items() if k not in known)),
+            device_nodes=tuple(sorted((raw.get("DeviceNode") or {}).keys())))
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    """One sample of a device's load. PCIe throughput is bytes per second."""
+
+    uuid: str
+    utilization_percent: float = 0.0
+    memory_used_bytes: int = 0
+    power_watts: float = 0.0
+    temperature_celsius: float = 0.0
+    pcie_rx_bytes: int = 0
+    pcie_tx_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process using a device: host PID and what it holds."""
+
+    pid: int
+    device_uuid: str
+    used_memory_bytes: int = 0
+    compute_percent: float = 0.0

@@ -1,0 +1,268 @@
+"""NVIDIA devices through NVML (nvidia-ml-py's `pynvml`).
+
+Every NVML call is a blocking ctypes call, so each pass runs in a worker thread, one at a time
+(a CapacityLimiter of 1): NVML handles are not worth sharing between threads. Calls a driver may not
+have (FunctionNotFound) or a device may not support (NotSupported) fall back or give "unknown";
+errors that mean the GPU is in trouble (lost, needs reset, unknown error) mark it unhealthy, and so
+do critical XID events when the driver can deliver them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import pynvml
+
+from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
+from tfusion.hypervisor.devices.model import NVIDIA, DeviceInfo, DeviceMetrics, GpuProcess, wire_uuid
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: errors that say the GPU itself is in trouble (as opposed to "this call is not available")
+_FATAL_CODES = {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_UNKNOWN,
+                pynvml.NVML_ERROR_CORRUPTED_INFOROM}
+#: calls that are merely unavailable on this driver or device
+_UNAVAILABLE_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                      pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NO_PERMISSION,
+                      pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NO_DATA}
+#: XIDs caused by applications, not the GPU (the same list NVIDIA's device plugin skips)
+_APPLICATION_XIDS = {13, 31, 43, 45, 68, 109}
+_XID_WAIT_MS = 200
+
+#: CUDA cores per SM by compute capability (NVML reports cores, not SMs)
+_CORES_PER_SM = {(2, 0): 32, (2, 1): 48, (3, -1): 192, (5, -1): 128, (6, 0): 64, (6, -1): 128, (7, -1): 64,
+                 (8, 0): 64, (8, -1): 128, (9, -1): 128, (10, -1): 128, (11, -1): 128, (12, -1): 128}
+
+
+def cores_per_sm(major: int, minor: int) -> int:
+    return _CORES_PER_SM.get((major, minor)) or _CORES_PER_SM.get((major, -1), 0)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def sysfs_numa_node(pci_bus_id: str, sys_root: Path = Path("/sys")) -> int:
+    """NUMA node of a PCI device from sysfs; NVML's bus id has an 8-digit domain, sysfs uses 4."""
+    if not pci_bus_id:
+        return -1
+    domain, _, rest = pci_bus_id.lower().partition(":")
+    bdf = f"{domain[-4:]}:{rest}"
+    try:
+        return int((sys_root / "bus/pci/devices" / bdf / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+class _DeviceProbe:
+    """Runs the per-device NVML calls of one pass and remembers what went wrong."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def get(self, what: str, call: Callable[[], T], default: T) -> T:
+        try:
+            return call()
+        except pynvml.NVMLError as exc:
+            if exc.value in _FATAL_CODES:
+                self.problems.append(f"{what}: {exc}")
+            elif exc.value not in _UNAVAILABLE_CODES:
+                log.debug("NVML %s failed: %s", what, exc)
+            return default
+
+
+class NvmlBackend:
+    """Devices from the NVIDIA driver."""
+
+    name = "nvml"
+    unavailable_reason = ""
+
+    def __init__(self, *, sys_root: Path = Path("/sys")) -> None:
+        self._limiter = anyio.CapacityLimiter(1)
+        self._sys_root = sys_root
+        self._xid_problems: dict[str, str] = {}  # lowercase uuid -> reason
+        self._opened = False
+
+    async def _run(self, func: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(func, *args, limiter=self._limiter)
+
+    async def open(self) -> None:
+        try:
+            await self._run(pynvml.nvmlInit)
+        except pynvml.NVMLError as exc:
+            raise DeviceBackendError(f"NVML did not initialise: {exc}") from exc
+        self._opened = True
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._run(pynvml.nvmlShutdown)
+                except pynvml.NVMLError as exc:
+                    log.debug("nvmlShutdown: %s", exc)
+
+    # --- discovery ---------------------------------------------------------------------------------
+
+    async def discover(self) -> list[DeviceInfo]:
+        try:
+            return await self._run(self._discover_sync)
+        except pynvml.NVMLError as exc:
+            raise DeviceBackendError(f"NVML discovery failed: {exc}") from exc
+
+    def _discover_sync(self) -> list[DeviceInfo]:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        return [self._describe(index, driver) for index in range(pynvml.nvmlDeviceGetCount())]
+
+    def _describe(self, position: int, driver: str) -> DeviceInfo:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(position)
+        probe = _DeviceProbe()
+        native_uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        name = probe.get("name", lambda: _text(pynvml.nvmlDeviceGetName(handle)), "")
+        index = probe.get("index", lambda: int(pynvml.nvmlDeviceGetIndex(handle)), position)
+        total = probe.get("memory", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), 0)
+        bus_id = probe.get("pci info", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId), "")
+        major, minor = probe.get("compute capability",
+                                 lambda: tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)), (0, 0))
+        numa = probe.get("numa node", lambda: int(pynvml.nvmlDeviceGetNumaNodeId(handle)), None)
+        if numa is None:
+            numa = sysfs_numa_node(bus_id, self._sys_root)
+        cores = probe.get("gpu cores", lambda: int(pynvml.nvmlDeviceGetNumGpuCores(handle)), 0)
+        per_sm = cores_per_sm(major, minor)
+        problems = list(probe.problems)
+        if wire_uuid(native_uuid) in self._xid_problems:
+            problems.append(self._xid_problems[wire_uuid(native_uuid)])
+        return DeviceInfo(
+            native_uuid=native_uuid, vendor=NVIDIA, model=name, index=index, numa_node=numa,
+            total_memory_bytes=total, pci_bus_id=bus_id,
+            compute_capability=f"{major}.{minor}" if major else "",
+            sm_count=cores // per_sm if per_sm and cores else 0, driver_version=driver,
+            healthy=not problems, health_message="; ".join(problems),
+            device_nodes=(f"/dev/nvidia{index}",))
+
+    # --- metrics -----------------------------------------------------------------------------------
+
+    async def read_metrics(self) -> list[DeviceMetrics]:
+        try:
+            return await self._run(self._metrics_sync)
+        except pynvml.NVMLError as exc:
+            raise DeviceBackendError(f"NVML metrics failed: {exc}") from exc
+
+    def _metrics_sync(self) -> list[DeviceMetrics]:
+        return [self._device_metrics(pynvml.nvmlDeviceGetHandleByIndex(position))
+                for position in range(pynvml.nvmlDeviceGetCount())]
+
+    @staticmethod
+    def _device_metrics(handle: Any) -> DeviceMetrics:
+        probe = _DeviceProbe()
+        uuid = wire_uuid(_text(pynvml.nvmlDeviceGetUUID(handle)))
+        util = probe.get("utilization", lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu), 0.0)
+        used = probe.get("memory", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used), 0)
+        power = probe.get("power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 0.0)
+        temp = probe.get("temperature", lambda: float(
+            pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)), 0.0)
+        # NVML reports PCIe throughput in KB/s
+        rx = probe.get("pcie rx", lambda: int(
+            pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)) * 1024, 0)
+        tx = probe.get("pcie tx", lambda: int(
+            pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)) * 1024, 0)
+        return DeviceMetrics(uuid=uuid, utilization_percent=util, memory_used_bytes=used, power_watts=power,
+                             temperature_celsius=temp, pcie_rx_bytes=rx, pcie_tx_bytes=tx)
+
+    # --- processes ---------------------------------------------------------------------------------
+
+    async def list_processes(self) -> list[GpuProcess]:
+        try:
+            return await self._run(self._processes_sync)
+        except pynvml.NVMLError as exc:
+            raise DeviceBackendError(f"NVML process listing failed: {exc}") from exc
+
+    def _processes_sync(self) -> list[GpuProcess]:
+        result: list[GpuProcess] = []
+        for position in range(pynvml.nvmlDeviceGetCount()):
+            result.extend(self._device_processes(pynvml.nvmlDeviceGetHandleByIndex(position)))
+        return result
+
+    @staticmethod
+    def _device_processes(handle: Any) -> list[GpuProcess]:
+        uuid = wire_uuid(_text(pynvml.nvmlDeviceGetUUID(handle)))
+        probe = _DeviceProbe()
+        empty_procs: list[Any] = []
+        no_util: dict[int, float] = {}
+        procs = probe.get("processes", lambda: _running_processes(handle), empty_procs)
+        sm_util = probe.get("process utilization", lambda: {
+            int(s.pid): float(s.smUtil) for s in pynvml.nvmlDeviceGetProcessUtilization(handle, 0)}, no_util)
+        return [GpuProcess(pid=int(proc.pid), device_uuid=uuid, used_memory_bytes=int(proc.usedGpuMemory or 0),
+                           compute_percent=sm_util.get(int(proc.pid), 0.0)) for proc in procs]
+
+    # --- XID events --------------------------------------------------------------------------------
+
+    async def watch_health(self, changed: HealthChanged) -> None:
+        try:
+            event_set = await self._run(self._register_xid_events)
+        except pynvml.NVMLError as exc:
+            log.info("NVML XID events unavailable (%s); health comes from NVML errors only", exc)
+            return
+        if event_set is None:
+            return
+        try:
+            while True:
+                event = await self._run(self._wait_event, event_set)
+                if event is not None and self._record_xid(*event):
+                    await changed()
+                await anyio.sleep(0.05)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._run(pynvml.nvmlEventSetFree, event_set)
+                except pynvml.NVMLError:
+                    pass
+
+    def _register_xid_events(self) -> Any:
+        event_set = pynvml.nvmlEventSetCreate()
+        registered = 0
+        for position in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(position)
+            try:
+                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+                registered += 1
+            except pynvml.NVMLError as exc:
+                if exc.value not in _UNAVAILABLE_CODES:
+                    raise
+        if not registered:
+            pynvml.nvmlEventSetFree(event_set)
+            log.info("no device supports NVML XID events; health comes from NVML errors only")
+            return None
+        return event_set
+
+    def _wait_event(self, event_set: Any) -> tuple[str, int] | None:
+        try:
+            data = pynvml.nvmlEventSetWait(event_set, _XID_WAIT_MS)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            raise
+        if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+            return None
+        return wire_uuid(_text(pynvml.nvmlDeviceGetUUID(data.device))), int(data.eventData)
+
+    def _record_xid(self, uuid: str, xid: int) -> bool:
+        if xid in _APPLICATION_XIDS:
+            log.info("XID %d on %s (application error; device stays healthy)", xid, uuid)
+            return False
+        log.warning("XID %d on %s: marking the device unhealthy", xid, uuid)
+        self._xid_problems[uuid] = f"XID {xid}"
+        return True
+
+
+def _running_processes(handle: Any) -> list[Any]:
+    try:
+        return list(pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return list(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))

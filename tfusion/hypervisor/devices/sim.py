@@ -1,0 +1,261 @@
+"""Simulated accelerators for machines without GPUs: `--devices=sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB`.
+
+Devices take their memory, SM count and compute capability from the gpu-info table, and UUIDs that
+are stable for a node name (a hash of node name and index), so restarts and several simulated nodes
+behave like real hardware. Load, health, presence and processes can be changed while running:
+from Python (`set_load`, `set_processes`, `set_health`, `set_present`) or, for a separate process,
+through a JSON load file that is re-read when it changes:
+
+    {"devices": {"0": {"utilization": 40, "memoryUsedBytes": 1073741824, "powerWatts": 210,
+                       "temperature": 55, "healthy": true, "present": true}},
+     "processes": [{"pid": 1234, "device": 0, "memoryBytes": 1073741824, "computePercent": 30}]}
+
+Device keys are indices or UUIDs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
+from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, GpuModel
+from tfusion.hypervisor.devices.model import DeviceInfo, DeviceMetrics, GpuProcess
+
+log = logging.getLogger(__name__)
+
+_SPEC_PART = re.compile(r"^(?:(\d+)\s*[xX*]\s*)?(.+)$")
+SIM_DRIVER_VERSION = "550.54.15-sim"
+_MAX_DEVICES = 64
+
+
+@dataclass(frozen=True)
+class SimDeviceSpec:
+    model: GpuModel
+    count: int
+
+
+def parse_sim_spec(spec: str, table: GpuInfoTable | None = None) -> list[SimDeviceSpec]:
+    """`2xA100-SXM4-80GB,1xH100-SXM5-80GB` (the `sim:` prefix is optional) to model rows."""
+    table = table or GpuInfoTable()
+    body = spec[4:] if spec.startswith("sim:") else spec
+    parts = [p.strip() for p in body.split(",") if p.strip()]
+    if not parts:
+        raise DeviceBackendError(f"--devices={spec!r}: expected sim:<count>x<model>[,...], "
+                                 "e.g. sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB")
+    result: list[SimDeviceSpec] = []
+    for part in parts:
+        match = _SPEC_PART.match(part)
+        assert match is not None
+        count = int(match.group(1) or 1)
+        row = table.find(match.group(2).strip())
+        if row is None or not row.memory_mib:
+            raise DeviceBackendError(
+                f"--devices: unknown GPU model {match.group(2).strip()!r} in {part!r}; known models: "
+                + ", ".join(sorted({r.aliases[0] if r.aliases else r.model for r in _known_rows()})))
+        if count <= 0:
+            raise DeviceBackendError(f"--devices: count must be positive in {part!r}")
+        result.append(SimDeviceSpec(row, count))
+    if sum(s.count for s in result) > _MAX_DEVICES:
+        raise DeviceBackendError(f"--devices: at most {_MAX_DEVICES} simulated devices per node")
+    return result
+
+
+def _known_rows() -> tuple[GpuModel, ...]:
+    from tfusion.hypervisor.devices.gpu_info import shipped_models
+
+    return shipped_models()
+
+
+def sim_uuid(node_name: str, index: int) -> str:
+    digest = hashlib.sha256(f"tfusion-sim/{node_name}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+@dataclass
+class SimLoad:
+    utilization: float = 0.0
+    memory_used_bytes: int = 0
+    power_watts: float | None = None
+    temperature: float | None = None
+    pcie_rx_bytes: int = 0
+    pcie_tx_bytes: int = 0
+    healthy: bool = True
+    health_message: str = ""
+    present: bool = True
+
+
+@dataclass
+class _SimDevice:
+    info: DeviceInfo
+    load: SimLoad = field(default_factory=SimLoad)
+
+
+class SimBackend:
+    """Simulated devices for one node."""
+
+    name = "sim"
+    unavailable_reason = ""
+
+    def __init__(self, spec: str, node_name: str, *, load_file: Path | None = None,
+                 table: GpuInfoTable | None = None) -> None:
+        self.spec = spec
+        self._devices: list[_SimDevice] = []
+        index = 0
+        specs = parse_sim_spec(spec, table)
+        total = sum(s.count for s in specs)
+        for item in specs:
+            for _ in range(item.count):
+                row = item.model
+                self._devices.append(_SimDevice(DeviceInfo(
+                    native_uuid=sim_uuid(node_name, index), vendor=row.vendor, model=row.full_model_name,
+                    index=index, numa_node=index * 2 // total,
+                    total_memory_bytes=row.memory_mib * 1024 * 1024,
+                    pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0",
+                    compute_capability=row.compute_capability, sm_count=row.sm_count,
+                    driver_version=SIM_DRIVER_VERSION, device_nodes=(f"/dev/nvidia{index}",))))
+                index += 1
+        self._processes: list[GpuProcess] = []
+        self._load_file = load_file
+        self._load_mtime: float | None = None
+
+    # --- scripting ---------------------------------------------------------------------------------
+
+    def _find(self, key: int | str) -> _SimDevice:
+        for dev in self._devices:
+            if (isinstance(key, int) and dev.info.index == key) or (
+                    isinstance(key, str) and (key.lower() == dev.info.uuid or key == str(dev.info.index))):
+                return dev
+        raise KeyError(f"no simulated device {key!r}")
+
+    def uuids(self) -> list[str]:
+        return [d.info.uuid for d in self._devices]
+
+    def set_load(self, device: int | str, *, utilization: float | None = None,
+                 memory_used_bytes: int | None = None, power_watts: float | None = None,
+                 temperature: float | None = None, pcie_rx_bytes: int | None = None,
+                 pcie_tx_bytes: int | None = None) -> None:
+        load = self._find(device).load
+        if utilization is not None:
+            load.utilization = float(utilization)
+        if memory_used_bytes is not None:
+            load.memory_used_bytes = int(memory_used_bytes)
+        if power_watts is not None:
+            load.power_watts = float(power_watts)
+        if temperature is not None:
+            load.temperature = float(temperature)
+        if pcie_rx_bytes is not None:
+            load.pcie_rx_bytes = int(pcie_rx_bytes)
+        if pcie_tx_bytes is not None:
+            load.pcie_tx_bytes = int(pcie_tx_bytes)
+
+    def set_health(self, device: int | str, healthy: bool, message: str = "") -> None:
+        load = self._find(device).load
+        load.healthy, load.health_message = healthy, ("" if healthy else message or "marked unhealthy")
+
+    def set_present(self, device: int | str, present: bool) -> None:
+        self._find(device).load.present = present
+
+    def set_processes(self, processes: list[GpuProcess]) -> None:
+        known = set(self.uuids())
+        for proc in processes:
+            if proc.device_uuid not in known:
+                raise KeyError(f"no simulated device {proc.device_uuid!r}")
+        self._processes = list(processes)
+
+    # --- load file ---------------------------------------------------------------------------------
+
+    def _refresh_from_file(self) -> None:
+        path = self._load_file
+        if path is None:
+            return
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime == self._load_mtime:
+            return
+        self._load_mtime = mtime
+        try:
+            self._apply_load_doc(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring simulated load file %s: %s", path, exc)
+
+    def _apply_load_doc(self, doc: dict[str, Any]) -> None:
+        for key, raw in (doc.get("devices") or {}).items():
+            dev_key: int | str = int(key) if str(key).isdigit() else str(key)
+            self.set_load(dev_key, utilization=raw.get("utilization"),
+                          memory_used_bytes=raw.get("memoryUsedBytes"), power_watts=raw.get("powerWatts"),
+                          temperature=raw.get("temperature"), pcie_rx_bytes=raw.get("pcieRxBytes"),
+                          pcie_tx_bytes=raw.get("pcieTxBytes"))
+            if "healthy" in raw:
+                self.set_health(dev_key, bool(raw["healthy"]), str(raw.get("healthMessage", "")))
+            if "present" in raw:
+                self.set_present(dev_key, bool(raw["present"]))
+        procs = []
+        for raw in doc.get("processes") or []:
+            dev_key = raw["device"]
+            dev = self._find(int(dev_key) if str(dev_key).isdigit() else str(dev_key))
+            procs.append(GpuProcess(pid=int(raw["pid"]), device_uuid=dev.info.uuid,
+                                    used_memory_bytes=int(raw.get("memoryBytes", 0)),
+                                    compute_percent=float(raw.get("computePercent", 0))))
+        self._processes = procs
+
+    # --- DeviceBackend -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def close(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def discover(self) -> list[DeviceInfo]:
+        await anyio.lowlevel.checkpoint()
+        self._refresh_from_file()
+        return [d.info.replace(healthy=d.load.healthy, health_message=d.load.health_message)
+                for d in self._devices if d.load.present]
+
+    async def read_metrics(self) -> list[DeviceMetrics]:
+        await anyio.lowlevel.checkpoint()
+        self._refresh_from_file()
+        result = []
+        for dev in self._devices:
+            if not dev.load.present:
+                continue
+            load = dev.load
+            proc_mem = sum(p.used_memory_bytes for p in self._processes if p.device_uuid == dev.info.uuid)
+            util = load.utilization
+            result.append(DeviceMetrics(
+                uuid=dev.info.uuid, utilization_percent=util,
+                memory_used_bytes=max(load.memory_used_bytes, proc_mem),
+                power_watts=load.power_watts if load.power_watts is not None else 60.0 + 3.4 * util,
+                temperature_celsius=load.temperature if load.temperature is not None else 32.0 + 0.4 * util,
+                pcie_rx_bytes=load.pcie_rx_bytes, pcie_tx_bytes=load.pcie_tx_bytes))
+        return result
+
+    async def list_processes(self) -> list[GpuProcess]:
+        await anyio.lowlevel.checkpoint()
+        self._refresh_from_file()
+        present = {d.info.uuid for d in self._devices if d.load.present}
+        return [p for p in self._processes if p.device_uuid in present]
+
+    async def watch_health(self, changed: HealthChanged) -> None:
+        """Poll the load file so health changes written there reach the registry without waiting
+        for the next discovery."""
+        if self._load_file is None:
+            return
+        last = [(d.load.healthy, d.load.present) for d in self._devices]
+        while True:
+            await anyio.sleep(1.0)
+            self._refresh_from_file()
+            now = [(d.load.healthy, d.load.present) for d in self._devices]
+            if now != last:
+                last = now
+                await changed()

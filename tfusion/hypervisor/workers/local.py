@@ -1,0 +1,282 @@
+"""The local backend (`--backend=local`): tfusion on one GPU box without Kubernetes.
+
+Workers are created over HTTP (`POST /api/v1/workers`), placed by the same allocator as the
+controller, persisted in `<state-dir>/workers.json` (devices in `devices.json`, both in the
+original's JSON shape, written atomically) and restored after a restart. A worker with a `command`
+runs as a supervised process with its allocation's env, restarted with backoff (3 s doubling to
+60 s) when it exits; deleting the worker stops it (SIGTERM, then SIGKILL) and releases its devices.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from tfusion.hypervisor.devices.model import DeviceInfo
+from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
+from tfusion.hypervisor.http import ApiError
+from tfusion.hypervisor.workers.allocation import build_allocation
+from tfusion.hypervisor.workers.model import (
+    STATUS_RUNNING,
+    Resource,
+    RunningInfo,
+    WorkerAllocation,
+    WorkerInfo,
+)
+from tfusion.hypervisor.workers.placement import Placement, PlacementError
+from tfusion.hypervisor.workers.procfs import ProcFS
+from tfusion.hypervisor.workers.spec import SpecError, parse_worker_spec
+from tfusion.hypervisor.workers.supervisor import ProcessSupervisor
+
+log = logging.getLogger(__name__)
+
+WORKERS_FILE = "workers.json"
+DEVICES_FILE = "devices.json"
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(value, handle, indent=2)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        raise
+
+
+@dataclass
+class _LocalWorker:
+    info: WorkerInfo
+    allocation: WorkerAllocation
+    running: RunningInfo | None = None
+    supervisor: ProcessSupervisor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LocalWorkers:
+    """Workers of a single-node hypervisor."""
+
+    kind = "local"
+
+    def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
+                 hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None) -> None:
+        self.state_dir = state_dir
+        self.registry = registry
+        self.node_name = node_name
+        self.pool = pool
+        self.hypervisor_port = hypervisor_port
+        self.process_env = dict(process_env)
+        self.procfs = procfs or ProcFS()
+        self.placement = Placement(node_name=node_name, pool=pool)
+        self._workers: dict[str, _LocalWorker] = {}
+        self._lock = anyio.Lock()
+        self._tg: TaskGroup | None = None
+        self._restored = False
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Restore persisted workers (devices must be discovered), then supervise until cancelled."""
+        self.registry.subscribe(self._on_devices)
+        self.placement.sync_devices(self.registry.devices())
+        if self.registry.discovered:
+            write_json_atomic(self.state_dir / DEVICES_FILE, [d.to_wire() for d in self.registry.devices()])
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await self._restore()
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._stop_all()
+
+    async def _on_devices(self, changes: DeviceChanges) -> None:
+        self.placement.sync_devices(changes.current)
+        write_json_atomic(self.state_dir / DEVICES_FILE, [d.to_wire() for d in changes.current])
+
+    async def _restore(self) -> None:
+        path = self.state_dir / WORKERS_FILE
+        if not path.exists():
+            self._restored = True
+            return
+        try:
+            records = json.loads(path.read_text())
+        except ValueError as exc:
+            raise RuntimeError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+        known = {d.uuid: d for d in self.registry.devices()}
+        for raw in records:
+            info = WorkerInfo.from_wire(raw)
+            running = RunningInfo.from_wire(raw["WorkerRunningInfo"]) if raw.get("WorkerRunningInfo") else None
+            missing = [u for u in info.allocated_devices if u not in known]
+            if missing:
+                log.error("local worker %s holds devices that are gone (%s); keeping its record without "
+                          "devices until it is deleted", info.name, ", ".join(missing))
+            try:
+                self.placement.restore(info, [u for u in info.allocated_devices if u in known])
+            except PlacementError as exc:
+                log.error("cannot restore the allocation of local worker %s: %s", info.name, exc)
+            allocation = self._allocation(info.replace(allocated_devices=tuple(
+                u for u in info.allocated_devices if u in known)))
+            worker = _LocalWorker(info=allocation.worker, allocation=allocation, running=running)
+            self._workers[info.uid] = worker
+            if running is not None:
+                await self._start(worker)
+        self._restored = True
+        log.info("restored %d local worker(s) from %s", len(records), path)
+
+    async def _stop_all(self) -> None:
+        for worker in list(self._workers.values()):
+            if worker.supervisor is not None:
+                await worker.supervisor.stop()
+
+    # --- reads (WorkerTracker) ---------------------------------------------------------------------
+
+    def allocations(self) -> list[WorkerAllocation]:
+        return [w.allocation for w in sorted(self._workers.values(), key=lambda w: (w.info.namespace, w.info.name))
+                if w.allocation.devices]
+
+    def get(self, worker_id: str) -> WorkerAllocation | None:
+        worker = self._find(worker_id)
+        return worker.allocation if worker else None
+
+    def _find(self, worker_id: str) -> _LocalWorker | None:
+        if worker_id in self._workers:
+            return self._workers[worker_id]
+        for worker in self._workers.values():
+            if worker.info.name == worker_id:
+                return worker
+        return None
+
+    def running_info(self, uid: str) -> RunningInfo | None:
+        worker = self._workers.get(uid)
+        if worker is None or worker.running is None:
+            return None
+        if worker.supervisor is not None:
+            worker.supervisor.update(worker.running)
+        return worker.running
+
+    def worker_for_pid(self, pid: int) -> str | None:
+        roots = {w.supervisor.pid: uid for uid, w in self._workers.items() if w.supervisor and w.supervisor.pid}
+        if pid in roots:
+            return roots[pid]
+        for ancestor in self.procfs.ancestors(pid):
+            if ancestor in roots:
+                return roots[ancestor]
+        return None
+
+    # --- writes ------------------------------------------------------------------------------------
+
+    def _allocation(self, info: WorkerInfo) -> WorkerAllocation:
+        known = {d.uuid: d for d in self.registry.devices()}
+        identity = {"POD_NAME": info.name, "POD_NAMESPACE": info.namespace, "TF_WORKER_UID": info.uid,
+                    "HYPERVISOR_IP": "127.0.0.1", "HYPERVISOR_PORT": str(self.hypervisor_port)}
+        return build_allocation(info, known, bare_process=True, extra_env=identity)
+
+    async def create(self, body: Mapping[str, Any]) -> WorkerAllocation:
+        async with self._lock:
+            devices = self.registry.devices()
+            try:
+                spec = parse_worker_spec(body, devices)
+            except SpecError as exc:
+                raise ApiError(422, str(exc), field=exc.field) from None
+            if any(w.info.name == spec.name and w.info.namespace == spec.namespace for w in self._workers.values()):
+                raise ApiError(409, f"worker {spec.namespace}/{spec.name} already exists", field="name")
+            uid = str(uuidlib.uuid4())
+            try:
+                request, gpu_names = self.placement.allocate(uid, spec)
+            except SpecError as exc:
+                raise ApiError(422, str(exc), field=exc.field) from None
+            except PlacementError as exc:
+                raise ApiError(409, str(exc), free=self.placement.free_summary(), reasons=exc.reasons) from None
+            info = WorkerInfo(
+                uid=uid, namespace=spec.namespace, name=spec.name, allocated_devices=tuple(gpu_names),
+                status=STATUS_RUNNING, qos=request.qos, isolation=request.isolation,
+                requests=Resource(request.tflops_request, request.percent_request / 1000, request.vram_request),
+                limits=Resource(request.tflops_limit, request.percent_limit / 1000, request.vram_limit),
+                workload_name=spec.name, labels=spec.labels, annotations=spec.annotations)
+            try:
+                allocation = self._allocation(info)
+                running = (RunningInfo(executable=spec.command[0], args=list(spec.command[1:]), env=dict(spec.env),
+                                       working_dir=spec.working_dir) if spec.command else None)
+                worker = _LocalWorker(info=info, allocation=allocation, running=running)
+                self._workers[uid] = worker
+                self._persist()
+            except BaseException:
+                self._workers.pop(uid, None)
+                self.placement.release(uid)
+                raise
+            if running is not None:
+                await self._start(worker)
+                self._persist_soon()
+            log.info("local worker %s/%s (%s) allocated %s", info.namespace, info.name, uid, ", ".join(gpu_names))
+            return allocation
+
+    async def remove(self, worker_id: str) -> WorkerAllocation | None:
+        async with self._lock:
+            worker = self._find(worker_id)
+            if worker is None:
+                return None
+            if worker.supervisor is not None:
+                await worker.supervisor.stop()
+            del self._workers[worker.info.uid]
+            self.placement.release(worker.info.uid)
+            self._persist()
+            log.info("local worker %s/%s deleted; released %s", worker.info.namespace, worker.info.name,
+                     ", ".join(worker.info.allocated_devices) or "nothing")
+            return worker.allocation
+
+    async def _start(self, worker: _LocalWorker) -> None:
+        assert self._tg is not None and worker.running is not None
+        env = {**self.process_env, **worker.allocation.envs, **worker.running.env}
+        supervisor = ProcessSupervisor(name=worker.info.name, argv=[worker.running.executable, *worker.running.args],
+                                       env=env, cwd=worker.running.working_dir or None, log_dir=self.log_dir,
+                                       on_change=self._persist_soon)
+        worker.supervisor = supervisor
+        await self._tg.start(supervisor.run)
+
+    def _persist_soon(self) -> None:
+        try:
+            self._persist()
+        except OSError as exc:
+            log.warning("cannot persist local workers: %s", exc)
+
+    def _persist(self) -> None:
+        records = []
+        for worker in sorted(self._workers.values(), key=lambda w: (w.info.namespace, w.info.name)):
+            running = self.running_info(worker.info.uid)
+            records.append(worker.info.to_wire(running))
+        write_json_atomic(self.state_dir / WORKERS_FILE, records)
+
+
+def devices_from_state(state_dir: Path) -> list[DeviceInfo]:
+    """The devices the last run saw (for logs and tools)."""
+    path = state_dir / DEVICES_FILE
+    if not path.exists():
+        return []
+    return [DeviceInfo.from_wire(raw) for raw in json.loads(path.read_text())]

@@ -1,0 +1,28 @@
+"""What the HTTP API and the metrics need from a worker backend (local or Kubernetes)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tfusion.hypervisor.workers.model import RunningInfo, WorkerAllocation
+
+
+class WorkerTracker(Protocol):
+    #: "local" or "kubernetes"
+    kind: str
+
+    def allocations(self) -> list[WorkerAllocation]:
+        """Workers that hold devices on this node."""
+        ...
+
+    def get(self, worker_id: str) -> WorkerAllocation | None:
+        """A worker by UID (the local backend also accepts its name)."""
+        ...
+
+    def running_info(self, uid: str) -> RunningInfo | None:
+        """The supervised process of a local worker; None for pods."""
+        ...
+
+    def worker_for_pid(self, pid: int) -> str | None:
+        """The UID of the worker a host process belongs to, if any."""
+        ...

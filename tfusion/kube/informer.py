@@ -1,0 +1,486 @@
+"""Shared informers: one list+watch cache per (resource, namespace, selectors) per process.
+
+An informer lists (paginated), then watches from the list's resourceVersion with bookmarks, a
+server timeout and a read timeout, and reconnects with jittered backoff. When the server says
+410 Gone it re-lists and reconciles its cache against the new list, emitting DELETED for objects
+that vanished while it was disconnected, MODIFIED for those that changed and ADDED for new ones,
+and nothing for the unchanged ones. Handlers each get their own unbounded queue and task, so a
+slow handler never delays the watch or the other handlers. Indexes answer the hot lookups
+(objects by namespace, by label value, by node) without scanning.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import logging
+import math
+import random
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from tfusion.kube.client import Gone, KubeClient, KubeError, object_key
+from tfusion.kube.resources import Resource
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+IndexFunc = Callable[[Obj], Iterable[str]]
+Callback = Callable[..., Awaitable[None] | None]
+
+
+def _rv(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+# --- index functions --------------------------------------------------------------------------
+
+
+def namespace_index(obj: Obj) -> list[str]:
+    ns = (obj.get("metadata") or {}).get("namespace")
+    return [ns] if ns else []
+
+
+def label_index(label: str) -> IndexFunc:
+    def index(obj: Obj) -> list[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return [value] if value is not None else []
+
+    return index
+
+
+def node_name_index(obj: Obj) -> list[str]:
+    """The node an object lives on: a pod's spec.nodeName; a GPU's status.nodeSelector hostname
+    or its managed-by label; a GPUNode's own name is its node."""
+    spec = obj.get("spec") or {}
+    if spec.get("nodeName"):
+        return [spec["nodeName"]]
+    status = obj.get("status") or {}
+    hostname = (status.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    if hostname:
+        return [hostname]
+    meta = obj.get("metadata") or {}
+    managed_by = (meta.get("labels") or {}).get("tensor-fusion.ai/managed-by")
+    if managed_by:
+        return [managed_by]
+    if obj.get("kind") == "GPUNode" and meta.get("name"):
+        return [meta["name"]]
+    return []
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+class InformerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter("tfusion_informer_events_total", "watch and relist events applied to the cache",
+                              ["informer", "type"], registry=registry)
+        self.relists = Counter("tfusion_informer_relists_total", "full lists (initial, and after 410 Gone)",
+                               ["informer"], registry=registry)
+        self.reconnects = Counter("tfusion_informer_watch_restarts_total", "watch streams re-opened",
+                                  ["informer", "cause"], registry=registry)
+        self.last_event_age = Gauge("tfusion_informer_last_event_age_seconds",
+                                    "seconds since the last watch event or bookmark", ["informer"],
+                                    registry=registry)
+        self.objects = Gauge("tfusion_informer_objects", "objects in the cache", ["informer"],
+                             registry=registry)
+        self.synced = Gauge("tfusion_informer_synced", "1 once the initial list is in the cache",
+                            ["informer"], registry=registry)
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, InformerMetrics] = weakref.WeakKeyDictionary()
+
+
+def _metrics_for(registry: CollectorRegistry | None) -> InformerMetrics:
+    registry = registry if registry is not None else CollectorRegistry()
+    found = _METRICS.get(registry)
+    if found is None:
+        found = _METRICS[registry] = InformerMetrics(registry)
+    return found
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Delivery:
+    kind: str  # ADDED, MODIFIED, DELETED
+    old: Obj | None
+    new: Obj
+
+
+class Handler:
+    """One subscriber: its own queue and task, so it cannot block the watch or other handlers."""
+
+    def __init__(self, on_add: Callback | None, on_update: Callback | None,
+                 on_delete: Callback | None) -> None:
+        self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
+        send, receive = anyio.create_memory_object_stream[_Delivery](math.inf)
+        self._send: MemoryObjectSendStream[_Delivery] = send
+        self._receive: MemoryObjectReceiveStream[_Delivery] = receive
+        self.delivered = 0
+
+    def push(self, delivery: _Delivery) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._send.send_nowait(delivery)
+
+    @property
+    def pending(self) -> int:
+        return self._receive.statistics().current_buffer_used
+
+    async def run(self) -> None:
+        async with self._receive:
+            async for delivery in self._receive:
+                await self._call(delivery)
+                self.delivered += 1
+
+    async def _call(self, delivery: _Delivery) -> None:
+        args: tuple[Obj | None, ...]
+        if delivery.kind == "ADDED":
+            callback, args = self.on_add, (delivery.new,)
+        elif delivery.kind == "MODIFIED":
+            callback, args = self.on_update, (delivery.old, delivery.new)
+        else:
+            callback, args = self.on_delete, (delivery.new,)
+        if callback is None:
+            return
+        try:
+            result = callback(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("informer handler %r failed on %s %s", callback, delivery.kind,
+                          object_key(delivery.new))
+
+
+# --- the informer -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InformerKey:
+    resource: Resource
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.resource.name]
+        if self.namespace:
+            parts.append(f"ns={self.namespace}")
+        if self.label_selector:
+            parts.append(f"labels={self.label_selector}")
+        if self.field_selector:
+            parts.append(f"fields={self.field_selector}")
+        return " ".join(parts)
+
+
+class Informer:
+    """A list+watch cache of one resource (see the module docstring). Run it with `run()`."""
+
+    def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 registry: CollectorRegistry | None = None, timeout_seconds: int = 290,
+                 read_timeout: float | None = None, backoff_base: float = 0.2, backoff_cap: float = 30.0,
+                 page_size: int = 500) -> None:
+        self.client = client
+        self.key = InformerKey(resource, namespace, label_selector, field_selector)
+        self.resource = resource
+        self.name = self.key.describe()
+        self.timeout_seconds = timeout_seconds
+        self.read_timeout = read_timeout
+        self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        self.page_size = page_size
+        self._store: dict[str, Obj] = {}
+        self._index_funcs: dict[str, IndexFunc] = {}
+        self._indexes: dict[str, dict[str, set[str]]] = {}
+        self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._handlers: list[Handler] = []
+        self._tg: TaskGroup | None = None
+        self._rv: str | None = None
+        self._synced = anyio.Event()
+        self._last_event = time.monotonic()
+        metrics = _metrics_for(registry)
+        self._m_events = metrics.events
+        self._m_relists = metrics.relists.labels(self.name)
+        self._m_restarts = metrics.reconnects
+        metrics.last_event_age.labels(self.name).set_function(lambda: time.monotonic() - self._last_event)
+        metrics.objects.labels(self.name).set_function(lambda: len(self._store))
+        metrics.synced.labels(self.name).set_function(lambda: 1.0 if self._synced.is_set() else 0.0)
+        self.add_index("namespace", namespace_index)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    @property
+    def resource_version(self) -> str | None:
+        return self._rv
+
+    def get(self, key: str) -> Obj | None:
+        """By "namespace/name" (namespaced) or "name"."""
+        return self._store.get(key)
+
+    def list(self) -> list[Obj]:
+        return list(self._store.values())
+
+    def keys(self) -> builtins.list[str]:
+        return list(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._store
+
+    def by_index(self, index: str, value: str) -> builtins.list[Obj]:
+        if index not in self._index_funcs:
+            raise KeyError(f"informer {self.name} has no index {index!r}; it has {sorted(self._index_funcs)}")
+        keys = self._indexes[index].get(value, ())
+        return [self._store[k] for k in keys]
+
+    def index_values(self, index: str) -> builtins.list[str]:
+        return [v for v, keys in self._indexes[index].items() if keys]
+
+    # --- configuring ----------------------------------------------------------------------------
+
+    def add_index(self, name: str, func: IndexFunc) -> None:
+        """Add (or replace) an index; existing objects are indexed at once."""
+        self._index_funcs[name] = func
+        self._indexes[name] = {}
+        self._indexed_values[name] = {}
+        for key, obj in self._store.items():
+            self._index_one(name, key, obj)
+
+    def add_label_index(self, label: str) -> str:
+        name = f"label:{label}"
+        self.add_index(name, label_index(label))
+        return name
+
+    def add_handler(self, *, on_add: Callback | None = None, on_update: Callback | None = None,
+                    on_delete: Callback | None = None) -> Handler:
+        """Subscribe. Objects already in the cache are delivered to it as adds first."""
+        handler = Handler(on_add, on_update, on_delete)
+        for obj in self._store.values():
+            handler.push(_Delivery("ADDED", None, obj))
+        self._handlers.append(handler)
+        if self._tg is not None:
+            self._tg.start_soon(handler.run)
+        return handler
+
+    # --- running --------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; `task_status.started()` comes at once (use `wait_synced`)."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for handler in self._handlers:
+                tg.start_soon(handler.run)
+            task_status.started()
+            try:
+                await self._list_and_watch()
+            finally:
+                self._tg = None
+
+    def _sleep_time(self, attempt_backoff: float) -> float:
+        return attempt_backoff * (0.5 + random.random())  # jitter: 50-150 %
+
+    async def _list_and_watch(self) -> None:
+        backoff = self.backoff_base
+        gone_in_a_row = 0
+        while True:
+            try:
+                if self._rv is None:
+                    if gone_in_a_row > 1:  # 410 again right after a re-list: do not spin
+                        await anyio.sleep(self._sleep_time(backoff))
+                        backoff = min(backoff * 2, self.backoff_cap)
+                    await self._relist()
+                opened = time.monotonic()
+                got_events = await self._watch_once()
+                self._m_restarts.labels(self.name, "closed").inc()
+                if got_events or time.monotonic() - opened > 1.0:
+                    backoff = self.backoff_base
+                    gone_in_a_row = 0
+                    continue
+                # the server closed an idle stream at once: do not hammer it
+                await anyio.sleep(self._sleep_time(backoff))
+                backoff = min(backoff * 2, self.backoff_cap)
+            except Gone as exc:
+                log.info("informer %s: %s; re-listing", self.name, exc.message)
+                self._m_restarts.labels(self.name, "gone").inc()
+                self._rv = None
+                gone_in_a_row += 1
+            except KubeError as exc:
+                self._m_restarts.labels(self.name, "error").inc()
+                delay = self._sleep_time(backoff)
+                log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
+                await anyio.sleep(delay)
+                backoff = min(backoff * 2, self.backoff_cap)
+
+    async def _watch_once(self) -> bool:
+        got_events = False
+        # like client-go: between 1x and 2x the minimum, so many informers do not reconnect at once
+        timeout = int(self.timeout_seconds * (1.0 + random.random()))
+        stream = self.client.watch(
+            self.resource, namespace=self.key.namespace, label_selector=self.key.label_selector,
+            field_selector=self.key.field_selector, resource_version=self._rv,
+            timeout_seconds=timeout, read_timeout=self.read_timeout)
+        async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
+            async for kind, obj in events:
+                got_events = True
+                self._apply(kind, obj)
+        return got_events
+
+    async def _relist(self) -> None:
+        listed = await self.client.list(self.resource, namespace=self.key.namespace,
+                                        label_selector=self.key.label_selector,
+                                        field_selector=self.key.field_selector, limit=self.page_size)
+        self._m_relists.inc()
+        self._last_event = time.monotonic()
+        fresh = {object_key(obj): obj for obj in listed.items}
+        for key in [k for k in self._store if k not in fresh]:
+            gone = self._store[key]
+            self._delete(key)
+            self._emit("DELETED", None, gone)
+        for key, obj in fresh.items():
+            old = self._store.get(key)
+            if old is not None and _rv(old) == _rv(obj):
+                continue
+            self._put(key, obj)
+            self._emit("ADDED" if old is None else "MODIFIED", old, obj)
+        self._rv = listed.resource_version
+        if not self._synced.is_set():
+            log.info("informer %s synced: %d objects at resourceVersion %s", self.name, len(self._store),
+                     self._rv)
+            self._synced.set()
+
+    def _apply(self, kind: str, obj: Obj) -> None:
+        self._last_event = time.monotonic()
+        rv = _rv(obj)
+        if kind == "BOOKMARK":
+            self._m_events.labels(self.name, kind).inc()
+            if rv:
+                self._rv = rv
+            return
+        key = object_key(obj)
+        old = self._store.get(key)
+        if kind in ("ADDED", "MODIFIED"):
+            if old is not None and _rv(old) == rv:
+                pass  # already have exactly this version
+            else:
+                self._put(key, obj)
+                self._emit("ADDED" if old is None else "MODIFIED", old, obj)
+        elif kind == "DELETED":
+            if old is not None:
+                self._delete(key)
+                self._emit("DELETED", None, obj)
+        else:
+            log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
+            return
+        if rv:
+            self._rv = rv
+
+    def _emit(self, kind: str, old: Obj | None, new: Obj) -> None:
+        self._m_events.labels(self.name, kind).inc()
+        delivery = _Delivery(kind, old, new)
+        for handler in self._handlers:
+            handler.push(delivery)
+
+    # --- store and indexes ----------------------------------------------------------------------
+
+    def _put(self, key: str, obj: Obj) -> None:
+        self._store[key] = obj
+        for name in self._index_funcs:
+            self._index_one(name, key, obj)
+
+    def _delete(self, key: str) -> None:
+        self._store.pop(key, None)
+        for name in self._index_funcs:
+            self._unindex_one(name, key)
+
+    def _index_one(self, name: str, key: str, obj: Obj) -> None:
+        try:
+            values = tuple(dict.fromkeys(self._index_funcs[name](obj)))
+        except Exception:
+            log.exception("informer %s: index %s failed on %s", self.name, name, key)
+            values = ()
+        if self._indexed_values[name].get(key) == values:
+            return
+        self._unindex_one(name, key)
+        index = self._indexes[name]
+        for value in values:
+            index.setdefault(value, set()).add(key)
+        self._indexed_values[name][key] = values
+
+    def _unindex_one(self, name: str, key: str) -> None:
+        index = self._indexes[name]
+        for value in self._indexed_values[name].pop(key, ()):
+            keys = index.get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[value]
+
+
+# --- the shared factory -----------------------------------------------------------------------
+
+
+class InformerFactory:
+    """Hands out one Informer per (resource, namespace, label selector, field selector) and runs
+    them all. Informers asked for after `run()` started are started at once."""
+
+    def __init__(self, client: KubeClient, *, registry: CollectorRegistry | None = None,
+                 **informer_options: Any) -> None:
+        self.client = client
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.informer_options = informer_options
+        self._informers: dict[InformerKey, Informer] = {}
+        self._tg: TaskGroup | None = None
+
+    def informer(self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
+                 field_selector: str | None = None) -> Informer:
+        key = InformerKey(resource, namespace, label_selector, field_selector)
+        found = self._informers.get(key)
+        if found is None:
+            found = Informer(self.client, resource, namespace=namespace, label_selector=label_selector,
+                             field_selector=field_selector, registry=self.registry, **self.informer_options)
+            self._informers[key] = found
+            if self._tg is not None:
+                self._tg.start_soon(found.run)
+        return found
+
+    @property
+    def informers(self) -> list[Informer]:
+        return list(self._informers.values())
+
+    @property
+    def synced(self) -> bool:
+        return all(inf.synced for inf in self._informers.values())
+
+    async def wait_synced(self) -> None:
+        for informer in list(self._informers.values()):
+            await informer.wait_synced()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for informer in self._informers.values():
+                tg.start_soon(informer.run)
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None

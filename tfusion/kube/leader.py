@@ -1,0 +1,302 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's semantics.
+
+Only one controller replica may run the reconcilers and the allocator. Candidates poll the Lease
+every `retry_period`; a holder's lease counts as expired only when its record has not changed for
+`lease_duration` as measured by *our* monotonic clock (never by comparing the remote renewTime
+with our wall clock). Every write is a PUT conditioned on the resourceVersion we read, so two
+candidates cannot both win. A leader that has not renewed for `renew_deadline` (< lease
+duration) stops its leader-only work first, so it is gone before anyone else may take over. On a
+clean shutdown the leader releases the Lease (holderIdentity "", leaseDurationSeconds 1) so a
+standby takes over within one retry period.
+
+The leader also keeps ConfigMap `tensor-fusion-operator-leader-info` (`leader-ip`) current, which
+is how followers of the original find the leader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import logging
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry, Gauge
+
+from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
+from tfusion.kube.resources import CONFIGMAPS, LEASES
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "85104305.tensor-fusion.ai"
+LEADER_INFO_CONFIGMAP = "tensor-fusion-operator-leader-info"
+LEADER_IP_KEY = "leader-ip"
+
+Callback = Callable[[], Awaitable[None] | None]
+
+
+def micro_time(moment: datetime | None = None) -> str:
+    """Kubernetes MicroTime: RFC 3339 in UTC with exactly six fractional digits."""
+    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def default_identity(pod_name: str = "") -> str:
+    """Unique per process: two replicas with one identity would both think they lead."""
+    return f"{pod_name or socket.gethostname()}_{uuid.uuid4().hex[:10]}"
+
+
+def first_ipv4() -> str:
+    """The first non-loopback IPv4 address of this host, or 127.0.0.1."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("10.254.254.254", 1))  # no packet is sent; this only picks a route
+        address: str = sock.getsockname()[0]
+        if not address.startswith("127.") and address != "0.0.0.0":
+            return address
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            address = str(info[4][0])
+            if not address.startswith("127."):
+                return address
+    return "127.0.0.1"
+
+
+class _Attempt(enum.Enum):
+    ACQUIRED = "acquired"
+    HELD = "held by another"
+    FAILED = "failed"
+
+
+async def _call(callback: Callback | None) -> None:
+    if callback is None:
+        return
+    result = callback()
+    if inspect.isawaitable(result):
+        await result
+
+
+class LeaderElector:
+    """Run with `run()`; `on_started_leading` runs while leading and is cancelled on loss."""
+
+    def __init__(self, client: KubeClient, *, namespace: str = "tensor-fusion-sys", name: str = LEASE_NAME,
+                 identity: str | None = None, pod_name: str = "", lease_duration: float = 15.0,
+                 renew_deadline: float = 10.0, retry_period: float = 2.0,
+                 on_started_leading: Callback | None = None, on_stopped_leading: Callback | None = None,
+                 registry: CollectorRegistry | None = None, leader_info: bool = True,
+                 leader_info_interval: float = 30.0, release_timeout: float = 2.0) -> None:
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError(f"leader election needs lease_duration ({lease_duration}) > renew_deadline "
+                             f"({renew_deadline}) > retry_period ({retry_period}) > 0")
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity(pod_name)
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.on_started_leading = on_started_leading
+        self.on_stopped_leading = on_stopped_leading
+        self.leader_info = leader_info
+        self.leader_info_interval = leader_info_interval
+        self.release_timeout = release_timeout
+        self._leading = False
+        self._lease: dict[str, Any] | None = None  # the Lease as we last wrote or read it
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._acquired_at = 0.0
+        self.observed_holder: str = ""
+        self.transitions = 0
+        self._gauge = Gauge("tfusion_leader", "1 while this process holds the leader Lease, else 0",
+                            registry=registry if registry is not None else CollectorRegistry())
+        self._gauge.set(0)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Campaign, lead, and campaign again after a loss, until cancelled; then release."""
+        task_status.started()
+        try:
+            while True:
+                await self._acquire()
+                await self._lead()
+        finally:
+            if self._lease is not None and self._holder(self._lease) == self.identity:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                    await self.release()
+
+    async def _acquire(self) -> None:
+        log.info("leader election: %s campaigning for lease %s/%s", self.identity, self.namespace, self.name)
+        while True:
+            started = anyio.current_time()
+            with anyio.move_on_after(self.renew_deadline):
+                if await self._try_acquire_or_renew() is _Attempt.ACQUIRED:
+                    self._acquired_at = started
+                    return
+            await anyio.sleep(self.retry_period)
+
+    async def _lead(self) -> None:
+        log.info("leader election: %s is now the leader", self.identity)
+        self._set_leading(True)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_call, self.on_started_leading)
+                if self.leader_info:
+                    tg.start_soon(self._keep_leader_info)
+                await self._renew_until_lost()
+                tg.cancel_scope.cancel()
+        finally:
+            self._set_leading(False)
+            log.warning("leader election: %s stopped leading", self.identity)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                try:
+                    await _call(self.on_stopped_leading)
+                except Exception:
+                    log.exception("on_stopped_leading failed")
+
+    async def _renew_until_lost(self) -> None:
+        # measured from when the successful attempt *started*: the renewTime it wrote is older
+        # than its answer, and the others count the lease from what they saw
+        last_renew = self._acquired_at
+        margin = min(0.5, self.renew_deadline * 0.1)  # stop a little before the deadline, not after
+        while True:
+            await anyio.sleep(self.retry_period)
+            with anyio.move_on_at(last_renew + self.renew_deadline - margin):
+                while True:
+                    started = anyio.current_time()
+                    attempt = await self._try_acquire_or_renew()
+                    if attempt is _Attempt.ACQUIRED:
+                        last_renew = started
+                        break
+                    if attempt is _Attempt.HELD:
+                        log.warning("leader election: lease taken by %s", self.observed_holder)
+                        return
+                    await anyio.sleep(self.retry_period)
+                continue
+            log.error("leader election: %s could not renew within %.1fs", self.identity, self.renew_deadline)
+            return
+
+    def _set_leading(self, leading: bool) -> None:
+        self._leading = leading
+        self._gauge.set(1 if leading else 0)
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _holder(lease: dict[str, Any]) -> str:
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    async def _try_acquire_or_renew(self) -> _Attempt:
+        now = micro_time()
+        try:
+            lease = await self.client.get(LEASES, self.name, namespace=self.namespace)
+        except NotFound:
+            return await self._create(now)
+        except KubeError as exc:
+            log.warning("leader election: cannot read lease %s/%s: %s", self.namespace, self.name, exc)
+            return _Attempt.FAILED
+        spec = dict(lease.get("spec") or {})
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"),
+                  spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, anyio.current_time()
+        self.observed_holder = holder
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        if holder and holder != self.identity and anyio.current_time() < self._observed_at + duration:
+            self._lease = lease
+            return _Attempt.HELD
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration),
+                    renewTime=now)
+        if holder != self.identity:
+            spec.update(acquireTime=now, leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
+        # replace() sends the resourceVersion we read: a concurrent writer makes this a 409
+        try:
+            written = await self.client.replace(LEASES, {**lease, "spec": spec}, namespace=self.namespace)
+        except Conflict:
+            return _Attempt.FAILED
+        except KubeError as exc:
+            log.warning("leader election: cannot update lease: %s", exc)
+            return _Attempt.FAILED
+        self._remember(written)
+        return _Attempt.ACQUIRED
+
+    async def _create(self, now: str) -> _Attempt:
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": self.name, "namespace": self.namespace},
+                 "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
+                          "acquireTime": now, "renewTime": now, "leaseTransitions": 0}}
+        try:
+            written = await self.client.create(LEASES, lease, namespace=self.namespace)
+        except AlreadyExists:
+            return _Attempt.FAILED
+        except KubeError as exc:
+            log.warning("leader election: cannot create lease %s/%s: %s", self.namespace, self.name, exc)
+            return _Attempt.FAILED
+        self._remember(written)
+        return _Attempt.ACQUIRED
+
+    def _remember(self, lease: dict[str, Any]) -> None:
+        spec = lease.get("spec") or {}
+        self._lease = lease
+        self.observed_holder = self.identity
+        self.transitions = int(spec.get("leaseTransitions") or 0)
+        self._observed = (spec.get("holderIdentity") or "", spec.get("renewTime"), spec.get("acquireTime"),
+                          spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
+        self._observed_at = anyio.current_time()
+
+    async def release(self) -> bool:
+        """Give the lease up (holderIdentity "", leaseDurationSeconds 1) if we still hold it."""
+        lease = self._lease
+        for _ in range(2):
+            if lease is None or self._holder(lease) != self.identity:
+                return False
+            now = micro_time()
+            spec = {**(lease.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1,
+                    "renewTime": now, "acquireTime": now}
+            try:
+                released = {**lease, "spec": spec}
+                self._lease = await self.client.replace(LEASES, released, namespace=self.namespace)
+                log.info("leader election: %s released lease %s/%s", self.identity, self.namespace, self.name)
+                return True
+            except Conflict:
+                lease = await self.client.get(LEASES, self.name, namespace=self.namespace)
+            except KubeError as exc:
+                log.warning("leader election: release failed: %s", exc)
+                return False
+        return False
+
+    # --- leader info ------------------------------------------------------------------------------
+
+    async def _keep_leader_info(self) -> None:
+        while True:
+            try:
+                await self.write_leader_info()
+            except KubeError as exc:
+                log.warning("leader election: cannot write ConfigMap %s: %s", LEADER_INFO_CONFIGMAP, exc)
+            await anyio.sleep(self.leader_info_interval)
+
+    async def write_leader_info(self, ip: str | None = None) -> None:
+        ip = ip or await anyio.to_thread.run_sync(first_ipv4)
+        data = {LEADER_IP_KEY: ip}
+        try:
+            current = await self.client.get(CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=self.namespace)
+        except NotFound:
+            try:
+                await self.client.create(CONFIGMAPS, {"metadata": {"name": LEADER_INFO_CONFIGMAP,
+                                                                   "namespace": self.namespace},
+                                                      "data": data}, namespace=self.namespace)
+                return
+            except AlreadyExists:
+                current = await self.client.get(CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=self.namespace)
+        if (current.get("data") or {}).get(LEADER_IP_KEY) != ip:
+            await self.client.patch(CONFIGMAPS, LEADER_INFO_CONFIGMAP, {"data": data},
+                                    namespace=self.namespace)

@@ -1,0 +1,316 @@
+"""A work queue and reconcile loop in the style of controller-runtime.
+
+Informer events only say "this key may need work"; the queue turns a burst of them into one
+reconcile per key. Guarantees, as in client-go's workqueue:
+- a key waiting in the queue is there once, however often it was added;
+- a key is processed by one worker at a time; if it is added while being processed it runs again
+  after the current run finishes;
+- failures requeue with per-key exponential backoff (5 ms doubling to 1000 s) combined with an
+  overall token bucket (10 qps, burst 100): the longer of the two delays wins;
+- success forgets the key's failure count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tfusion.kube.client import TokenBucket
+
+log = logging.getLogger(__name__)
+
+Key = Hashable
+
+
+class ShutDown(Exception):
+    """The queue was shut down; workers stop."""
+
+
+# --- rate limiting ----------------------------------------------------------------------------
+
+
+class ExponentialBackoff:
+    """Per-key delay `base * 2**failures`, capped at `cap` (client-go's ItemExponentialFailureRateLimiter)."""
+
+    def __init__(self, base: float = 0.005, cap: float = 1000.0) -> None:
+        self.base, self.cap = base, cap
+        self._failures: dict[Key, int] = {}
+
+    def when(self, key: Key) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        if failures > 64:  # 2**64 * base is far past any cap; avoid float overflow
+            return self.cap
+        return float(min(self.cap, self.base * (2 ** failures)))
+
+    def forget(self, key: Key) -> None:
+        self._failures.pop(key, None)
+
+    def num_requeues(self, key: Key) -> int:
+        return self._failures.get(key, 0)
+
+
+class RateLimiter:
+    """The default controller rate limiter: max(per-key exponential backoff, overall bucket)."""
+
+    def __init__(self, *, base: float = 0.005, cap: float = 1000.0, qps: float = 10.0,
+                 burst: int = 100) -> None:
+        self.backoff = ExponentialBackoff(base, cap)
+        self.bucket = TokenBucket(qps, burst)
+
+    def when(self, key: Key) -> float:
+        return max(self.backoff.when(key), self.bucket.reserve())
+
+    def forget(self, key: Key) -> None:
+        self.backoff.forget(key)
+
+    def num_requeues(self, key: Key) -> int:
+        return self.backoff.num_requeues(key)
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+class WorkQueueMetrics:
+    """The metric families every queue and controller of one registry shares (label `name`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.depth = Gauge("tfusion_workqueue_depth", "keys waiting to be processed", ["name"],
+                           registry=registry)
+        self.adds = Counter("tfusion_workqueue_adds_total", "keys added (before de-duplication)", ["name"],
+                            registry=registry)
+        self.retries = Counter("tfusion_workqueue_retries_total", "rate-limited requeues after a failure",
+                               ["name"], registry=registry)
+        self.reconcile_time = Histogram(
+            "tfusion_reconcile_duration_seconds", "time spent in one reconcile call", ["name"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=registry)
+        self.reconciles = Counter("tfusion_reconcile_total", "reconcile calls by result", ["name", "result"],
+                                  registry=registry)
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, WorkQueueMetrics] = weakref.WeakKeyDictionary()
+
+
+def metrics_for(registry: CollectorRegistry | None) -> WorkQueueMetrics:
+    """One WorkQueueMetrics per registry (registering the same family twice is an error)."""
+    registry = registry if registry is not None else CollectorRegistry()
+    found = _METRICS.get(registry)
+    if found is None:
+        found = _METRICS[registry] = WorkQueueMetrics(registry)
+    return found
+
+
+# --- the queue --------------------------------------------------------------------------------
+
+
+class WorkQueue:
+    """De-duplicating, delaying, rate-limited queue of keys (see the module docstring)."""
+
+    def __init__(self, name: str, *, rate_limiter: RateLimiter | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.name = name
+        self.rate_limiter = rate_limiter or RateLimiter()
+        self._queue: deque[Key] = deque()
+        self._dirty: set[Key] = set()
+        self._processing: set[Key] = set()
+        self._waiting: dict[Key, float] = {}  # key -> monotonic time it becomes ready (earliest wins)
+        self._heap: list[tuple[float, int, Key]] = []
+        self._seq = 0
+        self._changed = anyio.Event()
+        self._shutting_down = False
+        metrics = metrics_for(registry)
+        self._depth = metrics.depth.labels(name)
+        self._adds = metrics.adds.labels(name)
+        self._retries = metrics.retries.labels(name)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def add(self, key: Key) -> None:
+        if self._shutting_down:
+            return
+        self._adds.inc()
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key in self._processing:
+            return  # done() puts it back once the running reconcile finishes
+        self._queue.append(key)
+        self._depth.set(len(self._queue))
+        self._notify()
+
+    def add_after(self, key: Key, delay: float) -> None:
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        ready_at = time.monotonic() + delay
+        current = self._waiting.get(key)
+        if current is not None and current <= ready_at:
+            return
+        self._waiting[key] = ready_at
+        self._seq += 1
+        heapq.heappush(self._heap, (ready_at, self._seq, key))
+        self._notify()
+
+    def add_rate_limited(self, key: Key) -> None:
+        self._retries.inc()
+        self.add_after(key, self.rate_limiter.when(key))
+
+    def forget(self, key: Key) -> None:
+        self.rate_limiter.forget(key)
+
+    def num_requeues(self, key: Key) -> int:
+        return self.rate_limiter.num_requeues(key)
+
+    def _promote_due(self) -> float | None:
+        """Move delayed keys whose time has come into the queue; return seconds to the next one."""
+        now = time.monotonic()
+        while self._heap:
+            ready_at, _, key = self._heap[0]
+            if self._waiting.get(key) != ready_at:
+                heapq.heappop(self._heap)  # superseded by an earlier deadline
+                continue
+            if ready_at > now:
+                return ready_at - now
+            heapq.heappop(self._heap)
+            del self._waiting[key]
+            self.add(key)
+        return None
+
+    async def get(self) -> Key:
+        """The next key to process; the caller must call `done(key)` afterwards."""
+        while True:
+            if self._shutting_down:
+                raise ShutDown(self.name)
+            next_due = self._promote_due()
+            if self._queue:
+                key = self._queue.popleft()
+                self._depth.set(len(self._queue))
+                self._processing.add(key)
+                self._dirty.discard(key)
+                return key
+            changed = self._changed
+            with anyio.move_on_after(next_due if next_due is not None else float("inf")):
+                await changed.wait()
+
+    def done(self, key: Key) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutting_down:
+            self._queue.append(key)
+            self._depth.set(len(self._queue))
+            self._notify()
+
+    def shutdown(self) -> None:
+        self._shutting_down = True
+        self._notify()
+
+
+# --- the reconcile loop -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks for: nothing (done), `requeue` (rate-limited), or `requeue_after` seconds."""
+
+    requeue: bool = False
+    requeue_after: float | None = None
+
+
+Reconcile = Callable[[Any], Awaitable[Result | None]]
+
+
+class Controller:
+    """N workers taking keys from one WorkQueue and calling `reconcile(key)`.
+
+    An exception requeues the key with backoff; `Result(requeue_after=s)` requeues it after `s`
+    seconds and forgets its failures; `Result(requeue=True)` requeues with backoff."""
+
+    def __init__(self, name: str, reconcile: Reconcile, *, workers: int = 1,
+                 rate_limiter: RateLimiter | None = None, registry: CollectorRegistry | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers}: expected at least 1")
+        self.name = name
+        self.reconcile = reconcile
+        self.workers = workers
+        self.queue = WorkQueue(name, rate_limiter=rate_limiter, registry=registry)
+        metrics = metrics_for(registry)
+        self._duration = metrics.reconcile_time.labels(name)
+        self._results = {result: metrics.reconciles.labels(name, result)
+                         for result in ("success", "error", "requeue", "requeue_after")}
+
+    def enqueue(self, key: Key) -> None:
+        self.queue.add(key)
+
+    def watch(self, informer: Any, key_of: Callable[[dict[str, Any]], Key] | None = None) -> None:
+        """Enqueue the key of every object an informer adds, updates or deletes."""
+        from tfusion.kube.client import object_key
+
+        key_fn = key_of or object_key
+
+        async def on_event(*objects: dict[str, Any]) -> None:
+            self.queue.add(key_fn(objects[-1]))
+
+        informer.add_handler(on_add=on_event, on_update=on_event, on_delete=on_event)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(self.workers):
+                    tg.start_soon(self._worker)
+                task_status.started()
+        finally:
+            self.queue.shutdown()
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except ShutDown:
+                return
+            try:
+                await self._process(key)
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: Key) -> None:
+        started = time.perf_counter()
+        try:
+            result = await self.reconcile(key)
+        except Exception:
+            log.exception("%s: reconcile %s failed; retrying with backoff", self.name, key)
+            self._results["error"].inc()
+            self.queue.add_rate_limited(key)
+            return
+        finally:
+            self._duration.observe(time.perf_counter() - started)
+        if result is not None and result.requeue_after is not None:
+            self._results["requeue_after"].inc()
+            self.queue.forget(key)
+            self.queue.add_after(key, result.requeue_after)
+        elif result is not None and result.requeue:
+            self._results["requeue"].inc()
+            self.queue.add_rate_limited(key)
+        else:
+            self._results["success"].inc()
+            self.queue.forget(key)
