@@ -143,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level={"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
                "error": logging.ERROR}[settings.log_level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.log_level not in ("trace", "debug"):  # httpx logs every API request at INFO
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     from tfusion.roles import RoleError, run
 
     try:

@@ -53,7 +53,24 @@ def planned_roles(settings: Settings) -> list[str]:
 
 def run(settings: Settings) -> int:
     runners = {role: load_role(role) for role in planned_roles(settings)}
-    return anyio.run(_run_all, settings, runners)
+    try:
+        return anyio.run(_run_all, settings, runners)
+    except BaseExceptionGroup as group:  # a role that failed to start: report its RoleError, not the group
+        role_error = _first_role_error(group)
+        if role_error is None:
+            raise
+        raise role_error from None
+
+
+def _first_role_error(group: BaseExceptionGroup[BaseException]) -> RoleError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, RoleError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_role_error(exc)
+            if found is not None:
+                return found
+    return None
 
 
 async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:

@@ -116,3 +116,16 @@ def test_nvml_hypervisor_process_on_the_fake_driver(tmp_path: Path, processes: l
     assert [(d["UUID"], d["Model"], d["MaxTflops"], d["Healthy"]) for d in devices] == [
         (fake_nvml.GPU0_UUID.lower(), "NVIDIA A100-SXM4-80GB", 312, True),
         (fake_nvml.GPU1_UUID.lower(), "NVIDIA H100 80GB HBM3", 989, False)]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--devices=sim:2xNoSuchGPU"], "unknown GPU model 'NoSuchGPU'"),
+    (["--devices=cuda"], "expected auto, nvml, or sim"),
+    (["--backend=kubernetes", "--devices=sim:1xL4", "--kube", "/nonexistent/kubeconfig", "--node-name", "n"],
+     "no kubeconfig file there"),
+])
+def test_bad_settings_exit_1_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "tfusion", "--role=hypervisor", "--backend=local", "--port", "0",
+                             "--state-dir", str(tmp_path), *args], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr

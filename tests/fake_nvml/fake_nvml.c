@@ -7,6 +7,7 @@
  *   FAKE_NVML_GPU_COUNT   number of GPUs present (0..2, default 2)
  *   FAKE_NVML_INIT_ERROR  nvmlInitWithFlags fails with NVML_ERROR_DRIVER_NOT_LOADED
  *   FAKE_NVML_LOST_INDEX  that GPU answers memory and utilisation queries with GPU_IS_LOST
+ *   FAKE_NVML_GONE_INDEX  that GPU has no handle at all (GPU_IS_LOST from nvmlDeviceGetHandleByIndex)
  *   FAKE_NVML_XID         "index:xid": one XID critical event, delivered once per distinct value
  *   FAKE_NVML_NO_EVENTS   event registration is NOT_SUPPORTED
  */
@@ -152,6 +153,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *device) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if ((int)index >= gpu_count()) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *gone = getenv("FAKE_NVML_GONE_INDEX");
+    if (gone && *gone && atoi(gone) == (int)index) return NVML_ERROR_GPU_IS_LOST;
     *device = &devices[index];
     return NVML_SUCCESS;
 }

@@ -232,14 +232,41 @@ async def test_status_subresource_split(http: httpx.AsyncClient) -> None:
     assert replaced.json()["status"]["phase"] == "Succeeded" and replaced.json()["spec"]["restartPolicy"] == "Always"
 
 
-async def test_generation_counts_spec_changes_only(apiserver: Any, http: httpx.AsyncClient) -> None:
+async def test_generation_only_where_kube_tracks_it(http: httpx.AsyncClient) -> None:
+    """kube-apiserver 1.32 keeps metadata.generation for CRDs and custom resources, not for these kinds."""
     lease = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
     created = (await http.post(lease, json={"metadata": {"name": "gen"}, "spec": {"holderIdentity": "a"}})).json()
-    assert created["metadata"]["generation"] == 1
-    labelled = (await http.patch(f"{lease}/gen", content=b'{"metadata":{"labels":{"x":"y"}}}', headers=MERGE)).json()
-    assert labelled["metadata"]["generation"] == 1
-    respec = (await http.patch(f"{lease}/gen", content=b'{"spec":{"holderIdentity":"b"}}', headers=MERGE)).json()
-    assert respec["metadata"]["generation"] == 2
+    assert "generation" not in created["metadata"]
+    pod = (await http.post(PODS, json=pod_body("gen"))).json()
+    assert "generation" not in pod["metadata"]
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    crd = {
+        "metadata": {"name": "things.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Cluster",
+            "names": {"plural": "things", "kind": "Thing"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+    made = (await http.post(crds, json=crd)).json()
+    assert made["metadata"]["generation"] == 1
+    labelled = await http.patch(
+        f"{crds}/things.example.com", content=b'{"metadata":{"labels":{"x":"y"}}}', headers=MERGE
+    )
+    assert labelled.json()["metadata"]["generation"] == 1
+    respec = await http.patch(
+        f"{crds}/things.example.com", content=b'{"spec":{"names":{"shortNames":["th"]}}}', headers=MERGE
+    )
+    assert respec.status_code == 200, respec.text
+    assert respec.json()["metadata"]["generation"] == 2
 
 
 async def test_label_and_field_selectors(http: httpx.AsyncClient) -> None:
@@ -528,6 +555,11 @@ async def test_builtin_kinds_are_served(http: httpx.AsyncClient) -> None:
         content=json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
     )
     assert node_status.json()["status"]["conditions"][0]["type"] == "Ready"
+    secret = await http.post(
+        "/api/v1/namespaces/default/secrets", json={"metadata": {"name": "sd"}, "stringData": {"user": "admin"}}
+    )
+    assert secret.json()["data"] == {"user": "YWRtaW4="} and secret.json()["type"] == "Opaque"
+    assert "stringData" not in secret.json()
     svc = (await http.get("/api/v1/namespaces/default/services/svc")).json()
     assert svc["spec"]["ports"][0]["targetPort"] == 80 and svc["spec"]["type"] == "ClusterIP"
     sa = (await http.get("/api/v1/namespaces/default/serviceaccounts/default")).json()

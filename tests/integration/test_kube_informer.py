@@ -268,3 +268,18 @@ async def test_informer_events_drive_a_controller(kube: KubeClient) -> None:
             while ("inf/before", False) not in reconciled:
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
+
+
+async def test_survives_an_api_server_restart(apiserver: Any, kube: KubeClient) -> None:
+    await kube.create(r.CONFIGMAPS, cm("r0"))
+    informer = Informer(kube, r.CONFIGMAPS, namespace="inf", backoff_base=0.05)
+    recorder = Recorder(informer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        await informer.wait_synced()
+        await anyio.to_thread.run_sync(apiserver.restart)
+        await kube.create(r.CONFIGMAPS, cm("r1"))
+        await kube.delete(r.CONFIGMAPS, "r0", namespace="inf")
+        await converge(kube, informer, recorder)
+        tg.cancel_scope.cancel()
+    assert_no_duplicates(recorder)

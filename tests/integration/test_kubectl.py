@@ -213,3 +213,28 @@ def test_discovery_and_basic_commands(kubectl: Kubectl) -> None:
     assert "labelled" in kubectl("get", "cm", "-l", "tier=web,app=x").stdout
     kubectl("delete", "cm", "labelled")
     assert "No resources found" in kubectl("get", "cm", "-l", "app=x").stderr
+
+
+def test_typed_create_commands_sending_protobuf(kubectl: Kubectl) -> None:
+    """kubectl's generators send protobuf bodies for built-in kinds; the server reads these."""
+    assert "namespace/team-a created" in kubectl("create", "namespace", "team-a").stdout
+    kubectl("create", "configmap", "settings", "--from-literal=mode=fast", "-n", "team-a")
+    kubectl("create", "secret", "generic", "creds", "--from-literal=password=hunter2", "-n", "team-a")
+    kubectl("create", "serviceaccount", "robot", "-n", "team-a")
+    configmap = json.loads(kubectl("get", "configmap", "settings", "-n", "team-a", "-o", "json").stdout)
+    assert configmap["data"] == {"mode": "fast"}
+    secret = json.loads(kubectl("get", "secret", "creds", "-n", "team-a", "-o", "json").stdout)
+    assert secret["data"] == {"password": "aHVudGVyMg=="} and secret["type"] == "Opaque"
+    token = kubectl("create", "token", "robot", "-n", "team-a").stdout.strip()
+    assert token.count(".") == 2
+    namespace = json.loads(kubectl("get", "namespace", "team-a", "-o", "json").stdout)
+    assert namespace["status"]["phase"] == "Active" and "generateName" not in namespace["metadata"]
+    unsupported = kubectl("create", "priorityclass", "high", "--value=1000", check=False)
+    assert unsupported.returncode != 0 and "application/json" in unsupported.stderr
+
+
+def test_apply_rejects_unknown_fields_like_kube(kubectl: Kubectl) -> None:
+    kubectl("apply", "-f", "-", input=json.dumps(_widget_crd()))
+    bad = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}, "spec": {"sizee": 1}}
+    result = kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert result.returncode != 0 and 'unknown field "spec.sizee"' in result.stderr

@@ -71,6 +71,8 @@ class ReferenceAllocator:
             return False
         if info.virtualization is not None and req.isolation not in info.virtualization:
             return False
+        if gpu.shared_by is not None:  # a GPU held whole by a shared pod takes nobody else
+            return False
         if req.isolation == "shared" and gpu.pods:
             return False
         if req.isolation == "partitioned":

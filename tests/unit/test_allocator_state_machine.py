@@ -54,12 +54,12 @@ def limit_t(req: AllocRequest, cap_t: int) -> int:
     return req.percent_limit * cap_t // 100_000
 
 
-# (tflops, percent, vram, extra limit tflops, extra limit vram, count, shared, namespace)
+# (tflops, percent, vram, extra limit tflops, extra limit vram, count, shared, namespace, model)
 requests = st.tuples(
     st.sampled_from((0, 10_000, 30_000, 40_000, 80_000)),
     st.sampled_from((0, 0, 25_000, 50_000)), st.sampled_from((0, GIB, 2 * GIB, 5 * GIB, 9 * GIB)),
     st.sampled_from((0, 10_000)), st.sampled_from((0, GIB)), st.integers(1, 3), st.booleans(),
-    st.sampled_from(NAMESPACES))
+    st.sampled_from(NAMESPACES), st.sampled_from(("", "", "A")))
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -69,18 +69,18 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.alloc = GpuAllocator(max_workers_per_node=4, clock=self.clock, assume_ttl=100.0)
         self.alloc.set_quota("b", QUOTA)
         self.gpus: dict[str, GpuInfo] = {}
+        self.home: dict[str, str] = {}
         self.live: dict[str, tuple[AllocRequest, tuple[str, ...], bool]] = {}  # uid -> (req, gpus, assumed)
         self.caps_at_alloc: dict[str, dict[str, int]] = {}
         self.next_uid = 0
 
     # ---------------------------------------------------------------- GPU events
     @rule(name=st.sampled_from(GPU_NAMES), node=st.sampled_from(NODES), cap=st.sampled_from(CAPS),
-          phase=st.sampled_from(("Running", "Running", "Running", "Pending")))
-    def upsert_gpu(self, name: str, node: str, cap: tuple[int, int], phase: str) -> None:
-        old = self.gpus.get(name)
-        if old is not None:
-            node = old.node  # a GPU does not move while it may hold allocations
-        info = GpuInfo(name=name, node=node, pool="p", capacity_tflops=cap[0], capacity_vram=cap[1], phase=phase)
+          phase=st.sampled_from(("Running", "Running", "Running", "Pending")), model=st.sampled_from(("", "A", "B")))
+    def upsert_gpu(self, name: str, node: str, cap: tuple[int, int], phase: str, model: str) -> None:
+        node = self.home.setdefault(name, node)  # a GPU (a device UUID) never changes node
+        info = GpuInfo(name=name, node=node, pool="p", capacity_tflops=cap[0], capacity_vram=cap[1], phase=phase,
+                       model=model)
         self.alloc.upsert_gpu(info)
         self.gpus[name] = info
 
@@ -91,14 +91,14 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- ledger
     def _request(self, spec: tuple[Any, ...]) -> AllocRequest:
-        t, pct, v, extra_t, extra_v, count, shared, ns = spec
+        t, pct, v, extra_t, extra_v, count, shared, ns, model = spec
         self.next_uid += 1
         uid = f"pod-{self.next_uid}"
         return AllocRequest(pod_uid=uid, pod_name=uid, namespace=ns, pool="p", workload=(ns, "w"),
                             tflops_request=t, tflops_limit=t + extra_t if t else 0,
                             percent_request=0 if t else pct, percent_limit=0 if t else pct,
                             vram_request=v, vram_limit=v + extra_v, count=count,
-                            isolation="shared" if shared else "soft")
+                            isolation="shared" if shared else "soft", gpu_model=model)
 
     def _expect_unchanged(self, before: dict[str, Any]) -> None:
         assert self.alloc.snapshot() == before
@@ -111,8 +111,13 @@ class AllocatorMachine(RuleBasedStateMachine):
             placement = self.alloc.select(req)
         except Unschedulable:
             self._expect_unchanged(before)
+            assert self.alloc.filter(req).nodes == {}  # the full scan agrees: nothing fits
             return
         self._expect_unchanged(before)  # select has no side effects
+        feasible = self.alloc.filter(req).nodes
+        assert set(placement.gpu_names) <= set(feasible[placement.node])
+        assert placement.score == max(self.alloc.score(req, feasible).values())
+        assert all(self.gpus[n].model == req.gpu_model for n in placement.gpu_names if req.gpu_model)
         self.alloc.assume(req, placement.gpu_names)
         self.live[req.pod_uid] = (req, placement.gpu_names, True)
         if commit:
@@ -160,7 +165,7 @@ class AllocatorMachine(RuleBasedStateMachine):
           dry_run=st.booleans())
     def adjust(self, data: st.DataObject, t: int, v: int, dry_run: bool) -> None:
         uid = data.draw(st.sampled_from(sorted(self.live)))
-        req, names, assumed = self.live[uid]
+        _, names, assumed = self.live[uid]
         before = self.alloc.snapshot()
         try:
             new = self.alloc.adjust(uid, Resources(tflops=t, vram=v), Resources(tflops=t * 2, vram=v * 2),
@@ -191,16 +196,24 @@ class AllocatorMachine(RuleBasedStateMachine):
             fresh.upsert_gpu(info)
         committed = [(info.request, info.gpu_names)
                      for info in self.alloc.allocations(committed_only=True).values()]
-        restorable = [(r, g) for r, g in committed if all(n in self.gpus for n in g)]
+        restorable = [(r, g) for r, g in committed if any(n in self.gpus for n in g)]
         assert fresh.restore(restorable) == []
         for name in self.gpus:
             assert fresh.gpu_status(name) == self.alloc.gpu_status(name)
-        for ns in NAMESPACES:
-            assert fresh.quota_usage(ns) == self.alloc.quota_usage(ns)
-        if len(restorable) == len(committed):
+            assert fresh.available(name, committed_only=True) == self.alloc.available(name, committed_only=True)
+        # a compute-percent charge on a GPU that is gone cannot be known after a restart
+        exact = not any(r.percent_request or r.percent_limit for r, g in committed
+                        if any(n not in self.gpus for n in g))
+        if exact and len(restorable) == len(committed):
+            for ns in NAMESPACES:
+                assert fresh.quota_usage(ns) == self.alloc.quota_usage(ns)
             assert {u: (a.node, a.gpu_names, a.charges) for u, a in fresh.allocations().items()} == {
                 u: (a.node, a.gpu_names, a.charges)
                 for u, a in self.alloc.allocations(committed_only=True).items()}
+            assert fresh.node_workers() == {
+                n: {u: w for u, w in ws.items() if u in fresh.allocations()}
+                for n, ws in self.alloc.node_workers().items()
+                if any(u in fresh.allocations() for u in ws)}
         # continue on the restored allocator, like a new leader
         self.alloc = fresh
         self.live = {uid: v for uid, v in self.live.items()
@@ -218,9 +231,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             for name in names:
                 seen.setdefault(name, set()).add(uid)
         snap = self.alloc.snapshot()
-        for name, info in self.gpus.items():
+        for name, gpu_info in self.gpus.items():
             gpu = snap["gpus"][name]
-            cap_t, cap_v = info.capacity_tflops, info.capacity_vram
+            cap_t, cap_v = gpu_info.capacity_tflops, gpu_info.capacity_vram
             avail_t, avail_v = gpu["available"]
             assert 0 <= avail_t <= cap_t and 0 <= avail_v <= cap_v
             holders = seen.get(name, set())

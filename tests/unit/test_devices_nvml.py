@@ -35,7 +35,7 @@ def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def nvml(fake_lib: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """pynvml bound to the fake library for one test (its knobs reset)."""
     for knob in ("FAKE_NVML_GPU_COUNT", "FAKE_NVML_INIT_ERROR", "FAKE_NVML_LOST_INDEX", "FAKE_NVML_XID",
-                 "FAKE_NVML_NO_EVENTS"):
+                 "FAKE_NVML_NO_EVENTS", "FAKE_NVML_GONE_INDEX"):
         monkeypatch.delenv(knob, raising=False)
     saved = fake_nvml.use_in_process(fake_lib)
     try:
@@ -107,6 +107,18 @@ async def test_a_lost_gpu_is_unhealthy_and_says_why(nvml: Path, monkeypatch: pyt
     assert not h100.healthy and "GPU is lost" in h100.health_message
     assert h100.to_wire()["Healthy"] is False
     assert metrics[H100].utilization_percent == 0  # unreadable, not fatal for the sample
+
+
+async def test_a_gpu_without_a_handle_is_left_out(nvml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_NVML_GONE_INDEX", "0")
+    backend = NvmlBackend()
+    await backend.open()
+    try:
+        assert [d.uuid for d in await backend.discover()] == [H100]
+        assert [m.uuid for m in await backend.read_metrics()] == [H100]
+        assert {p.device_uuid for p in await backend.list_processes()} == {H100}
+    finally:
+        await backend.close()
 
 
 async def test_critical_xid_events_mark_the_device_unhealthy(nvml: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,13 +115,20 @@ def _usage_of(charges: Sequence[tuple[int, int]], limits: Sequence[tuple[int, in
                  sum(lim[0] for lim in limits), sum(lim[1] for lim in limits), 1)
 
 
+GroupKey = tuple[str, str]  # (pool, model); model "" = every model of the pool
+
+
+def _group_keys(info: GpuInfo) -> tuple[GroupKey, ...]:
+    return ((info.pool, ""), (info.pool, info.model)) if info.model else ((info.pool, ""),)
+
+
 class _Node:
-    __slots__ = ("by_pool", "gpus", "name", "score_free", "score_used", "sum_free", "sum_used", "workers")
+    __slots__ = ("gpus", "groups", "name", "score_free", "score_used", "sum_free", "sum_used", "workers")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gpus: dict[str, GpuSlot] = {}
-        self.by_pool: dict[str, list[GpuSlot]] = {}
+        self.groups: dict[GroupKey, list[GpuSlot]] = {}  # GPUs by (pool, model), sorted by name
         self.workers: dict[str, str] = {}  # pod uid -> "namespace/name"
         self.sum_used = 0
         self.sum_free = 0
@@ -154,7 +161,7 @@ class GpuAllocator:
         self._nodes: dict[str, _Node] = {}
         self._pools: dict[str, dict[str, GpuSlot]] = {}
         self._pool_cfg: dict[str, PoolConfig] = {}
-        self._index: dict[str, PoolIndex] = {}
+        self._index: dict[GroupKey, PoolIndex] = {}  # built on first use, then kept up to date
         self._allocs: dict[str, _Allocation] = {}
         self._assumed: dict[str, float] = {}  # uid -> assumed at, oldest first
         self._detached: dict[str, dict[str, tuple[int, int]]] = {}  # removed GPU -> its charges
@@ -173,6 +180,7 @@ class GpuAllocator:
         Capacity changes move available by the same delta (available is capacity - used);
         compute-percent charges on the GPU are re-derived from the new capacity. A GPU holding
         allocations cannot move to another node or pool (raises AllocatorError, nothing changes).
+        Nothing the allocator owns (available, running apps) is taken from `info`.
         """
         slot = self._gpus.get(info.name)
         if slot is None:
@@ -187,13 +195,17 @@ class GpuAllocator:
             self._drop_gpu(slot)
             self._add_gpu(info)
             return
+        node = self._nodes[info.node]
+        if old.model != info.model:
+            self._ungroup(node, slot, old)
+            slot.info = info
+            self._group(node, slot)
         slot.info = info
         if old.capacity_tflops != info.capacity_tflops:
             self._recharge_percent(slot)
         slot.refresh()
         if (old.capacity_tflops, old.capacity_vram) != (info.capacity_tflops, info.capacity_vram):
             self._dirty.add(info.name)
-        node = self._nodes[info.node]
         self._update_node_scores(node)
         self._reindex(node)
 
@@ -228,9 +240,7 @@ class GpuAllocator:
         if node is None:
             node = self._nodes[info.node] = _Node(info.node)
         node.gpus[info.name] = slot
-        members = node.by_pool.setdefault(info.pool, [])
-        members.append(slot)
-        members.sort(key=lambda s: s.name)
+        self._group(node, slot)
         self._dirty.add(info.name)
         self._update_node_scores(node)
         self._reindex(node)
@@ -238,24 +248,38 @@ class GpuAllocator:
     def _drop_gpu(self, slot: GpuSlot) -> None:
         node = self._nodes[slot.node]
         del node.gpus[slot.name]
-        members = node.by_pool[slot.pool]
-        members.remove(slot)
-        if not members:
-            del node.by_pool[slot.pool]
-            index = self._index.get(slot.pool)
-            if index is not None:
-                index.remove(node.name)
+        self._ungroup(node, slot, slot.info)
         pool = self._pools[slot.pool]
         del pool[slot.name]
         if not pool:
             del self._pools[slot.pool]
-            self._index.pop(slot.pool, None)
+            self._drop_indexes(slot.pool)
         del self._gpus[slot.name]
         if not node.gpus and not node.workers:
             del self._nodes[node.name]
         else:
             self._update_node_scores(node)
             self._reindex(node)
+
+    def _group(self, node: _Node, slot: GpuSlot) -> None:
+        for key in _group_keys(slot.info):
+            members = node.groups.setdefault(key, [])
+            members.append(slot)
+            members.sort(key=lambda s: s.name)
+
+    def _ungroup(self, node: _Node, slot: GpuSlot, info: GpuInfo) -> None:
+        for key in _group_keys(info):
+            members = node.groups[key]
+            members.remove(slot)
+            if not members:
+                del node.groups[key]
+                index = self._index.get(key)
+                if index is not None:
+                    index.remove(node.name)
+
+    def _drop_indexes(self, pool: str) -> None:
+        for key in [k for k in self._index if k[0] == pool]:
+            del self._index[key]
 
     def _recharge_percent(self, slot: GpuSlot) -> None:
         """Re-derive compute-percent charges on `slot` from its current capacity."""
@@ -281,8 +305,8 @@ class GpuAllocator:
             slot.refresh()
         elif slot is not None:
             slot.allocs[uid] = charge
-        alloc.charges = alloc.charges[:i] + (charge,) + alloc.charges[i + 1:]
-        alloc.limits = alloc.limits[:i] + (limit,) + alloc.limits[i + 1:]
+        alloc.charges = (*alloc.charges[:i], charge, *alloc.charges[i + 1:])
+        alloc.limits = (*alloc.limits[:i], limit, *alloc.limits[i + 1:])
         alloc.usage = _usage_of(alloc.charges, alloc.limits)
         bucket = self._usage_bucket(alloc)
         bucket.add(old_usage, -1)
@@ -298,10 +322,7 @@ class GpuAllocator:
         old = self._pool_cfg.get(pool)
         self._pool_cfg[pool] = cfg
         if old is None or mode_variants(old.placement_mode)[0] != mode_variants(cfg.placement_mode)[0]:
-            self._index.pop(pool, None)
-            for node in self._nodes.values():
-                if pool in node.by_pool:
-                    self._reindex(node)
+            self._drop_indexes(pool)  # rebuilt, ordered by the new node score, on next use
 
     def pool_config(self, pool: str) -> PoolConfig:
         return self._pool_cfg.get(pool) or PoolConfig()
@@ -334,28 +355,27 @@ class GpuAllocator:
         node.sum_used, node.sum_free = su, sf
         node.score_used, node.score_free = su // n, sf // n
 
-    def _pool_index(self, pool: str) -> PoolIndex:
-        index = self._index.get(pool)
+    def _group_index(self, key: GroupKey) -> PoolIndex:
+        """The score-ordered index of the nodes holding GPUs of `key`, built on first use."""
+        index = self._index.get(key)
         if index is None:
-            variant = mode_variants(self.pool_config(pool).placement_mode)[0]
-            index = self._index[pool] = PoolIndex(variant)
+            variant = mode_variants(self.pool_config(key[0]).placement_mode)[0]
+            index = self._index[key] = PoolIndex(variant)
             for node in self._nodes.values():
-                if pool in node.by_pool:
-                    self._place(index, node, pool)
+                if key in node.groups:
+                    self._place(index, node, key)
         return index
 
     def _reindex(self, node: _Node) -> None:
-        for pool in node.by_pool:
-            index = self._index.get(pool)
-            if index is None:
-                self._pool_index(pool)
-            else:
-                self._place(index, node, pool)
+        for key in node.groups:
+            index = self._index.get(key)
+            if index is not None:
+                self._place(index, node, key)
 
-    def _place(self, index: PoolIndex, node: _Node, pool: str) -> None:
+    def _place(self, index: PoolIndex, node: _Node, key: GroupKey) -> None:
         best_v = best_t = -1
         if len(node.workers) < self.max_workers_per_node:
-            for slot in node.by_pool[pool]:
+            for slot in node.groups[key]:
                 if slot.schedulable:
                     if slot.avail_v > best_v:
                         best_v = slot.avail_v
@@ -389,10 +409,10 @@ class GpuAllocator:
                        req.tflops_limit * req.count, req.vram_limit * req.count, 1)
         check_total(req.namespace, spec, self._effective_usage(req.namespace), charge)
 
-    def _node_fit(self, node: _Node, pool: str, req: AllocRequest) -> list[GpuSlot] | None:
+    def _node_fit(self, node: _Node, key: GroupKey, req: AllocRequest) -> list[GpuSlot] | None:
         if len(node.workers) >= self.max_workers_per_node:
             return None
-        members = node.by_pool.get(pool)
+        members = node.groups.get(key)
         if not members:
             return None
         fits = filters.gpu_fits
@@ -416,25 +436,24 @@ class GpuAllocator:
         if req.pool not in self._pools:
             raise Unschedulable(f"pool {req.pool!r} has no GPUs", stage="")
         pool = req.pool
-        need_t = req.tflops_request
-        need_v = req.vram_request
+        key = (pool, req.gpu_model)  # a model filter walks only the nodes holding that model
+        index = self._group_index(key)
         found: tuple[_Node, list[GpuSlot]] | None = None
         if nodes is None:
-            index = self._pool_index(pool)
             all_nodes = self._nodes
 
             def fits(name: str) -> tuple[_Node, list[GpuSlot]] | None:
                 node = all_nodes[name]
-                slots = self._node_fit(node, pool, req)
+                slots = self._node_fit(node, key, req)
                 if slots is None or (node_ok is not None and not node_ok(name)):
                     return None
                 return node, slots
 
-            found = index.search(need_v, need_t, fits)  # type: ignore[assignment]
+            # percent requests: TFLOPS needed depends on the GPU, so only VRAM prunes
+            found = index.search(req.vram_request, req.tflops_request, fits)  # type: ignore[assignment]
         else:
-            index = self._pool_index(pool)
             for name in sorted((n for n in set(nodes) if n in index), key=lambda n: (-index.score(n), n)):
-                slots = self._node_fit(self._nodes[name], pool, req)
+                slots = self._node_fit(self._nodes[name], key, req)
                 if slots is not None and (node_ok is None or node_ok(name)):
                     found = (self._nodes[name], slots)
                     break
@@ -530,7 +549,10 @@ class GpuAllocator:
         per_node: dict[str, list[str]] = {s.node: [] for s in pool.values() if wanted is None or s.node in wanted}
         for stage in result.stages:
             for removal in stage.removed:
-                per_node.setdefault(removal.node, []).append(f"{stage.name}: {removal.reason}")
+                reasons = per_node.setdefault(removal.node, [])
+                text = f"{stage.name}: {removal.reason}"
+                if text not in reasons:  # node-level stages give one reason per GPU
+                    reasons.append(text)
         for node in result.nodes:
             per_node.setdefault(node, []).append("rejected by the scheduler's node checks")
         total = len(per_node)
@@ -544,7 +566,7 @@ class GpuAllocator:
 
     def score(self, req: AllocRequest, nodes: Iterable[str]) -> dict[str, int]:
         """Node scores (0..100) under `req`'s pool mode, for the nodes given (the extender's prioritize)."""
-        index = self._pool_index(req.pool) if req.pool in self._pools else None
+        index = self._group_index((req.pool, "")) if req.pool in self._pools else None
         return {n: index.score(n) if index is not None and n in index else 0 for n in nodes}
 
     # ------------------------------------------------------------------ recording
@@ -597,7 +619,7 @@ class GpuAllocator:
         charges, limits = self._charges(req, slots)
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
             reason = filters.shared_whole(slot, req) if req.isolation == "shared" else None
-            if reason is None and (slot.avail_t < need_t or slot.avail_v < need_v):
+            if reason is None and (slot.shared_by is not None or slot.avail_t < need_t or slot.avail_v < need_v):
                 reason = filters.resource(slot, req)
             if reason is not None:
                 raise Unschedulable(f"cannot assume: {reason}", stage="ResourceFilter",
@@ -797,13 +819,16 @@ class GpuAllocator:
     def restore(self, allocations: Iterable[tuple[AllocRequest, Sequence[str]]]) -> list[tuple[str, str]]:
         """Rebuild committed allocations (leader recovery from worker pods' gpu-ids annotations).
 
-        No capacity, quota or worker checks: these pods already run. Returns (pod uid, reason) for
-        each entry that could not be restored (duplicate pod, no GPUs, unknown GPU, several nodes).
+        No capacity, quota or worker checks: these pods already run. A GPU that is not known (yet)
+        is charged when it appears, like a GPU removed and re-added (a compute-percent charge on it
+        is 0 until its capacity is known). Returns (pod uid, reason) for each entry that could not
+        be restored: duplicate pod, empty or repeated GPU list, no known GPU, GPUs on several nodes.
         """
         skipped: list[tuple[str, str]] = []
         for req, gpu_names in allocations:
             names = tuple(gpu_names)
             uid = req.pod_uid
+            known = [self._gpus[n] for n in names if n in self._gpus]
             reason = ""
             if not uid:
                 reason = "no pod UID"
@@ -811,16 +836,17 @@ class GpuAllocator:
                 reason = "pod already holds an allocation"
             elif not names or len(set(names)) != len(names):
                 reason = f"GPU list {list(names)} is empty or repeats a GPU"
-            elif any(n not in self._gpus for n in names):
-                reason = f"unknown GPU(s) {[n for n in names if n not in self._gpus]}"
-            elif len({self._gpus[n].node for n in names}) != 1:
+            elif not known:
+                reason = f"none of the GPUs {list(names)} is known"
+            elif len({s.node for s in known}) != 1:
                 reason = f"GPUs {list(names)} are on several nodes"
             if reason:
                 skipped.append((uid, reason))
                 continue
-            slots = [self._gpus[n] for n in names]
-            charges, limits = self._charges(req, slots)
-            self._apply(_Allocation(req, slots[0].node, names, charges, limits, None))
+            caps = [self._gpus[n].info.capacity_tflops if n in self._gpus else 0 for n in names]
+            charges = tuple((req.tflops_need(c), req.vram_request) for c in caps)
+            limits = tuple((req.tflops_limit_on(c), req.vram_limit) for c in caps)
+            self._apply(_Allocation(req, known[0].node, names, charges, limits, None))
         return skipped
 
     # ------------------------------------------------------------------ reading

@@ -38,8 +38,10 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
         return False
     if info.virtualization is not None and iso not in info.virtualization:
         return False
+    if g.shared_by is not None:  # held whole by a shared allocation: nobody else, even at size 0
+        return False
     if iso == "shared":
-        if g.allocs or g.shared_by is not None:
+        if g.allocs:
             return False
     elif iso == "partitioned":
         return False
@@ -98,6 +100,8 @@ def _partition(g: GpuSlot, req: AllocRequest) -> str | None:
 
 
 def resource(g: GpuSlot, req: AllocRequest) -> str | None:
+    if g.shared_by is not None:
+        return f"{g.name}: held whole by a shared allocation"
     need_t = req.tflops_need(g.info.capacity_tflops)
     if g.avail_t < need_t:
         how = f" ({req.percent_request / 1000:g}% of {tflops_str(g.info.capacity_tflops)})" \

@@ -60,6 +60,13 @@ class Request:
         if not self.body:
             raise errors.bad_request("the request body is empty")
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            from tfusion.apiserver import protobuf
+
+            try:
+                return protobuf.decode(self.body)
+            except protobuf.ProtobufError as exc:
+                raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from None
         if ctype not in ("application/json", "", "*/*") and not ctype.endswith("+json"):
             if "yaml" in ctype:
                 import yaml
@@ -238,6 +245,7 @@ class ApiApp:
                 raise errors.method_not_allowed(method)
             await request.read_body()
             code, body = await handler(request, target)
+            await self.engine.store.durable()
             await respond(send, code, body)
             return
         if method == "GET":
@@ -259,6 +267,7 @@ class ApiApp:
             handler = self.special.get((info.storage_key, "create"))
             if handler is not None:
                 code, body = await handler(request, target)
+                await self.engine.store.durable()
                 await respond(send, code, body)
                 return
             entry = await engine.create(
@@ -430,6 +439,7 @@ class ApiApp:
         )
 
     async def _send_object(self, request: Request, send: Send, info: ResourceInfo, entry: Entry, code: int) -> None:
+        await self.engine.store.durable()  # a write is answered once it is in the state file
         if request.wants_table:
             await respond(
                 send,
@@ -465,6 +475,7 @@ class ApiApp:
                     continue
                 raise
             deleted.append(_versioned(info, result))
+        await self.engine.store.durable()
         await respond(
             send,
             200,

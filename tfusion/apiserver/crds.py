@@ -148,7 +148,7 @@ def register(registry: Registry, crd: dict[str, Any]) -> None:
                 short_names=tuple(names.get("shortNames") or ()),
                 categories=tuple(names.get("categories") or ()),
                 subresources=("status",) if "status" in subresources else (),
-                has_spec=True,
+                tracks_generation=True,
                 schema=schema,
                 printer_columns=list(version.get("additionalPrinterColumns") or []),
                 crd_name=name,

@@ -8,15 +8,15 @@ watch stream, compacting the watch event log, and restarting on the same state f
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import anyio
 import uvicorn
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
 from tfusion.apiserver import security
 from tfusion.apiserver.app import ApiApp
@@ -53,9 +53,9 @@ class EmbeddedApiServer:
         self.ca_pem: bytes | None = None
         self.store: Store | None = None
         self.engine: Engine | None = None
-        self._tg: TaskGroup | None = None
-        self._stop_requested: anyio.Event | None = None
-        self._stopped = anyio.Event()
+        self._restart_requested: anyio.Event | None = None
+        self._serving = anyio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -66,38 +66,50 @@ class EmbeddedApiServer:
         return security.kubeconfig(self.url, token=self.token, ca_pem=self.ca_pem, namespace=namespace)
 
     # ------------------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled (restarting in place when asked); `task_status.started()` once serving."""
+        first = True
+        while True:
+            self._restart_requested = anyio.Event()
+            await self._serve_once(self._restart_requested, task_status if first else None)
+            first = False
+
     async def __aenter__(self) -> EmbeddedApiServer:
-        await self.start()
+        """Serve in a background task of the current (asyncio) event loop until __aexit__."""
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def background() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.run)
+                    started.set_result(None)
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                    return
+                raise
+
+        self._task = asyncio.ensure_future(background())
+        await started
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        try:
-            await self._start_serving()
-        except BaseException:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            self._tg = None
-            raise
-
-    async def stop(self) -> None:
-        if self._tg is None:
+        task, self._task = self._task, None
+        if task is None:
             return
-        await self._stop_serving()
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(None, None, None)
-        self._tg = None
+        task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(task, return_exceptions=True)
 
     async def restart(self) -> None:
         """Stop serving, close the state file, and serve again from it on the same port."""
-        await self._stop_serving()
-        await self._start_serving()
+        if self._restart_requested is None:
+            raise RuntimeError("the API server is not running")
+        self._serving = anyio.Event()
+        self._restart_requested.set()
+        await self._serving.wait()
 
     def close_watches(self) -> None:
         """End every open watch stream (clients see a clean end of stream and re-watch)."""
@@ -110,8 +122,7 @@ class EmbeddedApiServer:
             self.store.compact()
 
     # ------------------------------------------------------------------------------ internals
-    async def _start_serving(self) -> None:
-        assert self._tg is not None
+    async def _serve_once(self, stop: anyio.Event, task_status: TaskStatus[None] | None) -> None:
         store = Store(self.state, self.watch_history)
         try:
             app, gc, certfile, keyfile = self._build(store)
@@ -121,10 +132,53 @@ class EmbeddedApiServer:
             raise
         self.port = sock.getsockname()[1]
         app.server_address = f"{self.host}:{self.port}"
-        if self.kubeconfig_path is not None:
-            security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
-        self._stopped = anyio.Event()
-        await self._tg.start(self._serve, app, gc, sock, certfile, keyfile)
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
+            timeout_graceful_shutdown=1,
+        )
+        server = Server(config)
+        done = anyio.Event()
+        # uvicorn is stopped through should_exit (so it closes its connections), never by cancellation
+        server_scope = anyio.CancelScope(shield=True)
+
+        async def run_server() -> None:
+            try:
+                with server_scope:
+                    await server.serve([sock])
+            finally:
+                done.set()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gc.run)
+                tg.start_soon(run_server)
+                try:
+                    while not server.started:
+                        if done.is_set():
+                            raise OSError(f"API server on {self.host}:{self.port} failed to start")
+                        await anyio.sleep(0.01)
+                    if self.kubeconfig_path is not None:
+                        security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
+                    if task_status is not None:
+                        task_status.started()
+                    self._serving.set()
+                    await stop.wait()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        store.close_watches()
+                        server.should_exit = server.force_exit = True
+                        with anyio.move_on_after(3):
+                            await done.wait()
+                    server_scope.cancel()
+                    tg.cancel_scope.cancel()
+        finally:
+            sock.close()
+            store.close()
 
     def _build(self, store: Store) -> tuple[ApiApp, GarbageCollector, str | None, str | None]:
         registry = Registry()
@@ -173,61 +227,3 @@ class EmbeddedApiServer:
         )
         self.store, self.engine = store, engine
         return app, GarbageCollector(engine), certfile, keyfile
-
-    async def _serve(
-        self,
-        app: ApiApp,
-        gc: GarbageCollector,
-        sock: socket.socket,
-        certfile: str | None,
-        keyfile: str | None,
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        store = self.store
-        assert store is not None
-        config = uvicorn.Config(
-            app,
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            ssl_certfile=certfile,
-            ssl_keyfile=keyfile,
-            timeout_graceful_shutdown=1,
-        )
-        server = Server(config)
-        done = anyio.Event()
-
-        async def run_server() -> None:
-            try:
-                await server.serve([sock])
-            finally:
-                done.set()
-
-        self._stop_requested = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(gc.run)
-                tg.start_soon(run_server)
-                while not server.started:
-                    if done.is_set():
-                        raise OSError(f"API server on {self.host}:{self.port} failed to start")
-                    await anyio.sleep(0.01)
-                task_status.started()
-                await self._stop_requested.wait()
-                store.close_watches()
-                server.should_exit = server.force_exit = True
-                with anyio.move_on_after(3):
-                    await done.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            sock.close()
-            store.close()
-            self._stopped.set()
-
-    async def _stop_serving(self) -> None:
-        if self._stop_requested is None:
-            return
-        self._stop_requested.set()
-        await self._stopped.wait()
-        self._stop_requested = None

@@ -134,7 +134,7 @@ class Engine:
             raise errors.already_exists(info.plural, info.group, name)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
-        if info.has_spec:
+        if info.tracks_generation:
             meta["generation"] = 1
         else:
             meta.pop("generation", None)
@@ -329,7 +329,7 @@ class Engine:
                 )
         self._defaults(info, obj, old.obj)
         self._validate(info, obj, old.obj)
-        if info.has_spec:
+        if info.tracks_generation:
             generation = old_meta.get("generation", 1)
             if spec_part(obj, info.status_split) != spec_part(old.obj, info.status_split):
                 generation += 1
@@ -411,7 +411,7 @@ class Engine:
             if not meta.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = now_rfc3339()
                 meta["deletionGracePeriodSeconds"] = 0
-                if info.has_spec:
+                if info.tracks_generation:
                     meta["generation"] = old_meta.get("generation", 1) + 1
             entry = self.store.put(info.storage_key, obj, old)
             if FOREGROUND in finalizers:
@@ -518,6 +518,8 @@ class Engine:
             labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
         elif key == "/services":
             validation.default_service(obj)
+        elif key == "/secrets":
+            validation.default_secret(obj)
         elif key == CRDS:
             crds.default_crd(obj)
         elif info.is_custom:

@@ -25,7 +25,9 @@ class ResourceInfo:
     categories: tuple[str, ...] = ()
     subresources: tuple[str, ...] = ()  # "status", "binding", "eviction", "token"
     verbs: tuple[str, ...] = ALL_VERBS
-    has_spec: bool = True  # generation is tracked from spec (everything but metadata/status) changes
+    #: metadata.generation counts spec changes (everything but metadata and status); kube-apiserver 1.32
+    #: does this for CRDs and custom resources among the kinds served here
+    tracks_generation: bool = False
     schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     crd_name: str = ""  # set for custom resources
@@ -73,11 +75,11 @@ BUILTINS: tuple[ResourceInfo, ...] = (
         "pods", "Pod", True, short_names=("po",), categories=("all",), subresources=("status", "binding", "eviction")
     ),
     _core("services", "Service", True, short_names=("svc",), categories=("all",), subresources=("status",)),
-    _core("configmaps", "ConfigMap", True, short_names=("cm",), has_spec=False),
-    _core("secrets", "Secret", True, has_spec=False),
-    _core("events", "Event", True, short_names=("ev",), has_spec=False),
-    _core("serviceaccounts", "ServiceAccount", True, short_names=("sa",), subresources=("token",), has_spec=False),
-    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",), has_spec=False),
+    _core("configmaps", "ConfigMap", True, short_names=("cm",)),
+    _core("secrets", "Secret", True),
+    _core("events", "Event", True, short_names=("ev",)),
+    _core("serviceaccounts", "ServiceAccount", True, short_names=("sa",), subresources=("token",)),
+    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",)),
     ResourceInfo("coordination.k8s.io", "v1", "leases", "Lease", True),
     ResourceInfo("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=CREATE_ONLY),
     ResourceInfo(
@@ -86,7 +88,6 @@ BUILTINS: tuple[ResourceInfo, ...] = (
         "mutatingwebhookconfigurations",
         "MutatingWebhookConfiguration",
         False,
-        has_spec=False,
     ),
     ResourceInfo(
         "apiextensions.k8s.io",
@@ -96,10 +97,9 @@ BUILTINS: tuple[ResourceInfo, ...] = (
         False,
         short_names=("crd", "crds"),
         subresources=("status",),
+        tracks_generation=True,
     ),
-    ResourceInfo(
-        "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=("pc",), has_spec=False
-    ),
+    ResourceInfo("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=("pc",)),
 )
 
 #: kinds that kube-apiserver never persists (request/response only)

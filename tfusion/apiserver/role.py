@@ -27,7 +27,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
         watch_history=settings.watch_history,
         kubeconfig_path=kubeconfig,
     )
-    async with server:
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.run)
         log.info("embedded API server on %s (state %s, kubeconfig %s)", server.url, settings.state, kubeconfig)
         task_status.started(str(kubeconfig))
-        await anyio.sleep_forever()

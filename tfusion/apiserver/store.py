@@ -68,6 +68,8 @@ class Store:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._committed: asyncio.Future[None] | None = None
+        self._pending: list[Event] = []
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
@@ -78,6 +80,8 @@ class Store:
         self._db.commit()
         row = self._db.execute("SELECT v FROM meta WHERE k = 'rv'").fetchone()
         self.rv = int(row[0]) if row else 0
+        #: the newest resourceVersion whose events have been delivered to watchers
+        self.committed_rv = self.rv
         self._objects: dict[str, dict[ObjKey, Entry]] = {}
         for skey, ns, name, rv, data in self._db.execute("SELECT skey, ns, name, rv, data FROM objects"):
             raw = bytes(data)
@@ -130,10 +134,10 @@ class Store:
             "INSERT OR REPLACE INTO objects (skey, ns, name, rv, data) VALUES (?, ?, ?, ?, ?)",
             (storage_key, ns, name, rv, raw),
         )
-        self._save_rv()
         entry = Entry(obj, raw, rv)
         self._objects.setdefault(storage_key, {})[(ns, name)] = entry
-        self._emit(Event(rv, storage_key, MODIFIED if old else ADDED, entry, old))
+        self._pending.append(Event(rv, storage_key, MODIFIED if old else ADDED, entry, old))
+        self._save_rv()
         return entry
 
     def remove(self, storage_key: str, old: Entry) -> Entry:
@@ -145,15 +149,47 @@ class Store:
         meta["resourceVersion"] = str(rv)
         ns, name = meta.get("namespace", ""), meta["name"]
         self._db.execute("DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, ns, name))
-        self._save_rv()
         self._objects[storage_key].pop((ns, name), None)
         entry = Entry(obj, orjson.dumps(obj), rv)
-        self._emit(Event(rv, storage_key, DELETED, entry, old))
+        self._pending.append(Event(rv, storage_key, DELETED, entry, old))
+        self._save_rv()
         return entry
 
     def _save_rv(self) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('rv', ?)", (str(self.rv).encode(),))
-        self._db.commit()
+        """Commit soon: every write made in this turn of the event loop shares one transaction."""
+        if self._committed is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._commit()
+            return
+        self._committed = loop.create_future()
+        loop.call_soon(self._commit)
+
+    def _commit(self) -> None:
+        committed, self._committed = self._committed, None
+        try:
+            self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('rv', ?)", (str(self.rv).encode(),))
+            self._db.commit()
+        except sqlite3.Error as exc:
+            if committed is None:
+                raise
+            if not committed.done():
+                committed.set_exception(exc)
+            return
+        if committed is not None and not committed.done():
+            committed.set_result(None)
+        # watchers and listeners learn of a write only once it is durable, as with etcd
+        pending, self._pending = self._pending, []
+        for event in pending:
+            self._emit(event)
+        self.committed_rv = self.rv
+
+    async def durable(self) -> None:
+        """Wait until every write made so far is committed to the state file."""
+        if self._committed is not None:
+            await asyncio.shield(self._committed)
 
     def _emit(self, event: Event) -> None:
         if len(self.log) == self.log.maxlen and self.log:
@@ -192,4 +228,6 @@ class Store:
 
     def close(self) -> None:
         self.close_watches()
+        if self._committed is not None:
+            self._commit()
         self._db.close()

@@ -6,6 +6,7 @@ which pod fields may change after creation, and the defaults kube-apiserver fill
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -185,3 +186,13 @@ def default_service(svc: dict[str, Any]) -> None:
             port.setdefault("protocol", "TCP")
             if "port" in port:
                 port.setdefault("targetPort", port["port"])
+
+
+def default_secret(secret: dict[str, Any]) -> None:
+    """Type Opaque by default; stringData is write-only and folds into data (base64), as in kube."""
+    secret.setdefault("type", "Opaque")
+    string_data = secret.pop("stringData", None)
+    if isinstance(string_data, dict):
+        data = secret.setdefault("data", {})
+        for key, value in string_data.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()

@@ -48,6 +48,8 @@ class WatchRequest:
         self.as_table = as_table
         self.include_object = include_object
         self._table_started = False
+        #: events at or before this resourceVersion are already known to the client
+        self.after_rv = 0
 
     def matches(self, obj: dict[str, Any]) -> bool:
         if self.label_selector is not None and not self.label_selector.matches(obj["metadata"].get("labels") or {}):
@@ -79,6 +81,8 @@ class WatchRequest:
 
     def translate(self, event: Event) -> bytes | None:
         """The line this watcher sees for a store event, or None when it sees nothing."""
+        if event.rv <= self.after_rv:
+            return None  # already part of the state this watch started from
         if self.label_selector is None and self.field_selector is None:
             return self.line(event.type, event.entry)
         now = self.matches(event.entry.obj)
@@ -119,12 +123,13 @@ async def serve_watch(
         initial: list[bytes] = []
         rv_text = request.resource_version
         if rv_text in (None, "", "0"):
+            request.after_rv = store.rv
             for _, entry in sorted(store.items(info.storage_key, request.namespace), key=lambda kv: kv[0]):
                 if request.matches(entry.obj):
                     initial.append(request.line(ADDED, entry))
         else:
             assert rv_text is not None
-            since = int(rv_text)
+            since = request.after_rv = int(rv_text)
             events = store.events_since(info.storage_key, since)
             if events is None:
                 initial.append(
@@ -173,41 +178,48 @@ async def _stream(
 
     watcher = asyncio.ensure_future(wait_disconnect())
     deadline = time.monotonic() + request.timeout_s if request.timeout_s else None
-    next_bookmark = time.monotonic() + bookmark_interval
+    next_bookmark = time.monotonic() + bookmark_interval if request.bookmarks else None
     try:
         while True:
+            events, closing = await _next_batch(queue, _earliest(next_bookmark, deadline))
+            chunk = [line for line in map(request.translate, events) if line is not None]
             now = time.monotonic()
-            wait = next_bookmark - now if request.bookmarks else None
-            if deadline is not None:
-                wait = min(wait, deadline - now) if wait is not None else deadline - now
-            try:
-                event = (
-                    await asyncio.wait_for(queue.get(), timeout=max(wait, 0)) if wait is not None else await queue.get()
-                )
-            except TimeoutError:
-                event = False  # type: ignore[assignment]
-            if event is None:
-                break
-            chunk: list[bytes] = []
-            closing = False
-            while event:
-                line = request.translate(event)
-                if line is not None:
-                    chunk.append(line)
-                try:
-                    event = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
-                if event is None:
-                    closing = True
-            now = time.monotonic()
-            if request.bookmarks and now >= next_bookmark:
-                chunk.append(request.bookmark(store.rv))
+            if next_bookmark is not None and now >= next_bookmark:
+                chunk.append(request.bookmark(store.committed_rv))
                 next_bookmark = now + bookmark_interval
             if chunk:
                 await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
             if closing or (deadline is not None and now >= deadline):
                 break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass  # the client went away mid-write
     finally:
         watcher.cancel()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _earliest(*moments: float | None) -> float | None:
+    present = [m for m in moments if m is not None]
+    return min(present) if present else None
+
+
+async def _next_batch(queue: asyncio.Queue[Event | None], until: float | None) -> tuple[list[Event], bool]:
+    """Every queued event (waiting for the first until `until`), and whether the stream must end."""
+    events: list[Event] = []
+    if queue.empty():
+        try:
+            if until is None:
+                first = await queue.get()
+            else:
+                first = await asyncio.wait_for(queue.get(), timeout=max(until - time.monotonic(), 0))
+        except TimeoutError:
+            return events, False
+        if first is None:
+            return events, True
+        events.append(first)
+    while not queue.empty():
+        event = queue.get_nowait()
+        if event is None:
+            return events, True
+        events.append(event)
+    return events, False

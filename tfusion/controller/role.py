@@ -118,6 +118,9 @@ def configure(runtime: ControllerRuntime) -> None:
     """Attach the controller's services: routes (`runtime.routes`), leader-only tasks
     (`runtime.add_leader_task`) and tasks for every replica (`runtime.tasks`). The allocator,
     reconcilers, /api/allocation and /api/simulate-schedule are added here as they land."""
+    from tfusion.controller.allocation import AllocatorService  # imports this module
+
+    AllocatorService(runtime).attach()
 
 
 async def ensure_namespace(client: KubeClient, name: str) -> None:
@@ -177,7 +180,9 @@ async def _serve(runtime: ControllerRuntime, task_status: TaskStatus[Any]) -> No
         for task in runtime.tasks:
             tg.start_soon(task)
         handlers = [*runtime.routes, *health_handlers(runtime.readiness), metrics_handler(runtime.registry)]
-        await tg.start(serve, make_app(handlers, title="tfusion controller"), sock)
+        # logging_config=None: Litestar would otherwise reconfigure the root logger of the process
+        app = make_app(handlers, title="tfusion controller", logging_config=None)
+        await tg.start(serve, app, sock)
         log.info("controller HTTP API listening on http://%s:%d", host, port)
         if runtime.elector is not None:
             await ensure_namespace(runtime.client, settings.operator_namespace)

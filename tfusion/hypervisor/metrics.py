@@ -55,7 +55,22 @@ def gpu_samples(registry: DeviceRegistry, node: str, pool: str) -> list[Sample]:
     return result
 
 
-def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, pool: str) -> list[Sample]:
+def parse_extra_labels(text: str) -> dict[str, str]:
+    """TF_HYPERVISOR_METRICS_EXTRA_LABELS: a JSON map of pod annotation key -> extra tag name (the
+    direction the original's code uses)."""
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"TF_HYPERVISOR_METRICS_EXTRA_LABELS is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise ValueError("TF_HYPERVISOR_METRICS_EXTRA_LABELS must map annotation keys to tag names (strings)")
+    return dict(data)
+
+
+def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, pool: str,
+                   extra_labels: dict[str, str] | None = None) -> list[Sample]:
     allocations = {a.worker.uid: a for a in workers.allocations()}
     sums: dict[tuple[str, str], dict[str, float]] = {}
     for proc in registry.processes():
@@ -71,9 +86,12 @@ def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, 
         for device in allocation.devices:
             used = sums.get((uid, device.uuid), {"memory_bytes": 0.0, "compute_percentage": 0.0})
             limit = worker.limits.vram_bytes
-            result.append(Sample("tf_worker_usage", {
-                "namespace": worker.namespace, "node": node, "pod_name": worker.name, "pool": pool,
-                "uuid": device.uuid, "worker": uid, "workload": worker.workload_name or "unknown"}, {
+            tags = {"namespace": worker.namespace, "node": node, "pod_name": worker.name, "pool": pool,
+                    "uuid": device.uuid, "worker": uid, "workload": worker.workload_name or "unknown"}
+            for annotation, tag in (extra_labels or {}).items():
+                if annotation in worker.annotations and tag not in tags:
+                    tags[tag] = worker.annotations[annotation]
+            result.append(Sample("tf_worker_usage", tags, {
                 "compute_percentage": used["compute_percentage"],
                 "compute_tflops": used["compute_percentage"] / 100 * device.max_tflops,
                 "memory_bytes": int(used["memory_bytes"]),
@@ -169,8 +187,9 @@ class MetricsFileWriter:
     """Appends one block of usage lines per interval, rotating the file at 100 MB (10 kept)."""
 
     def __init__(self, path: Path, registry: DeviceRegistry, workers: WorkerTracker, *, node: str, pool: str,
-                 fmt: str = "influx") -> None:
+                 fmt: str = "influx", extra_labels: dict[str, str] | None = None) -> None:
         self.path = path
+        self.extra_labels = extra_labels or {}
         self.registry = registry
         self.workers = workers
         self.node = node
@@ -184,7 +203,7 @@ class MetricsFileWriter:
         ts = int(time.time() * 1000) if ts_ms is None else ts_ms
         render = influx_line if self.fmt == "influx" else json_line
         samples = [*gpu_samples(self.registry, self.node, self.pool),
-                   *worker_samples(self.registry, self.workers, self.node, self.pool)]
+                   *worker_samples(self.registry, self.workers, self.node, self.pool, self.extra_labels)]
         return [render(s, ts) for s in samples]
 
     def write_once(self) -> int:

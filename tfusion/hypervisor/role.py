@@ -18,7 +18,8 @@ from tfusion.hypervisor.devices import DeviceBackendError, open_backend
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import HypervisorContext, build_app
-from tfusion.hypervisor.metrics import MetricsFileWriter, new_metrics_registry
+from tfusion.hypervisor.metrics import MetricsFileWriter, new_metrics_registry, parse_extra_labels
+from tfusion.roles import RoleError
 from tfusion.settings import Settings, process_environment
 from tfusion.web import Readiness, bind_socket, serve
 
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 5.0
 
 
-class HypervisorError(RuntimeError):
-    """The hypervisor cannot start; the message says what to fix."""
+class HypervisorError(RoleError):
+    """The hypervisor cannot start; the message says what to fix (the CLI prints it and exits 1)."""
 
 
 async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -37,6 +38,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
     try:
         table = GpuInfoTable.from_metadata(settings.hardware_metadata)
     except HardwareMetadataError as exc:
+        raise HypervisorError(str(exc)) from None
+    try:
+        extra_labels = parse_extra_labels(settings.metrics_extra_labels)
+    except ValueError as exc:
         raise HypervisorError(str(exc)) from None
     readiness = Readiness()
     readiness.set("discovery", False, "first device discovery has not finished")
@@ -48,7 +53,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
     registry = DeviceRegistry(backend, table)
     _track_discovery(registry, readiness)
     try:
-        sock = bind_socket(f":{settings.hypervisor_port}")
+        try:
+            sock = bind_socket(f":{settings.hypervisor_port}")
+        except OSError as exc:
+            raise HypervisorError(f"--port: {exc}") from None
         port = sock.getsockname()[1]
         async with anyio.create_task_group() as tg:
             workers, extra = await _start_workers(settings, registry, readiness, tg, node, port)
@@ -67,7 +75,8 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             tg.start_soon(registry.run_health_watch)
             tg.start_soon(_sample_loop, registry, min(SAMPLE_INTERVAL_S, settings.metrics_interval))
             writer = MetricsFileWriter(_metrics_path(settings), registry, workers, node=node,
-                                       pool=settings.pool_name, fmt=settings.metrics_format)
+                                       pool=settings.pool_name, fmt=settings.metrics_format,
+                                       extra_labels=extra_labels)
             tg.start_soon(writer.run, settings.metrics_interval)
             await tg.start(serve, app, sock)
             log.info("hypervisor for node %s serving on port %d (%s devices, %s backend)", node, port,
@@ -114,7 +123,7 @@ async def _start_workers(settings: Settings, registry: DeviceRegistry, readiness
                                pool=settings.pool_name if settings.pool_name != "unknown" else "local",
                                hypervisor_port=port, process_env=process_environment())
         return workers, {}
-    if not settings.node_name:
+    if not settings.node_name and "all" not in settings.roles:
         raise HypervisorError("--backend=kubernetes needs the node name: set GPU_NODE_NAME or --node-name")
     from tfusion.hypervisor.workers.kubernetes import start_kubernetes_workers
 

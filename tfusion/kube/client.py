@@ -233,6 +233,8 @@ class KubeClient:
         if params:
             kwargs["params"] = dict(params)
         if body is not None:
+            if isinstance(body, str):
+                body = body.encode()
             kwargs["content"] = body if isinstance(body, bytes) else orjson.dumps(body)
             kwargs["headers"] = {"Content-Type": content_type}
         await self.limiter.acquire()
@@ -244,7 +246,14 @@ class KubeClient:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
             raise transport_error(exc) from None
-        return orjson.loads(content) if content else {}
+        if not content:
+            return {}
+        try:
+            return orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise ServerError({"kind": "Status", "code": 0, "reason": "InternalError",
+                               "message": f"{method} {url}: the API server answered with non-JSON: "
+                                          f"{content[:200]!r}"}, 0) from None
 
     def _ns(self, resource: Resource, namespace: str | None,
             obj: Mapping[str, Any] | None = None) -> str | None:

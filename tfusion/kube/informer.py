@@ -184,7 +184,11 @@ class InformerKey:
 
 
 class Informer:
-    """A list+watch cache of one resource (see the module docstring). Run it with `run()`."""
+    """A list+watch cache of one resource (see the module docstring). Run it with `run()`.
+
+    Cached objects are the server's JSON, shared by every reader and handler: never modify them
+    (copy first). Handlers get `on_add(obj)`, `on_update(old, new)`, `on_delete(last_known)`,
+    plain or async; an object deleted while disconnected is announced with its last known state."""
 
     def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,

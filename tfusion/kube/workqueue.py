@@ -25,7 +25,7 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tfusion.kube.client import TokenBucket
+from tfusion.kube.client import TokenBucket, object_key
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +264,6 @@ class Controller:
 
     def watch(self, informer: Any, key_of: Callable[[dict[str, Any]], Key] | None = None) -> None:
         """Enqueue the key of every object an informer adds, updates or deletes."""
-        from tfusion.kube.client import object_key
-
         key_fn = key_of or object_key
 
         async def on_event(*objects: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ def simulate_schedule_body(allocator: GpuAllocator, body: bytes) -> tuple[int, d
     """`simulate_schedule` on a raw request body."""
     status, pod = parse_body(body)
     if status != 200:
-        return status, pod  # type: ignore[no-any-return]
+        return status, pod
     return simulate_schedule(allocator, pod)
 
 

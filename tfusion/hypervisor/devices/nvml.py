@@ -118,7 +118,13 @@ class NvmlBackend:
 
     def _discover_sync(self) -> list[DeviceInfo]:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        return [self._describe(index, driver) for index in range(pynvml.nvmlDeviceGetCount())]
+        devices = []
+        for position in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                devices.append(self._describe(position, driver))
+            except pynvml.NVMLError as exc:  # no handle or UUID: the device cannot be reported at all
+                log.error("NVML device at position %d is unusable (%s); leaving it out", position, exc)
+        return devices
 
     def _describe(self, position: int, driver: str) -> DeviceInfo:
         handle = pynvml.nvmlDeviceGetHandleByIndex(position)
@@ -155,8 +161,13 @@ class NvmlBackend:
             raise DeviceBackendError(f"NVML metrics failed: {exc}") from exc
 
     def _metrics_sync(self) -> list[DeviceMetrics]:
-        return [self._device_metrics(pynvml.nvmlDeviceGetHandleByIndex(position))
-                for position in range(pynvml.nvmlDeviceGetCount())]
+        result = []
+        for position in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                result.append(self._device_metrics(pynvml.nvmlDeviceGetHandleByIndex(position)))
+            except pynvml.NVMLError as exc:
+                log.debug("no metrics for NVML device at position %d: %s", position, exc)
+        return result
 
     @staticmethod
     def _device_metrics(handle: Any) -> DeviceMetrics:
@@ -186,7 +197,10 @@ class NvmlBackend:
     def _processes_sync(self) -> list[GpuProcess]:
         result: list[GpuProcess] = []
         for position in range(pynvml.nvmlDeviceGetCount()):
-            result.extend(self._device_processes(pynvml.nvmlDeviceGetHandleByIndex(position)))
+            try:
+                result.extend(self._device_processes(pynvml.nvmlDeviceGetHandleByIndex(position)))
+            except pynvml.NVMLError as exc:
+                log.debug("no processes for NVML device at position %d: %s", position, exc)
         return result
 
     @staticmethod
@@ -213,7 +227,12 @@ class NvmlBackend:
             return
         try:
             while True:
-                event = await self._run(self._wait_event, event_set)
+                try:
+                    event = await self._run(self._wait_event, event_set)
+                except pynvml.NVMLError as exc:  # the driver is in trouble; discovery will say more
+                    log.warning("waiting for NVML events failed: %s", exc)
+                    await anyio.sleep(1.0)
+                    continue
                 if event is not None and self._record_xid(*event):
                     await changed()
                 await anyio.sleep(0.05)

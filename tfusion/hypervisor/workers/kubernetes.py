@@ -147,14 +147,22 @@ async def start_kubernetes_workers(settings: Settings, registry: DeviceRegistry,
     try:
         client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
     except ValueError as exc:
-        raise RuntimeError(str(exc)) from None
+        from tfusion.roles import RoleError
+
+        raise RoleError(f"hypervisor: {exc}") from None
     informer = Informer(client, PODS, label_selector=f"{keys.COMPONENT}=worker",
                         field_selector=f"spec.nodeName={node}")
     readiness.set("pod-informer", False, f"listing worker pods on node {node}")
 
+    def count_pods(*_: Any) -> None:
+        if informer.synced:
+            readiness.set("pod-informer", True, f"{len(informer)} worker pod(s) on node {node}")
+
     async def mark_synced() -> None:
         await informer.wait_synced()
-        readiness.set("pod-informer", True, f"{len(informer)} worker pod(s) on node {node}")
+        count_pods()
+
+    informer.add_handler(on_add=count_pods, on_delete=count_pods)
 
     async def close_client() -> None:
         try:

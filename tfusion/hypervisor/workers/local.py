@@ -119,6 +119,12 @@ class LocalWorkers:
     async def _on_devices(self, changes: DeviceChanges) -> None:
         self.placement.sync_devices(changes.current)
         write_json_atomic(self.state_dir / DEVICES_FILE, [d.to_wire() for d in changes.current])
+        if changes.changed:  # allocations show the devices as they are now (health, presence)
+            known = {d.uuid for d in changes.current}
+            for worker in self._workers.values():
+                present = worker.info.replace(allocated_devices=tuple(
+                    u for u in worker.info.allocated_devices if u in known))
+                worker.allocation = self._allocation(present)
 
     async def _restore(self) -> None:
         path = self.state_dir / WORKERS_FILE

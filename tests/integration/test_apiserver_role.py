@@ -1,0 +1,88 @@
+"""`tfusion --role=apiserver` as a real process: starts, writes its kubeconfig, serves, stops on SIGTERM,
+and keeps its objects across restarts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+
+def _start(workdir: Path, listen: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfusion",
+            "--role=apiserver",
+            "--listen",
+            listen,
+            "--state",
+            str(workdir / "state.db"),
+            "--kubeconfig-out",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 20
+    while not kubeconfig.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"apiserver did not start: {proc.communicate()[0].decode()}")
+        time.sleep(0.05)
+    config = yaml.safe_load(kubeconfig.read_text())
+    url = config["clusters"][0]["cluster"]["server"]
+    user = config["users"][0]["user"] or {}
+    headers = {"authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+    return proc, url, headers
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        output = proc.communicate(timeout=10)[0].decode()
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, output
+    return output
+
+
+def test_role_serves_and_persists_across_restarts(tmp_path: Path) -> None:
+    proc, url, headers = _start(tmp_path, "127.0.0.1:0")
+    try:
+        assert url.startswith("http://127.0.0.1:") and not headers
+        created = httpx.post(f"{url}/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "kept"}})
+        assert created.status_code == 201
+        rv = int(created.json()["metadata"]["resourceVersion"])
+    finally:
+        output = _stop(proc)
+    assert "Traceback" not in output
+    proc, url, _ = _start(tmp_path, "127.0.0.1:0")
+    try:
+        kept = httpx.get(f"{url}/api/v1/namespaces/default/configmaps/kept")
+        assert kept.status_code == 200 and int(kept.json()["metadata"]["resourceVersion"]) == rv
+        later = httpx.post(f"{url}/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "later"}})
+        assert int(later.json()["metadata"]["resourceVersion"]) > rv
+    finally:
+        _stop(proc)
+
+
+def test_role_on_a_non_loopback_address_uses_https_and_a_token(tmp_path: Path) -> None:
+    proc, url, headers = _start(tmp_path, "0.0.0.0:0")
+    try:
+        assert url.startswith("https://127.0.0.1:") and headers
+        config = yaml.safe_load((tmp_path / "kubeconfig").read_text())
+        assert config["clusters"][0]["cluster"]["certificate-authority-data"]
+        assert httpx.get(f"{url}/api/v1/namespaces", verify=False).status_code == 401
+        assert httpx.get(f"{url}/api/v1/namespaces", headers=headers, verify=False).status_code == 200
+    finally:
+        _stop(proc)

@@ -1,0 +1,534 @@
+"""The controller's AllocatorService and its HTTP routes, in-process against the embedded API server
+over real HTTP: feeding from the informers, /api/allocation, /api/simulate-schedule (fit, no fit,
+bad bodies, no side effects), leader recovery from worker pods' gpu-ids annotations, status
+write-back of GPUs, GPUNodes and quotas, release on pod deletion and completion, capacity changes
+applied as deltas, retry on a real 409 Conflict, leader hand-over, and the orphan sweep."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import yaml
+
+from tests.apiserver_fixture import apply_crds
+from tfusion.allocator import request_from_pod
+from tfusion.api import annotations as tfa
+from tfusion.controller.allocation import AllocatorService
+from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient
+from tfusion.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+POOL = "pool-a"
+SCHEDULER = "tensor-fusion-scheduler"
+
+
+def settings_for(apiserver: Any, tmp_path: Path, **changes: Any) -> Settings:
+    base = Settings(roles=("controller",), kube=str(apiserver.kubeconfig), controller_listen="127.0.0.1:0",
+                    dynamic_config=str(tmp_path / "config.yaml"), leader_elect=False, sync_interval=0.2,
+                    leader_lease_duration=2.0, leader_renew_deadline=1.5, leader_retry_period=0.2,
+                    operator_namespace="tf-ops")
+    return base.replace(**changes)
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll `check` until it returns a truthy value (returned); fail with the last value otherwise."""
+    last: Any = None
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                last = await check()
+                if last:
+                    return last
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what or check}: last value {last!r}")
+
+
+@contextlib.asynccontextmanager
+async def kube_client(apiserver: Any) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(str(apiserver.kubeconfig), namespace="default")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def service_of(runtime: ControllerRuntime) -> AllocatorService:
+    found = [getattr(t, "__self__", None) for t in runtime.leader_tasks]
+    services = [s for s in found if isinstance(s, AllocatorService)]
+    assert len(services) == 1, "configure() attaches exactly one AllocatorService"
+    return services[0]
+
+
+class Controller:
+    """One controller runtime served in the background of a test's task group; `stop()` ends it
+    (as SIGTERM would: the Lease is released, the server closed)."""
+
+    def __init__(self, runtime: ControllerRuntime, scope: anyio.CancelScope, finished: anyio.Event) -> None:
+        assert runtime.address is not None
+        self.runtime = runtime
+        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{runtime.address[1]}", timeout=10)
+        self._scope = scope
+        self._finished = finished
+
+    @property
+    def service(self) -> AllocatorService:
+        return service_of(self.runtime)
+
+    async def stop(self) -> None:
+        await self.http.aclose()
+        self._scope.cancel()
+        with anyio.fail_after(10):
+            await self._finished.wait()
+
+
+async def start_controller(tg: Any, settings: Settings, *,
+                           prepare: Callable[[ControllerRuntime], None] = configure) -> Controller:
+    runtime = await build_runtime(settings)
+    prepare(runtime)
+    scope = anyio.CancelScope()
+    finished = anyio.Event()
+
+    async def run(*, task_status: Any) -> None:
+        try:
+            with scope:
+                await serve_runtime(runtime, task_status=task_status)
+        finally:
+            finished.set()
+
+    await tg.start(run)
+    return Controller(runtime, scope, finished)
+
+
+@contextlib.asynccontextmanager
+async def controllers() -> AsyncIterator[Any]:
+    """A task group for controllers; whatever is still running at the end is stopped."""
+    async with anyio.create_task_group() as tg:
+        yield tg
+        tg.cancel_scope.cancel()
+
+
+# --- objects -------------------------------------------------------------------------------------
+
+
+async def create_gpu(kube: KubeClient, name: str, node: str, *, tflops: str = "100", vram: str = "40Gi",
+                     index: int = 0, model: str = "A100_SXM_40G") -> None:
+    await kube.create(r.GPUS, {"metadata": {"name": name, "labels": {tfa.GPU_POOL: POOL, tfa.MANAGED_BY: node}}})
+    await kube.patch(r.GPUS, name, {"status": {
+        "phase": "Running", "vendor": "NVIDIA", "gpuModel": model, "uuid": f"GPU-{name}", "index": index,
+        "message": "managed", "usedBy": "tensor-fusion", "isolationMode": "soft",
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "capacity": {"tflops": tflops, "vram": vram}, "available": {"tflops": tflops, "vram": vram},
+    }}, subresource="status")
+
+
+async def create_pool(kube: KubeClient, *, mode: str | None = None) -> None:
+    spec: dict[str, Any] = {"nodeManagerConfig": {}}
+    if mode is not None:
+        await kube.create(r.SCHEDULINGCONFIGTEMPLATES, {"metadata": {"name": "placement"},
+                                                        "spec": {"placement": {"mode": mode}}})
+        spec["schedulingConfigTemplate"] = "placement"
+    await kube.create(r.GPUPOOLS, {"metadata": {"name": POOL}, "spec": spec})
+
+
+async def create_quota(kube: KubeClient, namespace: str = "default") -> None:
+    await kube.create(r.GPURESOURCEQUOTAS, {"metadata": {"name": "budget", "namespace": namespace}, "spec": {
+        "total": {"requests": {"tflops": "400", "vram": "100Gi"}, "limits": {"tflops": "800", "vram": "200Gi"},
+                  "maxWorkers": 10}}})
+
+
+def worker(name: str, node: str | None, gpus: list[str], *, tflops: str, vram: str,
+           component: str = "worker") -> dict[str, Any]:
+    notes = {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: tflops, tfa.VRAM_REQUEST: vram,
+             tfa.TFLOPS_LIMIT: tflops, tfa.VRAM_LIMIT: vram, tfa.GPU_COUNT: str(len(gpus)),
+             tfa.GPU_IDS: ",".join(gpus)}
+    spec: dict[str, Any] = {"schedulerName": SCHEDULER, "containers": [{"name": "w", "image": "worker"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "default", "annotations": notes,
+                         "labels": {tfa.COMPONENT: component, tfa.WORKLOAD: name}}, "spec": spec}
+
+
+def probe_pod(*, tflops: str = "10", vram: str = "4Gi", scheduler: str = SCHEDULER) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": "default", "annotations": {
+                tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: tflops, tfa.VRAM_REQUEST: vram}},
+            "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "app"}]}}
+
+
+async def gpu_available(kube: KubeClient, name: str) -> dict[str, str]:
+    return dict(((await kube.get(r.GPUS, name)).get("status") or {}).get("available") or {})
+
+
+async def readiness(http: httpx.AsyncClient) -> dict[str, tuple[bool, str]]:
+    body = (await http.get("/readyz")).json()
+    return {c["name"]: (c["ready"], c["message"]) for c in body["conditions"]}
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await create_pool(kube, mode="CompactFirst")
+        await create_gpu(kube, "gpu-a1", "node-a", index=0)
+        await create_gpu(kube, "gpu-a2", "node-a", index=1)
+        await create_gpu(kube, "gpu-b1", "node-b", tflops="200", vram="80Gi", model="H100_SXM")
+        await create_quota(kube)
+
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
+            service, http = ctl.service, ctl.http
+
+            async def fed() -> Any:
+                body = (await http.get("/api/allocation")).json()
+                return body if len(body["gpuStore"]) == 3 else None
+
+            view = await eventually(fed, what="three GPUs in /api/allocation")
+            assert set(view) == {"gpuStore", "nodeWorkerStore", "allocation", "gpuToWorkerMap"}
+            assert sorted(view["gpuStore"]) == ["gpu-a1", "gpu-a2", "gpu-b1"], "plain names, no '/' prefix"
+            b1 = view["gpuStore"]["gpu-b1"]["status"]
+            assert b1["capacity"] == {"tflops": "200", "vram": "80Gi"} and b1["available"] == b1["capacity"]
+            assert b1["nodeSelector"] == {"kubernetes.io/hostname": "node-b"}
+            assert view["allocation"] == {} and view["nodeWorkerStore"] == {} and view["gpuToWorkerMap"] == {}
+            assert (await readiness(http))["allocator"][0] is True
+            allocator = service.allocator
+            assert allocator is not None
+            assert allocator.pool_config(POOL).placement_mode == "CompactFirst", "mode from the template"
+            before = allocator.snapshot()
+
+            # a pod that fits: JSON body, with a Content-Type that is not JSON
+            fit = await http.post("/api/simulate-schedule", content=json.dumps(probe_pod()),
+                                  headers={"Content-Type": "text/plain"})
+            assert fit.status_code == 200, fit.text
+            body = fit.json()
+            assert body["error"] is None
+            result = body["scheduleResult"]
+            assert result["SuggestedHost"] in ("node-a", "node-b")
+            assert result["EvaluatedNodes"] == 2 and result["FeasibleNodes"] == 2
+            stages = body["filterDetail"]["FilterStageDetails"]
+            resource = next(s for s in stages if s["FilterName"] == "ResourceFilter")
+            assert sorted(resource["After"]) == ["gpu-a1", "gpu-a2", "gpu-b1"] and resource["Diff"] == 0
+            assert body["gpuSchedulerState"]["ScoringStrategy"] == "CompactFirst"
+            assert len(body["gpuSchedulerState"]["FinalGPUs"]) == 1
+
+            # a pod that fits only the big GPU: YAML body, the trail says who was removed and why
+            big = await http.post("/api/simulate-schedule", content=yaml.safe_dump(probe_pod(vram="60Gi")),
+                                  headers={"Content-Type": "application/yaml"})
+            assert big.status_code == 200, big.text
+            body = big.json()
+            assert body["scheduleResult"]["SuggestedHost"] == "node-b" and body["error"] is None
+            resource = next(s for s in body["filterDetail"]["FilterStageDetails"]
+                            if s["FilterName"] == "ResourceFilter")
+            assert resource["After"] == ["gpu-b1"] and resource["Diff"] == 2
+            removed = {x["gpu"]: x["reason"] for x in resource["Removed"]}
+            assert removed["gpu-a1"] == "gpu-a1: VRAM available 40Gi < requested 60Gi"
+
+            # a pod that fits nowhere: per-node reasons
+            none = await http.post("/api/simulate-schedule", content=yaml.safe_dump(probe_pod(vram="100Gi")))
+            assert none.status_code == 200, none.text
+            body = none.json()
+            assert body["scheduleResult"]["SuggestedHost"] == "" and body["scheduleResult"]["FeasibleNodes"] == 0
+            error = body["error"]
+            assert error["type"] == "FitError" and error["numAllNodes"] == 2
+            nodes = error["diagnosis"]["nodeToStatus"]["nodes"]
+            assert sorted(nodes) == ["node-a", "node-b"]
+            assert any("VRAM available 80Gi < requested 100Gi" in reason for reason in nodes["node-b"]["reasons"])
+            assert all(n["code"] == "Unschedulable" for n in nodes.values())
+
+            # over the namespace quota (requests.vram 100Gi total): the quota says so
+            quota = await http.post("/api/simulate-schedule", content=json.dumps(probe_pod(vram="101Gi")))
+            assert quota.status_code == 200
+            assert "total.max.vram.request" in quota.json()["error"]["message"]
+
+            # the caller's mistakes
+            for content, needle in ((b"", "empty"), (b"{not json: [", "neither JSON nor YAML"),
+                                    (b"- just\n- a list\n", "must be a Pod manifest"),
+                                    (json.dumps({"kind": "Deployment", "spec": {}}).encode(), "kind"),
+                                    (json.dumps({"kind": "Pod", "metadata": {"name": "x"}}).encode(), "spec"),
+                                    (b"\xff\xfe\x00garbage", "UTF-8")):
+                bad = await http.post("/api/simulate-schedule", content=content)
+                assert bad.status_code == 400, (content, bad.text)
+                assert needle in bad.json()["error"], (content, bad.json())
+            no_pool = probe_pod()
+            del no_pool["metadata"]["annotations"][tfa.GPU_POOL]
+            bad = await http.post("/api/simulate-schedule", content=json.dumps(no_pool))
+            assert bad.status_code == 400 and tfa.GPU_POOL in bad.json()["error"]
+            bad_vram = probe_pod(vram="lots")
+            bad = await http.post("/api/simulate-schedule", content=json.dumps(bad_vram))
+            assert bad.status_code == 400 and tfa.VRAM_REQUEST in bad.json()["error"]
+            wrong = await http.post("/api/simulate-schedule",
+                                    content=json.dumps(probe_pod(scheduler="default-scheduler")))
+            assert wrong.status_code == 500 and wrong.json() == {"error": "scheduler framework not found"}
+
+            # no side effects
+            assert service.allocator is allocator and allocator.snapshot() == before
+            assert (await http.get("/api/allocation")).json() == view
+
+            metrics = (await http.get("/metrics")).text
+            assert "tfusion_allocator_live_allocations 0.0" in metrics
+            assert "tfusion_allocator_sync_duration_seconds_count" in metrics
+
+
+class RacingClient(KubeClient):
+    """A real client that, on its first GPU status PUT, lets another writer change the GPU first,
+    so that the PUT meets a genuine 409 Conflict from the API server."""
+
+    def __init__(self, api: Any, rival: KubeClient) -> None:
+        super().__init__(api)
+        self.rival = rival
+        self.raced: list[str] = []
+
+    async def replace(self, resource: r.Resource, obj: Any, *, namespace: str | None = None,
+                      subresource: str | None = None) -> dict[str, Any]:
+        if resource == r.GPUS and subresource == "status" and not self.raced:
+            name = obj["metadata"]["name"]
+            self.raced.append(name)
+            await self.rival.patch(r.GPUS, name, {"metadata": {"labels": {"touched-by": "rival"}}})
+        return await super().replace(resource, obj, namespace=namespace, subresource=subresource)
+
+
+async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await create_pool(kube)
+        await kube.create(r.GPUNODES, {"metadata": {"name": "node-a"}, "spec": {"manageMode": "AutoSelect"}})
+        await create_gpu(kube, "gpu-a1", "node-a", index=0)
+        await create_gpu(kube, "gpu-a2", "node-a", index=1)
+        await create_gpu(kube, "gpu-b1", "node-b")
+        await create_quota(kube)
+        # worker pods as the scheduler leaves them: bound, with gpu-ids and the request annotations
+        p1 = await kube.create(r.PODS, worker("p1", "node-a", ["gpu-a1"], tflops="20", vram="4Gi"))
+        p2 = await kube.create(r.PODS, worker("p2", "node-a", ["gpu-a1", "gpu-a2"], tflops="10", vram="2Gi"))
+        p3 = await kube.create(r.PODS, worker("p3", "node-b", ["gpu-b1"], tflops="30", vram="8Gi"))
+        await kube.create(r.PODS, worker("done", "node-b", ["gpu-b1"], tflops="50", vram="10Gi"))
+        await kube.patch(r.PODS, "done", {"status": {"phase": "Succeeded"}}, subresource="status")
+        await kube.create(r.PODS, worker("unbound", None, ["gpu-b1"], tflops="50", vram="10Gi"))
+        await kube.create(r.PODS, worker("client", "node-b", ["gpu-b1"], tflops="50", vram="10Gi",
+                                         component="client"))
+
+        def racing(runtime: ControllerRuntime) -> None:
+            runtime.client = RacingClient(runtime.client.api, kube)
+            configure(runtime)
+
+        settings = settings_for(apiserver, tmp_path, leader_elect=True, pod_name="leader-1")
+        async with controllers() as tg:
+            leader = await start_controller(tg, settings, prepare=racing)
+            service, http = leader.service, leader.http
+
+            async def recovered() -> Any:
+                body = (await http.get("/api/allocation")).json()
+                return body if len(body["allocation"]) == 3 else None
+
+            view = await eventually(recovered, what="three recovered allocations")
+            assert leader.runtime.is_leader
+            assert sorted(service.recovered) == sorted(p["metadata"]["uid"] for p in (p1, p2, p3))
+            assert view["nodeWorkerStore"] == {"node-a": {"default/p1": True, "default/p2": True},
+                                               "node-b": {"default/p3": True}}
+            assert sorted(w["podName"] for w in view["gpuToWorkerMap"]["gpu-a1"]) == ["p1", "p2"]
+            assert view["allocation"][p2["metadata"]["uid"]]["GPUNames"] == ["gpu-a1", "gpu-a2"]
+            assert (await readiness(http))["allocator"] == (True, "leader: recovered 3 allocation(s) on 3 GPU(s)")
+
+            # written back: capacity minus the requests of the live workers
+            expected = {"gpu-a1": {"tflops": "70", "vram": "34Gi"}, "gpu-a2": {"tflops": "90", "vram": "38Gi"},
+                        "gpu-b1": {"tflops": "70", "vram": "32Gi"}}
+
+            async def written() -> bool:
+                return all([await gpu_available(kube, n) == v for n, v in expected.items()])
+
+            await eventually(written, what="GPU status.available written back")
+            a1 = await kube.get(r.GPUS, "gpu-a1")
+            apps = {app["name"]: app for app in a1["status"]["runningApps"]}
+            assert sorted(apps) == ["p1", "p2"] and apps["p1"]["pods"][0]["uid"] == p1["metadata"]["uid"]
+            assert apps["p1"]["pods"][0]["requests"] == {"tflops": "20", "vram": "4Gi"}
+            assert a1["status"]["capacity"] == {"tflops": "100", "vram": "40Gi"}, "hypervisor fields kept"
+            # the first status PUT met a real 409 (another writer got in between) and was retried
+            # on the fresh object: both the rival's change and our status are there
+            client = leader.runtime.client
+            assert isinstance(client, RacingClient) and len(client.raced) == 1
+            raced = await kube.get(r.GPUS, client.raced[0])
+            assert raced["metadata"]["labels"]["touched-by"] == "rival"
+            assert raced["status"]["available"] == expected[client.raced[0]]
+            metrics = (await http.get("/metrics")).text
+            assert 'tfusion_allocator_status_writes_total{kind="gpu",result="conflict"} 1.0' in metrics
+            node = await kube.get(r.GPUNODES, "node-a")
+            assert tfa.LAST_SYNC in node["metadata"].get("annotations", {})
+
+            async def quota_used() -> Any:
+                status = (await kube.get(r.GPURESOURCEQUOTAS, "budget", namespace="default")).get("status") or {}
+                return status if status.get("used", {}).get("workers") == 3 else None
+
+            quota = await eventually(quota_used, what="quota status.used")
+            assert quota["used"]["requests"] == {"tflops": "70", "vram": "16Gi"}  # 20 + 2x10 + 30, 4 + 2x2 + 8
+            assert quota["availablePercent"]["workers"] == "70.00"
+            assert quota["conditions"][0]["type"] == "Ready" and quota["conditions"][0]["status"] == "True"
+            assert quota["lastUpdateTime"]
+
+            # deletion releases; the API shows the freed capacity after a sync
+            await kube.delete(r.PODS, "p1", namespace="default", grace_period_seconds=0)
+
+            async def p1_released() -> bool:
+                return await gpu_available(kube, "gpu-a1") == {"tflops": "90", "vram": "38Gi"}
+
+            await eventually(p1_released, what="gpu-a1 freed after p1 was deleted")
+            # a finished worker releases too
+            await kube.patch(r.PODS, "p2", {"status": {"phase": "Failed"}}, subresource="status")
+
+            async def p2_released() -> bool:
+                return (await gpu_available(kube, "gpu-a1") == {"tflops": "100", "vram": "40Gi"}
+                        and await gpu_available(kube, "gpu-a2") == {"tflops": "100", "vram": "40Gi"})
+
+            await eventually(p2_released, what="gpu-a1 and gpu-a2 freed after p2 failed")
+            await eventually(lambda: quota_workers(kube, 1), what="quota workers back to 1")
+
+            # the hypervisor reports a new capacity (and, wrongly, available = capacity): the change
+            # is applied as a delta, and available stays capacity minus requests
+            await kube.patch(r.GPUS, "gpu-b1", {"status": {"capacity": {"tflops": "150", "vram": "48Gi"},
+                                                           "available": {"tflops": "150", "vram": "48Gi"}}},
+                             subresource="status")
+
+            async def resized() -> bool:
+                return await gpu_available(kube, "gpu-b1") == {"tflops": "120", "vram": "40Gi"}
+
+            await eventually(resized, what="gpu-b1 available after the capacity change")
+
+            # a worker bound after recovery (by another process) is adopted from its annotations
+            await kube.create(r.PODS, worker("late", "node-a", ["gpu-a2"], tflops="5", vram="1Gi"))
+
+            async def adopted() -> bool:
+                return await gpu_available(kube, "gpu-a2") == {"tflops": "95", "vram": "39Gi"}
+
+            await eventually(adopted, what="the late worker adopted")
+            leader_view = (await http.get("/api/allocation")).json()
+            assert sorted(leader_view["nodeWorkerStore"]["node-a"]) == ["default/late"]
+
+            # a second replica waits as a follower: empty stores, simulate refused, ready as standby
+            follower = await start_controller(
+                tg, settings_for(apiserver, tmp_path, leader_elect=True, pod_name="follower-1"))
+            fhttp = follower.http
+            await anyio.sleep(0.3)
+            assert not follower.runtime.is_leader
+            assert (await fhttp.get("/api/allocation")).json() == {
+                "gpuStore": {}, "nodeWorkerStore": {}, "allocation": {}, "gpuToWorkerMap": {}}
+            refused = await fhttp.post("/api/simulate-schedule", content=json.dumps(probe_pod()))
+            assert refused.status_code == 503 and "not the leader" in refused.json()["error"]
+            assert (await readiness(fhttp))["allocator"] == (True, "standby: not the leader")
+
+            # the leader stops (releasing the Lease); the follower takes over and rebuilds the same state
+            await leader.stop()
+
+            async def took_over() -> Any:
+                body = (await fhttp.get("/api/allocation")).json()
+                return body if body["allocation"] else None
+
+            assert await eventually(took_over, what="the follower's recovered view") == leader_view
+            assert follower.runtime.is_leader and follower.service.allocator is not None
+            assert follower.service.allocator.dirty_gpus() == set(), "nothing to rewrite after a clean hand-over"
+
+
+async def test_requests_wait_for_recovery_and_late_gpus_are_adopted(apiserver: Any, tmp_path: Path) -> None:
+    """No CRDs yet: the GPU informer cannot sync, so the leader has not recovered and allocation
+    requests wait; once the kinds exist the answer comes. A worker whose GPU object appears only
+    after recovery is adopted when it does."""
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        await kube.create(r.PODS, worker("early", "node-a", ["gpu-a1"], tflops="25", vram="5Gi"))
+        ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
+        answers: list[httpx.Response] = []
+
+        async def ask() -> None:
+            answers.append(await ctl.http.get("/api/allocation"))
+
+        tg.start_soon(ask)
+        await anyio.sleep(0.5)
+        assert answers == [], "answered before the allocations were recovered"
+        ready, message = (await readiness(ctl.http))["allocator"]
+        assert not ready and "waiting for the informers" in message
+        assert (await ctl.http.post("/api/simulate-schedule", content=b"")).status_code == 400, \
+            "bad bodies are refused at once"
+
+        await apply_crds(apiserver)
+        async def answered() -> bool:
+            return bool(answers)
+
+        await eventually(answered, what="the waiting request answered")
+        assert answers[0].status_code == 200 and answers[0].json()["gpuStore"] == {}
+        assert (await readiness(ctl.http))["allocator"][0] is True
+
+        await create_pool(kube)
+        await create_gpu(kube, "gpu-a1", "node-a")
+
+        async def adopted() -> bool:
+            return await gpu_available(kube, "gpu-a1") == {"tflops": "75", "vram": "35Gi"}
+
+        await eventually(adopted, what="the early worker adopted once its GPU appeared")
+        view = (await ctl.http.get("/api/allocation")).json()
+        assert view["nodeWorkerStore"] == {"node-a": {"default/early": True}}
+
+
+async def test_orphan_sweep_and_assumed_expiry(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        await create_pool(kube)
+        await create_gpu(kube, "gpu-a1", "node-a")
+
+        def prepare(runtime: ControllerRuntime) -> None:
+            AllocatorService(runtime, orphan_sweep_interval=0.2, assume_ttl=0.6).attach()
+
+        ctl = await start_controller(tg, settings_for(apiserver, tmp_path), prepare=prepare)
+        service = ctl.service
+
+        async def recovered() -> Any:
+            return service.allocator
+
+        allocator = await eventually(recovered, what="recovery")
+        await kube.create(r.PODS, worker("live", "node-a", ["gpu-a1"], tflops="10", vram="2Gi"))
+        await eventually(lambda: gpu_is(kube, "gpu-a1", "90", "38Gi"), what="the live worker adopted")
+
+        # a committed allocation whose pod the API never had (its deletion event was missed)
+        ghost = request_from_pod({"metadata": {"name": "ghost", "namespace": "default", "uid": "ghost-uid",
+                                               "annotations": {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "30",
+                                                               tfa.VRAM_REQUEST: "10Gi"}}})
+        allocator.assume(ghost, ["gpu-a1"])
+        allocator.commit("ghost-uid")
+        # and an assumed one that is never committed
+        pending = request_from_pod({"metadata": {"name": "pending", "namespace": "default",
+                                                 "uid": "pending-uid", "annotations": {
+                                                     tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "5"}}})
+        allocator.assume(pending, ["gpu-a1"])
+        assert "ghost-uid" in (await ctl.http.get("/api/allocation")).json()["allocation"]
+
+        async def swept() -> bool:
+            return not allocator.has_allocation("ghost-uid") and not allocator.has_allocation("pending-uid")
+
+        await eventually(swept, what="ghost released and pending expired")
+        assert allocator.has_allocation(next(iter(allocator.allocations())))  # the live worker stays
+        assert [a.request.pod_name for a in allocator.allocations().values()] == ["live"]
+        await eventually(lambda: gpu_is(kube, "gpu-a1", "90", "38Gi"), what="the API back to the live worker")
+        metrics = (await ctl.http.get("/metrics")).text
+        assert 'tfusion_allocator_releases_total{reason="orphan"} 1.0' in metrics
+        assert 'tfusion_allocator_releases_total{reason="expired"} 1.0' in metrics
+
+
+async def gpu_is(kube: KubeClient, name: str, tflops: str, vram: str) -> bool:
+    return await gpu_available(kube, name) == {"tflops": tflops, "vram": vram}
+
+
+async def quota_workers(kube: KubeClient, workers: int) -> bool:
+    status = (await kube.get(r.GPURESOURCEQUOTAS, "budget", namespace="default")).get("status") or {}
+    return bool(status.get("used", {}).get("workers") == workers)
+
+
+def test_request_annotations_match_what_recovery_reads() -> None:
+    req = request_from_pod(worker("p", "n", ["gpu-1", "gpu-2"], tflops="10", vram="2Gi"))
+    assert req.count == 2 and req.gpu_names == ("gpu-1", "gpu-2") and req.vram_request == 2 * 1024**3

@@ -1,0 +1,653 @@
+"""AllocatorService: the controller's owner of the pure `GpuAllocator`, fed from and written back to the API.
+
+Why it exists: the allocator (tfusion/allocator) has no I/O; something has to keep it in step with
+the cluster, rebuild it after a restart, and persist what it decides. That is this module, and it
+runs only on the elected leader (followers keep no allocator state; the next leader rebuilds).
+
+- **Feeds.** Informer handlers (registered on every replica, acting only while this replica holds
+  a recovered allocator): GPU add/update -> `upsert_gpu` (a capacity change moves available by the
+  same delta; `status.available`, `runningApps` and `allocatedPartitions` are the allocator's
+  output and are never read back from the cache), GPU delete -> `remove_gpu`; GPUResourceQuota spec
+  -> `set_quota`/`remove_quota`; a GPUPool's `spec.schedulingConfigTemplate` (its template's
+  `spec.placement.mode`) and `spec.capacityConfig.oversubscription` -> `set_pool_config`.
+- **Recovery.** On becoming leader: wait for the GPU, quota, pool, template and pod informers to
+  sync, then rebuild everything from their caches: GPUs, quotas, pools, and every worker pod
+  (label `<domain>/component=worker`, `spec.nodeName` set, annotation `<domain>/gpu-ids` present,
+  not finished, and not (deleting with our finalizer gone)) through `restore`. Only GPUs whose
+  stored status differs from the rebuilt one are marked dirty. Until then every allocation
+  request waits on an `anyio.Event` gate (`wait_ready`). A worker pod that shows up bound with
+  `gpu-ids` the allocator does not know (bound by another process) is adopted the same way, and a
+  worker naming a GPU object that does not exist yet is adopted when that GPU appears.
+- **Persistence.** Every `Settings.sync_interval` (10 s by default): each dirty GPU is read (GET)
+  and its `status.available` / `status.runningApps` written with a PUT to the status subresource,
+  conditioned on the resourceVersion just read; a 409 re-reads and retries, any other failure puts
+  the GPU back on the dirty list. Then the GPUNodes of the written GPUs get the
+  `<domain>/last-sync` annotation, then dirty quotas get `status.used`, `availablePercent`,
+  `conditions` (Ready; lastTransitionTime kept while the status does not change) and
+  `lastUpdateTime` (merge patch of the status subresource; failures retried next round).
+- **Release.** A deleted worker pod, or one in phase Succeeded/Failed, releases its allocation.
+  An orphan sweep (every 3 minutes by default) GETs every allocated pod and releases those that are
+  gone (or replaced by a pod with another UID, or finished), and expires assumed allocations older
+  than the assume TTL (30 minutes by default).
+- **Observability.** Readiness condition "allocator" (followers: ready, "standby"; leader: ready
+  once recovered); metrics `tfusion_allocator_*` in the runtime's registry.
+
+HTTP (allocation_http.py) serves `GET /api/allocation` from `allocation_view.build` and
+`POST /api/simulate-schedule`. Fixed against the original on purpose: its /api/allocation keyed
+`gpuStore` by `NamespacedName.String()`, i.e. "/<name>" for these cluster-scoped GPU objects; here
+every GPU key is the plain GPU name, the same key as in `gpuToWorkerMap` and `GPUNames`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from prometheus_client import Counter, Gauge, Histogram
+
+from tfusion.allocator import (
+    AllocatorError,
+    AllocRequest,
+    GpuAllocator,
+    GpuObjectError,
+    PlacementModeError,
+    PoolConfig,
+    QuotaSpecError,
+    RequestError,
+    gpu_from_object,
+    quota_from_object,
+    request_from_pod,
+)
+from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL
+from tfusion.api import annotations as tfa
+from tfusion.api.annotations import AnnotationError
+from tfusion.kube import resources as r
+from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+CONDITION = "allocator"
+ORPHAN_SWEEP_INTERVAL = 180.0
+#: how long an allocation request waits for leader recovery before 503
+READY_TIMEOUT = 30.0
+STATUS_WRITE_ATTEMPTS = 5
+WRITE_CONCURRENCY = 8
+FINISHED_PHASES = ("Succeeded", "Failed")
+WORKER = "worker"
+
+Obj = dict[str, Any]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _now() -> str:
+    return tfa.format_timestamp(datetime.now(UTC))
+
+
+def is_live_worker(pod: Mapping[str, Any]) -> bool:
+    """A worker pod whose GPUs are still held: bound, with gpu-ids, not finished, not being
+    deleted after our finalizer has gone (the recovery rule of the original, plus "not finished")."""
+    meta = _meta(pod)
+    if (meta.get("labels") or {}).get(tfa.COMPONENT) != WORKER:
+        return False
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return False
+    if not (meta.get("annotations") or {}).get(tfa.GPU_IDS):
+        return False
+    if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+        return False
+    return not (meta.get("deletionTimestamp") and tfa.FINALIZER not in (meta.get("finalizers") or []))
+
+
+def worker_request(pod: Mapping[str, Any], allocator: GpuAllocator) -> tuple[AllocRequest, tuple[str, ...]]:
+    """The allocation a bound worker pod holds, from its annotations (raises RequestError).
+
+    A pod that names no pool gets the pool of its first GPU."""
+    notes = _meta(pod).get("annotations") or {}
+    try:
+        names = tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)
+    except AnnotationError as exc:
+        raise RequestError(exc.key, exc.value, exc.allowed, detail=exc.detail) from None
+    default_pool = allocator.gpu_info(names[0]).pool if knows_gpu(allocator, names[0]) else None
+    req = request_from_pod(pod, default_pool=default_pool)
+    return req, names
+
+
+def knows_gpu(allocator: GpuAllocator, name: str) -> bool:
+    try:
+        allocator.gpu_info(name)
+    except KeyError:
+        return False
+    return True
+
+
+class AllocatorMetrics:
+    """The `tfusion_allocator_*` families."""
+
+    def __init__(self, service: AllocatorService) -> None:
+        registry = service.runtime.registry
+        self.allocations = Counter(
+            "tfusion_allocator_allocations", "allocations recorded by the leader, by result "
+            "(restored at recovery, adopted from a bound pod, scheduled; failed = refused)",
+            ["result"], registry=registry)
+        self.releases = Counter(
+            "tfusion_allocator_releases", "allocations released, by reason", ["reason"], registry=registry)
+        self.writes = Counter(
+            "tfusion_allocator_status_writes", "status writes to the API, by object kind and result",
+            ["kind", "result"], registry=registry)
+        self.sync_duration = Histogram(
+            "tfusion_allocator_sync_duration_seconds", "one status sync round (GPUs, GPUNodes, quotas)",
+            registry=registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.recovery_duration = Gauge(
+            "tfusion_allocator_recovery_duration_seconds", "how long the last leader recovery took",
+            registry=registry)
+        dirty = Gauge("tfusion_allocator_dirty_gpus", "GPUs whose status awaits the next sync",
+                      registry=registry)
+        dirty.set_function(lambda: float(service.dirty_count()))
+        live = Gauge("tfusion_allocator_live_allocations", "allocations held (assumed and committed)",
+                     registry=registry)
+        live.set_function(lambda: float(service.live_count()))
+
+
+class AllocatorService:
+    """Owns the leader's `GpuAllocator`; see the module docstring. Call `attach()` once, in
+    `configure()`, before the runtime serves."""
+
+    def __init__(self, runtime: ControllerRuntime, *, orphan_sweep_interval: float = ORPHAN_SWEEP_INTERVAL,
+                 assume_ttl: float = DEFAULT_ASSUME_TTL, ready_timeout: float = READY_TIMEOUT) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.orphan_sweep_interval = orphan_sweep_interval
+        self.assume_ttl = assume_ttl
+        self.ready_timeout = ready_timeout
+        self._allocator: GpuAllocator | None = None
+        self._ready = anyio.Event()
+        self._quota_names: dict[str, str] = {}  # namespace -> name of the quota fed to the allocator
+        self._quota_retry: set[str] = set()
+        #: live workers naming a GPU the allocator does not know yet (uid -> pod): adopted when it appears
+        self._waiting: dict[str, Obj] = {}
+        self.metrics = AllocatorMetrics(self)
+        self.recovered: list[str] = []  # pod UIDs restored by the last recovery
+        self.skipped: list[tuple[str, str]] = []  # (pod, reason) the last recovery could not restore
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    def attach(self) -> AllocatorService:
+        from tfusion.controller.allocation_http import allocation_handlers
+
+        rt = self.runtime
+        rt.informer(r.GPUS).add_handler(on_add=self._on_gpu, on_update=self._on_gpu_update,
+                                        on_delete=self._on_gpu_delete)
+        rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._on_quota, on_update=self._on_quota_update,
+                                                     on_delete=self._on_quota_delete)
+        rt.informer(r.GPUPOOLS).add_handler(on_add=self._on_pool, on_update=self._on_pool_update,
+                                            on_delete=self._on_pool_delete)
+        rt.informer(r.SCHEDULINGCONFIGTEMPLATES).add_handler(
+            on_add=self._on_template, on_update=self._on_template_update, on_delete=self._on_template)
+        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update,
+                                        on_delete=self._on_pod_delete)
+        rt.add_leader_task(self.run_leader)
+        rt.routes.extend(allocation_handlers(self))
+        if self.settings.leader_elect:
+            rt.readiness.set(CONDITION, True, "standby: not the leader")
+        else:
+            rt.readiness.set(CONDITION, False, "waiting to recover the allocations")
+        return self
+
+    @property
+    def allocator(self) -> GpuAllocator | None:
+        """The recovered allocator while this replica leads, else None."""
+        return self._allocator
+
+    def dirty_count(self) -> int:
+        return len(self._allocator.dirty_gpus()) if self._allocator is not None else 0
+
+    def live_count(self) -> int:
+        return len(self._allocator.allocations()) if self._allocator is not None else 0
+
+    def count_allocation(self, ok: bool) -> None:
+        """For the scheduler: one placement recorded (ok) or refused."""
+        self.metrics.allocations.labels("scheduled" if ok else "failed").inc()
+
+    async def wait_ready(self, timeout: float | None = None) -> GpuAllocator | None:
+        """The allocator once recovered; None when this replica is not the leader.
+
+        Raises TimeoutError when this replica leads but recovery does not finish within `timeout`
+        (default `ready_timeout`)."""
+        with anyio.fail_after(self.ready_timeout if timeout is None else timeout):
+            while True:
+                allocator = self._allocator
+                if allocator is not None:
+                    return allocator
+                if not self.runtime.is_leader:
+                    return None
+                gate = self._ready
+                with anyio.move_on_after(0.5):  # leadership may start or end without the gate moving
+                    await gate.wait()
+
+    # --- leader lifecycle -----------------------------------------------------------------------
+
+    async def run_leader(self) -> None:
+        """Leader-only task: recover, then sync and sweep until leadership ends (cancellation)."""
+        rt = self.runtime
+        try:
+            rt.readiness.set(CONDITION, False, "leader: waiting for the informers to sync")
+            informers = [rt.informer(res) for res in (r.GPUS, r.GPURESOURCEQUOTAS, r.GPUPOOLS,
+                                                      r.SCHEDULINGCONFIGTEMPLATES, r.PODS)]
+            for informer in informers:
+                await informer.wait_synced()
+            started = time.monotonic()
+            allocator = self._rebuild()
+            self._allocator = allocator
+            self._ready.set()
+            self.metrics.recovery_duration.set(time.monotonic() - started)
+            rt.readiness.set(CONDITION, True, f"leader: recovered {len(self.recovered)} allocation(s) on "
+                                              f"{len(allocator.gpu_names())} GPU(s)")
+            log.info("allocator recovered %d allocation(s), skipped %d, %d GPU(s), %d dirty",
+                     len(self.recovered), len(self.skipped), len(allocator.gpu_names()),
+                     len(allocator.dirty_gpus()))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._sync_loop)
+                tg.start_soon(self._sweep_loop)
+        finally:
+            self._end_term()
+
+    def _end_term(self) -> None:
+        self._allocator = None
+        self._quota_names.clear()
+        self._quota_retry.clear()
+        self._waiting.clear()
+        gate, self._ready = self._ready, anyio.Event()
+        gate.set()  # wake waiters: they see no allocator and re-check leadership
+        if self.settings.leader_elect:
+            self.runtime.readiness.set(CONDITION, True, "standby: not the leader")
+        else:
+            self.runtime.readiness.set(CONDITION, False, "stopped")
+
+    def _rebuild(self) -> GpuAllocator:
+        """A fresh allocator from the informer caches (no await: one consistent snapshot)."""
+        rt = self.runtime
+        allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node,
+                                 assume_ttl=self.assume_ttl)
+        self._quota_names.clear()
+        for pool in rt.informer(r.GPUPOOLS).list():
+            self._apply_pool(allocator, pool)
+        gpu_cache = rt.informer(r.GPUS)
+        for gpu in gpu_cache.list():
+            self._apply_gpu(allocator, gpu)
+        for quota in rt.informer(r.GPURESOURCEQUOTAS).list():
+            self._apply_quota(allocator, quota)
+        entries: list[tuple[AllocRequest, tuple[str, ...]]] = []
+        skipped: list[tuple[str, str]] = []
+        self._waiting.clear()
+        for pod in rt.informer(r.PODS).list():
+            if not is_live_worker(pod):
+                continue
+            try:
+                req, gpus = worker_request(pod, allocator)
+            except RequestError as exc:
+                skipped.append((_pod_ref(pod), str(exc)))
+                continue
+            if not all(knows_gpu(allocator, g) for g in gpus):
+                self._waiting[req.pod_uid] = pod
+                skipped.append((_pod_ref(pod), f"unknown GPU(s) in {list(gpus)}; adopted when they appear"))
+                continue
+            entries.append((req, gpus))
+        names = {req.pod_uid: f"{req.namespace}/{req.pod_name}" for req, _ in entries}
+        for uid, reason in allocator.restore(entries):
+            skipped.append((names.get(uid, uid), reason))
+        for pod_ref, reason in skipped:
+            log.warning("recovery: cannot restore the allocation of pod %s: %s", pod_ref, reason)
+        self.recovered = sorted(uid for uid in names if allocator.has_allocation(uid))
+        self.skipped = skipped
+        self.metrics.allocations.labels("restored").inc(len(self.recovered))
+        self.metrics.allocations.labels("failed").inc(len(skipped))
+        # write back only what differs from what the API already holds
+        allocator.take_dirty()
+        changed = []
+        for name in allocator.gpu_names():
+            cached = gpu_cache.get(name)
+            status = (cached or {}).get("status") or {}
+            wanted = allocator.gpu_status(name)
+            if status.get("available") != wanted["available"] or \
+                    (status.get("runningApps") or []) != wanted["runningApps"]:
+                changed.append(name)
+        allocator.mark_dirty(changed)
+        return allocator
+
+    # --- feeding --------------------------------------------------------------------------------
+
+    def _apply_gpu(self, allocator: GpuAllocator, obj: Obj) -> None:
+        try:
+            allocator.upsert_gpu(gpu_from_object(obj))
+        except GpuObjectError as exc:
+            log.warning("ignoring GPU %s: %s", _meta(obj).get("name"), exc)
+        except AllocatorError as exc:
+            log.error("cannot apply GPU %s: %s", _meta(obj).get("name"), exc)
+
+    def _on_gpu(self, obj: Obj) -> None:
+        allocator = self._allocator
+        if allocator is None:
+            return
+        self._apply_gpu(allocator, obj)
+        name = str(_meta(obj).get("name"))
+        for pod in list(self._waiting.values()):
+            notes = _meta(pod).get("annotations") or {}
+            if name in (part.strip().lower() for part in str(notes.get(tfa.GPU_IDS, "")).split(",")):
+                self._adopt(allocator, pod)
+
+    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
+        self._on_gpu(new)
+
+    def _on_gpu_delete(self, obj: Obj) -> None:
+        if self._allocator is not None:
+            self._allocator.remove_gpu(str(_meta(obj).get("name")))
+
+    def _apply_quota(self, allocator: GpuAllocator, obj: Obj) -> None:
+        try:
+            namespace, spec = quota_from_object(obj)
+        except QuotaSpecError as exc:
+            log.warning("ignoring GPUResourceQuota %s/%s: %s", _meta(obj).get("namespace"),
+                        _meta(obj).get("name"), exc)
+            self.runtime.events.warning(obj, "InvalidQuota", str(exc))
+            return
+        allocator.set_quota(namespace, spec)
+        self._quota_names[namespace] = str(_meta(obj).get("name"))
+
+    def _on_quota(self, obj: Obj) -> None:
+        if self._allocator is not None:
+            self._apply_quota(self._allocator, obj)
+
+    def _on_quota_update(self, old: Obj | None, new: Obj) -> None:
+        if old is not None and old.get("spec") == new.get("spec"):
+            return  # our own status write coming back
+        self._on_quota(new)
+
+    def _on_quota_delete(self, obj: Obj) -> None:
+        meta = _meta(obj)
+        namespace = str(meta.get("namespace") or "")
+        if self._allocator is not None and self._quota_names.get(namespace) == meta.get("name"):
+            self._allocator.remove_quota(namespace)
+            del self._quota_names[namespace]
+
+    def _pool_config(self, pool: Mapping[str, Any]) -> PoolConfig:
+        spec = pool.get("spec") or {}
+        mode = PoolConfig().placement_mode
+        template_name = spec.get("schedulingConfigTemplate")
+        if template_name:
+            template = self.runtime.informer(r.SCHEDULINGCONFIGTEMPLATES).get(str(template_name))
+            if template is None:
+                log.info("pool %s: SchedulingConfigTemplate %s not found; using %s",
+                         _meta(pool).get("name"), template_name, mode)
+            else:
+                mode = ((template.get("spec") or {}).get("placement") or {}).get("mode") or mode
+        over = ((spec.get("capacityConfig") or {}).get("oversubscription")) or {}
+        defaults = PoolConfig()
+        return PoolConfig(
+            placement_mode=str(mode),
+            tflops_oversell_ratio=int(over.get("tflopsOversellRatio", defaults.tflops_oversell_ratio)),
+            vram_expand_to_host_mem=int(over.get("vramExpandToHostMem", defaults.vram_expand_to_host_mem)),
+            vram_expand_to_host_disk=int(over.get("vramExpandToHostDisk", defaults.vram_expand_to_host_disk)),
+        )
+
+    def _apply_pool(self, allocator: GpuAllocator, pool: Mapping[str, Any]) -> None:
+        name = str(_meta(pool).get("name"))
+        try:
+            allocator.set_pool_config(name, self._pool_config(pool))
+        except (PlacementModeError, TypeError, ValueError) as exc:
+            log.error("pool %s: %s; keeping its previous placement settings", name, exc)
+            self.runtime.events.warning(dict(pool), "InvalidSchedulingConfig", str(exc))
+
+    def _on_pool(self, obj: Obj) -> None:
+        if self._allocator is not None:
+            self._apply_pool(self._allocator, obj)
+
+    def _on_pool_update(self, old: Obj | None, new: Obj) -> None:
+        if old is not None and old.get("spec") == new.get("spec"):
+            return
+        self._on_pool(new)
+
+    def _on_pool_delete(self, obj: Obj) -> None:
+        if self._allocator is not None:
+            self._allocator.set_pool_config(str(_meta(obj).get("name")), PoolConfig())
+
+    def _on_template(self, obj: Obj) -> None:
+        allocator = self._allocator
+        if allocator is None:
+            return
+        name = _meta(obj).get("name")
+        for pool in self.runtime.informer(r.GPUPOOLS).list():
+            if (pool.get("spec") or {}).get("schedulingConfigTemplate") == name:
+                self._apply_pool(allocator, pool)
+
+    def _on_template_update(self, old: Obj | None, new: Obj) -> None:
+        self._on_template(new)
+
+    # --- pods -----------------------------------------------------------------------------------
+
+    def _on_pod(self, pod: Obj) -> None:
+        allocator = self._allocator
+        if allocator is None:
+            return
+        uid = str(_meta(pod).get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in FINISHED_PHASES:
+            self._waiting.pop(uid, None)
+            self._release(allocator, uid, "finished")
+        elif is_live_worker(pod) and uid and not allocator.has_allocation(uid):
+            self._adopt(allocator, pod)
+
+    def _on_pod_update(self, old: Obj | None, new: Obj) -> None:
+        self._on_pod(new)
+
+    def _on_pod_delete(self, pod: Obj) -> None:
+        self._waiting.pop(str(_meta(pod).get("uid") or ""), None)
+        if self._allocator is not None:
+            self._release(self._allocator, str(_meta(pod).get("uid") or ""), "deleted")
+
+    def _adopt(self, allocator: GpuAllocator, pod: Obj) -> None:
+        """A bound worker the allocator does not know: record what its annotations say it holds."""
+        uid = str(_meta(pod).get("uid") or "")
+        try:
+            req, names = worker_request(pod, allocator)
+        except RequestError as exc:
+            self._waiting.pop(uid, None)
+            log.warning("pod %s holds GPUs the allocator cannot read: %s", _pod_ref(pod), exc)
+            return
+        if not all(knows_gpu(allocator, g) for g in names):
+            if uid not in self._waiting:
+                log.info("pod %s holds GPU(s) %s not known yet; adopting it when they appear",
+                         _pod_ref(pod), ",".join(names))
+            self._waiting[uid] = pod
+            return
+        self._waiting.pop(uid, None)
+        skipped = allocator.restore([(req, names)])
+        if skipped:
+            log.warning("pod %s: cannot adopt its allocation: %s", _pod_ref(pod), skipped[0][1])
+            self.metrics.allocations.labels("failed").inc()
+        else:
+            log.info("adopted the allocation of pod %s on %s", _pod_ref(pod), ",".join(names))
+            self.metrics.allocations.labels("adopted").inc()
+
+    def _release(self, allocator: GpuAllocator, uid: str, reason: str) -> None:
+        if not uid:
+            return
+        # release even without an allocation: remembers the UID, so a late bind cannot resurrect it
+        if allocator.release(uid):
+            self.metrics.releases.labels(reason).inc()
+            log.info("released the allocation of pod %s (%s)", uid, reason)
+
+    # --- persistence ----------------------------------------------------------------------------
+
+    @property
+    def client(self) -> KubeClient:
+        return self.runtime.client
+
+    async def _sync_loop(self) -> None:
+        while True:
+            try:
+                await self.sync_once()
+            except Exception:  # a bug must not end leadership; the next round retries
+                log.exception("allocator status sync failed")
+            await anyio.sleep(self.settings.sync_interval)
+
+    async def sync_once(self) -> None:
+        """Write dirty GPUs, then their GPUNodes' last-sync, then dirty quotas."""
+        allocator = self._allocator
+        if allocator is None:
+            return
+        started = time.monotonic()
+        dirty = sorted(allocator.take_dirty())
+        gpu_nodes: set[str] = set()
+        failed: list[str] = []
+        limiter = anyio.Semaphore(WRITE_CONCURRENCY)
+
+        async def write(name: str) -> None:
+            async with limiter:
+                try:
+                    node = await self._write_gpu(allocator, name)
+                except KubeError as exc:
+                    log.warning("cannot write the status of GPU %s: %s; retrying next sync", name, exc)
+                    self.metrics.writes.labels("gpu", "error").inc()
+                    failed.append(name)
+                    return
+                if node:
+                    gpu_nodes.add(node)
+
+        async with anyio.create_task_group() as tg:
+            for name in dirty:
+                tg.start_soon(write, name)
+        allocator.mark_dirty(failed)
+        if dirty:
+            await self._touch_gpu_nodes(sorted(gpu_nodes))
+        quotas = allocator.take_dirty_quotas() | self._quota_retry
+        self._quota_retry = set()
+        for namespace in sorted(quotas):
+            try:
+                await self._write_quota(allocator, namespace)
+            except KubeError as exc:
+                log.warning("cannot write the status of the GPUResourceQuota in %s: %s", namespace, exc)
+                self.metrics.writes.labels("quota", "error").inc()
+                self._quota_retry.add(namespace)
+        self.metrics.sync_duration.observe(time.monotonic() - started)
+
+    async def _write_gpu(self, allocator: GpuAllocator, name: str) -> str | None:
+        """GET + PUT status, retried on conflict. Returns the GPU's GPUNode, None if nothing written."""
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                obj = await self.client.get(r.GPUS, name)
+            except NotFound:
+                return None  # deleted: the informer will remove it
+            if allocator is not self._allocator or not knows_gpu(allocator, name):
+                return None
+            status = dict(obj.get("status") or {})
+            wanted = allocator.gpu_status(name)
+            if status.get("available") == wanted["available"] and \
+                    (status.get("runningApps") or []) == wanted["runningApps"]:
+                return None
+            status.update(wanted)
+            obj["status"] = status
+            try:
+                await self.client.replace(r.GPUS, obj, subresource="status")
+            except Conflict:
+                self.metrics.writes.labels("gpu", "conflict").inc()
+                continue
+            except NotFound:
+                return None
+            self.metrics.writes.labels("gpu", "ok").inc()
+            labels = _meta(obj).get("labels") or {}
+            return str(labels.get(tfa.MANAGED_BY) or allocator.gpu_info(name).node or "") or None
+        raise Conflict({"reason": "Conflict", "code": 409,
+                        "message": f"GPU {name} changed {STATUS_WRITE_ATTEMPTS} times while its status "
+                                   "was being written"})
+
+    async def _touch_gpu_nodes(self, nodes: Iterable[str]) -> None:
+        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: _now()}}}
+        for node in nodes:
+            try:
+                await self.client.patch(r.GPUNODES, node, patch)
+                self.metrics.writes.labels("gpunode", "ok").inc()
+            except NotFound:
+                pass  # GPUs reported before their GPUNode exists
+            except KubeError as exc:
+                log.warning("cannot annotate GPUNode %s with %s: %s", node, tfa.LAST_SYNC, exc)
+                self.metrics.writes.labels("gpunode", "error").inc()
+
+    async def _write_quota(self, allocator: GpuAllocator, namespace: str) -> None:
+        name = self._quota_names.get(namespace)
+        if name is None:
+            return
+        cached = self.runtime.informer(r.GPURESOURCEQUOTAS).get(f"{namespace}/{name}") or {}
+        body = allocator.quota_status(namespace)
+        now = _now()
+        old_conditions = (cached.get("status") or {}).get("conditions") or []
+        conditions = []
+        for condition in body["conditions"]:
+            old = next((c for c in old_conditions if c.get("type") == condition["type"]), None)
+            keep = old is not None and old.get("status") == condition["status"] and old.get("lastTransitionTime")
+            conditions.append({**condition, "lastTransitionTime": old["lastTransitionTime"] if keep and old
+                               else now,
+                               "observedGeneration": int(_meta(cached).get("generation") or 0)})
+        patch = {"status": {"used": body["used"], "availablePercent": body["availablePercent"],
+                            "conditions": conditions, "lastUpdateTime": now}}
+        try:
+            await self.client.patch(r.GPURESOURCEQUOTAS, name, patch, namespace=namespace,
+                                    subresource="status")
+        except NotFound:
+            return
+        self.metrics.writes.labels("quota", "ok").inc()
+
+    # --- orphan sweep ---------------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.orphan_sweep_interval)
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("allocator orphan sweep failed")
+
+    async def sweep_once(self) -> list[str]:
+        """Release allocations whose pod is gone, replaced or finished; expire old assumed ones.
+        Returns the released and expired pod UIDs."""
+        allocator = self._allocator
+        if allocator is None:
+            return []
+        gone: list[str] = []
+        for uid, info in allocator.allocations(committed_only=True).items():
+            req = info.request
+            try:
+                pod = await self.client.get(r.PODS, req.pod_name, namespace=req.namespace)
+            except NotFound:
+                pod = None
+            except KubeError as exc:
+                log.warning("orphan sweep: cannot read pod %s/%s: %s", req.namespace, req.pod_name, exc)
+                continue
+            if allocator is not self._allocator:
+                return gone
+            alive = pod is not None and _meta(pod).get("uid") == uid and \
+                (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+            if not alive and allocator.release(uid):
+                self.metrics.releases.labels("orphan").inc()
+                log.info("orphan sweep: released pod %s/%s (%s)", req.namespace, req.pod_name, uid)
+                gone.append(uid)
+        for uid in allocator.expire_assumed():
+            self.metrics.releases.labels("expired").inc()
+            log.info("orphan sweep: assumed allocation of pod %s expired", uid)
+            gone.append(uid)
+        return gone
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> str:
+    meta = _meta(pod)
+    return f"{meta.get('namespace')}/{meta.get('name')}"
