@@ -74,15 +74,22 @@ def _first_role_error(group: BaseExceptionGroup[BaseException]) -> RoleError | N
 
 
 async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+    """Start roles in order; on a signal stop them in reverse order, so the controller can still
+    release its Lease through the embedded API server before that server closes."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(_stop_on_signal, stop, outer.cancel_scope)
         if "apiserver" in runners:
-            kubeconfig = await tg.start(_started, runners.pop("apiserver"), settings)
+            kubeconfig = await outer.start(_started, runners.pop("apiserver"), settings)
             if settings.kube_mode == "embedded":
                 settings = settings.replace(kube=str(kubeconfig))
-        for runner in runners.values():
-            await tg.start(_started, runner, settings)
-        log.info("tfusion running roles: %s", ", ".join(settings.roles))
+        async with anyio.create_task_group() as inner:
+            for runner in runners.values():
+                await inner.start(_started, runner, settings)
+            log.info("tfusion running roles: %s", ", ".join(settings.roles))
+            await stop.wait()
+            inner.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
     return 0
 
 
@@ -91,9 +98,12 @@ async def _started(runner: RoleRunner, settings: Settings, *,
     await runner(settings, task_status=task_status)
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+async def _stop_on_signal(stop: anyio.Event, startup_scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("received %s, shutting down", signal.Signals(signum).name)
-            scope.cancel()
-            return
+            stop.set()
+            # A second signal means "now": cancel everything, including roles still starting.
+            async for _ in signals:
+                startup_scope.cancel()
+                return

@@ -59,10 +59,14 @@ async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = Non
                             timeout_graceful_shutdown=1)
     server = Server(config)
     done = anyio.Event()
+    # uvicorn must run its own shutdown (lifespan included) rather than be cancelled mid-way, so it
+    # runs shielded and stops through should_exit; the scope is cancelled only if that overruns.
+    server_scope = anyio.CancelScope(shield=True)
 
     async def run_server() -> None:
         try:
-            await server.serve([sock])
+            with server_scope:
+                await server.serve([sock])
         finally:
             done.set()
 
@@ -76,10 +80,13 @@ async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = Non
         try:
             await done.wait()
         finally:
-            server.should_exit = server.force_exit = True
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            # Not force_exit yet: uvicorn skips the app's lifespan shutdown when forced. Open streams
+            # (watches) are cut by timeout_graceful_shutdown.
+            server.should_exit = True
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.5):
                 await done.wait()
-            tg.cancel_scope.cancel()
+            server.force_exit = True
+            server_scope.cancel()
 
 
 class Readiness:
@@ -128,4 +135,6 @@ def metrics_handler(registry: prometheus_client.CollectorRegistry) -> Any:
 def make_app(handlers: list[Any], *, title: str, **kwargs: Any) -> Litestar:
     from litestar.openapi import OpenAPIConfig
 
+    # logging_config=None: tfusion configures logging once in cli.py; Litestar must not reconfigure it.
+    kwargs.setdefault("logging_config", None)
     return Litestar(handlers, openapi_config=OpenAPIConfig(title=title, version="1"), **kwargs)

@@ -561,6 +561,13 @@ async def test_builtin_kinds_are_served(http: httpx.AsyncClient) -> None:
     assert secret.json()["data"] == {"user": "YWRtaW4="} and secret.json()["type"] == "Opaque"
     assert "stringData" not in secret.json()
     svc = (await http.get("/api/v1/namespaces/default/services/svc")).json()
+    assert svc["spec"]["clusterIP"].startswith("10.96.")
+    other = await http.post("/api/v1/namespaces/default/services", json={"metadata": {"name": "svc2"}, "spec": {}})
+    assert other.json()["spec"]["clusterIP"] not in ("", svc["spec"]["clusterIP"])
+    headless = await http.post(
+        "/api/v1/namespaces/default/services", json={"metadata": {"name": "hl"}, "spec": {"clusterIP": "None"}}
+    )
+    assert headless.json()["spec"]["clusterIP"] == "None"
     assert svc["spec"]["ports"][0]["targetPort"] == 80 and svc["spec"]["type"] == "ClusterIP"
     sa = (await http.get("/api/v1/namespaces/default/serviceaccounts/default")).json()
     assert sa["metadata"]["name"] == "default"

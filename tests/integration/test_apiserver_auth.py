@@ -257,6 +257,9 @@ async def test_mutating_webhook_over_https(tmp_path: Path, http: httpx.AsyncClie
             headers={"content-type": "application/merge-patch+json"},
         )
         assert updated.json()["metadata"]["labels"] == {"mutated": "update"}
+        generated = await http.post(PODS, json={**pod_body(""), "metadata": {"generateName": "gen-"}})
+        assert generated.status_code == 201 and generated.json()["metadata"]["labels"] == {"mutated": "create"}
+        assert hook.calls[-1]["name"] == "" and hook.calls[-1]["object"]["metadata"]["generateName"] == "gen-"
         skipped = await http.post(PODS, json=pod_body("skipped", {"skip": "1"}))
         assert skipped.json()["metadata"]["labels"] == {"skip": "1"}
         denied = await http.post(PODS, json=pod_body("deny-me"))

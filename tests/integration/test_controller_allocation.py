@@ -24,6 +24,7 @@ from tfusion.controller.allocation import AllocatorService
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
+from tfusion.kube.leader import LEASE_NAME, micro_time
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -132,8 +133,11 @@ async def create_gpu(kube: KubeClient, name: str, node: str, *, tflops: str = "1
     }}, subresource="status")
 
 
-async def create_pool(kube: KubeClient, *, mode: str | None = None) -> None:
+async def create_pool(kube: KubeClient, *, mode: str | None = None,
+                      oversubscription: dict[str, int] | None = None) -> None:
     spec: dict[str, Any] = {"nodeManagerConfig": {}}
+    if oversubscription is not None:
+        spec["capacityConfig"] = {"oversubscription": oversubscription}
     if mode is not None:
         await kube.create(r.SCHEDULINGCONFIGTEMPLATES, {"metadata": {"name": "placement"},
                                                         "spec": {"placement": {"mode": mode}}})
@@ -181,7 +185,7 @@ async def readiness(http: httpx.AsyncClient) -> dict[str, tuple[bool, str]]:
 async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube, mode="CompactFirst")
+        await create_pool(kube, mode="CompactFirst", oversubscription={"tflopsOversellRatio": 300})
         await create_gpu(kube, "gpu-a1", "node-a", index=0)
         await create_gpu(kube, "gpu-a2", "node-a", index=1)
         await create_gpu(kube, "gpu-b1", "node-b", tflops="200", vram="80Gi", model="H100_SXM")
@@ -206,6 +210,7 @@ async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: P
             allocator = service.allocator
             assert allocator is not None
             assert allocator.pool_config(POOL).placement_mode == "CompactFirst", "mode from the template"
+            assert allocator.pool_config(POOL).tflops_oversell_ratio == 300, "oversubscription from the pool"
             before = allocator.snapshot()
 
             # a pod that fits: JSON body, with a Content-Type that is not JSON
@@ -278,7 +283,26 @@ async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: P
 
             metrics = (await http.get("/metrics")).text
             assert "tfusion_allocator_live_allocations 0.0" in metrics
+            assert "tfusion_allocator_dirty_gpus 0.0" in metrics
             assert "tfusion_allocator_sync_duration_seconds_count" in metrics
+
+            # changes flow in from the informers: template mode, quota spec, GPU deletion
+            template = await kube.get(r.SCHEDULINGCONFIGTEMPLATES, "placement")
+            template["spec"]["placement"]["mode"] = "LowLoadFirst"
+            await kube.replace(r.SCHEDULINGCONFIGTEMPLATES, template)
+            await kube.patch(r.GPURESOURCEQUOTAS, "budget", {"spec": {"total": {"requests": {"vram": "1000Gi"},
+                                                                                "limits": {"vram": "2000Gi"}}}},
+                             namespace="default")
+            await kube.delete(r.GPUS, "gpu-a2")
+
+            async def changed() -> Any:
+                body = (await http.post("/api/simulate-schedule", content=json.dumps(probe_pod(vram="101Gi")))).json()
+                return body if body["gpuSchedulerState"]["ScoringStrategy"] == "LowLoadFirst" and \
+                    "ResourceFilter" in body["error"]["message"] and \
+                    len((await http.get("/api/allocation")).json()["gpuStore"]) == 2 else None
+
+            body = await eventually(changed, what="template, quota and GPU changes applied")
+            assert sorted(body["error"]["diagnosis"]["nodeToStatus"]["nodes"]) == ["node-a", "node-b"]
 
 
 class RacingClient(KubeClient):
@@ -435,6 +459,18 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             assert await eventually(took_over, what="the follower's recovered view") == leader_view
             assert follower.runtime.is_leader and follower.service.allocator is not None
             assert follower.service.allocator.dirty_gpus() == set(), "nothing to rewrite after a clean hand-over"
+
+            # another holder takes the Lease: the replica stops leading and drops its state
+            lease = await kube.get(r.LEASES, LEASE_NAME, namespace="tf-ops")
+            lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=60, renewTime=micro_time())
+            await kube.replace(r.LEASES, lease, namespace="tf-ops")
+
+            async def dropped() -> bool:
+                return follower.service.allocator is None and not follower.runtime.is_leader
+
+            await eventually(dropped, what="state dropped after losing the Lease")
+            assert (await fhttp.get("/api/allocation")).json()["allocation"] == {}
+            assert (await readiness(fhttp))["allocator"] == (True, "standby: not the leader")
 
 
 async def test_requests_wait_for_recovery_and_late_gpus_are_adopted(apiserver: Any, tmp_path: Path) -> None:

@@ -227,11 +227,12 @@ class GpuAllocator:
                 alloc = self._allocs.get(uid)
                 if alloc is None:
                     continue
+                slot.allocs[uid] = charge
                 if alloc.shared:
                     slot.shared_by = uid
-                slot.allocs[uid] = charge
-                slot.used_t += charge[0]
-                slot.used_v += charge[1]
+                else:
+                    slot.used_t += charge[0]
+                    slot.used_v += charge[1]
             slot.refresh()
             self._recharge_percent(slot)
         self._gpus[info.name] = slot

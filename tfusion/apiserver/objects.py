@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import random
 import time
 import uuid
@@ -103,19 +104,14 @@ class Engine:
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
-        if not meta.get("name"):
-            generate = meta.get("generateName")
-            if not generate:
-                raise errors.invalid(
-                    info.kind,
-                    info.group,
-                    "",
-                    [validation.required("metadata.name", "name or generateName is required")],
-                )
-            meta["name"] = generate + "".join(random.choices(_NAME_ALPHABET, k=5))
-        name = meta["name"]
+        name = meta.get("name") or ""
         if not isinstance(name, str):
             raise errors.bad_request("metadata.name must be a string")
+        generate = meta.get("generateName") or ""
+        if not name and (not generate or not isinstance(generate, str)):
+            raise errors.invalid(
+                info.kind, info.group, "", [validation.required("metadata.name", "name or generateName is required")]
+            )
         self.namespace_check(info, namespace, creating=True)
         for key in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(key, None)
@@ -123,6 +119,7 @@ class Engine:
             obj.pop("status", None)
         self._defaults(info, obj, None)
         if self.admit is not None:
+            # like kube-apiserver, webhooks see the request before generateName is resolved
             obj = await self.admit("CREATE", info, obj, None, dry_run)
             meta = obj["metadata"]
             meta["name"] = name
@@ -130,7 +127,14 @@ class Engine:
                 meta["namespace"] = namespace
         # from here on no await: the existence check and the write are one atomic step
         self.namespace_check(info, namespace, creating=True)
-        if self.store.get(info.storage_key, namespace if info.namespaced else "", name) is not None:
+        ns_key = namespace if info.namespaced else ""
+        if not name:
+            for _ in range(8):  # kube-apiserver retries generated names that collide
+                name = generate + "".join(random.choices(_NAME_ALPHABET, k=5))
+                if self.store.get(info.storage_key, ns_key, name) is None:
+                    break
+            meta["name"] = name
+        if self.store.get(info.storage_key, ns_key, name) is not None:
             raise errors.already_exists(info.plural, info.group, name)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
@@ -518,12 +522,41 @@ class Engine:
             labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
         elif key == "/services":
             validation.default_service(obj)
+            if old is None:
+                self._allocate_cluster_ip(obj)
+            else:
+                self._keep_cluster_ip(obj, old)
         elif key == "/secrets":
             validation.default_secret(obj)
         elif key == CRDS:
             crds.default_crd(obj)
         elif info.is_custom:
             crds.default_custom(info, obj)
+
+    def _allocate_cluster_ip(self, svc: dict[str, Any]) -> None:
+        """A free address from 10.96.0.0/12 (kube's default service range); "None" stays headless."""
+        spec = svc["spec"]
+        if spec.get("type") == "ExternalName" or spec.get("clusterIP") == "None":
+            return
+        if spec.get("clusterIP"):
+            spec.setdefault("clusterIPs", [spec["clusterIP"]])
+            return
+        used = {(e.obj.get("spec") or {}).get("clusterIP") for _, e in self.store.items("/services")}
+        base = int(ipaddress.IPv4Address("10.96.0.0"))
+        for offset in range(10, 1 << 20):
+            candidate = str(ipaddress.IPv4Address(base + offset))
+            if candidate not in used:
+                spec["clusterIP"], spec["clusterIPs"] = candidate, [candidate]
+                spec.setdefault("ipFamilies", ["IPv4"])
+                spec.setdefault("ipFamilyPolicy", "SingleStack")
+                return
+
+    @staticmethod
+    def _keep_cluster_ip(svc: dict[str, Any], old: dict[str, Any]) -> None:
+        old_spec, spec = old.get("spec") or {}, svc["spec"]
+        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+            if key in old_spec and not spec.get(key):
+                spec[key] = old_spec[key]
 
     def _validate(self, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         meta = obj["metadata"]

@@ -23,6 +23,8 @@ import orjson
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+#: events buffered for one watcher before its stream is closed
+MAX_QUEUED_EVENTS = 100_000
 
 
 class Entry:
@@ -195,8 +197,15 @@ class Store:
         if len(self.log) == self.log.maxlen and self.log:
             self.log_start = self.log[0].rv
         self.log.append(event)
-        for sub in self._subs.get(event.storage_key, ()):
+        subs = self._subs.get(event.storage_key)
+        for sub in list(subs) if subs else ():
             if sub.namespace is None or sub.namespace == event.entry.obj["metadata"].get("namespace", ""):
+                if sub.queue.qsize() >= MAX_QUEUED_EVENTS:
+                    # a watcher this far behind is not reading: end its stream (it will re-list),
+                    # as kube-apiserver does with unresponsive watchers, instead of buffering forever
+                    sub.close()
+                    self.unsubscribe(sub)
+                    continue
                 sub.queue.put_nowait(event)
         for listener in self.listeners:
             listener(event)

@@ -79,6 +79,7 @@ ORPHAN_SWEEP_INTERVAL = 180.0
 READY_TIMEOUT = 30.0
 STATUS_WRITE_ATTEMPTS = 5
 WRITE_CONCURRENCY = 8
+RECOVERY_RETRY_S = 5.0
 FINISHED_PHASES = ("Succeeded", "Failed")
 WORKER = "worker"
 
@@ -247,7 +248,7 @@ class AllocatorService:
             for informer in informers:
                 await informer.wait_synced()
             started = time.monotonic()
-            allocator = self._rebuild()
+            allocator = await self._recover()
             self._allocator = allocator
             self._ready.set()
             self.metrics.recovery_duration.set(time.monotonic() - started)
@@ -261,6 +262,15 @@ class AllocatorService:
                 tg.start_soon(self._sweep_loop)
         finally:
             self._end_term()
+
+    async def _recover(self) -> GpuAllocator:
+        while True:
+            try:
+                return self._rebuild()
+            except Exception as exc:  # a bug: say so on /readyz and retry rather than end leadership
+                log.exception("allocator recovery failed; retrying in %.0f s", RECOVERY_RETRY_S)
+                self.runtime.readiness.set(CONDITION, False, f"leader: recovery failed: {exc!r}")
+            await anyio.sleep(RECOVERY_RETRY_S)
 
     def _end_term(self) -> None:
         self._allocator = None
