@@ -77,16 +77,23 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
     """Start roles in order; on a signal stop them in reverse order, so the controller can still
     release its Lease through the embedded API server before that server closes."""
     stop = anyio.Event()
+    embedded = settings.kube_mode == "embedded"
+    started: dict[str, Any] = {}  # role -> what it passed to task_status.started
     async with anyio.create_task_group() as outer:
         outer.start_soon(_stop_on_signal, stop, outer.cancel_scope)
         if "apiserver" in runners:
-            kubeconfig = await outer.start(_started, runners.pop("apiserver"), settings)
+            kubeconfig = started["apiserver"] = await outer.start(_started, runners.pop("apiserver"), settings)
             if settings.kube_mode == "embedded":
                 settings = settings.replace(kube=str(kubeconfig))
+        from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
+
+        stage = await launch_stage(outer, settings, roles=tuple(runners), embedded=embedded)
+        settings = stage.settings
         async with anyio.create_task_group() as inner:
-            for runner in runners.values():
-                await inner.start(_started, runner, settings)
+            for role, runner in runners.items():
+                started[role] = await inner.start(_started, runner, settings)
             log.info("tfusion running roles: %s", ", ".join(settings.roles))
+            stage.announce(started)
             await stop.wait()
             inner.cancel_scope.cancel()
         outer.cancel_scope.cancel()

@@ -98,6 +98,20 @@ def _port(text: str) -> int:
     return int(text)
 
 
+#: the simulated devices --role=all falls back to when --devices=auto finds no NVIDIA driver
+DEFAULT_SIM_DEVICES = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
+
+
+def parse_sim_devices_fallback(text: str) -> str:
+    """auto, off, or a sim:SPEC (the models are checked when the devices are opened)."""
+    stripped = text.strip()
+    if stripped in ("auto", "off"):
+        return stripped
+    if stripped.startswith("sim:") and stripped[4:].strip(" ,"):
+        return stripped
+    raise ValueError(f"expected auto, off or sim:<count>x<model>[,...], got {text!r}")
+
+
 def _listen_or_port(text: str) -> str:
     """HOST:PORT, :PORT, or a bare port (the original's PORT variable) meaning :PORT."""
     address = f":{text}" if text.isdigit() else text
@@ -223,6 +237,12 @@ OPTIONS: tuple[Option, ...] = (
        "JSON map pod annotation key -> extra metrics tag"),
     _o("detect_in_used_gpus", None, "DETECT_IN_USED_GPUS", False, parse_bool, "hypervisor",
        "mark GPUs held by another device plugin"),
+    _o("sim_devices_fallback", "--sim-devices-fallback", None, "auto", parse_sim_devices_fallback, "hypervisor",
+       f"simulated devices used when --devices=auto finds no NVIDIA driver: auto ({DEFAULT_SIM_DEVICES} "
+       "with --role=all, none otherwise), off, or sim:SPEC"),
+    _o("simulate_kubelet", "--simulate-kubelet", None, False, parse_bool, "hypervisor",
+       "run a simulated kubelet for --node-name: register the Node, keep its Lease, run the pods bound to it "
+       "(always on with --role=all)", is_bool_flag=True),
 )
 
 _BY_ATTR = {opt.attr: opt for opt in OPTIONS}
@@ -283,6 +303,8 @@ class Settings:
     metrics_format: str = "influx"
     metrics_extra_labels: str = ""
     detect_in_used_gpus: bool = False
+    sim_devices_fallback: str = "auto"
+    simulate_kubelet: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -319,6 +341,17 @@ class Settings:
     @property
     def resolved_state_dir(self) -> Path:
         return Path(self.state_dir).expanduser()
+
+    @property
+    def runs_simulated_kubelet(self) -> bool:
+        return self.simulate_kubelet or "all" in self.roles
+
+    @property
+    def resolved_sim_devices_fallback(self) -> str:
+        """The sim:SPEC to use when --devices=auto finds no driver; "" means none."""
+        if self.sim_devices_fallback == "auto":
+            return DEFAULT_SIM_DEVICES if "all" in self.roles else ""
+        return "" if self.sim_devices_fallback == "off" else self.sim_devices_fallback
 
     @property
     def kube_mode(self) -> str:

@@ -618,3 +618,23 @@ async def test_dry_run_changes_nothing(http: httpx.AsyncClient) -> None:
     assert (await http.get(f"{CMS}/wet")).json()["data"] == {"a": "1"}
     assert (await http.delete(f"{CMS}/wet", params={"dryRun": "All"})).status_code == 200
     assert (await http.get(f"{CMS}/wet")).status_code == 200
+
+
+async def test_pod_priority_comes_from_its_priority_class(http: httpx.AsyncClient) -> None:
+    classes = "/apis/scheduling.k8s.io/v1/priorityclasses"
+    system = (await http.get(f"{classes}/system-node-critical")).json()
+    assert system["value"] == 2000001000
+    plain = (await http.post(PODS, json=pod_body("plain"))).json()
+    assert plain["spec"]["priority"] == 0
+    await http.post(classes, json={"metadata": {"name": "gpu-high"}, "value": 5000, "preemptionPolicy": "Never"})
+    body = pod_body("ranked")
+    body["spec"]["priorityClassName"] = "gpu-high"
+    ranked = (await http.post(PODS, json=body)).json()
+    assert ranked["spec"]["priority"] == 5000 and ranked["spec"]["preemptionPolicy"] == "Never"
+    body = pod_body("unknown-class")
+    body["spec"]["priorityClassName"] = "nope"
+    refused = await http.post(PODS, json=body)
+    assert refused.status_code == 403 and "no PriorityClass with name nope was found" in refused.json()["message"]
+    await http.post(classes, json={"metadata": {"name": "everyone"}, "value": 7, "globalDefault": True})
+    defaulted = (await http.post(PODS, json=pod_body("defaulted"))).json()
+    assert defaulted["spec"]["priority"] == 7 and defaulted["spec"]["priorityClassName"] == "everyone"

@@ -20,6 +20,7 @@ from tfusion.allocator import (
     AllocRequest,
     GpuAllocator,
     GpuInfo,
+    QuotaExceeded,
     QuotaSpec,
     Resources,
     Unschedulable,
@@ -118,7 +119,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert set(placement.gpu_names) <= set(feasible[placement.node])
         assert placement.score == max(self.alloc.score(req, feasible).values())
         assert all(self.gpus[n].model == req.gpu_model for n in placement.gpu_names if req.gpu_model)
-        self.alloc.assume(req, placement.gpu_names)
+        try:
+            self.alloc.assume(req, placement.gpu_names)
+        except QuotaExceeded:
+            # compute-percent TFLOPS are known, and checked against quota, once GPUs are chosen
+            assert req.percent_request and not req.tflops_request
+            self._expect_unchanged(before)
+            return
         self.live[req.pod_uid] = (req, placement.gpu_names, True)
         if commit:
             self.alloc.commit(req.pod_uid)

@@ -31,7 +31,7 @@ def default_crd(crd: dict[str, Any]) -> None:
 
 
 def _status(crd: dict[str, Any]) -> dict[str, Any]:
-    from tfusion.apiserver.objects import now_rfc3339
+    from tfusion.apiserver.kinds import now_rfc3339
 
     spec = crd.get("spec") or {}
     storage = [v.get("name") for v in spec.get("versions") or [] if isinstance(v, dict) and v.get("storage")]

@@ -2,17 +2,15 @@
 
 This is where metadata is owned (uid, creationTimestamp, generateName, generation, deletionTimestamp),
 where optimistic concurrency is decided, where the status subresource is split from the main
-resource, where finalizers hold an object back from deletion, and where kind-specific defaults and
-validation (built-in kinds, CRDs, custom resources) run. HTTP is handled elsewhere (app.py).
+resource, and where finalizers hold an object back from deletion. Kind-specific defaults and
+validation live in kinds.py; HTTP in app.py.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import random
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,22 +19,25 @@ import orjson
 
 from tfusion.apiserver import crds, errors, validation
 from tfusion.apiserver.errors import ApiError
+from tfusion.apiserver.kinds import (
+    CRDS,
+    NAMESPACES,
+    PODS,
+    PRIORITY_CLASSES,
+    SYSTEM_PRIORITY_CLASSES,
+    KindRules,
+    now_rfc3339,
+)
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
 
-NAMESPACES = "/namespaces"
-PODS = "/pods"
-CRDS = "apiextensions.k8s.io/customresourcedefinitions"
+__all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine", "now_rfc3339"]
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "tensor-fusion-sys")
 FOREGROUND = "foregroundDeletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 #: (operation, info, object, old object or None, dry run) -> the object after mutating admission
 Admit = Callable[[str, ResourceInfo, dict[str, Any], dict[str, Any] | None, bool], Awaitable[dict[str, Any]]]
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def spec_part(obj: dict[str, Any], status_split: bool) -> dict[str, Any]:
@@ -48,6 +49,7 @@ class Engine:
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store = store
         self.registry = registry
+        self.kinds = KindRules(store, registry)
         self.admit: Admit | None = None
         self.on_namespace_terminating: Callable[[str], None] = lambda name: None
         #: set by the garbage collector: does anything name this uid as its owner?
@@ -117,7 +119,7 @@ class Engine:
             meta.pop(key, None)
         if info.status_split:
             obj.pop("status", None)
-        self._defaults(info, obj, None)
+        self.kinds.defaults(info, obj, None)
         if self.admit is not None:
             # like kube-apiserver, webhooks see the request before generateName is resolved
             obj = await self.admit("CREATE", info, obj, None, dry_run)
@@ -142,12 +144,12 @@ class Engine:
             meta["generation"] = 1
         else:
             meta.pop("generation", None)
-        self._defaults(info, obj, None)
-        self._validate(info, obj, None)
+        self.kinds.defaults(info, obj, None)
+        self.kinds.validate(info, obj, None)
         if dry_run:
             return Entry(obj, orjson.dumps(obj), self.store.rv)
         entry = self.store.put(info.storage_key, obj, None)
-        self._after_write(info, entry, None)
+        self.kinds.after_write(info, entry, None)
         return entry
 
     @staticmethod
@@ -331,8 +333,8 @@ class Engine:
                         )
                     ],
                 )
-        self._defaults(info, obj, old.obj)
-        self._validate(info, obj, old.obj)
+        self.kinds.defaults(info, obj, old.obj)
+        self.kinds.validate(info, obj, old.obj)
         if info.tracks_generation:
             generation = old_meta.get("generation", 1)
             if spec_part(obj, info.status_split) != spec_part(old.obj, info.status_split):
@@ -347,7 +349,7 @@ class Engine:
             self.store.put(info.storage_key, obj, old)
             return self._remove(info, self.store.get(info.storage_key, meta.get("namespace", ""), meta["name"]))
         entry = self.store.put(info.storage_key, obj, old)
-        self._after_write(info, entry, old)
+        self.kinds.after_write(info, entry, old)
         return entry
 
     # ------------------------------------------------------------------------------ delete
@@ -427,7 +429,7 @@ class Engine:
         assert entry is not None
         final = self.store.remove(info.storage_key, entry)
         if info.storage_key == CRDS:
-            self._crd_removed(entry.obj)
+            self.kinds.crd_removed(entry.obj)
         return final
 
     def _terminate_namespace(self, info: ResourceInfo, old: Entry) -> Entry:
@@ -507,106 +509,6 @@ class Engine:
             out.append(entry)
         return out, token, remaining
 
-    # ------------------------------------------------------------------------------ kind hooks
-    def _defaults(self, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        key = info.storage_key
-        if key == PODS:
-            validation.default_pod(obj)
-            if old is None:
-                obj.setdefault("status", {}).setdefault("phase", "Pending")
-        elif key == NAMESPACES:
-            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-            if old is None:
-                obj["status"] = {"phase": "Active"}
-            labels = obj["metadata"].setdefault("labels", {})
-            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
-        elif key == "/services":
-            validation.default_service(obj)
-            if old is None:
-                self._allocate_cluster_ip(obj)
-            else:
-                self._keep_cluster_ip(obj, old)
-        elif key == "/secrets":
-            validation.default_secret(obj)
-        elif key == CRDS:
-            crds.default_crd(obj)
-        elif info.is_custom:
-            crds.default_custom(info, obj)
-
-    def _allocate_cluster_ip(self, svc: dict[str, Any]) -> None:
-        """A free address from 10.96.0.0/12 (kube's default service range); "None" stays headless."""
-        spec = svc["spec"]
-        if spec.get("type") == "ExternalName" or spec.get("clusterIP") == "None":
-            return
-        if spec.get("clusterIP"):
-            spec.setdefault("clusterIPs", [spec["clusterIP"]])
-            return
-        used = {(e.obj.get("spec") or {}).get("clusterIP") for _, e in self.store.items("/services")}
-        base = int(ipaddress.IPv4Address("10.96.0.0"))
-        for offset in range(10, 1 << 20):
-            candidate = str(ipaddress.IPv4Address(base + offset))
-            if candidate not in used:
-                spec["clusterIP"], spec["clusterIPs"] = candidate, [candidate]
-                spec.setdefault("ipFamilies", ["IPv4"])
-                spec.setdefault("ipFamilyPolicy", "SingleStack")
-                return
-
-    @staticmethod
-    def _keep_cluster_ip(svc: dict[str, Any], old: dict[str, Any]) -> None:
-        old_spec, spec = old.get("spec") or {}, svc["spec"]
-        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
-            if key in old_spec and not spec.get(key):
-                spec[key] = old_spec[key]
-
-    def _validate(self, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        meta = obj["metadata"]
-        causes = validation.validate_metadata(meta)
-        if old is None:
-            causes += validation.validate_name(info.storage_key, meta["name"])
-        key = info.storage_key
-        if key == PODS:
-            causes += validation.validate_pod(obj)
-            if old is not None:
-                causes += validation.validate_pod_update(old, obj)
-        elif key == CRDS:
-            causes += crds.validate_crd(obj, old, self.registry)
-        elif info.is_custom:
-            causes += crds.validate_custom(info, obj)
-        if causes:
-            raise errors.invalid(info.kind, info.group, meta.get("name", ""), causes)
-
-    def _after_write(self, info: ResourceInfo, entry: Entry, old: Entry | None) -> None:
-        if info.storage_key == CRDS:
-            crds.register(self.registry, entry.obj)
-        elif info.storage_key == NAMESPACES and old is None:
-            self._default_service_account(entry.obj["metadata"]["name"])
-
-    def _default_service_account(self, namespace: str) -> None:
-        """What kube-controller-manager does for every namespace: a ServiceAccount named default."""
-        if self.store.get("/serviceaccounts", namespace, "default") is None:
-            self.store.put(
-                "/serviceaccounts",
-                {
-                    "apiVersion": "v1",
-                    "kind": "ServiceAccount",
-                    "metadata": {
-                        "name": "default",
-                        "namespace": namespace,
-                        "uid": str(uuid.uuid4()),
-                        "creationTimestamp": now_rfc3339(),
-                    },
-                },
-                None,
-            )
-
-    def _crd_removed(self, crd: dict[str, Any]) -> None:
-        """Deleting a CRD deletes every object of its kind, then stops serving it."""
-        spec = crd.get("spec") or {}
-        storage_key = f"{spec.get('group', '')}/{(spec.get('names') or {}).get('plural', '')}"
-        for _, entry in self.store.items(storage_key):
-            self.store.remove(storage_key, entry)
-        self.registry.remove_crd(crd["metadata"]["name"])
-
     # ------------------------------------------------------------------------------ bootstrap
     def bootstrap(self) -> None:
         info = self.registry.get("", "v1", "namespaces")
@@ -626,7 +528,21 @@ class Engine:
                     "status": {"phase": "Active"},
                 }
                 self.store.put(NAMESPACES, obj, None)
-                self._default_service_account(name)
+                self.kinds.default_service_account(name)
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            if self.store.get(PRIORITY_CLASSES, "", name) is None:
+                self.store.put(
+                    PRIORITY_CLASSES,
+                    {
+                        "apiVersion": "scheduling.k8s.io/v1",
+                        "kind": "PriorityClass",
+                        "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": now_rfc3339()},
+                        "value": value,
+                        "preemptionPolicy": "PreemptLowerPriority",
+                        "description": "Used for system critical pods that must not be moved from their current node.",
+                    },
+                    None,
+                )
         for _, entry in self.store.items(CRDS):
             crds.register(self.registry, entry.obj)
 

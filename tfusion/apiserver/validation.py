@@ -108,8 +108,6 @@ def default_pod(pod: dict[str, Any]) -> None:
     spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
     spec.setdefault("securityContext", {})
     spec.setdefault("enableServiceLinks", True)
-    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-    spec.setdefault("priority", 0)
     for kind in ("containers", "initContainers"):
         for container in spec.get(kind) or []:
             if isinstance(container, dict):

@@ -26,9 +26,10 @@ runs only on the elected leader (followers keep no allocator state; the next lea
   `conditions` (Ready; lastTransitionTime kept while the status does not change) and
   `lastUpdateTime` (merge patch of the status subresource; failures retried next round).
 - **Release.** A deleted worker pod, or one in phase Succeeded/Failed, releases its allocation.
-  An orphan sweep (every 3 minutes by default) GETs every allocated pod and releases those that are
-  gone (or replaced by a pod with another UID, or finished), and expires assumed allocations older
-  than the assume TTL (30 minutes by default).
+  An orphan sweep (every 3 minutes by default) checks every allocated pod (against the informer
+  cache, and with a GET to the API server for any the cache does not show alive) and releases those
+  that are gone (or replaced by a pod with another UID, or finished), and expires assumed
+  allocations older than the assume TTL (30 minutes by default).
 - **Observability.** Readiness condition "allocator" (followers: ready, "standby"; leader: ready
   once recovered); metrics `tfusion_allocator_*` in the runtime's registry.
 
@@ -629,13 +630,20 @@ class AllocatorService:
 
     async def sweep_once(self) -> list[str]:
         """Release allocations whose pod is gone, replaced or finished; expire old assumed ones.
-        Returns the released and expired pod UIDs."""
+        Returns the released and expired pod UIDs.
+
+        A pod the informer cache shows alive (same UID, not finished) is not asked for again; the
+        others are read from the API server, so a missed deletion is confirmed before releasing."""
         allocator = self._allocator
         if allocator is None:
             return []
+        pods = self.runtime.informer(r.PODS)
         gone: list[str] = []
         for uid, info in allocator.allocations(committed_only=True).items():
             req = info.request
+            cached = pods.get(f"{req.namespace}/{req.pod_name}")
+            if cached is not None and _pod_alive(cached, uid):
+                continue
             try:
                 pod = await self.client.get(r.PODS, req.pod_name, namespace=req.namespace)
             except NotFound:
@@ -645,9 +653,7 @@ class AllocatorService:
                 continue
             if allocator is not self._allocator:
                 return gone
-            alive = pod is not None and _meta(pod).get("uid") == uid and \
-                (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
-            if not alive and allocator.release(uid):
+            if (pod is None or not _pod_alive(pod, uid)) and allocator.release(uid):
                 self.metrics.releases.labels("orphan").inc()
                 log.info("orphan sweep: released pod %s/%s (%s)", req.namespace, req.pod_name, uid)
                 gone.append(uid)
@@ -656,6 +662,10 @@ class AllocatorService:
             log.info("orphan sweep: assumed allocation of pod %s expired", uid)
             gone.append(uid)
         return gone
+
+
+def _pod_alive(pod: Mapping[str, Any], uid: str) -> bool:
+    return _meta(pod).get("uid") == uid and (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
 
 
 def _pod_ref(pod: Mapping[str, Any]) -> str:

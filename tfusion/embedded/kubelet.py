@@ -1,0 +1,349 @@
+"""A simulated kubelet for this machine's node, so that pods bound to it run (on paper) without a cluster.
+
+What a kubelet tells the API server, and nothing it does to a machine (no containers are started):
+- registers the Node: labels `kubernetes.io/hostname`, `kubernetes.io/os`, `kubernetes.io/arch`,
+  and, where the machine has GPUs, NVIDIA GPU-feature-discovery's `nvidia.com/gpu.present=true`,
+  `nvidia.com/gpu.count` and (one model only) `nvidia.com/gpu.product`; status with this host's
+  CPU, memory and disk as capacity and allocatable, 110 pods, a Ready condition, address
+  127.0.0.1 and node info. An existing Node keeps everything but those labels and its status
+  (a cordon or a taint the user set stays);
+- renews the node Lease `kube-node-lease/<node>` every 10 s and the Node status every minute;
+- moves pods bound to the node (`spec.nodeName`) from Pending to Running: phase, conditions,
+  pod IP and host IP 127.0.0.1, start time, running container statuses (init containers completed);
+- finishes deletions: a pod with a deletionTimestamp gets its containers terminated (exit 0) and
+  phase Succeeded, then, once no finalizer is left, a DELETE with gracePeriodSeconds=0 (kube-apiserver
+  keeps a gracefully deleted pod until the kubelet does that; the embedded server removes a pod
+  without finalizers at once, and one with finalizers when the last is removed, so there that DELETE
+  usually finds nothing, which is fine).
+
+It also runs the embedded GPUNode stand-in (gpunode.py) for its node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry
+
+from tfusion import __version__
+from tfusion.embedded.devices import DevicePlan
+from tfusion.embedded.gpunode import GpuNodeStandIn
+from tfusion.kube import resources as r
+from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
+from tfusion.kube.informer import Informer
+from tfusion.kube.leader import micro_time
+from tfusion.kube.workqueue import Controller, Result
+
+log = logging.getLogger(__name__)
+
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = 10.0
+STATUS_REPORT_S = 60.0
+MAX_PODS = "110"
+NODE_IP = "127.0.0.1"
+KUBELET_VERSION = "v1.32.0"
+#: the node labels this kubelet owns (GPU feature discovery's); others on the Node are the user's
+GPU_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.count", "nvidia.com/gpu.product")
+FINISHED = ("Succeeded", "Failed")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _memory_kib() -> int:
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _disk_kib() -> int:
+    try:
+        return shutil.disk_usage(tempfile.gettempdir()).total // 1024
+    except OSError:
+        return 0
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(machine, machine or "unknown")
+
+
+def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
+    """The labels this kubelet sets (None removes a GPU label the machine no longer earns)."""
+    labels: dict[str, str | None] = {
+        "kubernetes.io/hostname": node_name, "kubernetes.io/os": platform.system().lower() or "linux",
+        "kubernetes.io/arch": _arch(), **dict.fromkeys(GPU_LABELS),
+    }
+    if plan.count:
+        labels["nvidia.com/gpu.present"] = "true"
+        labels["nvidia.com/gpu.count"] = str(plan.count)
+        models = {d.model for d in plan.devices}
+        if len(models) == 1:
+            labels["nvidia.com/gpu.product"] = next(iter(models)).replace(" ", "-")
+    return labels
+
+
+def node_status(node_name: str, old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged)."""
+    cpu = str(os.cpu_count() or 1)
+    resources = {"cpu": cpu, "memory": f"{_memory_kib()}Ki", "pods": MAX_PODS,
+                 "ephemeral-storage": f"{_disk_kib()}Ki"}
+    now = now_rfc3339()
+    previous = {c.get("type"): c for c in (old or {}).get("conditions") or []}
+
+    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        before = previous.get(kind) or {}
+        since = before.get("lastTransitionTime") if before.get("status") == status else None
+        return {"type": kind, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": now, "lastTransitionTime": since or now}
+
+    return {
+        "capacity": resources, "allocatable": dict(resources),
+        "conditions": [
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                      "kubelet has sufficient memory available"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status (tfusion simulated kubelet)"),
+        ],
+        "addresses": [{"type": "InternalIP", "address": NODE_IP}, {"type": "Hostname", "address": node_name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "nodeInfo": {
+            "machineID": _read("/etc/machine-id"), "systemUUID": _read("/sys/class/dmi/id/product_uuid"),
+            "bootID": _read("/proc/sys/kernel/random/boot_id"), "kernelVersion": platform.release(),
+            "osImage": _os_image(), "containerRuntimeVersion": f"tfusion-sim://{__version__}",
+            "kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "",
+            "operatingSystem": platform.system().lower() or "linux", "architecture": _arch(),
+        },
+    }
+
+
+def _os_image() -> str:
+    for line in _read("/etc/os-release").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip('"')
+    return platform.platform()
+
+
+# --- pods ---------------------------------------------------------------------------------------
+
+
+def _container_id(pod_uid: str, container: str) -> str:
+    return "sim://" + hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()[:32]
+
+
+def _set_conditions(old: list[dict[str, Any]], wanted: dict[str, str], now: str) -> list[dict[str, Any]]:
+    by_type = {c.get("type"): dict(c) for c in old}
+    for kind, status in wanted.items():
+        condition = by_type.get(kind) or {"type": kind}
+        if condition.get("status") != status:
+            condition["lastTransitionTime"] = now
+        condition["status"] = status
+        condition.setdefault("lastProbeTime", None)
+        by_type[kind] = condition
+    order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"]
+    return sorted(by_type.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
+
+
+def running_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The status of `pod` once this kubelet has "started" it."""
+    now = now_rfc3339()
+    spec = pod.get("spec") or {}
+    uid = str(pod["metadata"].get("uid", ""))
+    status = dict(pod.get("status") or {})
+    started = status.get("startTime") or now
+    status.update(
+        phase="Running", hostIP=NODE_IP, hostIPs=[{"ip": NODE_IP}], podIP=NODE_IP, podIPs=[{"ip": NODE_IP}],
+        startTime=started,
+        conditions=_set_conditions(status.get("conditions") or [], {
+            "PodReadyToStartContainers": "True", "Initialized": "True", "Ready": "True",
+            "ContainersReady": "True", "PodScheduled": "True"}, now),
+        containerStatuses=[{
+            "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
+            "containerID": _container_id(uid, c["name"]), "ready": True, "started": True, "restartCount": 0,
+            "state": {"running": {"startedAt": started}}} for c in spec.get("containers") or []],
+    )
+    if spec.get("initContainers"):
+        status["initContainerStatuses"] = [{
+            "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
+            "containerID": _container_id(uid, c["name"]), "ready": True, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
+                                     "finishedAt": started}}} for c in spec["initContainers"]]
+    return status
+
+
+def terminated_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The status of `pod` once this kubelet has "stopped" its containers (all exited 0)."""
+    now = now_rfc3339()
+    status = dict(pod.get("status") or {})
+    started = status.get("startTime") or now
+    containers = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        containers.append({
+            "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
+            "containerID": _container_id(str(pod["metadata"].get("uid", "")), c["name"]), "ready": False,
+            "started": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
+                                     "finishedAt": now}}})
+    status.update(phase="Succeeded", startTime=started, containerStatuses=containers,
+                  conditions=_set_conditions(status.get("conditions") or [], {
+                      "PodReadyToStartContainers": "False", "Ready": "False", "ContainersReady": "False"}, now))
+    return status
+
+
+def _is_running(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+    reported = [c.get("name") for c in status.get("containerStatuses") or [] if "running" in (c.get("state") or {})]
+    return status.get("phase") == "Running" and reported == names
+
+
+# --- the kubelet --------------------------------------------------------------------------------
+
+
+class SimulatedKubelet:
+    """Registers one Node and plays its kubelet (see the module docstring)."""
+
+    def __init__(self, client: KubeClient, node_name: str, plan: DevicePlan, *, vendor: str = "NVIDIA",
+                 hypervisor_url: str | None = None) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.plan = plan
+        self.node: dict[str, Any] = {}
+        self.pods = Informer(client, r.PODS, field_selector=f"spec.nodeName={node_name}",
+                             registry=CollectorRegistry())
+        self.controller = Controller(f"simulated-kubelet {node_name}", self.reconcile_pod, workers=2,
+                                     registry=CollectorRegistry())
+        self.controller.watch(self.pods)
+        self.gpunode = GpuNodeStandIn(client, node_name, vendor=vendor, hypervisor_url=hypervisor_url)
+
+    # --- node and lease ---------------------------------------------------------------------------
+
+    async def register(self) -> dict[str, Any]:
+        """Create the Node, or bring our labels and its status up to date; returns the Node."""
+        labels = node_labels(self.node_name, self.plan)
+        try:
+            node = await self.client.get(r.NODES, self.node_name)
+        except NotFound:
+            try:
+                node = await self.client.create(r.NODES, {
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": self.node_name, "labels": {k: v for k, v in labels.items() if v is not None}},
+                    "spec": {}})
+                log.info("registered node %s (%s)", self.node_name, self.plan.describe())
+            except AlreadyExists:
+                node = await self.client.get(r.NODES, self.node_name)
+        current = (node.get("metadata") or {}).get("labels") or {}
+        changes = {k: v for k, v in labels.items() if current.get(k) != v and (v is not None or k in current)}
+        if changes:
+            node = await self.client.patch(r.NODES, self.node_name, {"metadata": {"labels": changes}})
+        self.node = await self.report_status(node)
+        return self.node
+
+    async def report_status(self, node: dict[str, Any] | None = None) -> dict[str, Any]:
+        old = (node or self.node).get("status") or {}
+        self.node = await self.client.patch(r.NODES, self.node_name, {"status": node_status(self.node_name, old)},
+                                            subresource="status")
+        return self.node
+
+    async def renew_lease(self) -> None:
+        now = micro_time()
+        try:
+            await self.client.patch(r.LEASES, self.node_name, {"spec": {"renewTime": now,
+                                                                        "holderIdentity": self.node_name}},
+                                    namespace=LEASE_NAMESPACE)
+            return
+        except NotFound:
+            pass
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node["metadata"]["uid"]}
+        try:
+            await self.client.create(r.LEASES, {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.node_name, "namespace": LEASE_NAMESPACE, "ownerReferences": [owner]},
+                "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": LEASE_DURATION_S,
+                         "renewTime": now}}, namespace=LEASE_NAMESPACE)
+        except AlreadyExists:
+            pass
+
+    async def _every(self, interval: float, what: str, step: Any) -> None:
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await step()
+            except KubeError as exc:
+                log.warning("simulated kubelet %s: %s failed: %s", self.node_name, what, exc)
+                if exc.code == 404 and what == "node status":
+                    await self._reregister()
+
+    async def _reregister(self) -> None:
+        log.warning("node %s was deleted; registering it again", self.node_name)
+        try:
+            await self.register()
+        except KubeError as exc:
+            log.warning("registering node %s failed: %s", self.node_name, exc)
+
+    # --- pods -------------------------------------------------------------------------------------
+
+    async def reconcile_pod(self, key: str) -> Result | None:
+        pod = self.pods.get(key)
+        if pod is None:
+            return None
+        try:
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._finish_deletion(pod)
+            elif (pod.get("status") or {}).get("phase") not in FINISHED and not _is_running(pod):
+                await self._write_status(pod, running_status(pod))
+                log.info("pod %s is Running on node %s", key, self.node_name)
+        except (Conflict, NotFound):
+            return Result(requeue=True)  # changed or gone meanwhile: look again at the newest version
+        return None
+
+    async def _write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        await self.client.replace(r.PODS, {**pod, "status": status}, subresource="status")
+
+    async def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        if (pod.get("status") or {}).get("phase") not in FINISHED:
+            await self._write_status(pod, terminated_status(pod))
+            log.info("pod %s/%s stopped on node %s", meta.get("namespace"), meta.get("name"), self.node_name)
+            return  # the status write brings the pod back here, newer
+        if meta.get("finalizers"):
+            return  # the server removes it when the last finalizer goes
+        await self.client.delete(r.PODS, meta["name"], namespace=meta.get("namespace"), grace_period_seconds=0,
+                                 preconditions={"uid": meta["uid"]})
+
+    # --- running ----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[dict[str, Any]] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Register, then run until cancelled; `task_status.started(node)` once registered and the
+        GPUNode (if a pool selects the node) exists."""
+        node = await self.register()
+        await self.renew_lease()
+        await self.gpunode.ensure(node)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._every, LEASE_RENEW_S, "lease renewal", self.renew_lease)
+            tg.start_soon(self._every, STATUS_REPORT_S, "node status", self.report_status)
+            await tg.start(self.pods.run)
+            await tg.start(self.controller.run)
+            tg.start_soon(self.gpunode.run, lambda: self.node)
+            task_status.started(node)

@@ -1,0 +1,111 @@
+"""The embedded stage of `tfusion --role=all`: bootstrap the API server, then run the simulated kubelet.
+
+roles.py calls `launch_stage` right after the embedded API server serves (or first, when only
+`--simulate-kubelet` asks for it) and before the controller and hypervisor. It decides the devices
+(with the simulated fallback, devices.py) and starts `run`, whose `task_status.started(StageInfo)`
+comes once the CRDs are served, the defaults exist, the Node is registered and, where a pool
+selects the node, its GPUNode exists, so the hypervisor can report its GPUs at once. Once every
+role serves, `Stage.announce` prints the startup summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
+from tfusion.embedded.crds import CrdInstallError
+from tfusion.embedded.defaults import DefaultsError
+from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
+from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.kube.client import KubeClient, KubeError
+from tfusion.roles import RoleError
+from tfusion.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What the stage did, for the startup summary."""
+
+    bootstrap: BootstrapReport | None
+    node: dict[str, Any] | None
+    pool: str | None
+
+
+async def run(settings: Settings, plan: DevicePlan, *, bootstrap_server: bool,
+              task_status: TaskStatus[StageInfo] = anyio.TASK_STATUS_IGNORED) -> None:
+    """`settings.kube` is the kubeconfig to use; `bootstrap_server` says it is our embedded server."""
+    try:
+        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
+    except (ValueError, KubeError) as exc:
+        raise RoleError(f"embedded bootstrap: cannot reach the API server: {exc}") from None
+    try:
+        report = None
+        if bootstrap_server:
+            try:
+                report = await bootstrap(client, settings)
+            except (CrdInstallError, DefaultsError, KubeError) as exc:
+                raise RoleError(f"embedded bootstrap failed: {exc}") from None
+        if not settings.runs_simulated_kubelet:
+            task_status.started(StageInfo(report, None, None))
+            await anyio.sleep_forever()
+        port = settings.hypervisor_port
+        kubelet = SimulatedKubelet(client, settings.resolved_node_name, plan, vendor=settings.vendor,
+                                   hypervisor_url=f"http://127.0.0.1:{port}" if port else None)
+        async with anyio.create_task_group() as tg:
+            try:
+                node = await tg.start(kubelet.run)
+            except KubeError as exc:
+                raise RoleError(f"simulated kubelet: registering node {kubelet.node_name} failed: {exc}") from None
+            task_status.started(StageInfo(report, node, kubelet.gpunode.pool))
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            await client.close()
+
+
+@dataclass
+class Stage:
+    """What `launch_stage` did: the settings the other roles get (devices resolved), and for the summary."""
+
+    settings: Settings
+    plan: DevicePlan | None = None
+    info: StageInfo | None = None
+
+    def announce(self, started: dict[str, Any]) -> None:
+        """Print the startup summary (only when the embedded stage runs: a newcomer's `--role=all`)."""
+        if self.info is None:
+            return
+        from tfusion.embedded.summary import startup_summary
+
+        print(startup_summary(self.settings, started, self.plan, self.info), flush=True)
+
+
+async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], embedded: bool) -> Stage:
+    """Decide the devices and start the embedded stage in `tg` where this process needs them.
+    `embedded`: the API server is our embedded one (settings.kube already points at its kubeconfig)."""
+    wants_stage = embedded or settings.runs_simulated_kubelet
+    wants_fallback = ("hypervisor" in roles and settings.devices.strip() == "auto"
+                      and bool(settings.resolved_sim_devices_fallback))
+    if not (wants_stage or wants_fallback):
+        return Stage(settings)
+    try:
+        plan = await plan_devices(settings)
+    except DevicePlanError as exc:
+        raise RoleError(str(exc)) from None
+    settings = settings.replace(devices=plan.spec)
+    if not wants_stage:
+        return Stage(settings, plan)
+    info = await tg.start(_run_stage, settings, plan, embedded)
+    return Stage(settings, plan, info)
+
+
+async def _run_stage(settings: Settings, plan: DevicePlan, embedded: bool, *,
+                     task_status: TaskStatus[StageInfo] = anyio.TASK_STATUS_IGNORED) -> None:
+    await run(settings, plan, bootstrap_server=embedded, task_status=task_status)
