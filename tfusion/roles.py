@@ -87,15 +87,17 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
                 settings = settings.replace(kube=str(kubeconfig))
         from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
 
-        stage = await launch_stage(outer, settings, roles=tuple(runners), embedded=embedded)
-        settings = stage.settings
-        async with anyio.create_task_group() as inner:
-            for role, runner in runners.items():
-                started[role] = await inner.start(_started, runner, settings)
-            log.info("tfusion running roles: %s", ", ".join(settings.roles))
-            stage.announce(started)
-            await stop.wait()
-            inner.cancel_scope.cancel()
+        async with anyio.create_task_group() as middle:  # the stage stops after the roles, before the API server
+            stage = await launch_stage(middle, settings, roles=tuple(runners), embedded=embedded)
+            settings = stage.settings
+            async with anyio.create_task_group() as inner:
+                for role, runner in runners.items():
+                    started[role] = await inner.start(_started, runner, settings)
+                log.info("tfusion running roles: %s", ", ".join(settings.roles))
+                stage.announce(started)
+                await stop.wait()
+                inner.cancel_scope.cancel()
+            middle.cancel_scope.cancel()
         outer.cancel_scope.cancel()
     return 0
 

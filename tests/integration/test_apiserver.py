@@ -638,3 +638,27 @@ async def test_pod_priority_comes_from_its_priority_class(http: httpx.AsyncClien
     await http.post(classes, json={"metadata": {"name": "everyone"}, "value": 7, "globalDefault": True})
     defaulted = (await http.post(PODS, json=pod_body("defaulted"))).json()
     assert defaulted["spec"]["priority"] == 7 and defaulted["spec"]["priorityClassName"] == "everyone"
+
+
+async def test_pod_resource_defaults_and_qos_class(http: httpx.AsyncClient) -> None:
+    body = pod_body("guaranteed")
+    body["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    guaranteed = (await http.post(PODS, json=body)).json()
+    assert guaranteed["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert guaranteed["status"]["qosClass"] == "Guaranteed"
+    body = pod_body("burstable")
+    body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+    assert (await http.post(PODS, json=body)).json()["status"]["qosClass"] == "Burstable"
+    assert (await http.post(PODS, json=pod_body("besteffort"))).json()["status"]["qosClass"] == "BestEffort"
+
+
+async def test_verbs_a_resource_does_not_have_are_405(http: httpx.AsyncClient) -> None:
+    for method, path in (
+        ("DELETE", "/api/v1/namespaces"),
+        ("GET", "/apis/authentication.k8s.io/v1/tokenreviews"),
+        ("OPTIONS", CMS),
+        ("PUT", f"{PODS}/x/binding"),
+    ):
+        response = await http.request(method, path)
+        assert response.status_code == 405, (method, path, response.text)
+        assert response.json()["reason"] == "MethodNotAllowed"

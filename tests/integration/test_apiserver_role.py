@@ -86,3 +86,33 @@ def test_role_on_a_non_loopback_address_uses_https_and_a_token(tmp_path: Path) -
         assert httpx.get(f"{url}/api/v1/namespaces", headers=headers, verify=False).status_code == 200
     finally:
         _stop(proc)
+
+
+def test_role_reports_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    first.mkdir()
+    proc, url, _ = _start(first, "127.0.0.1:0")
+    try:
+        port = url.rsplit(":", 1)[1]
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfusion",
+                "--role=apiserver",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--state",
+                str(tmp_path / "second.db"),
+                "--kubeconfig-out",
+                str(tmp_path / "kc2"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert second.returncode == 1
+        assert "apiserver cannot start" in second.stderr and "Address already in use" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        _stop(proc)

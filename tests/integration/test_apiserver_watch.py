@@ -178,3 +178,11 @@ async def test_watch_errors(http: httpx.AsyncClient) -> None:
     assert bad.status_code == 400
     bad_selector = await http.get(CMS, params={"watch": "true", "labelSelector": "a in (b"})
     assert bad_selector.status_code == 400
+
+
+async def test_legacy_watch_path(http: httpx.AsyncClient) -> None:
+    await http.post(CMS, json={"metadata": {"name": "legacy"}})
+    events = await read_events(http, "/api/v1/watch/namespaces/default/configmaps", {}, 1)
+    assert summary(events) == [("ADDED", "legacy")]
+    single = await read_events(http, "/api/v1/watch/namespaces/default/configmaps/legacy", {"timeoutSeconds": "1"}, 5)
+    assert summary(single) == [("ADDED", "legacy")]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tfusion.allocator import (
+    AllocatorError,
     AllocRequest,
     GpuAllocator,
     GpuInfo,
@@ -448,3 +449,38 @@ def test_gpu_from_object_reads_the_crd_fields() -> None:
     obj["status"]["capacity"] = {"vram": "80Gi"}
     with pytest.raises(GpuObjectError, match=r"gpu-abc: status\.capacity\.tflops is missing"):
         gpu_from_object(obj)
+
+
+def test_pool_config_validation_and_positional_mode() -> None:
+    a = allocator(gpu("a1", "na"), gpu("b1", "nb"))
+    a.allocate(req(tflops=50, vram=8))
+    a.set_pool_config("p", "LowLoadFirst")
+    assert a.select(req()).node == "nb"  # index rebuilt with the new ordering
+    a.set_pool_config("p", "CompactFirst")
+    assert a.select(req()).node == "na"
+    with pytest.raises(ValueError, match=r"tflops_oversell_ratio must be 100\.\.100000, got 50"):
+        a.set_pool_config("p", "CompactFirst", tflops_oversell_ratio=50)
+    assert a.pool_config("p").placement_mode == "CompactFirst"
+
+
+def test_gpu_holding_allocations_cannot_move() -> None:
+    a = allocator(gpu("g", "n1"))
+    a.allocate(req())
+    before = a.snapshot()
+    with pytest.raises(AllocatorError, match="cannot move from n1/p to n2/p"):
+        a.upsert_gpu(gpu("g", "n2"))
+    assert a.snapshot() == before
+    a.upsert_gpu(gpu("idle", "n1"))
+    a.upsert_gpu(gpu("idle", "n3"))  # an idle GPU may move
+    assert a.gpu_info("idle").node == "n3" and a.nodes() == ["n1", "n3"]
+
+
+def test_model_filter_uses_its_own_index_and_follows_model_changes() -> None:
+    a = allocator(gpu("h", "n1", model="H100"), gpu("a", "n2", model="A100"))
+    assert a.select(req(gpu_model="A100")).gpu_names == ("a",)
+    a.upsert_gpu(gpu("a", "n2", model="L40S"))
+    with pytest.raises(Unschedulable) as info:
+        a.select(req(gpu_model="A100"))
+    assert info.value.stage == "GPUModelFilter"
+    a.upsert_gpu(gpu("h", "n1", model="A100"))
+    assert a.select(req(gpu_model="A100")).gpu_names == ("h",)

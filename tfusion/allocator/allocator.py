@@ -13,8 +13,9 @@ GPU whole. What goes to `status.available` and `runningApps` counts committed al
 Quota usage per namespace is the sum of the live allocations' request and limit charges and one
 worker each. A pod holds at most one allocation, all of its GPUs on one node.
 
-Speed: placement never scans every GPU. Each pool has a `PoolIndex` (nodes ordered by score, with
-per-node best free VRAM and TFLOPS); a placement walks it best-first and checks only the GPUs of the
+Speed: placement never scans every GPU. GPUs are grouped per node by (pool, model) (model "" = any),
+and each group used by a request gets a `PoolIndex` (nodes ordered by score, with per-node best free
+VRAM and TFLOPS, built on first use); a placement walks it best-first and checks only the GPUs of the
 nodes it reaches. A change touches one node, which is re-scored and moved in O(GPUs on the node).
 Explanations are built only on request (`filter(explain=True)`) or when a placement fails.
 """
@@ -56,6 +57,14 @@ class PoolConfig:
     tflops_oversell_ratio: int = 500  # percent: 500 = 5x
     vram_expand_to_host_mem: int = 50  # percent of host RAM
     vram_expand_to_host_disk: int = 70  # percent of host disk
+
+    def __post_init__(self) -> None:
+        mode_variants(self.placement_mode)  # raises PlacementModeError for an unknown mode
+        for name, low, high in (("tflops_oversell_ratio", 100, 100_000), ("vram_expand_to_host_mem", 0, 100),
+                                ("vram_expand_to_host_disk", 0, 100)):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be {low}..{high}, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,10 +325,17 @@ class GpuAllocator:
             self._dirty_quota.add(alloc.req.namespace)
             self._dirty.add(alloc.gpus[i])
 
-    def set_pool_config(self, pool: str, config: PoolConfig | None = None, **settings: Any) -> None:
-        """Set a pool's placement mode and oversubscription; an unknown mode raises PlacementModeError."""
-        cfg = config or PoolConfig(**settings)
-        mode_variants(cfg.placement_mode)  # validates
+    def set_pool_config(self, pool: str, placement_mode: str | PoolConfig = DEFAULT_MODE,
+                        **oversubscription: int) -> None:
+        """Set a pool's placement mode (from its SchedulingConfigTemplate) and oversubscription.
+
+        Pass a mode name and the oversubscription fields of `PoolConfig`, or a `PoolConfig`.
+        An unknown mode raises PlacementModeError and changes nothing.
+        """
+        if isinstance(placement_mode, PoolConfig):
+            cfg = placement_mode
+        else:
+            cfg = PoolConfig(placement_mode, **oversubscription)
         old = self._pool_cfg.get(pool)
         self._pool_cfg[pool] = cfg
         if old is None or mode_variants(old.placement_mode)[0] != mode_variants(cfg.placement_mode)[0]:

@@ -56,6 +56,8 @@ class EmbeddedApiServer:
         self._restart_requested: anyio.Event | None = None
         self._serving = anyio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: true once the server has served (start-up failures happen before)
+        self.started = False
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -166,6 +168,7 @@ class EmbeddedApiServer:
                         security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
                     if task_status is not None:
                         task_status.started()
+                    self.started = True
                     self._serving.set()
                     await stop.wait()
                 finally:

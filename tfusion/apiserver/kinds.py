@@ -38,7 +38,9 @@ class KindRules:
             validation.default_pod(obj)
             if old is None:
                 self._resolve_priority(obj)
-                obj.setdefault("status", {}).setdefault("phase", "Pending")
+                status = obj.setdefault("status", {})
+                status.setdefault("phase", "Pending")
+                status["qosClass"] = validation.pod_qos_class(obj)
         elif key == NAMESPACES:
             obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
             if old is None:

@@ -69,7 +69,14 @@ def _core(plural: str, kind: str, namespaced: bool, **kw: Any) -> ResourceInfo:
 CREATE_ONLY = ("create",)
 
 BUILTINS: tuple[ResourceInfo, ...] = (
-    _core("namespaces", "Namespace", False, short_names=("ns",), subresources=("status",)),
+    _core(
+        "namespaces",
+        "Namespace",
+        False,
+        short_names=("ns",),
+        subresources=("status",),
+        verbs=("create", "delete", "get", "list", "patch", "update", "watch"),  # no deletecollection, as in kube
+    ),
     _core("nodes", "Node", False, short_names=("no",), subresources=("status",)),
     _core(
         "pods", "Pod", True, short_names=("po",), categories=("all",), subresources=("status", "binding", "eviction")

@@ -14,6 +14,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from tfusion.apiserver.embedded import EmbeddedApiServer
+from tfusion.roles import RoleError
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,16 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
         watch_history=settings.watch_history,
         kubeconfig_path=kubeconfig,
     )
+
+    async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await server.run(task_status=task_status)
+        except OSError as exc:
+            if server.started:
+                raise
+            raise RoleError(f"apiserver cannot start: {exc}") from None
+
     async with anyio.create_task_group() as tg:
-        await tg.start(server.run)
+        await tg.start(serve)
         log.info("embedded API server on %s (state %s, kubeconfig %s)", server.url, settings.state, kubeconfig)
         task_status.started(str(kubeconfig))

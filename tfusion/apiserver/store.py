@@ -71,6 +71,7 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._committed: asyncio.Future[None] | None = None
+        self._commit_handle: asyncio.Handle | None = None
         self._pending: list[Event] = []
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -167,10 +168,11 @@ class Store:
             self._commit()
             return
         self._committed = loop.create_future()
-        loop.call_soon(self._commit)
+        self._commit_handle = loop.call_soon(self._commit)
 
     def _commit(self) -> None:
         committed, self._committed = self._committed, None
+        self._commit_handle = None
         try:
             self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('rv', ?)", (str(self.rv).encode(),))
             self._db.commit()
@@ -238,5 +240,7 @@ class Store:
     def close(self) -> None:
         self.close_watches()
         if self._committed is not None:
+            if self._commit_handle is not None:
+                self._commit_handle.cancel()
             self._commit()
         self._db.close()

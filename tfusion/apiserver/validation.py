@@ -116,7 +116,14 @@ def default_pod(pod: dict[str, Any]) -> None:
                 image = container.get("image", "")
                 tag_latest = isinstance(image, str) and (":" not in image.rsplit("/", 1)[-1]) and "@" not in image
                 container.setdefault("imagePullPolicy", "Always" if tag_latest else "IfNotPresent")
-                container.setdefault("resources", {})
+                resources = container.setdefault("resources", {})
+                limits = resources.get("limits")
+                if isinstance(limits, dict) and limits:
+                    # kube-apiserver defaults each missing request to its limit
+                    requests = resources.setdefault("requests", {})
+                    if isinstance(requests, dict):
+                        for name, quantity in limits.items():
+                            requests.setdefault(name, quantity)
 
 
 def validate_pod(pod: dict[str, Any]) -> list[Cause]:
@@ -194,3 +201,21 @@ def default_secret(secret: dict[str, Any]) -> None:
         data = secret.setdefault("data", {})
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
+
+
+def pod_qos_class(pod: dict[str, Any]) -> str:
+    """BestEffort, Burstable or Guaranteed, by kube's rules over cpu and memory of every container."""
+    spec = pod.get("spec") or {}
+    containers = [c for kind in ("initContainers", "containers") for c in spec.get(kind) or [] if isinstance(c, dict)]
+    any_set, guaranteed = False, True
+    for container in containers:
+        resources = container.get("resources") or {}
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for name in ("cpu", "memory"):
+            if name in requests or name in limits:
+                any_set = True
+            if name not in limits or str(requests.get(name, limits[name])) != str(limits[name]):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"

@@ -65,9 +65,8 @@ async def plan_devices(settings: Settings) -> DevicePlan:
     fallback = settings.resolved_sim_devices_fallback
     if backend_name == "none" and spec == "auto" and fallback:
         log.warning("=" * 78)
-        log.warning("no NVIDIA driver answered (%s)", reason)
-        log.warning("SIMULATING GPUs: --devices=%s (--sim-devices-fallback; pass --devices=nvml to refuse, "
-                    "or --sim-devices-fallback=off)", fallback)
+        log.warning("SIMULATED GPUs: --devices=auto found no NVIDIA driver, so this node gets --devices=%s", fallback)
+        log.warning("(--sim-devices-fallback; --sim-devices-fallback=off or --devices=nvml to refuse)")
         log.warning("=" * 78)
         devices, backend_name, _ = await _probe(fallback, node, table)
         return DevicePlan(fallback, devices, backend_name, f"no NVIDIA driver answered; simulated {fallback}")

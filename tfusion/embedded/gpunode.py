@@ -12,13 +12,16 @@ work a single machine needs, and nothing more:
   no owner), with `spec.manageMode: AutoSelect` and no owner reference. An existing GPUNode is
   never changed; none is deleted.
 - GPUNode reconciler: while the node's hypervisor answers /readyz with 200 and has reported its
-  GPUs, the GPUNode and its GPUs in phase Pending become Running (schedulable); when it stops
-  answering they go back to Pending. GPUs in phase Unknown (unhealthy, missing) are left alone.
+  GPUs, the GPUNode and its GPUs in phase Pending become Running (schedulable); when it has not
+  answered for NOT_READY_GRACE_S they go back to Pending (the grace keeps a restart of
+  `--role=all`, where this starts before the hypervisor, from flapping them). GPUs in phase
+  Unknown (unhealthy, missing) are left alone.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 #: how often the phases are checked: quickly while something is not settled, then slowly
 FAST_S = 1.0
 SLOW_S = 5.0
+#: how long the hypervisor may be unready before its GPUs stop being schedulable
+NOT_READY_GRACE_S = 10.0
 PENDING, RUNNING = "Pending", "Running"
 
 
@@ -75,6 +80,7 @@ class GpuNodeStandIn:
         self.hypervisor_url = hypervisor_url
         self.pool: str | None = None
         self._warned_no_pool = False
+        self._unready_since: float | None = None
 
     async def ensure(self, node: dict[str, Any]) -> str | None:
         """Create the GPUNode when a pool selects the Node; returns its pool (None: not selected)."""
@@ -137,11 +143,19 @@ class GpuNodeStandIn:
         gpus = list(await self.client.list(r.GPUS, label_selector=f"{ann.MANAGED_BY}={self.node_name}"))
         reported = int((gpunode.get("status") or {}).get("totalGPUs") or 0) > 0 and bool(gpus)
         ready = reported and await self.hypervisor_ready()
+        if ready:
+            self._unready_since = None
+        else:
+            now = time.monotonic()
+            self._unready_since = self._unready_since or now
+            if now - self._unready_since < NOT_READY_GRACE_S:
+                return False
         want, other = (RUNNING, PENDING) if ready else (PENDING, RUNNING)
         for gpu in gpus:
             if (gpu.get("status") or {}).get("phase") == other:
                 await self._set_phase(r.GPUS, gpu["metadata"]["name"], want)
-        if (gpunode.get("status") or {}).get("phase") in (other, None, ""):
+        status = gpunode.get("status") or {}
+        if "totalGPUs" in status and status.get("phase") in (other, None, ""):  # reported by the hypervisor
             await self._set_phase(r.GPUNODES, self.node_name, want)
         return ready
 

@@ -339,7 +339,10 @@ class SimulatedKubelet:
         GPUNode (if a pool selects the node) exists."""
         node = await self.register()
         await self.renew_lease()
-        await self.gpunode.ensure(node)
+        try:
+            await self.gpunode.ensure(node)
+        except KubeError as exc:  # e.g. no tensor-fusion.ai CRDs yet: the stand-in's loop keeps trying
+            log.warning("GPUNode %s: %s; will retry", self.node_name, exc)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._every, LEASE_RENEW_S, "lease renewal", self.renew_lease)
             tg.start_soon(self._every, STATUS_REPORT_S, "node status", self.report_status)

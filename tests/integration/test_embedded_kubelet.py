@@ -1,0 +1,171 @@
+"""The simulated kubelet and the GPUNode stand-in against the embedded API server over HTTP."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+
+from tfusion.embedded import gpunode as gpunode_module
+from tfusion.embedded.bootstrap import bootstrap
+from tfusion.embedded.devices import DevicePlan, plan_devices
+from tfusion.embedded.gpunode import GpuNodeStandIn
+from tfusion.embedded.kubelet import LEASE_NAMESPACE, SimulatedKubelet
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, NotFound
+from tfusion.settings import Settings
+
+pytestmark = pytest.mark.anyio
+T = TypeVar("T")
+NODE = "n1"
+
+
+@pytest.fixture
+async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
+    yield client
+    await client.close()
+
+
+def settings(**changes: Any) -> Settings:
+    return Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, **changes)
+
+
+async def plan(devices: str) -> DevicePlan:
+    return await plan_devices(settings(devices=devices, sim_devices_fallback="off"))
+
+
+async def eventually(what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 5.0) -> T:
+    last: Any = None
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                result = await check()
+                if result:
+                    return result
+                last = result
+            except NotFound as exc:
+                last = exc
+            await anyio.sleep(0.05)
+    pytest.fail(f"{what} not seen within {timeout} s (last: {last!r})")
+
+
+def pod(name: str, node: str | None = NODE, **meta: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}],
+                            "initContainers": [{"name": "setup", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", **meta},
+            "spec": spec}
+
+
+async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
+    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:2xA100-SXM4-80GB"))
+    node = await kubelet.register()
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["kubernetes.io/hostname"] == NODE
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+    assert int(node["status"]["capacity"]["cpu"]) >= 1 and node["status"]["capacity"]["memory"].endswith("Ki")
+    await kubelet.renew_lease()
+    lease = await kube.get(r.LEASES, NODE, namespace=LEASE_NAMESPACE)
+    assert lease["spec"]["holderIdentity"] == NODE and lease["spec"]["leaseDurationSeconds"] == 40
+
+    await kube.patch(r.NODES, NODE, {"metadata": {"labels": {"zone": "a"}}, "spec": {"unschedulable": True}})
+    no_gpus = SimulatedKubelet(kube, NODE, DevicePlan("auto", (), "none", "no driver"))
+    node = await no_gpus.register()
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["zone"] == "a"
+    assert not any(k.startswith("nvidia.com/") for k in node["metadata"]["labels"])
+
+
+async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
+    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:1xH100-SXM5-80GB"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(kubelet.run)
+        await kube.create(r.PODS, pod("plain"))
+        await kube.create(r.PODS, pod("guarded", finalizers=["example.com/keep"]))
+        await kube.create(r.PODS, pod("elsewhere", node="other"))
+        await kube.create(r.PODS, pod("unbound", node=None))
+
+        async def running(name: str) -> dict[str, Any] | None:
+            found = await kube.get(r.PODS, name, namespace="default")
+            return found if found["status"].get("phase") == "Running" else None
+
+        plain = await eventually("pod plain Running", lambda: running("plain"))
+        status = plain["status"]
+        assert status["podIP"] == "127.0.0.1" and status["hostIP"] == "127.0.0.1" and status["startTime"]
+        assert status["containerStatuses"][0]["ready"] is True
+        assert "terminated" in status["initContainerStatuses"][0]["state"]
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+        await eventually("pod guarded Running", lambda: running("guarded"))
+        for name in ("elsewhere", "unbound"):
+            untouched = await kube.get(r.PODS, name, namespace="default")
+            assert untouched["status"].get("phase", "Pending") == "Pending", untouched["status"]
+
+        await kube.delete(r.PODS, "guarded", namespace="default")
+
+        async def stopped() -> dict[str, Any] | None:
+            found = await kube.get(r.PODS, "guarded", namespace="default")
+            return found if found["status"].get("phase") == "Succeeded" else None
+
+        guarded = await eventually("pod guarded stopped", stopped)
+        assert "terminated" in guarded["status"]["containerStatuses"][0]["state"]
+        await kube.patch(r.PODS, "guarded", {"metadata": {"finalizers": None}}, namespace="default")
+
+        async def gone() -> bool:
+            try:
+                await kube.get(r.PODS, "guarded", namespace="default")
+            except NotFound:
+                return True
+            return False
+
+        await eventually("pod guarded gone once its finalizer went", gone)
+        tg.cancel_scope.cancel()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_gpunode_stand_in(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    await bootstrap(kube, settings())
+    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:1xA100-SXM4-80GB"))
+    node = await kubelet.register()
+    other = SimulatedKubelet(kube, "cpu-only", DevicePlan("auto", (), "none"))
+    stand_in = GpuNodeStandIn(kube, NODE, vendor="NVIDIA", hypervisor_url=None)
+    assert await stand_in.ensure(node) == "tensor-fusion-shared"
+    created = await kube.get(r.GPUNODES, NODE)
+    assert created["metadata"]["labels"]["tensor-fusion.ai/pool-tensor-fusion-shared"] == "true"
+    assert created["spec"]["manageMode"] == "AutoSelect"
+    assert await GpuNodeStandIn(kube, "cpu-only", vendor="NVIDIA",
+                                hypervisor_url=None).ensure(await other.register()) is None
+
+    # what the hypervisor reports, then the phases follow its readiness
+    gpu = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
+           "metadata": {"name": "gpu-1", "labels": {"tensor-fusion.ai/managed-by": NODE}}}
+    await kube.create(r.GPUS, gpu)
+    await kube.patch(r.GPUS, "gpu-1", {"status": {
+        "phase": "Pending", "capacity": {"tflops": "312", "vram": "80Gi"},
+        "available": {"tflops": "312", "vram": "80Gi"},
+        "uuid": "gpu-1", "nodeSelector": {"kubernetes.io/hostname": NODE}, "gpuModel": "A100", "message": "",
+        "vendor": "NVIDIA"}}, subresource="status")
+    assert await stand_in.sync_phases() is False  # the GPUNode has not been reported yet
+    await kube.patch(r.GPUNODES, NODE, {"status": {"totalGPUs": 1, "managedGPUs": 1, "totalTFlops": "312",
+                                                   "totalVRAM": "80Gi", "phase": "Pending"}}, subresource="status")
+    assert await stand_in.sync_phases() is True
+    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Running"
+    assert (await kube.get(r.GPUNODES, NODE))["status"]["phase"] == "Running"
+
+    stand_in.hypervisor_url = f"http://127.0.0.1:{closed_port()}"
+    assert await stand_in.sync_phases() is False  # unready, but within the grace: nothing changes
+    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Running"
+    monkeypatch.setattr(gpunode_module, "NOT_READY_GRACE_S", 0.0)
+    await stand_in.sync_phases()
+    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Pending"
+    assert (await kube.get(r.GPUNODES, NODE))["status"]["phase"] == "Pending"
