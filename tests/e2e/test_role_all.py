@@ -215,7 +215,7 @@ def test_role_all_end_to_end(role_all: RoleAll) -> None:
     run = role_all
     run.start()
     run.wait_for("controller and hypervisor /readyz", run.ready)
-    summary = run.output()
+    summary = run.wait_for("the startup summary", lambda: (lambda out: out if "Try:" in out else None)(run.output()))
     assert "tfusion is running" in summary and str(run.kubeconfig) in summary
     assert "3 GPU(s), simulated" in summary and "SIMULATED GPUs" in summary
 

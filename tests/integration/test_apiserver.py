@@ -165,6 +165,8 @@ async def test_put_optimistic_concurrency(http: httpx.AsyncClient) -> None:
     assert (await http.put(f"{CMS}/occ", json=unconditional)).json()["data"] == {"a": "4"}
     mismatch = await http.put(f"{CMS}/occ", json={**unconditional, "metadata": {"name": "other"}})
     assert mismatch.status_code == 400
+    other_uid = await http.put(f"{CMS}/occ", json={**unconditional, "metadata": {"name": "occ", "uid": "x"}})
+    assert other_uid.status_code == 409 and "Precondition failed: UID" in other_uid.json()["message"]
     missing = await http.put(f"{CMS}/ghost", json={"metadata": {"name": "ghost"}})
     assert missing.status_code == 404
 
@@ -662,3 +664,41 @@ async def test_verbs_a_resource_does_not_have_are_405(http: httpx.AsyncClient) -
         response = await http.request(method, path)
         assert response.status_code == 405, (method, path, response.text)
         assert response.json()["reason"] == "MethodNotAllowed"
+
+
+def _pb_field(number: int, payload: bytes | str | int) -> bytes:
+    """One protobuf field: varint for ints, length-delimited for bytes and strings."""
+
+    def varint(value: int) -> bytes:
+        out = b""
+        while True:
+            byte, value = value & 0x7F, value >> 7
+            out += bytes([byte | (0x80 if value else 0)])
+            if not value:
+                return out
+
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    data = payload.encode() if isinstance(payload, str) else payload
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+async def test_protobuf_request_bodies(http: httpx.AsyncClient) -> None:
+    """What kubectl's typed clients send: a runtime.Unknown envelope around the object's protobuf."""
+    labels = _pb_field(11, _pb_field(1, "team") + _pb_field(2, "gpu"))
+    meta = _pb_field(1, "from-protobuf") + _pb_field(2, "") + labels
+    configmap = _pb_field(1, meta) + _pb_field(2, _pb_field(1, "mode") + _pb_field(2, "fast"))
+    type_meta = _pb_field(1, "v1") + _pb_field(2, "ConfigMap")
+    body = b"k8s\x00" + _pb_field(1, type_meta) + _pb_field(2, configmap)
+    created = await http.post(CMS, content=body, headers={"content-type": "application/vnd.kubernetes.protobuf"})
+    assert created.status_code == 201, created.text
+    obj = created.json()
+    assert obj["metadata"]["name"] == "from-protobuf" and obj["metadata"]["labels"] == {"team": "gpu"}
+    assert obj["data"] == {"mode": "fast"} and "generateName" not in obj["metadata"]
+    other = b"k8s\x00" + _pb_field(1, _pb_field(1, "apps/v1") + _pb_field(2, "Deployment")) + _pb_field(2, b"")
+    refused = await http.post(CMS, content=other, headers={"content-type": "application/vnd.kubernetes.protobuf"})
+    assert refused.status_code == 415 and "application/json" in refused.json()["message"]
+    garbage = await http.post(
+        CMS, content=b"k8s\x00\xff", headers={"content-type": "application/vnd.kubernetes.protobuf"}
+    )
+    assert garbage.status_code == 400 and garbage.json()["reason"] == "BadRequest"

@@ -116,3 +116,28 @@ def test_role_reports_a_busy_port_in_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in second.stderr
     finally:
         _stop(proc)
+
+
+def test_one_server_per_state_file(tmp_path: Path) -> None:
+    proc, _, _ = _start(tmp_path, "127.0.0.1:0")
+    try:
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tfusion",
+                "--role=apiserver",
+                "--listen",
+                "127.0.0.1:0",
+                "--state",
+                str(tmp_path / "state.db"),
+                "--kubeconfig-out",
+                str(tmp_path / "kc2"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert second.returncode == 1 and "is another API server using it?" in second.stderr
+    finally:
+        _stop(proc)

@@ -186,3 +186,15 @@ async def test_legacy_watch_path(http: httpx.AsyncClient) -> None:
     assert summary(events) == [("ADDED", "legacy")]
     single = await read_events(http, "/api/v1/watch/namespaces/default/configmaps/legacy", {"timeoutSeconds": "1"}, 5)
     assert summary(single) == [("ADDED", "legacy")]
+
+
+async def test_watch_list_protocol(http: httpx.AsyncClient) -> None:
+    await http.post(CMS, json={"metadata": {"name": "wl"}})
+    params = {"sendInitialEvents": "true", "allowWatchBookmarks": "true", "resourceVersionMatch": "NotOlderThan"}
+    events = await read_events(http, CMS, params, 2)
+    assert summary(events) == [("ADDED", "wl"), ("BOOKMARK", "")]
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    without_bookmarks = await http.get(CMS, params={"watch": "true", "sendInitialEvents": "true"})
+    assert without_bookmarks.status_code == 422
+    quiet = await read_events(http, CMS, {"sendInitialEvents": "false", "timeoutSeconds": "1"}, 5)
+    assert quiet == []

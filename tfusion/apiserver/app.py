@@ -65,8 +65,10 @@ class Request:
 
             try:
                 return protobuf.decode(self.body)
-            except protobuf.ProtobufError as exc:
+            except protobuf.UnsupportedKind as exc:
                 raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from None
+            except protobuf.ProtobufError as exc:
+                raise errors.bad_request(f"error decoding protobuf: {exc}") from None
         if ctype not in ("application/json", "", "*/*") and not ctype.endswith("+json"):
             if "yaml" in ctype:
                 import yaml
@@ -423,6 +425,20 @@ class ApiApp:
             timeout = float(timeout_text) if timeout_text else None
         except ValueError:
             raise errors.bad_request(f"invalid timeoutSeconds {timeout_text!r}") from None
+        initial_events = {"true": True, "false": False}.get(request.params.get("sendInitialEvents", ""))
+        if initial_events and request.params.get("allowWatchBookmarks") != "true":
+            raise errors.invalid(
+                "ListOptions",
+                "meta.k8s.io",
+                "",
+                [
+                    (
+                        "allowWatchBookmarks",
+                        "FieldValueForbidden",
+                        "Forbidden: sendInitialEvents requires setting allowWatchBookmarks=true",
+                    )
+                ],
+            )
         watch = WatchRequest(
             info,
             target.namespace if info.namespaced else None,
@@ -433,6 +449,7 @@ class ApiApp:
             bookmarks=request.params.get("allowWatchBookmarks") == "true",
             as_table=request.wants_table,
             include_object=request.params.get("includeObject", "Metadata"),
+            initial_events=initial_events,
         )
         await serve_watch(
             self.engine.store, watch, send, request.receive, bookmark_interval=self.bookmark_interval, headers=[]

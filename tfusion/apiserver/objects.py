@@ -274,6 +274,14 @@ class Engine:
         wanted_rv = obj["metadata"].get("resourceVersion")
         if wanted_rv and str(wanted_rv) != str(old.rv):
             raise errors.conflict(info.plural, info.group, name)
+        wanted_uid, old_uid = obj["metadata"].get("uid"), old.obj["metadata"].get("uid")
+        if wanted_uid and wanted_uid != old_uid:
+            raise errors.conflict(
+                info.plural,
+                info.group,
+                name,
+                f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {old_uid}",
+            )
         obj = self._merge_system_fields(info, old.obj, obj, subresource)
         if self.admit is not None and subresource == "":
             obj = await self.admit("UPDATE", info, obj, old.obj, dry_run)

@@ -23,6 +23,10 @@ class ProtobufError(ValueError):
     """The body is not a protobuf-encoded object this server can read."""
 
 
+class UnsupportedKind(ProtobufError):
+    """Well-formed, but of a kind this server only reads as JSON."""
+
+
 _TYPE_META: Schema = {1: ("apiVersion", "string", None), 2: ("kind", "string", None)}
 _UNKNOWN: Schema = {
     1: ("typeMeta", "message", _TYPE_META),
@@ -232,8 +236,8 @@ def decode(body: bytes) -> dict[str, Any]:
         api_version, kind = type_meta.get("apiVersion", ""), type_meta.get("kind", "")
         schema = KINDS.get((api_version, kind))
         if schema is None:
-            supported = ", ".join(sorted(k for _, k in KINDS))
-            raise ProtobufError(
+            supported = ", ".join(sorted({k for _, k in KINDS}))
+            raise UnsupportedKind(
                 f"protobuf bodies are only read for {supported}; send {kind or 'this kind'} as application/json"
             )
         obj = decode_message(schema, envelope.get("raw", b""))

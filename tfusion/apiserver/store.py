@@ -27,6 +27,10 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 MAX_QUEUED_EVENTS = 100_000
 
 
+class StateFileError(OSError):
+    """The state file cannot be used (locked by another server, unreadable, not a database)."""
+
+
 class Entry:
     """One stored object: the dict (never mutated once stored) and its JSON encoding."""
 
@@ -69,11 +73,21 @@ class Store:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=0.5)
         self._committed: asyncio.Future[None] | None = None
         self._commit_handle: asyncio.Handle | None = None
         self._pending: list[Event] = []
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # one server per state file: two would hand out the same resourceVersions
+        self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("BEGIN EXCLUSIVE")
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            raise StateFileError(
+                f"state file {self.path} cannot be opened: {exc} (is another API server using it?)"
+            ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS objects (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,"

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from tfusion.apiserver.resources import ResourceInfo
 
 Column = tuple[str, str, str, Callable[[dict[str, Any]], Any]]  # name, type, description, cell getter
@@ -80,7 +82,7 @@ def json_path(expression: str) -> Callable[[dict[str, Any]], Any]:
             values = out
         if not values:
             return None
-        return values[0] if len(values) == 1 else values
+        return values[0]  # like kube-apiserver's table converter: the first match
 
     return get
 
@@ -247,13 +249,14 @@ def _cell(kind: str, value: Any) -> Any:
     if kind == "date":
         return human_age(value)
     if isinstance(value, list | dict):
-        import orjson
-
-        return orjson.dumps(value).decode() if not isinstance(value, list) else ",".join(str(v) for v in value)
+        return orjson.dumps(value).decode()  # JSONPath prints structured values as JSON
     return value
 
 
 def _priority(name: str, info: ResourceInfo) -> int:
+    if info.is_custom:  # a CRD column with priority > 0 shows only with -o wide
+        declared = next((c for c in info.printer_columns if c.get("name") == name), None)
+        return int(declared.get("priority", 0)) if declared else 0
     wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",)}.get(info.storage_key, ())
     return 1 if name in wide else 0
 

@@ -37,6 +37,7 @@ class WatchRequest:
         bookmarks: bool,
         as_table: bool = False,
         include_object: str = "Metadata",
+        initial_events: bool | None = None,
     ) -> None:
         self.info = info
         self.namespace = namespace
@@ -47,6 +48,8 @@ class WatchRequest:
         self.bookmarks = bookmarks
         self.as_table = as_table
         self.include_object = include_object
+        #: sendInitialEvents (the watch-list protocol): None when not given
+        self.initial_events = initial_events
         self._table_started = False
         #: events at or before this resourceVersion are already known to the client
         self.after_rv = 0
@@ -99,8 +102,11 @@ class WatchRequest:
             return self.line(DELETED, event.entry)
         return None
 
-    def bookmark(self, rv: int) -> bytes:
-        obj = {"kind": self.info.kind, "apiVersion": self.info.api_version, "metadata": {"resourceVersion": str(rv)}}
+    def bookmark(self, rv: int, *, initial_events_end: bool = False) -> bytes:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_events_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        obj = {"kind": self.info.kind, "apiVersion": self.info.api_version, "metadata": meta}
         return orjson.dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
 
 
@@ -122,11 +128,16 @@ async def serve_watch(
     try:
         initial: list[bytes] = []
         rv_text = request.resource_version
-        if rv_text in (None, "", "0"):
+        if request.initial_events is False and rv_text in (None, "", "0"):
+            request.after_rv = store.rv  # "start at most recent", with no synthetic events
+        elif rv_text in (None, "", "0") or request.initial_events:
             request.after_rv = store.rv
             for _, entry in sorted(store.items(info.storage_key, request.namespace), key=lambda kv: kv[0]):
                 if request.matches(entry.obj):
                     initial.append(request.line(ADDED, entry))
+            if request.initial_events:
+                # the watch-list protocol: this bookmark tells the client its initial state is complete
+                initial.append(request.bookmark(store.rv, initial_events_end=True))
         else:
             assert rv_text is not None
             since = request.after_rv = int(rv_text)

@@ -43,7 +43,9 @@ async def run(settings: Settings, plan: DevicePlan, *, bootstrap_server: bool,
               task_status: TaskStatus[StageInfo] = anyio.TASK_STATUS_IGNORED) -> None:
     """`settings.kube` is the kubeconfig to use; `bootstrap_server` says it is our embedded server."""
     try:
-        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
+        # An explicit namespace gives this stage its own kr8s Api (kr8s shares one per argument set
+        # and loop), so the other roles closing theirs at shutdown does not cut the kubelet's watch.
+        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or "default")
     except (ValueError, KubeError) as exc:
         raise RoleError(f"embedded bootstrap: cannot reach the API server: {exc}") from None
     try:
