@@ -339,6 +339,10 @@ class AllocatorService:
     # --- feeding --------------------------------------------------------------------------------
 
     def _apply_gpu(self, allocator: GpuAllocator, obj: Obj) -> None:
+        if not (obj.get("status") or {}).get("capacity"):
+            # The hypervisor creates a GPU, then reports its status in a second write: nothing to use yet.
+            log.debug("GPU %s has no reported capacity yet", _meta(obj).get("name"))
+            return
         try:
             allocator.upsert_gpu(gpu_from_object(obj))
         except GpuObjectError as exc:

@@ -205,8 +205,10 @@ class KubeClient:
                                  "'in-cluster' or 'embedded'")
             kwargs = {"kubeconfig": str(path)}
         try:
-            # kr8s asks the server's /version here, so an unreachable server fails now
-            api = await kr8s.asyncio.api(namespace=namespace, **kwargs)
+            # Our own Api object, not kr8s.asyncio.api()'s per-loop cached one: roles in one process
+            # each close their client on shutdown, and a shared session would cut the others' watches.
+            # kr8s asks the server's /version here, so an unreachable server fails now.
+            api = await kr8s.asyncio.Api(namespace=namespace, bypass_factory=True, **kwargs)
         except kr8s.ServerError as exc:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
