@@ -12,7 +12,14 @@ Usage (the fixture is registered for every test through tests/conftest.py):
 
 The server runs in a background thread with its own event loop, so any test event loop (or none)
 can talk to it. It listens on 127.0.0.1 with a free port, plain HTTP, no auth, state in a tmp
-SQLite file; namespaces default, kube-system and tensor-fusion-sys exist; nothing else is applied.
+SQLite file. What kube-apiserver and kube-controller-manager create at start exists (namespaces
+default, kube-system, kube-public, kube-node-lease and tensor-fusion-sys, a `default`
+ServiceAccount in each namespace, the system-node-critical and system-cluster-critical
+PriorityClasses); nothing else is applied (no CRDs: see apply_crds below).
+
+Semantics worth knowing: metadata.generation is kept for CRDs and custom resources only (as in
+kube 1.32); a pod without finalizers is removed at once on DELETE (no kubelet confirms graceful
+deletion); watch events are delivered once a write is committed, before or with its response.
 
 Handle (`ApiServerHandle`):
 - `.url`, `.kubeconfig` (path of a kubeconfig file, namespace "default"), `.state` (SQLite path),
@@ -20,7 +27,10 @@ Handle (`ApiServerHandle`):
 - `.close_watches()`: end every open watch stream (clients see a clean end and must re-watch);
 - `.compact()`: drop the watch event log, so a watch from an older resourceVersion gets 410;
 - `.restart()`: stop and serve again from the same state file on the same port;
-- `.call(fn)`: run a plain function on the server's loop and return its result.
+- `.call(fn)`: run a plain function on the server's loop and return its result;
+- `.stop()`: stop it early (the fixture stops it anyway).
+For a server of your own (another history size, a second server), use
+`ApiServerHandle(state_path, kubeconfig_path, watch_history=N).start()` and `.stop()` it.
 Bookmarks are sent every `BOOKMARK_INTERVAL_S` (1 s) to watches that allow them.
 
 `apply_crds(handle)` (async) / `apply_crds_sync(handle)` POST every CRD from

@@ -102,7 +102,7 @@ class Target:
 
 
 class ApiApp:
-    """ASGI entry point. `services` supplies the parts that are not plain object storage."""
+    """ASGI entry point; `special` handlers serve the POST-only parts that are not object storage."""
 
     def __init__(
         self,

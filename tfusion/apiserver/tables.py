@@ -156,6 +156,17 @@ def _ports(svc: dict[str, Any]) -> str:
     return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
 
 
+def _event_last_seen(event: dict[str, Any]) -> str:
+    series = event.get("series") or {}
+    stamp = (
+        series.get("lastObservedTime")
+        or event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+    )
+    return human_age(stamp)
+
+
 def _count(key: str) -> Callable[[dict[str, Any]], int]:
     return lambda obj: len(obj.get(key) or {}) + (len(obj.get("binaryData") or {}) if key == "data" else 0)
 
@@ -197,7 +208,7 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
         AGE,
     ],
     "/events": [
-        ("Last Seen", "string", "last seen", _path(".lastTimestamp")),
+        ("Last Seen", "string", "last seen", _event_last_seen),
         ("Type", "string", "event type", _path(".type")),
         ("Reason", "string", "reason", _path(".reason")),
         (
