@@ -21,6 +21,15 @@ from cryptography.x509.oid import NameOID
 
 from tfusion.web import bind_socket, serve
 
+#: a webhook rule for pod creates and updates
+POD_RULE = {
+    "operations": ["CREATE", "UPDATE"],
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["pods"],
+    "scope": "Namespaced",
+}
+
 Handler = Callable[[str, dict[str, Any]], Awaitable[tuple[int, bytes]]]
 
 
@@ -134,14 +143,8 @@ class WebhookServer:
         return f"127.0.0.1:{self.port}"
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+        if scope["type"] != "http":
+            return  # lifespan: uvicorn takes a plain return as "nothing to start or stop"
         body = b""
         while True:
             message = await receive()
@@ -184,11 +187,3 @@ async def webhook_server(
             yield server
         finally:
             tg.cancel_scope.cancel()
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    sock = bind_socket("127.0.0.1:0")
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port

@@ -33,6 +33,10 @@ For a server of your own (another history size, a second server), use
 `ApiServerHandle(state_path, kubeconfig_path, watch_history=N).start()` and `.stop()` it.
 Bookmarks are sent every `BOOKMARK_INTERVAL_S` (1 s) to watches that allow them.
 
+The `kube` fixture is a tfusion KubeClient (no client-side rate limit) on that server; a test
+module that needs a namespace first overrides it with a fixture of the same name that asks for
+this one and creates it.
+
 `apply_crds(handle)` (async) / `apply_crds_sync(handle)` POST every CRD from
 `tfusion.api.crds.all_crds()` and wait until each kind is served.
 """
@@ -42,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +55,7 @@ import httpx
 import pytest
 
 from tfusion.apiserver.embedded import EmbeddedApiServer
+from tfusion.kube.client import KubeClient
 
 T = TypeVar("T")
 BOOKMARK_INTERVAL_S = 1.0
@@ -131,6 +136,13 @@ def apiserver(tmp_path: Path) -> Iterator[ApiServerHandle]:
         yield handle
     finally:
         handle.stop()
+
+
+@pytest.fixture
+async def kube(apiserver: ApiServerHandle) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(apiserver.kubeconfig, qps=0)
+    yield client
+    await client.close()
 
 
 def _crd_objects() -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
-"""Shared HTTP plumbing for the controller and hypervisor: uvicorn servers we can run inside an
-anyio task group (no signal capture of their own), health/readiness bookkeeping, and the
-Prometheus mount for a role's own registry.
+"""Shared HTTP plumbing for the controller, the hypervisor and the embedded API server: uvicorn
+servers we can run inside an anyio task group (no signal capture of their own), health/readiness
+bookkeeping, and the Prometheus mount for a role's own registry.
 """
 
 from __future__ import annotations

@@ -16,25 +16,19 @@ import pytest
 from kr8s.asyncio.objects import Namespace, Pod, Service, new_class
 
 from tests.admission_helpers import (
+    POD_RULE,
     CertificateAuthority,
     WebhookServer,
-    closed_port,
     review_response,
     webhook_server,
 )
+from tests.helpers import closed_port
 
 pytestmark = pytest.mark.anyio
 
 MutatingWebhookConfiguration = new_class(
     "MutatingWebhookConfiguration", "admissionregistration.k8s.io/v1", namespaced=False
 )
-POD_RULE = {
-    "operations": ["CREATE", "UPDATE"],
-    "apiGroups": [""],
-    "apiVersions": ["v1"],
-    "resources": ["pods"],
-    "scope": "Namespaced",
-}
 LABEL_PATCH = [{"op": "add", "path": "/metadata/labels/tensor-fusion.ai~1injected", "value": "true"}]
 
 

@@ -11,16 +11,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import kr8s.asyncio
 import pytest
 from kr8s.asyncio.objects import ConfigMap
 
-from tfusion.apiserver import security
+from tests.admission_helpers import CertificateAuthority, review_response, webhook_server
+from tests.helpers import closed_port
 from tfusion.apiserver.embedded import EmbeddedApiServer
 from tfusion.apiserver.tokens import TokenAuthority
-from tfusion.web import bind_socket, serve
 
 pytestmark = pytest.mark.anyio
 
@@ -163,43 +162,16 @@ async def test_token_request_errors(http: httpx.AsyncClient) -> None:
 
 
 # ------------------------------------------------------------------------------------------ webhooks
-class Hook:
-    """An HTTPS admission webhook: labels every pod it sees, or denies names starting with "deny"."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        review = json.loads(body)
-        request = review["request"]
-        self.calls.append(request)
-        response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
-        name = request["object"]["metadata"].get("name", "")
-        if name.startswith("deny"):
-            response = {
-                "uid": request["uid"],
-                "allowed": False,
-                "status": {"code": 403, "message": "names starting with deny are not welcome"},
-            }
-        else:
-            labels = request["object"]["metadata"].get("labels")
-            ops = [{"op": "add", "path": "/metadata/labels", "value": {}}] if not labels else []
-            ops.append({"op": "add", "path": "/metadata/labels/mutated", "value": request["operation"].lower()})
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-        answer = json.dumps(
-            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-        ).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": answer})
+async def mutate_or_deny(path: str, review: dict[str, Any]) -> tuple[int, bytes]:
+    """Labels every pod it sees with the operation, or denies names starting with "deny"."""
+    request = review["request"]
+    if request["object"]["metadata"].get("name", "").startswith("deny"):
+        status = {"code": 403, "message": "names starting with deny are not welcome"}
+        return 200, review_response(review, allowed=False, status=status)
+    labels = request["object"]["metadata"].get("labels")
+    ops: list[Any] = [{"op": "add", "path": "/metadata/labels", "value": {}}] if not labels else []
+    ops.append({"op": "add", "path": "/metadata/labels/mutated", "value": request["operation"].lower()})
+    return 200, review_response(review, patch=ops)
 
 
 def webhook_config(
@@ -231,23 +203,15 @@ def webhook_config(
 
 
 async def test_mutating_webhook_over_https(tmp_path: Path, http: httpx.AsyncClient) -> None:
-    cert, key = security.self_signed("hook.default.svc")
-    (tmp_path / "tls.crt").write_bytes(cert)
-    (tmp_path / "tls.key").write_bytes(key)
-    hook = Hook()
-    sock = bind_socket("127.0.0.1:0")
-    port = sock.getsockname()[1]
-    ca_bundle = base64.b64encode(cert).decode()
-    async with anyio.create_task_group() as tg:
-        await tg.start(
-            lambda task_status: serve(
-                hook,
-                sock,
-                ssl_certfile=str(tmp_path / "tls.crt"),
-                ssl_keyfile=str(tmp_path / "tls.key"),
-                task_status=task_status,
-            )
-        )
+    ca = CertificateAuthority()
+    async with webhook_server(tmp_path, ca, ["hook.default.svc"]) as hook:
+        hook.handler = mutate_or_deny
+        port, ca_bundle = hook.port, ca.bundle
+
+        def last_request() -> dict[str, Any]:
+            request: dict[str, Any] = hook.requests[-1][2]["request"]
+            return request
+
         config = webhook_config(
             "by-url",
             {"url": f"https://127.0.0.1:{port}/mutate", "caBundle": ca_bundle},
@@ -257,7 +221,7 @@ async def test_mutating_webhook_over_https(tmp_path: Path, http: httpx.AsyncClie
         created = await http.post(PODS, json=pod_body("mutated"))
         assert created.status_code == 201, created.text
         assert created.json()["metadata"]["labels"] == {"mutated": "create"}
-        assert hook.calls[-1]["operation"] == "CREATE" and hook.calls[-1]["namespace"] == "default"
+        assert last_request()["operation"] == "CREATE" and last_request()["namespace"] == "default"
         updated = await http.patch(
             f"{PODS}/mutated",
             content=b'{"metadata":{"annotations":{"a":"b"}}}',
@@ -266,7 +230,7 @@ async def test_mutating_webhook_over_https(tmp_path: Path, http: httpx.AsyncClie
         assert updated.json()["metadata"]["labels"] == {"mutated": "update"}
         generated = await http.post(PODS, json={**pod_body(""), "metadata": {"generateName": "gen-"}})
         assert generated.status_code == 201 and generated.json()["metadata"]["labels"] == {"mutated": "create"}
-        assert not hook.calls[-1].get("name") and hook.calls[-1]["object"]["metadata"]["generateName"] == "gen-"
+        assert not last_request().get("name") and last_request()["object"]["metadata"]["generateName"] == "gen-"
         skipped = await http.post(PODS, json=pod_body("skipped", {"skip": "1"}))
         assert skipped.json()["metadata"]["labels"] == {"skip": "1"}
         denied = await http.post(PODS, json=pod_body("deny-me"))
@@ -286,13 +250,10 @@ async def test_mutating_webhook_over_https(tmp_path: Path, http: httpx.AsyncClie
         via_service = await http.post(PODS, json=pod_body("via-service"))
         assert via_service.status_code == 201, via_service.text
         assert via_service.json()["metadata"]["labels"] == {"mutated": "create"}
-        tg.cancel_scope.cancel()
 
 
 async def test_webhook_failure_policy(http: httpx.AsyncClient) -> None:
-    sock = bind_socket("127.0.0.1:0")
-    dead_port = sock.getsockname()[1]
-    sock.close()  # nothing listens there
+    dead_port = closed_port()
     await http.post(HOOKS, json=webhook_config("failing", {"url": f"https://127.0.0.1:{dead_port}/"}))
     refused = await http.post(PODS, json=pod_body("blocked"))
     assert refused.status_code == 500 and 'failed calling webhook "failing.example.com"' in refused.json()["message"]

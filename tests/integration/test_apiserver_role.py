@@ -13,22 +13,16 @@ import httpx
 import yaml
 
 
+def _command(listen: str, state: Path, kubeconfig: Path) -> list[str]:
+    return [sys.executable, "-m", "tfusion", "--role=apiserver", "--listen", listen,
+            "--state", str(state), "--kubeconfig-out", str(kubeconfig)]
+
+
 def _start(workdir: Path, listen: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tfusion",
-            "--role=apiserver",
-            "--listen",
-            listen,
-            "--state",
-            str(workdir / "state.db"),
-            "--kubeconfig-out",
-            str(kubeconfig),
-        ],
+        _command(listen, workdir / "state.db", kubeconfig),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -95,18 +89,7 @@ def test_role_reports_a_busy_port_in_one_line(tmp_path: Path) -> None:
     try:
         port = url.rsplit(":", 1)[1]
         second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tfusion",
-                "--role=apiserver",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--state",
-                str(tmp_path / "second.db"),
-                "--kubeconfig-out",
-                str(tmp_path / "kc2"),
-            ],
+            _command(f"127.0.0.1:{port}", tmp_path / "second.db", tmp_path / "kc2"),
             capture_output=True,
             text=True,
             timeout=20,
@@ -122,18 +105,7 @@ def test_one_server_per_state_file(tmp_path: Path) -> None:
     proc, _, _ = _start(tmp_path, "127.0.0.1:0")
     try:
         second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tfusion",
-                "--role=apiserver",
-                "--listen",
-                "127.0.0.1:0",
-                "--state",
-                str(tmp_path / "state.db"),
-                "--kubeconfig-out",
-                str(tmp_path / "kc2"),
-            ],
+            _command("127.0.0.1:0", tmp_path / "state.db", tmp_path / "kc2"),
             capture_output=True,
             text=True,
             timeout=20,

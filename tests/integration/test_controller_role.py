@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import apply_crds
+from tests.helpers import wait_for
 from tfusion.controller.role import ControllerRuntime, build_runtime, serve_runtime
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
@@ -29,12 +30,6 @@ def settings_for(apiserver: Any, tmp_path: Path, **changes: Any) -> Settings:
                     leader_lease_duration=2.0, leader_renew_deadline=1.5, leader_retry_period=0.2,
                     operator_namespace="tf-ops")
     return base.replace(**changes)
-
-
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.05)
 
 
 def metric(text: str, line_start: str) -> float | None:

@@ -4,7 +4,6 @@ updated only when they change; defaults created once, user edits and deletions k
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,13 +18,6 @@ from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
 HASH = "tensor-fusion.ai/crd-spec-hash"
-
-
-@pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    yield client
-    await client.close()
 
 
 def settings(**changes: Any) -> Settings:

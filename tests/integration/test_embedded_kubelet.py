@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 
+from tests.helpers import closed_port
 from tfusion.embedded import gpunode as gpunode_module
 from tfusion.embedded.bootstrap import bootstrap
 from tfusion.embedded.devices import DevicePlan, plan_devices
@@ -21,13 +21,6 @@ from tfusion.settings import Settings
 pytestmark = pytest.mark.anyio
 T = TypeVar("T")
 NODE = "n1"
-
-
-@pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    yield client
-    await client.close()
 
 
 def settings(**changes: Any) -> Settings:
@@ -125,12 +118,6 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
 
         await eventually("pod guarded gone once its finalizer went", gone)
         tg.cancel_scope.cancel()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_gpunode_stand_in(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:

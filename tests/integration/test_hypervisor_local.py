@@ -12,6 +12,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.helpers import wait_for
 from tfusion.hypervisor import role
 from tfusion.settings import Settings
 
@@ -34,12 +35,6 @@ async def hypervisor(state: Path, **extra: Any) -> AsyncIterator[httpx.AsyncClie
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             yield client
         tg.cancel_scope.cancel()
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.05)
 
 
 async def test_probes_and_devices(tmp_path: Path) -> None:

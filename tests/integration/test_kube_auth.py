@@ -10,11 +10,11 @@ rule that a token that could not be reviewed is never accepted.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests.helpers import Clock
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.kube import resources as r
 from tfusion.kube.auth import ReviewedToken, ReviewUnavailable, TokenReviewer, Unauthenticated
@@ -23,21 +23,12 @@ from tfusion.kube.client import KubeClient
 pytestmark = pytest.mark.anyio
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    await client.create(r.NAMESPACES, {"metadata": {"name": "auth"}})
-    await client.create(r.SERVICEACCOUNTS, {"metadata": {"name": "worker", "namespace": "auth"}})
-    yield client
-    await client.close()
+async def kube(kube: KubeClient) -> KubeClient:
+    """The shared client (tests/apiserver_fixture.py), with namespace auth and its `worker` account."""
+    await kube.create(r.NAMESPACES, {"metadata": {"name": "auth"}})
+    await kube.create(r.SERVICEACCOUNTS, {"metadata": {"name": "worker", "namespace": "auth"}})
+    return kube
 
 
 async def make_pod(kube: KubeClient, name: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    await client.create(r.NAMESPACES, {"metadata": {"name": "t"}})
-    yield client
-    await client.close()
+async def kube(kube: KubeClient) -> KubeClient:
+    """The shared client (tests/apiserver_fixture.py), with this module's namespace created."""
+    await kube.create(r.NAMESPACES, {"metadata": {"name": "t"}})
+    return kube
 
 
 def cm(name: str, **data: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@ Event's fields, cluster-scoped objects, and never raising into or blocking the c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -17,11 +16,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    await client.create(r.NAMESPACES, {"metadata": {"name": "ev"}})
-    yield client
-    await client.close()
+async def kube(kube: KubeClient) -> KubeClient:
+    """The shared client (tests/apiserver_fixture.py), with this module's namespace created."""
+    await kube.create(r.NAMESPACES, {"metadata": {"name": "ev"}})
+    return kube
 
 
 async def test_repeats_are_aggregated(kube: KubeClient) -> None:

@@ -5,7 +5,6 @@ duplicated notifications; indexes; the shared factory; metrics."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -20,11 +19,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(str(apiserver.kubeconfig), qps=0)
-    await client.create(r.NAMESPACES, {"metadata": {"name": "inf"}})
-    yield client
-    await client.close()
+async def kube(kube: KubeClient) -> KubeClient:
+    """The shared client (tests/apiserver_fixture.py), with this module's namespace created."""
+    await kube.create(r.NAMESPACES, {"metadata": {"name": "inf"}})
+    return kube
 
 
 def cm(name: str, **data: str) -> dict[str, Any]:

@@ -12,12 +12,13 @@ import anyio
 import pytest
 
 from tests.admission_helpers import (
+    POD_RULE,
     CertificateAuthority,
     WebhookServer,
-    closed_port,
     review_response,
     webhook_server,
 )
+from tests.helpers import closed_port
 from tfusion.apiserver.admission import (
     AdmissionAttributes,
     AdmissionError,
@@ -26,13 +27,6 @@ from tfusion.apiserver.admission import (
     webhook_matches,
 )
 
-POD_RULE = {
-    "operations": ["CREATE", "UPDATE"],
-    "apiGroups": [""],
-    "apiVersions": ["v1"],
-    "resources": ["pods"],
-    "scope": "Namespaced",
-}
 USER = {"username": "system:serviceaccount:ns1:sa", "uid": "u-1", "groups": ["system:authenticated"]}
 
 

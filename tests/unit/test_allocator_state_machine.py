@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.helpers import Clock
 from tfusion.allocator import (
     AllocatorError,
     AllocRequest,
@@ -33,14 +34,6 @@ CAPS = ((100_000, 16 * GIB), (50_000, 8 * GIB), (200_000, 24 * GIB))
 NAMESPACES = ("a", "b")
 QUOTA = QuotaSpec(requests_tflops=300_000, requests_vram=40 * GIB, limits_tflops=600_000, limits_vram=80 * GIB,
                   max_workers=5, single_max_requests_vram=12 * GIB, single_max_gpu_count=2)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def need_t(req: AllocRequest, cap_t: int) -> int:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import yaml
 
 from tfusion.allocator import GpuAllocator, GpuInfo, QuotaSpec, request_from_pod
 from tfusion.controller import allocation_view
-from tfusion.controller.scheduling.simulate import simulate_schedule, simulate_schedule_body
+from tfusion.controller.scheduling.simulate import ManifestError, read_pod_manifest, simulate_schedule
 
 GIB = 1 << 30
 P = "tensor-fusion.ai/"
@@ -107,9 +108,11 @@ def test_simulate_status_codes() -> None:
     assert simulate_schedule(a, other) == (500, {"error": "scheduler framework not found"})
     status, body = simulate_schedule(a, pod("bad", **{P + "gpu-count": "999"}))
     assert status == 400 and "tensor-fusion.ai/gpu-count" in body["error"] and "999" in body["error"]
-    assert simulate_schedule_body(a, b"{not: [valid")[0] == 400
-    assert simulate_schedule_body(a, b"- a list")[0] == 400
-    status, body = simulate_schedule_body(a, yaml.safe_dump(pod("y")).encode())
+    with pytest.raises(ManifestError, match="neither JSON nor YAML"):
+        read_pod_manifest(b"{not: [valid")
+    with pytest.raises(ManifestError, match="an object"):
+        read_pod_manifest(b"- a list")
+    status, body = simulate_schedule(a, read_pod_manifest(yaml.safe_dump(pod("y")).encode()))
     assert status == 200 and body["scheduleResult"]["SuggestedHost"] == "node-a"
-    status, body = simulate_schedule_body(a, json.dumps(pod("z")).encode())
+    status, body = simulate_schedule(a, read_pod_manifest(json.dumps(pod("z")).encode()))
     assert status == 200

@@ -119,6 +119,16 @@ class _Allocation:
         self.usage = _usage_of(charges, limits)
 
 
+def _charge_slot(slot: GpuSlot, uid: str, charge: tuple[int, int], shared: bool) -> None:
+    """Record `uid`'s charge on `slot`: a shared (whole-GPU) allocation owns it, others add up."""
+    slot.allocs[uid] = charge
+    if shared:
+        slot.shared_by = uid
+    else:
+        slot.used_t += charge[0]
+        slot.used_v += charge[1]
+
+
 def _usage_of(charges: Sequence[tuple[int, int]], limits: Sequence[tuple[int, int]]) -> Usage:
     return Usage(sum(c[0] for c in charges), sum(c[1] for c in charges),
                  sum(lim[0] for lim in limits), sum(lim[1] for lim in limits), 1)
@@ -236,12 +246,7 @@ class GpuAllocator:
                 alloc = self._allocs.get(uid)
                 if alloc is None:
                     continue
-                slot.allocs[uid] = charge
-                if alloc.shared:
-                    slot.shared_by = uid
-                else:
-                    slot.used_t += charge[0]
-                    slot.used_v += charge[1]
+                _charge_slot(slot, uid, charge, alloc.shared)
             slot.refresh()
             self._recharge_percent(slot)
         self._gpus[info.name] = slot
@@ -475,7 +480,7 @@ class GpuAllocator:
                     found = (self._nodes[name], slots)
                     break
         if found is None:
-            raise self._diagnose(req, nodes, node_ok)
+            raise self._diagnose(req, nodes)
         node, slots = found
         chosen = self._gpu_order(slots, pool)[: req.count]
         return Placement(node.name, tuple(s.name for s in chosen), index.score(node.name))
@@ -556,8 +561,7 @@ class GpuAllocator:
             result.stage = name
         return after
 
-    def _diagnose(self, req: AllocRequest, nodes: Collection[str] | None,
-                  node_ok: Callable[[str], bool] | None) -> Unschedulable:
+    def _diagnose(self, req: AllocRequest, nodes: Collection[str] | None) -> Unschedulable:
         result = self.filter(req, nodes=nodes, explain=True)
         if result.error is not None:
             return result.error
@@ -681,12 +685,7 @@ class GpuAllocator:
             if slot is None:
                 self._detached.setdefault(name, {})[uid] = charge
                 continue
-            slot.allocs[uid] = charge
-            if alloc.shared:
-                slot.shared_by = uid
-            else:
-                slot.used_t += charge[0]
-                slot.used_v += charge[1]
+            _charge_slot(slot, uid, charge, alloc.shared)
             slot.refresh()
         node = self._nodes.get(alloc.node)
         if node is None:

@@ -28,11 +28,6 @@ def percent_str(milli_percent: int) -> str:
     return str(Quantity.from_milli(milli_percent))
 
 
-def percent_of(milli_percent: int, capacity_milli: int) -> int:
-    """milli-TFLOPS that `milli_percent` of a GPU with `capacity_milli` is (truncated)."""
-    return milli_percent * capacity_milli // PERCENT_SCALE
-
-
 def ratio_str(numerator: int, denominator: int) -> str:
     """`numerator / denominator * 100` with two decimals, floored at 0 (quota availablePercent)."""
     if denominator <= 0:

@@ -542,6 +542,11 @@ def format_timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def now_rfc3339() -> str:
+    """The current time as `format_timestamp` writes it (``last-sync``, conditions, lease times)."""
+    return format_timestamp(datetime.now(UTC))
+
+
 def parse_json_object(value: str, *, key: str) -> dict[str, object]:
     """Any JSON object (``virtualization-capabilities``, ``provider-config-revisions``)."""
     return _load_json_object(value, key, "a JSON object")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import anyio
-import uvicorn
 from anyio.abc import TaskStatus
 
 from tfusion.apiserver import security
@@ -27,7 +27,7 @@ from tfusion.apiserver.services import Services
 from tfusion.apiserver.store import Store
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.settings import parse_listen
-from tfusion.web import Server, bind_socket
+from tfusion.web import bind_socket, serve
 
 log = logging.getLogger(__name__)
 
@@ -134,36 +134,11 @@ class EmbeddedApiServer:
             raise
         self.port = sock.getsockname()[1]
         app.server_address = f"{self.host}:{self.port}"
-        config = uvicorn.Config(
-            app,
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            ssl_certfile=certfile,
-            ssl_keyfile=keyfile,
-            timeout_graceful_shutdown=1,
-        )
-        server = Server(config)
-        done = anyio.Event()
-        # uvicorn is stopped through should_exit (so it closes its connections), never by cancellation
-        server_scope = anyio.CancelScope(shield=True)
-
-        async def run_server() -> None:
-            try:
-                with server_scope:
-                    await server.serve([sock])
-            finally:
-                done.set()
-
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gc.run)
-                tg.start_soon(run_server)
+                await tg.start(partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile))
                 try:
-                    while not server.started:
-                        if done.is_set():
-                            raise OSError(f"API server on {self.host}:{self.port} failed to start")
-                        await anyio.sleep(0.01)
                     if self.kubeconfig_path is not None:
                         security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
                     if task_status is not None:
@@ -172,12 +147,8 @@ class EmbeddedApiServer:
                     self._serving.set()
                     await stop.wait()
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        store.close_watches()
-                        server.should_exit = server.force_exit = True
-                        with anyio.move_on_after(3):
-                            await done.wait()
-                    server_scope.cancel()
+                    # end watch streams first, so uvicorn's graceful shutdown has nothing to wait for
+                    store.close_watches()
                     tg.cancel_scope.cancel()
         finally:
             sock.close()

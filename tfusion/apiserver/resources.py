@@ -164,8 +164,3 @@ class Registry:
     def in_group_version(self, group: str, version: str) -> list[ResourceInfo]:
         return [i for i in self._by_gvr.values() if i.group == group and i.version == version]
 
-    def by_kind(self, group: str, kind: str) -> ResourceInfo | None:
-        for info in self._by_gvr.values():
-            if info.group == group and info.kind == kind:
-                return info
-        return None

@@ -44,7 +44,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -90,10 +89,6 @@ Obj = dict[str, Any]
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
-
-
-def _now() -> str:
-    return tfa.format_timestamp(datetime.now(UTC))
 
 
 def is_live_worker(pod: Mapping[str, Any]) -> bool:
@@ -587,7 +582,7 @@ class AllocatorService:
                                    "was being written"})
 
     async def _touch_gpu_nodes(self, nodes: Iterable[str]) -> None:
-        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: _now()}}}
+        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
         for node in nodes:
             try:
                 await self.client.patch(r.GPUNODES, node, patch)
@@ -604,7 +599,7 @@ class AllocatorService:
             return
         cached = self.runtime.informer(r.GPURESOURCEQUOTAS).get(f"{namespace}/{name}") or {}
         body = allocator.quota_status(namespace)
-        now = _now()
+        now = tfa.now_rfc3339()
         old_conditions = (cached.get("status") or {}).get("conditions") or []
         conditions = []
         for condition in body["conditions"]:

@@ -14,15 +14,18 @@ Both answer 503 when this replica leads but its recovery has not finished in tim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
-import yaml
 from litestar import Request, Response, get, post
 
 from tfusion.controller import allocation_view
-from tfusion.controller.scheduling.simulate import FRAMEWORK_NOT_FOUND, SCHEDULER_NAME, simulate_schedule
+from tfusion.controller.scheduling.simulate import (
+    FRAMEWORK_NOT_FOUND,
+    SCHEDULER_NAME,
+    ManifestError,
+    read_pod_manifest,
+    simulate_schedule,
+)
 
 if TYPE_CHECKING:
     from tfusion.allocator import GpuAllocator
@@ -32,42 +35,6 @@ EMPTY_VIEW: dict[str, Any] = {"gpuStore": {}, "nodeWorkerStore": {}, "allocation
 NOT_LEADER = ("this controller replica is not the leader and holds no GPU state; ask the leader "
               "(its address is in the ConfigMap tensor-fusion-operator-leader-info)")
 RECOVERING = "the allocator is still recovering the allocations from the worker pods; retry shortly"
-
-
-class ManifestError(ValueError):
-    """The request body is not a usable Pod manifest; the message says what is wrong."""
-
-
-def read_pod_manifest(body: bytes) -> dict[str, Any]:
-    """Decode a Pod manifest (JSON first, then YAML) and check its shape (raises ManifestError)."""
-    if not body.strip():
-        raise ManifestError("the request body is empty; expected a Pod manifest in JSON or YAML")
-    try:
-        pod = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        try:
-            pod = yaml.safe_load(body.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ManifestError(f"the request body is not UTF-8 text: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ManifestError(f"the request body is neither JSON nor YAML: {exc}") from None
-    if not isinstance(pod, dict):
-        raise ManifestError(f"the request body must be a Pod manifest (an object), got {type(pod).__name__}")
-    kind = pod.get("kind")
-    if kind is not None and kind != "Pod":
-        raise ManifestError(f"kind: {kind!r} is not allowed; expected a Pod manifest (kind: Pod)")
-    metadata = pod.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise ManifestError("metadata must be an object")
-    for field in ("annotations", "labels"):
-        values = (metadata or {}).get(field)
-        if values is None:
-            continue
-        if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
-            raise ManifestError(f"metadata.{field} must map names to strings")
-    if not isinstance(pod.get("spec"), Mapping):
-        raise ManifestError("spec is missing or not an object; a Pod manifest needs spec.schedulerName")
-    return pod
 
 
 def _error(status: int, message: str) -> Response[dict[str, Any]]:

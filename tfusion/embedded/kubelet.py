@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from tfusion import __version__
+from tfusion.api.annotations import now_rfc3339
 from tfusion.embedded.devices import DevicePlan
 from tfusion.embedded.gpunode import GpuNodeStandIn
 from tfusion.kube import resources as r
@@ -56,10 +56,6 @@ KUBELET_VERSION = "v1.32.0"
 #: the node labels this kubelet owns (GPU feature discovery's); others on the Node are the user's
 GPU_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.count", "nvidia.com/gpu.product")
 FINISHED = ("Succeeded", "Failed")
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _read(path: str) -> str:

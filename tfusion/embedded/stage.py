@@ -97,10 +97,14 @@ async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], e
                       and bool(settings.resolved_sim_devices_fallback))
     if not (wants_stage or wants_fallback):
         return Stage(settings)
-    try:
-        plan = await plan_devices(settings)
-    except DevicePlanError as exc:
-        raise RoleError(str(exc)) from None
+    if "hypervisor" not in roles:
+        # No devices in this process (e.g. --role=controller --kube=embedded): nothing to probe.
+        plan = DevicePlan(settings.devices, (), "none", "no hypervisor in this process")
+    else:
+        try:
+            plan = await plan_devices(settings)
+        except DevicePlanError as exc:
+            raise RoleError(str(exc)) from None
     settings = settings.replace(devices=plan.spec)
     if not wants_stage:
         return Stage(settings, plan)

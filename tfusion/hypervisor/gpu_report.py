@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -33,10 +32,6 @@ log = logging.getLogger(__name__)
 GPUNODE_POLL_S = 2.0
 RETRY_S = 1.0
 USED_BY_TENSOR_FUSION = "tensor-fusion"
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def tflops_quantity(tflops: float) -> str:
@@ -185,7 +180,7 @@ class GpuReporter:
     def _metadata(self, gpunode: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
         return {
             "labels": {keys.MANAGED_BY: self.node, keys.GPU_POOL: _pool_of(gpunode)},
-            "annotations": {keys.LAST_SYNC: now_rfc3339(),
+            "annotations": {keys.LAST_SYNC: keys.now_rfc3339(),
                             keys.VIRTUALIZATION_CAPABILITIES: json.dumps(device.capabilities.to_wire(),
                                                                                 separators=(",", ":"))},
         }
@@ -228,7 +223,7 @@ class GpuReporter:
                 pass
             return
         notes = gpu["metadata"].get("annotations") or {}
-        since = notes.get(keys.GPU_MISSING_SINCE) or now_rfc3339()
+        since = notes.get(keys.GPU_MISSING_SINCE) or keys.now_rfc3339()
         log.warning("device %s vanished from node %s but runs workers; marking it Unknown", name, self.node)
         await self.client.patch(GPUS, name, {"metadata": {"annotations": {keys.GPU_MISSING_SINCE: since}}},
                                 patch_type="merge")

@@ -9,6 +9,7 @@ GPUNode's existence and the pod informer's sync.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -87,9 +88,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             await backend.close()
 
 
-def _metrics_path(settings: Settings) -> Any:
-    from pathlib import Path
-
+def _metrics_path(settings: Settings) -> Path:
     return Path(settings.metrics_output_path).expanduser()
 
 

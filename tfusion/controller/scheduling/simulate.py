@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import yaml
 
 from tfusion.allocator import GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
@@ -25,25 +26,40 @@ PLUGIN = "GPUResourcesFit"
 FRAMEWORK_NOT_FOUND = "scheduler framework not found"
 
 
-def parse_body(body: bytes) -> tuple[int, Any]:
-    """Read a Pod manifest in YAML or JSON; (400, error body) when it is not one."""
+class ManifestError(ValueError):
+    """The request body is not a usable Pod manifest; the message says what is wrong."""
+
+
+def read_pod_manifest(body: bytes) -> dict[str, Any]:
+    """Decode a Pod manifest (JSON first, then YAML) and check its shape (raises ManifestError)."""
+    if not body.strip():
+        raise ManifestError("the request body is empty; expected a Pod manifest in JSON or YAML")
     try:
-        pod = yaml.safe_load(body.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        return 400, {"error": f"request body is not a YAML or JSON Pod manifest: {exc}"}
+        pod = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            pod = yaml.safe_load(body.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"the request body is not UTF-8 text: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise ManifestError(f"the request body is neither JSON nor YAML: {exc}") from None
     if not isinstance(pod, dict):
-        return 400, {"error": "request body must be a Pod manifest (a YAML or JSON object)"}
-    if pod.get("kind", "Pod") != "Pod":
-        return 400, {"error": f"request body must be a Pod manifest, got kind {pod.get('kind')!r}"}
-    return 200, pod
-
-
-def simulate_schedule_body(allocator: GpuAllocator, body: bytes) -> tuple[int, dict[str, Any]]:
-    """`simulate_schedule` on a raw request body."""
-    status, pod = parse_body(body)
-    if status != 200:
-        return status, pod
-    return simulate_schedule(allocator, pod)
+        raise ManifestError(f"the request body must be a Pod manifest (an object), got {type(pod).__name__}")
+    kind = pod.get("kind")
+    if kind is not None and kind != "Pod":
+        raise ManifestError(f"kind: {kind!r} is not allowed; expected a Pod manifest (kind: Pod)")
+    metadata = pod.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ManifestError("metadata must be an object")
+    for field in ("annotations", "labels"):
+        values = (metadata or {}).get(field)
+        if values is None:
+            continue
+        if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
+            raise ManifestError(f"metadata.{field} must map names to strings")
+    if not isinstance(pod.get("spec"), Mapping):
+        raise ManifestError("spec is missing or not an object; a Pod manifest needs spec.schedulerName")
+    return pod
 
 
 def _stage_json(stage: FilterStage) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
 from tfusion.hypervisor.workers.allocation import build_allocation
@@ -278,11 +277,3 @@ class LocalWorkers:
             running = self.running_info(worker.info.uid)
             records.append(worker.info.to_wire(running))
         write_json_atomic(self.state_dir / WORKERS_FILE, records)
-
-
-def devices_from_state(state_dir: Path) -> list[DeviceInfo]:
-    """The devices the last run saw (for logs and tools)."""
-    path = state_dir / DEVICES_FILE
-    if not path.exists():
-        return []
-    return [DeviceInfo.from_wire(raw) for raw in json.loads(path.read_text())]
