@@ -25,6 +25,7 @@ from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.workers.model import WorkerAllocation
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.tracker import WorkerTracker
+from tfusion.kube.auth import ReviewUnavailable, Unauthenticated
 from tfusion.settings import Settings
 from tfusion.web import Readiness, health_handlers, make_app, metrics_handler
 
@@ -259,8 +260,6 @@ async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> Wor
     scheme, _, token = auth.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return _error(401, "authorization header must be 'Bearer <service-account token>'")
-    from tfusion.kube.auth import ReviewUnavailable, Unauthenticated
-
     try:
         reviewed = await ctx.reviewer.review(token.strip())
     except ReviewUnavailable as exc:
@@ -271,8 +270,9 @@ async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> Wor
         return _error(401, f"token of {reviewed.username or 'unknown user'} is not bound to a pod")
     allocation = ctx.workers.get(reviewed.pod_uid)
     if allocation is None:
-        return Response({"success": False, "data": None,
-                         "message": f"Pod {reviewed.pod_name} not found in namespace {reviewed.namespace}"})
+        # A genuine token, but of a pod this node holds no allocation for: a foreign caller.
+        return _error(401, f"token of pod {reviewed.namespace}/{reviewed.pod_name} (uid {reviewed.pod_uid}) "
+                           "is not for a worker with an allocation on this node")
     return allocation
 
 
