@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.kube.client import KubeError
 from tfusion.settings import Settings
 
 log = logging.getLogger("tfusion")
@@ -82,7 +83,8 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
     async with anyio.create_task_group() as outer:
         outer.start_soon(_stop_on_signal, stop, outer.cancel_scope)
         if "apiserver" in runners:
-            kubeconfig = started["apiserver"] = await outer.start(_started, runners.pop("apiserver"), settings)
+            kubeconfig = started["apiserver"] = await outer.start(
+                _started, "apiserver", runners.pop("apiserver"), settings)
             if settings.kube_mode == "embedded":
                 settings = settings.replace(kube=str(kubeconfig))
         from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
@@ -92,7 +94,7 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
             settings = stage.settings
             async with anyio.create_task_group() as inner:
                 for role, runner in runners.items():
-                    started[role] = await inner.start(_started, runner, settings)
+                    started[role] = await inner.start(_started, role, runner, settings)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
                 stage.announce(started)
                 await stop.wait()
@@ -102,9 +104,29 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
     return 0
 
 
-async def _started(runner: RoleRunner, settings: Settings, *,
+class _TrackedStatus:
+    """Forwards `task_status.started()` and remembers that the role got that far."""
+
+    def __init__(self, inner: TaskStatus[Any]) -> None:
+        self._inner = inner
+        self.serving = False
+
+    def started(self, value: Any = None) -> None:
+        self.serving = True
+        self._inner.started(value)
+
+
+async def _started(role: str, runner: RoleRunner, settings: Settings, *,
                    task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
-    await runner(settings, task_status=task_status)
+    """Run one role. A configuration it cannot use, or an API server it cannot reach, before it
+    serves is the caller's problem, not a crash: it becomes a one-line RoleError."""
+    status = _TrackedStatus(task_status)
+    try:
+        await runner(settings, task_status=status)
+    except (ValueError, KubeError) as exc:
+        if status.serving:
+            raise
+        raise RoleError(f"{role}: {exc}") from None
 
 
 async def _stop_on_signal(stop: anyio.Event, startup_scope: anyio.CancelScope) -> None:

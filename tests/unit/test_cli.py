@@ -227,3 +227,18 @@ def test_bad_custom_domain_exits_2_naming_the_variables() -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX" in lines[0] and "'Not_Valid.ai'" in lines[0]
+
+
+BROKEN_KUBECONFIG = "apiVersion: v1\nkind: Config\ncontexts: [{name: c, context: {}}]\n"
+
+
+@pytest.mark.parametrize("kubeconfig_text", [None, BROKEN_KUBECONFIG])
+def test_unusable_kubeconfig_exits_1_with_one_line(tmp_path: Any, kubeconfig_text: str | None) -> None:
+    path = tmp_path / "kubeconfig"
+    if kubeconfig_text is not None:
+        path.write_text(kubeconfig_text)
+    result = _tfusion("--role=controller", f"--kube={path}", "--controller-listen=127.0.0.1:0")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tfusion: controller: --kube=") and str(path) in lines[0]

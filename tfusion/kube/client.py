@@ -213,6 +213,8 @@ class KubeClient:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
             raise transport_error(exc) from None
+        except (KeyError, TypeError, ValueError) as exc:  # kr8s reading a malformed kubeconfig
+            raise ValueError(f"--kube={kube!r}: the kubeconfig cannot be used: {type(exc).__name__}: {exc}") from None
         return cls(api, namespace=namespace or api.namespace or "default", qps=qps, burst=burst)
 
     async def close(self) -> None:
