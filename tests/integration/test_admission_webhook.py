@@ -252,3 +252,17 @@ async def test_patch_is_applied_once_per_webhook_in_name_order(api: Any, server:
 def test_review_response_helper_encodes_patch() -> None:
     body = json.loads(review_response({"apiVersion": "admission.k8s.io/v1", "request": {"uid": "u"}}, patch=[]))
     assert base64.b64decode(body["response"]["patch"]) == b"[]"
+
+
+async def test_webhook_configuration_is_stored_with_kube_defaults(api: Any) -> None:
+    service_ref = {"service": {"namespace": "default", "name": "hook"}, "caBundle": ""}
+    rule = {key: value for key, value in POD_RULE.items() if key != "scope"}
+    config = await register(api, "tf-defaults", webhook("defaults.tf.test", service_ref, rules=[rule]))
+    stored = config.raw["webhooks"][0]
+    assert stored["failurePolicy"] == "Fail"
+    assert stored["matchPolicy"] == "Equivalent"
+    assert stored["timeoutSeconds"] == 10
+    assert stored["reinvocationPolicy"] == "Never"
+    assert stored["namespaceSelector"] == {} and stored["objectSelector"] == {}
+    assert stored["clientConfig"]["service"]["port"] == 443
+    assert stored["rules"][0]["scope"] == "*"

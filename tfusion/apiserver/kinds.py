@@ -19,6 +19,7 @@ NAMESPACES = "/namespaces"
 PODS = "/pods"
 CRDS = "apiextensions.k8s.io/customresourcedefinitions"
 PRIORITY_CLASSES = "scheduling.k8s.io/priorityclasses"
+MUTATING_WEBHOOKS = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
 #: the classes kube-apiserver creates at start-up
 SYSTEM_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
 
@@ -55,6 +56,8 @@ class KindRules:
                 self._keep_cluster_ip(obj, old)
         elif key == "/secrets":
             validation.default_secret(obj)
+        elif key == MUTATING_WEBHOOKS:
+            validation.default_mutating_webhooks(obj)
         elif key == CRDS:
             crds.default_crd(obj)
         elif info.is_custom:

@@ -203,6 +203,25 @@ def default_secret(secret: dict[str, Any]) -> None:
             data[key] = base64.b64encode(str(value).encode()).decode()
 
 
+def default_mutating_webhooks(config: dict[str, Any]) -> None:
+    """admissionregistration.k8s.io/v1 defaults, as kube-apiserver stores them."""
+    for webhook in config.get("webhooks") or []:
+        if not isinstance(webhook, dict):
+            continue
+        webhook.setdefault("failurePolicy", "Fail")
+        webhook.setdefault("matchPolicy", "Equivalent")
+        webhook.setdefault("namespaceSelector", {})
+        webhook.setdefault("objectSelector", {})
+        webhook.setdefault("timeoutSeconds", 10)
+        webhook.setdefault("reinvocationPolicy", "Never")
+        for rule in webhook.get("rules") or []:
+            if isinstance(rule, dict):
+                rule.setdefault("scope", "*")
+        service = (webhook.get("clientConfig") or {}).get("service")
+        if isinstance(service, dict):
+            service.setdefault("port", 443)
+
+
 def pod_qos_class(pod: dict[str, Any]) -> str:
     """BestEffort, Burstable or Guaranteed, by kube's rules over cpu and memory of every container."""
     spec = pod.get("spec") or {}
