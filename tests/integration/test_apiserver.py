@@ -143,6 +143,15 @@ async def test_create_errors(http: httpx.AsyncClient) -> None:
     assert invalid_pod.json()["details"]["causes"][0]["field"] == "spec.containers[0].image"
 
 
+async def test_object_names_are_validated_like_kube(http: httpx.AsyncClient) -> None:
+    bad = await http.post(CMS, json={"metadata": {"name": "Not_A_Valid_Name"}})
+    assert bad.status_code == 422, bad.text
+    cause = bad.json()["details"]["causes"][0]
+    assert cause["field"] == "metadata.name" and "RFC 1123 subdomain" in cause["message"]
+    assert bad.json()["message"].startswith('ConfigMap "Not_A_Valid_Name" is invalid: metadata.name: Invalid value')
+    assert (await http.post(CMS, json={"metadata": {"name": "fine.name-1"}})).status_code == 201
+
+
 async def test_generate_name(http: httpx.AsyncClient) -> None:
     made = await http.post(CMS, json={"metadata": {"generateName": "gen-"}})
     assert made.status_code == 201

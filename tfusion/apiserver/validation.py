@@ -29,15 +29,9 @@ LABEL_MSG = (
 
 #: resources whose names are DNS labels rather than subdomains
 LABEL_NAMED = {"/namespaces", "/services"}
-#: resources whose names only need to be valid path segments
-PATH_NAMED = {
-    "/events",
-    "events.k8s.io/events",
-    "/configmaps",
-    "/secrets",
-    "/serviceaccounts",
-    "coordination.k8s.io/leases",
-}
+#: resources whose names only need to be valid path segments (everything else is a DNS subdomain,
+#: ConfigMaps, Secrets, ServiceAccounts and Leases included, as kube-apiserver validates them)
+PATH_NAMED = {"/events", "events.k8s.io/events"}
 
 
 def invalid_value(field: str, value: Any, why: str) -> Cause:
