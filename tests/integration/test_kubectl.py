@@ -87,6 +87,13 @@ def test_apply_crds_and_samples_then_get(kubectl: Kubectl, crd_dir: Path) -> Non
     assert any(row.startswith("tensor-fusion-h100") and "AutoSelect" in row for row in rows)
     header, rows = _table(kubectl("get", "gpus").stdout)
     assert header[0] == "NAME" and len(header) > 2 and len(rows) >= 1
+    # the Node column reads one key of the nodeSelector map (a JSONPath with an escaped dot)
+    sample_gpu = yaml.safe_load((samples / "gpu.yaml").read_text())
+    name, status = sample_gpu["metadata"]["name"], sample_gpu["status"]
+    kubectl("patch", "gpu", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    header, rows = _table(kubectl("get", "gpus").stdout)
+    node = status["nodeSelector"]["kubernetes.io/hostname"]
+    assert "NODE" in header and any(row.startswith(name) and row.split()[-2] == node for row in rows), rows
     as_json = json.loads(kubectl("get", "gpupool", "tensor-fusion-h100", "-o", "json").stdout)
     assert as_json["kind"] == "GPUPool"
     assert "kubectl.kubernetes.io/last-applied-configuration" in as_json["metadata"]["annotations"]

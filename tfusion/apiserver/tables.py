@@ -47,7 +47,11 @@ def human_age(timestamp: Any) -> str:
     return f"{days // 365}y"
 
 
-_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\?\(@\.([\w.-]+)\s*==\s*[\"']([^\"']*)[\"']\)\]|\[\*\]")
+# .key (dots inside a key escaped as \.), [0], [?(@.a.b=="v")], [*], ['quoted.key']
+_STEP = re.compile(
+    r"\.((?:[^.\[\\]|\\.)+)|\[(\d+)\]|\[\?\(@\.([\w.-]+)\s*==\s*[\"']([^\"']*)[\"']\)\]|\[\*\]"
+    r"|\[[\"']([^\"']+)[\"']\]"
+)
 
 
 def json_path(expression: str) -> Callable[[dict[str, Any]], Any]:
@@ -64,7 +68,9 @@ def json_path(expression: str) -> Callable[[dict[str, Any]], Any]:
         if not match:
             return lambda obj: None
         if match.group(1) is not None:
-            steps.append(("key", match.group(1)))
+            steps.append(("key", match.group(1).replace("\\.", ".")))
+        elif match.group(5) is not None:
+            steps.append(("key", match.group(5)))
         elif match.group(2) is not None:
             steps.append(("index", int(match.group(2))))
         elif match.group(3) is not None:

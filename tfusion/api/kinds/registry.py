@@ -126,7 +126,7 @@ _KIND_LIST: Final[tuple[KindInfo, ...]] = (
                  _col("Available VRAM", ".status.available.vram"),
                  _col("Device UUID", ".status.uuid"),
                  _col("Used By", ".status.usedBy"),
-                 _col("Node", ".status.nodeSelector"),
+                 _col("Node", r".status.nodeSelector.kubernetes\.io/hostname"),
                  _AGE)),
     KindInfo("GPUNodeClass", "gpunodeclasses", GPUNodeClass, ("gnc",),
              description="A cloud VM template for provisioned GPU nodes.",
