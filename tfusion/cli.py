@@ -145,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.log_level not in ("trace", "debug"):  # httpx logs every API request at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    from tfusion.roles import RoleError, run
+    from tfusion.errors import RoleError
+    from tfusion.roles import run
 
     try:
         return run(settings)

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
 from tfusion.settings import Settings
 
@@ -25,10 +26,6 @@ RoleRunner = Callable[..., Awaitable[Any]]
 
 #: the shutdown budget after a signal: roles get this long to release leases and close servers
 SHUTDOWN_GRACE_S = 4.0
-
-
-class RoleError(RuntimeError):
-    """A role cannot run (not built, or failed to start); the message says which and why."""
 
 
 def load_role(role: str) -> RoleRunner:

@@ -14,7 +14,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from tfusion.apiserver.embedded import EmbeddedApiServer
-from tfusion.roles import RoleError
+from tfusion.errors import RoleError
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)

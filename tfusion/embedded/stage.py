@@ -23,8 +23,8 @@ from tfusion.embedded.crds import CrdInstallError
 from tfusion.embedded.defaults import DefaultsError
 from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.errors import RoleError
 from tfusion.kube.client import KubeClient, KubeError
-from tfusion.roles import RoleError
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)

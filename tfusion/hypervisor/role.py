@@ -15,12 +15,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.errors import RoleError
 from tfusion.hypervisor.devices import DeviceBackendError, open_backend
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import HypervisorContext, build_app
 from tfusion.hypervisor.metrics import MetricsFileWriter, new_metrics_registry, parse_extra_labels
-from tfusion.roles import RoleError
 from tfusion.settings import Settings, process_environment
 from tfusion.web import Readiness, bind_socket, serve
 

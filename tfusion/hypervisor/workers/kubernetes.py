@@ -147,7 +147,7 @@ async def start_kubernetes_workers(settings: Settings, registry: DeviceRegistry,
     try:
         client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
     except ValueError as exc:
-        from tfusion.roles import RoleError
+        from tfusion.errors import RoleError
 
         raise RoleError(f"hypervisor: {exc}") from None
     informer = Informer(client, PODS, label_selector=f"{keys.COMPONENT}=worker",
