@@ -2,7 +2,8 @@
 
 Starts `tfusion --role=apiserver` in a child process (its own core, a fresh state file), then drives it
 from this process with many concurrent keep-alive connections (a minimal HTTP/1.1 client, so the
-client's own cost does not hide the server's):
+client's own cost does not hide the server's), over HTTPS with the kubeconfig's bearer token, as
+every client of the server talks to it:
 
 - creates_per_s: ConfigMap creates per second with `--clients` concurrent connections;
 - patch_p99_ms: p99 latency of merge patches with `--clients` concurrent patchers;
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -34,16 +37,25 @@ import yaml
 NS_PATH = "/api/v1/namespaces/default/configmaps"
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection; requests are sequential on it."""
+class Server:
+    """Where the server is and how to talk to it (from the kubeconfig it wrote)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, token: str, tls: ssl.SSLContext) -> None:
+        self.host, self.port, self.token, self.tls = host, port, token, tls
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection over TLS; requests are sequential on it."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.host = server.host
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> Connection:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.reader, self.writer = await asyncio.open_connection(self.server.host, self.server.port,
+                                                                 ssl=self.server.tls)
         return self
 
     async def request(
@@ -52,7 +64,7 @@ class Connection:
         assert self.reader is not None and self.writer is not None
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"Authorization: Bearer {self.server.token}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
@@ -71,7 +83,7 @@ class Connection:
             self.writer.close()
 
 
-def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str, int]:
+def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], Server]:
     kubeconfig = workdir / "kubeconfig"
     proc = subprocess.Popen(
         [
@@ -96,9 +108,11 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], str, int]:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"apiserver did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
         time.sleep(0.05)
-    url = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    host, port = url.split("//")[1].rsplit(":", 1)
-    return proc, host, int(port)
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    host, port = cluster["server"].split("//")[1].rsplit(":", 1)
+    tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    return proc, Server(host, int(port), config["users"][0]["user"]["token"], tls)
 
 
 def p99(values: list[float]) -> float:
@@ -106,8 +120,8 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
 
 
-async def creates(host: str, port: int, clients: int, total: int) -> float:
-    connections = [await Connection(host, port).open() for _ in range(clients)]
+async def creates(server: Server, clients: int, total: int) -> float:
+    connections = [await Connection(server).open() for _ in range(clients)]
     counter = iter(range(total))
 
     async def worker(conn: Connection) -> None:
@@ -126,14 +140,16 @@ async def creates(host: str, port: int, clients: int, total: int) -> float:
     return total / elapsed
 
 
-async def patches_with_watch(host: str, port: int, clients: int, objects: int, seconds: float) -> dict[str, Any]:
+async def patches_with_watch(server: Server, clients: int, objects: int, seconds: float) -> dict[str, Any]:
+    host = server.host
     arrivals: dict[str, float] = {}
     ready = asyncio.Event()
 
     async def watcher() -> None:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, server.port, ssl=server.tls)
         status_rv = await list_rv()
-        writer.write(f"GET {NS_PATH}?watch=true&resourceVersion={status_rv} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        writer.write(f"GET {NS_PATH}?watch=true&resourceVersion={status_rv} HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: Bearer {server.token}\r\n\r\n".encode())
         while (await reader.readline()) not in (b"\r\n", b""):
             pass
         ready.set()
@@ -154,7 +170,7 @@ async def patches_with_watch(host: str, port: int, clients: int, objects: int, s
             writer.close()
 
     async def list_rv() -> str:
-        conn = await Connection(host, port).open()
+        conn = await Connection(server).open()
         _, body = await conn.request("GET", f"{NS_PATH}?limit=1")
         conn.close()
         return str(json.loads(body)["metadata"]["resourceVersion"])
@@ -165,7 +181,7 @@ async def patches_with_watch(host: str, port: int, clients: int, objects: int, s
     responded: dict[str, float] = {}
     requested: dict[str, float] = {}
     deadline = time.perf_counter() + seconds
-    connections = [await Connection(host, port).open() for _ in range(clients)]
+    connections = [await Connection(server).open() for _ in range(clients)]
 
     async def patcher(index: int, conn: Connection) -> None:
         n = 0
@@ -202,10 +218,10 @@ async def patches_with_watch(host: str, port: int, clients: int, objects: int, s
     }
 
 
-async def main_async(args: argparse.Namespace, host: str, port: int) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, server: Server) -> dict[str, Any]:
     result: dict[str, Any] = {"clients": args.clients, "creates": args.creates}
-    result["creates_per_s"] = round(await creates(host, port, args.clients, args.creates), 1)
-    result.update(await patches_with_watch(host, port, args.clients, args.creates, args.seconds))
+    result["creates_per_s"] = round(await creates(server, args.clients, args.creates), 1)
+    result.update(await patches_with_watch(server, args.clients, args.creates, args.seconds))
     return result
 
 
@@ -216,9 +232,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc, host, port = start_server(Path(tmp))
+        proc, server = start_server(Path(tmp))
         try:
-            result = asyncio.run(main_async(args, host, port))
+            result = asyncio.run(main_async(args, server))
         finally:
             proc.terminate()
             try:
@@ -227,7 +243,7 @@ def main() -> None:
                 proc.kill()
                 proc.wait()
     result["cpu_count"] = os.cpu_count()
-    result["note"] = "server in its own process, client in this one, same machine"
+    result["note"] = "server in its own process, client in this one, same machine, HTTPS with a bearer token"
     print(json.dumps(result))
 
 

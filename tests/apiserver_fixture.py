@@ -4,18 +4,23 @@ Usage (the fixture is registered for every test through tests/conftest.py):
 
     @pytest.mark.anyio
     async def test_something(apiserver):
-        api = await kr8s.asyncio.api(kubeconfig=apiserver.kubeconfig)   # or httpx on apiserver.url
+        api = await kr8s.asyncio.api(kubeconfig=apiserver.kubeconfig)
+        async with apiserver.http() as http:   # httpx on apiserver.url, with the admin token
+            ...
         await apply_crds(apiserver)            # only if the test needs the tensor-fusion.ai kinds
 
     def test_cli(apiserver):                   # sync tests work too (e.g. kubectl in a subprocess)
         subprocess.run(["kubectl", "--kubeconfig", apiserver.kubeconfig, "get", "ns"], check=True)
 
 The server runs in a background thread with its own event loop, so any test event loop (or none)
-can talk to it. It listens on 127.0.0.1 with a free port, plain HTTP, no auth, state in a tmp
-SQLite file. What kube-apiserver and kube-controller-manager create at start exists (namespaces
-default, kube-system, kube-public, kube-node-lease and tensor-fusion-sys, a `default`
-ServiceAccount in each namespace, the system-node-critical and system-cluster-critical
-PriorityClasses); nothing else is applied (no CRDs: see apply_crds below).
+can talk to it. It listens on 127.0.0.1 with a free port, HTTPS (a self-signed certificate whose
+CA is in the kubeconfig and in `.ssl_context`), state in a tmp SQLite file.
+Every request but /version and the health checks needs the admin bearer token (`.token`; it is in
+the kubeconfig, and `.headers` / `.http()` / `.sync_http()` send it). What kube-apiserver and
+kube-controller-manager create at start exists (namespaces default, kube-system, kube-public,
+kube-node-lease and tensor-fusion-sys, a `default` ServiceAccount in each namespace, the
+system-node-critical and system-cluster-critical PriorityClasses); nothing else is applied (no
+CRDs: see apply_crds below).
 
 Semantics worth knowing: metadata.generation is kept for CRDs and custom resources only (as in
 kube 1.32); a pod without finalizers is removed at once on DELETE (no kubelet confirms graceful
@@ -23,6 +28,9 @@ deletion); watch events are delivered once a write is committed, before or with 
 
 Handle (`ApiServerHandle`):
 - `.url`, `.kubeconfig` (path of a kubeconfig file, namespace "default"), `.state` (SQLite path),
+  `.token` (the admin bearer token), `.headers` (the Authorization header with it),
+  `.ssl_context` (trusts the server's certificate), `.http(**kwargs)` / `.sync_http(**kwargs)`:
+  httpx clients on `.url` that trust it and send the token (`authenticated=False`: no token);
   `.server` (the EmbeddedApiServer; touch it only through the methods below);
 - `.close_watches()`: end every open watch stream (clients see a clean end and must re-watch);
 - `.compact()`: drop the watch event log, so a watch from an older resourceVersion gets 410;
@@ -44,6 +52,7 @@ this one and creates it.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -64,7 +73,8 @@ BOOKMARK_INTERVAL_S = 1.0
 class ApiServerHandle:
     """An EmbeddedApiServer running in its own thread and event loop."""
 
-    def __init__(self, state: Path, kubeconfig: Path, *, watch_history: int = 10000) -> None:
+    def __init__(self, state: Path, kubeconfig: Path, *, watch_history: int = 10000, **options: Any) -> None:
+        """`options` go to EmbeddedApiServer (e.g. head_timeout, body_timeout, keep_alive)."""
         self.state = state
         self.kubeconfig = str(kubeconfig)
         self.server = EmbeddedApiServer(
@@ -73,6 +83,7 @@ class ApiServerHandle:
             watch_history=watch_history,
             kubeconfig_path=kubeconfig,
             bookmark_interval=BOOKMARK_INTERVAL_S,
+            **options,
         )
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
@@ -82,6 +93,32 @@ class ApiServerHandle:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def token(self) -> str:
+        assert self.server.token is not None, "the server has not started"
+        return self.server.token
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """Trusts the server's self-signed certificate (the CA of the kubeconfig)."""
+        assert self.server.ca_pem is not None, "the server has not started"
+        return ssl.create_default_context(cadata=self.server.ca_pem.decode())
+
+    def http(self, *, authenticated: bool = True, **kwargs: Any) -> httpx.AsyncClient:
+        """An async httpx client on this server, sending the admin token unless `authenticated=False`."""
+        kwargs.setdefault("timeout", 10)
+        headers = self.headers if authenticated else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, verify=self.ssl_context, **kwargs)
+
+    def sync_http(self, *, authenticated: bool = True, **kwargs: Any) -> httpx.Client:
+        kwargs.setdefault("timeout", 10)
+        headers = self.headers if authenticated else {}
+        return httpx.Client(base_url=self.url, headers=headers, verify=self.ssl_context, **kwargs)
 
     def start(self) -> ApiServerHandle:
         self._thread.start()
@@ -161,7 +198,7 @@ def apply_crds_sync(handle: ApiServerHandle, crds: list[dict[str, Any]] | None =
     """POST each CRD (PUT when it exists) and wait until its kind answers a list; returns the plurals."""
     crds = _crd_objects() if crds is None else crds
     plurals = []
-    with httpx.Client(base_url=handle.url, timeout=10) as client:
+    with handle.sync_http() as client:
         for crd in crds:
             url = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
             response = client.post(url, json=crd)

@@ -1,7 +1,8 @@
 """Command line: flags -> Settings -> roles; nothing else.
 
 `tfusion --role=<roles>` runs one or more roles in this process; `tfusion crds` prints the CRDs.
-Bad input exits 2 with one line that names the flag or value; a role that cannot start exits 1.
+Bad input exits 2 with one line that names the flag or value; a role that cannot start exits 1, and so
+does a setting that is valid but not implemented yet (naming it), so nothing is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,17 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from tfusion import __version__
-from tfusion.settings import ALL_ROLES, OPTIONS, ROLES, Option, Settings, SettingsError
+from tfusion.api.durations import format_duration
+from tfusion.settings import (
+    ALL_ROLES,
+    OPTIONS,
+    ROLES,
+    NotImplementedSettingError,
+    Option,
+    Settings,
+    SettingsError,
+    not_implemented_options,
+)
 
 PROG = "tfusion"
 
@@ -37,6 +48,9 @@ def parse_roles(text: str) -> tuple[str, ...]:
 
 
 def _flag_type(opt: Option) -> Any:
+    if not opt.implemented:  # any value is refused by Settings.load as not implemented (exit 1), not as bad
+        return str
+
     def convert(text: str) -> Any:
         try:
             return opt.parse(text)
@@ -53,18 +67,36 @@ def _describe_default(opt: Option) -> str:
         default = "-".join(str(part) for part in default)
     elif isinstance(default, bool):
         default = str(default).lower()
-    elif isinstance(default, float) and default.is_integer():
-        default = f"{int(default)}s"
+    elif isinstance(default, float):  # every float option is a duration
+        default = format_duration(default)
     text = f"{opt.help} (default: {default!s}" if default != "" else f"{opt.help} (default: unset"
     if opt.env:
         text += f"; env {opt.env}"
-    return text + ")"
+    text += ")"
+    if not opt.implemented:
+        text += " (not implemented yet)"
+    elif opt.unimplemented_values:
+        text += f" (not implemented yet: {', '.join(map(str, opt.unimplemented_values))})"
+    return text
+
+
+def _not_implemented_epilog() -> str:
+    """Variables without a flag are not listed above, so the ones not implemented are named here."""
+    names: list[str] = []
+    for opt in not_implemented_options():
+        if opt.flag or not opt.env:
+            continue  # a flag is marked in its own help line
+        names.extend([f"{opt.env}={value}" for value in opt.unimplemented_values] or [opt.env])
+    if not names:
+        return ""
+    return f"Environment variables not implemented yet (setting one exits 1): {', '.join(names)}."
 
 
 def build_parser(roles: Sequence[str] | None) -> _Parser:
     """The parser for the given roles; None (no --role yet) shows every role's flags."""
     parser = _Parser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
-                     epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs.")
+                     epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
+                            + _not_implemented_epilog())
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -109,6 +141,8 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
         flags[f"{primary[0]}_listen"] = args.listen
     try:
         return Settings.load(flags, roles=roles)
+    except NotImplementedSettingError:
+        raise  # valid but not built: main exits 1, not 2
     except SettingsError as exc:
         parser.error(str(exc))
 
@@ -131,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "crds":
         return _crds_command(argv[1:])
-    settings = settings_from_args(argv)
+    try:
+        settings = settings_from_args(argv)
+    except NotImplementedSettingError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     from tfusion.api import annotations as ann
 
     try:  # every label/annotation key follows TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX/_SUFFIX

@@ -1,8 +1,11 @@
 """Runs the selected roles in one anyio task group and stops them on SIGINT/SIGTERM.
 
-Each role lives in `tfusion/<role>/role.py` as `async def run(settings, *, task_status)`; it calls
-`task_status.started(...)` once it serves, and cleans up (leases released, servers closed) when
-cancelled. The embedded API server starts first, so the others get its kubeconfig.
+Each role lives in `tfusion/<role>/role.py` as `async def run(settings, *, task_status, manager)`;
+it registers what it needs with the process's one Manager (informers, runnables, controllers),
+calls `task_status.started(...)` once it serves, and cleans up when cancelled. The embedded API
+server starts first, so the others get its kubeconfig; then the embedded stage (bootstrap,
+simulated kubelet) and the roles register; then the Manager starts, so the shared cache knows
+every consumer before its first list. On a signal everything stops in reverse order.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import anyio
@@ -18,6 +21,7 @@ from anyio.abc import TaskStatus
 
 from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
+from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
 
 log = logging.getLogger("tfusion")
@@ -81,17 +85,19 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
         outer.start_soon(_stop_on_signal, stop, outer.cancel_scope)
         if "apiserver" in runners:
             kubeconfig = started["apiserver"] = await outer.start(
-                _started, "apiserver", runners.pop("apiserver"), settings)
+                _started, "apiserver", runners.pop("apiserver"), settings, None)
             if settings.kube_mode == "embedded":
                 settings = settings.replace(kube=str(kubeconfig))
         from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
 
+        manager = await _manager_for(settings, runners, embedded)
         async with anyio.create_task_group() as middle:  # the stage stops after the roles, before the API server
-            stage = await launch_stage(middle, settings, roles=tuple(runners), embedded=embedded)
+            stage = await launch_stage(middle, settings, roles=tuple(runners), embedded=embedded, manager=manager)
             settings = stage.settings
             async with anyio.create_task_group() as inner:
                 for role, runner in runners.items():
-                    started[role] = await inner.start(_started, role, runner, settings)
+                    started[role] = await inner.start(_started, role, runner, settings, manager)
+                await inner.start(manager.run)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
                 stage.announce(started)
                 await stop.wait()
@@ -113,13 +119,31 @@ class _TrackedStatus:
         self._inner.started(value)
 
 
-async def _started(role: str, runner: RoleRunner, settings: Settings, *,
+def needs_kube(settings: Settings, roles: Collection[str], embedded: bool) -> bool:
+    """Whether this process talks to an API server (else its Manager has no client)."""
+    return embedded or settings.runs_simulated_kubelet or "controller" in roles or (
+        "hypervisor" in roles and settings.backend == "kubernetes")
+
+
+async def _manager_for(settings: Settings, roles: Collection[str], embedded: bool) -> Manager:
+    if not needs_kube(settings, roles, embedded):
+        return Manager(settings, None)
+    try:
+        return await Manager.connect(settings)
+    except (ValueError, KubeError) as exc:
+        raise RoleError(f"cannot use the API server: {exc}") from None
+
+
+async def _started(role: str, runner: RoleRunner, settings: Settings, manager: Manager | None, *,
                    task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
     """Run one role. A configuration it cannot use, or an API server it cannot reach, before it
     serves is the caller's problem, not a crash: it becomes a one-line RoleError."""
     status = _TrackedStatus(task_status)
     try:
-        await runner(settings, task_status=status)
+        if manager is None:  # the API server, which serves the others and needs no Manager
+            await runner(settings, task_status=status)
+        else:
+            await runner(settings, task_status=status, manager=manager)
     except (ValueError, KubeError) as exc:
         if status.serving:
             raise

@@ -3,17 +3,26 @@
 The CLI builds its argument parser from `OPTIONS` and `Settings.load` resolves each option once
 (flag, then environment, then default, except where the original lets the environment win).
 Nothing else in tfusion reads `os.environ`; roles receive the frozen `Settings`.
+
+Each default is written once, in its Option; the `Settings` fields read it from there. Settings of
+the original that tfusion does not implement yet stay declared (so the names and defaults are
+documented) but are refused when set: `Settings.load` raises `NotImplementedSettingError`, and the
+CLI exits 1 naming the flag or variable, instead of accepting it and doing nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tfusion.api import annotations as ann
+from tfusion.api import durations
 
 ROLES = ("apiserver", "controller", "hypervisor")
 ALL_ROLES = (*ROLES, "all")
@@ -32,24 +41,10 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_duration(text: str) -> float:
-    """Go-style durations ("12h", "1m30s", "500ms", bare seconds "15") to seconds."""
-    stripped = text.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", stripped):
-        return float(stripped)
-    pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(stripped):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(stripped) or not stripped:
-        raise ValueError(f"expected a duration such as 30s, 5m or 12h, got {text!r}")
-    return total
+    """A duration flag, variable or config value: Go units plus days ("12h", "1m30s", "30d") or bare
+    seconds ("15"), in seconds. The grammar is `tfusion.api.durations`, shared with annotations."""
+    return durations.parse_duration(text, allow_days=True, bare_seconds=True)
 
 
 def parse_port_range(text: str) -> tuple[int, int]:
@@ -112,6 +107,39 @@ def parse_sim_devices_fallback(text: str) -> str:
     raise ValueError(f"expected auto, off or sim:<count>x<model>[,...], got {text!r}")
 
 
+def _listen_address(text: str) -> str:
+    """HOST:PORT or :PORT, kept as written (roles bind it with `parse_listen`)."""
+    parse_listen(text)  # raises ValueError naming what is expected
+    return text
+
+
+def parse_host(text: str) -> str:
+    """An IP address to listen on (IPv6 with or without brackets); "" keeps the role's default."""
+    host = text.strip().strip("[]")
+    if not host:
+        return ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"expected an IP address such as 0.0.0.0, 127.0.0.1, :: or ::1, got {text!r}") from None
+    return host
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an IP address or "localhost") is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def format_listen(host: str, port: int) -> str:
+    """HOST:PORT as `parse_listen` reads it back ([v6]:PORT for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _listen_or_port(text: str) -> str:
     """HOST:PORT, :PORT, or a bare port (the original's PORT variable) meaning :PORT."""
     address = f":{text}" if text.isdigit() else text
@@ -119,9 +147,22 @@ def _listen_or_port(text: str) -> str:
     return address
 
 
+#: what a refusal says; the rest of the line names the flag or variable
+NOT_IMPLEMENTED = "is not implemented yet in this version of tfusion"
+
+
+class NotImplementedSettingError(SettingsError):
+    """A flag or variable is valid but does nothing in this version; the CLI exits 1 (not 2) on it."""
+
+
 @dataclass(frozen=True)
 class Option:
-    """One setting: its attribute, flag, environment variable, default, parser and owning role."""
+    """One setting: its attribute, flag, environment variable, default, parser and owning role.
+
+    `implemented=False` keeps a setting of the original declared (its name, default and help stay
+    documented) while refusing it when a user sets it, so nothing is accepted and silently ignored.
+    `unimplemented_values` refuses only some values of an option that otherwise works.
+    """
 
     attr: str
     flag: str | None
@@ -132,11 +173,24 @@ class Option:
     help: str
     env_wins: bool = False  # the original lets the environment override the flag (e.g. HYPERVISOR_PORT)
     is_bool_flag: bool = False
+    implemented: bool = True
+    unimplemented_values: tuple[Any, ...] = ()
+
+    @property
+    def names(self) -> str:
+        """How a user sets it: "--flag", "VARIABLE" or "--flag / VARIABLE"."""
+        return " / ".join(name for name in (self.flag, self.env) if name)
+
+    @property
+    def fully_implemented(self) -> bool:
+        return self.implemented and not self.unimplemented_values
 
 
 def _o(attr: str, flag: str | None, env: str | None, default: Any, parse: Callable[[str], Any], role: str,
-       help: str, *, env_wins: bool = False, is_bool_flag: bool = False) -> Option:
-    return Option(attr, flag, env, default, parse, role, help, env_wins, is_bool_flag)
+       help: str, *, env_wins: bool = False, is_bool_flag: bool = False, implemented: bool = True,
+       unimplemented_values: tuple[Any, ...] = ()) -> Option:
+    return Option(attr, flag, env, default, parse, role, help, env_wins, is_bool_flag, implemented,
+                  unimplemented_values)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -156,10 +210,11 @@ OPTIONS: tuple[Option, ...] = (
        "first part of the label/annotation domain"),
     _o("domain_suffix", None, "TENSOR_FUSION_CUSTOM_DOMAIN_SUFFIX", "ai", str, "common",
        "last part of the label/annotation domain"),
-    _o("testing", None, "GO_TESTING", False, parse_bool, "common", "test timings (short requeues)"),
+    _o("testing", None, "GO_TESTING", False, parse_bool, "common", "test timings (short requeues)",
+       implemented=False),
     # --- apiserver --------------------------------------------------------------------------------
     _o("apiserver_listen", "--apiserver-listen", None, "127.0.0.1:6443", str, "apiserver",
-       "embedded API server address; plain HTTP on loopback, HTTPS with a bearer token elsewhere"),
+       "embedded API server address; HTTPS and a bearer token (in the kubeconfig) on every address"),
     _o("state", "--state", None, ".tfusion/state.db", str, "apiserver", "SQLite file holding every object"),
     _o("kubeconfig_out", "--kubeconfig-out", None, ".tfusion/kubeconfig", str, "apiserver",
        "where to write a kubeconfig for kubectl and the other roles"),
@@ -168,8 +223,13 @@ OPTIONS: tuple[Option, ...] = (
     # --- controller -------------------------------------------------------------------------------
     _o("controller_listen", "--controller-listen", "PORT", ":8080",
        _listen_or_port, "controller",
-       "controller HTTP API, /healthz, /readyz and /metrics"),
-    _o("webhook_listen", "--webhook-listen", None, ":9443", str, "controller", "TLS pod admission webhook"),
+       "controller HTTP API, /healthz, /readyz and /metrics; without a host (:PORT) all interfaces, "
+       "but loopback with --role=all"),
+    _o("health_probe_listen", "--health-probe-bind-address", None, ":8081", _listen_address, "controller",
+       "liveness and readiness probes (/healthz, /readyz) on their own port, as the original's chart probes; "
+       "without a host (:PORT) all interfaces, but loopback with --role=all"),
+    _o("webhook_listen", "--webhook-listen", None, ":9443", str, "controller", "TLS pod admission webhook",
+       implemented=False),
     _o("leader_elect", "--leader-elect", None, True, parse_bool, "controller",
        "elect one active controller through a Lease", is_bool_flag=True),
     _o("operator_namespace", "--operator-namespace", "OPERATOR_NAMESPACE", "tensor-fusion-sys", str, "controller",
@@ -185,22 +245,25 @@ OPTIONS: tuple[Option, ...] = (
     _o("dynamic_config_interval", "--dynamic-config-interval", None, 5.0, parse_duration, "controller",
        "how often the dynamic config file's modification time is checked"),
     _o("scheduler_config", "--scheduler-config", None, "/etc/tensor-fusion/scheduler-config.yaml", str,
-       "controller", "KubeSchedulerConfiguration with GPUResourcesFit args"),
+       "controller", "KubeSchedulerConfiguration with GPUResourcesFit args", implemented=False),
     _o("metrics_path", "--metrics-path", None, "/logs/metrics.log", str, "controller",
-       "influx line-protocol metrics file written by the leader"),
+       "influx line-protocol metrics file written by the leader", implemented=False),
     _o("host_port_range", "--host-port-range", None, (40000, 42000), parse_port_range, "controller",
-       "node-level host port range"),
+       "node-level host port range", implemented=False),
     _o("cluster_host_port_range", "--cluster-host-port-range", None, (42000, 62000), parse_port_range,
-       "controller", "cluster-level host port range"),
+       "controller", "cluster-level host port range", implemented=False),
     _o("isolation_mode_policy", None, "TF_ISOLATION_MODE_POLICY", "static", parse_isolation_policy, "controller",
-       "static or dynamic isolation-mode policy"),
-    _o("enable_webhooks", None, "ENABLE_WEBHOOKS", True, parse_bool, "controller", "serve the pod webhook"),
-    _o("enable_scheduler", None, "ENABLE_SCHEDULER", True, parse_bool, "controller", "run GPU scheduling"),
-    _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller", "run reconcilers"),
+       "static or dynamic isolation-mode policy", implemented=False),
+    _o("enable_webhooks", None, "ENABLE_WEBHOOKS", True, parse_bool, "controller", "serve the pod webhook",
+       implemented=False),
+    _o("enable_scheduler", None, "ENABLE_SCHEDULER", True, parse_bool, "controller", "run GPU scheduling",
+       implemented=False),
+    _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller", "run reconcilers",
+       implemented=False),
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
-       "send native-GPU pods to nodes without tfusion workers"),
+       "send native-GPU pods to nodes without tfusion workers", implemented=False),
     _o("initial_gpu_node_label_selector", None, "INITIAL_GPU_NODE_LABEL_SELECTOR", "", str, "controller",
-       "k=v selector for GPU nodes before any pool selects them"),
+       "k=v selector for GPU nodes before any pool selects them", implemented=False),
     _o("max_workers_per_node", "--max-workers-per-node", None, 256, _positive_int, "controller",
        "GPU workers one node may hold"),
     _o("sync_interval", "--sync-interval", None, 10.0, parse_duration, "controller",
@@ -208,13 +271,19 @@ OPTIONS: tuple[Option, ...] = (
     # --- hypervisor -------------------------------------------------------------------------------
     _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
+    _o("hypervisor_host", "--host", "HYPERVISOR_HOST", "", parse_host, "hypervisor",
+       "IP address the hypervisor HTTP API listens on; unset: all interfaces (the DaemonSet on the host "
+       "network), but 127.0.0.1 with --role=all or --backend=local"),
+    _o("api_token_file", "--api-token-file", None, "", str, "hypervisor",
+       "--backend=local: file holding a bearer token that creating and deleting workers then need; "
+       "required when --host is not a loopback address"),
     _o("devices", "--devices", None, "auto", str, "hypervisor",
        "device backend: auto (NVML when a driver answers, else none), nvml, or sim:2xA100-SXM4-80GB,..."),
     _o("vendor", "--vendor", "TF_HARDWARE_VENDOR", "NVIDIA", str, "hypervisor",
        "accelerator vendor (TF_HARDWARE_VENDOR wins over the flag)", env_wins=True),
     _o("backend", "--backend", None, "kubernetes", _choice("kubernetes", "local"), "hypervisor",
        "kubernetes (report GPU objects, track worker pods) or local (no Kubernetes)"),
-    _o("isolation_mode", "--isolation-mode", None, "soft", _choice("shared", "soft", "hard", "partitioned"),
+    _o("isolation_mode", "--isolation-mode", None, ann.DEFAULT_ISOLATION, _choice(*ann.ISOLATION_MODES),
        "hypervisor", "isolation mode stamped on devices"),
     _o("isolation_policy", "--isolation-policy", None, "static", parse_isolation_policy, "hypervisor",
        "static or dynamic"),
@@ -232,11 +301,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("scheduling_config", None, "TF_HYPERVISOR_SCHEDULING_CONFIG", "", str, "hypervisor",
        "JSON hypervisor scheduling config (rate-limit parameters, auto-freeze)"),
     _o("metrics_format", None, "TF_HYPERVISOR_METRICS_FORMAT", "influx", _choice("influx", "json", "otel"),
-       "hypervisor", "metrics file format"),
+       "hypervisor", "metrics file format", unimplemented_values=("otel",)),
     _o("metrics_extra_labels", None, "TF_HYPERVISOR_METRICS_EXTRA_LABELS", "", str, "hypervisor",
        "JSON map pod annotation key -> extra metrics tag"),
     _o("detect_in_used_gpus", None, "DETECT_IN_USED_GPUS", False, parse_bool, "hypervisor",
-       "mark GPUs held by another device plugin"),
+       "mark GPUs held by another device plugin", implemented=False),
     _o("sim_devices_fallback", "--sim-devices-fallback", None, "auto", parse_sim_devices_fallback, "hypervisor",
        f"simulated devices used when --devices=auto finds no NVIDIA driver: auto ({DEFAULT_SIM_DEVICES} "
        "with --role=all, none otherwise), off, or sim:SPEC"),
@@ -248,63 +317,71 @@ OPTIONS: tuple[Option, ...] = (
 _BY_ATTR = {opt.attr: opt for opt in OPTIONS}
 
 
+def _default(attr: str) -> Any:
+    """The default of a `Settings` field, read from its Option: each default is written once, there."""
+    return _BY_ATTR[attr].default
+
+
 @dataclass(frozen=True)
 class Settings:
     """The resolved configuration of one tfusion process. Build it with `Settings.load`."""
 
     roles: tuple[str, ...] = ("all",)
-    kube: str = ""
-    kubeconfig_env: str = ""
-    log_level: str = "info"
-    node_name: str = ""
-    pod_name: str = ""
-    pod_namespace: str = ""
-    domain_prefix: str = "tensor-fusion"
-    domain_suffix: str = "ai"
-    testing: bool = False
-    apiserver_listen: str = "127.0.0.1:6443"
-    state: str = ".tfusion/state.db"
-    kubeconfig_out: str = ".tfusion/kubeconfig"
-    watch_history: int = 10000
-    controller_listen: str = ":8080"
-    webhook_listen: str = ":9443"
-    leader_elect: bool = True
-    operator_namespace: str = "tensor-fusion-sys"
-    leader_lease_duration: float = 15.0
-    leader_renew_deadline: float = 10.0
-    leader_retry_period: float = 2.0
-    dynamic_config: str = "/etc/tensor-fusion/config.yaml"
-    dynamic_config_interval: float = 5.0
-    scheduler_config: str = "/etc/tensor-fusion/scheduler-config.yaml"
-    metrics_path: str = "/logs/metrics.log"
-    host_port_range: tuple[int, int] = (40000, 42000)
-    cluster_host_port_range: tuple[int, int] = (42000, 62000)
-    isolation_mode_policy: str = "static"
-    enable_webhooks: bool = True
-    enable_scheduler: bool = True
-    enable_cr_controller: bool = True
-    progressive_migration: bool = False
-    initial_gpu_node_label_selector: str = ""
-    max_workers_per_node: int = 256
-    sync_interval: float = 10.0
-    hypervisor_port: int = 8001
-    devices: str = "auto"
-    vendor: str = "NVIDIA"
-    backend: str = "kubernetes"
-    isolation_mode: str = "soft"
-    isolation_policy: str = "static"
-    discovery_interval: float = 12 * 3600.0
-    metrics_output_path: str = "metrics.log"
-    metrics_interval: float = 60.0
-    state_dir: str = "~/.tfusion/hypervisor"
-    pool_name: str = "unknown"
-    hardware_metadata: str = ""
-    scheduling_config: str = ""
-    metrics_format: str = "influx"
-    metrics_extra_labels: str = ""
-    detect_in_used_gpus: bool = False
-    sim_devices_fallback: str = "auto"
-    simulate_kubelet: bool = False
+    kube: str = _default("kube")
+    kubeconfig_env: str = _default("kubeconfig_env")
+    log_level: str = _default("log_level")
+    node_name: str = _default("node_name")
+    pod_name: str = _default("pod_name")
+    pod_namespace: str = _default("pod_namespace")
+    domain_prefix: str = _default("domain_prefix")
+    domain_suffix: str = _default("domain_suffix")
+    testing: bool = _default("testing")
+    apiserver_listen: str = _default("apiserver_listen")
+    state: str = _default("state")
+    kubeconfig_out: str = _default("kubeconfig_out")
+    watch_history: int = _default("watch_history")
+    controller_listen: str = _default("controller_listen")
+    health_probe_listen: str = _default("health_probe_listen")
+    webhook_listen: str = _default("webhook_listen")
+    leader_elect: bool = _default("leader_elect")
+    operator_namespace: str = _default("operator_namespace")
+    leader_lease_duration: float = _default("leader_lease_duration")
+    leader_renew_deadline: float = _default("leader_renew_deadline")
+    leader_retry_period: float = _default("leader_retry_period")
+    dynamic_config: str = _default("dynamic_config")
+    dynamic_config_interval: float = _default("dynamic_config_interval")
+    scheduler_config: str = _default("scheduler_config")
+    metrics_path: str = _default("metrics_path")
+    host_port_range: tuple[int, int] = _default("host_port_range")
+    cluster_host_port_range: tuple[int, int] = _default("cluster_host_port_range")
+    isolation_mode_policy: str = _default("isolation_mode_policy")
+    enable_webhooks: bool = _default("enable_webhooks")
+    enable_scheduler: bool = _default("enable_scheduler")
+    enable_cr_controller: bool = _default("enable_cr_controller")
+    progressive_migration: bool = _default("progressive_migration")
+    initial_gpu_node_label_selector: str = _default("initial_gpu_node_label_selector")
+    max_workers_per_node: int = _default("max_workers_per_node")
+    sync_interval: float = _default("sync_interval")
+    hypervisor_port: int = _default("hypervisor_port")
+    hypervisor_host: str = _default("hypervisor_host")
+    api_token_file: str = _default("api_token_file")
+    devices: str = _default("devices")
+    vendor: str = _default("vendor")
+    backend: str = _default("backend")
+    isolation_mode: str = _default("isolation_mode")
+    isolation_policy: str = _default("isolation_policy")
+    discovery_interval: float = _default("discovery_interval")
+    metrics_output_path: str = _default("metrics_output_path")
+    metrics_interval: float = _default("metrics_interval")
+    state_dir: str = _default("state_dir")
+    pool_name: str = _default("pool_name")
+    hardware_metadata: str = _default("hardware_metadata")
+    scheduling_config: str = _default("scheduling_config")
+    metrics_format: str = _default("metrics_format")
+    metrics_extra_labels: str = _default("metrics_extra_labels")
+    detect_in_used_gpus: bool = _default("detect_in_used_gpus")
+    sim_devices_fallback: str = _default("sim_devices_fallback")
+    simulate_kubelet: bool = _default("simulate_kubelet")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -314,12 +391,12 @@ class Settings:
         (already parsed; absent or None means "not given"); `env` defaults to os.environ."""
         flags = flags or {}
         env = os.environ if env is None else env
-        values: dict[str, Any] = {"roles": tuple(roles)}
-        for opt in OPTIONS:
-            values[opt.attr] = _resolve(opt, flags.get(opt.attr), env)
         unknown = set(flags) - set(_BY_ATTR)
         if unknown:
             raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {"roles": tuple(roles)}
+        for opt in OPTIONS:
+            values[opt.attr] = _resolve(opt, flags.get(opt.attr), env)
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -354,6 +431,34 @@ class Settings:
         return "" if self.sim_devices_fallback == "off" else self.sim_devices_fallback
 
     @property
+    def resolved_controller_listen(self) -> str:
+        """--controller-listen as bound: an address without a host means loopback with --role=all."""
+        return self._role_listen(self.controller_listen, "all" in self.roles)
+
+    @property
+    def resolved_health_probe_listen(self) -> str:
+        """--health-probe-bind-address as bound: without a host, loopback with --role=all."""
+        return self._role_listen(self.health_probe_listen, "all" in self.roles)
+
+    @property
+    def resolved_hypervisor_host(self) -> str:
+        """--host, else 127.0.0.1 on a single machine (--role=all, --backend=local), else all interfaces."""
+        if self.hypervisor_host:
+            return self.hypervisor_host
+        return "127.0.0.1" if "all" in self.roles or self.backend == "local" else "0.0.0.0"
+
+    @property
+    def resolved_hypervisor_listen(self) -> str:
+        return format_listen(self.resolved_hypervisor_host, self.hypervisor_port)
+
+    @staticmethod
+    def _role_listen(listen: str, loopback: bool) -> str:
+        host, port = parse_listen(listen)
+        if loopback and not listen.rpartition(":")[0].strip("[]"):
+            return format_listen("127.0.0.1", port)
+        return format_listen(host, port)
+
+    @property
     def kube_mode(self) -> str:
         """'embedded', 'in-cluster' or a kubeconfig path."""
         if self.kube:
@@ -366,17 +471,36 @@ class Settings:
 
 
 def _resolve(opt: Option, flag_value: Any, env: Mapping[str, str]) -> Any:
-    env_text = env.get(opt.env) if opt.env else None
-    if env_text == "":
-        env_text = None
+    env_text = (env.get(opt.env) or None) if opt.env else None  # an empty variable counts as unset
+    _refuse_if_not_implemented(opt, flag_value, env_text)
     if env_text is not None and (flag_value is None or opt.env_wins):
         try:
-            return opt.parse(env_text)
+            value = opt.parse(env_text)
         except ValueError as exc:
             raise SettingsError(f"environment variable {opt.env}={env_text!r}: {exc}") from None
+        if value in opt.unimplemented_values:
+            raise NotImplementedSettingError(f"environment variable {opt.env}={env_text} {NOT_IMPLEMENTED}")
+        return value
     if flag_value is not None:
+        if flag_value in opt.unimplemented_values:
+            raise NotImplementedSettingError(f"{opt.flag}={flag_value} {NOT_IMPLEMENTED}")
         return flag_value
     return opt.default
+
+
+def _refuse_if_not_implemented(opt: Option, flag_value: Any, env_text: str | None) -> None:
+    """Setting an option that does nothing is an error, whatever its value (even one that would not parse)."""
+    if opt.implemented:
+        return
+    if flag_value is not None:
+        raise NotImplementedSettingError(f"{opt.flag} {NOT_IMPLEMENTED}; leave it out")
+    if env_text is not None:
+        raise NotImplementedSettingError(f"environment variable {opt.env} {NOT_IMPLEMENTED}; unset it")
+
+
+def not_implemented_options() -> tuple[Option, ...]:
+    """Options (or some of their values) that are declared but refused when set."""
+    return tuple(opt for opt in OPTIONS if not opt.fully_implemented)
 
 
 def option(attr: str) -> Option:

@@ -1,27 +1,69 @@
 """Shared HTTP plumbing for the controller, the hypervisor and the embedded API server: uvicorn
 servers we can run inside an anyio task group (no signal capture of their own), health/readiness
-bookkeeping, and the Prometheus mount for a role's own registry.
+bookkeeping, the Prometheus mount for a role's own registry, and the one HTTP edge of the
+controller's and the hypervisor's Litestar apps (`make_app`).
+
+The edge exists so that a client of either role meets one error contract: every non-2xx answer is
+JSON `ErrorBody` (`{"error": "<message>"}` plus optional structured fields), whether a handler
+refused the call (`HttpError`), Litestar's routing or validation did (404, 405 with `Allow`, 400
+naming the parameter), or a bug did (500, logged with its traceback). `/readyz`'s 503 keeps its own
+body: probes read its conditions. The OpenAPI document declares these error bodies, and
+`raw_body` documents request bodies that a handler reads as raw bytes (a YAML manifest, a body
+whose fields it checks one by one to name them in its errors).
+
+Bounded input: each app refuses bodies over `DEFAULT_MAX_BODY_BYTES` unless a route sets its own
+`request_max_body_size`; `read_body` reads a body within that limit and `BODY_TIMEOUT_S` (413 /
+408), `decode_body` parses a large one in a worker thread so that the event loop (and with it the
+leader's Lease renewal) keeps running. `serve` closes a connection whose request head does not
+arrive within `HEAD_TIMEOUT_S`, and an idle keep-alive connection after `KEEP_ALIVE_S`. Only
+GET and HEAD reach the raw /metrics mount; other methods get a clean 405.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import re
 import socket
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Annotated, Any, TypeVar
 
 import anyio
+import anyio.to_thread
+import msgspec
 import prometheus_client
 import uvicorn
 from anyio.abc import TaskStatus
-from litestar import Litestar, Response, get
-from litestar.handlers import asgi
+from litestar import Litestar, MediaType, Request, Response, get
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException, ValidationException
+from litestar.handlers import HTTPRouteHandler, asgi
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.spec import Operation, Reference
+from litestar.params import Body
 from litestar.types import Receive, Scope, Send
+from msgspec import UNSET, UnsetType
 
+from tfusion.api.documents import collector_paused
+from tfusion.apiserver.connections import with_head_timeout
 from tfusion.settings import parse_listen
 
 log = logging.getLogger(__name__)
+
+#: request bodies a route takes unless it sets `request_max_body_size` (most routes take none)
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+#: how long a request body may take to arrive in full (else 408)
+BODY_TIMEOUT_S = 30.0
+#: how long a connection may take to send a complete request head (else it is closed)
+HEAD_TIMEOUT_S = 30.0
+#: how long an idle keep-alive connection stays open (uvicorn's default, written down)
+KEEP_ALIVE_S = 5
+#: bodies larger than this are parsed in a worker thread, off the event loop
+THREAD_ABOVE_BYTES = 256 * 1024
+_T = TypeVar("_T")
 
 
 class Server(uvicorn.Server):
@@ -51,12 +93,19 @@ def bind_socket(listen: str) -> socket.socket:
 
 
 async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = None,
-                ssl_keyfile: str | None = None,
+                ssl_keyfile: str | None = None, uvicorn_options: dict[str, Any] | None = None,
+                head_timeout: float = HEAD_TIMEOUT_S, keep_alive: int = KEEP_ALIVE_S,
                 task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` on an already bound socket until cancelled; open streams never block shutdown."""
+    """Serve `app` on an already bound socket until cancelled; open streams never block shutdown.
+
+    A connection is closed when its request head takes longer than `head_timeout` or it idles
+    `keep_alive` seconds between requests. `uvicorn_options` go to uvicorn.Config as they are and
+    win over these (e.g. `http`, `timeout_keep_alive`)."""
+    options: dict[str, Any] = {"http": with_head_timeout(head_timeout), "timeout_keep_alive": keep_alive,
+                               **(uvicorn_options or {})}
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
                             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
-                            timeout_graceful_shutdown=1)
+                            timeout_graceful_shutdown=1, **options)
     server = Server(config)
     done = anyio.Event()
     # uvicorn must run its own shutdown (lifespan included) rather than be cancelled mid-way, so it
@@ -122,19 +171,255 @@ def health_handlers(readiness: Readiness) -> list[Any]:
     return [healthz, readyz]
 
 
+_METRICS_METHODS = ("GET", "HEAD")
+
+
 def metrics_handler(registry: prometheus_client.CollectorRegistry) -> Any:
     metrics_app = prometheus_client.make_asgi_app(registry=registry)
 
     @asgi("/metrics", is_mount=True, include_in_schema=False)
     async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
+        # a raw mount sees every method; prometheus_client would answer CONNECT with a 200, which
+        # h11 takes for an accepted tunnel, and the body that follows crashes the response
+        method = str(scope.get("method", "GET"))
+        if method not in _METRICS_METHODS:
+            allowed = list(_METRICS_METHODS)
+            refusal = error_response(405, ErrorBody(error=f"{method} is not allowed on {scope['path']}; allowed: "
+                                                          f"{', '.join(allowed)}", allowed=allowed),
+                                     headers={"Allow": ", ".join(allowed)})
+            await refusal.to_asgi_response(app=None, request=Request(scope, receive))(scope, receive, send)
+            return
         await metrics_app(scope, receive, send)
 
     return metrics
 
 
-def make_app(handlers: list[Any], *, title: str, **kwargs: Any) -> Litestar:
-    from litestar.openapi import OpenAPIConfig
+# --- the HTTP edge of the controller and the hypervisor ----------------------------------------
 
+class ErrorBody(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Every non-2xx body of the controller's and the hypervisor's API (except /readyz's 503)."""
+
+    error: Annotated[str, msgspec.Meta(description="What went wrong, in words a user can act on")]
+    field: Annotated[str, msgspec.Meta(description="The request field or parameter that is wrong")] | UnsetType = UNSET
+    allowed: Annotated[list[str], msgspec.Meta(description="405: the methods this path accepts")] | UnsetType = UNSET
+
+
+class HttpError(Exception):
+    """A refusal with its HTTP status and body; raised by handlers, answered by the edge."""
+
+    def __init__(self, status: int, body: ErrorBody | str, *, headers: Mapping[str, str] | None = None) -> None:
+        self.body = body if isinstance(body, ErrorBody) else ErrorBody(error=body)
+        super().__init__(self.body.error)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+def error_response(status: int, body: ErrorBody | str, *,
+                   headers: Mapping[str, str] | None = None) -> Response[ErrorBody]:
+    """The one way to answer a non-2xx status."""
+    content = body if isinstance(body, ErrorBody) else ErrorBody(error=body)
+    return Response(content, status_code=status, headers=dict(headers or {}), media_type=MediaType.JSON)
+
+
+def error_responses(descriptions: Mapping[int, str], model: type[ErrorBody] = ErrorBody) -> dict[int, ResponseSpec]:
+    """`responses=` for a route decorator: each listed status documented with `model` as its body."""
+    return {status: ResponseSpec(model, description=text, generate_examples=False)
+            for status, text in descriptions.items()}
+
+
+def raw_body(model: type[msgspec.Struct], media_types: Sequence[str] = (MediaType.JSON,), *,
+             description: str) -> dict[str, Any]:
+    """Route-decorator keywords that document `model` as the request body of a handler that reads
+    the raw bytes itself (`await request.body()`), under each of `media_types`.
+
+    Litestar documents a body only from a `data` parameter, which would also make it parse the body
+    and answer with its own validation messages. A provider that declares `data` but that the
+    handler never asks for is documented and never run; the operation class adds the other media
+    types."""
+
+    def documented_body(data: Any) -> None:
+        raise AssertionError("documentation only: the handler reads the raw body")
+
+    # set at run time: the annotation names `model`, which a postponed (string) annotation cannot
+    documented_body.__annotations__ = {
+        "data": Annotated[model, Body(media_type=media_types[0], description=description)], "return": None}
+
+    @dataclass
+    class RawBodyOperation(Operation):
+        def __post_init__(self) -> None:
+            if self.request_body is not None and not isinstance(self.request_body, Reference):
+                self.request_body.description = description
+                first = self.request_body.content[media_types[0]]
+                for media_type in media_types[1:]:
+                    self.request_body.content[media_type] = first
+
+    return {"dependencies": {"documented_body": Provide(documented_body, sync_to_thread=False)},
+            "operation_class": RawBodyOperation}
+
+
+# --- request bodies --------------------------------------------------------------------------------
+
+def body_limit(request: Request[Any, Any, Any]) -> float:
+    """The route's `request_max_body_size` (the app's DEFAULT_MAX_BODY_BYTES unless it sets one)."""
+    return request.route_handler.resolve_request_max_body_size() or math.inf
+
+
+def _too_large(request: Request[Any, Any, Any], limit: float, size: int | None) -> HttpError:
+    got = f" (Content-Length {size})" if size is not None else ""
+    return HttpError(413, f"request body too large{got}: {request.method} {request.url.path} takes at most "
+                          f"{limit:.0f} bytes", headers={"Connection": "close"})
+
+
+async def read_body(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, within the route's limit (else 413) and arriving within `timeout` (else 408)."""
+    limit = body_limit(request)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(request, limit, int(declared))
+    chunks: list[bytes] = []
+    size = 0
+    with anyio.move_on_after(timeout) as deadline:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":  # nobody is left to read an answer
+                raise HttpError(400, "the client disconnected before its request body was complete")
+            chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(request, limit, None)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+    if deadline.cancelled_caught:
+        raise HttpError(408, f"the request body did not arrive in full within {timeout:g}s",
+                        headers={"Connection": "close"})
+    return b"".join(chunks)
+
+
+async def decode_body(request: Request[Any, Any, Any], decode: Callable[[bytes], _T], *,
+                      timeout: float = BODY_TIMEOUT_S) -> _T:
+    """`decode(read_body(request))`, in a worker thread when the body is over THREAD_ABOVE_BYTES:
+    parsing a few MiB of YAML takes long enough to delay every other task of the process."""
+    body = await read_body(request, timeout=timeout)
+    if len(body) > THREAD_ABOVE_BYTES:
+        return await anyio.to_thread.run_sync(_decode_without_collections, decode, body)
+    return decode(body)
+
+
+def _decode_without_collections(decode: Callable[[bytes], _T], body: bytes) -> _T:
+    # the many objects a large document allocates would trigger full garbage collections, which
+    # hold the GIL (and so the event loop) for 100 ms or more: see documents.collector_paused
+    with collector_paused():
+        return decode(body)
+
+
+_MISSING_PARAMETER = re.compile(r"parameter '([^']+)'")
+
+
+def _problem_text(problem: Mapping[str, Any]) -> tuple[str, str]:
+    """(field, text) of one of Litestar's validation problems."""
+    key = str(problem.get("key") or "")
+    source = problem.get("source")
+    source_name = str(getattr(source, "value", source) or "body")
+    message = str(problem.get("message") or "is invalid")
+    if source_name == "body":
+        if key in ("", "data"):  # "data" is the whole body
+            return "", f"request body: {message}"
+        return key, f"request body field {key!r}: {message}"
+    return key, f"{source_name} parameter {key!r}: {message}"
+
+
+def _validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[ErrorBody]:
+    problems = [p for p in exc.extra if isinstance(p, Mapping)] if isinstance(exc.extra, list) else []
+    if not problems:
+        missing = _MISSING_PARAMETER.search(str(exc.detail))
+        text = f"invalid request to {request.method} {request.url.path}: {exc.detail}"
+        return error_response(400, ErrorBody(error=text, field=missing.group(1)) if missing else text)
+    named = [_problem_text(p) for p in problems]
+    text = "; ".join(t for _, t in named)
+    field = named[0][0]
+    return error_response(400, ErrorBody(error=text, field=field) if field else text)
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+    method, path = request.method, request.url.path
+    headers = dict(exc.headers or {})
+    if exc.status_code >= 500:
+        log.error("%s %s failed: %s", method, path, exc.detail, exc_info=exc)
+    if isinstance(exc, NotFoundException) and exc.detail == HTTPStatus.NOT_FOUND.phrase:
+        return error_response(404, f"no route {method} {path}; the routes are listed in /schema/openapi.json")
+    if isinstance(exc, MethodNotAllowedException):
+        allowed = [m.strip() for m in str(headers.get("allow", "")).split(",") if m.strip()]
+        return error_response(405, ErrorBody(error=f"{method} is not allowed on {path}; allowed: "
+                                                   f"{', '.join(allowed) or 'none'}", allowed=allowed),
+                              headers=headers)
+    if exc.status_code == 500:
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc.detail}", headers=headers)
+    if exc.status_code == 413:  # Litestar's own limit, on a route that parses its body itself
+        return error_response(413, _too_large(request, body_limit(request), None).body, headers=headers)
+    if exc.status_code == 400:
+        # e.g. a body that is not valid JSON: Litestar's detail alone ("Input data was truncated") says too little
+        return error_response(400, f"bad request to {method} {path}: {exc.detail}", headers=headers)
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HttpError) -> Response[ErrorBody]:
+    return error_response(exc.status, exc.body, headers=exc.headers)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _json_errors_only(response: Response[Any]) -> Response[Any]:
+    """After-request net for the framework's own non-JSON error pages (e.g. /schema/<unknown>)."""
+    status = response.status_code or 200
+    # None: the handler's media type, JSON for every handler of ours
+    media_type = getattr(response.media_type, "value", response.media_type) or MediaType.JSON.value
+    if status < 400 or str(media_type).startswith(MediaType.JSON.value):
+        return response
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "error"
+    return error_response(status, f"{phrase} (HTTP {status})")
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
+    HttpError: _http_error, ValidationException: _validation_error, HTTPException: _http_exception,
+    Exception: _unexpected}
+
+_COMMON_ERRORS = {500: "A bug: the message names the exception; the traceback is in the log"}
+_VALIDATION_ERRORS = {400: "A query or path parameter or the body is invalid; `field` names it"}
+_BODY_ERRORS = {408: "The request body did not arrive in full in time",
+                413: "The request body is larger than this route takes"}
+#: handler parameters that Litestar injects rather than parses from the request (nothing to validate)
+_INJECTED = {"request", "state", "scope", "headers", "cookies", "query", "body"}
+
+
+def _document_errors(app: Litestar) -> None:
+    """Declare ErrorBody for 500 on every documented route, and for 400 where Litestar validates."""
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            if not isinstance(handler, HTTPRouteHandler) or not handler.resolve_include_in_schema():
+                continue
+            defaults = dict(_COMMON_ERRORS)
+            signature = handler.parsed_fn_signature.parameters
+            if any(name not in _INJECTED for name in signature) or "documented_body" in (handler.dependencies or {}):
+                defaults.update(_VALIDATION_ERRORS)
+            if "documented_body" in (handler.dependencies or {}):
+                defaults.update(_BODY_ERRORS)
+            handler.responses = {**error_responses(defaults), **(handler.responses or {})}
+
+
+def make_app(handlers: list[Any], *, title: str, **kwargs: Any) -> Litestar:
+    """The Litestar app of a role, with the shared error edge and OpenAPI document."""
+    handlers_by_type = {**EXCEPTION_HANDLERS, **kwargs.pop("exception_handlers", {})}
     # logging_config=None: tfusion configures logging once in cli.py; Litestar must not reconfigure it.
     kwargs.setdefault("logging_config", None)
-    return Litestar(handlers, openapi_config=OpenAPIConfig(title=title, version="1"), **kwargs)
+    kwargs.setdefault("request_max_body_size", DEFAULT_MAX_BODY_BYTES)
+    app = Litestar(handlers, openapi_config=OpenAPIConfig(title=title, version="1"),
+                   exception_handlers=handlers_by_type, after_request=_json_errors_only, **kwargs)
+    _document_errors(app)
+    return app

@@ -37,7 +37,8 @@ class ControllerProcess:
         env = {**os.environ, "POD_NAME": name}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfusion", "--role=controller", f"--kube={kubeconfig}",
-             "--controller-listen", "127.0.0.1:0", "--dynamic-config", str(tmp_path / f"{name}.yaml")],
+             "--controller-listen", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0",
+             "--dynamic-config", str(tmp_path / f"{name}.yaml")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -106,7 +107,8 @@ def wait_until(predicate: Any, timeout: float, what: str) -> float:
 
 def lease_holder(apiserver: Any) -> str:
     url = f"{apiserver.url}/apis/coordination.k8s.io/v1/namespaces/tensor-fusion-sys/leases/{LEASE_NAME}"
-    return str(httpx.get(url, timeout=5).json()["spec"]["holderIdentity"])
+    response = httpx.get(url, headers=apiserver.headers, verify=apiserver.ssl_context, timeout=5)
+    return str(response.json()["spec"]["holderIdentity"])
 
 
 def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver: Any, spawn: Any) -> None:
@@ -118,7 +120,7 @@ def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver
     metrics = (a.leader_metric(), b.leader_metric())
     assert sorted(metrics) == [0.0, 1.0], metrics
     leader, follower = (a, b) if metrics[0] == 1.0 else (b, a)
-    assert lease_holder(apiserver).startswith(f"{leader.name}_")
+    assert lease_holder(apiserver) == leader.name, "the identity is the pod name (stable)"
     ready = httpx.get(f"http://127.0.0.1:{follower.port}/readyz", timeout=2)
     assert ready.status_code == 200, ready.text
 
@@ -129,7 +131,7 @@ def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver
     assert handover < 5
     assert leader.proc.wait(max(0.1, 5 - (time.monotonic() - signalled))) == 0, "".join(leader.lines)
     assert time.monotonic() - signalled < 5, "SIGTERM must shut the controller down within 5 s"
-    assert lease_holder(apiserver).startswith(f"{follower.name}_")
+    assert lease_holder(apiserver) == follower.name
 
 
 @pytest.mark.slow
@@ -146,4 +148,20 @@ def test_kill_9_of_the_leader_fails_over_within_20s(apiserver: Any, spawn: Any) 
     failover = wait_until(b.is_leader, 20, "the standby leading after kill -9")
     print(f"failover after kill -9: {failover:.1f} s")
     assert failover < 20
-    assert lease_holder(apiserver).startswith("ctl-b_")
+    assert lease_holder(apiserver) == "ctl-b"
+
+
+def test_a_restarted_replica_takes_its_own_lease_back_at_once(apiserver: Any, spawn: Any) -> None:
+    """After kill -9 the Lease still names the dead process for up to 15 s; a replica restarted
+    with the same identity (the pod name) renews it at once instead of waiting it out."""
+    first = spawn("ctl-same")
+    first.wait_listening()
+    wait_until(first.is_leader, 10, "the controller leading")
+    first.proc.kill()
+    first.proc.wait(5)
+    again = spawn("ctl-same")
+    again.wait_listening()
+    took = wait_until(again.is_leader, 20, "the restarted replica leading")
+    print(f"a restarted replica led again after {took:.1f} s")
+    assert took < 10, "it must not wait for its own Lease to expire (15 s after the kill)"
+    assert lease_holder(apiserver) == "ctl-same"

@@ -47,15 +47,15 @@ class RoleAll:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        api, controller, webhook, hypervisor = free_ports(4)
-        self.api = f"http://127.0.0.1:{api}"
+        api, controller, hypervisor, probes = free_ports(4)
+        self.api = f"https://127.0.0.1:{api}"  # the embedded API server: HTTPS and a token
         self.controller = f"http://127.0.0.1:{controller}"
         self.hypervisor = f"http://127.0.0.1:{hypervisor}"
         self.kubeconfig = tmp / "kubeconfig"
         self.args = [
-            "--role=all", "--apiserver-listen", self.api.removeprefix("http://"),
+            "--role=all", "--apiserver-listen", self.api.removeprefix("https://"),
             "--controller-listen", self.controller.removeprefix("http://"),
-            "--webhook-listen", f"127.0.0.1:{webhook}", "--port", str(hypervisor),
+            "--health-probe-bind-address", f"127.0.0.1:{probes}", "--port", str(hypervisor),
             "--state", str(tmp / "state.db"), "--kubeconfig-out", str(self.kubeconfig),
             "--state-dir", str(tmp / "hv"), "--metrics-output-path", str(tmp / "metrics.log"),
             "--node-name", NODE,
@@ -118,9 +118,23 @@ class RoleAll:
     # --- reading the cluster ------------------------------------------------------------------------
 
     def get(self, path: str) -> Any:
-        response = httpx.get(f"{self.api}{path}", timeout=5)
+        response = httpx.get(f"{self.api}{path}", timeout=5, **self._api_auth())
         assert response.status_code == 200, f"GET {path}: {response.status_code} {response.text}"
         return response.json()
+
+    def _api_auth(self) -> dict[str, Any]:
+        """The admin token and CA from the kubeconfig the process wrote."""
+        import base64
+        import ssl
+
+        import yaml
+
+        if not self.kubeconfig.exists():
+            raise AssertionError("the API server has not written its kubeconfig yet")
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+        token = config["users"][0]["user"]["token"]
+        return {"headers": {"authorization": f"Bearer {token}"}, "verify": ssl.create_default_context(cadata=ca)}
 
     def node_gpus(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.get(
@@ -198,7 +212,7 @@ def check_kubectl(run: RoleAll, names: list[str]) -> None:
 
 def check_pod_lifecycle(run: RoleAll) -> None:
     pods = f"{run.api}/api/v1/namespaces/default/pods"
-    created = httpx.post(pods, timeout=5, json={
+    created = httpx.post(pods, timeout=5, **run._api_auth(), json={
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello"},
         "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox"}]}})
     assert created.status_code == 201, created.text
@@ -207,8 +221,58 @@ def check_pod_lifecycle(run: RoleAll) -> None:
     assert pod["status"]["podIP"] == "127.0.0.1"
     assert pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
     assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"] == "True"
-    assert httpx.delete(f"{pods}/hello", timeout=5).status_code == 200
-    run.wait_for("the pod to be gone", lambda: httpx.get(f"{pods}/hello", timeout=5).status_code == 404)
+    assert httpx.delete(f"{pods}/hello", timeout=5, **run._api_auth()).status_code == 200
+    auth = run._api_auth()
+    run.wait_for("the pod to be gone", lambda: httpx.get(f"{pods}/hello", timeout=5, **auth).status_code == 404)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def metric_lines(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def check_one_manager(run: RoleAll) -> None:
+    """Every role of the process shares one Manager: one KubeClient, one pod informer (widened to
+    every pod, since the controller, the hypervisor and the kubelet each want other pods), one
+    registry served by both roles' /metrics."""
+    controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
+    hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
+    for text in (controller, hypervisor):
+        assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 1.0"]
+        assert metric_lines(text, 'tfusion_informer_objects{informer="pods') == \
+            metric_lines(text, 'tfusion_informer_objects{informer="pods"}'), "one pod informer, unselected"
+        assert len(metric_lines(text, 'tfusion_informer_objects{informer="pods"}')) == 1
+    assert metric_lines(hypervisor, "tfusion_leader ") == ["tfusion_leader 1.0"], "one registry for both roles"
+    assert metric_lines(controller, "# TYPE") == metric_lines(hypervisor, "# TYPE")
+
+
+def kubectl(run: RoleAll, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KUBECTL, "--kubeconfig", str(run.kubeconfig), *args], capture_output=True, text=True,
+                          timeout=60, input=stdin, env={**os.environ, "HOME": str(run.tmp)})
+
+
+def check_readme_commands(run: RoleAll) -> None:
+    """The quick start's commands, as a newcomer pastes them: the examples and samples apply
+    without touching the installation's defaults, and simulate-schedule places the example pod
+    (no pool named, soft isolation by default) on a simulated GPU."""
+    if not Path(KUBECTL).exists():
+        pytest.skip("kubectl is not installed")
+    cluster_before = run.get(f"{TF}/tensorfusionclusters/tensor-fusion")["spec"]
+    template_before = run.get(f"{TF}/schedulingconfigtemplates/tf-scheduling-config")["spec"]
+    for folder in ("deploy/examples", "deploy/samples"):
+        applied = kubectl(run, "apply", "-f", str(REPO / folder))
+        assert applied.returncode == 0, applied.stderr
+    assert run.get(f"{TF}/tensorfusionclusters/tensor-fusion")["spec"] == cluster_before
+    assert run.get(f"{TF}/schedulingconfigtemplates/tf-scheduling-config")["spec"] == template_before
+    manifest = kubectl(run, "get", "pod", "my-pod", "-o", "yaml")
+    assert manifest.returncode == 0, manifest.stderr
+    answer = httpx.post(f"{run.controller}/api/simulate-schedule", content=manifest.stdout.encode(), timeout=10)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["scheduleResult"]["SuggestedHost"] == NODE, body
+    assert body["error"] is None or not body["error"], body
 
 
 def test_role_all_end_to_end(role_all: RoleAll) -> None:
@@ -222,12 +286,17 @@ def test_role_all_end_to_end(role_all: RoleAll) -> None:
     names = check_cluster(run)
     check_kubectl(run, names)
     check_pod_lifecycle(run)
+    check_one_manager(run)
+    check_readme_commands(run)
 
     # the user's changes to the defaults survive a restart
+    auth = run._api_auth()
     patched = httpx.patch(f"{run.api}{TF}/gpupools/{POOL}", timeout=5, json={"metadata": {"labels": {"mine": "yes"}}},
-                          headers={"Content-Type": "application/merge-patch+json"})
+                          headers={"Content-Type": "application/merge-patch+json", **auth["headers"]},
+                          verify=auth["verify"])
     assert patched.status_code == 200, patched.text
-    deleted = httpx.delete(f"{run.api}/apis/scheduling.k8s.io/v1/priorityclasses/tensor-fusion-medium", timeout=5)
+    medium = f"{run.api}/apis/scheduling.k8s.io/v1/priorityclasses/tensor-fusion-medium"
+    deleted = httpx.delete(medium, timeout=5, **run._api_auth())
     assert deleted.status_code == 200, deleted.text
 
     code, took = run.stop()
@@ -240,7 +309,7 @@ def test_role_all_end_to_end(role_all: RoleAll) -> None:
     assert "CRDs: 0 created, 0 updated, 12 unchanged" in run.output()
     assert check_cluster(run) == names
     assert run.get(f"{TF}/gpupools/{POOL}")["metadata"]["labels"]["mine"] == "yes"
-    missing = httpx.get(f"{run.api}/apis/scheduling.k8s.io/v1/priorityclasses/tensor-fusion-medium", timeout=5)
+    missing = httpx.get(medium, timeout=5, **run._api_auth())
     assert missing.status_code == 404
     assert run.get("/apis/scheduling.k8s.io/v1/priorityclasses/tensor-fusion-critical")["value"] == 100000
     code, _ = run.stop()
@@ -258,6 +327,7 @@ def test_role_all_without_fallback_has_no_gpus(role_all: RoleAll) -> None:
     assert "nvidia.com/gpu.present" not in node["metadata"]["labels"]
     run.wait_for("the startup summary", lambda: "tfusion is running" in run.output())
     assert "no GPUs" in run.output()
-    assert httpx.get(f"{run.api}{TF}/gpunodes/{NODE}", timeout=5).status_code == 404  # no pool selects it
+    unselected = httpx.get(f"{run.api}{TF}/gpunodes/{NODE}", timeout=5, **run._api_auth())
+    assert unselected.status_code == 404  # no pool selects it
     code, _ = run.stop()
     assert code == 0

@@ -37,7 +37,7 @@ def pod_body(name: str, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def http(apiserver: Any) -> Any:
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=10) as client:
+    async with apiserver.http(timeout=10) as client:
         yield client
 
 
@@ -479,7 +479,7 @@ async def test_leases_two_competing_writers(apiserver: Any) -> None:
 
 async def test_concurrent_writers_lose_no_update(apiserver: Any) -> None:
     """50 clients each add their own key with read-modify-write PUTs, retrying on 409."""
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=20, limits=httpx.Limits(max_connections=50)) as client:
+    async with apiserver.http(timeout=20, limits=httpx.Limits(max_connections=50)) as client:
         await client.post(CMS, json={"metadata": {"name": "counter"}, "data": {}})
         conflicts = 0
 
@@ -501,11 +501,11 @@ async def test_concurrent_writers_lose_no_update(apiserver: Any) -> None:
 
 
 async def test_restart_keeps_objects_and_continues_resource_version(apiserver: Any) -> None:
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=10) as client:
+    async with apiserver.http(timeout=10) as client:
         before = (await client.post(CMS, json={"metadata": {"name": "durable"}, "data": {"a": "1"}})).json()
         list_rv = int((await client.get(CMS)).json()["metadata"]["resourceVersion"])
     await anyio.to_thread.run_sync(apiserver.restart)
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=10) as client:
+    async with apiserver.http(timeout=10) as client:
         after = (await client.get(f"{CMS}/durable")).json()
         assert after == before
         created = (await client.post(CMS, json={"metadata": {"name": "next"}})).json()

@@ -37,7 +37,7 @@ def pod_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
 
 @pytest.fixture
 async def http(apiserver: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=15) as client:
+    async with apiserver.http(timeout=15) as client:
         yield client
 
 

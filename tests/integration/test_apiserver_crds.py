@@ -82,7 +82,7 @@ def widget_crd(**version_extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def http(apiserver: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=10) as client:
+    async with apiserver.http(timeout=10) as client:
         yield client
 
 

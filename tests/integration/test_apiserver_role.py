@@ -3,7 +3,9 @@ and keeps its objects across restarts."""
 
 from __future__ import annotations
 
+import base64
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -50,21 +52,32 @@ def _stop(proc: subprocess.Popen[bytes]) -> str:
     return output
 
 
+def _verify(workdir: Path) -> ssl.SSLContext:
+    """Trusts the server certificate whose CA the kubeconfig carries."""
+    config = yaml.safe_load((workdir / "kubeconfig").read_text())
+    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+    return ssl.create_default_context(cadata=ca)
+
+
 def test_role_serves_and_persists_across_restarts(tmp_path: Path) -> None:
     proc, url, headers = _start(tmp_path, "127.0.0.1:0")
     try:
-        assert url.startswith("http://127.0.0.1:") and not headers
-        created = httpx.post(f"{url}/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "kept"}})
+        # loopback is HTTPS with a token too: any local process could reach a plain, open port
+        assert url.startswith("https://127.0.0.1:") and headers
+        client = httpx.Client(base_url=url, headers=headers, verify=_verify(tmp_path))
+        created = client.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "kept"}})
         assert created.status_code == 201
         rv = int(created.json()["metadata"]["resourceVersion"])
     finally:
         output = _stop(proc)
     assert "Traceback" not in output
-    proc, url, _ = _start(tmp_path, "127.0.0.1:0")
+    proc, url, again = _start(tmp_path, "127.0.0.1:0")
+    assert again == headers  # the admin token is kept in the state file
     try:
-        kept = httpx.get(f"{url}/api/v1/namespaces/default/configmaps/kept")
+        client = httpx.Client(base_url=url, headers=headers, verify=_verify(tmp_path))
+        kept = client.get("/api/v1/namespaces/default/configmaps/kept")
         assert kept.status_code == 200 and int(kept.json()["metadata"]["resourceVersion"]) == rv
-        later = httpx.post(f"{url}/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "later"}})
+        later = client.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "later"}})
         assert int(later.json()["metadata"]["resourceVersion"]) > rv
     finally:
         _stop(proc)

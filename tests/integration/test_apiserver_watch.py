@@ -20,7 +20,7 @@ MERGE = {"content-type": "application/merge-patch+json"}
 
 @pytest.fixture
 async def http(apiserver: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=apiserver.url, timeout=httpx.Timeout(10, read=15)) as client:
+    async with apiserver.http(timeout=httpx.Timeout(10, read=15)) as client:
         yield client
 
 
@@ -102,7 +102,7 @@ async def test_history_window_from_settings(tmp_path: Any) -> None:
 
     handle = ApiServerHandle(tmp_path / "s.db", tmp_path / "kc", watch_history=5).start()
     try:
-        async with httpx.AsyncClient(base_url=handle.url, timeout=10) as client:
+        async with handle.http(timeout=10) as client:
             first = (await client.post(CMS, json={"metadata": {"name": "h0"}})).json()["metadata"]["resourceVersion"]
             for i in range(1, 8):
                 await client.post(CMS, json={"metadata": {"name": f"h{i}"}})

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.anyio
 
 def settings_for(apiserver: Any, tmp_path: Path, **changes: Any) -> Settings:
     base = Settings(roles=("controller",), kube=str(apiserver.kubeconfig), controller_listen="127.0.0.1:0",
+                    health_probe_listen="127.0.0.1:0",
                     dynamic_config=str(tmp_path / "config.yaml"), dynamic_config_interval=0.05,
                     leader_lease_duration=2.0, leader_renew_deadline=1.5, leader_retry_period=0.2,
                     operator_namespace="tf-ops")
@@ -77,6 +78,12 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             await wait_for(ready, timeout=15)
             body = (await http.get("/readyz")).json()
             assert body["status"] == "ready" and all(c["ready"] for c in body["conditions"])
+            # the same probes on --health-probe-bind-address, the port the original's chart probes
+            assert runtime.probe_address is not None and runtime.probe_address[1] != runtime.address[1]
+            probes = f"http://127.0.0.1:{runtime.probe_address[1]}"
+            assert (await http.get(f"{probes}/healthz")).json() == {"status": "ok"}
+            assert (await http.get(f"{probes}/readyz")).json() == body
+            assert (await http.get(f"{probes}/api/config")).status_code == 404, "only the probes there"
 
             async def leading() -> bool:
                 return metric((await http.get("/metrics")).text, "tfusion_leader ") == 1.0

@@ -61,7 +61,8 @@ async def test_wait_served_names_the_kind_that_never_appears(kube: KubeClient) -
 
 
 async def test_defaults_are_created_once_and_user_changes_survive(kube: KubeClient) -> None:
-    config = settings(operator_namespace="tf-test", controller_listen="127.0.0.1:18080")
+    config = settings(operator_namespace="tf-test", controller_listen="127.0.0.1:18080",
+                      health_probe_listen="127.0.0.1:0")
     report = (await bootstrap(kube, config)).defaults
     assert "Namespace/tf-test" in report.created
     assert f"GPUPool/{DEFAULT_POOL_NAME}" in report.created

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from tests.helpers import closed_port
+from tfusion.api.quantity import Quantity
 from tfusion.embedded import gpunode as gpunode_module
 from tfusion.embedded.bootstrap import bootstrap
 from tfusion.embedded.devices import DevicePlan, plan_devices
@@ -16,6 +17,7 @@ from tfusion.embedded.gpunode import GpuNodeStandIn
 from tfusion.embedded.kubelet import LEASE_NAMESPACE, SimulatedKubelet
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
+from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -25,6 +27,11 @@ NODE = "n1"
 
 def settings(**changes: Any) -> Settings:
     return Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, **changes)
+
+
+def manager_of(kube: KubeClient) -> Manager:
+    """A Manager on the test's client, as roles.py gives the stage one."""
+    return Manager(settings(), kube)
 
 
 async def plan(devices: str) -> DevicePlan:
@@ -56,29 +63,34 @@ def pod(name: str, node: str | None = NODE, **meta: Any) -> dict[str, Any]:
 
 
 async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
-    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:2xA100-SXM4-80GB"))
+    kubelet = SimulatedKubelet(manager_of(kube), NODE, await plan("sim:2xA100-SXM4-80GB"))
     node = await kubelet.register()
     labels = node["metadata"]["labels"]
     assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
     assert labels["kubernetes.io/hostname"] == NODE
     assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
-    assert int(node["status"]["capacity"]["cpu"]) >= 1 and node["status"]["capacity"]["memory"].endswith("Ki")
+    assert int(node["status"]["capacity"]["cpu"]) >= 1
+    for resource in ("memory", "ephemeral-storage"):  # the canonical form Kubernetes prints
+        quantity = node["status"]["capacity"][resource]
+        assert str(Quantity(quantity)) == quantity and Quantity(quantity).value() > 0
     await kubelet.renew_lease()
     lease = await kube.get(r.LEASES, NODE, namespace=LEASE_NAMESPACE)
     assert lease["spec"]["holderIdentity"] == NODE and lease["spec"]["leaseDurationSeconds"] == 40
 
     await kube.patch(r.NODES, NODE, {"metadata": {"labels": {"zone": "a"}}, "spec": {"unschedulable": True}})
-    no_gpus = SimulatedKubelet(kube, NODE, DevicePlan("auto", (), "none", "no driver"))
+    no_gpus = SimulatedKubelet(manager_of(kube), NODE, DevicePlan("auto", (), "none", "no driver"))
     node = await no_gpus.register()
     assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["zone"] == "a"
     assert not any(k.startswith("nvidia.com/") for k in node["metadata"]["labels"])
 
 
 async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
-    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:1xH100-SXM5-80GB"))
+    manager = manager_of(kube)
+    kubelet = SimulatedKubelet(manager, NODE, await plan("sim:1xH100-SXM5-80GB"))
     async with anyio.create_task_group() as tg:
         await tg.start(kubelet.run)
+        await tg.start(manager.run)
         await kube.create(r.PODS, pod("plain"))
         await kube.create(r.PODS, pod("guarded", finalizers=["example.com/keep"]))
         await kube.create(r.PODS, pod("elsewhere", node="other"))
@@ -122,9 +134,9 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
 
 async def test_gpunode_stand_in(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
     await bootstrap(kube, settings())
-    kubelet = SimulatedKubelet(kube, NODE, await plan("sim:1xA100-SXM4-80GB"))
+    kubelet = SimulatedKubelet(manager_of(kube), NODE, await plan("sim:1xA100-SXM4-80GB"))
     node = await kubelet.register()
-    other = SimulatedKubelet(kube, "cpu-only", DevicePlan("auto", (), "none"))
+    other = SimulatedKubelet(manager_of(kube), "cpu-only", DevicePlan("auto", (), "none"))
     stand_in = GpuNodeStandIn(kube, NODE, vendor="NVIDIA", hypervisor_url=None)
     assert await stand_in.ensure(node) == "tensor-fusion-shared"
     created = await kube.get(r.GPUNODES, NODE)

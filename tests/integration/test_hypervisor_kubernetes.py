@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
+from tfusion.allocator import gpu_from_object
 from tfusion.api import annotations
+from tfusion.api.quantity import Quantity
 from tfusion.hypervisor import role
 from tfusion.kube.client import KubeClient, NotFound
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, GPUS, PODS, SERVICEACCOUNTS
@@ -46,6 +48,11 @@ async def kube(apiserver: ApiServerHandle) -> AsyncIterator[KubeClient]:
         yield client
     finally:
         await client.close()
+
+
+def canonical(quantity: str) -> bool:
+    """Written as Kubernetes itself prints the quantity."""
+    return str(Quantity(quantity)) == quantity
 
 
 async def eventually(check: Any, timeout: float = 10.0) -> Any:
@@ -94,11 +101,15 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         assert meta["labels"] == {annotations.MANAGED_BY: NODE, annotations.GPU_POOL: "pool-a"}
         assert set(meta["annotations"]) == {annotations.LAST_SYNC, annotations.VIRTUALIZATION_CAPABILITIES}
         assert json.loads(meta["annotations"][annotations.VIRTUALIZATION_CAPABILITIES])["SupportsSoftIsolation"]
+        # the allocator reads back what the reporter wrote (PascalCase keys): soft and hard allowed
+        assert gpu_from_object(h100).virtualization == frozenset({"shared", "soft", "hard"})
         assert meta["ownerReferences"] == [{"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUNode", "name": NODE,
                                             "uid": gpunode["metadata"]["uid"], "controller": True,
                                             "blockOwnerDeletion": True}]
         status = h100["status"]
         assert status["capacity"] == {"tflops": "989", "vram": "81559Mi"}
+        assert gpus[0]["status"]["capacity"] == {"tflops": "312", "vram": "80Gi"}  # canonical, not 81920Mi
+        assert all(canonical(v) for g in gpus for v in g["status"]["capacity"].values())
         assert status["available"] == status["capacity"]
         assert (status["uuid"], status["gpuModel"], status["index"], status["vendor"]) == (
             uuids[2], "NVIDIA H100 80GB HBM3", 2, "NVIDIA")
@@ -111,6 +122,8 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
             assert node_status["totalTFlops"] == "1613" and node_status["totalGPUs"] == 3
             assert node_status["managedGPUs"] == 3 and node_status["managedGPUDeviceIDs"] == uuids
             assert node_status["totalVRAM"] == str(2 * 80 * 1024 + 81559) + "Mi"
+            quantities = [node_status["totalTFlops"], node_status["totalVRAM"], *node_status["nodeInfo"].values()]
+            assert all(canonical(q) for q in quantities), quantities
 
         await eventually(node_totals)
 
@@ -226,6 +239,26 @@ async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: Ku
         assert legacy == {"pods": [{"pod_name": "infer-0", "namespace": "default", "gpu_uuids": [h100],
                                     "tflops_limit": 200.0, "vram_limit": 16 * 1024**3, "qos_level": "high"}]}
         assert (await http.post("/api/v1/workers", json={"name": "x"})).status_code == 405
+
+        # requests without limits: no limit (the original's rule), so /api/v1/pod omits the limits
+        burst = await kube.create(PODS, {
+            "metadata": {"name": "burst-0", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
+                         "annotations": {annotations.GPU_IDS: a100, annotations.GPU_POOL: "pool-a",
+                                         annotations.TFLOPS_REQUEST: "50", annotations.VRAM_REQUEST: "4Gi"}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox"}]}})
+
+        async def burst_listed() -> dict[str, Any]:
+            pods = {p["pod_name"]: p for p in (await http.get("/api/v1/pod")).json()["pods"]}
+            assert "burst-0" in pods
+            return pods["burst-0"]
+
+        assert await eventually(burst_listed) == {"pod_name": "burst-0", "namespace": "default",
+                                                  "gpu_uuids": [a100], "qos_level": "medium"}
+        burst_worker = (await http.get("/api/v1/workers")).json()["data"]
+        limits = next(w["WorkerInfo"]["Limits"] for w in burst_worker
+                      if w["WorkerInfo"]["WorkerUID"] == burst["metadata"]["uid"])
+        assert limits == {"tflops": "0", "compute": "0", "vram": "0"}
+        await kube.delete(PODS, "burst-0", namespace="default", grace_period_seconds=0)
 
         await kube.delete(PODS, "infer-0", namespace="default", grace_period_seconds=0)
 

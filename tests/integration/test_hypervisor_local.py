@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from tests.helpers import wait_for
 from tfusion.hypervisor import role
+from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -225,3 +228,82 @@ async def test_auto_without_a_driver_runs_with_no_devices(tmp_path: Path) -> Non
         assert (await http.get("/api/v1/devices")).json() == {"data": []}
         response = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "1", "vram": "1Gi"}})
         assert response.status_code == 409 and "no devices" in response.json()["error"]
+
+
+def _alive(pid: int) -> bool:
+    stat = ProcFS().stat(pid)
+    return stat is not None and stat.alive
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that is not a worker (no marker), leading its own group."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait(timeout=5)
+
+
+def _record_group(state: Path, group: Any) -> None:
+    saved = json.loads((state / "workers.json").read_text())
+    saved[0]["WorkerRunningInfo"]["processGroup"] = group
+    (state / "workers.json").write_text(json.dumps(saved))
+
+
+async def test_a_recorded_group_is_adopted_only_when_its_leader_is_the_same_process(
+        tmp_path: Path, stranger: subprocess.Popen[bytes]) -> None:
+    async with hypervisor(tmp_path) as http:
+        created = await http.post("/api/v1/workers", json={"name": "job", "command": ["sleep", "60"]})
+        assert created.status_code == 201, created.text
+    saved = json.loads((tmp_path / "workers.json").read_text())
+    group = saved[0]["WorkerRunningInfo"]["processGroup"]
+    assert group["pgid"] == created.json()["data"]["WorkerInfo"]["WorkerRunningInfo"]["pid"]
+    assert group["leaderStartTime"] > 0
+    stat = ProcFS().stat(stranger.pid)
+    assert stat is not None
+
+    # the PID was reused by a stranger (another start time): start afresh, leave the stranger alone
+    for record in ({"pgid": stranger.pid, "leaderStartTime": stat.start_time + 1}, {"pgid": "x"}, "junk"):
+        _record_group(tmp_path, record)
+        async with hypervisor(tmp_path) as http:
+            running = (await http.get("/api/v1/workers/job")).json()["data"]["allocation"]["WorkerInfo"][
+                "WorkerRunningInfo"]
+            assert running["isRunning"] and running["pid"] != stranger.pid
+        assert _alive(stranger.pid), f"{record}: a process that is not ours was signalled"
+        assert not _alive(running["pid"])
+
+    # the recorded leader is still the same process: adopted, not started again; stopped with tfusion
+    _record_group(tmp_path, {"pgid": stranger.pid, "leaderStartTime": stat.start_time})
+    async with hypervisor(tmp_path) as http:
+        running = (await http.get("/api/v1/workers/job")).json()["data"]["allocation"]["WorkerInfo"][
+            "WorkerRunningInfo"]
+        assert running["isRunning"] and running["pid"] == stranger.pid
+        assert not [pid for pid in ProcFS().pids() if ProcFS().environ(pid).get("TF_LOCAL_WORKER")
+                    == f"{tmp_path.resolve()}#{saved[0]['WorkerUID']}"], "no second copy was started"
+    stranger.wait(timeout=5)
+    assert stranger.returncode == -signal.SIGTERM
+
+
+async def test_worker_output_and_delete_by_name(tmp_path: Path) -> None:
+    async with hypervisor(tmp_path) as http:
+        uids = {}
+        for namespace in ("team-a", "team-b"):
+            created = await http.post("/api/v1/workers", json={
+                "name": "same", "namespace": namespace,
+                "command": ["sh", "-c", f"echo hello {namespace}; exec sleep 60"]})
+            assert created.status_code == 201, created.text
+            uids[namespace] = created.json()["data"]["WorkerInfo"]["WorkerUID"]
+
+        def logged(namespace: str) -> bool:
+            log_file = tmp_path / "logs" / namespace / "worker-same.log"
+            return log_file.exists() and f"hello {namespace}" in log_file.read_text()
+
+        await wait_for(lambda: anyio.to_thread.run_sync(lambda: logged("team-a") and logged("team-b")))
+        ambiguous = await http.delete("/api/v1/workers/same")
+        assert ambiguous.status_code == 409, ambiguous.text
+        assert ambiguous.json()["field"] == "worker_id"
+        assert ambiguous.json()["reasons"] == [f"{ns}/same: {uid}" for ns, uid in sorted(uids.items())]
+        assert (await http.delete(f"/api/v1/workers/{uids['team-a']}")).status_code == 200
+        by_name = await http.delete("/api/v1/workers/same")
+        assert by_name.status_code == 200 and by_name.json()["data"]["worker_uid"] == uids["team-b"]
+        assert (await http.get("/api/v1/workers")).json() == {"data": []}

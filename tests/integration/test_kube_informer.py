@@ -220,11 +220,19 @@ async def test_handler_added_late_gets_the_existing_objects_and_failures_are_con
     assert sorted(seen) == ["e0", "e1", "e2", "e3"]
 
 
-async def test_factory_shares_one_informer_per_key_and_starts_late_ones(kube: KubeClient) -> None:
+async def test_factory_shares_one_informer_per_resource_and_starts_late_ones(kube: KubeClient) -> None:
+    """One informer per resource: a second consumer asking with other selectors before the start
+    widens it to every object; after the start it gets one of its own (the running one cannot
+    change what it lists)."""
     factory = InformerFactory(kube)
     pods = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component")
     assert factory.informer(r.PODS, label_selector="tensor-fusion.ai/component") is pods
-    assert factory.informer(r.PODS) is not pods
+    workers = factory.informer(r.CONFIGMAPS, namespace="inf", label_selector="a=b")
+    assert factory.informer(r.CONFIGMAPS, namespace="inf", label_selector="a=b") is workers
+    assert workers.key.label_selector == "a=b"
+    assert factory.informer(r.CONFIGMAPS, field_selector="metadata.name=x") is workers, "shared, widened"
+    assert workers.key.label_selector is None and workers.key.namespace is None
+    assert factory.informer(r.CONFIGMAPS) is workers
     await kube.create(r.PODS, {"metadata": {"name": "ours", "namespace": "inf",
                                             "labels": {"tensor-fusion.ai/component": "worker"}},
                                "spec": {"containers": [{"name": "c", "image": "x"}]}})
@@ -238,11 +246,16 @@ async def test_factory_shares_one_informer_per_key_and_starts_late_ones(kube: Ku
         assert factory.synced and late.synced
         assert pods.keys() == ["inf/ours"]
         assert "inf" in late
+        second = factory.informer(r.PODS)  # other selectors after the start: an informer of its own
+        assert second is not pods
+        with anyio.fail_after(5):
+            await second.wait_synced()
+        assert sorted(second.keys()) == ["inf/ours", "inf/theirs"]
         tg.cancel_scope.cancel()
 
 
 async def test_informer_events_drive_a_controller(kube: KubeClient) -> None:
-    from tfusion.kube.workqueue import Controller
+    from tfusion.kube.reconciler import Controller
 
     informer = Informer(kube, r.CONFIGMAPS, namespace="inf")
     reconciled: list[tuple[str, bool]] = []

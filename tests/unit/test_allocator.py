@@ -23,7 +23,9 @@ from tfusion.allocator import (
     gpu_from_object,
     quota_from_object,
 )
-from tfusion.allocator.state import GpuObjectError
+from tfusion.allocator.request import request_from_pod
+from tfusion.allocator.state import GpuObjectError, parse_virtualization
+from tfusion.hypervisor.devices.model import VirtualizationCapabilities
 
 GIB = 1 << 30
 
@@ -389,6 +391,23 @@ def test_assumed_usage_counts_and_percent_requests_count_against_quota() -> None
         a.assume(pct, placement.gpu_names)
 
 
+def test_a_pod_without_limits_is_unlimited_and_charges_no_limit_quota() -> None:
+    a = allocator(gpu("g", tflops=100, vram=80))
+    a.set_quota("ns", QuotaSpec(limits_tflops=5_000, limits_vram=1 * GIB,
+                                single_max_limits_tflops=1_000, single_max_limits_vram=GIB))
+    unlimited = req(tflops=40, vram=20, tflops_limit=0, vram_limit=0)
+    a.allocate(unlimited)  # limit quotas count limits only: a pod without limits charges nothing there
+    used = a.quota_usage("ns")
+    assert (used.requests_tflops, used.requests_vram, used.limits_tflops, used.limits_vram) == (
+        40_000, 20 * GIB, 0, 0)
+    assert a.gpu_status("g")["runningApps"][0]["pods"][0]["limits"] == {"tflops": "0", "vram": "0"}
+    virtual = a.virtual_capacity(node="n1")
+    assert (virtual["virtualAvailableTFlops"], virtual["virtualAvailableVRAM"]) == (
+        virtual["virtualTFlops"], virtual["virtualVRAM"])  # nothing subtracted for a missing limit
+    with pytest.raises(QuotaExceeded, match=r"single\.max\.vram\.limit"):
+        a.select(req(tflops=1, vram=1, tflops_limit=0, vram_limit=2 * GIB))
+
+
 def test_quota_status_percentages_and_alert_condition() -> None:
     a = allocator(gpu("g", tflops=100, vram=80))
     a.set_quota("ns", QuotaSpec(requests_tflops=100_000, requests_vram=10 * GIB, max_workers=4,
@@ -434,7 +453,7 @@ def test_gpu_from_object_reads_the_crd_fields() -> None:
     obj: dict[str, Any] = {"metadata": {"name": "gpu-abc", "labels": {"tensor-fusion.ai/gpupool": "pool-a",
                                                        "tensor-fusion.ai/managed-by": "node-x"},
                         "annotations": {"tensor-fusion.ai/virtualization-capabilities":
-                                        '{"supportsSoftIsolation": true, "supportsHardIsolation": false}'}},
+                                        reporter_capabilities(supports_hard_isolation=False)}},
            "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "available": {"tflops": "1", "vram": "1"},
                       "phase": "Running", "gpuModel": "H100", "vendor": "NVIDIA", "usedBy": "tensor-fusion",
                       "index": 3, "numaNode": 1, "isolationMode": "soft",
@@ -449,6 +468,44 @@ def test_gpu_from_object_reads_the_crd_fields() -> None:
     obj["status"]["capacity"] = {"vram": "80Gi"}
     with pytest.raises(GpuObjectError, match=r"gpu-abc: status\.capacity\.tflops is missing"):
         gpu_from_object(obj)
+
+
+def reporter_capabilities(**flags: bool) -> str:
+    """The annotation value exactly as the hypervisor's GPU reporter writes it (Go field names)."""
+    return json.dumps(VirtualizationCapabilities(**flags).to_wire(), separators=(",", ":"))
+
+
+def test_virtualization_keys_are_read_ignoring_case() -> None:
+    written = reporter_capabilities()
+    assert '"SupportsSoftIsolation":true' in written  # the PascalCase form the original writes too
+    assert parse_virtualization(written) == frozenset({"shared", "soft", "hard"})
+    assert parse_virtualization(reporter_capabilities(supports_partitioning=True,
+                                                      supports_soft_isolation=False)) == frozenset({
+        "shared", "hard", "partitioned"})
+    assert parse_virtualization('{"supportsSoftIsolation": true}') == frozenset({"shared", "soft"})
+    assert parse_virtualization('{"SUPPORTSHARDISOLATION": true, "supportsSoftIsolation": "yes"}') == frozenset({
+        "shared", "hard"})
+    assert parse_virtualization("not json") is None and parse_virtualization(None) is None
+
+
+def test_default_soft_pod_is_placed_on_a_gpu_reported_by_the_hypervisor() -> None:
+    obj = {"metadata": {"name": "gpu-1", "labels": {"tensor-fusion.ai/gpupool": "p"},
+                        "annotations": {"tensor-fusion.ai/virtualization-capabilities": reporter_capabilities()}},
+           "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "phase": "Running", "usedBy": "tensor-fusion",
+                      "nodeSelector": {"kubernetes.io/hostname": "n1"}}}
+    a = allocator(gpu_from_object(obj))
+    pod = {"metadata": {"name": "w", "namespace": "ns", "uid": "u1",
+                        "annotations": {"tensor-fusion.ai/gpupool": "p", "tensor-fusion.ai/tflops-request": "10",
+                                        "tensor-fusion.ai/vram-request": "1Gi"}}}
+    soft = request_from_pod(pod)
+    assert soft.isolation == "soft"
+    assert a.select(soft).gpu_names == ("gpu-1",)
+    no_soft = dict(obj, metadata={**obj["metadata"], "annotations": {
+        "tensor-fusion.ai/virtualization-capabilities": reporter_capabilities(supports_soft_isolation=False)}})
+    a.upsert_gpu(gpu_from_object(no_soft))
+    with pytest.raises(Unschedulable, match="GPUIsolationModeFilter"):
+        a.select(soft)
+    assert removed_by(a, soft)["GPUIsolationModeFilter"] == ["gpu-1: device does not support soft isolation"]
 
 
 def test_pool_config_validation_and_positional_mode() -> None:

@@ -20,9 +20,20 @@ def pod(notes: dict[str, str], labels: dict[str, str] | None = None) -> dict[str
 def test_defaults_and_units() -> None:
     r = request_from_pod(pod({P + "tflops-request": "20", P + "vram-limit": "8Gi"}))
     assert (r.pod_uid, r.pod_name, r.namespace, r.pool) == ("u-1", "train-0", "ml", "pool-a")
-    assert (r.tflops_request, r.tflops_limit) == (20_000, 20_000)  # limit defaults to request
+    assert (r.tflops_request, r.tflops_limit) == (20_000, 0)  # no limit given: none (0), not the request
     assert (r.vram_request, r.vram_limit) == (8 * GIB, 8 * GIB)  # request defaults to limit
     assert (r.count, r.qos, r.isolation, r.workload) == (1, "medium", "soft", ("ml", "train-0"))
+
+
+def test_requests_without_limits_are_unlimited() -> None:
+    r = request_from_pod(pod({P + "tflops-request": "20", P + "vram-request": "8Gi"}))
+    assert (r.tflops_request, r.vram_request) == (20_000, 8 * GIB)
+    assert (r.tflops_limit, r.vram_limit, r.limit.tflops, r.limit.vram) == (0, 0, 0, 0)
+    percent = request_from_pod(pod({P + "compute-percent-request": "30"}))
+    assert (percent.percent_request, percent.percent_limit) == (30_000, 0)
+    only_limits = request_from_pod(pod({P + "compute-percent-limit": "40", P + "vram-limit": "2Gi"}))
+    assert (only_limits.percent_request, only_limits.percent_limit) == (40_000, 40_000)
+    assert (only_limits.vram_request, only_limits.vram_limit) == (2 * GIB, 2 * GIB)
 
 
 def test_all_fields() -> None:
@@ -42,7 +53,7 @@ def test_indices_set_the_count() -> None:
 
 def test_compute_percent_and_tflops_wins() -> None:
     r = request_from_pod(pod({P + "compute-percent-request": "12.5"}))
-    assert (r.percent_request, r.percent_limit, r.tflops_request) == (12_500, 12_500, 0)
+    assert (r.percent_request, r.percent_limit, r.tflops_request) == (12_500, 0, 0)  # no limit: none
     r = request_from_pod(pod({P + "compute-percent-limit": "50", P + "tflops-request": "10"}))
     assert (r.tflops_request, r.percent_request, r.percent_limit) == (10_000, 0, 0)
 

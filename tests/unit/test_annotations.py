@@ -394,3 +394,52 @@ def test_parse_json_object() -> None:
     assert ann.parse_json_object(value, key=ann.PROVIDER_CONFIG_REVISIONS) == {"NVIDIA": "abc123"}
     with pytest.raises(AnnotationError, match="not a JSON object"):
         ann.parse_json_object("[1]", key=ann.VIRTUALIZATION_CAPABILITIES)
+
+
+# --- shared values and the lenient reader ----------------------------------------------------------------
+
+
+def test_isolation_modes_are_defined_once_and_match_the_crd_literal() -> None:
+    from typing import get_args
+
+    from tfusion.api.kinds.common import IsolationMode
+
+    assert ann.ISOLATION_MODES == (ann.ISOLATION_SHARED, ann.ISOLATION_SOFT, ann.ISOLATION_HARD,
+                                   ann.ISOLATION_PARTITIONED) == ("shared", "soft", "hard", "partitioned")
+    assert get_args(IsolationMode) == ann.ISOLATION_MODES
+    assert ann.DEFAULT_ISOLATION == "soft"
+    assert ann.parse_isolation(ann.ISOLATION_HARD) == "hard"
+
+
+def test_finished_pod_phases_are_kubes_terminal_phases() -> None:
+    assert frozenset({"Succeeded", "Failed"}) == ann.FINISHED_POD_PHASES
+    assert "Running" not in ann.FINISHED_POD_PHASES and "Pending" not in ann.FINISHED_POD_PHASES
+
+
+def test_parse_present_reads_good_values_and_reports_bad_ones() -> None:
+    errors: list[AnnotationError] = []
+    none: tuple[str, ...] = ()
+    assert ann.parse_present("gpu-a,gpu-b", ann.parse_gpu_ids, none, on_error=errors.append) == ("gpu-a", "gpu-b")
+    assert ann.parse_present(None, ann.parse_gpu_ids, none, on_error=errors.append) == ()
+    assert ann.parse_present("", ann.parse_gpu_ids, none, on_error=errors.append) == ()
+    assert errors == []
+    assert ann.parse_present("gpu a", ann.parse_gpu_ids, none, on_error=errors.append) == ()
+    assert [e.key for e in errors] == [ann.GPU_IDS]
+    assert "'gpu a' is not a GPU name" in str(errors[0])
+
+
+def test_parse_present_lets_other_errors_through() -> None:
+    def broken(value: str) -> int:
+        raise KeyError(value)
+
+    with pytest.raises(KeyError):
+        ann.parse_present("x", broken, 0, on_error=lambda exc: None)
+
+
+def test_durations_and_timestamps_share_the_api_helpers() -> None:
+    from tfusion.api import durations, timestamps
+
+    assert ann.parse_duration("1h30m", key=ann.GANG_TIMEOUT) == durations.parse_duration("1h30m")
+    assert ann.format_timestamp is timestamps.rfc3339
+    assert ann.parse_timestamp("2025-01-31T12:00:00.5Z", key=ann.LAST_SYNC) == timestamps.parse_rfc3339(
+        "2025-01-31T12:00:00.5Z")

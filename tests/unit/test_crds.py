@@ -10,7 +10,8 @@ import yaml
 
 from tfusion import cli
 from tfusion.api import crds
-from tfusion.api.schema import iter_schema_paths, subschema, validate
+from tfusion.api.schema import iter_schema_paths, validate
+from tfusion.api.schema import subschema as _subschema
 from tfusion.api.types import KINDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +22,17 @@ CORE_SHORT_NAMES = {
     "cs", "cm", "ep", "ev", "limits", "ns", "no", "pvc", "pv", "po", "rc", "quota", "sa", "svc", "crd", "crds",
     "ds", "deploy", "rs", "sts", "hpa", "cj", "csr", "ing", "netpol", "pdb", "pc", "sc", "eps", "sp",
 }
+
+
+def _without_description(node: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in node.items() if key != "description"}
+
+
+def subschema(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The schema at `path` minus its description (tested on its own below)."""
+    found = _subschema(schema, path)
+    assert found is not None, path
+    return _without_description(found)
 
 
 def test_deploy_crds_match_the_models_byte_for_byte(tmp_path: Path) -> None:
@@ -107,7 +119,7 @@ def test_the_originals_broken_printer_paths_are_fixed() -> None:
     assert paths("SchedulingConfigTemplate")["Allow Local GPU"] == ".spec.placement.allowUsingLocalGPU"
     assert paths("GPUResourceQuota")["Requests TFlops Used"] == ".status.used.requests.tflops"
     schema = crds.openapi_schema("GPUPool")
-    assert subschema(schema, ".status.mode") is None  # the original's path really is broken
+    assert _subschema(schema, ".status.mode") is None  # the original's path really is broken
 
 
 def all_nodes() -> list[tuple[str, str, dict[str, Any]]]:
@@ -135,7 +147,8 @@ def test_every_quantity_is_int_or_string_as_controller_gen_emits_it() -> None:
     quantities = [(kind, path, node) for kind, path, node in all_nodes() if node.get("x-kubernetes-int-or-string")]
     assert len(quantities) > 50
     for kind, path, node in quantities:
-        assert node == {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": crds.QUANTITY_PATTERN,
+        assert _without_description(node) == {
+            "anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": crds.QUANTITY_PATTERN,
                         "x-kubernetes-int-or-string": True}, f"{kind} {path}"
     expected = {
         ("GPU", "status.capacity.tflops"), ("GPU", "status.available.vram"),
@@ -167,7 +180,7 @@ def test_enums_defaults_bounds_and_required_fields() -> None:
     assert pool["properties"]["spec"]["required"] == ["nodeManagerConfig"]
     assert pool["properties"]["status"]["required"] == [
         "availableTFlops", "availableVRAM", "componentStatus", "notReadyNodes", "phase", "readyNodes",
-        "totalTFlops", "totalVRAM"]
+        "totalTFlops", "totalVRAM", "virtualTFlops", "virtualVRAM"]
     gpu = crds.openapi_schema("GPU")
     assert gpu["properties"]["status"]["required"] == [
         "available", "capacity", "gpuModel", "message", "nodeSelector", "phase", "uuid", "vendor"]
@@ -180,6 +193,35 @@ def test_enums_defaults_bounds_and_required_fields() -> None:
     assert subschema(cluster, "status.retryCount") == {"default": 0, "format": "int64", "type": "integer"}
     sct = crds.openapi_schema("SchedulingConfigTemplate")
     assert subschema(sct, "spec.placement.allowUsingLocalGPU") == {"default": True, "type": "boolean"}
-    assert subschema(sct, "spec")["required"] == ["placement"]  # type: ignore[index]
+    assert subschema(sct, "spec")["required"] == ["placement"]
     conn = crds.openapi_schema("TensorFusionConnection")
     assert conn["properties"]["status"]["required"] == ["connectionURL", "phase", "workerName"]
+
+
+def _undescribed(schema: dict[str, Any], path: str) -> list[str]:
+    """Every property below `schema` (list items and map values included) without a description."""
+    missing = []
+    for name, sub in schema.get("properties", {}).items():
+        if not str(sub.get("description", "")).strip():
+            missing.append(f"{path}.{name}")
+        missing += _undescribed(sub, f"{path}.{name}")
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(schema.get(key), dict):
+            missing += _undescribed(schema[key], path + suffix)
+    return missing
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_property_has_a_description(kind: str) -> None:
+    schema = crds.openapi_schema(kind)
+    assert schema.get("description"), f"{kind} has no top-level description"
+    assert _undescribed(schema, kind) == []
+
+
+def test_descriptions_come_from_attribute_docstrings() -> None:
+    workload = crds.openapi_schema("TensorFusionWorkload")
+    tflops = _subschema(workload, "spec.resources.requests.tflops") or {}
+    assert "Kubernetes quantity such as 20 or 1500m" in tflops["description"]
+    vram = _subschema(workload, "spec.resources.requests.vram") or {}
+    assert "bytes" in vram["description"] and "8Gi" in vram["description"]
+    assert "Default soft" in (_subschema(workload, "spec.isolation") or {})["description"]

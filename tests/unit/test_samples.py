@@ -137,19 +137,20 @@ def test_our_sample_decodes_and_validates(sample_id: str, doc: dict[str, Any]) -
     check_round_trip(doc)
 
 
-def test_default_cluster_sample_is_the_charts_default_pool() -> None:
+def test_cluster_sample_is_shaped_like_the_charts_default_but_replaces_no_default() -> None:
     [(_, doc)] = [(i, d) for i, d in OURS if d["kind"] == "TensorFusionCluster"]
     cluster = types.decode(doc)
     assert isinstance(cluster, types.TensorFusionCluster)
+    assert cluster.metadata.name != "tensor-fusion", "the installation's own cluster keeps its name"
     [pool] = cluster.spec.gpu_pools
-    assert pool.name == "shared" and pool.is_default
+    assert pool.name == "shared" and not pool.is_default, "the installation's default pool stays the default"
     capacity = pool.spec_template.capacity_config
     assert capacity is not None and capacity.min_resources and capacity.warm_resources and capacity.max_resources
     assert (str(capacity.min_resources.tflops), str(capacity.min_resources.vram)) == ("20", "10Gi")
     assert (str(capacity.warm_resources.tflops), str(capacity.warm_resources.vram)) == ("10", "5Gi")
     assert (str(capacity.max_resources.tflops), str(capacity.max_resources.vram)) == ("100", "100Gi")
     assert capacity.oversubscription is not None and capacity.oversubscription.tflops_oversell_ratio == 2000
-    assert pool.spec_template.scheduling_config_template == "tf-scheduling-config"
+    assert pool.spec_template.scheduling_config_template == "example-scheduling"
 
 
 def test_nvidia_provider_sample_knows_the_common_models() -> None:

@@ -1,17 +1,33 @@
 """Settings: every environment override, flag/env precedence, bad values and the kube mode.
 
-Each option with an environment variable has a case in ENV_CASES; a completeness test fails when an
-option gains an `env` without one. Nothing here touches os.environ: `Settings.load(env=...)`.
+Each implemented option with an environment variable has a case in ENV_CASES; a completeness test
+fails when an option gains an `env` without one. Options declared but not implemented yet are refused
+when set (`NOT_IMPLEMENTED_FOUND` pins the ones known today). Nothing here touches os.environ:
+`Settings.load(env=...)`.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tfusion.settings import OPTIONS, Option, Settings, SettingsError, option
+from tfusion import settings as settings_module
+from tfusion.settings import (
+    NOT_IMPLEMENTED,
+    OPTIONS,
+    NotImplementedSettingError,
+    Option,
+    Settings,
+    SettingsError,
+    not_implemented_options,
+    option,
+    parse_duration,
+)
 
 # attr -> (environment text, expected value, a bad environment text or None when any text is valid)
 ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
@@ -22,16 +38,10 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "pod_namespace": ("tf-system", "tf-system", None),
     "domain_prefix": ("acme-gpu", "acme-gpu", None),
     "domain_suffix": ("example.com", "example.com", None),
-    "testing": ("true", True, "perhaps"),
     "controller_listen": ("9090", ":9090", "not-an-address"),
     "operator_namespace": ("gpu-ops", "gpu-ops", None),
-    "isolation_mode_policy": ("dynamic", "dynamic", "sometimes"),
-    "enable_webhooks": ("false", False, "nope"),
-    "enable_scheduler": ("false", False, "nah"),
-    "enable_cr_controller": ("false", False, "2"),
-    "progressive_migration": ("true", True, "maybe"),
-    "initial_gpu_node_label_selector": ("gpu=yes", "gpu=yes", None),
     "hypervisor_port": ("9001", 9001, "eighty"),
+    "hypervisor_host": ("[::1]", "::1", "my-host"),
     "vendor": ("AMD", "AMD", None),
     "state_dir": ("/var/lib/tf", "/var/lib/tf", None),
     "pool_name": ("pool-a", "pool-a", None),
@@ -39,10 +49,9 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "scheduling_config": ('{"autoFreeze": []}', '{"autoFreeze": []}', None),
     "metrics_format": ("json", "json", "xml"),
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
-    "detect_in_used_gpus": ("1", True, "yes please"),
 }
 
-ENV_OPTIONS = [opt for opt in OPTIONS if opt.env]
+ENV_OPTIONS = [opt for opt in OPTIONS if opt.env and opt.implemented]
 
 
 def _load(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None,
@@ -103,7 +112,7 @@ def _flag_sample(opt: Option) -> Any:
     samples: dict[str, Any] = {
         "log_level": "warn", "node_name": "flag-node", "controller_listen": ":7070",
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
-        "state_dir": "/flag/state",
+        "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
     }
     return samples[opt.attr]
 
@@ -219,3 +228,209 @@ def test_resolved_node_name_falls_back_to_the_host_name() -> None:
 
     assert _load(env={"GPU_NODE_NAME": "n1"}).resolved_node_name == "n1"
     assert _load().resolved_node_name == socket.gethostname().lower()
+
+
+# --- not implemented yet: refused when set, never silently ignored -------------------------------------
+
+#: the options found doing nothing when they were marked; one leaves this list only when it works
+NOT_IMPLEMENTED_FOUND = {
+    "testing": "GO_TESTING",
+    "webhook_listen": "--webhook-listen",
+    "scheduler_config": "--scheduler-config",
+    "metrics_path": "--metrics-path",
+    "host_port_range": "--host-port-range",
+    "cluster_host_port_range": "--cluster-host-port-range",
+    "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
+    "enable_webhooks": "ENABLE_WEBHOOKS",
+    "enable_scheduler": "ENABLE_SCHEDULER",
+    "enable_cr_controller": "ENABLE_CR_CONTROLLER",
+    "progressive_migration": "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION",
+    "initial_gpu_node_label_selector": "INITIAL_GPU_NODE_LABEL_SELECTOR",
+    "detect_in_used_gpus": "DETECT_IN_USED_GPUS",
+}
+#: values refused of options that otherwise work
+NOT_IMPLEMENTED_VALUES_FOUND = {"metrics_format": ("otel",)}
+
+UNIMPLEMENTED = [opt for opt in not_implemented_options() if not opt.implemented]
+UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
+UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
+
+
+def valid_text(opt: Option) -> str:
+    """A value the option's parser accepts: refusing it proves the refusal is not about the value."""
+    default = opt.default
+    if isinstance(default, bool):
+        text = "false" if default else "true"
+    elif isinstance(default, tuple):
+        text = "-".join(map(str, default))
+    elif isinstance(default, float):
+        text = f"{default}s"
+    else:
+        text = str(default) or "gpu=yes"
+    opt.parse(text)
+    return text
+
+
+def test_the_options_found_doing_nothing_stay_marked() -> None:
+    marked = {opt.attr: opt.names for opt in UNIMPLEMENTED}
+    assert NOT_IMPLEMENTED_FOUND.items() <= marked.items()
+    for attr, values in NOT_IMPLEMENTED_VALUES_FOUND.items():
+        assert option(attr).implemented and set(values) <= set(option(attr).unimplemented_values)
+
+
+@pytest.mark.parametrize("opt", UNIMPLEMENTED_ENV, ids=[opt.env or "" for opt in UNIMPLEMENTED_ENV])
+def test_setting_an_unimplemented_variable_is_refused_naming_it(opt: Option) -> None:
+    assert opt.env is not None
+    for text in (valid_text(opt), "garbage that would not parse"):
+        with pytest.raises(NotImplementedSettingError) as info:
+            _load(env={opt.env: text})
+        message = str(info.value)
+        assert message == f"environment variable {opt.env} {NOT_IMPLEMENTED}; unset it"
+
+
+@pytest.mark.parametrize("opt", UNIMPLEMENTED_FLAGS, ids=[opt.flag or "" for opt in UNIMPLEMENTED_FLAGS])
+def test_setting_an_unimplemented_flag_is_refused_naming_it(opt: Option) -> None:
+    with pytest.raises(NotImplementedSettingError) as info:
+        _load(flags={opt.attr: opt.parse(valid_text(opt))}, roles=(opt.role,))
+    assert str(info.value) == f"{opt.flag} {NOT_IMPLEMENTED}; leave it out"
+
+
+def test_a_refusal_is_a_settings_error() -> None:
+    assert issubclass(NotImplementedSettingError, SettingsError)
+
+
+@pytest.mark.parametrize("opt", UNIMPLEMENTED, ids=[opt.attr for opt in UNIMPLEMENTED])
+def test_an_unimplemented_option_left_unset_keeps_its_default(opt: Option) -> None:
+    env = {opt.env: ""} if opt.env else {}
+    assert getattr(_load(env=env), opt.attr) == opt.default
+
+
+_VALUE_CASES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
+
+
+@pytest.mark.parametrize(("opt", "value"), _VALUE_CASES, ids=[f"{o.attr}={v}" for o, v in _VALUE_CASES])
+def test_an_unimplemented_value_is_refused_and_the_others_work(opt: Option, value: Any) -> None:
+    assert opt.env is not None
+    with pytest.raises(NotImplementedSettingError) as info:
+        _load(env={opt.env: str(value)})
+    assert str(info.value) == f"environment variable {opt.env}={value} {NOT_IMPLEMENTED}"
+    if opt.flag:
+        with pytest.raises(NotImplementedSettingError, match=opt.flag):
+            _load(flags={opt.attr: opt.parse(str(value))})
+    text, expected, _ = ENV_CASES[opt.attr]
+    assert getattr(_load(env={opt.env: text}), opt.attr) == expected
+
+
+def test_implemented_options_are_not_refused() -> None:
+    env = {opt.env: ENV_CASES[opt.attr][0] for opt in ENV_OPTIONS if opt.env}
+    settings = _load(env=env)
+    assert settings.metrics_format == "json"
+
+
+# --- each default is written once ------------------------------------------------------------------------
+
+
+def _settings_field_defaults() -> dict[str, ast.expr | None]:
+    """Field name -> the default expression written in the Settings class body."""
+    tree = ast.parse(inspect.getsource(settings_module))
+    body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Settings").body
+    return {node.target.id: node.value for node in body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+def test_every_option_default_is_written_only_in_its_option() -> None:
+    written = _settings_field_defaults()
+    for opt in OPTIONS:
+        expr = written.get(opt.attr)
+        assert expr is not None, f"Settings lacks a field for option {opt.attr}"
+        is_lookup = (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "_default"
+                     and [ast.literal_eval(arg) for arg in expr.args] == [opt.attr])
+        assert is_lookup, f"Settings.{opt.attr} must default to _default({opt.attr!r}), not repeat the value"
+    assert set(written) - {opt.attr for opt in OPTIONS} == {"roles", "extra"}
+
+
+def test_settings_without_arguments_are_the_defaults() -> None:
+    plain = Settings()
+    assert plain == _load()
+    for opt in OPTIONS:
+        assert getattr(plain, opt.attr) == opt.default
+    assert {f.name for f in dataclasses.fields(Settings)} == {opt.attr for opt in OPTIONS} | {"roles", "extra"}
+
+
+# --- health probes and durations ---------------------------------------------------------------------------
+
+
+def test_health_probe_bind_address() -> None:
+    opt = option("health_probe_listen")
+    assert (opt.flag, opt.env, opt.default, opt.role) == ("--health-probe-bind-address", None, ":8081", "controller")
+    assert opt.fully_implemented
+    assert _load().health_probe_listen == ":8081"
+    assert opt.parse("127.0.0.1:9000") == "127.0.0.1:9000"
+    assert opt.parse(":0") == ":0"
+    for bad in ("9000", "localhost", "host:port", ":70000"):
+        with pytest.raises(ValueError, match="expected HOST:PORT or :PORT"):
+            opt.parse(bad)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("15", 15.0), ("1m30s", 90.0), ("12h", 43200.0), ("30d", 2592000.0),
+                                               ("500ms", 0.5), ("0", 0.0), ("1.5s", 1.5)])
+def test_duration_settings_accept_days_and_bare_seconds(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5s", "5 s", "1w"])
+def test_duration_settings_reject_garbage(text: str) -> None:
+    with pytest.raises(ValueError, match="expected a duration such as 30s"):
+        parse_duration(text)
+
+
+# --- listening addresses: loopback on a single machine, all interfaces in a cluster ------------------------
+
+
+@pytest.mark.parametrize(("roles", "listen", "probes"), [
+    (("all",), "127.0.0.1:8080", "127.0.0.1:8081"),
+    (("controller",), "0.0.0.0:8080", "0.0.0.0:8081"),
+    (("controller", "hypervisor"), "0.0.0.0:8080", "0.0.0.0:8081"),
+])
+def test_controller_listeners_default_to_loopback_only_with_role_all(
+        roles: tuple[str, ...], listen: str, probes: str) -> None:
+    settings = _load(roles=roles)
+    assert (settings.controller_listen, settings.health_probe_listen) == (":8080", ":8081")  # written once
+    assert (settings.resolved_controller_listen, settings.resolved_health_probe_listen) == (listen, probes)
+
+
+def test_a_listener_with_a_host_is_bound_as_written_even_with_role_all() -> None:
+    settings = _load({"controller_listen": "0.0.0.0:9090", "health_probe_listen": "[::1]:9091"})
+    assert settings.resolved_controller_listen == "0.0.0.0:9090"
+    assert settings.resolved_health_probe_listen == "[::1]:9091"
+    assert _load({"controller_listen": ":9090"}).resolved_controller_listen == "127.0.0.1:9090"
+    assert _load(env={"PORT": "9092"}, roles=("controller",)).resolved_controller_listen == "0.0.0.0:9092"
+
+
+@pytest.mark.parametrize(("roles", "backend", "host"), [
+    (("hypervisor",), "kubernetes", "0.0.0.0"),
+    (("hypervisor",), "local", "127.0.0.1"),
+    (("all",), "kubernetes", "127.0.0.1"),
+    (("controller", "hypervisor"), "kubernetes", "0.0.0.0"),
+])
+def test_hypervisor_host_defaults_by_role_and_backend(roles: tuple[str, ...], backend: str, host: str) -> None:
+    settings = _load({"backend": backend}, roles=roles)
+    assert settings.hypervisor_host == option("hypervisor_host").default == ""
+    assert settings.resolved_hypervisor_host == host
+    assert settings.resolved_hypervisor_listen == f"{host}:8001"
+
+
+def test_hypervisor_host_flag_and_environment() -> None:
+    opt = option("hypervisor_host")
+    assert (opt.flag, opt.env, opt.role) == ("--host", "HYPERVISOR_HOST", "hypervisor")
+    given = _load({"backend": "local", "hypervisor_host": "0.0.0.0", "hypervisor_port": 9001}, roles=("hypervisor",))
+    assert given.resolved_hypervisor_listen == "0.0.0.0:9001"
+    assert _load(env={"HYPERVISOR_HOST": "::1"}).resolved_hypervisor_listen == "[::1]:8001"
+    with pytest.raises(SettingsError, match=r"HYPERVISOR_HOST='example.com'.*expected an IP address"):
+        _load(env={"HYPERVISOR_HOST": "example.com"})
+
+
+def test_api_token_file_option() -> None:
+    opt = option("api_token_file")
+    assert (opt.flag, opt.env, opt.default, opt.role) == ("--api-token-file", None, "", "hypervisor")
+    assert _load({"api_token_file": "/etc/tf/token"}).api_token_file == "/etc/tf/token"

@@ -1,16 +1,19 @@
-"""The work queue and reconcile loop: de-duplication, one worker per key, backoff, requeue_after."""
+"""The work queue and reconcile loop: de-duplication, one worker per key, backoff, requeue_after.
+
+Time is a `ManualClock` wherever it matters, so no test depends on how fast the machine is."""
 
 from __future__ import annotations
 
 import itertools
-import time
 
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tfusion.kube.client import TokenBucket
-from tfusion.kube.workqueue import Controller, ExponentialBackoff, RateLimiter, Result, WorkQueue
+from tfusion.kube.clock import ManualClock
+from tfusion.kube.reconciler import Controller, Result
+from tfusion.kube.workqueue import ExponentialBackoff, RateLimiter, WorkQueue
 
 pytestmark = pytest.mark.anyio
 
@@ -40,14 +43,25 @@ async def test_key_added_while_processing_runs_again_after_done() -> None:
 
 
 async def test_add_after_keeps_the_earliest_deadline() -> None:
-    queue = WorkQueue("delay")
+    clock = ManualClock()
+    queue = WorkQueue("delay", clock=clock)
     queue.add_after("a", 5.0)
     queue.add_after("a", 0.02)
     queue.add_after("a", 3.0)
-    started = time.monotonic()
-    with anyio.fail_after(2):
-        assert await queue.get() == "a"
-    assert 0.015 <= time.monotonic() - started < 1.0
+    got: list[str] = []
+
+    async def take() -> None:
+        got.append(str(await queue.get()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take)
+        await clock.advance(0.019)
+        assert got == [], "not before its time"
+        await clock.advance(0.001)
+        assert got == ["a"]
+    assert len(queue) == 0, "the later deadlines were superseded, not queued again"
+    await clock.advance(10)
+    assert len(queue) == 0
 
 
 def test_exponential_backoff_doubles_from_5ms_to_1000s_and_forgets() -> None:
@@ -106,55 +120,79 @@ async def test_controller_never_runs_one_key_twice_at_once() -> None:
 
 
 async def test_controller_backs_off_on_errors_then_forgets() -> None:
+    clock = ManualClock()
     times: list[float] = []
     registry = CollectorRegistry()
 
     async def reconcile(key: str) -> Result | None:
-        times.append(time.monotonic())
+        times.append(clock.now())
         if len(times) <= 5:
             raise RuntimeError("not yet")
         return None
 
-    controller = Controller("backoff", reconcile, registry=registry)
+    controller = Controller("backoff", reconcile, registry=registry, clock=clock)
     async with anyio.create_task_group() as tg:
         await tg.start(controller.run)
         controller.enqueue("k")
-        with anyio.fail_after(5):
-            while len(times) < 6:
-                await anyio.sleep(0.005)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(200):  # 1 ms steps: each retry fires exactly when its backoff has passed
+            if len(times) >= 6:
+                break
+            await clock.advance(0.001)
         tg.cancel_scope.cancel()
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    # 5 ms, 10, 20, 40, 80: each wait at least its backoff, and growing overall
-    for gap, expected in zip(gaps, (0.005, 0.01, 0.02, 0.04, 0.08), strict=True):
-        assert gap >= expected * 0.9, (gaps, expected)
-    assert gaps[-1] > gaps[0]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(times)]
+    assert gaps == [0.005, 0.01, 0.02, 0.04, 0.08], "5 ms doubling per failure"
     assert controller.queue.num_requeues("k") == 0, "success forgets the failures"
     assert registry.get_sample_value("tfusion_workqueue_retries_total", {"name": "backoff"}) == 5
     assert registry.get_sample_value("tfusion_reconcile_total", {"name": "backoff", "result": "error"}) == 5
+    assert registry.get_sample_value("tfusion_reconcile_errors_total", {"name": "backoff"}) == 5
     assert registry.get_sample_value("tfusion_reconcile_total", {"name": "backoff", "result": "success"}) == 1
     assert registry.get_sample_value("tfusion_reconcile_duration_seconds_count", {"name": "backoff"}) == 6
     assert registry.get_sample_value("tfusion_workqueue_adds_total", {"name": "backoff"}) == 6
 
 
 async def test_requeue_after_runs_again_later() -> None:
+    clock = ManualClock()
     times: list[float] = []
 
     async def reconcile(key: str) -> Result:
-        times.append(time.monotonic())
-        return Result(requeue_after=0.1) if len(times) == 1 else Result()
+        times.append(clock.now())
+        return Result(requeue_after=30) if len(times) == 1 else Result()
 
-    controller = Controller("after", reconcile)
+    controller = Controller("after", reconcile, clock=clock)
     async with anyio.create_task_group() as tg:
         await tg.start(controller.run)
         controller.enqueue("k")
-        with anyio.fail_after(3):
-            while len(times) < 2:
-                await anyio.sleep(0.005)
-        await anyio.sleep(0.15)
+        await anyio.wait_all_tasks_blocked()
+        await clock.advance(29.9)
+        assert len(times) == 1
+        await clock.advance(0.1)
+        assert len(times) == 2 and times[1] - times[0] == pytest.approx(30)
+        await clock.advance(100)
         tg.cancel_scope.cancel()
     assert len(times) == 2
-    assert times[1] - times[0] >= 0.095
+
+
+async def test_a_stopped_controller_runs_again_with_a_fresh_queue() -> None:
+    """A leader-only controller is cancelled when its replica stops leading and run again when it
+    leads again: the second run must work (the first run's queue is shut down for good)."""
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        seen.append(key)
+
+    controller = Controller("again", reconcile)
+    for term in range(3):
+        async with anyio.create_task_group() as tg:
+            await tg.start(controller.run)
+            assert controller.running
+            controller.enqueue(f"term-{term}")
+            with anyio.fail_after(5):
+                while f"term-{term}" not in seen:
+                    await anyio.sleep(0)
+            tg.cancel_scope.cancel()
+        assert not controller.running and controller.queue.shutting_down
+    assert seen == ["term-0", "term-1", "term-2"]
 
 
 async def test_cancelled_controller_shuts_its_queue() -> None:

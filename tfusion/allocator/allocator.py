@@ -11,7 +11,8 @@ allocations, assumed and committed (a compute-percent request is charged percent
 that GPU); available = capacity - used, never below 0, and 0 while a shared allocation holds the
 GPU whole. What goes to `status.available` and `runningApps` counts committed allocations only.
 Quota usage per namespace is the sum of the live allocations' request and limit charges and one
-worker each. A pod holds at most one allocation, all of its GPUs on one node.
+worker each (a pod without limits is unlimited and, as in the original, charges 0 to limit
+totals). A pod holds at most one allocation, all of its GPUs on one node.
 
 Speed: placement never scans every GPU. GPUs are grouped per node by (pool, model) (model "" = any),
 and each group used by a request gets a `PoolIndex` (nodes ordered by score, with per-node best free
@@ -43,6 +44,7 @@ from tfusion.allocator.request import AllocRequest, Resources
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
 from tfusion.allocator.state import PHASE_PENDING, GpuInfo, GpuSlot
 from tfusion.allocator.units import percent_str, tflops_str, vram_str
+from tfusion.api import annotations as tfa
 
 DEFAULT_MAX_WORKERS_PER_NODE = 256
 DEFAULT_ASSUME_TTL = 30 * 60.0
@@ -114,7 +116,7 @@ class _Allocation:
         self.gpus = gpus
         self.charges = charges
         self.limits = limits
-        self.shared = req.isolation == "shared"
+        self.shared = req.isolation == tfa.ISOLATION_SHARED
         self.assumed_at = assumed_at
         self.usage = _usage_of(charges, limits)
 
@@ -639,7 +641,7 @@ class GpuAllocator:
                                 nodes={node.name: ["max workers reached"]})
         charges, limits = self._charges(req, slots)
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
-            reason = filters.shared_whole(slot, req) if req.isolation == "shared" else None
+            reason = filters.shared_whole(slot, req) if req.isolation == tfa.ISOLATION_SHARED else None
             if reason is None and (slot.shared_by is not None or slot.avail_t < need_t or slot.avail_v < need_v):
                 reason = filters.resource(slot, req)
             if reason is not None:

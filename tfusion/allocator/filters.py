@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import PHASE_RUNNING, USED_BY_TENSOR_FUSION, GpuSlot
 from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api import annotations as tfa
 
 STATIC_POLICIES = ("", "static")
 PARTITION_UNSUPPORTED = "partitioned isolation is not supported yet"
@@ -32,7 +33,7 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
     iso = req.isolation
     if info.isolation_policy and info.isolation_policy.lower() not in STATIC_POLICIES:
         return False
-    if iso != "shared" and info.isolation_mode and info.isolation_mode != iso:
+    if iso != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != iso:
         return False
     if req.indices and info.index not in req.indices:
         return False
@@ -40,10 +41,10 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
         return False
     if g.shared_by is not None:  # held whole by a shared allocation: nobody else, even at size 0
         return False
-    if iso == "shared":
+    if iso == tfa.ISOLATION_SHARED:
         if g.allocs:
             return False
-    elif iso == "partitioned":
+    elif iso == tfa.ISOLATION_PARTITIONED:
         return False
     need_t = req.tflops_request
     if not need_t and req.percent_request:
@@ -59,7 +60,7 @@ def _isolation_policy(g: GpuSlot, req: AllocRequest) -> str | None:
     info = g.info
     if info.isolation_policy and info.isolation_policy.lower() not in STATIC_POLICIES:
         return f"{g.name}: isolation policy {info.isolation_policy} is not supported (Static only)"
-    if req.isolation != "shared" and info.isolation_mode and info.isolation_mode != req.isolation:
+    if req.isolation != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != req.isolation:
         return f"{g.name}: isolation mode {info.isolation_mode} does not match requested {req.isolation}"
     return None
 
@@ -142,8 +143,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("PhaseFilter", _always, _phase),
     Stage("GPUIndexFilter", lambda r: bool(r.indices), _index),
     Stage("GPUIsolationModeFilter", _always, _isolation_mode),
-    Stage("SharedWholeGPUFilter", lambda r: r.isolation == "shared", shared_whole),
-    Stage("PartitionTemplateFilter", lambda r: r.isolation == "partitioned", _partition),
+    Stage("SharedWholeGPUFilter", lambda r: r.isolation == tfa.ISOLATION_SHARED, shared_whole),
+    Stage("PartitionTemplateFilter", lambda r: r.isolation == tfa.ISOLATION_PARTITIONED, _partition),
     Stage("ResourceFilter", _always, resource),
     Stage("GPUModelFilter", lambda r: bool(r.gpu_model), _model),
     Stage("GPUVendorFilter", lambda r: bool(r.vendor), _vendor),

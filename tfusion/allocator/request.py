@@ -5,7 +5,9 @@
 the webhook all call it, so a pod means the same thing everywhere. The result is an immutable
 `AllocRequest` in allocator units (milli-TFLOPS, bytes, milli-percent) so that no filter ever
 parses a string. Rules (reference §2.1, §3.1):
-- a request defaults to its limit, and a limit to its request;
+- a missing request defaults to its limit; a missing limit stays 0, which means "no limit" (the
+  original's rule: a pod with requests only may burst up to the whole GPU, and its limits count
+  nothing against a quota's limit totals);
 - TFLOPS and compute percent are alternatives: given both for the request (or both for the limit) is
   an error; compute percent is 0..100;
 - gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
@@ -25,7 +27,7 @@ from tfusion.api.annotations import AnnotationError
 
 MAX_GPU_COUNT = 128
 QOS_LEVELS = ("low", "medium", "high", "critical")
-ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
+ISOLATION_MODES = tfa.ISOLATION_MODES
 
 
 class RequestError(AnnotationError):
@@ -49,9 +51,9 @@ class AllocRequest:
     """One pod's GPU request, per GPU, in allocator units.
 
     `tflops_*` are milli-TFLOPS, `percent_*` milli-percent of a GPU's TFLOPS (used only when the
-    TFLOPS value is 0), `vram_*` bytes. `workload` is (namespace, name). `gpu_names` are the GPUs an
-    existing worker already holds (leader recovery). `node_affinity` is kept for the deprecated
-    NodeAffinity filter slot and is not evaluated.
+    TFLOPS value is 0), `vram_*` bytes; a limit of 0 is "no limit". `workload` is (namespace,
+    name). `gpu_names` are the GPUs an existing worker already holds (leader recovery).
+    `node_affinity` is kept for the deprecated NodeAffinity filter slot and is not evaluated.
     """
 
     pod_uid: str
@@ -70,7 +72,7 @@ class AllocRequest:
     vendor: str = ""
     indices: tuple[int, ...] = ()
     qos: str = "medium"
-    isolation: str = "soft"
+    isolation: str = tfa.DEFAULT_ISOLATION
     partition_template: str = ""
     gpu_names: tuple[str, ...] = ()
     node_affinity: Any = field(default=None, compare=False)
@@ -155,11 +157,10 @@ def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest
                                detail=f"{t_key} is also set")
     if t_req or t_lim:  # TFLOPS wins over compute percent
         p_req = p_lim = 0
-    t_req, t_lim = t_req or t_lim, t_lim or t_req
-    p_req, p_lim = p_req or p_lim, p_lim or p_req
+    t_req, p_req = t_req or t_lim, p_req or p_lim
     v_req = _quantity(notes, tfa.VRAM_REQUEST, milli=False)
     v_lim = _quantity(notes, tfa.VRAM_LIMIT, milli=False)
-    v_req, v_lim = v_req or v_lim, v_lim or v_req
+    v_req = v_req or v_lim
 
     indices: tuple[int, ...] = ()
     if notes.get(tfa.GPU_INDICES):
@@ -176,7 +177,7 @@ def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest
     qos = "medium"
     if notes.get(tfa.QOS):
         qos = tfa.parse_qos(notes[tfa.QOS], key=tfa.QOS)
-    isolation = "soft"
+    isolation = tfa.DEFAULT_ISOLATION
     if notes.get(tfa.ISOLATION):
         isolation = tfa.parse_isolation(notes[tfa.ISOLATION], key=tfa.ISOLATION)
     gpu_names: tuple[str, ...] = ()

@@ -14,19 +14,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity, QuantityError
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PHASE_RUNNING = "Running"
 PHASE_PENDING = "Pending"
 USED_BY_TENSOR_FUSION = "tensor-fusion"
-ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
+ISOLATION_MODES = tfa.ISOLATION_MODES
 
-# virtualization-capabilities JSON key -> isolation mode it allows
+# virtualization-capabilities JSON key, lowercased -> isolation mode it allows. The hypervisor
+# writes the Go field names (`SupportsSoftIsolation`); keys are matched ignoring case, as a Go
+# struct decode does, so hand-written camelCase annotations mean the same.
 _CAPABILITY_KEYS = {
-    "supportsSoftIsolation": "soft",
-    "supportsHardIsolation": "hard",
-    "supportsPartitioning": "partitioned",
+    "supportssoftisolation": tfa.ISOLATION_SOFT,
+    "supportshardisolation": tfa.ISOLATION_HARD,
+    "supportspartitioning": tfa.ISOLATION_PARTITIONED,
 }
 
 
@@ -90,7 +93,11 @@ def parse_virtualization(raw: str | None) -> frozenset[str] | None:
         return None
     if not isinstance(data, dict):
         return None
-    return frozenset(mode for key, mode in _CAPABILITY_KEYS.items() if data.get(key) is True) | {"shared"}
+    flags: dict[str, object] = {}
+    for key, value in data.items():  # later duplicates win, as in a Go decode
+        if isinstance(key, str) and key.lower() in _CAPABILITY_KEYS:
+            flags[_CAPABILITY_KEYS[key.lower()]] = value
+    return frozenset(mode for mode, value in flags.items() if value is True) | {tfa.ISOLATION_SHARED}
 
 
 def gpu_from_object(obj: Mapping[str, Any]) -> GpuInfo:

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
-from datetime import UTC, datetime
-from typing import Final
+from collections.abc import Callable, Collection, Iterable, Mapping
+from datetime import datetime
+from typing import Final, TypeVar
 
+from tfusion.api import durations, timestamps
 from tfusion.api.quantity import Quantity, QuantityError
+
+T = TypeVar("T")
 
 DEFAULT_DOMAIN_PREFIX: Final = "tensor-fusion"
 DEFAULT_DOMAIN_SUFFIX: Final = "ai"
@@ -149,10 +152,22 @@ WORKLOAD_MODE_FIXED: Final = "fixed"
 USED_BY_TENSOR_FUSION: Final = "tensor-fusion"  # value of the USED_BY taint
 HOST_PORT_AUTO: Final = "auto"
 QOS_LEVELS: Final = ("low", "medium", "high", "critical")
-ISOLATION_MODES: Final = ("shared", "soft", "hard", "partitioned")
+#: isolation modes (the `isolation` annotation, GPUPool defaults, GPU status, the hypervisor's workers);
+#: the Literal `tfusion.api.kinds.common.IsolationMode` spells the same four for the CRD schemas
+ISOLATION_SHARED: Final = "shared"
+ISOLATION_SOFT: Final = "soft"
+ISOLATION_HARD: Final = "hard"
+ISOLATION_PARTITIONED: Final = "partitioned"
+ISOLATION_MODES: Final = (ISOLATION_SHARED, ISOLATION_SOFT, ISOLATION_HARD, ISOLATION_PARTITIONED)
+DEFAULT_ISOLATION: Final = ISOLATION_SOFT
 AUTOSCALE_TARGETS: Final = ("compute", "vram", "all")
 WORKLOAD_MODES: Final = (WORKLOAD_MODE_DYNAMIC, WORKLOAD_MODE_FIXED)
 DISABLE_FEATURE_NAMES: Final = ("gpu-opt", "mem-manager", "gpu-limiter", "start-worker")
+
+#: Pod phases after which a pod holds no GPU and will not run again (kube's PodSucceeded, PodFailed)
+POD_SUCCEEDED: Final = "Succeeded"
+POD_FAILED: Final = "Failed"
+FINISHED_POD_PHASES: Final = frozenset({POD_SUCCEEDED, POD_FAILED})
 
 GPU_COUNT_MIN: Final = 1
 GPU_COUNT_MAX: Final = 128
@@ -480,25 +495,12 @@ def parse_container_gpu_count(value: str, *, key: str | None = None) -> dict[str
     return result
 
 
-_DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(value: str, *, key: str) -> float:
     """A Go duration ("30s", "1h30m", "1.5h", "500ms"; bare "0") as seconds, not negative."""
-    allowed = 'a duration such as "30s", "5m", "1h30m" or "0"'
-    text = value.strip()
-    if text == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    for match in _DURATION_RE.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if not text or pos != len(text):
-        raise AnnotationError(key, value, allowed)
-    return total
+    try:
+        return durations.parse_duration(value)
+    except durations.DurationError:
+        raise AnnotationError(key, value, 'a duration such as "30s", "5m", "1h30m" or "0"') from None
 
 
 def parse_gang_timeout(value: str, *, key: str | None = None) -> float | None:
@@ -529,22 +531,40 @@ def parse_timestamp(value: str, *, key: str) -> datetime:
     """An RFC 3339 time with a zone (``last-sync``, ``gpu-missing-since``, ``manual-compaction``)."""
     allowed = 'an RFC 3339 time such as "2025-01-31T12:00:00Z"'
     try:
-        moment = datetime.fromisoformat(value.strip())
+        return timestamps.parse_rfc3339(value)
     except ValueError:
-        raise AnnotationError(key, value, allowed) from None
-    if moment.tzinfo is None:
-        raise AnnotationError(key, value, allowed, detail="no time zone")
-    return moment
+        detail = "no time zone" if _has_no_zone(value) else ""
+        raise AnnotationError(key, value, allowed, detail=detail) from None
 
 
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 in UTC with a Z, seconds precision, as Go's time.RFC3339 writes it."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _has_no_zone(value: str) -> bool:
+    try:
+        return datetime.fromisoformat(value.strip()).tzinfo is None
+    except ValueError:
+        return False
+
+
+#: RFC 3339 in UTC with a Z, seconds precision, as Go's time.RFC3339 writes it
+format_timestamp = timestamps.rfc3339
 
 
 def now_rfc3339() -> str:
-    """The current time as `format_timestamp` writes it (``last-sync``, conditions, lease times)."""
-    return format_timestamp(datetime.now(UTC))
+    """The current time as `timestamps.rfc3339` writes it; kept for callers not yet moved to it."""
+    return timestamps.rfc3339()
+
+
+def parse_present(value: str | None, parse: Callable[[str], T], default: T, *,
+                  on_error: Callable[[AnnotationError], object]) -> T:
+    """`parse(value)`; `default` when the value is absent or empty, or when it is malformed (then
+    `on_error` gets the error, e.g. to log it). For objects that already exist, such as a running
+    pod, where a bad annotation must not stop the reader."""
+    if not value:
+        return default
+    try:
+        return parse(value)
+    except AnnotationError as exc:
+        on_error(exc)
+        return default
 
 
 def parse_json_object(value: str, *, key: str) -> dict[str, object]:

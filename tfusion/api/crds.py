@@ -9,13 +9,19 @@ Mapping (what controller-gen emits for the Go original): Struct -> object with s
 and `required`; Literal -> string enum; Quantity -> int-or-string with the quantity pattern;
 RawExtension -> object with `x-kubernetes-preserve-unknown-fields`; dict -> additionalProperties;
 datetime -> date-time string; msgspec.Meta bounds -> minimum/maximum/minLength/maxLength/pattern.
-A field's Python default becomes the schema `default` unless it is a Go zero value.
+A field's Python default becomes the schema `default` unless it is a Go zero value. A field's
+attribute docstring (the string literal below it) becomes its `description`, which is what
+`kubectl explain` prints; a Struct's `SCHEMA_EXTRA` is merged into its object schema.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
+import textwrap
 from functools import cache
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Final, Literal, get_args, get_origin, get_type_hints
 
@@ -23,11 +29,11 @@ import msgspec
 import msgspec.inspect as mi
 import yaml
 
-from tfusion.api.kinds.base import DEFAULT_KEY, FORMAT_RANGES, GROUP, REQUIRED_KEY, VERSION, Quantity
+from tfusion.api.kinds.base import DEFAULT_KEY, FORMAT_RANGES, GROUP, REQUIRED_KEY, VERSION, Model, Quantity
 from tfusion.api.kinds.registry import KINDS, KindInfo
 
 __all__ = [
-    "QUANTITY_PATTERN", "all_crds", "crd_for", "crd_name", "crds_yaml", "file_name", "openapi_schema",
+    "QUANTITY_PATTERN", "all_crds", "crd_for", "crd_name", "crds_yaml", "field_docs", "file_name", "openapi_schema",
     "openapi_schema_view", "write_crds",
 ]
 
@@ -46,6 +52,9 @@ _API_VERSION_DOC: Final = (
 _KIND_DOC: Final = (
     "Kind is a string value representing the REST resource this object represents. Servers may infer this "
     "from the endpoint the client submits requests to. Cannot be updated. In CamelCase.")
+_METADATA_DOC: Final = (
+    "Standard Kubernetes object metadata: name, namespace (for namespaced kinds), labels, annotations, "
+    "owner references and finalizers.")
 _ZERO_VALUES: Final = ("", 0, False)
 
 
@@ -64,13 +73,17 @@ def _openapi_schema(kind: str) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "apiVersion": {"description": _API_VERSION_DOC, "type": "string"},
         "kind": {"description": _KIND_DOC, "type": "string"},
-        "metadata": {"type": "object"},
+        "metadata": {"description": _METADATA_DOC, "type": "object"},
     }
+    hints = get_type_hints(info.model, include_extras=True)
+    docs = field_docs(info.model)
     for name in ("spec", "status"):
         if name in fields:
-            hints = get_type_hints(info.model, include_extras=True)
-            properties[name] = _field_schema(fields[name], hints[name])
+            properties[name] = _field_schema(fields[name], hints[name], docs)
     schema: dict[str, Any] = {"type": "object", "properties": properties}
+    required = sorted(name for name, f in fields.items() if _is_required(f))
+    if required:
+        schema["required"] = required
     if info.description:
         schema = {"description": info.description, **schema}
     return schema
@@ -165,9 +178,36 @@ def _literal_orders(hint: Any) -> list[tuple[Any, ...]]:
     return [order for arg in get_args(hint) for order in _literal_orders(arg)]
 
 
-def _field_schema(field: mi.Field, hint: Any) -> dict[str, Any]:
+@cache
+def field_docs(model: type[Model]) -> dict[str, str]:
+    """Python field name -> attribute docstring, for the fields `model` itself declares."""
+    try:
+        source = textwrap.dedent(inspect.getsource(model))
+    except (OSError, TypeError):  # no source (frozen install): the schema simply has no descriptions
+        return {}
+    [class_def] = ast.parse(source).body
+    assert isinstance(class_def, ast.ClassDef)
+    docs: dict[str, str] = {}
+    body = class_def.body
+    for statement, following in pairwise(body):  # a docstring follows its field
+        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[statement.target.id] = _unwrap(following.value.value)
+    return docs
+
+
+def _unwrap(docstring: str) -> str:
+    """A docstring as schema text: wrapped lines joined, blank-line paragraphs kept apart."""
+    paragraphs = inspect.cleandoc(docstring).split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+
+def _field_schema(field: mi.Field, hint: Any, docs: dict[str, str]) -> dict[str, Any]:
     # msgspec.inspect sorts Literal values; enums keep the order they are declared in
     schema = _type_schema(field.type, _literal_orders(hint))
+    if field.name in docs:
+        schema["description"] = docs[field.name]
     extra = _field_extra(field.type)
     if DEFAULT_KEY in extra:
         schema["default"] = extra[DEFAULT_KEY]
@@ -188,7 +228,8 @@ def _is_required(field: mi.Field) -> bool:
 
 def _struct_schema(tp: mi.StructType) -> dict[str, Any]:
     hints = get_type_hints(tp.cls, include_extras=True)
-    properties = {f.encode_name: _field_schema(f, hints[f.name]) for f in tp.fields}
+    docs = field_docs(tp.cls)
+    properties = {f.encode_name: _field_schema(f, hints[f.name], docs) for f in tp.fields}
     schema: dict[str, Any] = {}
     if properties:
         schema["properties"] = dict(sorted(properties.items()))
@@ -196,7 +237,8 @@ def _struct_schema(tp: mi.StructType) -> dict[str, Any]:
     if required:
         schema["required"] = required
     schema["type"] = "object"
-    return schema
+    schema.update(getattr(tp.cls, "SCHEMA_EXTRA", {}))
+    return dict(sorted(schema.items()))
 
 
 def _type_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ CRDs generated from them. Three steps, in kube-apiserver's order:
 
 `apiVersion`, `kind` and `metadata` at the root are never pruned; metadata is only type-checked
 loosely (name and format rules belong to the API server's object-meta validation). CEL rules
-(`x-kubernetes-validations`) are not evaluated.
+(`x-kubernetes-validations`) are evaluated by tfusion.apiserver.cel, not here.
 """
 
 from __future__ import annotations

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
+import anyio.to_thread
 import orjson
 
-from tfusion.apiserver import discovery, errors, tables
+from tfusion.apiserver import discovery, errors, limits, tables
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import ResourceInfo
@@ -30,10 +33,19 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON = b"application/json"
 _PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
+#: what kube-apiserver serves; anything else (CONNECT, TRACE, ...) is 405 before routing
+_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+#: how long a request body may take to arrive in full
+BODY_TIMEOUT_S = 60.0
+_NOT_DECODED = object()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete: nothing to answer."""
 
 
 class Request:
-    __slots__ = ("body", "headers", "method", "params", "path", "receive", "scope")
+    __slots__ = ("_decoded", "body", "headers", "method", "params", "path", "receive", "scope")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.scope = scope
@@ -45,18 +57,75 @@ class Request:
         }
         self.headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", ())}
         self.body = b""
+        self._decoded: Any = _NOT_DECODED
 
-    async def read_body(self) -> bytes:
-        chunks = []
-        while True:
-            message = await self.receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
+    async def read_body(
+        self, timeout: float = BODY_TIMEOUT_S, limiter: anyio.CapacityLimiter | None = None
+    ) -> bytes:
+        """The whole body, at most MAX_BODY_BYTES, arriving within `timeout` seconds (else 413 / 408).
+
+        A large body is decoded here, in a worker thread (at most `limiter` at once), so that `json()`
+        does not hold the event loop.
+        """
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.MAX_BODY_BYTES:
+            raise limits.body_too_large(int(declared))
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limits.MAX_BODY_BYTES:
+                        raise limits.body_too_large()
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            raise errors.ApiError(
+                408, "Timeout", f"Timeout: the request body did not arrive in full within {timeout:g}s"
+            ) from None
         self.body = b"".join(chunks)
+        if len(self.body) > limits.THREAD_THRESHOLD:
+            self._decoded = await anyio.to_thread.run_sync(self._decode_large, limiter=limiter)
         return self.body
 
+    async def release_large(self) -> None:
+        """Drop a large decoded body in a worker thread: freeing a few hundred thousand objects is one
+        C call that would otherwise hold the event loop for tens of milliseconds (a stored object
+        stays alive in the store and costs nothing here)."""
+        if len(self.body) <= limits.THREAD_THRESHOLD or self._decoded is _NOT_DECODED:
+            return
+        holder = [self._decoded]
+        self._decoded = _NOT_DECODED
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(holder.clear)
+
+    def _decode_large(self) -> Any:
+        with limits.gc_paused():
+            return self._decode_or_error()
+
+    def _decode_or_error(self) -> Any:
+        try:
+            return self._decode()
+        except errors.ApiError as exc:
+            # the traceback's frames hold the half-decoded document: let it go here, not on the loop
+            exc.__traceback__ = exc.__context__ = exc.__cause__ = None
+            return exc
+
     def json(self) -> Any:
+        decoded = self._decoded
+        if decoded is _NOT_DECODED:
+            decoded = self._decoded = self._decode_or_error()
+        if isinstance(decoded, errors.ApiError):
+            raise decoded
+        return decoded
+
+    def _decode(self) -> Any:
         if not self.body:
             raise errors.bad_request("the request body is empty")
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
@@ -64,24 +133,18 @@ class Request:
             from tfusion.apiserver import protobuf
 
             try:
-                return protobuf.decode(self.body)
+                decoded = protobuf.decode(self.body)
             except protobuf.UnsupportedKind as exc:
                 raise errors.ApiError(415, "UnsupportedMediaType", str(exc)) from None
             except protobuf.ProtobufError as exc:
                 raise errors.bad_request(f"error decoding protobuf: {exc}") from None
+            limits.check_value(decoded, "error decoding protobuf")
+            return decoded
         if ctype not in ("application/json", "", "*/*") and not ctype.endswith("+json"):
             if "yaml" in ctype:
-                import yaml
-
-                try:
-                    return yaml.safe_load(self.body)
-                except yaml.YAMLError as exc:
-                    raise errors.bad_request(f"error decoding YAML: {exc}") from None
+                return limits.decode_yaml(self.body)
             raise errors.unsupported_media_type(ctype, ["application/json", "application/yaml"])
-        try:
-            return orjson.loads(self.body)
-        except orjson.JSONDecodeError as exc:
-            raise errors.bad_request(f"error decoding JSON: {exc}") from None
+        return limits.decode_json(self.body)
 
     @property
     def wants_table(self) -> bool:
@@ -112,6 +175,7 @@ class ApiApp:
         server_address: str = "127.0.0.1:6443",
         bookmark_interval: float = 60.0,
         authenticate: Callable[[str], bool] | None = None,
+        body_timeout: float = BODY_TIMEOUT_S,
         special: dict[tuple[str, str], Callable[[Request, Target], Awaitable[tuple[int, Any]]]] | None = None,
     ) -> None:
         self.engine = engine
@@ -119,6 +183,8 @@ class ApiApp:
         self.server_address = server_address
         self.bookmark_interval = bookmark_interval
         self.authenticate = authenticate
+        self.body_timeout = body_timeout
+        self._decode_limiter: anyio.CapacityLimiter | None = None
         #: (storage key, subresource or "create") -> handler, for binding/eviction/token/tokenreview
         self.special = special or {}
         self._openapi_cache: dict[tuple[int, str], bytes] = {}
@@ -141,7 +207,11 @@ class ApiApp:
         try:
             if self.token is not None and request.path.rstrip("/") not in _PUBLIC:
                 self._check_auth(request)
+            if request.method not in _METHODS:
+                raise errors.method_not_allowed(request.method)
             await self._route(request, send)
+        except ClientGone:
+            return
         except ApiError as exc:
             await respond(send, exc.code, exc.status())
         except Exception as exc:  # a bug: answer 500 with the reason, keep serving
@@ -149,6 +219,14 @@ class ApiApp:
             await respond(
                 send, 500, errors.ApiError(500, "InternalError", f"Internal error occurred: {exc!r}").status()
             )
+        finally:
+            await request.release_large()
+
+    def _large_decodes(self) -> anyio.CapacityLimiter:
+        """At most two large bodies are decoded at once: each costs a core and up to ~100 MB."""
+        if self._decode_limiter is None:
+            self._decode_limiter = anyio.CapacityLimiter(2)  # made on first use: it needs the event loop
+        return self._decode_limiter
 
     def _check_auth(self, request: Request) -> None:
         header = request.headers.get("authorization", "")
@@ -245,7 +323,7 @@ class ApiApp:
             handler = self.special.get((info.storage_key, target.subresource))
             if handler is None:
                 raise errors.method_not_allowed(method)
-            await request.read_body()
+            await request.read_body(self.body_timeout, self._large_decodes())
             code, body = await handler(request, target)
             await self.engine.store.durable()
             await respond(send, code, body)
@@ -265,7 +343,7 @@ class ApiApp:
             if target.name:
                 raise errors.method_not_allowed(method)
             self._check_verb(info, "create", method)
-            await request.read_body()
+            await request.read_body(self.body_timeout, self._large_decodes())
             handler = self.special.get((info.storage_key, "create"))
             if handler is not None:
                 code, body = await handler(request, target)
@@ -281,7 +359,7 @@ class ApiApp:
             if not target.name:
                 raise errors.method_not_allowed(method)
             self._check_verb(info, "update", method)
-            await request.read_body()
+            await request.read_body(self.body_timeout, self._large_decodes())
             entry = await engine.update(
                 info,
                 ns,
@@ -297,7 +375,7 @@ class ApiApp:
             if not target.name:
                 raise errors.method_not_allowed(method)
             self._check_verb(info, "patch", method)
-            await request.read_body()
+            await request.read_body(self.body_timeout, self._large_decodes())
             ctype = request.headers.get("content-type", "")
             if ctype.split(";")[0].strip() == "application/apply-patch+yaml":
                 raise errors.unsupported_media_type(
@@ -312,7 +390,7 @@ class ApiApp:
                 info,
                 ns,
                 target.name,
-                request.body,
+                request.json,
                 ctype,
                 subresource=target.subresource,
                 dry_run=request.dry_run,
@@ -323,7 +401,7 @@ class ApiApp:
         if method == "DELETE":
             if target.subresource:
                 raise errors.method_not_allowed(method)
-            await request.read_body()
+            await request.read_body(self.body_timeout, self._large_decodes())
             options = self._delete_options(request)
             if target.name:
                 self._check_verb(info, "delete", method)
@@ -354,6 +432,7 @@ class ApiApp:
                 if key == "orphanDependents":
                     value = value == "true"
                 options[key] = value
+        _check_delete_options(options)
         return options
 
     # ------------------------------------------------------------------------------ reads
@@ -415,16 +494,9 @@ class ApiApp:
 
             fields = parse_field_selector(f"metadata.name={target.name}")
         rv = request.params.get("resourceVersion") or None
-        if rv is not None and rv != "0":
-            try:
-                int(rv)
-            except ValueError:
-                raise errors.bad_request(f"invalid resourceVersion {rv!r}") from None
-        timeout_text = request.params.get("timeoutSeconds", "")
-        try:
-            timeout = float(timeout_text) if timeout_text else None
-        except ValueError:
-            raise errors.bad_request(f"invalid timeoutSeconds {timeout_text!r}") from None
+        if rv is not None and rv != "0" and not (rv.isdigit() and rv.isascii() and int(rv) < 2**64):
+            raise errors.bad_request(f"invalid resourceVersion {rv!r}: must be a non-negative 64-bit integer")
+        timeout = _watch_timeout(request.params.get("timeoutSeconds", ""))
         initial_events = {"true": True, "false": False}.get(request.params.get("sendInitialEvents", ""))
         if initial_events and request.params.get("allowWatchBookmarks") != "true":
             raise errors.invalid(
@@ -534,6 +606,63 @@ class ApiApp:
                 self._openapi_cache.clear()
             self._openapi_cache[key] = cached
         await send_bytes(send, 200, cached)
+
+
+def _watch_timeout(text: str) -> float | None:
+    """timeoutSeconds is a non-negative int64 in kube; NaN, infinity or a negative value would make a
+    watch that never ends (or ends at once by accident), so they are refused."""
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or value > 2**63 - 1:
+        raise errors.bad_request(
+            f"invalid timeoutSeconds {text!r}: must be a non-negative whole number of seconds"
+        )
+    return value
+
+
+_DELETE_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "preconditions": (dict,),
+    "propagationPolicy": (str,),
+    "orphanDependents": (bool,),
+    "dryRun": (list,),
+}
+
+
+_TYPE_NAMES = {dict: "an object", str: "a string", bool: "a boolean", list: "a list"}
+
+
+def _check_delete_options(options: dict[str, Any]) -> None:
+    """DeleteOptions fields of the wrong type are the caller's mistake: 400 naming the field."""
+    for key, types in _DELETE_OPTION_TYPES.items():
+        value = options.get(key)
+        if value is not None and not isinstance(value, types):
+            raise errors.bad_request(
+                f"DeleteOptions.{key}: {_brief(value)} is not {_TYPE_NAMES[types[0]]}"
+            )
+    preconditions = options.get("preconditions") or {}
+    for key in ("uid", "resourceVersion"):
+        value = preconditions.get(key)
+        if value is not None and not isinstance(value, str):
+            raise errors.bad_request(f"DeleteOptions.preconditions.{key}: {_brief(value)} is not a string")
+    grace = options.get("gracePeriodSeconds")
+    if grace is not None:
+        try:
+            whole = int(grace) if not isinstance(grace, bool | dict | list) else None
+        except (TypeError, ValueError, OverflowError):
+            whole = None
+        if whole is None or whole < 0:
+            raise errors.bad_request(
+                f"DeleteOptions.gracePeriodSeconds: {_brief(grace)} is not a non-negative integer"
+            )
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:

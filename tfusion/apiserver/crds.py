@@ -31,7 +31,7 @@ def default_crd(crd: dict[str, Any]) -> None:
 
 
 def _status(crd: dict[str, Any]) -> dict[str, Any]:
-    from tfusion.apiserver.kinds import now_rfc3339
+    from tfusion.api.timestamps import rfc3339
 
     spec = crd.get("spec") or {}
     storage = [v.get("name") for v in spec.get("versions") or [] if isinstance(v, dict) and v.get("storage")]
@@ -41,7 +41,7 @@ def _status(crd: dict[str, Any]) -> dict[str, Any]:
     for name in storage:
         if name not in stored:
             stored.append(name)
-    stamp = now_rfc3339()
+    stamp = rfc3339()
     old_conditions = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
 
     def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
@@ -110,6 +110,9 @@ def validate_crd(crd: dict[str, Any], old: dict[str, Any] | None, registry: Regi
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
         if not isinstance(schema, dict):
             causes.append(required(f"spec.versions[{i}].schema.openAPIV3Schema", "schemas are required"))
+    from tfusion.apiserver import cel
+
+    causes += cel.crd_rule_causes(crd)
     if old is not None:
         old_spec = old.get("spec") or {}
         if old_spec.get("group") != group:
@@ -176,9 +179,12 @@ def unknown_fields(info: ResourceInfo, obj: dict[str, Any]) -> list[str]:
     return schemas.unknown_fields(info.schema, obj)
 
 
-def validate_custom(info: ResourceInfo, obj: dict[str, Any]) -> list[Cause]:
+def validate_custom(info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Cause]:
     if info.schema is None:
         return []
     from tfusion.api import schema as schemas
+    from tfusion.apiserver import cel
 
-    return [(e.field, e.reason, e.message) for e in schemas.validate(info.schema, obj)]
+    causes: list[Cause] = [(e.field, e.reason, e.message) for e in schemas.validate(info.schema, obj)]
+    # CEL rules assume the schema's types hold, so (like kube on type errors) they run on schema-valid objects
+    return causes or cel.validate(info.schema, obj, old)

@@ -1,9 +1,12 @@
 """`EmbeddedApiServer`: the whole API server (store, engine, garbage collector, HTTP) as one start/stop object.
 
-The role and the test fixture both use it. On loopback it serves plain HTTP with no
-authentication; on any other address HTTPS with a self-signed certificate and a bearer token. It
-writes a kubeconfig for kubectl and kr8s, and offers fault injection for tests: closing every
-watch stream, compacting the watch event log, and restarting on the same state file and port.
+The role and the test fixture both use it. Every request needs a bearer token (the admin token
+in the kubeconfig it writes, or a ServiceAccount token), except /version, /healthz, /livez and
+/readyz, as in kube: loopback is no exception, since any local process can reach it. It serves
+HTTPS with a self-signed certificate on every address, loopback included, because client-go
+(kubectl) sends a bearer token only over TLS. It writes a kubeconfig (token and CA) for kubectl
+and kr8s, and offers fault injection for tests: closing every watch stream, compacting the watch
+event log, and restarting on the same state file and port.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from tfusion.apiserver import security
-from tfusion.apiserver.app import ApiApp
+from tfusion.apiserver.app import BODY_TIMEOUT_S, ApiApp
+from tfusion.apiserver.connections import with_head_timeout
 from tfusion.apiserver.gc import GarbageCollector
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
@@ -30,6 +34,10 @@ from tfusion.settings import parse_listen
 from tfusion.web import bind_socket, serve
 
 log = logging.getLogger(__name__)
+#: a request head must arrive within this long of the connection opening (or the last response)
+HEAD_TIMEOUT_S = 30.0
+#: an idle keep-alive connection is closed after this long
+KEEP_ALIVE_S = 30
 
 
 class EmbeddedApiServer:
@@ -42,13 +50,18 @@ class EmbeddedApiServer:
         kubeconfig_path: str | Path | None = None,
         bookmark_interval: float = 60.0,
         tls: bool | None = None,
+        head_timeout: float = HEAD_TIMEOUT_S,
+        body_timeout: float = BODY_TIMEOUT_S,
+        keep_alive: int = KEEP_ALIVE_S,
     ) -> None:
         self.state = Path(state)
         self.host, self.port = parse_listen(listen)
-        self.tls = not security.is_loopback(self.host) if tls is None else tls
+        # HTTPS on loopback too: kubectl (client-go) sends a bearer token only over TLS
+        self.tls = True if tls is None else tls
         self.watch_history = watch_history
         self.kubeconfig_path = Path(kubeconfig_path) if kubeconfig_path else None
         self.bookmark_interval = bookmark_interval
+        self.head_timeout, self.body_timeout, self.keep_alive = head_timeout, body_timeout, keep_alive
         self.token: str | None = None
         self.ca_pem: bytes | None = None
         self.store: Store | None = None
@@ -137,7 +150,10 @@ class EmbeddedApiServer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gc.run)
-                await tg.start(partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile))
+                options = {"http": with_head_timeout(self.head_timeout), "timeout_keep_alive": self.keep_alive}
+                await tg.start(
+                    partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile, uvicorn_options=options)
+                )
                 try:
                     if self.kubeconfig_path is not None:
                         security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())
@@ -172,12 +188,12 @@ class EmbeddedApiServer:
 
         engine.admit = Webhooks(engine).admit
         certfile = keyfile = None
+        token = store.get_meta("admin.token")
+        if token is None:
+            token = security.new_token().encode()
+            store.set_meta("admin.token", token)
+        self.token = token.decode()
         if self.tls:
-            token = store.get_meta("admin.token")
-            if token is None:
-                token = security.new_token().encode()
-                store.set_meta("admin.token", token)
-            self.token = token.decode()
             cert, key = store.get_meta("tls.crt"), store.get_meta("tls.key")
             if cert is None or key is None:
                 cert, key = security.self_signed(self.host)
@@ -196,7 +212,8 @@ class EmbeddedApiServer:
             engine,
             token=self.token,
             bookmark_interval=self.bookmark_interval,
-            authenticate=authenticate if self.tls else None,
+            authenticate=authenticate,
+            body_timeout=self.body_timeout,
             special=services.handlers(),
         )
         self.store, self.engine = store, engine

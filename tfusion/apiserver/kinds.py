@@ -7,10 +7,10 @@ semantics (objects.py) stay independent of any particular kind.
 from __future__ import annotations
 
 import ipaddress
-import time
 import uuid
 from typing import Any
 
+from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import crds, errors, validation
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
@@ -22,10 +22,6 @@ PRIORITY_CLASSES = "scheduling.k8s.io/priorityclasses"
 MUTATING_WEBHOOKS = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
 #: the classes kube-apiserver creates at start-up
 SYSTEM_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class KindRules:
@@ -130,7 +126,7 @@ class KindRules:
         elif key == CRDS:
             causes += crds.validate_crd(obj, old, self.registry)
         elif info.is_custom:
-            causes += crds.validate_custom(info, obj)
+            causes += crds.validate_custom(info, obj, old)
         if causes:
             raise errors.invalid(info.kind, info.group, meta.get("name", ""), causes)
 
@@ -152,7 +148,7 @@ class KindRules:
                         "name": "default",
                         "namespace": namespace,
                         "uid": str(uuid.uuid4()),
-                        "creationTimestamp": now_rfc3339(),
+                        "creationTimestamp": rfc3339(),
                     },
                 },
                 None,

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from tfusion.apiserver import crds, errors, validation
+from tfusion.api.timestamps import rfc3339
+from tfusion.apiserver import crds, errors, limits, shapes, validation
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.kinds import (
     CRDS,
@@ -26,12 +27,11 @@ from tfusion.apiserver.kinds import (
     PRIORITY_CLASSES,
     SYSTEM_PRIORITY_CLASSES,
     KindRules,
-    now_rfc3339,
 )
 from tfusion.apiserver.resources import Registry, ResourceInfo
-from tfusion.apiserver.store import Entry, Store
+from tfusion.apiserver.store import Entry, Store, encode_object
 
-__all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine", "now_rfc3339"]
+__all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine"]
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "tensor-fusion-sys")
 FOREGROUND = "foregroundDeletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -139,7 +139,7 @@ class Engine:
         if self.store.get(info.storage_key, ns_key, name) is not None:
             raise errors.already_exists(info.plural, info.group, name)
         meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
+        meta["creationTimestamp"] = rfc3339()
         if info.tracks_generation:
             meta["generation"] = 1
         else:
@@ -147,7 +147,7 @@ class Engine:
         self.kinds.defaults(info, obj, None)
         self.kinds.validate(info, obj, None)
         if dry_run:
-            return Entry(obj, orjson.dumps(obj), self.store.rv)
+            return Entry(obj, encode_object(obj), self.store.rv)
         entry = self.store.put(info.storage_key, obj, None)
         self.kinds.after_write(info, entry, None)
         return entry
@@ -185,6 +185,7 @@ class Engine:
             meta = body["metadata"] = {}
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
+        shapes.check(info.storage_key, info.kind, info.version, body)
         return body
 
     # ------------------------------------------------------------------------------ update / patch
@@ -217,7 +218,7 @@ class Engine:
         info: ResourceInfo,
         namespace: str,
         name: str,
-        patch_body: bytes,
+        patch_body: bytes | Callable[[], Any],
         content_type: str,
         *,
         subresource: str = "",
@@ -232,23 +233,26 @@ class Engine:
             allowed.append("application/strategic-merge-patch+json")
         if ctype not in allowed:
             raise errors.unsupported_media_type(ctype, allowed)
-        try:
-            document = orjson.loads(patch_body)
-        except orjson.JSONDecodeError as exc:
-            raise errors.bad_request(f"error decoding patch: {exc}") from None
+        # bytes, or the request's decoder (app.py decodes large bodies off the event loop)
+        document = limits.decode_json(patch_body, "patch") if isinstance(patch_body, bytes) else patch_body()
         current = self.get(info, namespace, name)
         target = current.copy()
         try:
             if ctype == "application/json-patch+json":
-                patched = patching.json_patch(target, document)
+                patched = patching.json_patch(target, document, max_bytes=limits.MAX_OBJECT_BYTES)
             elif ctype == "application/merge-patch+json":
                 if not isinstance(document, dict):
                     raise errors.bad_request("a merge patch must be a JSON object")
                 patched = patching.merge_patch(target, document)
             else:
                 patched = patching.strategic_merge_patch(target, document, info.kind)
+        except patching.PatchTooLarge as exc:
+            raise limits.object_too_large(exc.size) from None
         except patching.PatchError as exc:
             raise errors.invalid(info.kind, info.group, name, [("patch", "FieldValueInvalid", str(exc))]) from None
+        if ctype == "application/json-patch+json":
+            # copy and move can nest the object deeper than either input; merges cannot
+            limits.check_value(patched, "the patched object")
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             raise errors.invalid(
                 info.kind,
@@ -262,6 +266,7 @@ class Engine:
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
             )
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
+        shapes.check(info.storage_key, info.kind, info.version, patched)
         self._strict(info, patched, field_validation)
         return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run)
 
@@ -352,7 +357,7 @@ class Engine:
         if obj == old.obj:
             return old  # no-op: kube-apiserver neither bumps the resourceVersion nor emits an event
         if dry_run:
-            return Entry(obj, orjson.dumps(obj), old.rv)
+            return Entry(obj, encode_object(obj), old.rv)
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and info.storage_key != NAMESPACES:
             self.store.put(info.storage_key, obj, old)
             return self._remove(info, self.store.get(info.storage_key, meta.get("namespace", ""), meta["name"]))
@@ -423,7 +428,7 @@ class Engine:
             meta = obj["metadata"]
             meta["finalizers"] = finalizers
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = now_rfc3339()
+                meta["deletionTimestamp"] = rfc3339()
                 meta["deletionGracePeriodSeconds"] = 0
                 if info.tracks_generation:
                     meta["generation"] = old_meta.get("generation", 1) + 1
@@ -444,7 +449,7 @@ class Engine:
         if old.obj["metadata"].get("deletionTimestamp"):
             return old
         obj = old.copy()
-        obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+        obj["metadata"]["deletionTimestamp"] = rfc3339()
         obj["metadata"]["deletionGracePeriodSeconds"] = 0
         obj.setdefault("status", {})["phase"] = "Terminating"
         entry = self.store.put(info.storage_key, obj, old)
@@ -529,7 +534,7 @@ class Engine:
                     "metadata": {
                         "name": name,
                         "uid": str(uuid.uuid4()),
-                        "creationTimestamp": now_rfc3339(),
+                        "creationTimestamp": rfc3339(),
                         "labels": {"kubernetes.io/metadata.name": name},
                     },
                     "spec": {"finalizers": ["kubernetes"]},
@@ -544,7 +549,7 @@ class Engine:
                     {
                         "apiVersion": "scheduling.k8s.io/v1",
                         "kind": "PriorityClass",
-                        "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": now_rfc3339()},
+                        "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": rfc3339()},
                         "value": value,
                         "preemptionPolicy": "PreemptLowerPriority",
                         "description": "Used for system critical pods that must not be moved from their current node.",

@@ -22,9 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 __all__ = [
     "STRATEGIC_MERGE_KINDS",
     "PatchError",
+    "PatchTooLarge",
     "json_patch",
     "merge_patch",
     "strategic_merge_patch",
@@ -33,6 +36,14 @@ __all__ = [
 
 class PatchError(ValueError):
     """A patch that cannot be applied to the target: malformed, or failing against the document."""
+
+
+class PatchTooLarge(PatchError):
+    """Applying the patch would make the document larger than the caller's limit (`size` bytes)."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
 
 
 def _clone(value: Any) -> Any:
@@ -218,11 +229,17 @@ def _apply_op(doc: Any, op: Mapping[str, Any]) -> Any:
     return _add(doc, tokens, value)
 
 
-def json_patch(target: Any, ops: Any) -> Any:
-    """Apply an RFC 6902 JSON patch (a list of operations) and return the patched copy."""
+def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None) -> Any:
+    """Apply an RFC 6902 JSON patch (a list of operations) and return the patched copy.
+
+    With `max_bytes`, the document's JSON size is kept under it while the ops run: `copy` and `add`
+    can double a document per op, so checking only the result would let a short patch build
+    gigabytes first. Raises PatchTooLarge at the first op that crosses the limit.
+    """
     if not isinstance(ops, list):
         raise PatchError(f"a JSON patch must be a list of operations, got {type(ops).__name__}")
     doc = _clone(target)
+    budget = _SizeBudget(doc, max_bytes) if max_bytes is not None else None
     for index, op in enumerate(ops):
         if not isinstance(op, dict):
             raise PatchError(f"op {index}: must be an object, got {type(op).__name__}")
@@ -234,9 +251,40 @@ def json_patch(target: Any, ops: Any) -> Any:
             raise PatchError(f"{label}: missing required member 'path'")
         try:
             doc = _apply_op(doc, op)
+            if budget is not None and name in ("add", "copy", "replace", "move"):
+                budget.grew(doc, op, label)
         except _OpFailed as exc:
             raise PatchError(f"{label}: {exc}") from None
+        except RecursionError:
+            raise PatchError(f"{label}: the document becomes too deeply nested") from None
     return doc
+
+
+class _SizeBudget:
+    """An upper estimate of a document's JSON size, made exact whenever it crosses the limit."""
+
+    def __init__(self, doc: Any, limit: int) -> None:
+        self.limit = limit
+        self.estimate = self._exact(doc, "the target")
+
+    def grew(self, doc: Any, op: Mapping[str, Any], label: str) -> None:
+        if op["op"] == "copy":
+            added = self._exact(_walk(doc, _parse_pointer(op["from"], "from")), label)
+        elif op["op"] == "move":
+            added = 0
+        else:
+            added = self._exact(op.get("value"), label)
+        self.estimate += added
+        if self.estimate > self.limit:
+            self.estimate = self._exact(doc, label)
+            if self.estimate > self.limit:
+                raise PatchTooLarge(f"{label}: the object would grow to {self.estimate} bytes", self.estimate)
+
+    def _exact(self, value: Any, label: str) -> int:
+        try:
+            return len(orjson.dumps(value))
+        except orjson.JSONEncodeError:
+            raise PatchError(f"{label}: the document becomes too deeply nested") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +497,10 @@ def _delete_from_primitive_list(original: dict[str, Any], key: str, values: Any,
 
 
 def _scalar_key(value: Any) -> tuple[str, Any]:
-    """Hashable identity of a primitive that keeps true and 1 apart."""
+    """Hashable identity of a primitive that keeps true and 1 apart (objects and lists, which a
+    malformed patch may put in a list of primitives, by their JSON text)."""
+    if isinstance(value, dict | list):
+        return ("json", orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
     return (type(value).__name__ if isinstance(value, bool) else "v", value)
 
 

@@ -9,9 +9,10 @@ with 415 so the client knows to send JSON. Responses are always JSON, which ever
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 from typing import Any
+
+from tfusion.api.timestamps import rfc3339
 
 MAGIC = b"k8s\x00"
 
@@ -190,7 +191,7 @@ def _time(data: bytes) -> str | None:
             seconds = _signed(raw)
     if seconds == 0:
         return None
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(seconds)
 
 
 def decode_message(schema: Schema, data: bytes) -> dict[str, Any]:

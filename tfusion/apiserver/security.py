@@ -98,6 +98,7 @@ def server_url(host: str, port: int, tls: bool) -> str:
 def write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode applies only to a new file; an old one may be wider
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 

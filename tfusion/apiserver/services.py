@@ -7,13 +7,13 @@ checking to tokens.TokenAuthority.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tfusion.apiserver import errors, validation
+from tfusion.api.timestamps import rfc3339
+from tfusion.apiserver import errors, shapes, validation
 from tfusion.apiserver.app import Request, Target
-from tfusion.apiserver.objects import PODS, Engine, now_rfc3339
+from tfusion.apiserver.objects import PODS, Engine
 from tfusion.apiserver.tokens import TokenAuthority
 
 Handler = Callable[[Request, Target], Awaitable[tuple[int, Any]]]
@@ -21,6 +21,8 @@ Handler = Callable[[Request, Target], Awaitable[tuple[int, Any]]]
 _SUCCESS = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 #: kube-apiserver raises shorter TokenRequest lifetimes to this minimum
 MIN_TOKEN_SECONDS = 600
+#: and refuses longer ones than this
+MAX_TOKEN_SECONDS = 2**32
 
 
 class Services:
@@ -50,8 +52,7 @@ class Services:
 
     async def bind(self, request: Request, target: Target) -> tuple[int, Any]:
         body = request.json()
-        if not isinstance(body, dict):
-            raise errors.bad_request("a Binding must be a JSON object")
+        shapes.check_body(shapes.BINDING, "Binding", "v1", body)
         node = (body.get("target") or {}).get("name")
         if not node:
             raise errors.invalid("Binding", "", target.name, [validation.required("target.name")])
@@ -78,7 +79,7 @@ class Services:
             c for c in obj.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"
         ]
         conditions.append(
-            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": rfc3339()}
         )
         obj["status"]["conditions"] = conditions
         self.engine.store.put(info.storage_key, obj, pod)
@@ -86,6 +87,7 @@ class Services:
 
     async def evict(self, request: Request, target: Target) -> tuple[int, Any]:
         body = request.json() if request.body.strip() else {}
+        shapes.check_body(shapes.EVICTION, "Eviction", "policy/v1", body)
         info = self._pod_info()
         options = (body.get("deleteOptions") or {}) if isinstance(body, dict) else {}
         self.engine.delete(info, target.namespace or "", target.name, options, dry_run=request.dry_run)
@@ -93,14 +95,26 @@ class Services:
 
     async def token_request(self, request: Request, target: Target) -> tuple[int, Any]:
         body = request.json()
-        if not isinstance(body, dict):
-            raise errors.bad_request("a TokenRequest must be a JSON object")
+        shapes.check_body(shapes.TOKEN_REQUEST, "TokenRequest", "authentication.k8s.io/v1", body)
         spec = body.get("spec") or {}
         ns = target.namespace or ""
         sa_info = self.engine.registry.get("", "v1", "serviceaccounts")
         assert sa_info is not None
         account = self.engine.get(sa_info, ns, target.name)
-        seconds = spec.get("expirationSeconds", 3600)
+        seconds = spec.get("expirationSeconds")
+        if seconds is None:
+            seconds = 3600
+        if seconds > MAX_TOKEN_SECONDS:
+            raise errors.invalid(
+                "TokenRequest",
+                "authentication.k8s.io",
+                target.name,
+                [
+                    validation.invalid_value(
+                        "spec.expirationSeconds", seconds, "may not specify a duration larger than 2^32 seconds"
+                    )
+                ],
+            )
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
             raise errors.invalid(
                 "TokenRequest",
@@ -150,7 +164,7 @@ class Services:
             audiences=spec.get("audiences") or None,
             expiration_seconds=seconds,
         )
-        stamp = dt.datetime.fromtimestamp(expiry, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(expiry)
         result = {
             "kind": "TokenRequest",
             "apiVersion": "authentication.k8s.io/v1",
@@ -181,8 +195,7 @@ class Services:
 
     async def token_review(self, request: Request, target: Target) -> tuple[int, Any]:
         body = request.json()
-        if not isinstance(body, dict):
-            raise errors.bad_request("a TokenReview must be a JSON object")
+        shapes.check_body(shapes.TOKEN_REVIEW, "TokenReview", "authentication.k8s.io/v1", body)
         spec = body.get("spec") or {}
         token = spec.get("token")
         if not isinstance(token, str) or not token:

@@ -11,7 +11,9 @@ fanned out to the live watchers of that resource.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import stat
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,11 +22,51 @@ from typing import Any
 
 import orjson
 
+from tfusion.apiserver import errors, limits
+
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 #: events buffered for one watcher before its stream is closed
 MAX_QUEUED_EVENTS = 100_000
+
+
+def encode_object(obj: dict[str, Any]) -> bytes:
+    """The stored form of an object; refuses (413) what etcd would refuse as too large to store."""
+    try:
+        raw = orjson.dumps(obj)
+    except orjson.JSONEncodeError as exc:
+        raise errors.bad_request(f"the object cannot be encoded as JSON: {exc}") from None
+    if len(raw) > limits.MAX_OBJECT_BYTES:
+        raise limits.object_too_large(len(raw))
+    return raw
+
+
+def secure_state_files(path: Path) -> None:
+    """The state file holds the service-account signing key, the admin token and the TLS key: it and
+    its -wal/-shm companions are 0600, created so, and tightened when an older run left them wider.
+
+    The directory is made 0700 when we create it. An existing directory is tightened only when it
+    looks like ours (owned by this user, not sticky like /tmp, not the home or working directory),
+    so `--state ./state.db` never changes the permissions of a directory the user shares.
+    """
+    directory = path.parent
+    if not directory.exists():
+        directory.mkdir(mode=0o700, parents=True)
+    elif _ours(directory):
+        directory.chmod(stat.S_IMODE(directory.stat().st_mode) & 0o700)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for candidate in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if candidate.exists() and stat.S_IMODE(candidate.stat().st_mode) & 0o077:
+            candidate.chmod(0o600)
+
+
+def _ours(directory: Path) -> bool:
+    info = directory.stat()
+    resolved = directory.resolve()
+    shared = {Path.cwd().resolve(), Path.home().resolve(), Path("/").resolve()}
+    return info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and resolved not in shared
 
 
 class StateFileError(OSError):
@@ -72,7 +114,7 @@ class Store:
     def __init__(self, path: str | Path, history: int) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            secure_state_files(Path(self.path))
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=0.5)
         self._committed: asyncio.Future[None] | None = None
         self._commit_handle: asyncio.Handle | None = None
@@ -89,6 +131,8 @@ class Store:
                 f"state file {self.path} cannot be opened: {exc} (is another API server using it?)"
             ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if self.path != ":memory:":
+            secure_state_files(Path(self.path))  # the -wal and -shm files exist now
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS objects (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,"
             " rv INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (skey, ns, name)) WITHOUT ROWID"
@@ -141,11 +185,11 @@ class Store:
     # ---------------------------------------------------------------- writes
     def put(self, storage_key: str, obj: dict[str, Any], old: Entry | None) -> Entry:
         """Store `obj` (created when `old` is None) under a new resourceVersion; returns the new entry."""
-        self.rv += 1
-        rv = self.rv
+        rv = self.rv + 1
         meta = obj["metadata"]
         meta["resourceVersion"] = str(rv)
-        raw = orjson.dumps(obj)
+        raw = encode_object(obj)
+        self.rv = rv
         ns, name = meta.get("namespace", ""), meta["name"]
         self._db.execute(
             "INSERT OR REPLACE INTO objects (skey, ns, name, rv, data) VALUES (?, ?, ?, ?, ?)",

@@ -6,7 +6,6 @@ none); built-in kinds get the columns kubectl users expect. Dates print as ages,
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from tfusion.api.timestamps import parse_rfc3339
 from tfusion.apiserver.resources import ResourceInfo
 
 Column = tuple[str, str, str, Callable[[dict[str, Any]], Any]]  # name, type, description, cell getter
@@ -23,7 +23,7 @@ def human_age(timestamp: Any) -> str:
     if not isinstance(timestamp, str) or not timestamp:
         return "<unknown>"
     try:
-        then = calendar.timegm(time.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S"))
+        then = parse_rfc3339(timestamp).timestamp()
     except ValueError:
         return "<invalid>"
     seconds = max(0, int(time.time() - then))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime as dt
 import hashlib
 import json
 import time
@@ -30,6 +29,8 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from tfusion.api.timestamps import parse_rfc3339
 
 __all__ = [
     "DEFAULT_AUDIENCES",
@@ -322,6 +323,6 @@ def _check_alive(obj: Mapping[str, Any] | None, what: str, namespace: str, name:
 
 def _parse_time(text: str) -> float:
     try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return parse_rfc3339(text).timestamp()
     except ValueError:
         return 0.0

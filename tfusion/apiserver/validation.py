@@ -10,6 +10,8 @@ import base64
 import re
 from typing import Any
 
+from tfusion.apiserver import metadata_keys
+
 Cause = tuple[str, str, str]  # (field path, reason, message)
 
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -86,6 +88,7 @@ def validate_metadata(meta: dict[str, Any]) -> list[Cause]:
         for key, val in value.items():
             if not isinstance(val, str):
                 causes.append(invalid_value(f"metadata.{field}", val, f"value of {key!r} must be a string"))
+        causes += metadata_keys.check_map(field, value)
     finalizers = meta.get("finalizers")
     if finalizers is not None and (not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)):
         causes.append(invalid_value("metadata.finalizers", finalizers, "must be a list of strings"))

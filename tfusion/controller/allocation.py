@@ -1,37 +1,40 @@
 """AllocatorService: the controller's owner of the pure `GpuAllocator`, fed from and written back to the API.
 
 Why it exists: the allocator (tfusion/allocator) has no I/O; something has to keep it in step with
-the cluster, rebuild it after a restart, and persist what it decides. That is this module, and it
-runs only on the elected leader (followers keep no allocator state; the next leader rebuilds).
+the cluster, rebuild it after a restart, and persist what it decides. That is this module. It runs
+on the leader only (followers keep no allocator state; each leadership term rebuilds it), as four
+pieces registered with the process's Manager:
 
-- **Feeds.** Informer handlers (registered on every replica, acting only while this replica holds
-  a recovered allocator): GPU add/update -> `upsert_gpu` (a capacity change moves available by the
-  same delta; `status.available`, `runningApps` and `allocatedPartitions` are the allocator's
-  output and are never read back from the cache), GPU delete -> `remove_gpu`; GPUResourceQuota spec
-  -> `set_quota`/`remove_quota`; a GPUPool's `spec.schedulingConfigTemplate` (its template's
-  `spec.placement.mode`) and `spec.capacityConfig.oversubscription` -> `set_pool_config`.
-- **Recovery.** On becoming leader: wait for the GPU, quota, pool, template and pod informers to
-  sync, then rebuild everything from their caches: GPUs, quotas, pools, and every worker pod
-  (label `<domain>/component=worker`, `spec.nodeName` set, annotation `<domain>/gpu-ids` present,
-  not finished, and not (deleting with our finalizer gone)) through `restore`. Only GPUs whose
-  stored status differs from the rebuilt one are marked dirty. Until then every allocation
-  request waits on an `anyio.Event` gate (`wait_ready`). A worker pod that shows up bound with
-  `gpu-ids` the allocator does not know (bound by another process) is adopted the same way, and a
-  worker naming a GPU object that does not exist yet is adopted when that GPU appears.
-- **Persistence.** Every `Settings.sync_interval` (10 s by default): each dirty GPU is read (GET)
-  and its `status.available` / `status.runningApps` written with a PUT to the status subresource,
-  conditioned on the resourceVersion just read; a 409 re-reads and retries, any other failure puts
-  the GPU back on the dirty list. Then the GPUNodes of the written GPUs get the
-  `<domain>/last-sync` annotation, then dirty quotas get `status.used`, `availablePercent`,
+- **Feed** (informer handlers, acting only while this replica holds a recovered allocator):
+  GPUResourceQuota spec -> `set_quota`/`remove_quota`; a GPUPool's
+  `spec.schedulingConfigTemplate` (its template's `spec.placement.mode`) and
+  `spec.capacityConfig.oversubscription` -> `set_pool_config`; worker pods: a deleted or finished
+  pod releases its allocation, a bound worker the allocator does not know (bound by another
+  process) is adopted from its annotations, and one naming a GPU that does not exist yet is
+  adopted when that GPU appears.
+- **Recovery** (the leader-only runnable `run_leader`, once per term, after the caches synced):
+  rebuild everything from the informer caches: pools, GPUs, quotas, and every worker pod
+  (label `<domain>/component=worker`, `spec.nodeName` set, annotation `<domain>/gpu-ids`
+  present, not finished, and not (deleting with our finalizer gone)) through `restore`. Until
+  then every allocation request waits on a gate (`wait_ready`). Then the orphan sweep runs every
+  3 minutes: allocations whose pod is gone (confirmed with a GET), replaced or finished are
+  released, assumed allocations older than the assume TTL (30 minutes) expire.
+- **GPU reconciler** `gpu-status` (level-triggered, key = GPU name): applies the cached GPU to the
+  allocator (`upsert_gpu`/`remove_gpu`; a capacity change moves available by the same delta;
+  `status.available`, `runningApps` and `allocatedPartitions` are the allocator's output and never
+  read back), then writes `status.available`/`runningApps` from the ledger when the object says
+  otherwise (GET + PUT on the status subresource on the read resourceVersion; a 409 re-reads and
+  retries), and stamps the GPUNode's `<domain>/last-sync`. A hand edit of `status.available`
+  is an update event, so it is rewritten at once; an `AllocatorError` (a GPU with allocations
+  moved to another node) becomes a Warning event on the GPU and a retry with backoff.
+- **Quota reconciler** `quota-status` (key = namespace/name): `status.used`, `availablePercent`,
   `conditions` (Ready; lastTransitionTime kept while the status does not change) and
-  `lastUpdateTime` (merge patch of the status subresource; failures retried next round).
-- **Release.** A deleted worker pod, or one in phase Succeeded/Failed, releases its allocation.
-  An orphan sweep (every 3 minutes by default) checks every allocated pod (against the informer
-  cache, and with a GET to the API server for any the cache does not show alive) and releases those
-  that are gone (or replaced by a pod with another UID, or finished), and expires assumed
-  allocations older than the assume TTL (30 minutes by default).
-- **Observability.** Readiness condition "allocator" (followers: ready, "standby"; leader: ready
-  once recovered); metrics `tfusion_allocator_*` in the runtime's registry.
+  `lastUpdateTime`, written when they differ from the ledger.
+
+Allocator changes (release, adopt, scheduling) mark GPUs and quotas dirty; `flush()` enqueues
+them on the reconcilers after `--sync-interval`, so a burst of changes becomes one write per
+object. Observability: readiness condition "allocator" (followers: ready, "standby"; leader: ready
+once recovered); metrics `tfusion_allocator_*`, and the reconcilers' `tfusion_reconcile_*`.
 
 HTTP (allocation_http.py) serves `GET /api/allocation` from `allocation_view.build` and
 `POST /api/simulate-schedule`. Fixed against the original on purpose: its /api/allocation keyed
@@ -43,11 +46,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
 from tfusion.allocator import (
     AllocatorError,
@@ -67,6 +70,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
+from tfusion.kube.reconciler import Controller, Result
 
 if TYPE_CHECKING:
     from tfusion.controller.role import ControllerRuntime
@@ -78,8 +82,11 @@ ORPHAN_SWEEP_INTERVAL = 180.0
 #: how long an allocation request waits for leader recovery before 503
 READY_TIMEOUT = 30.0
 STATUS_WRITE_ATTEMPTS = 5
-WRITE_CONCURRENCY = 8
 RECOVERY_RETRY_S = 5.0
+#: how often allocator changes are handed to the reconcilers (each then waits --sync-interval)
+FLUSH_INTERVAL_S = 0.5
+#: a GPUNode's last-sync annotation is refreshed at most this often
+LAST_SYNC_MIN_INTERVAL_S = 5.0
 FINISHED_PHASES = ("Succeeded", "Failed")
 WORKER = "worker"
 
@@ -142,13 +149,10 @@ class AllocatorMetrics:
         self.writes = Counter(
             "tfusion_allocator_status_writes", "status writes to the API, by object kind and result",
             ["kind", "result"], registry=registry)
-        self.sync_duration = Histogram(
-            "tfusion_allocator_sync_duration_seconds", "one status sync round (GPUs, GPUNodes, quotas)",
-            registry=registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.recovery_duration = Gauge(
             "tfusion_allocator_recovery_duration_seconds", "how long the last leader recovery took",
             registry=registry)
-        dirty = Gauge("tfusion_allocator_dirty_gpus", "GPUs whose status awaits the next sync",
+        dirty = Gauge("tfusion_allocator_dirty_gpus", "GPUs whose status awaits the next flush",
                       registry=registry)
         dirty.set_function(lambda: float(service.dirty_count()))
         live = Gauge("tfusion_allocator_live_allocations", "allocations held (assumed and committed)",
@@ -174,6 +178,9 @@ class AllocatorService:
         #: live workers naming a GPU the allocator does not know yet (uid -> pod): adopted when it appears
         self._waiting: dict[str, Obj] = {}
         self.metrics = AllocatorMetrics(self)
+        self._last_sync: dict[str, float] = {}  # GPUNode -> when its last-sync was written (clock)
+        self.gpu_status: Controller | None = None
+        self.quota_status: Controller | None = None
         self.recovered: list[str] = []  # pod UIDs restored by the last recovery
         self.skipped: list[tuple[str, str]] = []  # (pod, reason) the last recovery could not restore
 
@@ -183,8 +190,6 @@ class AllocatorService:
         from tfusion.controller.allocation_http import allocation_handlers
 
         rt = self.runtime
-        rt.informer(r.GPUS).add_handler(on_add=self._on_gpu, on_update=self._on_gpu_update,
-                                        on_delete=self._on_gpu_delete)
         rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._on_quota, on_update=self._on_quota_update,
                                                      on_delete=self._on_quota_delete)
         rt.informer(r.GPUPOOLS).add_handler(on_add=self._on_pool, on_update=self._on_pool_update,
@@ -193,12 +198,15 @@ class AllocatorService:
             on_add=self._on_template, on_update=self._on_template_update, on_delete=self._on_template)
         rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update,
                                         on_delete=self._on_pod_delete)
+        self.gpu_status = rt.manager.controller("gpu-status").for_(r.GPUS).complete(self.reconcile_gpu)
+        self.quota_status = rt.manager.controller("quota-status").for_(r.GPURESOURCEQUOTAS) \
+            .complete(self.reconcile_quota)
         rt.add_leader_task(self.run_leader)
         rt.routes.extend(allocation_handlers(self))
         if self.settings.leader_elect:
             rt.readiness.set(CONDITION, True, "standby: not the leader")
         else:
-            rt.readiness.set(CONDITION, False, "waiting to recover the allocations")
+            rt.readiness.set(CONDITION, False, "leader: waiting for the informers to sync")
         return self
 
     @property
@@ -254,7 +262,7 @@ class AllocatorService:
                      len(self.recovered), len(self.skipped), len(allocator.gpu_names()),
                      len(allocator.dirty_gpus()))
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._sync_loop)
+                tg.start_soon(self._flush_loop)
                 tg.start_soon(self._sweep_loop)
         finally:
             self._end_term()
@@ -295,6 +303,7 @@ class AllocatorService:
             self._apply_quota(allocator, quota)
         entries: list[tuple[AllocRequest, tuple[str, ...]]] = []
         skipped: list[tuple[str, str]] = []
+        pods_by_uid: dict[str, Obj] = {}
         self._waiting.clear()
         for pod in rt.informer(r.PODS).list():
             if not is_live_worker(pod):
@@ -303,7 +312,9 @@ class AllocatorService:
                 req, gpus = worker_request(pod, allocator)
             except RequestError as exc:
                 skipped.append((_pod_ref(pod), str(exc)))
+                self.runtime.events.warning(pod, "AllocationNotRecovered", f"cannot read the GPUs it holds: {exc}")
                 continue
+            pods_by_uid[req.pod_uid] = pod
             if not all(knows_gpu(allocator, g) for g in gpus):
                 self._waiting[req.pod_uid] = pod
                 skipped.append((_pod_ref(pod), f"unknown GPU(s) in {list(gpus)}; adopted when they appear"))
@@ -312,28 +323,22 @@ class AllocatorService:
         names = {req.pod_uid: f"{req.namespace}/{req.pod_name}" for req, _ in entries}
         for uid, reason in allocator.restore(entries):
             skipped.append((names.get(uid, uid), reason))
+            self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
         for pod_ref, reason in skipped:
             log.warning("recovery: cannot restore the allocation of pod %s: %s", pod_ref, reason)
         self.recovered = sorted(uid for uid in names if allocator.has_allocation(uid))
         self.skipped = skipped
         self.metrics.allocations.labels("restored").inc(len(self.recovered))
         self.metrics.allocations.labels("failed").inc(len(skipped))
-        # write back only what differs from what the API already holds
-        allocator.take_dirty()
-        changed = []
-        for name in allocator.gpu_names():
-            cached = gpu_cache.get(name)
-            status = (cached or {}).get("status") or {}
-            wanted = allocator.gpu_status(name)
-            if status.get("available") != wanted["available"] or \
-                    (status.get("runningApps") or []) != wanted["runningApps"]:
-                changed.append(name)
-        allocator.mark_dirty(changed)
+        allocator.take_dirty()  # the reconcilers compare every GPU with the ledger when the term starts
+        allocator.take_dirty_quotas()
         return allocator
 
     # --- feeding --------------------------------------------------------------------------------
 
     def _apply_gpu(self, allocator: GpuAllocator, obj: Obj) -> None:
+        """Feed one cached GPU to the allocator. An unreadable object is skipped with a log line;
+        an AllocatorError propagates (the GPU reconciler reports it and retries)."""
         if not (obj.get("status") or {}).get("capacity"):
             # The hypervisor creates a GPU, then reports its status in a second write: nothing to use yet.
             log.debug("GPU %s has no reported capacity yet", _meta(obj).get("name"))
@@ -342,26 +347,18 @@ class AllocatorService:
             allocator.upsert_gpu(gpu_from_object(obj))
         except GpuObjectError as exc:
             log.warning("ignoring GPU %s: %s", _meta(obj).get("name"), exc)
-        except AllocatorError as exc:
-            log.error("cannot apply GPU %s: %s", _meta(obj).get("name"), exc)
+            self.runtime.events.warning(obj, "InvalidGPU", f"ignored by the allocator: {exc}")
 
-    def _on_gpu(self, obj: Obj) -> None:
-        allocator = self._allocator
-        if allocator is None:
-            return
-        self._apply_gpu(allocator, obj)
-        name = str(_meta(obj).get("name"))
+    def _adopt_waiting_for(self, allocator: GpuAllocator, name: str) -> None:
+        """Workers that named GPU `name` before it existed are adopted now that it does."""
         for pod in list(self._waiting.values()):
             notes = _meta(pod).get("annotations") or {}
-            if name in (part.strip().lower() for part in str(notes.get(tfa.GPU_IDS, "")).split(",")):
+            try:
+                names = tfa.parse_gpu_ids(str(notes.get(tfa.GPU_IDS, "")), key=tfa.GPU_IDS)
+            except AnnotationError:
+                continue
+            if name in names:
                 self._adopt(allocator, pod)
-
-    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
-        self._on_gpu(new)
-
-    def _on_gpu_delete(self, obj: Obj) -> None:
-        if self._allocator is not None:
-            self._allocator.remove_gpu(str(_meta(obj).get("name")))
 
     def _apply_quota(self, allocator: GpuAllocator, obj: Obj) -> None:
         try:
@@ -473,6 +470,7 @@ class AllocatorService:
         except RequestError as exc:
             self._waiting.pop(uid, None)
             log.warning("pod %s holds GPUs the allocator cannot read: %s", _pod_ref(pod), exc)
+            self.runtime.events.warning(pod, "AllocationNotAdopted", f"cannot read the GPUs it holds: {exc}")
             return
         if not all(knows_gpu(allocator, g) for g in names):
             if uid not in self._waiting:
@@ -484,6 +482,7 @@ class AllocatorService:
         skipped = allocator.restore([(req, names)])
         if skipped:
             log.warning("pod %s: cannot adopt its allocation: %s", _pod_ref(pod), skipped[0][1])
+            self.runtime.events.warning(pod, "AllocationNotAdopted", skipped[0][1])
             self.metrics.allocations.labels("failed").inc()
         else:
             log.info("adopted the allocation of pod %s on %s", _pod_ref(pod), ",".join(names))
@@ -497,59 +496,82 @@ class AllocatorService:
             self.metrics.releases.labels(reason).inc()
             log.info("released the allocation of pod %s (%s)", uid, reason)
 
-    # --- persistence ----------------------------------------------------------------------------
+    # --- the reconcilers ------------------------------------------------------------------------
 
     @property
     def client(self) -> KubeClient:
         return self.runtime.client
 
-    async def _sync_loop(self) -> None:
-        while True:
-            try:
-                await self.sync_once()
-            except Exception:  # a bug must not end leadership; the next round retries
-                log.exception("allocator status sync failed")
-            await anyio.sleep(self.settings.sync_interval)
-
-    async def sync_once(self) -> None:
-        """Write dirty GPUs, then their GPUNodes' last-sync, then dirty quotas."""
+    def flush(self) -> None:
+        """Hand the GPUs and quotas the allocator changed to their reconcilers; each writes after
+        --sync-interval, so a burst of changes to one object becomes one write."""
         allocator = self._allocator
         if allocator is None:
             return
-        started = time.monotonic()
-        dirty = sorted(allocator.take_dirty())
-        gpu_nodes: set[str] = set()
-        failed: list[str] = []
-        limiter = anyio.Semaphore(WRITE_CONCURRENCY)
+        delay = self.settings.sync_interval
+        if self.gpu_status is not None:
+            for name in allocator.take_dirty():
+                self.gpu_status.enqueue_after(name, delay)
+        if self.quota_status is not None:
+            for namespace in allocator.take_dirty_quotas():
+                quota = self._quota_names.get(namespace)
+                if quota is not None:
+                    self.quota_status.enqueue_after(f"{namespace}/{quota}", delay)
 
-        async def write(name: str) -> None:
-            async with limiter:
-                try:
-                    node = await self._write_gpu(allocator, name)
-                except KubeError as exc:
-                    log.warning("cannot write the status of GPU %s: %s; retrying next sync", name, exc)
-                    self.metrics.writes.labels("gpu", "error").inc()
-                    failed.append(name)
-                    return
-                if node:
-                    gpu_nodes.add(node)
+    async def _flush_loop(self) -> None:
+        while True:
+            self.flush()
+            await self.runtime.manager.clock.sleep(FLUSH_INTERVAL_S)
 
-        async with anyio.create_task_group() as tg:
-            for name in dirty:
-                tg.start_soon(write, name)
-        allocator.mark_dirty(failed)
-        if dirty:
-            await self._touch_gpu_nodes(sorted(gpu_nodes))
-        quotas = allocator.take_dirty_quotas() | self._quota_retry
-        self._quota_retry = set()
-        for namespace in sorted(quotas):
+    async def reconcile_gpu(self, name: str) -> Result | None:
+        """Level-triggered: the allocator knows the cached GPU, and the GPU's status says what the
+        ledger says."""
+        allocator = await self.wait_ready()
+        if allocator is None:
+            return None
+        cached = self.runtime.informer(r.GPUS).get(name)
+        if cached is None:
+            allocator.remove_gpu(name)
+            return None
+        try:
+            self._apply_gpu(allocator, cached)
+        except AllocatorError as exc:
+            self.runtime.events.warning(cached, "GPUNotApplied", str(exc))
+            raise
+        self._adopt_waiting_for(allocator, name)
+        if not knows_gpu(allocator, name) or _status_matches(cached, allocator.gpu_status(name)):
+            return None
+        try:
+            node = await self._write_gpu(allocator, name)
+        except KubeError as exc:
+            self.metrics.writes.labels("gpu", "error").inc()
+            log.warning("cannot write the status of GPU %s: %s; retrying", name, exc)
+            raise
+        if node:
+            await self._touch_gpu_node(node)
+        return None
+
+    async def reconcile_quota(self, key: str) -> Result | None:
+        allocator = await self.wait_ready()
+        if allocator is None:
+            return None
+        namespace, _, name = key.partition("/")
+        cached = self.runtime.informer(r.GPURESOURCEQUOTAS).get(key)
+        if cached is None:
+            if self._quota_names.get(namespace) == name:
+                allocator.remove_quota(namespace)
+                del self._quota_names[namespace]
+            return None
+        if self._quota_names.get(namespace) != name:
+            self._apply_quota(allocator, cached)
+        if self._quota_names.get(namespace) == name:
             try:
-                await self._write_quota(allocator, namespace)
+                await self._write_quota(allocator, namespace, cached)
             except KubeError as exc:
-                log.warning("cannot write the status of the GPUResourceQuota in %s: %s", namespace, exc)
                 self.metrics.writes.labels("quota", "error").inc()
-                self._quota_retry.add(namespace)
-        self.metrics.sync_duration.observe(time.monotonic() - started)
+                log.warning("cannot write the status of GPUResourceQuota %s: %s; retrying", key, exc)
+                raise
+        return None
 
     async def _write_gpu(self, allocator: GpuAllocator, name: str) -> str | None:
         """GET + PUT status, retried on conflict. Returns the GPU's GPUNode, None if nothing written."""
@@ -581,24 +603,30 @@ class AllocatorService:
                         "message": f"GPU {name} changed {STATUS_WRITE_ATTEMPTS} times while its status "
                                    "was being written"})
 
-    async def _touch_gpu_nodes(self, nodes: Iterable[str]) -> None:
-        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
-        for node in nodes:
-            try:
-                await self.client.patch(r.GPUNODES, node, patch)
-                self.metrics.writes.labels("gpunode", "ok").inc()
-            except NotFound:
-                pass  # GPUs reported before their GPUNode exists
-            except KubeError as exc:
-                log.warning("cannot annotate GPUNode %s with %s: %s", node, tfa.LAST_SYNC, exc)
-                self.metrics.writes.labels("gpunode", "error").inc()
-
-    async def _write_quota(self, allocator: GpuAllocator, namespace: str) -> None:
-        name = self._quota_names.get(namespace)
-        if name is None:
+    async def _touch_gpu_node(self, node: str) -> None:
+        clock = self.runtime.manager.clock
+        if clock.now() - self._last_sync.get(node, float("-inf")) < LAST_SYNC_MIN_INTERVAL_S:
             return
-        cached = self.runtime.informer(r.GPURESOURCEQUOTAS).get(f"{namespace}/{name}") or {}
+        self._last_sync[node] = clock.now()
+        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
+        try:
+            await self.client.patch(r.GPUNODES, node, patch)
+            self.metrics.writes.labels("gpunode", "ok").inc()
+        except NotFound:
+            pass  # GPUs reported before their GPUNode exists
+        except KubeError as exc:
+            log.warning("cannot annotate GPUNode %s with %s: %s", node, tfa.LAST_SYNC, exc)
+            self.metrics.writes.labels("gpunode", "error").inc()
+
+    async def _write_quota(self, allocator: GpuAllocator, namespace: str, cached: Obj) -> None:
+        """Write the quota's status when the ledger's differs from the cached one."""
+        name = str(_meta(cached).get("name"))
         body = allocator.quota_status(namespace)
+        old_status = cached.get("status") or {}
+        if old_status.get("used") == body["used"] and old_status.get("availablePercent") == \
+                body["availablePercent"] and _condition_statuses(old_status.get("conditions")) == \
+                _condition_statuses(body["conditions"]):
+            return
         now = tfa.now_rfc3339()
         old_conditions = (cached.get("status") or {}).get("conditions") or []
         conditions = []
@@ -661,6 +689,17 @@ class AllocatorService:
             log.info("orphan sweep: assumed allocation of pod %s expired", uid)
             gone.append(uid)
         return gone
+
+
+def _status_matches(gpu: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    status = gpu.get("status") or {}
+    return bool(status.get("available") == wanted["available"]
+                and (status.get("runningApps") or []) == wanted["runningApps"])
+
+
+def _condition_statuses(conditions: Any) -> list[tuple[Any, Any, Any, Any]]:
+    return [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+            for c in conditions or [] if isinstance(c, Mapping)]
 
 
 def _pod_alive(pod: Mapping[str, Any], uid: str) -> bool:

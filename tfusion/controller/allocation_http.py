@@ -10,68 +10,130 @@
   `tensor-fusion-scheduler` (as the original); otherwise `simulate_schedule`'s answer. Nothing is
   reserved or changed. A follower answers 503: only the leader holds the GPU state.
 Both answer 503 when this replica leads but its recovery has not finished in time.
+
+The bodies are msgspec Structs so that the OpenAPI document describes them; their inner objects
+stay free-form maps because `allocation_view` and `simulate` own that JSON. Their field names are
+the wire keys, hence camelCase; `forbid_unknown_fields` makes a key they add fail loudly in tests
+instead of vanishing from the answer.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from litestar import Request, Response, get, post
+import msgspec
+from litestar import Request, get, post
 
 from tfusion.controller import allocation_view
 from tfusion.controller.scheduling.simulate import (
     FRAMEWORK_NOT_FOUND,
+    POD_MANIFEST_MAX_BYTES,
     SCHEDULER_NAME,
     ManifestError,
     read_pod_manifest,
     simulate_schedule,
 )
+from tfusion.kube import resources as r
+from tfusion.web import ErrorBody, HttpError, decode_body, error_responses, raw_body
 
 if TYPE_CHECKING:
     from tfusion.allocator import GpuAllocator
     from tfusion.controller.allocation import AllocatorService
 
-EMPTY_VIEW: dict[str, Any] = {"gpuStore": {}, "nodeWorkerStore": {}, "allocation": {}, "gpuToWorkerMap": {}}
 NOT_LEADER = ("this controller replica is not the leader and holds no GPU state; ask the leader "
               "(its address is in the ConfigMap tensor-fusion-operator-leader-info)")
 RECOVERING = "the allocator is still recovering the allocations from the worker pods; retry shortly"
+POD_MEDIA_TYPES = ("application/json", "application/yaml", "application/x-yaml", "text/yaml")
 
 
-def _error(status: int, message: str) -> Response[dict[str, Any]]:
-    return Response({"error": message}, status_code=status)
+def _described(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
 
 
-async def _leader_allocator(service: AllocatorService) -> tuple[GpuAllocator | None, Response[dict[str, Any]] | None]:
+class AllocationView(msgspec.Struct, forbid_unknown_fields=True):
+    """The allocator's state as the original's `/api/allocation` shows it (committed allocations)."""
+
+    gpuStore: Annotated[dict[str, dict[str, Any]], _described(
+        "GPU name -> the GPU object (apiVersion, kind, metadata, status) as the allocator sees it")]
+    nodeWorkerStore: Annotated[dict[str, dict[str, bool]], _described(
+        "node name -> {\"<namespace>/<pod>\": true} for each worker pod placed there")]
+    allocation: Annotated[dict[str, dict[str, Any]], _described(
+        "pod UID -> its allocation request with the original's Go field names (PoolName, Request, "
+        "Limit, GPUNames, PodMeta, QoS, Isolation, ...)")]
+    gpuToWorkerMap: Annotated[dict[str, list[dict[str, Any]]], _described(
+        "GPU name -> [{request, limit, podName, podUID, namespace}] of the workers on it")]
+
+
+EMPTY_VIEW = AllocationView(gpuStore={}, nodeWorkerStore={}, allocation={}, gpuToWorkerMap={})
+
+
+class SimulateScheduleResult(msgspec.Struct, forbid_unknown_fields=True):
+    """What the GPU filters and scores decided for the Pod; nothing was reserved."""
+
+    scheduleResult: Annotated[dict[str, Any], _described(
+        "SuggestedHost, EvaluatedNodes and FeasibleNodes")]
+    filterDetail: Annotated[dict[str, Any], _described(
+        "FilterStageDetails: each filter stage and the GPUs it kept or dropped, with reasons")]
+    error: Annotated[dict[str, Any] | None, _described(
+        "Why the Pod does not fit (null when it fits)")]
+    cycleState: Annotated[Any, _described("Always null (kept for the original's shape)")]
+    gpuSchedulerState: Annotated[dict[str, Any], _described(
+        "NodeGPUs, NodeScores, FinalGPUs and the pool's ScoringStrategy")]
+    progressiveNodeNames: Annotated[list[str] | None, _described(
+        "Always null (kept for the original's shape)")]
+
+
+class PodManifest(msgspec.Struct):
+    """A Pod as `kubectl get pod NAME -o yaml` (or `-o json`) prints it; only `spec` is required."""
+
+    spec: Annotated[dict[str, Any], _described(
+        "The Pod's spec; `schedulerName` must be tensor-fusion-scheduler")]
+    apiVersion: str = "v1"
+    kind: str = "Pod"
+    metadata: Annotated[dict[str, Any], _described(
+        "name, namespace and the tensor-fusion.ai annotations that ask for GPUs")] = msgspec.field(
+            default_factory=dict)
+
+
+async def _leader_allocator(service: AllocatorService) -> GpuAllocator | None:
     try:
-        return await service.wait_ready(), None
+        return await service.wait_ready()
     except TimeoutError:
-        return None, _error(503, RECOVERING)
+        raise HttpError(503, RECOVERING) from None
 
 
 def allocation_handlers(service: AllocatorService) -> list[Any]:
-    @get("/api/allocation", summary="The GPU allocator's state (leader)")
-    async def api_allocation() -> Response[dict[str, Any]]:
-        allocator, failure = await _leader_allocator(service)
-        if failure is not None:
-            return failure
+    @get("/api/allocation", summary="The GPU allocator's state (leader)",
+         responses=error_responses({503: "This replica leads but has not recovered the allocations yet"}))
+    async def api_allocation() -> AllocationView:
+        allocator = await _leader_allocator(service)
         if allocator is None:
-            return Response(EMPTY_VIEW, status_code=200)
-        return Response(allocation_view.build(allocator), status_code=200)
+            return EMPTY_VIEW
+        gpus, pods = service.runtime.informer(r.GPUS), service.runtime.informer(r.PODS)
+        view = allocation_view.build(allocator, gpu_object=gpus.get,
+                                     pod_object=lambda namespace, name: pods.get(f"{namespace}/{name}"))
+        return msgspec.convert(view, AllocationView)
 
-    @post("/api/simulate-schedule", summary="Filter and score a Pod without reserving anything")
-    async def api_simulate_schedule(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    @post("/api/simulate-schedule", summary="Filter and score a Pod without reserving anything", status_code=200,
+          request_max_body_size=POD_MANIFEST_MAX_BYTES, responses=error_responses({
+              400: "The body is not a readable Pod manifest, or its GPU annotations are invalid",
+              500: f"`spec.schedulerName` is not {SCHEDULER_NAME}: {FRAMEWORK_NOT_FOUND} (as the original)",
+              503: "This replica is not the leader, or has not recovered the allocations yet"}),
+          **raw_body(PodManifest, POD_MEDIA_TYPES,
+                     description="A Pod manifest in JSON or YAML (any Content-Type; JSON is tried first)"))
+    async def api_simulate_schedule(request: Request[Any, Any, Any]) -> SimulateScheduleResult:
         try:
-            pod = read_pod_manifest(await request.body())
+            pod = await decode_body(request, read_pod_manifest)
         except ManifestError as exc:
-            return _error(400, str(exc))
+            raise HttpError(400, str(exc)) from None
         if pod["spec"].get("schedulerName") != SCHEDULER_NAME:
-            return _error(500, FRAMEWORK_NOT_FOUND)
-        allocator, failure = await _leader_allocator(service)
-        if failure is not None:
-            return failure
+            raise HttpError(500, FRAMEWORK_NOT_FOUND)
+        allocator = await _leader_allocator(service)
         if allocator is None:
-            return _error(503, NOT_LEADER)
-        status, body = simulate_schedule(allocator, pod)
-        return Response(body, status_code=status)
+            raise HttpError(503, NOT_LEADER)
+        status, body = simulate_schedule(allocator, pod, pools=service.runtime.informer(r.GPUPOOLS).list())
+        if status != 200:
+            raise HttpError(status, msgspec.convert(body, ErrorBody))
+        return msgspec.convert(body, SimulateScheduleResult)
 
     return [api_allocation, api_simulate_schedule]

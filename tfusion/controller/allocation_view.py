@@ -1,11 +1,20 @@
 """`GET /api/allocation`: the allocator's state as the original's diagnostic JSON.
 
-Pure: `build(allocator)` returns `{gpuStore, nodeWorkerStore, allocation, gpuToWorkerMap}`:
-- gpuStore: GPU name -> a GPU object (metadata and status: capacity, available, runningApps ...);
+Pure: `build(allocator, gpu_object=..., pod_object=...)` returns
+`{gpuStore, nodeWorkerStore, allocation, gpuToWorkerMap}`:
+- gpuStore: GPU name -> the whole GPU object (metadata and every status field the hypervisor
+  reported: uuid, message, isolationPolicy, model, topology, nvLink, ...) with the allocator's live
+  `status.available` and `status.runningApps` laid over it. The allocator keeps no objects, so the
+  caller passes `gpu_object` (GPU name -> cached object); a GPU the cache lacks is described from
+  what the allocator knows;
 - nodeWorkerStore: node -> {"<namespace>/<pod>": true};
 - allocation: pod UID -> the allocation request with the original's Go field names (PoolName,
-  Request, Limit, GPUNames, PodMeta{name, namespace, uid}, ...);
+  Request, Limit, GPUNames, PodMeta, ...). PodMeta keeps what the original keeps of the pod's
+  metadata (name, namespace, uid, resourceVersion, generation, labels, annotations,
+  ownerReferences), taken from `pod_object` ((namespace, name) -> cached pod) when the cached pod is
+  the allocated one (same uid);
 - gpuToWorkerMap: GPU name -> [{request, limit, podName, podUID, namespace}].
+Every Resource here carries `tflops`, `compute` and `vram`, as the original's struct always does.
 Committed allocations only, as the original (assumed reservations are scheduler-internal).
 Fixed on purpose: upstream keyed gpuStore by `NamespacedName.String()`, i.e. "/<name>" for these
 cluster-scoped objects; here every GPU key is the plain GPU name, as in gpuToWorkerMap.
@@ -13,17 +22,30 @@ cluster-scoped objects; here every GPU key is the plain GPU name, as in gpuToWor
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tfusion.allocator import GpuAllocator
-from tfusion.allocator.allocator import resource_json
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator import AllocationInfo, GpuAllocator, Resources
+from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
+GpuLookup = Callable[[str], dict[str, Any] | None]
+PodLookup = Callable[[str, str], dict[str, Any] | None]
 
-def _gpu_object(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+#: the pod metadata fields the original keeps in PodMeta
+POD_META_FIELDS = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
+                   "ownerReferences")
+
+
+def resource_view(res: Resources) -> dict[str, str]:
+    """A Resource as the original serialises it: all three quantities, zero included."""
+    return {"tflops": tflops_str(res.tflops), "compute": percent_str(res.percent), "vram": vram_str(res.vram)}
+
+
+def _described_gpu(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+    """A GPU object from the allocator's own record, for a GPU the caller's cache does not hold."""
     info = allocator.gpu_info(name)
-    status = allocator.gpu_status(name)
     return {
         "apiVersion": "tensor-fusion.ai/v1",
         "kind": "GPU",
@@ -35,44 +57,75 @@ def _gpu_object(allocator: GpuAllocator, name: str) -> dict[str, Any]:
             "usedBy": info.used_by,
             "index": info.index,
             "numaNode": info.numa,
-            "isolationMode": info.isolation_mode or "soft",
+            "isolationMode": info.isolation_mode or tfa.DEFAULT_ISOLATION,
+            "isolationPolicy": info.isolation_policy,
             "nodeSelector": {tfa.HOSTNAME_LABEL: info.node},
             "capacity": {"tflops": tflops_str(info.capacity_tflops), "vram": vram_str(info.capacity_vram)},
-            "available": status["available"],
-            "runningApps": status["runningApps"],
         },
     }
 
 
-def build(allocator: GpuAllocator) -> dict[str, Any]:
-    """The `/api/allocation` response body."""
+def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> dict[str, Any]:
+    cached = gpu_object(name)
+    # cached informer objects are shared with every reader: never modify them
+    gpu = copy.deepcopy(cached) if cached is not None else _described_gpu(allocator, name)
+    live = allocator.gpu_status(name)
+    status = gpu.get("status")
+    if not isinstance(status, dict):
+        status = gpu["status"] = {}
+    status["available"] = live["available"]
+    status["runningApps"] = live["runningApps"]
+    return gpu
+
+
+def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+    req = info.request
+    meta: dict[str, Any] = {"name": req.pod_name, "namespace": req.namespace, "uid": uid}
+    pod = pod_object(req.namespace, req.pod_name)
+    cached = pod.get("metadata") if pod is not None else None
+    if not isinstance(cached, Mapping) or cached.get("uid") != uid:
+        return meta  # not cached, or a newer pod of the same name
+    for field in POD_META_FIELDS:
+        value = cached.get(field)
+        if value not in (None, "", 0, {}, []):
+            meta[field] = copy.deepcopy(value)
+    return meta
+
+
+def _allocation_view(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+    req = info.request
+    return {
+        "PoolName": req.pool,
+        "WorkloadNameNamespace": {"name": req.workload[1], "namespace": req.workload[0]},
+        "Request": resource_view(req.request),
+        "Limit": resource_view(req.limit),
+        "GPUIndices": list(req.indices) or None,
+        "Count": req.count,
+        "GPUModel": req.gpu_model,
+        "GPUVendor": req.vendor,
+        "NodeAffinity": None,
+        "GPUNames": list(info.gpu_names),
+        "PodMeta": _pod_meta(info, uid, pod_object),
+        "QoS": req.qos,
+        "Isolation": req.isolation,
+        "PartitionTemplateID": req.partition_template,
+    }
+
+
+def build(allocator: GpuAllocator, *, gpu_object: GpuLookup, pod_object: PodLookup) -> dict[str, Any]:
+    """The `/api/allocation` response body (see the module docstring for the lookups)."""
     allocations = allocator.allocations(committed_only=True)
-    gpu_store = {name: _gpu_object(allocator, name) for name in allocator.gpu_names()}
+    gpu_store = {name: _gpu_view(allocator, name, gpu_object) for name in allocator.gpu_names()}
     node_workers: dict[str, dict[str, bool]] = {}
     allocation: dict[str, Any] = {}
     gpu_to_worker: dict[str, list[dict[str, Any]]] = {}
     for uid, info in allocations.items():
         req = info.request
         node_workers.setdefault(info.node, {})[f"{req.namespace}/{req.pod_name}"] = True
-        allocation[uid] = {
-            "PoolName": req.pool,
-            "WorkloadNameNamespace": {"name": req.workload[1], "namespace": req.workload[0]},
-            "Request": resource_json(req.request),
-            "Limit": resource_json(req.limit),
-            "GPUIndices": list(req.indices) or None,
-            "Count": req.count,
-            "GPUModel": req.gpu_model,
-            "GPUVendor": req.vendor,
-            "NodeAffinity": None,
-            "GPUNames": list(info.gpu_names),
-            "PodMeta": {"name": req.pod_name, "namespace": req.namespace, "uid": uid},
-            "QoS": req.qos,
-            "Isolation": req.isolation,
-            "PartitionTemplateID": req.partition_template,
-        }
+        allocation[uid] = _allocation_view(info, uid, pod_object)
         for gpu in info.gpu_names:
             gpu_to_worker.setdefault(gpu, []).append({
-                "request": resource_json(req.request), "limit": resource_json(req.limit),
+                "request": resource_view(req.request), "limit": resource_view(req.limit),
                 "podName": req.pod_name, "podUID": uid, "namespace": req.namespace,
             })
     return {

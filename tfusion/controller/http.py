@@ -7,16 +7,24 @@ modules that own those services.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 from litestar import get
 
 from tfusion.controller.dynamic_config import DynamicConfig
 
 
+class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
+    """The dynamic config now in force."""
+
+    config: Annotated[dict[str, Any], msgspec.Meta(
+        description="The dynamic config file's content, with its camelCase keys (metricsTTL, alertRules, ...)")]
+
+
 def config_handlers(config: DynamicConfig) -> list[Any]:
     @get("/api/config", sync_to_thread=False, summary="The controller's dynamic config")
-    def api_config() -> dict[str, Any]:
-        return {"config": config.current}
+    def api_config() -> ConfigBody:
+        return ConfigBody(config=config.current)
 
     return [api_config]

@@ -32,17 +32,18 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
-from prometheus_client import CollectorRegistry
 
 from tfusion import __version__
 from tfusion.api.annotations import now_rfc3339
+from tfusion.api.quantity import Quantity
 from tfusion.embedded.devices import DevicePlan
 from tfusion.embedded.gpunode import GpuNodeStandIn
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
-from tfusion.kube.informer import Informer
+from tfusion.kube.informer import node_name_index
 from tfusion.kube.leader import micro_time
-from tfusion.kube.workqueue import Controller, Result
+from tfusion.kube.manager import Manager
+from tfusion.kube.reconciler import Result
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ def _disk_kib() -> int:
         return 0
 
 
+def _kib_quantity(kib: int) -> str:
+    """KiB in the canonical form Kubernetes prints ("24684084Ki", but "16Gi" and "0")."""
+    return str(Quantity.from_int(kib * 1024, "BinarySI"))
+
+
 def _arch() -> str:
     machine = platform.machine().lower()
     return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(machine, machine or "unknown")
@@ -102,8 +108,8 @@ def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
 def node_status(node_name: str, old: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged)."""
     cpu = str(os.cpu_count() or 1)
-    resources = {"cpu": cpu, "memory": f"{_memory_kib()}Ki", "pods": MAX_PODS,
-                 "ephemeral-storage": f"{_disk_kib()}Ki"}
+    resources = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
+                 "ephemeral-storage": _kib_quantity(_disk_kib())}
     now = now_rfc3339()
     previous = {c.get("type"): c for c in (old or {}).get("conditions") or []}
 
@@ -220,18 +226,20 @@ def _is_running(pod: dict[str, Any]) -> bool:
 class SimulatedKubelet:
     """Registers one Node and plays its kubelet (see the module docstring)."""
 
-    def __init__(self, client: KubeClient, node_name: str, plan: DevicePlan, *, vendor: str = "NVIDIA",
+    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan, *, vendor: str = "NVIDIA",
                  hypervisor_url: str | None = None) -> None:
-        self.client = client
+        self.client: KubeClient = manager.client
         self.node_name = node_name
         self.plan = plan
         self.node: dict[str, Any] = {}
-        self.pods = Informer(client, r.PODS, field_selector=f"spec.nodeName={node_name}",
-                             registry=CollectorRegistry())
-        self.controller = Controller(f"simulated-kubelet {node_name}", self.reconcile_pod, workers=2,
-                                     registry=CollectorRegistry())
-        self.controller.watch(self.pods)
-        self.gpunode = GpuNodeStandIn(client, node_name, vendor=vendor, hypervisor_url=hypervisor_url)
+        # the shared pod informer (in --role=all it holds every pod: reconcile_pod keeps to this node's)
+        self.controller = manager.controller("simulated-kubelet").for_(
+            r.PODS, field_selector=f"spec.nodeName={node_name}").with_workers(2).on_every_replica() \
+            .complete(self.reconcile_pod)
+        assert self.controller.primary is not None
+        self.pods = self.controller.primary
+        self.pods.add_index("node", node_name_index)
+        self.gpunode = GpuNodeStandIn(self.client, node_name, vendor=vendor, hypervisor_url=hypervisor_url)
 
     # --- node and lease ---------------------------------------------------------------------------
 
@@ -302,7 +310,7 @@ class SimulatedKubelet:
 
     async def reconcile_pod(self, key: str) -> Result | None:
         pod = self.pods.get(key)
-        if pod is None:
+        if pod is None or (pod.get("spec") or {}).get("nodeName") != self.node_name:
             return None
         try:
             if pod["metadata"].get("deletionTimestamp"):
@@ -342,7 +350,5 @@ class SimulatedKubelet:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._every, LEASE_RENEW_S, "lease renewal", self.renew_lease)
             tg.start_soon(self._every, STATUS_REPORT_S, "node status", self.report_status)
-            await tg.start(self.pods.run)
-            await tg.start(self.controller.run)
             tg.start_soon(self.gpunode.run, lambda: self.node)
             task_status.started(node)

@@ -24,7 +24,8 @@ from tfusion.embedded.defaults import DefaultsError
 from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.errors import RoleError
-from tfusion.kube.client import KubeClient, KubeError
+from tfusion.kube.client import KubeError
+from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,37 +40,29 @@ class StageInfo:
     pool: str | None
 
 
-async def run(settings: Settings, plan: DevicePlan, *, bootstrap_server: bool,
+async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstrap_server: bool,
               task_status: TaskStatus[StageInfo] = anyio.TASK_STATUS_IGNORED) -> None:
-    """`settings.kube` is the kubeconfig to use; `bootstrap_server` says it is our embedded server."""
-    try:
-        # An explicit namespace gives this stage its own kr8s Api (kr8s shares one per argument set
-        # and loop), so the other roles closing theirs at shutdown does not cut the kubelet's watch.
-        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or "default")
-    except (ValueError, KubeError) as exc:
-        raise RoleError(f"embedded bootstrap: cannot reach the API server: {exc}") from None
-    try:
-        report = None
-        if bootstrap_server:
-            try:
-                report = await bootstrap(client, settings)
-            except (CrdInstallError, DefaultsError, KubeError) as exc:
-                raise RoleError(f"embedded bootstrap failed: {exc}") from None
-        if not settings.runs_simulated_kubelet:
-            task_status.started(StageInfo(report, None, None))
-            await anyio.sleep_forever()
-        port = settings.hypervisor_port
-        kubelet = SimulatedKubelet(client, settings.resolved_node_name, plan, vendor=settings.vendor,
-                                   hypervisor_url=f"http://127.0.0.1:{port}" if port else None)
-        async with anyio.create_task_group() as tg:
-            try:
-                node = await tg.start(kubelet.run)
-            except KubeError as exc:
-                raise RoleError(f"simulated kubelet: registering node {kubelet.node_name} failed: {exc}") from None
-            task_status.started(StageInfo(report, node, kubelet.gpunode.pool))
-    finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-            await client.close()
+    """`bootstrap_server` says the Manager's API server is our embedded one. The simulated
+    kubelet registers its pod controller with the Manager, which runs it."""
+    client = manager.client
+    report = None
+    if bootstrap_server:
+        try:
+            report = await bootstrap(client, settings)
+        except (CrdInstallError, DefaultsError, KubeError) as exc:
+            raise RoleError(f"embedded bootstrap failed: {exc}") from None
+    if not settings.runs_simulated_kubelet:
+        task_status.started(StageInfo(report, None, None))
+        await anyio.sleep_forever()
+    port = settings.hypervisor_port
+    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, vendor=settings.vendor,
+                               hypervisor_url=f"http://127.0.0.1:{port}" if port else None)
+    async with anyio.create_task_group() as tg:
+        try:
+            node = await tg.start(kubelet.run)
+        except KubeError as exc:
+            raise RoleError(f"simulated kubelet: registering node {kubelet.node_name} failed: {exc}") from None
+        task_status.started(StageInfo(report, node, kubelet.gpunode.pool))
 
 
 @dataclass
@@ -89,7 +82,8 @@ class Stage:
         print(startup_summary(self.settings, started, self.plan, self.info), flush=True)
 
 
-async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], embedded: bool) -> Stage:
+async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], embedded: bool,
+                       manager: Manager) -> Stage:
     """Decide the devices and start the embedded stage in `tg` where this process needs them.
     `embedded`: the API server is our embedded one (settings.kube already points at its kubeconfig)."""
     wants_stage = embedded or settings.runs_simulated_kubelet
@@ -108,10 +102,10 @@ async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], e
     settings = settings.replace(devices=plan.spec)
     if not wants_stage:
         return Stage(settings, plan)
-    info = await tg.start(_run_stage, settings, plan, embedded)
+    info = await tg.start(_run_stage, settings, plan, manager, embedded)
     return Stage(settings, plan, info)
 
 
-async def _run_stage(settings: Settings, plan: DevicePlan, embedded: bool, *,
+async def _run_stage(settings: Settings, plan: DevicePlan, manager: Manager, embedded: bool, *,
                      task_status: TaskStatus[StageInfo] = anyio.TASK_STATUS_IGNORED) -> None:
-    await run(settings, plan, bootstrap_server=embedded, task_status=task_status)
+    await run(settings, plan, manager, bootstrap_server=embedded, task_status=task_status)

@@ -1,5 +1,8 @@
 """The startup summary `tfusion --role=all` prints once everything serves: where each role listens,
-the kubeconfig, the GPUs, and what to try next. Written for someone on their first run."""
+the kubeconfig, the GPUs, and what to try next. Written for someone on their first run.
+
+Each listener line gives a URL to try and the address the socket is really bound to, so that a
+listener open beyond loopback is visible at a glance ("all interfaces")."""
 
 from __future__ import annotations
 
@@ -11,13 +14,24 @@ import yaml
 
 from tfusion.embedded.devices import DevicePlan
 from tfusion.embedded.stage import StageInfo
-from tfusion.settings import Settings
+from tfusion.settings import Settings, format_listen, is_loopback
+
+_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def _display_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
+    """A host to put in a URL to try: loopback for a wildcard bind."""
+    if host in _WILDCARDS:
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
+
+
+def _bound(host: str, port: int) -> str:
+    """What the socket is bound to, in words."""
+    where = format_listen(host or "0.0.0.0", port)
+    if host in _WILDCARDS:
+        return f"bound to {where}, all interfaces"
+    return f"bound to {where}, loopback only" if is_loopback(host) else f"bound to {where}"
 
 
 def _server_url(kubeconfig: Path) -> str:
@@ -42,10 +56,16 @@ def startup_summary(settings: Settings, started: dict[str, Any], plan: DevicePla
     if runtime is not None and getattr(runtime, "address", None):
         host, port = runtime.address
         controller_url = f"http://{_display_host(host)}:{port}"
-        lines.append(f"  controller   {controller_url}  (/api/allocation, /readyz, /metrics)")
+        lines.append(f"  controller   {controller_url}  (/api/allocation, /readyz, /metrics; {_bound(host, port)})")
+        probe = getattr(runtime, "probe_address", None)
+        if probe:
+            lines.append(f"  probes       http://{_display_host(probe[0])}:{probe[1]}/readyz  ({_bound(*probe)})")
     if "hypervisor" in started:
-        hypervisor_url = f"http://127.0.0.1:{started['hypervisor']}"
-        lines.append(f"  hypervisor   {hypervisor_url}  (/api/v1/devices, /api/v1/workers, /readyz)")
+        # the hypervisor reports its port; its host is the one it binds (Settings.resolved_hypervisor_host)
+        host, port = settings.resolved_hypervisor_host, int(started["hypervisor"])
+        hypervisor_url = f"http://{_display_host(host)}:{port}"
+        lines.append(f"  hypervisor   {hypervisor_url}  (/api/v1/devices, /api/v1/workers, /readyz; "
+                     f"{_bound(host, port)})")
     if stage is not None and stage.node is not None:
         pool = f", GPUNode in pool {stage.pool}" if stage.pool else ", no GPUPool selects it"
         lines.append(f"  node         {stage.node['metadata']['name']} (simulated kubelet{pool})")

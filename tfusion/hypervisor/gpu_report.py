@@ -23,23 +23,31 @@ from tfusion.api import annotations as keys
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
-from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
+from tfusion.kube.client import Conflict, KubeError, NotFound
+from tfusion.kube.manager import Manager
 from tfusion.kube.resources import GPUNODES, GPUS
 from tfusion.web import Readiness
 
 log = logging.getLogger(__name__)
 
-GPUNODE_POLL_S = 2.0
 RETRY_S = 1.0
 USED_BY_TENSOR_FUSION = "tensor-fusion"
+MIB = 1024 * 1024
 
 
 def tflops_quantity(tflops: float) -> str:
+    """TFLOPS in the canonical form Kubernetes prints (989 -> "989", 19.5 -> "19500m")."""
     return str(Quantity.from_milli(round(tflops * 1000)))
 
 
+def bytes_quantity(size: int) -> str:
+    """Bytes in the canonical binary form Kubernetes prints (85899345920 -> "80Gi")."""
+    return str(Quantity.from_int(size, "BinarySI"))
+
+
 def vram_quantity(total_bytes: int) -> str:
-    return f"{total_bytes // (1024 * 1024)}Mi"
+    """A device's VRAM, whole MiB as the original counts it, printed canonically ("80Gi", "81559Mi")."""
+    return bytes_quantity(total_bytes // MIB * MIB)
 
 
 def node_ram_bytes() -> int:
@@ -90,56 +98,58 @@ def _is_zero(resource: dict[str, Any] | None) -> bool:
 class GpuReporter:
     """Keeps GPU objects and the GPUNode status in step with the device registry."""
 
-    def __init__(self, client: KubeClient, registry: DeviceRegistry, readiness: Readiness, *, node: str,
+    def __init__(self, manager: Manager, registry: DeviceRegistry, readiness: Readiness, *, node: str,
                  isolation_mode: str, isolation_policy: str) -> None:
-        self.client = client
+        self.client = manager.client
+        self.clock = manager.clock
         self.registry = registry
         self.readiness = readiness
         self.node = node
         self.isolation_mode = isolation_mode
         self.isolation_policy = isolation_policy.capitalize()
+        # read from the shared cache: the GPUNode to wait for, and the GPUs this node reported before
+        self.gpunodes = manager.cache.informer(GPUNODES, field_selector=f"metadata.name={node}")
+        self.gpus = manager.cache.informer(GPUS, label_selector=f"{keys.MANAGED_BY}={node}")
+        self._gpus_by_node = self.gpus.add_label_index(keys.MANAGED_BY)
         self._wake = anyio.Event()
         self._removed: dict[str, DeviceInfo] = {}
         self.syncs = 0
         readiness.set("gpunode", False, f"waiting for GPUNode {node} (the controller creates it)")
         registry.subscribe(self._on_changes)
+        self.gpunodes.add_handler(on_add=self._on_gpunode, on_update=self._on_gpunode_update)
 
     async def _on_changes(self, changes: DeviceChanges) -> None:
         for device in changes.removed:
             self._removed[device.uuid] = device
         self._wake.set()
 
+    def _on_gpunode(self, gpunode: dict[str, Any]) -> None:
+        if gpunode["metadata"].get("name") == self.node:
+            self._wake.set()
+
+    def _on_gpunode_update(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        if old is None or old.get("metadata", {}).get("uid") != new["metadata"].get("uid"):
+            self._on_gpunode(new)  # a new GPUNode of that name: report again; status edits are ours
+
     async def run(self) -> None:
-        gpunode = await self._wait_for_gpunode()
-        self.readiness.set("gpunode", True, f"GPUNode {self.node} found")
+        await self.gpunodes.wait_synced()
         while True:
             self._wake = anyio.Event()
+            gpunode = self.gpunodes.get(self.node)
+            if gpunode is None:
+                self.readiness.set("gpunode", False, f"waiting for GPUNode {self.node} (the controller creates it)")
+                await self._wake.wait()
+                continue
+            self.readiness.set("gpunode", True, f"GPUNode {self.node} found")
             try:
-                gpunode = await self.client.get(GPUNODES, self.node)
                 await self.sync(gpunode)
             except NotFound:
-                self.readiness.set("gpunode", False, f"GPUNode {self.node} disappeared; waiting for it")
-                gpunode = await self._wait_for_gpunode()
-                self.readiness.set("gpunode", True, f"GPUNode {self.node} found")
-                continue
+                continue  # deleted meanwhile: the cache says so soon
             except KubeError as exc:
                 log.warning("reporting GPUs of node %s failed (%s); retrying", self.node, exc)
-                await anyio.sleep(RETRY_S)
+                await self.clock.sleep(RETRY_S)
                 continue
             await self._wake.wait()
-
-    async def _wait_for_gpunode(self) -> dict[str, Any]:
-        logged = False
-        while True:
-            try:
-                return await self.client.get(GPUNODES, self.node)
-            except NotFound:
-                if not logged:
-                    log.info("GPUNode %s does not exist yet; waiting for the controller to create it", self.node)
-                    logged = True
-            except KubeError as exc:
-                log.warning("cannot read GPUNode %s: %s", self.node, exc)
-            await anyio.sleep(GPUNODE_POLL_S)
 
     async def sync(self, gpunode: dict[str, Any]) -> None:
         devices = self.registry.devices()
@@ -147,8 +157,7 @@ class GpuReporter:
             await self._upsert_gpu(gpunode, device)
             self._removed.pop(device.uuid, None)
         current = {d.uuid for d in devices}
-        stale = await self.client.list(GPUS, label_selector=f"{keys.MANAGED_BY}={self.node}")
-        for gpu in stale:
+        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
             if gpu["metadata"]["name"] not in current:
                 await self._retire(gpu)
         self._removed.clear()
@@ -211,7 +220,7 @@ class GpuReporter:
             except Conflict:
                 if attempt == 2:
                     raise
-                await anyio.sleep(RETRY_S)
+                await self.clock.sleep(RETRY_S)
 
     async def _retire(self, gpu: dict[str, Any]) -> None:
         name = gpu["metadata"]["name"]
@@ -238,10 +247,10 @@ class GpuReporter:
         total_vram = sum(d.total_memory_bytes for d in devices)
         ids = [d.uuid for d in devices]
         status: dict[str, Any] = {
-            "totalTFlops": tflops_quantity(total_tflops), "totalVRAM": str(Quantity.from_int(total_vram, "BinarySI")),
+            "totalTFlops": tflops_quantity(total_tflops), "totalVRAM": bytes_quantity(total_vram),
             "totalGPUs": len(ids), "managedGPUs": len(ids), "managedGPUDeviceIDs": ids,
-            "nodeInfo": {"ramSize": str(Quantity.from_int(node_ram_bytes(), "BinarySI")),
-                         "dataDiskSize": str(Quantity.from_int(data_disk_bytes(), "BinarySI"))},
+            "nodeInfo": {"ramSize": bytes_quantity(node_ram_bytes()),
+                         "dataDiskSize": bytes_quantity(data_disk_bytes())},
         }
         if not old.get("phase"):
             status["phase"] = "Pending"

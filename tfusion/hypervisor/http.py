@@ -4,21 +4,36 @@ worker creation and deletion.
 
 The two routes that identify a calling pod (`GET /api/v1/pod` with a token or container_name, and
 `POST /api/v1/process`) check its service-account token with a TokenReview and use only the pod
-UID the API server vouches for. The original decodes the JWT without checking its signature; we
-do not.
+UID the API server vouches for. The token comes as `Authorization: Bearer <token>` or, as the
+original also accepts, as the raw `Authorization: <token>`. The original decodes the JWT without
+checking its signature; we do not.
+
+Bodies are the Structs of `http_bodies` (so the OpenAPI document describes them); errors are raised
+as `HttpError`/`ApiError` and answered by the shared edge in `tfusion.web`.
+
+Bounded input: `POST /api/v1/workers` takes at most 1 MiB (413 beyond), parsed by the bounded
+JSON reader (`tfusion.api.documents`: 400 for a document over 100 levels deep or a number beyond
+64 bits); every other route takes at most the edge's 64 KiB default. With `--api-token-file`
+(required by role.py when the local backend listens beyond loopback) creating and deleting
+workers, which start and stop commands, need `Authorization: Bearer <that token>`, compared in
+constant time; everything else stays as the seed says (network isolation).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from litestar import Request, Response, delete, get, post
-from litestar.exceptions import HTTPException
+import msgspec
+from litestar import Request, delete, get, post
+from litestar.params import Parameter
 from prometheus_client import CollectorRegistry
 
+from tfusion.api.documents import DocumentError, load_json
+from tfusion.hypervisor import http_bodies as bodies
 from tfusion.hypervisor.devices.backend import DeviceBackendError
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceRegistry
@@ -27,20 +42,38 @@ from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.tracker import WorkerTracker
 from tfusion.kube.auth import ReviewUnavailable, Unauthenticated
 from tfusion.settings import Settings
-from tfusion.web import Readiness, health_handlers, make_app, metrics_handler
+from tfusion.web import (
+    ErrorBody,
+    HttpError,
+    Readiness,
+    decode_body,
+    error_responses,
+    health_handlers,
+    make_app,
+    metrics_handler,
+    raw_body,
+)
 
 log = logging.getLogger(__name__)
 
 AUTH_NEEDS_KUBERNETES = ("token authentication needs the Kubernetes backend (--backend=kubernetes); "
                          "this hypervisor runs with --backend=local")
+AUTH_FORMS = "'Bearer <service-account token>' or the raw token"
+#: a worker's create request: names, a command line, env and labels; 1 MiB is far more than any needs
+WORKER_REQUEST_MAX_BYTES = 1024 * 1024
+API_TOKEN_HEADER = Parameter(header="authorization", required=False,
+                             description="`Bearer <token>` with the token of --api-token-file, when the "
+                                         "hypervisor has one (required when it listens beyond loopback)")
+TOKEN_HEADER = Parameter(header="authorization", required=False,
+                         description=f"The calling pod's service-account token: {AUTH_FORMS}")
 
 
-class ApiError(Exception):
-    """A caller's mistake (or an unavailable dependency) with its HTTP status and message."""
+class ApiError(HttpError):
+    """A caller's mistake (or an unavailable dependency) with its HTTP status and message; `extra`
+    are PlacementErrorBody's structured fields (field, free, reasons)."""
 
     def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(status, msgspec.convert({"error": message, **extra}, bodies.PlacementErrorBody))
         self.message = message
         self.extra = extra
 
@@ -56,6 +89,8 @@ class HypervisorContext:
     metrics_registry: CollectorRegistry
     reviewer: Any = None  # tfusion.kube.auth.TokenReviewer in Kubernetes mode
     procfs: ProcFS = field(default_factory=ProcFS)
+    #: local backend: the bearer token (--api-token-file) that creating and deleting workers need
+    api_token: str | None = None
     pods_by_uid: Any = None  # Kubernetes mode: uid -> pod name/namespace, for messages
 
     @property
@@ -70,26 +105,11 @@ class HypervisorContext:
                                   isolation_policy=self.settings.isolation_policy,
                                   running=self.workers.running_info(allocation.worker.uid))
 
+    def device_body(self, device: DeviceInfo) -> bodies.Device:
+        return msgspec.convert(self.device_wire(device), bodies.Device)
 
-def _data(value: Any, status: int = 200) -> Response[Any]:
-    return Response({"data": value}, status_code=status)
-
-
-def _error(status: int, message: str, **extra: Any) -> Response[Any]:
-    return Response({"error": message, **extra}, status_code=status)
-
-
-def _api_error_handler(_: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
-    return _error(exc.status, exc.message, **exc.extra)
-
-
-def _http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    return _error(exc.status_code, str(exc.detail))
-
-
-def _unexpected_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    def allocation_body(self, allocation: WorkerAllocation) -> bodies.WorkerAllocation:
+        return msgspec.convert(self.allocation_wire(allocation), bodies.WorkerAllocation)
 
 
 # --- workers: usage per device and process -------------------------------------------------------
@@ -114,165 +134,233 @@ def worker_metrics(ctx: HypervisorContext, allocation: WorkerAllocation) -> dict
     return result
 
 
+WORKER_NOT_FOUND = "worker not found"
+_UNKNOWN_WORKER = error_responses({404: "No worker with this UID on this node"})
+_TOKEN_ERRORS = error_responses({401: "No, an invalid or a foreign token (or --backend=local)",
+                                 503: "The API server cannot review the token now"})
+
+
+def _local_only(ctx: HypervisorContext, operation: str, message: str, allowed: str) -> Any:
+    """The local backend's worker operation, or a 405 (with Allow) in Kubernetes mode."""
+    method = getattr(ctx.workers, operation, None)
+    if method is None:
+        raise HttpError(405, message, headers={"Allow": allowed})
+    return method
+
+
 def build_app(ctx: HypervisorContext) -> Any:
     """The Litestar app for one hypervisor."""
+    handlers = [*health_handlers(ctx.readiness), metrics_handler(ctx.metrics_registry),
+                *_device_handlers(ctx), *_worker_handlers(ctx), *_limiter_handlers(ctx)]
+    return make_app(handlers, title="tfusion hypervisor")
 
-    # --- devices -----------------------------------------------------------------------------------
 
-    @get("/api/v1/devices", sync_to_thread=False)
-    def list_devices() -> Response[Any]:
-        return _data([ctx.device_wire(d) for d in ctx.registry.devices()])
+def _device_handlers(ctx: HypervisorContext) -> list[Any]:
+    @get("/api/v1/devices", sync_to_thread=False, summary="Every device of this node")
+    def list_devices() -> bodies.DeviceList:
+        return bodies.DeviceList(data=[ctx.device_body(d) for d in ctx.registry.devices()])
 
-    @get("/api/v1/devices/{uuid:str}", sync_to_thread=False)
-    def get_device(uuid: str) -> Response[Any]:
+    @get("/api/v1/devices/{uuid:str}", sync_to_thread=False, summary="One device by its lowercase UUID",
+         responses=error_responses({404: "Device not found"}))
+    def get_device(uuid: str) -> bodies.DeviceAnswer:
         device = ctx.registry.get(uuid)
         if device is None:
-            return _error(404, "Device not found")
-        return _data(ctx.device_wire(device))
+            raise HttpError(404, "Device not found")
+        return bodies.DeviceAnswer(data=ctx.device_body(device))
 
-    @post("/api/v1/devices/discover", status_code=200)
-    async def discover() -> Response[Any]:
+    @post("/api/v1/devices/discover", status_code=200, summary="Discover the devices again, now",
+          responses=error_responses({503: "The device backend failed"}))
+    async def discover() -> bodies.DiscoveryResult:
         try:
             changes = await ctx.registry.discover()
         except DeviceBackendError as exc:
-            return _error(503, f"device discovery failed: {exc}")
-        return Response({"status": "Device discovery triggered", "devices": len(changes.current),
-                         "added": [d.uuid for d in changes.added], "removed": [d.uuid for d in changes.removed]})
+            raise HttpError(503, f"device discovery failed: {exc}") from None
+        return bodies.DiscoveryResult(status="Device discovery triggered", devices=len(changes.current),
+                                      added=[d.uuid for d in changes.added],
+                                      removed=[d.uuid for d in changes.removed])
 
-    # --- workers -----------------------------------------------------------------------------------
+    return [list_devices, get_device, discover]
 
-    @get("/api/v1/workers", sync_to_thread=False)
-    def list_workers() -> Response[Any]:
-        return _data([ctx.allocation_wire(a) for a in ctx.workers.allocations()])
 
-    @get("/api/v1/workers/{worker_id:str}", sync_to_thread=False)
-    def get_worker(worker_id: str) -> Response[Any]:
+def _worker_handlers(ctx: HypervisorContext) -> list[Any]:
+    @get("/api/v1/workers", sync_to_thread=False, summary="Every worker with an allocation on this node")
+    def list_workers() -> bodies.WorkerList:
+        return bodies.WorkerList(data=[ctx.allocation_body(a) for a in ctx.workers.allocations()])
+
+    @get("/api/v1/workers/{worker_id:str}", sync_to_thread=False, summary="One worker and its usage",
+         responses=_UNKNOWN_WORKER)
+    def get_worker(worker_id: str) -> bodies.WorkerDetailAnswer:
         allocation = ctx.workers.get(worker_id)
         if allocation is None:
-            return _error(404, "worker not found")
-        return _data({"worker_uid": allocation.worker.uid, "allocation": ctx.allocation_wire(allocation),
-                      "metrics": worker_metrics(ctx, allocation)})
+            raise HttpError(404, WORKER_NOT_FOUND)
+        metrics = msgspec.convert(worker_metrics(ctx, allocation), dict[str, dict[str, bodies.WorkerMetrics]])
+        return bodies.WorkerDetailAnswer(data=bodies.WorkerDetail(
+            worker_uid=allocation.worker.uid, allocation=ctx.allocation_body(allocation), metrics=metrics))
 
-    @post("/api/v1/workers", status_code=201)
-    async def create_worker(request: Request[Any, Any, Any]) -> Response[Any]:
-        create = getattr(ctx.workers, "create", None)
-        if create is None:
-            return _error(405, "workers are Kubernetes pods with --backend=kubernetes; "
-                               "POST /api/v1/workers needs --backend=local")
-        body = await _json_body(request)
+    @post("/api/v1/workers", status_code=201, summary="Create a local worker (--backend=local)",
+          request_max_body_size=WORKER_REQUEST_MAX_BYTES,
+          responses=error_responses({
+              400: "The body is not a JSON object",
+              401: "The hypervisor has an --api-token-file and the request does not carry its token",
+              405: "Kubernetes mode: workers are pods",
+              409: "The worker does not fit (`free`, `reasons`) or its name is taken",
+              422: "A field is invalid; `field` names it"}, bodies.PlacementErrorBody),
+          **raw_body(bodies.WorkerCreateRequest, description="The worker to create"))
+    async def create_worker(request: Request[Any, Any, Any],
+                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None) -> bodies.WorkerCreated:
+        create = _local_only(ctx, "create", "workers are Kubernetes pods with --backend=kubernetes; "
+                                            "POST /api/v1/workers needs --backend=local", "GET")
+        _require_api_token(ctx, authorization)
+        body = await decode_body(request, _json_object)
         allocation = await create(body)
-        return _data(ctx.allocation_wire(allocation), 201)
+        return bodies.WorkerCreated(data=ctx.allocation_body(allocation))
 
-    @delete("/api/v1/workers/{worker_id:str}", status_code=200)
-    async def delete_worker(worker_id: str) -> Response[Any]:
-        remove = getattr(ctx.workers, "remove", None)
-        if remove is None:
-            return _error(405, "workers are Kubernetes pods with --backend=kubernetes; delete the pod instead")
+    @delete("/api/v1/workers/{worker_id:str}", status_code=200, summary="Delete a local worker (--backend=local)",
+            responses={**_UNKNOWN_WORKER, **error_responses({
+                401: "The hypervisor has an --api-token-file and the request does not carry its token",
+                405: "Kubernetes mode: delete the pod instead"})})
+    async def delete_worker(worker_id: str,
+                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None,
+                            ) -> bodies.WorkerReleasedAnswer:
+        remove = _local_only(ctx, "remove", "workers are Kubernetes pods with --backend=kubernetes; "
+                                            "delete the pod instead", "GET")
+        _require_api_token(ctx, authorization)
         allocation = await remove(worker_id)
         if allocation is None:
-            return _error(404, "worker not found")
-        return _data({"worker_uid": allocation.worker.uid, "released": [d.uuid for d in allocation.devices]})
+            raise HttpError(404, WORKER_NOT_FOUND)
+        return bodies.WorkerReleasedAnswer(data=bodies.WorkerReleased(
+            worker_uid=allocation.worker.uid, released=[d.uuid for d in allocation.devices]))
 
-    @post("/api/v1/workers/{worker_id:str}/snapshot", status_code=501)
-    async def snapshot(worker_id: str) -> Response[Any]:
+    @post("/api/v1/workers/{worker_id:str}/snapshot", status_code=501, summary="Not implemented yet",
+          responses=_UNKNOWN_WORKER)
+    async def snapshot(worker_id: str) -> ErrorBody:
         if ctx.workers.get(worker_id) is None:
-            return _error(404, "worker not found")
-        return _error(501, "worker snapshot is not implemented yet")
+            raise HttpError(404, WORKER_NOT_FOUND)
+        return ErrorBody(error="worker snapshot is not implemented yet")
 
-    @post("/api/v1/workers/{worker_id:str}/resume", status_code=501)
-    async def resume(worker_id: str) -> Response[Any]:
+    @post("/api/v1/workers/{worker_id:str}/resume", status_code=501, summary="Not implemented yet",
+          responses=_UNKNOWN_WORKER)
+    async def resume(worker_id: str) -> ErrorBody:
         if ctx.workers.get(worker_id) is None:
-            return _error(404, "worker not found")
-        return _error(501, "worker resume is not implemented yet")
+            raise HttpError(404, WORKER_NOT_FOUND)
+        return ErrorBody(error="worker resume is not implemented yet")
 
-    # --- limiter routes ----------------------------------------------------------------------------
+    return [list_workers, get_worker, create_worker, delete_worker, snapshot, resume]
 
-    @get("/api/v1/limiter", sync_to_thread=False)
-    def limiter() -> Response[Any]:
-        return Response({"limiters": [
+
+def _limiter_handlers(ctx: HypervisorContext) -> list[Any]:
+    @get("/api/v1/limiter", sync_to_thread=False, summary="Requests and limits of every worker")
+    def limiter() -> bodies.LimiterList:
+        return msgspec.convert({"limiters": [
             {"worker_uid": a.worker.uid, "requests": a.worker.requests.to_wire(),
-             "limits": a.worker.limits.to_wire()} for a in ctx.workers.allocations()]})
+             "limits": a.worker.limits.to_wire()} for a in ctx.workers.allocations()]}, bodies.LimiterList)
 
-    @post("/api/v1/trap", status_code=200)
-    async def trap() -> Response[Any]:
+    @post("/api/v1/trap", status_code=200, summary="Count the workers a trap would snapshot")
+    async def trap() -> bodies.TrapResult:
         count = sum(1 for a in ctx.workers.allocations() if a.worker.qos in ("low", "medium"))
-        return Response({"message": "trap initiated", "snapshot_count": count})
+        return bodies.TrapResult(message="trap initiated", snapshot_count=count)
 
-    @get("/api/v1/pod")
-    async def pod(request: Request[Any, Any, Any]) -> Response[Any]:
-        container = request.query_params.get("container_name") or ""
-        auth = request.headers.get("authorization")
-        if auth is None and not container:
-            return Response({"pods": [_legacy_pod(a) for a in ctx.workers.allocations()]})
-        allocation = await _authenticated_worker(ctx, auth)
-        if isinstance(allocation, Response):
-            return allocation
-        return Response({"success": True, "data": remote_pod_info(ctx, allocation, container),
-                         "message": f"Pod {allocation.worker.name} information retrieved successfully"})
+    @get("/api/v1/pod", summary="The calling pod's limits (with its token), or every worker (without)",
+         responses=_TOKEN_ERRORS)
+    async def pod(container_name: Annotated[str, Parameter(
+                      query="container_name", description="The calling container; selects its GPUs")] = "",
+                  authorization: Annotated[str | None, TOKEN_HEADER] = None,
+                  ) -> bodies.RemotePodAnswer | bodies.LegacyPods:
+        if authorization is None and not container_name:
+            return msgspec.convert({"pods": [_legacy_pod(a) for a in ctx.workers.allocations()]}, bodies.LegacyPods)
+        allocation = await _authenticated_worker(ctx, authorization)
+        return msgspec.convert({"success": True, "data": remote_pod_info(ctx, allocation, container_name),
+                                "message": f"Pod {allocation.worker.name} information retrieved successfully"},
+                               bodies.RemotePodAnswer)
 
-    @post("/api/v1/process", status_code=200)
-    async def process(request: Request[Any, Any, Any]) -> Response[Any]:
-        container = request.query_params.get("container_name") or ""
-        pid_text = request.query_params.get("container_pid") or ""
-        if not container:
-            return _error(400, "container_name query parameter is required")
-        if not pid_text.isdigit() or int(pid_text) == 0:
-            return _error(400, f"container_pid query parameter must be a positive integer, got {pid_text!r}")
-        allocation = await _authenticated_worker(ctx, request.headers.get("authorization"))
-        if isinstance(allocation, Response):
-            return allocation
+    @post("/api/v1/process", status_code=200, summary="Map a container's PID to the host PID",
+          responses={**_TOKEN_ERRORS, **error_responses({400: "container_name or container_pid is missing"})})
+    async def process(container_name: Annotated[str, Parameter(
+                          query="container_name", description="The calling container (required)")] = "",
+                      container_pid: Annotated[str, Parameter(
+                          query="container_pid", description="The PID inside the container (required, > 0)")] = "",
+                      authorization: Annotated[str | None, TOKEN_HEADER] = None) -> bodies.ProcessAnswer:
+        if not container_name:
+            raise HttpError(400, ErrorBody(error="container_name query parameter is required",
+                                                  field="container_name"))
+        if not container_pid.isdigit() or int(container_pid) == 0:
+            raise HttpError(400, ErrorBody(
+                error=f"container_pid query parameter must be a positive integer, got {container_pid!r}",
+                field="container_pid"))
+        allocation = await _authenticated_worker(ctx, authorization)
         worker = allocation.worker
-        host_pid = ctx.procfs.find_container_process(worker.namespace, worker.name, container, int(pid_text))
+        host_pid = ctx.procfs.find_container_process(worker.namespace, worker.name, container_name,
+                                                     int(container_pid))
         if host_pid is None:
-            return Response({"success": False, "data": None, "message": (
+            return bodies.ProcessAnswer(success=False, data=None, message=(
                 f"Failed to initialize process: process not found for pod {worker.namespace}/{worker.name} "
-                f"container {container} pid {pid_text}")})
-        return Response({"success": True, "message": "Process initialized successfully", "data": {
-            "host_pid": host_pid, "container_pid": int(pid_text), "container_name": container,
-            "pod_name": worker.name, "namespace": worker.namespace}})
+                f"container {container_name} pid {container_pid}"))
+        return bodies.ProcessAnswer(success=True, message="Process initialized successfully", data=bodies.ProcessInfo(
+            host_pid=host_pid, container_pid=int(container_pid), container_name=container_name,
+            pod_name=worker.name, namespace=worker.namespace))
 
-    handlers = [*health_handlers(ctx.readiness), metrics_handler(ctx.metrics_registry), list_devices, get_device,
-                discover, list_workers, get_worker, create_worker, delete_worker, snapshot, resume, limiter,
-                trap, pod, process]
-    return make_app(handlers, title="tfusion hypervisor", exception_handlers={
-        ApiError: _api_error_handler, HTTPException: _http_error_handler, Exception: _unexpected_handler})
+    return [limiter, trap, pod, process]
 
 
-async def _json_body(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    raw = await request.body()
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, bounded (`tfusion.api.documents`: depth, number size)."""
     if not raw.strip():
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
+        body = load_json(raw)
+    except DocumentError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> WorkerAllocation | Response[Any]:
-    """The worker the bearer token's pod is, or the response that refuses the call."""
+def _require_api_token(ctx: HypervisorContext, authorization: str | None) -> None:
+    """With --api-token-file, the worker routes (which run and stop commands) need its token."""
+    if ctx.api_token is None:
+        return
+    if not authorization:
+        raise HttpError(401, "missing authorization header: this hypervisor needs 'Bearer <token>' with the "
+                             "token of its --api-token-file to create or delete workers",
+                        headers={"WWW-Authenticate": "Bearer"})
+    token = token_of(authorization) or ""
+    if not hmac.compare_digest(token.encode(), ctx.api_token.encode()):
+        raise HttpError(401, "invalid token: it is not the token of this hypervisor's --api-token-file",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+def token_of(authorization: str) -> str | None:
+    """The token in an Authorization header: `Bearer <token>` or, as the original accepts, the
+    raw `<token>`; None for any other scheme (`Basic ...`) or an empty value."""
+    value = authorization.strip()
+    scheme, space, rest = value.partition(" ")
+    if not space:  # a bare "Bearer" is a scheme without its token
+        return value if value and value.lower() != "bearer" else None
+    return (rest.strip() or None) if scheme.lower() == "bearer" else None
+
+
+async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> WorkerAllocation:
+    """The worker the token's pod is; raises the HttpError that refuses the call otherwise."""
     if ctx.reviewer is None:
-        return _error(401, AUTH_NEEDS_KUBERNETES)
+        raise HttpError(401, AUTH_NEEDS_KUBERNETES)
     if not auth:
-        return _error(401, "missing authorization header")
-    scheme, _, token = auth.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return _error(401, "authorization header must be 'Bearer <service-account token>'")
+        raise HttpError(401, "missing authorization header")
+    token = token_of(auth)
+    if token is None:
+        raise HttpError(401, f"authorization header must be {AUTH_FORMS}")
     try:
-        reviewed = await ctx.reviewer.review(token.strip())
+        reviewed = await ctx.reviewer.review(token)
     except ReviewUnavailable as exc:
-        return _error(503, f"cannot verify the token now: {exc.reason}")
+        raise HttpError(503, f"cannot verify the token now: {exc.reason}") from None
     except Unauthenticated as exc:
-        return _error(401, f"invalid token: {exc.reason}")
+        raise HttpError(401, f"invalid token: {exc.reason}") from None
     if not reviewed.pod_uid:
-        return _error(401, f"token of {reviewed.username or 'unknown user'} is not bound to a pod")
+        raise HttpError(401, f"token of {reviewed.username or 'unknown user'} is not bound to a pod")
     allocation = ctx.workers.get(reviewed.pod_uid)
     if allocation is None:
         # A genuine token, but of a pod this node holds no allocation for: a foreign caller.
-        return _error(401, f"token of pod {reviewed.namespace}/{reviewed.pod_name} (uid {reviewed.pod_uid}) "
-                           "is not for a worker with an allocation on this node")
+        raise HttpError(401, f"token of pod {reviewed.namespace}/{reviewed.pod_name} (uid {reviewed.pod_uid}) "
+                             "is not for a worker with an allocation on this node")
     return allocation
 
 

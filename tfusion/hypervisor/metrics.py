@@ -154,10 +154,10 @@ class UsageCollector(Collector):
         yield from (worker_memory, worker_compute, worker_limit, worker_tflops_limit)
 
 
-def new_metrics_registry(registry: DeviceRegistry, workers: WorkerTracker, node: str, pool: str) -> CollectorRegistry:
-    prom = CollectorRegistry(auto_describe=False)
+def register_usage_metrics(prom: CollectorRegistry, registry: DeviceRegistry, workers: WorkerTracker, node: str,
+                           pool: str) -> None:
+    """Add the per-device and per-worker gauges to the process's registry (the Manager's)."""
     prom.register(UsageCollector(registry, workers, node, pool))
-    return prom
 
 
 # --- the metrics file ----------------------------------------------------------------------------

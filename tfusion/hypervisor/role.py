@@ -1,9 +1,10 @@
 """`tfusion --role=hypervisor`: the node agent.
 
-Start order: open the device backend (--devices), run the first discovery, start the worker
-backend (local state dir, or Kubernetes: GPU objects and the worker-pod informer), then serve the
-HTTP API on --port. /readyz lists a condition per loop: discovery, and in Kubernetes mode the
-GPUNode's existence and the pod informer's sync.
+Start order: open the device backend (--devices), run the first discovery, register the worker
+backend with the process's Manager (local state dir, or Kubernetes: GPU reporting and the
+worker pods, both from the shared cache), then serve the HTTP API on --port. /readyz lists a
+condition per loop: discovery, and in Kubernetes mode the GPUNode's existence and the pod
+informer's sync. Its /metrics serves the Manager's registry, shared with the other roles.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from tfusion.hypervisor.devices import DeviceBackendError, open_backend
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import HypervisorContext, build_app
-from tfusion.hypervisor.metrics import MetricsFileWriter, new_metrics_registry, parse_extra_labels
-from tfusion.settings import Settings, process_environment
+from tfusion.hypervisor.metrics import MetricsFileWriter, parse_extra_labels, register_usage_metrics
+from tfusion.kube.manager import Manager
+from tfusion.settings import Settings, format_listen, is_loopback, process_environment
 from tfusion.web import Readiness, bind_socket, serve
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,18 @@ class HypervisorError(RoleError):
     """The hypervisor cannot start; the message says what to fix (the CLI prints it and exits 1)."""
 
 
-async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+async def _own_manager(settings: Settings) -> Manager:
+    """A Manager for a hypervisor run on its own (tests, or `run` called directly)."""
+    if settings.backend == "local":
+        return Manager(settings, None)
+    try:
+        return await Manager.connect(settings)
+    except ValueError as exc:
+        raise HypervisorError(f"hypervisor: {exc}") from None
+
+
+async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+              manager: Manager | None = None) -> None:
     node = settings.resolved_node_name
     try:
         table = GpuInfoTable.from_metadata(settings.hardware_metadata)
@@ -54,13 +67,17 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
     registry = DeviceRegistry(backend, table)
     _track_discovery(registry, readiness)
     try:
+        api_token = _local_api_token(settings)
         try:
-            sock = bind_socket(f":{settings.hypervisor_port}")
+            sock = bind_socket(settings.resolved_hypervisor_listen)
         except OSError as exc:
-            raise HypervisorError(f"--port: {exc}") from None
+            raise HypervisorError(f"--host/--port: {exc}") from None
         port = sock.getsockname()[1]
+        owns_manager = manager is None
+        if manager is None:
+            manager = await _own_manager(settings)
         async with anyio.create_task_group() as tg:
-            workers, extra = await _start_workers(settings, registry, readiness, tg, node, port)
+            workers, extra = _start_workers(settings, manager, registry, readiness, node, port)
             try:
                 await registry.discover()
             except DeviceBackendError as exc:
@@ -68,9 +85,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             await registry.sample()
             if settings.backend == "local":
                 await tg.start(workers.run)
-            prom = new_metrics_registry(registry, workers, node, settings.pool_name)
+            register_usage_metrics(manager.registry, registry, workers, node, settings.pool_name)
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
-                                    metrics_registry=prom, reviewer=extra.get("reviewer"))
+                                    metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
+                                    api_token=api_token)
             app = build_app(ctx)
             tg.start_soon(registry.run_discovery_loop, settings.discovery_interval)
             tg.start_soon(registry.run_health_watch)
@@ -80,12 +98,33 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
                                        extra_labels=extra_labels)
             tg.start_soon(writer.run, settings.metrics_interval)
             await tg.start(serve, app, sock)
-            log.info("hypervisor for node %s serving on port %d (%s devices, %s backend)", node, port,
-                     backend.name, settings.backend)
+            log.info("hypervisor for node %s serving on %s (%s devices, %s backend)", node,
+                     format_listen(settings.resolved_hypervisor_host, port), backend.name, settings.backend)
+            if owns_manager:
+                await tg.start(manager.run)
             task_status.started(port)
     finally:
         with anyio.CancelScope(shield=True):
             await backend.close()
+
+
+def _local_api_token(settings: Settings) -> str | None:
+    """The local backend's worker routes run commands: beyond loopback they need a bearer token.
+    None when no --api-token-file is given (allowed only on loopback, or with Kubernetes)."""
+    if not settings.api_token_file:
+        host = settings.resolved_hypervisor_host
+        if settings.backend == "local" and not is_loopback(host):
+            raise HypervisorError(f"--api-token-file is required with --backend=local when the hypervisor listens "
+                                  f"beyond loopback (--host={host}): POST /api/v1/workers runs commands")
+        return None
+    path = Path(settings.api_token_file).expanduser()
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HypervisorError(f"--api-token-file={path}: cannot read it: {exc}") from None
+    if not token:
+        raise HypervisorError(f"--api-token-file={path}: the file is empty; put the bearer token in it")
+    return token
 
 
 def _metrics_path(settings: Settings) -> Path:
@@ -113,8 +152,8 @@ async def _sample_loop(registry: DeviceRegistry, interval: float) -> None:
         await registry.sample()
 
 
-async def _start_workers(settings: Settings, registry: DeviceRegistry, readiness: Readiness, tg: Any,
-                         node: str, port: int) -> tuple[Any, dict[str, Any]]:
+def _start_workers(settings: Settings, manager: Manager, registry: DeviceRegistry, readiness: Readiness,
+                   node: str, port: int) -> tuple[Any, dict[str, Any]]:
     if settings.backend == "local":
         from tfusion.hypervisor.workers.local import LocalWorkers
 
@@ -124,6 +163,6 @@ async def _start_workers(settings: Settings, registry: DeviceRegistry, readiness
         return workers, {}
     if not settings.node_name and "all" not in settings.roles:
         raise HypervisorError("--backend=kubernetes needs the node name: set GPU_NODE_NAME or --node-name")
-    from tfusion.hypervisor.workers.kubernetes import start_kubernetes_workers
+    from tfusion.hypervisor.workers.kubernetes import register_kubernetes_workers
 
-    return await start_kubernetes_workers(settings, registry, readiness, tg, node)
+    return register_kubernetes_workers(settings, manager, registry, readiness, node)

@@ -2,16 +2,29 @@
 
 Pods call the controller and the hypervisor with their service-account token; only the API
 server can say whether such a token is genuine, unexpired and bound to a pod that still exists.
-`TokenReviewer` asks it (authentication.k8s.io/v1 TokenReview) and remembers the answer: a
-success for 30 minutes, a refusal for 5 seconds, in an LRU of 20,000 tokens (hashed; the cache
-never holds a token in clear). A token it could not review, because the API server failed or
-did not answer, is never accepted and never cached.
+`TokenReviewer` asks it (authentication.k8s.io/v1 TokenReview) and remembers the answer briefly,
+in an LRU of 20,000 tokens (hashed; the cache never holds a token in clear):
+
+- a success for 30 s (at most 60 s), and never past the token's own `exp`, so an expired token,
+  or one whose ServiceAccount or pod was deleted, is refused again within that short window;
+- `forget_pod(uid)` drops at once every success that named that pod (the hypervisor calls it
+  when the pod is deleted or leaves the node);
+- a refusal for 2 s, so a burst of bad requests costs one review;
+- a token that could not be reviewed (the API server failed or did not answer) is never
+  accepted and never cached.
+
+The `exp` claim is read without checking the signature: it can only shorten a cache entry,
+never make a token acceptable; the API server alone decides that.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +38,16 @@ log = logging.getLogger(__name__)
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+#: how long a successful review is trusted (capped by the token's exp)
+SUCCESS_TTL_S = 30.0
+#: the most a caller may ask for: a deleted ServiceAccount's token is refused within this
+MAX_SUCCESS_TTL_S = 60.0
+#: how long a refusal is remembered, and the most a caller may ask for
+FAILURE_TTL_S = 2.0
+MAX_FAILURE_TTL_S = 5.0
+#: the longest token whose claims we decode to find its exp (kube tokens are ~1 KiB)
+_MAX_DECODED_TOKEN = 16 * 1024
 
 
 class Unauthenticated(Exception):
@@ -77,19 +100,54 @@ def parse_review(review: dict[str, Any]) -> ReviewedToken:
                          uid=str(user.get("uid") or ""), groups=tuple(user.get("groups") or ()))
 
 
+def token_expiry(token: str) -> float | None:
+    """The JWT's `exp` (seconds since the epoch), or None when it has none or is not a JWT.
+
+    Not verified: used only to end a cache entry early."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > _MAX_DECODED_TOKEN:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error, RecursionError):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        return None
+    try:
+        value = float(exp)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    expires: float  # on the `now` clock
+    outcome: ReviewedToken | Unauthenticated
+
+
 class TokenReviewer:
-    """`await reviewer.review(token)` → ReviewedToken, or raises Unauthenticated."""
+    """`await reviewer.review(token)` → ReviewedToken, or raises Unauthenticated.
+
+    `now` is the cache's clock (monotonic); `wall_clock` is compared with the token's `exp`.
+    """
 
     def __init__(self, client: KubeClient, *, audiences: list[str] | None = None, cache_size: int = 20_000,
-                 success_ttl: float = 1800.0, failure_ttl: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 success_ttl: float = SUCCESS_TTL_S, failure_ttl: float = FAILURE_TTL_S,
+                 now: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+        if not 0 <= success_ttl <= MAX_SUCCESS_TTL_S:
+            raise ValueError(f"success_ttl: {success_ttl!r} is invalid; allowed: 0 to {MAX_SUCCESS_TTL_S:g} seconds")
+        if not 0 <= failure_ttl <= MAX_FAILURE_TTL_S:
+            raise ValueError(f"failure_ttl: {failure_ttl!r} is invalid; allowed: 0 to {MAX_FAILURE_TTL_S:g} seconds")
         self.client = client
         self.audiences = audiences
         self.cache_size = cache_size
         self.success_ttl = success_ttl
         self.failure_ttl = failure_ttl
-        self._clock = clock
-        self._cache: OrderedDict[bytes, tuple[float, ReviewedToken | Unauthenticated]] = OrderedDict()
+        self._now = now
+        self._wall_clock = wall_clock
+        self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self.reviews = 0  # TokenReviews actually sent (for tests and metrics)
 
     @staticmethod
@@ -100,21 +158,40 @@ class TokenReviewer:
         entry = self._cache.get(key)
         if entry is None:
             return None
-        expires, outcome = entry
-        if self._clock() >= expires:
+        if self._now() >= entry.expires:
             del self._cache[key]
             return None
         self._cache.move_to_end(key)
-        return outcome
+        return entry.outcome
 
     def _store(self, key: bytes, outcome: ReviewedToken | Unauthenticated, ttl: float) -> None:
-        self._cache[key] = (self._clock() + ttl, outcome)
+        if ttl <= 0:
+            self._cache.pop(key, None)
+            return
+        self._cache[key] = _Entry(self._now() + ttl, outcome)
         self._cache.move_to_end(key)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
+    def _success_life(self, token: str) -> float:
+        """The success TTL, cut short by the token's exp (a token without exp gets the TTL)."""
+        exp = token_expiry(token)
+        if exp is None:
+            return self.success_ttl
+        return min(self.success_ttl, exp - self._wall_clock())
+
     def __len__(self) -> int:
         return len(self._cache)
+
+    def forget_pod(self, uid: str) -> int:
+        """Drop every cached success whose review named pod `uid`; returns how many were dropped."""
+        if not uid:
+            return 0
+        stale = [key for key, entry in self._cache.items()
+                 if isinstance(entry.outcome, ReviewedToken) and entry.outcome.pod_uid == uid]
+        for key in stale:
+            del self._cache[key]
+        return len(stale)
 
     async def review(self, token: str) -> ReviewedToken:
         token = token.strip()
@@ -139,5 +216,5 @@ class TokenReviewer:
         except Unauthenticated as exc:
             self._store(key, exc, self.failure_ttl)
             raise
-        self._store(key, reviewed, self.success_ttl)
+        self._store(key, reviewed, self._success_life(token))
         return reviewed

@@ -178,6 +178,15 @@ WatchEvent = tuple[str, dict[str, Any]]
 # --- the client -------------------------------------------------------------------------------
 
 
+#: ids of the KubeClients opened and not yet closed in this process (`tfusion_kube_clients`)
+_OPEN_CLIENTS: set[int] = set()
+
+
+def live_clients() -> int:
+    """How many KubeClients this process has open: one per process is the design (the Manager's)."""
+    return len(_OPEN_CLIENTS)
+
+
 class KubeClient:
     """Plain-dict CRUD, list and watch against one API server. Objects are the JSON the server
     sends; nothing is wrapped. Every request passes the QPS/burst limiter."""
@@ -186,6 +195,7 @@ class KubeClient:
         self.api = api
         self.namespace = namespace
         self.limiter = TokenBucket(qps, burst)
+        _OPEN_CLIENTS.add(id(self))
 
     @classmethod
     async def connect(cls, kube: str, *, namespace: str | None = None, qps: float = 50.0,
@@ -218,6 +228,7 @@ class KubeClient:
         return cls(api, namespace=namespace or api.namespace or "default", qps=qps, burst=burst)
 
     async def close(self) -> None:
+        _OPEN_CLIENTS.discard(id(self))
         session = getattr(self.api, "_session", None)
         if session is not None:
             await session.aclose()

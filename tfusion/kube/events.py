@@ -16,12 +16,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.api.timestamps import rfc3339 as _timestamp
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.resources import EVENTS
 
@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 
 NORMAL, WARNING = "Normal", "Warning"
 MAX_MESSAGE = 1024
-
-
-def _timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass

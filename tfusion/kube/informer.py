@@ -17,7 +17,6 @@ import inspect
 import logging
 import math
 import random
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -28,7 +27,9 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tfusion.api import annotations as tfa
 from tfusion.kube.client import Gone, KubeClient, KubeError, object_key
+from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def node_name_index(obj: Obj) -> list[str]:
     if hostname:
         return [hostname]
     meta = obj.get("metadata") or {}
-    managed_by = (meta.get("labels") or {}).get("tensor-fusion.ai/managed-by")
+    managed_by = (meta.get("labels") or {}).get(tfa.MANAGED_BY)  # read now: it follows set_domain
     if managed_by:
         return [managed_by]
     if obj.get("kind") == "GPUNode" and meta.get("name"):
@@ -194,7 +195,8 @@ class Informer:
                  label_selector: str | None = None, field_selector: str | None = None,
                  registry: CollectorRegistry | None = None, timeout_seconds: int = 290,
                  read_timeout: float | None = None, backoff_base: float = 0.2, backoff_cap: float = 30.0,
-                 page_size: int = 500) -> None:
+                 page_size: int = 500, clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock
         self.client = client
         self.key = InformerKey(resource, namespace, label_selector, field_selector)
         self.resource = resource
@@ -211,15 +213,27 @@ class Informer:
         self._tg: TaskGroup | None = None
         self._rv: str | None = None
         self._synced = anyio.Event()
-        self._last_event = time.monotonic()
-        metrics = _metrics_for(registry)
-        self._m_events = metrics.events
+        self._last_event = clock.now()
+        self._metrics = _metrics_for(registry)
+        self._m_events = self._metrics.events
+        self._m_restarts = self._metrics.reconnects
+        self._label_metrics()
+        self.add_index("namespace", namespace_index)
+
+    def _label_metrics(self) -> None:
+        metrics = self._metrics
         self._m_relists = metrics.relists.labels(self.name)
-        self._m_restarts = metrics.reconnects
-        metrics.last_event_age.labels(self.name).set_function(lambda: time.monotonic() - self._last_event)
+        metrics.last_event_age.labels(self.name).set_function(lambda: self.clock.now() - self._last_event)
         metrics.objects.labels(self.name).set_function(lambda: len(self._store))
         metrics.synced.labels(self.name).set_function(lambda: 1.0 if self._synced.is_set() else 0.0)
-        self.add_index("namespace", namespace_index)
+
+    def _unlabel_metrics(self) -> None:
+        for family in (self._metrics.relists, self._metrics.last_event_age, self._metrics.objects,
+                       self._metrics.synced):
+            try:
+                family.remove(self.name)
+            except KeyError:
+                pass
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -285,6 +299,17 @@ class Informer:
             self._tg.start_soon(handler.run)
         return handler
 
+    def widen(self) -> None:
+        """Drop the selectors, so this informer caches every object of its resource: the shared
+        cache does this when two consumers ask for one resource with different selectors. Only
+        before `run()`; consumers filter what they need (they must anyway)."""
+        if self._tg is not None:
+            raise RuntimeError(f"informer {self.name} is running; it can no longer be widened")
+        self._unlabel_metrics()
+        self.key = InformerKey(self.key.resource, None, None, None)
+        self.name = self.key.describe()
+        self._label_metrics()
+
     # --- running --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -309,18 +334,18 @@ class Informer:
             try:
                 if self._rv is None:
                     if gone_in_a_row > 1:  # 410 again right after a re-list: do not spin
-                        await anyio.sleep(self._sleep_time(backoff))
+                        await self.clock.sleep(self._sleep_time(backoff))
                         backoff = min(backoff * 2, self.backoff_cap)
                     await self._relist()
-                opened = time.monotonic()
+                opened = self.clock.now()
                 got_events = await self._watch_once()
                 self._m_restarts.labels(self.name, "closed").inc()
-                if got_events or time.monotonic() - opened > 1.0:
+                if got_events or self.clock.now() - opened > 1.0:
                     backoff = self.backoff_base
                     gone_in_a_row = 0
                     continue
                 # the server closed an idle stream at once: do not hammer it
-                await anyio.sleep(self._sleep_time(backoff))
+                await self.clock.sleep(self._sleep_time(backoff))
                 backoff = min(backoff * 2, self.backoff_cap)
             except Gone as exc:
                 log.info("informer %s: %s; re-listing", self.name, exc.message)
@@ -331,7 +356,7 @@ class Informer:
                 self._m_restarts.labels(self.name, "error").inc()
                 delay = self._sleep_time(backoff)
                 log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
-                await anyio.sleep(delay)
+                await self.clock.sleep(delay)
                 backoff = min(backoff * 2, self.backoff_cap)
 
     async def _watch_once(self) -> bool:
@@ -353,7 +378,12 @@ class Informer:
                                         label_selector=self.key.label_selector,
                                         field_selector=self.key.field_selector, limit=self.page_size)
         self._m_relists.inc()
-        self._last_event = time.monotonic()
+        self._last_event = self.clock.now()
+        # kube leaves apiVersion/kind out of list items; cached objects carry them, as watch events do
+        kind, api_version = self.resource.kind, self.resource.api_version
+        for obj in listed.items:
+            obj.setdefault("kind", kind)
+            obj.setdefault("apiVersion", api_version)
         fresh = {object_key(obj): obj for obj in listed.items}
         for key in [k for k in self._store if k not in fresh]:
             gone = self._store[key]
@@ -372,7 +402,7 @@ class Informer:
             self._synced.set()
 
     def _apply(self, kind: str, obj: Obj) -> None:
-        self._last_event = time.monotonic()
+        self._last_event = self.clock.now()
         rv = _rv(obj)
         if kind == "BOOKMARK":
             self._m_events.labels(self.name, kind).inc()
@@ -443,8 +473,14 @@ class Informer:
 
 
 class InformerFactory:
-    """Hands out one Informer per (resource, namespace, label selector, field selector) and runs
-    them all. Informers asked for after `run()` started are started at once."""
+    """The process's shared informer cache: one Informer per resource, shared by every consumer.
+
+    Consumers ask with the selectors they would like; the first ask decides, and a later ask with
+    other selectors, made before `run()`, widens that informer to every object of the resource
+    (so `--role=all` runs one pod informer for the controller, the hypervisor and the simulated
+    kubelet). Every consumer therefore filters what it reads (indexes make that cheap). An ask
+    with other selectors after `run()` started cannot widen a running informer: it gets an
+    informer of its own, started at once, and a log line says so."""
 
     def __init__(self, client: KubeClient, *, registry: CollectorRegistry | None = None,
                  **informer_options: Any) -> None:
@@ -458,12 +494,25 @@ class InformerFactory:
                  field_selector: str | None = None) -> Informer:
         key = InformerKey(resource, namespace, label_selector, field_selector)
         found = self._informers.get(key)
-        if found is None:
-            found = Informer(self.client, resource, namespace=namespace, label_selector=label_selector,
-                             field_selector=field_selector, registry=self.registry, **self.informer_options)
-            self._informers[key] = found
-            if self._tg is not None:
-                self._tg.start_soon(found.run)
+        if found is None:  # not `or`: an empty Informer is falsy (it has a length)
+            found = self._informers.get(InformerKey(resource))
+        if found is not None:
+            return found
+        same_resource = [inf for inf in self._informers.values() if inf.resource == resource]
+        if same_resource and self._tg is None:
+            shared = same_resource[0]
+            del self._informers[shared.key]
+            shared.widen()
+            self._informers[shared.key] = shared
+            return shared
+        if same_resource:
+            log.info("informer %s asked for after start while %s runs: starting a second one",
+                     key.describe(), same_resource[0].name)
+        found = Informer(self.client, resource, namespace=namespace, label_selector=label_selector,
+                         field_selector=field_selector, registry=self.registry, **self.informer_options)
+        self._informers[key] = found
+        if self._tg is not None:
+            self._tg.start_soon(found.run)
         return found
 
     @property

@@ -22,14 +22,15 @@ import logging
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Gauge
 
+from tfusion.api.timestamps import micro_time as micro_time  # re-exported for the kubelet
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
+from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import CONFIGMAPS, LEASES
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,6 @@ LEADER_INFO_CONFIGMAP = "tensor-fusion-operator-leader-info"
 LEADER_IP_KEY = "leader-ip"
 
 Callback = Callable[[], Awaitable[None] | None]
-
-
-def micro_time(moment: datetime | None = None) -> str:
-    """Kubernetes MicroTime: RFC 3339 in UTC with exactly six fractional digits."""
-    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def default_identity(pod_name: str = "") -> str:
@@ -88,11 +84,13 @@ class LeaderElector:
                  renew_deadline: float = 10.0, retry_period: float = 2.0,
                  on_started_leading: Callback | None = None, on_stopped_leading: Callback | None = None,
                  registry: CollectorRegistry | None = None, leader_info: bool = True,
-                 leader_info_interval: float = 30.0, release_timeout: float = 2.0) -> None:
+                 leader_info_interval: float = 30.0, release_timeout: float = 2.0,
+                 clock: Clock = REAL_CLOCK) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
             raise ValueError(f"leader election needs lease_duration ({lease_duration}) > renew_deadline "
                              f"({renew_deadline}) > retry_period ({retry_period}) > 0")
         self.client = client
+        self.clock = clock
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity(pod_name)
@@ -136,12 +134,12 @@ class LeaderElector:
     async def _acquire(self) -> None:
         log.info("leader election: %s campaigning for lease %s/%s", self.identity, self.namespace, self.name)
         while True:
-            started = anyio.current_time()
-            with anyio.move_on_after(self.renew_deadline):
+            started = self.clock.now()
+            with self.clock.move_on_after(self.renew_deadline):
                 if await self._try_acquire_or_renew() is _Attempt.ACQUIRED:
                     self._acquired_at = started
                     return
-            await anyio.sleep(self.retry_period)
+            await self.clock.sleep(self.retry_period)
 
     async def _lead(self) -> None:
         log.info("leader election: %s is now the leader", self.identity)
@@ -168,10 +166,10 @@ class LeaderElector:
         last_renew = self._acquired_at
         margin = min(0.5, self.renew_deadline * 0.1)  # stop a little before the deadline, not after
         while True:
-            await anyio.sleep(self.retry_period)
-            with anyio.move_on_at(last_renew + self.renew_deadline - margin):
+            await self.clock.sleep(self.retry_period)
+            with self.clock.move_on_after(last_renew + self.renew_deadline - margin - self.clock.now()):
                 while True:
-                    started = anyio.current_time()
+                    started = self.clock.now()
                     attempt = await self._try_acquire_or_renew()
                     if attempt is _Attempt.ACQUIRED:
                         last_renew = started
@@ -179,7 +177,7 @@ class LeaderElector:
                     if attempt is _Attempt.HELD:
                         log.warning("leader election: lease taken by %s", self.observed_holder)
                         return
-                    await anyio.sleep(self.retry_period)
+                    await self.clock.sleep(self.retry_period)
                 continue
             log.error("leader election: %s could not renew within %.1fs", self.identity, self.renew_deadline)
             return
@@ -208,10 +206,10 @@ class LeaderElector:
         record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"),
                   spec.get("leaseDurationSeconds"))
         if record != self._observed:
-            self._observed, self._observed_at = record, anyio.current_time()
+            self._observed, self._observed_at = record, self.clock.now()
         self.observed_holder = holder
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        if holder and holder != self.identity and anyio.current_time() < self._observed_at + duration:
+        if holder and holder != self.identity and self.clock.now() < self._observed_at + duration:
             self._lease = lease
             return _Attempt.HELD
         spec.update(holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration),
@@ -251,7 +249,7 @@ class LeaderElector:
         self.transitions = int(spec.get("leaseTransitions") or 0)
         self._observed = (spec.get("holderIdentity") or "", spec.get("renewTime"), spec.get("acquireTime"),
                           spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
-        self._observed_at = anyio.current_time()
+        self._observed_at = self.clock.now()
 
     async def release(self) -> bool:
         """Give the lease up (holderIdentity "", leaseDurationSeconds 1) if we still hold it."""
@@ -282,7 +280,7 @@ class LeaderElector:
                 await self.write_leader_info()
             except KubeError as exc:
                 log.warning("leader election: cannot write ConfigMap %s: %s", LEADER_INFO_CONFIGMAP, exc)
-            await anyio.sleep(self.leader_info_interval)
+            await self.clock.sleep(self.leader_info_interval)
 
     async def write_leader_info(self, ip: str | None = None) -> None:
         ip = ip or await anyio.to_thread.run_sync(first_ipv4)

@@ -1,4 +1,4 @@
-"""A work queue and reconcile loop in the style of controller-runtime.
+"""The work queue under every reconcile loop, in the style of client-go's workqueue.
 
 Informer events only say "this key may need work"; the queue turns a burst of them into one
 reconcile per key. Guarantees, as in client-go's workqueue:
@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Hashable
 
 import anyio
-from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tfusion.kube.client import TokenBucket, object_key
+from tfusion.kube.client import TokenBucket
+from tfusion.kube.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +61,9 @@ class RateLimiter:
     """The default controller rate limiter: max(per-key exponential backoff, overall bucket)."""
 
     def __init__(self, *, base: float = 0.005, cap: float = 1000.0, qps: float = 10.0,
-                 burst: int = 100) -> None:
+                 burst: int = 100, clock: Clock = REAL_CLOCK) -> None:
         self.backoff = ExponentialBackoff(base, cap)
-        self.bucket = TokenBucket(qps, burst)
+        self.bucket = TokenBucket(qps, burst, clock=clock.now)
 
     def when(self, key: Key) -> float:
         return max(self.backoff.when(key), self.bucket.reserve())
@@ -97,6 +94,8 @@ class WorkQueueMetrics:
             registry=registry)
         self.reconciles = Counter("tfusion_reconcile_total", "reconcile calls by result", ["name", "result"],
                                   registry=registry)
+        self.errors = Counter("tfusion_reconcile_errors_total", "reconcile calls that raised (requeued with "
+                              "backoff)", ["name"], registry=registry)
 
 
 _METRICS: weakref.WeakKeyDictionary[CollectorRegistry, WorkQueueMetrics] = weakref.WeakKeyDictionary()
@@ -118,9 +117,10 @@ class WorkQueue:
     """De-duplicating, delaying, rate-limited queue of keys (see the module docstring)."""
 
     def __init__(self, name: str, *, rate_limiter: RateLimiter | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, clock: Clock = REAL_CLOCK) -> None:
         self.name = name
         self.rate_limiter = rate_limiter or RateLimiter()
+        self.clock = clock
         self._queue: deque[Key] = deque()
         self._dirty: set[Key] = set()
         self._processing: set[Key] = set()
@@ -164,7 +164,7 @@ class WorkQueue:
         if delay <= 0:
             self.add(key)
             return
-        ready_at = time.monotonic() + delay
+        ready_at = self.clock.now() + delay
         current = self._waiting.get(key)
         if current is not None and current <= ready_at:
             return
@@ -185,7 +185,7 @@ class WorkQueue:
 
     def _promote_due(self) -> float | None:
         """Move delayed keys whose time has come into the queue; return seconds to the next one."""
-        now = time.monotonic()
+        now = self.clock.now()
         while self._heap:
             ready_at, _, key = self._heap[0]
             if self._waiting.get(key) != ready_at:
@@ -211,7 +211,7 @@ class WorkQueue:
                 self._dirty.discard(key)
                 return key
             changed = self._changed
-            with anyio.move_on_after(next_due if next_due is not None else float("inf")):
+            with self.clock.move_on_after(next_due if next_due is not None else float("inf")):
                 await changed.wait()
 
     def done(self, key: Key) -> None:
@@ -224,91 +224,3 @@ class WorkQueue:
     def shutdown(self) -> None:
         self._shutting_down = True
         self._notify()
-
-
-# --- the reconcile loop -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a reconcile asks for: nothing (done), `requeue` (rate-limited), or `requeue_after` seconds."""
-
-    requeue: bool = False
-    requeue_after: float | None = None
-
-
-Reconcile = Callable[[Any], Awaitable[Result | None]]
-
-
-class Controller:
-    """N workers taking keys from one WorkQueue and calling `reconcile(key)`.
-
-    An exception requeues the key with backoff; `Result(requeue_after=s)` requeues it after `s`
-    seconds and forgets its failures; `Result(requeue=True)` requeues with backoff."""
-
-    def __init__(self, name: str, reconcile: Reconcile, *, workers: int = 1,
-                 rate_limiter: RateLimiter | None = None, registry: CollectorRegistry | None = None) -> None:
-        if workers < 1:
-            raise ValueError(f"workers={workers}: expected at least 1")
-        self.name = name
-        self.reconcile = reconcile
-        self.workers = workers
-        self.queue = WorkQueue(name, rate_limiter=rate_limiter, registry=registry)
-        metrics = metrics_for(registry)
-        self._duration = metrics.reconcile_time.labels(name)
-        self._results = {result: metrics.reconciles.labels(name, result)
-                         for result in ("success", "error", "requeue", "requeue_after")}
-
-    def enqueue(self, key: Key) -> None:
-        self.queue.add(key)
-
-    def watch(self, informer: Any, key_of: Callable[[dict[str, Any]], Key] | None = None) -> None:
-        """Enqueue the key of every object an informer adds, updates or deletes."""
-        key_fn = key_of or object_key
-
-        async def on_event(*objects: dict[str, Any]) -> None:
-            self.queue.add(key_fn(objects[-1]))
-
-        informer.add_handler(on_add=on_event, on_update=on_event, on_delete=on_event)
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                for _ in range(self.workers):
-                    tg.start_soon(self._worker)
-                task_status.started()
-        finally:
-            self.queue.shutdown()
-
-    async def _worker(self) -> None:
-        while True:
-            try:
-                key = await self.queue.get()
-            except ShutDown:
-                return
-            try:
-                await self._process(key)
-            finally:
-                self.queue.done(key)
-
-    async def _process(self, key: Key) -> None:
-        started = time.perf_counter()
-        try:
-            result = await self.reconcile(key)
-        except Exception:
-            log.exception("%s: reconcile %s failed; retrying with backoff", self.name, key)
-            self._results["error"].inc()
-            self.queue.add_rate_limited(key)
-            return
-        finally:
-            self._duration.observe(time.perf_counter() - started)
-        if result is not None and result.requeue_after is not None:
-            self._results["requeue_after"].inc()
-            self.queue.forget(key)
-            self.queue.add_after(key, result.requeue_after)
-        elif result is not None and result.requeue:
-            self._results["requeue"].inc()
-            self.queue.add_rate_limited(key)
-        else:
-            self._results["success"].inc()
-            self.queue.forget(key)

@@ -8,6 +8,9 @@ schemas (crds.py walks them), so the few conventions both sides rely on live her
   server stores), optional scalars default to the zero value ("" / 0 / False, as Go's omitempty),
   optional objects and pointers default to None. `Annotated[T, REQUIRED]` marks a field the CRD
   lists as required although the model has a default for it.
+* Every field carries a description for `kubectl explain`: a string literal right below the field
+  (an attribute docstring, the convention Sphinx and IDEs read); crds.py reads them with `ast`.
+  `SCHEMA_EXTRA` on a Struct adds schema keys to the object itself (`x-kubernetes-map-type`).
 * `Int32`/`Int64`/`UInt32` carry the OpenAPI `format`; `RawExtension` is an arbitrary object
   (`x-kubernetes-preserve-unknown-fields`); `Quantity` fields are Kubernetes int-or-string.
 * `dec_hook`/`enc_hook` turn wire quantities into `Quantity` objects and back to canonical
@@ -24,7 +27,8 @@ import msgspec
 from tfusion.api.quantity import Quantity, QuantityError
 
 __all__ = [
-    "API_VERSION", "DEFAULT_EMPTY", "DEFAULT_FALSE", "DEFAULT_ZERO", "GROUP", "I32", "REQUIRED", "VERSION",
+    "API_VERSION", "ATOMIC_LIST", "ATOMIC_MAP", "DEFAULT_EMPTY", "DEFAULT_FALSE", "DEFAULT_ZERO", "GROUP", "I32",
+    "REQUIRED", "VERSION",
     "Int32", "Int64", "Model", "Percent", "Quantity", "RawExtension", "UInt32", "constant", "dec_hook",
     "enc_hook",
 ]
@@ -44,6 +48,8 @@ class Model(msgspec.Struct, omit_defaults=True, kw_only=True, rename="camel"):
 
     #: the kind name, on the 12 top-level models only
     KIND: ClassVar[str] = ""
+    #: extra schema keys of this object (e.g. `x-kubernetes-map-type: atomic`), merged by crds.py
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {}
 
 
 def constant(value: str) -> Callable[[], str]:
@@ -69,9 +75,14 @@ DEFAULT_EMPTY: Final = msgspec.Meta(extra={DEFAULT_KEY: ""})
 
 Int32: TypeAlias = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1, extra={"format": "int32"})]
 Int64: TypeAlias = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1, extra={"format": "int64"})]
-#: Go's uint32: controller-gen gives it `format: int32` and no bounds; we add the lower bound
-UInt32: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1, extra={"format": "int32"})]
+#: Go's uint32: controller-gen gives it `format: int32` and no bounds, so the CRD (and we) accept
+#: what the original's CRD accepts; a negative value is the writer's mistake, not a schema error
+UInt32: TypeAlias = Int32
 Percent: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=100, extra={"format": "int32"})]
+#: a list the API server replaces as a whole on merge (`x-kubernetes-list-type: atomic`)
+ATOMIC_LIST: Final = msgspec.Meta(extra_json_schema={"x-kubernetes-list-type": "atomic"})
+#: an object the API server replaces as a whole on merge (for `SCHEMA_EXTRA`)
+ATOMIC_MAP: Final[dict[str, Any]] = {"x-kubernetes-map-type": "atomic"}
 RawExtension: TypeAlias = Annotated[
     dict[str, Any], msgspec.Meta(extra_json_schema={"x-kubernetes-preserve-unknown-fields": True})]
 

@@ -8,11 +8,11 @@ selector operators) keeps the kind modules about TensorFusion only.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from tfusion.api.kinds.base import Int32, Model
+from tfusion.api.kinds.base import ATOMIC_LIST, ATOMIC_MAP, Int32, Model
 
 __all__ = [
     "Condition", "LabelSelector", "LabelSelectorRequirement", "NodeAffinity", "NodeSelector",
@@ -60,50 +60,83 @@ class Condition(Model):
     """metav1.Condition, with the upstream schema's length and pattern rules."""
 
     type: Annotated[str, _CONDITION_TYPE]
+    """Kind of condition in CamelCase (for example Ready); unique among the object's conditions."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds: True, False or Unknown."""
     last_transition_time: datetime
+    """When status last changed (RFC 3339 time), set by the controller that owns the condition."""
     reason: Annotated[str, _CONDITION_REASON]
+    """Machine-readable CamelCase cause of the last transition."""
     message: Annotated[str, _CONDITION_MESSAGE]
+    """Human-readable details of the last transition; may be empty."""
     observed_generation: Annotated[int, msgspec.Meta(ge=0, extra={"format": "int64"})] = 0
+    """The metadata.generation this condition was computed from; older means stale."""
 
 
 class LabelSelectorRequirement(Model):
     key: str
+    """Label key the requirement tests."""
     operator: str
-    values: list[str] = msgspec.field(default_factory=list)
+    """How the key is tested: In, NotIn, Exists or DoesNotExist."""
+    values: Annotated[list[str], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Values for In/NotIn; must be empty for Exists/DoesNotExist."""
 
 
 class LabelSelector(Model):
+    """metav1.LabelSelector; replaced as a whole on merge, as in Kubernetes."""
+
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = ATOMIC_MAP
+
     match_labels: dict[str, str] = msgspec.field(default_factory=dict)
-    match_expressions: list[LabelSelectorRequirement] = msgspec.field(default_factory=list)
+    """Labels that must all be present with exactly these values (ANDed with matchExpressions)."""
+    match_expressions: Annotated[list[LabelSelectorRequirement], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Label requirements that must all hold."""
 
 
 class NodeSelectorRequirement(Model):
     key: str
+    """Node label (or field, in matchFields) the requirement tests."""
     operator: str
-    values: list[str] = msgspec.field(default_factory=list)
+    """How the key is tested: In, NotIn, Exists, DoesNotExist, Gt or Lt."""
+    values: Annotated[list[str], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Values for In/NotIn (several), Gt/Lt (one integer); empty for Exists/DoesNotExist."""
 
 
 class NodeSelectorTerm(Model):
-    match_expressions: list[NodeSelectorRequirement] = msgspec.field(default_factory=list)
-    match_fields: list[NodeSelectorRequirement] = msgspec.field(default_factory=list)
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = ATOMIC_MAP
+
+    match_expressions: Annotated[list[NodeSelectorRequirement], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Requirements on node labels; all must hold."""
+    match_fields: Annotated[list[NodeSelectorRequirement], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Requirements on node fields (such as metadata.name); all must hold."""
 
 
 class NodeSelector(Model):
-    node_selector_terms: list[NodeSelectorTerm]
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = ATOMIC_MAP
+
+    node_selector_terms: Annotated[list[NodeSelectorTerm], ATOMIC_LIST]
+    """Alternatives: a node matches when ANY of these terms matches."""
 
 
 class PreferredSchedulingTerm(Model):
     weight: Int32
+    """How much a matching node is preferred, 1 to 100."""
     preference: NodeSelectorTerm
+    """The node requirements that earn the weight."""
 
 
 class NodeAffinity(Model):
     required_during_scheduling_ignored_during_execution: NodeSelector | None = None
-    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = msgspec.field(
-        default_factory=list)
+    """Nodes the workers must land on; not re-checked after placement."""
+    preferred_during_scheduling_ignored_during_execution: Annotated[
+        list[PreferredSchedulingTerm], ATOMIC_LIST] = msgspec.field(default_factory=list)
+    """Weighted node preferences; the scheduler favours nodes with the highest total weight."""
 
 
 class SecretReference(Model):
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = ATOMIC_MAP
+
     name: str = ""
+    """Name of the Secret."""
     namespace: str = ""
+    """Namespace of the Secret; defaults to the referring object's namespace."""

@@ -42,6 +42,8 @@ class KindInfo:
     namespaced: bool = False
     printer_columns: tuple[PrinterColumn, ...] = ()
     description: str = ""
+    #: False where the kind has a `status` field that is NOT a subresource (ProviderConfig, as upstream)
+    status_subresource: bool = True
 
     @property
     def singular(self) -> str:
@@ -57,7 +59,8 @@ class KindInfo:
 
     @property
     def has_status(self) -> bool:
-        return "status" in self.model.__struct_fields__
+        """Whether `status` is a subresource (written only through `/status`)."""
+        return self.status_subresource and "status" in self.model.__struct_fields__
 
 
 def _col(name: str, path: str, type_: Literal["string", "integer", "number", "boolean", "date"] = "string",
@@ -149,7 +152,7 @@ _KIND_LIST: Final[tuple[KindInfo, ...]] = (
                  _col("Workers Used", ".status.used.workers", "integer"),
                  _col("Alert Threshold", ".spec.total.alertThresholdPercent", "integer"),
                  _AGE)),
-    KindInfo("ProviderConfig", "providerconfigs", ProviderConfig, ("tfpc",),
+    KindInfo("ProviderConfig", "providerconfigs", ProviderConfig, ("tfpc",), status_subresource=False,
              description="Vendor-specific images, hypervisor settings, GPU models and partition templates.",
              printer_columns=(_col("Vendor", ".spec.vendor"), _AGE)),
     KindInfo("TensorFusionWorkload", "tensorfusionworkloads", TensorFusionWorkload, ("tfw",), namespaced=True,

@@ -1,29 +1,34 @@
 """`POST /api/simulate-schedule`: filter and score a Pod without reserving anything.
 
-Pure: takes the allocator and the Pod manifest, returns (HTTP status, body). The body keeps the
+Pure: takes the allocator, the Pod manifest and the GPUPool objects, returns (HTTP status, body).
+The pod first gets the defaults the pod webhook would give it (`defaults.default_pod_request`:
+the default pool when it names none, soft isolation, the computed QoS), so a raw manifest from
+`kubectl get pod X -o yaml` is judged as the pod the webhook admits. The body keeps the
 original's envelope `{scheduleResult, filterDetail, error, ...}` with its Go field names
 (`SuggestedHost`, `FilterStageDetails`, `FilterName`, `Before`, `After`, `Diff`) and adds `Removed`
 to each stage: every GPU the stage dropped, its node and why (e.g. `gpu-3f2a: VRAM available 6Gi <
 requested 8Gi`). When nothing fits, `error.diagnosis.nodeToStatus.nodes` says per node why.
-Status codes: 400 unreadable body or bad annotations (the message names the annotation), 500
+Status codes: 413 a body over 3 MiB, 400 unreadable body (too deep, an alias bomb, a YAML tag
+beyond JSON, ...) or bad annotations (the message names the annotation), 500
 `scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
 The allocator's state is not changed (only `filter`, `select` and `score` are called).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import orjson
-import yaml
 
 from tfusion.allocator import GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
+from tfusion.api.documents import DocumentError, load_json_or_yaml
+from tfusion.controller.scheduling.defaults import default_pod_request
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 PLUGIN = "GPUResourcesFit"
 FRAMEWORK_NOT_FOUND = "scheduler framework not found"
+#: a Pod manifest may be as large as kube-apiserver accepts a request body (3 MiB)
+POD_MANIFEST_MAX_BYTES = 3 * 1024 * 1024
 
 
 class ManifestError(ValueError):
@@ -31,18 +36,17 @@ class ManifestError(ValueError):
 
 
 def read_pod_manifest(body: bytes) -> dict[str, Any]:
-    """Decode a Pod manifest (JSON first, then YAML) and check its shape (raises ManifestError)."""
+    """Decode a Pod manifest (JSON first, then YAML) and check its shape (raises ManifestError).
+
+    Bounded (`tfusion.api.documents`): at most 100 levels deep, YAML aliases expanding to at most
+    POD_MANIFEST_MAX_BYTES, only JSON-compatible YAML, integers within 64 bits. CPU-bound for a
+    large body: the route calls it through `tfusion.web.decode_body`, in a worker thread."""
     if not body.strip():
         raise ManifestError("the request body is empty; expected a Pod manifest in JSON or YAML")
     try:
-        pod = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        try:
-            pod = yaml.safe_load(body.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ManifestError(f"the request body is not UTF-8 text: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ManifestError(f"the request body is neither JSON nor YAML: {exc}") from None
+        pod = load_json_or_yaml(body, max_bytes=POD_MANIFEST_MAX_BYTES)
+    except DocumentError as exc:
+        raise ManifestError(f"the request body is not a readable Pod manifest: {exc}") from None
     if not isinstance(pod, dict):
         raise ManifestError(f"the request body must be a Pod manifest (an object), got {type(pod).__name__}")
     kind = pod.get("kind")
@@ -95,15 +99,17 @@ def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
     }
 
 
-def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """Run the GPU filter chain and scoring for `pod` and explain the outcome; no side effects."""
+def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
+                      pools: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Run the GPU filter chain and scoring for `pod` (defaulted as the webhook would, with
+    `pools` the GPUPool objects) and explain the outcome; no side effects."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return 400, {"error": "the Pod manifest has no spec"}
     if spec.get("schedulerName") != SCHEDULER_NAME:
         return 500, {"error": FRAMEWORK_NOT_FOUND}
     try:
-        req = request_from_pod(pod)
+        req = request_from_pod(default_pod_request(pod, pools))
     except RequestError as exc:
         return 400, {"error": str(exc)}
 

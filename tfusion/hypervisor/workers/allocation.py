@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from tfusion.api import annotations as keys
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.workers.model import WorkerAllocation, WorkerInfo
 
@@ -73,9 +74,9 @@ def build_allocation(worker: WorkerInfo, known: Mapping[str, DeviceInfo], *,
                            key=lambda d: (d.index, d.uuid)))
     vendor = devices[0].vendor if devices else ""
     envs: dict[str, str] = {}
-    if worker.isolation != "partitioned":
+    if worker.isolation != keys.ISOLATION_PARTITIONED:
         envs.update(visible_devices_env(vendor, devices, bare_process=bare_process))
-    if devices and worker.isolation == "hard":
+    if devices and worker.isolation == keys.ISOLATION_HARD:
         envs["TF_CUDA_SM_PERCENT_LIMIT"] = str(hard_sm_percent(worker, devices[0]))
     if bare_process and devices:
         envs.update(_process_limits_env(worker, devices[0]))
@@ -91,7 +92,7 @@ def build_allocation(worker: WorkerInfo, known: Mapping[str, DeviceInfo], *,
 def _process_limits_env(worker: WorkerInfo, device: DeviceInfo) -> dict[str, str]:
     """What the operator would inject into a worker container, for a process started directly."""
     env = {"TF_ISOLATION_MODE": worker.isolation}
-    if worker.isolation in ("soft", "hard"):
+    if worker.isolation in (keys.ISOLATION_SOFT, keys.ISOLATION_HARD):
         limit = str(vram_limit(worker, device))
         env["TF_GPU_MEMORY_LIMIT"] = limit
         env["TF_CUDA_MEMORY_LIMIT"] = limit

@@ -1,7 +1,10 @@
-"""The Kubernetes backend: worker pods on this node, tracked by an informer, and their allocations.
+"""The Kubernetes backend: worker pods on this node, tracked from the shared pod informer, and their allocations.
 
-Pods are watched with field selector `spec.nodeName=<node>` and label selector
-`tensor-fusion.ai/component=worker`. A pod becomes a `WorkerInfo` through the allocator's request
+Pods are asked of the Manager's cache with field selector `spec.nodeName=<node>` and label
+selector `tensor-fusion.ai/component=worker` (in `--role=all` the shared informer holds every
+pod, so this backend filters by its node index and the label). Each pod is parsed once, when its
+informer event arrives, into a cached `WorkerInfo`; HTTP calls and scrapes read the cache.
+A pod becomes a `WorkerInfo` through the allocator's request
 parser (requests, limits, QoS, isolation) plus its `gpu-ids`, `container-gpus` and
 `effective-hard-sm-percent` annotations; its allocation (visible-devices env per vendor, hard SM
 percent) is built from those and this node's devices. The scheduler owns placement: this backend
@@ -10,11 +13,9 @@ only reads.
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Callable
 from typing import Any
-
-import anyio
 
 from tfusion.allocator.request import RequestError, request_from_pod
 from tfusion.api import annotations as keys
@@ -32,8 +33,9 @@ from tfusion.hypervisor.workers.model import (
     WorkerInfo,
 )
 from tfusion.hypervisor.workers.procfs import ProcFS
-from tfusion.kube.client import KubeClient
-from tfusion.kube.informer import Informer
+from tfusion.kube.client import object_key
+from tfusion.kube.informer import Informer, node_name_index
+from tfusion.kube.manager import Manager
 from tfusion.kube.resources import PODS
 from tfusion.settings import Settings
 from tfusion.web import Readiness
@@ -45,63 +47,96 @@ def worker_status(pod: dict[str, Any]) -> str:
     phase = (pod.get("status") or {}).get("phase", "")
     if phase == "Running":
         return STATUS_RUNNING
-    if phase in ("Succeeded", "Failed"):
+    if phase in keys.FINISHED_POD_PHASES:
         return STATUS_TERMINATED
     notes = (pod.get("metadata") or {}).get("annotations") or {}
     return STATUS_ALLOCATING if notes.get(keys.INDEX) else STATUS_PENDING
 
 
-def _container_gpus(raw: str | None) -> dict[str, list[str]]:
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): [str(u).lower() for u in v] for k, v in data.items() if isinstance(v, list)}
+def _container_gpus(notes: dict[str, str], on_error: Callable[[keys.AnnotationError], object]) -> dict[str, list[str]]:
+    none: dict[str, tuple[str, ...]] = {}
+    by_container = keys.parse_present(notes.get(keys.CONTAINER_GPUS), keys.parse_container_gpus, none,
+                                      on_error=on_error)
+    return {container: list(gpus) for container, gpus in by_container.items()}
 
 
 def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
-    """A worker pod as the hypervisor sees it; unreadable resource annotations are logged and left 0."""
+    """A worker pod as the hypervisor sees it; unreadable annotations are logged and read as absent."""
     meta = pod.get("metadata") or {}
     notes = dict(meta.get("annotations") or {})
     labels = dict(meta.get("labels") or {})
-    ids = tuple(u.strip().lower() for u in (notes.get(keys.GPU_IDS) or "").split(",") if u.strip())
+
+    def warn(exc: Exception) -> None:
+        log.warning("worker pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+
+    no_ids: tuple[str, ...] = ()
+    ids = keys.parse_present(notes.get(keys.GPU_IDS), keys.parse_gpu_ids, no_ids, on_error=warn)
     requests = limits = Resource()
     qos = notes.get(keys.QOS) or "medium"
-    isolation = notes.get(keys.ISOLATION) or "soft"
+    isolation = notes.get(keys.ISOLATION) or keys.DEFAULT_ISOLATION
     try:
         req = request_from_pod(pod, default_pool=notes.get(keys.GPU_POOL) or "default")
     except RequestError as exc:
-        log.warning("worker pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        warn(exc)
     else:
         requests = Resource(req.tflops_request, req.percent_request / 1000, req.vram_request)
         limits = Resource(req.tflops_limit, req.percent_limit / 1000, req.vram_limit)
         qos, isolation = req.qos, req.isolation
-    hard = notes.get(keys.EFFECTIVE_HARD_SM_PERCENT, "")
+    hard = keys.parse_present(notes.get(keys.EFFECTIVE_HARD_SM_PERCENT), keys.parse_effective_hard_sm_percent,
+                              None, on_error=warn)
     return WorkerInfo(
         uid=str(meta.get("uid", "")), namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
         allocated_devices=ids, status=worker_status(pod), qos=qos, isolation=isolation, requests=requests,
-        limits=limits, partition_template_id=notes.get(keys.PARTITION_ID, "") if isolation == "partitioned"
-        else "", workload_name=labels.get(keys.WORKLOAD, ""), labels=labels, annotations=notes,
-        container_gpus=_container_gpus(notes.get(keys.CONTAINER_GPUS)),
-        effective_hard_sm_percent=int(hard) if hard.isdigit() else None)
+        limits=limits, partition_template_id=notes.get(keys.PARTITION_ID, "")
+        if isolation == keys.ISOLATION_PARTITIONED else "", workload_name=labels.get(keys.WORKLOAD, ""),
+        labels=labels, annotations=notes, container_gpus=_container_gpus(notes, warn),
+        effective_hard_sm_percent=hard)
 
 
 class KubernetesWorkers:
-    """Worker pods on this node, from a pod informer."""
+    """Worker pods on this node, parsed on informer events (see the module docstring)."""
 
     kind = "kubernetes"
 
-    def __init__(self, informer: Informer, registry: DeviceRegistry, procfs: ProcFS | None = None) -> None:
+    def __init__(self, informer: Informer, registry: DeviceRegistry, node: str, procfs: ProcFS | None = None,
+                 on_gone: Callable[[str], object] | None = None) -> None:
         self.informer = informer
         self.registry = registry
+        self.node = node
         self.procfs = procfs or ProcFS()
+        self.on_gone = on_gone  # called with a pod UID when it is deleted or leaves the node
+        self._workers: dict[str, WorkerInfo] = {}  # pod key -> parsed worker
+        informer.add_index("node", node_name_index)
+        informer.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
 
-    def _workers(self) -> list[WorkerInfo]:
-        return [worker_from_pod(p) for p in self.informer.list()]
+    def _is_ours(self, pod: dict[str, Any]) -> bool:
+        meta = pod.get("metadata") or {}
+        return (pod.get("spec") or {}).get("nodeName") == self.node and \
+            (meta.get("labels") or {}).get(keys.COMPONENT) == keys.COMPONENT_WORKER
+
+    def _on_pod(self, pod: dict[str, Any]) -> None:
+        key = object_key(pod)
+        if self._is_ours(pod):
+            self._workers[key] = worker_from_pod(pod)
+        else:
+            self._forget(key)
+
+    def _on_pod_update(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        self._on_pod(new)
+
+    def _on_pod_delete(self, pod: dict[str, Any]) -> None:
+        self._forget(object_key(pod))
+
+    def _forget(self, key: str) -> None:
+        gone = self._workers.pop(key, None)
+        if gone is not None and self.on_gone is not None:
+            self.on_gone(gone.uid)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def _current(self) -> list[WorkerInfo]:
+        return list(self._workers.values())
 
     def _allocation(self, worker: WorkerInfo) -> WorkerAllocation | None:
         if not worker.allocated_devices or worker.status == STATUS_TERMINATED:
@@ -114,11 +149,11 @@ class KubernetesWorkers:
             return None
 
     def allocations(self) -> list[WorkerAllocation]:
-        result = [self._allocation(w) for w in self._workers()]
+        result = [self._allocation(w) for w in self._current()]
         return sorted((a for a in result if a is not None), key=lambda a: (a.worker.namespace, a.worker.name))
 
     def get(self, worker_id: str) -> WorkerAllocation | None:
-        for worker in self._workers():
+        for worker in self._current():
             if worker.uid == worker_id:
                 return self._allocation(worker)
         return None
@@ -127,7 +162,7 @@ class KubernetesWorkers:
         return None
 
     def worker_for_pid(self, pid: int) -> str | None:
-        workers = self._workers()
+        workers = self._current()
         uid = self.procfs.pod_uid(pid)
         if uid and any(w.uid == uid for w in workers):
             return uid
@@ -138,44 +173,30 @@ class KubernetesWorkers:
         return None
 
 
-async def start_kubernetes_workers(settings: Settings, registry: DeviceRegistry, readiness: Readiness, tg: Any,
-                                   node: str) -> tuple[KubernetesWorkers, dict[str, Any]]:
-    """Connect, start the pod informer and the GPU reporter in `tg`; returns the tracker and the
-    TokenReviewer for the HTTP routes."""
+def register_kubernetes_workers(settings: Settings, manager: Manager, registry: DeviceRegistry,
+                                readiness: Readiness, node: str) -> tuple[KubernetesWorkers, dict[str, Any]]:
+    """Register the worker tracker and the GPU reporter on the process's Manager; returns the
+    tracker and the TokenReviewer for the HTTP routes."""
     from tfusion.kube.auth import TokenReviewer
 
-    try:
-        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
-    except ValueError as exc:
-        from tfusion.errors import RoleError
-
-        raise RoleError(f"hypervisor: {exc}") from None
-    informer = Informer(client, PODS, label_selector=f"{keys.COMPONENT}=worker",
-                        field_selector=f"spec.nodeName={node}")
+    informer = manager.cache.informer(PODS, label_selector=f"{keys.COMPONENT}={keys.COMPONENT_WORKER}",
+                                      field_selector=f"spec.nodeName={node}")
+    reviewer = TokenReviewer(manager.client)
+    # a cached token review ends with its pod: deleted, or no longer on this node
+    workers = KubernetesWorkers(informer, registry, node, on_gone=reviewer.forget_pod)
     readiness.set("pod-informer", False, f"listing worker pods on node {node}")
 
     def count_pods(*_: Any) -> None:
         if informer.synced:
-            readiness.set("pod-informer", True, f"{len(informer)} worker pod(s) on node {node}")
+            readiness.set("pod-informer", True, f"{len(workers)} worker pod(s) on node {node}")
 
     async def mark_synced() -> None:
         await informer.wait_synced()
         count_pods()
 
     informer.add_handler(on_add=count_pods, on_delete=count_pods)
-
-    async def close_client() -> None:
-        try:
-            await anyio.sleep_forever()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
-
-    tg.start_soon(close_client)
-    await tg.start(informer.run)
-    tg.start_soon(mark_synced)
-    reporter = GpuReporter(client, registry, readiness, node=node, isolation_mode=settings.isolation_mode,
+    manager.add(mark_synced, leader_only=False, name="hypervisor pod-informer readiness")
+    reporter = GpuReporter(manager, registry, readiness, node=node, isolation_mode=settings.isolation_mode,
                            isolation_policy=settings.isolation_policy)
-    tg.start_soon(reporter.run)
-    return KubernetesWorkers(informer, registry), {"reviewer": TokenReviewer(client), "reporter": reporter,
-                                                   "client": client}
+    manager.add(reporter.run, leader_only=False, name="hypervisor GPU reporter")
+    return workers, {"reviewer": reviewer, "reporter": reporter}

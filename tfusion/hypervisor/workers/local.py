@@ -3,8 +3,15 @@
 Workers are created over HTTP (`POST /api/v1/workers`), placed by the same allocator as the
 controller, persisted in `<state-dir>/workers.json` (devices in `devices.json`, both in the
 original's JSON shape, written atomically) and restored after a restart. A worker with a `command`
-runs as a supervised process with its allocation's env, restarted with backoff (3 s doubling to
-60 s) when it exits; deleting the worker stops it (SIGTERM, then SIGKILL) and releases its devices.
+runs as a supervised process group with its allocation's env, restarted with backoff (3 s doubling
+to 60 s) when it exits; its output goes to `<state-dir>/logs/<namespace>/worker-<name>.log`.
+
+Nothing runs that tfusion does not track, even across kill -9: each worker's process group (pgid
+and the leader's start time) is persisted with the worker as `WorkerRunningInfo.processGroup`, and
+every worker process carries a marker (`TF_LOCAL_WORKER=<state-dir>#<uid>`). At start, a recorded
+group whose leader is still the same process is adopted (watched, not started again); any other
+process carrying one of this state dir's markers is stopped (SIGTERM, then SIGKILL) before fresh
+copies start. Deleting a worker, and stopping tfusion (SIGTERM), stop its whole group the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import logging
 import os
 import tempfile
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +42,14 @@ from tfusion.hypervisor.workers.model import (
 from tfusion.hypervisor.workers.placement import Placement, PlacementError
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.spec import SpecError, parse_worker_spec
-from tfusion.hypervisor.workers.supervisor import ProcessSupervisor
+from tfusion.hypervisor.workers.supervisor import (
+    MARKER_ENV,
+    STOP_GRACE_S,
+    ProcessGroup,
+    ProcessSupervisor,
+    leader_is_alive,
+    stop_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +85,8 @@ class _LocalWorker:
     running: RunningInfo | None = None
     supervisor: ProcessSupervisor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: a still-running group found at start, to be adopted instead of started again
+    adopt: ProcessGroup | None = None
 
 
 class LocalWorkers:
@@ -79,8 +95,10 @@ class LocalWorkers:
     kind = "local"
 
     def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
-                 hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None) -> None:
+                 hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None,
+                 stop_grace: float = STOP_GRACE_S) -> None:
         self.state_dir = state_dir
+        self.stop_grace = stop_grace
         self.registry = registry
         self.node_name = node_name
         self.pool = pool
@@ -127,38 +145,90 @@ class LocalWorkers:
 
     async def _restore(self) -> None:
         path = self.state_dir / WORKERS_FILE
-        if not path.exists():
-            self._restored = True
-            return
-        try:
-            records = json.loads(path.read_text())
-        except ValueError as exc:
-            raise RuntimeError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
-        known = {d.uuid: d for d in self.registry.devices()}
-        for raw in records:
-            info = WorkerInfo.from_wire(raw)
-            running = RunningInfo.from_wire(raw["WorkerRunningInfo"]) if raw.get("WorkerRunningInfo") else None
-            missing = [u for u in info.allocated_devices if u not in known]
-            if missing:
-                log.error("local worker %s holds devices that are gone (%s); keeping its record without "
-                          "devices until it is deleted", info.name, ", ".join(missing))
+        records: list[dict[str, Any]] = []
+        if path.exists():
             try:
-                self.placement.restore(info, [u for u in info.allocated_devices if u in known])
-            except PlacementError as exc:
-                log.error("cannot restore the allocation of local worker %s: %s", info.name, exc)
-            allocation = self._allocation(info.replace(allocated_devices=tuple(
-                u for u in info.allocated_devices if u in known)))
-            worker = _LocalWorker(info=allocation.worker, allocation=allocation, running=running)
-            self._workers[info.uid] = worker
-            if running is not None:
+                records = json.loads(path.read_text())
+            except ValueError as exc:
+                raise RuntimeError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+        leftovers = [self._restore_one(raw) for raw in records]
+        keep = {w.adopt.pgid for w in self._workers.values() if w.adopt is not None}
+        await self._stop_groups([g for g in leftovers if g is not None] + self._stray_groups(keep=keep))
+        # every record is back in memory before any starts: each start persists the whole list
+        for worker in list(self._workers.values()):
+            if worker.running is not None:
                 await self._start(worker)
         self._restored = True
-        log.info("restored %d local worker(s) from %s", len(records), path)
+        if records:
+            log.info("restored %d local worker(s) from %s", len(records), path)
+
+    def _restore_one(self, raw: dict[str, Any]) -> tuple[ProcessGroup, str] | None:
+        """Bring one record back; returns its recorded group when that must be stopped (its leader
+        is gone or it has no command any more), None when there is none or it is adopted."""
+        known = {d.uuid: d for d in self.registry.devices()}
+        info = WorkerInfo.from_wire(raw)
+        raw_running = raw.get("WorkerRunningInfo")
+        running = RunningInfo.from_wire(raw_running) if isinstance(raw_running, dict) else None
+        group = ProcessGroup.from_wire(raw_running.get("processGroup")) if isinstance(raw_running, dict) else None
+        missing = [u for u in info.allocated_devices if u not in known]
+        if missing:
+            log.error("local worker %s holds devices that are gone (%s); keeping its record without "
+                      "devices until it is deleted", info.name, ", ".join(missing))
+        try:
+            self.placement.restore(info, [u for u in info.allocated_devices if u in known])
+        except PlacementError as exc:
+            log.error("cannot restore the allocation of local worker %s: %s", info.name, exc)
+        allocation = self._allocation(info.replace(allocated_devices=tuple(
+            u for u in info.allocated_devices if u in known)))
+        worker = _LocalWorker(info=allocation.worker, allocation=allocation, running=running)
+        self._workers[info.uid] = worker
+        if group is None:
+            return None
+        if running is not None and leader_is_alive(self.procfs, group):
+            worker.adopt = group
+            return None
+        return group, self._marker(info.uid)
+
+    # --- process groups ----------------------------------------------------------------------------
+
+    @property
+    def _marker_prefix(self) -> str:
+        return f"{self.state_dir.resolve()}#"
+
+    def _marker(self, uid: str) -> str:
+        """The value of TF_LOCAL_WORKER in every process of worker `uid`."""
+        return self._marker_prefix + uid
+
+    def _stray_groups(self, *, keep: Collection[int] = (), uid: str = "") -> list[tuple[ProcessGroup, str]]:
+        """Process groups holding a process that carries one of our markers (only worker `uid`'s
+        when given), except the groups in `keep`: what a crash or a setsid left behind."""
+        wanted = self._marker(uid) if uid else self._marker_prefix
+        found: dict[int, str] = {}
+        for pid in self.procfs.pids():
+            marker = self.procfs.environ(pid).get(MARKER_ENV, "")
+            if not (marker == wanted if uid else marker.startswith(wanted)):
+                continue
+            stat = self.procfs.stat(pid)
+            if stat is not None and stat.alive and stat.pgrp not in keep and stat.pgrp > 1:
+                found.setdefault(stat.pgrp, marker)
+        return [(ProcessGroup(pgid, 0), marker) for pgid, marker in sorted(found.items())]
+
+    async def _stop_groups(self, groups: list[tuple[ProcessGroup, str]]) -> None:
+        if not groups:
+            return
+        log.warning("stopping %d leftover local worker process group(s): %s", len(groups),
+                    ", ".join(str(g.pgid) for g, _ in groups))
+        async with anyio.create_task_group() as tg:
+            for group, marker in groups:
+                tg.start_soon(stop_group, self.procfs, group, marker, self.stop_grace)
 
     async def _stop_all(self) -> None:
-        for worker in list(self._workers.values()):
-            if worker.supervisor is not None:
-                await worker.supervisor.stop()
+        """On shutdown: every supervised group, then anything else that carries our marker."""
+        async with anyio.create_task_group() as tg:
+            for worker in list(self._workers.values()):
+                if worker.supervisor is not None:
+                    tg.start_soon(worker.supervisor.stop)
+        await self._stop_groups(self._stray_groups())
 
     # --- reads (WorkerTracker) ---------------------------------------------------------------------
 
@@ -171,12 +241,15 @@ class LocalWorkers:
         return worker.allocation if worker else None
 
     def _find(self, worker_id: str) -> _LocalWorker | None:
+        """A worker by UID, or by name when that is unique across namespaces."""
         if worker_id in self._workers:
             return self._workers[worker_id]
-        for worker in self._workers.values():
-            if worker.info.name == worker_id:
-                return worker
-        return None
+        named = [w for w in self._workers.values() if w.info.name == worker_id]
+        if len(named) > 1:
+            raise ApiError(409, f"worker name {worker_id!r} is used in several namespaces; use the UID",
+                           field="worker_id", reasons=sorted(f"{w.info.namespace}/{w.info.name}: {w.info.uid}"
+                                                             for w in named))
+        return named[0] if named else None
 
     def running_info(self, uid: str) -> RunningInfo | None:
         worker = self._workers.get(uid)
@@ -249,6 +322,7 @@ class LocalWorkers:
                 return None
             if worker.supervisor is not None:
                 await worker.supervisor.stop()
+            await self._stop_groups(self._stray_groups(uid=worker.info.uid))
             del self._workers[worker.info.uid]
             self.placement.release(worker.info.uid)
             self._persist()
@@ -260,9 +334,12 @@ class LocalWorkers:
         assert self._tg is not None and worker.running is not None
         env = {**self.process_env, **worker.allocation.envs, **worker.running.env}
         supervisor = ProcessSupervisor(name=worker.info.name, argv=[worker.running.executable, *worker.running.args],
-                                       env=env, cwd=worker.running.working_dir or None, log_dir=self.log_dir,
-                                       on_change=self._persist_soon)
+                                       env=env, cwd=worker.running.working_dir or None,
+                                       log_dir=self.log_dir / worker.info.namespace, on_change=self._persist_soon,
+                                       stop_grace=self.stop_grace, marker=self._marker(worker.info.uid),
+                                       adopt=worker.adopt, restarts=worker.running.restarts, procfs=self.procfs)
         worker.supervisor = supervisor
+        worker.adopt = None
         await self._tg.start(supervisor.run)
 
     def _persist_soon(self) -> None:
@@ -275,5 +352,9 @@ class LocalWorkers:
         records = []
         for worker in sorted(self._workers.values(), key=lambda w: (w.info.namespace, w.info.name)):
             running = self.running_info(worker.info.uid)
-            records.append(worker.info.to_wire(running))
+            record = worker.info.to_wire(running)
+            group = worker.supervisor.group if worker.supervisor is not None else worker.adopt
+            if group is not None and record["WorkerRunningInfo"] is not None:
+                record["WorkerRunningInfo"]["processGroup"] = group.to_wire()
+            records.append(record)
         write_json_atomic(self.state_dir / WORKERS_FILE, records)

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfusion.api import annotations as keys
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 
@@ -21,7 +22,7 @@ STATUS_RUNNING = "Running"
 STATUS_TERMINATED = "Terminated"
 
 QOS_LEVELS = ("low", "medium", "high", "critical")
-ISOLATION_MODES = ("shared", "soft", "hard", "partitioned")
+ISOLATION_MODES = keys.ISOLATION_MODES
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class WorkerInfo:
     allocated_devices: tuple[str, ...] = ()
     status: str = STATUS_PENDING
     qos: str = "medium"
-    isolation: str = "soft"
+    isolation: str = keys.DEFAULT_ISOLATION
     requests: Resource = field(default_factory=Resource)
     limits: Resource = field(default_factory=Resource)
     partition_template_id: str = ""
@@ -119,7 +120,8 @@ class WorkerInfo:
             uid=str(raw["WorkerUID"]), namespace=str(raw.get("Namespace", "")), name=str(raw.get("WorkerName", "")),
             allocated_devices=tuple(str(d) for d in raw.get("AllocatedDevices") or ()),
             status=str(raw.get("Status", STATUS_PENDING)), qos=str(raw.get("QoS", "medium")),
-            isolation=str(raw.get("IsolationMode", "soft")), requests=Resource.from_wire(raw.get("Requests")),
+            isolation=str(raw.get("IsolationMode", keys.DEFAULT_ISOLATION)),
+            requests=Resource.from_wire(raw.get("Requests")),
             limits=Resource.from_wire(raw.get("Limits")),
             partition_template_id=str(raw.get("PartitionTemplateID", "")),
             workload_name=str(raw.get("WorkloadName", "")), labels=dict(raw.get("Labels") or {}),

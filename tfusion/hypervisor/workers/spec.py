@@ -135,10 +135,10 @@ def parse_worker_spec(body: Mapping[str, Any], devices: Sequence[DeviceInfo]) ->
     if "gpuIds" in body:
         notes[keys.GPU_INDICES] = _gpu_indices(body["gpuIds"], devices)
         notes[keys.GPU_COUNT] = str(len(notes[keys.GPU_INDICES].split(",")))
-    isolation = body.get("isolation", "soft")
+    isolation = body.get("isolation", keys.DEFAULT_ISOLATION)
     if isolation not in ISOLATION_MODES:
         raise SpecError("isolation", isolation, ", ".join(ISOLATION_MODES))
-    if isolation == "partitioned":
+    if isolation == keys.ISOLATION_PARTITIONED:
         raise SpecError("isolation", isolation, "shared, soft or hard (partitions need a vendor library)")
     notes[keys.ISOLATION] = isolation
     qos = body.get("qos", "medium")

@@ -1,0 +1,267 @@
+"""JSON types of the fields of built-in kinds that the server reads: the part of Go's typed decoding
+that kube-apiserver gets for free.
+
+kube-apiserver decodes a Pod into a Go struct, so `"spec": "x"` or `"containers": 5` is a 400
+before any handler runs. We keep objects as plain JSON, so without this check such a body reached
+the defaulting and validation code and crashed it (500). `check` walks only the fields listed
+here — the ones our code reads or kube clients rely on — and reports the first mismatch with its
+field path; fields not listed are left to the kind's own validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfusion.apiserver import errors
+from tfusion.apiserver.errors import ApiError
+
+
+class Obj:
+    """A JSON object with (some) known fields."""
+
+    def __init__(self, **fields: Shape) -> None:
+        self.fields = fields
+        #: the scalar fields as tuples of types, checked in place rather than by a recursive call
+        self.scalars = {name: _types(sub) for name, sub in fields.items() if _is_scalar(sub)}
+
+
+class ListOf:
+    def __init__(self, item: Shape) -> None:
+        self.item = item
+        self.scalar = _types(item) if _is_scalar(item) else None
+
+
+class MapOf:
+    def __init__(self, value: Shape) -> None:
+        self.value = value
+        self.scalar = _types(value) if _is_scalar(value) else None
+
+
+def _is_scalar(shape: Shape) -> bool:
+    return isinstance(shape, type | tuple)
+
+
+def _types(shape: Shape) -> tuple[type, ...]:
+    return shape if isinstance(shape, tuple) else (shape,)  # type: ignore[return-value]
+
+
+def _scalar_mismatch(types: tuple[type, ...], value: Any) -> _Problem | None:
+    if not isinstance(value, types) or (value.__class__ is bool and bool not in types):
+        return [], " or ".join(_NAMES[t] for t in types), value
+    return None
+
+
+Shape = Obj | ListOf | MapOf | type | tuple[type, ...]
+
+STR, INT, BOOL = str, int, bool
+SCALAR = (str, int, float)
+ANY_OBJ = Obj()
+
+_META = Obj(
+    name=STR,
+    generateName=STR,
+    namespace=STR,
+    uid=STR,
+    resourceVersion=STR,
+    labels=MapOf(STR),
+    annotations=MapOf(STR),
+    finalizers=ListOf(STR),
+    ownerReferences=ListOf(Obj(apiVersion=STR, kind=STR, name=STR, uid=STR, controller=BOOL,
+                               blockOwnerDeletion=BOOL)),
+    deletionGracePeriodSeconds=INT,
+)
+_RESOURCES = Obj(limits=MapOf(SCALAR), requests=MapOf(SCALAR))
+_CONTAINER = Obj(
+    name=STR,
+    image=STR,
+    imagePullPolicy=STR,
+    command=ListOf(STR),
+    args=ListOf(STR),
+    resources=_RESOURCES,
+    ports=ListOf(Obj(containerPort=INT, name=STR, protocol=STR)),
+    env=ListOf(Obj(name=STR, value=STR, valueFrom=ANY_OBJ)),
+    envFrom=ListOf(ANY_OBJ),
+    volumeMounts=ListOf(Obj(name=STR, mountPath=STR)),
+    volumeDevices=ListOf(ANY_OBJ),
+    securityContext=ANY_OBJ,
+)
+_POD_SPEC = Obj(
+    containers=ListOf(_CONTAINER),
+    initContainers=ListOf(_CONTAINER),
+    ephemeralContainers=ListOf(_CONTAINER),
+    volumes=ListOf(Obj(name=STR)),
+    nodeName=STR,
+    nodeSelector=MapOf(STR),
+    serviceAccountName=STR,
+    serviceAccount=STR,
+    schedulerName=STR,
+    priorityClassName=STR,
+    priority=INT,
+    restartPolicy=STR,
+    terminationGracePeriodSeconds=INT,
+    activeDeadlineSeconds=INT,
+    tolerations=ListOf(ANY_OBJ),
+    schedulingGates=ListOf(Obj(name=STR)),
+    imagePullSecrets=ListOf(Obj(name=STR)),
+    hostAliases=ListOf(Obj(ip=STR)),
+    topologySpreadConstraints=ListOf(Obj(topologyKey=STR)),
+    resourceClaims=ListOf(Obj(name=STR)),
+    affinity=ANY_OBJ,
+    securityContext=ANY_OBJ,
+    hostNetwork=BOOL,
+    enableServiceLinks=BOOL,
+)
+_CONDITIONS = ListOf(Obj(type=STR, status=STR, reason=STR, message=STR))
+_POD_STATUS = Obj(
+    phase=STR,
+    conditions=_CONDITIONS,
+    podIP=STR,
+    podIPs=ListOf(Obj(ip=STR)),
+    hostIP=STR,
+    hostIPs=ListOf(Obj(ip=STR)),
+    containerStatuses=ListOf(ANY_OBJ),
+    initContainerStatuses=ListOf(ANY_OBJ),
+    resourceClaimStatuses=ListOf(Obj(name=STR)),
+)
+_WEBHOOK = Obj(
+    name=STR,
+    clientConfig=Obj(url=STR, caBundle=STR, service=Obj(namespace=STR, name=STR, path=STR, port=INT)),
+    rules=ListOf(Obj(operations=ListOf(STR), apiGroups=ListOf(STR), apiVersions=ListOf(STR),
+                     resources=ListOf(STR), scope=STR)),
+    failurePolicy=STR,
+    matchPolicy=STR,
+    sideEffects=STR,
+    timeoutSeconds=INT,
+    admissionReviewVersions=ListOf(STR),
+    namespaceSelector=ANY_OBJ,
+    objectSelector=ANY_OBJ,
+    reinvocationPolicy=STR,
+)
+
+#: storage key -> shape of the whole object (custom resources are checked by their CRD schema)
+KIND_SHAPES: dict[str, Obj] = {
+    "/pods": Obj(metadata=_META, spec=_POD_SPEC, status=_POD_STATUS),
+    "/services": Obj(metadata=_META, spec=Obj(ports=ListOf(Obj(port=INT, name=STR, protocol=STR)),
+                                                selector=MapOf(STR), type=STR, clusterIP=STR)),
+    "/secrets": Obj(metadata=_META, data=MapOf(STR), stringData=MapOf(STR), type=STR),
+    "/configmaps": Obj(metadata=_META, data=MapOf(STR), binaryData=MapOf(STR)),
+    "/namespaces": Obj(metadata=_META, spec=Obj(finalizers=ListOf(STR)), status=Obj(phase=STR)),
+    "/nodes": Obj(metadata=_META, spec=Obj(taints=ListOf(ANY_OBJ), unschedulable=BOOL, podCIDRs=ListOf(STR)),
+                  status=Obj(conditions=_CONDITIONS, addresses=ListOf(Obj(type=STR, address=STR)),
+                             capacity=MapOf(SCALAR), allocatable=MapOf(SCALAR))),
+    "/serviceaccounts": Obj(metadata=_META, secrets=ListOf(Obj(name=STR))),
+    "coordination.k8s.io/leases": Obj(metadata=_META, spec=Obj(holderIdentity=STR, leaseDurationSeconds=INT,
+                                                               leaseTransitions=INT)),
+    "scheduling.k8s.io/priorityclasses": Obj(metadata=_META, value=INT, globalDefault=BOOL, description=STR),
+    "admissionregistration.k8s.io/mutatingwebhookconfigurations": Obj(metadata=_META, webhooks=ListOf(_WEBHOOK)),
+}
+DEFAULT_SHAPE = Obj(metadata=_META)
+
+#: request bodies of the POST-only subresources (services.py)
+BINDING = Obj(metadata=_META, target=Obj(kind=STR, apiVersion=STR, name=STR, namespace=STR))
+EVICTION = Obj(
+    metadata=_META,
+    deleteOptions=Obj(preconditions=Obj(uid=STR, resourceVersion=STR), propagationPolicy=STR,
+                      gracePeriodSeconds=INT, orphanDependents=BOOL, dryRun=ListOf(STR)),
+)
+TOKEN_REQUEST = Obj(
+    metadata=_META,
+    spec=Obj(audiences=ListOf(STR), expirationSeconds=INT,
+             boundObjectRef=Obj(kind=STR, apiVersion=STR, name=STR, uid=STR)),
+)
+TOKEN_REVIEW = Obj(metadata=_META, spec=Obj(token=STR, audiences=ListOf(STR)))
+
+_NAMES = {str: "a string", int: "an integer", bool: "a boolean", float: "a number"}
+
+
+def check(storage_key: str, kind: str, version: str, obj: Any) -> None:
+    """Raise 400 (as kube's typed decoding does) when a known field has the wrong JSON type."""
+    check_body(KIND_SHAPES.get(storage_key, DEFAULT_SHAPE), kind, version, obj)
+
+
+def check_body(shape: Obj, kind: str, version: str, body: Any) -> None:
+    if not isinstance(body, dict):
+        raise cannot_handle(kind, version, _wrong([], "an object", body))
+    problem = _mismatch(shape, body)
+    if problem is not None:
+        raise cannot_handle(kind, version, _wrong(*problem))
+
+
+def cannot_handle(kind: str, version: str, problem: str) -> ApiError:
+    return errors.bad_request(f'{kind} in version "{version}" cannot be handled as a {kind}: {problem}')
+
+
+def mismatch(shape: Shape, value: Any, path: str = "") -> str:
+    """The first field where `value` does not have `shape` ("" when it fits). null fits everything,
+    and a known field that is null is dropped, as Go's decoding into a struct leaves it unset."""
+    problem = _mismatch(shape, value)
+    if problem is None:
+        return ""
+    parts, expected, found = problem
+    return _wrong([path, *parts] if path else parts, expected, found)
+
+
+#: (path segments, innermost first as they are collected; what was expected; the value found)
+_Problem = tuple[list[str], str, Any]
+
+
+def _mismatch(shape: Shape, value: Any) -> _Problem | None:
+    # Hot on every write: it walks only the keys the value has, and builds a path only on failure.
+    if value is None:
+        return None
+    if isinstance(shape, Obj):
+        if not isinstance(value, dict):
+            return [], "an object", value
+        fields, scalars = shape.fields, shape.scalars
+        nulls = []
+        for name, item in value.items():
+            sub = fields.get(name)
+            if sub is None:
+                continue
+            if item is None:
+                nulls.append(name)
+                continue
+            types = scalars.get(name)
+            problem = _scalar_mismatch(types, item) if types is not None else _mismatch(sub, item)
+            if problem is not None:
+                problem[0].append(f".{name}")
+                return problem
+        for name in nulls:
+            del value[name]
+        return None
+    if isinstance(shape, ListOf):
+        if not isinstance(value, list):
+            return [], "a list", value
+        item_types = shape.scalar
+        for index, item in enumerate(value):
+            if item_types is not None and item is not None:
+                problem = _scalar_mismatch(item_types, item)
+            else:
+                problem = _mismatch(shape.item, item)
+            if problem is not None:
+                problem[0].append(f"[{index}]")
+                return problem
+        return None
+    if isinstance(shape, MapOf):
+        if not isinstance(value, dict):
+            return [], "an object", value
+        value_types = shape.scalar
+        for key, item in value.items():
+            if value_types is not None and item is not None:
+                problem = _scalar_mismatch(value_types, item)
+            else:
+                problem = _mismatch(shape.value, item)
+            if problem is not None:
+                problem[0].append(f"[{key}]")
+                return problem
+        return None
+    return _scalar_mismatch(_types(shape), value)
+
+
+def _wrong(parts: list[str], expected: str, value: Any) -> str:
+    """The message for a mismatch; `parts` are path segments, innermost first (".spec", "[0]")."""
+    path = "".join(reversed(parts)).removeprefix(".")
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{path or 'the body'}: expected {expected}, got {type(value).__name__} {shown}"
