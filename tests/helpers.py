@@ -3,6 +3,7 @@ clock a test moves by hand."""
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -33,3 +34,8 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (in-process servers included)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -21,6 +21,7 @@ GET and HEAD reach the raw /metrics mount; other methods get a clean 405.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -33,6 +34,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import h11
 import msgspec
 import prometheus_client
 import uvicorn
@@ -46,9 +48,9 @@ from litestar.openapi.spec import Operation, Reference
 from litestar.params import Body
 from litestar.types import Receive, Scope, Send
 from msgspec import UNSET, UnsetType
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tfusion.api.documents import collector_paused
-from tfusion.apiserver.connections import with_head_timeout
 from tfusion.settings import parse_listen
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,47 @@ def bind_socket(listen: str) -> socket.socket:
     return sock
 
 
+def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request head, as Go's
+    `http.Server.ReadHeaderTimeout` gives kube-apiserver: uvicorn closes a keep-alive connection
+    that idles after a response, but one that never sends a complete head (opened and left silent,
+    or fed a header a byte at a time) would stay open for ever, and enough of them exhaust the
+    process's file descriptors. The body has its own deadline (`read_body`, the API server's app)."""
+
+    class HeadDeadlineProtocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_timer()  # the next request on this connection gets its own deadline
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            # IDLE: no complete request head since the timer was armed (a request in progress,
+            # such as a long watch, has moved h11 past IDLE and is left alone)
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadDeadlineProtocol
+
+
 async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = None,
                 ssl_keyfile: str | None = None, uvicorn_options: dict[str, Any] | None = None,
                 head_timeout: float = HEAD_TIMEOUT_S, keep_alive: int = KEEP_ALIVE_S,
@@ -101,7 +144,7 @@ async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = Non
     A connection is closed when its request head takes longer than `head_timeout` or it idles
     `keep_alive` seconds between requests. `uvicorn_options` go to uvicorn.Config as they are and
     win over these (e.g. `http`, `timeout_keep_alive`)."""
-    options: dict[str, Any] = {"http": with_head_timeout(head_timeout), "timeout_keep_alive": keep_alive,
+    options: dict[str, Any] = {"http": _with_head_timeout(head_timeout), "timeout_keep_alive": keep_alive,
                                **(uvicorn_options or {})}
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
                             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,

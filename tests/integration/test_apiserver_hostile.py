@@ -25,6 +25,7 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle
+from tests.helpers import peak_rss_mb
 from tfusion.apiserver import limits
 
 pytestmark = pytest.mark.anyio
@@ -116,6 +117,8 @@ CREATE_CASES: list[tuple[str, str, bytes, str, tuple[int, ...], tuple[str, ...]]
     ("YAML nested 150 deep", CMS, yaml_cm("  k: " + "[" * 150 + "]" * 150), YAML, (400,), ("nested",)),
     ("YAML two documents", CMS, yaml_cm("  k: v") + b"---\na: 1\n", YAML, (400,), ("YAML",)),
     ("YAML .nan", CMS, b"metadata: {name: n}\nx: .nan\n", YAML, (400,), ("nan",)),
+    ("YAML larger than a stored object", CMS, yaml_cm("  k: " + "x" * (limits.MAX_OBJECT_BYTES + 10)), YAML,
+     (413,), ("RequestEntityTooLarge", str(limits.MAX_OBJECT_BYTES))),
     ("label key with two slashes", CMS, orjson.dumps(configmap("l1", labels={"a/b/c": "x"})), "application/json",
      (422,), ("metadata.labels", "a/b/c")),
     ("64-character label value", CMS, orjson.dumps(configmap("l2", labels={"k": "v" * 64})), "application/json",
@@ -206,6 +209,9 @@ async def test_patches_with_wrong_types_or_growth_are_refused(http: httpx.AsyncC
     nested += [{"op": "copy", "from": "/data", "path": "/data" + "/x" * (i + 1)} for i in range(12)]
     deep = await http.patch(f"{CMS}/grows", content=orjson.dumps(nested), headers={"content-type": JSON_PATCH})
     assert deep.status_code in (400, 413, 422), deep.text
+    deep_patch = await http.patch(f"{CMS}/grows", content=b"[" * 150 + b"]" * 150,
+                                  headers={"content-type": JSON_PATCH})
+    assert_status(deep_patch, (400,), "error decoding patch", "nested more than 100 levels deep")
     merge_bad = await http.patch(f"{CMS}/grows", content=b'{"metadata":{"labels":{"a/b/c":"x"}}}',
                                  headers={"content-type": MERGE})
     assert_status(merge_bad, (422,), "metadata.labels")
@@ -381,3 +387,16 @@ async def test_healthz_answers_while_a_large_body_is_parsed(apiserver: ApiServer
             await anyio.sleep(0.001)
     assert answered and set(answered) == {200}
     assert big[0].status_code in (201, 413), big[0].text[:300]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rss_at_start() -> float:
+    """The process's peak RSS before this module's hostile inputs (the servers run in-process)."""
+    return peak_rss_mb()
+
+
+def test_the_hostile_inputs_left_no_rss_jump(rss_at_start: float) -> None:
+    """Runs last in this module: no input above may have cost 100 MB (a bomb expanded, a body
+    kept): the issue's bound on memory."""
+    grown = peak_rss_mb() - rss_at_start
+    assert grown < 100, f"peak RSS grew by {grown:.0f} MB over this module's hostile inputs"

@@ -37,6 +37,7 @@ from litestar.testing import TestClient
 from schemathesis.core.result import Err
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers import peak_rss_mb
 from tests.integration.test_controller_allocation import settings_for as controller_settings
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.hypervisor import role as hypervisor_role
@@ -438,3 +439,16 @@ def test_schemathesis_finds_no_server_error(stack: Stack, no_error_logged: None,
     assert checked == len(operations(document))
     assert len(calls) >= 5 * checked, f"only {len(calls)} requests for {checked} operations"
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rss_at_start() -> float:
+    """The process's peak RSS before this module's hostile inputs (the servers run in-process)."""
+    return peak_rss_mb()
+
+
+def test_the_hostile_inputs_left_no_rss_jump(rss_at_start: float) -> None:
+    """Runs last in this module: no input above may have cost 100 MB (a bomb expanded, a body
+    kept): the issue's bound on memory."""
+    grown = peak_rss_mb() - rss_at_start
+    assert grown < 100, f"peak RSS grew by {grown:.0f} MB over this module's hostile inputs"

@@ -173,3 +173,50 @@ async def test_stolen_lease_stops_leading_at_once(clients: list[KubeClient]) -> 
         tg.cancel_scope.cancel()
     # it never held the lease at shutdown, so it must not have released (overwritten) it
     assert (await lease(clients[1]))["spec"]["holderIdentity"] == "intruder"
+
+
+async def test_lease_expiry_is_measured_on_the_injected_clock(clients: list[KubeClient]) -> None:
+    """With the default 15 s lease, a standby takes over from a holder that stopped renewing when
+    ITS clock says 15 s have passed since the record last changed — no wall-clock wait: the test
+    moves a ManualClock by hand, and nothing happens before the lease has run out."""
+    from tfusion.kube.clock import ManualClock
+
+    clock = ManualClock()
+    timing = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
+    holder = LeaderElector(clients[0], namespace=NS, identity="holder", clock=clock, **timing)
+    standby = LeaderElector(clients[1], namespace=NS, identity="standby", clock=clock, **timing)
+
+    async def settle() -> None:  # let HTTP round trips finish between clock steps
+        for _ in range(5):
+            await anyio.sleep(0.01)
+
+    async def advance(seconds: float, step: float = 1.0) -> None:
+        for _ in range(int(seconds / step)):
+            await clock.advance(step)
+            await settle()
+
+    async with anyio.create_task_group() as tg:
+        holder_scope = anyio.CancelScope()
+
+        async def run_holder() -> None:
+            with holder_scope:
+                await holder.run()
+
+        tg.start_soon(run_holder)
+        with anyio.fail_after(10):
+            while not holder.is_leader:
+                await settle()
+        # the holder dies without releasing (kill -9): its task stops, the Lease still names it
+        holder._lease = None  # no release on the way out
+        holder_scope.cancel()
+        await settle()
+        tg.start_soon(standby.run)
+        await settle()
+        await advance(12)
+        assert not standby.is_leader, "12 s after the last renewal the lease is still the holder's"
+        await advance(6)
+        with anyio.fail_after(10):
+            while not standby.is_leader:
+                await advance(1.0)
+        assert standby.observed_holder == "standby"
+        tg.cancel_scope.cancel()

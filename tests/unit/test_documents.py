@@ -7,7 +7,8 @@ import gc
 
 import pytest
 
-from tfusion.api.documents import DocumentError, collector_paused, load_json, load_json_or_yaml, load_yaml
+from tfusion.api.documents import (DocumentError, DocumentTooLarge, check_value, collector_paused, load_json,
+                                    load_json_or_yaml, load_yaml)
 
 LIMIT = 1024 * 1024
 
@@ -22,6 +23,13 @@ def test_merge_keys_and_plain_aliases_within_the_budget() -> None:
     text = b"base: &b {x: 1, y: 1}\nc:\n  <<: *b\n  y: 2\nd: [*b, *b]\n"
     assert load_yaml(text, max_bytes=LIMIT) == {"base": {"x": 1, "y": 1}, "c": {"x": 1, "y": 2},
                                                 "d": [{"x": 1, "y": 1}, {"x": 1, "y": 1}]}
+
+
+def test_earlier_merge_sources_win_and_own_keys_win_over_all() -> None:
+    text = b"a: &a {x: a, y: a}\nb: &b {x: b, z: b}\nc:\n  <<: [*a, *b]\n  z: own\n"
+    assert load_yaml(text, max_bytes=LIMIT)["c"] == {"x": "a", "y": "a", "z": "own"}
+    with pytest.raises(DocumentError, match="a merge key"):
+        load_yaml(b"a: &a [1]\nb: {<<: *a}\n", max_bytes=LIMIT)
 
 
 def test_json_first_then_yaml() -> None:
@@ -69,6 +77,42 @@ def test_an_alias_bomb_is_refused_before_it_is_built() -> None:
     assert small["a1"] == [["x"] * 9] * 9 and small["a2"] == [small["a1"]] * 9
 
 
+def test_a_large_plain_document_is_told_apart_from_an_alias_bomb() -> None:
+    # over the budget by its own text: DocumentTooLarge (an edge may answer 413), with the size counted
+    with pytest.raises(DocumentTooLarge, match="larger than 1048576 bytes") as large:
+        load_yaml(b"k: " + b"x" * (LIMIT + 10), max_bytes=LIMIT)
+    assert large.value.size > LIMIT
+    # over it through aliases: a plain DocumentError
+    with pytest.raises(DocumentError) as bombed:
+        load_yaml(bomb(9), max_bytes=LIMIT)
+    assert not isinstance(bombed.value, DocumentTooLarge)
+
+
+def test_problem_is_the_message_without_its_lead() -> None:
+    with pytest.raises(DocumentError) as refused:
+        load_yaml(b"a: !!binary aGVsbG8=", max_bytes=LIMIT)
+    assert str(refused.value) == f"invalid YAML: {refused.value.problem}"
+    assert refused.value.problem.startswith("line 1: the tag tag:yaml.org,2002:binary")
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ({"a": [2**64]}, "the integer 18446744073709551616 does not fit in 64 bits"),
+    ([-(2**63) - 1], "does not fit in 64 bits"),
+    ({"a": 10**400}, "the integer of about 400 digits"),
+    ({"a": {"b": float("inf")}}, "inf is not a finite number"),
+    (float("nan"), "nan is not a finite number"),
+    ({"a": [[[]]]}, "nested more than 3 levels deep"),
+])
+def test_check_value_refuses_what_the_loaders_refuse(value: object, fragment: str) -> None:
+    with pytest.raises(DocumentError) as refused:
+        check_value(value, 3)
+    assert fragment in str(refused.value)
+
+
+def test_check_value_accepts_the_edges_of_the_bounds() -> None:
+    check_value({"a": [[2**64 - 1, -(2**63), 1.5, True, None, "x"]]}, 3)
+
+
 @pytest.mark.parametrize(("text", "fragment"), [
     (b"[" * 2000 + b"]" * 2000, "nested more than 100 levels deep"),
     (b"[" * 101 + b"]" * 101, "nested more than 100 levels deep"),
@@ -105,3 +149,12 @@ def test_the_collector_pause_nests_and_restores() -> None:
         assert not gc.isenabled()  # it was off before: it stays off
     finally:
         gc.enable()
+
+
+def test_a_refused_document_leaves_the_collector_on() -> None:
+    for text in (bomb(9), b"a: &a [*a]", b"a: [1, 2"):
+        with pytest.raises(DocumentError):
+            load_yaml(text, max_bytes=LIMIT)
+    with pytest.raises(DocumentError):
+        load_json(b"[" * 2000)
+    assert gc.isenabled()

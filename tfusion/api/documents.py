@@ -1,6 +1,9 @@
-"""Bounded decoding of untrusted JSON and YAML documents (request bodies of the controller and the
-hypervisor), free of any HTTP framework: errors are `DocumentError`, which each edge turns into its
-own 400.
+"""Bounded decoding of untrusted JSON and YAML documents: the one implementation behind every
+request body tfusion reads (the controller's and the hypervisor's edges, and the embedded API
+server through `tfusion.apiserver.limits`). It is free of any HTTP framework: errors are
+`DocumentError` (its `problem` is the message without the "invalid JSON/YAML: " lead, for an edge
+that words its own), which each edge turns into its own 400; `DocumentTooLarge`, a YAML document
+over `max_bytes` without any alias, is the one an edge may answer with 413 instead.
 
 Why bounds: PyYAML's `safe_load` expands aliases without limit (a 437-byte alias bomb becomes
 hundreds of megabytes), builds recursive structures from a self-referencing alias, accepts
@@ -15,7 +18,12 @@ deep JSON overruns Python's recursion (`json.loads`) or orjson's 1,024 levels. H
 - only the JSON-compatible core of YAML is accepted: maps, sequences, strings, integers, floats,
   booleans, null (timestamps stay strings, as kube's YAML-to-JSON conversion leaves them), and the
   merge key `<<`; every other tag is refused by name;
-- integers must fit in 64 bits (signed or unsigned), floats must be finite.
+- integers must fit in 64 bits (signed or unsigned), floats must be finite; `check_value` makes
+  the same checks (and the depth one) on a value decoded some other way or built by a patch.
+
+Freeing matters as much as building: a composed node graph of a few MiB is dismantled piece by
+piece (`_dismantle`), and the cyclic collector is paused meanwhile (`collector_paused`), so that a
+parse in a worker thread does not hold the GIL, and with it the event loop, for 100 ms at a time.
 
 libyaml (PyYAML's C parser) is required: it parses a few MiB in well under a second and refuses
 more than 1,000 levels of nesting itself, so composing never recurses without bound.
@@ -50,7 +58,23 @@ _CONSTRUCT = yaml.constructor.SafeConstructor()
 
 
 class DocumentError(ValueError):
-    """A document that is not readable within the bounds; the message says what and where."""
+    """A document that is not readable within the bounds; the message says what and where.
+
+    `problem` is the message without its "invalid JSON: " / "invalid YAML: " lead (`syntax`)."""
+
+    def __init__(self, problem: str, syntax: str = "") -> None:
+        super().__init__(f"invalid {syntax}: {problem}" if syntax else problem)
+        self.problem = problem
+
+
+class DocumentTooLarge(DocumentError):
+    """A YAML document larger than `max_bytes` by its own text, not through aliases: a big document
+    rather than an alias bomb, which an edge may answer with 413. `size` is what was counted when
+    the limit was passed (the document is at least that large)."""
+
+    def __init__(self, problem: str, size: int) -> None:
+        super().__init__(problem, "YAML")
+        self.size = size
 
 
 # --- JSON -------------------------------------------------------------------------------------------
@@ -61,58 +85,71 @@ def load_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         with collector_paused():
             value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise DocumentError(_json_message(exc, max_depth)[0]) from None
-    check_depth(value, max_depth)
+        problem, _ = _json_problem(exc, max_depth)
+        raise DocumentError(problem, "JSON") from None
+    check_value(value, max_depth, syntax="JSON")
     return value
 
 
-def _json_message(exc: orjson.JSONDecodeError, max_depth: int) -> tuple[str, bool]:
+def _json_problem(exc: orjson.JSONDecodeError, max_depth: int) -> tuple[str, bool]:
     """What was wrong, and whether it was a well-formed document out of bounds (not a syntax error)."""
     text = str(exc)
     if "depth limit" in text:
-        return f"invalid JSON: nested more than {max_depth} levels deep", True
+        return f"nested more than {max_depth} levels deep", True
     if "infinity" in text:
-        return f"invalid JSON: a number is too large ({text})", True
-    return f"invalid JSON: {text}", False
+        return f"a number is too large ({text})", True
+    return text, False
 
 
-def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
-    """Refuse a decoded value whose objects and arrays nest deeper than `max_depth` (no recursion)."""
+def check_value(value: Any, max_depth: int = MAX_DEPTH, *, syntax: str = "") -> None:
+    """Refuse a decoded value whose objects and arrays nest deeper than `max_depth`, or that holds an
+    integer beyond 64 bits or a float that is not finite (no recursion)."""
+    _check_number(value, syntax)
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
         if depth > max_depth:
-            raise DocumentError(f"the document is nested more than {max_depth} levels deep")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+            raise DocumentError(f"nested more than {max_depth} levels deep", syntax)
+        for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+            elif isinstance(child, int | float):
+                _check_number(child, syntax)
+
+
+def _check_number(value: Any, syntax: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DocumentError(f"{value} is not a finite number (JSON has none)", syntax)
+    if isinstance(value, int) and not _INT64_MIN <= value <= _UINT64_MAX:
+        digits = str(value) if value.bit_length() < 200 else f"of about {int(value.bit_length() * 0.30103)} digits"
+        raise DocumentError(f"the integer {digits} does not fit in 64 bits", syntax)
 
 
 # --- YAML -------------------------------------------------------------------------------------------
 
 def load_yaml(body: bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
     """One YAML document as JSON-compatible values; aliases may expand to at most `max_bytes`."""
-    return _yaml_value(body, max_bytes, max_depth, syntax_prefix="")
+    return _yaml_value(body, max_bytes, max_depth, json_problem="")
 
 
-def _yaml_value(body: bytes, max_bytes: int, max_depth: int, *, syntax_prefix: str) -> Any:
+def _yaml_value(body: bytes, max_bytes: int, max_depth: int, *, json_problem: str) -> Any:
+    """`json_problem`: why the body was not JSON, when it was tried as JSON first."""
     text = _utf8(body)  # libyaml would guess UTF-16 from a byte-order mark; JSON and kube speak UTF-8
     with collector_paused():
         try:
             node = yaml.compose(text, Loader=_LOADER)
         except yaml.YAMLError as exc:
-            raise DocumentError(f"{syntax_prefix}invalid YAML: {_one_line(exc)}") from None
+            if json_problem:
+                raise DocumentError(f"neither JSON nor YAML: {json_problem}; invalid YAML: {_one_line(exc)}") from None
+            raise DocumentError(_one_line(exc), "YAML") from None
         if node is None:
             return None
-        builder = _Builder(max_bytes, max_depth)
-        builder.measure(node, 1, set())
-        value = builder.build(node)
-        del node, builder  # freed by reference counting while the collector still sleeps
-    return value
+        try:
+            builder = _Builder(max_bytes, max_depth)
+            builder.measure(node, 1, set())
+            return builder.build(node)
+        finally:
+            _dismantle(node)
 
 
 _pause_lock = threading.Lock()
@@ -124,12 +161,15 @@ _collector_was_enabled = False
 def collector_paused() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off while a document is parsed.
 
-    Composing a few MiB of YAML allocates hundreds of thousands of node and mark objects; that
-    triggers full collections, each of which holds the GIL for 100 ms or more in a process with a
-    large heap (measured: 80-140 ms in `--role=all`), stalling the event loop even though the
-    parse runs in a worker thread. The node graph has no cycles (a cyclic alias is refused), so
-    reference counting frees it; the collector is switched back on when the last parse ends.
-    `tfusion.web.decode_body` holds it around the whole decoding of a large body (checks too)."""
+    Composing a few MiB of YAML (or decoding as much JSON) allocates hundreds of thousands of
+    objects; that triggers full collections, each of which holds the GIL for 100 ms or more in a
+    process with a large heap (measured: 80-140 ms in `--role=all`, 300-500 ms in the API server
+    for a 3 MiB body, against 13 ms without them), stalling the event loop even though the parse
+    runs in a worker thread. Neither a node graph (a cyclic alias is refused) nor decoded JSON has
+    cycles, so reference counting frees them and postponing collection frees nothing late. The
+    pauses nest, across threads and roles: the collector is switched back on when the last ends,
+    and only if it was on before the first. `tfusion.web.decode_body` and the API server's body
+    reader hold it around the whole decoding of a large body (checks too)."""
     global _pauses, _collector_was_enabled
     with _pause_lock:
         if _pauses == 0:
@@ -160,6 +200,30 @@ def _line(node: yaml.Node) -> str:
     return f"line {node.start_mark.line + 1}"
 
 
+def _yield_now_and_then(count: int) -> None:
+    """Let a waiting thread (the event loop) take the GIL every few hundred nodes, rather than wait
+    for the interpreter's 5 ms switch interval each time it wakes up."""
+    if count % _YIELD_EVERY == 0:
+        time.sleep(0)
+
+
+def _dismantle(root: yaml.Node) -> None:
+    """Free a node graph piece by piece. Dropped at once, a graph of a few MiB is freed in one C call
+    that holds the GIL (and so the event loop) for about 80 ms; this loop lets other threads in."""
+    stack = [root]
+    freed = 0
+    while stack:
+        node = stack.pop()
+        freed += 1
+        _yield_now_and_then(freed)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+            node.value = []
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(child for pair in node.value for child in pair)
+            node.value = []
+
+
 class _Builder:
     """Turns a composed node graph into values. An alias is the same node object reached twice, so
     the expanded size is measured first (memoised per node, with the DFS path to detect cycles)
@@ -170,29 +234,32 @@ class _Builder:
         self.sizes: dict[int, tuple[int, int]] = {}  # node id -> (expanded size, height)
         self.total = 0
         self.visits = 0
+        #: whether an alias has been expanded: then a document over the limit is an alias bomb
+        self.aliased = False
 
     def measure(self, node: yaml.Node, depth: int, path: set[int]) -> tuple[int, int]:
         key = id(node)
         if key in path:
-            raise DocumentError(f"invalid YAML: {_line(node)}: an alias refers to the node that contains it")
+            raise DocumentError(f"{_line(node)}: an alias refers to the node that contains it", "YAML")
         known = self.sizes.get(key)
         if known is None:
             known = self._measure_new(node, depth, path)
             self.sizes[key] = known
         else:
+            self.aliased = True
             self._add(known[0], node)
         if depth + known[1] - 1 > self.max_depth:
-            raise DocumentError(f"invalid YAML: {_line(node)}: nested more than {self.max_depth} levels deep")
+            raise self._too_deep(node)
         return known
 
     def _measure_new(self, node: yaml.Node, depth: int, path: set[int]) -> tuple[int, int]:
-        self._yield_now_and_then()
+        self._visit()
         if isinstance(node, yaml.ScalarNode):
             size = len(node.value) + 2
             self._add(size, node)
             return size, 0
         if depth > self.max_depth:
-            raise DocumentError(f"invalid YAML: {_line(node)}: nested more than {self.max_depth} levels deep")
+            raise self._too_deep(node)
         path.add(id(node))
         size, height = 2, 1
         children = node.value if isinstance(node, yaml.SequenceNode) else [c for pair in node.value for c in pair]
@@ -203,21 +270,25 @@ class _Builder:
         path.discard(id(node))
         return size, height
 
-    def _yield_now_and_then(self) -> None:
-        """Let a waiting thread (the event loop) take the GIL every few hundred nodes, rather than
-        wait for the interpreter's 5 ms switch interval each time it wakes up."""
+    def _too_deep(self, node: yaml.Node) -> DocumentError:
+        return DocumentError(f"{_line(node)}: nested more than {self.max_depth} levels deep", "YAML")
+
+    def _visit(self) -> None:
         self.visits += 1
-        if self.visits % _YIELD_EVERY == 0:
-            time.sleep(0)
+        _yield_now_and_then(self.visits)
 
     def _add(self, size: int, node: yaml.Node) -> None:
         self.total += size
-        if self.total > self.max_bytes:
-            raise DocumentError(f"invalid YAML: {_line(node)}: the document expands (with its aliases) to more "
-                                f"than {self.max_bytes} bytes, the limit for this request")
+        if self.total <= self.max_bytes:
+            return
+        if not self.aliased:
+            raise DocumentTooLarge(f"{_line(node)}: the document is larger than {self.max_bytes} bytes (counted "
+                                   "as JSON), the limit for this request", self.total)
+        raise DocumentError(f"{_line(node)}: the document expands (with its aliases) to more than "
+                            f"{self.max_bytes} bytes, the limit for this request", "YAML")
 
     def build(self, node: yaml.Node) -> Any:
-        self._yield_now_and_then()
+        self._visit()
         if isinstance(node, yaml.ScalarNode):
             return _scalar(node)
         if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ:
@@ -234,26 +305,27 @@ class _Builder:
                 merged = {**self._merge_sources(value_node), **merged}
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
-                raise DocumentError(f"invalid YAML: {_line(key_node)}: a mapping key must be a string")
+                raise DocumentError(f"{_line(key_node)}: a mapping key must be a string", "YAML")
             _scalar(key_node)  # a key obeys the same tag rules; JSON keys are its text
             own[key_node.value] = self.build(value_node)
         return {**merged, **own}
 
     def _merge_sources(self, node: yaml.Node) -> dict[str, Any]:
-        """`<<: *base` or `<<: [*a, *b]`: an earlier source wins over a later one."""
+        """`<<: *base` or `<<: [*a, *b]`: an earlier source wins over a later one (and the mapping's
+        own keys over all of them)."""
         sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
         merged: dict[str, Any] = {}
         for source in reversed(sources):
             value = self.build(source)
             if not isinstance(value, dict):
-                raise DocumentError(f"invalid YAML: {_line(source)}: a merge key (<<) needs a mapping")
+                raise DocumentError(f"{_line(source)}: a merge key (<<) needs a mapping", "YAML")
             merged.update(value)
         return merged
 
 
 def _unsupported(node: yaml.Node) -> DocumentError:
-    return DocumentError(f"invalid YAML: {_line(node)}: the tag {node.tag} is not allowed; only JSON-compatible "
-                         "values are (maps, sequences, strings, numbers, booleans, null)")
+    return DocumentError(f"{_line(node)}: the tag {node.tag} is not allowed; only JSON-compatible values are "
+                         "(maps, sequences, strings, numbers, booleans, null)", "YAML")
 
 
 def _scalar(node: yaml.ScalarNode) -> Any:
@@ -273,14 +345,14 @@ def _scalar(node: yaml.ScalarNode) -> Any:
 
 def _integer(node: yaml.ScalarNode) -> int:
     if len(node.value) > _MAX_INT_CHARS:
-        raise DocumentError(f"invalid YAML: {_line(node)}: an integer of {len(node.value)} characters does "
-                            "not fit in 64 bits")
+        raise DocumentError(f"{_line(node)}: an integer of {len(node.value)} characters does not fit in 64 bits",
+                            "YAML")
     try:
         value: int = _CONSTRUCT.construct_yaml_int(node)
     except ValueError:
-        raise DocumentError(f"invalid YAML: {_line(node)}: {node.value!r} is not an integer") from None
+        raise DocumentError(f"{_line(node)}: {node.value!r} is not an integer", "YAML") from None
     if not _INT64_MIN <= value <= _UINT64_MAX:
-        raise DocumentError(f"invalid YAML: {_line(node)}: the integer {value} does not fit in 64 bits")
+        raise DocumentError(f"{_line(node)}: the integer {value} does not fit in 64 bits", "YAML")
     return value
 
 
@@ -288,9 +360,9 @@ def _float(node: yaml.ScalarNode) -> float:
     try:
         value: float = _CONSTRUCT.construct_yaml_float(node)
     except ValueError:
-        raise DocumentError(f"invalid YAML: {_line(node)}: {node.value!r} is not a number") from None
+        raise DocumentError(f"{_line(node)}: {node.value!r} is not a number", "YAML") from None
     if not math.isfinite(value):
-        raise DocumentError(f"invalid YAML: {_line(node)}: {node.value} is not a finite number (JSON has none)")
+        raise DocumentError(f"{_line(node)}: {node.value} is not a finite number (JSON has none)", "YAML")
     return value
 
 
@@ -304,10 +376,10 @@ def load_json_or_yaml(body: bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH
         with collector_paused():
             value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        json_problem, out_of_bounds = _json_message(exc, max_depth)
+        json_problem, out_of_bounds = _json_problem(exc, max_depth)
         if out_of_bounds:
-            raise DocumentError(json_problem) from None
+            raise DocumentError(json_problem, "JSON") from None
     else:
-        check_depth(value, max_depth)
+        check_value(value, max_depth, syntax="JSON")
         return value
-    return _yaml_value(body, max_bytes, max_depth, syntax_prefix=f"neither JSON nor YAML: {json_problem}; ")
+    return _yaml_value(body, max_bytes, max_depth, json_problem=f"invalid JSON: {json_problem}")

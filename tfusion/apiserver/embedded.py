@@ -23,7 +23,6 @@ from anyio.abc import TaskStatus
 
 from tfusion.apiserver import security
 from tfusion.apiserver.app import BODY_TIMEOUT_S, ApiApp
-from tfusion.apiserver.connections import with_head_timeout
 from tfusion.apiserver.gc import GarbageCollector
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
@@ -150,10 +149,8 @@ class EmbeddedApiServer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gc.run)
-                options = {"http": with_head_timeout(self.head_timeout), "timeout_keep_alive": self.keep_alive}
-                await tg.start(
-                    partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile, uvicorn_options=options)
-                )
+                await tg.start(partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile,
+                                       head_timeout=self.head_timeout, keep_alive=self.keep_alive))
                 try:
                     if self.kubeconfig_path is not None:
                         security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())

@@ -203,6 +203,7 @@ class AllocatorService:
             .complete(self.reconcile_quota)
         rt.add_leader_task(self.run_leader)
         rt.routes.extend(allocation_handlers(self))
+        rt.allocation = self
         if self.settings.leader_elect:
             rt.readiness.set(CONDITION, True, "standby: not the leader")
         else:
@@ -487,6 +488,20 @@ class AllocatorService:
         else:
             log.info("adopted the allocation of pod %s on %s", _pod_ref(pod), ",".join(names))
             self.metrics.allocations.labels("adopted").inc()
+
+    def release_pod(self, uid: str, reason: str) -> bool:
+        """Release what a pod holds (for the pod reconciler: its finalizer goes once this is
+        done). True when something was released; False when nothing was held or this replica
+        does not lead. The UID is remembered, so a late bind cannot resurrect it."""
+        allocator = self._allocator
+        if allocator is None or not uid:
+            return False
+        released = allocator.release(uid)
+        if released:
+            self.metrics.releases.labels(reason).inc()
+            log.info("released the allocation of pod %s (%s)", uid, reason)
+            self.flush()
+        return released
 
     def _release(self, allocator: GpuAllocator, uid: str, reason: str) -> None:
         if not uid:

@@ -15,7 +15,7 @@ import logging
 import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -31,6 +31,9 @@ from tfusion.kube.informer import Informer, node_name_index
 from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
 from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metrics_handler, serve
+
+if TYPE_CHECKING:
+    from tfusion.controller.allocation import AllocatorService
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class ControllerRuntime:
     probe_address: tuple[str, int] | None = None
     #: True when this runtime made its Manager and so must run it (a controller-only process)
     owns_manager: bool = False
+    #: the services configure() attached, for the others to find (None until attached)
+    allocation: AllocatorService | None = None
 
     @property
     def client(self) -> KubeClient:
