@@ -7,8 +7,15 @@ import gc
 
 import pytest
 
-from tfusion.api.documents import (DocumentError, DocumentTooLarge, check_value, collector_paused, load_json,
-                                    load_json_or_yaml, load_yaml)
+from tfusion.api.documents import (
+    DocumentError,
+    DocumentTooLarge,
+    check_value,
+    collector_paused,
+    load_json,
+    load_json_or_yaml,
+    load_yaml,
+)
 
 LIMIT = 1024 * 1024
 
