@@ -5,11 +5,18 @@ Cluster: `--nodes` nodes sharing `--gpus` GPUs evenly, node i all of one model, 
 default placement mode. Pods cycle 20 TFLOPS/4Gi x1, 40/8Gi x1, 100/16Gi x1, 30/4Gi x2, 200/32Gi x2.
 
 Each pod's annotations are parsed into an AllocRequest BEFORE timing (the webhook/scheduler parse
-once per pod, not per decision). What is timed, per pod, is what the scheduler does: filter + score +
-choose node and GPUs (`select`), `assume`, `commit`. Pods that do not fit (the cluster fills up)
-are timed too, including building their explanation, and counted as not placed.
+once per pod, not per decision). The garbage collector stays on. `--path` picks what is timed per pod:
+- default: what the built-in scheduler does: `select` (filter + score + choose node and GPUs),
+  `assume`, `commit`;
+- extender: what a kube-scheduler extender round costs: Framework.pre_filter, Framework.filter over
+  every node name, Framework.score of the feasible nodes, the best one picked, Framework.reserve
+  on it and Framework.pre_bind;
+- churn: the cluster is filled to 90% of its VRAM first (not timed), then releases of a random live
+  pod alternate with extender-path placements for `--ops` operations (each timed).
+Pods that do not fit are timed separately (`failure`), including building their explanation
+(per-node reasons and suggestions: Framework.explain over every node), and counted as not placed.
 
-    python benchmarks/allocator.py [--nodes 500 --gpus 3000 --pods 10000] [--json]
+    python benchmarks/allocator.py [--path default|extender|churn] [--nodes 500 --gpus 3000 --pods 10000]
 """
 
 from __future__ import annotations
@@ -17,17 +24,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import resource
 import statistics
 import sys
 import time
 from typing import Any
 
-from tfusion.allocator import GpuAllocator, GpuInfo, Unschedulable, request_from_pod
+from tfusion.allocator import AllocRequest, Framework, GpuAllocator, GpuInfo, Unschedulable, request_from_pod
 
 GIB = 1 << 30
 MODELS = (("B200", 2250, 141), ("H100", 989, 80), ("L40S", 450, 48), ("A100", 312, 40))
 SHAPES = (("20", "4Gi", 1), ("40", "8Gi", 1), ("100", "16Gi", 1), ("30", "4Gi", 2), ("200", "32Gi", 2))
+#: pods no node can take: VRAM beyond any GPU, TFLOPS beyond any GPU, more GPUs than a node has
+UNFIT_SHAPES = (("100", "160Gi", 1), ("2500", "8Gi", 1), ("20", "4Gi", 8))
 POOL = "default-pool"
 
 
@@ -42,52 +52,147 @@ def build_cluster(nodes: int, gpus: int) -> GpuAllocator:
     return allocator
 
 
-def pod(i: int) -> dict[str, Any]:
-    tflops, vram, count = SHAPES[i % len(SHAPES)]
-    return {"metadata": {"name": f"pod-{i}", "namespace": f"ns-{i % 10}", "uid": f"uid-{i:07d}",
+def pod(i: int, shapes: tuple[tuple[str, str, int], ...] = SHAPES, prefix: str = "") -> dict[str, Any]:
+    tflops, vram, count = shapes[i % len(shapes)]
+    return {"metadata": {"name": f"{prefix}pod-{i}", "namespace": f"ns-{i % 10}", "uid": f"{prefix}uid-{i:07d}",
                          "annotations": {"tensor-fusion.ai/gpupool": POOL,
                                          "tensor-fusion.ai/tflops-request": tflops,
                                          "tensor-fusion.ai/vram-request": vram,
                                          "tensor-fusion.ai/gpu-count": str(count)}}}
 
 
-def run(nodes: int, gpus: int, pods: int) -> dict[str, Any]:
+def stats(timings_ns: list[int]) -> dict[str, Any]:
+    if not timings_ns:
+        return {"count": 0}
+    ordered = sorted(timings_ns)
+    return {
+        "count": len(ordered),
+        "median_us": round(statistics.median(ordered) / 1000, 2),
+        "p99_us": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000, 2),
+        "max_us": round(ordered[-1] / 1000, 2),
+    }
+
+
+def place_extender(fw: Framework, req: AllocRequest, names: list[str]) -> bool:
+    """One extender round for `req`; on failure the explanation is built (as a scheduler would)."""
+    if fw.pre_filter(req).ok:
+        feasible, _failed = fw.split(req, names)
+        if feasible:
+            scores = fw.score(req, feasible)
+            best = max(scores, key=scores.__getitem__)  # the first best in name order, as names are sorted
+            placement, _status = fw.reserve(req, best)
+            if placement is not None and fw.pre_bind(req.pod_uid).ok:
+                return True
+    fw.explain(req, names)
+    return False
+
+
+def place_default(allocator: GpuAllocator, req: AllocRequest) -> bool:
+    try:
+        placement = allocator.select(req, diagnose=False)  # the explanation is Framework.explain's
+    except Unschedulable:
+        return False
+    allocator.assume(req, placement.gpu_names)
+    allocator.commit(req.pod_uid)
+    return True
+
+
+def fill(allocator: GpuAllocator, share: float) -> tuple[list[str], int, float]:
+    """Place pods (not timed) until `share` of the cluster's VRAM is allocated.
+
+    Returns (live pod uids, the next pod number, the VRAM share reached)."""
+    total = sum(allocator.gpu_info(n).capacity_vram for n in allocator.gpu_names())
+    used = 0
+    live: list[str] = []
+    misses = 0
+    i = 0
+    while used < total * share and misses < 50:
+        req = request_from_pod(pod(i))
+        i += 1
+        if place_default(allocator, req):
+            used += req.vram_request * req.count
+            live.append(req.pod_uid)
+            misses = 0
+        else:
+            misses += 1
+    return live, i, used / total
+
+
+def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> dict[str, Any]:
     allocator = build_cluster(nodes, gpus)
-    requests = [request_from_pod(pod(i)) for i in range(pods)]  # pre-parsed, not timed
-    timings: list[int] = []
-    placed = 0
+    fw = Framework(allocator)
+    names = allocator.nodes()
+    requests = [request_from_pod(pod(i)) for i in range(pods)] if path != "churn" else []  # pre-parsed
+    placed_ns: list[int] = []
+    failed_ns: list[int] = []
+    release_ns: list[int] = []
     clock = time.perf_counter_ns
     gc.collect()
-    gc.disable()
-    try:
+    timed = 0
+    reached = 0.0
+    started = clock()
+    if path == "churn":
+        live, i, reached = fill(allocator, 0.9)
+        rng = random.Random(1)
+        upcoming = [request_from_pod(pod(n)) for n in range(i, i + ops)]  # pre-parsed, not timed
+        gc.collect()
         started = clock()
+        for op in range(ops):
+            t0 = clock()
+            if op % 2 == 0 and live:
+                allocator.release(live.pop(rng.randrange(len(live))))
+                release_ns.append(clock() - t0)
+                continue
+            req = upcoming[op]
+            ok = place_extender(fw, req, names)
+            (placed_ns if ok else failed_ns).append(clock() - t0)
+            if ok:
+                live.append(req.pod_uid)
+        timed = ops
+    else:
         for req in requests:
             t0 = clock()
-            try:
-                placement = allocator.select(req)
-                allocator.assume(req, placement.gpu_names)
-                allocator.commit(req.pod_uid)
-                placed += 1
-            except Unschedulable:
-                pass
-            timings.append(clock() - t0)
-        elapsed = clock() - started
-    finally:
-        gc.enable()
-    timings.sort()
+            ok = place_extender(fw, req, names) if path == "extender" else place_default(allocator, req)
+            if not ok and path == "default":
+                fw.explain(req, names)
+            (placed_ns if ok else failed_ns).append(clock() - t0)
+        timed = len(requests)
+    elapsed = clock() - started
+    cold_ns: list[int] = []
+    for n, req in enumerate(request_from_pod(pod(i, UNFIT_SHAPES, "unfit-")) for i in range(unfit)):
+        t0 = clock()
+        ok = place_extender(fw, req, names) if path != "default" else place_default(allocator, req)
+        if not ok and path == "default":
+            fw.explain(req, names)
+        (cold_ns if n < len(UNFIT_SHAPES) else failed_ns).append(clock() - t0)
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {
-        "benchmark": "allocator",
-        "nodes": nodes, "gpus": gpus, "pods": pods,
-        "timed": "select (filter+score+choose) + assume + commit per pod; requests pre-parsed",
-        "median_us": round(statistics.median(timings) / 1000, 2),
-        "p99_us": round(timings[min(len(timings) - 1, int(len(timings) * 0.99))] / 1000, 2),
-        "max_us": round(timings[-1] / 1000, 2),
-        "pods_per_s": round(pods / (elapsed / 1e9), 1),
-        "placed": placed,
-        "rss_mb": round(rss_kb / 1024, 1),
-        "python": sys.version.split()[0],
+    what = {
+        "default": "select (filter+score+choose) + assume + commit per pod",
+        "extender": "pre_filter + split(all nodes: feasible list, failed statuses) + score(feasible) + pick "
+                    "best + reserve + pre_bind per pod",
+        "churn": "after a 90% VRAM fill: release of a random pod alternating with an extender-path placement",
+    }[path]
+    placed = stats(placed_ns)
+    out: dict[str, Any] = {
+        "benchmark": "allocator", "path": path,
+        "nodes": nodes, "gpus": gpus, "pods": pods if path != "churn" else ops,
+        "timed": what + "; requests pre-parsed; GC on",
+        "median_us": placed.get("median_us"), "p99_us": placed.get("p99_us"), "max_us": placed.get("max_us"),
+        "ops_per_s": round(timed / (elapsed / 1e9), 1),
+        "placed": placed["count"],
+        "failure": {**stats(failed_ns), "unfit_probes": unfit,
+                    "timed": "the same path for a pod that does not fit, plus its explanation (Framework.explain "
+                             "over every node: per-node reasons and suggestions); the pods of the run that did "
+                             "not fit and `unfit_probes` pods no node can take (160Gi, 2500 TFLOPS, 8 GPUs), "
+                             "except the first probe of each shape (failure_cold)"},
+        "failure_cold": {**stats(cold_ns), "timed": "the first explanation of each unfit shape: every node "
+                                                    "judged GPU by GPU (later ones reuse unchanged nodes)"},
     }
+    if path == "churn":
+        out["release"] = stats(release_ns)
+        out["filled_vram_share"] = round(reached, 3)
+    out.update(rss_mb=round(rss_kb / 1024, 1), python=sys.version.split()[0])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--gpus", type=int, default=3000)
     parser.add_argument("--pods", type=int, default=10000)
+    parser.add_argument("--path", choices=("default", "extender", "churn"), default="default")
+    parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
+    parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
-    if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1:
-        parser.error("need nodes >= 1, gpus >= nodes and pods >= 1")
-    print(json.dumps(run(args.nodes, args.gpus, args.pods)))
+    if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1 or args.ops < 1 or args.unfit < 0:
+        parser.error("need nodes >= 1, gpus >= nodes, pods >= 1, ops >= 1 and unfit >= 0")
+    print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit)))
     return 0
 
 

@@ -96,7 +96,8 @@ def build_parser(roles: Sequence[str] | None) -> _Parser:
     """The parser for the given roles; None (no --role yet) shows every role's flags."""
     parser = _Parser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
-                            + _not_implemented_epilog())
+                            + _not_implemented_epilog()
+                            + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -165,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "crds":
         return _crds_command(argv[1:])
+    if argv and argv[0] == "why":
+        from tfusion.why import why_command
+
+        return why_command(argv[1:])
     try:
         settings = settings_from_args(argv)
     except NotImplementedSettingError as exc:

@@ -48,10 +48,41 @@ def parse_duration(text: str) -> float:
 
 
 def parse_port_range(text: str) -> tuple[int, int]:
+    """START-END with 0 < START < END <= 65536 (END is excluded, as in the original)."""
     match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
-    if not match or not (0 < int(match.group(1)) <= int(match.group(2)) <= 65535):
-        raise ValueError(f"expected a port range such as 40000-42000, got {text!r}")
+    if not match or not (0 < int(match.group(1)) < int(match.group(2)) <= 65536):
+        raise ValueError(f"expected a port range START-END with 0 < START < END <= 65536, such as "
+                         f"40000-42000, got {text!r}")
     return int(match.group(1)), int(match.group(2))
+
+
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
+
+
+def parse_dns_label(text: str) -> str:
+    """A DNS label (a Service name): lowercase letters, digits and '-', at most 63 characters."""
+    if not _DNS_LABEL_RE.fullmatch(text):
+        raise ValueError(f"expected a DNS label (lowercase letters, digits, '-'; at most 63), got {text!r}")
+    return text
+
+
+def parse_host_list(text: str) -> tuple[str, ...]:
+    """A comma list of DNS names and IP addresses (certificate subject alternative names)."""
+    hosts: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            hosts.append(str(ipaddress.ip_address(part.strip("[]"))))
+            continue
+        except ValueError:
+            pass
+        name = part.lower()
+        if len(name) > 253 or not _DNS_NAME_RE.fullmatch(name):
+            raise ValueError(f"expected DNS names or IP addresses separated by commas; {part!r} is neither")
+        hosts.append(name)
+    return tuple(dict.fromkeys(hosts))
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -228,8 +259,18 @@ OPTIONS: tuple[Option, ...] = (
     _o("health_probe_listen", "--health-probe-bind-address", None, ":8081", _listen_address, "controller",
        "liveness and readiness probes (/healthz, /readyz) on their own port, as the original's chart probes; "
        "without a host (:PORT) all interfaces, but loopback with --role=all"),
-    _o("webhook_listen", "--webhook-listen", None, ":9443", str, "controller", "TLS pod admission webhook",
-       implemented=False),
+    _o("webhook_listen", "--webhook-listen", None, ":9443", _listen_address, "controller",
+       "TLS pod admission webhook (POST /mutate-v1-pod); without a host (:PORT) all interfaces, but loopback "
+       "with --role=all"),
+    _o("webhook_cert_dir", "--webhook-cert-dir", None, "", str, "controller",
+       "directory with tls.crt and tls.key for the webhook (e.g. from cert-manager; re-read when they "
+       "change, checked every 10 minutes); unset: the controller keeps its own CA and certificate in a Secret "
+       "and the caBundle current"),
+    _o("webhook_hosts", "--webhook-host", None, (), parse_host_list, "controller",
+       "extra DNS names or IP addresses for the webhook certificate, comma-separated (the Service's "
+       "<svc>.<ns>.svc names are always in it)"),
+    _o("webhook_service", "--webhook-service", None, "tensor-fusion-webhook", parse_dns_label, "controller",
+       "name of the webhook's Service in --operator-namespace (the MutatingWebhookConfiguration points at it)"),
     _o("leader_elect", "--leader-elect", None, True, parse_bool, "controller",
        "elect one active controller through a Lease", is_bool_flag=True),
     _o("operator_namespace", "--operator-namespace", "OPERATOR_NAMESPACE", "tensor-fusion-sys", str, "controller",
@@ -249,15 +290,19 @@ OPTIONS: tuple[Option, ...] = (
     _o("metrics_path", "--metrics-path", None, "/logs/metrics.log", str, "controller",
        "influx line-protocol metrics file written by the leader", implemented=False),
     _o("host_port_range", "--host-port-range", None, (40000, 42000), parse_port_range, "controller",
-       "node-level host port range", implemented=False),
+       "node-level host port range START-END (END excluded), per node, for workers the controller creates"),
     _o("cluster_host_port_range", "--cluster-host-port-range", None, (42000, 62000), parse_port_range,
-       "controller", "cluster-level host port range", implemented=False),
+       "controller", "cluster-level host port range START-END (END excluded) for pods labelled "
+       "tensor-fusion.ai/host-port=auto"),
     _o("isolation_mode_policy", None, "TF_ISOLATION_MODE_POLICY", "static", parse_isolation_policy, "controller",
        "static or dynamic isolation-mode policy", implemented=False),
-    _o("enable_webhooks", None, "ENABLE_WEBHOOKS", True, parse_bool, "controller", "serve the pod webhook",
-       implemented=False),
-    _o("enable_scheduler", None, "ENABLE_SCHEDULER", True, parse_bool, "controller", "run GPU scheduling",
-       implemented=False),
+    _o("enable_webhooks", None, "ENABLE_WEBHOOKS", True, parse_bool, "controller",
+       "serve and register the pod webhook (false: neither)"),
+    _o("enable_scheduler", None, "ENABLE_SCHEDULER", True, parse_bool, "controller",
+       "run GPU scheduling (false: no scheduler and no extender routes)"),
+    _o("scheduler", "--scheduler", None, "builtin", _choice("builtin", "extender"), "controller",
+       "who binds GPU pods: builtin (the leader's own scheduler) or extender (a kube-scheduler profile "
+       "calls /scheduler/filter, /prioritize and /bind)"),
     _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller", "run reconcilers",
        implemented=False),
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
@@ -268,6 +313,10 @@ OPTIONS: tuple[Option, ...] = (
        "GPU workers one node may hold"),
     _o("sync_interval", "--sync-interval", None, 10.0, parse_duration, "controller",
        "how often allocator state is written to GPU and quota status"),
+    _o("gpu_node_report_grace", "--gpu-node-report-grace", None, 300.0, parse_duration, "controller",
+       "a GPUNode whose hypervisor has not reported (GPU last-sync) for this long becomes Unknown"),
+    _o("drift_check_interval", "--drift-check-interval", None, 60.0, parse_duration, "controller",
+       "how often the leader audits the ledger against GPU status, pods and hypervisors"),
     # --- hypervisor -------------------------------------------------------------------------------
     _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
@@ -343,6 +392,9 @@ class Settings:
     controller_listen: str = _default("controller_listen")
     health_probe_listen: str = _default("health_probe_listen")
     webhook_listen: str = _default("webhook_listen")
+    webhook_cert_dir: str = _default("webhook_cert_dir")
+    webhook_hosts: tuple[str, ...] = _default("webhook_hosts")
+    webhook_service: str = _default("webhook_service")
     leader_elect: bool = _default("leader_elect")
     operator_namespace: str = _default("operator_namespace")
     leader_lease_duration: float = _default("leader_lease_duration")
@@ -357,11 +409,14 @@ class Settings:
     isolation_mode_policy: str = _default("isolation_mode_policy")
     enable_webhooks: bool = _default("enable_webhooks")
     enable_scheduler: bool = _default("enable_scheduler")
+    scheduler: str = _default("scheduler")
     enable_cr_controller: bool = _default("enable_cr_controller")
     progressive_migration: bool = _default("progressive_migration")
     initial_gpu_node_label_selector: str = _default("initial_gpu_node_label_selector")
     max_workers_per_node: int = _default("max_workers_per_node")
     sync_interval: float = _default("sync_interval")
+    gpu_node_report_grace: float = _default("gpu_node_report_grace")
+    drift_check_interval: float = _default("drift_check_interval")
     hypervisor_port: int = _default("hypervisor_port")
     hypervisor_host: str = _default("hypervisor_host")
     api_token_file: str = _default("api_token_file")
@@ -434,6 +489,11 @@ class Settings:
     def resolved_controller_listen(self) -> str:
         """--controller-listen as bound: an address without a host means loopback with --role=all."""
         return self._role_listen(self.controller_listen, "all" in self.roles)
+
+    @property
+    def resolved_webhook_listen(self) -> str:
+        """--webhook-listen as bound: without a host, loopback with --role=all."""
+        return self._role_listen(self.webhook_listen, "all" in self.roles)
 
     @property
     def resolved_health_probe_listen(self) -> str:

@@ -38,6 +38,7 @@ class ControllerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfusion", "--role=controller", f"--kube={kubeconfig}",
              "--controller-listen", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0",
+             "--webhook-listen", "127.0.0.1:0",
              "--dynamic-config", str(tmp_path / f"{name}.yaml")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         threading.Thread(target=self._drain, daemon=True).start()

@@ -56,6 +56,7 @@ class RoleAll:
             "--role=all", "--apiserver-listen", self.api.removeprefix("https://"),
             "--controller-listen", self.controller.removeprefix("http://"),
             "--health-probe-bind-address", f"127.0.0.1:{probes}", "--port", str(hypervisor),
+            "--webhook-listen", "127.0.0.1:0",
             "--state", str(tmp / "state.db"), "--kubeconfig-out", str(self.kubeconfig),
             "--state-dir", str(tmp / "hv"), "--metrics-output-path", str(tmp / "metrics.log"),
             "--node-name", NODE,

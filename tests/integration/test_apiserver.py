@@ -704,7 +704,7 @@ async def test_protobuf_request_bodies(http: httpx.AsyncClient) -> None:
     obj = created.json()
     assert obj["metadata"]["name"] == "from-protobuf" and obj["metadata"]["labels"] == {"team": "gpu"}
     assert obj["data"] == {"mode": "fast"} and "generateName" not in obj["metadata"]
-    other = b"k8s\x00" + _pb_field(1, _pb_field(1, "apps/v1") + _pb_field(2, "Deployment")) + _pb_field(2, b"")
+    other = b"k8s\x00" + _pb_field(1, _pb_field(1, "apps/v1") + _pb_field(2, "StatefulSet")) + _pb_field(2, b"")
     refused = await http.post(CMS, content=other, headers={"content-type": "application/vnd.kubernetes.protobuf"})
     assert refused.status_code == 415 and "application/json" in refused.json()["message"]
     garbage = await http.post(

@@ -35,7 +35,7 @@ SCHEDULER = "tensor-fusion-scheduler"
 
 def settings_for(apiserver: Any, tmp_path: Path, **changes: Any) -> Settings:
     base = Settings(roles=("controller",), kube=str(apiserver.kubeconfig), controller_listen="127.0.0.1:0",
-                    health_probe_listen="127.0.0.1:0",
+                    health_probe_listen="127.0.0.1:0", webhook_listen="127.0.0.1:0",
                     dynamic_config=str(tmp_path / "config.yaml"), leader_elect=False, sync_interval=0.2,
                     leader_lease_duration=2.0, leader_renew_deadline=1.5, leader_retry_period=0.2,
                     operator_namespace="tf-ops")

@@ -1,4 +1,5 @@
-"""The simulated kubelet and the GPUNode stand-in against the embedded API server over HTTP."""
+"""The simulated kubelet against the embedded API server over HTTP (its GPUNode is the controller's
+Node reconciler's: tests/integration/test_reconcilers.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from tests.helpers import closed_port
 from tfusion.api.quantity import Quantity
-from tfusion.embedded import gpunode as gpunode_module
-from tfusion.embedded.bootstrap import bootstrap
 from tfusion.embedded.devices import DevicePlan, plan_devices
-from tfusion.embedded.gpunode import GpuNodeStandIn
 from tfusion.embedded.kubelet import LEASE_NAMESPACE, SimulatedKubelet
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -130,41 +127,3 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
 
         await eventually("pod guarded gone once its finalizer went", gone)
         tg.cancel_scope.cancel()
-
-
-async def test_gpunode_stand_in(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    await bootstrap(kube, settings())
-    kubelet = SimulatedKubelet(manager_of(kube), NODE, await plan("sim:1xA100-SXM4-80GB"))
-    node = await kubelet.register()
-    other = SimulatedKubelet(manager_of(kube), "cpu-only", DevicePlan("auto", (), "none"))
-    stand_in = GpuNodeStandIn(kube, NODE, vendor="NVIDIA", hypervisor_url=None)
-    assert await stand_in.ensure(node) == "tensor-fusion-shared"
-    created = await kube.get(r.GPUNODES, NODE)
-    assert created["metadata"]["labels"]["tensor-fusion.ai/pool-tensor-fusion-shared"] == "true"
-    assert created["spec"]["manageMode"] == "AutoSelect"
-    assert await GpuNodeStandIn(kube, "cpu-only", vendor="NVIDIA",
-                                hypervisor_url=None).ensure(await other.register()) is None
-
-    # what the hypervisor reports, then the phases follow its readiness
-    gpu = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
-           "metadata": {"name": "gpu-1", "labels": {"tensor-fusion.ai/managed-by": NODE}}}
-    await kube.create(r.GPUS, gpu)
-    await kube.patch(r.GPUS, "gpu-1", {"status": {
-        "phase": "Pending", "capacity": {"tflops": "312", "vram": "80Gi"},
-        "available": {"tflops": "312", "vram": "80Gi"},
-        "uuid": "gpu-1", "nodeSelector": {"kubernetes.io/hostname": NODE}, "gpuModel": "A100", "message": "",
-        "vendor": "NVIDIA"}}, subresource="status")
-    assert await stand_in.sync_phases() is False  # the GPUNode has not been reported yet
-    await kube.patch(r.GPUNODES, NODE, {"status": {"totalGPUs": 1, "managedGPUs": 1, "totalTFlops": "312",
-                                                   "totalVRAM": "80Gi", "phase": "Pending"}}, subresource="status")
-    assert await stand_in.sync_phases() is True
-    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Running"
-    assert (await kube.get(r.GPUNODES, NODE))["status"]["phase"] == "Running"
-
-    stand_in.hypervisor_url = f"http://127.0.0.1:{closed_port()}"
-    assert await stand_in.sync_phases() is False  # unready, but within the grace: nothing changes
-    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Running"
-    monkeypatch.setattr(gpunode_module, "NOT_READY_GRACE_S", 0.0)
-    await stand_in.sync_phases()
-    assert (await kube.get(r.GPUS, "gpu-1"))["status"]["phase"] == "Pending"
-    assert (await kube.get(r.GPUNODES, NODE))["status"]["phase"] == "Pending"

@@ -94,6 +94,9 @@ def resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 
 def assert_schema_not_empty(doc: dict[str, Any], schema: dict[str, Any], where: str) -> None:
     target = resolve(doc, schema)
+    if target.get("type") == "array":  # a list of typed items (the extender's HostPriorityList)
+        assert_schema_not_empty(doc, target["items"], f"{where} items")
+        return
     assert target.get("properties") or target.get("oneOf") or target.get("anyOf"), (where, target)
     for option in target.get("oneOf", []) + target.get("anyOf", []):
         assert resolve(doc, option).get("properties"), (where, option)
@@ -104,14 +107,21 @@ def operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
             for method, op in item.items() if method in ("get", "post", "put", "patch", "delete")]
 
 
-def check_openapi(doc: dict[str, Any], *, bodies: dict[str, tuple[str, ...]]) -> None:
+def check_openapi(doc: dict[str, Any], *, bodies: dict[str, tuple[str, ...]],
+                  text_plain: frozenset[str] = frozenset()) -> None:
     """Every operation documents a non-empty 2xx body (501-only stubs: a 501 ErrorBody) and an
     ErrorBody for each error; `bodies` names the POST routes with a request body (and its media
-    types); the other POST routes declare none."""
+    types); the other POST routes declare none. `text_plain` routes answer text, errors included
+    (the original's clients read them as text): every documented answer is a text/plain string."""
     assert not {"/healthz", "/readyz", "/metrics"} & set(doc["paths"]), "probes and metrics stay out of the schema"
     for method, path, op in operations(doc):
         where = f"{method} {path}"
         responses = op["responses"]
+        if path in text_plain:
+            assert {"200", "401", "500", "503"} <= set(responses), (where, responses)
+            for code, response in responses.items():
+                assert response["content"]["text/plain"]["schema"] == {"type": "string"}, (where, code)
+            continue
         successes = {code: r for code, r in responses.items() if code.startswith("2")}
         if not successes:
             assert set(responses) >= {"501"}, (where, responses)
@@ -253,10 +263,13 @@ async def test_controller_errors_and_openapi(apiserver: ApiServerHandle, tmp_pat
         assert (await http.get("/api/config")).json().keys() == {"config"}
         doc = (await http.get("/schema/openapi.json")).json()
         await ctl.stop()
-    check_openapi(doc, bodies={"/api/simulate-schedule": ("application/json", "application/yaml")})
+    check_openapi(doc, bodies={"/api/simulate-schedule": ("application/json", "application/yaml"),
+                               **{f"/scheduler/{verb}": ("application/json",)
+                                  for verb in ("filter", "prioritize", "bind")}},
+                  text_plain=frozenset({"/api/assign-index", "/api/assign-host-port"}))
     schemas = doc["components"]["schemas"]
     assert set(schemas["AllocationView"]["properties"]) == {"gpuStore", "nodeWorkerStore", "allocation",
-                                                            "gpuToWorkerMap"}
+                                                            "gpuToWorkerMap", "drift"}
     assert "config" in schemas["ConfigBody"]["properties"]
     assert "gpuSchedulerState" in schemas["SimulateScheduleResult"]["properties"]
 

@@ -102,11 +102,20 @@ class ReferenceAllocator:
                 scores.append(s // 4 if gpu.info.phase == "Pending" else s)
         return sum(scores) // len(scores)
 
-    def select(self, req: AllocRequest) -> tuple[str, tuple[str, ...]] | None:
+    def _candidates(self, req: AllocRequest) -> dict[str, list[RefGpu]]:
         by_node: dict[str, list[RefGpu]] = {}
         for gpu in self.gpus.values():
             if self.passes(gpu, req):
                 by_node.setdefault(gpu.info.node, []).append(gpu)
+        return by_node
+
+    def feasible(self, req: AllocRequest) -> set[str]:
+        """Nodes with enough passing GPUs and room for one more worker."""
+        return {n for n, gs in self._candidates(req).items()
+                if len(gs) >= req.count and len(self.workers.get(n, ())) < self.max_workers}
+
+    def select(self, req: AllocRequest) -> tuple[str, tuple[str, ...]] | None:
+        by_node = self._candidates(req)
         feasible = [n for n, gs in by_node.items()
                     if len(gs) >= req.count and len(self.workers.get(n, ())) < self.max_workers]
         if not feasible:

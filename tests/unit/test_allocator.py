@@ -25,6 +25,7 @@ from tfusion.allocator import (
 )
 from tfusion.allocator.request import request_from_pod
 from tfusion.allocator.state import GpuObjectError, parse_virtualization
+from tfusion.controller import views
 from tfusion.hypervisor.devices.model import VirtualizationCapabilities
 
 GIB = 1 << 30
@@ -230,10 +231,10 @@ def test_assume_commit_release_cycle_and_idempotency() -> None:
     a.assume(r, ["g"])
     assert a.available("g") == (70_000, 12 * GIB)
     assert a.available("g", committed_only=True) == (100_000, 16 * GIB)
-    assert a.gpu_status("g")["runningApps"] == []
+    assert views.gpu_status(a, "g")["runningApps"] == []
     a.commit(r.pod_uid)
     a.commit(r.pod_uid)
-    status = a.gpu_status("g")
+    status = views.gpu_status(a, "g")
     assert status["available"] == {"tflops": "70", "vram": "12Gi"}
     assert status["runningApps"] == [{"name": "wl", "namespace": "ns", "count": 1, "pods": [{
         "name": r.pod_name, "namespace": "ns", "uid": r.pod_uid, "requests": {"tflops": "30", "vram": "4Gi"},
@@ -400,7 +401,7 @@ def test_a_pod_without_limits_is_unlimited_and_charges_no_limit_quota() -> None:
     used = a.quota_usage("ns")
     assert (used.requests_tflops, used.requests_vram, used.limits_tflops, used.limits_vram) == (
         40_000, 20 * GIB, 0, 0)
-    assert a.gpu_status("g")["runningApps"][0]["pods"][0]["limits"] == {"tflops": "0", "vram": "0"}
+    assert views.gpu_status(a, "g")["runningApps"][0]["pods"][0]["limits"] == {"tflops": "0", "vram": "0"}
     virtual = a.virtual_capacity(node="n1")
     assert (virtual["virtualAvailableTFlops"], virtual["virtualAvailableVRAM"]) == (
         virtual["virtualTFlops"], virtual["virtualVRAM"])  # nothing subtracted for a missing limit
@@ -413,7 +414,7 @@ def test_quota_status_percentages_and_alert_condition() -> None:
     a.set_quota("ns", QuotaSpec(requests_tflops=100_000, requests_vram=10 * GIB, max_workers=4,
                                 alert_threshold_percent=50))
     a.allocate(req(tflops=25, vram=6))
-    status = a.quota_status("ns")
+    status = views.quota_status(a, "ns")
     assert status["used"] == {"requests": {"tflops": "25", "vram": "6Gi"},
                               "limits": {"tflops": "50", "vram": "12Gi"}, "workers": 1}
     assert status["availablePercent"] == {"requests.tflops": "75.00", "requests.vram": "40.00",

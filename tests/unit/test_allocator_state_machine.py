@@ -26,6 +26,7 @@ from tfusion.allocator import (
     Resources,
     Unschedulable,
 )
+from tfusion.controller import views
 
 GIB = 1 << 30
 NODES = ("n0", "n1", "n2")
@@ -199,7 +200,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         restorable = [(r, g) for r, g in committed if any(n in self.gpus for n in g)]
         assert fresh.restore(restorable) == []
         for name in self.gpus:
-            assert fresh.gpu_status(name) == self.alloc.gpu_status(name)
+            assert views.gpu_status(fresh, name) == views.gpu_status(self.alloc, name)
             assert fresh.available(name, committed_only=True) == self.alloc.available(name, committed_only=True)
         # a compute-percent charge on a GPU that is gone cannot be known after a restart
         exact = not any(r.percent_request or r.percent_limit for r, g in committed

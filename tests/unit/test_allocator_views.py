@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tfusion.allocator import GpuAllocator, GpuInfo, QuotaSpec, gpu_from_object, request_from_pod
-from tfusion.controller import allocation_view
+from tfusion.controller import views
 from tfusion.controller.scheduling.simulate import ManifestError, read_pod_manifest, simulate_schedule
 
 GIB = 1 << 30
@@ -73,7 +73,7 @@ def test_allocation_view_shape_and_plain_gpu_keys() -> None:
     a = cluster()
     placement = a.allocate(request_from_pod(pod("p1", count=2)))
     a.assume(request_from_pod(pod("assumed")), [f"{placement.node}-gpu0"])  # not shown: not committed
-    view = allocation_view.build(a, gpu_object=no_gpu, pod_object=no_pod)
+    view = views.build(a, gpu_object=no_gpu, pod_object=no_pod)
     json.dumps(view)  # serialisable as is
     assert set(view) == {"gpuStore", "nodeWorkerStore", "allocation", "gpuToWorkerMap"}
     assert sorted(view["gpuStore"]) == ["node-a-gpu0", "node-a-gpu1", "node-b-gpu0", "node-b-gpu1"]
@@ -107,7 +107,7 @@ def test_allocation_view_returns_whole_cached_objects_with_live_state() -> None:
                                     "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1"}],
                                     "managedFields": [{"manager": "kubectl"}]}}
     pods = {("ml", "p1"): p1_cached}
-    view = allocation_view.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
+    view = views.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
     assert json.dumps(cached, sort_keys=True) == before  # the cache is never modified
     gpu = view["gpuStore"][gpu_name]
     assert gpu["metadata"] == cached[gpu_name]["metadata"]
@@ -125,7 +125,7 @@ def test_allocation_view_returns_whole_cached_objects_with_live_state() -> None:
         "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1"}]}
     # a newer pod of the same name is not the allocated one: only what the allocator knows
     pods[("ml", "p1")] = {**p1_cached, "metadata": {**p1_cached["metadata"], "uid": "uid-other"}}
-    view = allocation_view.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
+    view = views.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
     assert view["allocation"]["uid-p1"]["PodMeta"] == {"name": "p1", "namespace": "ml", "uid": "uid-p1"}
 
 

@@ -255,9 +255,8 @@ UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
 UNIMPLEMENTED_VALUES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
-FOUND_FLAGS = {"--webhook-listen", "--scheduler-config", "--metrics-path", "--host-port-range",
-               "--cluster-host-port-range"}
-FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_WEBHOOKS", "ENABLE_SCHEDULER", "ENABLE_CR_CONTROLLER",
+FOUND_FLAGS = {"--scheduler-config", "--metrics-path"}
+FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_CR_CONTROLLER",
              "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", "INITIAL_GPU_NODE_LABEL_SELECTOR", "DETECT_IN_USED_GPUS"}
 
 
@@ -325,9 +324,10 @@ def test_help_marks_what_is_not_implemented(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_real_entry_point_exits_1_on_an_unimplemented_variable() -> None:
-    result = _tfusion("--role=controller", "--kube=in-cluster", env={"ENABLE_SCHEDULER": "false"})
+    result = _tfusion("--role=controller", "--kube=in-cluster", env={"ENABLE_CR_CONTROLLER": "false"})
     assert result.returncode == 1
-    assert result.stderr.strip() == f"tfusion: error: environment variable ENABLE_SCHEDULER {NOT_IMPLEMENTED}; unset it"
+    assert result.stderr.strip() == \
+        f"tfusion: error: environment variable ENABLE_CR_CONTROLLER {NOT_IMPLEMENTED}; unset it"
 
 
 def test_health_probe_bind_address_reaches_settings() -> None:

@@ -49,6 +49,8 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "scheduling_config": ('{"autoFreeze": []}', '{"autoFreeze": []}', None),
     "metrics_format": ("json", "json", "xml"),
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
+    "enable_webhooks": ("false", False, "maybe"),
+    "enable_scheduler": ("false", False, "maybe"),
 }
 
 ENV_OPTIONS = [opt for opt in OPTIONS if opt.env and opt.implemented]
@@ -235,14 +237,9 @@ def test_resolved_node_name_falls_back_to_the_host_name() -> None:
 #: the options found doing nothing when they were marked; one leaves this list only when it works
 NOT_IMPLEMENTED_FOUND = {
     "testing": "GO_TESTING",
-    "webhook_listen": "--webhook-listen",
     "scheduler_config": "--scheduler-config",
     "metrics_path": "--metrics-path",
-    "host_port_range": "--host-port-range",
-    "cluster_host_port_range": "--cluster-host-port-range",
     "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
-    "enable_webhooks": "ENABLE_WEBHOOKS",
-    "enable_scheduler": "ENABLE_SCHEDULER",
     "enable_cr_controller": "ENABLE_CR_CONTROLLER",
     "progressive_migration": "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION",
     "initial_gpu_node_label_selector": "INITIAL_GPU_NODE_LABEL_SELECTOR",

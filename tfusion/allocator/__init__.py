@@ -1,7 +1,9 @@
 """The GPU allocator: pure, synchronous GPU state, filters, scoring, ledger and quota.
 
 No I/O and no await here: the controller feeds it informer events and asks it questions, the
-hypervisor's single-node mode uses it directly. See allocator.py for the model.
+hypervisor's single-node mode uses it directly. See allocator.py for the model, framework.py for the
+scheduler plugins (PreFilter, Filter, Score, Reserve, PreBind with structured Status) both scheduling
+paths call, and explain.py for per-node reasons and suggestions.
 """
 
 from tfusion.allocator.allocator import (
@@ -20,6 +22,7 @@ from tfusion.allocator.errors import (
     Removal,
     Unschedulable,
 )
+from tfusion.allocator.framework import Code, Explanation, Framework, Reason, Status, Suggestion
 from tfusion.allocator.quota import QuotaSpec, QuotaSpecError, Usage, quota_from_object
 from tfusion.allocator.request import AllocRequest, RequestError, Resources, request_from_pod
 from tfusion.allocator.scoring import PLACEMENT_MODES, Weights
@@ -30,8 +33,11 @@ __all__ = [
     "AllocRequest",
     "AllocationInfo",
     "AllocatorError",
+    "Code",
+    "Explanation",
     "FilterResult",
     "FilterStage",
+    "Framework",
     "GpuAllocator",
     "GpuInfo",
     "GpuObjectError",
@@ -42,9 +48,12 @@ __all__ = [
     "QuotaExceeded",
     "QuotaSpec",
     "QuotaSpecError",
+    "Reason",
     "Removal",
     "RequestError",
     "Resources",
+    "Status",
+    "Suggestion",
     "Unschedulable",
     "Usage",
     "Weights",

@@ -19,6 +19,11 @@ and each group used by a request gets a `PoolIndex` (nodes ordered by score, wit
 VRAM and TFLOPS, built on first use); a placement walks it best-first and checks only the GPUs of the
 nodes it reaches. A change touches one node, which is re-scored and moved in O(GPUs on the node).
 Explanations are built only on request (`filter(explain=True)`) or when a placement fails.
+
+Candidate-node filtering (the extender, framework.py) is kept per request shape: `feasible_nodes`
+holds the set of nodes where a shape fits and every change of a node marks it stale in each kept
+set (and bumps `node_version`, which validates cached per-node explanations), so a filter costs the
+changed nodes, not the GPUs.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +45,11 @@ from tfusion.allocator.errors import (
     Unschedulable,
 )
 from tfusion.allocator.index import PoolIndex
-from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total, quota_status
+from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total
 from tfusion.allocator.request import AllocRequest, Resources
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
 from tfusion.allocator.state import PHASE_PENDING, GpuInfo, GpuSlot
-from tfusion.allocator.units import percent_str, tflops_str, vram_str
+from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
 DEFAULT_MAX_WORKERS_PER_NODE = 256
@@ -137,6 +143,25 @@ def _usage_of(charges: Sequence[tuple[int, int]], limits: Sequence[tuple[int, in
 
 
 GroupKey = tuple[str, str]  # (pool, model); model "" = every model of the pool
+#: everything in a request that decides whether one node can take it (see `feasible_nodes`)
+ShapeKey = tuple[str, str, int, int, int, int, str, tuple[int, ...], str]
+MAX_SHAPES = 32  # request shapes whose feasible-node sets are kept
+MAX_EXPLAINED_SHAPES = 8  # request shapes whose per-node explanations are kept (a few hundred bytes per node)
+
+
+def shape_of(req: AllocRequest) -> ShapeKey:
+    return (req.pool, req.gpu_model, req.tflops_request, req.percent_request, req.vram_request, req.count,
+            req.isolation, req.indices, req.vendor)
+
+
+class _FeasibleSet:
+    """The nodes that can take one request shape now; `stale` nodes changed since they were judged."""
+
+    __slots__ = ("nodes", "stale")
+
+    def __init__(self) -> None:
+        self.nodes: set[str] = set()
+        self.stale: set[str] = set()
 
 
 def _group_keys(info: GpuInfo) -> tuple[GroupKey, ...]:
@@ -192,6 +217,11 @@ class GpuAllocator:
         self._dirty: set[str] = set()
         self._dirty_quota: set[str] = set()
         self._released: OrderedDict[str, None] = OrderedDict()
+        # feasible nodes per request shape (the extender's candidate filter), least recently used first
+        self._shapes: OrderedDict[ShapeKey, _FeasibleSet] = OrderedDict()
+        self._qos_live: dict[str, int] = {}  # live allocations per QoS level (preemption hints)
+        self._versions: dict[str, int] = {}  # node -> change counter (explanations cached per version)
+        self._explained: OrderedDict[ShapeKey, dict[str, tuple[int, Any]]] = OrderedDict()
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -285,6 +315,7 @@ class GpuAllocator:
             members.sort(key=lambda s: s.name)
 
     def _ungroup(self, node: _Node, slot: GpuSlot, info: GpuInfo) -> None:
+        self._mark_stale(node.name)
         for key in _group_keys(info):
             members = node.groups[key]
             members.remove(slot)
@@ -391,6 +422,7 @@ class GpuAllocator:
         return index
 
     def _reindex(self, node: _Node) -> None:
+        self._mark_stale(node.name)
         for key in node.groups:
             index = self._index.get(key)
             if index is not None:
@@ -398,15 +430,17 @@ class GpuAllocator:
 
     def _place(self, index: PoolIndex, node: _Node, key: GroupKey) -> None:
         best_v = best_t = -1
+        usable = 0
         if len(node.workers) < self.max_workers_per_node:
             for slot in node.groups[key]:
                 if slot.schedulable:
+                    usable += 1
                     if slot.avail_v > best_v:
                         best_v = slot.avail_v
                     if slot.avail_t > best_t:
                         best_t = slot.avail_t
         score = node.score_used if index.variant == USED else node.score_free
-        index.place(node.name, score, best_v, best_t)
+        index.place(node.name, score, best_v, best_t, usable)
 
     def node_score(self, node: str, pool: str) -> int:
         """The node's score under `pool`'s placement mode (0..100)."""
@@ -443,18 +477,86 @@ class GpuAllocator:
         found = [slot for slot in members if fits(slot, req)]
         return found if len(found) >= req.count else None
 
+    def _mark_stale(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+        for cached in self._shapes.values():
+            cached.stale.add(node)
+
+    def live_by_qos(self) -> Mapping[str, int]:
+        """How many live allocations (assumed or committed) there are of each QoS level."""
+        return self._qos_live
+
+    def node_version(self, node: str) -> int:
+        """A counter that changes whenever anything about `node` that placement reads changes."""
+        return self._versions.get(node, 0)
+
+    def explain_cache(self, req: AllocRequest) -> dict[str, tuple[int, Any]]:
+        """Per-node memo for explanations of `req`'s shape: node -> (node_version, value). The
+        explainer (explain.py) owns the values; an entry is valid while the node's version matches.
+        Kept for the last MAX_EXPLAINED_SHAPES shapes."""
+        key = shape_of(req)
+        memo = self._explained.get(key)
+        if memo is None:
+            memo = self._explained[key] = {}
+            if len(self._explained) > MAX_EXPLAINED_SHAPES:
+                self._explained.popitem(last=False)
+        else:
+            self._explained.move_to_end(key)
+        return memo
+
+    def feasible_nodes(self, req: AllocRequest) -> AbstractSet[str]:
+        """Nodes where `req` fits now (enough GPUs pass every per-GPU stage, worker limit not reached).
+
+        Quota is not checked (that is PreFilter). Kept per request shape (pool, model, amounts,
+        count, isolation, indices, vendor) for the last MAX_SHAPES shapes: every change of a node marks
+        it stale in each kept set and only stale nodes are judged again, so a call costs O(changed
+        nodes x their GPUs); a shape not kept is judged on every node of its group once. The set is
+        the allocator's own: read it, do not keep it across a change, never modify it.
+        """
+        key = shape_of(req)
+        cached = self._shapes.get(key)
+        group = (req.pool, req.gpu_model)
+        if cached is None:
+            cached = self._shapes[key] = _FeasibleSet()
+            if len(self._shapes) > MAX_SHAPES:
+                self._shapes.popitem(last=False)
+            cached.stale = {name for name, node in self._nodes.items() if group in node.groups}
+        else:
+            self._shapes.move_to_end(key)
+        if cached.stale:
+            nodes = self._nodes
+            feasible = cached.nodes
+            for name in cached.stale:
+                node = nodes.get(name)
+                if node is not None and self._node_fit(node, group, req) is not None:
+                    feasible.add(name)
+                else:
+                    feasible.discard(name)
+            cached.stale = set()
+        return cached.nodes
+
+    def fitting_gpus(self, node: str, req: AllocRequest) -> tuple[str, ...] | None:
+        """The GPUs of `node` that `req` would get, best first (`req.count` of them); None when it does not fit."""
+        found = self._nodes.get(node)
+        slots = None if found is None else self._node_fit(found, (req.pool, req.gpu_model), req)
+        if slots is None:
+            return None
+        return tuple(s.name for s in self._gpu_order(slots, req.pool)[: req.count])
+
     def select(
         self,
         req: AllocRequest,
         *,
         nodes: Collection[str] | None = None,
         node_ok: Callable[[str], bool] | None = None,
+        diagnose: bool = True,
     ) -> Placement:
         """Pick the best node and GPUs for `req` without changing anything.
 
         `nodes` restricts the choice (the extender's candidate list); `node_ok` rejects nodes for
         reasons outside the allocator (the built-in scheduler's taints, CPU, memory ...).
-        Raises QuotaExceeded or Unschedulable (with the filter trail and per-node reasons).
+        Raises QuotaExceeded or Unschedulable (with the filter trail and per-node reasons; with
+        `diagnose=False` a bare Unschedulable, for callers that explain with the Framework).
         """
         self._quota_precheck(req)
         if req.pool not in self._pools:
@@ -474,7 +576,8 @@ class GpuAllocator:
                 return node, slots
 
             # percent requests: TFLOPS needed depends on the GPU, so only VRAM prunes
-            found = index.search(req.vram_request, req.tflops_request, fits)  # type: ignore[assignment]
+            found = index.search(req.vram_request, req.tflops_request, fits,  # type: ignore[assignment]
+                                 need_gpus=req.count)
         else:
             for name in sorted((n for n in set(nodes) if n in index), key=lambda n: (-index.score(n), n)):
                 slots = self._node_fit(self._nodes[name], key, req)
@@ -482,6 +585,8 @@ class GpuAllocator:
                     found = (self._nodes[name], slots)
                     break
         if found is None:
+            if not diagnose:
+                raise Unschedulable(f"0/{len(index)} nodes of pool {req.pool} can take the request")
             raise self._diagnose(req, nodes)
         node, slots = found
         chosen = self._gpu_order(slots, pool)[: req.count]
@@ -693,6 +798,7 @@ class GpuAllocator:
         if node is None:
             node = self._nodes[alloc.node] = _Node(alloc.node)
         node.workers[uid] = f"{alloc.req.namespace}/{alloc.req.pod_name}"
+        self._qos_live[alloc.req.qos] = self._qos_live.get(alloc.req.qos, 0) + 1
         self._allocs[uid] = alloc
         self._usage_bucket(alloc).add(alloc.usage)
         self._touch(alloc)
@@ -717,6 +823,7 @@ class GpuAllocator:
             slot.refresh()
         node = self._nodes[alloc.node]
         del node.workers[uid]
+        self._qos_live[alloc.req.qos] -= 1
         del self._allocs[uid]
         self._assumed.pop(uid, None)
         self._usage_bucket(alloc).add(alloc.usage, -1)
@@ -934,23 +1041,14 @@ class GpuAllocator:
         info = slot.info
         return max(0, info.capacity_tflops - used_t), max(0, info.capacity_vram - used_v)
 
-    def gpu_status(self, name: str) -> dict[str, Any]:
-        """`status.available` and `status.runningApps` of a GPU (committed allocations only)."""
-        avail_t, avail_v = self.available(name, committed_only=True)
-        apps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    def gpu_allocations(self, name: str, *, committed_only: bool = True) -> list[AllocationInfo]:
+        """The allocations holding GPU `name`, by pod UID (committed only unless asked otherwise)."""
+        out = []
         for uid in sorted(self._gpus[name].allocs):
-            alloc = self._allocs.get(uid)
-            if alloc is None or alloc.assumed_at is not None:
-                continue
-            req = alloc.req
-            apps.setdefault((req.workload[0], req.workload[1]), []).append({
-                "name": req.pod_name, "namespace": req.namespace, "uid": uid,
-                "requests": resource_json(req.request), "limits": resource_json(req.limit), "qos": req.qos,
-            })
-        running = [{"name": wl_name, "namespace": ns, "count": len(pods),
-                    "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
-                   for (ns, wl_name), pods in sorted(apps.items())]
-        return {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)}, "runningApps": running}
+            info = self.allocation(uid)
+            if info is not None and not (committed_only and info.assumed):
+                out.append(info)
+        return out
 
     def quota_usage(self, namespace: str, *, include_assumed: bool = False) -> Usage:
         if include_assumed:
@@ -958,9 +1056,9 @@ class GpuAllocator:
         used = self._used.get(namespace) or Usage()
         return Usage(*used.as_tuple())
 
-    def quota_status(self, namespace: str) -> dict[str, Any]:
-        """status.used, availablePercent and the Ready condition of the namespace's quota."""
-        return quota_status(self._quota.get(namespace), self._used.get(namespace) or Usage())
+    def quota_spec(self, namespace: str) -> QuotaSpec | None:
+        """The namespace's GPUResourceQuota spec, None when it has none."""
+        return self._quota.get(namespace)
 
     def virtual_capacity(self, *, node: str | None = None, pool: str | None = None,
                          host_memory: Mapping[str, int] | int = 0, host_disk: Mapping[str, int] | int = 0,
@@ -1035,9 +1133,3 @@ class GpuAllocator:
                             if node.gpus},
         }
 
-
-def resource_json(res: Resources) -> dict[str, str]:
-    out = {"tflops": tflops_str(res.tflops), "vram": vram_str(res.vram)}
-    if res.percent and not res.tflops:
-        out["compute"] = percent_str(res.percent)
-    return out

@@ -1,4 +1,4 @@
-"""GPUResourceQuota in allocator units: the spec, the usage, the checks and the status.
+"""GPUResourceQuota in allocator units: the spec, the usage and the checks (status JSON: controller/views.py).
 
 One quota per namespace. Usage is tracked for every namespace (so a quota created later starts
 from the truth) in two parts: committed (what status reports) and assumed (reserved by the
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfusion.allocator.errors import QuotaExceeded
-from tfusion.allocator.units import ratio_str, tflops_str, vram_str
+from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api.quantity import Quantity, QuantityError
 
 DEFAULT_MAX_WORKERS = 32768
@@ -181,41 +181,3 @@ def check_total(namespace: str, spec: QuotaSpec, used: Usage, charge: Usage) -> 
                 namespace=namespace, resource=resource, requested=wanted, used=in_use, limit=limit,
                 unresolvable=False)
 
-
-def quota_status(spec: QuotaSpec | None, used: Usage) -> dict[str, Any]:
-    """status.used, status.availablePercent and status.conditions (Ready) for a quota.
-
-    lastUpdateTime and the conditions' lastTransitionTime are the writer's business (it knows the
-    clock and the previous condition); the condition here carries type, status, reason and message.
-    """
-    spec = spec or QuotaSpec()
-    percent = {
-        "requests.tflops": ratio_str((spec.requests_tflops or 0) - used.requests_tflops,
-                                     spec.requests_tflops or 0),
-        "requests.vram": ratio_str((spec.requests_vram or 0) - used.requests_vram, spec.requests_vram or 0),
-        "limits.tflops": ratio_str((spec.limits_tflops or 0) - used.limits_tflops, spec.limits_tflops or 0),
-        "limits.vram": ratio_str((spec.limits_vram or 0) - used.limits_vram, spec.limits_vram or 0),
-        "workers": ratio_str((spec.max_workers or 0) - used.workers, spec.max_workers or 0),
-    }
-    floor = 100 - spec.alert_threshold_percent
-    reached = {key: float(value) < floor for key, value in percent.items()}
-    if any(reached.values()):
-        message = (
-            "One of the following resources has reached alert threshold:"
-            f" tflops requests: {str(reached['requests.tflops']).lower()},"
-            f" vram requests: {str(reached['requests.vram']).lower()},"
-            f" tflops limits: {str(reached['limits.tflops']).lower()},"
-            f" vram limits: {str(reached['limits.vram']).lower()},"
-            f" workers: {str(reached['workers']).lower()}")
-        condition = {"type": "Ready", "status": "False", "reason": "AlertThresholdReached", "message": message}
-    else:
-        condition = {"type": "Ready", "status": "True", "reason": "CapacitySufficient", "message": READY_MESSAGE}
-    return {
-        "used": {
-            "requests": {"tflops": tflops_str(used.requests_tflops), "vram": vram_str(used.requests_vram)},
-            "limits": {"tflops": tflops_str(used.limits_tflops), "vram": vram_str(used.limits_vram)},
-            "workers": used.workers,
-        },
-        "availablePercent": percent,
-        "conditions": [condition],
-    }

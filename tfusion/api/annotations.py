@@ -142,6 +142,10 @@ SCHEDULER_NAME: Final = "tensor-fusion-scheduler"
 PRIORITY_CLASS_PREFIX: Final = "tensor-fusion-"  # tensor-fusion-high, tensor-fusion-critical
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 NVIDIA_GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
+#: pod annotations the simulated kubelet of --role=all reads (ours; no real kubelet does): after the
+#: duration its containers exit with the code (default 0), then the restartPolicy decides
+SIMULATE_EXIT_AFTER: Final = "tfusion.dev/simulate-exit-after"
+SIMULATE_EXIT_CODE: Final = "tfusion.dev/simulate-exit-code"
 
 # --- values --------------------------------------------------------------------------------------------
 COMPONENT_WORKER: Final = "worker"

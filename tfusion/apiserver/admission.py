@@ -20,6 +20,7 @@ Not implemented: `matchConditions` (CEL) are not evaluated (the webhook is calle
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
@@ -27,6 +28,7 @@ import functools
 import logging
 import ssl
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -246,17 +248,34 @@ def _review_version(webhook: Mapping[str, Any]) -> str:
     raise _CallFailed(f"webhook accepts no AdmissionReview version this server sends ({accepted}; we send v1, v1beta1)")
 
 
+#: kept-alive clients per event loop and TLS context: a webhook is called for every admitted
+#: object, and a TLS handshake per call cost more than the call itself (tens of ms on 2 cores)
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, httpx.AsyncClient]] = \
+    weakref.WeakKeyDictionary()
+_MAX_CLIENTS_PER_LOOP = 16
+
+
+def _client(context: ssl.SSLContext) -> httpx.AsyncClient:
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(id(context))  # contexts are cached per caBundle, so the id is stable
+    if client is None:
+        if len(clients) >= _MAX_CLIENTS_PER_LOOP:  # caBundles rotated many times: start over
+            clients.clear()
+        client = clients[id(context)] = httpx.AsyncClient(verify=context, trust_env=False)
+    return client
+
+
 async def _post(url: str, body: bytes, context: ssl.SSLContext, server_name: str | None, timeout: int) -> Any:
     extensions = {"sni_hostname": server_name} if server_name else {}
     try:
         with anyio.fail_after(timeout):
-            async with httpx.AsyncClient(verify=context, trust_env=False, timeout=timeout) as client:
-                response = await client.post(
-                    url,
-                    content=body,
-                    headers={"Content-Type": "application/json", "Accept": "application/json"},
-                    extensions=extensions,
-                )
+            response = await _client(context).post(
+                url,
+                content=body,
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+                extensions=extensions,
+                timeout=timeout,
+            )
     except TimeoutError:
         raise _CallFailed(f'failed to call webhook: Post "{url}": context deadline exceeded') from None
     except httpx.HTTPError as exc:

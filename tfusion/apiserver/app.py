@@ -317,6 +317,9 @@ class ApiApp:
         engine = self.engine
         ns = target.namespace or ""
         params = request.params
+        if target.subresource == "scale":
+            await self._scale(request, target, send)
+            return
         if target.subresource and target.subresource != "status":
             if method != "POST":
                 raise errors.method_not_allowed(method)
@@ -412,6 +415,27 @@ class ApiApp:
                 await self._delete_collection(request, target, options, send)
             return
         raise errors.method_not_allowed(method)
+
+    async def _scale(self, request: Request, target: Target, send: Send) -> None:
+        """GET, PUT and PATCH of a Deployment's or ReplicaSet's /scale (scale.py)."""
+        from tfusion.apiserver import scale
+
+        info, ns, method = target.info, target.namespace or "", request.method
+        if method == "GET":
+            self._check_verb(info, "get", method)
+            body = scale.get(self.engine, info, ns, target.name)
+        elif method in ("PUT", "PATCH"):
+            self._check_verb(info, "update" if method == "PUT" else "patch", method)
+            await request.read_body(self.body_timeout, self._large_decodes())
+            if method == "PUT":
+                body = await scale.update(self.engine, info, ns, target.name, request.json(), dry_run=request.dry_run)
+            else:
+                body = await scale.patch(self.engine, info, ns, target.name, request.json,
+                                         request.headers.get("content-type", ""), dry_run=request.dry_run)
+            await self.engine.store.durable()
+        else:
+            raise errors.method_not_allowed(method)
+        await respond(send, 200, body)
 
     @staticmethod
     def _check_verb(info: ResourceInfo, verb: str, method: str) -> None:

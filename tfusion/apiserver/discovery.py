@@ -29,6 +29,7 @@ _SUBRESOURCE_KINDS = {
     "binding": ("", "v1", "Binding", ("create",)),
     "eviction": ("policy", "v1", "Eviction", ("create",)),
     "token": ("authentication.k8s.io", "v1", "TokenRequest", ("create",)),
+    "scale": ("autoscaling", "v1", "Scale", ("get", "patch", "update")),
 }
 
 

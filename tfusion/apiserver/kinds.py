@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import crds, errors, validation
+from tfusion.apiserver import apps, crds, errors, validation
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
 
@@ -56,6 +56,8 @@ class KindRules:
             validation.default_mutating_webhooks(obj)
         elif key == CRDS:
             crds.default_crd(obj)
+        elif key in apps.WORKLOAD_KEYS:
+            apps.defaults(key, obj, old)
         elif info.is_custom:
             crds.default_custom(info, obj)
 
@@ -125,6 +127,8 @@ class KindRules:
                 causes += validation.validate_pod_update(old, obj)
         elif key == CRDS:
             causes += crds.validate_crd(obj, old, self.registry)
+        elif key in apps.WORKLOAD_KEYS:
+            causes += apps.validate(key, obj, old)
         elif info.is_custom:
             causes += crds.validate_custom(info, obj, old)
         if causes:

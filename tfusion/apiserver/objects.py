@@ -115,7 +115,9 @@ class Engine:
                 info.kind, info.group, "", [validation.required("metadata.name", "name or generateName is required")]
             )
         self.namespace_check(info, namespace, creating=True)
-        for key in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
+        # the server assigns the uid (a Job's generated selector is made from it, after defaulting)
+        for key in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields",
+                    "selfLink"):
             meta.pop(key, None)
         if info.status_split:
             obj.pop("status", None)

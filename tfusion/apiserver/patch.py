@@ -351,6 +351,13 @@ _CONDITIONS_STATUS: _Schema = {"conditions": _merged_list("type")}
 
 _METADATA_ONLY: _Schema = {"metadata": _nested(_OBJECT_META)}
 
+#: Deployment, ReplicaSet and Job: a pod template in the spec, conditions (merged by type) in the status
+_WORKLOAD: _Schema = {
+    "metadata": _nested(_OBJECT_META),
+    "spec": _nested({"template": _nested({"metadata": _nested(_OBJECT_META), "spec": _nested(_POD_SPEC)})}),
+    "status": _nested(_CONDITIONS_STATUS),
+}
+
 # Transcribed from the patchStrategy/patchMergeKey tags of k8s.io/api for the kinds we serve.
 # Lists not named here (tolerations, taints, containerStatuses, envFrom, ...) carry no tag there
 # and are replaced whole, as kube-apiserver does.
@@ -376,6 +383,9 @@ _KIND_SCHEMAS: Mapping[str, _Schema] = {
         "metadata": _nested(_OBJECT_META),
         "webhooks": _merged_list("name"),
     },
+    "Deployment": _WORKLOAD,
+    "ReplicaSet": _WORKLOAD,
+    "Job": _WORKLOAD,
     "ConfigMap": _METADATA_ONLY,
     "Secret": _METADATA_ONLY,
     "Event": _METADATA_ONLY,

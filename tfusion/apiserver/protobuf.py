@@ -1,7 +1,8 @@
 """Decoding of Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`) for a few core kinds.
 
 kubectl 1.32 sends protobuf, not JSON, from its typed clients: `kubectl create namespace`,
-`create configmap`, `create secret`, `create serviceaccount` and `create token`. The body is a
+`create configmap`, `create secret`, `create serviceaccount`, `create token`, `create deployment`
+and `create job` (for the last two, the pod template fields a manifest commonly sets). The body is a
 `runtime.Unknown` envelope (magic `k8s\\0`, TypeMeta, the object's own protobuf). The field numbers
 below are those of the upstream generated.proto files for these kinds; anything else is refused
 with 415 so the client knows to send JSON. Responses are always JSON, which every client accepts.
@@ -83,7 +84,74 @@ _DELETE_OPTIONS: Schema = {
     5: ("dryRun", "repeated_string", None),
 }
 
+# --- the workload kinds, as `kubectl create deployment` / `kubectl create job` send them: the pod
+# template fields of k8s.io/api core/v1 generated.proto that a manifest commonly sets (others dropped)
+_LABEL_SELECTOR: Schema = {
+    1: ("matchLabels", "map_string", None),
+    2: ("matchExpressions", "repeated_message", {
+        1: ("key", "string", None), 2: ("operator", "string", None), 3: ("values", "repeated_string", None)}),
+}
+_CONTAINER: Schema = {
+    1: ("name", "string", None),
+    2: ("image", "string", None),
+    3: ("command", "repeated_string", None),
+    4: ("args", "repeated_string", None),
+    5: ("workingDir", "string", None),
+    6: ("ports", "repeated_message", {
+        1: ("name", "string", None), 2: ("hostPort", "int_omitempty", None), 3: ("containerPort", "int", None),
+        4: ("protocol", "string", None), 5: ("hostIP", "string", None)}),
+    7: ("env", "repeated_message", {1: ("name", "string", None), 2: ("value", "string", None)}),
+    8: ("resources", "message", {1: ("limits", "map_quantity", None), 2: ("requests", "map_quantity", None)}),
+    13: ("terminationMessagePath", "string", None),
+    14: ("imagePullPolicy", "string", None),
+    20: ("terminationMessagePolicy", "string", None),
+}
+_POD_SPEC: Schema = {
+    2: ("containers", "repeated_message", _CONTAINER),
+    3: ("restartPolicy", "string", None),
+    4: ("terminationGracePeriodSeconds", "int", None),
+    5: ("activeDeadlineSeconds", "int", None),
+    6: ("dnsPolicy", "string", None),
+    7: ("nodeSelector", "map_string", None),
+    8: ("serviceAccountName", "string", None),
+    10: ("nodeName", "string", None),
+    19: ("schedulerName", "string", None),
+    20: ("initContainers", "repeated_message", _CONTAINER),
+    24: ("priorityClassName", "string", None),
+}
+_POD_TEMPLATE: Schema = {1: ("metadata", "message", _OBJECT_META), 2: ("spec", "message", _POD_SPEC)}
+
 KINDS: dict[tuple[str, str], Schema] = {
+    ("apps/v1", "Deployment"): {
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("spec", "message", {
+            1: ("replicas", "int", None),
+            2: ("selector", "message", _LABEL_SELECTOR),
+            3: ("template", "message", _POD_TEMPLATE),
+            4: ("strategy", "message", {
+                1: ("type", "string", None),
+                2: ("rollingUpdate", "message", {1: ("maxUnavailable", "int_or_string", None),
+                                                 2: ("maxSurge", "int_or_string", None)}),
+            }),
+            6: ("revisionHistoryLimit", "int", None),
+            9: ("progressDeadlineSeconds", "int", None),
+        }),
+    },
+    ("batch/v1", "Job"): {
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("spec", "message", {
+            1: ("parallelism", "int", None),
+            2: ("completions", "int", None),
+            3: ("activeDeadlineSeconds", "int", None),
+            4: ("selector", "message", _LABEL_SELECTOR),
+            5: ("manualSelector", "bool", None),
+            6: ("template", "message", _POD_TEMPLATE),
+            7: ("backoffLimit", "int", None),
+            8: ("ttlSecondsAfterFinished", "int", None),
+            9: ("completionMode", "string", None),
+            10: ("suspend", "bool", None),
+        }),
+    },
     ("v1", "Namespace"): {
         1: ("metadata", "message", _OBJECT_META),
         2: ("spec", "message", {1: ("finalizers", "repeated_string", None)}),
@@ -209,6 +277,9 @@ def decode_message(schema: Schema, data: bytes) -> dict[str, Any]:
         elif kind == "int":
             if raw or name != "generation":
                 out[name] = _signed(raw)
+        elif kind == "int_omitempty":  # a Go int32 that is not a pointer: 0 is written, JSON omits it
+            if raw:
+                out[name] = _signed(raw)
         elif kind == "bool":
             out[name] = bool(raw)
         elif kind == "message":
@@ -220,6 +291,16 @@ def decode_message(schema: Schema, data: bytes) -> dict[str, Any]:
         elif kind in ("map_string", "map_bytes"):
             key, value = _map_entry(raw, kind == "map_bytes")
             out.setdefault(name, {})[key] = value
+        elif kind == "map_quantity":  # map<string, resource.Quantity>; a Quantity is its string, field 1
+            key, value = _map_entry(raw, True)
+            import base64
+
+            quantity = decode_message({1: ("string", "string", None)}, base64.b64decode(value))
+            out.setdefault(name, {})[key] = quantity.get("string", "0")
+        elif kind == "int_or_string":  # intstr.IntOrString: type 0 = intVal (2), type 1 = strVal (3)
+            parsed = decode_message({1: ("type", "int", None), 2: ("intVal", "int", None),
+                                     3: ("strVal", "string", None)}, raw)
+            out[name] = parsed.get("strVal", "") if parsed.get("type") == 1 else parsed.get("intVal", 0)
         elif kind == "repeated_string":
             out.setdefault(name, []).append(raw.decode())
         elif kind == "repeated_message":

@@ -23,10 +23,10 @@ class ResourceInfo:
     singular: str = ""
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
-    subresources: tuple[str, ...] = ()  # "status", "binding", "eviction", "token"
+    subresources: tuple[str, ...] = ()  # "status", "scale", "binding", "eviction", "token"
     verbs: tuple[str, ...] = ALL_VERBS
     #: metadata.generation counts spec changes (everything but metadata and status); kube-apiserver 1.32
-    #: does this for CRDs and custom resources among the kinds served here
+    #: does this for CRDs, custom resources, Deployments, ReplicaSets and Jobs among the kinds served here
     tracks_generation: bool = False
     schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
@@ -107,6 +107,13 @@ BUILTINS: tuple[ResourceInfo, ...] = (
         tracks_generation=True,
     ),
     ResourceInfo("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=("pc",)),
+    # the workload kinds (apps.py); kube-apiserver keeps metadata.generation for them too
+    ResourceInfo("apps", "v1", "deployments", "Deployment", True, short_names=("deploy",), categories=("all",),
+                 subresources=("status", "scale"), tracks_generation=True),
+    ResourceInfo("apps", "v1", "replicasets", "ReplicaSet", True, short_names=("rs",), categories=("all",),
+                 subresources=("status", "scale"), tracks_generation=True),
+    ResourceInfo("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",),
+                 tracks_generation=True),
 )
 
 #: kinds that kube-apiserver never persists (request/response only)

@@ -138,8 +138,39 @@ _WEBHOOK = Obj(
     reinvocationPolicy=STR,
 )
 
+_SELECTOR = Obj(matchLabels=MapOf(STR), matchExpressions=ListOf(Obj(key=STR, operator=STR, values=ListOf(STR))))
+_TEMPLATE = Obj(metadata=_META, spec=_POD_SPEC)
+INT_OR_STRING = (int, str)
+_WORKLOAD_CONDITIONS = ListOf(Obj(type=STR, status=STR, reason=STR, message=STR, lastUpdateTime=STR,
+                                  lastTransitionTime=STR, lastProbeTime=STR))
+_REPLICA_STATUS: dict[str, Shape] = dict(replicas=INT, readyReplicas=INT, availableReplicas=INT, observedGeneration=INT,
+                       conditions=_WORKLOAD_CONDITIONS)
+_DEPLOYMENT = Obj(
+    metadata=_META,
+    spec=Obj(replicas=INT, selector=_SELECTOR, template=_TEMPLATE, minReadySeconds=INT, revisionHistoryLimit=INT,
+             paused=BOOL, progressDeadlineSeconds=INT,
+             strategy=Obj(type=STR, rollingUpdate=Obj(maxSurge=INT_OR_STRING, maxUnavailable=INT_OR_STRING))),
+    status=Obj(updatedReplicas=INT, unavailableReplicas=INT, collisionCount=INT, **_REPLICA_STATUS),
+)
+_REPLICASET = Obj(
+    metadata=_META,
+    spec=Obj(replicas=INT, selector=_SELECTOR, template=_TEMPLATE, minReadySeconds=INT),
+    status=Obj(fullyLabeledReplicas=INT, **_REPLICA_STATUS),
+)
+_JOB = Obj(
+    metadata=_META,
+    spec=Obj(parallelism=INT, completions=INT, backoffLimit=INT, activeDeadlineSeconds=INT,
+             ttlSecondsAfterFinished=INT, manualSelector=BOOL, suspend=BOOL, completionMode=STR,
+             podReplacementPolicy=STR, selector=_SELECTOR, template=_TEMPLATE),
+    status=Obj(active=INT, succeeded=INT, failed=INT, ready=INT, terminating=INT, startTime=STR,
+               completionTime=STR, conditions=_WORKLOAD_CONDITIONS),
+)
+
 #: storage key -> shape of the whole object (custom resources are checked by their CRD schema)
 KIND_SHAPES: dict[str, Obj] = {
+    "apps/deployments": _DEPLOYMENT,
+    "apps/replicasets": _REPLICASET,
+    "batch/jobs": _JOB,
     "/pods": Obj(metadata=_META, spec=_POD_SPEC, status=_POD_STATUS),
     "/services": Obj(metadata=_META, spec=Obj(ports=ListOf(Obj(port=INT, name=STR, protocol=STR)),
                                                 selector=MapOf(STR), type=STR, clusterIP=STR)),
@@ -170,6 +201,8 @@ TOKEN_REQUEST = Obj(
              boundObjectRef=Obj(kind=STR, apiVersion=STR, name=STR, uid=STR)),
 )
 TOKEN_REVIEW = Obj(metadata=_META, spec=Obj(token=STR, audiences=ListOf(STR)))
+#: the body of a /scale subresource write (autoscaling/v1 Scale)
+SCALE = Obj(metadata=_META, spec=Obj(replicas=INT), status=Obj(replicas=INT, selector=STR))
 
 _NAMES = {str: "a string", int: "an integer", bool: "a boolean", float: "a number"}
 

@@ -26,7 +26,12 @@ def human_age(timestamp: Any) -> str:
         then = parse_rfc3339(timestamp).timestamp()
     except ValueError:
         return "<invalid>"
-    seconds = max(0, int(time.time() - then))
+    return human_duration(time.time() - then)
+
+
+def human_duration(elapsed: float) -> str:
+    """kube's HumanDuration: "45s", "3m20s", "5h", "12d"."""
+    seconds = max(0, int(elapsed))
     if seconds < 120:
         return f"{seconds}s"
     minutes = seconds // 60
@@ -181,7 +186,96 @@ def _path(expr: str) -> Callable[[dict[str, Any]], Any]:
     return json_path(expr)
 
 
+def _containers(obj: dict[str, Any]) -> str:
+    spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return ",".join(str(c.get("name", "")) for c in spec.get("containers") or [])
+
+
+def _images(obj: dict[str, Any]) -> str:
+    spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return ",".join(str(c.get("image", "")) for c in spec.get("containers") or [])
+
+
+def _selector(obj: dict[str, Any]) -> str:
+    from tfusion.apiserver.apps import format_selector
+
+    return format_selector((obj.get("spec") or {}).get("selector"))
+
+
+def _status_int(key: str) -> Callable[[dict[str, Any]], int]:
+    return lambda obj: int((obj.get("status") or {}).get(key) or 0)
+
+
+def _deployment_ready(obj: dict[str, Any]) -> str:
+    return f"{(obj.get('status') or {}).get('readyReplicas') or 0}/{(obj.get('spec') or {}).get('replicas', 0)}"
+
+
+def _job_condition(job: dict[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def _job_status(job: dict[str, Any]) -> str:
+    for kind in ("Complete", "Failed"):
+        if _job_condition(job, kind):
+            return kind
+    if (job.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    for kind in ("Suspended", "FailureTarget", "SuccessCriteriaMet"):
+        if _job_condition(job, kind):
+            return kind
+    return "Running"
+
+
+def _job_completions(job: dict[str, Any]) -> str:
+    spec, succeeded = job.get("spec") or {}, (job.get("status") or {}).get("succeeded") or 0
+    if spec.get("completions") is not None:
+        return f"{succeeded}/{spec['completions']}"
+    parallelism = spec.get("parallelism") or 0
+    return f"{succeeded}/1 of {parallelism}" if parallelism > 1 else f"{succeeded}/1"
+
+
+def _job_duration(job: dict[str, Any]) -> str:
+    status = job.get("status") or {}
+    try:
+        started = parse_rfc3339(status["startTime"]).timestamp()
+        ended = parse_rfc3339(status["completionTime"]).timestamp() if status.get("completionTime") else time.time()
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return human_duration(ended - started)
+
+
+_WORKLOAD_WIDE: list[Column] = [
+    ("Containers", "string", "containers of the pod template", _containers),
+    ("Images", "string", "images of the pod template", _images),
+    ("Selector", "string", "label selector of the pods", _selector),
+]
+
 _BUILTIN_COLUMNS: dict[str, list[Column]] = {
+    "apps/deployments": [
+        NAME,
+        ("Ready", "string", "ready pods of the desired", _deployment_ready),
+        ("Up-to-date", "integer", "pods of the current template", _status_int("updatedReplicas")),
+        ("Available", "integer", "available pods", _status_int("availableReplicas")),
+        AGE,
+        *_WORKLOAD_WIDE,
+    ],
+    "apps/replicasets": [
+        NAME,
+        ("Desired", "integer", "desired pods", _path(".spec.replicas")),
+        ("Current", "integer", "pods that exist", _status_int("replicas")),
+        ("Ready", "integer", "ready pods", _status_int("readyReplicas")),
+        AGE,
+        *_WORKLOAD_WIDE,
+    ],
+    "batch/jobs": [
+        NAME,
+        ("Status", "string", "the job's state", _job_status),
+        ("Completions", "string", "succeeded of the wanted completions", _job_completions),
+        ("Duration", "string", "time the job ran", _job_duration),
+        AGE,
+        *_WORKLOAD_WIDE,
+    ],
     "/pods": [
         NAME,
         ("Ready", "string", "containers ready", _pod_ready),
@@ -275,6 +369,8 @@ def _priority(name: str, info: ResourceInfo) -> int:
         declared = next((c for c in info.printer_columns if c.get("name") == name), None)
         return int(declared.get("priority", 0)) if declared else 0
     wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",)}.get(info.storage_key, ())
+    if info.storage_key in ("apps/deployments", "apps/replicasets", "batch/jobs"):
+        wide = ("Containers", "Images", "Selector")
     return 1 if name in wide else 0
 
 
@@ -305,7 +401,8 @@ def table(
             {
                 "name": name,
                 "type": "string" if kind == "date" else kind,
-                "format": "date" if kind == "date" else "",
+                # kubectl finds the name column by its format (to print kind/name for several kinds)
+                "format": "date" if kind == "date" else "name" if (name, description) == (NAME[0], NAME[2]) else "",
                 "description": description,
                 "priority": _priority(name, info),
             }

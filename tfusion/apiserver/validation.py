@@ -98,13 +98,19 @@ def validate_metadata(meta: dict[str, Any]) -> list[Cause]:
 # ------------------------------------------------------------------------------------ pods
 def default_pod(pod: dict[str, Any]) -> None:
     spec = pod.setdefault("spec", {})
+    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
+    spec.setdefault("enableServiceLinks", True)
+    default_pod_spec(spec, requests_from_limits=True)
+
+
+def default_pod_spec(spec: dict[str, Any], *, requests_from_limits: bool = False) -> None:
+    """The defaults of a pod spec, also a workload's pod template (kube's SetDefaults_PodSpec);
+    the service account, service links and requests-from-limits are defaults of pods only."""
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
     spec.setdefault("securityContext", {})
-    spec.setdefault("enableServiceLinks", True)
     for kind in ("containers", "initContainers"):
         for container in spec.get(kind) or []:
             if isinstance(container, dict):
@@ -115,7 +121,7 @@ def default_pod(pod: dict[str, Any]) -> None:
                 container.setdefault("imagePullPolicy", "Always" if tag_latest else "IfNotPresent")
                 resources = container.setdefault("resources", {})
                 limits = resources.get("limits")
-                if isinstance(limits, dict) and limits:
+                if requests_from_limits and isinstance(limits, dict) and limits:
                     # kube-apiserver defaults each missing request to its limit
                     requests = resources.setdefault("requests", {})
                     if isinstance(requests, dict):

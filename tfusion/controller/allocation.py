@@ -36,7 +36,7 @@ them on the reconcilers after `--sync-interval`, so a burst of changes becomes o
 object. Observability: readiness condition "allocator" (followers: ready, "standby"; leader: ready
 once recovered); metrics `tfusion_allocator_*`, and the reconcilers' `tfusion_reconcile_*`.
 
-HTTP (allocation_http.py) serves `GET /api/allocation` from `allocation_view.build` and
+HTTP (allocation_http.py) serves `GET /api/allocation` from `views.build` and
 `POST /api/simulate-schedule`. Fixed against the original on purpose: its /api/allocation keyed
 `gpuStore` by `NamespacedName.String()`, i.e. "/<name>" for these cluster-scoped GPU objects; here
 every GPU key is the plain GPU name, the same key as in `gpuToWorkerMap` and `GPUNames`.
@@ -68,6 +68,8 @@ from tfusion.allocator import (
 from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
+from tfusion.controller import views
+from tfusion.controller.reconcilers.quota import report_alert_transition
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
 from tfusion.kube.reconciler import Controller, Result
@@ -183,6 +185,8 @@ class AllocatorService:
         self.quota_status: Controller | None = None
         self.recovered: list[str] = []  # pod UIDs restored by the last recovery
         self.skipped: list[tuple[str, str]] = []  # (pod, reason) the last recovery could not restore
+        #: the drift audit's last result (tfusion/controller/reconcilers/drift.py), for /api/allocation
+        self.last_drift: dict[str, Any] | None = None
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -554,7 +558,7 @@ class AllocatorService:
             self.runtime.events.warning(cached, "GPUNotApplied", str(exc))
             raise
         self._adopt_waiting_for(allocator, name)
-        if not knows_gpu(allocator, name) or _status_matches(cached, allocator.gpu_status(name)):
+        if not knows_gpu(allocator, name) or _status_matches(cached, views.gpu_status(allocator, name)):
             return None
         try:
             node = await self._write_gpu(allocator, name)
@@ -598,7 +602,7 @@ class AllocatorService:
             if allocator is not self._allocator or not knows_gpu(allocator, name):
                 return None
             status = dict(obj.get("status") or {})
-            wanted = allocator.gpu_status(name)
+            wanted = views.gpu_status(allocator, name)
             if status.get("available") == wanted["available"] and \
                     (status.get("runningApps") or []) == wanted["runningApps"]:
                 return None
@@ -636,7 +640,7 @@ class AllocatorService:
     async def _write_quota(self, allocator: GpuAllocator, namespace: str, cached: Obj) -> None:
         """Write the quota's status when the ledger's differs from the cached one."""
         name = str(_meta(cached).get("name"))
-        body = allocator.quota_status(namespace)
+        body = views.quota_status(allocator, namespace)
         old_status = cached.get("status") or {}
         if old_status.get("used") == body["used"] and old_status.get("availablePercent") == \
                 body["availablePercent"] and _condition_statuses(old_status.get("conditions")) == \
@@ -659,6 +663,7 @@ class AllocatorService:
         except NotFound:
             return
         self.metrics.writes.labels("quota", "ok").inc()
+        report_alert_transition(self.runtime.events, cached, old_conditions, conditions)
 
     # --- orphan sweep ---------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Litestar handlers for the allocator's diagnostic routes on the controller (:8080).
 
 - `GET /api/allocation`: `{gpuStore, nodeWorkerStore, allocation, gpuToWorkerMap}` built by
-  `allocation_view.build` from the leader's allocator (GPU keys are plain names, not the original's
+  `views.build` from the leader's allocator (GPU keys are plain names, not the original's
   "/<name>"). A follower answers with empty stores, as the original does. On the leader the answer
   waits until the allocations have been recovered from the worker pods.
 - `POST /api/simulate-schedule`: the body is a Pod manifest in JSON or YAML (any Content-Type;
@@ -12,7 +12,7 @@
 Both answer 503 when this replica leads but its recovery has not finished in time.
 
 The bodies are msgspec Structs so that the OpenAPI document describes them; their inner objects
-stay free-form maps because `allocation_view` and `simulate` own that JSON. Their field names are
+stay free-form maps because `views` and `simulate` own that JSON. Their field names are
 the wire keys, hence camelCase; `forbid_unknown_fields` makes a key they add fail loudly in tests
 instead of vanishing from the answer.
 """
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 from litestar import Request, get, post
 
-from tfusion.controller import allocation_view
+from tfusion.controller import views
 from tfusion.controller.scheduling.simulate import (
     FRAMEWORK_NOT_FOUND,
     POD_MANIFEST_MAX_BYTES,
@@ -50,7 +50,7 @@ def _described(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
 
 
-class AllocationView(msgspec.Struct, forbid_unknown_fields=True):
+class AllocationView(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The allocator's state as the original's `/api/allocation` shows it (committed allocations)."""
 
     gpuStore: Annotated[dict[str, dict[str, Any]], _described(
@@ -62,6 +62,8 @@ class AllocationView(msgspec.Struct, forbid_unknown_fields=True):
         "Limit, GPUNames, PodMeta, QoS, Isolation, ...)")]
     gpuToWorkerMap: Annotated[dict[str, list[dict[str, Any]]], _described(
         "GPU name -> [{request, limit, podName, podUID, namespace}] of the workers on it")]
+    drift: Annotated[dict[str, Any] | None, _described(
+        "The last drift audit (checkedAt, found, byKind, findings, recent, total); absent before the first")] = None
 
 
 EMPTY_VIEW = AllocationView(gpuStore={}, nodeWorkerStore={}, allocation={}, gpuToWorkerMap={})
@@ -81,6 +83,12 @@ class SimulateScheduleResult(msgspec.Struct, forbid_unknown_fields=True):
         "NodeGPUs, NodeScores, FinalGPUs and the pool's ScoringStrategy")]
     progressiveNodeNames: Annotated[list[str] | None, _described(
         "Always null (kept for the original's shape)")]
+    suggestions: Annotated[list[dict[str, Any]], _described(
+        "When the Pod does not fit: the smallest changes that would make it fit now, each "
+        "{kind, message, target, changes, pods?, node?}; kind is smaller-request, other-model, other-pool, "
+        "quota or preempt-lower-qos; target says what `changes` applies to (annotations: pod annotation "
+        "-> value; quota: GPUResourceQuota field -> value; pods: delete `pods`). [] when it fits")] = \
+        msgspec.field(default_factory=list)
 
 
 class PodManifest(msgspec.Struct):
@@ -110,9 +118,9 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
         if allocator is None:
             return EMPTY_VIEW
         gpus, pods = service.runtime.informer(r.GPUS), service.runtime.informer(r.PODS)
-        view = allocation_view.build(allocator, gpu_object=gpus.get,
+        view = views.build(allocator, gpu_object=gpus.get,
                                      pod_object=lambda namespace, name: pods.get(f"{namespace}/{name}"))
-        return msgspec.convert(view, AllocationView)
+        return msgspec.convert({**view, "drift": service.last_drift}, AllocationView)
 
     @post("/api/simulate-schedule", summary="Filter and score a Pod without reserving anything", status_code=200,
           request_max_body_size=POD_MANIFEST_MAX_BYTES, responses=error_responses({

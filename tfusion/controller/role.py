@@ -34,6 +34,9 @@ from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metri
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.reconcilers import Reconcilers
+    from tfusion.controller.scheduling.scheduler import Scheduler
+    from tfusion.controller.webhook.service import WebhookService
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,11 @@ class ControllerRuntime:
     owns_manager: bool = False
     #: the services configure() attached, for the others to find (None until attached)
     allocation: AllocatorService | None = None
+    #: the pod webhook (None until attached, or when ENABLE_WEBHOOKS=false); `.address` is its bound port
+    webhook: WebhookService | None = None
+    reconcilers: Reconcilers | None = None
+    #: the scheduler (None until attached, or when ENABLE_SCHEDULER=false)
+    scheduler: Scheduler | None = None
 
     @property
     def client(self) -> KubeClient:
@@ -119,19 +127,24 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
     dynamic_config = DynamicConfig(settings.dynamic_config, interval=settings.dynamic_config_interval)
     runtime = ControllerRuntime(settings=settings, manager=manager, readiness=Readiness(),
                                 dynamic_config=dynamic_config, informers=informers, owns_manager=owns)
-    for informer in informers.values():
-        runtime.readiness.set(_condition(informer), False, "waiting for the initial list")
     runtime.routes.extend(config_handlers(runtime.dynamic_config))
     return runtime
 
 
 def configure(runtime: ControllerRuntime) -> None:
-    """Attach the controller's services: routes (`runtime.routes`), leader-only tasks
-    (`runtime.add_leader_task`) and tasks for every replica (`runtime.tasks`). The allocator,
-    reconcilers, /api/allocation and /api/simulate-schedule are added here as they land."""
-    from tfusion.controller.allocation import AllocatorService  # imports this module
+    """Attach the controller's services, in this order: the allocator service (the others use
+    it), the pod webhook with the index and port allocators, the reconcilers, the scheduler.
+    Each registers its informers, routes and runnables on the runtime and its Manager."""
+    # imported here: each of these modules imports this one
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.reconcilers import register_reconcilers
+    from tfusion.controller.scheduling.scheduler import attach_scheduler
+    from tfusion.controller.webhook.service import attach_webhook
 
     AllocatorService(runtime).attach()
+    attach_webhook(runtime)
+    register_reconcilers(runtime)
+    attach_scheduler(runtime)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:
@@ -142,12 +155,14 @@ def _bind(flag: str, listen: str) -> socket.socket:
 
 
 def _condition(informer: Informer) -> str:
-    return f"informer {informer.name}"
+    # by resource, not by the informer's name: the shared cache may widen an informer's selectors
+    # after the controller asked for it
+    return f"informer {informer.resource.name}"
 
 
 async def _track_readiness(runtime: ControllerRuntime, informer: Informer) -> None:
     await informer.wait_synced()
-    runtime.readiness.set(_condition(informer), True, f"synced, {len(informer)} objects")
+    runtime.readiness.set(_condition(informer), True, f"synced, {len(informer)} objects ({informer.name})")
 
 
 async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
@@ -169,7 +184,8 @@ async def serve_runtime(runtime: ControllerRuntime, *,
     runtime.probe_address = probe_sock.getsockname()[:2]
     async with anyio.create_task_group() as tg:
         await tg.start(runtime.dynamic_config.run)
-        for informer in runtime.informers.values():
+        for informer in runtime.informers.values():  # as configure() left them (widened or not)
+            runtime.readiness.set(_condition(informer), False, f"waiting for the initial list ({informer.name})")
             tg.start_soon(_track_readiness, runtime, informer)
         for task in runtime.tasks:
             tg.start_soon(task)

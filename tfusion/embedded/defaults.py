@@ -4,8 +4,9 @@ Like the original's Helm chart: the operator namespace, the SchedulingConfigTemp
 `tf-scheduling-config`, the TensorFusionCluster `tensor-fusion` with its default pool and the
 PriorityClasses `tensor-fusion-{medium,high,critical}` (defaults.yaml). The cluster's GPUPools
 (`<cluster>-<pool>`, the default one annotated `<domain>/is-default-pool=true`, owned by the
-cluster) are generated here as the TensorFusionCluster reconciler would; that reconciler is a later
-issue, and this is its one-time stand-in for a fresh install.
+cluster) are created here too, by the TensorFusionCluster reconciler's own `pools_of_cluster`, so
+that a fresh install has its default pool before the controller leads; from then on the
+reconciler keeps them.
 
 Each default is created only if it was never created before: a ConfigMap in the operator namespace
 records what was, so a restart on the same state neither overwrites what the user edited nor
@@ -14,7 +15,6 @@ brings back what the user deleted. An object that already exists is never touche
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass, field
 from importlib import resources as package_files
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tfusion.api import annotations as ann
+from tfusion.controller.reconcilers.cluster import pools_of_cluster
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
 from tfusion.settings import Settings, parse_listen
@@ -74,26 +74,6 @@ def controller_endpoint(settings: Settings) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port or 8080}"
-
-
-def pools_of_cluster(cluster: dict[str, Any]) -> list[dict[str, Any]]:
-    """The GPUPools a TensorFusionCluster asks for, as its reconciler names and labels them."""
-    meta = cluster["metadata"]
-    owner = {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionCluster", "name": meta["name"],
-             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-    pools = []
-    for entry in (cluster.get("spec") or {}).get("gpuPools") or []:
-        pools.append({
-            "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
-            "metadata": {
-                "name": f"{meta['name']}-{entry['name']}",
-                "labels": {**(meta.get("labels") or {}), ann.MANAGED_BY: meta["name"]},
-                "annotations": {ann.IS_DEFAULT_POOL: "true" if entry.get("isDefault") else "false"},
-                "ownerReferences": [owner],
-            },
-            "spec": copy.deepcopy(entry.get("specTemplate") or {}),
-        })
-    return pools
 
 
 def _key(obj: dict[str, Any]) -> str:

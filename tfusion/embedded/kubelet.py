@@ -10,13 +10,16 @@ What a kubelet tells the API server, and nothing it does to a machine (no contai
 - renews the node Lease `kube-node-lease/<node>` every 10 s and the Node status every minute;
 - moves pods bound to the node (`spec.nodeName`) from Pending to Running: phase, conditions,
   pod IP and host IP 127.0.0.1, start time, running container statuses (init containers completed);
+- plays a container exit where the pod asks for one (our own annotations, for Jobs in --role=all):
+  `tfusion.dev/simulate-exit-after: "2s"` makes the containers exit that long after they started,
+  with `tfusion.dev/simulate-exit-code` (default 0); restartPolicy Never then gives phase Succeeded
+  (code 0) or Failed, OnFailure restarts them on a non-zero code, Always restarts them (restartCount
+  counts up). Without the annotation a pod runs until deleted;
 - finishes deletions: a pod with a deletionTimestamp gets its containers terminated (exit 0) and
   phase Succeeded, then, once no finalizer is left, a DELETE with gracePeriodSeconds=0 (kube-apiserver
   keeps a gracefully deleted pod until the kubelet does that; the embedded server removes a pod
   without finalizers at once, and one with finalizers when the last is removed, so there that DELETE
   usually finds nothing, which is fine).
-
-It also runs the embedded GPUNode stand-in (gpunode.py) for its node.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +38,12 @@ import anyio
 from anyio.abc import TaskStatus
 
 from tfusion import __version__
+from tfusion.api import annotations as ann
 from tfusion.api.annotations import now_rfc3339
+from tfusion.api.durations import parse_duration
 from tfusion.api.quantity import Quantity
+from tfusion.api.timestamps import parse_rfc3339
 from tfusion.embedded.devices import DevicePlan
-from tfusion.embedded.gpunode import GpuNodeStandIn
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
 from tfusion.kube.informer import node_name_index
@@ -194,8 +200,8 @@ def running_status(pod: dict[str, Any]) -> dict[str, Any]:
     return status
 
 
-def terminated_status(pod: dict[str, Any]) -> dict[str, Any]:
-    """The status of `pod` once this kubelet has "stopped" its containers (all exited 0)."""
+def terminated_status(pod: dict[str, Any], exit_code: int = 0) -> dict[str, Any]:
+    """The status of `pod` once this kubelet has "stopped" its containers (all exited with `exit_code`)."""
     now = now_rfc3339()
     status = dict(pod.get("status") or {})
     started = status.get("startTime") or now
@@ -205,11 +211,41 @@ def terminated_status(pod: dict[str, Any]) -> dict[str, Any]:
             "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
             "containerID": _container_id(str(pod["metadata"].get("uid", "")), c["name"]), "ready": False,
             "started": False, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
-                                     "finishedAt": now}}})
-    status.update(phase="Succeeded", startTime=started, containerStatuses=containers,
+            "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                     "startedAt": started, "finishedAt": now}}})
+    status.update(phase="Succeeded" if exit_code == 0 else "Failed", startTime=started, containerStatuses=containers,
                   conditions=_set_conditions(status.get("conditions") or [], {
                       "PodReadyToStartContainers": "False", "Ready": "False", "ContainersReady": "False"}, now))
+    return status
+
+
+def simulated_exit(pod: dict[str, Any]) -> tuple[float, int] | None:
+    """(seconds after start, exit code) from the simulate-exit annotations; None without (or bad) ones."""
+    annotations = pod["metadata"].get("annotations") or {}
+    after = annotations.get(ann.SIMULATE_EXIT_AFTER)
+    if after is None:
+        return None
+    try:
+        return parse_duration(str(after)), int(annotations.get(ann.SIMULATE_EXIT_CODE, "0"))
+    except ValueError:
+        log.warning("pod %s: ignoring %s=%r / %s: expected a duration such as 2s and an integer exit code",
+                    pod["metadata"].get("name"), ann.SIMULATE_EXIT_AFTER, after, ann.SIMULATE_EXIT_CODE)
+        return None
+
+
+def restarted_status(pod: dict[str, Any], exit_code: int) -> dict[str, Any]:
+    """The status after the containers exited and the restartPolicy started them again."""
+    now = now_rfc3339()
+    status = dict(pod.get("status") or {})
+    containers = []
+    for container in status.get("containerStatuses") or []:
+        before = (container.get("state") or {}).get("running") or {}
+        containers.append({**container, "restartCount": int(container.get("restartCount") or 0) + 1,
+                           "state": {"running": {"startedAt": now}},
+                           "lastState": {"terminated": {"exitCode": exit_code, "startedAt": before.get("startedAt"),
+                                                        "finishedAt": now,
+                                                        "reason": "Completed" if exit_code == 0 else "Error"}}})
+    status["containerStatuses"] = containers
     return status
 
 
@@ -226,8 +262,7 @@ def _is_running(pod: dict[str, Any]) -> bool:
 class SimulatedKubelet:
     """Registers one Node and plays its kubelet (see the module docstring)."""
 
-    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan, *, vendor: str = "NVIDIA",
-                 hypervisor_url: str | None = None) -> None:
+    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan) -> None:
         self.client: KubeClient = manager.client
         self.node_name = node_name
         self.plan = plan
@@ -239,7 +274,6 @@ class SimulatedKubelet:
         assert self.controller.primary is not None
         self.pods = self.controller.primary
         self.pods.add_index("node", node_name_index)
-        self.gpunode = GpuNodeStandIn(self.client, node_name, vendor=vendor, hypervisor_url=hypervisor_url)
 
     # --- node and lease ---------------------------------------------------------------------------
 
@@ -318,8 +352,31 @@ class SimulatedKubelet:
             elif (pod.get("status") or {}).get("phase") not in FINISHED and not _is_running(pod):
                 await self._write_status(pod, running_status(pod))
                 log.info("pod %s is Running on node %s", key, self.node_name)
+            elif (pod.get("status") or {}).get("phase") not in FINISHED:
+                return await self._simulate_exit(pod)
         except (Conflict, NotFound):
             return Result(requeue=True)  # changed or gone meanwhile: look again at the newest version
+        return None
+
+    async def _simulate_exit(self, pod: dict[str, Any]) -> Result | None:
+        """The simulate-exit annotations: exit once the time is up; the restartPolicy decides what follows."""
+        planned = simulated_exit(pod)
+        if planned is None:
+            return None
+        after, code = planned
+        starts = [c["state"]["running"].get("startedAt") for c in pod["status"].get("containerStatuses") or []]
+        try:
+            started = max(parse_rfc3339(s).timestamp() for s in starts if s)
+        except ValueError:
+            started = time.time()
+        left = started + after - time.time()
+        if left > 0:
+            return Result(requeue_after=left)
+        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        if policy == "Never" or (policy == "OnFailure" and code == 0):
+            await self._write_status(pod, terminated_status(pod, code))
+        else:
+            await self._write_status(pod, restarted_status(pod, code))
         return None
 
     async def _write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
@@ -339,16 +396,11 @@ class SimulatedKubelet:
     # --- running ----------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[dict[str, Any]] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Register, then run until cancelled; `task_status.started(node)` once registered and the
-        GPUNode (if a pool selects the node) exists."""
+        """Register, then run until cancelled; `task_status.started(node)` once registered (the
+        controller's Node reconciler creates its GPUNode where a pool selects it)."""
         node = await self.register()
         await self.renew_lease()
-        try:
-            await self.gpunode.ensure(node)
-        except KubeError as exc:  # e.g. no tensor-fusion.ai CRDs yet: the stand-in's loop keeps trying
-            log.warning("GPUNode %s: %s; will retry", self.node_name, exc)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._every, LEASE_RENEW_S, "lease renewal", self.renew_lease)
             tg.start_soon(self._every, STATUS_REPORT_S, "node status", self.report_status)
-            tg.start_soon(self.gpunode.run, lambda: self.node)
             task_status.started(node)

@@ -3,9 +3,10 @@
 roles.py calls `launch_stage` right after the embedded API server serves (or first, when only
 `--simulate-kubelet` asks for it) and before the controller and hypervisor. It decides the devices
 (with the simulated fallback, devices.py) and starts `run`, whose `task_status.started(StageInfo)`
-comes once the CRDs are served, the defaults exist, the Node is registered and, where a pool
-selects the node, its GPUNode exists, so the hypervisor can report its GPUs at once. Once every
-role serves, `Stage.announce` prints the startup summary.
+comes once the CRDs are served, the defaults exist and the Node is registered; the controller's
+Node reconciler then creates its GPUNode where a pool selects it, and the hypervisor reports its
+GPUs once it exists (it waits for it in the shared cache). Once every role serves,
+`Stage.announce` prints the startup summary.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tfusion.embedded.crds import CrdInstallError
 from tfusion.embedded.defaults import DefaultsError
 from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
 from tfusion.kube.manager import Manager
@@ -54,15 +56,25 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
     if not settings.runs_simulated_kubelet:
         task_status.started(StageInfo(report, None, None))
         await anyio.sleep_forever()
-    port = settings.hypervisor_port
-    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, vendor=settings.vendor,
-                               hypervisor_url=f"http://127.0.0.1:{port}" if port else None)
+    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan)
+    WorkloadControllers(manager)  # Deployments, ReplicaSets and Jobs get their pods (workloads.py)
     async with anyio.create_task_group() as tg:
         try:
             node = await tg.start(kubelet.run)
         except KubeError as exc:
             raise RoleError(f"simulated kubelet: registering node {kubelet.node_name} failed: {exc}") from None
-        task_status.started(StageInfo(report, node, kubelet.gpunode.pool))
+        task_status.started(StageInfo(report, node, await _pool_selecting(manager, node)))
+
+
+async def _pool_selecting(manager: Manager, node: dict[str, Any]) -> str | None:
+    """The pool the Node reconciler puts the node in, for the summary (None: none selects it)."""
+    from tfusion.controller.reconcilers.nodeselector import select_pool
+    from tfusion.kube.resources import GPUPOOLS
+
+    try:
+        return select_pool(await manager.client.list(GPUPOOLS), node)
+    except KubeError:
+        return None
 
 
 @dataclass

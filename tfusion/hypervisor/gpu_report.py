@@ -31,6 +31,9 @@ from tfusion.web import Readiness
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
+#: between reports, last-sync is stamped this often: the controller reads it as "the hypervisor
+#: reports" (a GPUNode turns Unknown after --gpu-node-report-grace, default 5 m, without it)
+HEARTBEAT_S = 60.0
 USED_BY_TENSOR_FUSION = "tensor-fusion"
 MIB = 1024 * 1024
 
@@ -149,7 +152,27 @@ class GpuReporter:
                 log.warning("reporting GPUs of node %s failed (%s); retrying", self.node, exc)
                 await self.clock.sleep(RETRY_S)
                 continue
-            await self._wake.wait()
+            await self._wait_beating()
+
+    async def _wait_beating(self) -> None:
+        """Wait for the next change, stamping last-sync on this node's GPUs every HEARTBEAT_S meanwhile."""
+        while True:
+            with anyio.move_on_after(HEARTBEAT_S):
+                await self._wake.wait()
+                return
+            try:
+                await self.heartbeat()
+            except KubeError as exc:
+                log.warning("GPU heartbeat of node %s failed (%s); retrying", self.node, exc)
+
+    async def heartbeat(self) -> None:
+        stamp = {"metadata": {"annotations": {keys.LAST_SYNC: keys.now_rfc3339()}}}
+        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
+            if not (gpu["metadata"].get("annotations") or {}).get(keys.GPU_MISSING_SINCE):
+                try:
+                    await self.client.patch(GPUS, gpu["metadata"]["name"], stamp, patch_type="merge")
+                except NotFound:
+                    continue
 
     async def sync(self, gpunode: dict[str, Any]) -> None:
         devices = self.registry.devices()

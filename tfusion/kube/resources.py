@@ -45,6 +45,9 @@ SERVICES = Resource("", "v1", "services", "Service", True)
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
 TOKENREVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
+JOBS = Resource("batch", "v1", "jobs", "Job", True)
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                      "CustomResourceDefinition", False)
 

@@ -7,11 +7,18 @@ the default pool when it names none, soft isolation, the computed QoS), so a raw
 original's envelope `{scheduleResult, filterDetail, error, ...}` with its Go field names
 (`SuggestedHost`, `FilterStageDetails`, `FilterName`, `Before`, `After`, `Diff`) and adds `Removed`
 to each stage: every GPU the stage dropped, its node and why (e.g. `gpu-3f2a: VRAM available 6Gi <
-requested 8Gi`). When nothing fits, `error.diagnosis.nodeToStatus.nodes` says per node why.
+requested 8Gi`). When nothing fits, `error.diagnosis.nodeToStatus.nodes` says per node why, and
+`error.explanation` is the framework's structured form: `{message: "0/5 nodes are available: ...",
+preFilter, nodes: {node: {code, stage, summary, reasons: [{message, stage, node, gpu, resource,
+requested, available, detail}]}}}`. `suggestions` (a top-level key the original lacks; `[]` when the
+pod fits) lists the smallest changes that would make it fit now, each checked against the current
+state: `{kind, message, target, changes, pods?, node?}` (see tfusion/allocator/explain.py and
+tfusion/controller/scheduling/explain.py).
 Status codes: 413 a body over 3 MiB, 400 unreadable body (too deep, an alias bomb, a YAML tag
 beyond JSON, ...) or bad annotations (the message names the annotation), 500
 `scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
-The allocator's state is not changed (only `filter`, `select` and `score` are called).
+The allocator's state is not changed (only `filter`, `select`, `score` and `Framework.explain` are
+called; explain memoizes per-node explanations, which is not state the placement reads).
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tfusion.allocator import GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
+from tfusion.allocator import Framework, GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
 from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.controller.scheduling.defaults import default_pod_request
+from tfusion.controller.scheduling.explain import explanation_json, suggestion_json
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 PLUGIN = "GPUResourcesFit"
@@ -121,12 +129,16 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
     error: dict[str, Any] | None = None
     suggested = ""
     final: list[str] = []
+    suggestions: list[dict[str, Any]] = []
     try:
         placement = allocator.select(req)
         suggested, final = placement.node, list(placement.gpu_names)
     except Unschedulable as exc:
         error = _fit_error(exc, num_nodes)
         feasible = [] if not exc.nodes or isinstance(exc, QuotaExceeded) else feasible
+        explanation = Framework(allocator).explain(req)
+        error["explanation"] = explanation_json(explanation, num_nodes, suggestions=False)
+        suggestions = [suggestion_json(s) for s in explanation.suggestions]
     return 200, {
         "scheduleResult": {"SuggestedHost": suggested, "EvaluatedNodes": result.evaluated,
                            "FeasibleNodes": len(feasible)},
@@ -140,4 +152,5 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
             "ScoringStrategy": mode,
         },
         "progressiveNodeNames": None,
+        "suggestions": suggestions,
     }

@@ -1,0 +1,336 @@
+"""The built-in scheduler end to end, over real HTTP, printed as ONE JSON object.
+
+Three processes: `tfusion --role=apiserver` (the embedded API server, fresh state), `tfusion
+--role=controller` (the leader, no election, its built-in scheduler) and this one, which creates
+the cluster through the API server: one GPUPool, `--nodes` Nodes (Ready, 64 CPU, 512Gi, 110 pods)
+and `--gpus` GPUs spread over them (100 TFLOPS, 80Gi each, reported Running), then `--pods`
+GPU pods from `--clients` concurrent clients. By default the pods are created as a user writes
+them (label `tensor-fusion.ai/enabled: "true"`, pool and request annotations, no schedulerName)
+and the controller's pod webhook, which the controller registers with the API server, mutates
+them (`"webhook": true`); with `--no-webhook` they are created already mutated (schedulerName
+`tensor-fusion-scheduler`, the worker label), as the webhook would leave them. Each pod asks for
+20 TFLOPS and 16Gi of one GPU, so the cluster holds them all.
+
+A watch on pods records when each pod is first seen bound. Reported:
+- `pods_per_s`: pods / (last bind seen - first create sent);
+- `bind_p50_ms`, `bind_p99_ms`: from a pod's create answer to its bind seen on the watch;
+- `unscheduled`: pods not bound when the run ends (after `--timeout` seconds without progress);
+- `double_allocations`: recomputed at the end from every pod's `gpu-ids` and its request against
+  each GPU's capacity: GPUs whose summed TFLOPS or VRAM exceeds capacity, plus pods that name a
+  GPU on another node than the one they are bound to.
+
+Usage: python benchmarks/scheduling.py [--nodes 1000] [--gpus 4000] [--pods 10000] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import importlib.util
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tfusion.api import annotations as tfa
+from tfusion.api.crds import all_crds
+from tfusion.api.quantity import Quantity
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient
+
+# the minimal keep-alive HTTPS client of the API server benchmark: the creates must cost this
+# process little, or on a small machine it starves the two processes under test
+_spec = importlib.util.spec_from_file_location("apibench", Path(__file__).resolve().parent / "apiserver.py")
+assert _spec is not None and _spec.loader is not None
+apibench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(apibench)
+
+POOL = "bench-pool"
+GPU_TFLOPS, GPU_VRAM = "100", "80Gi"
+POD_TFLOPS, POD_VRAM = "20", "16Gi"
+SCHEDULER = "tensor-fusion-scheduler"
+
+
+def raw_server(kubeconfig: Path) -> Any:
+    import yaml
+
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    host, port = cluster["server"].split("//")[1].rsplit(":", 1)
+    tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    return apibench.Server(host, int(port), config["users"][0]["user"]["token"], tls)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "tfusion", *args, "--log-level", "warn"],
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ})
+
+
+def wait_for(path: Path, proc: subprocess.Popen[bytes], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.05)
+
+
+async def gather_limited(limit: int, coros: list[Any]) -> None:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(coro: Any) -> None:
+        async with semaphore:
+            await coro
+
+    await asyncio.gather(*(one(c) for c in coros))
+
+
+async def create_cluster(kube: KubeClient, nodes: int, gpus: int, clients: int) -> None:
+    for crd in all_crds():
+        await kube.create(r.CUSTOMRESOURCEDEFINITIONS, crd)
+    for _ in range(200):
+        try:
+            await kube.list(r.GPUS)
+            await kube.list(r.GPUPOOLS)
+            break
+        except Exception:
+            await asyncio.sleep(0.05)
+    await kube.create(r.GPUPOOLS, {"metadata": {"name": POOL}, "spec": {"nodeManagerConfig": {}}})
+
+    async def node(i: int) -> None:
+        name = f"node-{i:04d}"
+        await kube.create(r.NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+        await kube.patch(r.NODES, name, {"status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
+
+    async def gpu(i: int) -> None:
+        name, host = f"gpu-{i:05d}", f"node-{i % nodes:04d}"
+        await kube.create(r.GPUS, {"metadata": {"name": name, "labels": {tfa.GPU_POOL: POOL, tfa.MANAGED_BY: host}}})
+        await kube.patch(r.GPUS, name, {"status": {
+            "phase": "Running", "vendor": "NVIDIA", "gpuModel": "H100", "uuid": f"GPU-{name}", "index": i // nodes,
+            "usedBy": "tensor-fusion", "isolationMode": "soft", "message": "managed",
+            "nodeSelector": {"kubernetes.io/hostname": host},
+            "capacity": {"tflops": GPU_TFLOPS, "vram": GPU_VRAM},
+            "available": {"tflops": GPU_TFLOPS, "vram": GPU_VRAM}}}, subresource="status")
+
+    await gather_limited(clients, [node(i) for i in range(nodes)])
+    await gather_limited(clients, [gpu(i) for i in range(gpus)])
+
+
+def webhook_pod(i: int) -> dict[str, Any]:
+    """A pod as a user writes it: the webhook adds schedulerName, the worker label and the defaults."""
+    name = f"w-{i:05d}"
+    return {"metadata": {"name": name, "namespace": "default", "labels": {tfa.ENABLED: "true"},
+                         "annotations": {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: POD_TFLOPS,
+                                         tfa.TFLOPS_LIMIT: POD_TFLOPS, tfa.VRAM_REQUEST: POD_VRAM,
+                                         tfa.VRAM_LIMIT: POD_VRAM}},
+            "spec": {"containers": [{"name": "main", "image": "app",
+                                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+
+
+def worker_pod(i: int) -> dict[str, Any]:
+    name = f"w-{i:05d}"
+    return {"metadata": {"name": name, "namespace": "default",
+                         "labels": {tfa.COMPONENT: "worker", tfa.WORKLOAD: name, tfa.GPU_POOL: POOL},
+                         "annotations": {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: POD_TFLOPS,
+                                         tfa.TFLOPS_LIMIT: POD_TFLOPS, tfa.VRAM_REQUEST: POD_VRAM,
+                                         tfa.VRAM_LIMIT: POD_VRAM, tfa.GPU_COUNT: "1", tfa.ISOLATION: "soft",
+                                         tfa.QOS: "high"}},
+            "spec": {"schedulerName": SCHEDULER,
+                     "containers": [{"name": "main", "image": "app",
+                                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+
+
+async def wait_controller_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    last = ""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("the controller exited")
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await http.get("/readyz")
+                if answer.status_code == 200:
+                    return
+                last = answer.text
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the controller did not become ready: {last}")
+
+
+async def watch_binds(kube: KubeClient, bound_at: dict[str, float], total: int, done: asyncio.Event) -> None:
+    rv = (await kube.list(r.PODS, namespace="default", limit=1)).resource_version
+    while len(bound_at) < total:
+        with contextlib.suppress(Exception):
+            async for _, pod in kube.watch(r.PODS, namespace="default", resource_version=rv, timeout_seconds=60):
+                meta = pod.get("metadata") or {}
+                rv = str(meta.get("resourceVersion") or rv)
+                if (pod.get("spec") or {}).get("nodeName") and meta.get("name") not in bound_at:
+                    bound_at[str(meta.get("name"))] = time.monotonic()
+                    if len(bound_at) >= total:
+                        break
+    done.set()
+
+
+def count_double_allocations(pods: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> int:
+    capacity = {g["metadata"]["name"]: (Quantity.parse(g["status"]["capacity"]["tflops"]).milli_value(),
+                                        Quantity.parse(g["status"]["capacity"]["vram"]).value(),
+                                        g["metadata"]["labels"][tfa.MANAGED_BY]) for g in gpus}
+    used: dict[str, list[int]] = {}
+    wrong_node = 0
+    for pod in pods:
+        notes = (pod["metadata"].get("annotations") or {})
+        ids = notes.get(tfa.GPU_IDS)
+        if not ids or not pod["spec"].get("nodeName"):
+            continue
+        t = Quantity.parse(notes[tfa.TFLOPS_REQUEST]).milli_value()
+        v = Quantity.parse(notes[tfa.VRAM_REQUEST]).value()
+        for gpu in ids.split(","):
+            slot = used.setdefault(gpu, [0, 0])
+            slot[0] += t
+            slot[1] += v
+            if capacity.get(gpu, (0, 0, ""))[2] != pod["spec"]["nodeName"]:
+                wrong_node += 1
+    over = sum(1 for gpu, (t, v) in used.items() if gpu not in capacity or t > capacity[gpu][0]
+               or v > capacity[gpu][1])
+    return over + wrong_node
+
+
+async def webhook_service(kube: KubeClient, port: int) -> None:
+    """The Service the controller registers its webhook under; the embedded API server sends the
+    Service's port to 127.0.0.1:<targetPort>, the controller's webhook listener."""
+    await kube.create(r.SERVICES, {"metadata": {"name": "tensor-fusion-webhook", "namespace": "tensor-fusion-sys"},
+                                   "spec": {"ports": [{"port": 443, "targetPort": port}]}},
+                      namespace="tensor-fusion-sys")
+
+
+async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
+              controller: subprocess.Popen[bytes], webhook_port: int) -> dict[str, Any]:
+    kube = await KubeClient.connect(str(kubeconfig), namespace="default", qps=1e9, burst=10**9)
+    try:
+        await create_cluster(kube, args.nodes, args.gpus, args.clients)
+        await wait_controller_ready(controller_url, controller)
+        if args.webhook:
+            await webhook_service(kube, webhook_port)
+            # the webhook gives high/critical QoS pods these (the install and --role=all create them)
+            classes = r.Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+            for qos, value in (("critical", 100000), ("high", 10000), ("medium", 0)):
+                await kube.create(classes, {"metadata": {"name": f"tensor-fusion-{qos}"}, "value": value})
+        await asyncio.sleep(1.0)  # let the leader's allocator see every GPU
+        bound_at: dict[str, float] = {}
+        created_at: dict[str, float] = {}
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch_binds(kube, bound_at, args.pods, done))
+        await asyncio.sleep(0.2)
+        first = time.monotonic()
+
+        server = raw_server(kubeconfig)
+        connections = [await apibench.Connection(server).open() for _ in range(args.clients)]
+        numbers = iter(range(args.pods))
+
+        async def creator(conn: Any) -> None:
+            for i in numbers:
+                pod = webhook_pod(i) if args.webhook else worker_pod(i)
+                status, body = await conn.request("POST", "/api/v1/namespaces/default/pods", json.dumps(pod).encode())
+                if status != 201:
+                    raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
+                created_at[pod["metadata"]["name"]] = time.monotonic()
+
+        await asyncio.gather(*(creator(c) for c in connections))
+        for conn in connections:
+            conn.close()
+        created = time.monotonic()
+        seen = -1
+        while not done.is_set():
+            try:
+                await asyncio.wait_for(done.wait(), timeout=args.timeout)
+            except TimeoutError:
+                if len(bound_at) == seen:
+                    break
+                seen = len(bound_at)
+        watcher.cancel()
+        last = max(bound_at.values()) if bound_at else time.monotonic()
+        latencies = sorted(max(0.0, bound_at[n] - created_at[n]) * 1000 for n in bound_at if n in created_at)
+        pods = list(await kube.list(r.PODS, namespace="default"))
+        gpus = list(await kube.list(r.GPUS))
+        unscheduled = sum(1 for p in pods if not p["spec"].get("nodeName"))
+        return {
+            "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "clients": args.clients,
+            "webhook": args.webhook,
+            "pods_per_s": round(len(bound_at) / max(1e-9, last - first), 1),
+            "bind_p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+            "bind_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 1)
+            if latencies else None,
+            "creates_per_s": round(args.pods / max(1e-9, created - first), 1),
+            "unscheduled": unscheduled,
+            "double_allocations": count_double_allocations(pods, gpus),
+        }
+    finally:
+        await kube.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=4000)
+    parser.add_argument("--pods", type=int, default=10000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--timeout", type=float, default=30.0, help="give up after this long without a bind")
+    parser.add_argument("--webhook", action=argparse.BooleanOptionalAction, default=True,
+                        help="create the pods as users write them and let the controller's pod webhook mutate "
+                             "them (default); --no-webhook creates them already mutated")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tfusion-sched-bench-") as tmp:
+        work = Path(tmp)
+        kubeconfig = work / "kubeconfig"
+        apiserver = start(["--role=apiserver", "--apiserver-listen", f"127.0.0.1:{free_port()}",
+                           "--state", str(work / "state.db"), "--kubeconfig-out", str(kubeconfig),
+                           "--watch-history", "200000"], work / "apiserver.log")
+        controller: subprocess.Popen[bytes] | None = None
+        try:
+            wait_for(kubeconfig, apiserver, "the API server")
+            port, webhook_port = free_port(), free_port()
+            controller = start(["--role=controller", "--kube", str(kubeconfig), "--leader-elect=false",
+                                "--controller-listen", f"127.0.0.1:{port}",
+                                "--health-probe-bind-address", f"127.0.0.1:{free_port()}",
+                                "--webhook-listen", f"127.0.0.1:{webhook_port}",
+                                "--dynamic-config", str(work / "config.yaml")], work / "controller.log")
+            result = asyncio.run(run(args, kubeconfig, f"http://127.0.0.1:{port}", controller, webhook_port))
+        except BaseException:
+            for name in ("apiserver.log", "controller.log"):
+                log = work / name
+                if log.exists():
+                    sys.stderr.write(f"--- {name} (tail)\n{log.read_text()[-3000:]}\n")
+            raise
+        finally:
+            for proc in (controller, apiserver):
+                if proc is not None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

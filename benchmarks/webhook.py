@@ -1,0 +1,305 @@
+"""Pod webhook throughput and latency against a bare TLS echo endpoint (issue 12, item 8).
+
+Processes: the embedded API server (`tfusion --role=apiserver`) with a default GPUPool, a
+ProviderConfig and a GPUResourceQuota whose `single.defaultRequests/defaultLimits` give the pod its
+TFLOPS and VRAM; the webhook in its own process (`tfusion --role=controller`, which serves it on
+`--webhook-listen` with the certificate it keeps in the Secret); a bare Litestar endpoint in a third
+process, served by the same edge (`webhook_app`, uvicorn, the same certificate and TLS settings)
+that answers every review with an allowed AdmissionResponse; and the load from `--clients` separate
+processes, each holding its share of `concurrency` keep-alive TLS connections and posting, as fast
+as answers come back, the AdmissionReview of a full TensorFusion pod (soft isolation, 2 GPUs,
+resources from the quota defaults). The pod's workload is created by the first review and already
+matches afterwards, so the load costs no API call per pod: `workload_writes` counts the workload's
+resourceVersion changes during the timed runs (expected 0).
+
+    .venv/bin/python benchmarks/webhook.py [--duration 10] [--concurrency 10,100] [--clients 2]
+
+Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
+echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, cpus). No Debian
+load generator is needed (`wrk` and `hey` are packaged, but the Python client keeps the run
+self-contained); the client processes share the machine's CPUs with the servers, so on a small
+machine the numbers are a lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import multiprocessing
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+NAMESPACE = "bench"
+OPS = "tensor-fusion-sys"
+POOL = "bench-pool"
+PATH = "/mutate-v1-pod"
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [int(sock.getsockname()[1]) for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+# --- the cluster -----------------------------------------------------------------------------------
+
+
+class Api:
+    """The embedded API server's kubeconfig, as an httpx client."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        config = yaml.safe_load(kubeconfig.read_text())
+        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+        ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+        self.http = httpx.Client(base_url=cluster["server"], headers={"authorization": f"Bearer {user['token']}"},
+                                 verify=ssl.create_default_context(cadata=ca), timeout=30)
+
+    def create(self, path: str, body: dict[str, Any]) -> None:
+        response = self.http.post(path, json=body)
+        if response.status_code not in (200, 201, 409):
+            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:300]}")
+
+    def get(self, path: str) -> dict[str, Any]:
+        response = self.http.get(path)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+
+def wait(what: str, check: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (httpx.HTTPError, OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def seed(api: Api) -> None:
+    from tfusion.api.crds import all_crds
+
+    for crd in all_crds():
+        api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    wait("the CRDs served", lambda: api.get("/apis/tensor-fusion.ai/v1/gpupools") is not None)
+    for ns in (OPS, NAMESPACE):
+        api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    tf = "/apis/tensor-fusion.ai/v1"
+    api.create(f"{tf}/gpupools", {"metadata": {"name": POOL, "annotations": {"tensor-fusion.ai/is-default-pool":
+                                                                              "true"}},
+                                  "spec": {"nodeManagerConfig": {}}})
+    api.create(f"{tf}/providerconfigs", {"metadata": {"name": "nvidia"}, "spec": {
+        "vendor": "NVIDIA", "images": {"middleware": "tensorfusion/vgpu-provider-nvidia:latest"},
+        "inUseResourceNames": ["nvidia.com/gpu"]}})
+    api.create(f"{tf}/namespaces/{NAMESPACE}/gpuresourcequotas", {"metadata": {"name": "quota"}, "spec": {
+        "single": {"defaultRequests": {"tflops": "20", "vram": "8Gi"},
+                   "defaultLimits": {"tflops": "40", "vram": "8Gi"}}}})
+
+
+def review_body() -> bytes:
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "bench-pod", "namespace": NAMESPACE, "labels": {"tensor-fusion.ai/enabled": "true",
+                                                                                "app": "bench"},
+                        "annotations": {"tensor-fusion.ai/gpu-count": "2", "tensor-fusion.ai/isolation": "soft"}},
+           "spec": {"containers": [{"name": "app", "image": "pytorch/pytorch:latest",
+                                    "command": ["python", "train.py"],
+                                    "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+                                    "env": [{"name": "EPOCHS", "value": "10"}]}],
+                    "restartPolicy": "Never"}}
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "4c4ab2b3-1e58-4e5a-9d2b-8d0e3c2f0a11", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "namespace": NAMESPACE, "name": "bench-pod", "object": pod, "dryRun": False,
+        "userInfo": {"username": "system:admin"}, "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}}
+    return json.dumps(review).encode()
+
+
+# --- the echo endpoint -----------------------------------------------------------------------------------
+
+
+def serve_echo(port: int, cert_pem: bytes, key_pem: bytes) -> None:
+    """A bare endpoint on the webhook's edge: decode the review, answer allowed."""
+    import anyio
+
+    from tfusion.controller.webhook.certs import load_into, tls_context
+    from tfusion.controller.webhook.server import AdmissionRequest, AdmissionResponse, allowed, webhook_app
+    from tfusion.web import bind_socket, serve
+
+    context = tls_context()
+    load_into(context, cert_pem, key_pem)
+
+    async def echo(request: AdmissionRequest) -> AdmissionResponse:
+        return allowed(request.uid)
+
+    async def main() -> None:
+        await serve(webhook_app(echo, title="echo"), bind_socket(f"127.0.0.1:{port}"),
+                    uvicorn_options={"ssl_context_factory": lambda config, default: context})
+
+    anyio.run(main)
+
+
+# --- the load -----------------------------------------------------------------------------------------------
+
+
+def _request(port: int, body: bytes) -> bytes:
+    head = (f"POST {PATH}?timeout=10s HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def _connection(port: int, request: bytes, context: ssl.SSLContext, until: float,
+                      latencies: list[float], errors: list[int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+    try:
+        while time.monotonic() < until:
+            began = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            payload = await reader.readexactly(length)
+            latencies.append(time.perf_counter() - began)
+            if not head.startswith(b"HTTP/1.1 200") or b'"allowed":true' not in payload:
+                errors.append(1)
+    finally:
+        writer.close()
+
+
+def _client(port: int, connections: int, duration: float, ca_pem: str, start_at: float,
+            queue: Any) -> None:
+    """One load process: `connections` keep-alive connections until `start_at + duration`."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    request = _request(port, review_body())
+    latencies: list[float] = []
+    errors: list[int] = []
+
+    async def main() -> None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        until = time.monotonic() + duration
+        await asyncio.gather(*(_connection(port, request, context, until, latencies, errors)
+                               for _ in range(connections)))
+
+    asyncio.run(main())
+    queue.put((latencies, len(errors)))
+
+
+def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str) -> dict[str, float]:
+    clients = max(1, min(clients, concurrency))
+    shares = [concurrency // clients + (1 if i < concurrency % clients else 0) for i in range(clients)]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    start_at = time.time() + 1.5  # every process connected and waiting
+    procs = [ctx.Process(target=_client, args=(port, share, duration, ca_pem, start_at, queue)) for share in shares]
+    for proc in procs:
+        proc.start()
+    latencies: list[float] = []
+    errors = 0
+    for _ in procs:
+        got, failed = queue.get(timeout=duration + 60)
+        latencies.extend(got)
+        errors += failed
+    for proc in procs:
+        proc.join()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 3)
+
+    return {"requests_per_s": round(len(latencies) / duration, 1), "p50_ms": pct(0.50), "p90_ms": pct(0.90),
+            "p99_ms": pct(0.99), "errors": errors, "mean_ms": round(statistics.fmean(latencies) * 1000, 3)}
+
+
+# --- main -------------------------------------------------------------------------------------------------
+
+
+def start_processes(tmp: Path) -> tuple[list[subprocess.Popen[bytes]], Api, int]:
+    api_port, webhook_port, controller_port, probe_port = free_ports(4)
+    kubeconfig = tmp / "kubeconfig"
+    log = open(tmp / "apiserver.log", "wb")  # noqa: SIM115  closed with the process
+    apiserver = subprocess.Popen([sys.executable, "-m", "tfusion", "--role=apiserver", "--apiserver-listen",
+                                  f"127.0.0.1:{api_port}", "--state", str(tmp / "state.db"),
+                                  "--kubeconfig-out", str(kubeconfig)], stdout=log, stderr=subprocess.STDOUT)
+    wait("the API server's kubeconfig", kubeconfig.exists)
+    api = Api(kubeconfig)
+    wait("the API server", lambda: api.http.get("/readyz").status_code == 200)
+    seed(api)
+    env = {**os.environ, "OPERATOR_NAMESPACE": OPS}
+    log = open(tmp / "webhook.log", "wb")  # noqa: SIM115
+    webhook = subprocess.Popen([sys.executable, "-m", "tfusion", "--role=controller", f"--kube={kubeconfig}",
+                                "--webhook-listen", f"127.0.0.1:{webhook_port}", "--controller-listen",
+                                f"127.0.0.1:{controller_port}", "--health-probe-bind-address",
+                                f"127.0.0.1:{probe_port}", "--leader-elect=false", "--log-level=warn",
+                                "--dynamic-config", str(tmp / "config.yaml")],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    wait("the webhook's certificate Secret",
+         lambda: api.http.get(f"/api/v1/namespaces/{OPS}/secrets/tensor-fusion-webhook-certs").status_code == 200)
+    return [apiserver, webhook], api, webhook_port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--concurrency", default="10,100")
+    parser.add_argument("--clients", type=int, default=2, help="load-generating processes")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tfusion-bench-webhook-") as directory:
+        tmp = Path(directory)
+        procs, api, webhook_port = start_processes(tmp)
+        try:
+            secret = api.get(f"/api/v1/namespaces/{OPS}/secrets/tensor-fusion-webhook-certs")["data"]
+            ca_pem = base64.b64decode(secret["ca.crt"]).decode()
+            cert_pem, key_pem = (base64.b64decode(secret[k]) for k in ("tls.crt", "tls.key"))
+            echo_port = free_ports(1)[0]
+            echo = multiprocessing.get_context("spawn").Process(target=serve_echo, args=(echo_port, cert_pem, key_pem))
+            echo.start()
+            wait("the webhook to answer", lambda: load(webhook_port, 1, 0.5, 1, ca_pem)["errors"] == 0)
+            wait("the echo endpoint", lambda: load(echo_port, 1, 0.2, 1, ca_pem)["errors"] == 0)
+            workload = f"/apis/tensor-fusion.ai/v1/namespaces/{NAMESPACE}/tensorfusionworkloads/bench-pod"
+            version = api.get(workload)["metadata"]["resourceVersion"]
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                hook = load(webhook_port, concurrency, args.duration, args.clients, ca_pem)
+                bare = load(echo_port, concurrency, args.duration, args.clients, ca_pem)
+                now_version = api.get(workload)["metadata"]["resourceVersion"]
+                print(json.dumps({
+                    "concurrency": concurrency, "requests_per_s": hook["requests_per_s"], "p50_ms": hook["p50_ms"],
+                    "p90_ms": hook["p90_ms"], "p99_ms": hook["p99_ms"],
+                    "echo_requests_per_s": bare["requests_per_s"],
+                    "ratio_to_echo": round(hook["requests_per_s"] / bare["requests_per_s"], 3),
+                    "errors": hook["errors"] + bare["errors"], "echo_p99_ms": bare["p99_ms"],
+                    "workload_writes": int(now_version != version), "cpus": os.cpu_count(),
+                    "duration_s": args.duration, "clients": args.clients}), flush=True)
+            echo.terminate()
+            echo.join()
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+if __name__ == "__main__":
+    main()

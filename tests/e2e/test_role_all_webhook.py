@@ -1,0 +1,68 @@
+"""`tfusion --role=all` registers its pod webhook with the embedded API server: `kubectl create -f`
+of an annotated pod comes back mutated with its TensorFusionWorkload, and a bad annotation is
+refused with the webhook's message in kubectl's error."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.test_role_all import KUBECTL, RoleAll, role_all  # noqa: F401  (the fixture)
+
+WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def kubectl(run: RoleAll, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([KUBECTL, "--kubeconfig", str(run.kubeconfig), *args], capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def manifest(tmp: Path, name: str, notes: dict[str, str]) -> str:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"tensor-fusion.ai/enabled": "true"},
+                     "annotations": notes},
+        "spec": {"containers": [{"name": "app", "image": "python:3.11-slim", "command": ["sleep", "3600"]}]}}))
+    return str(path)
+
+
+def registered(run: RoleAll) -> Any:
+    items = run.get(WEBHOOKS)["items"]
+    return [w for c in items for w in c["webhooks"] if w["name"] == "pod.tensor-fusion.ai"
+            and w["clientConfig"].get("caBundle")]
+
+
+@pytest.mark.skipif(not shutil.which(KUBECTL), reason="kubectl is not installed")
+def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll, tmp_path: Path) -> None:  # noqa: F811
+    role_all.start()
+    role_all.wait_for("the controller and hypervisor ready", role_all.ready, timeout=40)
+    (webhook,) = role_all.wait_for("the pod webhook registered", lambda: registered(role_all))
+    assert webhook["clientConfig"]["url"].startswith("https://127.0.0.1:")
+    assert webhook["objectSelector"] == {"matchExpressions": [
+        {"key": "tensor-fusion.ai/enabled", "operator": "In", "values": ["true"]}]}
+
+    created = kubectl(role_all, "create", "-f", manifest(tmp_path, "bare", {
+        "tensor-fusion.ai/tflops-request": "20", "tensor-fusion.ai/vram-request": "8Gi"}), "-o", "yaml")
+    assert created.returncode == 0, created.stderr
+    pod = yaml.safe_load(created.stdout)
+    notes = pod["metadata"]["annotations"]
+    assert notes["tensor-fusion.ai/gpupool"] == "tensor-fusion-shared"
+    assert notes["tensor-fusion.ai/qos"] == "medium" and notes["tensor-fusion.ai/isolation"] == "soft"
+    assert pod["metadata"]["labels"]["tensor-fusion.ai/workload"] == "bare"
+    assert pod["spec"]["schedulerName"] == "tensor-fusion-scheduler"
+    assert pod["spec"]["initContainers"][0]["name"] == "init-soft-limiter"
+    workload = kubectl(role_all, "get", "tensorfusionworkload", "bare", "-o", "yaml")
+    assert workload.returncode == 0, workload.stderr
+    assert yaml.safe_load(workload.stdout)["spec"]["poolName"] == "tensor-fusion-shared"
+
+    refused = kubectl(role_all, "create", "-f", manifest(tmp_path, "bad", {
+        "tensor-fusion.ai/tflops-request": "20", "tensor-fusion.ai/gpu-count": "0"}))
+    assert refused.returncode == 1
+    assert ('admission webhook "pod.tensor-fusion.ai" denied the request: annotation tensor-fusion.ai/gpu-count: '
+            '"0" is not allowed; expected an integer from 1 to 128') in refused.stderr, refused.stderr

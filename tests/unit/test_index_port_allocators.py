@@ -1,0 +1,84 @@
+"""The leader's pure index and host-port allocators (tfusion/controller/scheduling/indexes.py, ports.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
+from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator, PortPool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_indices_move_on_and_skip_held_ones() -> None:
+    clock = Clock()
+    alloc = IndexAllocator(reservation_ttl=10, now=clock)
+    assert [alloc.assign(f"ns/p{i}") for i in range(3)] == [1, 2, 3]
+    assert alloc.assign("ns/p1") == 2, "the same pod asking again gets the same index"
+    alloc.occupy("uid-5", 5)
+    assert alloc.assign("ns/p3") == 4 and alloc.assign("ns/p4") == 6, "a held index is skipped"
+
+
+def test_indices_wrap_at_128_and_reuse_released_ones() -> None:
+    clock = Clock()
+    alloc = IndexAllocator(reservation_ttl=10, now=clock)
+    for i in range(128):
+        alloc.occupy(f"uid-{i}", i + 1)
+    assert alloc.assign("ns/full") == 1, "all held: the counter repeats rather than failing"
+    alloc.release("uid-40")
+    clock.t = 11  # the reservation above lapses
+    assert alloc.assign("ns/next") == 41
+
+
+def test_a_reservation_ends_when_its_pod_is_seen() -> None:
+    alloc = IndexAllocator(reservation_ttl=100, now=Clock())
+    assert alloc.assign("ns/a") == 1
+    alloc.occupy("uid-a", 1, "ns/a")
+    alloc.release("uid-a")
+    assert alloc.assign("ns/b") == 2, "the cursor moves on"
+    for i in range(3, 129):
+        alloc.occupy(f"u{i}", i)
+    assert alloc.assign("ns/c") == 1, "index 1 is free again: neither held nor reserved"
+
+
+def test_pod_index_decodes_the_resource() -> None:
+    pod = {"spec": {"containers": [{"resources": {"limits": {"cpu": "1", "tensor-fusion.ai/index_1": "3"}}}]}}
+    assert pod_index(pod) == 11
+    assert pod_index({"spec": {"containers": [{}]}}) is None
+
+
+def test_ports_are_the_lowest_free_and_released() -> None:
+    clock = Clock()
+    pool = PortPool(42000, 42003, reservation_ttl=5, now=clock)
+    assert [pool.assign(k) for k in ("a", "b", "c")] == [42000, 42001, 42002]
+    with pytest.raises(NoFreePort, match="no available port in 42000-42003"):
+        pool.assign("d")
+    clock.t = 6
+    pool.occupy("uid-b", 42001, "b")
+    assert pool.assign("d") == 42000
+    pool.release("uid-b")
+    assert pool.assign("e") == 42001
+
+
+def test_the_range_is_checked() -> None:
+    with pytest.raises(ValueError, match="expected 0 < start < end"):
+        PortPool(5, 5)
+
+
+def test_observe_sorts_cluster_and_node_ports() -> None:
+    alloc = PortAllocator((42000, 42010), (40000, 40010), now=Clock())
+    cluster_pod = {"metadata": {"name": "a", "namespace": "ns", "labels": {"tensor-fusion.ai/host-port": "auto"},
+                                "annotations": {"tensor-fusion.ai/port-number": "42000"}}}
+    worker = {"metadata": {"name": "w", "namespace": "ns", "annotations": {"tensor-fusion.ai/port-number": "40000"}},
+              "spec": {"nodeName": "n1"}}
+    alloc.observe("u1", cluster_pod)
+    alloc.observe("u2", worker)
+    assert alloc.cluster.assign("x") == 42001
+    assert alloc.node("n1").assign("y") == 40001 and alloc.node("n2").assign("y") == 40000
+    assert alloc.release("u2") and alloc.node("n1").held() == {}

@@ -1,0 +1,349 @@
+"""The pod webhook's pure mutation (tfusion/controller/webhook/mutate.py, render.py) and its JSON patch.
+
+Every patch produced here is applied with the embedded API server's RFC 6902 code and must give
+exactly the rendered pod."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from tfusion.api import annotations as tfa
+from tfusion.apiserver.patch import json_patch
+from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse, selects
+from tfusion.controller.webhook.patch import json_diff
+from tfusion.controller.webhook.render import render
+
+POOL = "pool-a"
+
+
+def pool(name: str = POOL, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
+            "spec": {"nodeManagerConfig": {"defaultVendor": "NVIDIA"}, **spec}}
+
+
+PROVIDER = {"metadata": {"name": "nvidia"}, "spec": {
+    "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}}
+
+
+def ctx(**changes: Any) -> Context:
+    base: dict[str, Any] = {"pools": [pool()], "provider_configs": [PROVIDER]}
+    base.update(changes)
+    return Context(**base)
+
+
+def tf_pod(notes: dict[str, str] | None = None, *, labels: dict[str, str] | None = None,
+           containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {tfa.ENABLED: "true", **(labels or {})},
+                         "annotations": dict(notes or {})},
+            "spec": {"containers": containers or [{"name": "app", "image": "python"}]}}
+
+
+BARE = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
+OWNER = Owner(workload_name="p")
+
+
+def mutated(pod: dict[str, Any], context: Context | None = None, owner: Owner = OWNER, *, index: int = 1,
+            port: int | None = None) -> tuple[dict[str, Any], Any]:
+    plan = analyse(pod, context or ctx(), owner)
+    assert plan is not None
+    out = render(pod, plan, index=index, host_port=port)
+    before = copy.deepcopy(pod)
+    assert json_patch(pod, json_diff(pod, out)) == out, "the patch must apply cleanly and give the mutated pod"
+    assert pod == before, "render must not change the pod it was given"
+    return out, plan
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_a_bare_pod_becomes_a_soft_isolated_worker() -> None:
+    out, plan = mutated(tf_pod(BARE))
+    notes, labels, spec = out["metadata"]["annotations"], out["metadata"]["labels"], out["spec"]
+    assert notes[tfa.TFLOPS_REQUEST] == "20" and notes[tfa.VRAM_REQUEST] == "8Gi"
+    assert tfa.TFLOPS_LIMIT not in notes and tfa.VRAM_LIMIT not in notes
+    assert notes[tfa.QOS] == "medium" and notes[tfa.GPU_COUNT] == "1" and notes[tfa.GPU_POOL] == POOL
+    assert notes[tfa.ISOLATION] == "soft" and notes[tfa.IS_LOCAL_GPU] == "true"
+    assert notes[tfa.SIDECAR_WORKER] == "false" and notes[tfa.INJECT_CONTAINER] == "app"
+    assert notes[tfa.VENDOR] == "NVIDIA" and notes[tfa.EMBEDDED_WORKER] == "true"
+    assert notes[tfa.PENDING_OWNED_WORKLOAD] == "p"
+    assert labels[tfa.COMPONENT] == "worker" and labels[tfa.GPU_POOL] == POOL and labels[tfa.WORKLOAD] == "p"
+    assert len(labels[tfa.POD_TEMPLATE_HASH]) == 10
+    assert spec["schedulerName"] == "tensor-fusion-scheduler"
+    assert {"key": tfa.USED_BY, "operator": "Equal", "value": "tensor-fusion",
+            "effect": "PreferNoSchedule"} in spec["tolerations"]
+    assert "priorityClassName" not in spec
+    app = spec["containers"][0]
+    assert app["resources"]["limits"] == {"tensor-fusion.ai/index_0": "1"}
+    env = env_of(app)
+    assert env["LD_PRELOAD"] == "/tensor-fusion-limiter/libcuda_limiter.so"
+    assert env["TF_ISOLATION_MODE"] == "soft" and env["CONTAINER_NAME"] == "app"
+    assert env["HYPERVISOR_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["HYPERVISOR_PORT"] == "8001"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    mounts = {m["mountPath"]: m for m in app["volumeMounts"]}
+    assert mounts["/run/tensor-fusion/shm"]["subPathExpr"] == "shm/$(POD_NAMESPACE)/$(POD_NAME)"
+    assert mounts["/tensor-fusion-limiter"]["readOnly"] is True
+    assert "/usr/local/bin/nvidia-smi" in mounts
+    (init,) = spec["initContainers"]
+    assert init["name"] == "init-soft-limiter" and init["image"] == "mw:1"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tf-data"]["hostPath"] == {"path": "/run/tensor-fusion", "type": "DirectoryOrCreate"}
+    assert volumes["tf-soft-limiter"] == {"name": "tf-soft-limiter", "emptyDir": {}}
+    workload = plan.workload
+    assert workload["metadata"]["name"] == "p" and workload["metadata"]["labels"] == {tfa.GPU_POOL: POOL}
+    assert workload["metadata"]["annotations"][tfa.WORKLOAD_MODE] == "dynamic"
+    assert workload["spec"]["resources"] == {"requests": {"tflops": "20", "vram": "8Gi"},
+                                             "limits": {"tflops": "0", "vram": "0"}}
+    assert workload["spec"]["poolName"] == POOL and workload["spec"]["isLocalGPU"] is True
+
+
+def test_a_pod_that_is_not_labelled_is_left_alone() -> None:
+    pod = tf_pod(BARE)
+    del pod["metadata"]["labels"][tfa.ENABLED]
+    assert not selects(pod, ctx())
+    assert analyse(pod, ctx(), OWNER) is None
+
+
+NATIVE = [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}}}]
+AUTO_MIGRATION = {"enable": True}
+
+
+def native_pod() -> dict[str, Any]:
+    pod = tf_pod({}, containers=copy.deepcopy(NATIVE))
+    pod["metadata"]["labels"] = {}
+    return pod
+
+
+def test_native_gpu_pods_migrate_when_auto_migration_is_on() -> None:
+    assert analyse(native_pod(), ctx(), OWNER) is None, "auto-migration off: untouched"
+    context = ctx(auto_migration=AUTO_MIGRATION)
+    assert selects(native_pod(), context)
+    out, _ = mutated(native_pod(), context)
+    notes = out["metadata"]["annotations"]
+    assert out["metadata"]["labels"][tfa.ENABLED] == "true"
+    assert notes[tfa.ISOLATION] == "shared" and notes[tfa.GPU_COUNT] == "2"
+    assert notes[tfa.INJECT_CONTAINER] == "train"
+    train = out["spec"]["containers"][0]
+    assert train["resources"]["limits"] == {"cpu": "1", "tensor-fusion.ai/index_0": "1"}
+    assert "initContainers" not in out["spec"], "shared isolation gets no soft limiter"
+
+
+def test_auto_migration_scope_excludes_and_includes() -> None:
+    excluded = ctx(auto_migration={"enable": True, "scope": {"excludes": {"namespaceNames": ["ns"]}}})
+    assert analyse(native_pod(), excluded, OWNER) is None
+    other = ctx(auto_migration={"enable": True, "scope": {"includes": {"namespaceNames": ["elsewhere"]}}})
+    assert analyse(native_pod(), other, OWNER) is None
+    by_label = ctx(auto_migration={"enable": True, "scope": {"includes": {
+        "namespaceSelector": {"matchLabels": {"gpu": "yes"}}}}}, namespace_labels={"gpu": "yes"})
+    assert analyse(native_pod(), by_label, OWNER) is not None
+    pod = native_pod()
+    pod["metadata"]["labels"] = {tfa.ENABLED: "false"}
+    assert analyse(pod, ctx(auto_migration=AUTO_MIGRATION), OWNER) is None, '"false" never migrates'
+
+
+def test_migrated_soft_pods_get_the_whole_gpu_and_the_container_count() -> None:
+    pod = native_pod()
+    pod["metadata"]["annotations"] = {tfa.ISOLATION: "soft", tfa.VRAM_REQUEST: "10Gi"}
+    out, plan = mutated(pod, ctx(auto_migration=AUTO_MIGRATION))
+    notes = out["metadata"]["annotations"]
+    assert notes[tfa.COMPUTE_PERCENT_LIMIT] == "100" and notes[tfa.COMPUTE_PERCENT_REQUEST] == "100"
+    assert json.loads(notes[tfa.CONTAINER_GPU_COUNT]) == {"train": 2}
+    assert plan.workload["metadata"]["annotations"][tfa.CONTAINER_GPU_COUNT] == '{"train":2}'
+
+
+QUOTA = {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"single": {
+    "defaultRequests": {"tflops": "5", "vram": "2Gi"}, "defaultLimits": {"tflops": "10", "vram": "4Gi"}}}}
+
+
+def test_quota_defaults_fill_what_the_pod_leaves_out() -> None:
+    out, _ = mutated(tf_pod({}), ctx(quotas=[QUOTA]))
+    notes = out["metadata"]["annotations"]
+    assert (notes[tfa.TFLOPS_REQUEST], notes[tfa.VRAM_REQUEST]) == ("5", "2Gi")
+    assert (notes[tfa.TFLOPS_LIMIT], notes[tfa.VRAM_LIMIT]) == ("10", "4Gi")
+    out, _ = mutated(tf_pod({tfa.VRAM_REQUEST: "1Gi", tfa.COMPUTE_PERCENT_REQUEST: "30"}), ctx(quotas=[QUOTA]))
+    notes = out["metadata"]["annotations"]
+    assert notes[tfa.VRAM_REQUEST] == "1Gi" and notes[tfa.COMPUTE_PERCENT_REQUEST] == "30"
+    assert tfa.TFLOPS_REQUEST not in notes, "the pod's percent is not replaced by the quota's TFLOPS"
+
+
+def test_high_qos_gets_its_priority_class_and_equal_limits_default_to_high() -> None:
+    out, _ = mutated(tf_pod({**BARE, tfa.QOS: "critical"}))
+    assert out["spec"]["priorityClassName"] == "tensor-fusion-critical"
+    equal = {**BARE, tfa.TFLOPS_LIMIT: "20", tfa.VRAM_LIMIT: "8Gi"}
+    out, _ = mutated(tf_pod(equal))
+    assert out["metadata"]["annotations"][tfa.QOS] == "high"
+    assert out["spec"]["priorityClassName"] == "tensor-fusion-high"
+    pod = tf_pod(equal)
+    pod["spec"]["priorityClassName"] = "mine"
+    pod["spec"]["priority"] = 5
+    out, _ = mutated(pod)
+    assert out["spec"]["priorityClassName"] == "mine" and out["spec"]["priority"] == 5
+    out, _ = mutated(tf_pod(BARE), ctx(pools=[pool(qosConfig={"defaultQoS": "low"})]))
+    assert out["metadata"]["annotations"][tfa.QOS] == "low"
+
+
+@pytest.mark.parametrize("index, resource, count", [(1, "index_0", "1"), (8, "index_0", "8"), (9, "index_1", "1"),
+                                                    (128, "index_f", "8")])
+def test_the_index_resource_has_no_off_by_one(index: int, resource: str, count: str) -> None:
+    out, _ = mutated(tf_pod(BARE), index=index)
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {f"tensor-fusion.ai/{resource}": count}
+
+
+INVALID = [
+    ({tfa.GPU_COUNT: "0"}, tfa.GPU_COUNT, '"0"', "an integer from 1 to 128"),
+    ({tfa.GPU_COUNT: "129"}, tfa.GPU_COUNT, '"129"', "an integer from 1 to 128"),
+    ({tfa.TFLOPS_REQUEST: "lots"}, tfa.TFLOPS_REQUEST, '"lots"', "non-negative Kubernetes quantity"),
+    ({tfa.VRAM_REQUEST: "-1Gi"}, tfa.VRAM_REQUEST, '"-1Gi"', "non-negative Kubernetes quantity"),
+    ({tfa.COMPUTE_PERCENT_REQUEST: "150"}, tfa.COMPUTE_PERCENT_REQUEST, '"150"', "from 0 to 100"),
+    ({tfa.QOS: "urgent"}, tfa.QOS, '"urgent"', "low|medium|high|critical"),
+    ({tfa.ISOLATION: "total"}, tfa.ISOLATION, '"total"', "shared|soft|hard|partitioned"),
+    ({tfa.ISOLATION: "hard"}, tfa.ISOLATION, '"hard"', "sidecar-worker"),
+    ({tfa.GPU_POOL: "nope"}, tfa.GPU_POOL, '"nope"', "pool-a"),
+    ({tfa.GPU_INDICES: "0,x"}, tfa.GPU_INDICES, '"0,x"', "comma list"),
+    ({tfa.SIDECAR_WORKER: "perhaps"}, tfa.SIDECAR_WORKER, '"perhaps"', '"true" or "false"'),
+    ({tfa.INJECT_CONTAINER: "ghost"}, tfa.INJECT_CONTAINER, '"ghost"', "app"),
+    ({tfa.WORKLOAD_PROFILE: "missing"}, tfa.WORKLOAD_PROFILE, '"missing"', "WorkloadProfile"),
+    ({tfa.GANG_MIN_MEMBERS: "1"}, tfa.GANG_MIN_MEMBERS, '"1"', "at least 2"),
+    ({tfa.GANG_ENABLED: "true"}, tfa.GANG_ENABLED, '"true"', "at least 2 replicas"),
+    ({tfa.GANG_TIMEOUT: "soon"}, tfa.GANG_TIMEOUT, '"soon"', "duration"),
+    ({tfa.DISABLE_FEATURES: "everything"}, tfa.DISABLE_FEATURES, '"everything"', "gpu-limiter"),
+    ({tfa.EVICTION_PROTECTION: "forever"}, tfa.EVICTION_PROTECTION, '"forever"', "duration"),
+    ({tfa.AUTOSCALE_TARGET: "gpu"}, tfa.AUTOSCALE_TARGET, '"gpu"', "compute|vram|all"),
+    ({tfa.ENABLED_REPLICAS: "-1"}, tfa.ENABLED_REPLICAS, '"-1"', "at least 0"),
+    ({tfa.TFLOPS_LIMIT: "10", tfa.COMPUTE_PERCENT_LIMIT: "10"}, tfa.COMPUTE_PERCENT_LIMIT, '"10"', "not both"),
+    ({tfa.DEDICATED_GPU: "true"}, tfa.DEDICATED_GPU, '"true"', tfa.GPU_MODEL),
+    ({tfa.DEDICATED_GPU: "true", tfa.GPU_MODEL: "Z9"}, tfa.GPU_MODEL, '"Z9"', "status.gpuModel"),
+]
+
+
+@pytest.mark.parametrize("notes, key, value, allowed", INVALID, ids=[case[1] + "=" + case[2] for case in INVALID])
+def test_each_invalid_annotation_is_denied_naming_it(notes: dict[str, str], key: str, value: str,
+                                                     allowed: str) -> None:
+    with pytest.raises(Denial) as info:
+        analyse(tf_pod({**BARE, **notes}), ctx(), OWNER)
+    message = info.value.message
+    assert info.value.code == 400
+    assert f"{key}: {value} is not allowed" in message and allowed in message, message
+
+
+def test_no_resources_and_two_containers_are_denied() -> None:
+    with pytest.raises(Denial, match="asks for no GPU resources"):
+        analyse(tf_pod({}), ctx(), OWNER)
+    two = tf_pod(BARE, containers=[{"name": "a"}, {"name": "b"}])
+    with pytest.raises(Denial, match=r"inject-container: \"\" is not allowed.*\(a, b\)"):
+        analyse(two, ctx(), OWNER)
+    two["metadata"]["annotations"][tfa.INJECT_CONTAINER] = "b"
+    out, _ = mutated(two)
+    assert "env" not in out["spec"]["containers"][0] and env_of(out["spec"]["containers"][1])
+
+
+def test_remote_mode_is_denied_until_it_exists() -> None:
+    with pytest.raises(Denial, match="remote vGPU mode, which is not available yet"):
+        analyse(tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false"}), ctx(), OWNER)
+    with pytest.raises(Denial, match="defaultUsingLocalGPU asks for remote vGPU mode"):
+        analyse(tf_pod(BARE), ctx(pools=[pool(defaultUsingLocalGPU=False)]), OWNER)
+
+
+def test_no_pool_and_no_default_pool_is_denied() -> None:
+    bare_pool = {"metadata": {"name": "x"}, "spec": {}}
+    with pytest.raises(Denial, match="no GPUPool is annotated"):
+        analyse(tf_pod(BARE), ctx(pools=[bare_pool]), OWNER)
+
+
+def test_soft_isolation_is_refused_for_vendors_without_a_limiter() -> None:
+    with pytest.raises(Denial, match="vendor AMD has no soft limiter"):
+        analyse(tf_pod({**BARE, tfa.VENDOR: "AMD"}), ctx(), OWNER)
+
+
+def test_a_workload_profile_is_the_base_and_annotations_win() -> None:
+    profile = {"metadata": {"name": "prof"}, "spec": {"qos": "low", "gpuCount": 2, "resources": {
+        "requests": {"tflops": "7", "vram": "3Gi"}, "limits": {"tflops": "9", "vram": "3Gi"}}}}
+    context = ctx(profile=lambda name: profile if name == "prof" else None)
+    out, plan = mutated(tf_pod({tfa.WORKLOAD_PROFILE: "prof", tfa.TFLOPS_REQUEST: "8"}), context)
+    notes = out["metadata"]["annotations"]
+    assert (notes[tfa.TFLOPS_REQUEST], notes[tfa.TFLOPS_LIMIT], notes[tfa.VRAM_REQUEST]) == ("8", "9", "3Gi")
+    assert notes[tfa.QOS] == "low" and notes[tfa.GPU_COUNT] == "2"
+    assert plan.workload["spec"]["gpuCount"] == 2
+
+
+def test_dedicated_gpu_takes_the_models_capacity() -> None:
+    context = ctx(gpu_capacity=lambda model: {"tflops": "312", "vram": "80Gi"} if model == "A100" else None)
+    out, _ = mutated(tf_pod({tfa.DEDICATED_GPU: "true", tfa.GPU_MODEL: "A100"}), context)
+    notes = out["metadata"]["annotations"]
+    assert (notes[tfa.TFLOPS_REQUEST], notes[tfa.TFLOPS_LIMIT], notes[tfa.VRAM_LIMIT]) == ("312", "312", "80Gi")
+    assert notes[tfa.QOS] == "high"
+
+
+def test_gang_annotations_from_the_owner_replicas() -> None:
+    owner = Owner(workload_name="train", reference={"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
+                                                    "uid": "u1", "controller": True}, replicas=4)
+    out, plan = mutated(tf_pod({**BARE, tfa.GANG_ENABLED: "true", tfa.GANG_MIN_MEMBERS: "3",
+                                tfa.GANG_TIMEOUT: "5m"}), owner=owner)
+    notes = out["metadata"]["annotations"]
+    assert (notes[tfa.GANG_DESIRED_MEMBERS], notes[tfa.GANG_REQUIRED_MEMBERS]) == ("4", "3")
+    assert notes[tfa.GANG_GROUP_KEY] == "ns/train" and tfa.PENDING_OWNED_WORKLOAD not in notes
+    assert plan.workload["spec"]["gangScheduling"] == {"minMembers": 3, "timeout": "5m"}
+    assert plan.workload["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
+    with pytest.raises(Denial, match="from 2 to 4"):
+        analyse(tf_pod({**BARE, tfa.GANG_ENABLED: "true", tfa.GANG_MIN_MEMBERS: "5"}), ctx(), owner)
+
+
+def test_host_port_auto_sets_the_named_port() -> None:
+    containers = [{"name": "app", "ports": [{"name": "http", "containerPort": 80}]}]
+    pod = tf_pod(BARE, labels={tfa.HOST_PORT: "auto", tfa.PORT_NAME: "http"}, containers=containers)
+    out, _ = mutated(pod, port=42001)
+    assert out["spec"]["containers"][0]["ports"][0]["hostPort"] == 42001
+    assert out["metadata"]["annotations"][tfa.PORT_NUMBER] == "42001"
+    wrong = tf_pod(BARE, labels={tfa.HOST_PORT: "auto", tfa.PORT_NAME: "grpc"}, containers=containers)
+    with pytest.raises(Denial, match=r'label tensor-fusion.ai/port-name: "grpc" is not allowed.*\(http\)'):
+        analyse(wrong, ctx(), OWNER)
+
+
+def test_sidecar_worker_with_hard_isolation() -> None:
+    notes = {**BARE, tfa.SIDECAR_WORKER: "true", tfa.ISOLATION: "hard", tfa.VRAM_LIMIT: "8Gi",
+             tfa.COMPUTE_PERCENT_LIMIT: "50"}
+    out, _ = mutated(tf_pod(notes))
+    names = [c["name"] for c in out["spec"]["containers"]]
+    assert names == ["app", "tensorfusion-worker"]
+    worker = out["spec"]["containers"][1]
+    assert env_of(worker) == {"TF_CUDA_SM_PERCENT_LIMIT": "50", "TF_GPU_MEMORY_LIMIT": "8192",
+                              "TF_CUDA_MEMORY_LIMIT": "8192"}
+    assert worker["resources"]["limits"] == {"tensor-fusion.ai/index_0": "1"}
+    assert env_of(out["spec"]["containers"][0])["TENSOR_FUSION_OPERATOR_CONNECTION_INFO"] == "shmem+tf_shm+1024+1"
+    assert out["spec"]["initContainers"][0]["name"] == "inject-lib"
+    assert tfa.EMBEDDED_WORKER not in out["metadata"]["annotations"]
+
+
+def test_the_patch_escapes_keys_and_appends_to_lists() -> None:
+    before = {"metadata": {"annotations": {"a/b": "1", "t~x": "2"}}, "spec": {"tolerations": [{"key": "k"}]}}
+    after = {"metadata": {"annotations": {"a/b": "3"}}, "spec": {"tolerations": [{"key": "k"}, {"key": "z"}]}}
+    ops = json_diff(before, after)
+    assert {"op": "remove", "path": "/metadata/annotations/t~0x"} in ops
+    assert {"op": "replace", "path": "/metadata/annotations/a~1b", "value": "3"} in ops
+    assert {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "z"}} in ops
+    assert json_patch(before, ops) == after
+    assert json_diff({"x": [1, 2, 3]}, {"x": [3]}) == [{"op": "replace", "path": "/x", "value": [3]}]
+    assert json_diff({"x": True}, {"x": 1}) == [{"op": "replace", "path": "/x", "value": 1}]
+
+
+def test_vertical_scaling_rules_and_the_pools_container_patch() -> None:
+    template = {"metadata": {"name": "tmpl"}, "spec": {"verticalScalingRules": [
+        {"name": "other", "selector": {"matchLabels": {"team": "b"}}, "autoScalingConfig": {"x": 1}},
+        {"name": "ours", "selector": {"matchLabels": {"team": "a"}},
+         "autoScalingConfig": {"autoSetResources": {"enable": True, "targetResource": "vram"}}}]}}
+    patched_pool = pool(schedulingConfigTemplate="tmpl", componentConfig={"client": {"patchToContainer": {
+        "env": [{"name": "FROM_POOL", "value": "1"}]}}})
+    context = ctx(pools=[patched_pool], templates=[template])
+    out, plan = mutated(tf_pod(BARE, labels={"team": "a"}), context)
+    assert plan.workload["spec"]["autoScalingConfig"] == {"autoSetResources": {"enable": True,
+                                                                              "targetResource": "vram"}}
+    assert env_of(out["spec"]["containers"][0])["FROM_POOL"] == "1"
+    _, plain = mutated(tf_pod({**BARE, tfa.AUTOSCALE: "true"}, labels={"team": "c"}), context)
+    assert plain.workload["spec"]["autoScalingConfig"] == {"autoSetResources": {"enable": True,
+                                                                               "targetResource": "all"}}

@@ -1,0 +1,195 @@
+"""TensorFusionCluster reconciler: the cluster's GPUPools exist as its spec says, and its status
+sums them up.
+
+- Pools: `spec.gpuPools[i]` becomes the GPUPool `<cluster>-<name>`, labelled with the cluster's
+  labels plus `tensor-fusion.ai/managed-by=<cluster>`, annotated `is-default-pool`, controlled by
+  the cluster (ownerReference), spec = `specTemplate`. A pool that drifts from that is put back
+  (labels and annotations are merged, so a label a user adds stays); a pool the cluster controls
+  but no longer lists is deleted. `pools_of_cluster` is the one derivation (the embedded bootstrap
+  uses it too for a fresh install).
+- Status: phase Pending until its pools have reported, Running when every pool is Running, else
+  Updating with `retryCount` counting the attempts and the next look after
+  min(max(rand x 3 s x 2^n, 3 s), 60 s); totals, virtual and available capacity summed from the
+  pools; readyGPUPools / notReadyGPUPools; conditions Ready and GPUPoolReady.
+- Finalizer: while deleted, phase Destroying until every pool it controls is gone.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+from tfusion.api import annotations as tfa
+from tfusion.controller.reconcilers.common import (
+    DESTROYING,
+    FINALIZER,
+    PENDING,
+    RUNNING,
+    UPDATING,
+    Obj,
+    condition,
+    controlled_by,
+    merge_conditions,
+    meta,
+    name_of,
+    status_of,
+    sum_capacity,
+    write_status,
+)
+from tfusion.kube import resources as r
+from tfusion.kube.client import AlreadyExists, KubeError, NotFound
+from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+RETRY_BASE_S = 3.0
+RETRY_MAX_S = 60.0
+
+
+def pools_of_cluster(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUPools a TensorFusionCluster asks for, named, labelled and owned as this reconciler keeps them."""
+    cluster_meta = cluster["metadata"]
+    owner = {"apiVersion": r.TENSORFUSIONCLUSTERS.api_version, "kind": "TensorFusionCluster",
+             "name": cluster_meta["name"], "uid": cluster_meta["uid"], "controller": True,
+             "blockOwnerDeletion": True}
+    pools = []
+    for entry in (cluster.get("spec") or {}).get("gpuPools") or []:
+        pools.append({
+            "apiVersion": r.GPUPOOLS.api_version, "kind": "GPUPool",
+            "metadata": {
+                "name": f"{cluster_meta['name']}-{entry['name']}",
+                "labels": {**(cluster_meta.get("labels") or {}), tfa.MANAGED_BY: cluster_meta["name"]},
+                "annotations": {tfa.IS_DEFAULT_POOL: "true" if entry.get("isDefault") else "false"},
+                "ownerReferences": [owner],
+            },
+            "spec": copy.deepcopy(entry.get("specTemplate") or {}),
+        })
+    return pools
+
+
+def retry_delay(retries: int) -> float:
+    """The next look at a cluster whose pools are not all Running yet."""
+    grown: float = random.random() * RETRY_BASE_S * 2.0 ** min(retries, 20)
+    return min(max(grown, RETRY_BASE_S), RETRY_MAX_S)
+
+
+def _needs_update(existing: Obj, desired: Obj) -> bool:
+    have, want = meta(existing), desired["metadata"]
+    return (existing.get("spec") != desired["spec"]
+            or any((have.get("labels") or {}).get(k) != v for k, v in want["labels"].items())
+            or any((have.get("annotations") or {}).get(k) != v for k, v in want["annotations"].items())
+            or not controlled_by(existing, {"metadata": {"uid": want["ownerReferences"][0]["uid"]}}))
+
+
+def _updated(existing: Obj, desired: Obj) -> Obj:
+    have, want = meta(existing), desired["metadata"]
+    owners = [o for o in have.get("ownerReferences") or [] if not o.get("controller")]
+    return {**existing, "spec": desired["spec"], "metadata": {
+        **have, "labels": {**(have.get("labels") or {}), **want["labels"]},
+        "annotations": {**(have.get("annotations") or {}), **want["annotations"]},
+        "ownerReferences": [*owners, *want["ownerReferences"]]}}
+
+
+class ClusterReconciler:
+    """See the module docstring."""
+
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        self.runtime = runtime
+        self.clusters = runtime.informer(r.TENSORFUSIONCLUSTERS)
+        self.pools = runtime.informer(r.GPUPOOLS)
+        self.controller = runtime.manager.controller("tensorfusioncluster") \
+            .for_(r.TENSORFUSIONCLUSTERS, predicates=[generation_changed]).owns(r.GPUPOOLS).complete(self)
+
+    def _owned_pools(self, cluster: Obj) -> list[Obj]:
+        return [p for p in self.pools.list() if controlled_by(p, cluster)]
+
+    async def reconcile(self, name: str) -> Result | None:
+        cluster = self.clusters.get(name)
+        if cluster is None:
+            return None
+        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, FINALIZER,
+                                         self._cleanup)
+        if current is None:
+            return None if not self._owned_pools(cluster) else Result(requeue_after=1.0)
+        await self._sync_pools(current)
+        return await self._write_status(current)
+
+    async def _cleanup(self, cluster: Obj) -> bool:
+        owned = self._owned_pools(cluster)
+        await write_status(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, {"phase": DESTROYING})
+        for pool in owned:
+            if not meta(pool).get("deletionTimestamp"):
+                try:
+                    await self.runtime.client.delete(r.GPUPOOLS, name_of(pool))
+                except NotFound:
+                    pass
+        return not owned
+
+    async def _sync_pools(self, cluster: Obj) -> None:
+        client, events = self.runtime.client, self.runtime.events
+        desired = pools_of_cluster(cluster)
+        for pool in desired:
+            existing = self.pools.get(pool["metadata"]["name"])
+            try:
+                if existing is None:
+                    await client.create(r.GPUPOOLS, pool)
+                    events.normal(cluster, "GPUPoolCreated", f"created GPUPool {pool['metadata']['name']}")
+                elif _needs_update(existing, pool):
+                    await client.replace(r.GPUPOOLS, _updated(existing, pool))
+            except AlreadyExists:
+                continue  # the cache is behind; the pool's event brings us back
+            except KubeError as exc:
+                if exc.code == 409:
+                    raise
+                events.warning(cluster, "GPUPoolNotApplied", f"GPUPool {pool['metadata']['name']}: {exc}")
+                raise
+        wanted = {p["metadata"]["name"] for p in desired}
+        for pool in self._owned_pools(cluster):
+            if name_of(pool) not in wanted and not meta(pool).get("deletionTimestamp"):
+                try:
+                    await client.delete(r.GPUPOOLS, name_of(pool))
+                    events.normal(cluster, "GPUPoolDeleted", f"deleted GPUPool {name_of(pool)}: no longer listed")
+                except NotFound:
+                    pass
+
+    async def _write_status(self, cluster: Obj) -> Result | None:
+        old = status_of(cluster)
+        names = [p["metadata"]["name"] for p in pools_of_cluster(cluster)]
+        pools = [p for p in (self.pools.get(n) for n in names) if p is not None]
+        statuses = [status_of(p) for p in pools]
+        ready = sorted(name_of(p) for p in pools if status_of(p).get("phase") == RUNNING)
+        not_ready = sorted(set(names) - set(ready))
+        retries = int(old.get("retryCount") or 0)
+        if not not_ready:
+            phase, retries = RUNNING, 0
+        elif len(pools) < len(names) or not any(statuses):
+            phase = PENDING
+        else:
+            phase, retries = UPDATING, retries + 1
+        generation = int(meta(cluster).get("generation") or 0)
+        message = "every GPUPool is Running" if not not_ready else f"GPUPool(s) not Running yet: {', '.join(not_ready)}"
+        conditions = merge_conditions(old.get("conditions"), [
+            condition(old.get("conditions"), "Ready", not not_ready, "CheckPassed" if not not_ready else
+                      "GPUPoolsNotReady", message, generation=generation),
+            condition(old.get("conditions"), "GPUPoolReady", not not_ready, "AllPoolsRunning" if not not_ready
+                      else "PoolsNotRunning", message, generation=generation),
+        ])
+        totals = sum_capacity(statuses)
+        wanted: dict[str, Any] = {
+            "phase": phase, "totalPools": len(names), "readyGPUPools": ready, "notReadyGPUPools": not_ready,
+            "totalNodes": sum(int(s.get("totalNodes") or 0) for s in statuses),
+            "totalGPUs": sum(int(s.get("totalGPUs") or 0) for s in statuses),
+            "retryCount": retries, "conditions": conditions, **totals,
+        }
+        if await write_status(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, wanted) and \
+                phase != old.get("phase"):
+            log.info("TensorFusionCluster %s is %s (%d pool(s), %d ready)", name_of(cluster), phase,
+                     len(names), len(ready))
+        if phase == UPDATING:
+            return Result(requeue_after=retry_delay(retries))
+        return None

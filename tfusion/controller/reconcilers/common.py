@@ -1,0 +1,154 @@
+"""What every reconciler of this package shares: reading objects, conditions that keep their
+transition time, status writes that happen only when something changed, owner references, and
+quantity sums.
+
+Why one module: each reconciler writes a status subresource that its own write brings back as an
+update event; writing only the fields that differ (conditions compared without their timestamps)
+is what keeps that loop from spinning, and it must be done the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api import annotations as tfa
+from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, NotFound
+
+Obj = dict[str, Any]
+
+FINALIZER = tfa.FINALIZER
+RUNNING, PENDING, UPDATING, DESTROYING, UNKNOWN, FAILED = (
+    "Running", "Pending", "Updating", "Destroying", "Unknown", "Failed")
+
+
+def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    found = obj.get("metadata")
+    return found if isinstance(found, dict) else {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("name") or "")
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(meta(obj).get("labels") or {})
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(meta(obj).get("annotations") or {})
+
+
+def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    found = obj.get("status")
+    return found if isinstance(found, dict) else {}
+
+
+def deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def controller_reference(owner: Mapping[str, Any], resource: r.Resource) -> dict[str, Any]:
+    """An ownerReference that makes `owner` the controller of the object carrying it."""
+    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": name_of(owner),
+            "uid": str(meta(owner).get("uid") or ""), "controller": True, "blockOwnerDeletion": True}
+
+
+def controlled_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
+    uid = meta(owner).get("uid")
+    return any(ref.get("controller") and ref.get("uid") == uid for ref in meta(obj).get("ownerReferences") or [])
+
+
+def controller_name(obj: Mapping[str, Any], kind: str) -> str:
+    """The name of the object's controlling owner of `kind`, "" when there is none."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kind:
+            return str(ref.get("name") or "")
+    return ""
+
+
+# --- conditions -----------------------------------------------------------------------------------
+
+def condition(old_conditions: Iterable[Mapping[str, Any]] | None, type_: str, status: bool | str, reason: str,
+              message: str, *, generation: int = 0) -> dict[str, Any]:
+    """A metav1.Condition whose lastTransitionTime is kept while its status does not change."""
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    old = next((c for c in old_conditions or [] if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == value else None
+    return {"type": type_, "status": value, "reason": reason, "message": message,
+            "lastTransitionTime": since or tfa.now_rfc3339(), "observedGeneration": generation}
+
+
+def merge_conditions(old: Iterable[Mapping[str, Any]] | None, new: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`new` replaces the conditions of the same type; other writers' conditions stay."""
+    fresh = list(new)
+    types = {c["type"] for c in fresh}
+    return [*(dict(c) for c in old or [] if c.get("type") not in types), *fresh]
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, list) and all(isinstance(c, Mapping) and "lastTransitionTime" in c for c in value):
+        return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in value]
+    return value
+
+
+def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `wanted` that `current` does not already say (conditions without timestamps)."""
+    return {k: v for k, v in wanted.items() if _comparable(current.get(k)) != _comparable(v)}
+
+
+async def write_status(client: KubeClient, resource: r.Resource, obj: Mapping[str, Any],
+                       wanted: Mapping[str, Any]) -> bool:
+    """Merge-patch the status fields that differ from the cached object; True when it wrote.
+    A merge patch replaces lists whole, so conditions are written merged (`merge_conditions`); the
+    keys a map field (allocatedPods) no longer has are written as null, so that they go."""
+    current = status_of(obj)
+    changes = changed_fields(current, wanted)
+    if not changes:
+        return False
+    for key, value in changes.items():
+        before = current.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):  # a merge patch keeps keys it does not name
+            changes[key] = {**dict.fromkeys(before), **value}
+    try:
+        await client.patch(resource, name_of(obj), {"status": changes}, namespace=meta(obj).get("namespace"),
+                           subresource="status")
+    except NotFound:
+        return False
+    return True
+
+
+# --- quantities -----------------------------------------------------------------------------------
+
+def milli_tflops(value: Any) -> int:
+    """A TFLOPS quantity in milli-TFLOPS; 0 for a missing or unreadable one."""
+    try:
+        return Quantity.parse(value).milli_value() if value not in (None, "") else 0
+    except (QuantityError, ValueError, TypeError):
+        return 0
+
+
+def byte_count(value: Any) -> int:
+    """A byte quantity as an integer; 0 for a missing or unreadable one."""
+    try:
+        return Quantity.parse(value).value() if value not in (None, "") else 0
+    except (QuantityError, ValueError, TypeError):
+        return 0
+
+
+TFLOPS_FIELDS = ("totalTFlops", "availableTFlops", "virtualTFlops", "virtualAvailableTFlops")
+VRAM_FIELDS = ("totalVRAM", "availableVRAM", "virtualVRAM", "virtualAvailableVRAM")
+
+
+def sum_capacity(statuses: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The capacity fields of many GPUNode or GPUPool statuses, added up and printed canonically."""
+    totals = dict.fromkeys((*TFLOPS_FIELDS, *VRAM_FIELDS), 0)
+    for status in statuses:
+        for key in TFLOPS_FIELDS:
+            totals[key] += milli_tflops(status.get(key))
+        for key in VRAM_FIELDS:
+            totals[key] += byte_count(status.get(key))
+    return {key: tflops_str(value) if key in TFLOPS_FIELDS else vram_str(value) for key, value in totals.items()}

@@ -1,0 +1,319 @@
+"""Drift check and repair: the leader audits its ledger against what the cluster says, counts every
+disagreement, reports it on the object, and repairs it from the source of truth.
+
+Sources of truth: the pods for whether an allocation exists (a live worker pod with `gpu-ids`
+holds GPUs; nothing else does), the ledger for the amounts (a GPU's `status.available` and
+`runningApps` are the allocator's output). Kinds, each counted in `tfusion_drift_total{kind}` and
+reported as a Warning event `DriftDetected` on the object:
+
+- `gpu-status`: a GPU's `status.available`/`runningApps` says something the ledger does not.
+  Caught two ways: at once, when an update changes them away from what the ledger says (a hand
+  edit: the GPU said what the ledger says before, and says something else now), and by the
+  periodic audit, when a GPU still differs from the ledger with the same resourceVersion after
+  longer than a pending write takes (2 x (flush + --sync-interval) + 1 s), so a write the
+  gpu-status reconciler has pending is not drift. Repair: the
+  gpu-status reconciler rewrites it from the ledger (it reacts to the same update; the audit
+  enqueues it as well).
+- `orphan-allocation`: the ledger holds a committed allocation whose pod is gone (confirmed with a
+  GET), replaced (another UID) or finished. Repair: released.
+- `missing-allocation`: a live worker pod (bound, with `gpu-ids`, GPUs all known) the ledger holds
+  nothing for. Repair: adopted from its annotations.
+- `allocation-gpus`: a pod's `gpu-ids` name other GPUs than the ledger holds for it. Reported
+  only: a released UID cannot be allocated again, and which side is right needs a person.
+- `hypervisor-workers`: a Running GPUNode's hypervisor (`GET /api/v1/workers` on the Node's
+  InternalIP and the hypervisor port) lists other worker UIDs than the ledger places there, for as
+  long (its own pod informer may lag). Reported on the GPUNode: the pod-side kinds above repair the
+  ledger, and the hypervisor follows the pods by itself. An unreachable hypervisor is not drift
+  (the GPUNode reconciler turns a silent node Unknown).
+
+The last audit is `drift` in `/api/allocation`: when it ran, what it found (with any hand edit
+caught since the audit before), the last 100 findings of any audit (`recent`) and the totals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+from prometheus_client import Counter
+
+from tfusion.allocator import GpuAllocator, RequestError
+from tfusion.api import annotations as tfa
+from tfusion.api.annotations import AnnotationError
+from tfusion.controller.allocation import (
+    FLUSH_INTERVAL_S,
+    AllocatorService,
+    is_live_worker,
+    knows_gpu,
+    worker_request,
+)
+from tfusion.controller.reconcilers.common import (
+    RUNNING,
+    Obj,
+    annotations_of,
+    meta,
+    name_of,
+    status_of,
+)
+from tfusion.controller.views import gpu_status
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeError, NotFound
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+HYPERVISOR_TIMEOUT_S = 2.0
+MAX_FINDINGS = 100
+FINISHED = ("Succeeded", "Failed")
+KINDS = ("gpu-status", "orphan-allocation", "missing-allocation", "allocation-gpus", "hypervisor-workers")
+
+
+def _gpu_fields(gpu: Mapping[str, Any]) -> tuple[Any, Any]:
+    status = status_of(gpu)
+    return status.get("available"), status.get("runningApps") or []
+
+
+def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[Any, Any]:
+    wanted = gpu_status(allocator, name)
+    return wanted["available"], wanted["runningApps"]
+
+
+def node_address(node: Mapping[str, Any] | None) -> str | None:
+    for address in (status_of(node or {}).get("addresses") or []):
+        if address.get("type") == "InternalIP" and address.get("address"):
+            return str(address["address"])
+    return None
+
+
+class DriftAudit:
+    """See the module docstring."""
+
+    def __init__(self, runtime: ControllerRuntime, service: AllocatorService) -> None:
+        self.runtime = runtime
+        self.service = service
+        self.interval = runtime.settings.drift_check_interval
+        self.hypervisor_port = runtime.settings.hypervisor_port
+        self.counter = Counter("tfusion_drift", "disagreements the drift audit found (and repaired where it can), "
+                               "by kind", ["kind"], registry=runtime.registry)
+        #: kind -> disagreements found since this process started (the counter's values)
+        self.totals = dict.fromkeys(KINDS, 0)
+        for kind in KINDS:
+            self.counter.labels(kind)
+        self.audits = 0
+        self._pending: list[dict[str, Any]] = []  # caught between audits (hand edits)
+        self._recent: list[dict[str, Any]] = []  # the last MAX_FINDINGS findings of any audit
+        #: (kind, object) -> (the disagreement seen, since when): reported once it outlasts `settle`
+        self._suspects: dict[tuple[str, str], tuple[str, float]] = {}
+        self.settle = 2 * (runtime.settings.sync_interval + FLUSH_INTERVAL_S) + 1.0
+        runtime.informer(r.GPUS).add_handler(on_update=self._on_gpu_update)
+        runtime.add_leader_task(self.run)
+
+    # --- findings -----------------------------------------------------------------------------------
+
+    def _found(self, kind: str, obj: Mapping[str, Any], message: str, repaired: str) -> dict[str, Any]:
+        self.counter.labels(kind).inc()
+        self.totals[kind] += 1
+        text = f"{message}; {repaired}" if repaired else message
+        self.runtime.events.warning(obj, "DriftDetected", text)
+        log.warning("drift (%s) on %s %s: %s", kind, obj.get("kind", ""), name_of(obj), text)
+        return {"kind": kind, "object": f"{obj.get('kind', '')}/{self._ref(obj)}", "message": message,
+                "repair": repaired, "at": tfa.now_rfc3339()}
+
+    @staticmethod
+    def _ref(obj: Mapping[str, Any]) -> str:
+        namespace = meta(obj).get("namespace")
+        return f"{namespace}/{name_of(obj)}" if namespace else name_of(obj)
+
+    def _persists(self, kind: str, key: str, seen: str, now: set[tuple[str, str]]) -> bool:
+        """True when the same disagreement (`seen`) has been there since an audit at least `settle`
+        seconds ago: longer than a pending write takes to land (flush, then --sync-interval)."""
+        now.add((kind, key))
+        clock = anyio.current_time()
+        before = self._suspects.get((kind, key))
+        if before is None or before[0] != seen:
+            self._suspects[(kind, key)] = (seen, clock)
+            return False
+        if clock - before[1] < self.settle:
+            return False
+        self._suspects[(kind, key)] = (seen, clock)  # reported: report again only after another settle
+        return True
+
+    # --- hand edits, at once ------------------------------------------------------------------------
+
+    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
+        allocator = self.service.allocator
+        name = name_of(new)
+        if old is None or allocator is None or not knows_gpu(allocator, name):
+            return
+        before, after, ledger = _gpu_fields(old), _gpu_fields(new), _ledger_fields(allocator, name)
+        if after in (before, ledger) or before != ledger:
+            return
+        gpu = {**new, "kind": "GPU", "apiVersion": r.GPUS.api_version}
+        self._pending.append(self._found(
+            "gpu-status", gpu, f"status.available {after[0]} (ledger: {ledger[0]}), "
+            f"{len(after[1])} runningApps (ledger: {len(ledger[1])}) changed by someone else",
+            "rewritten from the ledger"))
+        if self.service.gpu_status is not None:
+            self.service.gpu_status.enqueue(name)
+
+    # --- the periodic audit -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Leader-only: audit every `interval` until leadership ends."""
+        self._suspects.clear()
+        while True:
+            await anyio.sleep(self.interval)
+            try:
+                await self.audit_once()
+            except TimeoutError:
+                log.info("drift audit skipped: the allocator is still recovering")
+            except Exception:
+                log.exception("drift audit failed")
+
+    async def audit_once(self) -> dict[str, Any] | None:
+        allocator = await self.service.wait_ready()
+        if allocator is None:
+            return None
+        findings, self._pending = self._pending, []
+        seen: set[tuple[str, str]] = set()
+        findings += self._audit_gpus(allocator, seen)
+        findings += await self._audit_allocations(allocator)
+        findings += await self._audit_hypervisors(allocator, seen)
+        self._suspects = {k: v for k, v in self._suspects.items() if k in seen}
+        if findings:
+            self.service.flush()
+        self.audits += 1
+        counts: dict[str, int] = {}
+        for finding in findings:
+            counts[finding["kind"]] = counts.get(finding["kind"], 0) + 1
+        self._recent = [*self._recent, *findings][-MAX_FINDINGS:]
+        result = {"checkedAt": tfa.now_rfc3339(), "audits": self.audits, "found": len(findings),
+                  "byKind": counts, "findings": findings[-MAX_FINDINGS:], "recent": list(self._recent),
+                  "total": dict(self.totals)}
+        self.service.last_drift = result
+        return result
+
+    def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        found = []
+        for gpu in self.runtime.informer(r.GPUS).list():
+            name = name_of(gpu)
+            if not knows_gpu(allocator, name):
+                continue
+            have, ledger = _gpu_fields(gpu), _ledger_fields(allocator, name)
+            if have == ledger:
+                continue
+            version = str(meta(gpu).get("resourceVersion") or "")
+            if self._persists("gpu-status", name, version, seen):
+                found.append(self._found("gpu-status", {**gpu, "kind": "GPU"},
+                                         f"status.available {have[0]} but the ledger says {ledger[0]}",
+                                         "rewritten from the ledger"))
+                if self.service.gpu_status is not None:
+                    self.service.gpu_status.enqueue(name)
+        return found
+
+    async def _audit_allocations(self, allocator: GpuAllocator) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        pods = self.runtime.informer(r.PODS)
+        committed = allocator.allocations(committed_only=True)
+        for uid, info in committed.items():
+            req = info.request
+            pod = pods.get(f"{req.namespace}/{req.pod_name}")
+            if pod is not None and meta(pod).get("uid") == uid and status_of(pod).get("phase") not in FINISHED:
+                held = self._gpu_ids(pod)
+                if held is not None and sorted(held) != sorted(info.gpu_names):
+                    found.append(self._found("allocation-gpus", {**pod, "kind": "Pod"},
+                                             f"gpu-ids {','.join(held)} but the ledger holds "
+                                             f"{','.join(info.gpu_names)} for it", "left for a person to decide"))
+                continue
+            if not await self._confirmed_gone(req.namespace, req.pod_name, uid):
+                continue
+            if allocator is self.service.allocator and self.service.release_pod(uid, "drift"):
+                gpu = self.runtime.informer(r.GPUS).get(info.gpu_names[0]) if info.gpu_names else None
+                target = {**gpu, "kind": "GPU"} if gpu else {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                    "name": req.pod_name, "namespace": req.namespace, "uid": uid}}
+                found.append(self._found("orphan-allocation", target, f"the ledger held GPUs for pod "
+                                         f"{req.namespace}/{req.pod_name} ({uid}), which is gone or finished",
+                                         "released"))
+        for pod in pods.list():
+            uid = str(meta(pod).get("uid") or "")
+            if not is_live_worker(pod) or allocator.has_allocation(uid):
+                continue
+            finding = self._adopt(allocator, pod)
+            if finding is not None:
+                found.append(finding)
+        return found
+
+    @staticmethod
+    def _gpu_ids(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
+        try:
+            return tfa.parse_gpu_ids(annotations_of(pod).get(tfa.GPU_IDS) or "", key=tfa.GPU_IDS)
+        except AnnotationError:
+            return None
+
+    async def _confirmed_gone(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            pod = await self.runtime.client.get(r.PODS, name, namespace=namespace)
+        except NotFound:
+            return True
+        except KubeError as exc:
+            log.info("drift audit: cannot read pod %s/%s: %s", namespace, name, exc)
+            return False
+        return meta(pod).get("uid") != uid or status_of(pod).get("phase") in FINISHED
+
+    def _adopt(self, allocator: GpuAllocator, pod: Obj) -> dict[str, Any] | None:
+        try:
+            req, names = worker_request(pod, allocator)
+        except RequestError:
+            return None  # the allocator's feed reports unreadable annotations itself
+        if not all(knows_gpu(allocator, g) for g in names):
+            return None  # waits for its GPUs to appear (the feed adopts it then)
+        skipped = allocator.restore([(req, names)])
+        target = {**pod, "kind": "Pod"}
+        if skipped:
+            return self._found("missing-allocation", target, f"holds {','.join(names)} but the ledger had "
+                               "nothing for it", f"not adopted: {skipped[0][1]}")
+        return self._found("missing-allocation", target, f"holds {','.join(names)} but the ledger had nothing "
+                           "for it", "adopted from its annotations")
+
+    async def _audit_hypervisors(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        found = []
+        placed = allocator.node_workers()
+        nodes = self.runtime.informer(r.NODES)
+        async with httpx.AsyncClient(timeout=HYPERVISOR_TIMEOUT_S) as http:
+            for gpunode in self.runtime.informer(r.GPUNODES).list():
+                name = name_of(gpunode)
+                address = node_address(nodes.get(name))
+                if status_of(gpunode).get("phase") != RUNNING or address is None:
+                    continue
+                host = f"[{address}]" if ":" in address else address
+                listed = await self._hypervisor_workers(http, f"http://{host}:{self.hypervisor_port}")
+                if listed is None:
+                    continue
+                ledger = set(placed.get(name, {}))
+                if listed == ledger:
+                    continue
+                extra, absent = sorted(listed - ledger), sorted(ledger - listed)
+                if self._persists("hypervisor-workers", name, f"{extra}{absent}", seen):
+                    found.append(self._found(
+                        "hypervisor-workers", {**gpunode, "kind": "GPUNode"},
+                        f"the hypervisor lists worker(s) {extra or '-'} the ledger does not place here, and "
+                        f"misses {absent or '-'} that it does", "the ledger follows the pods; the hypervisor "
+                        "follows them on its own"))
+        return found
+
+    @staticmethod
+    async def _hypervisor_workers(http: httpx.AsyncClient, base: str) -> set[str] | None:
+        try:
+            response = await http.get(f"{base}/api/v1/workers")
+            if response.status_code != 200:
+                return None
+            body = response.json()
+            return {str(item["WorkerInfo"]["WorkerUID"]) for item in body.get("data") or []
+                    if not item["WorkerInfo"].get("DeletedAt")}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None

@@ -1,0 +1,135 @@
+"""Node reconciler (AutoSelect): a Node that a GPUPool selects has a GPUNode; one no pool selects has none.
+
+A Node without a GPUNode gets one from the first pool by name whose selector matches
+(`nodeselector.select_pool`), named like the Node: labels `managed-by=<pool>`,
+`pool-<pool>=true`, `hardware-vendor=<vendor>` and `gpupool=<pool>`, the pool as controlling
+owner, `spec.manageMode: AutoSelect`, `status.phase: Pending` (the GPUNode reconciler takes it
+from there). Membership is stable: a GPUNode stays in its pool while that pool selects the Node,
+even when a pool that sorts first appears later. A Node that is deleted, or that its pool no
+longer selects, takes its GPUNode with it (and, if another pool selects it, gets a new one there).
+Unschedulable (cordoned) Nodes are skipped: what they have is left as it is. Only GPUNodes this
+reconciler keeps (AutoSelect, controlled by a pool) are ever deleted or replaced: one of another
+manageMode (Manual, Provisioned), or made by hand without a controlling pool, is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tfusion.api import annotations as tfa
+from tfusion.controller.reconcilers.common import (
+    PENDING,
+    Obj,
+    controller_name,
+    controller_reference,
+    labels_of,
+    meta,
+    name_of,
+    status_of,
+)
+from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
+from tfusion.kube import resources as r
+from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.reconciler import Result, generation_changed, spec_changed
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+AUTO_SELECT = "AutoSelect"
+
+
+def gpunode_for(node: Obj, pool: Obj) -> dict[str, Any]:
+    """The GPUNode an AutoSelect pool keeps for a Node."""
+    pool_name, vendor = name_of(pool), node_vendor(node, pool)
+    return {
+        "apiVersion": r.GPUNODES.api_version, "kind": "GPUNode",
+        "metadata": {"name": name_of(node), "labels": {
+            tfa.MANAGED_BY: pool_name, f"{tfa.POOL_LABEL_PREFIX}{pool_name}": "true",
+            tfa.HARDWARE_VENDOR: vendor, tfa.GPU_POOL: pool_name},
+            "ownerReferences": [controller_reference(pool, r.GPUPOOLS)]},
+        "spec": {"manageMode": AUTO_SELECT},
+    }
+
+
+def _metadata_changed(old: Obj, new: Obj) -> bool:
+    return labels_of(old) != labels_of(new) or meta(old).get("deletionTimestamp") != meta(new).get("deletionTimestamp")
+
+
+def _spec_or_deletion_changed(old: Obj, new: Obj) -> bool:
+    """A pool's selectors are in its spec; its status changes (often) select no other node."""
+    return generation_changed(old, new) or meta(old).get("deletionTimestamp") != meta(new).get("deletionTimestamp")
+
+
+def _auto_selected(gpunode: Obj) -> bool:
+    """A GPUNode this reconciler keeps: AutoSelect and controlled by a pool (one made by hand is not)."""
+    return str((gpunode.get("spec") or {}).get("manageMode") or AUTO_SELECT) == AUTO_SELECT \
+        and bool(controller_name(gpunode, "GPUPool"))
+
+
+class NodeReconciler:
+    """See the module docstring. Key: the Node's (and GPUNode's) name."""
+
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        self.runtime = runtime
+        self.nodes = runtime.informer(r.NODES)
+        self.pools = runtime.informer(r.GPUPOOLS)
+        self.gpunodes = runtime.informer(r.GPUNODES)
+        self.controller = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
+            .watches(r.GPUNODES, lambda gpunode: [name_of(gpunode)], predicates=[_metadata_changed]) \
+            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed]) \
+            .complete(self)
+
+    async def reconcile(self, name: str) -> Result | None:
+        node = self.nodes.get(name)
+        gpunode = self.gpunodes.get(name)
+        if node is None or meta(node).get("deletionTimestamp"):
+            if gpunode is not None:
+                await self._delete(gpunode, "its Node is gone")
+            return None
+        if (node.get("spec") or {}).get("unschedulable"):
+            return None
+        if gpunode is not None and not _auto_selected(gpunode):
+            return None
+        if gpunode is not None:
+            pool = self.pools.get(labels_of(gpunode).get(tfa.MANAGED_BY) or "")
+            if pool is None or not pool_selects(pool, node):
+                await self._delete(gpunode, "its GPUPool no longer selects its Node")
+                return None
+        else:
+            pool_name = select_pool(self.pools.list(), node)
+            if pool_name is None:
+                return None
+            pool = self.pools.get(pool_name)
+            assert pool is not None
+            await self._create(node, pool)
+            return None
+        vendor = node_vendor(node, pool)
+        if labels_of(gpunode).get(tfa.HARDWARE_VENDOR) != vendor:
+            await self.runtime.client.patch(r.GPUNODES, name, {"metadata": {"labels": {tfa.HARDWARE_VENDOR: vendor}}})
+        return None
+
+    async def _create(self, node: Obj, pool: Obj) -> None:
+        client = self.runtime.client
+        try:
+            created = await client.create(r.GPUNODES, gpunode_for(node, pool))
+        except AlreadyExists:
+            return  # the cache is behind; the GPUNode's event brings us back
+        if not status_of(created).get("phase"):
+            await client.patch(r.GPUNODES, name_of(node), {"status": {
+                "phase": PENDING, "totalTFlops": "0", "totalVRAM": "0", "totalGPUs": 0, "managedGPUs": 0}},
+                subresource="status")
+        log.info("created GPUNode %s in GPUPool %s", name_of(node), name_of(pool))
+        self.runtime.events.normal(node, "GPUNodeCreated", f"GPUPool {name_of(pool)} selects this node")
+
+    async def _delete(self, gpunode: Obj, why: str) -> None:
+        if meta(gpunode).get("deletionTimestamp") or not _auto_selected(gpunode):
+            return
+        try:
+            await self.runtime.client.delete(r.GPUNODES, name_of(gpunode))
+        except NotFound:
+            return
+        log.info("deleted GPUNode %s: %s", name_of(gpunode), why)
+        self.runtime.events.normal(gpunode, "GPUNodeDeleted", f"deleted: {why}")

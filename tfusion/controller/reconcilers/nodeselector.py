@@ -1,0 +1,114 @@
+"""Which GPUPool selects a Node, and does a core/v1 NodeSelector select it.
+
+The one place where node selectors are matched (the Node and GPUPool reconcilers use it; the
+embedded stage names the pool in its start-up summary with it). Matching follows
+k8s.io/component-helpers nodeaffinity: terms are ORed, the requirements of one term ANDed; an
+empty term selects nothing, an empty or absent selector everything. Operators: In, NotIn, Exists,
+DoesNotExist, Gt, Lt (integers) on labels; `matchFields` knows `metadata.name` (In/NotIn), as
+kube-scheduler does.
+
+A pool's selector is `nodeManagerConfig.multiVendorNodeSelector[<vendor>]`, else
+`nodeManagerConfig.nodeSelector`; the vendor is the Node's `tensor-fusion.ai/hardware-vendor`
+label, else the pool's `defaultVendor` (NVIDIA). A pool with neither selector selects no Node:
+AutoSelect adopts only the nodes a pool asks for (the original's MatchNodeSelectorTerms with a nil
+selector matches nothing too), so a pool without one never turns every CPU node into a GPUNode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tfusion.api import annotations as tfa
+
+DEFAULT_VENDOR = "NVIDIA"
+
+
+def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
+    if not selector:
+        return True
+    terms = selector.get("nodeSelectorTerms") or []
+    return any(_term_matches(term, node) for term in terms)
+
+
+def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False
+    meta = node.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    field_values = {"metadata.name": str(meta.get("name", ""))}
+    return (all(_requirement_matches(e, labels) for e in expressions)
+            and all(_requirement_matches(f, field_values) for f in fields))
+
+
+def _requirement_matches(requirement: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key = requirement.get("key", "")
+    operator = requirement.get("operator", "")
+    wanted = [str(v) for v in requirement.get("values") or []]
+    present = key in values
+    value = values.get(key, "")
+    if operator == "In":
+        return present and value in wanted
+    if operator == "NotIn":
+        return not present or value not in wanted
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt"):
+        if not present or len(wanted) != 1:
+            return False
+        try:
+            have, bound = int(value), int(wanted[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False  # an unknown operator selects nothing
+
+
+def _manager_config(pool: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (pool.get("spec") or {}).get("nodeManagerConfig") or {}
+
+
+def pool_vendor(pool: Mapping[str, Any]) -> str:
+    return str(_manager_config(pool).get("defaultVendor") or DEFAULT_VENDOR)
+
+
+def node_vendor(node: Mapping[str, Any], pool: Mapping[str, Any]) -> str:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool))
+
+
+def selector_for(pool: Mapping[str, Any], vendor: str) -> Mapping[str, Any] | None:
+    config = _manager_config(pool)
+    by_vendor = config.get("multiVendorNodeSelector") or {}
+    selector: Mapping[str, Any] | None = by_vendor.get(vendor) or config.get("nodeSelector")
+    return selector
+
+
+def pool_selects(pool: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether the pool (not being deleted) asks for the node; a pool without a selector asks for none."""
+    if (pool.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    selector = selector_for(pool, node_vendor(node, pool))
+    return bool(selector) and node_selector_matches(selector, node)
+
+
+def select_pool(pools: Iterable[Mapping[str, Any]], node: Mapping[str, Any]) -> str | None:
+    """The name of the first pool (by name) that selects the node; None when none does."""
+    for pool in sorted(pools, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+        if pool_selects(pool, node):
+            return str(pool["metadata"]["name"])
+    return None
+
+
+def selector_hash(pool: Mapping[str, Any]) -> str:
+    """A short stable hash of the pool's node selectors (the `node-selector-hash` Node label)."""
+    config = _manager_config(pool)
+    text = json.dumps([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,208 @@
+"""The kube-scheduler extender (`--scheduler=extender`): filter, prioritize and bind for a stock
+kube-scheduler whose `tensor-fusion-scheduler` profile calls the controller.
+
+Why: a cluster that wants kube-scheduler's own plugins (volumes, topology spread, preemption of
+non-GPU pods …) keeps them, and delegates only the GPU decision. kube-scheduler has already run
+its node filters, so the extender judges GPUs only; it answers in the extender v1 wire format
+(Go field names, `k8s.io/kube-scheduler/extender/v1`):
+
+- filter: `ExtenderArgs {Pod, Nodes, NodeNames}` -> `ExtenderFilterResult {Nodes, NodeNames,
+  FailedNodes, FailedAndUnresolvableNodes, Error}`. With `nodeCacheCapable: true` the candidates
+  come (and go back) as `NodeNames`, else as the `Nodes` NodeList (the passing items returned
+  unchanged). A failed node's reason is the framework's number-free summary, so kube-scheduler's
+  "0/N nodes are available: …" counts equal reasons; the numbers are in the explanation that
+  `tfusion why` shows (kept when no node passes);
+- prioritize: the same args -> `[{Host, Score}]`, the framework's 0..100 mapped to 0..10;
+- bind: `ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}` -> `ExtenderBindingResult
+  {Error}`: Reserve on that node, then the built-in scheduler's binding (annotations and Binding in
+  one write, commit), rolled back on any failure.
+
+Filter reserves nothing: the GPUs are chosen and held only in bind, which kube-scheduler calls
+for the node it picked; so a filter result that is never bound holds nothing and needs no
+expiry, and a reservation lives only within one bind call (the allocator's assume TTL is the
+safety net for a crash in between). Pods that ask for no GPUs pass every node with score 0, and
+bind plainly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from tfusion.allocator import RequestError
+from tfusion.allocator.framework import Code, Framework, Status
+from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling import nodes as nc
+from tfusion.controller.scheduling.scheduler import (
+    WORKER,
+    Decision,
+    Scheduler,
+    asks_for_gpus,
+    is_worker,
+    pod_key,
+)
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeError, NotFound
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+class ExtenderArgs(msgspec.Struct):
+    """kube-scheduler's filter and prioritize request."""
+
+    Pod: dict[str, Any]
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderFilterResult(msgspec.Struct):
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = msgspec.field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = msgspec.field(default_factory=dict)
+    Error: str = ""
+
+
+class HostPriority(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+class ExtenderBindingArgs(msgspec.Struct):
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+class ExtenderBindingResult(msgspec.Struct):
+    Error: str = ""
+
+
+def candidate_names(args: ExtenderArgs) -> list[str]:
+    if args.NodeNames is not None:
+        return list(args.NodeNames)
+    items = (args.Nodes or {}).get("items") or []
+    return [str((item.get("metadata") or {}).get("name")) for item in items if isinstance(item, Mapping)]
+
+
+def _answer(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str, str],
+            unresolvable: Mapping[str, str]) -> ExtenderFilterResult:
+    if args.NodeNames is not None:
+        return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable))
+    keep = set(passed)
+    nodes = dict(args.Nodes or {})
+    nodes["items"] = [item for item in nodes.get("items") or []
+                      if isinstance(item, Mapping) and (item.get("metadata") or {}).get("name") in keep]
+    nodes.setdefault("apiVersion", "v1")
+    nodes.setdefault("kind", "NodeList")
+    return ExtenderFilterResult(nodes, None, dict(failed), dict(unresolvable))
+
+
+def to_extender_score(score: int) -> int:
+    """The framework's 0..100 as the extender's 0..10."""
+    return max(0, min(MAX_EXTENDER_PRIORITY, score * MAX_EXTENDER_PRIORITY // 100))
+
+
+class Extender:
+    """The three verbs over the scheduler's state; `fw` is the leader's framework."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def _refuse_all(self, args: ExtenderArgs, names: Sequence[str], message: str,
+                    unresolvable: bool) -> ExtenderFilterResult:
+        verdicts = dict.fromkeys(names, message)
+        return _answer(args, [], {} if unresolvable else verdicts, verdicts if unresolvable else {})
+
+    def filter(self, args: ExtenderArgs, fw: Framework) -> ExtenderFilterResult:
+        names = candidate_names(args)
+        pod = args.Pod
+        if not asks_for_gpus(pod):
+            return _answer(args, names, {}, {})
+        if not is_worker(pod):
+            return self._refuse_all(args, names, f"the pod asks for GPUs but lacks the label "
+                                                 f"{tfa.COMPONENT}={WORKER}", True)
+        try:
+            req = self.scheduler.request_of(pod)
+        except RequestError as exc:
+            return self._refuse_all(args, names, str(exc), True)
+        pre = fw.pre_filter(req)
+        if not pre.ok:
+            self._remember(pod, req, fw, names)
+            return self._refuse_all(args, names, pre.summary(), pre.code is Code.UNRESOLVABLE)
+        statuses = fw.filter(req, names)
+        passed = [n for n, s in statuses.items() if s.ok]
+        failing = [n for n, s in statuses.items() if not s.ok]
+        if failing:
+            statuses.update(fw.filter(req, failing, explain=True))
+        failed = {n: statuses[n].summary() for n in failing if statuses[n].code is not Code.UNRESOLVABLE}
+        unresolvable = {n: statuses[n].summary() for n in failing if statuses[n].code is Code.UNRESOLVABLE}
+        if not passed:
+            self._remember(pod, req, fw, names)
+        else:
+            self.scheduler.whys.pop(pod_key(pod), None)
+        return _answer(args, passed, failed, unresolvable)
+
+    def _remember(self, pod: Mapping[str, Any], req: Any, fw: Framework, names: Sequence[str]) -> None:
+        """Keep the explanation for `tfusion why` (kube-scheduler writes the condition and event)."""
+        expl = fw.explain(req, names)
+        why = self.scheduler._why_from(pod, expl.message(len(names)), expl.nodes, expl.suggestions,
+                                       _overall(expl.pre_filter, expl.nodes), pre_filter=expl.pre_filter)
+        self.scheduler.remember(pod_key(pod), why)
+
+    def prioritize(self, args: ExtenderArgs, fw: Framework) -> list[HostPriority]:
+        names = candidate_names(args)
+        pod = args.Pod
+        if not asks_for_gpus(pod) or not is_worker(pod):
+            return [HostPriority(n, 0) for n in names]
+        try:
+            req = self.scheduler.request_of(pod)
+        except RequestError:
+            return [HostPriority(n, 0) for n in names]
+        scores = fw.score(req, names)
+        return [HostPriority(n, to_extender_score(scores.get(n, 0))) for n in names]
+
+    async def bind(self, args: ExtenderBindingArgs, fw: Framework) -> ExtenderBindingResult:
+        scheduler = self.scheduler
+        await scheduler.connect_client()
+        key = f"{args.PodNamespace}/{args.PodName}"
+        pod = scheduler.pods.get(key)
+        if pod is None or (pod.get("metadata") or {}).get("uid") != args.PodUID:
+            try:
+                pod = await scheduler.client.get(r.PODS, args.PodName, namespace=args.PodNamespace)
+            except NotFound:
+                return ExtenderBindingResult(f"pod {key} not found")
+            except KubeError as exc:
+                return ExtenderBindingResult(f"cannot read pod {key}: {exc}")
+        if (pod.get("metadata") or {}).get("uid") != args.PodUID:
+            return ExtenderBindingResult(f"pod {key} has UID {(pod.get('metadata') or {}).get('uid')}, "
+                                         f"not {args.PodUID}")
+        if not nc.is_pending(pod):
+            return ExtenderBindingResult(f"pod {key} is bound, finished or being deleted")
+        demand = nc.pod_demand(pod)
+        decision = Decision(args.Node, demand=demand)
+        if asks_for_gpus(pod):
+            if not is_worker(pod):
+                return ExtenderBindingResult(f"pod {key} asks for GPUs but lacks the label {tfa.COMPONENT}={WORKER}")
+            try:
+                req = scheduler.request_of(pod)
+            except RequestError as exc:
+                return ExtenderBindingResult(str(exc))
+            placement, status = fw.reserve(req, args.Node)
+            if placement is None:
+                return ExtenderBindingResult(f"cannot reserve GPUs on node {args.Node}: {status.details()}")
+            decision = Decision(args.Node, placement, req, demand)
+        uid = args.PodUID
+        scheduler.usage.assume(uid, args.Node, demand.cpu_milli, demand.memory)
+        result = await scheduler.bind(pod, decision, fw)
+        return ExtenderBindingResult("" if result.bound else result.error)
+
+
+def _overall(pre: Status, statuses: Mapping[str, Status]) -> Code:
+    if not pre.ok:
+        return pre.code
+    codes = [s.code for s in statuses.values() if not s.ok]
+    return Code.UNRESOLVABLE if codes and all(c is Code.UNRESOLVABLE for c in codes) else Code.UNSCHEDULABLE

@@ -1,0 +1,128 @@
+"""The scheduler's routes on the controller port (:8080).
+
+- `POST /scheduler/filter`, `/scheduler/prioritize`, `/scheduler/bind`: the kube-scheduler
+  extender (extender.py), in the extender v1 wire format. Served only with
+  `--scheduler=extender` (409 otherwise: the built-in scheduler binds, and two binders must not
+  both run) and only by the leader (503 on a follower: only the leader holds the GPU state).
+- `GET /api/why?namespace=&name=`: why a pod is not scheduled: kube's message, per-node reasons
+  with numbers and the suggestions, as the leader last computed them (`tfusion why` reads it).
+  404 when the pod does not exist; 503 on a follower, naming the leader.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+from litestar import get, post
+from litestar.params import Parameter
+
+from tfusion.allocator.framework import Framework
+from tfusion.controller.scheduling.extender import (
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from tfusion.controller.scheduling.nodes import is_pending
+from tfusion.web import HttpError, error_responses
+
+if TYPE_CHECKING:
+    from tfusion.controller.scheduling.scheduler import Scheduler
+
+#: kube-scheduler sends every candidate Node object without nodeCacheCapable: thousands of nodes
+EXTENDER_MAX_BODY_BYTES = 64 * 1024 * 1024
+NOT_EXTENDER = ("this controller runs the built-in scheduler (--scheduler=builtin), which binds the pods "
+                "itself; run it with --scheduler=extender to serve a kube-scheduler extender")
+
+
+class WhyAnswer(msgspec.Struct, forbid_unknown_fields=True):
+    """Where a pod stands and, when pending, why."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    nodeName: str
+    scheduled: bool
+    schedulerName: str
+    message: Annotated[str, msgspec.Meta(description="kube-style: 0/N nodes are available: …")]
+    code: Annotated[str, msgspec.Meta(description="Unschedulable or UnschedulableAndUnresolvable")]
+    nodes: Annotated[dict[str, dict[str, Any]], msgspec.Meta(
+        description="node -> {code, stage, summary, reasons[{message, stage, gpu, resource, requested, "
+                    "available, detail}]}; key \"*\" for a reason that is not per node (quota, pool)")]
+    suggestions: Annotated[list[dict[str, Any]], msgspec.Meta(
+        description="{kind, message, target, changes, pods?, node?}: each change would make it fit now")]
+    attempts: int
+    updated: str
+
+
+def _not_leader(scheduler: Scheduler) -> HttpError:
+    elector = scheduler.runtime.manager.elector
+    holder = elector.observed_holder if elector is not None else ""
+    where = f" ({holder} leads)" if holder else ""
+    return HttpError(503, f"this controller replica is not the leader{where}; only the leader schedules and "
+                          f"holds the GPU state (its address is in the ConfigMap tensor-fusion-operator-leader-info)")
+
+
+def _leader_framework(scheduler: Scheduler) -> Framework:
+    fw = scheduler.framework() if scheduler.runtime.is_leader else None
+    if fw is None:
+        raise _not_leader(scheduler)
+    return fw
+
+
+def _extender_framework(scheduler: Scheduler) -> Framework:
+    if scheduler.mode != "extender":
+        raise HttpError(409, NOT_EXTENDER)
+    return _leader_framework(scheduler)
+
+
+def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
+    extender = Extender(scheduler)
+    refusals = error_responses({409: "The built-in scheduler is active (--scheduler=builtin)",
+                                503: "This replica is not the leader"})
+
+    @post("/scheduler/filter", summary="kube-scheduler extender: filter nodes by GPU", status_code=200,
+          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals)
+    async def scheduler_filter(data: ExtenderArgs) -> ExtenderFilterResult:
+        return extender.filter(data, _extender_framework(scheduler))
+
+    @post("/scheduler/prioritize", summary="kube-scheduler extender: score nodes 0..10", status_code=200,
+          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals)
+    async def scheduler_prioritize(data: ExtenderArgs) -> list[HostPriority]:
+        return extender.prioritize(data, _extender_framework(scheduler))
+
+    @post("/scheduler/bind", summary="kube-scheduler extender: reserve GPUs and bind", status_code=200,
+          responses=refusals)
+    async def scheduler_bind(data: ExtenderBindingArgs) -> ExtenderBindingResult:
+        return await extender.bind(data, _extender_framework(scheduler))
+
+    @get("/api/why", summary="Why a pod is not scheduled (leader)", responses=error_responses({
+        404: "No such pod", 503: "This replica is not the leader"}))
+    async def api_why(name: Annotated[str, Parameter(min_length=1, max_length=253, description="the pod's name")],
+                      namespace: Annotated[str, Parameter(max_length=63, description="the pod's namespace")]
+                      = "default") -> WhyAnswer:
+        if not scheduler.runtime.is_leader:
+            raise _not_leader(scheduler)
+        key = f"{namespace}/{name}"
+        pod = scheduler.pods.get(key)
+        if pod is None:
+            raise HttpError(404, f"pod {key} not found")
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        why = scheduler.whys.get(key)
+        if why is not None and why.uid != meta.get("uid"):
+            why = None
+        return WhyAnswer(
+            namespace=namespace, name=name, uid=str(meta.get("uid") or ""),
+            phase=str((pod.get("status") or {}).get("phase") or ""), nodeName=str(spec.get("nodeName") or ""),
+            scheduled=not is_pending(pod) and bool(spec.get("nodeName")),
+            schedulerName=str(spec.get("schedulerName") or "default-scheduler"),
+            message=why.message if why else "", code=why.code if why else "",
+            nodes=why.nodes if why else {}, suggestions=why.suggestions if why else [],
+            attempts=why.attempts if why else 0, updated=why.updated if why else "")
+
+    return [scheduler_filter, scheduler_prioritize, scheduler_bind, api_why]

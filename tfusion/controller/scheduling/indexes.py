@@ -1,0 +1,85 @@
+"""The pod index allocator: which of the 128 device-plugin handshake indices a new GPU pod gets.
+
+Why: the hypervisor's device plugin learns which pod a container belongs to from the index
+resource the pod asks for (`<domain>/index_<k>` with count c, index N = 8k + c, 1..128; see
+`tfusion.api.annotations.encode_pod_index`). Two pods pending on one node at the same time must
+not share an index. The leader owns this allocator; it is rebuilt from the pods in the cache at
+the start of every leadership term (`occupy`), pods release theirs when deleted or finished
+(`release`), and a fresh assignment is reserved for `reservation_ttl` seconds so that the pod it
+was made for is seen in the cache before the index could be handed out again.
+
+The original hands out a plain counter, ((n-1) mod 128) + 1, whatever is in use; here the counter
+moves on the same way but skips indices that a live pod holds, and repeats one only when all 128
+are held.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfusion.api import annotations as tfa
+
+POD_INDEX_MAX = tfa.POD_INDEX_MAX
+RESERVATION_TTL_S = 60.0
+
+
+def pod_index(pod: Mapping[str, Any]) -> int | None:
+    """The index a pod's containers ask for (the first index resource found), or None."""
+    for container in ((pod.get("spec") or {}).get("containers") or []):
+        limits = ((container or {}).get("resources") or {}).get("limits") or {}
+        for name, value in limits.items():
+            if tfa.index_resource_number(str(name)) is None:
+                continue
+            try:
+                return tfa.decode_pod_index(str(name), int(str(value)))
+            except ValueError:
+                continue
+    return None
+
+
+class IndexAllocator:
+    """Pure state: held indices by holder (a pod UID or an assignment's key) and a moving cursor."""
+
+    def __init__(self, *, reservation_ttl: float = RESERVATION_TTL_S,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.reservation_ttl = reservation_ttl
+        self.now = now
+        self._held: dict[str, int] = {}  # holder -> index
+        self._reserved: dict[str, tuple[int, float]] = {}  # assignment key -> (index, expiry)
+        self._next = 1
+
+    def _in_use(self) -> set[int]:
+        now = self.now()
+        self._reserved = {k: v for k, v in self._reserved.items() if v[1] > now}
+        return set(self._held.values()) | {index for index, _ in self._reserved.values()}
+
+    def assign(self, key: str) -> int:
+        """An index for the pod being admitted under `key` (its namespace/name, or a unique key for
+        a generateName pod); asking again with the same key returns the same index."""
+        now = self.now()
+        if key in self._reserved and self._reserved[key][1] > now:
+            return self._reserved[key][0]
+        in_use = self._in_use()
+        chosen = self._next
+        for step in range(POD_INDEX_MAX):
+            candidate = (self._next - 1 + step) % POD_INDEX_MAX + 1
+            if candidate not in in_use:
+                chosen = candidate
+                break
+        self._next = chosen % POD_INDEX_MAX + 1
+        self._reserved[key] = (chosen, now + self.reservation_ttl)
+        return chosen
+
+    def occupy(self, holder: str, index: int, key: str = "") -> None:
+        """A live pod holds `index` (from the cache); its reservation under `key` is no longer needed."""
+        self._held[holder] = index
+        if key and self._reserved.get(key, (None,))[0] == index:
+            del self._reserved[key]
+
+    def release(self, holder: str) -> bool:
+        return self._held.pop(holder, None) is not None
+
+    def held(self) -> dict[str, int]:
+        return dict(self._held)

@@ -1,0 +1,364 @@
+"""The node checks the built-in scheduler makes before it looks at GPUs, as pure functions.
+
+Why: a pod that gets GPUs on a node it cannot run on (cordoned, tainted, not matching its
+nodeSelector, out of CPU) is no better placed than one that gets none. kube-scheduler makes these
+checks for the extender path; the built-in scheduler has to make them itself. Each failure is a
+`NodeFailure` whose message is kube-scheduler's own wording, so the pod condition reads as users
+know it ("0/5 nodes are available: 2 Insufficient cpu, 3 node(s) had untolerated taint {k: v}."):
+
+- Ready: the node's Ready condition is True ("node(s) were not ready"), unless the pod tolerates
+  the `node.kubernetes.io/not-ready` taint;
+- `spec.unschedulable` ("node(s) were unschedulable"), unless it tolerates
+  `node.kubernetes.io/unschedulable:NoSchedule`;
+- taints with effect NoSchedule or NoExecute that no toleration tolerates ("node(s) had
+  untolerated taint {key: value}"); PreferNoSchedule only prefers, so it never fails a node;
+- `spec.nodeSelector` and required node affinity (`nodeSelectorTerms` ORed; in a term, every
+  `matchExpressions` and `matchFields` requirement; operators In, NotIn, Exists, DoesNotExist,
+  Gt, Lt; `matchFields` on `metadata.name`; a term with no requirement matches nothing)
+  ("node(s) didn't match Pod's node affinity/selector");
+- CPU, memory and pod count against `status.allocatable` minus the requests of the pods already
+  on the node ("Insufficient cpu", "Insufficient memory", "Too many pods"). A pod's request is
+  max(sum of its containers, largest init container) plus `spec.overhead`, as kube computes it.
+
+Failures of the first four kinds are unresolvable (no other pod's departure fixes them); resource
+failures are not. `NodeUsage` keeps the per-node totals of bound pods incrementally (fed from the
+pod informer and from the scheduler's own reservations), so a check is O(1) per node.
+`StaticVerdicts` caches the first four checks per node and pod shape, keyed by the node's
+resourceVersion, because thousands of pods of one Deployment ask the same question.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfusion.api.quantity import Quantity, QuantityError
+
+Obj = Mapping[str, Any]
+
+NOT_READY = "node(s) were not ready"
+UNSCHEDULABLE = "node(s) were unschedulable"
+AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+TOO_MANY_PODS = "Too many pods"
+INSUFFICIENT = "Insufficient {}"
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """Why one node cannot take the pod: kube's message, the check, and whether retrying can help."""
+
+    message: str
+    check: str
+    unresolvable: bool
+    resource: str = ""
+    requested: int = 0
+    available: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """What a pod asks of a node, read once per scheduling cycle."""
+
+    cpu_milli: int = 0
+    memory: int = 0
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    required_terms: tuple[Mapping[str, Any], ...] | None = None  # None: no required affinity
+    #: the static part's identity (tolerations, selector, affinity), for `StaticVerdicts`
+    shape: str = ""
+
+
+# --- reading a pod ---------------------------------------------------------------------------------
+
+
+def _quantity(value: Any, *, milli: bool) -> int:
+    if value is None:
+        return 0
+    try:
+        q = Quantity.parse(value)
+    except QuantityError:
+        return 0  # the API server validated it; an unreadable one counts as nothing
+    return q.milli_value() if milli else q.value()
+
+
+def _requests(container: Obj) -> tuple[int, int]:
+    requests = (container.get("resources") or {}).get("requests") or {}
+    return _quantity(requests.get("cpu"), milli=True), _quantity(requests.get("memory"), milli=False)
+
+
+def pod_requests(pod: Obj) -> tuple[int, int]:
+    """(milli-CPU, memory bytes) a pod needs: max(sum of containers, largest init container) + overhead."""
+    spec = pod.get("spec") or {}
+    cpu = mem = 0
+    for container in spec.get("containers") or []:
+        c, m = _requests(container)
+        cpu += c
+        mem += m
+    for container in spec.get("initContainers") or []:
+        c, m = _requests(container)
+        cpu, mem = max(cpu, c), max(mem, m)
+    overhead = spec.get("overhead") or {}
+    return cpu + _quantity(overhead.get("cpu"), milli=True), mem + _quantity(overhead.get("memory"), milli=False)
+
+
+def pod_demand(pod: Obj) -> PodDemand:
+    spec = pod.get("spec") or {}
+    cpu, mem = pod_requests(pod)
+    tolerations = tuple(t for t in spec.get("tolerations") or [] if isinstance(t, Mapping))
+    selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = None
+    if isinstance(required, Mapping):
+        terms = tuple(t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping))
+    shape = json.dumps([tolerations, selector, terms], sort_keys=True, default=str)
+    return PodDemand(cpu, mem, tolerations, selector, terms, shape)
+
+
+def is_pending(pod: Obj) -> bool:
+    """Unbound, not being deleted, not finished: a pod a scheduler should place."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return False
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+
+
+# --- the checks ----------------------------------------------------------------------------------------
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """kube's ToleratesTaint: effect (empty = any), key (empty with Exists = any), operator/value."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if key and key != taint.get("key"):
+        return False
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def _tolerated(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    return any(tolerates(t, taint) for t in tolerations)
+
+
+def _ready(node: Obj) -> bool:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key = req.get("key") or ""
+    operator = req.get("operator")
+    wanted = [str(v) for v in req.get("values") or []]
+    present = key in values
+    value = values.get(key, "")
+    if operator == "In":
+        return present and value in wanted
+    if operator == "NotIn":
+        return not present or value not in wanted
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt") and present and len(wanted) == 1:
+        try:
+            have, bound = int(value), int(wanted[0])
+        except ValueError:
+            return False
+        return bool(have > bound) if operator == "Gt" else bool(have < bound)
+    return False
+
+
+def term_matches(term: Mapping[str, Any], node: Obj) -> bool:
+    """One nodeSelectorTerm: every requirement holds; a term without requirements matches nothing."""
+    meta = node.get("metadata") or {}
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False
+    labels = meta.get("labels") or {}
+    if not all(_requirement_matches(e, labels) for e in expressions):
+        return False
+    field_values = {"metadata.name": str(meta.get("name") or "")}
+    return all(f.get("key") == "metadata.name" and _requirement_matches(f, field_values) for f in fields)
+
+
+def affinity_matches(demand: PodDemand, node: Obj) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in demand.node_selector.items()):
+        return False
+    if demand.required_terms is None:
+        return True
+    return any(term_matches(t, node) for t in demand.required_terms)
+
+
+def _taint_text(taint: Mapping[str, Any]) -> str:
+    return f"{{{taint.get('key', '')}: {taint.get('value', '')}}}"
+
+
+def static_check(demand: PodDemand, node: Obj) -> NodeFailure | None:
+    """Ready, cordon, taints, selector and affinity: what does not change as pods come and go."""
+    spec = node.get("spec") or {}
+    if not _ready(node) and not _tolerated(demand.tolerations, {"key": NOT_READY_TAINT, "effect": "NoSchedule"}):
+        return NodeFailure(NOT_READY, "NodeReady", True)
+    if spec.get("unschedulable") and not _tolerated(
+            demand.tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}):
+        return NodeFailure(UNSCHEDULABLE, "NodeUnschedulable", True)
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in BLOCKING_EFFECTS and not _tolerated(demand.tolerations, taint):
+            return NodeFailure(f"node(s) had untolerated taint {_taint_text(taint)}", "TaintToleration", True)
+    if not affinity_matches(demand, node):
+        return NodeFailure(AFFINITY, "NodeAffinity", True)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Allocatable:
+    cpu_milli: int
+    memory: int
+    pods: int
+
+
+def allocatable(node: Obj) -> Allocatable:
+    values = (node.get("status") or {}).get("allocatable") or {}
+    return Allocatable(_quantity(values.get("cpu"), milli=True), _quantity(values.get("memory"), milli=False),
+                       _quantity(values.get("pods"), milli=False))
+
+
+@dataclass(slots=True)
+class Used:
+    cpu_milli: int = 0
+    memory: int = 0
+    pods: int = 0
+
+
+def resource_check(demand: PodDemand, capacity: Allocatable, used: Used) -> NodeFailure | None:
+    """CPU, memory and pod count ("Too many pods" first, as kube's NodeResourcesFit)."""
+    if used.pods + 1 > capacity.pods:
+        return NodeFailure(TOO_MANY_PODS, "NodeResourcesFit", False, "pods", 1, max(0, capacity.pods - used.pods))
+    free_cpu = capacity.cpu_milli - used.cpu_milli
+    if demand.cpu_milli and demand.cpu_milli > free_cpu:
+        return NodeFailure(INSUFFICIENT.format("cpu"), "NodeResourcesFit", False, "cpu", demand.cpu_milli,
+                           max(0, free_cpu))
+    free_mem = capacity.memory - used.memory
+    if demand.memory and demand.memory > free_mem:
+        return NodeFailure(INSUFFICIENT.format("memory"), "NodeResourcesFit", False, "memory", demand.memory,
+                           max(0, free_mem))
+    return None
+
+
+def check_node(demand: PodDemand, node: Obj, used: Used) -> NodeFailure | None:
+    """Every check, static first; None when the node can take the pod."""
+    return static_check(demand, node) or resource_check(demand, allocatable(node), used)
+
+
+# --- keeping totals and caching ---------------------------------------------------------------------
+
+
+class NodeUsage:
+    """Requests of the pods on each node, kept incrementally by pod UID.
+
+    `observe(pod)` is fed every pod event (a pod that is bound and not finished counts on its
+    node; any other state removes it); `assume(uid, node, cpu, mem)` counts a pod the scheduler
+    is binding before the watch shows it; `forget(uid)` drops it (a failed bind)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[str, int, int]] = {}
+        self._nodes: dict[str, Used] = {}
+
+    def used(self, node: str) -> Used:
+        return self._nodes.get(node) or Used()
+
+    def _add(self, uid: str, node: str, cpu: int, mem: int) -> None:
+        self.forget(uid)
+        self._pods[uid] = (node, cpu, mem)
+        used = self._nodes.setdefault(node, Used())
+        used.cpu_milli += cpu
+        used.memory += mem
+        used.pods += 1
+
+    def forget(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is None:
+            return
+        node, cpu, mem = old
+        used = self._nodes[node]
+        used.cpu_milli -= cpu
+        used.memory -= mem
+        used.pods -= 1
+        if used.pods <= 0:
+            del self._nodes[node]
+
+    def assume(self, uid: str, node: str, cpu: int, mem: int) -> None:
+        self._add(uid, node, cpu, mem)
+
+    def observe(self, pod: Obj) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in FINISHED_PHASES:
+            cpu, mem = pod_requests(pod)
+            self._add(uid, str(node), cpu, mem)
+        else:
+            self.forget(uid)
+
+    def observe_delete(self, pod: Obj) -> None:
+        self.forget(str((pod.get("metadata") or {}).get("uid") or ""))
+
+    def rebuild(self, pods: Iterable[Obj]) -> None:
+        self._pods.clear()
+        self._nodes.clear()
+        for pod in pods:
+            self.observe(pod)
+
+
+class StaticVerdicts:
+    """`static_check` results per (pod shape, node), valid while the node's resourceVersion holds."""
+
+    def __init__(self, max_shapes: int = 256) -> None:
+        self.max_shapes = max_shapes
+        self._by_shape: dict[str, dict[str, tuple[str, NodeFailure | None]]] = {}
+
+    def check(self, demand: PodDemand, node: Obj) -> NodeFailure | None:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        rv = str(meta.get("resourceVersion") or "")
+        verdicts = self._by_shape.get(demand.shape)
+        if verdicts is None:
+            if len(self._by_shape) >= self.max_shapes:
+                self._by_shape.pop(next(iter(self._by_shape)))
+            verdicts = self._by_shape[demand.shape] = {}
+        cached = verdicts.get(name)
+        if cached is not None and rv and cached[0] == rv:
+            return cached[1]
+        verdict = static_check(demand, node)
+        verdicts[name] = (rv, verdict)
+        return verdict
+
+
+def fit_message(total: int, reasons: Iterable[str]) -> str:
+    """kube-scheduler's FitError text: "0/N nodes are available: <count> <reason>, …." with the
+    "<count> <reason>" strings sorted, one count per distinct reason."""
+    histogram: dict[str, int] = {}
+    for reason in reasons:
+        histogram[reason] = histogram.get(reason, 0) + 1
+    parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
+    if not parts:
+        return f"0/{total} nodes are available."
+    return f"0/{total} nodes are available: {', '.join(parts)}."

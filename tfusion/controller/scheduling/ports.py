@@ -1,0 +1,117 @@
+"""Host port allocators: cluster-wide for pods labelled `host-port: auto`, per node for workers.
+
+Why: a pod that asks for `<domain>/host-port: auto` gets a host port on its named container port
+(`<domain>/port-name`) that no other such pod in the cluster has, from `--cluster-host-port-range`
+(default 42000-62000, the end excluded); workers the controller creates take ports from
+`--host-port-range` (40000-42000) per node. The leader owns both; they are rebuilt from the pods
+in the cache at the start of each leadership term (the `<domain>/port-number` annotation), a port
+is released as soon as its pod is deleted or finishes, and a fresh assignment is reserved for
+`reservation_ttl` seconds until its pod shows up in the cache (so a pod whose creation failed
+after admission does not keep its port for ever). Assignment is the lowest free port.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfusion.api import annotations as tfa
+
+RESERVATION_TTL_S = 60.0
+
+
+class NoFreePort(Exception):
+    """Every port of the range is held."""
+
+
+class PortPool:
+    """One range [start, end): held ports by holder, plus short-lived reservations."""
+
+    def __init__(self, start: int, end: int, *, reservation_ttl: float = RESERVATION_TTL_S,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        if not 0 < start < end <= 65536:
+            raise ValueError(f"port range {start}-{end} is invalid; expected 0 < start < end <= 65536")
+        self.start, self.end = start, end
+        self.reservation_ttl = reservation_ttl
+        self.now = now
+        self._held: dict[str, int] = {}
+        self._reserved: dict[str, tuple[int, float]] = {}
+
+    def _in_use(self) -> set[int]:
+        now = self.now()
+        self._reserved = {k: v for k, v in self._reserved.items() if v[1] > now}
+        return set(self._held.values()) | {port for port, _ in self._reserved.values()}
+
+    def assign(self, key: str) -> int:
+        now = self.now()
+        if key in self._reserved and self._reserved[key][1] > now:
+            return self._reserved[key][0]
+        in_use = self._in_use()
+        for port in range(self.start, self.end):
+            if port not in in_use:
+                self._reserved[key] = (port, now + self.reservation_ttl)
+                return port
+        raise NoFreePort(f"no available port in {self.start}-{self.end} ({len(in_use)} held)")
+
+    def occupy(self, holder: str, port: int, key: str = "") -> None:
+        """A live pod holds `port`; its reservation under `key` is no longer needed."""
+        if self.start <= port < self.end:
+            self._held[holder] = port
+        if key and self._reserved.get(key, (None,))[0] == port:
+            del self._reserved[key]
+
+    def release(self, holder: str) -> bool:
+        return self._held.pop(holder, None) is not None
+
+    def held(self) -> dict[str, int]:
+        return dict(self._held)
+
+
+def pod_port(pod: Mapping[str, Any]) -> int | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(tfa.PORT_NUMBER)
+    try:
+        return tfa.parse_port_number(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def wants_cluster_port(pod: Mapping[str, Any]) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(tfa.HOST_PORT) == tfa.HOST_PORT_AUTO
+
+
+class PortAllocator:
+    """The cluster pool and one pool per node."""
+
+    def __init__(self, cluster_range: tuple[int, int], node_range: tuple[int, int], *,
+                 reservation_ttl: float = RESERVATION_TTL_S, now: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = PortPool(*cluster_range, reservation_ttl=reservation_ttl, now=now)
+        self.node_range = node_range
+        self.reservation_ttl = reservation_ttl
+        self.now = now
+        self.nodes: dict[str, PortPool] = {}
+
+    def node(self, name: str) -> PortPool:
+        if name not in self.nodes:
+            self.nodes[name] = PortPool(*self.node_range, reservation_ttl=self.reservation_ttl, now=self.now)
+        return self.nodes[name]
+
+    def observe(self, uid: str, pod: Mapping[str, Any]) -> None:
+        """Record the port a live pod holds (cluster range for host-port=auto pods, else its node's)."""
+        port = pod_port(pod)
+        if port is None or not uid:
+            return
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if wants_cluster_port(pod):
+            self.cluster.occupy(uid, port, key)
+            return
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if node:
+            self.node(node).occupy(uid, port, key)
+
+    def release(self, uid: str) -> bool:
+        released = self.cluster.release(uid)
+        for pool in self.nodes.values():
+            released = pool.release(uid) or released
+        return released

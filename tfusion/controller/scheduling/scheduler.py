@@ -1,0 +1,692 @@
+"""The built-in scheduler (`--scheduler=builtin`, the default; the leader only), and the state it
+shares with the extender (`--scheduler=extender`): per-node pod totals and each pending pod's
+explanation.
+
+Why a scheduler of our own: GPU worker pods (`spec.schedulerName: tensor-fusion-scheduler`, which
+the pod webhook sets) need GPUs chosen by the allocator; without a kube-scheduler profile that
+calls us, nothing would ever bind them. With `--scheduler=extender` a stock kube-scheduler does the
+node part and calls the routes in http.py; then this loop does not run, so only one of the two
+ever binds.
+
+One scheduling cycle at a time (a pod, then the next), as kube-scheduler's:
+1. parse the pod (`request_from_pod`; a pod naming no pool gets the default pool); a pod
+   without the worker label `tensor-fusion.ai/component=worker` and without GPU annotations is
+   placed by the node checks alone (no GPUs); one with GPU annotations but without the label is
+   refused (leader recovery only restores worker pods, so its GPUs would leak);
+2. PreFilter (quota, pool);
+3. Filter: the GPU framework over every Node, then the node checks (nodes.py) on the nodes the
+   GPUs allow: Ready, cordon, taints, nodeSelector/affinity, CPU, memory, pod count;
+4. Score (framework, 0..100), the best node (ties: the first name);
+5. Reserve on it, and count its CPU/memory/pod on the node at once.
+Binding (binder.py: annotations and Binding in one write, then PreBind = commit) runs in the
+background, at most `MAX_CONCURRENT_BINDS` at a time, while the next cycle runs; a failed bind
+rolls back and backs off. Bindings go on a lean path with a request budget of their own (QPS
+1000, burst 2000, as the original's scheduler profile), so binds and the reconcilers do not
+throttle each other.
+
+A pod that fits nowhere is parked in the queue (queue.py) until an event can make it fit, and
+says why: the condition `PodScheduled=False, reason=Unschedulable` with kube's message
+("0/5 nodes are available: 2 Insufficient cpu, 3 GPU VRAM too small."; written when the message
+changes), a `FailedScheduling` event (at most one per pod per `EVENT_INTERVAL_S`; the recorder
+counts repeats of an identical one), and an explanation kept in memory (per-node reasons with
+numbers and the framework's suggestions) that `GET /api/why` and `tfusion why` show.
+
+Deliberately not done here: the pod index (`tensor-fusion.ai/index` and the node-level index lock
+of the original's PreBind). The index allocator is another module's (scheduling/indexes.py); this
+scheduler writes no index annotation, and the reference (§2.3) has the webhook assign it.
+Preemption and gang scheduling are not implemented.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+from prometheus_client import Counter, Gauge, Histogram
+
+from tfusion.allocator import AllocRequest, GpuAllocator, Placement, RequestError, request_from_pod
+from tfusion.allocator.framework import Code, Explanation, Framework, Reason, Status, Suggestion
+from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api import annotations as tfa
+from tfusion.api.timestamps import rfc3339
+from tfusion.controller.scheduling import nodes as nc
+from tfusion.controller.scheduling.binder import BindResult, LeanPoster, bind_annotations, post_binding
+from tfusion.controller.scheduling.defaults import default_pool_name
+from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, KubeError, NotFound
+from tfusion.kube.informer import Informer, node_name_index
+
+if TYPE_CHECKING:
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_NAME = "tensor-fusion-scheduler"
+BUILTIN, EXTENDER = "builtin", "extender"
+#: at most one new FailedScheduling event per pod this often
+EVENT_INTERVAL_S = 30.0
+#: Bindings in flight at once (each on its own kept-alive connection of the lean path)
+MAX_CONCURRENT_BINDS = 16
+#: the scheduler's own request budget (the original's scheduler profile: QPS 1000, burst 2000)
+CLIENT_QPS, CLIENT_BURST = 1000.0, 2000
+WORKER = "worker"
+#: explanations kept (oldest dropped first); one per pending pod
+MAX_EXPLANATIONS = 20_000
+
+Obj = Mapping[str, Any]
+
+
+def _meta(obj: Obj) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def pod_key(pod: Obj) -> str:
+    meta = _meta(pod)
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def is_ours(pod: Obj) -> bool:
+    return (pod.get("spec") or {}).get("schedulerName") == SCHEDULER_NAME
+
+
+GPU_REQUEST_KEYS = ("TFLOPS_REQUEST", "TFLOPS_LIMIT", "VRAM_REQUEST", "VRAM_LIMIT", "COMPUTE_PERCENT_REQUEST",
+                    "COMPUTE_PERCENT_LIMIT", "GPU_COUNT", "GPU_INDICES", "GPU_POOL")
+
+
+def asks_for_gpus(pod: Obj) -> bool:
+    """The worker label, or any GPU request annotation (read through tfa: keys follow the domain)."""
+    meta = _meta(pod)
+    if (meta.get("labels") or {}).get(tfa.COMPONENT) == WORKER:
+        return True
+    notes = meta.get("annotations") or {}
+    return any(getattr(tfa, k) in notes for k in GPU_REQUEST_KEYS)
+
+
+def is_worker(pod: Obj) -> bool:
+    return (_meta(pod).get("labels") or {}).get(tfa.COMPONENT) == WORKER
+
+
+def as_pod(pod: Obj) -> dict[str, Any]:
+    """Informer list items carry no kind; events and JSON need it."""
+    return {**pod, "apiVersion": "v1", "kind": "Pod"}
+
+
+# --- explanations --------------------------------------------------------------------------------
+
+
+def _amount_text(resource: str, value: int) -> str:
+    if resource == "vram":
+        return vram_str(value)
+    if resource == "tflops":
+        return f"{tflops_str(value)} TFLOPS"
+    return str(value)
+
+
+def reason_detail(reason: Reason) -> str:
+    """The sentence with the numbers: the framework's, else made from the reason's fields."""
+    if reason.detail:
+        return reason.detail
+    if reason.resource and reason.requested is not None and reason.available is not None:
+        where = reason.gpu or reason.node or ""
+        lead = f"{where}: " if where else ""
+        return (f"{lead}{reason.message}: {reason.resource} available "
+                f"{_amount_text(reason.resource, reason.available)} < requested "
+                f"{_amount_text(reason.resource, reason.requested)}")
+    return reason.message
+
+
+def reason_json(reason: Reason) -> dict[str, Any]:
+    out: dict[str, Any] = {"message": reason.message, "stage": reason.stage}
+    for name in ("node", "gpu", "resource", "requested", "available"):
+        value = getattr(reason, name)
+        if value is not None:
+            out[name] = value
+    out["detail"] = reason_detail(reason)
+    return out
+
+
+def suggestion_json(suggestion: Suggestion) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": suggestion.kind, "message": suggestion.message,
+                           "target": suggestion.target, "changes": dict(suggestion.changes)}
+    if suggestion.pods:
+        out["pods"] = list(suggestion.pods)
+    if suggestion.node:
+        out["node"] = suggestion.node
+    return out
+
+
+@dataclass
+class Why:
+    """Why a pod is not placed: the kube-style message, each node's reasons, the suggestions."""
+
+    namespace: str
+    name: str
+    uid: str
+    message: str
+    code: str
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    suggestions: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0
+    updated: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "message": self.message,
+                "code": self.code, "nodes": self.nodes, "suggestions": self.suggestions,
+                "attempts": self.attempts, "updated": self.updated}
+
+
+def node_failure_status(failure: nc.NodeFailure, node: str) -> Status:
+    code = Code.UNRESOLVABLE if failure.unresolvable else Code.UNSCHEDULABLE
+    detail = failure.message
+    if failure.resource:
+        detail = f"{failure.message}: requested {failure.requested}, available {failure.available}"
+    reason = Reason(failure.message, failure.check, node=node, resource=failure.resource or None,
+                    requested=failure.requested if failure.resource else None,
+                    available=failure.available if failure.resource else None, detail=detail)
+    return Status(code, "Filter", (reason,))
+
+
+def status_json(status: Status) -> dict[str, Any]:
+    return {"code": str(status.code), "stage": status.stage, "summary": status.summary(),
+            "reasons": [reason_json(x) for x in status.reasons]}
+
+
+def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[str]) -> list[Suggestion]:
+    """Node-side changes that would let the pod onto a node its GPUs fit on: a toleration for the
+    one taint that keeps it off, or less CPU/memory where only that is short."""
+    out: list[Suggestion] = []
+    for node in gpu_ok:
+        failure = failures.get(node)
+        if failure is None:
+            continue
+        if failure.check == "TaintToleration":
+            taint = failure.message.split("taint ", 1)[-1]
+            out.append(Suggestion("tolerate-taint", f"add a toleration for taint {taint}: the pod's GPUs "
+                                  f"fit on node {node}", {}, target="pod", node=node))
+        elif failure.resource in ("cpu", "memory"):
+            out.append(Suggestion("smaller-request", f"request at most {failure.available} "
+                                  f"{'milli-CPU' if failure.resource == 'cpu' else 'bytes of memory'}: "
+                                  f"it then fits on node {node}", {}, target="pod", node=node))
+        if len(out) >= 3:
+            break
+    return out
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: Any) -> None:
+        self.attempts = Counter("tfusion_scheduler_attempts", "scheduling attempts by result "
+                                "(scheduled, unschedulable, error)", ["result"], registry=registry)
+        self.binding = Histogram("tfusion_scheduler_binding_duration_seconds",
+                                 "from reserve to a bound and committed pod", registry=registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.pending = Gauge("tfusion_scheduler_pending_pods", "pods in the scheduling queue, by queue",
+                             ["queue"], registry=registry)
+
+
+# --- the decision --------------------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    """One cycle's outcome: a node (and GPUs) to bind, or why not."""
+
+    node: str = ""
+    placement: Placement | None = None
+    req: AllocRequest | None = None
+    demand: nc.PodDemand | None = None
+    why: Why | None = None
+    error: str = ""
+
+
+class Scheduler:
+    """See the module docstring. `attach()` wires it into a controller runtime."""
+
+    def __init__(self, runtime: ControllerRuntime, service: AllocatorService) -> None:
+        self.runtime = runtime
+        self.service = service
+        self.settings = runtime.settings
+        self.mode = str(getattr(self.settings, "scheduler", BUILTIN))
+        self.usage = nc.NodeUsage()
+        self.verdicts = nc.StaticVerdicts()
+        self._allocatable: dict[str, tuple[str, nc.Allocatable]] = {}
+        self.whys: dict[str, Why] = {}
+        self.queue: SchedulingQueue | None = None
+        self._framework: Framework | None = None
+        self._last_event: dict[str, float] = {}
+        self._condition_written: dict[str, str] = {}
+        self._binds: TaskGroup | None = None
+        self._bind_slots = anyio.Semaphore(MAX_CONCURRENT_BINDS)
+        self._poster: LeanPoster | None = None
+        self.metrics = SchedulerMetrics(runtime.registry)
+        self.pods: Informer
+        self.nodes: Informer
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    def attach(self) -> Scheduler:
+        rt = self.runtime
+        cache = rt.manager.cache
+        # every pod, not only ours: CPU/memory/pod-count fit counts every pod on a node. Asked
+        # before the Manager starts, this widens the shared pod informer (readers filter).
+        self.pods = cache.informer(r.PODS)
+        rt.informers[r.PODS] = self.pods
+        self.pods.add_index("node", node_name_index)
+        self.nodes = rt.informer(r.NODES)
+        self.pods.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
+        self.nodes.add_handler(on_add=self._on_node, on_update=self._on_node_update)
+        rt.informer(r.GPUS).add_handler(on_add=self._on_gpu, on_update=self._on_gpu_update)
+        rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._move, on_update=self._on_quota_update,
+                                                    on_delete=self._move)
+        from tfusion.controller.scheduling.http import scheduler_handlers
+
+        rt.routes.extend(scheduler_handlers(self))
+        if self.mode == BUILTIN:
+            rt.add_leader_task(self.run_leader)
+        rt.scheduler = self
+        return self
+
+    @property
+    def client(self) -> KubeClient:
+        """The process's one connection (reads, condition writes, a Binding the lean path hands over)."""
+        return self.runtime.client
+
+    async def connect_client(self) -> KubeClient:
+        """Ready the lean Binding path (binder.LeanPoster, its own kept-alive connections and its
+        own request budget: QPS 1000, burst 2000, as the original's scheduler profile), so binds
+        and the reconcilers do not throttle each other."""
+        if self._poster is None:
+            self._poster = await LeanPoster.for_client(self.runtime.client, qps=CLIENT_QPS, burst=CLIENT_BURST)
+        return self.runtime.client
+
+    @property
+    def leading(self) -> bool:
+        return self.runtime.is_leader and self.service.allocator is not None
+
+    def framework(self) -> Framework | None:
+        allocator = self.service.allocator
+        if allocator is None:
+            return None
+        if self._framework is None or self._framework.allocator is not allocator:
+            self._framework = Framework(allocator)
+        return self._framework
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def _move(self, *_: Any) -> None:
+        if self.queue is not None:
+            self.queue.move_all()
+
+    def _on_pod(self, pod: Obj) -> None:
+        self.usage.observe(pod)
+        key = pod_key(pod)
+        if is_ours(pod) and nc.is_pending(pod):
+            if self.queue is not None:
+                self.queue.add(key, priority=int((pod.get("spec") or {}).get("priority") or 0))
+            return
+        self._forget_pod(key)
+
+    def _on_pod_update(self, old: Obj | None, new: Obj) -> None:
+        self._on_pod(new)
+        if old is not None and (old.get("status") or {}).get("phase") != (new.get("status") or {}).get("phase") \
+                and (new.get("status") or {}).get("phase") in nc.FINISHED_PHASES:
+            self._move()  # a finished pod frees its node's CPU, memory and GPUs
+
+    def _on_pod_delete(self, pod: Obj) -> None:
+        self.usage.observe_delete(pod)
+        self._forget_pod(pod_key(pod))
+        uid = str(_meta(pod).get("uid") or "")
+        self._last_event.pop(uid, None)
+        self._condition_written.pop(uid, None)
+        if (pod.get("spec") or {}).get("nodeName"):
+            self._move()
+
+    def _forget_pod(self, key: str) -> None:
+        self.whys.pop(key, None)
+        if self.queue is not None and self.queue.where(key) not in (None, "in-flight"):
+            self.queue.delete(key)
+
+    def _on_node(self, node: Obj) -> None:
+        self._move()
+
+    def _on_node_update(self, old: Obj | None, new: Obj) -> None:
+        if old is None or _node_signature(old) != _node_signature(new):
+            self._move()
+
+    def _on_gpu(self, gpu: Obj) -> None:
+        self._move()
+
+    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
+        if old is None or _gpu_grew(old, new):
+            self._move()
+
+    def _on_quota_update(self, old: Obj | None, new: Obj) -> None:
+        if old is None or old.get("spec") != new.get("spec"):
+            self._move()
+
+    # --- the leader loop ------------------------------------------------------------------------
+
+    async def run_leader(self) -> None:
+        """Leader-only: schedule pending pods until leadership ends."""
+        while True:
+            try:
+                allocator = await self.service.wait_ready()
+            except TimeoutError:
+                continue
+            if allocator is not None:
+                break
+            await anyio.sleep(0.5)
+        await self.connect_client()
+        queue = SchedulingQueue(clock=self.runtime.manager.clock)
+        for pod in self.pods.list():
+            if is_ours(pod) and nc.is_pending(pod):
+                queue.add(pod_key(pod), priority=int((pod.get("spec") or {}).get("priority") or 0))
+        self.usage.rebuild(self.pods.list())
+        self.queue = queue
+        log.info("built-in scheduler: %d pending pod(s) queued", len(queue))
+        try:
+            async with anyio.create_task_group() as tg:
+                self._binds = tg
+                tg.start_soon(self._report_queue, queue)
+                while True:
+                    try:
+                        key = await queue.pop()
+                    except QueueClosed:
+                        return
+                    self._cycle(key, tg)
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            self.queue = None
+            self._binds = None
+            queue.close()
+
+    async def _report_queue(self, queue: SchedulingQueue) -> None:
+        while True:
+            for name, count in queue.counts().items():
+                self.metrics.pending.labels(name).set(count)
+            await self.runtime.manager.clock.sleep(1.0)
+
+    def _cycle(self, key: str, tg: TaskGroup) -> None:
+        queue = self.queue
+        assert queue is not None
+        pod = self.pods.get(key)
+        fw = self.framework()
+        if pod is None or not is_ours(pod) or not nc.is_pending(pod):
+            queue.delete(key)
+            return
+        if fw is None:
+            queue.error(key)
+            return
+        decision = self.decide(pod, fw)
+        if decision.error:
+            self.metrics.attempts.labels("error").inc()
+            log.warning("cannot schedule pod %s: %s", key, decision.error)
+            queue.error(key)
+            return
+        if decision.why is not None:
+            self.metrics.attempts.labels("unschedulable").inc()
+            queue.unschedulable(key)
+            decision.why.attempts = queue.attempts(key)
+            self.report_unschedulable(pod, decision.why, tg)
+            if decision.req is not None:
+                self.service.count_allocation(False)
+            return
+        demand = decision.demand or nc.pod_demand(pod)
+        self.usage.assume(str(_meta(pod).get("uid") or ""), decision.node, demand.cpu_milli, demand.memory)
+        tg.start_soon(self._bind, key, pod, decision, fw)
+
+    # --- deciding (synchronous: one consistent view) ---------------------------------------------
+
+    def node_objects(self) -> Sequence[Obj]:
+        return self.nodes.list()
+
+    def allocatable(self, node: Obj) -> nc.Allocatable:
+        meta = _meta(node)
+        name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        cached = self._allocatable.get(name)
+        if cached is not None and rv and cached[0] == rv:
+            return cached[1]
+        value = nc.allocatable(node)
+        self._allocatable[name] = (rv, value)
+        return value
+
+    def node_failure(self, demand: nc.PodDemand, node: Obj) -> nc.NodeFailure | None:
+        name = str(_meta(node).get("name") or "")
+        return self.verdicts.check(demand, node) or nc.resource_check(demand, self.allocatable(node),
+                                                                       self.usage.used(name))
+
+    def request_of(self, pod: Obj) -> AllocRequest:
+        """The pod's GPU request; a pod naming no pool gets the default pool (raises RequestError)."""
+        pools = self.runtime.informer(r.GPUPOOLS).list()
+        return request_from_pod(pod, default_pool=default_pool_name(pools))
+
+    def decide(self, pod: Obj, fw: Framework) -> Decision:
+        demand = nc.pod_demand(pod)
+        if not asks_for_gpus(pod):
+            return self._decide_plain(pod, demand, self._nodes_by_name())
+        if not is_worker(pod):
+            return Decision(demand=demand, why=self._why_text(
+                pod, f"0/{len(self.nodes)} nodes are available: the pod asks for GPUs but lacks the label "
+                     f"{tfa.COMPONENT}={WORKER} (the pod webhook sets it).", Code.UNRESOLVABLE))
+        try:
+            req = self.request_of(pod)
+        except RequestError as exc:
+            return Decision(demand=demand, why=self._why_text(
+                pod, f"0/{len(self.nodes)} nodes are available: {exc}.", Code.UNRESOLVABLE))
+        if fw.pre_filter(req).ok:
+            # Filter's Success set without a Status per node: the framework's filter is this set
+            # intersected with the candidates (a Status for each of thousands of nodes per pod
+            # costs more than the rest of the cycle); the statuses are built when nothing fits
+            gpu_ok = [n for n in fw.allocator.feasible_nodes(req) if n in self.nodes]
+            scores = fw.score(req, gpu_ok)
+            # best first, lazily: the node checks run on the best nodes only until one passes
+            # (a full sort of thousands of nodes per pod would cost more than the whole cycle)
+            tries = 0
+            while scores and tries < 3:
+                best = max(scores.values())
+                node = min(n for n, v in scores.items() if v == best)
+                del scores[node]
+                node_obj = self.nodes.get(node)
+                if node_obj is None or self.node_failure(demand, node_obj) is not None:
+                    continue
+                tries += 1
+                placement, status = fw.reserve(req, node)
+                if placement is not None:
+                    return Decision(node, placement, req, demand)
+                if status.code is Code.ERROR:
+                    return Decision(req=req, demand=demand, error=status.details())
+        return Decision(req=req, demand=demand, why=self.explain(pod, req, demand, fw, self._nodes_by_name()))
+
+    def _nodes_by_name(self) -> dict[str, Obj]:
+        return {str(_meta(n).get("name")): n for n in self.node_objects()}
+
+    def _decide_plain(self, pod: Obj, demand: nc.PodDemand, by_name: Mapping[str, Obj]) -> Decision:
+        """A pod without GPUs: the node checks alone; the node with the fewest pods (spread)."""
+        failures: dict[str, nc.NodeFailure] = {}
+        fitting: list[str] = []
+        for name, node in by_name.items():
+            failure = self.node_failure(demand, node)
+            if failure is None:
+                fitting.append(name)
+            else:
+                failures[name] = failure
+        if fitting:
+            best = min(fitting, key=lambda n: (self.usage.used(n).pods, n))
+            return Decision(best, demand=demand)
+        statuses = {n: node_failure_status(f, n) for n, f in failures.items()}
+        message = Explanation(statuses).message(len(by_name))
+        why = self._why_from(pod, message, statuses, [], Code.UNSCHEDULABLE)
+        return Decision(demand=demand, why=why)
+
+    def explain(self, pod: Obj, req: AllocRequest, demand: nc.PodDemand, fw: Framework,
+                by_name: Mapping[str, Obj]) -> Why:
+        """The whole story, built only for a pod that fits nowhere: the node checks of every node,
+        the GPU reasons (with numbers) of the nodes that pass them, and the suggestions."""
+        failures = {n: f for n, node in by_name.items() if (f := self.node_failure(demand, node)) is not None}
+        passing = [n for n in by_name if n not in failures]
+        expl = fw.explain(req, passing)
+        merged: dict[str, Status] = {n: node_failure_status(f, n) for n, f in failures.items()}
+        merged.update(expl.nodes)
+        expl = replace(expl, nodes=merged)
+        gpu_ok = [n for n, s in fw.filter(req, failures).items() if s.ok] if failures else []
+        suggestions = list(expl.suggestions) + node_suggestions(failures, gpu_ok)
+        codes = [s.code for s in merged.values() if not s.ok] or [expl.pre_filter.code]
+        code = Code.UNRESOLVABLE if all(c is Code.UNRESOLVABLE for c in codes) else Code.UNSCHEDULABLE
+        if not expl.pre_filter.ok:
+            code = expl.pre_filter.code
+        return self._why_from(pod, expl.message(len(by_name)), merged, suggestions, code,
+                              pre_filter=expl.pre_filter)
+
+    def _why_text(self, pod: Obj, message: str, code: Code) -> Why:
+        return self._why_from(pod, message, {}, [], code)
+
+    def _why_from(self, pod: Obj, message: str, statuses: Mapping[str, Status],
+                  suggestions: Sequence[Suggestion], code: Code, *, pre_filter: Status | None = None) -> Why:
+        meta = _meta(pod)
+        nodes = {n: status_json(s) for n, s in sorted(statuses.items()) if not s.ok}
+        if pre_filter is not None and not pre_filter.ok:
+            nodes = {"*": status_json(pre_filter), **nodes}
+        return Why(str(meta.get("namespace") or "default"), str(meta.get("name")), str(meta.get("uid") or ""),
+                   message, str(code), nodes, [suggestion_json(s) for s in suggestions], 0, rfc3339())
+
+    # --- unschedulable: condition, event, explanation --------------------------------------------
+
+    def remember(self, key: str, why: Why) -> None:
+        self.whys.pop(key, None)
+        self.whys[key] = why
+        while len(self.whys) > MAX_EXPLANATIONS:
+            self.whys.pop(next(iter(self.whys)))
+
+    def report_unschedulable(self, pod: Obj, why: Why, tg: TaskGroup | None) -> None:
+        key = pod_key(pod)
+        self.remember(key, why)
+        uid = why.uid
+        now = self.runtime.manager.clock.now()
+        last = self._last_event.get(uid)
+        if last is None or now - last >= EVENT_INTERVAL_S:
+            self._last_event[uid] = now
+            self.runtime.events.warning(as_pod(pod), "FailedScheduling", why.message)
+        if self._condition_written.get(uid) != why.message and tg is not None:
+            self._condition_written[uid] = why.message
+            tg.start_soon(self._write_condition, pod, why.message)
+
+    async def _write_condition(self, pod: Obj, message: str) -> None:
+        meta = _meta(pod)
+        old = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "PodScheduled"), None)
+        since = old.get("lastTransitionTime") if old is not None and old.get("status") == "False" else None
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                     "lastProbeTime": None, "lastTransitionTime": since or rfc3339()}
+        try:
+            await self.client.patch(r.PODS, str(meta.get("name")), {"status": {"conditions": [condition]}},
+                                    namespace=str(meta.get("namespace") or "default"), patch_type="strategic",
+                                    subresource="status")
+        except NotFound:
+            pass
+        except KubeError as exc:
+            self._condition_written.pop(str(meta.get("uid") or ""), None)
+            log.warning("cannot set the PodScheduled condition of pod %s: %s", pod_key(pod), exc)
+
+    # --- binding --------------------------------------------------------------------------------
+
+    async def _bind(self, key: str, pod: Obj, decision: Decision, fw: Framework) -> None:
+        async with self._bind_slots:
+            started = self.runtime.manager.clock.now()
+            result = await self.bind(pod, decision, fw)
+        queue = self.queue
+        if result.bound:
+            self.metrics.attempts.labels("scheduled").inc()
+            self.metrics.binding.observe(max(0.0, self.runtime.manager.clock.now() - started))
+            if queue is not None:
+                queue.done(key)
+            return
+        self.metrics.attempts.labels("error").inc()
+        log.warning("pod %s: %s", key, result.error)
+        if queue is None:
+            return
+        if result.conflict:
+            queue.delete(key)
+        else:
+            queue.error(key)
+
+    async def bind(self, pod: Obj, decision: Decision, fw: Framework) -> BindResult:
+        """Annotate + bind, then commit; on failure roll the reservation and the node totals back."""
+        uid = str(_meta(pod).get("uid") or "")
+        gpus = decision.placement.gpu_names if decision.placement is not None else ()
+        notes = bind_annotations(pod, decision.req, gpus, fw.allocator)
+        result = await post_binding(self.client, pod, decision.node, notes, self._poster)
+        if not result.bound:
+            if decision.req is not None:
+                fw.unreserve(uid)
+                self.service.flush()
+            current = self.pods.get(pod_key(pod))
+            if current is not None and _meta(current).get("uid") == uid:
+                self.usage.observe(current)
+            else:
+                self.usage.forget(uid)
+            return result
+        if decision.req is not None:
+            status = fw.pre_bind(uid)
+            if not status.ok:
+                # released meanwhile (deleted): nothing is held; a restart would restore from gpu-ids
+                log.info("pod %s bound but not committed: %s", pod_key(pod), status.details())
+            self.service.count_allocation(True)
+            self.service.flush()
+        self.whys.pop(pod_key(pod), None)
+        where = f" (GPUs {','.join(gpus)})" if gpus else ""
+        self.runtime.events.normal(as_pod(pod), "Scheduled",
+                                   f"Successfully assigned {pod_key(pod)} to {decision.node}{where}")
+        return result
+
+
+def _node_signature(node: Obj) -> tuple[Any, ...]:
+    """What a node check reads (heartbeats excluded)."""
+    meta = _meta(node)
+    status = node.get("status") or {}
+    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return (meta.get("labels"), node.get("spec"), status.get("allocatable"), ready)
+
+
+def _amount(value: Any) -> int:
+    from tfusion.api.quantity import Quantity, QuantityError
+
+    try:
+        return Quantity.parse(value).milli_value() if value is not None else 0
+    except QuantityError:
+        return 0
+
+
+def _gpu_grew(old: Obj, new: Obj) -> bool:
+    """More room on a GPU: available or capacity grew, or it became Running."""
+    o, n = old.get("status") or {}, new.get("status") or {}
+    if o.get("phase") != n.get("phase"):
+        return True
+    for part in ("available", "capacity"):
+        before, after = o.get(part) or {}, n.get(part) or {}
+        if any(_amount(after.get(k)) > _amount(before.get(k)) for k in ("tflops", "vram")):
+            return True
+    return False
+
+
+def attach_scheduler(runtime: ControllerRuntime) -> Scheduler | None:
+    """configure()'s entry: nothing when ENABLE_SCHEDULER=false."""
+    if not getattr(runtime.settings, "enable_scheduler", True):
+        log.info("ENABLE_SCHEDULER=false: no scheduler runs and the extender routes are not served")
+        return None
+    service = runtime.allocation
+    if service is None:
+        raise RuntimeError("attach the AllocatorService before the scheduler")
+    return Scheduler(runtime, service).attach()
+
+
+__all__ = ["BUILTIN", "EXTENDER", "SCHEDULER_NAME", "Decision", "GpuAllocator", "Scheduler", "Why",
+           "attach_scheduler", "is_ours", "pod_key"]

@@ -1,0 +1,215 @@
+"""JSON views of the allocator's state: GPU and quota status, and `GET /api/allocation`.
+
+Why it exists: the allocator is pure bookkeeping in integers (milli-TFLOPS, bytes); every JSON shape
+the controller writes or serves is built here from its typed data, so that a change of wire format
+never touches the allocator, and the status writers, `/api/allocation` and the GPUNode reconciler
+render the same thing the same way.
+
+- `gpu_status(allocator, name)`: a GPU's `status.available` and `status.runningApps` (committed
+  allocations only, grouped by workload, pods sorted by name then uid).
+- `quota_status(allocator, namespace)` / `quota_status_of(spec, used)`: a GPUResourceQuota's
+  `status.used`, `availablePercent` and Ready condition (without timestamps: the writer knows the clock).
+- `build(allocator, gpu_object=..., pod_object=...)`: the `/api/allocation` body
+  `{gpuStore, nodeWorkerStore, allocation, gpuToWorkerMap}`:
+  - gpuStore: GPU name -> the whole GPU object (metadata and every status field the hypervisor
+    reported: uuid, message, isolationPolicy, model, topology, nvLink, ...) with the allocator's live
+    `status.available` and `status.runningApps` laid over it. The allocator keeps no objects, so the
+    caller passes `gpu_object` (GPU name -> cached object); a GPU the cache lacks is described from
+    what the allocator knows;
+  - nodeWorkerStore: node -> {"<namespace>/<pod>": true};
+  - allocation: pod UID -> the allocation request with the original's Go field names (PoolName,
+    Request, Limit, GPUNames, PodMeta, ...). PodMeta keeps what the original keeps of the pod's
+    metadata (name, namespace, uid, resourceVersion, generation, labels, annotations,
+    ownerReferences), taken from `pod_object` ((namespace, name) -> cached pod) when the cached pod is
+    the allocated one (same uid);
+  - gpuToWorkerMap: GPU name -> [{request, limit, podName, podUID, namespace}].
+  Every Resource there carries `tflops`, `compute` and `vram`, as the original's struct always does.
+  Committed allocations only, as the original (assumed reservations are scheduler-internal).
+  Fixed on purpose: upstream keyed gpuStore by `NamespacedName.String()`, i.e. "/<name>" for these
+  cluster-scoped objects; here every GPU key is the plain GPU name, as in gpuToWorkerMap.
+"""
+
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage
+from tfusion.allocator.quota import READY_MESSAGE
+from tfusion.allocator.units import percent_str, ratio_str, tflops_str, vram_str
+from tfusion.api import annotations as tfa
+
+GpuLookup = Callable[[str], dict[str, Any] | None]
+PodLookup = Callable[[str, str], dict[str, Any] | None]
+
+#: the pod metadata fields the original keeps in PodMeta
+POD_META_FIELDS = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
+                   "ownerReferences")
+
+
+def resource_view(res: Resources) -> dict[str, str]:
+    """A Resource as the original serialises it: all three quantities, zero included."""
+    return {"tflops": tflops_str(res.tflops), "compute": percent_str(res.percent), "vram": vram_str(res.vram)}
+
+
+def status_resource(res: Resources) -> dict[str, str]:
+    """A Resource in a GPU's runningApps: tflops and vram, and compute only for a percent-only request."""
+    out = {"tflops": tflops_str(res.tflops), "vram": vram_str(res.vram)}
+    if res.percent and not res.tflops:
+        out["compute"] = percent_str(res.percent)
+    return out
+
+
+def gpu_status(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+    """`status.available` and `status.runningApps` of a GPU (committed allocations only)."""
+    avail_t, avail_v = allocator.available(name, committed_only=True)
+    apps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for info in allocator.gpu_allocations(name):
+        req = info.request
+        apps.setdefault(req.workload, []).append({
+            "name": req.pod_name, "namespace": req.namespace, "uid": req.pod_uid,
+            "requests": status_resource(req.request), "limits": status_resource(req.limit), "qos": req.qos,
+        })
+    running = [{"name": wl_name, "namespace": ns, "count": len(pods),
+                "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
+               for (ns, wl_name), pods in sorted(apps.items())]
+    return {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)}, "runningApps": running}
+
+
+def quota_status(allocator: GpuAllocator, namespace: str) -> dict[str, Any]:
+    """status.used, availablePercent and the Ready condition of the namespace's quota."""
+    return quota_status_of(allocator.quota_spec(namespace), allocator.quota_usage(namespace))
+
+
+def quota_status_of(spec: QuotaSpec | None, used: Usage) -> dict[str, Any]:
+    """status.used, status.availablePercent and status.conditions (Ready) for a quota.
+
+    lastUpdateTime and the conditions' lastTransitionTime are the writer's business (it knows the
+    clock and the previous condition); the condition here carries type, status, reason and message.
+    """
+    spec = spec or QuotaSpec()
+    percent = {
+        "requests.tflops": ratio_str((spec.requests_tflops or 0) - used.requests_tflops,
+                                     spec.requests_tflops or 0),
+        "requests.vram": ratio_str((spec.requests_vram or 0) - used.requests_vram, spec.requests_vram or 0),
+        "limits.tflops": ratio_str((spec.limits_tflops or 0) - used.limits_tflops, spec.limits_tflops or 0),
+        "limits.vram": ratio_str((spec.limits_vram or 0) - used.limits_vram, spec.limits_vram or 0),
+        "workers": ratio_str((spec.max_workers or 0) - used.workers, spec.max_workers or 0),
+    }
+    floor = 100 - spec.alert_threshold_percent
+    reached = {key: float(value) < floor for key, value in percent.items()}
+    if any(reached.values()):
+        message = (
+            "One of the following resources has reached alert threshold:"
+            f" tflops requests: {str(reached['requests.tflops']).lower()},"
+            f" vram requests: {str(reached['requests.vram']).lower()},"
+            f" tflops limits: {str(reached['limits.tflops']).lower()},"
+            f" vram limits: {str(reached['limits.vram']).lower()},"
+            f" workers: {str(reached['workers']).lower()}")
+        condition = {"type": "Ready", "status": "False", "reason": "AlertThresholdReached", "message": message}
+    else:
+        condition = {"type": "Ready", "status": "True", "reason": "CapacitySufficient", "message": READY_MESSAGE}
+    return {
+        "used": {
+            "requests": {"tflops": tflops_str(used.requests_tflops), "vram": vram_str(used.requests_vram)},
+            "limits": {"tflops": tflops_str(used.limits_tflops), "vram": vram_str(used.limits_vram)},
+            "workers": used.workers,
+        },
+        "availablePercent": percent,
+        "conditions": [condition],
+    }
+
+
+def _described_gpu(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+    """A GPU object from the allocator's own record, for a GPU the caller's cache does not hold."""
+    info = allocator.gpu_info(name)
+    return {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPU",
+        "metadata": {"name": name, "labels": {tfa.GPU_POOL: info.pool, tfa.MANAGED_BY: info.node}},
+        "status": {
+            "phase": info.phase,
+            "gpuModel": info.model,
+            "vendor": info.vendor,
+            "usedBy": info.used_by,
+            "index": info.index,
+            "numaNode": info.numa,
+            "isolationMode": info.isolation_mode or tfa.DEFAULT_ISOLATION,
+            "isolationPolicy": info.isolation_policy,
+            "nodeSelector": {tfa.HOSTNAME_LABEL: info.node},
+            "capacity": {"tflops": tflops_str(info.capacity_tflops), "vram": vram_str(info.capacity_vram)},
+        },
+    }
+
+
+def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> dict[str, Any]:
+    cached = gpu_object(name)
+    # cached informer objects are shared with every reader: never modify them
+    gpu = copy.deepcopy(cached) if cached is not None else _described_gpu(allocator, name)
+    live = gpu_status(allocator, name)
+    status = gpu.get("status")
+    if not isinstance(status, dict):
+        status = gpu["status"] = {}
+    status["available"] = live["available"]
+    status["runningApps"] = live["runningApps"]
+    return gpu
+
+
+def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+    req = info.request
+    meta: dict[str, Any] = {"name": req.pod_name, "namespace": req.namespace, "uid": uid}
+    pod = pod_object(req.namespace, req.pod_name)
+    cached = pod.get("metadata") if pod is not None else None
+    if not isinstance(cached, Mapping) or cached.get("uid") != uid:
+        return meta  # not cached, or a newer pod of the same name
+    for field in POD_META_FIELDS:
+        value = cached.get(field)
+        if value not in (None, "", 0, {}, []):
+            meta[field] = copy.deepcopy(value)
+    return meta
+
+
+def _allocation_view(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+    req = info.request
+    return {
+        "PoolName": req.pool,
+        "WorkloadNameNamespace": {"name": req.workload[1], "namespace": req.workload[0]},
+        "Request": resource_view(req.request),
+        "Limit": resource_view(req.limit),
+        "GPUIndices": list(req.indices) or None,
+        "Count": req.count,
+        "GPUModel": req.gpu_model,
+        "GPUVendor": req.vendor,
+        "NodeAffinity": None,
+        "GPUNames": list(info.gpu_names),
+        "PodMeta": _pod_meta(info, uid, pod_object),
+        "QoS": req.qos,
+        "Isolation": req.isolation,
+        "PartitionTemplateID": req.partition_template,
+    }
+
+
+def build(allocator: GpuAllocator, *, gpu_object: GpuLookup, pod_object: PodLookup) -> dict[str, Any]:
+    """The `/api/allocation` response body (see the module docstring for the lookups)."""
+    allocations = allocator.allocations(committed_only=True)
+    gpu_store = {name: _gpu_view(allocator, name, gpu_object) for name in allocator.gpu_names()}
+    node_workers: dict[str, dict[str, bool]] = {}
+    allocation: dict[str, Any] = {}
+    gpu_to_worker: dict[str, list[dict[str, Any]]] = {}
+    for uid, info in allocations.items():
+        req = info.request
+        node_workers.setdefault(info.node, {})[f"{req.namespace}/{req.pod_name}"] = True
+        allocation[uid] = _allocation_view(info, uid, pod_object)
+        for gpu in info.gpu_names:
+            gpu_to_worker.setdefault(gpu, []).append({
+                "request": resource_view(req.request), "limit": resource_view(req.limit),
+                "podName": req.pod_name, "podUID": uid, "namespace": req.namespace,
+            })
+    return {
+        "gpuStore": gpu_store,
+        "nodeWorkerStore": {n: dict(sorted(w.items())) for n, w in sorted(node_workers.items())},
+        "allocation": allocation,
+        "gpuToWorkerMap": dict(sorted(gpu_to_worker.items())),
+    }

@@ -1,0 +1,75 @@
+"""The RFC 6902 JSON patch that turns the pod as received into the pod as mutated.
+
+Why: an AdmissionReview answer carries a patch, not an object, and kube-apiserver applies it to
+the object it sent; a patch that does not apply cleanly fails the request. The patch is computed
+from the difference of the two documents: objects key by key (`add`, `remove`, `replace`), lists
+that only grew at the end as `add .../-` (the usual case: a toleration, an env var, a volume), any
+other changed list as one `replace`. Keys are escaped as RFC 6901 says (`~` -> `~0`, `/` -> `~1`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+Op = dict[str, Any]
+
+
+def pointer_token(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def json_diff(before: Any, after: Any, path: str = "") -> list[Op]:
+    """The operations that turn `before` into `after` (both JSON values)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        # untouched parts of the document are settled at once: the C-level comparison (which takes
+        # True for 1), confirmed by their JSON text (which does not)
+        if before == after and orjson.dumps(before) == orjson.dumps(after):
+            return []
+        return _diff_objects(before, after, path)
+    if isinstance(before, list) and isinstance(after, list):
+        return _diff_lists(before, after, path)
+    if _same(before, after):
+        return []
+    return [{"op": "replace", "path": path, "value": after}]
+
+
+def _same(a: Any, b: Any) -> bool:
+    # JSON equality: True is not 1, and 1 equals 1.0
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _diff_objects(before: dict[str, Any], after: dict[str, Any], path: str) -> list[Op]:
+    ops: list[Op] = []
+    for key in before:
+        if key not in after:
+            ops.append({"op": "remove", "path": f"{path}/{pointer_token(key)}"})
+    for key, value in after.items():
+        child = f"{path}/{pointer_token(key)}"
+        if key not in before:
+            ops.append({"op": "add", "path": child, "value": value})
+        else:
+            ops.extend(json_diff(before[key], value, child))
+    return ops
+
+
+def _diff_lists(before: list[Any], after: list[Any], path: str) -> list[Op]:
+    if len(after) >= len(before) and all(_equal(b, a) for b, a in zip(before, after, strict=False)):
+        return [{"op": "add", "path": f"{path}/-", "value": value} for value in after[len(before):]]
+    if len(after) == len(before):
+        ops: list[Op] = []
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            ops.extend(json_diff(b, a, f"{path}/{i}"))
+        return ops
+    return [{"op": "replace", "path": path, "value": after}]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return _same(a, b)

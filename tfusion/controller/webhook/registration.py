@@ -1,0 +1,106 @@
+"""The MutatingWebhookConfiguration that sends pod creations to the webhook, kept current.
+
+Why: without it the API server never calls the webhook; with a stale caBundle it calls it and
+fails every pod (failurePolicy Fail). `desired_configuration` is what the controller wants:
+pods CREATE only, `failurePolicy: Fail`, `timeoutSeconds: 10`, `sideEffects: NoneOnDryRun`,
+`admissionReviewVersions: [v1]`, and the objectSelector `tensor-fusion.ai/enabled In [true]` —
+widened to every pod not labelled `enabled: "false"` while the dynamic config's auto-migration is
+on (native-GPU pods must reach the webhook to be migrated). In a cluster it points at the webhook
+Service; in `--role=all` at the webhook's loopback URL. `ensure_registration` creates the object
+or rewrites its webhooks when they differ; with `--webhook-cert-dir` the caBundle found there is
+kept (cert-manager's CA injector owns it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tfusion.api import annotations as tfa
+from tfusion.kube import resources as r
+from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
+
+log = logging.getLogger(__name__)
+
+MUTATING_WEBHOOK_CONFIGURATIONS = r.Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                                             "MutatingWebhookConfiguration", False)
+CONFIGURATION_NAME = "tensor-fusion-pod-webhook"
+WEBHOOK_NAME = "pod.tensor-fusion.ai"
+PATH = "/mutate-v1-pod"
+TIMEOUT_SECONDS = 10
+
+Obj = dict[str, Any]
+
+
+def object_selector(widened: bool) -> Obj:
+    if widened:
+        return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "NotIn", "values": ["false"]}]}
+    return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "In", "values": ["true"]}]}
+
+
+def client_config(*, url: str | None, service: tuple[str, str] | None, ca_bundle: str | None) -> Obj:
+    """`url` (role=all: the loopback address) or `service` (namespace, name) on port 443."""
+    config: Obj = {"url": url} if url else {}
+    if service is not None and not url:
+        config["service"] = {"namespace": service[0], "name": service[1], "path": PATH, "port": 443}
+    if ca_bundle:
+        config["caBundle"] = ca_bundle
+    return config
+
+
+def desired_configuration(config: Obj, *, widened: bool) -> Obj:
+    webhook = {
+        "name": WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": config,
+        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                   "scope": "Namespaced"}],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "sideEffects": "NoneOnDryRun",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "reinvocationPolicy": "Never",
+        "objectSelector": object_selector(widened),
+        "namespaceSelector": {},
+    }
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": CONFIGURATION_NAME, "labels": {"app.kubernetes.io/managed-by": "tfusion"}},
+            "webhooks": [webhook]}
+
+
+def _ours(current: Mapping[str, Any]) -> Obj | None:
+    for webhook in current.get("webhooks") or []:
+        if isinstance(webhook, Mapping) and webhook.get("name") == WEBHOOK_NAME:
+            return dict(webhook)
+    return None
+
+
+def _covers(actual: Any, wanted: Any) -> bool:
+    if isinstance(wanted, Mapping):
+        return isinstance(actual, Mapping) and all(_covers(actual.get(k), v) for k, v in wanted.items())
+    return bool(actual == wanted)
+
+
+async def ensure_registration(client: KubeClient, desired: Obj, *, keep_ca_bundle: bool) -> str:
+    """Create or update the configuration; "unchanged", "created" or "updated"."""
+    try:
+        current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
+    except NotFound:
+        try:
+            await client.create(MUTATING_WEBHOOK_CONFIGURATIONS, desired)
+            log.info("created MutatingWebhookConfiguration %s", CONFIGURATION_NAME)
+            return "created"
+        except AlreadyExists:
+            current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
+    wanted = dict(desired["webhooks"][0])
+    ours = _ours(current)
+    if keep_ca_bundle and ours is not None and (ours.get("clientConfig") or {}).get("caBundle"):
+        wanted["clientConfig"] = {**wanted["clientConfig"], "caBundle": ours["clientConfig"]["caBundle"]}
+    if ours is not None and _covers(ours, wanted):
+        return "unchanged"
+    others = [w for w in current.get("webhooks") or [] if isinstance(w, Mapping) and w.get("name") != WEBHOOK_NAME]
+    body = {**current, "webhooks": [*others, wanted]}
+    await client.replace(MUTATING_WEBHOOK_CONFIGURATIONS, body)
+    log.info("updated MutatingWebhookConfiguration %s", CONFIGURATION_NAME)
+    return "updated"

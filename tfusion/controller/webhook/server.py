@@ -1,0 +1,126 @@
+"""The webhook's HTTP edge: `POST /mutate-v1-pod`, AdmissionReview admission.k8s.io/v1, typed.
+
+Why a module of its own: the wire format (AdmissionReview request and response as msgspec
+Structs) and the Litestar app are shared by the controller's webhook and the benchmark's bare
+echo endpoint, so the two are measured with the same edge. A body that is not an AdmissionReview
+(bad JSON, wrong apiVersion or kind, no request) is answered 400 with the field that is wrong;
+every decision about the pod comes back as an AdmissionReview with HTTP 200.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import orjson
+from litestar import Request, Response, post
+
+from tfusion.web import ErrorBody, HttpError, make_app, read_body
+
+PATH = "/mutate-v1-pod"
+REVIEW_API_VERSION = "admission.k8s.io/v1"
+#: a Pod manifest may be up to 3 MiB, as on the embedded API server
+MAX_REVIEW_BYTES = 3 * 1024 * 1024 + 64 * 1024
+
+
+class GroupVersionKind(msgspec.Struct):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class GroupVersionResource(msgspec.Struct):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class AdmissionRequest(msgspec.Struct):
+    """The fields of `request` the webhook reads; others are accepted and ignored."""
+
+    uid: str
+    operation: str
+    kind: GroupVersionKind = msgspec.field(default_factory=GroupVersionKind)
+    resource: GroupVersionResource = msgspec.field(default_factory=GroupVersionResource)
+    subResource: str = ""
+    namespace: str = ""
+    name: str = ""
+    object: dict[str, Any] | None = None
+    dryRun: bool = False
+
+
+class AdmissionReview(msgspec.Struct):
+    apiVersion: str
+    kind: str
+    request: AdmissionRequest | None = None
+
+
+class AdmissionStatus(msgspec.Struct, omit_defaults=True):
+    code: int
+    message: str
+    status: str = "Failure"
+    reason: str = ""
+
+
+class AdmissionResponse(msgspec.Struct, omit_defaults=True):
+    uid: str
+    allowed: bool
+    patchType: str | None = None
+    patch: str | None = None
+    status: AdmissionStatus | None = None
+    warnings: list[str] | None = None
+
+
+class AdmissionReviewAnswer(msgspec.Struct):
+    response: AdmissionResponse
+    apiVersion: str = REVIEW_API_VERSION
+    kind: str = "AdmissionReview"
+
+
+_decoder = msgspec.json.Decoder(AdmissionReview)
+_encoder = msgspec.json.Encoder()
+
+
+def allowed(uid: str, patch_ops: list[dict[str, Any]] | None = None) -> AdmissionResponse:
+    if not patch_ops:
+        return AdmissionResponse(uid=uid, allowed=True)
+    return AdmissionResponse(uid=uid, allowed=True, patchType="JSONPatch",
+                             patch=base64.b64encode(orjson.dumps(patch_ops)).decode())
+
+
+def denied(uid: str, code: int, message: str) -> AdmissionResponse:
+    reason = "BadRequest" if code == 400 else "InternalError" if code >= 500 else ""
+    return AdmissionResponse(uid=uid, allowed=False, status=AdmissionStatus(code=code, message=message, reason=reason))
+
+
+def decode_review(body: bytes) -> AdmissionRequest:
+    try:
+        review = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise HttpError(400, ErrorBody(error=f"not an AdmissionReview: {exc}", field="body")) from None
+    except msgspec.DecodeError as exc:
+        raise HttpError(400, ErrorBody(error=f"not JSON: {exc}", field="body")) from None
+    if review.apiVersion != REVIEW_API_VERSION or review.kind != "AdmissionReview":
+        raise HttpError(400, ErrorBody(error=f"expected apiVersion {REVIEW_API_VERSION}, kind AdmissionReview; got "
+                                             f"{review.apiVersion!r}, {review.kind!r}", field="apiVersion"))
+    if review.request is None:
+        raise HttpError(400, ErrorBody(error="the AdmissionReview has no request", field="request"))
+    return review.request
+
+
+Reviewer = Callable[[AdmissionRequest], Awaitable[AdmissionResponse]]
+
+
+def webhook_app(review: Reviewer, *, title: str = "tfusion pod webhook") -> Any:
+    """The Litestar app serving `review` on POST /mutate-v1-pod."""
+
+    @post(PATH, status_code=200, request_max_body_size=MAX_REVIEW_BYTES,
+          summary="Mutate a Pod being created (AdmissionReview admission.k8s.io/v1)")
+    async def mutate(request: Request[Any, Any, Any]) -> Response[bytes]:
+        admission = decode_review(await read_body(request))
+        answer = AdmissionReviewAnswer(response=await review(admission))
+        return Response(_encoder.encode(answer), media_type="application/json")
+
+    return make_app([mutate], title=title)

@@ -1,0 +1,287 @@
+"""The pod webhook inside the controller: every replica serves it; one line in `configure()` adds it.
+
+Why: this is where the pure mutation (mutate.py) meets the process — the shared informers it reads,
+the leader's index and port allocators it asks (scheduling/assignments.py), the workload it writes,
+the certificate it serves and the MutatingWebhookConfiguration it keeps current. `attach()` binds
+`--webhook-listen` at once (a clash fails the start, and `:0` gives a known port: `address`), and
+adds one task that loads the certificate, serves HTTPS, registers the webhook and then re-checks
+certificate and registration every `check_interval` seconds (and at once when the dynamic config's
+auto-migration switch changes the objectSelector).
+
+A pod's review: operations other than a Pod CREATE are allowed untouched; so is a pod that is
+not a TensorFusion pod. Otherwise: owner chain, `analyse` (a Denial is `allowed: false` with its
+code and message), the grey-release counter, an index, a host port (not on dryRun), `render`,
+the workload (not on dryRun), and the JSON patch. Failures of the API server or the leader are
+answered `allowed: false` with code 500/503 and the reason, and logged; with `failurePolicy:
+Fail` the pod is then not created.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
+from tfusion.controller.webhook import mutate, render
+from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
+from tfusion.controller.webhook.mutate import Context, Denial, Obj
+from tfusion.controller.webhook.patch import json_diff
+from tfusion.controller.webhook.registration import (
+    PATH,
+    client_config,
+    desired_configuration,
+    ensure_registration,
+)
+from tfusion.controller.webhook.server import AdmissionRequest, AdmissionResponse, allowed, denied, webhook_app
+from tfusion.controller.webhook.workloads import OwnerResolver, WorkloadWriter, short_id
+from tfusion.errors import RoleError
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeError, NotFound
+from tfusion.kube.informer import Informer, namespace_index
+from tfusion.settings import format_listen
+from tfusion.web import bind_socket, serve
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+CONDITION = "webhook"
+CHECK_INTERVAL_S = 600.0
+SYNC_WAIT_S = 8.0
+_NAMESPACE_INDEX = "webhook:namespace"
+_MODEL_INDEX = "webhook:gpu-model"
+
+
+def _gpu_model(obj: Mapping[str, Any]) -> list[str]:
+    model = (obj.get("status") or {}).get("gpuModel")
+    return [str(model)] if model else []
+
+
+class WebhookService:
+    """See the module docstring."""
+
+    def __init__(self, runtime: ControllerRuntime, assignments: Assignments, *,
+                 check_interval: float = CHECK_INTERVAL_S) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.check_interval = check_interval
+        try:
+            self.sock = bind_socket(self.settings.resolved_webhook_listen)
+        except OSError as exc:
+            raise RoleError(f"controller: --webhook-listen: {exc}") from None
+        host, port = self.sock.getsockname()[:2]
+        self.address: tuple[str, int] = (host, port)
+        self.certs: SecretCertificates | DirectoryCertificates = self._certificates()
+        client = runtime.client
+        self.owners = OwnerResolver(client)
+        self.workloads = WorkloadWriter(client, runtime.informer(r.TENSORFUSIONWORKLOADS))
+        self.assignments = assignments
+        self.namespaces: Informer = runtime.manager.cache.informer(r.NAMESPACES)
+        self._changed = anyio.Event()
+        self.registrations = 0
+        self.reviews = 0
+
+    @property
+    def embedded(self) -> bool:
+        """--role=all: the API server is in this process and calls the webhook on loopback."""
+        return "all" in self.settings.roles
+
+    def hosts(self) -> list[str]:
+        names = service_names(self.settings.webhook_service, self.settings.operator_namespace)
+        extra = list(self.settings.webhook_hosts)
+        if self.embedded or self.address[0].startswith("127."):
+            extra += ["localhost", "127.0.0.1"]
+        elif self.address[0] not in ("0.0.0.0", "::"):
+            extra.append(self.address[0])
+        return list(dict.fromkeys(names + extra))
+
+    def _certificates(self) -> SecretCertificates | DirectoryCertificates:
+        if self.settings.webhook_cert_dir:
+            return DirectoryCertificates(self.settings.webhook_cert_dir)
+        return SecretCertificates(self.runtime.client, self.settings.operator_namespace, self.hosts())
+
+    def url(self) -> str:
+        host = self.address[0] if self.address[0] not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"https://{format_listen(host, self.address[1])}{PATH}"
+
+    def attach(self) -> WebhookService:
+        rt = self.runtime
+        rt.informer(r.GPURESOURCEQUOTAS).add_index(_NAMESPACE_INDEX, namespace_index)
+        rt.informer(r.GPUS).add_index(_MODEL_INDEX, _gpu_model)
+        rt.dynamic_config.on_change(lambda config: self._changed.set())
+        rt.tasks.append(self.run)
+        rt.readiness.set(CONDITION, False, "loading the certificate")
+        rt.webhook = self
+        return self
+
+    # --- serving and keeping current --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._until_certificate()
+        factory: Any = lambda config, default: self.certs.context  # noqa: E731  uvicorn's ssl_context_factory
+        async with anyio.create_task_group() as tg:
+            await tg.start(lambda task_status: serve(webhook_app(self.review), self.sock,
+                                                     uvicorn_options={"ssl_context_factory": factory},
+                                                     task_status=task_status))
+            log.info("pod webhook listening on %s", self.url())
+            while True:
+                await self._keep_current()
+                with anyio.move_on_after(self.check_interval):
+                    await self._changed.wait()
+                self._changed = anyio.Event()
+
+    async def _until_certificate(self) -> None:
+        while True:
+            try:
+                await self._refresh_certificate()
+                return
+            except (KubeError, OSError, ValueError) as exc:
+                log.warning("webhook certificate not ready: %s; retrying in 2 s", exc)
+                self.runtime.readiness.set(CONDITION, False, f"certificate: {exc}")
+            await anyio.sleep(2.0)
+
+    async def _refresh_certificate(self) -> bool:
+        try:
+            return await self.certs.refresh()
+        except NotFound:  # the operator namespace is not there yet (a fresh embedded server)
+            await self._ensure_namespace()
+            return await self.certs.refresh()
+
+    async def _ensure_namespace(self) -> None:
+        from tfusion.kube.client import AlreadyExists
+
+        try:
+            await self.runtime.client.create(r.NAMESPACES, {"metadata": {"name": self.settings.operator_namespace}})
+        except AlreadyExists:
+            pass
+
+    async def _keep_current(self) -> None:
+        try:
+            await self._refresh_certificate()
+            await self.register()
+            self.runtime.readiness.set(CONDITION, True, f"serving on {self.url()}")
+        except (KubeError, OSError, ValueError) as exc:
+            log.warning("webhook certificate or registration not current: %s", exc)
+            self.runtime.readiness.set(CONDITION, False, f"not current: {exc}")
+
+    async def register(self) -> str:
+        """Create or update the MutatingWebhookConfiguration (also called by tests after a rotation)."""
+        config = client_config(url=self.url() if self.embedded else None,
+                               service=(self.settings.operator_namespace, self.settings.webhook_service),
+                               ca_bundle=self.certs.ca_bundle)
+        widened = mutate.auto_migration_enabled(self.runtime.dynamic_config.current.get("autoMigration"))
+        outcome = await ensure_registration(self.runtime.client, desired_configuration(config, widened=widened),
+                                            keep_ca_bundle=not self.certs.managed_ca)
+        self.registrations += outcome != "unchanged"
+        return outcome
+
+    async def refresh(self) -> None:
+        """Re-check certificate and registration now."""
+        await self._refresh_certificate()
+        await self.register()
+
+    # --- one review ---------------------------------------------------------------------------------------
+
+    async def review(self, request: AdmissionRequest) -> AdmissionResponse:
+        self.reviews += 1
+        if (request.operation != "CREATE" or request.resource.resource != "pods" or request.subResource
+                or request.kind.kind not in ("Pod", "")):
+            return allowed(request.uid)
+        if not isinstance(request.object, dict):
+            return denied(request.uid, 400, "the AdmissionReview carries no pod object")
+        try:
+            return await self._mutate(request, request.object)
+        except Denial as exc:
+            return denied(request.uid, exc.code, exc.message)
+        except AssignmentError as exc:
+            log.error("pod webhook: %s", exc.message)
+            return denied(request.uid, exc.status, f"internal error: {exc.message}")
+        except KubeError as exc:
+            log.error("pod webhook: API server failed: %s", exc)
+            return denied(request.uid, 500, f"internal error: the API server failed: {exc}")
+
+    async def _mutate(self, request: AdmissionRequest, pod: Obj) -> AdmissionResponse:
+        meta = dict(pod.get("metadata") or {})
+        namespace = request.namespace or str(meta.get("namespace") or "default")
+        await self._synced()
+        context = self.context(namespace)
+        if not mutate.selects(pod, context):
+            return allowed(request.uid)
+        view = {**pod, "metadata": {**meta, "namespace": namespace}}
+        owner = await self.owners.resolve(view, namespace)
+        plan = mutate.analyse(view, context, owner)
+        if plan is None:
+            return allowed(request.uid)
+        if plan.enabled_replicas is not None and not request.dryRun:
+            key = await self.owners.claim_grey_release(owner, namespace, _template_hash(view, plan),
+                                                       plan.enabled_replicas)
+            if key is None:
+                return allowed(request.uid)
+            plan.annotations[tfa.POD_COUNTER_KEY] = key
+        pod_key = _assignment_key(view, namespace)
+        index = await self.assignments.assign_index(pod_key)
+        port = None
+        if plan.host_port is not None and not request.dryRun:
+            port = await self.assignments.assign_host_port(pod_key)
+        mutated = render.render(view, plan, index=index, host_port=port)
+        if not request.dryRun:
+            await self.workloads.ensure(plan.workload)
+        return allowed(request.uid, json_diff(pod, mutated))
+
+    async def _synced(self) -> None:
+        informers = [self.runtime.informer(res) for res in (r.GPUPOOLS, r.PROVIDERCONFIGS, r.GPURESOURCEQUOTAS,
+                                                            r.WORKLOADPROFILES, r.TENSORFUSIONWORKLOADS)]
+        if all(i.synced for i in informers):
+            return
+        with anyio.move_on_after(SYNC_WAIT_S):
+            for informer in informers:
+                await informer.wait_synced()
+            return
+        raise AssignmentError(503, "the webhook's caches have not synced with the API server yet; retry")
+
+    def context(self, namespace: str) -> Context:
+        rt = self.runtime
+        auto = rt.dynamic_config.current.get("autoMigration")
+        profiles, gpus = rt.informer(r.WORKLOADPROFILES), rt.informer(r.GPUS)
+
+        def capacity(model: str) -> Mapping[str, Any] | None:
+            for gpu in gpus.by_index(_MODEL_INDEX, model):
+                found = (gpu.get("status") or {}).get("capacity")
+                if isinstance(found, Mapping) and found.get("tflops"):
+                    return found
+            return None
+
+        ns_labels: Mapping[str, str] = {}
+        if mutate.auto_migration_enabled(auto):
+            ns_labels = ((self.namespaces.get(namespace) or {}).get("metadata") or {}).get("labels") or {}
+        return Context(pools=rt.informer(r.GPUPOOLS).list(), provider_configs=rt.informer(r.PROVIDERCONFIGS).list(),
+                       quotas=rt.informer(r.GPURESOURCEQUOTAS).by_index(_NAMESPACE_INDEX, namespace),
+                       profile=lambda name: profiles.get(f"{namespace}/{name}"), gpu_capacity=capacity,
+                       templates=rt.informer(r.SCHEDULINGCONFIGTEMPLATES).list(),
+                       auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels)
+
+
+def _assignment_key(pod: Mapping[str, Any], namespace: str) -> str:
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{short_id()}"
+    return f"{namespace}/{name}"
+
+
+def _template_hash(pod: Mapping[str, Any], plan: mutate.Plan) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("pod-template-hash") or labels.get("controller-revision-hash")
+               or plan.labels[tfa.POD_TEMPLATE_HASH])
+
+
+def attach_webhook(runtime: ControllerRuntime) -> WebhookService | None:
+    """The index and port allocators (always) and the webhook (unless ENABLE_WEBHOOKS=false)."""
+    assignments = Assignments(runtime).attach()
+    if not runtime.settings.enable_webhooks:
+        log.info("ENABLE_WEBHOOKS=false: the pod webhook is neither served nor registered")
+        return None
+    return WebhookService(runtime, assignments).attach()

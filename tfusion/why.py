@@ -1,0 +1,161 @@
+"""`tfusion why [-n NAMESPACE] POD`: why a pod is not scheduled, and what would make it fit.
+
+Why a command: the answer is in two places — the pod's `PodScheduled` condition (in the API
+server, kube's one-line message) and the leader's explanation (per-node reasons with numbers and
+suggestions, `GET /api/why` on the controller). This reads both and prints them in plain words,
+or as JSON with `-o json` (`{pod, condition, explanation, controllerError}`, `explanation` being
+the controller's answer with its `suggestions`).
+
+`--kube` is as for the roles (a kubeconfig path, `in-cluster`, or `embedded` for the kubeconfig
+`--role=all` writes, `.tfusion/kubeconfig`; default `$KUBECONFIG`, else in-cluster);
+`--controller URL` (default http://127.0.0.1:8080, the local controller). Exit codes: 0 shown,
+1 the pod does not exist or the API server cannot be used (one line), 2 bad arguments. When the
+controller cannot be reached the condition alone is shown, with a line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import anyio
+import httpx
+
+from tfusion.api import annotations as tfa
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
+PROG = "tfusion why"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog=PROG, description="Say why a pod is not scheduled and what would make it fit.")
+    parser.add_argument("pod", metavar="POD", help="the pod's name")
+    parser.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                        help="text (default) or json (the structured form, with suggestions)")
+    parser.add_argument("--kube", default="", help="API server: a kubeconfig path, 'in-cluster' or 'embedded' "
+                                                   "(default: $KUBECONFIG, else in-cluster)")
+    parser.add_argument("--controller", default=DEFAULT_CONTROLLER,
+                        help=f"the controller's HTTP API (default: {DEFAULT_CONTROLLER})")
+    return parser
+
+
+def kube_target(kube: str) -> str:
+    from tfusion.settings import Settings
+
+    settings = Settings.load({"kube": kube or None}, roles=("controller",))
+    mode = settings.kube_mode
+    return settings.kubeconfig_out if mode == "embedded" else mode
+
+
+async def _read_pod(kube: str, namespace: str, name: str) -> dict[str, Any] | None:
+    from tfusion.kube import resources as r
+    from tfusion.kube.client import KubeClient, NotFound
+
+    client = await KubeClient.connect(kube_target(kube), namespace=namespace)
+    try:
+        return await client.get(r.PODS, name, namespace=namespace)
+    except NotFound:
+        return None
+    finally:
+        await client.close()
+
+
+async def _ask_controller(url: str, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
+            response = await http.get("/api/why", params={"namespace": namespace, "name": name})
+    except httpx.HTTPError as exc:
+        return None, f"the controller at {url} did not answer ({type(exc).__name__}: {exc})"
+    try:
+        body = response.json()
+    except ValueError:
+        return None, f"the controller at {url} answered {response.status_code} with non-JSON"
+    if response.status_code != 200:
+        return None, f"the controller at {url} answered {response.status_code}: {body.get('error', body)}"
+    return body, ""
+
+
+def scheduled_condition(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            return dict(condition)
+    return None
+
+
+def render_text(pod: Mapping[str, Any], explanation: Mapping[str, Any] | None, controller_error: str) -> str:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    ref = f"{meta.get('namespace')}/{meta.get('name')}"
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    lines: list[str] = []
+    if spec.get("nodeName"):
+        gpus = (meta.get("annotations") or {}).get(tfa.GPU_IDS)
+        where = f" with GPU(s) {gpus}" if gpus else ""
+        lines.append(f"Pod {ref} is scheduled on node {spec['nodeName']}{where} (phase {phase}).")
+        return "\n".join(lines)
+    scheduler = spec.get("schedulerName") or "default-scheduler"
+    lines.append(f"Pod {ref} is {phase} and not scheduled (scheduler {scheduler}).")
+    condition = scheduled_condition(pod)
+    message = (explanation or {}).get("message") or (condition or {}).get("message") or ""
+    lines.append(f"Why: {message}" if message else "Why: no scheduler has reported on it yet.")
+    for node, status in sorted(((explanation or {}).get("nodes") or {}).items()):
+        reasons = status.get("reasons") or []
+        details = "; ".join(r.get("detail") or r.get("message", "") for r in reasons) or status.get("summary", "")
+        lines.append(f"  {'(every node)' if node == '*' else node}: {details}")
+    suggestions = (explanation or {}).get("suggestions") or []
+    if suggestions:
+        lines.append("What would make it fit:")
+        for suggestion in suggestions:
+            changes = ", ".join(f"{k}={v!s}" if v else f"remove {k}"
+                                for k, v in (suggestion.get("changes") or {}).items())
+            target = suggestion.get("target") or "annotations"
+            how = f" (set {changes} on the {'pod' if target == 'annotations' else target})" if changes else ""
+            lines.append(f"  - {suggestion.get('message')}{how}")
+    elif explanation is not None and message:
+        lines.append("What would make it fit: nothing found that fits now (more GPUs, or fewer pods).")
+    if controller_error:
+        lines.append(f"({controller_error}; shown: the pod's condition only)")
+    return "\n".join(lines)
+
+
+async def _why(args: argparse.Namespace) -> int:
+    from tfusion.kube.client import KubeError
+
+    try:
+        pod = await _read_pod(args.kube, args.namespace, args.pod)
+    except (KubeError, ValueError) as exc:
+        print(f"{PROG}: cannot read pod {args.namespace}/{args.pod}: {exc}", file=sys.stderr)
+        return 1
+    if pod is None:
+        print(f"{PROG}: pod {args.namespace}/{args.pod} not found", file=sys.stderr)
+        return 1
+    explanation: dict[str, Any] | None = None
+    controller_error = ""
+    if not (pod.get("spec") or {}).get("nodeName"):
+        explanation, controller_error = await _ask_controller(args.controller, args.namespace, args.pod)
+    if args.output == "json":
+        meta = pod.get("metadata") or {}
+        body = {"pod": {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
+                        "phase": (pod.get("status") or {}).get("phase"),
+                        "nodeName": (pod.get("spec") or {}).get("nodeName") or "",
+                        "gpuIds": (meta.get("annotations") or {}).get(tfa.GPU_IDS, "")},
+                "condition": scheduled_condition(pod), "explanation": explanation,
+                "controllerError": controller_error or None}
+        print(json.dumps(body, indent=2, sort_keys=True))
+    else:
+        print(render_text(pod, explanation, controller_error))
+    return 0
+
+
+def why_command(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    return anyio.run(_why, args)
