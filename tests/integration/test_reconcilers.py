@@ -243,12 +243,19 @@ async def test_gpunode_lifecycle_capacity_and_pod_release(apiserver: Any, tmp_pa
             return tfa.FINALIZER in ((found or {}).get("metadata") or {}).get("finalizers", [])
 
         await eventually(finalized, what="the worker's finalizer")
+        # its pod index is held (as the webhook would have assigned it) until it is released
+        assignments = ctl.runtime.assignments
+        assert assignments is not None and assignments.indexes is not None
+        assert ctl.runtime.reconcilers is not None
+        assert assignments.release_pod in ctl.runtime.reconcilers.pod.release_hooks
+        assignments.indexes.occupy(pod["metadata"]["uid"], 5, "default/w1")
 
-        # deleting it releases its GPUs once, then the finalizer goes and the pod with it
+        # deleting it releases its GPUs and its index once, then the finalizer goes and the pod with it
         await kube.delete(r.PODS, "w1", namespace="default")
         await eventually(lambda: pool_totals("300"), what="pool available restored")
         await eventually(lambda: _gone(kube, r.PODS, "w1", "default"), what="the pod gone once released")
-        assert ctl.runtime.reconcilers is not None and ctl.runtime.reconcilers.pod.releases == 1
+        assert ctl.runtime.reconcilers.pod.releases == 1
+        assert pod["metadata"]["uid"] not in assignments.indexes.held()
         # a finished worker is released too (and keeps its finalizer until deleted)
         await kube.create(r.PODS, bound_worker("w2", "gpu-1", ["gpu-1a"], tflops="50", vram="4Gi"))
         await eventually(lambda: pool_totals("250"), what="w2 counted")
@@ -419,6 +426,47 @@ async def test_a_hand_edited_gpu_status_is_counted_reported_and_repaired(apiserv
         metrics = (await ctl.http.get("/metrics")).text
         assert 'tfusion_drift_total{kind="gpu-status"} 1.0' in metrics
         assert view["audits"] >= 1
+
+
+async def test_the_audit_adopts_a_missing_allocation_and_releases_an_orphan(apiserver: Any, tmp_path: Path) -> None:
+    """The ledger and the pods disagree behind the feed's back (a bug, or a missed event): the
+    audit adopts a live worker the ledger lost, releases what the ledger holds for a pod that does
+    not exist, counts both and reports them."""
+    from tfusion.allocator import request_from_pod
+
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        await create_selecting_pool(kube)
+        await create_node(kube, "gpu-1")
+        await report_gpu(kube, "gpu-1a", "gpu-1", tflops="100", vram="40Gi")
+        w1 = await kube.create(r.PODS, bound_worker("w1", "gpu-1", ["gpu-1a"], tflops="20", vram="4Gi"))
+        # the periodic audit waits its interval before its first run: it stays out of this test
+        ctl = await start_controller(tg, fast(apiserver, tmp_path, gpu_node_report_grace=300.0,
+                                              drift_check_interval=3600.0))
+        service, reconcilers = ctl.service, ctl.runtime.reconcilers
+        assert reconcilers is not None
+
+        async def holds_w1() -> bool:
+            return service.allocator is not None and service.allocator.has_allocation(w1["metadata"]["uid"])
+
+        await eventually(holds_w1, what="w1 recovered")
+        allocator = service.allocator
+        assert allocator is not None
+        allocator.rollback(w1["metadata"]["uid"])  # the ledger loses a live worker
+        ghost = bound_worker("ghost", "gpu-1", ["gpu-1a"], tflops="10", vram="2Gi")
+        ghost["metadata"]["uid"] = "00000000-0000-0000-0000-00000000dead"
+        assert allocator.restore([(request_from_pod(ghost, default_pool=POOL), ("gpu-1a",))]) == []
+        view = await reconcilers.drift.audit_once()
+        assert view is not None
+        kinds = sorted(f["kind"] for f in view["findings"])
+        assert kinds == ["missing-allocation", "orphan-allocation"], view["findings"]
+        assert allocator.has_allocation(w1["metadata"]["uid"]), "adopted from its annotations"
+        assert not allocator.has_allocation("00000000-0000-0000-0000-00000000dead"), "the orphan released"
+        assert (await reconcilers.drift.audit_once() or {}).get("findings") == [], "repaired: nothing left"
+        metrics = (await ctl.http.get("/metrics")).text
+        assert 'tfusion_drift_total{kind="missing-allocation"} 1.0' in metrics
+        assert 'tfusion_drift_total{kind="orphan-allocation"} 1.0' in metrics
+        await eventually(lambda: has_event(kube, "w1", "DriftDetected"), what="the event on the adopted pod")
 
 
 async def _drift_view(ctl: Any) -> Any:

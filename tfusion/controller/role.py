@@ -35,6 +35,7 @@ from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metri
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.reconcilers import Reconcilers
+    from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import Scheduler
     from tfusion.controller.webhook.service import WebhookService
 
@@ -71,6 +72,7 @@ class ControllerRuntime:
     #: the pod webhook (None until attached, or when ENABLE_WEBHOOKS=false); `.address` is its bound port
     webhook: WebhookService | None = None
     reconcilers: Reconcilers | None = None
+    assignments: Assignments | None = None
     #: the scheduler (None until attached, or when ENABLE_SCHEDULER=false)
     scheduler: Scheduler | None = None
 

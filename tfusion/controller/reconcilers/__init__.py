@@ -61,5 +61,7 @@ def register_reconcilers(runtime: ControllerRuntime) -> Reconcilers:
         cluster=ClusterReconciler(runtime), pool=PoolReconciler(runtime), node=NodeReconciler(runtime),
         gpunode=GpuNodeReconciler(runtime), pod=PodReconciler(runtime), workload=WorkloadReconciler(runtime),
         drift=DriftAudit(runtime, service))
+    if runtime.assignments is not None:  # a worker's index and host port go with its GPUs
+        attached.pod.release_hooks.append(runtime.assignments.release_pod)
     runtime.reconcilers = attached
     return attached

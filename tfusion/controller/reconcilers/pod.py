@@ -10,10 +10,10 @@
   controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
   A workload that does not exist yet is looked for again in a few seconds (a Warning event says so).
 
-Release hooks: the index and host-port allocators (tfusion/controller/scheduling/indexes.py and
-ports.py) are not wired here yet; `PodReconciler.release_hooks` is the one place they go: each is
-`async def hook(pod) -> None`, called once per released pod (a hook that raises keeps the
-finalizer and retries the pod, hooks must therefore be idempotent).
+Release hooks: `PodReconciler.release_hooks` holds the index and host-port allocators' release
+(`Assignments.release_pod`, wired by `register_reconcilers`): each is `async def hook(pod) ->
+None`, called once per released pod (a hook that raises keeps the finalizer and retries the pod,
+hooks must therefore be idempotent).
 """
 
 from __future__ import annotations

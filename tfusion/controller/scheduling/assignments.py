@@ -153,7 +153,14 @@ class Assignments:
         self._on_pod(new)
 
     def _on_pod_delete(self, pod: Mapping[str, Any]) -> None:
-        uid = str(_meta(pod).get("uid") or "")
+        self._release(str(_meta(pod).get("uid") or ""))
+
+    async def release_pod(self, pod: Mapping[str, Any]) -> None:
+        """The pod reconciler's release hook: a worker's index and host port go with its GPUs,
+        before its finalizer is removed (idempotent: the pod feed may have released them first)."""
+        self._release(str(_meta(pod).get("uid") or ""))
+
+    def _release(self, uid: str) -> None:
         if self.indexes is not None and self.ports is not None and uid:
             self.indexes.release(uid)
             self.ports.release(uid)

@@ -280,7 +280,7 @@ def _template_hash(pod: Mapping[str, Any], plan: mutate.Plan) -> str:
 
 def attach_webhook(runtime: ControllerRuntime) -> WebhookService | None:
     """The index and port allocators (always) and the webhook (unless ENABLE_WEBHOOKS=false)."""
-    assignments = Assignments(runtime).attach()
+    assignments = runtime.assignments = Assignments(runtime).attach()
     if not runtime.settings.enable_webhooks:
         log.info("ENABLE_WEBHOOKS=false: the pod webhook is neither served nor registered")
         return None
