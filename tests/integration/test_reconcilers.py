@@ -186,9 +186,11 @@ async def test_gpunode_lifecycle_capacity_and_pod_release(apiserver: Any, tmp_pa
         await eventually(pending, what="the new GPUNode Pending")
         assert await get(kube, r.GPUNODES, "cpu-1") is None, "no pool selects a node without GPUs"
         assert await get(kube, r.GPUNODES, "cordoned") is None, "unschedulable nodes are skipped"
-        node = await kube.get(r.NODES, "gpu-1")
-        assert node["metadata"]["labels"][tfa.NODE_SELECTOR_HASH] and \
-            node["metadata"]["labels"][tfa.HARDWARE_VENDOR] == "NVIDIA"
+        async def node_labelled() -> bool:  # the pool reconciler labels the Node on its own pass
+            labels = (await kube.get(r.NODES, "gpu-1"))["metadata"].get("labels") or {}
+            return bool(labels.get(tfa.NODE_SELECTOR_HASH)) and labels.get(tfa.HARDWARE_VENDOR) == "NVIDIA"
+
+        await eventually(node_labelled, what="the Node labelled by its pool")
 
         # the hypervisor reports two GPUs, then stamps them as its heartbeat: the node runs, its GPUs
         # become schedulable
@@ -450,6 +452,13 @@ async def test_the_audit_adopts_a_missing_allocation_and_releases_an_orphan(apis
             return service.allocator is not None and service.allocator.has_allocation(w1["metadata"]["uid"])
 
         await eventually(holds_w1, what="w1 recovered")
+
+        async def quiet() -> bool:  # the pod reconciler's finalizer is the last write to w1
+            found = await get(kube, r.PODS, "w1", "default")
+            return tfa.FINALIZER in ((found or {}).get("metadata") or {}).get("finalizers", [])
+
+        await eventually(quiet, what="w1 finalized")
+        await anyio.sleep(1.0)  # let that update reach the allocator's feed first
         allocator = service.allocator
         assert allocator is not None
         allocator.rollback(w1["metadata"]["uid"])  # the ledger loses a live worker
