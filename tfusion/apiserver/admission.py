@@ -250,18 +250,21 @@ def _review_version(webhook: Mapping[str, Any]) -> str:
 
 #: kept-alive clients per event loop and TLS context: a webhook is called for every admitted
 #: object, and a TLS handshake per call cost more than the call itself (tens of ms on 2 cores)
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, httpx.AsyncClient]] = \
+#: (one client per TLS context AND verified server name: httpx pools connections by address, so
+#: two services resolved to one address must not share a connection verified for the other's name)
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str | None], httpx.AsyncClient]] = \
     weakref.WeakKeyDictionary()
 _MAX_CLIENTS_PER_LOOP = 16
 
 
-def _client(context: ssl.SSLContext) -> httpx.AsyncClient:
+def _client(context: ssl.SSLContext, server_name: str | None) -> httpx.AsyncClient:
     clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    client = clients.get(id(context))  # contexts are cached per caBundle, so the id is stable
+    key = (id(context), server_name)  # contexts are cached per caBundle, so the id is stable
+    client = clients.get(key)
     if client is None:
         if len(clients) >= _MAX_CLIENTS_PER_LOOP:  # caBundles rotated many times: start over
             clients.clear()
-        client = clients[id(context)] = httpx.AsyncClient(verify=context, trust_env=False)
+        client = clients[key] = httpx.AsyncClient(verify=context, trust_env=False)
     return client
 
 
@@ -269,7 +272,7 @@ async def _post(url: str, body: bytes, context: ssl.SSLContext, server_name: str
     extensions = {"sni_hostname": server_name} if server_name else {}
     try:
         with anyio.fail_after(timeout):
-            response = await _client(context).post(
+            response = await _client(context, server_name).post(
                 url,
                 content=body,
                 headers={"Content-Type": "application/json", "Accept": "application/json"},
