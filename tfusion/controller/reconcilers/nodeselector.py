@@ -1,7 +1,8 @@
 """Which GPUPool selects a Node, and does a core/v1 NodeSelector select it.
 
-The one place where node selectors are matched (the Node and GPUPool reconcilers use it; the
-embedded stage names the pool in its start-up summary with it). Matching follows
+Which pool selects a node (the Node and GPUPool reconcilers use it; the embedded stage names the
+pool in its start-up summary with it); one term is matched by the scheduler's node checks
+(`scheduling.nodes.term_matches`), so both follow one reading of kube's rules. Matching follows
 k8s.io/component-helpers nodeaffinity: terms are ORed, the requirements of one term ANDed; an
 empty term selects nothing, an empty or absent selector everything. Operators: In, NotIn, Exists,
 DoesNotExist, Gt, Lt (integers) on labels; `matchFields` knows `metadata.name` (In/NotIn), as
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling.nodes import term_matches
 
 DEFAULT_VENDOR = "NVIDIA"
 
@@ -30,44 +32,7 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str,
     if not selector:
         return True
     terms = selector.get("nodeSelectorTerms") or []
-    return any(_term_matches(term, node) for term in terms)
-
-
-def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not expressions and not fields:
-        return False
-    meta = node.get("metadata") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    field_values = {"metadata.name": str(meta.get("name", ""))}
-    return (all(_requirement_matches(e, labels) for e in expressions)
-            and all(_requirement_matches(f, field_values) for f in fields))
-
-
-def _requirement_matches(requirement: Mapping[str, Any], values: Mapping[str, str]) -> bool:
-    key = requirement.get("key", "")
-    operator = requirement.get("operator", "")
-    wanted = [str(v) for v in requirement.get("values") or []]
-    present = key in values
-    value = values.get(key, "")
-    if operator == "In":
-        return present and value in wanted
-    if operator == "NotIn":
-        return not present or value not in wanted
-    if operator == "Exists":
-        return present
-    if operator == "DoesNotExist":
-        return not present
-    if operator in ("Gt", "Lt"):
-        if not present or len(wanted) != 1:
-            return False
-        try:
-            have, bound = int(value), int(wanted[0])
-        except ValueError:
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False  # an unknown operator selects nothing
+    return any(term_matches(term, dict(node)) for term in terms)
 
 
 def _manager_config(pool: Mapping[str, Any]) -> Mapping[str, Any]:
