@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import shutil
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -187,6 +188,7 @@ INVALID = [
 ]
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_invalid_annotations_are_denied_through_kubectl(apiserver: Any, kube: KubeClient,
                                                               tmp_path: Path) -> None:
     async with controllers() as tg:
