@@ -24,6 +24,7 @@ from tfusion.settings import (
     Settings,
     SettingsError,
     not_implemented_options,
+    parse_duration,
 )
 
 PROG = "tfusion"
@@ -67,8 +68,10 @@ def _describe_default(opt: Option) -> str:
         default = "-".join(str(part) for part in default)
     elif isinstance(default, bool):
         default = str(default).lower()
-    elif isinstance(default, float):  # every float option is a duration
+    elif isinstance(default, float) and opt.parse is parse_duration:
         default = format_duration(default)
+    elif isinstance(default, float) and default.is_integer():
+        default = int(default)
     text = f"{opt.help} (default: {default!s}" if default != "" else f"{opt.help} (default: unset"
     if opt.env:
         text += f"; env {opt.env}"

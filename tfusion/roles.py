@@ -94,10 +94,16 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
         async with anyio.create_task_group() as middle:  # the stage stops after the roles, before the API server
             stage = await launch_stage(middle, settings, roles=tuple(runners), embedded=embedded, manager=manager)
             settings = stage.settings
+            # in --role=all the controller and the hypervisor run as their own ServiceAccounts
+            from tfusion.embedded.identities import role_managers
+
+            own = await role_managers(settings, tuple(runners), manager, embedded=embedded)
             async with anyio.create_task_group() as inner:
                 for role, runner in runners.items():
-                    started[role] = await inner.start(_started, role, runner, settings, manager)
+                    started[role] = await inner.start(_started, role, runner, settings, own.get(role, manager))
                 await inner.start(manager.run)
+                for role_manager in own.values():
+                    await inner.start(role_manager.run)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
                 stage.announce(started)
                 await stop.wait()

@@ -117,11 +117,37 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     """A TCP port, 0 (any free port) to 65535."""
     if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
         raise ValueError(f"expected a port number from 0 to 65535, got {text!r}")
     return int(text)
+
+
+def parse_metrics_path(text: str) -> str:
+    """A metrics file path, or "off" for none; "" keeps the role's default."""
+    return text.strip()
+
+
+def parse_http_url(text: str) -> str:
+    """An http:// or https:// URL with a host ("" for none)."""
+    from urllib.parse import urlsplit
+
+    stripped = text.strip()
+    if not stripped:
+        return ""
+    parts = urlsplit(stripped)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL such as http://127.0.0.1:4000/v1/influxdb/write, "
+                         f"got {text!r}")
+    return stripped
 
 
 #: the simulated devices --role=all falls back to when --devices=auto finds no NVIDIA driver
@@ -230,6 +256,10 @@ OPTIONS: tuple[Option, ...] = (
        "API server to use: a kubeconfig path, 'in-cluster', or 'embedded' "
        "(default: embedded for --role=all, else $KUBECONFIG, else in-cluster)"),
     _o("kubeconfig_env", None, "KUBECONFIG", "", str, "common", "kubeconfig used when --kube is not given"),
+    _o("kube_api_qps", "--kube-api-qps", None, 1000.0, _positive_float, "common",
+       "requests a second this process's Kubernetes client may send (client-side limit)"),
+    _o("kube_api_burst", "--kube-api-burst", None, 2000, _positive_int, "common",
+       "requests the client may send at once above --kube-api-qps"),
     _o("log_level", "--log-level", "TF_LOG_LEVEL", "info", _choice("trace", "debug", "info", "warn", "error"),
        "common", "log verbosity"),
     _o("node_name", "--node-name", "GPU_NODE_NAME", "", str, "common",
@@ -243,12 +273,31 @@ OPTIONS: tuple[Option, ...] = (
        "last part of the label/annotation domain"),
     _o("testing", None, "GO_TESTING", False, parse_bool, "common", "test timings (short requeues)",
        implemented=False),
+    _o("metrics_interval", "--metrics-interval", None, 60.0, parse_duration, "common",
+       "how often the controller's leader records its tables and the hypervisor its usage"),
+    _o("metrics_push_url", "--metrics-push-url", "TF_METRICS_PUSH_URL", "", parse_http_url, "common",
+       "also push metrics (line protocol) to this write endpoint: GreptimeDB's "
+       "http://HOST:4000/v1/influxdb/write or an InfluxDB 1.x http://HOST:8086/write; unset: no push"),
+    _o("metrics_push_database", "--metrics-push-database", None, "public", str, "common",
+       "database the pushed points go to (the db= or bucket= parameter)"),
+    _o("metrics_push_user", "--metrics-push-user", None, "", str, "common",
+       "user for HTTP basic auth on the push endpoint (the password comes from --metrics-push-password-file)"),
+    _o("metrics_push_password_file", "--metrics-push-password-file", None, "", str, "common",
+       "file holding the push endpoint's password"),
+    _o("metrics_push_buffer", "--metrics-push-buffer", None, 100000, _positive_int, "common",
+       "lines kept while the database is slow or away; beyond that the oldest are dropped "
+       "(tfusion_metrics_dropped_total)"),
     # --- apiserver --------------------------------------------------------------------------------
     _o("apiserver_listen", "--apiserver-listen", None, "127.0.0.1:6443", str, "apiserver",
        "embedded API server address; HTTPS and a bearer token (in the kubeconfig) on every address"),
     _o("state", "--state", None, ".tfusion/state.db", str, "apiserver", "SQLite file holding every object"),
     _o("kubeconfig_out", "--kubeconfig-out", None, ".tfusion/kubeconfig", str, "apiserver",
        "where to write a kubeconfig for kubectl and the other roles"),
+    _o("embedded_identities", "--embedded-identities", None, "service-accounts",
+       _choice("service-accounts", "admin"), "apiserver",
+       "with the embedded API server (--role=all): 'service-accounts' runs the controller and the hypervisor "
+       "with tokens of their own ServiceAccounts, bound by the RBAC that deploy/ ships (applied at start); "
+       "'admin' gives them the admin token"),
     _o("watch_history", "--watch-history", None, 10000, _positive_int, "apiserver",
        "watch events kept for resume; older resourceVersions get 410 Expired"),
     # --- controller -------------------------------------------------------------------------------
@@ -287,8 +336,10 @@ OPTIONS: tuple[Option, ...] = (
        "how often the dynamic config file's modification time is checked"),
     _o("scheduler_config", "--scheduler-config", None, "/etc/tensor-fusion/scheduler-config.yaml", str,
        "controller", "KubeSchedulerConfiguration with GPUResourcesFit args", implemented=False),
-    _o("metrics_path", "--metrics-path", None, "/logs/metrics.log", str, "controller",
-       "influx line-protocol metrics file written by the leader", implemented=False),
+    _o("metrics_path", "--metrics-path", None, "", parse_metrics_path, "controller",
+       "metrics file the leader appends its tables to (rotated at 100 MB, 10 kept; format: the dynamic "
+       "config's metricsFormat); off: no file; unset: <directory of --state>/metrics/controller.log with "
+       "--role=all, else /logs/metrics.log (the original's)"),
     _o("host_port_range", "--host-port-range", None, (40000, 42000), parse_port_range, "controller",
        "node-level host port range START-END (END excluded), per node, for workers the controller creates"),
     _o("cluster_host_port_range", "--cluster-host-port-range", None, (42000, 62000), parse_port_range,
@@ -306,7 +357,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller", "run reconcilers",
        implemented=False),
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
-       "send native-GPU pods to nodes without tfusion workers", implemented=False),
+       "native-GPU pods that auto-migration does not take go to tensor-fusion-scheduler, which keeps them "
+       "on nodes without TensorFusion workers; nodes with workers get a PreferNoSchedule taint"),
     _o("initial_gpu_node_label_selector", None, "INITIAL_GPU_NODE_LABEL_SELECTOR", "", str, "controller",
        "k=v selector for GPU nodes before any pool selects them", implemented=False),
     _o("max_workers_per_node", "--max-workers-per-node", None, 256, _positive_int, "controller",
@@ -317,6 +369,11 @@ OPTIONS: tuple[Option, ...] = (
        "a GPUNode whose hypervisor has not reported (GPU last-sync) for this long becomes Unknown"),
     _o("drift_check_interval", "--drift-check-interval", None, 60.0, parse_duration, "controller",
        "how often the leader audits the ledger against GPU status, pods and hypervisors"),
+    _o("connection_wait", "--connection-wait", None, 300.0, parse_duration, "controller",
+       "how long GET /api/connection waits for a remote vGPU connection's worker to run before 504"),
+    _o("disable_connection_auth", None, "DISABLE_CONNECTION_AUTH", False, parse_bool, "controller",
+       "answer GET /api/connection without checking the caller's ServiceAccount token (unsafe: any pod "
+       "can then read any connection's worker address)"),
     # --- hypervisor -------------------------------------------------------------------------------
     _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
@@ -338,10 +395,9 @@ OPTIONS: tuple[Option, ...] = (
        "static or dynamic"),
     _o("discovery_interval", "--discovery-interval", None, 12 * 3600.0, parse_duration, "hypervisor",
        "periodic device rediscovery"),
-    _o("metrics_output_path", "--metrics-output-path", None, "metrics.log", str, "hypervisor",
-       "influx line-protocol file of tf_gpu_usage and tf_worker_usage"),
-    _o("metrics_interval", "--metrics-interval", None, 60.0, parse_duration, "hypervisor",
-       "how often usage lines are written"),
+    _o("metrics_output_path", "--metrics-output-path", None, "", parse_metrics_path, "hypervisor",
+       "metrics file of tf_gpu_usage and tf_worker_usage (rotated at 100 MB, 10 kept); off: no file; unset: "
+       "<directory of --state>/metrics/hypervisor.log with --role=all, else metrics.log (the original's)"),
     _o("state_dir", "--state-dir", "TENSOR_FUSION_STATE_DIR", "~/.tfusion/hypervisor", str, "hypervisor",
        "local backend: where devices and workers persist"),
     _o("pool_name", None, "TENSOR_FUSION_POOL_NAME", "unknown", str, "hypervisor", "pool tag on metrics"),
@@ -361,6 +417,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("simulate_kubelet", "--simulate-kubelet", None, False, parse_bool, "hypervisor",
        "run a simulated kubelet for --node-name: register the Node, keep its Lease, run the pods bound to it "
        "(always on with --role=all)", is_bool_flag=True),
+    _o("shm_root", "--shm-root", None, "", str, "hypervisor",
+       "directory of the soft limiter's shared-memory files (<root>/<namespace>/<pod>/shm); unset: "
+       "/run/tensor-fusion/shm, but <state dir>/shm with --role=all and --backend=local"),
+    _o("device_plugin_dir", "--device-plugin-dir", None, "auto", str, "hypervisor",
+       "the kubelet's device-plugin directory (kubelet.sock) for the 16 tensor-fusion.ai/index_<k> plugins: "
+       "auto (/var/lib/kubelet/device-plugins when it exists, with --backend=kubernetes and no simulated "
+       "kubelet), off, or a path"),
 )
 
 _BY_ATTR = {opt.attr: opt for opt in OPTIONS}
@@ -378,6 +441,8 @@ class Settings:
     roles: tuple[str, ...] = ("all",)
     kube: str = _default("kube")
     kubeconfig_env: str = _default("kubeconfig_env")
+    kube_api_qps: float = _default("kube_api_qps")
+    kube_api_burst: int = _default("kube_api_burst")
     log_level: str = _default("log_level")
     node_name: str = _default("node_name")
     pod_name: str = _default("pod_name")
@@ -388,6 +453,7 @@ class Settings:
     apiserver_listen: str = _default("apiserver_listen")
     state: str = _default("state")
     kubeconfig_out: str = _default("kubeconfig_out")
+    embedded_identities: str = _default("embedded_identities")
     watch_history: int = _default("watch_history")
     controller_listen: str = _default("controller_listen")
     health_probe_listen: str = _default("health_probe_listen")
@@ -417,6 +483,8 @@ class Settings:
     sync_interval: float = _default("sync_interval")
     gpu_node_report_grace: float = _default("gpu_node_report_grace")
     drift_check_interval: float = _default("drift_check_interval")
+    connection_wait: float = _default("connection_wait")
+    disable_connection_auth: bool = _default("disable_connection_auth")
     hypervisor_port: int = _default("hypervisor_port")
     hypervisor_host: str = _default("hypervisor_host")
     api_token_file: str = _default("api_token_file")
@@ -428,6 +496,11 @@ class Settings:
     discovery_interval: float = _default("discovery_interval")
     metrics_output_path: str = _default("metrics_output_path")
     metrics_interval: float = _default("metrics_interval")
+    metrics_push_url: str = _default("metrics_push_url")
+    metrics_push_database: str = _default("metrics_push_database")
+    metrics_push_user: str = _default("metrics_push_user")
+    metrics_push_password_file: str = _default("metrics_push_password_file")
+    metrics_push_buffer: int = _default("metrics_push_buffer")
     state_dir: str = _default("state_dir")
     pool_name: str = _default("pool_name")
     hardware_metadata: str = _default("hardware_metadata")
@@ -437,6 +510,8 @@ class Settings:
     detect_in_used_gpus: bool = _default("detect_in_used_gpus")
     sim_devices_fallback: str = _default("sim_devices_fallback")
     simulate_kubelet: bool = _default("simulate_kubelet")
+    shm_root: str = _default("shm_root")
+    device_plugin_dir: str = _default("device_plugin_dir")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -473,6 +548,49 @@ class Settings:
     @property
     def resolved_state_dir(self) -> Path:
         return Path(self.state_dir).expanduser()
+
+    def _metrics_file(self, given: str, role_file: str, original: str) -> Path | None:
+        if given == "off":
+            return None
+        if given:
+            return Path(given).expanduser()
+        if "all" in self.roles:
+            return Path(self.state).expanduser().parent / "metrics" / role_file
+        return Path(original)
+
+    @property
+    def resolved_metrics_path(self) -> Path | None:
+        """The controller's metrics file (None: --metrics-path=off)."""
+        return self._metrics_file(self.metrics_path, "controller.log", "/logs/metrics.log")
+
+    @property
+    def resolved_metrics_output_path(self) -> Path | None:
+        """The hypervisor's metrics file (None: --metrics-output-path=off)."""
+        return self._metrics_file(self.metrics_output_path, "hypervisor.log", "metrics.log")
+
+    @property
+    def resolved_shm_root(self) -> Path:
+        """--shm-root, else beside the state on a single machine, else the hypervisor pod's tmpfs."""
+        if self.shm_root:
+            return Path(self.shm_root).expanduser()
+        if "all" in self.roles:
+            return Path(self.state).expanduser().parent / "shm"
+        if self.backend == "local":
+            return self.resolved_state_dir / "shm"
+        return Path("/run/tensor-fusion/shm")
+
+    @property
+    def resolved_device_plugin_dir(self) -> Path | None:
+        """Where the device plugins register (None: no device plugins; see --device-plugin-dir)."""
+        value = self.device_plugin_dir.strip()
+        if value == "off":
+            return None
+        if value != "auto":
+            return Path(value).expanduser()
+        default = Path("/var/lib/kubelet/device-plugins")
+        if self.backend != "kubernetes" or self.runs_simulated_kubelet or not default.is_dir():
+            return None
+        return default
 
     @property
     def runs_simulated_kubelet(self) -> bool:

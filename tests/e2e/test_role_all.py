@@ -95,6 +95,14 @@ class RoleAll:
             time.sleep(0.1)
         pytest.fail(f"{what} not seen after {timeout} s (last: {last!r}):\n{self.output()}")
 
+    def denials(self) -> list[str]:
+        """Requests the embedded API server refused to the controller or the hypervisor (every run's
+        log): in --role=all they run as their ServiceAccounts under the RBAC deploy/ ships, so each
+        line names a rule that RBAC lacks."""
+        return [line for log in sorted(self.tmp.glob("log*.txt"))
+                for line in log.read_text(errors="replace").splitlines()
+                if "RBAC DENIED system:serviceaccount:" in line and "tensor-fusion" in line]
+
     def ready(self) -> bool:
         return all(httpx.get(f"{url}/readyz", timeout=2).status_code == 200
                    for url in (self.controller, self.hypervisor))
@@ -153,6 +161,7 @@ def role_all(tmp_path: Path) -> Iterator[RoleAll]:
             process.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
+    assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 
 def reported_gpus(run: RoleAll) -> list[dict[str, Any]] | None:
@@ -235,18 +244,25 @@ def metric_lines(text: str, name: str) -> list[str]:
 
 
 def check_one_manager(run: RoleAll) -> None:
-    """Every role of the process shares one Manager: one KubeClient, one pod informer (widened to
-    every pod, since the controller, the hypervisor and the kubelet each want other pods), one
-    registry served by both roles' /metrics."""
+    """The controller and the hypervisor each run as their own ServiceAccount (--embedded-identities
+    default), so each has one Manager of its own, as in a cluster: three KubeClients in the process
+    (theirs and the embedded stage's admin one), one pod informer each (the controller's on every
+    pod, the hypervisor's on its node's), and a registry per role that also serves the families only
+    the others have. No request of theirs was refused."""
     controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
     hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
     for text in (controller, hypervisor):
-        assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 1.0"]
-        assert metric_lines(text, 'tfusion_informer_objects{informer="pods') == \
-            metric_lines(text, 'tfusion_informer_objects{informer="pods"}'), "one pod informer, unselected"
-        assert len(metric_lines(text, 'tfusion_informer_objects{informer="pods"}')) == 1
-    assert metric_lines(hypervisor, "tfusion_leader ") == ["tfusion_leader 1.0"], "one registry for both roles"
-    assert metric_lines(controller, "# TYPE") == metric_lines(hypervisor, "# TYPE")
+        assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 3.0"]
+        assert len(metric_lines(text, 'tfusion_informer_objects{informer="pods')) == 1, "one pod informer"
+    assert len(metric_lines(controller, 'tfusion_informer_objects{informer="pods"}')) == 1, "every pod"
+    (hypervisor_pods,) = metric_lines(hypervisor, 'tfusion_informer_objects{informer="pods')
+    assert f"fields=spec.nodeName={NODE}" in hypervisor_pods, "the hypervisor reads its own node's pods only"
+    assert metric_lines(controller, "tfusion_leader ") == ["tfusion_leader 1.0"]
+    # each role's /metrics still shows every family of the process (the others' mirrored)
+    assert metric_lines(hypervisor, "tfusion_leader ") == ["tfusion_leader 1.0"]
+    assert "as system:serviceaccount:tensor-fusion-sys:tensor-fusion-operator" in run.output()
+    assert "as system:serviceaccount:tensor-fusion-sys:tensor-fusion-hypervisor-sa" in run.output()
+    assert run.denials() == []
 
 
 def kubectl(run: RoleAll, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -66,6 +66,7 @@ def applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Applied]:
                 run.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 run.kill()
+        assert run.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 
 def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> bool:

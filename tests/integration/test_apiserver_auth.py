@@ -63,7 +63,10 @@ async def test_https_requires_bearer_token(tmp_path: Path) -> None:
             )
             sa_token = issued.json()["status"]["token"]
             as_sa = await client.get("/api/v1/namespaces", headers={"authorization": f"Bearer {sa_token}"})
-            assert as_sa.status_code == 200  # service-account tokens authenticate too
+            # service-account tokens authenticate too (403, not 401): RBAC grants a bare one discovery only
+            assert as_sa.status_code == 403 and as_sa.json()["reason"] == "Forbidden"
+            discovery = await client.get("/api", headers={"authorization": f"Bearer {sa_token}"})
+            assert discovery.status_code == 200
         api = await kr8s.asyncio.api(kubeconfig=str(tmp_path / "kubeconfig"))
         cm = ConfigMap({"metadata": {"name": "secure", "namespace": "default"}}, api=api)
         await cm.create()

@@ -45,7 +45,9 @@ async def test_probes_and_devices(tmp_path: Path) -> None:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         ready = await http.get("/readyz")
         assert ready.status_code == 200
-        assert ready.json()["conditions"] == [{"name": "discovery", "ready": True, "message": "3 device(s) from sim"}]
+        conditions = {c["name"]: c for c in ready.json()["conditions"]}
+        assert conditions["discovery"] == {"name": "discovery", "ready": True, "message": "3 device(s) from sim"}
+        assert set(conditions) == {"discovery", "shm-sync", "rate-limiter"}  # soft isolation's loops
         devices = (await http.get("/api/v1/devices")).json()["data"]
         assert [{k: d[k] for k in ("Model", "Healthy", "Index")} for d in devices] == [
             {"Model": "NVIDIA A100-SXM4-80GB", "Healthy": True, "Index": 0},
@@ -127,9 +129,9 @@ async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> Non
         assert (await http.post("/api/v1/workers/nope/snapshot")).status_code == 404
 
         metrics = (await http.get("/metrics")).text
-        labels = f'model="NVIDIA H100 80GB HBM3",node="box-1",pool="unknown",uuid="{h100}"'
-        assert f"tf_gpu_capacity_tflops{{{labels}}} 989.0" in metrics
-        assert "tf_worker_memory_used_bytes{" in metrics and 'pod="trainer"' in metrics
+        labels = f'gpu="{h100}",model="NVIDIA H100 80GB HBM3",node="box-1",pool="local"'
+        assert f"tfusion_gpu_device_tflops{{{labels}}} 989.0" in metrics
+        assert "tfusion_worker_memory_used_bytes{" in metrics and 'pod="trainer"' in metrics
 
         deleted = await http.delete(f"/api/v1/workers/{uid}")
         assert deleted.status_code == 200 and deleted.json()["data"]["released"] == [h100]
@@ -144,7 +146,7 @@ async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> Non
                                                          "gpuIds": [h100]})
         assert again.status_code == 201, again.text
     lines = (tmp_path / "metrics.log").read_text().splitlines()
-    assert any(line.startswith("tf_gpu_usage,node=box-1,pool=unknown,uuid=") for line in lines)
+    assert any(line.startswith("tf_gpu_usage,node=box-1,pool=local,uuid=") for line in lines)
     assert any(line.startswith("tf_worker_usage,") and "pod_name=trainer" in line for line in lines)
 
 

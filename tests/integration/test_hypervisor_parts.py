@@ -10,15 +10,18 @@ from pathlib import Path
 
 import anyio
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tfusion.hypervisor.devices.model import GpuProcess
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.devices.sim import SimBackend
-from tfusion.hypervisor.metrics import MetricsFileWriter, Sample, influx_line, json_line, parse_extra_labels
+from tfusion.hypervisor.metrics import UsageRecorder, UsageSource, parse_extra_labels
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import Resource, RunningInfo, WorkerAllocation, WorkerInfo
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.supervisor import ProcessSupervisor, backoff_delay
+from tfusion.metrics.points import Point, influx_line, json_line
+from tfusion.metrics.sinks import MetricsOutput, RotatingFile
 
 pytestmark = pytest.mark.anyio
 
@@ -101,12 +104,12 @@ def test_procfs_maps_container_pids_and_pod_uids(tmp_path: Path) -> None:
 
 
 def test_influx_lines_escape_tags_and_mark_integers() -> None:
-    sample = Sample("tf_gpu_usage", {"uuid": "gpu-1", "node": "n 1,a=b", "pool": ""},
-                    {"memory_bytes": 5, "compute_percentage": 12.5})
-    assert influx_line(sample, 1700000000123) == (
-        r"tf_gpu_usage,node=n\ 1\,a\=b,pool=unknown,uuid=gpu-1 compute_percentage=12.5,memory_bytes=5i 1700000000123")
-    assert json.loads(json_line(sample, 7)) == {"measure": "tf_gpu_usage", "tag": sample.tags,
-                                                "field": sample.fields, "ts": 7}
+    sample = Point("tf_gpu_usage", {"uuid": "gpu-1", "node": "n 1,a=b", "pool": ""},
+                   {"memory_bytes": 5, "compute_percentage": 12.5}, 1700000000123)
+    assert influx_line(sample) == (  # an empty tag cannot be written: it is left out
+        r"tf_gpu_usage,node=n\ 1\,a\=b,uuid=gpu-1 compute_percentage=12.5,memory_bytes=5i 1700000000123")
+    assert json.loads(json_line(Point(sample.measure, sample.tags, sample.fields, 7))) == {
+        "measure": "tf_gpu_usage", "tag": sample.tags, "field": sample.fields, "ts": 7}
 
 
 async def test_metrics_file_has_device_and_worker_lines(tmp_path: Path) -> None:
@@ -138,9 +141,11 @@ async def test_metrics_file_has_device_and_worker_lines(tmp_path: Path) -> None:
         def worker_for_pid(self, pid: int) -> str | None:
             return "w-1" if pid == 4242 else None
 
-    writer = MetricsFileWriter(tmp_path / "metrics.log", registry, Tracker(), node="n", pool="p",
-                               extra_labels=parse_extra_labels('{"example.com/team": "team"}'))
-    assert writer.write_once() == 2
+    source = UsageSource(registry, Tracker(), node="n", pool_of=lambda uuid: "p",
+                         extra_labels=parse_extra_labels('{"example.com/team": "team"}'))
+    output = MetricsOutput(role="hypervisor", registry=CollectorRegistry(),
+                           file=RotatingFile(tmp_path / "metrics.log"))
+    assert await UsageRecorder(source, output).record_once() == 2
     gpu_line, worker_line = (tmp_path / "metrics.log").read_text().splitlines()
     assert gpu_line.startswith(f"tf_gpu_usage,node=n,pool=p,uuid={device.uuid} ")
     assert "compute_percentage=50.0" in gpu_line and "compute_tflops=494.5" in gpu_line

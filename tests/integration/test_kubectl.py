@@ -39,13 +39,13 @@ def kubectl(apiserver: Any, tmp_path: Path) -> Kubectl:
 
 @pytest.fixture
 def crd_dir(tmp_path: Path) -> Path:
-    shipped = REPO / "deploy" / "crds"
+    shipped = REPO / "deploy" / "base" / "crds"
     if shipped.is_dir() and any(shipped.glob("*.yaml")):
         return shipped
     try:
         from tfusion.api.crds import all_crds
     except ImportError:
-        pytest.skip("deploy/crds is missing and tfusion.api.crds is not available")
+        pytest.skip("deploy/base/crds is missing and tfusion.api.crds is not available")
     out = tmp_path / "crds"
     out.mkdir()
     for crd in all_crds():

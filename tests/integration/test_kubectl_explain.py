@@ -34,7 +34,7 @@ class Kubectl:
 @pytest.fixture
 def kubectl(apiserver: Any, tmp_path: Path) -> Kubectl:
     client = Kubectl(apiserver.kubeconfig, tmp_path / "kubectl-cache")
-    client("apply", "-f", str(REPO / "deploy" / "crds"))
+    client("apply", "-f", str(REPO / "deploy" / "base" / "crds"))
     return client
 
 

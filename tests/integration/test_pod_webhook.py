@@ -184,7 +184,7 @@ INVALID = [
                            'from 1 to 128'),
     ({tfa.QOS: "urgent"}, 'tensor-fusion.ai/qos: "urgent" is not allowed; expected one of low|medium|high|critical'),
     ({tfa.GPU_POOL: "nope"}, 'tensor-fusion.ai/gpupool: "nope" is not allowed'),
-    ({tfa.IS_LOCAL_GPU: "false"}, "remote vGPU mode, which is not available yet"),
+    ({tfa.IS_LOCAL_GPU: "false", tfa.SIDECAR_WORKER: "true"}, 'sidecar-worker: "true" needs local GPU mode'),
 ]
 
 

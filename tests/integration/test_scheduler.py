@@ -96,7 +96,7 @@ async def test_worker_pod_is_bound_with_gpu_ids_and_shows_in_allocation(apiserve
             assert notes[tfa.GPU_IDS] == "gpu-a1"
             assert json.loads(notes[tfa.CONTAINER_GPUS]) == {"main": ["gpu-a1"]}
             assert notes[tfa.EFFECTIVE_HARD_SM_PERCENT] == "25"  # 25 of 100 TFLOPS
-            assert tfa.INDEX not in notes  # no node-level index lock here: the index is not written
+            assert tfa.INDEX not in notes  # the pod asks for no index resource (test_scheduler_index.py)
 
             async def in_allocation() -> Any:
                 view = (await ctl.http.get("/api/allocation")).json()

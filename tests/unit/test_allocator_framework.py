@@ -65,7 +65,8 @@ def test_status_ok_summary_and_message() -> None:
         Reason(fwk.VRAM_TOO_SMALL, "ResourceFilter", "n", "g2", "vram", 8 * GIB, 5 * GIB),
         Reason(fwk.TOO_FEW_GPUS, "SameNodeFilter", "n", resource="gpus", requested=2, available=0)))
     assert status.summary() == "GPU VRAM too small, too few fitting GPUs on the node"
-    assert status.reasons[0].text() == "n: VRAM available 6Gi < requested 8Gi on each of 2 GPU(s)"
+    assert status.reasons[0].text() == \
+        "g1: VRAM available 6Gi < requested 8Gi (the most free of the node's 2 GPUs short of VRAM)"
     assert Status(Code.ERROR).summary() == "Error"
     expl = fwk.Explanation({"a": status, "b": status, "c": fwk.SUCCESS,
                             "d": Status(Code.UNRESOLVABLE, fwk.FILTER, (Reason(fwk.NO_GROUP_GPUS, fwk.FILTER),))})
@@ -216,7 +217,8 @@ def test_explanation_and_its_json() -> None:
     node_a = body["nodes"]["node-a"]
     assert node_a["code"] == "Unschedulable" and node_a["summary"] == fwk.VRAM_TOO_SMALL
     assert node_a["reasons"][0]["requested"] == "30Gi" and node_a["reasons"][0]["available"] == "16Gi"
-    assert node_a["reasons"][0]["detail"] == "node-a: VRAM available 16Gi < requested 30Gi on each of 2 GPU(s)"
+    assert node_a["reasons"][0]["detail"] == \
+        "a0: VRAM available 16Gi < requested 30Gi (the most free of the node's 2 GPUs short of VRAM)"
     assert body["suggestions"][0]["kind"] == "smaller-request"
     assert status_json(fwk.SUCCESS) == {"code": "Success", "stage": "", "summary": "Success", "reasons": []}
     fits = fw.explain(req("small"))

@@ -286,3 +286,20 @@ def test_default_bound_stops_a_huge_list() -> None:
     schema = widget_schema(**{"x-kubernetes-validations": rules("self.numbers.all(x, x >= 0)")})
     causes = validate(schema, widget({"numbers": list(range(100_000))}), None)
     assert len(causes) == 1 and "cost limit exceeded" in causes[0][2]
+
+
+def test_remembered_results_keep_paths_and_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal values are evaluated once; each element still gets its own cause, and a remembered
+    result is charged its steps, so the object budget runs out where it would without the memo."""
+    schema = widget_schema()
+    parts = [{"name": "a", "count": 0}] * 3
+    assert validate(schema, widget({"parts": parts}), None) == [
+        (f"spec.parts[{i}]", "FieldValueInvalid", 'Invalid value: "object": failed rule: self.count > 0')
+        for i in range(3)
+    ]
+    many = widget({"parts": [{"name": "a", "count": 1}] * 2000})
+    remembered = validate(schema, many, None, StepMeter(remaining=5_000))
+    with monkeypatch.context() as patch:
+        patch.setattr(cel, "_MEMO_VALUE_BYTES", 0)  # nothing is remembered
+        evaluated = validate(schema, many, None, StepMeter(remaining=5_000))
+    assert remembered == evaluated and len(evaluated) == 1 and "running out of cost budget" in evaluated[0][2]

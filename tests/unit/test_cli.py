@@ -40,6 +40,8 @@ def _expected_default(opt: Option) -> str:
         return "-".join(map(str, default))
     if isinstance(default, float) and opt.parse.__name__ == "parse_duration":
         return f"{int(default)}s" if default.is_integer() else f"{default}s"
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
     return str(default)
 
 
@@ -255,9 +257,9 @@ UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
 UNIMPLEMENTED_VALUES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
-FOUND_FLAGS = {"--scheduler-config", "--metrics-path"}
+FOUND_FLAGS = {"--scheduler-config"}
 FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_CR_CONTROLLER",
-             "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", "INITIAL_GPU_NODE_LABEL_SELECTOR", "DETECT_IN_USED_GPUS"}
+             "INITIAL_GPU_NODE_LABEL_SELECTOR", "DETECT_IN_USED_GPUS"}
 
 
 def _role_arg(opt: Option) -> str:

@@ -1,4 +1,4 @@
-"""The generated CRDs: deploy/crds is up to date, and every CRD is structurally sound."""
+"""The generated CRDs: deploy/base/crds is up to date, and every CRD is structurally sound."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tfusion.api.schema import subschema as _subschema
 from tfusion.api.types import KINDS
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY_CRDS = REPO / "deploy" / "crds"
+DEPLOY_CRDS = REPO / "deploy" / "base" / "crds"
 
 #: short names of built-in Kubernetes resources (kubectl api-resources), which ours must not shadow
 CORE_SHORT_NAMES = {
@@ -38,10 +38,10 @@ def subschema(schema: dict[str, Any], path: str) -> dict[str, Any]:
 def test_deploy_crds_match_the_models_byte_for_byte(tmp_path: Path) -> None:
     written = crds.write_crds(tmp_path)
     assert sorted(p.name for p in written) == sorted(p.name for p in DEPLOY_CRDS.glob("*.yaml")), (
-        "deploy/crds has other files than the generator writes; run `tfusion crds --out deploy/crds`")
+        "deploy/base/crds has other files than the generator writes; run `tfusion crds --out deploy/base/crds`")
     for path in written:
         assert path.read_bytes() == (DEPLOY_CRDS / path.name).read_bytes(), (
-            f"deploy/crds/{path.name} is stale; run `tfusion crds --out deploy/crds`")
+            f"deploy/base/crds/{path.name} is stale; run `tfusion crds --out deploy/base/crds`")
 
 
 def test_generation_is_deterministic() -> None:

@@ -1,4 +1,4 @@
-"""deploy/scheduler renders with `kubectl kustomize` into a stock kube-scheduler whose one profile
+"""deploy/overlays/kube-scheduler renders with `kubectl kustomize` into a stock kube-scheduler whose one profile
 `tensor-fusion-scheduler` calls the controller's extender routes through the controller Service,
 with its own Lease, the ConfigMap mounted under its generated name, and the RBAC a kube-scheduler
 needs (the authentication reader binding in kube-system)."""
@@ -15,7 +15,7 @@ import yaml
 
 from tfusion.controller.scheduling.scheduler import SCHEDULER_NAME
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / "kube-scheduler"
 KUBECTL = shutil.which("kubectl")
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
@@ -55,7 +55,7 @@ def test_the_profile_calls_the_controller_extender(rendered: dict[tuple[str, str
 
 def test_the_deployment_runs_a_stock_kube_scheduler_on_that_config(
         rendered: dict[tuple[str, str], dict[str, Any]]) -> None:
-    deployment = one(rendered, "Deployment")
+    deployment = rendered[("Deployment", "tensor-fusion-scheduler")]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"].startswith("registry.k8s.io/kube-scheduler:")
@@ -68,7 +68,8 @@ def test_the_deployment_runs_a_stock_kube_scheduler_on_that_config(
 
 def test_rbac_binds_the_kube_scheduler_roles(rendered: dict[tuple[str, str], dict[str, Any]]) -> None:
     roles = {d["roleRef"]["name"]: d for (kind, _), d in rendered.items()
-             if kind in ("ClusterRoleBinding", "RoleBinding")}
+             if kind in ("ClusterRoleBinding", "RoleBinding")
+             and d["metadata"]["name"].startswith("tensor-fusion-scheduler")}
     assert {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader",
             "tensor-fusion-scheduler-lease"} <= set(roles)
     assert roles["extension-apiserver-authentication-reader"]["metadata"]["namespace"] == "kube-system"

@@ -1,4 +1,5 @@
-"""deploy/webhook renders with `kubectl kustomize` and says what the controller registers."""
+"""The webhook part of deploy/ (base/controller) renders with `kubectl kustomize` and says what the controller
+registers."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tfusion.controller.webhook.certs import SECRET_NAME
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, client_config, desired_configuration
 
 KUBECTL = "/usr/bin/kubectl"
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "webhook"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / "builtin-scheduler"
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,14 @@ def test_the_configuration_is_what_the_controller_keeps_current(rendered: dict[s
 
 
 def test_the_secret_is_granted_by_name(rendered: dict[str, dict[str, Any]]) -> None:
-    role = rendered["Role/tensor-fusion-webhook-certs"]
+    role = rendered["Role/tensor-fusion-operator"]
     assert role["metadata"]["namespace"] == "tensor-fusion-sys"
     assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET_NAME],
-            "verbs": ["get", "update", "patch"]} in role["rules"]
-    binding = rendered["RoleBinding/tensor-fusion-webhook-certs"]
+            "verbs": ["get", "list", "watch", "update", "patch"]} in role["rules"]
+    binding = rendered["RoleBinding/tensor-fusion-operator"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tensor-fusion-operator",
                                     "namespace": "tensor-fusion-sys"}]
-    cluster = rendered["ClusterRole/tensor-fusion-webhook"]
+    cluster = rendered["ClusterRole/tensor-fusion-operator"]
     assert any("tokenreviews" in rule["resources"] for rule in cluster["rules"])
+    assert {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+            "resourceNames": [CONFIGURATION_NAME], "verbs": ["get", "update", "patch"]} in cluster["rules"]

@@ -1,6 +1,6 @@
 """Pure parts of tfusion/controller/reconcilers: node selectors and pool choice, pool derivation from
 a cluster, retry backoff, status comparison, the hypervisor's last report; and the hypervisor
-DaemonSet under deploy/hypervisor as `kubectl kustomize` renders it."""
+DaemonSet under deploy/base/hypervisor as `kubectl kustomize` renders it."""
 
 from __future__ import annotations
 
@@ -157,8 +157,8 @@ KUBECTL = shutil.which("kubectl")
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_hypervisor_daemonset_renders() -> None:
     assert KUBECTL is not None
-    out = subprocess.run([KUBECTL, "kustomize", str(REPO / "deploy/hypervisor")], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([KUBECTL, "kustomize", str(REPO / "deploy/overlays/builtin-scheduler")],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout)}
     daemonset = docs[("DaemonSet", "tensor-fusion-hypervisor")]

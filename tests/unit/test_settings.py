@@ -48,9 +48,13 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "hardware_metadata": ('[{"model": "A100"}]', '[{"model": "A100"}]', None),
     "scheduling_config": ('{"autoFreeze": []}', '{"autoFreeze": []}', None),
     "metrics_format": ("json", "json", "xml"),
+    "metrics_push_url": ("http://127.0.0.1:4000/v1/influxdb/write", "http://127.0.0.1:4000/v1/influxdb/write",
+                         "ftp://db.example/write"),
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
     "enable_webhooks": ("false", False, "maybe"),
     "enable_scheduler": ("false", False, "maybe"),
+    "disable_connection_auth": ("true", True, "maybe"),
+    "progressive_migration": ("true", True, "maybe"),
 }
 
 ENV_OPTIONS = [opt for opt in OPTIONS if opt.env and opt.implemented]
@@ -115,6 +119,7 @@ def _flag_sample(opt: Option) -> Any:
         "log_level": "warn", "node_name": "flag-node", "controller_listen": ":7070",
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
+        "metrics_push_url": "http://10.0.0.9:8086/write",
     }
     return samples[opt.attr]
 
@@ -238,10 +243,8 @@ def test_resolved_node_name_falls_back_to_the_host_name() -> None:
 NOT_IMPLEMENTED_FOUND = {
     "testing": "GO_TESTING",
     "scheduler_config": "--scheduler-config",
-    "metrics_path": "--metrics-path",
     "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
     "enable_cr_controller": "ENABLE_CR_CONTROLLER",
-    "progressive_migration": "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION",
     "initial_gpu_node_label_selector": "INITIAL_GPU_NODE_LABEL_SELECTOR",
     "detect_in_used_gpus": "DETECT_IN_USED_GPUS",
 }

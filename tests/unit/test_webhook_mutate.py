@@ -243,11 +243,14 @@ def test_no_resources_and_two_containers_are_denied() -> None:
     assert "env" not in out["spec"]["containers"][0] and env_of(out["spec"]["containers"][1])
 
 
-def test_remote_mode_is_denied_until_it_exists() -> None:
-    with pytest.raises(Denial, match="remote vGPU mode, which is not available yet"):
-        analyse(tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false"}), ctx(), OWNER)
-    with pytest.raises(Denial, match="defaultUsingLocalGPU asks for remote vGPU mode"):
-        analyse(tf_pod(BARE), ctx(pools=[pool(defaultUsingLocalGPU=False)]), OWNER)
+def test_remote_mode_comes_from_the_annotation_or_the_pool_and_refuses_a_sidecar() -> None:
+    # the whole remote rendering is in tests/unit/test_webhook_remote.py
+    for pod, context in ((tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false"}), ctx()),
+                         (tf_pod(BARE), ctx(pools=[pool(defaultUsingLocalGPU=False)]))):
+        plan = analyse(pod, context, OWNER)
+        assert plan is not None and plan.remote is not None
+    with pytest.raises(Denial, match='sidecar-worker: "true" needs local GPU mode'):
+        analyse(tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false", tfa.SIDECAR_WORKER: "true"}), ctx(), OWNER)
 
 
 def test_no_pool_and_no_default_pool_is_denied() -> None:

@@ -45,6 +45,7 @@ from tfusion.allocator.errors import (
     Unschedulable,
 )
 from tfusion.allocator.index import PoolIndex
+from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total
 from tfusion.allocator.request import AllocRequest, Resources
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
@@ -54,7 +55,10 @@ from tfusion.api import annotations as tfa
 
 DEFAULT_MAX_WORKERS_PER_NODE = 256
 DEFAULT_ASSUME_TTL = 30 * 60.0
-RELEASED_MEMORY = 100_000  # released pod UIDs remembered, so a late bind cannot resurrect them
+#: the filter stage of the node-level pod index lock (indexlock.py)
+NODE_INDEX_LOCK = "NodeIndexLock"
+RELEASED_MEMORY = 100_000
+_NO_NODES: frozenset[str] = frozenset()  # released pod UIDs remembered, so a late bind cannot resurrect them
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +225,12 @@ class GpuAllocator:
         self._shapes: OrderedDict[ShapeKey, _FeasibleSet] = OrderedDict()
         self._qos_live: dict[str, int] = {}  # live allocations per QoS level (preemption hints)
         self._versions: dict[str, int] = {}  # node -> change counter (explanations cached per version)
-        self._explained: OrderedDict[ShapeKey, dict[str, tuple[int, Any]]] = OrderedDict()
+        self._static_gen: dict[str, int] = {}  # node -> change counter of its GPUs' reported facts
+        #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only
+        self.static_facts: dict[tuple[str, GroupKey], tuple[int, Any]] = {}
+        self._explained: OrderedDict[ShapeKey, dict[str, Any]] = OrderedDict()
+        #: which pod holds which device-plugin index on which node, for as long as its allocation lives
+        self.index_lock = NodeIndexLock()
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -252,6 +261,7 @@ class GpuAllocator:
             slot.info = info
             self._group(node, slot)
         slot.info = info
+        self._bump_static(info.node)
         if old.capacity_tflops != info.capacity_tflops:
             self._recharge_percent(slot)
         slot.refresh()
@@ -308,7 +318,15 @@ class GpuAllocator:
             self._update_node_scores(node)
             self._reindex(node)
 
+    def _bump_static(self, node: str) -> None:
+        self._static_gen[node] = self._static_gen.get(node, 0) + 1
+
+    def static_version(self, node: str) -> int:
+        """A counter that changes whenever the node's GPUs or their reported facts (not their load) change."""
+        return self._static_gen.get(node, 0)
+
     def _group(self, node: _Node, slot: GpuSlot) -> None:
+        self._bump_static(node.name)
         for key in _group_keys(slot.info):
             members = node.groups.setdefault(key, [])
             members.append(slot)
@@ -316,6 +334,7 @@ class GpuAllocator:
 
     def _ungroup(self, node: _Node, slot: GpuSlot, info: GpuInfo) -> None:
         self._mark_stale(node.name)
+        self._bump_static(node.name)
         for key in _group_keys(info):
             members = node.groups[key]
             members.remove(slot)
@@ -490,9 +509,24 @@ class GpuAllocator:
         """A counter that changes whenever anything about `node` that placement reads changes."""
         return self._versions.get(node, 0)
 
-    def explain_cache(self, req: AllocRequest) -> dict[str, tuple[int, Any]]:
-        """Per-node memo for explanations of `req`'s shape: node -> (node_version, value). The
-        explainer (explain.py) owns the values; an entry is valid while the node's version matches.
+    def index_conflict(self, req: AllocRequest, node: str) -> str:
+        """Why `req` cannot hold its pod index on `node` (another pod holds it there), or ""."""
+        if not req.pod_index:
+            return ""
+        others = self.index_lock.holders(node, req.pod_index, besides=req.pod_uid)
+        if not others:
+            return ""
+        names = sorted(self._pod_name(uid) for uid in others)
+        return (f"pod index {req.pod_index} is held on node {node} by pod {', '.join(names)} (the device "
+                f"plugin tells pods apart by index, so two pods on one node cannot share one)")
+
+    def _pod_name(self, uid: str) -> str:
+        alloc = self._allocs.get(uid)
+        return f"{alloc.req.namespace}/{alloc.req.pod_name}" if alloc is not None else uid
+
+    def explain_cache(self, req: AllocRequest) -> dict[str, Any]:
+        """Per-node memo for explanations of `req`'s shape: node -> value (explain.py's NodeFacts,
+        which carry the node_version they were judged at); valid while the node's version matches.
         Kept for the last MAX_EXPLAINED_SHAPES shapes."""
         key = shape_of(req)
         memo = self._explained.get(key)
@@ -526,7 +560,16 @@ class GpuAllocator:
         if cached.stale:
             nodes = self._nodes
             feasible = cached.nodes
+            # the group index's per-node maxima (best free VRAM and TFLOPS of a schedulable GPU, how
+            # many schedulable GPUs; -1/0 at the worker limit) rule most nodes out without looking
+            # at their GPUs: a new shape costs O(nodes), not O(GPUs), when few nodes can take it
+            index = self._group_index(group)
+            agg_v, agg_t, agg_n = index.agg_v, index.agg_t, index.agg_n
+            need_v, need_t, need_n = req.vram_request, req.tflops_request, req.count  # percent: VRAM only
             for name in cached.stale:
+                if agg_v.get(name, -1) < need_v or agg_t.get(name, -1) < need_t or agg_n.get(name, 0) < need_n:
+                    feasible.discard(name)
+                    continue
                 node = nodes.get(name)
                 if node is not None and self._node_fit(node, group, req) is not None:
                     feasible.add(name)
@@ -568,10 +611,12 @@ class GpuAllocator:
         if nodes is None:
             all_nodes = self._nodes
 
+            busy = self.index_lock.nodes_holding(req.pod_index) if req.pod_index else _NO_NODES
+
             def fits(name: str) -> tuple[_Node, list[GpuSlot]] | None:
                 node = all_nodes[name]
                 slots = self._node_fit(node, key, req)
-                if slots is None or (node_ok is not None and not node_ok(name)):
+                if slots is None or name in busy or (node_ok is not None and not node_ok(name)):
                     return None
                 return node, slots
 
@@ -579,7 +624,9 @@ class GpuAllocator:
             found = index.search(req.vram_request, req.tflops_request, fits,  # type: ignore[assignment]
                                  need_gpus=req.count)
         else:
-            for name in sorted((n for n in set(nodes) if n in index), key=lambda n: (-index.score(n), n)):
+            busy = self.index_lock.nodes_holding(req.pod_index) if req.pod_index else _NO_NODES
+            for name in sorted((n for n in set(nodes) if n in index and n not in busy),
+                               key=lambda n: (-index.score(n), n)):
                 slots = self._node_fit(self._nodes[name], key, req)
                 if slots is not None and (node_ok is None or node_ok(name)):
                     found = (self._nodes[name], slots)
@@ -744,6 +791,9 @@ class GpuAllocator:
             raise Unschedulable(f"node {node.name} has {len(node.workers)} workers, limit "
                                 f"{self.max_workers_per_node}", stage=filters.MAX_WORKERS,
                                 nodes={node.name: ["max workers reached"]})
+        busy = self.index_conflict(req, node.name) if req.pod_index else ""
+        if busy:
+            raise Unschedulable(busy, stage=NODE_INDEX_LOCK, nodes={node.name: [busy]})
         charges, limits = self._charges(req, slots)
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
             reason = filters.shared_whole(slot, req) if req.isolation == tfa.ISOLATION_SHARED else None
@@ -798,6 +848,8 @@ class GpuAllocator:
         if node is None:
             node = self._nodes[alloc.node] = _Node(alloc.node)
         node.workers[uid] = f"{alloc.req.namespace}/{alloc.req.pod_name}"
+        if alloc.req.pod_index:
+            self.index_lock.occupy(alloc.node, alloc.req.pod_index, uid)
         self._qos_live[alloc.req.qos] = self._qos_live.get(alloc.req.qos, 0) + 1
         self._allocs[uid] = alloc
         self._usage_bucket(alloc).add(alloc.usage)
@@ -823,6 +875,8 @@ class GpuAllocator:
             slot.refresh()
         node = self._nodes[alloc.node]
         del node.workers[uid]
+        if alloc.req.pod_index:
+            self.index_lock.release(alloc.node, alloc.req.pod_index, uid)
         self._qos_live[alloc.req.qos] -= 1
         del self._allocs[uid]
         self._assumed.pop(uid, None)
@@ -1125,6 +1179,7 @@ class GpuAllocator:
                                   "assumed": a.assumed_at is not None, "request": a.req}
                             for uid, a in sorted(self._allocs.items())},
             "workers": self.node_workers(),
+            "pod_indexes": self.index_lock.snapshot(),
             "quota_used": {ns: u.as_tuple() for ns, u in sorted(self._used.items()) if any(u.as_tuple())},
             "quota_assumed": {ns: u.as_tuple() for ns, u in sorted(self._assumed_used.items())
                               if any(u.as_tuple())},

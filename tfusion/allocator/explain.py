@@ -9,10 +9,17 @@ and without changing it, for
 - quota: the GPUResourceQuota values that would admit it (when the GPUs have room);
 - preempt-lower-qos: the fewest lower-QoS pods on one node whose departure frees the room.
 Every suggestion is checked with the same rules the placement uses before it is offered.
+
+Speed of the first explanation of a request shape (nothing memoized yet): a node whose GPUs of the
+pool are "plain" (`_plain_group`, kept per node until its GPUs' reported facts change) is judged
+by load alone, two comparisons per GPU (`_judge_plain`; a test checks it agrees with the stage by
+stage `_judge_node_slow` on random clusters); what is the same for every node is worked out once
+per call; no GPU list is sorted (heapq picks the k best).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -113,9 +120,12 @@ LABEL_STAGES: dict[str, tuple[str, str | None]] = {
 _STAGE_CHECKS = {stage.name: stage.check for stage in filters.STAGES}
 
 
-class NodeFacts:
-    """What one node can do for one request shape: its Status, and on demand the numbers that
-    suggestions need (valid while the node is unchanged, which the memo's version check ensures).
+class NodeFacts(Status):
+    """What one node can do for one request shape: its Status (Filter stage; the object itself
+    when it fails, `SUCCESS` when it fits: see `status`), and on demand the numbers that
+    suggestions need (valid while the node is unchanged: `version` is the node's version it was
+    judged at, which the memo checks). One object, not a Status beside the facts: an explanation
+    builds one per node, and what it keeps is kept for the next explanation of the shape.
 
     `fitting`: GPUs that fit as asked (0 at the worker limit); `loaded`: the GPUs past every static
     stage, whose load alone decides (None at the worker limit). `caps()`: (the largest VRAM request
@@ -124,13 +134,22 @@ class NodeFacts:
     GPUs with the most free VRAM all have), -1 / None when the node cannot give `count` GPUs.
     """
 
-    __slots__ = ("_caps", "fitting", "loaded", "status")
+    __slots__ = ("_caps", "fitting", "loaded", "version")
 
-    def __init__(self, status: Status, fitting: int = 0, loaded: list[GpuSlot] | None = None) -> None:
-        self.status = status
+    def __init__(self, code: Code, reasons: tuple[Reason, ...] = (), fitting: int = 0,
+                 loaded: list[GpuSlot] | None = None) -> None:
+        self.code = code
+        self.stage = FILTER
+        self.reasons = reasons
+        self.ok = code is Code.SUCCESS
         self.fitting = fitting
         self.loaded = loaded
+        self.version = -1
         self._caps: tuple[int, int, tuple[int, int] | None] | None = None
+
+    @property
+    def status(self) -> Status:
+        return SUCCESS if self.ok else self
 
     def caps(self, req: AllocRequest) -> tuple[int, int, tuple[int, int] | None]:
         if self._caps is None:
@@ -140,54 +159,171 @@ class NodeFacts:
 
 
 def explain_node(alloc: GpuAllocator, req: AllocRequest, name: str, stage: str,
-                 memo: dict[str, tuple[int, object]] | None = None) -> Status:
+                 memo: dict[str, NodeFacts] | None = None) -> Status:
     """Success, or why `name` cannot take `req` (see `node_facts`), with `stage` as the Status' stage.
     `memo` is alloc.explain_cache(req), fetched once by a caller explaining many nodes."""
     status = node_facts(alloc, req, name, alloc.explain_cache(req) if memo is None else memo).status
     if status.ok or status.stage == stage:
         return status
-    return replace(status, stage=stage)
+    return status.with_stage(stage)
 
 
 def node_statuses(alloc: GpuAllocator, req: AllocRequest, names: Iterable[str]) -> dict[str, Status]:
-    """Each node's Status for `req` (stage Filter), from the memo where the node is unchanged."""
+    """Each node's Status for `req` (stage Filter), from the memo where the node is unchanged.
+
+    This is the first explanation's cost, so what is the same for every node is worked out once and
+    `_judge_node`'s dispatch is inlined."""
     memo = alloc.explain_cache(req)
     versions = alloc._versions
+    nodes = alloc._nodes
+    key = (req.pool, req.gpu_model)
+    short = req.isolation in _LOAD_ONLY_MODES and not req.indices
+    vendor = req.vendor
     out: dict[str, Status] = {}
     for name in names:
+        version = versions.get(name, 0)
         hit = memo.get(name)
-        if hit is not None and hit[0] == versions.get(name, 0):
-            out[name] = hit[1].status
-        else:
-            out[name] = node_facts(alloc, req, name, memo).status
+        if hit is not None and hit.version == version:
+            out[name] = hit.status
+            continue
+        facts = None
+        if short:
+            node = nodes.get(name)
+            members = node.groups.get(key) if node is not None else None
+            if node is not None and members is not None:
+                plain = _plain_group(alloc, node, key)
+                if plain is not None and (not vendor or vendor == plain[0]):
+                    facts = _judge_plain(alloc, req, node, members, plain[1])
+        if facts is None:
+            facts = _judge_node_slow(alloc, req, name)
+        facts.version = version
+        memo[name] = facts
+        out[name] = facts.status
     return out
 
 
 def node_facts(alloc: GpuAllocator, req: AllocRequest, name: str,
-               memo: dict[str, tuple[int, object]]) -> NodeFacts:
+               memo: dict[str, NodeFacts]) -> NodeFacts:
     """The node's facts for `req`, from `memo` (alloc.explain_cache(req)) while the node is unchanged."""
     version = alloc._versions.get(name, 0)  # node_version(), inlined: this runs for every node
     hit = memo.get(name)
-    if hit is not None and hit[0] == version:
-        return hit[1]  # type: ignore[return-value]
+    if hit is not None and hit.version == version:
+        return hit
     facts = _judge_node(alloc, req, name)
-    memo[name] = (version, facts)
+    facts.version = version
+    memo[name] = facts
     return facts
+
+
+def _plain_group(alloc: GpuAllocator, node: _Node, key: tuple[str, str]) -> tuple[str, int] | None:
+    """(vendor, TFLOPS capacity) when every GPU of the node's group is "plain": schedulable, Static
+    isolation policy, no isolation mode, no capability annotation, one vendor and one capacity; else
+    None. For such a group only the load decides, so a request is judged with two comparisons per
+    GPU (`_judge_plain`). Kept per node until its GPUs' reported facts change (static_version)."""
+    cache_key = (node.name, key)
+    version = alloc._static_gen.get(node.name, 0)
+    hit = alloc.static_facts.get(cache_key)
+    if hit is not None and hit[0] == version:
+        return hit[1]  # type: ignore[no-any-return]
+    members = node.groups[key]
+    first = members[0].info
+    plain: tuple[str, int] | None = (first.vendor, first.capacity_tflops)
+    for slot in members:
+        info = slot.info
+        if not slot.schedulable or info.isolation_mode or info.virtualization is not None or \
+                (info.isolation_policy and info.isolation_policy.lower() not in filters.STATIC_POLICIES) or \
+                info.vendor != first.vendor or info.capacity_tflops != first.capacity_tflops:
+            plain = None
+            break
+    alloc.static_facts[cache_key] = (version, plain)
+    return plain
+
+
+#: isolation modes a plain group is judged by load alone for (shared needs idle GPUs, partitioned is refused)
+_LOAD_ONLY_MODES = frozenset({tfa.ISOLATION_SOFT, tfa.ISOLATION_HARD})
 
 
 def _judge_node(alloc: GpuAllocator, req: AllocRequest, name: str) -> NodeFacts:
     """One pass over the node's GPUs: one Reason per distinct per-GPU reason (numbers from the GPU
     closest to fitting), the worker limit, the GPU count; Unresolvable when fewer than `req.count`
-    GPUs could ever fit (load aside); and the caps for suggestions."""
+    GPUs could ever fit (load aside); and the caps for suggestions. A plain group (`_plain_group`)
+    takes the short road (`_judge_plain`), with the same answer."""
+    node = alloc._nodes.get(name)
+    key = (req.pool, req.gpu_model)
+    if node is not None and key in node.groups and req.isolation in _LOAD_ONLY_MODES and not req.indices:
+        plain = _plain_group(alloc, node, key)
+        if plain is not None and (not req.vendor or req.vendor == plain[0]):
+            facts = _judge_plain(alloc, req, node, node.groups[key], plain[1])
+            if facts is not None:
+                return facts
+    return _judge_node_slow(alloc, req, name)
+
+
+def _judge_plain(alloc: GpuAllocator, req: AllocRequest, node: _Node, members: list[GpuSlot],
+                 capacity: int) -> NodeFacts | None:
+    """`_judge_node_slow` for a plain group: each GPU is short of TFLOPS, else of VRAM, else fits.
+    None when a GPU is held whole by a shared pod (the slow road says so)."""
+    need_t = req.tflops_need(capacity)
+    need_v = req.vram_request
+    t_best: GpuSlot | None = None
+    v_best: GpuSlot | None = None
+    t_count = v_count = fitting = 0
+    vram_first = False
+    for slot in members:
+        if slot.shared_by is not None:
+            return None
+        if slot.avail_t < need_t:
+            t_count += 1
+            if t_best is None or slot.avail_t > t_best.avail_t:
+                t_best = slot
+        elif slot.avail_v < need_v:
+            if v_best is None:
+                vram_first = t_best is None
+                v_best = slot
+            elif slot.avail_v > v_best.avail_v:
+                v_best = slot
+            v_count += 1
+        else:
+            fitting += 1
+    workers, limit = len(node.workers), alloc.max_workers_per_node
+    k = req.count
+    if fitting >= k and workers < limit:
+        return NodeFacts(Code.SUCCESS, (), fitting)
+    name = node.name
+    t_reason = None if t_best is None else Reason(TFLOPS_TOO_SMALL, "ResourceFilter", name, t_best.name, "tflops",
+                                                  need_t, t_best.avail_t, gpus=t_count)
+    v_reason = None if v_best is None else Reason(VRAM_TOO_SMALL, "ResourceFilter", name, v_best.name, "vram",
+                                                  need_v, v_best.avail_v, gpus=v_count)
+    reasons: tuple[Reason, ...] = ()
+    if t_reason is not None and v_reason is not None:
+        reasons = (v_reason, t_reason) if vram_first else (t_reason, v_reason)
+    elif t_reason is not None:
+        reasons = (t_reason,)
+    elif v_reason is not None:
+        reasons = (v_reason,)
+    open_node = workers < limit
+    if not open_node:
+        reasons += (Reason(TOO_MANY_WORKERS, filters.MAX_WORKERS, name, resource="workers", requested=1,
+                           available=0, detail=MAX_WORKERS_DETAIL.format(node=name, workers=workers, limit=limit)),)
+    if fitting < k and k > 1:
+        reasons += (Reason(TOO_FEW_GPUS, filters.SAME_NODE, name, resource="gpus", requested=k, available=fitting,
+                           detail=f"node {name} has {fitting} fitting GPU(s), {k} requested"),)
+    code = Code.UNRESOLVABLE if len(members) < k else Code.UNSCHEDULABLE
+    # `members` itself, not a copy: the facts are valid only while the node's version is unchanged
+    return NodeFacts(code, reasons, fitting if open_node else 0, members if open_node else None)
+
+
+def _judge_node_slow(alloc: GpuAllocator, req: AllocRequest, name: str) -> NodeFacts:
+    """`_judge_node` GPU by GPU, every stage in order (any group, any request)."""
     node = alloc._nodes.get(name)
     key = (req.pool, req.gpu_model)
     if node is None or key not in node.groups:
         if node is not None and req.gpu_model and (req.pool, "") in node.groups:
-            return NodeFacts(Status(Code.UNRESOLVABLE, FILTER, (Reason(
+            return NodeFacts(Code.UNRESOLVABLE, (Reason(
                 NO_MODEL_GPUS, "GPUModelFilter", name, detail=f"node {name} has no {req.gpu_model} GPU of pool "
-                                                               f"{req.pool}"),)))
-        return NodeFacts(Status(Code.UNRESOLVABLE, FILTER, (Reason(
-            NO_GROUP_GPUS, FILTER, name, detail=f"node {name} has no GPU of pool {req.pool}"),)))
+                                                               f"{req.pool}"),))
+        return NodeFacts(Code.UNRESOLVABLE, (Reason(
+            NO_GROUP_GPUS, FILTER, name, detail=f"node {name} has no GPU of pool {req.pool}"),))
     closest: dict[str, GpuSlot] = {}
     counts: dict[str, int] = {}
     loaded: list[GpuSlot] = []  # past every static stage: only their load decides
@@ -214,7 +350,7 @@ def _judge_node(alloc: GpuAllocator, req: AllocRequest, name: str) -> NodeFacts:
             closest[label] = slot
     workers, limit = len(node.workers), alloc.max_workers_per_node
     if fitting >= req.count and workers < limit:
-        return NodeFacts(SUCCESS, fitting)
+        return NodeFacts(Code.SUCCESS, (), fitting)
     k = req.count
     open_node = workers < limit
     reasons = [_gpu_reason(label, slot, req, counts[label]) for label, slot in closest.items()]
@@ -227,7 +363,7 @@ def _judge_node(alloc: GpuAllocator, req: AllocRequest, name: str) -> NodeFacts:
                               available=fitting,
                               detail=f"node {name} has {fitting} fitting GPU(s), {k} requested"))
     code = Code.UNRESOLVABLE if curable < k else Code.UNSCHEDULABLE
-    return NodeFacts(Status(code, FILTER, tuple(reasons)), fitting if open_node else 0,
+    return NodeFacts(code, tuple(reasons), fitting if open_node else 0,
                      loaded if open_node else None)
 
 
@@ -242,7 +378,7 @@ def _caps(loaded: list[GpuSlot], req: AllocRequest) -> tuple[int, int, tuple[int
     free_t = _percent_free if percent else _avail_t
     vram = _kth_largest([s.avail_v for s in loaded if s.avail_t >= req.tflops_need(s.info.capacity_tflops)], k)
     tflops = _kth_largest([free_t(s) for s in loaded if s.avail_v >= req.vram_request], k)
-    top = sorted(loaded, key=lambda s: (-s.avail_v, -free_t(s)))[:k]
+    top = heapq.nsmallest(k, loaded, key=lambda s: (-s.avail_v, -free_t(s)))
     return vram, tflops, (min(s.avail_v for s in top), min(free_t(s) for s in top))
 
 
@@ -329,10 +465,10 @@ def _ceil_milli(value: int) -> int:
 
 
 def _kth_largest(values: list[int], k: int) -> int:
-    """The k-th largest value (1-based); -1 when there are fewer than k."""
+    """The k-th largest value (1-based); -1 when there are fewer than k. (No full sort.)"""
     if len(values) < k:
         return -1
-    return sorted(values, reverse=True)[k - 1]
+    return max(values) if k == 1 else heapq.nlargest(k, values)[-1]
 
 
 # ---------------------------------------------------------------------- smaller-request

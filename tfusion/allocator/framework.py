@@ -5,6 +5,7 @@ and every "no" must say why in numbers. Both call these extension points, in kub
 
     fw = Framework(allocator)                        # cheap; holds no state of its own
     status = fw.pre_filter(req)                      # quota, pool has GPUs        -> Status
+    nodes = fw.feasible(req, candidates)             # Filter's Success set only (the built-in scheduler)
     feasible, failed = fw.split(req, candidates)     # or fw.filter(req, candidates): node -> Status
     scores = fw.score(req, feasible)                 # node -> 0..100 (extender: score * 10 // 100)
     placement, status = fw.reserve(req, best_node)   # assume that node's best GPUs
@@ -15,30 +16,38 @@ and every "no" must say why in numbers. Both call these extension points, in kub
 
 Pure like the allocator under it: no I/O, no await, no JSON (rendering lives in
 tfusion/controller/scheduling/explain.py and tfusion/controller/views.py). Each call is atomic for an
-asyncio program. Units everywhere: milli-TFLOPS, bytes, milli-percent, counts. Every Status, Reason
-and Explanation is immutable; the Success status is the one `SUCCESS` object.
+asyncio program. Units everywhere: milli-TFLOPS, bytes, milli-percent, counts. Status, Reason and
+Explanation are values, never changed once built (Status and Reason are plain slotted classes,
+not frozen dataclasses, because an explanation builds one per failing node); the Success status
+is the one `SUCCESS` object. Every Reason has a `detail` sentence with its numbers.
+
+The node-level pod index lock (indexlock.py) is part of Filter and Reserve: a node where another
+pod holds the request's `pod_index` is Unschedulable there (reason INDEX_BUSY, stage NodeIndexLock).
 
 Speed: Filter never looks at every GPU. The allocator keeps, per request shape (pool, model,
 amounts, count, isolation, indices, vendor; the last 32 shapes), the set of nodes where that shape
 fits, and re-judges only the nodes that changed since (GpuAllocator.feasible_nodes); Filter is one
 pass of set lookups over the candidate names. Reasons with numbers are built only for failing nodes
 and only when asked (`explain=True`, `explain()`), and kept per node and shape (the last 8 shapes)
-until the node changes, so a pending pod explained again costs O(changed nodes); otherwise a failing node gets one
-shared, number-free Status.
+until the node changes, so a pending pod explained again costs O(changed nodes); otherwise the failing
+nodes share one Status per call (NO_FIT, its sentence naming the request's numbers). The first
+explanation of a new shape judges a node whose GPUs are "plain" (Running, Static policy, no
+isolation mode or capability list, one vendor and capacity) by two comparisons per GPU
+(explain.py `_judge_plain`), the others stage by stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tfusion.allocator import filters
-from tfusion.allocator.allocator import GpuAllocator, Placement
+from tfusion.allocator.allocator import NODE_INDEX_LOCK, GpuAllocator, Placement
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, QuotaExceeded, Unschedulable
 from tfusion.allocator.request import AllocRequest
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.units import percent_str, tflops_str, vram_str
 
 # extension points, the values of Status.stage
 PRE_FILTER = "PreFilter"
@@ -68,6 +77,7 @@ NO_MODE_SUPPORT = "GPU does not support the isolation mode"
 PARTITIONED = "partitioned isolation not supported"
 MODEL_MISMATCH = "GPU model mismatch"
 VENDOR_MISMATCH = "GPU vendor mismatch"
+INDEX_BUSY = "pod index held by another pod on the node"
 MAX_WORKERS_DETAIL = "node {node} has {workers} workers, limit {limit}"
 
 #: per-GPU reasons that a change of load (a pod leaving) can cure; the others are static mismatches
@@ -83,59 +93,127 @@ class Code(StrEnum):
     ERROR = "Error"
 
 
-@dataclass(frozen=True, slots=True)
 class Reason:
     """One "no", with numbers.
 
     `message` is short and number-free (e.g. "GPU VRAM too small"; the constants of this module), so
     equal reasons on many nodes can be counted. `stage` is the filter stage that said no
-    (ResourceFilter, QuotaCheck, SameNodeFilter, MaxWorkerPerNode, GPUModelFilter, ...); `node` and
-    `gpu` where it applies (for a per-GPU reason: the GPU closest to fitting, and `gpus` says how many
-    GPUs of the node share the reason); `resource` what was short ("vram" bytes, "tflops"
-    milli-TFLOPS, "gpus", "workers", or a quota limit such as "total.max.vram.request") with
-    `requested` vs `available` in those units (for "vram"/"tflops": what is free on `gpu`, the GPU
-    with this reason closest to fitting; for "gpus": how many GPUs fit). `text()` is the sentence
-    with the numbers, built on demand.
+    (ResourceFilter, QuotaCheck, SameNodeFilter, MaxWorkerPerNode, GPUModelFilter, NodeIndexLock,
+    ...); `node` and `gpu` where it applies (for a per-GPU reason: the GPU closest to fitting, and
+    `gpus` says how many GPUs of the node share the reason); `resource` what was short ("vram" bytes,
+    "tflops" milli-TFLOPS, "gpus", "workers", "index", or a quota limit such as
+    "total.max.vram.request") with `requested` vs `available` in those units (for "vram"/"tflops":
+    what is free on `gpu`, the GPU with this reason closest to fitting; for "gpus": how many GPUs
+    fit). `detail` is the human sentence with the numbers; never empty: when none was given it is
+    built from the fields on first read (`text()`), because building it for every failing node of
+    a large cluster would cost more than judging the nodes.
+
+    Compared and hashed by value. Treat it as immutable: it is a plain slotted class rather than a
+    frozen dataclass because an explanation builds one per failing node, and a frozen dataclass
+    costs several times as much to construct.
     """
+
+    __slots__ = ("_detail", "available", "gpu", "gpus", "message", "node", "requested", "resource", "stage")
 
     message: str
     stage: str
-    node: str | None = None
-    gpu: str | None = None
-    resource: str | None = None
-    requested: int | None = None
-    available: int | None = None
-    detail: str = ""
-    gpus: int = 1
+    node: str | None
+    gpu: str | None
+    resource: str | None
+    requested: int | None
+    available: int | None
+    gpus: int
+    _detail: str
+
+    def __init__(self, message: str, stage: str, node: str | None = None, gpu: str | None = None,
+                 resource: str | None = None, requested: int | None = None, available: int | None = None,
+                 detail: str = "", gpus: int = 1) -> None:
+        self.message = message
+        self.stage = stage
+        self.node = node
+        self.gpu = gpu
+        self.resource = resource
+        self.requested = requested
+        self.available = available
+        self._detail = detail
+        self.gpus = gpus
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.message, self.stage, self.node, self.gpu, self.resource, self.requested, self.available,
+                self._detail, self.gpus)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reason) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(
+            ("message", "stage", "node", "gpu", "resource", "requested", "available", "detail", "gpus"),
+            self._key(), strict=True))
+        return f"Reason({fields})"
+
+    @property
+    def detail(self) -> str:
+        """The sentence with the numbers: the one given, else `text()`."""
+        return self._detail or self.text()
+
+    def replace(self, **changes: object) -> Reason:
+        """A copy with some fields changed (`dataclasses.replace` for this class)."""
+        values: dict[str, object] = dict(zip(
+            ("message", "stage", "node", "gpu", "resource", "requested", "available", "detail", "gpus"),
+            self._key(), strict=True))
+        values.update(changes)
+        return Reason(**values)  # type: ignore[arg-type]
 
     def text(self) -> str:
-        """The human sentence: `detail` when set, else built from the numbers."""
-        if self.detail:
-            return self.detail
+        """The human sentence: the given detail when set, else built from the numbers."""
+        if self._detail:
+            return self._detail
         where = self.node or self.gpu or ""
         if self.resource in ("vram", "tflops") and self.requested is not None and self.available is not None:
             fmt = vram_str if self.resource == "vram" else tflops_str
             name = "VRAM" if self.resource == "vram" else "TFLOPS"
-            per = f" on each of {self.gpus} GPU(s)" if self.gpus > 1 else ""
-            return (f"{where}: {name} available {fmt(max(0, self.available))} < requested "
-                    f"{fmt(self.requested)}{per}")
+            lead = self.gpu or where
+            more = f" (the most free of the node's {self.gpus} GPUs short of {name})" if self.gpus > 1 else ""
+            return (f"{lead}: {name} available {fmt(max(0, self.available))} < requested "
+                    f"{fmt(self.requested)}{more}")
+        if self.resource and self.requested is not None and self.available is not None:
+            lead = f"{where}: " if where else ""
+            return f"{lead}{self.message}: {self.resource} requested {self.requested}, available {self.available}"
         return f"{where}: {self.message}" if where else self.message
 
 
-@dataclass(frozen=True, slots=True)
 class Status:
     """The answer of one extension point: a code, the extension point (`stage`) and the reasons.
 
-    `ok` (code is Success) is a plain attribute, cheap to test for hundreds of nodes.
+    `ok` (code is Success) is a plain attribute, cheap to test for hundreds of nodes. Compared and
+    hashed by (code, stage, reasons); treat it as immutable (a plain slotted class for the same
+    reason as Reason).
     """
 
-    code: Code
-    stage: str = ""
-    reasons: tuple[Reason, ...] = ()
-    ok: bool = field(init=False, repr=False, compare=False)
+    __slots__ = ("code", "ok", "reasons", "stage")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ok", self.code is Code.SUCCESS)
+    def __init__(self, code: Code, stage: str = "", reasons: tuple[Reason, ...] = ()) -> None:
+        self.code = code
+        self.stage = stage
+        self.reasons = reasons
+        self.ok = code is Code.SUCCESS
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Status) and (self.code, self.stage, self.reasons) == \
+            (other.code, other.stage, other.reasons)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.stage, self.reasons))
+
+    def __repr__(self) -> str:
+        return f"Status(code={self.code!r}, stage={self.stage!r}, reasons={self.reasons!r})"
+
+    def with_stage(self, stage: str) -> Status:
+        """The same answer from another extension point."""
+        return Status(self.code, stage, self.reasons)
 
     @property
     def resolvable(self) -> bool:
@@ -263,19 +341,50 @@ class Framework:
         `status is SUCCESS` both work.
         """
         fits, members = self._sets(req)
-        no_fit, no_group = _NO_FIT, _no_group(req)
+        no_fit, no_group = _no_fit(req), _no_group(req)
         out = {n: SUCCESS if n in fits else no_fit if n in members else no_group for n in nodes}
+        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        if busy:
+            for name in busy:
+                if out.get(name) is SUCCESS:
+                    out[name] = self.index_status(req, name)
         if explain:
             self._explain_failed(req, out)
         return out
 
-    def _explain_failed(self, req: AllocRequest, statuses: dict[str, Status]) -> None:
-        from tfusion.allocator.explain import explain_node
+    def feasible(self, req: AllocRequest, nodes: Iterable[str] | Container[str]) -> list[str]:
+        """The candidate nodes where `req` fits now: Filter's Success set without a Status per node
+        (the built-in scheduler's and simulate's question; a Status for each of thousands of nodes
+        per pod would cost more than the rest of a cycle). `nodes` is a list or tuple (the answer
+        keeps its order), or any container of node names, e.g. the Node informer (the answer is then
+        in no particular order). The node-level pod index lock is honoured; the quota is not
+        checked (pre_filter)."""
+        fits, _members = self._sets(req)
+        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        if isinstance(nodes, (list, tuple)):
+            if busy:
+                return [n for n in nodes if n in fits and n not in busy]
+            return [n for n in nodes if n in fits]
+        if not isinstance(nodes, Container):
+            wanted = set(nodes)
+            return [n for n in fits if n in wanted and n not in busy]
+        if busy:
+            return [n for n in fits if n in nodes and n not in busy]
+        return [n for n in fits if n in nodes]
 
+    def index_status(self, req: AllocRequest, node: str, stage: str = FILTER) -> Status:
+        """Unschedulable on `node` because another pod holds `req`'s pod index there (resolvable:
+        the index frees when that pod leaves)."""
+        detail = self.allocator.index_conflict(req, node)
+        return Status(Code.UNSCHEDULABLE, stage, (Reason(INDEX_BUSY, NODE_INDEX_LOCK, node, resource="index",
+                                                         requested=req.pod_index, detail=detail),))
+
+    def _explain_failed(self, req: AllocRequest, statuses: dict[str, Status]) -> None:
+        explain_node = _explain.explain_node
         alloc = self.allocator
         memo = alloc.explain_cache(req)
         for name, status in statuses.items():
-            if not status.ok:
+            if not status.ok and not (status.reasons and status.reasons[0].message == INDEX_BUSY):
                 statuses[name] = explain_node(alloc, req, name, FILTER, memo)
 
     def split(self, req: AllocRequest, nodes: Iterable[str], *,
@@ -285,11 +394,15 @@ class Framework:
         are looked at only when there are some."""
         names = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
         fits, members = self._sets(req)
-        feasible = [n for n in names if n in fits]
+        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        feasible = [n for n in names if n in fits and n not in busy] if busy else [n for n in names if n in fits]
         if len(feasible) == len(names):
             return feasible, {}
-        no_fit, no_group = _NO_FIT, _no_group(req)
+        no_fit, no_group = _no_fit(req), _no_group(req)
         failed = {n: no_fit if n in members else no_group for n in names if n not in fits}
+        for name in busy:
+            if name in fits and name not in failed and name in names:
+                failed[name] = self.index_status(req, name)
         if explain:
             self._explain_failed(req, failed)
         return feasible, failed
@@ -304,9 +417,7 @@ class Framework:
 
     def node_status(self, req: AllocRequest, node: str, *, stage: str = FILTER) -> Status:
         """The full Status of one node for `req` (Success or every reason with numbers)."""
-        from tfusion.allocator.explain import explain_node
-
-        return explain_node(self.allocator, req, node, stage)
+        return _explain.explain_node(self.allocator, req, node, stage)
 
     # ------------------------------------------------------------------ Score
 
@@ -336,6 +447,8 @@ class Framework:
         if held is not None:
             return None, error(RESERVE, f"pod {req.namespace}/{req.pod_name} already holds an allocation on "
                                         f"node {held.node} ({', '.join(held.gpu_names)})", node=held.node)
+        if alloc.index_conflict(req, node):
+            return None, self.index_status(req, node, RESERVE)
         gpus = alloc.fitting_gpus(node, req)
         if gpus is None:
             return None, self.node_status(req, node, stage=RESERVE)
@@ -370,18 +483,48 @@ class Framework:
         """Why `req` does or does not fit: PreFilter's status, every node's Status with numbers
         (`nodes`, default every node holding GPUs) and the suggestions that would make it fit now
         (empty when it already fits on some node). Costs O(GPUs of the nodes), for failures only."""
-        from tfusion.allocator.explain import node_statuses, suggestions
-
+        node_statuses, suggestions = _explain.node_statuses, _explain.suggestions
         alloc = self.allocator
         pre = self.pre_filter(req)
         per_node: dict[str, Status] = {}
         if pre.ok:  # every node judged once (memoized per node version): no separate feasibility pass
             per_node = node_statuses(alloc, req, alloc.nodes() if nodes is None else nodes)
+            for name in alloc.index_lock.nodes_holding(req.pod_index):
+                if name in per_node and per_node[name].ok:
+                    per_node[name] = self.index_status(req, name)
         fits = pre.ok and any(s.ok for s in per_node.values())
         return Explanation(per_node, () if fits else suggestions(self, req, pre, per_node), pre)
 
 
-_NO_FIT = Status(Code.UNSCHEDULABLE, FILTER, (Reason(NO_FIT, FILTER),))
+class _NoFitReason(Reason):
+    """NO_FIT for one request, shared by every failing node of a cheap filter: its sentence names
+    the request's numbers (built on first read, so a filter that is not explained pays nothing)."""
+
+    __slots__ = ("_req",)
+
+    _req: AllocRequest
+
+    def __init__(self, req: AllocRequest) -> None:
+        super().__init__(NO_FIT, FILTER)
+        self._req = req
+
+    def _key(self) -> tuple[object, ...]:
+        return (*super()._key(), self._req)
+
+    def text(self) -> str:
+        if self._detail:
+            return self._detail
+        req = self._req
+        if req.tflops_request or not req.percent_request:
+            compute = f"{tflops_str(req.tflops_request)} TFLOPS"
+        else:
+            compute = f"{percent_str(req.percent_request)}% compute"
+        return (f"no {req.count} GPU(s) on the node have {compute} and {vram_str(req.vram_request)} VRAM free "
+                f"each (pool {req.pool}{', model ' + req.gpu_model if req.gpu_model else ''})")
+
+
+def _no_fit(req: AllocRequest) -> Status:
+    return Status(Code.UNSCHEDULABLE, FILTER, (_NoFitReason(req),))
 
 
 def _no_group(req: AllocRequest) -> Status:
@@ -398,6 +541,10 @@ def quota_status(exc: QuotaExceeded, stage: str) -> Status:
                                        requested=exc.requested, available=max(0, exc.limit - exc.used),
                                        detail=exc.message),))
 
+
+# explain.py builds on this module's names; imported here, at the end, so that the first explanation
+# does not pay for importing it (it is compiled afresh where no bytecode is written)
+from tfusion.allocator import explain as _explain  # noqa: E402
 
 __all__ = [
     "FILTER", "PRE_BIND", "PRE_FILTER", "RESERVE", "SCORE", "SUCCESS", "Code", "Explanation", "Framework",

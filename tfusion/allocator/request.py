@@ -11,7 +11,9 @@ parses a string. Rules (reference §2.1, §3.1):
 - TFLOPS and compute percent are alternatives: given both for the request (or both for the limit) is
   an error; compute percent is 0..100;
 - gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
-- qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod.
+- qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod;
+- the pod index (the device-plugin handshake, 1..128) is read from the pod's containers: the first
+  `<domain>/index_<k>` resource limit (n = 8k + count); 0 when there is none or it is unreadable.
 Errors are `RequestError` naming the annotation, the value and what is allowed.
 """
 
@@ -53,6 +55,8 @@ class AllocRequest:
     `tflops_*` are milli-TFLOPS, `percent_*` milli-percent of a GPU's TFLOPS (used only when the
     TFLOPS value is 0), `vram_*` bytes; a limit of 0 is "no limit". `workload` is (namespace,
     name). `gpu_names` are the GPUs an existing worker already holds (leader recovery).
+    `pod_index` is the pod's device-plugin index (1..128; 0 = none): no two pods holding GPUs on
+    one node may have the same one (the allocator's node-level index lock).
     `node_affinity` is kept for the deprecated NodeAffinity filter slot and is not evaluated.
     """
 
@@ -75,6 +79,7 @@ class AllocRequest:
     isolation: str = tfa.DEFAULT_ISOLATION
     partition_template: str = ""
     gpu_names: tuple[str, ...] = ()
+    pod_index: int = 0
     node_affinity: Any = field(default=None, compare=False)
 
     @property
@@ -116,6 +121,23 @@ def request_from_pod(pod: Mapping[str, Any], *, default_pool: str | None = None)
         raise
     except AnnotationError as exc:
         raise RequestError(exc.key, exc.value, exc.allowed, kind=exc.kind, detail=exc.detail) from None
+
+
+def pod_index_of(pod: Mapping[str, Any]) -> int:
+    """The pod index its containers ask for: the first `<domain>/index_<k>` limit (init containers
+    after the others), 8k + count; 0 when there is none or it cannot be read."""
+    spec = pod.get("spec") or {}
+    for group in ("containers", "initContainers"):
+        for container in spec.get(group) or ():
+            limits = ((container or {}).get("resources") or {}).get("limits") or {}
+            for name, value in limits.items():
+                if tfa.index_resource_number(str(name)) is None:
+                    continue
+                try:
+                    return tfa.decode_pod_index(str(name), int(str(value)))
+                except ValueError:
+                    continue
+    return 0
 
 
 def _quantity(notes: Mapping[str, str], key: str, *, milli: bool) -> int:
@@ -195,4 +217,5 @@ def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest
         gpu_model=notes.get(tfa.GPU_MODEL, ""), vendor=notes.get(tfa.VENDOR, ""),
         indices=indices, qos=qos, isolation=isolation,
         partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
+        pod_index=pod_index_of(pod),
     )

@@ -179,6 +179,8 @@ GPU_COUNT_MAX: Final = 128
 INDEX_RESOURCES: Final = 16
 INDEX_SLOTS_PER_RESOURCE: Final = 8
 POD_INDEX_MAX: Final = INDEX_RESOURCES * INDEX_SLOTS_PER_RESOURCE  # 128
+#: dummy devices each index plugin offers: 1 + 2 + ... + 8, so every count of one resource can be held at once
+INDEX_DEVICES_PER_RESOURCE: Final = INDEX_SLOTS_PER_RESOURCE * (INDEX_SLOTS_PER_RESOURCE + 1) // 2  # 36
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN_RE: Final = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", re.ASCII)

@@ -2,8 +2,8 @@
 
 Why it exists: the models in tfusion.api.kinds are the one description of the API; the CRDs a
 cluster (or the embedded API server) enforces must say exactly the same thing, so they are derived
-from the models instead of written by hand. `deploy/crds/` is this module's output (`tfusion crds
---out deploy/crds`), and a test keeps the two identical.
+from the models instead of written by hand. `deploy/base/crds/` is this module's output (`tfusion crds
+--out deploy/base/crds`), and a test keeps the two identical.
 
 Mapping (what controller-gen emits for the Go original): Struct -> object with sorted properties
 and `required`; Literal -> string enum; Quantity -> int-or-string with the quantity pattern;

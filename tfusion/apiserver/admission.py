@@ -255,6 +255,10 @@ def _review_version(webhook: Mapping[str, Any]) -> str:
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str | None], httpx.AsyncClient]] = \
     weakref.WeakKeyDictionary()
 _MAX_CLIENTS_PER_LOOP = 16
+#: as many kept-alive connections as admissions run at once (httpx keeps 20: concurrent creates
+#: beyond that each paid a handshake); an idle connection is dropped before the 5 s after which
+#: common webhook servers (uvicorn, ours) close it, so a POST never races the server's close
+_POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=64, keepalive_expiry=4.0)
 
 
 def _client(context: ssl.SSLContext, server_name: str | None) -> httpx.AsyncClient:
@@ -264,7 +268,7 @@ def _client(context: ssl.SSLContext, server_name: str | None) -> httpx.AsyncClie
     if client is None:
         if len(clients) >= _MAX_CLIENTS_PER_LOOP:  # caBundles rotated many times: start over
             clients.clear()
-        client = clients[key] = httpx.AsyncClient(verify=context, trust_env=False)
+        client = clients[key] = httpx.AsyncClient(verify=context, trust_env=False, limits=_POOL_LIMITS)
     return client
 
 

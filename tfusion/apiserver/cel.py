@@ -310,6 +310,49 @@ class _MeteredEvaluator(Evaluator):
         return _MeteredEvaluator(ast, self.activation, self.meter)
 
 
+#: results of rule evaluations by (rule, the JSON of self and oldSelf): CEL is pure, and objects of
+#: one kind mostly repeat the same values (every workload of a Deployment has one spec), while
+#: cel-python's interpreter takes milliseconds for a rule of a few dozen nodes. A hit is charged
+#: the steps the evaluation took, so budgets hold as if it ran.
+_MEMO_SIZE: Final = 4096
+_MEMO_VALUE_BYTES: Final = 8 * 1024
+_memo: dict[tuple[int, bytes], tuple[CompiledRule, Any, int]] = {}
+
+
+def _memo_key(value: Any, old: Any) -> bytes | None:
+    """The values a rule sees, as bytes; None when they are too large to be worth remembering."""
+    try:
+        key = orjson.dumps([value, old], option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+    return key if len(key) <= _MEMO_VALUE_BYTES else None
+
+
+def evaluate_memoized(rule: CompiledRule, memo_key: bytes | None, variables: dict[str, Any],
+                      meter: StepMeter) -> Any:
+    """`evaluate(rule.ast, ...)`, answered from the memo when these values were seen before and the
+    remaining budget covers what the evaluation cost then (otherwise it runs, to fail as it must)."""
+    if memo_key is None:
+        return evaluate(rule.ast, variables, meter)
+    entry = _memo.get((id(rule), memo_key))
+    if entry is not None and entry[0] is rule and entry[2] <= min(meter.remaining, meter.rule_limit):
+        meter.rule_steps = entry[2]
+        meter.remaining -= entry[2]
+        if isinstance(entry[1], CELEvalError):
+            raise entry[1].with_traceback(None)  # one stored error, raised afresh each time
+        return entry[1]
+    try:
+        outcome = evaluate(rule.ast, variables, meter)
+    except CELEvalError as exc:
+        outcome = exc
+    if len(_memo) >= _MEMO_SIZE:
+        _memo.clear()
+    _memo[(id(rule), memo_key)] = (rule, outcome, meter.rule_steps)
+    if isinstance(outcome, CELEvalError):
+        raise outcome
+    return outcome
+
+
 def evaluate(ast: Ast, variables: dict[str, Any], meter: StepMeter) -> Any:
     """Evaluate a compiled expression; raises CELEvalError for CEL errors, _OutOfSteps past the bound."""
     meter.rule_steps = 0
@@ -418,16 +461,18 @@ class _Walk:
         variables = {"self": self_value}
         if old is not None:
             variables["oldSelf"] = to_cel(old, rules.schema)
+        memo_key = _memo_key(value, old)
         for rule in rules.rules:
             if rule.uses_old_self and old is None:
                 continue
             if unchanged and not rule.uses_old_self:
                 continue  # ratcheting: kube forgives an unchanged value (it only warns)
-            self.rule(rule, rules.schema, value, variables, path)
+            self.rule(rule, rules.schema, value, variables, path, memo_key)
 
-    def rule(self, rule: CompiledRule, schema: Schema, value: Any, variables: dict[str, Any], path: str) -> None:
+    def rule(self, rule: CompiledRule, schema: Schema, value: Any, variables: dict[str, Any], path: str,
+             memo_key: bytes | None) -> None:
         try:
-            result = evaluate(rule.ast, variables, self.meter)
+            result = evaluate_memoized(rule, memo_key, variables, self.meter)
         except _OutOfSteps as exc:
             if exc.per_rule:
                 self.causes.append(

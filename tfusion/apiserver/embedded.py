@@ -2,7 +2,8 @@
 
 The role and the test fixture both use it. Every request needs a bearer token (the admin token
 in the kubeconfig it writes, or a ServiceAccount token), except /version, /healthz, /livez and
-/readyz, as in kube: loopback is no exception, since any local process can reach it. It serves
+/readyz, as in kube: loopback is no exception, since any local process can reach it; and RBAC
+(rbac.py) authorizes every request, the admin token being a member of system:masters. It serves
 HTTPS with a self-signed certificate on every address, loopback included, because client-go
 (kubectl) sends a bearer token only over TLS. It writes a kubeconfig (token and CA) for kubectl
 and kr8s, and offers fault injection for tests: closing every watch stream, compacting the watch
@@ -21,11 +22,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from tfusion.apiserver import security
+from tfusion.apiserver import rbac, security
 from tfusion.apiserver.app import BODY_TIMEOUT_S, ApiApp
 from tfusion.apiserver.gc import GarbageCollector
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
+from tfusion.apiserver.reviews import Reviews
 from tfusion.apiserver.services import Services
 from tfusion.apiserver.store import Store
 from tfusion.apiserver.tokens import TokenAuthority
@@ -70,6 +72,8 @@ class EmbeddedApiServer:
         self._task: asyncio.Task[None] | None = None
         #: true once the server has served (start-up failures happen before)
         self.started = False
+        #: requests RBAC refused since start (every one is also logged as a warning)
+        self.forbidden_count = 0
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -136,6 +140,21 @@ class EmbeddedApiServer:
             self.store.compact()
 
     # ------------------------------------------------------------------------------ internals
+    def _log_forbidden(self, denied: rbac.Attributes) -> None:
+        """Every RBAC denial is a warning: in --role=all a 403 means a shipped ClusterRole lacks a rule."""
+        self.forbidden_count += 1
+        if denied.resource_request:
+            what = (f"{denied.verb} {denied.resource}{'/' + denied.subresource if denied.subresource else ''}"
+                    f" (API group {denied.api_group!r}, namespace {denied.namespace or '-'},"
+                    f" name {denied.name or '-'})")
+        else:
+            what = f"{denied.verb} {denied.path}"
+        if denied.user.name.startswith("system:serviceaccount:") and "tensor-fusion" in denied.user.name:
+            log.error("RBAC DENIED %s: %s; the RBAC deploy/ ships lacks this rule (deploy/base/*/rbac.yaml and "
+                      "tfusion/embedded/rbac.yaml)", denied.user.name, what)
+        else:
+            log.warning("RBAC DENIED %s: %s", denied.user.name, what)
+
     async def _serve_once(self, stop: anyio.Event, task_status: TaskStatus[None] | None) -> None:
         store = Store(self.state, self.watch_history)
         try:
@@ -171,6 +190,8 @@ class EmbeddedApiServer:
         registry = Registry()
         engine = Engine(store, registry)
         engine.bootstrap()
+        rbac.bootstrap_policy(store)
+        authorizer = rbac.Authorizer(store)
 
         def authority() -> TokenAuthority:
             # generating an RSA key takes a while: only when a token is first issued or checked
@@ -202,8 +223,9 @@ class EmbeddedApiServer:
             security.write_private(base.with_suffix(".key"), key)
             certfile, keyfile = str(base.with_suffix(".crt")), str(base.with_suffix(".key"))
 
-        def authenticate(token: str) -> bool:
-            return bool(services.review(token).get("authenticated"))
+        def authenticate(token: str) -> rbac.UserInfo | None:
+            status = services.review(token)
+            return rbac.UserInfo.from_review(status["user"]) if status.get("authenticated") else None
 
         app = ApiApp(
             engine,
@@ -211,7 +233,9 @@ class EmbeddedApiServer:
             bookmark_interval=self.bookmark_interval,
             authenticate=authenticate,
             body_timeout=self.body_timeout,
-            special=services.handlers(),
+            special={**services.handlers(), **Reviews(authorizer).handlers()},
+            authorizer=authorizer,
         )
+        app.on_forbidden = self._log_forbidden
         self.store, self.engine = store, engine
         return app, GarbageCollector(engine), certfile, keyfile

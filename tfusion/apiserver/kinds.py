@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import apps, crds, errors, validation
+from tfusion.apiserver import apps, crds, errors, rbac, validation
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
 
@@ -129,6 +129,8 @@ class KindRules:
             causes += crds.validate_crd(obj, old, self.registry)
         elif key in apps.WORKLOAD_KEYS:
             causes += apps.validate(key, obj, old)
+        elif key in rbac.RBAC_KEYS:
+            causes += rbac.validate(key, obj, old)
         elif info.is_custom:
             causes += crds.validate_custom(info, obj, old)
         if causes:

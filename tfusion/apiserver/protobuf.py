@@ -121,6 +121,38 @@ _POD_SPEC: Schema = {
 }
 _POD_TEMPLATE: Schema = {1: ("metadata", "message", _OBJECT_META), 2: ("spec", "message", _POD_SPEC)}
 
+_POLICY_RULE: Schema = {
+    1: ("verbs", "repeated_string", None),
+    2: ("apiGroups", "repeated_string", None),
+    3: ("resources", "repeated_string", None),
+    4: ("resourceNames", "repeated_string", None),
+    5: ("nonResourceURLs", "repeated_string", None),
+}
+_BINDING: Schema = {
+    1: ("metadata", "message", _OBJECT_META),
+    2: ("subjects", "repeated_message", {1: ("kind", "string", None), 2: ("apiGroup", "string", None),
+                                         3: ("name", "string", None), 4: ("namespace", "string", None)}),
+    3: ("roleRef", "message", {1: ("apiGroup", "string", None), 2: ("kind", "string", None),
+                               3: ("name", "string", None)}),
+}
+_RESOURCE_ATTRIBUTES: Schema = {
+    1: ("namespace", "string", None),
+    2: ("verb", "string", None),
+    3: ("group", "string", None),
+    4: ("version", "string", None),
+    5: ("resource", "string", None),
+    6: ("subresource", "string", None),
+    7: ("name", "string", None),
+}
+_NON_RESOURCE_ATTRIBUTES: Schema = {1: ("path", "string", None), 2: ("verb", "string", None)}
+_SUBJECT_ACCESS_REVIEW: Schema = {
+    1: ("metadata", "message", _OBJECT_META),
+    2: ("spec", "message", {1: ("resourceAttributes", "message", _RESOURCE_ATTRIBUTES),
+                            2: ("nonResourceAttributes", "message", _NON_RESOURCE_ATTRIBUTES),
+                            3: ("user", "string", None), 4: ("groups", "repeated_string", None),
+                            6: ("uid", "string", None)}),
+}
+
 KINDS: dict[tuple[str, str], Schema] = {
     ("apps/v1", "Deployment"): {
         1: ("metadata", "message", _OBJECT_META),
@@ -194,6 +226,28 @@ KINDS: dict[tuple[str, str], Schema] = {
     },
     ("v1", "DeleteOptions"): _DELETE_OPTIONS,
     ("meta.k8s.io/v1", "DeleteOptions"): _DELETE_OPTIONS,
+    # `kubectl create role|clusterrole|rolebinding|clusterrolebinding`, `auth can-i`, `auth whoami`
+    ("rbac.authorization.k8s.io/v1", "Role"): {1: ("metadata", "message", _OBJECT_META),
+                                               2: ("rules", "repeated_message", _POLICY_RULE)},
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): {
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("rules", "repeated_message", _POLICY_RULE),
+        3: ("aggregationRule", "message", {1: ("clusterRoleSelectors", "repeated_message", _LABEL_SELECTOR)}),
+    },
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): _BINDING,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): _BINDING,
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): {
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("spec", "message", {1: ("resourceAttributes", "message", _RESOURCE_ATTRIBUTES),
+                                2: ("nonResourceAttributes", "message", _NON_RESOURCE_ATTRIBUTES)}),
+    },
+    ("authorization.k8s.io/v1", "SubjectAccessReview"): _SUBJECT_ACCESS_REVIEW,
+    ("authorization.k8s.io/v1", "LocalSubjectAccessReview"): _SUBJECT_ACCESS_REVIEW,
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): {
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("spec", "message", {1: ("namespace", "string", None)}),
+    },
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): {1: ("metadata", "message", _OBJECT_META)},
 }
 
 

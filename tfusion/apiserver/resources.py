@@ -114,10 +114,27 @@ BUILTINS: tuple[ResourceInfo, ...] = (
                  subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",),
                  tracks_generation=True),
+    # RBAC (rbac.py) and the reviews that ask it (reviews.py)
+    ResourceInfo("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+    ResourceInfo("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    ResourceInfo("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    ResourceInfo("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ResourceInfo("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+                 verbs=CREATE_ONLY),
+    ResourceInfo("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False,
+                 verbs=CREATE_ONLY),
+    ResourceInfo("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False,
+                 verbs=CREATE_ONLY),
+    ResourceInfo("authorization.k8s.io", "v1", "localsubjectaccessreviews", "LocalSubjectAccessReview", True,
+                 verbs=CREATE_ONLY),
+    ResourceInfo("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False,
+                 verbs=CREATE_ONLY),
 )
 
 #: kinds that kube-apiserver never persists (request/response only)
-VIRTUAL = {"authentication.k8s.io/tokenreviews"}
+VIRTUAL = {"authentication.k8s.io/tokenreviews", "authentication.k8s.io/selfsubjectreviews",
+           "authorization.k8s.io/selfsubjectaccessreviews", "authorization.k8s.io/selfsubjectrulesreviews",
+           "authorization.k8s.io/subjectaccessreviews", "authorization.k8s.io/localsubjectaccessreviews"}
 
 
 class Registry:

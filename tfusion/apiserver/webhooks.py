@@ -63,7 +63,7 @@ class Webhooks:
             name=meta.get("name", ""),
             obj=obj,
             old_obj=old,
-            user_info=dict(ADMIN_USER, uid=str(uuid.uuid4())),
+            user_info=_user_info(),
             dry_run=dry_run,
             options={"kind": f"{operation.title()}Options", "apiVersion": "meta.k8s.io/v1"},
         )
@@ -73,3 +73,13 @@ class Webhooks:
             )
         except AdmissionError as exc:
             raise errors.ApiError(exc.code, exc.reason, exc.message) from None
+
+
+def _user_info() -> dict[str, Any]:
+    """The requester, as AdmissionReview.request.userInfo names it (the admin has a fresh uid per request)."""
+    from tfusion.apiserver.rbac import ADMIN, CURRENT_USER
+
+    user = CURRENT_USER.get()
+    if user is ADMIN:
+        return dict(ADMIN_USER, uid=str(uuid.uuid4()))
+    return user.as_dict()

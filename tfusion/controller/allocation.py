@@ -187,6 +187,8 @@ class AllocatorService:
         self.skipped: list[tuple[str, str]] = []  # (pod, reason) the last recovery could not restore
         #: the drift audit's last result (tfusion/controller/reconcilers/drift.py), for /api/allocation
         self.last_drift: dict[str, Any] | None = None
+        #: (pool, succeeded) -> placements counted by `count_allocation` since the process started
+        self.allocation_tally: dict[tuple[str, bool], int] = {}
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -225,9 +227,10 @@ class AllocatorService:
     def live_count(self) -> int:
         return len(self._allocator.allocations()) if self._allocator is not None else 0
 
-    def count_allocation(self, ok: bool) -> None:
-        """For the scheduler: one placement recorded (ok) or refused."""
+    def count_allocation(self, ok: bool, pool: str = "") -> None:
+        """For the scheduler: one placement recorded (ok) or refused, in `pool` (tf_system_metrics)."""
         self.metrics.allocations.labels("scheduled" if ok else "failed").inc()
+        self.allocation_tally[(pool, ok)] = self.allocation_tally.get((pool, ok), 0) + 1
 
     async def wait_ready(self, timeout: float | None = None) -> GpuAllocator | None:
         """The allocator once recovered; None when this replica is not the leader.

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import Scheduler
     from tfusion.controller.webhook.service import WebhookService
+    from tfusion.metrics.controller import ControllerRecorder
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class ControllerRuntime:
     assignments: Assignments | None = None
     #: the scheduler (None until attached, or when ENABLE_SCHEDULER=false)
     scheduler: Scheduler | None = None
+    #: the metrics recorder (tfusion/metrics/controller.py; None until attached)
+    metrics: ControllerRecorder | None = None
 
     @property
     def client(self) -> KubeClient:
@@ -139,14 +142,18 @@ def configure(runtime: ControllerRuntime) -> None:
     Each registers its informers, routes and runnables on the runtime and its Manager."""
     # imported here: each of these modules imports this one
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.connection_http import attach_connection_route
     from tfusion.controller.reconcilers import register_reconcilers
     from tfusion.controller.scheduling.scheduler import attach_scheduler
     from tfusion.controller.webhook.service import attach_webhook
+    from tfusion.metrics.controller import attach_metrics
 
     AllocatorService(runtime).attach()
     attach_webhook(runtime)
     register_reconcilers(runtime)
+    attach_connection_route(runtime)
     attach_scheduler(runtime)
+    attach_metrics(runtime)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:

@@ -1,4 +1,5 @@
-"""Prepare a freshly started embedded API server for the other roles: CRDs first, then the defaults.
+"""Prepare a freshly started embedded API server for the other roles: CRDs first, then the defaults,
+then the controller's and the hypervisor's ServiceAccounts and RBAC (identities.py).
 
 Runs after the embedded API server serves and before the controller and hypervisor start (their
 informers list the tensor-fusion.ai kinds at once). Safe to run on every start: CRDs are written
@@ -29,4 +30,9 @@ async def bootstrap(client: KubeClient, settings: Settings) -> BootstrapReport:
     log.info("CRDs: %s; all tensor-fusion.ai kinds are served", crds.describe())
     defaults = await create_defaults(client, settings)
     log.info("defaults: %s", defaults.describe())
+    from tfusion.embedded.identities import apply_rbac
+
+    written = await apply_rbac(client, settings.operator_namespace)
+    log.info("RBAC: the controller's and the hypervisor's ServiceAccounts and roles from deploy/ (%d written)",
+             written)
     return BootstrapReport(crds, defaults)

@@ -4,7 +4,9 @@ What a kubelet tells the API server, and nothing it does to a machine (no contai
 - registers the Node: labels `kubernetes.io/hostname`, `kubernetes.io/os`, `kubernetes.io/arch`,
   and, where the machine has GPUs, NVIDIA GPU-feature-discovery's `nvidia.com/gpu.present=true`,
   `nvidia.com/gpu.count` and (one model only) `nvidia.com/gpu.product`; status with this host's
-  CPU, memory and disk as capacity and allocatable, 110 pods, a Ready condition, address
+  CPU, memory and disk as capacity and allocatable, 110 pods, and — when this process runs the
+  hypervisor, whose device plugins a real kubelet would list — its 16 index resources
+  `tensor-fusion.ai/index_0` … `index_f` with 36 each (what ListAndWatch reports), a Ready condition, address
   127.0.0.1 and node info. An existing Node keeps everything but those labels and its status
   (a cordon or a taint the user set stays);
 - renews the node Lease `kube-node-lease/<node>` every 10 s and the Node status every minute;
@@ -111,11 +113,14 @@ def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
     return labels
 
 
-def node_status(node_name: str, old: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged)."""
+def node_status(node_name: str, old: dict[str, Any] | None = None, *, index_devices: int = 0) -> dict[str, Any]:
+    """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged);
+    `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each."""
     cpu = str(os.cpu_count() or 1)
     resources = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
                  "ephemeral-storage": _kib_quantity(_disk_kib())}
+    if index_devices > 0:
+        resources.update(dict.fromkeys(ann.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
     previous = {c.get("type"): c for c in (old or {}).get("conditions") or []}
 
@@ -262,10 +267,12 @@ def _is_running(pod: dict[str, Any]) -> bool:
 class SimulatedKubelet:
     """Registers one Node and plays its kubelet (see the module docstring)."""
 
-    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan) -> None:
+    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan, *, index_devices: int = 0) -> None:
         self.client: KubeClient = manager.client
         self.node_name = node_name
         self.plan = plan
+        #: devices per index resource the hypervisor's device plugins offer (0: no hypervisor here)
+        self.index_devices = index_devices
         self.node: dict[str, Any] = {}
         # the shared pod informer (in --role=all it holds every pod: reconcile_pod keeps to this node's)
         self.controller = manager.controller("simulated-kubelet").for_(
@@ -300,8 +307,8 @@ class SimulatedKubelet:
 
     async def report_status(self, node: dict[str, Any] | None = None) -> dict[str, Any]:
         old = (node or self.node).get("status") or {}
-        self.node = await self.client.patch(r.NODES, self.node_name, {"status": node_status(self.node_name, old)},
-                                            subresource="status")
+        status = node_status(self.node_name, old, index_devices=self.index_devices)
+        self.node = await self.client.patch(r.NODES, self.node_name, {"status": status}, subresource="status")
         return self.node
 
     async def renew_lease(self) -> None:

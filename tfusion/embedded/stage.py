@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.api.annotations import INDEX_DEVICES_PER_RESOURCE
 from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
 from tfusion.embedded.crds import CrdInstallError
 from tfusion.embedded.defaults import DefaultsError
@@ -56,7 +57,8 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
     if not settings.runs_simulated_kubelet:
         task_status.started(StageInfo(report, None, None))
         await anyio.sleep_forever()
-    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan)
+    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, index_devices=(
+        INDEX_DEVICES_PER_RESOURCE if settings.has_role("hypervisor") else 0))  # its device plugins' resources
     WorkloadControllers(manager)  # Deployments, ReplicaSets and Jobs get their pods (workloads.py)
     async with anyio.create_task_group() as tg:
         try:

@@ -4,7 +4,10 @@ worker creation and deletion.
 
 The two routes that identify a calling pod (`GET /api/v1/pod` with a token or container_name, and
 `POST /api/v1/process`) check its service-account token with a TokenReview and use only the pod
-UID the API server vouches for. The token comes as `Authorization: Bearer <token>` or, as the
+UID the API server vouches for. For a soft worker both also make sure its shared-memory file
+exists (opened, or created only when missing; a file that exists but is unusable is reported as
+`Failed to prepare shared memory: ...`, never truncated), and `/process` adds the host PID to the
+file's PID set (dropping PIDs that have exited). The token comes as `Authorization: Bearer <token>` or, as the
 original also accepts, as the raw `Authorization: <token>`. The original decodes the JWT without
 checking its signature; we do not.
 
@@ -92,6 +95,7 @@ class HypervisorContext:
     #: local backend: the bearer token (--api-token-file) that creating and deleting workers need
     api_token: str | None = None
     pods_by_uid: Any = None  # Kubernetes mode: uid -> pod name/namespace, for messages
+    soft: Any = None  # tfusion.hypervisor.limiter.soft.SoftIsolation: the soft workers' shared memory
 
     @property
     def isolation_policy(self) -> str:
@@ -269,6 +273,9 @@ def _limiter_handlers(ctx: HypervisorContext) -> list[Any]:
         if authorization is None and not container_name:
             return msgspec.convert({"pods": [_legacy_pod(a) for a in ctx.workers.allocations()]}, bodies.LegacyPods)
         allocation = await _authenticated_worker(ctx, authorization)
+        problem = _prepare_shm(ctx, allocation)
+        if problem:
+            return bodies.RemotePodAnswer(success=False, data=None, message=problem)
         return msgspec.convert({"success": True, "data": remote_pod_info(ctx, allocation, container_name),
                                 "message": f"Pod {allocation.worker.name} information retrieved successfully"},
                                bodies.RemotePodAnswer)
@@ -289,17 +296,52 @@ def _limiter_handlers(ctx: HypervisorContext) -> list[Any]:
                 field="container_pid"))
         allocation = await _authenticated_worker(ctx, authorization)
         worker = allocation.worker
+        problem = _prepare_shm(ctx, allocation)
+        if problem:
+            return bodies.ProcessAnswer(success=False, data=None, message=problem)
         host_pid = ctx.procfs.find_container_process(worker.namespace, worker.name, container_name,
                                                      int(container_pid))
         if host_pid is None:
             return bodies.ProcessAnswer(success=False, data=None, message=(
                 f"Failed to initialize process: process not found for pod {worker.namespace}/{worker.name} "
                 f"container {container_name} pid {container_pid}"))
+        _register_pid(ctx, allocation, host_pid)
         return bodies.ProcessAnswer(success=True, message="Process initialized successfully", data=bodies.ProcessInfo(
             host_pid=host_pid, container_pid=int(container_pid), container_name=container_name,
             pod_name=worker.name, namespace=worker.namespace))
 
     return [limiter, trap, pod, process]
+
+
+def _is_soft(ctx: HypervisorContext, allocation: WorkerAllocation) -> bool:
+    return ctx.soft is not None and allocation.worker.isolation == "soft"
+
+
+def _prepare_shm(ctx: HypervisorContext, allocation: WorkerAllocation) -> str:
+    """Make sure a soft worker's shared memory exists; the failure message, or "" when all is well."""
+    if not _is_soft(ctx, allocation):
+        return ""
+    from tfusion.hypervisor.shm.state import ShmError
+
+    try:
+        ctx.soft.ensure_for(allocation)
+    except (ShmError, OSError) as exc:
+        log.warning("shared memory of worker %s/%s: %s", allocation.worker.namespace, allocation.worker.name, exc)
+        return f"Failed to prepare shared memory: {exc}"
+    return ""
+
+
+def _register_pid(ctx: HypervisorContext, allocation: WorkerAllocation, host_pid: int) -> None:
+    """Add the PID to a soft worker's PID set; as upstream, a failure is logged and the call still succeeds."""
+    if not _is_soft(ctx, allocation):
+        return
+    from tfusion.hypervisor.shm.state import ShmError
+
+    try:
+        ctx.soft.register_pid(allocation, host_pid)
+    except (ShmError, OSError) as exc:
+        log.warning("cannot register PID %d of worker %s/%s: %s", host_pid, allocation.worker.namespace,
+                    allocation.worker.name, exc)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

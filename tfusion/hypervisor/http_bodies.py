@@ -262,10 +262,11 @@ class RemotePodInfo(Wire):
 
 
 class RemotePodAnswer(Wire):
-    """`GET /api/v1/pod` with the caller's token: its own pod."""
+    """`GET /api/v1/pod` with the caller's token: its own pod (`data` null when its shared memory
+    could not be prepared; `message` says why)."""
 
     success: bool
-    data: RemotePodInfo
+    data: RemotePodInfo | None
     message: str
 
 

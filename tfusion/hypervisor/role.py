@@ -5,6 +5,11 @@ backend with the process's Manager (local state dir, or Kubernetes: GPU reportin
 worker pods, both from the shared cache), then serve the HTTP API on --port. /readyz lists a
 condition per loop: discovery, and in Kubernetes mode the GPUNode's existence and the pod
 informer's sync. Its /metrics serves the Manager's registry, shared with the other roles.
+
+Soft isolation (`limiter/soft.py`) keeps each soft worker's shared-memory file under --shm-root
+current every 500 ms (readiness `shm-sync`, `rate-limiter`); its rate-limit parameters come from
+TF_HYPERVISOR_SCHEDULING_CONFIG. With the Kubernetes backend and a kubelet device-plugin directory
+(--device-plugin-dir), the 16 index device plugins serve and stay registered (`device-plugins`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from tfusion.hypervisor.devices import DeviceBackendError, open_backend
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import HypervisorContext, build_app
-from tfusion.hypervisor.metrics import MetricsFileWriter, parse_extra_labels, register_usage_metrics
+from tfusion.hypervisor.limiter.erl import params_from_scheduling_config
+from tfusion.hypervisor.limiter.soft import SoftIsolation
+from tfusion.hypervisor.metrics import parse_extra_labels, start_usage_metrics
+from tfusion.hypervisor.shm.store import ShmStore
 from tfusion.kube.manager import Manager
 from tfusion.settings import Settings, format_listen, is_loopback, process_environment
 from tfusion.web import Readiness, bind_socket, serve
@@ -57,6 +65,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
         extra_labels = parse_extra_labels(settings.metrics_extra_labels)
     except ValueError as exc:
         raise HypervisorError(str(exc)) from None
+    try:
+        erl_params = params_from_scheduling_config(settings.scheduling_config)
+    except ValueError as exc:
+        raise HypervisorError(str(exc)) from None
     readiness = Readiness()
     readiness.set("discovery", False, "first device discovery has not finished")
     try:
@@ -85,18 +97,24 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             await registry.sample()
             if settings.backend == "local":
                 await tg.start(workers.run)
-            register_usage_metrics(manager.registry, registry, workers, node, settings.pool_name)
+            usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels)
+            soft = SoftIsolation(ShmStore(settings.resolved_shm_root), registry, workers, params=erl_params,
+                                 readiness=readiness, synced=_workers_synced(workers))
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
                                     metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
-                                    api_token=api_token)
+                                    api_token=api_token, soft=soft)
             app = build_app(ctx)
             tg.start_soon(registry.run_discovery_loop, settings.discovery_interval)
             tg.start_soon(registry.run_health_watch)
+            await soft.tick()  # files of soft workers restored above exist before the API answers
+            tg.start_soon(soft.run)
+            plugin_dir = settings.resolved_device_plugin_dir
+            if plugin_dir is not None and settings.backend == "kubernetes":
+                from tfusion.hypervisor.deviceplugin.plugins import DevicePlugins
+
+                tg.start_soon(DevicePlugins(plugin_dir, workers, registry, readiness=readiness).run)
             tg.start_soon(_sample_loop, registry, min(SAMPLE_INTERVAL_S, settings.metrics_interval))
-            writer = MetricsFileWriter(_metrics_path(settings), registry, workers, node=node,
-                                       pool=settings.pool_name, fmt=settings.metrics_format,
-                                       extra_labels=extra_labels)
-            tg.start_soon(writer.run, settings.metrics_interval)
+            tg.start_soon(usage.run, settings.metrics_interval)
             await tg.start(serve, app, sock)
             log.info("hypervisor for node %s serving on %s (%s devices, %s backend)", node,
                      format_listen(settings.resolved_hypervisor_host, port), backend.name, settings.backend)
@@ -127,8 +145,12 @@ def _local_api_token(settings: Settings) -> str | None:
     return token
 
 
-def _metrics_path(settings: Settings) -> Path:
-    return Path(settings.metrics_output_path).expanduser()
+def _workers_synced(workers: Any) -> Any:
+    """When the tracker knows every worker (before that, every shm file would look like a stray)."""
+    informer = getattr(workers, "informer", None)
+    if informer is not None:
+        return lambda: bool(informer.synced)
+    return lambda: bool(getattr(workers, "restored", True))
 
 
 def _track_discovery(registry: DeviceRegistry, readiness: Readiness) -> None:
@@ -159,7 +181,8 @@ def _start_workers(settings: Settings, manager: Manager, registry: DeviceRegistr
 
         workers = LocalWorkers(settings.resolved_state_dir, registry, node_name=node,
                                pool=settings.pool_name if settings.pool_name != "unknown" else "local",
-                               hypervisor_port=port, process_env=process_environment())
+                               hypervisor_port=port, process_env=process_environment(),
+                               shm_root=settings.resolved_shm_root)
         return workers, {}
     if not settings.node_name and "all" not in settings.roles:
         raise HypervisorError("--backend=kubernetes needs the node name: set GPU_NODE_NAME or --node-name")

@@ -11,6 +11,8 @@ second polls for two seconds on a miss (see reference/python-stack.md §1.5).
 from __future__ import annotations
 
 import builtins
+import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +39,31 @@ PATCH_CONTENT_TYPES = {
 }
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+#: connections kept open to the API server. httpx keeps 20 by default: a controller with more
+#: requests in flight (the webhook admits pods concurrently, reconcilers write meanwhile) then
+#: closes the extra connections after every request and pays a TLS handshake for the next one.
+#: (httpcore scans every pooled connection on each request, so the pool is not made wider still;
+#: idle ones are dropped well before the embedded API server's 30 s keep-alive ends)
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=64, keepalive_expiry=20.0)
+
+
+class _PooledApi(kr8s.asyncio.Api):
+    """kr8s's Api whose session keeps as many connections alive as the client uses (the rest of
+    the session is built as kr8s 0.20 builds it: its headers, TLS context, timeout and proxy)."""
+
+    async def _create_session(self) -> None:
+        headers = {"User-Agent": self.__version__, "content-type": "application/json"}
+        if self.auth.token:
+            headers["Authorization"] = f"Bearer {self.auth.token}"
+        previous: httpx.AsyncClient | None = self._session
+        verify: ssl.SSLContext | bool = await self.auth.ssl_context()  # type: ignore[no-untyped-call]
+        self._session = httpx.AsyncClient(
+            base_url=self.auth.server, headers=headers, verify=verify, timeout=self._timeout,
+            follow_redirects=True, proxy=self.auth.proxy, limits=POOL_LIMITS,
+        )
+        if previous is not None:
+            with contextlib.suppress(RuntimeError):
+                await previous.aclose()
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -218,7 +245,7 @@ class KubeClient:
             # Our own Api object, not kr8s.asyncio.api()'s per-loop cached one: roles in one process
             # each close their client on shutdown, and a shared session would cut the others' watches.
             # kr8s asks the server's /version here, so an unreachable server fails now.
-            api = await kr8s.asyncio.Api(namespace=namespace, bypass_factory=True, **kwargs)
+            api = await _PooledApi(namespace=namespace, bypass_factory=True, **kwargs)
         except kr8s.ServerError as exc:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:

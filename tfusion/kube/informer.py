@@ -210,6 +210,8 @@ class Informer:
         self._indexes: dict[str, dict[str, set[str]]] = {}
         self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
         self._handlers: list[Handler] = []
+        #: called with the error each time the list or watch fails (the stream broke, not a clean end)
+        self.error_listeners: list[Callable[[KubeError], None]] = []
         self._tg: TaskGroup | None = None
         self._rv: str | None = None
         self._synced = anyio.Event()
@@ -354,6 +356,8 @@ class Informer:
                 gone_in_a_row += 1
             except KubeError as exc:
                 self._m_restarts.labels(self.name, "error").inc()
+                for listener in self.error_listeners:
+                    listener(exc)
                 delay = self._sleep_time(backoff)
                 log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
                 await self.clock.sleep(delay)

@@ -103,7 +103,8 @@ class Manager:
     @classmethod
     async def connect(cls, settings: Settings, **kwargs: Any) -> Manager:
         """A Manager with a client for `settings.kube_mode` (raises ValueError or KubeError)."""
-        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None)
+        client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None,
+                                          qps=settings.kube_api_qps, burst=settings.kube_api_burst)
         return cls(settings, client, **kwargs)
 
     # --- what it owns ---------------------------------------------------------------------------

@@ -5,8 +5,10 @@ the Manager's builder (tfusion/kube/reconciler.py):
 - pool.py      GPUPool: Node labels; pool status from its GPUNodes
 - node.py      Node -> GPUNode (AutoSelect)
 - gpunode.py   GPUNode phase from its hypervisor's reports; capacity from its GPUs and the ledger
-- pod.py       worker pods: finalizer, release exactly once, pending-owned-workload
-- workload.py  TensorFusionWorkload status (dynamic workloads)
+- pod.py       worker pods: finalizer, release exactly once, pending-owned-workload; client pods:
+               their TensorFusionConnection
+- workload.py  TensorFusionWorkload: fixed-replica worker pods (workers.py builds them), status
+- connection.py TensorFusionConnection (remote vGPU): a worker per connection, status with its URL
 - quota.py     GPUResourceQuota alert events (the status is the allocator's quota-status reconciler's)
 - drift.py     the periodic drift audit (leader-only runnable), with repair
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tfusion.controller.reconcilers.cluster import ClusterReconciler
+    from tfusion.controller.reconcilers.connection import ConnectionReconciler
     from tfusion.controller.reconcilers.drift import DriftAudit
     from tfusion.controller.reconcilers.gpunode import GpuNodeReconciler
     from tfusion.controller.reconcilers.node import NodeReconciler
@@ -41,12 +44,14 @@ class Reconcilers:
     pod: PodReconciler
     workload: WorkloadReconciler
     drift: DriftAudit
+    connection: ConnectionReconciler | None = None
 
 
 def register_reconcilers(runtime: ControllerRuntime) -> Reconcilers:
     """Attach every reconciler and the drift audit to the runtime (after the AllocatorService)."""
     # imported here: the allocator service imports quota.py, and these import the allocator service
     from tfusion.controller.reconcilers.cluster import ClusterReconciler
+    from tfusion.controller.reconcilers.connection import ConnectionReconciler
     from tfusion.controller.reconcilers.drift import DriftAudit
     from tfusion.controller.reconcilers.gpunode import GpuNodeReconciler
     from tfusion.controller.reconcilers.node import NodeReconciler
@@ -60,7 +65,7 @@ def register_reconcilers(runtime: ControllerRuntime) -> Reconcilers:
     attached = Reconcilers(
         cluster=ClusterReconciler(runtime), pool=PoolReconciler(runtime), node=NodeReconciler(runtime),
         gpunode=GpuNodeReconciler(runtime), pod=PodReconciler(runtime), workload=WorkloadReconciler(runtime),
-        drift=DriftAudit(runtime, service))
+        drift=DriftAudit(runtime, service), connection=ConnectionReconciler(runtime))
     if runtime.assignments is not None:  # a worker's index and host port go with its GPUs
         attached.pod.release_hooks.append(runtime.assignments.release_pod)
     runtime.reconcilers = attached

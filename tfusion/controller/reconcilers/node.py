@@ -10,6 +10,11 @@ longer selects, takes its GPUNode with it (and, if another pool selects it, gets
 Unschedulable (cordoned) Nodes are skipped: what they have is left as it is. Only GPUNodes this
 reconciler keeps (AutoSelect, controlled by a pool) are ever deleted or replaced: one of another
 manageMode (Manual, Provisioned), or made by hand without a controlling pool, is left alone.
+
+In progressive-migration mode (`NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION=true`) the reconciler also
+watches worker pods and keeps the taint `tensor-fusion.ai/used-by=tensor-fusion:PreferNoSchedule`
+on every Node that runs TensorFusion workers, and off every Node that runs none (idle), cordoned
+or not; its other taints are left as they are (scheduling/progressive.py says why).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from tfusion.controller.reconcilers.common import (
     status_of,
 )
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
+from tfusion.controller.role import component_selector
+from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.reconciler import Result, generation_changed, spec_changed
@@ -63,6 +70,10 @@ def _spec_or_deletion_changed(old: Obj, new: Obj) -> bool:
     return generation_changed(old, new) or meta(old).get("deletionTimestamp") != meta(new).get("deletionTimestamp")
 
 
+def _worker_placement_changed(old: Obj, new: Obj) -> bool:
+    return progressive.worker_node_index(old) != progressive.worker_node_index(new)
+
+
 def _auto_selected(gpunode: Obj) -> bool:
     """A GPUNode this reconciler keeps: AutoSelect and controlled by a pool (one made by hand is not)."""
     return str((gpunode.get("spec") or {}).get("manageMode") or AUTO_SELECT) == AUTO_SELECT \
@@ -77,10 +88,16 @@ class NodeReconciler:
         self.nodes = runtime.informer(r.NODES)
         self.pools = runtime.informer(r.GPUPOOLS)
         self.gpunodes = runtime.informer(r.GPUNODES)
-        self.controller = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
+        self.progressive = bool(runtime.settings.progressive_migration)
+        builder = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
             .watches(r.GPUNODES, lambda gpunode: [name_of(gpunode)], predicates=[_metadata_changed]) \
-            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed]) \
-            .complete(self)
+            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed])
+        self.pods = runtime.informer(r.PODS)
+        if self.progressive:
+            self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
+            builder = builder.watches(r.PODS, progressive.worker_node_index, predicates=[_worker_placement_changed],
+                                      label_selector=component_selector(runtime.settings))
+        self.controller = builder.complete(self)
 
     async def reconcile(self, name: str) -> Result | None:
         node = self.nodes.get(name)
@@ -89,6 +106,8 @@ class NodeReconciler:
             if gpunode is not None:
                 await self._delete(gpunode, "its Node is gone")
             return None
+        if self.progressive:
+            await self._keep_taint(node)
         if (node.get("spec") or {}).get("unschedulable"):
             return None
         if gpunode is not None and not _auto_selected(gpunode):
@@ -110,6 +129,19 @@ class NodeReconciler:
         if labels_of(gpunode).get(tfa.HARDWARE_VENDOR) != vendor:
             await self.runtime.client.patch(r.GPUNODES, name, {"metadata": {"labels": {tfa.HARDWARE_VENDOR: vendor}}})
         return None
+
+    async def _keep_taint(self, node: Obj) -> None:
+        """Progressive mode: the used-by taint while the node runs workers, none while it is idle.
+        The write carries the resourceVersion read, so a taint someone adds meanwhile is not lost
+        (a Conflict requeues)."""
+        name = name_of(node)
+        busy = bool(self.pods.by_index(progressive.WORKER_NODE_INDEX, name))
+        taints = progressive.taints_for(node, busy)
+        if taints is None:
+            return
+        await self.runtime.client.patch(r.NODES, name, {
+            "metadata": {"resourceVersion": meta(node).get("resourceVersion")}, "spec": {"taints": taints}})
+        log.info("%s taint %s on node %s", "added" if busy else "removed", progressive.used_by_taint(), name)
 
     async def _create(self, node: Obj, pool: Obj) -> None:
         client = self.runtime.client

@@ -9,6 +9,10 @@
 - `tensor-fusion.ai/pending-owned-workload: <workload>` (the webhook's request) makes the pod the
   controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
   A workload that does not exist yet is looked for again in a few seconds (a Warning event says so).
+- A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
+  TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
+  workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
+  with the pod. A client pod holds no GPU, so it carries no finalizer of ours (a stray one is removed).
 
 Release hooks: `PodReconciler.release_hooks` holds the index and host-port allocators' release
 (`Assignments.release_pod`, wired by `register_reconcilers`): each is `async def hook(pod) ->
@@ -33,8 +37,9 @@ from tfusion.controller.reconcilers.common import (
     status_of,
 )
 from tfusion.controller.role import component_selector
+from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
-from tfusion.kube.client import NotFound, object_key
+from tfusion.kube.client import AlreadyExists, NotFound, object_key
 from tfusion.kube.reconciler import Result, ensure_finalizer
 
 if TYPE_CHECKING:
@@ -52,6 +57,10 @@ def is_worker(pod: Obj) -> bool:
     return labels_of(pod).get(tfa.COMPONENT) == tfa.COMPONENT_WORKER
 
 
+def is_client(pod: Obj) -> bool:
+    return labels_of(pod).get(tfa.COMPONENT) == tfa.COMPONENT_CLIENT
+
+
 class PodReconciler:
     """See the module docstring. Key: "namespace/name"."""
 
@@ -67,6 +76,7 @@ class PodReconciler:
             .for_(r.PODS, label_selector=component_selector(runtime.settings)).complete(self)
         self.pods = runtime.informer(r.PODS)
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
+        self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
 
     async def reconcile(self, key: str) -> Result | None:
         service = self.runtime.allocation
@@ -79,6 +89,9 @@ class PodReconciler:
             self._released.discard(uid)
             return None
         result = await self._adopt_workload(pod)
+        if is_client(pod):
+            await self._client(pod)
+            return result
         if not is_worker(pod):
             return result
         uid = str(meta(pod).get("uid") or "")
@@ -93,6 +106,32 @@ class PodReconciler:
             await self._release_once(uid, pod, "deleted")
         await ensure_finalizer(self.runtime.client, r.PODS, pod, FINALIZER, self._cleanup)
         return result
+
+    async def _client(self, pod: Obj) -> None:
+        """A client pod's connection (see the module docstring)."""
+        finalizers = list(meta(pod).get("finalizers") or [])
+        if FINALIZER in finalizers:
+            finalizers.remove(FINALIZER)
+            await self.runtime.client.replace(r.PODS, {**pod, "metadata": {**meta(pod), "finalizers": finalizers}},
+                                              namespace=meta(pod).get("namespace"))
+        name = connection_of(pod)
+        namespace = str(meta(pod).get("namespace") or "")
+        if not name or meta(pod).get("deletionTimestamp") or self.connections.get(f"{namespace}/{name}"):
+            return
+        workload = annotations_of(pod).get(tfa.SELECTED_WORKLOAD, "")
+        labels = {tfa.WORKLOAD: workload} if workload and len(workload) <= 63 else {}
+        connection = {
+            "apiVersion": r.TENSORFUSIONCONNECTIONS.api_version, "kind": r.TENSORFUSIONCONNECTIONS.kind,
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": name_of(pod), "uid": str(meta(pod).get("uid") or ""),
+                 "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"workloadName": workload, "clientPod": name_of(pod)}}
+        try:
+            await self.runtime.client.create(r.TENSORFUSIONCONNECTIONS, connection, namespace=namespace)
+        except AlreadyExists:
+            return
+        self.runtime.events.normal(pod, "ConnectionCreated", f"TensorFusionConnection {name} created for "
+                                   f"workload {workload}")
 
     async def _cleanup(self, pod: Obj) -> bool:
         await self._release_once(str(meta(pod).get("uid") or ""), pod, "deleted")

@@ -1,18 +1,28 @@
-"""TensorFusionWorkload reconciler: the status of a dynamic workload (no `spec.replicas`: its workers
-are the pods the webhook made workers of it) says how many workers it has and whether they are ready.
+"""TensorFusionWorkload reconciler: a workload's worker pods, and a status that counts them.
 
-- workerCount: worker pods labelled `tensor-fusion.ai/workload=<name>` in its namespace, not being
-  deleted; readyWorkers: those Running with condition Ready=True.
-- phase: Failed when a worker failed; Running when it has workers and all are ready; else Pending
-  (reason NoWorkers or WaitingForWorkers); condition Ready follows.
-- Finalizer: a dynamic workload's cleanup has nothing to wait for, so it goes at once.
-
-Workloads with fixed replicas (`spec.replicas` set) are not touched: creating and scaling their
-worker pods comes with remote vGPU.
+- **Dynamic** workloads (no `spec.replicas`): the workers are the pods the webhook made workers of
+  it (local GPU mode) or the dedicated workers of its connections (remote vGPU mode, created by the
+  connection reconciler); this reconciler only counts them. Their finalizer has nothing to wait
+  for, so it goes at once.
+- **Fixed** workloads (`spec.replicas` set, remote vGPU mode): exactly that many worker pods
+  (GenerateName `<workload>-tf-worker-`, labels `component=worker`, `workload`, `gpupool`,
+  `pod-template-hash`, the finalizer and the workload as controller; see workers.py). The template
+  hash of the pool's worker config and the spec is stored in `status.podTemplateHash` first;
+  workers of another hash are deleted, oldest first, and replaced; finished workers are deleted and
+  replaced; extra workers are deleted (not yet scheduled first, then pending, then not ready, then
+  the newest), missing ones created. Pods created or deleted are remembered until the cache shows
+  them, so a pass on a stale cache never creates twice. Deleting the workload deletes its workers
+  and keeps the finalizer until none is left.
+- Triggers: the workload, its worker pods, and spec changes of pools (a pool's worker template is
+  part of the hash).
+- Status: workerCount (workers not being deleted), readyWorkers (Running and Ready), phase Failed
+  when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
+  ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
@@ -23,20 +33,34 @@ from tfusion.controller.reconcilers.common import (
     RUNNING,
     Obj,
     condition,
+    controlled_by,
+    controller_reference,
     labels_of,
     merge_conditions,
     meta,
+    name_of,
     status_of,
     write_status,
 )
+from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
 from tfusion.controller.role import component_selector
 from tfusion.kube import resources as r
-from tfusion.kube.reconciler import Result, ensure_finalizer
+from tfusion.kube.client import NotFound
+from tfusion.kube.informer import Informer
+from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:
     from tfusion.controller.role import ControllerRuntime
 
+log = logging.getLogger(__name__)
+
 WORKLOAD_INDEX = "workload"
+WORKER_INFIX = "-tf-worker-"
+#: how soon a pass that waits for the cache to show its own creates and deletes comes back
+EXPECTATION_RETRY_S = 0.5
+#: how long an expectation is honoured (a create whose pod never shows up is forgotten then)
+EXPECTATION_TTL_S = 30.0
+FINISHED = ("Succeeded", "Failed")
 
 
 def workload_key(pod: Obj) -> list[str]:
@@ -57,6 +81,27 @@ def is_dynamic(workload: Obj) -> bool:
     return (workload.get("spec") or {}).get("replicas") is None
 
 
+def deletion_order(pods: list[Obj]) -> list[Obj]:
+    """kube's ActivePods order (the first goes first): unscheduled, then pending, then not ready,
+    then the most recently created."""
+    newest_first = sorted(pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), name_of(p)),
+                          reverse=True)
+    phase_rank = {"Pending": 0, "Unknown": 1, RUNNING: 2}
+    return sorted(newest_first, key=lambda p: (1 if (p.get("spec") or {}).get("nodeName") else 0,
+                                               phase_rank.get(str(status_of(p).get("phase")), 0),
+                                               1 if is_ready(p) else 0))
+
+
+def workloads_of_pool(workloads: Informer, pool: str) -> list[str]:
+    """"namespace/name" of the workloads that use `pool`."""
+    return [f"{meta(w).get('namespace')}/{name_of(w)}" for w in workloads.list()
+            if (w.get("spec") or {}).get("poolName") == pool]
+
+
+def _oldest_first(pod: Obj) -> tuple[str, str]:
+    return str(meta(pod).get("creationTimestamp") or ""), name_of(pod)
+
+
 class WorkloadReconciler:
     """See the module docstring. Key: "namespace/name"."""
 
@@ -65,37 +110,143 @@ class WorkloadReconciler:
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.pods = runtime.informer(r.PODS)
         self.pods.add_index(WORKLOAD_INDEX, workload_key)
+        self.pools = runtime.informer(r.GPUPOOLS)
+        self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.controller = runtime.manager.controller("tensorfusionworkload").for_(r.TENSORFUSIONWORKLOADS) \
-            .watches(r.PODS, workload_key, label_selector=component_selector(runtime.settings)).complete(self)
+            .watches(r.PODS, workload_key, label_selector=component_selector(runtime.settings)) \
+            .watches(r.GPUPOOLS, self._workloads_of_pool, predicates=[generation_changed]).complete(self)
+        #: workload key -> (names created, names deleted, when) not yet seen in the cache
+        self._expected: dict[str, tuple[set[str], set[str], float]] = {}
+        self.created = self.deleted = 0  # worker pods (tests read them)
+
+    def _workloads_of_pool(self, pool: Obj) -> list[str]:
+        """A pool's worker template is part of its workloads' template hash."""
+        return workloads_of_pool(self.workloads, name_of(pool))
 
     async def reconcile(self, key: str) -> Result | None:
         workload = self.workloads.get(key)
-        if workload is None or not is_dynamic(workload):
+        if workload is None:
+            self._expected.pop(key, None)
             return None
+        dynamic = is_dynamic(workload)
         current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, FINALIZER,
                                          self._cleanup)
         if current is None:
+            return None if dynamic else Result(requeue_after=1.0)
+        if dynamic:
+            await self._write_status(current, self._workers(key), None, {})
             return None
-        workers = [p for p in self.pods.by_index(WORKLOAD_INDEX, key) if not meta(p).get("deletionTimestamp")]
+        return await self._fixed(key, current)
+
+    def _workers(self, key: str, owner: Obj | None = None) -> list[Obj]:
+        pods = self.pods.by_index(WORKLOAD_INDEX, key)
+        return [p for p in pods if not meta(p).get("deletionTimestamp") and (owner is None or controlled_by(p, owner))]
+
+    async def _write_status(self, workload: Obj, workers: list[Obj], desired: int | None,
+                            extra: dict[str, Any]) -> None:
         ready = sum(1 for p in workers if is_ready(p))
         failed = sum(1 for p in workers if status_of(p).get("phase") == FAILED)
         if failed:
             phase, reason, message = FAILED, "WorkerFailed", f"{failed} of {len(workers)} worker(s) failed"
+        elif desired == 0:
+            phase, reason, message = PENDING, "ScaledToZero", "replicas is 0"
         elif not workers:
             phase, reason, message = PENDING, "NoWorkers", "no worker pod yet"
-        elif ready == len(workers):
+        elif ready == len(workers) and (desired is None or ready == desired):
             phase, reason, message = RUNNING, "WorkersReady", f"{ready} worker(s) ready"
         else:
-            phase, reason, message = PENDING, "WaitingForWorkers", f"{ready} of {len(workers)} worker(s) ready"
-        old = status_of(current)
+            phase, reason, message = PENDING, "WaitingForWorkers", \
+                f"{ready} of {desired if desired is not None else len(workers)} worker(s) ready"
+        old = status_of(workload)
         wanted: dict[str, Any] = {
-            "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
+            **extra, "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
             "conditions": merge_conditions(old.get("conditions"), [condition(
                 old.get("conditions"), "Ready", phase == RUNNING, reason, message,
-                generation=int(meta(current).get("generation") or 0))]),
+                generation=int(meta(workload).get("generation") or 0))]),
         }
-        await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, current, wanted)
-        return None
+        await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, wanted)
 
     async def _cleanup(self, workload: Obj) -> bool:
+        """Dynamic: nothing to wait for. Fixed: delete the workers; done once none is left."""
+        if is_dynamic(workload):
+            return True
+        key = f"{meta(workload).get('namespace')}/{name_of(workload)}"
+        owned = [p for p in self.pods.by_index(WORKLOAD_INDEX, key) if controlled_by(p, workload)]
+        for pod in owned:
+            if not meta(pod).get("deletionTimestamp"):
+                await self._delete(pod)
+        return not owned
+
+    # --- fixed replicas -----------------------------------------------------------------------
+
+    def _waiting_for_cache(self, key: str, workers: list[Obj]) -> bool:
+        """Whether creates or deletes of an earlier pass are not in the cache yet (then wait)."""
+        expected = self._expected.get(key)
+        if expected is None:
+            return False
+        created, deleted, since = expected
+        present = {name_of(p) for p in workers}
+        created.difference_update(present)
+        deleted.intersection_update(present)
+        if (not created and not deleted) or self.runtime.manager.clock.now() - since > EXPECTATION_TTL_S:
+            self._expected.pop(key, None)
+            return False
         return True
+
+    def _expect(self, key: str, *, created: str = "", deleted: str = "") -> None:
+        names = self._expected.setdefault(key, (set(), set(), self.runtime.manager.clock.now()))
+        if created:
+            names[0].add(created)
+        if deleted:
+            names[1].add(deleted)
+
+    async def _fixed(self, key: str, workload: Obj) -> Result | None:
+        spec = workload.get("spec") or {}
+        desired = max(0, int(spec.get("replicas") or 0))
+        pool = self.pools.get(str(spec.get("poolName") or ""))
+        wanted_hash = template_hash(pool, workload)
+        if status_of(workload).get("podTemplateHash") != wanted_hash:
+            await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload,
+                               {"podTemplateHash": wanted_hash, "workerCount": status_of(workload).get(
+                                   "workerCount", 0)})
+        workers = self._workers(key, workload)
+        if self._waiting_for_cache(key, workers):
+            return Result(requeue_after=EXPECTATION_RETRY_S)
+        outdated = sorted((p for p in workers if labels_of(p).get(tfa.POD_TEMPLATE_HASH) != wanted_hash
+                           or status_of(p).get("phase") in FINISHED), key=_oldest_first)
+        for pod in outdated:
+            await self._delete(pod)
+            self._expect(key, deleted=name_of(pod))
+        active = [p for p in workers if p not in outdated]
+        if len(active) > desired:
+            for pod in deletion_order(active)[:len(active) - desired]:
+                await self._delete(pod)
+                self._expect(key, deleted=name_of(pod))
+        for _ in range(desired - len(active)):
+            await self._create(key, workload, pool, wanted_hash)
+        await self._write_status(workload, workers, desired, {"podTemplateHash": wanted_hash})
+        return None
+
+    async def _create(self, key: str, workload: Obj, pool: Obj | None, wanted_hash: str) -> None:
+        namespace = str(meta(workload).get("namespace"))
+        index = None
+        assignments = self.runtime.assignments
+        if assignments is not None and assignments.indexes is not None:
+            index = assignments.indexes.assign(f"{namespace}/{name_of(workload)}{WORKER_INFIX}{self.created}")
+        try:
+            pod = worker_pod(workload, pool, self.providers.list(), generate_name=f"{name_of(workload)}{WORKER_INFIX}",
+                             template=wanted_hash, owner=controller_reference(workload, r.TENSORFUSIONWORKLOADS),
+                             index=index)
+        except TemplateError as exc:
+            self.runtime.events.warning(workload, "WorkerTemplateInvalid", str(exc))
+            return
+        created = await self.runtime.client.create(r.PODS, pod, namespace=namespace)
+        self.created += 1
+        self._expect(key, created=name_of(created))
+
+    async def _delete(self, pod: Obj) -> None:
+        try:
+            await self.runtime.client.delete(r.PODS, name_of(pod), namespace=meta(pod).get("namespace"))
+            self.deleted += 1
+        except NotFound:
+            pass

@@ -21,8 +21,17 @@ Annotations written (reference §2.4): `gpu-ids` (comma list), `container-gpus` 
 GPU ids, for the containers in `inject-container`, else the first container, sorted by name, the
 GPUs split in order by `container-gpu-count` when given, else every GPU to each container),
 `effective-hard-sm-percent` (hard isolation with an absolute TFLOPS limit:
-ceil(limit / capacity x 100), 1..100). `tensor-fusion.ai/index` is not written here: see the
-scheduler module docstring.
+ceil(limit / capacity x 100), 1..100), and `index`: the pod index its containers ask the device
+plugin for (`<domain>/index_<k>` limit, written by the webhook), which the device plugin maps an
+Allocate back to the pod by.
+
+The node-level index lock: the allocator holds each pod's index on its node for as long as the
+allocation lives (tfusion/allocator/indexlock.py) and Reserve refuses a node where another pod
+holds it, so the filter steers such a pod elsewhere. Just before the Binding, `index_conflict`
+checks the lock once more (a pod bound meanwhile by another process and adopted from its
+annotations may hold the index now): a conflict is not bound; the caller rolls the reservation
+back and retries the pod later with that reason. So two pods bound to one node never carry the
+same index, and `index` is written only when the node-level index is the pod's alone.
 """
 
 from __future__ import annotations
@@ -116,7 +125,18 @@ def bind_annotations(pod: Obj, req: AllocRequest | None, gpus: Sequence[str],
     percent = effective_hard_sm_percent(req, capacity)
     if percent is not None:
         notes[tfa.EFFECTIVE_HARD_SM_PERCENT] = str(percent)
+    if req.pod_index:
+        notes[tfa.INDEX] = str(req.pod_index)
     return notes
+
+
+def index_conflict(req: AllocRequest | None, node: str, allocator: GpuAllocator | None) -> str:
+    """Why the pod must not be bound to `node` now: another pod holds its pod index there ("" when
+    it may be bound: no index, or the node-level lock is the pod's alone)."""
+    if req is None or not req.pod_index or allocator is None:
+        return ""
+    busy = allocator.index_conflict(req, node)
+    return f"not bound: {busy}; the reservation is rolled back and the pod retried" if busy else ""
 
 
 def binding_body(pod: Obj, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:

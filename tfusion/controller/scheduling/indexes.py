@@ -11,6 +11,10 @@ was made for is seen in the cache before the index could be handed out again.
 The original hands out a plain counter, ((n-1) mod 128) + 1, whatever is in use; here the counter
 moves on the same way but skips indices that a live pod holds, and repeats one only when all 128
 are held.
+
+This is the cluster-level half. The node-level half (no two pods holding GPUs on one node share
+an index, whatever the cluster-level counter handed out) is the allocator's
+(tfusion/allocator/indexlock.py), checked at Reserve and once more at the Binding (binder.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tfusion.allocator.request import pod_index_of
 from tfusion.api import annotations as tfa
 
 POD_INDEX_MAX = tfa.POD_INDEX_MAX
@@ -26,17 +31,9 @@ RESERVATION_TTL_S = 60.0
 
 
 def pod_index(pod: Mapping[str, Any]) -> int | None:
-    """The index a pod's containers ask for (the first index resource found), or None."""
-    for container in ((pod.get("spec") or {}).get("containers") or []):
-        limits = ((container or {}).get("resources") or {}).get("limits") or {}
-        for name, value in limits.items():
-            if tfa.index_resource_number(str(name)) is None:
-                continue
-            try:
-                return tfa.decode_pod_index(str(name), int(str(value)))
-            except ValueError:
-                continue
-    return None
+    """The index a pod's containers ask for (the first index resource found), or None. The one
+    reading of it is the allocator's (`pod_index_of`): the node-level lock reads the same."""
+    return pod_index_of(pod) or None
 
 
 class IndexAllocator:

@@ -16,6 +16,12 @@ know it ("0/5 nodes are available: 2 Insufficient cpu, 3 node(s) had untolerated
   `matchExpressions` and `matchFields` requirement; operators In, NotIn, Exists, DoesNotExist,
   Gt, Lt; `matchFields` on `metadata.name`; a term with no requirement matches nothing)
   ("node(s) didn't match Pod's node affinity/selector");
+- for a pod that asks for a `tensor-fusion.ai/index_<k>` resource (a worker pod), the node's
+  allocatable `tensor-fusion.ai/index_0` must not be 0: the kubelet zeroes a device plugin's
+  resources when the plugin goes, so 0 means the node's hypervisor is dead (the original's filter).
+  A node that does not list the resource at all (no device plugin ever registered: a simulated
+  or test node, or a cluster where the hypervisor has not started yet) is not refused, unlike the
+  original, which reads a missing resource as 0;
 - CPU, memory and pod count against `status.allocatable` minus the requests of the pods already
   on the node ("Insufficient cpu", "Insufficient memory", "Too many pods"). A pod's request is
   max(sum of its containers, largest init container) plus `spec.overhead`, as kube computes it.
@@ -34,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity, QuantityError
 
 Obj = Mapping[str, Any]
@@ -41,6 +48,8 @@ Obj = Mapping[str, Any]
 NOT_READY = "node(s) were not ready"
 UNSCHEDULABLE = "node(s) were unschedulable"
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+HYPERVISOR_GONE = "node(s) had no running tensor-fusion hypervisor (allocatable tensor-fusion.ai/index_0 is 0)"
+INDEX_PROBE_RESOURCE = tfa.index_resource(0)
 TOO_MANY_PODS = "Too many pods"
 INSUFFICIENT = "Insufficient {}"
 
@@ -73,6 +82,8 @@ class PodDemand:
     required_terms: tuple[Mapping[str, Any], ...] | None = None  # None: no required affinity
     #: the static part's identity (tolerations, selector, affinity), for `StaticVerdicts`
     shape: str = ""
+    #: asks for a tensor-fusion.ai/index_<k> resource: needs a live hypervisor device plugin
+    needs_index_plugin: bool = False
 
 
 # --- reading a pod ---------------------------------------------------------------------------------
@@ -118,8 +129,18 @@ def pod_demand(pod: Obj) -> PodDemand:
     terms = None
     if isinstance(required, Mapping):
         terms = tuple(t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping))
-    shape = json.dumps([tolerations, selector, terms], sort_keys=True, default=str)
-    return PodDemand(cpu, mem, tolerations, selector, terms, shape)
+    needs_index = _asks_index_resource(spec)
+    shape = json.dumps([tolerations, selector, terms, needs_index], sort_keys=True, default=str)
+    return PodDemand(cpu, mem, tolerations, selector, terms, shape, needs_index)
+
+
+def _asks_index_resource(spec: Obj) -> bool:
+    for container in spec.get("containers") or []:
+        resources = (container or {}).get("resources") or {}
+        for section in ("limits", "requests"):
+            if any(str(name).startswith(tfa.INDEX_RESOURCE_PREFIX) for name in resources.get(section) or {}):
+                return True
+    return False
 
 
 def is_pending(pod: Obj) -> bool:
@@ -224,7 +245,15 @@ def static_check(demand: PodDemand, node: Obj) -> NodeFailure | None:
             return NodeFailure(f"node(s) had untolerated taint {_taint_text(taint)}", "TaintToleration", True)
     if not affinity_matches(demand, node):
         return NodeFailure(AFFINITY, "NodeAffinity", True)
+    if demand.needs_index_plugin and _hypervisor_gone(node):
+        return NodeFailure(HYPERVISOR_GONE, "TensorFusionHypervisor", True)
     return None
+
+
+def _hypervisor_gone(node: Obj) -> bool:
+    """The node lists the index resource and has none of it (see the module docstring)."""
+    values = (node.get("status") or {}).get("allocatable") or {}
+    return INDEX_PROBE_RESOURCE in values and _quantity(values[INDEX_PROBE_RESOURCE], milli=False) <= 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +294,38 @@ def resource_check(demand: PodDemand, capacity: Allocatable, used: Used) -> Node
 def check_node(demand: PodDemand, node: Obj, used: Used) -> NodeFailure | None:
     """Every check, static first; None when the node can take the pod."""
     return static_check(demand, node) or resource_check(demand, allocatable(node), used)
+
+
+def extended_requests(pod: Obj, names: Iterable[str]) -> dict[str, int]:
+    """What a pod asks of the extended resources `names` (e.g. nvidia.com/gpu): per container the
+    request, else the limit (kube defaults one to the other for extended resources), summed, or the
+    largest init container's when larger. Only the names it asks for are in the result."""
+    spec = pod.get("spec") or {}
+    wanted = tuple(names)
+    totals: dict[str, int] = {}
+
+    def amount(container: Obj, name: str) -> int:
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(name)
+        return _quantity(value if value is not None else (resources.get("limits") or {}).get(name), milli=False)
+
+    for name in wanted:
+        total = sum(amount(c, name) for c in spec.get("containers") or [])
+        total = max([total, *(amount(c, name) for c in spec.get("initContainers") or [])])
+        if total > 0:
+            totals[name] = total
+    return totals
+
+
+def extended_check(wanted: Mapping[str, int], node: Obj, used: Mapping[str, int]) -> NodeFailure | None:
+    """The extended resources a pod asks for against the node's allocatable minus what its pods use
+    ("Insufficient nvidia.com/gpu", as kube's NodeResourcesFit)."""
+    values = (node.get("status") or {}).get("allocatable") or {}
+    for name, amount in sorted(wanted.items()):
+        free = _quantity(values.get(name), milli=False) - used.get(name, 0)
+        if amount > free:
+            return NodeFailure(INSUFFICIENT.format(name), "NodeResourcesFit", False, name, amount, max(0, free))
+    return None
 
 
 # --- keeping totals and caching ---------------------------------------------------------------------

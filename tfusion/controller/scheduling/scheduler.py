@@ -12,7 +12,9 @@ One scheduling cycle at a time (a pod, then the next), as kube-scheduler's:
 1. parse the pod (`request_from_pod`; a pod naming no pool gets the default pool); a pod
    without the worker label `tensor-fusion.ai/component=worker` and without GPU annotations is
    placed by the node checks alone (no GPUs); one with GPU annotations but without the label is
-   refused (leader recovery only restores worker pods, so its GPUs would leak);
+   refused (leader recovery only restores worker pods, so its GPUs would leak); a native-GPU pod
+   (progressive migration, progressive.py) is placed by the node checks and its native GPU
+   resources, only onto nodes that run no TensorFusion worker;
 2. PreFilter (quota, pool);
 3. Filter: the GPU framework over every Node, then the node checks (nodes.py) on the nodes the
    GPUs allow: Ready, cordon, taints, nodeSelector/affinity, CPU, memory, pod count;
@@ -31,16 +33,16 @@ changes), a `FailedScheduling` event (at most one per pod per `EVENT_INTERVAL_S`
 counts repeats of an identical one), and an explanation kept in memory (per-node reasons with
 numbers and the framework's suggestions) that `GET /api/why` and `tfusion why` show.
 
-Deliberately not done here: the pod index (`tensor-fusion.ai/index` and the node-level index lock
-of the original's PreBind). The index allocator is another module's (scheduling/indexes.py); this
-scheduler writes no index annotation, and the reference (§2.3) has the webhook assign it.
+The pod index: the webhook assigns it (scheduling/indexes.py); the allocator holds it per node for
+as long as the pod holds GPUs (Filter and Reserve skip a node where another pod holds it), and the
+binding writes `tensor-fusion.ai/index` after a last check of that node-level lock (binder.py).
 Preemption and gang scheduling are not implemented.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +56,14 @@ from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
-from tfusion.controller.scheduling.binder import BindResult, LeanPoster, bind_annotations, post_binding
+from tfusion.controller.scheduling import progressive
+from tfusion.controller.scheduling.binder import (
+    BindResult,
+    LeanPoster,
+    bind_annotations,
+    index_conflict,
+    post_binding,
+)
 from tfusion.controller.scheduling.defaults import default_pool_name
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
 from tfusion.kube import resources as r
@@ -246,6 +255,8 @@ class Decision:
     demand: nc.PodDemand | None = None
     why: Why | None = None
     error: str = ""
+    #: native GPU resources (e.g. nvidia.com/gpu) the pod takes on the node, when it asks for any
+    native: Mapping[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -267,6 +278,8 @@ class Scheduler:
         self._binds: TaskGroup | None = None
         self._bind_slots = anyio.Semaphore(MAX_CONCURRENT_BINDS)
         self._poster: LeanPoster | None = None
+        #: pods decided but not yet seen bound: uid -> (node, is a TensorFusion worker, native GPUs)
+        self._in_flight: dict[str, tuple[str, bool, Mapping[str, int]]] = {}
         self.metrics = SchedulerMetrics(runtime.registry)
         self.pods: Informer
         self.nodes: Informer
@@ -281,6 +294,7 @@ class Scheduler:
         self.pods = cache.informer(r.PODS)
         rt.informers[r.PODS] = self.pods
         self.pods.add_index("node", node_name_index)
+        self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
         self.nodes = rt.informer(r.NODES)
         self.pods.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
         self.nodes.add_handler(on_add=self._on_node, on_update=self._on_node_update)
@@ -329,6 +343,8 @@ class Scheduler:
     def _on_pod(self, pod: Obj) -> None:
         self.usage.observe(pod)
         key = pod_key(pod)
+        if not nc.is_pending(pod):
+            self._in_flight.pop(str(_meta(pod).get("uid") or ""), None)
         if is_ours(pod) and nc.is_pending(pod):
             if self.queue is not None:
                 self.queue.add(key, priority=int((pod.get("spec") or {}).get("priority") or 0))
@@ -345,6 +361,7 @@ class Scheduler:
         self.usage.observe_delete(pod)
         self._forget_pod(pod_key(pod))
         uid = str(_meta(pod).get("uid") or "")
+        self._in_flight.pop(uid, None)
         self._last_event.pop(uid, None)
         self._condition_written.pop(uid, None)
         if (pod.get("spec") or {}).get("nodeName"):
@@ -438,10 +455,12 @@ class Scheduler:
             decision.why.attempts = queue.attempts(key)
             self.report_unschedulable(pod, decision.why, tg)
             if decision.req is not None:
-                self.service.count_allocation(False)
+                self.service.count_allocation(False, decision.req.pool)
             return
         demand = decision.demand or nc.pod_demand(pod)
-        self.usage.assume(str(_meta(pod).get("uid") or ""), decision.node, demand.cpu_milli, demand.memory)
+        uid = str(_meta(pod).get("uid") or "")
+        self.usage.assume(uid, decision.node, demand.cpu_milli, demand.memory)
+        self._in_flight[uid] = (decision.node, decision.req is not None or is_worker(pod), decision.native)
         tg.start_soon(self._bind, key, pod, decision, fw)
 
     # --- deciding (synchronous: one consistent view) ---------------------------------------------
@@ -472,6 +491,9 @@ class Scheduler:
     def decide(self, pod: Obj, fw: Framework) -> Decision:
         demand = nc.pod_demand(pod)
         if not asks_for_gpus(pod):
+            native = nc.extended_requests(pod, self.native_resource_names())
+            if native:
+                return self._decide_native(pod, demand, native, self._nodes_by_name())
             return self._decide_plain(pod, demand, self._nodes_by_name())
         if not is_worker(pod):
             return Decision(demand=demand, why=self._why_text(
@@ -486,7 +508,7 @@ class Scheduler:
             # Filter's Success set without a Status per node: the framework's filter is this set
             # intersected with the candidates (a Status for each of thousands of nodes per pod
             # costs more than the rest of the cycle); the statuses are built when nothing fits
-            gpu_ok = [n for n in fw.allocator.feasible_nodes(req) if n in self.nodes]
+            gpu_ok = fw.feasible(req, self.nodes)
             scores = fw.score(req, gpu_ok)
             # best first, lazily: the node checks run on the best nodes only until one passes
             # (a full sort of thousands of nodes per pod would cost more than the whole cycle)
@@ -511,10 +533,14 @@ class Scheduler:
 
     def _decide_plain(self, pod: Obj, demand: nc.PodDemand, by_name: Mapping[str, Obj]) -> Decision:
         """A pod without GPUs: the node checks alone; the node with the fewest pods (spread)."""
+        return self._place_by_nodes(pod, demand, by_name, lambda name, node: self.node_failure(demand, node))
+
+    def _place_by_nodes(self, pod: Obj, demand: nc.PodDemand, by_name: Mapping[str, Obj],
+                        check: Callable[[str, Obj], nc.NodeFailure | None]) -> Decision:
         failures: dict[str, nc.NodeFailure] = {}
         fitting: list[str] = []
         for name, node in by_name.items():
-            failure = self.node_failure(demand, node)
+            failure = check(name, node)
             if failure is None:
                 fitting.append(name)
             else:
@@ -526,6 +552,57 @@ class Scheduler:
         message = Explanation(statuses).message(len(by_name))
         why = self._why_from(pod, message, statuses, [], Code.UNSCHEDULABLE)
         return Decision(demand=demand, why=why)
+
+    # --- native-GPU pods (progressive migration) --------------------------------------------------
+
+    def native_resource_names(self) -> tuple[str, ...]:
+        """The native GPU resources TensorFusion takes over: every ProviderConfig's inUseResourceNames."""
+        from tfusion.controller.webhook.mutate import in_use_resource_names
+
+        return in_use_resource_names(self.runtime.informer(r.PROVIDERCONFIGS).list())
+
+    def nodes_with_workers(self) -> set[str]:
+        """Nodes a TensorFusion worker is bound to (or being bound to by this scheduler)."""
+        busy = set(self.pods.index_values(progressive.WORKER_NODE_INDEX))
+        busy.update(node for node, worker, _ in self._in_flight.values() if worker)
+        return busy
+
+    def native_used(self, node: str, names: Sequence[str]) -> dict[str, int]:
+        """The native GPU resources the live pods on `node` (and those being bound there) take."""
+        used: dict[str, int] = {}
+        seen: set[str] = set()
+        for pod in self.pods.by_index("node", node):
+            if (pod.get("status") or {}).get("phase") in nc.FINISHED_PHASES:
+                continue
+            seen.add(str(_meta(pod).get("uid") or ""))
+            for name, amount in nc.extended_requests(pod, names).items():
+                used[name] = used.get(name, 0) + amount
+        for uid, (where, _, native) in self._in_flight.items():
+            if where == node and uid not in seen:
+                for name, amount in native.items():
+                    used[name] = used.get(name, 0) + amount
+        return used
+
+    def _decide_native(self, pod: Obj, demand: nc.PodDemand, native: Mapping[str, int],
+                       by_name: Mapping[str, Obj]) -> Decision:
+        """A native-GPU pod: the node checks and its native GPU resources, on a node without
+        TensorFusion workers; no GPU is taken from the allocator."""
+        busy = self.nodes_with_workers()
+        names = sorted(native)
+
+        def check(name: str, node: Obj) -> nc.NodeFailure | None:
+            if name in busy:
+                return nc.NodeFailure(progressive.RUNS_WORKERS, progressive.CHECK, False)
+            return self.node_failure(demand, node) or nc.extended_check(native, node, self.native_used(name, names))
+
+        decision = self._place_by_nodes(pod, demand, by_name, check)
+        decision.native = dict(native)
+        if decision.why is not None:
+            gpu_nodes = [n for n, node in by_name.items() if nc.extended_check(
+                {k: 1 for k in names}, node, {}) is None]
+            if gpu_nodes and all(n in busy for n in gpu_nodes):
+                decision.why.message += " " + progressive.every_gpu_node_busy(names)
+        return decision
 
     def explain(self, pod: Obj, req: AllocRequest, demand: nc.PodDemand, fw: Framework,
                 by_name: Mapping[str, Obj]) -> Why:
@@ -623,8 +700,11 @@ class Scheduler:
         uid = str(_meta(pod).get("uid") or "")
         gpus = decision.placement.gpu_names if decision.placement is not None else ()
         notes = bind_annotations(pod, decision.req, gpus, fw.allocator)
-        result = await post_binding(self.client, pod, decision.node, notes, self._poster)
+        conflict = index_conflict(decision.req, decision.node, fw.allocator)
+        result = BindResult(False, conflict) if conflict else \
+            await post_binding(self.client, pod, decision.node, notes, self._poster)
         if not result.bound:
+            self._in_flight.pop(uid, None)
             if decision.req is not None:
                 fw.unreserve(uid)
                 self.service.flush()
@@ -639,7 +719,7 @@ class Scheduler:
             if not status.ok:
                 # released meanwhile (deleted): nothing is held; a restart would restore from gpu-ids
                 log.info("pod %s bound but not committed: %s", pod_key(pod), status.details())
-            self.service.count_allocation(True)
+            self.service.count_allocation(True, decision.req.pool)
             self.service.flush()
         self.whys.pop(pod_key(pod), None)
         where = f" (GPUs {','.join(gpus)})" if gpus else ""

@@ -25,7 +25,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,6 +34,9 @@ from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
 from tfusion.controller.scheduling.defaults import DEFAULT_QOS, EQUAL_LIMITS_QOS, default_pool_name
+
+if TYPE_CHECKING:
+    from tfusion.controller.webhook.remote import RemoteClient
 
 Obj = dict[str, Any]
 
@@ -121,6 +124,10 @@ class Context:
     #: the dynamic config's `autoMigration` ({enable, scope: {includes, excludes}})
     auto_migration: Mapping[str, Any] | None = None
     namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    #: base URL of the controller's HTTP API that remote client pods ask for their worker
+    operator_endpoint: str = ""
+    #: NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION: native-GPU pods not migrated go to our scheduler
+    progressive: bool = False
 
 
 @dataclass
@@ -155,6 +162,8 @@ class Plan:
     worker_image: str = ""
     hypervisor_port: int = DEFAULT_HYPERVISOR_PORT
     migrated: bool = False
+    #: remote vGPU mode: what the client pod gets (remote.py); None in local GPU mode
+    remote: RemoteClient | None = None
 
 
 # --- small readers -------------------------------------------------------------------------------
@@ -287,6 +296,33 @@ def auto_migration_enabled(config: Mapping[str, Any] | None) -> bool:
     return isinstance(config, Mapping) and config.get("enable") is True
 
 
+#: schedulers a progressive-migration pod may be taken from (another named scheduler is the user's choice)
+DEFAULT_SCHEDULERS = ("", "default-scheduler")
+
+
+def progressive_only(pod: Mapping[str, Any], context: Context) -> bool:
+    """Progressive migration: a native-GPU pod without the enabled label, not taken by
+    auto-migration, left to the default scheduler; it only changes scheduler (`progressive_pod`)."""
+    if not context.progressive:
+        return False
+    try:
+        if _label_enabled(_meta(pod).get("labels") or {}) is not None:
+            return False
+    except AnnotationError:
+        return False  # analyse denies it
+    if str(_spec(pod).get("schedulerName") or "") not in DEFAULT_SCHEDULERS:
+        return False
+    if not native_gpu_counts(pod, in_use_resource_names(context.provider_configs)):
+        return False
+    namespace = str(_meta(pod).get("namespace") or "default")
+    return not auto_migration_applies(context.auto_migration, pod, namespace, context.namespace_labels)
+
+
+def progressive_pod(pod: Mapping[str, Any]) -> Obj:
+    """The pod as progressive migration sends it: to tensor-fusion-scheduler, nothing else changed."""
+    return {**pod, "spec": {**_spec(pod), "schedulerName": tfa.SCHEDULER_NAME}}
+
+
 # --- analysis ----------------------------------------------------------------------------------------
 
 
@@ -310,7 +346,7 @@ def selects(pod: Mapping[str, Any], context: Context) -> bool:
         return True
     if enabled is not None:
         return enabled
-    return auto_migration_enabled(context.auto_migration) and bool(
+    return (auto_migration_enabled(context.auto_migration) or context.progressive) and bool(
         native_gpu_counts(pod, in_use_resource_names(context.provider_configs)))
 
 
@@ -340,12 +376,12 @@ def _analyse(pod: Mapping[str, Any], ctx: Context, owner: Owner) -> Plan | None:
         notes.setdefault(tfa.ISOLATION, tfa.ISOLATION_SHARED)
     profile = _profile_spec(notes, ctx, namespace)
     pool_name, pool = _pool(notes, profile, ctx)
-    _check_local(notes, profile, pool)
-    if notes.get(tfa.WORKER_POD_TEMPLATE):
+    local = _check_local(notes, profile, pool)
+    if local and notes.get(tfa.WORKER_POD_TEMPLATE):
         raise _deny(tfa.WORKER_POD_TEMPLATE, notes[tfa.WORKER_POD_TEMPLATE][:40], "no value in local GPU mode",
                     detail="a worker pod template is for remote vGPU mode")
     sidecar = _first_bool(_annotation_bool(notes, tfa.SIDECAR_WORKER), profile.get("sidecarWorker"), False)
-    isolation = _isolation(notes, profile, sidecar)
+    isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
     vendor = str(notes.get(tfa.VENDOR) or profile.get("vendor")
                  or dig(pool, "spec", "nodeManagerConfig", "defaultVendor") or DEFAULT_VENDOR)
     provider = provider_config_for(ctx.provider_configs, vendor)
@@ -391,13 +427,18 @@ def _analyse(pod: Mapping[str, Any], ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.ISOLATION] = isolation
     workload = _workload_object(workload_name, namespace, pool_name, owner, spec, notes, container_counts)
     images = _images(pool, provider, vendor)
-    return Plan(pool=pool, pool_name=pool_name, vendor=vendor, isolation=isolation, qos=qos, sidecar=sidecar,
+    plan = Plan(pool=pool, pool_name=pool_name, vendor=vendor, isolation=isolation, qos=qos, sidecar=sidecar,
                 gpu_count=gpu_count, inject=inject, amounts=amounts, annotations=new_notes,
                 remove_annotations=_stale_annotations(amounts), labels=new_labels, workload=workload,
                 native_resources=in_use_resource_names(ctx.provider_configs, vendor),
                 enabled_replicas=enabled_replicas, host_port=host_port, disabled_features=disabled,
                 middleware_image=images[0], client_image=images[1], worker_image=images[2],
                 hypervisor_port=_hypervisor_port(pool), migrated=migrated)
+    if local:
+        return plan
+    from tfusion.controller.webhook.remote import remote_plan  # remote.py imports this module
+
+    return remote_plan(plan, pod, notes, profile, ctx.operator_endpoint)
 
 
 def _first_bool(*values: Any) -> bool:
@@ -430,17 +471,14 @@ def _pool(notes: Mapping[str, str], profile: Mapping[str, Any], ctx: Context) ->
     raise _deny(tfa.GPU_POOL, name, f"the name of a GPUPool ({known})", detail="no such GPUPool")
 
 
-def _check_local(notes: Mapping[str, str], profile: Mapping[str, Any], pool: Mapping[str, Any]) -> None:
+def _check_local(notes: Mapping[str, str], profile: Mapping[str, Any], pool: Mapping[str, Any]) -> bool:
+    """Local GPU mode (True) or remote vGPU mode: the annotation, the profile, the pool, else local."""
     local = _annotation_bool(notes, tfa.IS_LOCAL_GPU)
-    source = f"annotation {tfa.IS_LOCAL_GPU}"
     if local is None and isinstance(profile.get("isLocalGPU"), bool):
-        local, source = profile["isLocalGPU"], "the WorkloadProfile's isLocalGPU"
+        local = profile["isLocalGPU"]
     if local is None and isinstance(dig(pool, "spec", "defaultUsingLocalGPU"), bool):
         local = dig(pool, "spec", "defaultUsingLocalGPU")
-        source = f"GPUPool {_name(pool)}'s defaultUsingLocalGPU"
-    if local is False:
-        raise Denial(f'{source} asks for remote vGPU mode, which is not available yet in this version of '
-                     f'tfusion; use local GPU mode ({tfa.IS_LOCAL_GPU}: "true")')
+    return local is not False
 
 
 def _isolation(notes: Mapping[str, str], profile: Mapping[str, Any], sidecar: bool) -> str:

@@ -17,6 +17,8 @@ Op = dict[str, Any]
 
 
 def pointer_token(key: str) -> str:
+    if "~" not in key and "/" not in key:  # nearly every key: no new string
+        return key
     return key.replace("~", "~0").replace("/", "~1")
 
 
@@ -48,12 +50,17 @@ def _diff_objects(before: dict[str, Any], after: dict[str, Any], path: str) -> l
         if key not in after:
             ops.append({"op": "remove", "path": f"{path}/{pointer_token(key)}"})
     for key, value in after.items():
-        child = f"{path}/{pointer_token(key)}"
         if key not in before:
-            ops.append({"op": "add", "path": child, "value": value})
-        else:
-            ops.extend(json_diff(before[key], value, child))
+            ops.append({"op": "add", "path": f"{path}/{pointer_token(key)}", "value": value})
+            continue
+        old = before[key]
+        if old is value or (type(old) is type(value) and type(value) in _SCALARS and old == value):
+            continue  # the common case, settled before any path is built
+        ops.extend(json_diff(old, value, f"{path}/{pointer_token(key)}"))
     return ops
+
+
+_SCALARS = (str, int, float, bool)
 
 
 def _diff_lists(before: list[Any], after: list[Any], path: str) -> list[Op]:

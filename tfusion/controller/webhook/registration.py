@@ -5,7 +5,8 @@ fails every pod (failurePolicy Fail). `desired_configuration` is what the contro
 pods CREATE only, `failurePolicy: Fail`, `timeoutSeconds: 10`, `sideEffects: NoneOnDryRun`,
 `admissionReviewVersions: [v1]`, and the objectSelector `tensor-fusion.ai/enabled In [true]` —
 widened to every pod not labelled `enabled: "false"` while the dynamic config's auto-migration is
-on (native-GPU pods must reach the webhook to be migrated). In a cluster it points at the webhook
+on or progressive-migration mode is (native-GPU pods must reach the webhook to be migrated, or to
+be sent to tensor-fusion-scheduler). In a cluster it points at the webhook
 Service; in `--role=all` at the webhook's loopback URL. `ensure_registration` creates the object
 or rewrites its webhooks when they differ; with `--webhook-cert-dir` the caBundle found there is
 kept (cert-manager's CA injector owns it).

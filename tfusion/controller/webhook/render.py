@@ -53,8 +53,9 @@ def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: 
     notes.update(plan.annotations)
     meta.setdefault("labels", {}).update(plan.labels)
     spec = out.setdefault("spec", {})
-    spec["schedulerName"] = tfa.SCHEDULER_NAME
-    _add_toleration(spec)
+    if plan.remote is None:  # a remote client holds no GPU: any scheduler, any node
+        spec["schedulerName"] = tfa.SCHEDULER_NAME
+        _add_toleration(spec)
     if plan.qos in ("high", "critical") and not spec.get("priorityClassName"):
         spec["priorityClassName"] = tfa.priority_class_name(plan.qos)
         spec.pop("priority", None)
@@ -64,7 +65,11 @@ def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: 
             if index is not None:
                 _set_index(container, index)
     _apply_container_patch(out, plan)
-    if plan.sidecar:
+    if plan.remote is not None:
+        from tfusion.controller.webhook.remote import wire_client  # remote.py imports this module
+
+        wire_client(out, plan)
+    elif plan.sidecar:
         _wire_sidecar(out, plan, index)
     elif plan.isolation == tfa.ISOLATION_SOFT:
         _wire_soft_limiter(out, plan)

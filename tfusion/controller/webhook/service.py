@@ -9,9 +9,11 @@ certificate and registration every `check_interval` seconds (and at once when th
 auto-migration switch changes the objectSelector).
 
 A pod's review: operations other than a Pod CREATE are allowed untouched; so is a pod that is
-not a TensorFusion pod. Otherwise: owner chain, `analyse` (a Denial is `allowed: false` with its
-code and message), the grey-release counter, an index, a host port (not on dryRun), `render`,
-the workload (not on dryRun), and the JSON patch. Failures of the API server or the leader are
+not a TensorFusion pod. In progressive-migration mode a native-GPU pod that auto-migration does
+not take gets only `spec.schedulerName: tensor-fusion-scheduler`. Otherwise: owner chain,
+`analyse` (a Denial is `allowed: false` with its code and message), the grey-release counter, the
+autoscaler's recommendation from the cached workload, an index, a host port (not on dryRun),
+`render`, the workload (not on dryRun), and the JSON patch. Failures of the API server or the leader are
 answered `allowed: false` with code 500/503 and the reason, and logged; with `failurePolicy:
 Fail` the pod is then not created.
 """
@@ -26,7 +28,7 @@ import anyio
 
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
-from tfusion.controller.webhook import mutate, render
+from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
 from tfusion.controller.webhook.mutate import Context, Denial, Obj
 from tfusion.controller.webhook.patch import json_diff
@@ -37,7 +39,7 @@ from tfusion.controller.webhook.registration import (
     ensure_registration,
 )
 from tfusion.controller.webhook.server import AdmissionRequest, AdmissionResponse, allowed, denied, webhook_app
-from tfusion.controller.webhook.workloads import OwnerResolver, WorkloadWriter, short_id
+from tfusion.controller.webhook.workloads import OwnerResolver, WorkloadWriter, apply_recommendation, short_id
 from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
@@ -174,7 +176,8 @@ class WebhookService:
         config = client_config(url=self.url() if self.embedded else None,
                                service=(self.settings.operator_namespace, self.settings.webhook_service),
                                ca_bundle=self.certs.ca_bundle)
-        widened = mutate.auto_migration_enabled(self.runtime.dynamic_config.current.get("autoMigration"))
+        widened = self.settings.progressive_migration or mutate.auto_migration_enabled(
+            self.runtime.dynamic_config.current.get("autoMigration"))
         outcome = await ensure_registration(self.runtime.client, desired_configuration(config, widened=widened),
                                             keep_ca_bundle=not self.certs.managed_ca)
         self.registrations += outcome != "unchanged"
@@ -213,6 +216,8 @@ class WebhookService:
         if not mutate.selects(pod, context):
             return allowed(request.uid)
         view = {**pod, "metadata": {**meta, "namespace": namespace}}
+        if mutate.progressive_only(view, context):
+            return allowed(request.uid, json_diff(pod, mutate.progressive_pod(pod)))
         owner = await self.owners.resolve(view, namespace)
         plan = mutate.analyse(view, context, owner)
         if plan is None:
@@ -223,8 +228,12 @@ class WebhookService:
             if key is None:
                 return allowed(request.uid)
             plan.annotations[tfa.POD_COUNTER_KEY] = key
+        recommendation = self.workloads.recommendation(plan.workload)
+        if recommendation is not None:
+            apply_recommendation(plan, recommendation)
         pod_key = _assignment_key(view, namespace)
-        index = await self.assignments.assign_index(pod_key)
+        # a remote client holds no GPU, so no index either (its workers get theirs)
+        index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
         port = None
         if plan.host_port is not None and not request.dryRun:
             port = await self.assignments.assign_host_port(pod_key)
@@ -263,7 +272,9 @@ class WebhookService:
                        quotas=rt.informer(r.GPURESOURCEQUOTAS).by_index(_NAMESPACE_INDEX, namespace),
                        profile=lambda name: profiles.get(f"{namespace}/{name}"), gpu_capacity=capacity,
                        templates=rt.informer(r.SCHEDULINGCONFIGTEMPLATES).list(),
-                       auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels)
+                       auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels,
+                       progressive=self.settings.progressive_migration,
+                       operator_endpoint=remote.operator_endpoint(self.settings))
 
 
 def _assignment_key(pod: Mapping[str, Any], namespace: str) -> str:

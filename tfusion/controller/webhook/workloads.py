@@ -7,6 +7,12 @@ workload; owners are remembered by UID, so a Deployment's pods cost one lookup, 
 `WorkloadWriter.ensure` creates the workload or merge-patches it when its spec, labels,
 annotations or owner differ from what the pod needs, and makes no API call when the cached copy
 already matches (the common case: every pod after the first).
+
+The autoscaler's recommendation reaches new pods here too: when the pod's workload (as cached,
+with the pod's own autoScalingConfig merged over it) has autoscaling enabled and a
+`status.recommendation`, `apply_recommendation` makes it the pod's TFLOPS/compute and VRAM
+requests and limits. The workload's spec keeps what the pod asked for (the autoscaler's base);
+reading the informer's copy costs no API call.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.controller.webhook.mutate import Obj, Owner
+from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.controller.webhook.mutate import Obj, Owner, Plan, parse_quantity
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
 from tfusion.kube.informer import Informer
@@ -198,6 +205,12 @@ class WorkloadWriter:
             self._matched.popitem(last=False)
         return True
 
+    def recommendation(self, desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The cached workload's status.recommendation when autoscaling is on for it (no API call)."""
+        meta = desired.get("metadata") or {}
+        cached = self.informer.get(f"{meta.get('namespace')}/{meta.get('name')}")
+        return None if cached is None else recommendation_for(cached, desired)
+
     async def ensure(self, desired: Obj) -> str:
         """"unchanged", "created" or "patched"."""
         meta = desired["metadata"]
@@ -228,3 +241,98 @@ def _patch_for(cached: Mapping[str, Any], desired: Obj) -> Obj:
     if missing:
         meta["ownerReferences"] = list((cached.get("metadata") or {}).get("ownerReferences") or []) + missing
     return {"metadata": meta, "spec": desired.get("spec") or {}}
+
+
+# --- the autoscaler's recommendation ----------------------------------------------------------------
+
+#: (side, field) -> the name in tfusion.api.annotations of the pod annotation that carries it
+_RECOMMENDED_KEYS = {
+    ("requests", "tflops"): "TFLOPS_REQUEST", ("limits", "tflops"): "TFLOPS_LIMIT",
+    ("requests", "compute"): "COMPUTE_PERCENT_REQUEST", ("limits", "compute"): "COMPUTE_PERCENT_LIMIT",
+    ("requests", "vram"): "VRAM_REQUEST", ("limits", "vram"): "VRAM_LIMIT",
+}
+
+
+def _merged(base: Any, over: Any) -> Any:
+    """`over` merged onto `base` as a merge patch merges (objects key by key, anything else replaced)."""
+    if not isinstance(base, Mapping) or not isinstance(over, Mapping):
+        return over if over is not None else base
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(base.get(key), value)
+    return out
+
+
+def autoscaling_enabled(config: Any) -> bool:
+    """An autoScalingConfig that recommends resources: autoSetResources or externalScaler enabled,
+    or an enabled cron scaling rule."""
+    if not isinstance(config, Mapping):
+        return False
+    for part in ("autoSetResources", "externalScaler"):
+        found = config.get(part)
+        if isinstance(found, Mapping) and found.get("enable") is True:
+            return True
+    rules = config.get("cronScalingRules")
+    return isinstance(rules, list) and any(isinstance(x, Mapping) and x.get("enable") is True for x in rules)
+
+
+def recommendation_for(cached: Mapping[str, Any], desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The recommendation a new pod of this workload takes, or None. Autoscaling counts as the
+    workload will have it once the pod's spec is merged in."""
+    config = _merged((cached.get("spec") or {}).get("autoScalingConfig"),
+                     (desired.get("spec") or {}).get("autoScalingConfig"))
+    found = (cached.get("status") or {}).get("recommendation")
+    if not autoscaling_enabled(config) or not isinstance(found, Mapping):
+        return None
+    return found
+
+
+def _recommended(block: Any, side: str, workload: str) -> dict[str, Quantity]:
+    values: dict[str, Quantity] = {}
+    if not isinstance(block, Mapping):
+        return values
+    for field in ("tflops", "compute", "vram"):
+        raw = block.get(field)
+        if raw in (None, ""):
+            continue
+        try:
+            value = parse_quantity(raw)
+        except QuantityError:
+            log.warning("workload %s: status.recommendation.%s.%s %r is not a quantity; ignored",
+                        workload, side, field, raw)
+            continue
+        if value:
+            values[field] = value
+    return values
+
+
+def apply_recommendation(plan: Plan, recommendation: Mapping[str, Any]) -> bool:
+    """Make the recommendation the pod's per-GPU requests and limits (TFLOPS and compute percent
+    stay exclusive); True when anything changed. What the recommendation leaves out (or gives
+    as zero) stays as the pod asked."""
+    meta = plan.workload.get("metadata") or {}
+    workload = f"{meta.get('namespace')}/{meta.get('name')}"
+    before = dict(plan.amounts)
+    for side in ("requests", "limits"):
+        values = _recommended(recommendation.get(side), side, workload)
+        if values.get("tflops"):
+            plan.amounts[(side, "tflops")] = values["tflops"]
+            plan.amounts.pop((side, "compute"), None)
+        elif values.get("compute"):
+            plan.amounts[(side, "compute")] = values["compute"]
+            plan.amounts.pop((side, "tflops"), None)
+        if values.get("vram"):
+            plan.amounts[(side, "vram")] = values["vram"]
+    if plan.amounts == before:
+        return False
+    for pair, name in _RECOMMENDED_KEYS.items():
+        key = getattr(tfa, name)
+        if plan.amounts.get(pair):
+            plan.annotations[key] = str(plan.amounts[pair])
+            if key in plan.remove_annotations:
+                plan.remove_annotations.remove(key)
+        else:
+            plan.annotations.pop(key, None)
+            if key not in plan.remove_annotations:
+                plan.remove_annotations.append(key)
+    return True

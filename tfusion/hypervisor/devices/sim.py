@@ -11,6 +11,12 @@ through a JSON load file that is re-read when it changes:
      "processes": [{"pid": 1234, "device": 0, "memoryBytes": 1073741824, "computePercent": 30}]}
 
 Device keys are indices or UUIDs.
+
+A workload behind the soft limiter can be simulated too (`attach_limited_load`): it wants some
+percent of the device and runs only on the tokens it gets, by the device mock's rule that one
+kernel launch a second is one percent and costs one token (100 launches/s = 100 %). Each metrics
+read lets it spend what it got since the last read, so the device's utilisation follows the
+limiter's refill rate — which is what the rate limiter's closed-loop test needs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import hashlib
 import json
 import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,9 +101,20 @@ class SimLoad:
 
 
 @dataclass
+class LimitedLoad:
+    """A simulated workload on one device behind the soft limiter: it wants `demand_percent` of the
+    device; `take_tokens(want)` returns how many of the `want` tokens it got (1 token = 1 % for 1 s)."""
+
+    demand_percent: float
+    take_tokens: Callable[[float], float]
+
+
+@dataclass
 class _SimDevice:
     info: DeviceInfo
     load: SimLoad = field(default_factory=SimLoad)
+    limited: list[LimitedLoad] = field(default_factory=list)
+    limited_percent: float = 0.0  # what the limited loads used over the last interval
 
 
 class SimBackend:
@@ -105,8 +124,10 @@ class SimBackend:
     unavailable_reason = ""
 
     def __init__(self, spec: str, node_name: str, *, load_file: Path | None = None,
-                 table: GpuInfoTable | None = None) -> None:
+                 table: GpuInfoTable | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
+        self._clock = clock
+        self._last_run = clock()
         self._devices: list[_SimDevice] = []
         index = 0
         specs = parse_sim_spec(spec, table)
@@ -170,6 +191,28 @@ class SimBackend:
                 raise KeyError(f"no simulated device {proc.device_uuid!r}")
         self._processes = list(processes)
 
+    def attach_limited_load(self, device: int | str, load: LimitedLoad) -> None:
+        self._find(device).limited.append(load)
+
+    def detach_limited_load(self, device: int | str, load: LimitedLoad) -> None:
+        dev = self._find(device)
+        dev.limited = [item for item in dev.limited if item is not load]
+        if not dev.limited:
+            dev.limited_percent = 0.0
+
+    def _run_limited_loads(self) -> None:
+        """Let each limited load spend the tokens it can get for the time since the last run."""
+        now = self._clock()
+        elapsed = now - self._last_run
+        if elapsed <= 0:
+            return
+        self._last_run = now
+        for dev in self._devices:
+            if not dev.limited:
+                continue
+            used = sum(load.take_tokens(load.demand_percent * elapsed) for load in dev.limited)
+            dev.limited_percent = min(100.0, used / elapsed)
+
     # --- load file ---------------------------------------------------------------------------------
 
     def _refresh_from_file(self) -> None:
@@ -225,13 +268,14 @@ class SimBackend:
     async def read_metrics(self) -> list[DeviceMetrics]:
         await anyio.lowlevel.checkpoint()
         self._refresh_from_file()
+        self._run_limited_loads()
         result = []
         for dev in self._devices:
             if not dev.load.present:
                 continue
             load = dev.load
             proc_mem = sum(p.used_memory_bytes for p in self._processes if p.device_uuid == dev.info.uuid)
-            util = load.utilization
+            util = min(100.0, load.utilization + dev.limited_percent)
             result.append(DeviceMetrics(
                 uuid=dev.info.uuid, utilization_percent=util,
                 memory_used_bytes=max(load.memory_used_bytes, proc_mem),

@@ -161,6 +161,22 @@ class KubernetesWorkers:
     def running_info(self, uid: str) -> RunningInfo | None:
         return None
 
+    def worker_with_index(self, index: int) -> WorkerInfo | None:
+        """The pod the device plugin's Allocate is for: annotated with pod index `index`, not running
+        yet (DeviceAllocating) and with its gpu-ids, so a reused index never finds an older pod."""
+        for worker in self._current():
+            if worker.status != STATUS_ALLOCATING or not worker.allocated_devices:
+                continue
+            try:
+                if keys.parse_pod_index(worker.annotations.get(keys.INDEX, "")) == index:
+                    return worker
+            except keys.AnnotationError:
+                continue
+        return None
+
+    def tracks(self, uid: str) -> bool:
+        return any(w.uid == uid and w.status != STATUS_TERMINATED for w in self._current())
+
     def worker_for_pid(self, pid: int) -> str | None:
         workers = self._current()
         uid = self.procfs.pod_uid(pid)

@@ -29,8 +29,10 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from tfusion.api.annotations import ISOLATION_SOFT
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
+from tfusion.hypervisor.shm.store import SHM_FILE
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_RUNNING,
@@ -96,8 +98,9 @@ class LocalWorkers:
 
     def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
                  hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None,
-                 stop_grace: float = STOP_GRACE_S) -> None:
+                 stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None) -> None:
         self.state_dir = state_dir
+        self.shm_root = shm_root  # soft workers are told their shared-memory file (TF_SHM_PATH)
         self.stop_grace = stop_grace
         self.registry = registry
         self.node_name = node_name
@@ -251,6 +254,14 @@ class LocalWorkers:
                                                              for w in named))
         return named[0] if named else None
 
+    def tracks(self, uid: str) -> bool:
+        return uid in self._workers
+
+    @property
+    def restored(self) -> bool:
+        """Whether the persisted workers are back (before that, every shm file looks like a stray)."""
+        return self._restored
+
     def running_info(self, uid: str) -> RunningInfo | None:
         worker = self._workers.get(uid)
         if worker is None or worker.running is None:
@@ -274,6 +285,8 @@ class LocalWorkers:
         known = {d.uuid: d for d in self.registry.devices()}
         identity = {"POD_NAME": info.name, "POD_NAMESPACE": info.namespace, "TF_WORKER_UID": info.uid,
                     "HYPERVISOR_IP": "127.0.0.1", "HYPERVISOR_PORT": str(self.hypervisor_port)}
+        if self.shm_root is not None and info.isolation == ISOLATION_SOFT:
+            identity["TF_SHM_PATH"] = str(self.shm_root / info.namespace / info.name / SHM_FILE)
         return build_allocation(info, known, bare_process=True, extra_env=identity)
 
     async def create(self, body: Mapping[str, Any]) -> WorkerAllocation:

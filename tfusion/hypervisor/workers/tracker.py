@@ -19,6 +19,11 @@ class WorkerTracker(Protocol):
         """A worker by UID (the local backend also accepts its name)."""
         ...
 
+    def tracks(self, uid: str) -> bool:
+        """Whether the worker still exists on this node (with or without an allocation): its
+        shared memory is removed only once this is false."""
+        ...
+
     def running_info(self, uid: str) -> RunningInfo | None:
         """The supervised process of a local worker; None for pods."""
         ...

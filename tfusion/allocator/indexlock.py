@@ -1,0 +1,72 @@
+"""The node-level pod index lock: no two pods holding GPUs on one node share a device-plugin index.
+
+Why: the hypervisor's device plugin learns which pod a container belongs to from the index
+resource the container asks for (`<domain>/index_<k>`, pod index 8k + count, 1..128). The webhook
+hands indices out cluster-wide and they repeat once more than 128 pods live, so two pods on one
+node could ask for the same one, and the device plugin would give one pod's GPUs to the other.
+The allocator therefore holds, per node, which pods hold which index, for as long as their
+allocation lives (reserved, committed, restored from a bound pod at leader recovery), and refuses
+a reservation whose index another pod holds on that node.
+
+Pure bookkeeping, no I/O: the GpuAllocator calls `occupy` when an allocation starts and `release`
+when it ends (rollback, expiry, the pod deleted or finished), so the lock follows the allocation's
+life exactly and is rebuilt with it. A pod restored from the cluster is recorded even when its
+index is already held there (the pods run; refusing them would only hide the conflict), so an
+index is free again only when every holder has left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+
+_NONE: Mapping[str, Set[str]] = {}
+
+
+class NodeIndexLock:
+    """index -> node -> the pod UIDs holding that index there."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[int, dict[str, set[str]]] = {}
+
+    def occupy(self, node: str, index: int, uid: str) -> None:
+        if index:
+            self._held.setdefault(index, {}).setdefault(node, set()).add(uid)
+
+    def release(self, node: str, index: int, uid: str) -> None:
+        by_node = self._held.get(index)
+        if not by_node:
+            return
+        holders = by_node.get(node)
+        if holders is None:
+            return
+        holders.discard(uid)
+        if not holders:
+            del by_node[node]
+            if not by_node:
+                del self._held[index]
+
+    def nodes_holding(self, index: int) -> Mapping[str, Set[str]]:
+        """node -> holders of `index` (the nodes where a pod with that index cannot go); read only."""
+        return self._held.get(index, _NONE) if index else _NONE
+
+    def holders(self, node: str, index: int, *, besides: str = "") -> frozenset[str]:
+        """The pods holding `index` on `node`, other than `besides`."""
+        found = self.nodes_holding(index).get(node)
+        if not found:
+            return frozenset()
+        return frozenset(found - {besides}) if besides else frozenset(found)
+
+    def conflicts(self) -> list[tuple[str, int, tuple[str, ...]]]:
+        """(node, index, holders) wherever more than one pod holds one index (restored from the cluster)."""
+        return sorted((node, index, tuple(sorted(uids))) for index, by_node in self._held.items()
+                      for node, uids in by_node.items() if len(uids) > 1)
+
+    def snapshot(self) -> dict[str, dict[int, tuple[str, ...]]]:
+        """node -> index -> holders, sorted (tests and views)."""
+        out: dict[str, dict[int, tuple[str, ...]]] = {}
+        for index, by_node in self._held.items():
+            for node, uids in by_node.items():
+                out.setdefault(node, {})[index] = tuple(sorted(uids))
+        return {n: dict(sorted(v.items())) for n, v in sorted(out.items())}

@@ -1,0 +1,549 @@
+"""The controller's metrics recorder: the original's six tables, every `--metrics-interval`, on the leader.
+
+Why: users read allocation, usage and cost with SQL from GreptimeDB (`tf_worker_resources`,
+`tf_node_metrics`, `tf_pool_metrics`, `tf_gpu_metrics`, `tf_gpu_allocation`, `tf_system_metrics`;
+reference upstream-controller.md §10). Each tick reads one consistent view (the informer caches and
+the leader's allocator, no await in between), writes the points through the role's `MetricsOutput`
+and keeps them for the Prometheus collector (`tfusion/metrics/prometheus.py`).
+
+Billing is exact: a worker is billed from when this leader first saw it live, for the time since its
+last row, and a worker that goes (finished, deleted, vanished: the pod informer's events and the pod
+reconciler's release hook say when) gets one last row billed up to that moment, then is forgotten.
+A new leadership term starts billing afresh (the previous leader billed up to its last tick).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
+from tfusion.api import annotations as tfa
+from tfusion.api.annotations import AnnotationError
+from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.api.timestamps import parse_rfc3339
+from tfusion.kube import resources as r
+from tfusion.metrics import cost as billing
+from tfusion.metrics.points import Point
+from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
+from tfusion.settings import Settings
+
+if TYPE_CHECKING:
+    from tfusion.controller.role import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+MILLI = 1000
+
+WORKER_TABLE = "tf_worker_resources"
+NODE_TABLE = "tf_node_metrics"
+POOL_TABLE = "tf_pool_metrics"
+GPU_TABLE = "tf_gpu_metrics"
+ALLOCATION_TABLE = "tf_gpu_allocation"
+SYSTEM_TABLE = "tf_system_metrics"
+TABLES = (WORKER_TABLE, NODE_TABLE, POOL_TABLE, GPU_TABLE, ALLOCATION_TABLE, SYSTEM_TABLE)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _quantity(value: Any, *, milli: bool = False) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        q = Quantity.parse(str(value))
+    except QuantityError:
+        return None
+    return q.milli_value() if milli else q.value()
+
+
+def _percent(part: float, whole: float) -> float:
+    return part / whole * 100.0 if whole > 0 else 0.0
+
+
+@dataclass
+class WorkerRow:
+    """What a worker's row says, refreshed from its pod and allocation while it lives."""
+
+    uid: str
+    namespace: str
+    pod: str
+    pool: str
+    qos: str
+    workload: str
+    node: str
+    gpus: tuple[str, ...]
+    share: billing.WorkerShare
+    ready: bool
+    labels: dict[str, str] = field(default_factory=dict)
+    protected_until: float | None = None  # wall seconds; eviction protection raises the price until then
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, Mapping))
+
+
+def _protected_until(pod: Mapping[str, Any]) -> float | None:
+    """Creation time + the eviction-protection annotation's duration (None when absent or unreadable)."""
+    meta = _meta(pod)
+    raw = (meta.get("annotations") or {}).get(tfa.EVICTION_PROTECTION)
+    created = meta.get("creationTimestamp")
+    if not raw or not created:
+        return None
+    try:
+        return parse_rfc3339(str(created)).timestamp() + tfa.parse_duration(str(raw), key=tfa.EVICTION_PROTECTION)
+    except (AnnotationError, ValueError):
+        return None
+
+
+def is_worker_pod(pod: Mapping[str, Any]) -> bool:
+    return (_meta(pod).get("labels") or {}).get(tfa.COMPONENT) == tfa.COMPONENT_WORKER
+
+
+def is_billable(pod: Mapping[str, Any]) -> bool:
+    """A worker that holds GPUs: bound, with gpu-ids, not finished, not being deleted."""
+    meta = _meta(pod)
+    return bool(is_worker_pod(pod) and (pod.get("spec") or {}).get("nodeName")
+                and (meta.get("annotations") or {}).get(tfa.GPU_IDS)
+                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and not meta.get("deletionTimestamp"))
+
+
+def worker_row(pod: Mapping[str, Any], allocator: GpuAllocator | None) -> WorkerRow | None:
+    """The row of a live worker pod; None when its annotations cannot be read."""
+    meta = _meta(pod)
+    uid = str(meta.get("uid") or "")
+    notes = meta.get("annotations") or {}
+    try:
+        gpus = tfa.parse_gpu_ids(str(notes.get(tfa.GPU_IDS, "")), key=tfa.GPU_IDS)
+    except AnnotationError:
+        return None
+    default_pool = None
+    capacity: tuple[int, int] = (0, 0)
+    if allocator is not None and gpus:
+        try:
+            info = allocator.gpu_info(gpus[0])
+            default_pool, capacity = info.pool, (info.capacity_tflops, info.capacity_vram)
+        except KeyError:
+            pass
+    try:
+        req = request_from_pod(pod, default_pool=default_pool)
+    except RequestError:
+        return None
+    allocation = allocator.allocation(uid) if allocator is not None else None
+    if allocation is not None and allocation.charges:
+        t_req, v_req = allocation.charges[0]
+        t_lim, v_lim = allocation.limits[0] if allocation.limits else (0, 0)
+    else:
+        t_req, v_req = req.tflops_need(capacity[0]), req.vram_request
+        t_lim, v_lim = req.tflops_limit_on(capacity[0]), req.vram_limit
+    # a limit of 0 is "no limit": the worker may use the whole GPU
+    t_lim, v_lim = t_lim or max(capacity[0], t_req), v_lim or max(capacity[1], v_req)
+    share = billing.WorkerShare(tflops_request=t_req / MILLI, tflops_limit=t_lim / MILLI, vram_request=v_req,
+                                vram_limit=v_lim, gpu_count=len(gpus) or req.count, qos=req.qos)
+    return WorkerRow(uid=uid, namespace=req.namespace, pod=req.pod_name, pool=req.pool, qos=req.qos,
+                     workload=req.workload[1], node=str((pod.get("spec") or {}).get("nodeName") or ""),
+                     gpus=gpus, share=share, ready=_pod_ready(pod), labels=dict(meta.get("labels") or {}),
+                     protected_until=_protected_until(pod))
+
+
+@dataclass
+class GpuView:
+    name: str
+    node: str
+    pool: str
+    model: str
+    phase: str
+    index: int | None
+    capacity_tflops: int  # milli
+    capacity_vram: int
+    available_tflops: int
+    available_vram: int
+
+    @property
+    def allocated_tflops(self) -> int:
+        return max(0, self.capacity_tflops - self.available_tflops)
+
+    @property
+    def allocated_vram(self) -> int:
+        return max(0, self.capacity_vram - self.available_vram)
+
+
+def gpu_views(gpu_objects: list[Obj], allocator: GpuAllocator | None) -> dict[str, GpuView]:
+    """Every reported GPU, with what is free from the allocator's ledger (the status when it has none)."""
+    views: dict[str, GpuView] = {}
+    for obj in gpu_objects:
+        meta, status = _meta(obj), obj.get("status") or {}
+        name = str(meta.get("name") or "")
+        capacity = status.get("capacity") or {}
+        cap_t, cap_v = _quantity(capacity.get("tflops"), milli=True), _quantity(capacity.get("vram"))
+        if not name or cap_t is None or cap_v is None:
+            continue
+        labels = meta.get("labels") or {}
+        available = status.get("available") or {}
+        avail_t = _quantity(available.get("tflops"), milli=True)
+        avail_v = _quantity(available.get("vram"))
+        node = str((status.get("nodeSelector") or {}).get("kubernetes.io/hostname") or labels.get(tfa.MANAGED_BY)
+                   or "")
+        if allocator is not None:
+            try:
+                avail_t, avail_v = allocator.available(name)
+            except KeyError:
+                pass
+        index = status.get("index")
+        views[name] = GpuView(name=name, node=node, pool=str(labels.get(tfa.GPU_POOL) or ""),
+                              model=str(status.get("gpuModel") or ""), phase=str(status.get("phase") or ""),
+                              index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+                              capacity_tflops=cap_t, capacity_vram=cap_v,
+                              available_tflops=cap_t if avail_t is None else avail_t,
+                              available_vram=cap_v if avail_v is None else avail_v)
+    return views
+
+
+def _virtual(status: Mapping[str, Any], total_t: int, total_v: int) -> tuple[int, int]:
+    """(milli-TFLOPS, bytes) of virtual capacity from a GPUNode's or GPUPool's status; physical when unset."""
+    virtual_t = _quantity(status.get("virtualTFlops"), milli=True)
+    virtual_v = _quantity(status.get("virtualVRAM"))
+    return (virtual_t or total_t, virtual_v or total_v)
+
+
+@dataclass
+class Snapshot:
+    """One tick's points, and the cumulative costs the Prometheus counters show."""
+
+    points: list[Point] = field(default_factory=list)
+    worker_cost_total: dict[tuple[str, str, str, str, str], float] = field(default_factory=dict)
+    node_cost_total: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+class ControllerRecorder:
+    """See the module docstring. `attach()` once, in `configure()`, after the reconcilers."""
+
+    def __init__(self, runtime: ControllerRuntime, output: MetricsOutput, *,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.runtime = runtime
+        self.output = output
+        self.wall = wall
+        self.interval = runtime.settings.metrics_interval
+        self.ledger = billing.BillingLedger()
+        self.workers: dict[str, WorkerRow] = {}
+        self.node_ledger = billing.BillingLedger()
+        self.snapshot = Snapshot()
+        self._worker_cost: dict[str, float] = {}
+        self._node_cost: dict[str, float] = {}
+        self._leading = False
+        self.ticks = 0
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    def attach(self) -> ControllerRecorder:
+        from tfusion.metrics.prometheus import register_controller_metrics
+
+        rt = self.runtime
+        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update,
+                                        on_delete=self._on_pod_delete)
+        if rt.reconcilers is not None:  # the reconciler releases a worker once; that is when it ended
+            rt.reconcilers.pod.release_hooks.append(self._on_release)
+        rt.add_leader_task(self.run_leader)
+        rt.tasks.append(self.output.run)
+        register_controller_metrics(rt.registry, self)
+        return self
+
+    async def run_leader(self) -> None:
+        """Leader-only: bill afresh from this term's start, then record every interval."""
+        service = self.runtime.allocation
+        self._reset()
+        try:
+            if service is not None:
+                await service.wait_ready(timeout=float("inf"))
+            self._leading = True
+            # the gauges right away (nothing is billed for a zero interval; the file waits for the first tick)
+            self.build(self.wall())
+            while True:
+                await self.runtime.manager.clock.sleep(self.interval)
+                await self.record_once()
+        finally:
+            self._leading = False
+            self._reset()
+
+    def _reset(self) -> None:
+        self.ledger.clear()
+        self.node_ledger.clear()
+        self.workers.clear()
+        self._worker_cost.clear()
+        self._node_cost.clear()
+        self.snapshot = Snapshot()
+
+    # --- when workers come and go ---------------------------------------------------------------
+
+    def _allocator(self) -> GpuAllocator | None:
+        service = self.runtime.allocation
+        return service.allocator if service is not None else None
+
+    def _track(self, pod: Obj, now: float) -> None:
+        uid = str(_meta(pod).get("uid") or "")
+        if not uid or self.ledger.is_ended(uid):
+            return
+        row = worker_row(pod, self._allocator())
+        if row is None:
+            return
+        self.ledger.seen(uid, now)
+        self.workers[uid] = row
+
+    def _end(self, uid: str, now: float) -> None:
+        if uid:
+            self.ledger.ended(uid, now)
+
+    def _on_pod(self, pod: Obj) -> None:
+        if not self._leading or not is_worker_pod(pod):
+            return
+        if is_billable(pod):
+            self._track(pod, self.wall())
+        else:
+            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+
+    def _on_pod_update(self, old: Obj | None, new: Obj) -> None:
+        self._on_pod(new)
+
+    def _on_pod_delete(self, pod: Obj) -> None:
+        if self._leading:
+            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+
+    async def _on_release(self, pod: Obj) -> None:
+        if self._leading:
+            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+
+    def _scan(self, now: float) -> None:
+        """The informer's view: live workers tracked (and refreshed), tracked ones no longer live ended."""
+        live = set()
+        for pod in self.runtime.informer(r.PODS).list():
+            if is_billable(pod):
+                uid = str(_meta(pod).get("uid") or "")
+                live.add(uid)
+                self._track(pod, now)
+        for uid in self.ledger.uids():
+            if uid not in live:
+                self.ledger.ended(uid, now)
+
+    # --- the tick -------------------------------------------------------------------------------
+
+    async def record_once(self, now: float | None = None) -> list[Point]:
+        """Build and write one tick's points (`now`: wall seconds, default the current time)."""
+        now = self.wall() if now is None else now
+        config = self.runtime.dynamic_config.current
+        self.output.fmt = str(config.get("metricsFormat") or "influx")
+        self.output.set_ttl(str(config.get("metricsTTL") or ""))
+        points = self.build(now, extra_labels=dict(config.get("metricsExtraPodLabels") or {}))
+        self.ticks += 1
+        await self.output.emit(points)
+        return points
+
+    def build(self, now: float, *, extra_labels: Mapping[str, str] | None = None) -> list[Point]:
+        """Every table for this tick (synchronous: one consistent view of caches and ledger)."""
+        self._scan(now)
+        allocator = self._allocator()
+        ts = int(now * 1000)
+        rt = self.runtime
+        gpus = gpu_views(rt.informer(r.GPUS).list(), allocator)
+        pools = {str(_meta(p).get("name")): p for p in rt.informer(r.GPUPOOLS).list()}
+        pricing = self._pricing(pools)
+        points = self._worker_points(now, ts, pricing, extra_labels or {})
+        points += self._node_points(now, ts, gpus)
+        points += self._pool_points(ts, gpus, pools, allocator)
+        points += self._gpu_points(ts, gpus)
+        points += self._allocation_points(ts, gpus, allocator)
+        points += self._system_points(ts, pools)
+        self.snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
+                                 node_cost_total=self._node_cost_labels())
+        for uid in [u for u in self.ledger.uids() if self.ledger.finished(u)]:
+            self.ledger.forget(uid)
+            self.workers.pop(uid, None)
+            self._worker_cost.pop(uid, None)
+        return points
+
+    def _pricing(self, pools: Mapping[str, Obj]) -> dict[str, billing.PoolPricing]:
+        out: dict[str, billing.PoolPricing] = {}
+        for name, pool in pools.items():
+            try:
+                out[name] = billing.pool_pricing(pool)
+            except billing.PriceError as exc:
+                log.warning("pool %s: cannot read its pricing (its workers cost 0): %s", name, exc)
+        return out
+
+    def _worker_points(self, now: float, ts: int, pricing: Mapping[str, billing.PoolPricing],
+                       extra_labels: Mapping[str, str]) -> list[Point]:
+        points = []
+        for uid in self.ledger.uids():
+            row = self.workers.get(uid)
+            seconds = self.ledger.bill(uid, now)
+            if row is None:
+                continue
+            protected = row.protected_until is not None and now < row.protected_until
+            raw_cost = billing.worker_cost(row.share, pricing.get(row.pool), seconds, eviction_protected=protected)
+            self._worker_cost[uid] = self._worker_cost.get(uid, 0.0) + raw_cost
+            tags = {"namespace": row.namespace, "pool": row.pool, "qos": row.qos or "medium", "worker": row.pod,
+                    "workload": row.workload}
+            for label, tag in extra_labels.items():
+                if label in row.labels and tag not in tags:
+                    tags[str(tag)] = row.labels[label]
+            share = row.share
+            points.append(Point(WORKER_TABLE, tags, {
+                "gpu_count": share.gpu_count, "tflops_limit": share.tflops_limit,
+                "tflops_request": share.tflops_request, "raw_cost": raw_cost,
+                "vram_bytes_limit": share.vram_limit, "vram_bytes_request": share.vram_request,
+                "ready": row.ready and not self.ledger.is_ended(uid)}, ts, extra={"uid": uid}))
+        return points
+
+    def _node_points(self, now: float, ts: int, gpus: Mapping[str, GpuView]) -> list[Point]:
+        prices = billing.hourly_prices(self.runtime.informer(r.PROVIDERCONFIGS).list())
+        by_node: dict[str, list[GpuView]] = {}
+        for gpu in gpus.values():
+            by_node.setdefault(gpu.node, []).append(gpu)
+        points = []
+        nodes = self.runtime.informer(r.GPUNODES).list()
+        names = {str(_meta(n).get("name")) for n in nodes}
+        for gone in [n for n in self.node_ledger.uids() if n not in names]:
+            self.node_ledger.forget(gone)
+            self._node_cost.pop(gone, None)
+        for node in nodes:
+            name = str(_meta(node).get("name"))
+            status = node.get("status") or {}
+            mine = by_node.get(name, [])
+            self.node_ledger.seen(name, now)
+            seconds = self.node_ledger.bill(name, now)
+            raw_cost = billing.node_cost([g.model for g in mine], prices, seconds)
+            self._node_cost[name] = self._node_cost.get(name, 0.0) + raw_cost
+            total_t = sum(g.capacity_tflops for g in mine)
+            total_v = sum(g.capacity_vram for g in mine)
+            alloc_t = sum(g.allocated_tflops for g in mine)
+            alloc_v = sum(g.allocated_vram for g in mine)
+            virtual_t, virtual_v = _virtual(status, total_t, total_v)
+            pool = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or (mine[0].pool if mine else ""))
+            points.append(Point(NODE_TABLE, {"node": name, "pool": pool, "phase": str(status.get("phase") or "")}, {
+                "allocated_tflops": alloc_t / MILLI, "allocated_tflops_percent": _percent(alloc_t, total_t),
+                "allocated_tflops_percent_virtual": _percent(alloc_t, virtual_t),
+                "allocated_vram_bytes": alloc_v, "allocated_vram_percent": _percent(alloc_v, total_v),
+                "allocated_vram_percent_virtual": _percent(alloc_v, virtual_v),
+                "gpu_count": len(mine), "raw_cost": raw_cost}, ts))
+        return points
+
+    def _pool_points(self, ts: int, gpus: Mapping[str, GpuView], pools: Mapping[str, Obj],
+                     allocator: GpuAllocator | None) -> list[Point]:
+        limited: dict[str, list[int]] = {}
+        if allocator is not None:
+            for info in allocator.allocations(committed_only=True).values():
+                for gpu_name, (t, v) in zip(info.gpu_names, info.limits, strict=False):
+                    gpu = gpus.get(gpu_name)
+                    if gpu is not None:
+                        entry = limited.setdefault(gpu.pool, [0, 0])
+                        entry[0] += t or gpu.capacity_tflops
+                        entry[1] += v or gpu.capacity_vram
+        points = []
+        for name, pool in sorted(pools.items()):
+            mine = [g for g in gpus.values() if g.pool == name]
+            status = pool.get("status") or {}
+            total_t = sum(g.capacity_tflops for g in mine)
+            total_v = sum(g.capacity_vram for g in mine)
+            alloc_t = sum(g.allocated_tflops for g in mine)
+            alloc_v = sum(g.allocated_vram for g in mine)
+            virtual_t, virtual_v = _virtual(status, total_t, total_v)
+            if allocator is not None and not status.get("virtualTFlops"):
+                virtual_t = total_t * allocator.pool_config(name).tflops_oversell_ratio // 100 or total_t
+            lim_t, lim_v = limited.get(name, [0, 0])
+            points.append(Point(POOL_TABLE, {"pool": name, "phase": str(status.get("phase") or "")}, {
+                "allocated_tflops": alloc_t / MILLI, "allocated_tflops_percent": _percent(alloc_t, total_t),
+                "allocated_tflops_percent_virtual": _percent(alloc_t, virtual_t),
+                "allocated_vram_bytes": alloc_v, "allocated_vram_percent": _percent(alloc_v, total_v),
+                "allocated_vram_percent_virtual": _percent(alloc_v, virtual_v),
+                "limited_tflops": lim_t / MILLI, "limited_vram_bytes": lim_v,
+                "limited_tflops_percent_virtual": _percent(lim_t, virtual_t),
+                "limited_vram_percent_virtual": _percent(lim_v, virtual_v),
+                "gpu_count": len(mine)}, ts))
+        return points
+
+    @staticmethod
+    def _gpu_points(ts: int, gpus: Mapping[str, GpuView]) -> list[Point]:
+        return [Point(GPU_TABLE, {"gpu": g.name, "node": g.node, "pool": g.pool, "gpu_model": g.model,
+                                  "phase": g.phase}, {
+            "capacity_tflops": g.capacity_tflops / MILLI, "capacity_vram_bytes": g.capacity_vram,
+            "available_tflops": g.available_tflops / MILLI, "available_vram_bytes": g.available_vram,
+            "allocated_tflops": g.allocated_tflops / MILLI, "allocated_vram_bytes": g.allocated_vram,
+            "allocated_tflops_percent": _percent(g.allocated_tflops, g.capacity_tflops),
+            "allocated_vram_percent": _percent(g.allocated_vram, g.capacity_vram)}, ts)
+            for _, g in sorted(gpus.items())]
+
+    def _allocation_points(self, ts: int, gpus: Mapping[str, GpuView],
+                           allocator: GpuAllocator | None) -> list[Point]:
+        points = []
+        for uid in self.ledger.uids():
+            row = self.workers.get(uid)
+            if row is None or self.ledger.is_ended(uid):
+                continue
+            if allocator is not None and not allocator.has_allocation(uid):
+                continue
+            model_index = ",".join(f"{gpus[g].model}:{'' if gpus[g].index is None else gpus[g].index}"
+                                   if g in gpus else f":{g}" for g in row.gpus)
+            points.append(Point(ALLOCATION_TABLE, {
+                "pod": row.pod, "namespace": row.namespace, "pod_uuid": uid, "node": row.node,
+                "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)}, {"gpu_count": len(row.gpus)}, ts))
+        return points
+
+    def _system_points(self, ts: int, pools: Mapping[str, Obj]) -> list[Point]:
+        service = self.runtime.allocation
+        tally = service.allocation_tally if service is not None else {}
+        nodes: dict[str, int] = {}
+        for node in self.runtime.informer(r.GPUNODES).list():
+            pool = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or "")
+            nodes[pool] = nodes.get(pool, 0) + 1
+        workers: dict[str, int] = {}
+        for uid, row in self.workers.items():
+            if not self.ledger.is_ended(uid):
+                workers[row.pool] = workers.get(row.pool, 0) + 1
+        return [Point(SYSTEM_TABLE, {"pool": name}, {
+            "total_workers_cnt": workers.get(name, 0), "total_nodes_cnt": nodes.get(name, 0),
+            "total_allocation_fail_cnt": tally.get((name, False), 0),
+            "total_allocation_success_cnt": tally.get((name, True), 0),
+            # tfusion has no autoscaler or topology-aware placement yet: these stay 0, kept for the schema
+            "total_scale_up_cnt": 0, "total_scale_down_cnt": 0, "total_topo_satisfied_cnt": 0,
+            "total_topo_unsatisfied_cnt": 0, "total_topo_fallback_cnt": 0, "total_topo_search_degraded_cnt": 0,
+        }, ts) for name in sorted(pools)]
+
+    def _worker_cost_labels(self) -> dict[tuple[str, str, str, str, str], float]:
+        out: dict[tuple[str, str, str, str, str], float] = {}
+        for uid, total in self._worker_cost.items():
+            row = self.workers.get(uid)
+            if row is not None:
+                key = (row.namespace, row.pod, row.workload, row.pool, row.qos)
+                out[key] = out.get(key, 0.0) + total
+        return out
+
+    def _node_cost_labels(self) -> dict[tuple[str, str], float]:
+        pools = {}
+        for node in self.runtime.informer(r.GPUNODES).list():
+            pools[str(_meta(node).get("name"))] = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or "")
+        return {(name, pools.get(name, "")): total for name, total in self._node_cost.items()}
+
+
+# --- settings -> transports ------------------------------------------------------------------------
+
+def controller_output(settings: Settings, runtime: ControllerRuntime) -> MetricsOutput:
+    path = settings.resolved_metrics_path
+    # the original's default (/logs, a volume its chart mounts) is used only where it exists
+    create = bool(settings.metrics_path) or "all" in settings.roles
+    file = RotatingFile(path, create_parent=create) if path is not None else None
+    return MetricsOutput(role="controller", registry=runtime.registry, file=file, push=push_config(settings),
+                         fmt=str(runtime.dynamic_config.current.get("metricsFormat") or "influx"))
+
+
+def attach_metrics(runtime: ControllerRuntime) -> ControllerRecorder:
+    """Attach the recorder (in `configure()`, after the reconcilers: it hooks the pod reconciler)."""
+    recorder = ControllerRecorder(runtime, controller_output(runtime.settings, runtime)).attach()
+    runtime.metrics = recorder
+    return recorder

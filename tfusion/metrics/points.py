@@ -1,0 +1,84 @@
+"""One metrics point and its two encodings: InfluxDB line protocol (ms precision) and a JSON line.
+
+Why: the original writes `measure,tag=v field=1i <ms>` lines (or `{"measure","tag","field","ts"}`
+objects) that GreptimeDB and InfluxDB 1.x ingest as they are. Line protocol has rules a hand-written
+f-string gets wrong (escaping of spaces, commas and '=' in tags, quoting of string fields, the `i`
+suffix of integers, no empty tag values, no NaN), so every writer goes through `influx_line`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+FieldValue = float | int | bool | str
+
+FORMATS = ("influx", "json")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row of a table: `measure` (the table), `tags` (indexed strings), `fields` (values), `ts_ms`."""
+
+    measure: str
+    tags: Mapping[str, str]
+    fields: Mapping[str, FieldValue]
+    ts_ms: int = 0
+    #: not written: the point's meaning for readers inside the process (e.g. the worker's UID)
+    extra: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+def _escape(text: str, specials: str) -> str:
+    out = text.replace("\\", "\\\\").replace("\n", "\\n")
+    for char in specials:
+        out = out.replace(char, f"\\{char}")
+    return out
+
+
+def _field_value(value: FieldValue) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}i"
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def influx_line(point: Point) -> str | None:
+    """The point as one line of line protocol; None when it has no writable field (such a line is
+    invalid). Tags with an empty value are left out (line protocol cannot carry them; readers see
+    the tag as empty). Tags and fields are sorted by key, as InfluxDB recommends."""
+    tags = "".join(f",{_escape(k, ', =')}={_escape(v, ', =')}" for k, v in sorted(point.tags.items()) if v)
+    fields = []
+    for key, value in sorted(point.fields.items()):
+        text = _field_value(value)
+        if text is not None:
+            fields.append(f"{_escape(key, ', =')}={text}")
+    if not fields:
+        return None
+    return f"{_escape(point.measure, ', ')}{tags} {','.join(fields)} {point.ts_ms}"
+
+
+def _json_field(value: FieldValue) -> FieldValue | None:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def json_line(point: Point) -> str:
+    """The point as the original's JSON object: {"measure", "tag", "field", "ts"} (ts in ms)."""
+    fields = {k: v for k, v in point.fields.items() if _json_field(v) is not None}
+    return json.dumps({"measure": point.measure, "tag": dict(point.tags), "field": fields, "ts": point.ts_ms},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def encode(points: Iterable[Point], fmt: str) -> list[str]:
+    """Lines in `fmt` (influx or json); points without a writable field are skipped."""
+    if fmt == "json":
+        return [json_line(p) for p in points]
+    if fmt != "influx":
+        raise ValueError(f"metrics format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    return [line for line in map(influx_line, points) if line is not None]

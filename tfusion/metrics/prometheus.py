@@ -1,0 +1,219 @@
+"""The tables' facts as Prometheus gauges and counters, for /metrics on both roles.
+
+Why: the design card has Prometheus scrape both roles; the same points the tables get become
+metric families named by Prometheus conventions: a `tfusion_` prefix, base units in the name
+(`_tflops`, `_bytes`, `_watts`, `_celsius`), percentages as 0-1 `_ratio`s, counters ending in
+`_total`. Labels are bounded: pool, node, gpu, model, namespace, pod, workload, qos, result. No UID
+and no timestamp is ever a label (so `tf_gpu_allocation`, keyed by pod UID, has no family here;
+`tfusion_worker_gpus` says the same).
+
+A `MetricSpec` maps one field of one table to one family; `families(points, specs)` turns a tick's
+points into families. The controller's collector reads the recorder's last tick (only the leader
+records, so a follower exports none of these); the hypervisor's builds its points at scrape time.
+Each collector's `describe()` names its families, so the shared registry refuses a clash at startup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tfusion.metrics.points import Point
+
+if TYPE_CHECKING:
+    from tfusion.metrics.controller import ControllerRecorder
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Field `field` of table `measure` as the family `name`; `labels` maps label -> tag; `scale`
+    multiplies the value (0.01 turns a percentage into a ratio)."""
+
+    measure: str
+    field: str
+    name: str
+    help: str
+    labels: tuple[tuple[str, str], ...]
+    scale: float = 1.0
+    counter: bool = False
+
+
+def _specs(measure: str, labels: dict[str, str], rows: Sequence[tuple[str, str, str, float]],
+           ) -> list[MetricSpec]:
+    return [MetricSpec(measure, f, name, text, tuple(labels.items()), scale) for f, name, text, scale in rows]
+
+
+_WORKER_LABELS = {"namespace": "namespace", "pod": "worker", "workload": "workload", "pool": "pool", "qos": "qos"}
+_NODE_LABELS = {"node": "node", "pool": "pool"}
+_POOL_LABELS = {"pool": "pool"}
+_GPU_LABELS = {"gpu": "gpu", "node": "node", "pool": "pool", "model": "gpu_model"}
+_PCT = 0.01
+
+CONTROLLER_SPECS: list[MetricSpec] = [
+    *_specs("tf_worker_resources", _WORKER_LABELS, [
+        ("tflops_request", "tfusion_worker_tflops_request", "TFLOPS a worker requests per GPU", 1.0),
+        ("tflops_limit", "tfusion_worker_tflops_limit", "TFLOPS a worker may use per GPU", 1.0),
+        ("vram_bytes_request", "tfusion_worker_vram_request_bytes", "VRAM a worker requests per GPU", 1.0),
+        ("vram_bytes_limit", "tfusion_worker_vram_limit_bytes", "VRAM a worker may use per GPU", 1.0),
+        ("gpu_count", "tfusion_worker_gpus", "GPUs a worker holds", 1.0),
+        ("ready", "tfusion_worker_ready", "1 when the worker pod is Ready", 1.0)]),
+    *_specs("tf_node_metrics", _NODE_LABELS, [
+        ("allocated_tflops", "tfusion_node_allocated_tflops", "TFLOPS allocated on a node's GPUs", 1.0),
+        ("allocated_vram_bytes", "tfusion_node_allocated_vram_bytes", "VRAM allocated on a node's GPUs", 1.0),
+        ("allocated_tflops_percent", "tfusion_node_allocated_tflops_ratio",
+         "allocated / physical TFLOPS of a node", _PCT),
+        ("allocated_vram_percent", "tfusion_node_allocated_vram_ratio", "allocated / physical VRAM of a node", _PCT),
+        ("allocated_tflops_percent_virtual", "tfusion_node_allocated_tflops_virtual_ratio",
+         "allocated / virtual (oversold) TFLOPS of a node", _PCT),
+        ("allocated_vram_percent_virtual", "tfusion_node_allocated_vram_virtual_ratio",
+         "allocated / virtual (expanded) VRAM of a node", _PCT),
+        ("gpu_count", "tfusion_node_gpus", "GPUs a node reports", 1.0)]),
+    *_specs("tf_pool_metrics", _POOL_LABELS, [
+        ("allocated_tflops", "tfusion_pool_allocated_tflops", "TFLOPS allocated in a pool", 1.0),
+        ("allocated_vram_bytes", "tfusion_pool_allocated_vram_bytes", "VRAM allocated in a pool", 1.0),
+        ("allocated_tflops_percent", "tfusion_pool_allocated_tflops_ratio", "allocated / physical TFLOPS", _PCT),
+        ("allocated_vram_percent", "tfusion_pool_allocated_vram_ratio", "allocated / physical VRAM", _PCT),
+        ("allocated_tflops_percent_virtual", "tfusion_pool_allocated_tflops_virtual_ratio",
+         "allocated / virtual TFLOPS", _PCT),
+        ("allocated_vram_percent_virtual", "tfusion_pool_allocated_vram_virtual_ratio",
+         "allocated / virtual VRAM", _PCT),
+        ("limited_tflops", "tfusion_pool_limited_tflops", "sum of the workers' TFLOPS limits in a pool", 1.0),
+        ("limited_vram_bytes", "tfusion_pool_limited_vram_bytes", "sum of the workers' VRAM limits in a pool", 1.0),
+        ("limited_tflops_percent_virtual", "tfusion_pool_limited_tflops_virtual_ratio",
+         "TFLOPS limits / virtual TFLOPS", _PCT),
+        ("limited_vram_percent_virtual", "tfusion_pool_limited_vram_virtual_ratio", "VRAM limits / virtual VRAM",
+         _PCT),
+        ("gpu_count", "tfusion_pool_gpus", "GPUs in a pool", 1.0)]),
+    *_specs("tf_gpu_metrics", _GPU_LABELS, [
+        ("capacity_tflops", "tfusion_gpu_capacity_tflops", "a GPU's FP16 TFLOPS", 1.0),
+        ("capacity_vram_bytes", "tfusion_gpu_capacity_vram_bytes", "a GPU's VRAM", 1.0),
+        ("available_tflops", "tfusion_gpu_available_tflops", "TFLOPS not allocated on a GPU", 1.0),
+        ("available_vram_bytes", "tfusion_gpu_available_vram_bytes", "VRAM not allocated on a GPU", 1.0),
+        ("allocated_tflops", "tfusion_gpu_allocated_tflops", "TFLOPS allocated on a GPU", 1.0),
+        ("allocated_vram_bytes", "tfusion_gpu_allocated_vram_bytes", "VRAM allocated on a GPU", 1.0),
+        ("allocated_tflops_percent", "tfusion_gpu_allocated_tflops_ratio", "allocated / capacity TFLOPS", _PCT),
+        ("allocated_vram_percent", "tfusion_gpu_allocated_vram_ratio", "allocated / capacity VRAM", _PCT)]),
+    *_specs("tf_system_metrics", _POOL_LABELS, [
+        ("total_workers_cnt", "tfusion_pool_workers", "worker pods holding GPUs in a pool", 1.0),
+        ("total_nodes_cnt", "tfusion_pool_nodes", "GPU nodes in a pool", 1.0)]),
+]
+
+_DEVICE_LABELS = {"gpu": "uuid", "node": "node", "pool": "pool"}
+_USAGE_LABELS = {"gpu": "uuid", "node": "node", "pool": "pool", "namespace": "namespace", "pod": "pod_name",
+                 "workload": "workload"}
+
+HYPERVISOR_SPECS: list[MetricSpec] = [
+    *_specs("tf_gpu_usage", _DEVICE_LABELS, [
+        ("compute_percentage", "tfusion_gpu_compute_utilization_ratio", "share of a GPU's compute in use", _PCT),
+        ("compute_tflops", "tfusion_gpu_compute_used_tflops", "TFLOPS in use on a GPU", 1.0),
+        ("memory_bytes", "tfusion_gpu_memory_used_bytes", "GPU memory in use", 1.0),
+        ("memory_percentage", "tfusion_gpu_memory_utilization_ratio", "share of a GPU's memory in use", _PCT),
+        ("power_usage", "tfusion_gpu_power_watts", "GPU power draw", 1.0),
+        ("temperature", "tfusion_gpu_temperature_celsius", "GPU temperature", 1.0),
+        ("rx", "tfusion_gpu_pcie_rx_bytes_per_second", "PCIe receive throughput", 1.0),
+        ("tx", "tfusion_gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput", 1.0)]),
+    *_specs("tf_worker_usage", _USAGE_LABELS, [
+        ("compute_percentage", "tfusion_worker_compute_utilization_ratio",
+         "share of a GPU's compute a worker's processes use", _PCT),
+        ("compute_tflops", "tfusion_worker_compute_used_tflops", "TFLOPS a worker's processes use", 1.0),
+        ("memory_bytes", "tfusion_worker_memory_used_bytes", "GPU memory a worker's processes use", 1.0),
+        ("memory_percentage", "tfusion_worker_memory_utilization_ratio",
+         "a worker's GPU memory use / its VRAM limit", _PCT)]),
+]
+
+
+def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metric]:
+    """One family per spec, with a sample per point of its table that has the field."""
+    out: dict[str, Metric] = {}
+    for spec in specs:
+        label_names = [label for label, _ in spec.labels]
+        out[spec.name] = (CounterMetricFamily if spec.counter else GaugeMetricFamily)(
+            spec.name, spec.help, labels=label_names)
+    by_measure: dict[str, list[MetricSpec]] = {}
+    for spec in specs:
+        by_measure.setdefault(spec.measure, []).append(spec)
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for point in points:
+        for spec in by_measure.get(point.measure, ()):
+            value = point.fields.get(spec.field)
+            if value is None or isinstance(value, str):
+                continue
+            labels = tuple(str(point.tags.get(tag, "")) for _, tag in spec.labels)
+            if (spec.name, labels) in seen:  # two rows with the same labels (one GPU on two nodes): keep one
+                continue
+            seen.add((spec.name, labels))
+            family = out[spec.name]
+            assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
+            family.add_metric(list(labels), float(value) * spec.scale)
+    return list(out.values())
+
+
+def _empty(specs: Sequence[MetricSpec], extra: Iterable[Metric] = ()) -> list[Metric]:
+    return [*families([], specs), *extra]
+
+
+class ControllerCollector(Collector):
+    """The controller's families from the recorder's last tick, plus the cumulative cost counters."""
+
+    def __init__(self, recorder: ControllerRecorder) -> None:
+        self.recorder = recorder
+
+    def _costs(self) -> list[Metric]:
+        snapshot = self.recorder.snapshot
+        worker = CounterMetricFamily("tfusion_worker_cost", "a worker's raw cost since this leader began "
+                                     "billing it (the pool's QoS pricing, in its currency)",
+                                     labels=["namespace", "pod", "workload", "pool", "qos"])
+        for labels, total in sorted(snapshot.worker_cost_total.items()):
+            worker.add_metric(list(labels), total)
+        node = CounterMetricFamily("tfusion_node_cost", "a node's raw cost (its GPUs' costPerHour) since this "
+                                   "leader began billing it", labels=["node", "pool"])
+        for node_labels, total in sorted(snapshot.node_cost_total.items()):
+            node.add_metric(list(node_labels), total)
+        allocations = CounterMetricFamily("tfusion_pool_allocations", "GPU placements by the scheduler, by pool "
+                                          "and result (success, failure)", labels=["pool", "result"])
+        service = self.recorder.runtime.allocation
+        for (pool, ok), count in sorted((service.allocation_tally if service is not None else {}).items()):
+            allocations.add_metric([pool, "success" if ok else "failure"], float(count))
+        return [worker, node, allocations]
+
+    def describe(self) -> Iterator[Metric]:
+        yield from _empty(CONTROLLER_SPECS, self._empty_costs())
+
+    @staticmethod
+    def _empty_costs() -> list[Metric]:
+        return [CounterMetricFamily("tfusion_worker_cost", "", labels=[]),
+                CounterMetricFamily("tfusion_node_cost", "", labels=[]),
+                CounterMetricFamily("tfusion_pool_allocations", "", labels=[])]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.recorder.snapshot.points, CONTROLLER_SPECS)
+        yield from self._costs()
+
+
+def register_controller_metrics(registry: CollectorRegistry, recorder: ControllerRecorder) -> None:
+    registry.register(ControllerCollector(recorder))
+
+
+class PointsCollector(Collector):
+    """Families built at scrape time from `build()`'s points (the hypervisor's usage samples), plus
+    any extra families `extra()` gives."""
+
+    def __init__(self, build: Callable[[], Sequence[Point]], specs: Sequence[MetricSpec],
+                 extra: Callable[[], Iterable[Metric]] = lambda: (), extra_names: Mapping[str, str] | None = None,
+                 ) -> None:
+        self.build = build
+        self.specs = specs
+        self.extra = extra
+        self.extra_names = dict(extra_names or {})
+
+    def describe(self) -> Iterator[Metric]:
+        yield from _empty(self.specs, (GaugeMetricFamily(name, text) for name, text in self.extra_names.items()))
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.build(), self.specs)
+        yield from self.extra()
