@@ -276,7 +276,8 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
         (port,) = free_ports(1)
         config = root / "prometheus.yml"
         config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            # a generous timeout: on a loaded machine one scrape of a whole --role=all can take a while
+            "global": {"scrape_interval": "3s", "scrape_timeout": "3s", "evaluation_interval": "3s"},
             "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
                                 "static_configs": [{"targets": [target]}]} for job, target in targets.items()]}))
         log = root / "prometheus.log"

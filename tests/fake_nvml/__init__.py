@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from tests.cbuild import compile_c, gcc  # noqa: F401  (gcc: the callers ask it before building)
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 #: the file name pynvml looks for; the SONAME differs so that, once loaded in-process by path, the
@@ -27,23 +27,9 @@ GPU0_UUID = "GPU-5f3a1c2e-0000-4000-8000-000000000a00"
 GPU1_UUID = "GPU-9b1d7e44-1111-4111-8111-000000000b01"
 
 
-def gcc() -> str | None:
-    return shutil.which("gcc") or shutil.which("cc")
-
-
 def build(out_dir: Path) -> Path:
     """Compile the fake into `out_dir/libnvidia-ml.so.1`; raises with the compiler's message."""
-    compiler = gcc()
-    if compiler is None:
-        raise FileNotFoundError("no C compiler (gcc or cc) on PATH")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / FILENAME
-    result = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{SONAME}",
-         "-o", str(target), str(SOURCE)], capture_output=True, text=True, timeout=60)
-    if result.returncode != 0:
-        raise RuntimeError(f"building the fake NVML failed:\n{result.stderr}")
-    return target
+    return compile_c(SOURCE, out_dir / FILENAME, ["-shared", "-fPIC", f"-Wl,-soname,{SONAME}"], "the fake NVML")
 
 
 def use_in_process(lib: Path) -> dict[str, Any]:

@@ -108,11 +108,12 @@ def operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def check_openapi(doc: dict[str, Any], *, bodies: dict[str, tuple[str, ...]],
-                  text_plain: frozenset[str] = frozenset()) -> None:
+                  text_plain: frozenset[str] = frozenset(), text_success: frozenset[str] = frozenset()) -> None:
     """Every operation documents a non-empty 2xx body (501-only stubs: a 501 ErrorBody) and an
     ErrorBody for each error; `bodies` names the POST routes with a request body (and its media
     types); the other POST routes declare none. `text_plain` routes answer text, errors included
-    (the original's clients read them as text): every documented answer is a text/plain string."""
+    (the original's clients read them as text): every documented answer is a text/plain string.
+    `text_success` routes answer a text/plain string on success and an ErrorBody otherwise."""
     assert not {"/healthz", "/readyz", "/metrics"} & set(doc["paths"]), "probes and metrics stay out of the schema"
     for method, path, op in operations(doc):
         where = f"{method} {path}"
@@ -127,6 +128,9 @@ def check_openapi(doc: dict[str, Any], *, bodies: dict[str, tuple[str, ...]],
             assert set(responses) >= {"501"}, (where, responses)
         for code, response in responses.items():
             content = response.get("content") or {}
+            if path in text_success and code.startswith("2"):
+                assert content["text/plain"]["schema"] == {"type": "string"}, (where, code)
+                continue
             assert "application/json" in content, (where, code, response)
             schema = content["application/json"]["schema"]
             assert_schema_not_empty(doc, schema, f"{where} {code}")
@@ -266,7 +270,8 @@ async def test_controller_errors_and_openapi(apiserver: ApiServerHandle, tmp_pat
     check_openapi(doc, bodies={"/api/simulate-schedule": ("application/json", "application/yaml"),
                                **{f"/scheduler/{verb}": ("application/json",)
                                   for verb in ("filter", "prioritize", "bind")}},
-                  text_plain=frozenset({"/api/assign-index", "/api/assign-host-port"}))
+                  text_plain=frozenset({"/api/assign-index", "/api/assign-host-port"}),
+                  text_success=frozenset({"/api/connection"}))
     schemas = doc["components"]["schemas"]
     assert set(schemas["AllocationView"]["properties"]) == {"gpuStore", "nodeWorkerStore", "allocation",
                                                             "gpuToWorkerMap", "drift"}

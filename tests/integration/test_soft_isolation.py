@@ -24,7 +24,7 @@ from tfusion.api import annotations
 from tfusion.hypervisor import role
 from tfusion.hypervisor.shm.store import ShmStore
 from tfusion.kube.client import KubeClient, NotFound
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS, SERVICEACCOUNTS
+from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS, SCHEDULINGCONFIGTEMPLATES, SERVICEACCOUNTS
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -259,3 +259,38 @@ async def _read_async(reader: Path, shm: Path) -> dict[str, Any]:
     seen: dict[str, Any] = creader.run(reader, shm)
     assert seen["devices"], seen
     return seen
+
+
+async def test_rate_limit_parameters_come_from_the_pools_template(apiserver: ApiServerHandle, tmp_path: Path,
+                                                                 reader: Path) -> None:
+    """The pool's SchedulingConfigTemplate `spec.hypervisor.elasticRateLimitParameters` reaches the
+    limiter: an idle worker's rate ramps up until its bucket sits at the template's `capacityMax` 600
+    (the default cap is 200000)."""
+    await apply_crds(apiserver)
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    try:
+        await kube.create(SCHEDULINGCONFIGTEMPLATES, {"metadata": {"name": "tpl-soft"}, "spec": {
+            "placement": {"mode": "NodeCompactGPULowLoad"},
+            "hypervisor": {"elasticRateLimitParameters": {"capacityMin": "500", "capacityMax": "600"}}}})
+        pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-tpl"},
+                                            "spec": {"nodeManagerConfig": {}, "schedulingConfigTemplate": "tpl-soft"}})
+        await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
+            "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-tpl",
+            "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
+        async with hypervisor(apiserver, tmp_path) as http:
+            a100 = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
+            await kube.create(PODS, {
+                "metadata": {"name": "tpl-0", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
+                             "annotations": {annotations.GPU_IDS: a100, annotations.GPU_POOL: "pool-tpl",
+                                             annotations.ISOLATION: "soft"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox"}]}})
+            shm = tmp_path / "shm" / "default" / "tpl-0" / "shm"
+
+            async def capped() -> None:
+                device = creader.run(reader, shm)["devices"][0]
+                assert device["capacity"] != 100.0  # the ERL has run (100 is the fresh file's value)
+                assert device["capacity"] == 600.0, device  # capped by the template, not by 200000
+
+            await eventually(capped)
+    finally:
+        await kube.close()

@@ -12,6 +12,7 @@ import pytest
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.devices.sim import LimitedLoad, SimBackend
 from tfusion.hypervisor.limiter import erl
+from tfusion.hypervisor.limiter.config import SchedulingConfig
 from tfusion.hypervisor.limiter.soft import SoftIsolation
 from tfusion.hypervisor.shm.store import ShmStore
 from tfusion.hypervisor.workers.local import LocalWorkers
@@ -66,17 +67,15 @@ def test_overrides_from_the_scheduling_config() -> None:
     doc = {"elasticRateLimitParameters": {"maxRefillRate": "5000", "minRefillRate": "20", "filterAlpha": "2",
                                           "kp": "1.2", "ki": "-1", "kd": "abc", "burstWindow": "1.5",
                                           "capacityMin": "300", "capacityMax": "100", "integralDecayFactor": "0.5"}}
-    params = erl.params_from_scheduling_config(json.dumps(doc))
+    params = SchedulingConfig(json.dumps(doc)).erl_params()
     assert (params.rate_max, params.rate_min, params.kp, params.burst_window) == (5000.0, 20.0, 1.2, 1.5)
     assert params.ki == PARAMS.ki and params.kd == PARAMS.kd  # negative and non-numbers are ignored
     assert params.alpha == 0.95  # clamped
     assert (params.cap_min, params.cap_max) == (300.0, 300.0)  # cap_max raised to cap_min
     assert params.decay == 0.5
-    assert erl.params_from_scheduling_config("") == PARAMS
+    assert SchedulingConfig("").erl_params() == PARAMS
     with pytest.raises(ValueError, match="not valid JSON"):
-        erl.params_from_scheduling_config("{")
-    with pytest.raises(ValueError, match="must be a JSON object"):
-        erl.params_from_scheduling_config("[]")
+        SchedulingConfig("{")
 
 
 class FakeClock:

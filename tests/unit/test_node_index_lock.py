@@ -101,6 +101,19 @@ def test_filter_and_reserve_keep_a_second_pod_with_the_index_off_the_node() -> N
     assert alloc.index_lock.snapshot() == {"node-a": {5: ("a",), 6: ("c",)}, "node-b": {5: ("b",)}}
 
 
+def test_a_pod_is_no_obstacle_to_itself() -> None:
+    """Simulating or re-filtering a pod that already holds its index on a node (simulate-schedule
+    of a bound pod) must not find the node busy because of that same pod."""
+    alloc = cluster()
+    fw = Framework(alloc)
+    assert fw.reserve(req("a", 5), "node-a")[0] is not None
+    again = req("a", 5)
+    assert fw.feasible(again, ["node-a", "node-b"]) == ["node-a", "node-b"]
+    assert fw.filter(again, ["node-a"])["node-a"].ok and fw.split(again, ["node-a"]) == (["node-a"], {})
+    assert fw.explain(again, ["node-a"]).nodes["node-a"].ok
+    assert alloc.index_lock.busy_nodes(5, "a") == set() and alloc.index_lock.busy_nodes(5, "b") == {"node-a"}
+
+
 def test_rollback_expiry_and_release_free_the_index() -> None:
     now = [0.0]
     alloc = GpuAllocator(assume_ttl=10.0, clock=lambda: now[0])

@@ -172,7 +172,9 @@ def test_hypervisor_daemonset_renders() -> None:
     assert env["GPU_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/run/tensor-fusion", "/run/nvidia/driver"} <= mounts
-    assert {v["hostPath"]["path"] for v in pod["volumes"]} >= {"/run/tensor-fusion", "/run/nvidia/driver"}
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} >= {"/run/tensor-fusion",
+                                                                                  "/run/nvidia/driver"}
+    assert "/logs" in mounts and "--metrics-output-path=/logs/metrics.log" in container["args"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8001}
     assert ("ServiceAccount", "tensor-fusion-hypervisor-sa") in docs
     binding = docs[("ClusterRoleBinding", "tensor-fusion-hypervisor")]

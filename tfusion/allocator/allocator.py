@@ -57,8 +57,7 @@ DEFAULT_MAX_WORKERS_PER_NODE = 256
 DEFAULT_ASSUME_TTL = 30 * 60.0
 #: the filter stage of the node-level pod index lock (indexlock.py)
 NODE_INDEX_LOCK = "NodeIndexLock"
-RELEASED_MEMORY = 100_000
-_NO_NODES: frozenset[str] = frozenset()  # released pod UIDs remembered, so a late bind cannot resurrect them
+RELEASED_MEMORY = 100_000  # released pod UIDs remembered, so a late bind cannot resurrect them
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,7 +610,7 @@ class GpuAllocator:
         if nodes is None:
             all_nodes = self._nodes
 
-            busy = self.index_lock.nodes_holding(req.pod_index) if req.pod_index else _NO_NODES
+            busy = self.index_lock.busy_nodes(req.pod_index, req.pod_uid)
 
             def fits(name: str) -> tuple[_Node, list[GpuSlot]] | None:
                 node = all_nodes[name]
@@ -624,7 +623,7 @@ class GpuAllocator:
             found = index.search(req.vram_request, req.tflops_request, fits,  # type: ignore[assignment]
                                  need_gpus=req.count)
         else:
-            busy = self.index_lock.nodes_holding(req.pod_index) if req.pod_index else _NO_NODES
+            busy = self.index_lock.busy_nodes(req.pod_index, req.pod_uid)
             for name in sorted((n for n in set(nodes) if n in index and n not in busy),
                                key=lambda n: (-index.score(n), n)):
                 slots = self._node_fit(self._nodes[name], key, req)

@@ -343,7 +343,7 @@ class Framework:
         fits, members = self._sets(req)
         no_fit, no_group = _no_fit(req), _no_group(req)
         out = {n: SUCCESS if n in fits else no_fit if n in members else no_group for n in nodes}
-        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        busy = self.allocator.index_lock.busy_nodes(req.pod_index, req.pod_uid)
         if busy:
             for name in busy:
                 if out.get(name) is SUCCESS:
@@ -360,7 +360,7 @@ class Framework:
         in no particular order). The node-level pod index lock is honoured; the quota is not
         checked (pre_filter)."""
         fits, _members = self._sets(req)
-        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        busy = self.allocator.index_lock.busy_nodes(req.pod_index, req.pod_uid)
         if isinstance(nodes, (list, tuple)):
             if busy:
                 return [n for n in nodes if n in fits and n not in busy]
@@ -394,7 +394,7 @@ class Framework:
         are looked at only when there are some."""
         names = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
         fits, members = self._sets(req)
-        busy = self.allocator.index_lock.nodes_holding(req.pod_index)
+        busy = self.allocator.index_lock.busy_nodes(req.pod_index, req.pod_uid)
         feasible = [n for n in names if n in fits and n not in busy] if busy else [n for n in names if n in fits]
         if len(feasible) == len(names):
             return feasible, {}
@@ -489,7 +489,7 @@ class Framework:
         per_node: dict[str, Status] = {}
         if pre.ok:  # every node judged once (memoized per node version): no separate feasibility pass
             per_node = node_statuses(alloc, req, alloc.nodes() if nodes is None else nodes)
-            for name in alloc.index_lock.nodes_holding(req.pod_index):
+            for name in alloc.index_lock.busy_nodes(req.pod_index, req.pod_uid):
                 if name in per_node and per_node[name].ok:
                     per_node[name] = self.index_status(req, name)
         fits = pre.ok and any(s.ok for s in per_node.values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 _NONE: Mapping[str, Set[str]] = {}
+_NO_NODES: Set[str] = frozenset()
 
 
 class NodeIndexLock:
@@ -50,6 +51,16 @@ class NodeIndexLock:
     def nodes_holding(self, index: int) -> Mapping[str, Set[str]]:
         """node -> holders of `index` (the nodes where a pod with that index cannot go); read only."""
         return self._held.get(index, _NONE) if index else _NONE
+
+    def busy_nodes(self, index: int, besides: str = "") -> Set[str]:
+        """The nodes where a pod other than `besides` holds `index` (where a pod with that index
+        cannot go; the pod itself, bound or reserved already, is no obstacle to itself)."""
+        by_node = self._held.get(index) if index else None
+        if not by_node:
+            return _NO_NODES
+        if not besides:
+            return by_node.keys()
+        return {node for node, uids in by_node.items() if any(uid != besides for uid in uids)}
 
     def holders(self, node: str, index: int, *, besides: str = "") -> frozenset[str]:
         """The pods holding `index` on `node`, other than `besides`."""

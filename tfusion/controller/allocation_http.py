@@ -81,8 +81,9 @@ class SimulateScheduleResult(msgspec.Struct, forbid_unknown_fields=True):
     cycleState: Annotated[Any, _described("Always null (kept for the original's shape)")]
     gpuSchedulerState: Annotated[dict[str, Any], _described(
         "NodeGPUs, NodeScores, FinalGPUs and the pool's ScoringStrategy")]
-    progressiveNodeNames: Annotated[list[str] | None, _described(
-        "Always null (kept for the original's shape)")]
+    progressiveNodeNames: Annotated[dict[str, Any] | None, _described(
+        "For a native-GPU pod (progressive migration): {count, nodes}, the nodes that run no "
+        "TensorFusion worker; null for every other pod")]
     suggestions: Annotated[list[dict[str, Any]], _described(
         "When the Pod does not fit: the smallest changes that would make it fit now, each "
         "{kind, message, target, changes, pods?, node?}; kind is smaller-request, other-model, other-pool, "
@@ -139,7 +140,8 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
         allocator = await _leader_allocator(service)
         if allocator is None:
             raise HttpError(503, NOT_LEADER)
-        status, body = simulate_schedule(allocator, pod, pools=service.runtime.informer(r.GPUPOOLS).list())
+        status, body = simulate_schedule(allocator, pod, pools=service.runtime.informer(r.GPUPOOLS).list(),
+                                         scheduler=service.runtime.scheduler)
         if status != 200:
             raise HttpError(status, msgspec.convert(body, ErrorBody))
         return msgspec.convert(body, SimulateScheduleResult)

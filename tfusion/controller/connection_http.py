@@ -249,14 +249,14 @@ async def _until_disconnect(request: Request[Any, Any, Any], scope: anyio.Cancel
 
 _ERRORS = error_responses({
     400: "name or namespace missing", 401: "no token, a refused token, or not the connection's client pod",
-    404: "no such TensorFusionConnection", 503: "the controller's watch broke, or the token could not be "
-    "reviewed; retry", 504: "the worker was not Running within --connection-wait"})
+    404: "no such TensorFusionConnection", 500: "a bug", 503: "the controller's watch broke, or the token could "
+    "not be reviewed; retry", 504: "the worker was not Running within --connection-wait"})
 
 
 def connection_handler(route: ConnectionRoute) -> Any:
     @get(PATH, media_type=MediaType.TEXT, responses=_ERRORS,
          summary="The worker address (text/plain) of a remote vGPU connection, waiting for it to be ready")
-    async def connection(request: Request[Any, Any, Any]) -> Response[Any]:
+    async def connection(request: Request[Any, Any, Any]) -> Response[str]:
         return await route.answer(request)
 
     return connection

@@ -107,6 +107,9 @@ async def role_managers(settings: Settings, roles: Collection[str], admin: Manag
                             "(--embedded-identities=admin runs it with the admin token)") from None
         log.info("%s talks to the embedded API server as system:serviceaccount:%s:%s", role,
                  settings.operator_namespace, account)
+    # the admin Manager keeps only the embedded stage (the simulated kubelet and the stand-ins for
+    # kube-controller-manager): it needs no Lease, which is the controller's alone now
+    admin.settings = admin.settings.replace(leader_elect=False)
     registries = [admin.registry, *(m.registry for m in managers.values())]
     for manager in managers.values():
         manager.registry.register(_Mirror(manager.registry, [r for r in registries if r is not manager.registry]))

@@ -96,6 +96,7 @@ class HypervisorContext:
     api_token: str | None = None
     pods_by_uid: Any = None  # Kubernetes mode: uid -> pod name/namespace, for messages
     soft: Any = None  # tfusion.hypervisor.limiter.soft.SoftIsolation: the soft workers' shared memory
+    scheduling: Any = None  # tfusion.hypervisor.limiter.config.SchedulingConfig: env over the pool's template
 
     @property
     def isolation_policy(self) -> str:
@@ -439,7 +440,9 @@ def remote_pod_info(ctx: HypervisorContext, allocation: WorkerAllocation, contai
         info["qos_level"] = worker.qos.capitalize()
     info["compute_shard"] = False
     info["isolation"] = worker.isolation
-    freeze = auto_freeze_rule(ctx.settings.scheduling_config, worker.qos)
+    config = (json.dumps(ctx.scheduling.document()) if ctx.scheduling is not None
+              else ctx.settings.scheduling_config)
+    freeze = auto_freeze_rule(config, worker.qos)
     if freeze is not None:
         info["auto_freeze"] = freeze
     return info

@@ -8,7 +8,8 @@ informer's sync. Its /metrics serves the Manager's registry, shared with the oth
 
 Soft isolation (`limiter/soft.py`) keeps each soft worker's shared-memory file under --shm-root
 current every 500 ms (readiness `shm-sync`, `rate-limiter`); its rate-limit parameters come from
-TF_HYPERVISOR_SCHEDULING_CONFIG. With the Kubernetes backend and a kubelet device-plugin directory
+TF_HYPERVISOR_SCHEDULING_CONFIG over the node's pool's SchedulingConfigTemplate (`limiter/config.py`,
+Kubernetes backend). With the Kubernetes backend and a kubelet device-plugin directory
 (--device-plugin-dir), the 16 index device plugins serve and stay registered (`device-plugins`).
 """
 
@@ -26,7 +27,7 @@ from tfusion.hypervisor.devices import DeviceBackendError, open_backend
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import HypervisorContext, build_app
-from tfusion.hypervisor.limiter.erl import params_from_scheduling_config
+from tfusion.hypervisor.limiter.config import SchedulingConfig, follow_template
 from tfusion.hypervisor.limiter.soft import SoftIsolation
 from tfusion.hypervisor.metrics import parse_extra_labels, start_usage_metrics
 from tfusion.hypervisor.shm.store import ShmStore
@@ -66,7 +67,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
     except ValueError as exc:
         raise HypervisorError(str(exc)) from None
     try:
-        erl_params = params_from_scheduling_config(settings.scheduling_config)
+        scheduling = SchedulingConfig(settings.scheduling_config)
     except ValueError as exc:
         raise HypervisorError(str(exc)) from None
     readiness = Readiness()
@@ -98,16 +99,22 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             if settings.backend == "local":
                 await tg.start(workers.run)
             usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels)
-            soft = SoftIsolation(ShmStore(settings.resolved_shm_root), registry, workers, params=erl_params,
+            soft = SoftIsolation(ShmStore(settings.resolved_shm_root), registry, workers,
+                                 params=scheduling.erl_params(),
                                  readiness=readiness, synced=_workers_synced(workers))
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
                                     metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
-                                    api_token=api_token, soft=soft)
+                                    api_token=api_token, soft=soft, scheduling=scheduling)
             app = build_app(ctx)
             tg.start_soon(registry.run_discovery_loop, settings.discovery_interval)
             tg.start_soon(registry.run_health_watch)
             await soft.tick()  # files of soft workers restored above exist before the API answers
             tg.start_soon(soft.run)
+            if settings.backend == "kubernetes" and manager.has_client:
+                def new_params() -> None:
+                    soft.params = scheduling.erl_params()
+
+                tg.start_soon(follow_template, scheduling, manager.client, node, new_params)
             plugin_dir = settings.resolved_device_plugin_dir
             if plugin_dir is not None and settings.backend == "kubernetes":
                 from tfusion.hypervisor.deviceplugin.plugins import DevicePlugins

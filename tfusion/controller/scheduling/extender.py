@@ -22,6 +22,14 @@ for the node it picked; so a filter result that is never bound holds nothing and
 expiry, and a reservation lives only within one bind call (the allocator's assume TTL is the
 safety net for a crash in between). Pods that ask for no GPUs pass every node with score 0, and
 bind plainly.
+
+A native-GPU pod (progressive migration, progressive.py: a limit of a ProviderConfig's
+`inUseResourceNames` and no TensorFusion GPU annotation) gets the built-in scheduler's confinement:
+filter fails every candidate that runs TensorFusion workers ("node(s) run TensorFusion workers",
+resolvable) and passes the others (kube-scheduler has already fitted its nvidia.com/gpu);
+prioritize scores 0; bind checks the node once more and posts a plain Binding (no GPU from the
+allocator, no annotation). A pod being bound here counts on its node at once, so a filter that
+runs while a worker's bind is in flight already sees that worker.
 """
 
 from __future__ import annotations
@@ -32,15 +40,17 @@ from typing import Any
 import msgspec
 
 from tfusion.allocator import RequestError
-from tfusion.allocator.framework import Code, Framework, Status
+from tfusion.allocator.framework import Code, Explanation, Framework, Status
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling import nodes as nc
+from tfusion.controller.scheduling import progressive
 from tfusion.controller.scheduling.scheduler import (
     WORKER,
     Decision,
     Scheduler,
     asks_for_gpus,
     is_worker,
+    node_failure_status,
     pod_key,
 )
 from tfusion.kube import resources as r
@@ -117,11 +127,18 @@ class Extender:
         verdicts = dict.fromkeys(names, message)
         return _answer(args, [], {} if unresolvable else verdicts, verdicts if unresolvable else {})
 
+    def native_request(self, pod: Mapping[str, Any]) -> dict[str, int]:
+        """The native GPU resources of a pod that asks for no TensorFusion GPUs; {} for any other."""
+        if asks_for_gpus(pod):
+            return {}
+        return nc.extended_requests(pod, self.scheduler.native_resource_names())
+
     def filter(self, args: ExtenderArgs, fw: Framework) -> ExtenderFilterResult:
         names = candidate_names(args)
         pod = args.Pod
         if not asks_for_gpus(pod):
-            return _answer(args, names, {}, {})
+            native = self.native_request(pod)
+            return self._filter_native(args, pod, names, native) if native else _answer(args, names, {}, {})
         if not is_worker(pod):
             return self._refuse_all(args, names, f"the pod asks for GPUs but lacks the label "
                                                  f"{tfa.COMPONENT}={WORKER}", True)
@@ -145,6 +162,29 @@ class Extender:
         else:
             self.scheduler.whys.pop(pod_key(pod), None)
         return _answer(args, passed, failed, unresolvable)
+
+    def _filter_native(self, args: ExtenderArgs, pod: Mapping[str, Any], names: Sequence[str],
+                       native: Mapping[str, int]) -> ExtenderFilterResult:
+        busy = self.scheduler.nodes_with_workers()
+        failures = {n: f for n in names if (f := progressive.worker_failure(n, busy)) is not None}
+        passed = [n for n in names if n not in failures]
+        if passed:
+            self.scheduler.whys.pop(pod_key(pod), None)
+        else:
+            self._remember_native(pod, names, failures, sorted(native), busy)
+        return _answer(args, passed, {n: f.message for n, f in failures.items()}, {})
+
+    def _remember_native(self, pod: Mapping[str, Any], names: Sequence[str],
+                         failures: Mapping[str, nc.NodeFailure], resources: Sequence[str], busy: set[str]) -> None:
+        """The built-in scheduler's explanation of a native-GPU pod that no candidate takes, with
+        the sentence saying every GPU node runs workers when that is so."""
+        statuses = {n: node_failure_status(f, n) for n, f in failures.items()}
+        nodes = {str((n.get("metadata") or {}).get("name")): n for n in self.scheduler.node_objects()}
+        message = Explanation(statuses).message(len(names))
+        note = progressive.busy_note(nodes, resources, busy)
+        why = self.scheduler._why_from(pod, f"{message} {note}" if note else message, statuses, [],
+                                       Code.UNSCHEDULABLE)
+        self.scheduler.remember(pod_key(pod), why)
 
     def _remember(self, pod: Mapping[str, Any], req: Any, fw: Framework, names: Sequence[str]) -> None:
         """Keep the explanation for `tfusion why` (kube-scheduler writes the condition and event)."""
@@ -183,8 +223,14 @@ class Extender:
         if not nc.is_pending(pod):
             return ExtenderBindingResult(f"pod {key} is bound, finished or being deleted")
         demand = nc.pod_demand(pod)
-        decision = Decision(args.Node, demand=demand)
-        if asks_for_gpus(pod):
+        decision = Decision(args.Node, demand=demand, native=self.native_request(pod))
+        if decision.native:
+            refused = progressive.worker_failure(args.Node, scheduler.nodes_with_workers())
+            if refused is not None:
+                return ExtenderBindingResult(f"not bound to node {args.Node}: it runs TensorFusion workers, and in "
+                                             f"progressive migration a native GPU pod goes only to a node without "
+                                             f"them")
+        elif asks_for_gpus(pod):
             if not is_worker(pod):
                 return ExtenderBindingResult(f"pod {key} asks for GPUs but lacks the label {tfa.COMPONENT}={WORKER}")
             try:
@@ -195,8 +241,7 @@ class Extender:
             if placement is None:
                 return ExtenderBindingResult(f"cannot reserve GPUs on node {args.Node}: {status.details()}")
             decision = Decision(args.Node, placement, req, demand)
-        uid = args.PodUID
-        scheduler.usage.assume(uid, args.Node, demand.cpu_milli, demand.memory)
+        scheduler.assume(pod, decision)
         result = await scheduler.bind(pod, decision, fw)
         return ExtenderBindingResult("" if result.bound else result.error)
 

@@ -10,7 +10,9 @@ moves over to TensorFusion one node at a time:
   `tensor-fusion-scheduler` and changes nothing else (mutate.py `progressive_only`);
 - the built-in scheduler binds such a pod with the ordinary node checks plus the native GPU
   resources against the node's allocatable, but only onto a node that runs no TensorFusion worker,
-  and takes no GPU from the allocator (scheduler.py);
+  and takes no GPU from the allocator (scheduler.py); with `--scheduler=extender` the extender's
+  filter refuses the same nodes and its bind posts a plain Binding (extender.py), and
+  simulate-schedule lists the nodes without workers as `progressiveNodeNames` (simulate.py);
 - the node reconciler taints a node `tensor-fusion.ai/used-by=tensor-fusion:PreferNoSchedule`
   while it runs workers and removes the taint when it is idle, so that other schedulers prefer the
   idle nodes too (worker pods tolerate the taint; node.py).
@@ -21,10 +23,11 @@ Failed); one being deleted still holds its GPUs, so it counts until it is gone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling import nodes as nc
 
 Obj = Mapping[str, Any]
 
@@ -74,3 +77,17 @@ def taints_for(node: Obj, busy: bool) -> list[Any] | None:
 
 def every_gpu_node_busy(resources: Sequence[str]) -> str:
     return EVERY_GPU_NODE_BUSY.format(resources=" or ".join(resources))
+
+
+def worker_failure(node: str, busy: Collection[str]) -> nc.NodeFailure | None:
+    """The node check every scheduling path makes for a native-GPU pod (the built-in scheduler, the
+    extender's filter and bind, simulate-schedule): a node in `busy` (it runs TensorFusion workers)
+    is refused; resolvable, since the workers may finish."""
+    return nc.NodeFailure(RUNS_WORKERS, CHECK, False) if node in busy else None
+
+
+def busy_note(nodes: Mapping[str, Obj], resources: Sequence[str], busy: Collection[str]) -> str:
+    """The sentence added to "0/N nodes are available: ..." when every node that has the native GPU
+    `resources` runs workers (so the pod waits for one to go idle); "" otherwise."""
+    gpu_nodes = [n for n, node in nodes.items() if nc.extended_check(dict.fromkeys(resources, 1), node, {}) is None]
+    return every_gpu_node_busy(resources) if gpu_nodes and all(n in busy for n in gpu_nodes) else ""

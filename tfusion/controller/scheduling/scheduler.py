@@ -457,11 +457,17 @@ class Scheduler:
             if decision.req is not None:
                 self.service.count_allocation(False, decision.req.pool)
             return
+        self.assume(pod, decision)
+        tg.start_soon(self._bind, key, pod, decision, fw)
+
+    def assume(self, pod: Obj, decision: Decision) -> None:
+        """Count the pod on its node (CPU, memory, and as a worker or native-GPU pod) from now until
+        the informer sees it bound; `bind` drops it again when binding fails. The extender's bind
+        calls this too, so both paths see a pod whose bind is in flight."""
         demand = decision.demand or nc.pod_demand(pod)
         uid = str(_meta(pod).get("uid") or "")
         self.usage.assume(uid, decision.node, demand.cpu_milli, demand.memory)
         self._in_flight[uid] = (decision.node, decision.req is not None or is_worker(pod), decision.native)
-        tg.start_soon(self._bind, key, pod, decision, fw)
 
     # --- deciding (synchronous: one consistent view) ---------------------------------------------
 
@@ -583,25 +589,27 @@ class Scheduler:
                     used[name] = used.get(name, 0) + amount
         return used
 
+    def native_check(self, demand: nc.PodDemand, native: Mapping[str, int],
+                     busy: set[str]) -> Callable[[str, Obj], nc.NodeFailure | None]:
+        """A native-GPU pod's Filter, per node (simulate-schedule shows it too): no TensorFusion
+        worker there, the node checks, its native GPU resources."""
+        names = sorted(native)
+
+        def check(name: str, node: Obj) -> nc.NodeFailure | None:
+            return (progressive.worker_failure(name, busy) or self.node_failure(demand, node)
+                    or nc.extended_check(native, node, self.native_used(name, names)))
+
+        return check
+
     def _decide_native(self, pod: Obj, demand: nc.PodDemand, native: Mapping[str, int],
                        by_name: Mapping[str, Obj]) -> Decision:
         """A native-GPU pod: the node checks and its native GPU resources, on a node without
         TensorFusion workers; no GPU is taken from the allocator."""
         busy = self.nodes_with_workers()
-        names = sorted(native)
-
-        def check(name: str, node: Obj) -> nc.NodeFailure | None:
-            if name in busy:
-                return nc.NodeFailure(progressive.RUNS_WORKERS, progressive.CHECK, False)
-            return self.node_failure(demand, node) or nc.extended_check(native, node, self.native_used(name, names))
-
-        decision = self._place_by_nodes(pod, demand, by_name, check)
+        decision = self._place_by_nodes(pod, demand, by_name, self.native_check(demand, native, busy))
         decision.native = dict(native)
-        if decision.why is not None:
-            gpu_nodes = [n for n, node in by_name.items() if nc.extended_check(
-                {k: 1 for k in names}, node, {}) is None]
-            if gpu_nodes and all(n in busy for n in gpu_nodes):
-                decision.why.message += " " + progressive.every_gpu_node_busy(names)
+        if decision.why is not None and (note := progressive.busy_note(by_name, sorted(native), busy)):
+            decision.why.message += " " + note
         return decision
 
     def explain(self, pod: Obj, req: AllocRequest, demand: nc.PodDemand, fw: Framework,

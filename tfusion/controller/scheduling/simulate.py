@@ -19,18 +19,33 @@ beyond JSON, ...) or bad annotations (the message names the annotation), 500
 `scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
 The allocator's state is not changed (only `filter`, `select`, `score` and `Framework.explain` are
 called; explain memoizes per-node explanations, which is not state the placement reads).
+
+A native-GPU pod (progressive migration, progressive.py: a limit of a ProviderConfig's
+`inUseResourceNames`, no TensorFusion GPU annotation) is judged as the built-in scheduler places
+it, from the scheduler's view (read only): `progressiveNodeNames: {count, nodes}` are the nodes
+that run no TensorFusion worker (the original's PreFilter answer; null for every other pod);
+`scheduleResult` is the node the scheduler would bind it to (`FeasibleNodes`: those where the node
+checks and its native GPU resources also pass), and when none, `error` names each node's reason
+("node(s) run TensorFusion workers", "Insufficient nvidia.com/gpu", ...). No GPU filter runs for
+it, so `FilterStageDetails` and the `gpuSchedulerState` maps are empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import Framework, GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
+from tfusion.allocator.framework import Explanation
 from tfusion.api.documents import DocumentError, load_json_or_yaml
+from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.defaults import default_pod_request
 from tfusion.controller.scheduling.explain import explanation_json, suggestion_json
+from tfusion.controller.scheduling.scheduler import asks_for_gpus, node_failure_status
+
+if TYPE_CHECKING:
+    from tfusion.controller.scheduling.scheduler import Scheduler
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 PLUGIN = "GPUResourcesFit"
@@ -107,15 +122,77 @@ def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
     }
 
 
+def native_request(scheduler: Scheduler, pod: Mapping[str, Any]) -> dict[str, int]:
+    """The native GPU resources of a pod that asks for no TensorFusion GPUs ({} for any other)."""
+    if asks_for_gpus(pod):
+        return {}
+    return nc.extended_requests(pod, scheduler.native_resource_names())
+
+
+def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_nodes: int) -> dict[str, Any]:
+    """The GPU path's FitError shape, from the node checks' failures; `message` is the scheduler's."""
+    statuses = {n: node_failure_status(f, n) for n, f in sorted(failures.items())}
+    nodes: dict[str, Any] = {}
+    for name, failure in sorted(failures.items()):
+        text = statuses[name].reasons[0].text()
+        nodes[name] = {"code": "UnschedulableAndUnresolvable" if failure.unresolvable else "Unschedulable",
+                       "plugin": failure.check, "reasons": [text], "message": text}
+    explanation = explanation_json(Explanation(statuses), num_nodes, suggestions=False)
+    explanation["message"] = message
+    return {
+        "type": "FitError",
+        "message": message,
+        "stage": "Filter",
+        "numAllNodes": num_nodes,
+        "diagnosis": {
+            "preFilterMsg": "",
+            "postFilterMsg": "",
+            "unschedulablePlugins": sorted({f.check for f in failures.values()}),
+            "pendingPlugins": [],
+            "nodeToStatus": {"nodes": nodes, "absentNodesStatus": None},
+        },
+        "explanation": explanation,
+    }
+
+
+def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Mapping[str, Any],
+                    native: Mapping[str, int]) -> dict[str, Any]:
+    """The built-in scheduler's decision for a native-GPU pod, with every node's verdict."""
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in scheduler.node_objects()}
+    busy = scheduler.nodes_with_workers()
+    check = scheduler.native_check(nc.pod_demand(pod), native, busy)
+    failures = {n: f for n, node in by_name.items() if (f := check(n, node)) is not None}
+    decision = scheduler.decide(pod, Framework(allocator))
+    error = None
+    if decision.why is not None:
+        error = _native_fit_error(failures, decision.why.message, len(by_name))
+    without_workers = sorted(n for n in by_name if n not in busy)
+    return {
+        "scheduleResult": {"SuggestedHost": decision.node, "EvaluatedNodes": len(by_name),
+                           "FeasibleNodes": len(by_name) - len(failures)},
+        "filterDetail": {"FilterStageDetails": []},
+        "error": error,
+        "cycleState": None,
+        "gpuSchedulerState": {"NodeGPUs": {}, "NodeScores": {}, "FinalGPUs": [], "ScoringStrategy": ""},
+        "progressiveNodeNames": {"count": len(without_workers), "nodes": without_workers},
+        "suggestions": [],
+    }
+
+
 def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
-                      pools: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, Any]]:
+                      pools: Sequence[Mapping[str, Any]], scheduler: Scheduler | None = None
+                      ) -> tuple[int, dict[str, Any]]:
     """Run the GPU filter chain and scoring for `pod` (defaulted as the webhook would, with
-    `pools` the GPUPool objects) and explain the outcome; no side effects."""
+    `pools` the GPUPool objects) and explain the outcome; a native-GPU pod is judged by
+    `scheduler`'s node view instead (see the module docstring). No side effects."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return 400, {"error": "the Pod manifest has no spec"}
     if spec.get("schedulerName") != SCHEDULER_NAME:
         return 500, {"error": FRAMEWORK_NOT_FOUND}
+    native = native_request(scheduler, pod) if scheduler is not None else {}
+    if scheduler is not None and native:
+        return 200, simulate_native(scheduler, allocator, pod, native)
     try:
         req = request_from_pod(default_pod_request(pod, pools))
     except RequestError as exc:

@@ -19,14 +19,14 @@ Per (worker, device), every 500 ms:
    drain to it; above the target with more than the 35 % reserve, drain towards the reserve
    (`drain = max(25, 0.8·capacity)·dt`).
 
-Defaults (overridable through `TF_HYPERVISOR_SCHEDULING_CONFIG` / a SchedulingConfigTemplate's
-`spec.hypervisor`, `elasticRateLimitParameters`, values as decimal strings; only positive numbers
-count; afterwards rate_min <= rate_max, cap_min <= cap_max, alpha in 0.01..0.95, decay in 0.01..0.999).
+Defaults below; overrides (`config.py`: TF_HYPERVISOR_SCHEDULING_CONFIG over the pool's
+SchedulingConfigTemplate `spec.hypervisor`) are `elasticRateLimitParameters`, values as decimal
+strings; only positive numbers count; afterwards rate_min <= rate_max, cap_min <= cap_max, alpha in
+0.01..0.95, decay in 0.01..0.999.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -86,21 +86,6 @@ def params_from_overrides(raw: Mapping[str, Any] | None, base: ErlParams | None 
     return replace(params, rate_max=max(params.rate_max, params.rate_min),
                    cap_max=max(params.cap_max, params.cap_min),
                    alpha=min(max(params.alpha, 0.01), 0.95), decay=min(max(params.decay, 0.01), 0.999))
-
-
-def params_from_scheduling_config(text: str, base: ErlParams | None = None) -> ErlParams:
-    """The parameters from a HypervisorScheduling JSON document (TF_HYPERVISOR_SCHEDULING_CONFIG);
-    raises ValueError naming the problem when it is not a JSON object."""
-    if not text.strip():
-        return base or ErlParams()
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"TF_HYPERVISOR_SCHEDULING_CONFIG is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"TF_HYPERVISOR_SCHEDULING_CONFIG must be a JSON object, got {type(doc).__name__}")
-    section = doc.get("elasticRateLimitParameters")
-    return params_from_overrides(section if isinstance(section, dict) else None, base)
 
 
 @dataclass(frozen=True)
