@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import anyio
-import httpx
 import orjson
 
 from tfusion.apiserver.patch import PatchError, json_patch
 from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.leanhttp import LeanTransport
 
 __all__ = [
     "AdmissionAttributes",
@@ -248,49 +247,50 @@ def _review_version(webhook: Mapping[str, Any]) -> str:
     raise _CallFailed(f"webhook accepts no AdmissionReview version this server sends ({accepted}; we send v1, v1beta1)")
 
 
-#: kept-alive clients per event loop and TLS context: a webhook is called for every admitted
-#: object, and a TLS handshake per call cost more than the call itself (tens of ms on 2 cores)
-#: (one client per TLS context AND verified server name: httpx pools connections by address, so
-#: two services resolved to one address must not share a connection verified for the other's name)
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str | None], httpx.AsyncClient]] = \
+#: kept-alive connections per event loop, TLS context, verified server name and address: a webhook
+#: is called for every admitted object, and a TLS handshake per call cost more than the call itself
+#: (tens of ms on 2 cores), as did httpx's per-request bookkeeping. One transport per TLS context
+#: AND verified server name: two services resolved to one address must not share a connection
+#: verified for the other's name.
+_TRANSPORTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str, str, int], LeanTransport]] = \
     weakref.WeakKeyDictionary()
-_MAX_CLIENTS_PER_LOOP = 16
-#: as many kept-alive connections as admissions run at once (httpx keeps 20: concurrent creates
-#: beyond that each paid a handshake); an idle connection is dropped before the 5 s after which
-#: common webhook servers (uvicorn, ours) close it, so a POST never races the server's close
-_POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=64, keepalive_expiry=4.0)
+_MAX_TRANSPORTS_PER_LOOP = 16
+#: an idle connection is dropped before the 5 s after which common webhook servers (uvicorn, ours)
+#: close it
+_IDLE_SECONDS = 4.0
 
 
-def _client(context: ssl.SSLContext, server_name: str | None) -> httpx.AsyncClient:
-    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    key = (id(context), server_name)  # contexts are cached per caBundle, so the id is stable
-    client = clients.get(key)
-    if client is None:
-        if len(clients) >= _MAX_CLIENTS_PER_LOOP:  # caBundles rotated many times: start over
-            clients.clear()
-        client = clients[key] = httpx.AsyncClient(verify=context, trust_env=False, limits=_POOL_LIMITS)
-    return client
+def _transport(url: str, context: ssl.SSLContext, server_name: str | None) -> tuple[LeanTransport, str]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 443
+    name = server_name or host
+    transports = _TRANSPORTS.setdefault(asyncio.get_running_loop(), {})
+    key = (id(context), name, host, port)  # contexts are cached per caBundle, so the id is stable
+    transport = transports.get(key)
+    if transport is None:
+        if len(transports) >= _MAX_TRANSPORTS_PER_LOOP:  # caBundles rotated many times: start over
+            for old in transports.values():
+                old.close()
+            transports.clear()
+        transport = transports[key] = LeanTransport(host, port, "", context, name, idle_seconds=_IDLE_SECONDS)
+    target = parts.path or "/"
+    return transport, f"{target}?{parts.query}" if parts.query else target
 
 
 async def _post(url: str, body: bytes, context: ssl.SSLContext, server_name: str | None, timeout: int) -> Any:
-    extensions = {"sni_hostname": server_name} if server_name else {}
+    transport, target = _transport(url, context, server_name)
     try:
-        with anyio.fail_after(timeout):
-            response = await _client(context, server_name).post(
-                url,
-                content=body,
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
-                extensions=extensions,
-                timeout=timeout,
-            )
+        # an AdmissionReview may be sent again when its kept-alive connection closed before any
+        # answer: webhooks are called with sideEffects None/NoneOnDryRun, and kube retries too
+        status, answer = await transport.send("POST", target, body, "application/json", timeout, repeatable=True)
     except TimeoutError:
         raise _CallFailed(f'failed to call webhook: Post "{url}": context deadline exceeded') from None
-    except httpx.HTTPError as exc:
+    except (OSError, ConnectionError, ValueError, asyncio.IncompleteReadError) as exc:
         raise _CallFailed(f'failed to call webhook: Post "{url}": {exc or type(exc).__name__}') from None
-    if response.status_code != 200:
-        raise _CallFailed(f"received status code {response.status_code} from {url}: {response.text[:200]}")
+    if status != 200:
+        raise _CallFailed(f"received status code {status} from {url}: {answer[:200].decode(errors='replace')}")
     try:
-        return orjson.loads(response.content)
+        return orjson.loads(answer)
     except orjson.JSONDecodeError:
         raise _CallFailed(f"response from {url} is not JSON") from None
 

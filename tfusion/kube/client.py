@@ -10,6 +10,7 @@ second polls for two seconds on a miss (see reference/python-stack.md §1.5).
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import ssl
@@ -26,6 +27,7 @@ import kr8s.asyncio
 import orjson
 
 from tfusion.kube.resources import TOKENREVIEWS, Resource
+from tfusion.leanhttp import LeanTransport
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: a path that never exists: handed to kr8s in-cluster so that a stray $KUBECONFIG cannot win
@@ -38,7 +40,8 @@ PATCH_CONTENT_TYPES = {
     "apply": "application/apply-patch+yaml",
 }
 
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+DEFAULT_SECONDS = 30.0
+DEFAULT_TIMEOUT = httpx.Timeout(DEFAULT_SECONDS, connect=10.0)
 #: connections kept open to the API server. httpx keeps 20 by default: a controller with more
 #: requests in flight (the webhook admits pods concurrently, reconcilers write meanwhile) then
 #: closes the extra connections after every request and pays a TLS handshake for the next one.
@@ -140,6 +143,24 @@ def transport_error(exc: BaseException) -> ServerError:
                         "message": f"no answer from the API server: {type(exc).__name__}: {exc}"}, 0)
 
 
+def _json_or_text(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:500].decode(errors="replace")
+
+
+def _decoded(method: str, url: str, content: bytes) -> Any:
+    if not content:
+        return {}
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise ServerError({"kind": "Status", "code": 0, "reason": "InternalError",
+                           "message": f"{method} {url}: the API server answered with non-JSON: "
+                                      f"{content[:200]!r}"}, 0) from None
+
+
 def _from_kr8s(exc: kr8s.ServerError) -> KubeError:
     response = exc.response
     code = response.status_code if response is not None else 0
@@ -222,6 +243,8 @@ class KubeClient:
         self.api = api
         self.namespace = namespace
         self.limiter = TokenBucket(qps, burst)
+        #: the fast path for small requests (tfusion/leanhttp.py); set by `connect` when kr8s uses a token
+        self.lean: LeanTransport | None = None
         _OPEN_CLIENTS.add(id(self))
 
     @classmethod
@@ -252,10 +275,14 @@ class KubeClient:
             raise transport_error(exc) from None
         except (KeyError, TypeError, ValueError) as exc:  # kr8s reading a malformed kubeconfig
             raise ValueError(f"--kube={kube!r}: the kubeconfig cannot be used: {type(exc).__name__}: {exc}") from None
-        return cls(api, namespace=namespace or api.namespace or "default", qps=qps, burst=burst)
+        client = cls(api, namespace=namespace or api.namespace or "default", qps=qps, burst=burst)
+        client.lean = await LeanTransport.for_api(api)
+        return client
 
     async def close(self) -> None:
         _OPEN_CLIENTS.discard(id(self))
+        if self.lean is not None:
+            self.lean.close()
         session = getattr(self.api, "_session", None)
         if session is not None:
             await session.aclose()
@@ -280,6 +307,11 @@ class KubeClient:
             kwargs["content"] = body if isinstance(body, bytes) else orjson.dumps(body)
             kwargs["headers"] = {"Content-Type": content_type}
         await self.limiter.acquire()
+        if self.lean is not None:
+            answer = await self._lean_request(method, version, namespace, url, params, kwargs.get("content"),
+                                              content_type, kwargs["timeout"])
+            if answer is not None:
+                return _decoded(method, url, answer)
         try:
             async with self.api.call_api(method, version=version, namespace=namespace, url=url,
                                          **kwargs) as response:
@@ -288,14 +320,27 @@ class KubeClient:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
             raise transport_error(exc) from None
-        if not content:
-            return {}
+        if self.lean is not None and self.api.auth.token:
+            self.lean.token = str(self.api.auth.token)  # kr8s may have re-read it (a 401 came back)
+        return _decoded(method, url, content)
+
+    async def _lean_request(self, method: str, version: str, namespace: str | None, url: str,
+                            params: Mapping[str, str] | None, body: bytes | None, content_type: str,
+                            timeout: httpx.Timeout | float) -> bytes | None:
+        """The request on the lean transport: the answer's body, or None for kr8s to do it (a 401)."""
+        assert self.lean is not None
+        target = self.lean.target(self.api._construct_url(version, "", namespace, url), dict(params or {}))
+        seconds = (timeout.read if isinstance(timeout, httpx.Timeout) else timeout) or DEFAULT_SECONDS
         try:
-            return orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ServerError({"kind": "Status", "code": 0, "reason": "InternalError",
-                               "message": f"{method} {url}: the API server answered with non-JSON: "
-                                          f"{content[:200]!r}"}, 0) from None
+            status, content = await self.lean.send(method, target, body, content_type, seconds)
+        except (OSError, ConnectionError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise transport_error(exc) from None
+        if status == 401:
+            self.lean.handed_back += 1
+            return None
+        if status >= 400:
+            raise error_from_status(_json_or_text(content), status)
+        return content
 
     def _ns(self, resource: Resource, namespace: str | None,
             obj: Mapping[str, Any] | None = None) -> str | None:

@@ -36,24 +36,18 @@ same index, and `index` is written only when the node-level index is the pod's a
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
-import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
-
-import anyio
-import orjson
 
 from tfusion.allocator import AllocRequest, GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.kube import resources as r
-from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound, TokenBucket
+from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -159,153 +153,10 @@ class BindResult:
     conflict: bool = False
 
 
-class LeanPoster:
-    """Keep-alive HTTP/1.1 connections for the Binding POSTs alone.
-
-    Why: a Binding is one small POST, but through kr8s and httpx it costs about 1 ms of the
-    leader's CPU, a third of a scheduling cycle's whole cost at hundreds of pods per second. This
-    writes the request on a kept-alive connection and reads a Content-Length or chunked answer,
-    with the kr8s connection's server, bearer token and TLS settings. It is used only when the
-    connection authenticates with a bearer token; anything it does not understand (a 401, a
-    closed connection, an odd answer) is left to the client, which does it the ordinary way.
-    """
-
-    def __init__(self, host: str, port: int, prefix: str, tls: ssl.SSLContext | None, token: str, *,
-                 qps: float = 1000.0, burst: int = 2000) -> None:
-        self.host, self.port, self.prefix, self.tls = host, port, prefix, tls
-        self.limiter = TokenBucket(qps, burst)
-        self._auth = f"Authorization: Bearer {token}\r\n"
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        #: Bindings answered on this path, and those handed to the ordinary client
-        self.posted = 0
-        self.handed_over = 0
-
-    @classmethod
-    async def for_client(cls, client: KubeClient, *, qps: float = 1000.0, burst: int = 2000) -> LeanPoster | None:
-        auth = getattr(client.api, "auth", None)
-        token = getattr(auth, "token", None)
-        server = getattr(auth, "server", "")
-        if auth is None or not token or not server:
-            return None
-        url = urlsplit(server)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            return None
-        tls: ssl.SSLContext | None = None
-        if url.scheme == "https":
-            verify = await auth.ssl_context()
-            tls = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
-        port = url.port or (443 if url.scheme == "https" else 80)
-        return cls(url.hostname, port, url.path.rstrip("/"), tls, str(token), qps=qps, burst=burst)
-
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        while self._idle:
-            reader, writer = self._idle.pop()
-            if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
-            writer.close()
-        return await asyncio.open_connection(self.host, self.port, ssl=self.tls,
-                                             server_hostname=self.host if self.tls else None)
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        await self.limiter.acquire()
-        reader, writer = await self._connection()
-        try:
-            head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}\r\n{self._auth}"
-                    f"Content-Type: application/json\r\nAccept: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n")
-            writer.write(head.encode() + body)
-            with anyio.fail_after(30):
-                status, answer, keep = await _read_response(reader)
-        except BaseException:
-            writer.close()
-            raise
-        if keep:
-            self._idle.append((reader, writer))
-        else:
-            writer.close()
-        return status, answer
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    status_line = await reader.readline()
-    parts = status_line.split()
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise ConnectionError(f"not an HTTP/1.1 answer: {status_line[:100]!r}")
-    status = int(parts[1])
-    length: int | None = None
-    chunked, keep = False, parts[0] == b"HTTP/1.1"
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding" and b"chunked" in value:
-            chunked = True
-        elif name == b"connection":
-            keep = value != b"close"
-        elif name == b"content-encoding" and value not in (b"identity", b""):
-            raise ConnectionError(f"unexpected content encoding {value!r}")
-    if chunked:
-        body = bytearray()
-        while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
-                return status, bytes(body), keep
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    if length is None:
-        return status, await reader.read(), False
-    return status, await reader.readexactly(length), keep
-
-
-async def _post_lean(poster: LeanPoster, pod: Obj, node: str, annotations: Mapping[str, str]) -> BindResult | None:
-    """The Binding on the lean path; None when the ordinary client should do it."""
-    meta = _meta(pod)
-    path = f"/api/v1/namespaces/{meta.get('namespace') or 'default'}/pods/{meta.get('name')}/binding"
-    try:
-        status, answer = await poster.post(path, orjson.dumps(binding_body(pod, node, annotations)))
-    except (OSError, ConnectionError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
-        log.debug("lean Binding POST failed (%s); the client does it", exc)
-        poster.handed_over += 1
-        return None
-    if status not in (200, 201, 404, 409):
-        poster.handed_over += 1
-        return None  # 401 (a token to refresh), 429, 5xx …: the client's own handling
-    poster.posted += 1
-    if status in (200, 201):
-        return BindResult(True)
-    if status == 404:
-        return BindResult(False, "the pod was deleted before it could be bound", conflict=True)
-    return BindResult(False, f"binding refused: 409 {_status_message(answer)}", conflict=True)
-
-
-def _status_message(answer: bytes) -> str:
-    try:
-        return str(orjson.loads(answer).get("message") or "")
-    except (orjson.JSONDecodeError, AttributeError):
-        return answer[:200].decode(errors="replace")
-
-
-async def post_binding(client: KubeClient, pod: Obj, node: str, annotations: Mapping[str, str],
-                       poster: LeanPoster | None = None) -> BindResult:
-    """POST pods/<name>/binding (on `poster` when given); an ambiguous failure is settled by
-    reading the pod back."""
+async def post_binding(client: KubeClient, pod: Obj, node: str, annotations: Mapping[str, str]) -> BindResult:
+    """POST pods/<name>/binding; an ambiguous failure is settled by reading the pod back."""
     meta = _meta(pod)
     name, namespace = str(meta.get("name")), str(meta.get("namespace") or "default")
-    if poster is not None:
-        lean = await _post_lean(poster, pod, node, annotations)
-        if lean is not None:
-            return lean
-        current = await _read_back(client, pod)
-        if current is not None and _bound_as_asked(current, pod, node, annotations):
-            return BindResult(True)  # the lean POST got through before its answer was lost
-        if current is not None and (current.get("spec") or {}).get("nodeName"):
-            return BindResult(False, "binding refused: the pod is already bound", conflict=True)
     try:
         await client.request("POST", r.PODS, path=f"{name}/binding", namespace=namespace,
                              body=binding_body(pod, node, annotations))
@@ -323,14 +174,6 @@ async def post_binding(client: KubeClient, pod: Obj, node: str, annotations: Map
     if _bound_as_asked(current, pod, node, annotations):
         return BindResult(True)
     return BindResult(False, f"binding failed: {failure}")
-
-
-async def _read_back(client: KubeClient, pod: Obj) -> Obj | None:
-    meta = _meta(pod)
-    try:
-        return await client.get(r.PODS, str(meta.get("name")), namespace=str(meta.get("namespace") or "default"))
-    except KubeError:
-        return None
 
 
 def _bound_as_asked(current: Obj, pod: Obj, node: str, annotations: Mapping[str, str]) -> bool:

@@ -207,7 +207,6 @@ class Extender:
 
     async def bind(self, args: ExtenderBindingArgs, fw: Framework) -> ExtenderBindingResult:
         scheduler = self.scheduler
-        await scheduler.connect_client()
         key = f"{args.PodNamespace}/{args.PodName}"
         pod = scheduler.pods.get(key)
         if pod is None or (pod.get("metadata") or {}).get("uid") != args.PodUID:

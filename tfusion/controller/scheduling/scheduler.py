@@ -59,7 +59,6 @@ from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
 from tfusion.controller.scheduling.binder import (
     BindResult,
-    LeanPoster,
     bind_annotations,
     index_conflict,
     post_binding,
@@ -80,10 +79,8 @@ SCHEDULER_NAME = "tensor-fusion-scheduler"
 BUILTIN, EXTENDER = "builtin", "extender"
 #: at most one new FailedScheduling event per pod this often
 EVENT_INTERVAL_S = 30.0
-#: Bindings in flight at once (each on its own kept-alive connection of the lean path)
+#: Bindings in flight at once (each on its own kept-alive connection)
 MAX_CONCURRENT_BINDS = 16
-#: the scheduler's own request budget (the original's scheduler profile: QPS 1000, burst 2000)
-CLIENT_QPS, CLIENT_BURST = 1000.0, 2000
 WORKER = "worker"
 #: explanations kept (oldest dropped first); one per pending pod
 MAX_EXPLANATIONS = 20_000
@@ -277,7 +274,6 @@ class Scheduler:
         self._condition_written: dict[str, str] = {}
         self._binds: TaskGroup | None = None
         self._bind_slots = anyio.Semaphore(MAX_CONCURRENT_BINDS)
-        self._poster: LeanPoster | None = None
         #: pods decided but not yet seen bound: uid -> (node, is a TensorFusion worker, native GPUs)
         self._in_flight: dict[str, tuple[str, bool, Mapping[str, int]]] = {}
         self.metrics = SchedulerMetrics(runtime.registry)
@@ -311,15 +307,7 @@ class Scheduler:
 
     @property
     def client(self) -> KubeClient:
-        """The process's one connection (reads, condition writes, a Binding the lean path hands over)."""
-        return self.runtime.client
-
-    async def connect_client(self) -> KubeClient:
-        """Ready the lean Binding path (binder.LeanPoster, its own kept-alive connections and its
-        own request budget: QPS 1000, burst 2000, as the original's scheduler profile), so binds
-        and the reconcilers do not throttle each other."""
-        if self._poster is None:
-            self._poster = await LeanPoster.for_client(self.runtime.client, qps=CLIENT_QPS, burst=CLIENT_BURST)
+        """The process's one connection (reads, condition writes, Bindings)."""
         return self.runtime.client
 
     @property
@@ -402,7 +390,6 @@ class Scheduler:
             if allocator is not None:
                 break
             await anyio.sleep(0.5)
-        await self.connect_client()
         queue = SchedulingQueue(clock=self.runtime.manager.clock)
         for pod in self.pods.list():
             if is_ours(pod) and nc.is_pending(pod):
@@ -710,7 +697,7 @@ class Scheduler:
         notes = bind_annotations(pod, decision.req, gpus, fw.allocator)
         conflict = index_conflict(decision.req, decision.node, fw.allocator)
         result = BindResult(False, conflict) if conflict else \
-            await post_binding(self.client, pod, decision.node, notes, self._poster)
+            await post_binding(self.client, pod, decision.node, notes)
         if not result.bound:
             self._in_flight.pop(uid, None)
             if decision.req is not None:

@@ -1,0 +1,176 @@
+"""A lean HTTP/1.1 client for small requests on kept-alive connections: KubeClient's
+non-streaming requests, and the embedded API server's calls to admission webhooks.
+
+Why: every write the controller makes (a workload for an admitted pod, a Binding, a status, a
+finalizer) is one small request, and through kr8s and httpx each costs about a millisecond of the
+process's CPU, several times the API server's own work for it; with hundreds of pods a second
+that client cost is what bounds the controller. This writes the request on a kept-alive
+connection with the kr8s connection's server, bearer token and TLS settings, and reads a
+Content-Length or chunked answer: a few dozen microseconds.
+
+kr8s stays in charge of everything else: reading the kubeconfig or the in-cluster account,
+refreshing credentials, watches (streams). The lean path is used only when kr8s authenticates with
+a bearer token; a 401 is handed back to the caller to retry through kr8s, which re-reads the token
+(the lean path then takes the new one). A request that fails on a kept-alive connection before any
+answer arrives is retried once on a fresh connection when it is safe to repeat (GET, PUT, DELETE);
+otherwise, as with any transport failure, the caller gets the error.
+
+The embedded API server calls admission webhooks the same way (no token; an AdmissionReview may be
+sent again, as kube-apiserver retries webhook calls): httpx's per-request bookkeeping there cost
+more CPU than the API server's own work for the admitted object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import anyio
+
+#: idle connections kept, and for how long: dropped well before the embedded API server's 30 s
+#: keep-alive ends, so a request never races the server's close
+MAX_IDLE = 64
+IDLE_SECONDS = 20.0
+_REPEATABLE = frozenset({"GET", "PUT", "DELETE"})
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Stale(Exception):
+    """A kept-alive connection failed before any answer arrived (the server may have closed it)."""
+
+
+class LeanTransport:
+    """Kept-alive HTTP/1.1 connections to one server (the API server with a bearer token; the API
+    server's webhook calls without one). `idle_seconds`: how long an idle connection is reused,
+    shorter than the server's own keep-alive."""
+
+    def __init__(self, host: str, port: int, prefix: str, tls: ssl.SSLContext | None, server_name: str,
+                 token: str = "", *, idle_seconds: float = IDLE_SECONDS) -> None:
+        self.host, self.port, self.prefix, self.tls, self.server_name = host, port, prefix, tls, server_name
+        self.token = token
+        self.idle_seconds = idle_seconds
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+        #: requests answered here, and those handed back (a 401) to go through kr8s
+        self.sent = 0
+        self.handed_back = 0
+
+    @classmethod
+    async def for_api(cls, api: Any) -> LeanTransport | None:
+        """For a kr8s Api that authenticates with a bearer token over http(s); None otherwise."""
+        auth = getattr(api, "auth", None)
+        token, server = getattr(auth, "token", None), str(getattr(auth, "server", "") or "")
+        if auth is None or not token or not server or getattr(auth, "proxy", None):
+            return None
+        url = urlsplit(server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            return None
+        tls: ssl.SSLContext | None = None
+        if url.scheme == "https":
+            verify = await auth.ssl_context()
+            tls = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+        port = url.port or (443 if url.scheme == "https" else 80)
+        server_name = str(getattr(auth, "tls_server_name", None) or url.hostname)
+        return cls(url.hostname, port, url.path.rstrip("/"), tls, server_name, str(token))
+
+    def target(self, path: str, params: dict[str, str] | None) -> str:
+        return f"{self.prefix}{path}?{urlencode(params)}" if params else f"{self.prefix}{path}"
+
+    async def send(self, method: str, target: str, body: bytes | None, content_type: str,
+                   timeout: float, *, repeatable: bool | None = None) -> tuple[int, bytes]:
+        """(status, body). Raises OSError, ConnectionError, TimeoutError, asyncio.IncompleteReadError
+        or ValueError when no usable answer came. `repeatable` (default: GET, PUT, DELETE): whether a
+        request whose kept-alive connection failed before an answer may be sent again."""
+        auth = f"Authorization: Bearer {self.token}\r\n" if self.token else ""
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {self.server_name}\r\n{auth}"
+                f"Accept: application/json\r\nUser-Agent: tfusion\r\n")
+        if body is not None:
+            head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        request = (head + "\r\n").encode() + (body or b"")
+        with anyio.fail_after(timeout):
+            try:
+                return await self._exchange(request, reuse=True)
+            except Stale:
+                if not (method in _REPEATABLE if repeatable is None else repeatable):
+                    raise ConnectionError("the kept-alive connection closed before an answer came") from None
+                return await self._exchange(request, reuse=False)
+
+    async def _exchange(self, request: bytes, *, reuse: bool) -> tuple[int, bytes]:
+        reader, writer, reused = await self._connection(reuse)
+        try:
+            writer.write(request)
+            try:
+                first = await reader.readline()
+            except (ConnectionError, OSError):
+                if reused:
+                    raise Stale() from None
+                raise
+            if not first and reused:
+                raise Stale()
+            status, answer, keep = await _read_response(first, reader)
+        except BaseException:
+            writer.close()
+            raise
+        self.sent += 1
+        if keep and len(self._idle) < MAX_IDLE:
+            self._idle.append((reader, writer, time.monotonic()))
+        else:
+            writer.close()
+        return status, answer
+
+    async def _connection(self, reuse: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        now = time.monotonic()
+        while reuse and self._idle:
+            reader, writer, since = self._idle.pop()
+            if now - since < self.idle_seconds and not writer.is_closing() and not reader.at_eof():
+                return reader, writer, True
+            writer.close()
+        reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls,
+                                                       server_hostname=self.server_name if self.tls else None)
+        return reader, writer, False
+
+    def close(self) -> None:
+        for _reader, writer, _since in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+async def _read_response(status_line: bytes, reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        raise ConnectionError(f"not an HTTP/1.1 answer: {status_line[:100]!r}")
+    status = int(parts[1])
+    length: int | None = None
+    chunked, keep = False, parts[0] == b"HTTP/1.1"
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value:
+            chunked = True
+        elif name == b"connection":
+            keep = value != b"close"
+        elif name == b"content-encoding" and value not in (b"identity", b""):
+            raise ConnectionError(f"unexpected content encoding {value!r}")
+    if status in (204, 304) or status < 200:
+        return status, b"", keep  # no body, whatever the headers say (RFC 9112 §6.3)
+    if chunked:
+        body = bytearray()
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                return status, bytes(body), keep
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+    if length is None:
+        return status, await reader.read(), False
+    return status, await reader.readexactly(length), keep
