@@ -415,8 +415,9 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Err
     return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _json_errors_only(response: Response[Any]) -> Response[Any]:
-    """After-request net for the framework's own non-JSON error pages (e.g. /schema/<unknown>)."""
+async def _json_errors_only(response: Response[Any]) -> Response[Any]:
+    """After-request net for the framework's own non-JSON error pages (e.g. /schema/<unknown>).
+    A coroutine: Litestar runs a plain function hook in a worker thread, a thread hop per request."""
     status = response.status_code or 200
     # None: the handler's media type, JSON for every handler of ours
     media_type = getattr(response.media_type, "value", response.media_type) or MediaType.JSON.value

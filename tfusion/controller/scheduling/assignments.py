@@ -255,7 +255,7 @@ class Assignments:
         return Response(str(value), media_type=MediaType.TEXT)
 
 
-def _as_is(response: Response[Any]) -> Response[Any]:
+async def _as_is(response: Response[Any]) -> Response[Any]:
     """These routes answer text/plain, errors included (the original's clients read text), so the
     app's turn-every-error-into-JSON hook is replaced on them."""
     return response
