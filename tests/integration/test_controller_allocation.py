@@ -439,7 +439,18 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
                 return await gpu_available(kube, "gpu-a2") == {"tflops": "95", "vram": "39Gi"}
 
             await eventually(adopted, what="the late worker adopted")
-            leader_view = (await http.get("/api/allocation")).json()
+
+            async def leader_caught_up() -> Any:
+                """The leader's view once its cache holds its own last GPU status writes (the
+                follower, listing later, sees those resourceVersions)."""
+                body = (await http.get("/api/allocation")).json()
+                for name, gpu in body["gpuStore"].items():
+                    stored = await kube.get(r.GPUS, name)
+                    if gpu["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+                        return None
+                return body
+
+            leader_view = await eventually(leader_caught_up, what="the leader's cache caught up with its writes")
             assert sorted(leader_view["nodeWorkerStore"]["node-a"]) == ["default/late"]
 
             # a second replica waits as a follower: empty stores, simulate refused, ready as standby
