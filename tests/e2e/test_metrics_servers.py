@@ -165,12 +165,7 @@ def role_all_args(run: RoleAll, *extra: str) -> None:
 def run(tmp_path: Path) -> Iterator[RoleAll]:
     process = RoleAll(tmp_path)
     yield process
-    if process.proc is not None and process.proc.poll() is None:
-        process.proc.send_signal(signal.SIGTERM)
-        try:
-            process.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    process.shut_down()
 
 
 def start_worker(run: RoleAll, name: str = "trainer") -> dict[str, Any]:

@@ -119,6 +119,16 @@ class RoleAll:
             pytest.fail(f"tfusion did not exit within {grace} s of SIGTERM:\n{self.output()}")
         return code, time.monotonic() - began
 
+    def shut_down(self, grace: float = 5.0) -> None:
+        """Fixture teardown: SIGTERM if still running, the group killed when it overstays."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -155,12 +165,7 @@ class RoleAll:
 def role_all(tmp_path: Path) -> Iterator[RoleAll]:
     process = RoleAll(tmp_path)
     yield process
-    if process.proc is not None and process.proc.poll() is None:
-        process.proc.send_signal(signal.SIGTERM)
-        try:
-            process.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    process.shut_down()
     assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 

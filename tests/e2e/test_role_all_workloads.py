@@ -5,7 +5,6 @@ webhook (when registered) mutates that pod and names a workload after the Deploy
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,12 +59,7 @@ def applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Applied]:
         assert "deployment.apps/pytorch-test created" in applied.stdout
         yield handle
     finally:
-        if run.proc is not None and run.proc.poll() is None:
-            run.proc.send_signal(signal.SIGTERM)
-            try:
-                run.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                run.kill()
+        run.shut_down(grace=10)
         assert run.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 

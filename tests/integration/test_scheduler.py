@@ -38,11 +38,13 @@ SCHEDULER = "tensor-fusion-scheduler"
 
 
 async def create_node(kube: KubeClient, name: str, *, taints: list[dict[str, str]] | None = None,
-                      cpu: str = "8") -> None:
+                      cpu: str = "8", allocatable: dict[str, str] | None = None) -> None:
+    """A Ready node; `allocatable` adds resources (e.g. the device plugin's index resources)."""
     spec: dict[str, Any] = {"taints": taints} if taints else {}
     await kube.create(r.NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
                                 "spec": spec})
-    await kube.patch(r.NODES, name, {"status": {"allocatable": {"cpu": cpu, "memory": "32Gi", "pods": "110"},
+    resources = {"cpu": cpu, "memory": "32Gi", "pods": "110", **(allocatable or {})}
+    await kube.patch(r.NODES, name, {"status": {"allocatable": resources,
                                                 "conditions": [{"type": "Ready", "status": "True"}]}},
                      subresource="status")
 

@@ -20,7 +20,7 @@ from tests.integration.test_controller_allocation import (
     settings_for,
     start_controller,
 )
-from tests.integration.test_scheduler import bound, gpu_pod, scheduled_condition
+from tests.integration.test_scheduler import bound, create_node, gpu_pod, scheduled_condition
 from tfusion.allocator.framework import INDEX_BUSY
 from tfusion.api import annotations as tfa
 from tfusion.kube import resources as r
@@ -31,11 +31,7 @@ pytestmark = pytest.mark.anyio
 
 async def create_index_node(kube: KubeClient, name: str) -> None:
     """A Ready node whose device plugin advertises the index resources (as the hypervisor's does)."""
-    await kube.create(r.NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}, "spec": {}})
-    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110", **dict.fromkeys(tfa.index_resource_names(), "64")}
-    await kube.patch(r.NODES, name, {"status": {"allocatable": allocatable,
-                                                "conditions": [{"type": "Ready", "status": "True"}]}},
-                     subresource="status")
+    await create_node(kube, name, allocatable=dict.fromkeys(tfa.index_resource_names(), "64"))
 
 
 def indexed_pod(name: str, index: int) -> dict[str, Any]:
