@@ -5,19 +5,21 @@ ProviderConfig and a GPUResourceQuota whose `single.defaultRequests/defaultLimit
 TFLOPS and VRAM; the webhook in its own process (`tfusion --role=controller`, which serves it on
 `--webhook-listen` with the certificate it keeps in the Secret); a bare Litestar endpoint in a third
 process, served by the same edge (`webhook_app`, uvicorn, the same certificate and TLS settings)
-that answers every review with an allowed AdmissionResponse; and the load from `--clients` separate
-processes, each holding its share of `concurrency` keep-alive TLS connections and posting, as fast
-as answers come back, the AdmissionReview of a full TensorFusion pod (soft isolation, 2 GPUs,
-resources from the quota defaults). The pod's workload is created by the first review and already
-matches afterwards, so the load costs no API call per pod: `workload_writes` counts the workload's
-resourceVersion changes during the timed runs (expected 0).
+that answers every review with an allowed AdmissionResponse; and the load: `wrk` (Debian's
+package) with one thread holding `concurrency` keep-alive TLS connections, or without it (or with
+`--load python`) `--clients` Python processes sharing them. Either posts, as fast as answers come
+back, the AdmissionReview of a full TensorFusion pod (soft isolation, 2 GPUs, resources from the
+quota defaults) and counts answers that are not HTTP 200 with `"allowed":true` as errors. The
+pod's workload is created by the first review and already matches afterwards, so the load costs no
+API call per pod: `workload_writes` counts the workload's resourceVersion changes during the timed
+runs (expected 0). Every review after the first is answered from the webhook's memo of identical
+pods (memo.py), as a Deployment's replicas are; each still gets its index and its workload check.
 
-    .venv/bin/python benchmarks/webhook.py [--duration 10] [--concurrency 10,100] [--clients 2]
+    .venv/bin/python benchmarks/webhook.py [--duration 10] [--concurrency 10,100] [--load wrk|python]
 
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
-echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, cpus). No Debian
-load generator is needed (`wrk` and `hey` are packaged, but the Python client keeps the run
-self-contained); the client processes share the machine's CPUs with the servers, so on a small
+echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, load, cpus). The load
+shares the machine's CPUs with the servers (wrk takes a small part of one core), so on a small
 machine the numbers are a lower bound.
 """
 
@@ -29,6 +31,7 @@ import base64
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -205,6 +208,47 @@ def _client(port: int, connections: int, duration: float, ca_pem: str, start_at:
     queue.put((latencies, len(errors)))
 
 
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json"
+local file = io.open(os.getenv("TFUSION_BENCH_BODY"), "rb")
+wrk.body = file:read("*a")
+file:close()
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) bad = 0 end
+function response(status, headers, body)
+  if status ~= 200 or not string.find(body, '"allowed":true', 1, true) then bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local refused = 0
+  for _, thread in ipairs(threads) do refused = refused + thread:get("bad") end
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, ' ..
+    '"mean_us": %f, "errors": %d}\\n', summary.requests, summary.duration, latency:percentile(50),
+    latency:percentile(90), latency:percentile(99), latency.mean,
+    e.connect + e.read + e.write + e.timeout + refused))
+end
+"""
+
+
+def load_wrk(port: int, concurrency: int, duration: float, body: Path) -> dict[str, float]:
+    """`concurrency` keep-alive connections from one wrk thread for `duration` seconds."""
+    script = body.with_suffix(".lua")
+    script.write_text(WRK_SCRIPT)
+    out = subprocess.run(["timeout", "-s", "KILL", str(int(duration) + 60), "wrk", "-t1", f"-c{concurrency}",
+                          f"-d{duration}s", "--timeout", "10s", "-s", str(script),
+                          f"https://127.0.0.1:{port}{PATH}?timeout=10s"],
+                         capture_output=True, text=True, env={**os.environ, "TFUSION_BENCH_BODY": str(body)},
+                         check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    seconds = found["duration_us"] / 1e6
+    return {"requests_per_s": round(found["requests"] / seconds, 1), "p50_ms": found["p50_us"] / 1000,
+            "p90_ms": found["p90_us"] / 1000, "p99_ms": found["p99_us"] / 1000, "errors": found["errors"],
+            "mean_ms": round(found["mean_us"] / 1000, 3)}
+
+
 def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str) -> dict[str, float]:
     clients = max(1, min(clients, concurrency))
     shares = [concurrency // clients + (1 if i < concurrency % clients else 0) for i in range(clients)]
@@ -262,7 +306,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--concurrency", default="10,100")
-    parser.add_argument("--clients", type=int, default=2, help="load-generating processes")
+    parser.add_argument("--clients", type=int, default=2, help="load-generating processes (--load python)")
+    parser.add_argument("--load", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfusion-bench-webhook-") as directory:
         tmp = Path(directory)
@@ -278,9 +323,16 @@ def main() -> None:
             wait("the echo endpoint", lambda: load(echo_port, 1, 0.2, 1, ca_pem)["errors"] == 0)
             workload = f"/apis/tensor-fusion.ai/v1/namespaces/{NAMESPACE}/tensorfusionworkloads/bench-pod"
             version = api.get(workload)["metadata"]["resourceVersion"]
+            body = tmp / "review.json"
+            body.write_bytes(review_body())
+
+            def run(port: int, concurrency: int) -> dict[str, float]:
+                if args.load == "wrk":
+                    return load_wrk(port, concurrency, args.duration, body)
+                return load(port, concurrency, args.duration, args.clients, ca_pem)
+
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                hook = load(webhook_port, concurrency, args.duration, args.clients, ca_pem)
-                bare = load(echo_port, concurrency, args.duration, args.clients, ca_pem)
+                hook, bare = run(webhook_port, concurrency), run(echo_port, concurrency)
                 now_version = api.get(workload)["metadata"]["resourceVersion"]
                 print(json.dumps({
                     "concurrency": concurrency, "requests_per_s": hook["requests_per_s"], "p50_ms": hook["p50_ms"],
@@ -289,7 +341,8 @@ def main() -> None:
                     "ratio_to_echo": round(hook["requests_per_s"] / bare["requests_per_s"], 3),
                     "errors": hook["errors"] + bare["errors"], "echo_p99_ms": bare["p99_ms"],
                     "workload_writes": int(now_version != version), "cpus": os.cpu_count(),
-                    "duration_s": args.duration, "clients": args.clients}), flush=True)
+                    "duration_s": args.duration, "load": args.load,
+                    **({"clients": args.clients} if args.load == "python" else {})}), flush=True)
             echo.terminate()
             echo.join()
         finally:

@@ -46,6 +46,22 @@ def _rv(obj: Obj) -> str:
 # --- index functions --------------------------------------------------------------------------
 
 
+#: the metadata a write may change besides resourceVersion, managedFields and generation
+_TRACKED_METADATA = ("labels", "annotations", "ownerReferences", "finalizers", "deletionTimestamp")
+
+
+def _beyond_status(old: Obj, new: Obj) -> bool:
+    """Whether `new` differs from `old` in more than its status and write bookkeeping."""
+    for field in old.keys() | new.keys():
+        if field == "metadata":
+            before, after = old.get("metadata") or {}, new.get("metadata") or {}
+            if any(before.get(m) != after.get(m) for m in _TRACKED_METADATA):
+                return True
+        elif field != "status" and old.get(field) != new.get(field):
+            return True
+    return False
+
+
 def namespace_index(obj: Obj) -> list[str]:
     ns = (obj.get("metadata") or {}).get("namespace")
     return [ns] if ns else []
@@ -206,6 +222,10 @@ class Informer:
         self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
         self.page_size = page_size
         self._store: dict[str, Obj] = {}
+        #: counts changes to the cached objects other than status writes (`_beyond_status`): a
+        #: reader that derives something from their specs, labels and annotations keeps the
+        #: generation it read and knows its result current while the counter has not moved
+        self.generation = 0
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[str, set[str]]] = {}
         self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -440,11 +460,15 @@ class Informer:
     # --- store and indexes ----------------------------------------------------------------------
 
     def _put(self, key: str, obj: Obj) -> None:
+        old = self._store.get(key)
+        if old is None or _beyond_status(old, obj):
+            self.generation += 1
         self._store[key] = obj
         for name in self._index_funcs:
             self._index_one(name, key, obj)
 
     def _delete(self, key: str) -> None:
+        self.generation += 1
         self._store.pop(key, None)
         for name in self._index_funcs:
             self._unindex_one(name, key)

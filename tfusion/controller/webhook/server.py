@@ -47,8 +47,17 @@ class AdmissionRequest(msgspec.Struct):
     subResource: str = ""
     namespace: str = ""
     name: str = ""
-    object: dict[str, Any] | None = None
+    #: the object as sent, undecoded (empty when absent): `pod()` decodes it, and its bytes key the
+    #: webhook's memo of pods already mutated
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     dryRun: bool = False
+
+    def pod(self) -> dict[str, Any] | None:
+        """The object as a JSON document; None when there is none or it is not a JSON object."""
+        if not self.object:
+            return None
+        found = _document_decoder.decode(self.object)
+        return found if isinstance(found, dict) else None
 
 
 class AdmissionReview(msgspec.Struct):
@@ -80,14 +89,20 @@ class AdmissionReviewAnswer(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(AdmissionReview)
+_document_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def allowed(uid: str, patch_ops: list[dict[str, Any]] | None = None) -> AdmissionResponse:
-    if not patch_ops:
+def encode_patch(patch_ops: list[dict[str, Any]]) -> str:
+    """An RFC 6902 patch as AdmissionResponse.patch carries it (base64 of its JSON)."""
+    return base64.b64encode(orjson.dumps(patch_ops)).decode()
+
+
+def allowed(uid: str, patch: str = "") -> AdmissionResponse:
+    """Allowed, with `patch` (from `encode_patch`) when there is anything to change."""
+    if not patch:
         return AdmissionResponse(uid=uid, allowed=True)
-    return AdmissionResponse(uid=uid, allowed=True, patchType="JSONPatch",
-                             patch=base64.b64encode(orjson.dumps(patch_ops)).decode())
+    return AdmissionResponse(uid=uid, allowed=True, patchType="JSONPatch", patch=patch)
 
 
 def denied(uid: str, code: int, message: str) -> AdmissionResponse:

@@ -30,6 +30,8 @@ from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
 from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
+from tfusion.controller.webhook.memo import Key as MemoKey
+from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
 from tfusion.controller.webhook.mutate import Context, Denial, Obj
 from tfusion.controller.webhook.patch import json_diff
 from tfusion.controller.webhook.registration import (
@@ -38,7 +40,14 @@ from tfusion.controller.webhook.registration import (
     desired_configuration,
     ensure_registration,
 )
-from tfusion.controller.webhook.server import AdmissionRequest, AdmissionResponse, allowed, denied, webhook_app
+from tfusion.controller.webhook.server import (
+    AdmissionRequest,
+    AdmissionResponse,
+    allowed,
+    denied,
+    encode_patch,
+    webhook_app,
+)
 from tfusion.controller.webhook.workloads import OwnerResolver, WorkloadWriter, apply_recommendation, short_id
 from tfusion.errors import RoleError
 from tfusion.kube import resources as r
@@ -87,6 +96,13 @@ class WebhookService:
         self._changed = anyio.Event()
         self.registrations = 0
         self.reviews = 0
+        self.memo = ReviewMemo()
+        self._synced_once = False
+        #: what `analyse` reads besides GPU capacities (see memo.State)
+        self._read_informers = [runtime.informer(res) for res in (
+            r.GPUPOOLS, r.PROVIDERCONFIGS, r.GPURESOURCEQUOTAS, r.WORKLOADPROFILES, r.SCHEDULINGCONFIGTEMPLATES)
+        ] + [self.namespaces]
+        self._gpus = runtime.informer(r.GPUS)
 
     @property
     def embedded(self) -> bool:
@@ -195,10 +211,11 @@ class WebhookService:
         if (request.operation != "CREATE" or request.resource.resource != "pods" or request.subResource
                 or request.kind.kind not in ("Pod", "")):
             return allowed(request.uid)
-        if not isinstance(request.object, dict):
+        pod = request.pod()
+        if pod is None:
             return denied(request.uid, 400, "the AdmissionReview carries no pod object")
         try:
-            return await self._mutate(request, request.object)
+            return await self._mutate(request, pod)
         except Denial as exc:
             return denied(request.uid, exc.code, exc.message)
         except AssignmentError as exc:
@@ -212,58 +229,97 @@ class WebhookService:
         meta = dict(pod.get("metadata") or {})
         namespace = request.namespace or str(meta.get("namespace") or "default")
         await self._synced()
-        context = self.context(namespace)
+        view = {**pod, "metadata": {**meta, "namespace": namespace}}
+        key, state = (bytes(request.object), namespace), self._state()  # the state before reading the caches
+        if (known := await self._remembered(key, state, view, namespace)) is not None:
+            return await self._finish(request, pod, view, namespace, known.plan, (key, known))
+        gpu_reads: dict[str, object] = {}
+        context = self.context(namespace, gpu_reads=gpu_reads)
         if not mutate.selects(pod, context):
             return allowed(request.uid)
-        view = {**pod, "metadata": {**meta, "namespace": namespace}}
         if mutate.progressive_only(view, context):
-            return allowed(request.uid, json_diff(pod, mutate.progressive_pod(pod)))
+            return allowed(request.uid, encode_patch(json_diff(pod, mutate.progressive_pod(pod))))
         owner = await self.owners.resolve(view, namespace)
         plan = mutate.analyse(view, context, owner)
         if plan is None:
             return allowed(request.uid)
-        if plan.enabled_replicas is not None and not request.dryRun:
-            key = await self.owners.claim_grey_release(owner, namespace, _template_hash(view, plan),
-                                                       plan.enabled_replicas)
-            if key is None:
-                return allowed(request.uid)
-            plan.annotations[tfa.POD_COUNTER_KEY] = key
         recommendation = self.workloads.recommendation(plan.workload)
         if recommendation is not None:
             apply_recommendation(plan, recommendation)
+        elif keeps(plan, owner, pod_named=bool(meta.get("name"))):
+            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=gpu_reads)
+            self.memo.remember(key, entry)
+            return await self._finish(request, pod, view, namespace, plan, (key, entry))
+        if plan.enabled_replicas is not None and not request.dryRun:
+            counter = await self.owners.claim_grey_release(owner, namespace, _template_hash(view, plan),
+                                                           plan.enabled_replicas)
+            if counter is None:
+                return allowed(request.uid)
+            plan.annotations[tfa.POD_COUNTER_KEY] = counter
+        return await self._finish(request, pod, view, namespace, plan, None)
+
+    async def _remembered(self, key: MemoKey, state: State, view: Obj, namespace: str) -> Remembered | None:
+        """The memo's answer for this pod, if it holds one that is still current."""
+        if key not in self.memo:
+            return None
+        found = self.memo.get(key, state, await self.owners.resolve(view, namespace), self._capacity)
+        if found is None or self.workloads.recommendation(found.plan.workload) is not None:
+            return None
+        return found
+
+    async def _finish(self, request: AdmissionRequest, pod: Obj, view: Obj, namespace: str, plan: mutate.Plan,
+                      remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
+        """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
+        the plan is the memo's) and the workload."""
         pod_key = _assignment_key(view, namespace)
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
-        port = None
-        if plan.host_port is not None and not request.dryRun:
-            port = await self.assignments.assign_host_port(pod_key)
-        mutated = render.render(view, plan, index=index, host_port=port)
+        patch = remembered[1].patches.get(index) if remembered is not None else None
+        if patch is None:
+            port = None
+            if plan.host_port is not None and not request.dryRun:
+                port = await self.assignments.assign_host_port(pod_key)
+            patch = encode_patch(json_diff(pod, render.render(view, plan, index=index, host_port=port)))
+            if remembered is not None:
+                self.memo.add_patch(*remembered, index, patch)
         if not request.dryRun:
             await self.workloads.ensure(plan.workload)
-        return allowed(request.uid, json_diff(pod, mutated))
+        return allowed(request.uid, patch)
+
+    def _state(self) -> State:
+        return State(tuple(i.generation for i in self._read_informers), self.runtime.dynamic_config.current)
 
     async def _synced(self) -> None:
+        if self._synced_once:  # an informer stays synced once it has listed (a relist replaces in place)
+            return
         informers = [self.runtime.informer(res) for res in (r.GPUPOOLS, r.PROVIDERCONFIGS, r.GPURESOURCEQUOTAS,
                                                             r.WORKLOADPROFILES, r.TENSORFUSIONWORKLOADS)]
-        if all(i.synced for i in informers):
-            return
         with anyio.move_on_after(SYNC_WAIT_S):
             for informer in informers:
                 await informer.wait_synced()
+            self._synced_once = True
             return
         raise AssignmentError(503, "the webhook's caches have not synced with the API server yet; retry")
 
-    def context(self, namespace: str) -> Context:
+    def _capacity(self, model: str) -> Mapping[str, Any] | None:
+        """The capacity of a GPU of this model in the cache (the first one that has one)."""
+        for gpu in self._gpus.by_index(_MODEL_INDEX, model):
+            found = (gpu.get("status") or {}).get("capacity")
+            if isinstance(found, Mapping) and found.get("tflops"):
+                return found
+        return None
+
+    def context(self, namespace: str, *, gpu_reads: dict[str, object] | None = None) -> Context:
+        """What `analyse` reads, from the caches; the GPU capacities it looks up go to `gpu_reads`."""
         rt = self.runtime
         auto = rt.dynamic_config.current.get("autoMigration")
-        profiles, gpus = rt.informer(r.WORKLOADPROFILES), rt.informer(r.GPUS)
+        profiles = rt.informer(r.WORKLOADPROFILES)
 
         def capacity(model: str) -> Mapping[str, Any] | None:
-            for gpu in gpus.by_index(_MODEL_INDEX, model):
-                found = (gpu.get("status") or {}).get("capacity")
-                if isinstance(found, Mapping) and found.get("tflops"):
-                    return found
-            return None
+            found = self._capacity(model)
+            if gpu_reads is not None:
+                gpu_reads[model] = found
+            return found
 
         ns_labels: Mapping[str, str] = {}
         if mutate.auto_migration_enabled(auto):

@@ -1,0 +1,152 @@
+"""The webhook's memo of pods already mutated, through the embedded API server: identical replicas
+get the answer a fresh analysis gives, each with its own index; a change to what the analysis read
+(a quota, a GPU's capacity for a dedicated pod) is seen by the next pod; GPU status writes do not
+invalidate the pods that never read a GPU; per-pod claims (host ports) are never remembered."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_controller_allocation import controllers, create_gpu, eventually
+from tests.integration.test_pod_webhook import POOL, kube, serve_webhook, webhook_settings  # noqa: F401
+from tfusion.api import annotations as tfa
+from tfusion.controller.webhook.memo import ReviewMemo
+from tfusion.controller.webhook.service import WebhookService
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, NotFound
+
+pytestmark = pytest.mark.anyio
+
+RS_UID = "3f0c1d9e-5b7a-4c1e-9a52-7f3c2b1d0e11"
+
+
+def replica(notes: dict[str, str] | None = None, *, labels: dict[str, str] | None = None,
+            containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A pod as a ReplicaSet creates it: generateName, its controller reference, no name."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "generateName": "trainer-7d9f-", "namespace": "default",
+        "labels": {tfa.ENABLED: "true", "app": "trainer", **(labels or {})}, "annotations": dict(notes or {}),
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-7d9f", "uid": RS_UID,
+                             "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"containers": containers or [{"name": "app", "image": "python:3.11-slim"}]}}
+
+
+def mutation(created: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """What the webhook decided, without what the API server assigns, and the pod's index."""
+    meta, spec = created["metadata"], copy.deepcopy(created["spec"])
+    resources = spec["containers"][0]["resources"]
+    found = [(k, v) for k, v in resources["limits"].items() if tfa.index_resource_number(k) is not None]
+    assert len(found) == 1, resources
+    for side in ("limits", "requests"):  # the API server defaults the request from the limit
+        resources[side].pop(found[0][0], None)
+    decided = {"annotations": meta["annotations"], "labels": meta["labels"], "spec": spec}
+    return decided, tfa.decode_pod_index(found[0][0], int(found[0][1]))
+
+
+def service(ctl: Any) -> WebhookService:
+    webhook = ctl.runtime.webhook
+    assert webhook is not None
+    return webhook
+
+
+async def quota(client: KubeClient, tflops: str) -> None:
+    body = {"metadata": {"name": "q", "namespace": "default"}, "spec": {"single": {
+        "defaultRequests": {"tflops": tflops, "vram": "2Gi"}, "defaultLimits": {"tflops": tflops, "vram": "2Gi"}}}}
+    try:
+        current = await client.get(r.GPURESOURCEQUOTAS, "q", namespace="default")
+    except NotFound:
+        await client.create(r.GPURESOURCEQUOTAS, body)
+        return
+    await client.replace(r.GPURESOURCEQUOTAS, {**body, "metadata": {**body["metadata"], "resourceVersion":
+                                                                   current["metadata"]["resourceVersion"]}})
+
+
+async def cached(webhook: WebhookService, resource: r.Resource, key: str, check: Any) -> None:
+    """Until the webhook's informer holds `key` and `check` holds for it."""
+    informer = webhook.runtime.informer(resource)
+
+    async def there() -> bool:
+        found = informer.get(key)
+        return found is not None and bool(check(found))
+
+    await eventually(there, what=f"the webhook's cache of {key}")
+
+
+async def settled(webhook: WebhookService) -> None:
+    """Until the pool reconciler has put its finalizer on the pool (a change the memo must see)."""
+    await cached(webhook, r.GPUPOOLS, POOL, lambda pool: pool["metadata"].get("finalizers"))
+
+
+async def test_identical_replicas_share_the_answer_until_what_it_read_changes(apiserver: Any, kube: KubeClient,  # noqa: F811
+                                                                               tmp_path: Path) -> None:
+    await quota(kube, "5")
+    async with controllers() as tg:
+        webhook = service(await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path)))
+        await cached(webhook, r.GPURESOURCEQUOTAS, "default/q", lambda q: True)
+        await settled(webhook)
+        created = [await kube.create(r.PODS, replica(), namespace="default") for _ in range(3)]
+        assert (webhook.memo.hits, len(webhook.memo)) == (2, 1)
+        decided = [mutation(p) for p in created]
+        assert decided[0][0] == decided[1][0] == decided[2][0]
+        assert len({index for _, index in decided}) == 3, "each replica has its own index"
+        assert decided[0][0]["annotations"][tfa.TFLOPS_REQUEST] == "5"
+
+        webhook.memo = ReviewMemo()  # what a fresh analysis gives for the same pod
+        fresh = mutation(await kube.create(r.PODS, replica(), namespace="default"))
+        assert fresh[0] == decided[0][0] and webhook.memo.hits == 0
+
+        await quota(kube, "7")
+        await cached(webhook, r.GPURESOURCEQUOTAS, "default/q",
+                     lambda q: q["spec"]["single"]["defaultRequests"]["tflops"] == "7")
+        after = mutation(await kube.create(r.PODS, replica(), namespace="default"))
+        assert after[0]["annotations"][tfa.TFLOPS_REQUEST] == "7", "the changed quota is read again"
+        assert (webhook.memo.hits, webhook.memo.misses) == (0, 1)
+
+        await create_gpu(kube, "gpu-status-only", "node-a")  # a GPU appears: not read for this pod
+        await cached(webhook, r.GPUS, "gpu-status-only", lambda g: (g.get("status") or {}).get("capacity"))
+        again = mutation(await kube.create(r.PODS, replica(), namespace="default"))
+        assert again[0] == after[0] and webhook.memo.hits == 1
+
+
+async def test_a_dedicated_pod_reads_the_gpu_capacity_again_when_it_changes(apiserver: Any, kube: KubeClient,  # noqa: F811
+                                                                            tmp_path: Path) -> None:
+    notes = {tfa.DEDICATED_GPU: "true", tfa.GPU_MODEL: "H100"}
+    async with controllers() as tg:
+        webhook = service(await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path)))
+        await create_gpu(kube, "gpu-h", "node-a", tflops="900", vram="80Gi", model="H100")
+        await cached(webhook, r.GPUS, "gpu-h", lambda g: (g.get("status") or {}).get("gpuModel") == "H100")
+        await settled(webhook)
+        first = mutation(await kube.create(r.PODS, replica(notes), namespace="default"))
+        second = mutation(await kube.create(r.PODS, replica(notes), namespace="default"))
+        assert first[0] == second[0] and first[0]["annotations"][tfa.TFLOPS_REQUEST] == "900"
+        assert webhook.memo.hits == 1
+
+        await kube.patch(r.GPUS, "gpu-h", {"status": {"capacity": {"tflops": "990", "vram": "80Gi"}}},
+                         subresource="status")
+        await cached(webhook, r.GPUS, "gpu-h", lambda g: g["status"]["capacity"]["tflops"] == "990")
+        third = mutation(await kube.create(r.PODS, replica(notes), namespace="default"))
+        assert third[0]["annotations"][tfa.TFLOPS_REQUEST] == "990"
+        assert webhook.memo.hits == 1
+
+
+async def test_per_pod_claims_are_never_remembered(apiserver: Any, kube: KubeClient,  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    containers = [{"name": "app", "image": "srv", "ports": [{"name": "http", "containerPort": 80}]}]
+    notes = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
+    async with controllers() as tg:
+        webhook = service(await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path)))
+        ports = set()
+        for _ in range(2):
+            created = await kube.create(r.PODS, replica(notes, labels={tfa.HOST_PORT: "auto", tfa.PORT_NAME: "http"},
+                                                        containers=containers), namespace="default")
+            ports.add(created["metadata"]["annotations"][tfa.PORT_NUMBER])
+        assert len(ports) == 2 and len(webhook.memo) == 0
+        unowned = replica(notes)
+        del unowned["metadata"]["ownerReferences"]  # its workload is named with a random suffix
+        workloads = {(await kube.create(r.PODS, unowned, namespace="default"))["metadata"]["annotations"][
+            tfa.PENDING_OWNED_WORKLOAD] for _ in range(2)}
+        assert len(workloads) == 2 and len(webhook.memo) == 0

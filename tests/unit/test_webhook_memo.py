@@ -1,0 +1,83 @@
+"""The webhook memo's bookkeeping (tfusion/controller/webhook/memo.py) and the informer generation
+it is keyed on: what holds an answer, what a status write does, what the byte bound evicts."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.unit.test_webhook_mutate import BARE, OWNER, ctx, tf_pod
+from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
+from tfusion.controller.webhook.mutate import Owner, Plan, analyse
+from tfusion.kube.informer import _beyond_status
+
+CONFIG: dict[str, Any] = {}
+STATE = State((1, 2, 3), CONFIG)
+
+
+def plan(**notes: str) -> Plan:
+    found = analyse(tf_pod({**BARE, **notes}), ctx(), OWNER)
+    assert found is not None
+    return found
+
+
+def entry(patch: str = "p" * 10, *, state: State = STATE, owner: Owner = OWNER,
+          gpu_reads: dict[str, object] | None = None) -> Remembered:
+    return Remembered(state=state, owner=owner, plan=plan(), gpu_reads=gpu_reads or {},
+                      patches={1: patch})
+
+
+def no_gpus(model: str) -> object:
+    return None
+
+
+def test_an_answer_holds_for_the_same_state_owner_and_gpu_capacities() -> None:
+    memo = ReviewMemo()
+    memo.remember((b"{}", "ns"), entry(gpu_reads={"H100": {"tflops": "900"}}))
+    capacity = {"H100": {"tflops": "900"}}.get
+    assert memo.get((b"{}", "ns"), STATE, OWNER, capacity) is not None
+    assert memo.get((b"{}", "other"), STATE, OWNER, capacity) is None, "the namespace is part of the key"
+    assert memo.get((b"{}", "ns"), State((1, 2, 4), CONFIG), OWNER, capacity) is None, "an informer moved"
+    assert memo.get((b"{}", "ns"), State((1, 2, 3), {}), OWNER, capacity) is None, "the config was reloaded"
+    assert memo.get((b"{}", "ns"), STATE, Owner(workload_name="q"), capacity) is None, "another owner"
+    assert memo.get((b"{}", "ns"), STATE, OWNER, {"H100": {"tflops": "990"}}.get) is None, "the capacity changed"
+    assert (memo.hits, memo.misses) == (1, 5)
+
+
+def test_the_byte_bound_evicts_the_least_recently_used() -> None:
+    memo = ReviewMemo(max_bytes=25)
+    memo.remember((b"a", "ns"), entry())
+    memo.remember((b"b", "ns"), entry())
+    assert memo.get((b"a", "ns"), STATE, OWNER, no_gpus) is not None  # a is now the most recent
+    memo.remember((b"c", "ns"), entry())
+    assert (b"a", "ns") in memo and (b"c", "ns") in memo and (b"b", "ns") not in memo
+    old = memo.get((b"a", "ns"), STATE, OWNER, no_gpus)
+    assert old is not None
+    memo.add_patch((b"a", "ns"), old, 2, "q" * 10)  # over the bound: the other entry goes
+    assert len(memo) == 1 and old.patches[2] == "q" * 10
+    evicted = entry()
+    memo.add_patch((b"gone", "ns"), evicted, 2, "x" * 100)  # not (or no longer) in the memo: not counted
+    assert 2 not in evicted.patches and len(memo) == 1
+
+
+def test_per_pod_claims_are_not_kept() -> None:
+    assert keeps(plan(), OWNER, pod_named=True)
+    assert not keeps(plan(), Owner(workload_name="pod-x1y2z"), pod_named=False), "a random workload name"
+    ported = plan()
+    ported.host_port = object()  # type: ignore[assignment]
+    assert not keeps(ported, OWNER, pod_named=True)
+    grey = plan()
+    grey.enabled_replicas = 2
+    assert not keeps(grey, OWNER, pod_named=True)
+
+
+def test_status_writes_are_not_changes_beyond_status() -> None:
+    pool = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
+            "metadata": {"name": "p", "resourceVersion": "1", "annotations": {"a": "1"}}, "spec": {"x": 1}}
+    written = copy.deepcopy(pool)
+    written["metadata"]["resourceVersion"] = "2"
+    written["status"] = {"phase": "Running"}
+    assert not _beyond_status(pool, written), "a first status and a new resourceVersion"
+    for change in ({"spec": {"x": 2}}, {"metadata": {**pool["metadata"], "annotations": {"a": "2"}}},
+                   {"metadata": {**pool["metadata"], "finalizers": ["f"]}}, {"data": {"k": "v"}}):
+        assert _beyond_status(pool, {**pool, **change}), change

@@ -1,0 +1,115 @@
+"""The webhook's memory of pods it has mutated: a pod identical to one seen before, under the same
+cluster state, skips the analysis, the rendering and the JSON diff.
+
+Why: a Deployment's, ReplicaSet's or Job's replicas reach the webhook as byte-identical pods (no
+name yet, the same generateName, template, labels and owner), and that burst is when the webhook
+is busiest. The mutation is a pure function of the pod as sent, its namespace, the cached objects
+`analyse` reads (pools, provider configs, quotas, workload profiles, scheduling templates,
+namespaces and, for compute-percent pods, GPU capacities), the dynamic config, the pod's resolved
+owner and its index. `ReviewMemo` keeps the plan, and the JSON patch for each index a pod got, under
+the pod's bytes and namespace; an entry holds while every informer it read has the same
+`generation` (a counter of changes to its store), the dynamic config is the same object and the
+owner resolves the same; the GPU capacities it looked up are compared again.
+
+What it never skips: the owner lookup (itself cached), the index assignment, the workload check,
+and everything for the plans it does not keep, which claim or read something per pod: a host port,
+the grey-release counter, a workload recommendation (it moves with the workload's status), remote
+vGPU (its connection name has a random suffix), and an unowned pod without a name (so has its
+workload's). Memory is bounded by the bytes of the patches it holds (`max_bytes`, oldest out).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tfusion.controller.webhook.mutate import Owner, Plan
+
+MAX_BYTES = 16 * 1024 * 1024
+
+#: the pod's JSON as sent and its namespace
+Key = tuple[bytes, str]
+
+
+@dataclass(frozen=True)
+class State:
+    """What an answer was computed from: the generations of the informers `analyse` reads and the
+    dynamic config (replaced, not changed, when it reloads: compared by identity)."""
+
+    generations: tuple[int, ...]
+    config: object
+
+    def holds(self, now: State) -> bool:
+        return self.config is now.config and self.generations == now.generations
+
+
+@dataclass
+class Remembered:
+    state: State
+    owner: Owner
+    plan: Plan
+    #: the GPU capacities the analysis looked up (compute percent, dedicated GPUs), by model: GPU
+    #: status changes with every allocation, so these are compared instead of a generation
+    gpu_reads: dict[str, object]
+    #: the base64 JSON patch for each index (None: no index)
+    patches: dict[int | None, str] = field(default_factory=dict)
+
+
+def keeps(plan: Plan, owner: Owner, pod_named: bool) -> bool:
+    """Whether a plan is the same for every identical pod (see the module docstring)."""
+    return (plan.host_port is None and plan.enabled_replicas is None and plan.remote is None
+            and (owner.reference is not None or pod_named))
+
+
+class ReviewMemo:
+    """See the module docstring."""
+
+    def __init__(self, *, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Key, Remembered] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: Key, now: State, owner: Owner, capacity: Callable[[str], object]) -> Remembered | None:
+        """The answer for this pod if it still holds: same state and owner, and `capacity` gives
+        what the analysis read for each GPU model it looked up."""
+        found = self._entries.get(key)
+        if (found is None or found.owner != owner or not found.state.holds(now)
+                or any(capacity(model) != seen for model, seen in found.gpu_reads.items())):
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return found
+
+    def remember(self, key: Key, entry: Remembered) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= _size(old)
+        self._entries[key] = entry
+        self._bytes += _size(entry)
+        self._trim()
+
+    def add_patch(self, key: Key, entry: Remembered, index: int | None, patch: str) -> None:
+        if self._entries.get(key) is entry and index not in entry.patches:
+            entry.patches[index] = patch
+            self._bytes += len(patch)
+            self._trim()
+
+    def _trim(self) -> None:
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            _, oldest = self._entries.popitem(last=False)
+            self._bytes -= _size(oldest)
+
+
+def _size(entry: Remembered) -> int:
+    return sum(len(p) for p in entry.patches.values())
+
