@@ -237,14 +237,15 @@ def load_wrk(port: int, concurrency: int, duration: float, body: Path) -> dict[s
     """`concurrency` keep-alive connections from one wrk thread for `duration` seconds."""
     script = body.with_suffix(".lua")
     script.write_text(WRK_SCRIPT)
-    out = subprocess.run(["timeout", "-s", "KILL", str(int(duration) + 60), "wrk", "-t1", f"-c{concurrency}",
-                          f"-d{duration}s", "--timeout", "10s", "-s", str(script),
+    seconds = max(1, round(duration))  # wrk takes whole seconds
+    out = subprocess.run(["timeout", "-s", "KILL", str(seconds + 60), "wrk", "-t1", f"-c{concurrency}",
+                          f"-d{seconds}s", "--timeout", "10s", "-s", str(script),
                           f"https://127.0.0.1:{port}{PATH}?timeout=10s"],
-                         capture_output=True, text=True, env={**os.environ, "TFUSION_BENCH_BODY": str(body)},
-                         check=True)
+                         capture_output=True, text=True, env={**os.environ, "TFUSION_BENCH_BODY": str(body)})
+    if out.returncode != 0:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    seconds = found["duration_us"] / 1e6
-    return {"requests_per_s": round(found["requests"] / seconds, 1), "p50_ms": found["p50_us"] / 1000,
+    return {"requests_per_s": round(found["requests"] / (found["duration_us"] / 1e6), 1), "p50_ms": found["p50_us"] / 1000,
             "p90_ms": found["p90_us"] / 1000, "p99_ms": found["p99_us"] / 1000, "errors": found["errors"],
             "mean_ms": round(found["mean_us"] / 1000, 3)}
 

@@ -106,18 +106,45 @@ def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
 
     class HeadDeadlineProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _head_deadline = 0.0
+        _awaiting_head = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm_head_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
             super().connection_lost(exc)
 
         def on_headers_complete(self) -> None:
-            self._cancel_head_timer()
+            self._awaiting_head = False
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # idle again (no pipelined request started): the next request gets its own deadline
+            if self.cycle is None or self.cycle.response_complete:
+                self._arm_head_timer()
+
+        def _arm_head_timer(self) -> None:
+            # a deadline moved per request and one timer per connection that checks it when due,
+            # rather than a timer made and cancelled for every request
+            self._head_deadline = self.loop.time() + seconds
+            self._awaiting_head = True
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_at(self._head_deadline, self._head_due)
+
+        def _head_due(self) -> None:
+            self._head_timer = None
+            if not self._awaiting_head:  # a request is in progress (a long watch, say): the next arms
+                return
+            if self.loop.time() < self._head_deadline:
+                self._head_timer = self.loop.call_at(self._head_deadline, self._head_due)
+            elif not self.transport.is_closing():
+                self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             # uvicorn's own, but its refusals keep the edge's error contract (JSON ErrorBody, and
@@ -144,28 +171,6 @@ def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
                     f"content-length: {len(payload)}", "connection: close"] + ([f"allow: {allow}"] if allow else [])
             self.transport.write("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + payload)
             self.transport.close()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            # idle again (no pipelined request started): the next request gets its own deadline
-            if self.cycle is None or self.cycle.response_complete:
-                self._arm_head_timer()
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
-
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_timed_out(self) -> None:
-            # armed while idle and not cancelled by a complete head: a request in progress, such
-            # as a long watch, has cancelled it and is left alone
-            self._head_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
 
     return HeadDeadlineProtocol
 

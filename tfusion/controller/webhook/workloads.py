@@ -187,19 +187,23 @@ class WorkloadWriter:
         self.informer = informer
         self.memory = memory
         self.writes = 0  # API calls made (tests and the benchmark read it)
-        #: key -> (resourceVersion, desired JSON) of the last cached copy found to match
-        self._matched: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        #: key -> (resourceVersion, desired JSON, desired) of the last cached copy found to match;
+        #: a desired document is never changed once it has been handed to `ensure`
+        self._matched: OrderedDict[str, tuple[str, bytes, Obj]] = OrderedDict()
 
     def _known_match(self, key: str, cached: Mapping[str, Any], desired: Obj) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
         common case: every pod of a Deployment asks for the same workload)."""
         version = str((cached.get("metadata") or {}).get("resourceVersion") or "")
+        known = self._matched.get(key)
+        if known is not None and known[0] == version and known[2] is desired:
+            return True  # the very object found to match (the webhook memo's plan hands it again)
         wanted = orjson.dumps(desired, option=orjson.OPT_SORT_KEYS)
-        if self._matched.get(key) == (version, wanted):
+        if known is not None and known[:2] == (version, wanted):
             return True
         if not workload_matches(cached, desired):
             return False
-        self._matched[key] = (version, wanted)
+        self._matched[key] = (version, wanted, desired)
         self._matched.move_to_end(key)
         while len(self._matched) > self.memory:
             self._matched.popitem(last=False)
