@@ -18,7 +18,9 @@ pods (memo.py), as a Deployment's replicas are; each still gets its index and it
     .venv/bin/python benchmarks/webhook.py [--duration 10] [--concurrency 10,100] [--load wrk|python]
 
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
-echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, load, cpus). The load
+echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, load, cpus); with wrk
+also `distinct_pods_*`: the same load of pods each with a name of its own, so never in the memo
+(dryRun, so that they create no workload each), which is what a first pod costs. The load
 shares the machine's CPUs with the servers (wrk takes a small part of one core), so on a small
 machine the numbers are a lower bound.
 """
@@ -119,9 +121,9 @@ def seed(api: Api) -> None:
                    "defaultLimits": {"tflops": "40", "vram": "8Gi"}}}})
 
 
-def review_body() -> bytes:
+def review_body(name: str = "bench-pod", *, dry_run: bool = False) -> bytes:
     pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "bench-pod", "namespace": NAMESPACE, "labels": {"tensor-fusion.ai/enabled": "true",
+           "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"tensor-fusion.ai/enabled": "true",
                                                                                 "app": "bench"},
                         "annotations": {"tensor-fusion.ai/gpu-count": "2", "tensor-fusion.ai/isolation": "soft"}},
            "spec": {"containers": [{"name": "app", "image": "pytorch/pytorch:latest",
@@ -132,7 +134,7 @@ def review_body() -> bytes:
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "4c4ab2b3-1e58-4e5a-9d2b-8d0e3c2f0a11", "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": NAMESPACE, "name": "bench-pod", "object": pod, "dryRun": False,
+        "namespace": NAMESPACE, "name": name, "object": pod, "dryRun": dry_run,
         "userInfo": {"username": "system:admin"}, "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}}
     return json.dumps(review).encode()
 
@@ -215,6 +217,14 @@ wrk.headers["Accept"] = "application/json"
 local file = io.open(os.getenv("TFUSION_BENCH_BODY"), "rb")
 wrk.body = file:read("*a")
 file:close()
+-- distinct pods: "@N@" in the body becomes a number of its own in every request
+if os.getenv("TFUSION_BENCH_DISTINCT") == "1" then
+  local sent = 0
+  function request()
+    sent = sent + 1
+    return wrk.format(nil, nil, nil, (string.gsub(wrk.body, "@N@", tostring(sent))))
+  end
+end
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
 function init(args) bad = 0 end
@@ -233,21 +243,23 @@ end
 """
 
 
-def load_wrk(port: int, concurrency: int, duration: float, body: Path) -> dict[str, float]:
-    """`concurrency` keep-alive connections from one wrk thread for `duration` seconds."""
+def load_wrk(port: int, concurrency: int, duration: float, body: Path, *, distinct: bool = False) -> dict[str, float]:
+    """`concurrency` keep-alive connections from one wrk thread for `duration` seconds; `distinct`:
+    each request's pod has a name of its own (`@N@` in the body)."""
     script = body.with_suffix(".lua")
     script.write_text(WRK_SCRIPT)
     seconds = max(1, round(duration))  # wrk takes whole seconds
     out = subprocess.run(["timeout", "-s", "KILL", str(seconds + 60), "wrk", "-t1", f"-c{concurrency}",
                           f"-d{seconds}s", "--timeout", "10s", "-s", str(script),
                           f"https://127.0.0.1:{port}{PATH}?timeout=10s"],
-                         capture_output=True, text=True, env={**os.environ, "TFUSION_BENCH_BODY": str(body)})
+                         capture_output=True, text=True, env={**os.environ, "TFUSION_BENCH_BODY": str(body),
+                                                              "TFUSION_BENCH_DISTINCT": "1" if distinct else "0"})
     if out.returncode != 0:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"requests_per_s": round(found["requests"] / (found["duration_us"] / 1e6), 1), "p50_ms": found["p50_us"] / 1000,
-            "p90_ms": found["p90_us"] / 1000, "p99_ms": found["p99_us"] / 1000, "errors": found["errors"],
-            "mean_ms": round(found["mean_us"] / 1000, 3)}
+    return {"requests_per_s": round(found["requests"] / (found["duration_us"] / 1e6), 1),
+            "p50_ms": found["p50_us"] / 1000, "p90_ms": found["p90_us"] / 1000, "p99_ms": found["p99_us"] / 1000,
+            "errors": found["errors"], "mean_ms": round(found["mean_us"] / 1000, 3)}
 
 
 def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str) -> dict[str, float]:
@@ -324,8 +336,9 @@ def main() -> None:
             wait("the echo endpoint", lambda: load(echo_port, 1, 0.2, 1, ca_pem)["errors"] == 0)
             workload = f"/apis/tensor-fusion.ai/v1/namespaces/{NAMESPACE}/tensorfusionworkloads/bench-pod"
             version = api.get(workload)["metadata"]["resourceVersion"]
-            body = tmp / "review.json"
+            body, distinct_body = tmp / "review.json", tmp / "distinct.json"
             body.write_bytes(review_body())
+            distinct_body.write_bytes(review_body("bench-pod-@N@", dry_run=True))
 
             def run(port: int, concurrency: int) -> dict[str, float]:
                 if args.load == "wrk":
@@ -335,13 +348,20 @@ def main() -> None:
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 hook, bare = run(webhook_port, concurrency), run(echo_port, concurrency)
                 now_version = api.get(workload)["metadata"]["resourceVersion"]
+                first: dict[str, float] = {}
+                if args.load == "wrk":  # pods never seen before (dryRun: no workload of their own)
+                    first = load_wrk(webhook_port, concurrency, args.duration, distinct_body, distinct=True)
                 print(json.dumps({
                     "concurrency": concurrency, "requests_per_s": hook["requests_per_s"], "p50_ms": hook["p50_ms"],
                     "p90_ms": hook["p90_ms"], "p99_ms": hook["p99_ms"],
                     "echo_requests_per_s": bare["requests_per_s"],
                     "ratio_to_echo": round(hook["requests_per_s"] / bare["requests_per_s"], 3),
                     "errors": hook["errors"] + bare["errors"], "echo_p99_ms": bare["p99_ms"],
-                    "workload_writes": int(now_version != version), "cpus": os.cpu_count(),
+                    "workload_writes": int(now_version != version),
+                    **({"distinct_pods_requests_per_s": first["requests_per_s"],
+                        "distinct_pods_p99_ms": first["p99_ms"], "distinct_pods_errors": first["errors"]}
+                       if first else {}),
+                    "cpus": os.cpu_count(),
                     "duration_s": args.duration, "load": args.load,
                     **({"clients": args.clients} if args.load == "python" else {})}), flush=True)
             echo.terminate()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator, PortPool
@@ -82,3 +84,60 @@ def test_observe_sorts_cluster_and_node_ports() -> None:
     assert alloc.cluster.assign("x") == 42001
     assert alloc.node("n1").assign("y") == 40001 and alloc.node("n2").assign("y") == 40000
     assert alloc.release("u2") and alloc.node("n1").held() == {}
+
+
+class ScanningIndexAllocator:
+    """The plain reading of the index rules, for comparison: every assignment scans every holder
+    and reservation (what IndexAllocator did before it kept counts)."""
+
+    def __init__(self, ttl: float, clock: Clock) -> None:
+        self.ttl, self.clock = ttl, clock
+        self.held: dict[str, int] = {}
+        self.reserved: dict[str, tuple[int, float]] = {}
+        self.next = 1
+
+    def assign(self, key: str) -> int:
+        now = self.clock()
+        if key in self.reserved and self.reserved[key][1] > now:
+            return self.reserved[key][0]
+        self.reserved = {k: v for k, v in self.reserved.items() if v[1] > now}
+        in_use = set(self.held.values()) | {index for index, _ in self.reserved.values()}
+        chosen = self.next
+        for step in range(128):
+            candidate = (self.next - 1 + step) % 128 + 1
+            if candidate not in in_use:
+                chosen = candidate
+                break
+        self.next = chosen % 128 + 1
+        self.reserved[key] = (chosen, now + self.ttl)
+        return chosen
+
+    def occupy(self, holder: str, index: int, key: str = "") -> None:
+        self.held[holder] = index
+        if key and self.reserved.get(key, (None,))[0] == index:
+            del self.reserved[key]
+
+    def release(self, holder: str) -> None:
+        self.held.pop(holder, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["assign", "occupy", "release", "tick"]), st.integers(0, 40),
+                          st.integers(1, 8)), max_size=300))
+def test_the_counting_allocator_assigns_what_a_full_scan_assigns(ops: list[tuple[str, int, int]]) -> None:
+    clock = Clock()
+    fast, plain = IndexAllocator(reservation_ttl=5, now=clock), ScanningIndexAllocator(5, clock)
+    for op, n, index in ops:
+        if op == "assign":
+            assert fast.assign(f"ns/p{n}") == plain.assign(f"ns/p{n}")
+        elif op == "occupy":
+            fast.occupy(f"uid-{n % 6}", index, f"ns/p{n}")
+            plain.occupy(f"uid-{n % 6}", index, f"ns/p{n}")
+        elif op == "release":
+            fast.release(f"uid-{n % 6}")
+            plain.release(f"uid-{n % 6}")
+        else:
+            clock.t += n / 10
+    assert fast.held() == plain.held
+    # a burst of new pods reads every index's state
+    assert [fast.assign(f"ns/burst{i}") for i in range(130)] == [plain.assign(f"ns/burst{i}") for i in range(130)]

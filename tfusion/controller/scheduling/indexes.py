@@ -44,39 +44,62 @@ class IndexAllocator:
         self.reservation_ttl = reservation_ttl
         self.now = now
         self._held: dict[str, int] = {}  # holder -> index
-        self._reserved: dict[str, tuple[int, float]] = {}  # assignment key -> (index, expiry)
+        #: assignment key -> (index, expiry), in expiry order: the expired ones are a prefix
+        self._reserved: dict[str, tuple[int, float]] = {}
+        #: index -> how many holders and live reservations have it (a burst of new pods costs
+        #: each assignment a look at these counts, not a scan of every reservation)
+        self._users: dict[int, int] = {}
         self._next = 1
 
-    def _in_use(self) -> set[int]:
-        now = self.now()
-        self._reserved = {k: v for k, v in self._reserved.items() if v[1] > now}
-        return set(self._held.values()) | {index for index, _ in self._reserved.values()}
+    def _count(self, index: int, delta: int) -> None:
+        self._users[index] = self._users.get(index, 0) + delta
+
+    def _expire(self, now: float) -> None:
+        while self._reserved:
+            key = next(iter(self._reserved))
+            index, expiry = self._reserved[key]
+            if expiry > now:
+                return
+            del self._reserved[key]
+            self._count(index, -1)
 
     def assign(self, key: str) -> int:
         """An index for the pod being admitted under `key` (its namespace/name, or a unique key for
         a generateName pod); asking again with the same key returns the same index."""
         now = self.now()
-        if key in self._reserved and self._reserved[key][1] > now:
-            return self._reserved[key][0]
-        in_use = self._in_use()
+        found = self._reserved.get(key)
+        if found is not None and found[1] > now:
+            return found[0]
+        self._expire(now)  # an expired reservation under this key goes with the others
         chosen = self._next
         for step in range(POD_INDEX_MAX):
             candidate = (self._next - 1 + step) % POD_INDEX_MAX + 1
-            if candidate not in in_use:
+            if not self._users.get(candidate):
                 chosen = candidate
                 break
         self._next = chosen % POD_INDEX_MAX + 1
         self._reserved[key] = (chosen, now + self.reservation_ttl)
+        self._count(chosen, 1)
         return chosen
 
     def occupy(self, holder: str, index: int, key: str = "") -> None:
         """A live pod holds `index` (from the cache); its reservation under `key` is no longer needed."""
+        old = self._held.get(holder)
+        if old is not None:
+            self._count(old, -1)
         self._held[holder] = index
-        if key and self._reserved.get(key, (None,))[0] == index:
+        self._count(index, 1)
+        reserved = self._reserved.get(key) if key else None
+        if reserved is not None and reserved[0] == index:
             del self._reserved[key]
+            self._count(index, -1)
 
     def release(self, holder: str) -> bool:
-        return self._held.pop(holder, None) is not None
+        index = self._held.pop(holder, None)
+        if index is None:
+            return False
+        self._count(index, -1)
+        return True
 
     def held(self) -> dict[str, int]:
         return dict(self._held)

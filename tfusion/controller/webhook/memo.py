@@ -15,7 +15,8 @@ What it never skips: the owner lookup (itself cached), the index assignment, the
 and everything for the plans it does not keep, which claim or read something per pod: a host port,
 the grey-release counter, a workload recommendation (it moves with the workload's status), remote
 vGPU (its connection name has a random suffix), and an unowned pod without a name (so has its
-workload's). Memory is bounded by the bytes of the patches it holds (`max_bytes`, oldest out).
+workload's). Memory is bounded by the bytes of the pods and patches it holds (`max_bytes`, least
+recently used out).
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ class ReviewMemo:
     def remember(self, key: Key, entry: Remembered) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self._bytes -= _size(old)
+            self._bytes -= _size(key, old)
         self._entries[key] = entry
-        self._bytes += _size(entry)
+        self._bytes += _size(key, entry)
         self._trim()
 
     def add_patch(self, key: Key, entry: Remembered, index: int | None, patch: str) -> None:
@@ -106,10 +107,11 @@ class ReviewMemo:
 
     def _trim(self) -> None:
         while self._bytes > self.max_bytes and len(self._entries) > 1:
-            _, oldest = self._entries.popitem(last=False)
-            self._bytes -= _size(oldest)
+            key, oldest = self._entries.popitem(last=False)
+            self._bytes -= _size(key, oldest)
 
 
-def _size(entry: Remembered) -> int:
-    return sum(len(p) for p in entry.patches.values())
+def _size(key: Key, entry: Remembered) -> int:
+    """What an entry holds, roughly: the pod as sent and its patches (the plan is of their order)."""
+    return len(key[0]) + sum(len(p) for p in entry.patches.values())
 
