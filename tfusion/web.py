@@ -348,28 +348,39 @@ def body_limit(request: Request[Any, Any, Any]) -> float:
 
 
 def _too_large(request: Request[Any, Any, Any], limit: float, size: int | None) -> HttpError:
+    return _body_too_large(f"{request.method} {request.url.path}", limit, size)
+
+
+def _body_too_large(target: str, limit: float, size: int | None) -> HttpError:
     got = f" (Content-Length {size})" if size is not None else ""
-    return HttpError(413, f"request body too large{got}: {request.method} {request.url.path} takes at most "
-                          f"{limit:.0f} bytes", headers={"Connection": "close"})
+    return HttpError(413, f"request body too large{got}: {target} takes at most {limit:.0f} bytes",
+                     headers={"Connection": "close"})
 
 
 async def read_body(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytes:
     """The whole body, within the route's limit (else 413) and arriving within `timeout` (else 408)."""
-    limit = body_limit(request)
-    declared = request.headers.get("content-length", "")
+    return await receive_body(request.receive, limit=body_limit(request), timeout=timeout,
+                              declared=request.headers.get("content-length", ""),
+                              target=f"{request.method} {request.url.path}")
+
+
+async def receive_body(receive: Receive, *, limit: float, declared: str, target: str,
+                       timeout: float = BODY_TIMEOUT_S) -> bytes:
+    """`read_body` for a raw ASGI route: `declared` is its Content-Length ("" if none), `target`
+    its method and path (named in a 413)."""
     if declared.isdigit() and int(declared) > limit:
-        raise _too_large(request, limit, int(declared))
+        raise _body_too_large(target, limit, int(declared))
     chunks: list[bytes] = []
     size = 0
     with anyio.move_on_after(timeout) as deadline:
         while True:
-            message = await request.receive()
+            message = await receive()
             if message["type"] == "http.disconnect":  # nobody is left to read an answer
                 raise HttpError(400, "the client disconnected before its request body was complete")
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
             size += len(chunk)
             if size > limit:
-                raise _too_large(request, limit, None)
+                raise _body_too_large(target, limit, None)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

@@ -33,6 +33,7 @@ from tests.integration.test_controller_allocation import (
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
+from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
 from tfusion.settings import Settings
@@ -374,6 +375,10 @@ async def test_a_malformed_review_is_400(apiserver: Any, kube: KubeClient, tmp_p
                                                             "kind": "AdmissionReview",
                                                             "request": {"uid": "u", "operation": "DELETE"}})
             assert other.json()["response"] == {"uid": "u", "allowed": True}
+            get = await http.get("/mutate-v1-pod")
+            assert get.status_code == 405 and get.headers["allow"] == "POST" and get.json()["allowed"] == ["POST"]
+            big = await http.post("/mutate-v1-pod", content=b" " * (MAX_REVIEW_BYTES + 1))
+            assert big.status_code == 413 and "at most" in big.json()["error"]
 
 
 async def test_a_follower_gets_its_index_from_the_leader(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:

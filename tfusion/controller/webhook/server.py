@@ -15,9 +15,10 @@ from typing import Any
 
 import msgspec
 import orjson
-from litestar import Request, Response, post
+from litestar.handlers import asgi
+from litestar.types import HTTPResponseStartEvent, Receive, Scope, Send
 
-from tfusion.web import ErrorBody, HttpError, make_app, read_body
+from tfusion.web import ErrorBody, HttpError, make_app, receive_body
 
 PATH = "/mutate-v1-pod"
 REVIEW_API_VERSION = "admission.k8s.io/v1"
@@ -129,13 +130,24 @@ Reviewer = Callable[[AdmissionRequest], Awaitable[AdmissionResponse]]
 
 
 def webhook_app(review: Reviewer, *, title: str = "tfusion pod webhook") -> Any:
-    """The Litestar app serving `review` on POST /mutate-v1-pod."""
+    """The Litestar app serving `review` on POST /mutate-v1-pod.
 
-    @post(PATH, status_code=200, request_max_body_size=MAX_REVIEW_BYTES,
-          summary="Mutate a Pod being created (AdmissionReview admission.k8s.io/v1)")
-    async def mutate(request: Request[Any, Any, Any]) -> Response[bytes]:
-        admission = decode_review(await read_body(request))
-        answer = AdmissionReviewAnswer(response=await review(admission))
-        return Response(_encoder.encode(answer), media_type="application/json")
+    The route speaks ASGI itself: Litestar's request and response objects cost about 0.1 ms a
+    review (measured, as much as a review answered from the memo), and this route needs neither.
+    Its refusals are the edge's all the same: an HttpError is answered by make_app's exception
+    handlers (JSON ErrorBody), 405 for another method names POST in `Allow`."""
+
+    @asgi(PATH)
+    async def mutate(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") != "POST":
+            raise HttpError(405, ErrorBody(error=f"{scope.get('method')} is not allowed on {PATH}; allowed: POST",
+                                           allowed=["POST"]), headers={"Allow": "POST"})
+        declared = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-length"), "")
+        body = await receive_body(receive, limit=MAX_REVIEW_BYTES, declared=declared, target=f"POST {PATH}")
+        payload = _encoder.encode(AdmissionReviewAnswer(response=await review(decode_review(body))))
+        start: HTTPResponseStartEvent = {"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]}
+        await send(start)
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
 
     return make_app([mutate], title=title)
