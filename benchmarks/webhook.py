@@ -16,13 +16,14 @@ runs (expected 0). Every review after the first is answered from the webhook's m
 pods (memo.py), as a Deployment's replicas are; each still gets its index and its workload check.
 
     .venv/bin/python benchmarks/webhook.py [--duration 10] [--concurrency 10,100] [--load wrk|python]
+                                           [--repeat 3]
 
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
-echo_requests_per_s, ratio_to_echo (and errors, echo_p99_ms, workload_writes, load, cpus); with wrk
+echo_requests_per_s, ratio_to_echo, each the median of `--repeat` alternating webhook/echo runs
+(`runs` lists them), and errors, echo_p99_ms, workload_writes, load, cpus, pinned; with wrk
 also `distinct_pods_*`: the same load of pods each with a name of its own, so never in the memo
 (dryRun, so that they create no workload each), which is what a first pod costs. The load
-shares the machine's CPUs with the servers (wrk takes a small part of one core), so on a small
-machine the numbers are a lower bound.
+runs on other CPUs than the two servers under test (CPU 0) when there are two or more (`pinned`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ NAMESPACE = "bench"
 OPS = "tensor-fusion-sys"
 POOL = "bench-pool"
 PATH = "/mutate-v1-pod"
+
+
+#: with two or more CPUs the servers under test (webhook, echo) share CPU 0 and everything else
+#: (wrk or the Python clients, the API server, this script) runs on the others, so that the load
+#: generator and the server never take turns on one core
+CPUS = sorted(os.sched_getaffinity(0))
+PINNED = len(CPUS) >= 2
+SERVER_CPUS, OTHER_CPUS = ({CPUS[0]}, set(CPUS[1:])) if PINNED else (set(CPUS), set(CPUS))
+
+
+def on_server_cpus() -> None:
+    os.sched_setaffinity(0, SERVER_CPUS)
 
 
 def free_ports(count: int) -> list[int]:
@@ -150,6 +163,7 @@ def serve_echo(port: int, cert_pem: bytes, key_pem: bytes) -> None:
     from tfusion.controller.webhook.server import AdmissionRequest, AdmissionResponse, allowed, webhook_app
     from tfusion.web import bind_socket, serve
 
+    on_server_cpus()
     context = tls_context()
     load_into(context, cert_pem, key_pem)
 
@@ -288,6 +302,13 @@ def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str
             "p99_ms": pct(0.99), "errors": errors, "mean_ms": round(statistics.fmean(latencies) * 1000, 3)}
 
 
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the runs; errors are summed."""
+    merged = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    merged["errors"] = sum(r["errors"] for r in runs)
+    return merged
+
+
 # --- main -------------------------------------------------------------------------------------------------
 
 
@@ -309,7 +330,7 @@ def start_processes(tmp: Path) -> tuple[list[subprocess.Popen[bytes]], Api, int]
                                 f"127.0.0.1:{controller_port}", "--health-probe-bind-address",
                                 f"127.0.0.1:{probe_port}", "--leader-elect=false", "--log-level=warn",
                                 "--dynamic-config", str(tmp / "config.yaml")],
-                               stdout=log, stderr=subprocess.STDOUT, env=env)
+                               stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=on_server_cpus)
     wait("the webhook's certificate Secret",
          lambda: api.http.get(f"/api/v1/namespaces/{OPS}/secrets/tensor-fusion-webhook-certs").status_code == 200)
     return [apiserver, webhook], api, webhook_port
@@ -321,7 +342,9 @@ def main() -> None:
     parser.add_argument("--concurrency", default="10,100")
     parser.add_argument("--clients", type=int, default=2, help="load-generating processes (--load python)")
     parser.add_argument("--load", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating webhook/echo runs per concurrency")
     args = parser.parse_args()
+    os.sched_setaffinity(0, OTHER_CPUS)  # inherited by the API server, wrk and the clients
     with tempfile.TemporaryDirectory(prefix="tfusion-bench-webhook-") as directory:
         tmp = Path(directory)
         procs, api, webhook_port = start_processes(tmp)
@@ -346,7 +369,9 @@ def main() -> None:
                 return load(port, concurrency, args.duration, args.clients, ca_pem)
 
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                hook, bare = run(webhook_port, concurrency), run(echo_port, concurrency)
+                # alternating runs, medians reported: one run on a shared 2-core VM swings by a third
+                pairs = [(run(webhook_port, concurrency), run(echo_port, concurrency)) for _ in range(args.repeat)]
+                hook, bare = median_run([h for h, _ in pairs]), median_run([b for _, b in pairs])
                 now_version = api.get(workload)["metadata"]["resourceVersion"]
                 first: dict[str, float] = {}
                 if args.load == "wrk":  # pods never seen before (dryRun: no workload of their own)
@@ -361,7 +386,10 @@ def main() -> None:
                     **({"distinct_pods_requests_per_s": first["requests_per_s"],
                         "distinct_pods_p99_ms": first["p99_ms"], "distinct_pods_errors": first["errors"]}
                        if first else {}),
-                    "cpus": os.cpu_count(),
+                    "runs": {"requests_per_s": [h["requests_per_s"] for h, _ in pairs],
+                             "p99_ms": [h["p99_ms"] for h, _ in pairs],
+                             "echo_requests_per_s": [b["requests_per_s"] for _, b in pairs]},
+                    "cpus": os.cpu_count(), "pinned": PINNED,
                     "duration_s": args.duration, "load": args.load,
                     **({"clients": args.clients} if args.load == "python" else {})}), flush=True)
             echo.terminate()
