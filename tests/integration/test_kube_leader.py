@@ -150,7 +150,8 @@ async def test_stalled_leader_steps_down_before_the_renew_deadline(clients: list
                                        "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         assert (stopped_wall - last_renew).total_seconds() < 1.2, "must stop before the renew deadline"
         assert leader.work_cancelled and leader.stopped and leader.gauge == 0.0
-        await wait_for(lambda: standby.elector.is_leader, timeout=4)
+        # its leader work starts just after the flag turns (a task of its own): wait for the work
+        await wait_for(lambda: standby.elector.is_leader and bool(standby.started), timeout=4)
         assert leader.work_cancelled[0] < standby.started[0], "the old leader stops before the new starts"
         clients[0].limiter = TokenBucket(0, 1)  # unstall, so shutdown need not wait out the release timeout
         tg.cancel_scope.cancel()
