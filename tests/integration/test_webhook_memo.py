@@ -1,19 +1,25 @@
 """The webhook's memo of pods already mutated, through the embedded API server: identical replicas
 get the answer a fresh analysis gives, each with its own index; a change to what the analysis read
 (a quota, a GPU's capacity for a dedicated pod) is seen by the next pod; GPU status writes do not
-invalidate the pods that never read a GPU; per-pod claims (host ports) are never remembered."""
+invalidate the pods that never read a GPU; per-pod claims (host ports) are never remembered; and
+replicas that differ only in kube-apiserver's managedFields stamp share the answer."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import ssl
 from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 
 from tests.integration.test_controller_allocation import controllers, create_gpu, eventually
 from tests.integration.test_pod_webhook import POOL, kube, serve_webhook, webhook_settings  # noqa: F401
 from tfusion.api import annotations as tfa
+from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.memo import ReviewMemo
 from tfusion.controller.webhook.service import WebhookService
 from tfusion.kube import resources as r
@@ -150,3 +156,35 @@ async def test_per_pod_claims_are_never_remembered(apiserver: Any, kube: KubeCli
         workloads = {(await kube.create(r.PODS, unowned, namespace="default"))["metadata"]["annotations"][
             tfa.PENDING_OWNED_WORKLOAD] for _ in range(2)}
         assert len(workloads) == 2 and len(webhook.memo) == 0
+
+
+def review(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "namespace": "default", "object": pod, "dryRun": True}}
+
+
+async def test_replicas_stamped_in_different_seconds_share_the_answer(apiserver: Any, kube: KubeClient,  # noqa: F811
+                                                                      tmp_path: Path) -> None:
+    """kube-apiserver fills in managedFields (to the second) before admission; the memo looks past them."""
+    notes = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
+    async with controllers() as tg:
+        webhook = service(await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path)))
+        await settled(webhook)
+        context = ssl.create_default_context(cadata=base64.b64decode(webhook.certs.ca_bundle or "").decode())
+        pods = []
+        for second in ("10", "11"):
+            stamped = replica(notes)
+            stamped["metadata"]["managedFields"] = [{
+                "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+                "time": f"2026-12-01T10:00:{second}Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}}]
+            pods.append(stamped)
+        async with httpx.AsyncClient(base_url=f"https://localhost:{webhook.address[1]}", verify=context) as http:
+            answers = [(await http.post("/mutate-v1-pod", json=review(p, f"u{i}"))).json()["response"]
+                       for i, p in enumerate(pods)]
+        assert webhook.memo.hits == 1 and all(a["allowed"] for a in answers)
+        for pod_sent, answer in zip(pods, answers, strict=True):
+            mutated = json_patch(pod_sent, orjson.loads(base64.b64decode(answer["patch"])))
+            assert mutated["metadata"]["managedFields"] == pod_sent["metadata"]["managedFields"]
+            assert mutated["spec"]["schedulerName"] == "tensor-fusion-scheduler"

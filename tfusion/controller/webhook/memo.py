@@ -7,9 +7,10 @@ is busiest. The mutation is a pure function of the pod as sent, its namespace, t
 `analyse` reads (pools, provider configs, quotas, workload profiles, scheduling templates,
 namespaces and, for compute-percent pods, GPU capacities), the dynamic config, the pod's resolved
 owner and its index. `ReviewMemo` keeps the plan, and the JSON patch for each index a pod got, under
-the pod's bytes and namespace; an entry holds while every informer it read has the same
-`generation` (a counter of changes to its store), the dynamic config is the same object and the
-owner resolves the same; the GPU capacities it looked up are compared again.
+the pod's bytes (without the managedFields kube-apiserver stamps to the second) and namespace; an
+entry holds while every informer it read has the same `generation` (a counter of changes to its
+store other than status writes), the dynamic config is the same object and the owner resolves the
+same; the GPU capacities it looked up are compared again.
 
 What it never skips: the owner lookup (itself cached), the index assignment, the workload check,
 and everything for the plans it does not keep, which claim or read something per pod: a host port,
@@ -29,7 +30,7 @@ from tfusion.controller.webhook.mutate import Owner, Plan
 
 MAX_BYTES = 16 * 1024 * 1024
 
-#: the pod's JSON as sent and its namespace
+#: the pod's JSON as sent (see service._memo_bytes) and its namespace
 Key = tuple[bytes, str]
 
 

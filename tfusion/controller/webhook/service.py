@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
@@ -230,7 +231,7 @@ class WebhookService:
         namespace = request.namespace or str(meta.get("namespace") or "default")
         await self._synced()
         view = {**pod, "metadata": {**meta, "namespace": namespace}}
-        key, state = (bytes(request.object), namespace), self._state()  # the state before reading the caches
+        key, state = (_memo_bytes(request, pod, meta), namespace), self._state()  # the state before reading the caches
         if (known := await self._remembered(key, state, view, namespace)) is not None:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
         gpu_reads: dict[str, object] = {}
@@ -331,6 +332,16 @@ class WebhookService:
                        auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels,
                        progressive=self.settings.progressive_migration,
                        operator_endpoint=remote.operator_endpoint(self.settings))
+
+
+def _memo_bytes(request: AdmissionRequest, pod: Obj, meta: Mapping[str, Any]) -> bytes:
+    """The pod as sent, but for `metadata.managedFields`: kube-apiserver stamps those before
+    admission with the time to the second, so a Deployment's replicas differ only there; the
+    mutation neither reads nor changes them. (Key order is the sender's, so equal pods give equal
+    bytes.)"""
+    if "managedFields" not in meta:
+        return bytes(request.object)
+    return orjson.dumps({**pod, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}})
 
 
 def _assignment_key(pod: Mapping[str, Any], namespace: str) -> str:
