@@ -25,6 +25,7 @@ from typing import Any
 
 from tfusion.allocator.request import pod_index_of
 from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling.claims import Claims
 
 POD_INDEX_MAX = tfa.POD_INDEX_MAX
 RESERVATION_TTL_S = 60.0
@@ -37,69 +38,35 @@ def pod_index(pod: Mapping[str, Any]) -> int | None:
 
 
 class IndexAllocator:
-    """Pure state: held indices by holder (a pod UID or an assignment's key) and a moving cursor."""
+    """Pure state: the claims on the 128 indices (claims.py) and a moving cursor."""
 
     def __init__(self, *, reservation_ttl: float = RESERVATION_TTL_S,
                  now: Callable[[], float] = time.monotonic) -> None:
-        self.reservation_ttl = reservation_ttl
-        self.now = now
-        self._held: dict[str, int] = {}  # holder -> index
-        #: assignment key -> (index, expiry), in expiry order: the expired ones are a prefix
-        self._reserved: dict[str, tuple[int, float]] = {}
-        #: index -> how many holders and live reservations have it (a burst of new pods costs
-        #: each assignment a look at these counts, not a scan of every reservation)
-        self._users: dict[int, int] = {}
+        self.claims = Claims(ttl=reservation_ttl, now=now)
         self._next = 1
-
-    def _count(self, index: int, delta: int) -> None:
-        self._users[index] = self._users.get(index, 0) + delta
-
-    def _expire(self, now: float) -> None:
-        while self._reserved:
-            key = next(iter(self._reserved))
-            index, expiry = self._reserved[key]
-            if expiry > now:
-                return
-            del self._reserved[key]
-            self._count(index, -1)
 
     def assign(self, key: str) -> int:
         """An index for the pod being admitted under `key` (its namespace/name, or a unique key for
         a generateName pod); asking again with the same key returns the same index."""
-        now = self.now()
-        found = self._reserved.get(key)
-        if found is not None and found[1] > now:
-            return found[0]
-        self._expire(now)  # an expired reservation under this key goes with the others
+        known = self.claims.reservation(key)
+        if known is not None:
+            return known
         chosen = self._next
         for step in range(POD_INDEX_MAX):
             candidate = (self._next - 1 + step) % POD_INDEX_MAX + 1
-            if not self._users.get(candidate):
+            if self.claims.free(candidate):
                 chosen = candidate
                 break
         self._next = chosen % POD_INDEX_MAX + 1
-        self._reserved[key] = (chosen, now + self.reservation_ttl)
-        self._count(chosen, 1)
+        self.claims.reserve(key, chosen)
         return chosen
 
     def occupy(self, holder: str, index: int, key: str = "") -> None:
         """A live pod holds `index` (from the cache); its reservation under `key` is no longer needed."""
-        old = self._held.get(holder)
-        if old is not None:
-            self._count(old, -1)
-        self._held[holder] = index
-        self._count(index, 1)
-        reserved = self._reserved.get(key) if key else None
-        if reserved is not None and reserved[0] == index:
-            del self._reserved[key]
-            self._count(index, -1)
+        self.claims.occupy(holder, index, key)
 
     def release(self, holder: str) -> bool:
-        index = self._held.pop(holder, None)
-        if index is None:
-            return False
-        self._count(index, -1)
-        return True
+        return self.claims.release(holder)
 
     def held(self) -> dict[str, int]:
-        return dict(self._held)
+        return self.claims.held()

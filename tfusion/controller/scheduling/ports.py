@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.controller.scheduling.claims import Claims
 
 RESERVATION_TTL_S = 60.0
 
@@ -26,46 +27,35 @@ class NoFreePort(Exception):
 
 
 class PortPool:
-    """One range [start, end): held ports by holder, plus short-lived reservations."""
+    """One range [start, end) and the claims on its ports (claims.py); the lowest free one is given."""
 
     def __init__(self, start: int, end: int, *, reservation_ttl: float = RESERVATION_TTL_S,
                  now: Callable[[], float] = time.monotonic) -> None:
         if not 0 < start < end <= 65536:
             raise ValueError(f"port range {start}-{end} is invalid; expected 0 < start < end <= 65536")
         self.start, self.end = start, end
-        self.reservation_ttl = reservation_ttl
-        self.now = now
-        self._held: dict[str, int] = {}
-        self._reserved: dict[str, tuple[int, float]] = {}
-
-    def _in_use(self) -> set[int]:
-        now = self.now()
-        self._reserved = {k: v for k, v in self._reserved.items() if v[1] > now}
-        return set(self._held.values()) | {port for port, _ in self._reserved.values()}
+        self.claims = Claims(ttl=reservation_ttl, now=now)
 
     def assign(self, key: str) -> int:
-        now = self.now()
-        if key in self._reserved and self._reserved[key][1] > now:
-            return self._reserved[key][0]
-        in_use = self._in_use()
+        known = self.claims.reservation(key)
+        if known is not None:
+            return known
         for port in range(self.start, self.end):
-            if port not in in_use:
-                self._reserved[key] = (port, now + self.reservation_ttl)
+            if self.claims.free(port):
+                self.claims.reserve(key, port)
                 return port
-        raise NoFreePort(f"no available port in {self.start}-{self.end} ({len(in_use)} held)")
+        raise NoFreePort(f"no available port in {self.start}-{self.end} ({self.claims.in_use()} held)")
 
     def occupy(self, holder: str, port: int, key: str = "") -> None:
         """A live pod holds `port`; its reservation under `key` is no longer needed."""
         if self.start <= port < self.end:
-            self._held[holder] = port
-        if key and self._reserved.get(key, (None,))[0] == port:
-            del self._reserved[key]
+            self.claims.occupy(holder, port, key)
 
     def release(self, holder: str) -> bool:
-        return self._held.pop(holder, None) is not None
+        return self.claims.release(holder)
 
     def held(self) -> dict[str, int]:
-        return dict(self._held)
+        return self.claims.held()
 
 
 def pod_port(pod: Mapping[str, Any]) -> int | None:
