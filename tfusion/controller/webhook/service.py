@@ -9,13 +9,15 @@ certificate and registration every `check_interval` seconds (and at once when th
 auto-migration switch changes the objectSelector).
 
 A pod's review: operations other than a Pod CREATE are allowed untouched; so is a pod that is
-not a TensorFusion pod. In progressive-migration mode a native-GPU pod that auto-migration does
-not take gets only `spec.schedulerName: tensor-fusion-scheduler`. Otherwise: owner chain,
-`analyse` (a Denial is `allowed: false` with its code and message), the grey-release counter, the
-autoscaler's recommendation from the cached workload, an index, a host port (not on dryRun),
-`render`, the workload (not on dryRun), and the JSON patch. Failures of the API server or the leader are
-answered `allowed: false` with code 500/503 and the reason, and logged; with `failurePolicy:
-Fail` the pod is then not created.
+not a TensorFusion pod. A pod identical to one already mutated, under the same cluster state, takes
+the plan and the patch from the memo (memo.py) and goes straight to its index and workload. In
+progressive-migration mode a native-GPU pod that auto-migration does not take gets only
+`spec.schedulerName: tensor-fusion-scheduler`. Otherwise: owner chain, `analyse` (a Denial is
+`allowed: false` with its code and message), the autoscaler's recommendation from the cached
+workload, the grey-release counter, an index, a host port (not on dryRun), `render`, the workload
+(not on dryRun), and the JSON patch. Failures of the API server or the leader are answered
+`allowed: false` with code 500/503 and the reason, and logged; with `failurePolicy: Fail` the pod
+is then not created.
 """
 
 from __future__ import annotations
