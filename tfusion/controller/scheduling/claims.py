@@ -11,7 +11,7 @@ made, so a burst of new pods costs no scan of every reservation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 class Claims:
@@ -31,10 +31,12 @@ class Claims:
         found = self._reserved.get(key)
         return found[0] if found is not None and found[1] > self.now() else None
 
-    def free(self, value: int) -> bool:
-        """Whether nobody holds or has reserved `value` (expired reservations are let go first)."""
+    def first_free(self, candidates: Iterable[int]) -> int | None:
+        """The first of `candidates` nobody holds or has reserved (expired reservations are let go
+        first), or None."""
         self._expire()
-        return not self._users.get(value)
+        users = self._users
+        return next((value for value in candidates if not users.get(value)), None)
 
     def in_use(self) -> int:
         """How many values are held or reserved."""

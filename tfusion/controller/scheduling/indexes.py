@@ -51,12 +51,8 @@ class IndexAllocator:
         known = self.claims.reservation(key)
         if known is not None:
             return known
-        chosen = self._next
-        for step in range(POD_INDEX_MAX):
-            candidate = (self._next - 1 + step) % POD_INDEX_MAX + 1
-            if self.claims.free(candidate):
-                chosen = candidate
-                break
+        rotation = ((self._next - 1 + step) % POD_INDEX_MAX + 1 for step in range(POD_INDEX_MAX))
+        chosen = self.claims.first_free(rotation) or self._next  # all held: the counter repeats one
         self._next = chosen % POD_INDEX_MAX + 1
         self.claims.reserve(key, chosen)
         return chosen

@@ -40,10 +40,10 @@ class PortPool:
         known = self.claims.reservation(key)
         if known is not None:
             return known
-        for port in range(self.start, self.end):
-            if self.claims.free(port):
-                self.claims.reserve(key, port)
-                return port
+        port = self.claims.first_free(range(self.start, self.end))
+        if port is not None:
+            self.claims.reserve(key, port)
+            return port
         raise NoFreePort(f"no available port in {self.start}-{self.end} ({self.claims.in_use()} held)")
 
     def occupy(self, holder: str, port: int, key: str = "") -> None:
