@@ -27,7 +27,8 @@ from tests.integration.test_controller_allocation import (
     settings_for,
     start_controller,
 )
-from tests.integration.test_scheduler import gpu_pod, scheduler_of
+from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
+from tests.integration.test_scheduler import create_node, gpu_pod, scheduler_of
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
@@ -37,18 +38,6 @@ pytestmark = pytest.mark.anyio
 
 SCHEDULER = "tensor-fusion-scheduler"
 NODES = ["node-a", "node-b"]
-
-
-async def create_gpu_node(kube: KubeClient, name: str) -> None:
-    await kube.create(r.NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}, "spec": {}})
-    await kube.patch(r.NODES, name, {"status": {
-        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"},
-        "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
-
-
-def running_worker(name: str, node: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "default", "labels": {tfa.COMPONENT: "worker"}},
-            "spec": {"nodeName": node, "containers": [{"name": "w", "image": "worker"}]}}
 
 
 def native_pod(name: str, gpus: int) -> dict[str, Any]:
@@ -66,7 +55,7 @@ async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
         await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
             "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
         for node in NODES:
-            await create_gpu_node(client, node)
+            await create_node(client, node, allocatable=NATIVE_GPUS)
         await create_gpu(client, "gpu-b1", "node-b")
         await client.create(r.PODS, running_worker("worker-a", "node-a"))
         yield client

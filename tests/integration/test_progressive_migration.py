@@ -16,6 +16,7 @@ import pytest
 from tests.apiserver_fixture import apply_crds
 from tests.integration.test_controller_allocation import controllers, eventually, kube_client
 from tests.integration.test_pod_webhook import OPS, POOL, serve_webhook, webhook_settings
+from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.kube import resources as r
@@ -37,17 +38,13 @@ async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
                                          "spec": {"nodeManagerConfig": {}}})
         await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
             "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
-        await create_node(client, "node-a", taints=[OTHER_TAINT])
-        await create_node(client, "node-b")
+        await create_node(client, "node-a", taints=[OTHER_TAINT], allocatable=NATIVE_GPUS)
+        await create_node(client, "node-b", allocatable=NATIVE_GPUS)
         yield client
 
 
-async def create_node(kube: KubeClient, name: str, *, taints: list[dict[str, str]] | None = None) -> None:
-    await kube.create(r.NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-                                "spec": {"taints": taints} if taints else {}})
-    await kube.patch(r.NODES, name, {"status": {
-        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"},
-        "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
+#: what the NVIDIA device plugin advertises on these nodes
+NATIVE_GPUS = {"nvidia.com/gpu": "2"}
 
 
 def running_worker(name: str, node: str) -> dict[str, Any]:
