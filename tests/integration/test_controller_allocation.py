@@ -285,7 +285,12 @@ async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: P
             metrics = (await http.get("/metrics")).text
             assert "tfusion_allocator_live_allocations 0.0" in metrics
             assert "tfusion_allocator_dirty_gpus 0.0" in metrics
-            assert 'tfusion_reconcile_total{name="gpu-status",result="success"}' in metrics
+
+            async def gpu_status_reconciled() -> bool:  # the reconciler's own task, after recovery
+                text = (await http.get("/metrics")).text
+                return 'tfusion_reconcile_total{name="gpu-status",result="success"}' in text
+
+            await eventually(gpu_status_reconciled, what="a successful gpu-status reconcile in /metrics")
 
             # changes flow in from the informers: template mode, quota spec, GPU deletion
             template = await kube.get(r.SCHEDULINGCONFIGTEMPLATES, "placement")
@@ -387,8 +392,12 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             assert raced["status"]["available"] == expected[client.raced[0]]
             metrics = (await http.get("/metrics")).text
             assert 'tfusion_allocator_status_writes_total{kind="gpu",result="conflict"} 1.0' in metrics
-            node = await kube.get(r.GPUNODES, "node-a")
-            assert tfa.LAST_SYNC in node["metadata"].get("annotations", {})
+
+            async def node_stamped() -> bool:  # a separate write, made after the GPU status PUT
+                node = await kube.get(r.GPUNODES, "node-a")
+                return tfa.LAST_SYNC in node["metadata"].get("annotations", {})
+
+            await eventually(node_stamped, what="the GPUNode's last-sync annotation")
 
             async def quota_used() -> Any:
                 status = (await kube.get(r.GPURESOURCEQUOTAS, "budget", namespace="default")).get("status") or {}
@@ -558,7 +567,10 @@ async def test_orphan_sweep_and_assumed_expiry(apiserver: Any, tmp_path: Path) -
                                                  "uid": "pending-uid", "annotations": {
                                                      tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "5"}}})
         allocator.assume(pending, ["gpu-a1"])
-        assert "ghost-uid" in (await ctl.http.get("/api/allocation")).json()["allocation"]
+        # checked before any await: the sweep (every 0.2 s) may release the ghost during a request
+        ghost_info, pending_info = allocator.allocation("ghost-uid"), allocator.allocation("pending-uid")
+        assert ghost_info is not None and not ghost_info.assumed, "the ghost is committed"
+        assert pending_info is not None and pending_info.assumed
 
         async def swept() -> bool:
             return not allocator.has_allocation("ghost-uid") and not allocator.has_allocation("pending-uid")

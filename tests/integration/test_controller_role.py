@@ -85,8 +85,8 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             assert (await http.get(f"{probes}/readyz")).json() == body
             assert (await http.get(f"{probes}/api/config")).status_code == 404, "only the probes there"
 
-            async def leading() -> bool:
-                return metric((await http.get("/metrics")).text, "tfusion_leader ") == 1.0
+            async def leading() -> bool:  # the gauge turns when the Lease is won, the task starts after
+                return metric((await http.get("/metrics")).text, "tfusion_leader ") == 1.0 and bool(leader_work)
 
             await wait_for(leading)
             assert runtime.is_leader and leader_work == ["started"]
@@ -112,9 +112,12 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             assert config["maxInFlightNodes"] == 3 and config["metricsExtraPodLabels"] == {"team": "team"}
             assert config["gpuOperatorNamespace"] == "gpu-operator", "unset keys keep their defaults"
             path.write_text(yaml.safe_dump({"metricsTTL": "1d", "metricsFormat": "xml"}))
-            await anyio.sleep(0.3)
+
+            async def refused() -> bool:
+                return "metricsFormat" in runtime.dynamic_config.error
+
+            await wait_for(refused, timeout=3)
             assert (await http.get("/api/config")).json()["config"]["metricsTTL"] == "7d"
-            assert "metricsFormat" in runtime.dynamic_config.error
             path.unlink()
 
             async def defaults() -> bool:
@@ -123,10 +126,11 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             await wait_for(defaults, timeout=3)
 
         # the pod informer holds only our labelled pods
+        # "other" first: once "w" (created after it) is cached, "other" would have been too
+        await runtime.client.create(r.PODS, {"metadata": {"name": "other", "namespace": "default"},
+                                             "spec": {"containers": [{"name": "c", "image": "x"}]}})
         await runtime.client.create(r.PODS, {"metadata": {"name": "w", "namespace": "default",
                                                           "labels": {"tensor-fusion.ai/component": "worker"}},
-                                             "spec": {"containers": [{"name": "c", "image": "x"}]}})
-        await runtime.client.create(r.PODS, {"metadata": {"name": "other", "namespace": "default"},
                                              "spec": {"containers": [{"name": "c", "image": "x"}]}})
         pods = runtime.informer(r.PODS)
 

@@ -131,9 +131,12 @@ async def test_native_gpu_pods_go_to_nodes_without_workers(apiserver: Any, kube:
 
         await eventually(every_node_busy, timeout=30, what="native-2's message naming the busy nodes")
         assert (await native_2_message()).startswith("0/2 nodes are available: 2 node(s) run TensorFusion workers.")
-        events = [e for e in await kube.list(r.EVENTS, namespace="default")
-                  if e["involvedObject"].get("name") == "native-2" and e.get("reason") == "FailedScheduling"]
-        assert events
+
+        async def failed_scheduling_reported() -> bool:  # the event recorder writes in the background
+            return any(e["involvedObject"].get("name") == "native-2" and e.get("reason") == "FailedScheduling"
+                       for e in await kube.list(r.EVENTS, namespace="default"))
+
+        await eventually(failed_scheduling_reported, what="native-2's FailedScheduling event")
 
         # node-a's worker leaves: its taint goes (the team taint stays), and native-2 fits there
         await kube.delete(r.PODS, "worker-a", namespace="default")
@@ -147,7 +150,11 @@ async def test_native_gpu_pods_go_to_nodes_without_workers(apiserver: Any, kube:
             return await node_of(kube, "native-2")
 
         assert await eventually(native_2_bound, timeout=30, what="native-2 bound") == "node-a"
-        assert any(t == TAINT for t in await taints_of(kube, "node-b"))
+
+        async def node_b_tainted() -> bool:  # the node reconciler's write, not the scheduler's view
+            return any(t == TAINT for t in await taints_of(kube, "node-b"))
+
+        await eventually(node_b_tainted, what="the used-by taint on node-b (worker-b runs there)")
 
 
 async def test_with_the_mode_off_native_pods_and_taints_are_left_alone(apiserver: Any, kube: KubeClient,

@@ -166,9 +166,13 @@ async def test_client_pod_gets_a_dedicated_worker_and_its_url(apiserver: Any, ku
         renewed = await ask(ctl, name, token)
         assert renewed.status_code == 200 and renewed.text.startswith(f"native+10.0.0.6+8000+{name}-")
         assert renewed.text != answer.text
-        events = [e["reason"] for e in await kube.list(r.EVENTS, namespace=NS)
-                  if e["involvedObject"].get("name") == name]
-        assert {"WorkerCreated", "ConnectionReady", "WorkerLost"} <= set(events)
+
+        async def reported() -> bool:  # the event recorder writes in the background
+            events = [e["reason"] for e in await kube.list(r.EVENTS, namespace=NS)
+                      if e["involvedObject"].get("name") == name]
+            return {"WorkerCreated", "ConnectionReady", "WorkerLost"} <= set(events)
+
+        await eventually(reported, what="the WorkerCreated, ConnectionReady and WorkerLost events")
 
         # the client pod goes: its connection and its worker go with it
         await kube.delete(r.PODS, "app", namespace=NS)

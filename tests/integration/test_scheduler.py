@@ -109,7 +109,7 @@ async def test_worker_pod_is_bound_with_gpu_ids_and_shows_in_allocation(apiserve
             assert service.allocator is not None
             info = service.allocator.allocation(pod["metadata"]["uid"])
             assert info is not None and not info.assumed  # committed
-            assert await events_for(kube, "w1", "Scheduled")
+            await eventually(lambda: events_for(kube, "w1", "Scheduled"), what="w1's Scheduled event")
             lean = scheduler_of(ctl).client.lean
             # the controller's requests, the Binding among them, went over the lean transport; none
             # had to go through kr8s (only a 401 hands one back)
@@ -243,7 +243,12 @@ async def test_failed_binding_rolls_the_reservation_back(apiserver: Any, tmp_pat
             assert "bound" in answer["Error"] or "already assigned" in answer["Error"]
             allocator = ctl.service.allocator
             assert allocator is not None and allocator.allocations() == {}
-            assert scheduler.usage.used("node-a").pods == 1  # the pod someone else bound, once
+
+            async def counted_once() -> bool:  # usage is keyed by pod UID, so it never counts w1 twice
+                return scheduler.usage.used("node-a").pods == 1
+
+            # the pod someone else bound, once: the pod feed may show the foreign Binding only now
+            await eventually(counted_once, what="w1 counted on node-a from the pod feed")
 
 
 async def _ready(ctl: Any) -> bool:
