@@ -6,7 +6,9 @@ Deployment, Job -> CronJob) names the workload, so the pods of one Deployment sh
 workload; owners are remembered by UID, so a Deployment's pods cost one lookup, not one each.
 `WorkloadWriter.ensure` creates the workload or merge-patches it when its spec, labels,
 annotations or owner differ from what the pod needs, and makes no API call when the cached copy
-already matches (the common case: every pod after the first).
+already matches (the common case: every pod after the first). A bare pod's workload is owned by
+that pod; when a pod is deleted and created again under its name, the webhook takes the workload
+back from the deleted pod before the garbage collector takes it away (`_released_pod`).
 
 The autoscaler's recommendation reaches new pods here too: when the pod's workload (as cached,
 with the pod's own autoScalingConfig merged over it) has autoscaling enabled and a
@@ -220,30 +222,65 @@ class WorkloadWriter:
         meta = desired["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
         cached = self.informer.get(key)
-        if cached is not None and self._known_match(key, cached, desired):
+        released = None if cached is None else await self._released_pod(cached, desired)
+        if cached is not None and released is None and self._known_match(key, cached, desired):
             return "unchanged"
         if cached is None:
-            self.writes += 1
-            try:
-                await self.client.create(r.TENSORFUSIONWORKLOADS, desired, namespace=meta["namespace"])
-                return "created"
-            except AlreadyExists:
-                self.writes += 1
-                cached = await self.client.get(r.TENSORFUSIONWORKLOADS, meta["name"], namespace=meta["namespace"])
-                if workload_matches(cached, desired):
-                    return "unchanged"
+            return await self._create(desired)
+        return await self._patch(cached, desired, released)
+
+    async def _create(self, desired: Obj) -> str:
+        meta = desired["metadata"]
         self.writes += 1
-        await self.client.patch(r.TENSORFUSIONWORKLOADS, meta["name"], _patch_for(cached, desired),
-                                namespace=meta["namespace"])
+        try:
+            await self.client.create(r.TENSORFUSIONWORKLOADS, desired, namespace=meta["namespace"])
+            return "created"
+        except AlreadyExists:
+            self.writes += 1
+            current = await self.client.get(r.TENSORFUSIONWORKLOADS, meta["name"], namespace=meta["namespace"])
+        released = await self._released_pod(current, desired)
+        if released is None and workload_matches(current, desired):
+            return "unchanged"
+        return await self._patch(current, desired, released)
+
+    async def _patch(self, current: Mapping[str, Any], desired: Obj, released: str | None) -> str:
+        meta = desired["metadata"]
+        self.writes += 1
+        try:
+            await self.client.patch(r.TENSORFUSIONWORKLOADS, meta["name"], _patch_for(current, desired, released),
+                                    namespace=meta["namespace"])
+        except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
+            self.writes += 1
+            await self.client.create(r.TENSORFUSIONWORKLOADS, desired, namespace=meta["namespace"])
+            return "created"
         return "patched"
 
+    async def _released_pod(self, current: Mapping[str, Any], desired: Obj) -> str | None:
+        """The UID of the deleted pod that still controls the workload a bare pod of the same name
+        needs, else None. Such a workload is about to be garbage-collected with its old pod (a pod
+        deleted and created again under its name, as `kubectl replace --force` does): the patch
+        lets go of that pod, and the new pod adopts the workload as any bare pod does."""
+        ref = controller_ref(current)
+        if desired["metadata"].get("ownerReferences") or ref is None or ref.get("kind") != "Pod":
+            return None
+        self.writes += 1
+        try:
+            pod = await self.client.get(r.PODS, str(ref.get("name")), namespace=desired["metadata"]["namespace"])
+        except NotFound:
+            return str(ref.get("uid"))
+        return None if (pod.get("metadata") or {}).get("uid") == ref.get("uid") else str(ref.get("uid"))
 
-def _patch_for(cached: Mapping[str, Any], desired: Obj) -> Obj:
+
+def _patch_for(cached: Mapping[str, Any], desired: Obj, released: str | None = None) -> Obj:
+    """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
+    `released` owner's reference (a UID) dropped."""
     wanted = desired["metadata"]
     meta: Obj = {"labels": wanted.get("labels") or {}, "annotations": wanted.get("annotations") or {}}
+    kept = [ref for ref in (cached.get("metadata") or {}).get("ownerReferences") or []
+            if not (isinstance(ref, Mapping) and released is not None and ref.get("uid") == released)]
     missing = [ref for ref in wanted.get("ownerReferences") or [] if not _owner_present(cached, ref)]
-    if missing:
-        meta["ownerReferences"] = list((cached.get("metadata") or {}).get("ownerReferences") or []) + missing
+    if missing or released is not None:
+        meta["ownerReferences"] = kept + missing
     return {"metadata": meta, "spec": desired.get("spec") or {}}
 
 
