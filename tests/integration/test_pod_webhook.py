@@ -30,12 +30,13 @@ from tests.integration.test_controller_allocation import (
     settings_for,
     start_controller,
 )
+from tests.integration.test_scheduler_index import gone
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
 from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient, KubeError, NotFound
+from tfusion.kube.client import KubeClient, KubeError
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -124,7 +125,7 @@ async def test_a_bare_pod_comes_back_mutated_with_its_workload(apiserver: Any, k
                          what="the workload owned by the pod, in the cache")
         await kube.delete(r.PODS, "bare", namespace="default")
         with anyio.fail_after(10):  # created again at once, as `kubectl replace --force` does
-            while not await _gone(kube, "bare"):
+            while not await gone(kube, "bare"):
                 await anyio.sleep(0)
         again = await kube.create(r.PODS, pod("bare", BARE), namespace="default")
         assert again["metadata"]["annotations"][tfa.PENDING_OWNED_WORKLOAD] == "bare"
@@ -140,14 +141,6 @@ async def _owned_by(ctl: Controller, key: str, pod_uid: str) -> dict[str, Any] |
     owners = [(o.get("kind"), o.get("uid"), o.get("controller")) for o in
               ((cached or {}).get("metadata") or {}).get("ownerReferences") or []]
     return dict(cached) if cached is not None and owners == [("Pod", pod_uid, True)] else None
-
-
-async def _gone(kube: KubeClient, name: str) -> bool:
-    try:
-        await kube.get(r.PODS, name, namespace="default")
-    except NotFound:
-        return True
-    return False
 
 
 async def test_quota_defaults_high_qos_and_dry_run(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
