@@ -23,6 +23,7 @@ from typing import Any
 
 from tfusion.api import annotations as ann
 from tfusion.api import durations
+from tfusion.apiserver.selectors import parse_label_selector
 
 ROLES = ("apiserver", "controller", "hypervisor")
 ALL_ROLES = (*ROLES, "all")
@@ -65,6 +66,13 @@ def parse_dns_label(text: str) -> str:
     if not _DNS_LABEL_RE.fullmatch(text):
         raise ValueError(f"expected a DNS label (lowercase letters, digits, '-'; at most 63), got {text!r}")
     return text
+
+
+def parse_node_label_selector(text: str) -> str:
+    """A Kubernetes label selector (`nvidia.com/gpu.present=true`, `a=b,c in (d,e)`), checked now
+    so that a typo stops the start, not every Node's reconcile."""
+    parse_label_selector(text)
+    return text.strip()
 
 
 def parse_host_list(text: str) -> tuple[str, ...]:
@@ -359,8 +367,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
        "native-GPU pods that auto-migration does not take go to tensor-fusion-scheduler, which keeps them "
        "on nodes without TensorFusion workers; nodes with workers get a PreferNoSchedule taint"),
-    _o("initial_gpu_node_label_selector", None, "INITIAL_GPU_NODE_LABEL_SELECTOR", "", str, "controller",
-       "k=v selector for GPU nodes before any pool selects them", implemented=False),
+    _o("initial_gpu_node_label_selector", None, "INITIAL_GPU_NODE_LABEL_SELECTOR", "", parse_node_label_selector,
+       "controller", "label selector a Node must match to get a GPUNode, whatever the pools select (the "
+       "original's chart sets nvidia.com/gpu.present=true); unset: every Node a pool selects"),
     _o("max_workers_per_node", "--max-workers-per-node", None, 256, _positive_int, "controller",
        "GPU workers one node may hold"),
     _o("sync_interval", "--sync-interval", None, 10.0, parse_duration, "controller",

@@ -320,6 +320,30 @@ async def test_a_deleted_pool_waits_for_its_gpunodes(apiserver: Any, tmp_path: P
         await eventually(lambda: _gone(kube, r.GPUPOOLS, POOL), what="then the pool itself")
 
 
+async def test_only_nodes_the_gpu_node_selector_matches_get_gpunodes(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        # a pool that selects every Node with a hostname: the selector keeps it to the GPU nodes
+        await kube.create(r.GPUPOOLS, {"metadata": {"name": POOL}, "spec": {"nodeManagerConfig": {"nodeSelector": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}]}}}})
+        await create_node(kube, "cpu-1", gpu=False)
+        await create_node(kube, "gpu-1")
+        await start_controller(tg, fast(apiserver, tmp_path,
+                                        initial_gpu_node_label_selector="nvidia.com/gpu.present=true"))
+        await eventually(lambda: get(kube, r.GPUNODES, "gpu-1"), what="the GPU node's GPUNode")
+        # the pool selects it too, so the Node reconciler has handled both Nodes by the time a
+        # third one, created after them, has its GPUNode
+        await create_node(kube, "gpu-2")
+        await eventually(lambda: get(kube, r.GPUNODES, "gpu-2"), what="the GPUNode of a GPU node created later")
+        assert await get(kube, r.GPUNODES, "cpu-1") is None, "the selector does not match a CPU node"
+
+        # a Node that stops matching loses its GPUNode, one that starts matching gets one
+        await kube.patch(r.NODES, "gpu-1", {"metadata": {"labels": {"nvidia.com/gpu.present": "false"}}})
+        await kube.patch(r.NODES, "cpu-1", {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
+        await eventually(lambda: _gone(kube, r.GPUNODES, "gpu-1"), what="the GPUNode of a Node no longer matched")
+        await eventually(lambda: get(kube, r.GPUNODES, "cpu-1"), what="the GPUNode of a Node now matched")
+
+
 # --- quota, workload -----------------------------------------------------------------------------
 
 async def test_quota_follows_pods_and_alert_flips_at_the_threshold(apiserver: Any, tmp_path: Path) -> None:

@@ -53,6 +53,8 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
     "enable_webhooks": ("false", False, "maybe"),
     "enable_scheduler": ("false", False, "maybe"),
+    "initial_gpu_node_label_selector": (" nvidia.com/gpu.present=true ", "nvidia.com/gpu.present=true",
+                                        "gpu in true"),
     "disable_connection_auth": ("true", True, "maybe"),
     "progressive_migration": ("true", True, "maybe"),
 }
@@ -245,7 +247,6 @@ NOT_IMPLEMENTED_FOUND = {
     "scheduler_config": "--scheduler-config",
     "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
     "enable_cr_controller": "ENABLE_CR_CONTROLLER",
-    "initial_gpu_node_label_selector": "INITIAL_GPU_NODE_LABEL_SELECTOR",
     "detect_in_used_gpus": "DETECT_IN_USED_GPUS",
 }
 #: values refused of options that otherwise work

@@ -7,7 +7,10 @@ owner, `spec.manageMode: AutoSelect`, `status.phase: Pending` (the GPUNode recon
 from there). Membership is stable: a GPUNode stays in its pool while that pool selects the Node,
 even when a pool that sorts first appears later. A Node that is deleted, or that its pool no
 longer selects, takes its GPUNode with it (and, if another pool selects it, gets a new one there).
-Unschedulable (cordoned) Nodes are skipped: what they have is left as it is. Only GPUNodes this
+With `INITIAL_GPU_NODE_LABEL_SELECTOR` set, only Nodes it matches are GPU nodes: one it does not
+match is treated as a Node no pool selects, whatever the pools' selectors say (it keeps clusters
+whose pools select broadly off CPU nodes). Unschedulable (cordoned) Nodes are skipped: what they
+have is left as it is. Only GPUNodes this
 reconciler keeps (AutoSelect, controlled by a pool) are ever deleted or replaced: one of another
 manageMode (Manual, Provisioned), or made by hand without a controlling pool, is left alone.
 
@@ -23,6 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
+from tfusion.apiserver.selectors import parse_label_selector
 from tfusion.controller.reconcilers.common import (
     PENDING,
     Obj,
@@ -89,6 +93,8 @@ class NodeReconciler:
         self.pools = runtime.informer(r.GPUPOOLS)
         self.gpunodes = runtime.informer(r.GPUNODES)
         self.progressive = bool(runtime.settings.progressive_migration)
+        self.gpu_node_selector = runtime.settings.initial_gpu_node_label_selector
+        self.gpu_nodes = parse_label_selector(self.gpu_node_selector)
         builder = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
             .watches(r.GPUNODES, lambda gpunode: [name_of(gpunode)], predicates=[_metadata_changed]) \
             .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed])
@@ -111,6 +117,11 @@ class NodeReconciler:
         if (node.get("spec") or {}).get("unschedulable"):
             return None
         if gpunode is not None and not _auto_selected(gpunode):
+            return None
+        if not self.gpu_nodes.matches(labels_of(node)):
+            if gpunode is not None:
+                await self._delete(gpunode, f"its Node does not match INITIAL_GPU_NODE_LABEL_SELECTOR "
+                                            f"{self.gpu_node_selector}")
             return None
         if gpunode is not None:
             pool = self.pools.get(labels_of(gpunode).get(tfa.MANAGED_BY) or "")
