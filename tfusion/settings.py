@@ -26,6 +26,7 @@ from tfusion.api import durations
 from tfusion.apiserver.selectors import parse_label_selector
 
 ROLES = ("apiserver", "controller", "hypervisor")
+KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 ALL_ROLES = (*ROLES, "all")
 
 
@@ -419,7 +420,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("metrics_extra_labels", None, "TF_HYPERVISOR_METRICS_EXTRA_LABELS", "", str, "hypervisor",
        "JSON map pod annotation key -> extra metrics tag"),
     _o("detect_in_used_gpus", None, "DETECT_IN_USED_GPUS", False, parse_bool, "hypervisor",
-       "mark GPUs held by another device plugin", implemented=False),
+       "mark this node's GPUs that another device plugin holds (the kubelet's PodResources API or its "
+       "device-plugin checkpoint) as used by it, so tfusion does not share them out (Kubernetes backend)"),
     _o("sim_devices_fallback", "--sim-devices-fallback", None, "auto", parse_sim_devices_fallback, "hypervisor",
        f"simulated devices used when --devices=auto finds no NVIDIA driver: auto ({DEFAULT_SIM_DEVICES} "
        "with --role=all, none otherwise), off, or sim:SPEC"),
@@ -596,7 +598,7 @@ class Settings:
             return None
         if value != "auto":
             return Path(value).expanduser()
-        default = Path("/var/lib/kubelet/device-plugins")
+        default = KUBELET_DEVICE_PLUGIN_DIR
         if self.backend != "kubernetes" or self.runs_simulated_kubelet or not default.is_dir():
             return None
         return default

@@ -1,14 +1,16 @@
-"""Generate the device-plugin message classes from proto/deviceplugin.proto.
+"""Generate the kubelet API message classes from proto/deviceplugin.proto and proto/podresources.proto.
 
     .venv/bin/python tools/gen_deviceplugin_stubs.py          # rewrite the committed files
     .venv/bin/python tools/gen_deviceplugin_stubs.py --check  # exit 1 if they are out of date
 
-Why a script: the generated `deviceplugin_pb2.py` (messages) and `deviceplugin_pb2.pyi` (their types,
-for mypy --strict) are committed, so installing tfusion needs only the `protobuf` runtime, not the
-code generator (grpcio-tools, a dev dependency). The gRPC services are bound by hand in
-`tfusion/hypervisor/deviceplugin/rpc.py` from the generated file's service descriptors, which keeps
-them typed; no `_pb2_grpc.py` is generated. The test suite runs `--check`, so the committed files
-never drift from the .proto.
+Each proto/NAME.proto becomes tfusion/hypervisor/deviceplugin/NAME_pb2.py and NAME_pb2.pyi.
+
+Why a script: the generated `_pb2.py` files (messages) and `_pb2.pyi` files (their types, for
+mypy --strict) are committed, so installing tfusion needs only the `protobuf` runtime, not the code
+generator (grpcio-tools, a dev dependency). The gRPC services are bound by hand from the generated
+files' service descriptors (`tfusion/hypervisor/deviceplugin/rpc.py` for the device-plugin API,
+`podresources.py` for the PodResources one), which keeps them typed; no `_pb2_grpc.py` is generated.
+The test suite runs `--check`, so the committed files never drift from the .proto files.
 """
 
 from __future__ import annotations
@@ -21,22 +23,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PROTO = "deviceplugin.proto"
+PROTOS = ("deviceplugin.proto", "podresources.proto")
 OUT_DIR = ROOT / "tfusion" / "hypervisor" / "deviceplugin"
-OUTPUTS = ("deviceplugin_pb2.py", "deviceplugin_pb2.pyi")
+OUTPUTS = tuple(f"{Path(proto).stem}_pb2{suffix}" for proto in PROTOS for suffix in (".py", ".pyi"))
 
 
 def generate(out_dir: Path) -> None:
     from grpc_tools import protoc  # the generator, a dev dependency
 
-    code = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
-                        str(PROTO_DIR / PROTO)])
-    if code != 0:
-        raise SystemExit(f"protoc failed on {PROTO_DIR / PROTO} (exit {code})")
+    for proto in PROTOS:
+        code = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out_dir}",
+                            f"--pyi_out={out_dir}", str(PROTO_DIR / proto)])
+        if code != 0:
+            raise SystemExit(f"protoc failed on {PROTO_DIR / proto} (exit {code})")
 
 
 def stale() -> list[str]:
-    """The committed outputs that differ from what the .proto generates now."""
+    """The committed outputs that differ from what the .proto files generate now."""
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         return [name for name in OUTPUTS

@@ -258,7 +258,7 @@ UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
 UNIMPLEMENTED_VALUES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
 FOUND_FLAGS = {"--scheduler-config"}
-FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_CR_CONTROLLER", "DETECT_IN_USED_GPUS"}
+FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_CR_CONTROLLER"}
 
 
 def _role_arg(opt: Option) -> str:

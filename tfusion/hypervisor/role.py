@@ -11,6 +11,7 @@ current every 500 ms (readiness `shm-sync`, `rate-limiter`); its rate-limit para
 TF_HYPERVISOR_SCHEDULING_CONFIG over the node's pool's SchedulingConfigTemplate (`limiter/config.py`,
 Kubernetes backend). With the Kubernetes backend and a kubelet device-plugin directory
 (--device-plugin-dir), the 16 index device plugins serve and stay registered (`device-plugins`).
+With DETECT_IN_USED_GPUS, GPUs another device plugin holds are marked (`external_plugins.py`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
         scheduling = SchedulingConfig(settings.scheduling_config)
     except ValueError as exc:
         raise HypervisorError(str(exc)) from None
+    if settings.detect_in_used_gpus and settings.backend != "kubernetes":
+        raise HypervisorError("DETECT_IN_USED_GPUS=true marks GPU objects, which only --backend=kubernetes has")
     readiness = Readiness()
     readiness.set("discovery", False, "first device discovery has not finished")
     try:
@@ -116,6 +119,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
 
                 tg.start_soon(follow_template, scheduling, manager.client, node, new_params)
             plugin_dir = settings.resolved_device_plugin_dir
+            if settings.detect_in_used_gpus:
+                from tfusion.hypervisor.external_plugins import attach_detector
+
+                attach_detector(manager, node=node, device_plugin_dir=plugin_dir)
             if plugin_dir is not None and settings.backend == "kubernetes":
                 from tfusion.hypervisor.deviceplugin.plugins import DevicePlugins
 

@@ -21,8 +21,10 @@ __all__ = [
 ]
 
 GPUPhase: TypeAlias = Literal["Pending", "Provisioning", "Running", "Unknown", "Destroying", "Migrating"]
-#: who hands this GPU to pods: TensorFusion, or NVIDIA's device plugin (then TensorFusion keeps off it)
-UsedBy: TypeAlias = Literal["tensor-fusion", "nvidia-device-plugin"]
+#: who hands this GPU to pods: tensor-fusion, or the system name of another device plugin holding it
+#: (nvidia-device-plugin, 3rd-party-device-plugin, a ProviderConfig's usedBySystemName); any string,
+#: since the original's two-value enum refuses the names its own detector writes
+UsedBy: TypeAlias = str
 
 
 class PodGPUInfo(Model):
@@ -146,8 +148,9 @@ class GPUStatus(Model):
     numa_node: Int32 | None = msgspec.field(default=None, name="numaNode")
     """NUMA node the GPU is attached to."""
     used_by: UsedBy | None = None
-    """Who hands this GPU to pods: tensor-fusion or nvidia-device-plugin (then TensorFusion leaves it alone). Written
-    by the hypervisor."""
+    """Who hands this GPU to pods: tensor-fusion, or the device plugin holding it (nvidia-device-plugin,
+    3rd-party-device-plugin, a ProviderConfig's usedBySystemName), which TensorFusion then leaves alone. Written by
+    the hypervisor."""
     running_apps: list[RunningAppDetail] = msgspec.field(default_factory=list)
     """Workloads with workers on this GPU, kept by the controller."""
     nv_link: NVLinkInfo | None = msgspec.field(default=None, name="nvLink")

@@ -11,10 +11,12 @@ Registration server (`registration_handler`) and the plugin client (`DevicePlugi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
+from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import Message
 
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
@@ -28,16 +30,19 @@ REGISTRATION = "Registration"
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def _message_class(name: str) -> type[Message]:
-    cls: type[Message] = getattr(pb, name)
+def _message_class(name: str, proto: ModuleType) -> type[Message]:
+    cls: type[Message] = getattr(proto, name)
     return cls
 
 
-def method_types(service: str, method: str) -> tuple[str, type[Message], type[Message], bool]:
-    """(path, request class, response class, server-streaming) of a method, from the descriptor."""
-    descriptor = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
-    return (f"/{PACKAGE}.{service}/{method}", _message_class(descriptor.input_type.name),
-            _message_class(descriptor.output_type.name), descriptor.server_streaming)
+def method_types(service: str, method: str,
+                 proto: ModuleType = pb) -> tuple[str, type[Message], type[Message], bool]:
+    """(path, request class, response class, server-streaming) of a method, from the descriptor of
+    `proto`, a generated `_pb2` module (the device-plugin one unless told)."""
+    file: FileDescriptor = proto.DESCRIPTOR
+    descriptor = file.services_by_name[service].methods_by_name[method]
+    return (f"/{file.package}.{service}/{method}", _message_class(descriptor.input_type.name, proto),
+            _message_class(descriptor.output_type.name, proto), descriptor.server_streaming)
 
 
 class DevicePluginServicer(Protocol):
