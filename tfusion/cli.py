@@ -78,18 +78,13 @@ def _describe_default(opt: Option) -> str:
     text += ")"
     if not opt.implemented:
         text += " (not implemented yet)"
-    elif opt.unimplemented_values:
-        text += f" (not implemented yet: {', '.join(map(str, opt.unimplemented_values))})"
     return text
 
 
 def _not_implemented_epilog() -> str:
     """Variables without a flag are not listed above, so the ones not implemented are named here."""
-    names: list[str] = []
-    for opt in not_implemented_options():
-        if opt.flag or not opt.env:
-            continue  # a flag is marked in its own help line
-        names.extend([f"{opt.env}={value}" for value in opt.unimplemented_values] or [opt.env])
+    # a flag is marked in its own help line
+    names = [opt.env for opt in not_implemented_options() if opt.env and not opt.flag]
     if not names:
         return ""
     return f"Environment variables not implemented yet (setting one exits 1): {', '.join(names)}."

@@ -227,7 +227,6 @@ class Option:
 
     `implemented=False` keeps a setting of the original declared (its name, default and help stay
     documented) while refusing it when a user sets it, so nothing is accepted and silently ignored.
-    `unimplemented_values` refuses only some values of an option that otherwise works.
     """
 
     attr: str
@@ -240,23 +239,16 @@ class Option:
     env_wins: bool = False  # the original lets the environment override the flag (e.g. HYPERVISOR_PORT)
     is_bool_flag: bool = False
     implemented: bool = True
-    unimplemented_values: tuple[Any, ...] = ()
 
     @property
     def names(self) -> str:
         """How a user sets it: "--flag", "VARIABLE" or "--flag / VARIABLE"."""
         return " / ".join(name for name in (self.flag, self.env) if name)
 
-    @property
-    def fully_implemented(self) -> bool:
-        return self.implemented and not self.unimplemented_values
-
 
 def _o(attr: str, flag: str | None, env: str | None, default: Any, parse: Callable[[str], Any], role: str,
-       help: str, *, env_wins: bool = False, is_bool_flag: bool = False, implemented: bool = True,
-       unimplemented_values: tuple[Any, ...] = ()) -> Option:
-    return Option(attr, flag, env, default, parse, role, help, env_wins, is_bool_flag, implemented,
-                  unimplemented_values)
+       help: str, *, env_wins: bool = False, is_bool_flag: bool = False, implemented: bool = True) -> Option:
+    return Option(attr, flag, env, default, parse, role, help, env_wins, is_bool_flag, implemented)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -416,7 +408,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("scheduling_config", None, "TF_HYPERVISOR_SCHEDULING_CONFIG", "", str, "hypervisor",
        "JSON hypervisor scheduling config (rate-limit parameters, auto-freeze)"),
     _o("metrics_format", None, "TF_HYPERVISOR_METRICS_FORMAT", "influx", _choice("influx", "json", "otel"),
-       "hypervisor", "metrics file format", unimplemented_values=("otel",)),
+       "hypervisor", "metrics file format: influx (line protocol), json (one object a line) or otel (one "
+       "OTLP/JSON request a batch)"),
     _o("metrics_extra_labels", None, "TF_HYPERVISOR_METRICS_EXTRA_LABELS", "", str, "hypervisor",
        "JSON map pod annotation key -> extra metrics tag"),
     _o("detect_in_used_gpus", None, "DETECT_IN_USED_GPUS", False, parse_bool, "hypervisor",
@@ -667,12 +660,8 @@ def _resolve(opt: Option, flag_value: Any, env: Mapping[str, str]) -> Any:
             value = opt.parse(env_text)
         except ValueError as exc:
             raise SettingsError(f"environment variable {opt.env}={env_text!r}: {exc}") from None
-        if value in opt.unimplemented_values:
-            raise NotImplementedSettingError(f"environment variable {opt.env}={env_text} {NOT_IMPLEMENTED}")
         return value
     if flag_value is not None:
-        if flag_value in opt.unimplemented_values:
-            raise NotImplementedSettingError(f"{opt.flag}={flag_value} {NOT_IMPLEMENTED}")
         return flag_value
     return opt.default
 
@@ -688,8 +677,8 @@ def _refuse_if_not_implemented(opt: Option, flag_value: Any, env_text: str | Non
 
 
 def not_implemented_options() -> tuple[Option, ...]:
-    """Options (or some of their values) that are declared but refused when set."""
-    return tuple(opt for opt in OPTIONS if not opt.fully_implemented)
+    """Options that are declared but refused when set."""
+    return tuple(opt for opt in OPTIONS if not opt.implemented)
 
 
 def option(attr: str) -> Option:

@@ -150,6 +150,23 @@ async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> Non
     assert any(line.startswith("tf_worker_usage,") and "pod_name=trainer" in line for line in lines)
 
 
+async def test_the_metrics_file_in_otlp_json(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.log"
+    async with hypervisor(tmp_path, metrics_format="otel") as http:
+        devices = {d["UUID"] for d in (await http.get("/api/v1/devices")).json()["data"]}
+        with anyio.fail_after(10):
+            while not path.exists() or not path.read_text():
+                await anyio.sleep(0.1)
+    request = json.loads(path.read_text().splitlines()[0])  # one OTLP/JSON request a batch
+    (scope,) = request["resourceMetrics"][0]["scopeMetrics"]
+    memory = [m for m in scope["metrics"] if m["name"] == "tf_gpu_usage_memory_bytes"]
+    attributes = [{a["key"]: a["value"]["stringValue"] for a in m["gauge"]["dataPoints"][0]["attributes"]}
+                  for m in memory]
+    assert {a["uuid"] for a in attributes} == devices
+    assert all((a["node"], a["pool"]) == ("box-1", "local") for a in attributes)
+    assert all(int(m["gauge"]["dataPoints"][0]["asInt"]) >= 0 for m in memory)
+
+
 async def test_over_asking_and_bad_bodies(tmp_path: Path) -> None:
     async with hypervisor(tmp_path) as http:
         too_big = await http.post("/api/v1/workers", json={"name": "w", "requests": {"tflops": "2000", "vram": "1Gi"}})

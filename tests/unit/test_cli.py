@@ -255,7 +255,6 @@ def test_unusable_kubeconfig_exits_1_with_one_line(tmp_path: Any, kubeconfig_tex
 UNIMPLEMENTED = [opt for opt in not_implemented_options() if not opt.implemented]
 UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
-UNIMPLEMENTED_VALUES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
 FOUND_FLAGS = {"--scheduler-config"}
 FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY", "ENABLE_CR_CONTROLLER"}
@@ -277,7 +276,6 @@ def _assert_not_implemented(code: int, err: str, name: str) -> None:
 def test_the_found_ones_are_still_refused() -> None:
     assert {opt.flag for opt in UNIMPLEMENTED_FLAGS} >= FOUND_FLAGS
     assert {opt.env for opt in UNIMPLEMENTED_ENV} >= FOUND_ENV
-    assert ("metrics_format", "otel") in {(opt.attr, value) for opt, value in UNIMPLEMENTED_VALUES}
 
 
 @pytest.mark.parametrize("opt", UNIMPLEMENTED_FLAGS, ids=[opt.flag or "" for opt in UNIMPLEMENTED_FLAGS])
@@ -298,30 +296,18 @@ def test_an_unimplemented_variable_exits_1_naming_it(opt: Option, monkeypatch: p
     _assert_not_implemented(code, err, opt.env)
 
 
-@pytest.mark.parametrize(("opt", "value"), UNIMPLEMENTED_VALUES,
-                         ids=[f"{opt.attr}={value}" for opt, value in UNIMPLEMENTED_VALUES])
-def test_an_unimplemented_value_exits_1_naming_it(opt: Option, value: Any, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert opt.env is not None
-    monkeypatch.setenv(opt.env, str(value))
-    code, _, err = _run_main([_role_arg(opt)], capsys)
-    _assert_not_implemented(code, err, f"{opt.env}={value}")
-
-
 def test_help_marks_what_is_not_implemented(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = _run_main(["--help"], capsys)
     entries = _help_entries(out)
     for opt in OPTIONS:
         if opt.flag:
             marked = "(not implemented yet" in entries[opt.flag]
-            assert marked == (not opt.fully_implemented), entries[opt.flag]
+            assert marked == (not opt.implemented), entries[opt.flag]
     epilog = " ".join(out[out.index("Environment variables not implemented yet"):].split())
     assert "(setting one exits 1)" in epilog
     for opt in UNIMPLEMENTED_ENV:
         if not opt.flag:
             assert f"{opt.env}," in epilog or f"{opt.env}." in epilog
-    for opt, value in UNIMPLEMENTED_VALUES:
-        assert f"{opt.env}={value}" in epilog
 
 
 def test_the_real_entry_point_exits_1_on_an_unimplemented_variable() -> None:

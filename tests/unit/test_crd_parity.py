@@ -26,7 +26,11 @@ COMPARED_KEYS: Final[tuple[str, ...]] = (
     "minLength", "maxLength", "minItems", "maxItems", "anyOf", "nullable")
 
 #: (path, attribute) -> why ours differs on purpose; empty: every schema attribute matches
-ALLOWED_SCHEMA_DIFFERENCES: Final[dict[tuple[str, str], str]] = {}
+ALLOWED_SCHEMA_DIFFERENCES: Final[dict[tuple[str, str], str]] = {
+    ("GPU.status.usedBy", "enum"): (
+        "any system name: the original's two-value enum refuses what its own device-plugin detector writes "
+        "(3rd-party-device-plugin, a ProviderConfig's usedBySystemName)"),
+}
 
 #: CRD-level differences that change no validation, only how kubectl shows objects
 ALLOWED_CRD_DIFFERENCES: Final[dict[str, str]] = {

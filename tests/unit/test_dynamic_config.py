@@ -25,7 +25,6 @@ def test_file_keys_overlay_the_defaults_and_unknown_keys_are_kept() -> None:
 
 @pytest.mark.parametrize(("raw", "message"), [
     ({"metricsFormat": "xml"}, "metricsFormat: 'xml' is not one of influx, json, otel"),
-    ({"metricsFormat": "otel"}, "metricsFormat: 'otel' is not implemented yet"),
     ({"metricsTTL": "forever"}, "metricsTTL: 'forever' is not a duration"),
     ({"maxInFlightNodes": -1}, "maxInFlightNodes: -1 is not a non-negative integer"),
     ({"hypervisorMaxCrashCount": True}, "hypervisorMaxCrashCount: True"),

@@ -36,14 +36,34 @@ def test_line_protocol_escapes_quotes_and_types() -> None:
 def test_a_point_without_writable_fields_is_skipped() -> None:
     assert influx_line(Point("t", {"a": "b"}, {"x": float("inf")}, 1)) is None
     assert encode([Point("t", {}, {}, 1), Point("t", {}, {"v": 1}, 2)], "influx") == ["t v=1i 2"]
-    with pytest.raises(ValueError, match="otel"):
-        encode([], "otel")
+    with pytest.raises(ValueError, match="xml"):
+        encode([], "xml")
 
 
 def test_json_line_is_the_original_shape() -> None:
     line = json_line(Point("tf_gpu_usage", {"uuid": "g"}, {"memory_bytes": 5, "t": 1.5}, 42))
     assert json.loads(line) == {"measure": "tf_gpu_usage", "tag": {"uuid": "g"},
                                 "field": {"memory_bytes": 5, "t": 1.5}, "ts": 42}
+
+
+def test_otel_is_one_otlp_json_request_per_batch() -> None:
+    points = [Point("tf_gpu_usage", {"uuid": "g", "pool": 'p "q"'},
+                    {"memory_bytes": 5, "temperature": 41.5, "healthy": True, "note": "x", "nan": float("nan")}, 42),
+              Point("tf_worker_usage", {}, {"note": "only a string"}, 43)]
+    (line,) = encode(points, "otel")
+    request = json.loads(line)  # valid JSON even with quotes in a tag
+    (resource,) = request["resourceMetrics"]
+    assert resource["resource"] == {"attributes": []}
+    (scope,) = resource["scopeMetrics"]
+    assert scope["scope"] == {"name": "operator"}
+    attributes = [{"key": "pool", "value": {"stringValue": 'p "q"'}}, {"key": "uuid", "value": {"stringValue": "g"}}]
+    at = {"attributes": attributes, "timeUnixNano": "42000000", "startTimeUnixNano": "42000000"}
+    assert scope["metrics"] == [
+        {"name": "tf_gpu_usage_healthy", "gauge": {"dataPoints": [{**at, "asInt": "1"}]}},
+        {"name": "tf_gpu_usage_memory_bytes", "gauge": {"dataPoints": [{**at, "asInt": "5"}]}},
+        {"name": "tf_gpu_usage_temperature", "gauge": {"dataPoints": [{**at, "asDouble": 41.5}]}},
+    ]
+    assert encode([Point("t", {}, {"s": "text"}, 1)], "otel") == []
 
 
 # --- cost -------------------------------------------------------------------------------------------

@@ -249,8 +249,6 @@ NOT_IMPLEMENTED_FOUND = {
     "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
     "enable_cr_controller": "ENABLE_CR_CONTROLLER",
 }
-#: values refused of options that otherwise work
-NOT_IMPLEMENTED_VALUES_FOUND = {"metrics_format": ("otel",)}
 
 UNIMPLEMENTED = [opt for opt in not_implemented_options() if not opt.implemented]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
@@ -275,8 +273,6 @@ def valid_text(opt: Option) -> str:
 def test_the_options_found_doing_nothing_stay_marked() -> None:
     marked = {opt.attr: opt.names for opt in UNIMPLEMENTED}
     assert NOT_IMPLEMENTED_FOUND.items() <= marked.items()
-    for attr, values in NOT_IMPLEMENTED_VALUES_FOUND.items():
-        assert option(attr).implemented and set(values) <= set(option(attr).unimplemented_values)
 
 
 @pytest.mark.parametrize("opt", UNIMPLEMENTED_ENV, ids=[opt.env or "" for opt in UNIMPLEMENTED_ENV])
@@ -304,22 +300,6 @@ def test_a_refusal_is_a_settings_error() -> None:
 def test_an_unimplemented_option_left_unset_keeps_its_default(opt: Option) -> None:
     env = {opt.env: ""} if opt.env else {}
     assert getattr(_load(env=env), opt.attr) == opt.default
-
-
-_VALUE_CASES = [(opt, value) for opt in not_implemented_options() for value in opt.unimplemented_values]
-
-
-@pytest.mark.parametrize(("opt", "value"), _VALUE_CASES, ids=[f"{o.attr}={v}" for o, v in _VALUE_CASES])
-def test_an_unimplemented_value_is_refused_and_the_others_work(opt: Option, value: Any) -> None:
-    assert opt.env is not None
-    with pytest.raises(NotImplementedSettingError) as info:
-        _load(env={opt.env: str(value)})
-    assert str(info.value) == f"environment variable {opt.env}={value} {NOT_IMPLEMENTED}"
-    if opt.flag:
-        with pytest.raises(NotImplementedSettingError, match=opt.flag):
-            _load(flags={opt.attr: opt.parse(str(value))})
-    text, expected, _ = ENV_CASES[opt.attr]
-    assert getattr(_load(env={opt.env: text}), opt.attr) == expected
 
 
 def test_implemented_options_are_not_refused() -> None:
@@ -364,7 +344,7 @@ def test_settings_without_arguments_are_the_defaults() -> None:
 def test_health_probe_bind_address() -> None:
     opt = option("health_probe_listen")
     assert (opt.flag, opt.env, opt.default, opt.role) == ("--health-probe-bind-address", None, ":8081", "controller")
-    assert opt.fully_implemented
+    assert opt.implemented
     assert _load().health_probe_listen == ":8081"
     assert opt.parse("127.0.0.1:9000") == "127.0.0.1:9000"
     assert opt.parse(":0") == ":0"

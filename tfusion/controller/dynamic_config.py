@@ -20,13 +20,11 @@ import anyio
 import yaml
 from anyio.abc import TaskStatus
 
+from tfusion.metrics.points import FORMATS as METRICS_FORMATS
 from tfusion.settings import parse_duration
 
 log = logging.getLogger(__name__)
 
-METRICS_FORMATS = ("influx", "json", "otel")
-#: valid in the original, refused here until they work (no setting is accepted and ignored)
-NOT_IMPLEMENTED_METRICS_FORMATS = ("otel",)
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "metricsTTL": "30d",
@@ -68,9 +66,6 @@ def validate(raw: Any) -> dict[str, Any]:
     if config["metricsFormat"] not in METRICS_FORMATS:
         allowed = ", ".join(METRICS_FORMATS)
         raise ConfigError(f"metricsFormat: {config['metricsFormat']!r} is not one of {allowed}")
-    if config["metricsFormat"] in NOT_IMPLEMENTED_METRICS_FORMATS:
-        raise ConfigError(f"metricsFormat: {config['metricsFormat']!r} is not implemented yet in this version "
-                          "of tfusion; use influx or json")
     _check_duration("metricsTTL", config["metricsTTL"])
     _check_duration("autoScalingInterval", config["autoScalingInterval"])
     _check_non_negative_int("hypervisorMaxCrashCount", config["hypervisorMaxCrashCount"])

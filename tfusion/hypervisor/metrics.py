@@ -189,13 +189,12 @@ class UsageRecorder:
 
 def hypervisor_output(settings: Settings, prom: CollectorRegistry) -> MetricsOutput:
     path = settings.resolved_metrics_output_path
-    fmt = settings.metrics_format if settings.metrics_format in ("influx", "json") else "influx"
     try:
         push = push_config(settings)
     except ValueError as exc:  # raised inside the role's task group: a RoleError is reported as one line
         raise RoleError(f"hypervisor: {exc}") from None
     return MetricsOutput(role="hypervisor", registry=prom, file=RotatingFile(path) if path is not None else None,
-                         push=push, fmt=fmt)
+                         push=push, fmt=settings.metrics_format)
 
 
 def start_usage_metrics(settings: Settings, manager: Manager, registry: DeviceRegistry, workers: WorkerTracker,

@@ -1,9 +1,16 @@
-"""One metrics point and its two encodings: InfluxDB line protocol (ms precision) and a JSON line.
+"""One metrics point and its encodings: InfluxDB line protocol (ms precision), a JSON line, OTLP JSON.
 
 Why: the original writes `measure,tag=v field=1i <ms>` lines (or `{"measure","tag","field","ts"}`
 objects) that GreptimeDB and InfluxDB 1.x ingest as they are. Line protocol has rules a hand-written
 f-string gets wrong (escaping of spaces, commas and '=' in tags, quoting of string fields, the `i`
 suffix of integers, no empty tag values, no NaN), so every writer goes through `influx_line`.
+
+`otel` writes one line per batch: an OTLP/JSON ExportMetricsServiceRequest (what an OpenTelemetry
+collector's OTLP/HTTP receiver takes) with scope `operator`, as the original does. Each numeric
+field becomes a gauge named `<measure>_<field>` with the tags as string attributes and the point's
+time as `timeUnixNano` (and `startTimeUnixNano`); integers and booleans are `asInt` (a decimal
+string, as OTLP/JSON writes 64-bit integers), floats `asDouble`. String fields, NaN and infinities
+have no gauge value and are left out.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 FieldValue = float | int | bool | str
 
-FORMATS = ("influx", "json")
+FORMATS = ("influx", "json", "otel")
+OTEL_SCOPE = "operator"
 
 
 @dataclass(frozen=True)
@@ -75,10 +84,42 @@ def json_line(point: Point) -> str:
                       sort_keys=True, separators=(",", ":"))
 
 
+def _gauge_value(value: FieldValue) -> dict[str, Any] | None:
+    if isinstance(value, bool | int):
+        return {"asInt": str(int(value))}
+    if isinstance(value, float) and not (math.isnan(value) or math.isinf(value)):
+        return {"asDouble": value}
+    return None
+
+
+def _gauges(point: Point) -> list[dict[str, Any]]:
+    attributes = [{"key": k, "value": {"stringValue": v}} for k, v in sorted(point.tags.items())]
+    nanos = str(point.ts_ms * 1_000_000)
+    gauges = []
+    for key, value in sorted(point.fields.items()):
+        number = _gauge_value(value)
+        if number is not None:
+            gauges.append({"name": f"{point.measure}_{key}", "gauge": {"dataPoints": [
+                {"attributes": attributes, "timeUnixNano": nanos, "startTimeUnixNano": nanos, **number}]}})
+    return gauges
+
+
+def otel_line(points: Iterable[Point]) -> str | None:
+    """The points as one OTLP/JSON metrics request; None when none has a numeric field."""
+    metrics = [gauge for point in points for gauge in _gauges(point)]
+    if not metrics:
+        return None
+    return json.dumps({"resourceMetrics": [{"resource": {"attributes": []}, "scopeMetrics": [
+        {"scope": {"name": OTEL_SCOPE}, "metrics": metrics}]}]}, separators=(",", ":"))
+
+
 def encode(points: Iterable[Point], fmt: str) -> list[str]:
-    """Lines in `fmt` (influx or json); points without a writable field are skipped."""
+    """Lines in `fmt` (influx, json or otel); points without a writable field are skipped."""
     if fmt == "json":
         return [json_line(p) for p in points]
+    if fmt == "otel":
+        line = otel_line(points)
+        return [] if line is None else [line]
     if fmt != "influx":
         raise ValueError(f"metrics format {fmt!r}: expected one of {', '.join(FORMATS)}")
     return [line for line in map(influx_line, points) if line is not None]
