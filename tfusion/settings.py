@@ -355,8 +355,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("scheduler", "--scheduler", None, "builtin", _choice("builtin", "extender"), "controller",
        "who binds GPU pods: builtin (the leader's own scheduler) or extender (a kube-scheduler profile "
        "calls /scheduler/filter, /prioritize and /bind)"),
-    _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller", "run reconcilers",
-       implemented=False),
+    _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller",
+       "run the reconcilers and the drift audit (false: none of them; the allocator, its status write-back and "
+       "orphan sweep, the webhook and the scheduler still run)"),
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
        "native-GPU pods that auto-migration does not take go to tensor-fusion-scheduler, which keeps them "
        "on nodes without TensorFusion workers; nodes with workers get a PreferNoSchedule taint"),

@@ -28,6 +28,7 @@ from tests.integration.test_controller_allocation import (
     start_controller,
 )
 from tfusion.api import annotations as tfa
+from tfusion.controller.reconcilers.common import FINALIZER
 from tfusion.controller.scheduling.scheduler import Scheduler
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
@@ -330,3 +331,23 @@ async def test_enable_scheduler_false_attaches_no_scheduler(apiserver: Any, tmp_
         assert not any(getattr(t, "__qualname__", "") == "Scheduler.run_leader" for t in ctl.runtime.leader_tasks)
         assert (await ctl.http.post("/scheduler/filter", json={"Pod": {}})).status_code == 404
         assert (await ctl.http.get("/api/why", params={"name": "x"})).status_code == 404
+
+
+async def test_enable_cr_controller_false_runs_no_reconciler_but_still_schedules(apiserver: Any,
+                                                                                 tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await create_pool(kube)
+        await create_node(kube, "node-a")
+        await create_gpu(kube, "gpu-a1", "node-a")
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path, enable_cr_controller=False))
+            assert ctl.runtime.reconcilers is None
+            await kube.create(r.PODS, gpu_pod("w1"))
+            pod = await eventually(lambda: bound(kube, "w1"), what="w1 bound by the scheduler")
+            assert pod["metadata"]["annotations"][tfa.GPU_IDS] == "gpu-a1"
+            # the pod reconciler, which puts the finalizer on worker pods, does not run: the bound
+            # pod, written after every informer saw it, has none
+            assert FINALIZER not in (pod["metadata"].get("finalizers") or [])
+            metrics = (await ctl.http.get("/metrics")).text
+            assert 'tfusion_reconcile_total{name="pod"' not in metrics and 'name="node"' not in metrics

@@ -53,6 +53,7 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
     "enable_webhooks": ("false", False, "maybe"),
     "enable_scheduler": ("false", False, "maybe"),
+    "enable_cr_controller": ("false", False, "nope"),
     "detect_in_used_gpus": ("true", True, "sometimes"),
     "initial_gpu_node_label_selector": (" nvidia.com/gpu.present=true ", "nvidia.com/gpu.present=true",
                                         "gpu in true"),
@@ -247,7 +248,6 @@ NOT_IMPLEMENTED_FOUND = {
     "testing": "GO_TESTING",
     "scheduler_config": "--scheduler-config",
     "isolation_mode_policy": "TF_ISOLATION_MODE_POLICY",
-    "enable_cr_controller": "ENABLE_CR_CONTROLLER",
 }
 
 UNIMPLEMENTED = [opt for opt in not_implemented_options() if not opt.implemented]

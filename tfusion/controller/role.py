@@ -138,8 +138,9 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
 
 def configure(runtime: ControllerRuntime) -> None:
     """Attach the controller's services, in this order: the allocator service (the others use
-    it), the pod webhook with the index and port allocators, the reconcilers, the scheduler.
-    Each registers its informers, routes and runnables on the runtime and its Manager."""
+    it), the pod webhook with the index and port allocators, the reconcilers (not with
+    ENABLE_CR_CONTROLLER=false), the scheduler. Each registers its informers, routes and runnables
+    on the runtime and its Manager."""
     # imported here: each of these modules imports this one
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.connection_http import attach_connection_route
@@ -150,7 +151,8 @@ def configure(runtime: ControllerRuntime) -> None:
 
     AllocatorService(runtime).attach()
     attach_webhook(runtime)
-    register_reconcilers(runtime)
+    if runtime.settings.enable_cr_controller:
+        register_reconcilers(runtime)
     attach_connection_route(runtime)
     attach_scheduler(runtime)
     attach_metrics(runtime)
