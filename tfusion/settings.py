@@ -335,8 +335,9 @@ OPTIONS: tuple[Option, ...] = (
        "dynamic config file, hot-reloaded when it changes"),
     _o("dynamic_config_interval", "--dynamic-config-interval", None, 5.0, parse_duration, "controller",
        "how often the dynamic config file's modification time is checked"),
-    _o("scheduler_config", "--scheduler-config", None, "/etc/tensor-fusion/scheduler-config.yaml", str,
-       "controller", "KubeSchedulerConfiguration with GPUResourcesFit args", implemented=False),
+    _o("scheduler_config", "--scheduler-config", None, "", str, "controller",
+       "KubeSchedulerConfiguration whose GPUResourcesFit args (maxWorkerPerNode, vramWeight, tflopsWeight) the "
+       "scheduler uses; unset: /etc/tensor-fusion/scheduler-config.yaml when it exists"),
     _o("metrics_path", "--metrics-path", None, "", parse_metrics_path, "controller",
        "metrics file the leader appends its tables to (rotated at 100 MB, 10 kept; format: the dynamic "
        "config's metricsFormat); off: no file; unset: <directory of --state>/metrics/controller.log with "
@@ -364,8 +365,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("initial_gpu_node_label_selector", None, "INITIAL_GPU_NODE_LABEL_SELECTOR", "", parse_node_label_selector,
        "controller", "label selector a Node must match to get a GPUNode, whatever the pools select (the "
        "original's chart sets nvidia.com/gpu.present=true); unset: every Node a pool selects"),
-    _o("max_workers_per_node", "--max-workers-per-node", None, 256, _positive_int, "controller",
-       "GPU workers one node may hold"),
+    _o("max_workers_per_node", "--max-workers-per-node", None, None, _positive_int, "controller",
+       "GPU workers one node may hold; unset: the scheduler config's maxWorkerPerNode, else 256"),
     _o("sync_interval", "--sync-interval", None, 10.0, parse_duration, "controller",
        "how often allocator state is written to GPU and quota status"),
     _o("gpu_node_report_grace", "--gpu-node-report-grace", None, 300.0, parse_duration, "controller",
@@ -484,7 +485,7 @@ class Settings:
     enable_cr_controller: bool = _default("enable_cr_controller")
     progressive_migration: bool = _default("progressive_migration")
     initial_gpu_node_label_selector: str = _default("initial_gpu_node_label_selector")
-    max_workers_per_node: int = _default("max_workers_per_node")
+    max_workers_per_node: int | None = _default("max_workers_per_node")
     sync_interval: float = _default("sync_interval")
     gpu_node_report_grace: float = _default("gpu_node_report_grace")
     drift_check_interval: float = _default("drift_check_interval")

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 
 from tests.apiserver_fixture import apply_crds
 from tests.integration.test_controller_allocation import (
@@ -27,9 +28,11 @@ from tests.integration.test_controller_allocation import (
     settings_for,
     start_controller,
 )
+from tfusion.allocator.scoring import Weights
 from tfusion.api import annotations as tfa
 from tfusion.controller.reconcilers.common import FINALIZER
 from tfusion.controller.scheduling.scheduler import Scheduler
+from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 
@@ -351,3 +354,43 @@ async def test_enable_cr_controller_false_runs_no_reconciler_but_still_schedules
             assert FINALIZER not in (pod["metadata"].get("finalizers") or [])
             metrics = (await ctl.http.get("/metrics")).text
             assert 'tfusion_reconcile_total{name="pod"' not in metrics and 'name="node"' not in metrics
+
+
+async def test_the_scheduler_config_file_sets_the_gpu_plugin_args(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    path = tmp_path / "scheduler-config.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "kubescheduler.config.k8s.io/v1",
+                                    "kind": "KubeSchedulerConfiguration", "profiles": [{
+                                        "schedulerName": "tensor-fusion-scheduler", "pluginConfig": [{
+                                            "name": "GPUResourcesFit", "args": {
+                                                "maxWorkerPerNode": 1, "vramWeight": 0.2, "tflopsWeight": 0.8}}]}]}))
+    async with kube_client(apiserver) as kube:
+        await create_pool(kube)
+        await create_node(kube, "node-a")
+        await create_gpu(kube, "gpu-a1", "node-a")
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path, scheduler_config=str(path)))
+            await kube.create(r.PODS, gpu_pod("w1"))
+            await eventually(lambda: bound(kube, "w1"), what="w1 bound")
+            allocator = ctl.service.allocator
+            assert allocator is not None
+            assert (allocator.max_workers_per_node, allocator.weights) == (1, Weights(vram=0.2, tflops=0.8))
+            # one worker per node, as the file says: the second pod waits, and says why
+            await kube.create(r.PODS, gpu_pod("w2"))
+            condition = await eventually(lambda: scheduled_condition(kube, "w2"), what="w2 refused")
+            assert condition["reason"] == "Unschedulable"
+            assert condition["message"] == "0/1 nodes are available: 1 too many GPU workers on the node."
+        async with controllers() as tg:  # the flag wins over the file
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path / "again", scheduler_config=str(path),
+                                                          max_workers_per_node=5))
+            await eventually(lambda: _ready(ctl), what="the allocator ready")
+            assert ctl.service.allocator is not None and ctl.service.allocator.max_workers_per_node == 5
+
+
+async def test_a_bad_scheduler_config_stops_the_start(apiserver: Any, tmp_path: Path) -> None:
+    path = tmp_path / "scheduler-config.yaml"
+    path.write_text("kind: KubeSchedulerConfiguration\nprofiles: [{pluginConfig: [{name: GPUResourcesFit, "
+                    "args: {maxWorkerPerNode: -3}}]}]\n")
+    async with controllers() as tg:
+        with pytest.raises(RoleError, match=r"controller: .*config.yaml: GPUResourcesFit maxWorkerPerNode -3"):
+            await start_controller(tg, settings_for(apiserver, tmp_path, scheduler_config=str(path)))

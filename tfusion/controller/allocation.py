@@ -65,14 +65,17 @@ from tfusion.allocator import (
     quota_from_object,
     request_from_pod,
 )
-from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL
+from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL, DEFAULT_MAX_WORKERS_PER_NODE
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller import views
 from tfusion.controller.reconcilers.quota import report_alert_transition
+from tfusion.controller.scheduling.config import SchedulerConfigError, load_scheduler_args
+from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
 from tfusion.kube.reconciler import Controller, Result
+from tfusion.settings import NotImplementedSettingError
 
 if TYPE_CHECKING:
     from tfusion.controller.role import ControllerRuntime
@@ -170,6 +173,12 @@ class AllocatorService:
                  assume_ttl: float = DEFAULT_ASSUME_TTL, ready_timeout: float = READY_TIMEOUT) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
+        try:
+            self.scheduler_args = load_scheduler_args(runtime.settings.scheduler_config)
+        except (SchedulerConfigError, NotImplementedSettingError) as exc:
+            raise RoleError(f"controller: {exc}") from None
+        if self.scheduler_args.source:
+            log.info("scheduler arguments from %s: %s", self.scheduler_args.source, self.scheduler_args)
         self.orphan_sweep_interval = orphan_sweep_interval
         self.assume_ttl = assume_ttl
         self.ready_timeout = ready_timeout
@@ -299,8 +308,10 @@ class AllocatorService:
     def _rebuild(self) -> GpuAllocator:
         """A fresh allocator from the informer caches (no await: one consistent snapshot)."""
         rt = self.runtime
-        allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node,
-                                 assume_ttl=self.assume_ttl)
+        args = self.scheduler_args
+        allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node
+                                 or args.max_workers_per_node or DEFAULT_MAX_WORKERS_PER_NODE,
+                                 weights=args.weights, assume_ttl=self.assume_ttl)
         self._quota_names.clear()
         for pool in rt.informer(r.GPUPOOLS).list():
             self._apply_pool(allocator, pool)

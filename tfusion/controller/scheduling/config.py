@@ -1,0 +1,155 @@
+"""The GPU plugins' arguments from a KubeSchedulerConfiguration file (`--scheduler-config`).
+
+Why: the original schedules with kube-scheduler and its own plugins, whose arguments sit in the
+profile's `pluginConfig`; installations carry that file (/etc/tensor-fusion/scheduler-config.yaml),
+so tfusion reads the same arguments from it rather than asking for them again:
+
+- `GPUResourcesFit`: `maxWorkerPerNode` (pods with GPUs one node may hold; `--max-workers-per-node`
+  wins when given), `vramWeight` and `tflopsWeight` (how a GPU's free or used share is scored);
+- `GPUNetworkTopologyAware`: tfusion does not place by network topology yet. In `soft` mode (the
+  original's default) it is only a preference, so the file is taken and a warning says the
+  preference is not applied; `hard` mode would refuse placements and is refused here (exit 1).
+
+The profile read is the one whose `schedulerName` is tensor-fusion-scheduler, else the only one
+with GPU plugin arguments. The rest of the file (kube-scheduler's own plugins, extenders, client
+settings) belongs to kube-scheduler and is not read. Unset, the flag means the original's path
+when that file exists, else the defaults; a file named on purpose must exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tfusion.allocator.scoring import Weights
+from tfusion.settings import NOT_IMPLEMENTED, NotImplementedSettingError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = Path("/etc/tensor-fusion/scheduler-config.yaml")
+SCHEDULER_NAME = "tensor-fusion-scheduler"
+RESOURCES_FIT = "GPUResourcesFit"
+TOPOLOGY_AWARE = "GPUNetworkTopologyAware"
+RESOURCES_FIT_ARGS = ("maxWorkerPerNode", "vramWeight", "tflopsWeight")
+MAX_BYTES = 1 << 20
+
+
+class SchedulerConfigError(ValueError):
+    """The file cannot be used; the message names the file, the field, its value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class SchedulerArgs:
+    """What the built-in scheduler and the allocator take from the file (defaults without one)."""
+
+    max_workers_per_node: int | None = None
+    weights: Weights = field(default_factory=Weights)
+    source: str = ""  # the file read, "" for none
+
+
+def load_scheduler_args(setting: str) -> SchedulerArgs:
+    """The arguments for `--scheduler-config` as given ("" = unset: the default path if it exists)."""
+    path = Path(setting).expanduser() if setting else DEFAULT_PATH
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        if setting:
+            raise SchedulerConfigError(f"--scheduler-config {path}: no such file") from None
+        return SchedulerArgs()
+    except OSError as exc:
+        raise SchedulerConfigError(f"--scheduler-config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise SchedulerConfigError(f"--scheduler-config {path}: larger than {MAX_BYTES} bytes")
+    return parse_scheduler_args(raw.decode("utf-8", errors="replace"), source=str(path))
+
+
+def parse_scheduler_args(text: str, *, source: str) -> SchedulerArgs:
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SchedulerConfigError(f"{source}: not YAML: {exc}") from None
+    if not isinstance(document, Mapping) or document.get("kind") != "KubeSchedulerConfiguration":
+        kind = document.get("kind") if isinstance(document, Mapping) else type(document).__name__
+        raise SchedulerConfigError(f"{source}: kind {kind!r}; expected a KubeSchedulerConfiguration")
+    profile = _profile(document.get("profiles"), source)
+    plugins = _plugin_args(profile, source)
+    topology = plugins.get(TOPOLOGY_AWARE)
+    if topology is not None:
+        _check_topology(topology, source)
+    fit = plugins.get(RESOURCES_FIT) or {}
+    unknown = sorted(set(fit) - set(RESOURCES_FIT_ARGS))
+    if unknown:
+        raise SchedulerConfigError(f"{source}: {RESOURCES_FIT} args {', '.join(unknown)}: unknown; allowed: "
+                                   f"{', '.join(RESOURCES_FIT_ARGS)}")
+    defaults = Weights()
+    weights = Weights(vram=_weight(fit, "vramWeight", defaults.vram, source),
+                      tflops=_weight(fit, "tflopsWeight", defaults.tflops, source))
+    return SchedulerArgs(max_workers_per_node=_max_workers(fit, source), weights=weights, source=source)
+
+
+def _profile(profiles: Any, source: str) -> Mapping[str, Any]:
+    if profiles is None:
+        return {}
+    if not isinstance(profiles, list) or not all(isinstance(p, Mapping) for p in profiles):
+        raise SchedulerConfigError(f"{source}: profiles must be a list of profiles")
+    listed: list[Mapping[str, Any]] = profiles
+    named = [p for p in listed if p.get("schedulerName") == SCHEDULER_NAME]
+    if named:
+        return named[0]
+    with_args = [p for p in listed if any(isinstance(c, Mapping) and c.get("name") in (RESOURCES_FIT, TOPOLOGY_AWARE)
+                                          for c in p.get("pluginConfig") or [])]
+    if len(with_args) > 1:
+        raise SchedulerConfigError(f"{source}: {len(with_args)} profiles configure GPU plugins and none is named "
+                                   f"{SCHEDULER_NAME}; name the one tfusion reads")
+    return with_args[0] if with_args else {}
+
+
+def _plugin_args(profile: Mapping[str, Any], source: str) -> dict[str, Mapping[str, Any]]:
+    found: dict[str, Mapping[str, Any]] = {}
+    entries = profile.get("pluginConfig") or []
+    if not isinstance(entries, list):
+        raise SchedulerConfigError(f"{source}: pluginConfig must be a list of {{name, args}}")
+    for n, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if name not in (RESOURCES_FIT, TOPOLOGY_AWARE):
+            continue
+        args = entry.get("args") or {}
+        if not isinstance(args, Mapping):
+            raise SchedulerConfigError(f"{source}: pluginConfig[{n}] ({name}) args must be a mapping")
+        found[str(name)] = args
+    return found
+
+
+def _check_topology(args: Mapping[str, Any], source: str) -> None:
+    mode = args.get("mode", "soft")
+    if mode == "hard":
+        raise NotImplementedSettingError(f"{source}: {TOPOLOGY_AWARE} mode hard (placement by network topology) "
+                                         f"{NOT_IMPLEMENTED}; use mode soft or leave the plugin's args out")
+    if mode != "soft":
+        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} mode {mode!r}; allowed: soft, hard")
+    log.warning("%s: %s (soft) is a placement preference tfusion does not apply yet; GPUs are placed without it",
+                source, TOPOLOGY_AWARE)
+
+
+def _weight(args: Mapping[str, Any], key: str, default: float, source: str) -> float:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise SchedulerConfigError(f"{source}: {RESOURCES_FIT} {key} {value!r}; expected a number of 0 or more")
+    return float(value)
+
+
+def _max_workers(args: Mapping[str, Any], source: str) -> int | None:
+    value = args.get("maxWorkerPerNode")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SchedulerConfigError(f"{source}: {RESOURCES_FIT} maxWorkerPerNode {value!r}; expected an integer of "
+                                   f"1 or more")
+    return value
