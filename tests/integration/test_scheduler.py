@@ -53,6 +53,13 @@ async def create_node(kube: KubeClient, name: str, *, taints: list[dict[str, str
                      subresource="status")
 
 
+async def one_gpu_node(kube: KubeClient, *, vram: str = "40Gi") -> None:
+    """The pool, node-a and its one GPU gpu-a1 that most tests here start from."""
+    await create_pool(kube)
+    await create_node(kube, "node-a")
+    await create_gpu(kube, "gpu-a1", "node-a", vram=vram)
+
+
 def gpu_pod(name: str, *, vram: str = "4Gi", tflops: str = "10", extra: dict[str, str] | None = None,
             scheduler: str = SCHEDULER, cpu: str | None = None) -> dict[str, Any]:
     notes = {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: tflops, tfa.VRAM_REQUEST: vram, **(extra or {})}
@@ -89,9 +96,7 @@ def scheduler_of(ctl: Any) -> Scheduler:
 async def test_worker_pod_is_bound_with_gpu_ids_and_shows_in_allocation(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a")
+        await one_gpu_node(kube)
         await kube.patch(r.GPUS, "gpu-a1", {"status": {"isolationMode": "hard"}}, subresource="status")
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
@@ -151,9 +156,7 @@ async def test_unschedulable_pod_explains_itself_and_the_suggestion_makes_it_fit
         apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a", vram="40Gi")
+        await one_gpu_node(kube, vram="40Gi")
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
             await kube.create(r.PODS, gpu_pod("big", vram="48Gi"))
@@ -190,9 +193,7 @@ async def test_why_route_answers_404_for_a_missing_pod_and_tfusion_why_prints(
         apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a", vram="40Gi")
+        await one_gpu_node(kube, vram="40Gi")
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
             assert (await ctl.http.get("/api/why", params={"name": "nope"})).status_code == 404
@@ -230,9 +231,7 @@ async def test_why_route_answers_404_for_a_missing_pod_and_tfusion_why_prints(
 async def test_failed_binding_rolls_the_reservation_back(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a")
+        await one_gpu_node(kube)
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path, scheduler="extender"))
             scheduler = scheduler_of(ctl)
@@ -340,9 +339,7 @@ async def test_enable_cr_controller_false_runs_no_reconciler_but_still_schedules
                                                                                  tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a")
+        await one_gpu_node(kube)
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path, enable_cr_controller=False))
             assert ctl.runtime.reconcilers is None
@@ -365,9 +362,7 @@ async def test_the_scheduler_config_file_sets_the_gpu_plugin_args(apiserver: Any
                                             "name": "GPUResourcesFit", "args": {
                                                 "maxWorkerPerNode": 1, "vramWeight": 0.2, "tflopsWeight": 0.8}}]}]}))
     async with kube_client(apiserver) as kube:
-        await create_pool(kube)
-        await create_node(kube, "node-a")
-        await create_gpu(kube, "gpu-a1", "node-a")
+        await one_gpu_node(kube)
         async with controllers() as tg:
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path, scheduler_config=str(path)))
             await kube.create(r.PODS, gpu_pod("w1"))
