@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 NVIDIA_DEVICE_PLUGIN = "nvidia-device-plugin"
 THIRD_PARTY_DEVICE_PLUGIN = "3rd-party-device-plugin"
-OWN_RESOURCE_PREFIX = "tensor-fusion.ai/index"
 UUID_ID_LENGTH = len("gpu-") + 36  # "gpu-" and a UUID: the longest ID that is one whole GPU
 PASS_INTERVAL_S = 30.0
 WATCH_S = 2.0  # how often the checkpoint's mtime is looked at between passes (a stat, no read)
@@ -107,7 +106,7 @@ def held_gpus(allocations: Iterable[tuple[str, Sequence[str]]], detectors: Seque
     """GPU object name -> the system holding it, from the kubelet's allocations."""
     held: dict[str, str] = {}
     for resource, ids in allocations:
-        if resource.startswith(OWN_RESOURCE_PREFIX):
+        if resource.startswith(keys.INDEX_RESOURCE_PREFIX):  # read now: the domain may have moved
             continue
         detector = next((d for d in detectors if d.claims(resource)), None)
         if detector is None:

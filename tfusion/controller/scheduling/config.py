@@ -28,12 +28,12 @@ from typing import Any
 import yaml
 
 from tfusion.allocator.scoring import Weights
+from tfusion.api.annotations import SCHEDULER_NAME
 from tfusion.settings import NOT_IMPLEMENTED, NotImplementedSettingError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = Path("/etc/tensor-fusion/scheduler-config.yaml")
-SCHEDULER_NAME = "tensor-fusion-scheduler"
 RESOURCES_FIT = "GPUResourcesFit"
 TOPOLOGY_AWARE = "GPUNetworkTopologyAware"
 RESOURCES_FIT_ARGS = ("maxWorkerPerNode", "vramWeight", "tflopsWeight")
