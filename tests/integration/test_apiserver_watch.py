@@ -119,7 +119,7 @@ async def test_bookmarks_and_timeout(http: httpx.AsyncClient) -> None:
         http, CMS, {"resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": "2"}, 100, timeout=6
     )
     elapsed = anyio.current_time() - started
-    assert 1.8 <= elapsed < 4, elapsed  # the server ended the stream after timeoutSeconds
+    assert 1.8 <= elapsed < 5.5, elapsed  # the server ended the stream after timeoutSeconds, not our 6 s
     assert events and all(e["type"] == "BOOKMARK" for e in events)
     assert events[0]["object"] == {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}
     no_bookmarks = await read_events(http, CMS, {"resourceVersion": rv, "timeoutSeconds": "1"}, 100)

@@ -141,7 +141,7 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
         assert pods.keys() == ["default/w"]
         cancelled_at = time.monotonic()
         tg.cancel_scope.cancel()
-    assert time.monotonic() - cancelled_at < 3
+    assert time.monotonic() - cancelled_at < 5  # a few seconds, lease release included, on a busy machine
     assert leader_work == ["started", "cancelled"]
     client = await KubeClient.connect(str(apiserver.kubeconfig))
     try:
