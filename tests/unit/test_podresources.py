@@ -15,7 +15,6 @@ import pytest
 
 from tfusion.hypervisor.deviceplugin import podresources_pb2 as pb
 from tfusion.hypervisor.deviceplugin.podresources import (
-    KUBELET_POD_RESOURCES_SOCKET,
     AssignedDevices,
     PodResourcesError,
     list_assigned_devices,
@@ -66,10 +65,6 @@ def test_method_path_and_field_numbers_on_the_wire() -> None:
             name="c", devices=[pb.ContainerDevices(resource_name="r", device_ids=["a", "b"])])])])
     assert answer.SerializeToString() == (b"\x0a\x16" b"\x0a\x01p\x12\x01n\x1a\x0e"
                                           b"\x0a\x01c\x12\x09" b"\x0a\x01r\x12\x01a\x12\x01b")
-
-
-def test_default_socket_is_the_kubelets() -> None:
-    assert KUBELET_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 async def test_lists_every_container_device_group(tmp_path: Path) -> None:

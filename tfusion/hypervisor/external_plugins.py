@@ -125,6 +125,7 @@ class ExternalPluginDetector:
     def __init__(self, client: KubeClient, gpus: Informer, providers: Informer, *, node: str, kubelet_dir: Path,
                  interval: float = PASS_INTERVAL_S) -> None:
         self.client, self.gpus, self.providers, self.node = client, gpus, providers, node
+        self._gpus_by_node = gpus.add_label_index(keys.MANAGED_BY)  # the shared cache may hold other nodes'
         self.pod_resources_socket = kubelet_dir / "pod-resources" / "kubelet.sock"
         self.checkpoint = kubelet_dir / "device-plugins" / CHECKPOINT_FILE
         self.interval = interval
@@ -168,9 +169,7 @@ class ExternalPluginDetector:
         detectors = [NVIDIA, *provider_detectors(self.providers.list())]
         held = held_gpus(allocations, detectors)
         ours = {THIRD_PARTY_DEVICE_PLUGIN, *(d.used_by for d in detectors)}
-        for gpu in self.gpus.list():
-            if ((gpu.get("metadata") or {}).get("labels") or {}).get(keys.MANAGED_BY) != self.node:
-                continue
+        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
             await self._mark(gpu, held, ours)
 
     async def _allocations(self) -> list[tuple[str, list[str]]]:

@@ -21,7 +21,6 @@ import grpc.aio
 from tfusion.hypervisor.deviceplugin import podresources_pb2 as pb
 from tfusion.hypervisor.deviceplugin.rpc import Context, method_types, unix_target
 
-KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LISTER = "PodResourcesLister"
 
 # what each status usually means when it comes from the kubelet's socket
