@@ -4,6 +4,15 @@ The collector watches the store's event stream; when an object is really gone (n
 deletion) its dependents are deleted in the background, or only lose that ownerReference when
 another owner still exists, which is kube's garbage collector behaviour. A terminating namespace
 has its contents deleted and disappears once empty (objects with finalizers keep it waiting).
+
+An owner that is already gone when its dependent names it never sends the DELETED event the
+collector waits for: a reference written after the owner's deletion (a controller adopting an
+object for a pod that was deleted meanwhile), a uid that never existed, or an owner deleted while
+the process was killed before its dependents were collected. So, as kube's collector verifies an
+owner it has not seen, every write naming an owner uid that is not in the store, and every such
+reference found at start, is checked: when the owner's kind is served here and no object has that
+uid, the dependent is collected (or loses that reference when another owner exists). A kind this
+server does not serve cannot be verified and is left alone, as kube leaves it.
 """
 
 from __future__ import annotations
@@ -28,10 +37,15 @@ class GarbageCollector:
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()  # (action, owner uid)
         self._namespaces: set[str] = set()
         self._wake = asyncio.Event()
+        #: owner uids queued for verification (one queue entry each, however many writes name it)
+        self._verifying: set[str] = set()
         store = engine.store
         for storage_key in store.storage_keys():
             for _, entry in store.items(storage_key):
                 self._index(storage_key, entry.obj, add=True)
+        for storage_key in store.storage_keys():  # owners deleted while no collector ran
+            for _, entry in store.items(storage_key):
+                self._verify_owners(entry.obj)
         store.listeners.append(self._on_event)
         engine.on_namespace_terminating = self._namespace_terminating
         engine.has_dependents = lambda uid: bool(self._dependents.get(uid))
@@ -79,6 +93,23 @@ class GarbageCollector:
                 self._wake.set()
         else:
             self._index(event.storage_key, event.entry.obj, add=True)
+            self._verify_owners(event.entry.obj)
+
+    def _verify_owners(self, obj: dict[str, object]) -> None:
+        """Queue the owners `obj` names that are not in the store (see the module docstring)."""
+        meta = obj["metadata"]
+        assert isinstance(meta, dict)
+        for ref in meta.get("ownerReferences") or []:
+            owner = ref.get("uid") if isinstance(ref, dict) else None
+            if not isinstance(owner, str) or not owner or owner in self._uids or owner in self._verifying:
+                continue
+            if self._kind_served(str(ref.get("apiVersion") or ""), str(ref.get("kind") or "")):
+                self._verifying.add(owner)
+                self._queue.put_nowait(("verify", owner))
+
+    def _kind_served(self, api_version: str, kind: str) -> bool:
+        group, _, version = api_version.rpartition("/")
+        return any(info.kind == kind for info in self.engine.registry.in_group_version(group, version))
 
     def _namespace_terminating(self, name: str) -> None:
         self._namespaces.add(name)
@@ -97,6 +128,11 @@ class GarbageCollector:
                 if action == "release":
                     self._release_foreground(owner)
                     continue
+                if action == "verify":
+                    self._verifying.discard(owner)
+                    if self.owner_exists(owner):
+                        continue
+                    action = "collect"
                 dependents = (
                     self._dependents.pop(owner, set())
                     if action == "collect"
