@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import crds, errors, limits, shapes, validation
+from tfusion.apiserver import crds, errors, limits, policies, shapes, validation
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.kinds import (
     CRDS,
@@ -32,6 +33,7 @@ from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store, encode_object
 
 __all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine"]
+log = logging.getLogger(__name__)
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "tensor-fusion-sys")
 FOREGROUND = "foregroundDeletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -50,6 +52,7 @@ class Engine:
         self.store = store
         self.registry = registry
         self.kinds = KindRules(store, registry)
+        store.cluster_scoped = registry.cluster_scoped
         self.admit: Admit | None = None
         self.on_namespace_terminating: Callable[[str], None] = lambda name: None
         #: set by the garbage collector: does anything name this uid as its owner?
@@ -129,6 +132,8 @@ class Engine:
             meta["name"] = name
             if info.namespaced:
                 meta["namespace"] = namespace
+            else:
+                meta.pop("namespace", None)
         # from here on no await: the existence check and the write are one atomic step
         self.namespace_check(info, namespace, creating=True)
         ns_key = namespace if info.namespaced else ""
@@ -148,6 +153,7 @@ class Engine:
             meta.pop("generation", None)
         self.kinds.defaults(info, obj, None)
         self.kinds.validate(info, obj, None)
+        policies.admit(self.store, "CREATE", info, "", obj, None, dry_run=dry_run)
         if dry_run:
             return Entry(obj, encode_object(obj), self.store.rv)
         entry = self.store.put(info.storage_key, obj, None)
@@ -267,6 +273,10 @@ class Engine:
             raise errors.bad_request(
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
             )
+        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+            raise errors.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
         shapes.check(info.storage_key, info.kind, info.version, patched)
         self._strict(info, patched, field_validation)
@@ -299,7 +309,7 @@ class Engine:
                 if wanted_rv:
                     raise errors.conflict(info.plural, info.group, name)
                 return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run)
-        return self.commit_update(info, old, obj, dry_run=dry_run)
+        return self.commit_update(info, old, obj, dry_run=dry_run, subresource=subresource)
 
     def _merge_system_fields(
         self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], subresource: str
@@ -319,8 +329,12 @@ class Engine:
             else:
                 meta.pop(key, None)
         meta["name"] = old_meta["name"]
-        if "namespace" in old_meta:
+        # kube-apiserver clears a namespace sent for a cluster-scoped object (else it would be stored
+        # as a second object under that namespace); a namespaced object keeps the one it lives in
+        if info.namespaced and old_meta.get("namespace"):
             meta["namespace"] = old_meta["namespace"]
+        else:
+            meta.pop("namespace", None)
         meta.pop("managedFields", None)
         meta.pop("selfLink", None)
         if info.status_split:
@@ -330,7 +344,8 @@ class Engine:
                 new.pop("status", None)
         return new
 
-    def commit_update(self, info: ResourceInfo, old: Entry, obj: dict[str, Any], *, dry_run: bool = False) -> Entry:
+    def commit_update(self, info: ResourceInfo, old: Entry, obj: dict[str, Any], *, dry_run: bool = False,
+                      subresource: str = "") -> Entry:
         """Validate and store `obj` as the next version of `old` (no await: atomic)."""
         meta, old_meta = obj["metadata"], old.obj["metadata"]
         if old_meta.get("deletionTimestamp"):
@@ -350,6 +365,7 @@ class Engine:
                 )
         self.kinds.defaults(info, obj, old.obj)
         self.kinds.validate(info, obj, old.obj)
+        policies.admit(self.store, "UPDATE", info, subresource, obj, old.obj, dry_run=dry_run)
         if info.tracks_generation:
             generation = old_meta.get("generation", 1)
             if spec_part(obj, info.status_split) != spec_part(old.obj, info.status_split):
@@ -412,6 +428,7 @@ class Engine:
                     )
                 ],
             )
+        policies.admit(self.store, "DELETE", info, "", None, old.obj, dry_run=dry_run)
         if dry_run:
             return old
         uid = old_meta.get("uid", "")
@@ -560,6 +577,26 @@ class Engine:
                 )
         for _, entry in self.store.items(CRDS):
             crds.register(self.registry, entry.obj)
+        self.repair_scopes()
+
+    def repair_scopes(self) -> None:
+        """Remove the rows an older version could store under a namespace for a cluster-scoped object
+        (a write that set metadata.namespace made a second, hidden copy, e.g. of a ClusterRoleBinding).
+
+        Runs once CRDs are registered, so custom cluster-scoped kinds are known. The cluster-scoped row,
+        the one every read and delete uses, is kept; each removed row is logged.
+        """
+        for storage_key in self.store.storage_keys():
+            if not self.registry.cluster_scoped(storage_key):
+                continue
+            for (ns, name), entry in self.store.items(storage_key):
+                if ns:
+                    log.warning(
+                        "removing a stored %s %r under namespace %r (uid %s): the resource is cluster-scoped, "
+                        "so this row was a hidden copy left by an earlier version",
+                        storage_key, name, ns, entry.obj.get("metadata", {}).get("uid"),
+                    )
+                    self.store.purge(storage_key, (ns, name))
 
 
 def encode_continue(rv: int, meta: dict[str, Any]) -> str:

@@ -96,6 +96,11 @@ BUILTINS: tuple[ResourceInfo, ...] = (
         "MutatingWebhookConfiguration",
         False,
     ),
+    # enforced on writes by policies.py
+    ResourceInfo("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 False, subresources=("status",), tracks_generation=True),
+    ResourceInfo("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", False, tracks_generation=True),
     ResourceInfo(
         "apiextensions.k8s.io",
         "v1",
@@ -143,17 +148,28 @@ class Registry:
     def __init__(self) -> None:
         self._by_gvr: dict[tuple[str, str, str], ResourceInfo] = {}
         self.generation = 0  # bumps whenever the served set changes (discovery caches key on it)
+        #: storage keys of the cluster-scoped resources (the store asks on every write: a set, not a scan)
+        self._cluster_scoped: set[str] = set()
         for info in BUILTINS:
             self.add(info)
 
     def add(self, info: ResourceInfo) -> None:
         self._by_gvr[(info.group, info.version, info.plural)] = info
         self.generation += 1
+        self._rescope()
 
     def remove_crd(self, crd_name: str) -> None:
         for key in [k for k, v in self._by_gvr.items() if v.crd_name == crd_name]:
             del self._by_gvr[key]
         self.generation += 1
+        self._rescope()
+
+    def _rescope(self) -> None:
+        self._cluster_scoped = {i.storage_key for i in self._by_gvr.values() if not i.namespaced}
+
+    def cluster_scoped(self, storage_key: str) -> bool:
+        """Whether the objects stored under `storage_key` have no namespace."""
+        return storage_key in self._cluster_scoped
 
     def get(self, group: str, version: str, plural: str) -> ResourceInfo | None:
         return self._by_gvr.get((group, version, plural))

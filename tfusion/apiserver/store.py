@@ -147,6 +147,13 @@ class Store:
         for skey, ns, name, rv, data in self._db.execute("SELECT skey, ns, name, rv, data FROM objects"):
             raw = bytes(data)
             self._objects.setdefault(skey, {})[(ns, name)] = Entry(orjson.loads(raw), raw, rv)
+        #: uid -> where the object with it is stored: a uid names one object, so a second create with it
+        #: (which could only come from a bug) is refused rather than stored as a twin
+        self._uids: dict[str, tuple[str, ObjKey]] = {}
+        self._index_uids()
+        #: is this resource cluster-scoped? Set by the Engine from the registry; the store then keys every
+        #: row of such a resource by name alone, whatever namespace a body claims
+        self.cluster_scoped: Callable[[str], bool] = lambda storage_key: False
         self.history = history
         self.log: deque[Event] = deque(maxlen=history)
         #: events with rv > log_start are all in `log`; a watch from an older rv gets 410
@@ -182,24 +189,76 @@ class Store:
     def storage_keys(self) -> list[str]:
         return [k for k, v in self._objects.items() if v]
 
+    def _index_uids(self) -> None:
+        self._uids = {}
+        for skey, bucket in self._objects.items():
+            for key, entry in bucket.items():
+                uid = entry.obj.get("metadata", {}).get("uid")
+                if isinstance(uid, str) and uid:
+                    self._uids[uid] = (skey, key)
+
     # ---------------------------------------------------------------- writes
     def put(self, storage_key: str, obj: dict[str, Any], old: Entry | None) -> Entry:
-        """Store `obj` (created when `old` is None) under a new resourceVersion; returns the new entry."""
-        rv = self.rv + 1
+        """Store `obj` (created when `old` is None) under a new resourceVersion; returns the new entry.
+
+        An update is stored where `old` is, with old's name, namespace and uid, whatever `obj` says: a
+        write can never move an object, or leave a copy of it under a second key.
+        """
         meta = obj["metadata"]
+        key = self._key_for(storage_key, meta, old)
+        rv = self.rv + 1
         meta["resourceVersion"] = str(rv)
         raw = encode_object(obj)
         self.rv = rv
-        ns, name = meta.get("namespace", ""), meta["name"]
+        ns, name = key
         self._db.execute(
             "INSERT OR REPLACE INTO objects (skey, ns, name, rv, data) VALUES (?, ?, ?, ?, ?)",
             (storage_key, ns, name, rv, raw),
         )
         entry = Entry(obj, raw, rv)
-        self._objects.setdefault(storage_key, {})[(ns, name)] = entry
+        self._objects.setdefault(storage_key, {})[key] = entry
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid:
+            self._uids[uid] = (storage_key, key)
         self._pending.append(Event(rv, storage_key, MODIFIED if old else ADDED, entry, old))
         self._save_rv()
         return entry
+
+    def _key_for(self, storage_key: str, meta: dict[str, Any], old: Entry | None) -> ObjKey:
+        """Where a write goes; makes `meta` agree with it. Refuses (409) a create that would duplicate an
+        existing row or uid."""
+        if old is not None:
+            old_meta = old.obj["metadata"]
+            ns, name = old_meta.get("namespace") or "", old_meta["name"]
+            meta["name"] = name
+            if "uid" in old_meta:
+                meta["uid"] = old_meta["uid"]
+        else:
+            ns, name = meta.get("namespace") or "", meta["name"]
+            if self.cluster_scoped(storage_key):
+                ns = ""
+            if (ns, name) in self._objects.get(storage_key, {}):
+                raise errors.ApiError(409, "AlreadyExists", f'{storage_key} "{name}" already exists')
+            uid = meta.get("uid")
+            if isinstance(uid, str) and uid in self._uids:
+                raise errors.ApiError(
+                    409, "AlreadyExists", f'{storage_key} "{name}": an object with uid {uid} already exists'
+                )
+        if ns:
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        return ns, name
+
+    def purge(self, storage_key: str, key: ObjKey) -> None:
+        """Drop a row without an event or a new resourceVersion: only for repairs at start, before
+        anything watches (a row no version of the object could have been written to)."""
+        self._db.execute(
+            "DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, key[0], key[1])
+        )
+        self._db.commit()
+        self._objects.get(storage_key, {}).pop(key, None)
+        self._index_uids()
 
     def remove(self, storage_key: str, old: Entry) -> Entry:
         """Delete an object; the DELETED event carries its last state under a new resourceVersion."""
@@ -211,6 +270,9 @@ class Store:
         ns, name = meta.get("namespace", ""), meta["name"]
         self._db.execute("DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, ns, name))
         self._objects[storage_key].pop((ns, name), None)
+        uid = meta.get("uid")
+        if isinstance(uid, str) and self._uids.get(uid) == (storage_key, (ns, name)):
+            del self._uids[uid]
         entry = Entry(obj, orjson.dumps(obj), rv)
         self._pending.append(Event(rv, storage_key, DELETED, entry, old))
         self._save_rv()
