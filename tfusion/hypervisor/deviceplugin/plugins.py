@@ -7,7 +7,8 @@ the kubelet allocates is the only thing that tells the plugin which pod it is se
 
 - one gRPC `deviceplugin/v1beta1` server per resource `index_0` … `index_f`, each on its own unix
   socket `tensor-fusion-index-<k>.sock` (k decimal, as upstream) in `--device-plugin-dir`, a stale
-  socket removed first;
+  socket removed first. A socket is 0600 (only root, the kubelet, may connect: `Allocate` answers any
+  pod's devices); the directory is created 0700 when missing, and the kubelet's own is left alone;
 - each registers with the kubelet (`kubelet.sock` there: version v1beta1, its socket's file name as
   endpoint, no PreStartContainer, no preferred allocation). A watch every second re-creates a
   plugin whose socket is gone and registers again — which is what a kubelet restart looks like (it
@@ -55,6 +56,7 @@ from tfusion.hypervisor.deviceplugin.rpc import (
     unix_target,
 )
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
+from tfusion.hypervisor.private import private_directory, private_socket
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation
 from tfusion.hypervisor.workers.model import WorkerAllocation, WorkerInfo
 from tfusion.web import Readiness
@@ -109,6 +111,7 @@ class IndexPlugin:
             raise OSError(f"cannot listen on {self.socket}")
         await server.start()
         self.server = server
+        private_socket(self.socket)
         self.registered_with = None
 
     async def stop(self) -> None:
@@ -263,7 +266,7 @@ class DevicePlugins:
     async def run(self) -> None:
         """Keep the plugins served and registered until cancelled; then stop them and remove their sockets."""
         self._healthy = self.healthy()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)  # only when missing: the kubelet's own directory is left as it is
         try:
             while True:
                 await self.reconcile()

@@ -7,7 +7,8 @@ is the hypervisor's side of that contract (reference hypervisor §5):
 
 - a soft worker with an allocation on this node gets `<shm-root>/<namespace>/<pod>/shm`: opened as
   it is when it exists (a restarted hypervisor keeps the buckets the limiter is using), created
-  when it does not (or when it is not a V2 file: the hypervisor owns its workers' files);
+  when it does not (or when it is not a V2 file: the hypervisor owns its workers' files); only
+  root and the identity the pod runs as may open it (`shm_owner`; `store.py` says how);
 - every tick (500 ms): the heartbeat, each device's `pod_memory_used` (the GPU processes whose PID
   is registered in the file or that /proc ties to the worker; a one-device worker whose per-device
   sum is 0 gets its total over all devices, as upstream), the limits when the allocation changed,
@@ -39,7 +40,7 @@ from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.limiter import erl
 from tfusion.hypervisor.shm import layout
 from tfusion.hypervisor.shm.state import DeviceConfig, SharedState, ShmError, pid_alive
-from tfusion.hypervisor.shm.store import ShmStore
+from tfusion.hypervisor.shm.store import ShmOwner, ShmStore
 from tfusion.hypervisor.workers.allocation import compute_up_limit, vram_limit
 from tfusion.hypervisor.workers.model import WorkerAllocation
 from tfusion.hypervisor.workers.tracker import WorkerTracker
@@ -76,6 +77,11 @@ def device_configs(allocation: WorkerAllocation) -> list[DeviceConfig]:
                                     mem_limit=vram_limit(allocation.worker, device),
                                     total_cuda_cores=cuda_cores(device)))
     return configs
+
+
+def shm_owner(allocation: WorkerAllocation) -> ShmOwner:
+    """Who besides root may open the worker's file: the identity its pod runs as (store.py says how)."""
+    return ShmOwner(uid=allocation.worker.run_as_user, gid=allocation.worker.shared_group)
 
 
 @dataclass
@@ -129,7 +135,8 @@ class SoftIsolation:
         if handle is not None:
             return handle.state
         configs = device_configs(allocation)
-        state, created = self.store.ensure(allocation.worker.namespace, allocation.worker.name, configs)
+        state, created = self.store.ensure(allocation.worker.namespace, allocation.worker.name, configs,
+                                           shm_owner(allocation))
         if not created:
             state.apply_limits(configs)
         self._handles[uid] = _Handle(allocation.worker.namespace, allocation.worker.name, state, configs)
@@ -148,17 +155,17 @@ class SoftIsolation:
         configs = device_configs(allocation)
         handle = self._live_handle(uid)
         if handle is None:
-            ns, name = allocation.worker.namespace, allocation.worker.name
+            ns, name, owner = allocation.worker.namespace, allocation.worker.name, shm_owner(allocation)
             try:
-                state = self.store.open(ns, name)
+                state = self.store.open(ns, name, owner)
                 state.apply_limits(configs)
                 log.info("opened shared memory %s of worker %s/%s", state.path, ns, name)
             except FileNotFoundError:
-                state = self.store.create(ns, name, configs)
+                state = self.store.create(ns, name, configs, owner)
                 log.info("created shared memory %s for worker %s/%s", state.path, ns, name)
             except ShmError as exc:
                 log.warning("%s; creating it again", exc)
-                state = self.store.create(ns, name, configs)
+                state = self.store.create(ns, name, configs, owner)
             handle = self._handles[uid] = _Handle(ns, name, state, configs)
         elif handle.configs != configs:
             handle.state.apply_limits(configs)

@@ -60,6 +60,33 @@ def _container_gpus(notes: dict[str, str], on_error: Callable[[keys.AnnotationEr
     return {container: list(gpus) for container, gpus in by_container.items()}
 
 
+def _id_of(context: Any, key: str) -> int | None:
+    value = context.get(key) if isinstance(context, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def pod_identity(pod: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(user, group) every container of the pod runs as / has, from the pod's and each container's
+    securityContext (a container's own setting wins); None where the pod does not say or its
+    containers differ. The group is the fsGroup (the kubelet gives it to every container), else a
+    runAsGroup all containers share."""
+    spec = pod.get("spec") or {}
+    pod_context = spec.get("securityContext") or {}
+    containers = [c for c in spec.get("containers") or () if isinstance(c, dict)]
+    if not containers:
+        return None, None
+
+    def common(key: str) -> int | None:
+        values = set()
+        for container in containers:
+            own = _id_of(container.get("securityContext"), key)
+            values.add(own if own is not None else _id_of(pod_context, key))
+        return values.pop() if len(values) == 1 else None
+
+    group = _id_of(pod_context, "fsGroup")
+    return common("runAsUser"), group if group is not None else common("runAsGroup")
+
+
 def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
     """A worker pod as the hypervisor sees it; unreadable annotations are logged and read as absent."""
     meta = pod.get("metadata") or {}
@@ -84,13 +111,14 @@ def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
         qos, isolation = req.qos, req.isolation
     hard = keys.parse_present(notes.get(keys.EFFECTIVE_HARD_SM_PERCENT), keys.parse_effective_hard_sm_percent,
                               None, on_error=warn)
+    user, group = pod_identity(pod)
     return WorkerInfo(
         uid=str(meta.get("uid", "")), namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
         allocated_devices=ids, status=worker_status(pod), qos=qos, isolation=isolation, requests=requests,
         limits=limits, partition_template_id=notes.get(keys.PARTITION_ID, "")
         if isolation == keys.ISOLATION_PARTITIONED else "", workload_name=labels.get(keys.WORKLOAD, ""),
         labels=labels, annotations=notes, container_gpus=_container_gpus(notes, warn),
-        effective_hard_sm_percent=hard)
+        effective_hard_sm_percent=hard, run_as_user=user, shared_group=group)
 
 
 class KubernetesWorkers:

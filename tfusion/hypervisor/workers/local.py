@@ -12,6 +12,11 @@ every worker process carries a marker (`TF_LOCAL_WORKER=<state-dir>#<uid>`). At 
 group whose leader is still the same process is adopted (watched, not started again); any other
 process carrying one of this state dir's markers is stopped (SIGTERM, then SIGKILL) before fresh
 copies start. Deleting a worker, and stopping tfusion (SIGTERM), stop its whole group the same way.
+
+The state files hold each worker's command line and env, the logs whatever the worker prints: the
+state directory and the log directories are created 0700 and every file in them is 0600 (set
+explicitly, whatever the umask). A crash between writing a state file's temp copy and renaming it
+leaves `<file>.<random>.tmp`; those are removed at start.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from anyio.abc import TaskGroup
 from tfusion.api.annotations import ISOLATION_SOFT
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
+from tfusion.hypervisor.private import PRIVATE_FILE_MODE, private_directory
 from tfusion.hypervisor.shm.store import SHM_FILE
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
@@ -59,17 +65,20 @@ WORKERS_FILE = "workers.json"
 DEVICES_FILE = "devices.json"
 
 
+_TEMP_SUFFIX = ".tmp"
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    """Write to a 0600 temp file in the same directory, fsync, then rename over the target."""
+    private_directory(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=_TEMP_SUFFIX, dir=path.parent)
     try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
         with os.fdopen(fd, "w") as handle:
             json.dump(value, handle, indent=2)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -89,6 +98,19 @@ class _LocalWorker:
     extra: dict[str, Any] = field(default_factory=dict)
     #: a still-running group found at start, to be adopted instead of started again
     adopt: ProcessGroup | None = None
+
+
+def remove_stale_temp_files(directory: Path, names: Collection[str]) -> list[Path]:
+    """Delete the temp copies of `names` (`<name>.<random>.tmp`) that a crash left in `directory`."""
+    removed = []
+    for name in names:
+        for leftover in directory.glob(f"{name}.*{_TEMP_SUFFIX}"):
+            try:
+                leftover.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(leftover)
+    return removed
 
 
 class LocalWorkers:
@@ -122,6 +144,9 @@ class LocalWorkers:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Restore persisted workers (devices must be discovered), then supervise until cancelled."""
+        private_directory(self.state_dir)
+        for leftover in remove_stale_temp_files(self.state_dir, (WORKERS_FILE, DEVICES_FILE)):
+            log.info("removed %s, left by an interrupted write", leftover)
         self.registry.subscribe(self._on_devices)
         self.placement.sync_devices(self.registry.devices())
         if self.registry.discovered:

@@ -99,6 +99,11 @@ class WorkerInfo:
     container_gpus: dict[str, list[str]] = field(default_factory=dict)
     effective_hard_sm_percent: int | None = None
     deleted_at: int = 0
+    #: the user all of the pod's containers run as and a group they all have (fsGroup, or a shared
+    #: runAsGroup), from its securityContext; None when the pod does not say. Who, besides root, may
+    #: open the files the hypervisor shares with the pod (its shared memory).
+    run_as_user: int | None = None
+    shared_group: int | None = None
 
     def replace(self, **changes: Any) -> WorkerInfo:
         return dataclasses.replace(self, **changes)

@@ -12,7 +12,8 @@
   after 3 s, doubling up to 60 s.
 - `stop()` sends SIGTERM to the group, then SIGKILL after a grace period, until no member is left.
 
-Output (stdout and stderr) is appended to `<log-dir>/worker-<name>.log`.
+Output (stdout and stderr) is appended to `<log-dir>/worker-<name>.log` (0600, in 0700 directories:
+`tfusion.hypervisor.private`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.hypervisor.private import open_private_append
 from tfusion.hypervisor.workers.model import RunningInfo
 from tfusion.hypervisor.workers.procfs import ProcFS
 
@@ -185,8 +187,7 @@ class ProcessSupervisor:
             self._done.set()
 
     async def _run_once(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
+        with open_private_append(self.log_path) as out:
             try:
                 process = await anyio.open_process(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
