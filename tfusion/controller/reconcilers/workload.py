@@ -18,10 +18,16 @@
 - Status: workerCount (workers not being deleted), readyWorkers (Running and Ready), phase Failed
   when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
   ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
+- A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
+  pod of it exists (a worker labelled with it, or a remote client that selected it) the mark goes;
+  when none has appeared `admission_grace` seconds after the mark, the workload is deleted (the
+  pod it was made for never came). Every workload is reconciled when the leader starts, so a mark
+  left by a controller killed meanwhile is acted on then.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +38,7 @@ from tfusion.controller.reconcilers.common import (
     PENDING,
     RUNNING,
     Obj,
+    annotations_of,
     condition,
     controlled_by,
     controller_reference,
@@ -44,8 +51,9 @@ from tfusion.controller.reconcilers.common import (
 )
 from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
 from tfusion.controller.role import component_selector
+from tfusion.controller.webhook.workloads import AWAITING_POD, awaiting_pod_since
 from tfusion.kube import resources as r
-from tfusion.kube.client import NotFound
+from tfusion.kube.client import Conflict, NotFound
 from tfusion.kube.informer import Informer
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
@@ -61,6 +69,9 @@ EXPECTATION_RETRY_S = 0.5
 #: how long an expectation is honoured (a create whose pod never shows up is forgotten then)
 EXPECTATION_TTL_S = 30.0
 FINISHED = ("Succeeded", "Failed")
+ADMITTED_INDEX = "admitted-workload"
+#: how long a workload the webhook created waits for its pod before it is deleted
+ADMISSION_GRACE_S = 60.0
 
 
 def workload_key(pod: Obj) -> list[str]:
@@ -69,6 +80,19 @@ def workload_key(pod: Obj) -> list[str]:
     if not name or labels_of(pod).get(tfa.COMPONENT) != tfa.COMPONENT_WORKER:
         return []
     return [f"{meta(pod).get('namespace')}/{name}"]
+
+
+def admitted_key(pod: Obj) -> list[str]:
+    """"namespace/name" of the workload the webhook made this pod part of: a worker's, or the one a
+    remote client selected."""
+    component = labels_of(pod).get(tfa.COMPONENT)
+    if component == tfa.COMPONENT_WORKER:
+        name = labels_of(pod).get(tfa.WORKLOAD)
+    elif component == tfa.COMPONENT_CLIENT:
+        name = annotations_of(pod).get(tfa.SELECTED_WORKLOAD)
+    else:
+        return []
+    return [f"{meta(pod).get('namespace')}/{name}"] if name else []
 
 
 def is_ready(pod: Obj) -> bool:
@@ -110,10 +134,14 @@ class WorkloadReconciler:
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.pods = runtime.informer(r.PODS)
         self.pods.add_index(WORKLOAD_INDEX, workload_key)
+        self.pods.add_index(ADMITTED_INDEX, admitted_key)
+        self.admission_grace = ADMISSION_GRACE_S
+        self.abandoned = 0  # workloads deleted because their pod never came (tests read it)
         self.pools = runtime.informer(r.GPUPOOLS)
         self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.controller = runtime.manager.controller("tensorfusionworkload").for_(r.TENSORFUSIONWORKLOADS) \
-            .watches(r.PODS, workload_key, label_selector=component_selector(runtime.settings)) \
+            .watches(r.PODS, lambda pod: [*workload_key(pod), *admitted_key(pod)],
+                     label_selector=component_selector(runtime.settings)) \
             .watches(r.GPUPOOLS, self._workloads_of_pool, predicates=[generation_changed]).complete(self)
         #: workload key -> (names created, names deleted, when) not yet seen in the cache
         self._expected: dict[str, tuple[set[str], set[str], float]] = {}
@@ -128,6 +156,41 @@ class WorkloadReconciler:
         if workload is None:
             self._expected.pop(key, None)
             return None
+        wait: float | None = None
+        if AWAITING_POD in annotations_of(workload) and not meta(workload).get("deletionTimestamp"):
+            deleted, wait = await self._awaiting_pod(key, workload)
+            if deleted:
+                return None
+        result = await self._reconcile(key, workload)
+        return result if result is not None or wait is None else Result(requeue_after=wait)
+
+    async def _awaiting_pod(self, key: str, workload: Obj) -> tuple[bool, float | None]:
+        """A workload the webhook created: (deleted, seconds until the grace ends). The mark goes
+        once a pod of it exists; the workload goes when none came within the grace."""
+        namespace = str(meta(workload).get("namespace") or "")
+        if self.pods.by_index(ADMITTED_INDEX, key):
+            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, name_of(workload), {"metadata": {
+                "annotations": {AWAITING_POD: None}}}, namespace=namespace)
+            return False, None
+        since = awaiting_pod_since(workload) or dt.datetime.now(dt.UTC)
+        left = self.admission_grace - (dt.datetime.now(dt.UTC) - since).total_seconds()
+        if left > 0:
+            return False, left
+        version = {"uid": str(meta(workload).get("uid") or ""),
+                   "resourceVersion": str(meta(workload).get("resourceVersion") or "")}
+        try:  # only this version: an adoption or any other write meanwhile keeps it for another look
+            await self.runtime.client.delete(r.TENSORFUSIONWORKLOADS, name_of(workload), namespace=namespace,
+                                             preconditions=version)
+        except NotFound:
+            return True, None
+        except Conflict:
+            return False, EXPECTATION_RETRY_S
+        self.abandoned += 1
+        log.info("TensorFusionWorkload %s deleted: the webhook created it for a pod that did not appear within "
+                 "%.0f s", key, self.admission_grace)
+        return True, None
+
+    async def _reconcile(self, key: str, workload: Obj) -> Result | None:
         dynamic = is_dynamic(workload)
         current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, FINALIZER,
                                          self._cleanup)

@@ -5,6 +5,11 @@ Structs) and the Litestar app are shared by the controller's webhook and the ben
 echo endpoint, so the two are measured with the same edge. A body that is not an AdmissionReview
 (bad JSON, wrong apiVersion or kind, no request) is answered 400 with the field that is wrong;
 every decision about the pod comes back as an AdmissionReview with HTTP 200.
+
+Every body is untrusted (a caller without the API server's client certificate is refused by the
+TLS handshake when client authentication is on, but the edge must not rely on it): nesting too
+deep for the decoder, and a pod object that `tfusion.api.documents` refuses (deeper than 100
+levels, an integer beyond 64 bits, a number that is not finite) are 400s, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import orjson
 from litestar.handlers import asgi
 from litestar.types import HTTPResponseStartEvent, Receive, Scope, Send
 
+from tfusion.api import documents
 from tfusion.web import ErrorBody, HttpError, make_app, receive_body
 
 PATH = "/mutate-v1-pod"
@@ -54,10 +60,14 @@ class AdmissionRequest(msgspec.Struct):
     dryRun: bool = False
 
     def pod(self) -> dict[str, Any] | None:
-        """The object as a JSON document; None when there is none or it is not a JSON object."""
+        """The object as a JSON document; None when there is none or it is not a JSON object.
+        Raises HttpError 400 for a document out of bounds (see the module docstring)."""
         if not self.object:
             return None
-        found = _document_decoder.decode(self.object)
+        try:
+            found = documents.load_json(bytes(self.object))
+        except documents.DocumentError as exc:
+            raise HttpError(400, ErrorBody(error=f"request.object: {exc.problem}", field="request.object")) from None
         return found if isinstance(found, dict) else None
 
 
@@ -90,7 +100,6 @@ class AdmissionReviewAnswer(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(AdmissionReview)
-_document_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
@@ -118,6 +127,8 @@ def decode_review(body: bytes) -> AdmissionRequest:
         raise HttpError(400, ErrorBody(error=f"not an AdmissionReview: {exc}", field="body")) from None
     except msgspec.DecodeError as exc:
         raise HttpError(400, ErrorBody(error=f"not JSON: {exc}", field="body")) from None
+    except RecursionError:  # msgspec gives up on nesting deeper than the interpreter's recursion limit
+        raise HttpError(400, ErrorBody(error="not an AdmissionReview: nested too deep", field="body")) from None
     if review.apiVersion != REVIEW_API_VERSION or review.kind != "AdmissionReview":
         raise HttpError(400, ErrorBody(error=f"expected apiVersion {REVIEW_API_VERSION}, kind AdmissionReview; got "
                                              f"{review.apiVersion!r}, {review.kind!r}", field="apiVersion"))

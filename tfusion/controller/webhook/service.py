@@ -30,6 +30,8 @@ import anyio
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.apiserver import shapes
+from tfusion.apiserver.validation import validate_name
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
 from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
@@ -217,6 +219,9 @@ class WebhookService:
         pod = request.pod()
         if pod is None:
             return denied(request.uid, 400, "the AdmissionReview carries no pod object")
+        problem = shapes.mismatch(_POD_SHAPE, pod, "request.object")
+        if problem:  # kube-apiserver never sends such a pod; anyone else gets told what is wrong
+            return denied(request.uid, 400, f"the object is not a Pod: {problem}")
         try:
             return await self._mutate(request, pod)
         except Denial as exc:
@@ -246,6 +251,7 @@ class WebhookService:
         plan = mutate.analyse(view, context, owner)
         if plan is None:
             return allowed(request.uid)
+        _check_workload_name(plan)
         recommendation = self.workloads.recommendation(plan.workload)
         if recommendation is not None:
             apply_recommendation(plan, recommendation)
@@ -334,6 +340,20 @@ class WebhookService:
                        auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels,
                        progressive=self.settings.progressive_migration,
                        operator_endpoint=remote.operator_endpoint(self.settings))
+
+
+#: the JSON types of the pod fields the mutation reads, as the API server checks them on a write
+_POD_SHAPE = shapes.KIND_SHAPES["/pods"]
+_WORKLOADS_STORAGE = f"{r.TENSORFUSIONWORKLOADS.group}/{r.TENSORFUSIONWORKLOADS.plural}"
+
+
+def _check_workload_name(plan: mutate.Plan) -> None:
+    """The workload is named after the pod or its owner: a name the API server would refuse (a pod
+    named `a.`) is the pod's fault, said before anything is written."""
+    name = str(plan.workload["metadata"]["name"])
+    for field, _, message in validate_name(_WORKLOADS_STORAGE, name):
+        raise Denial(f"{field}: {message} (the TensorFusionWorkload is named after the pod, or its owner)",
+                     code=422)
 
 
 def _memo_bytes(request: AdmissionRequest, pod: Obj, meta: Mapping[str, Any]) -> bytes:

@@ -10,6 +10,13 @@ already matches (the common case: every pod after the first). A bare pod's workl
 that pod; when a pod is deleted and created again under its name, the webhook takes the workload
 back from the deleted pod before the garbage collector takes it away (`_released_pod`).
 
+Admission must leave nothing behind for a pod that never comes (a caller that made up the
+review, an API server killed before it stored the pod, a pod refused after the webhook answered): a
+workload the webhook creates carries `AWAITING_POD` (when it was created), and the workload
+reconciler (reconcilers/workload.py) removes that annotation once a pod of the workload exists, or
+deletes the workload when none has appeared within its grace. The state lives on the workload, so a
+controller killed meanwhile finds it again at start.
+
 The autoscaler's recommendation reaches new pods here too: when the pod's workload (as cached,
 with the pod's own autoScalingConfig merged over it) has autoscaling enabled and a
 `status.recommendation`, `apply_recommendation` makes it the pod's TFLOPS/compute and VRAM
@@ -19,6 +26,7 @@ reading the informer's copy costs no API call.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import secrets
 from collections import OrderedDict
@@ -45,6 +53,28 @@ _OWNER_KINDS = {(res.group, res.kind): res for res in (REPLICASETS, DEPLOYMENTS,
 #: the original's short-id alphabet (no 0, l, z: easy to read back)
 SHORT_ID_ALPHABET = "123456789abcdefghijkmnopqrstuvwxy"
 GREY_RELEASE_RETRIES = 5
+#: on a workload the webhook created: when (RFC 3339, UTC), until a pod of it is seen
+AWAITING_POD = "tensor-fusion.ai/awaiting-pod-since"
+
+
+def awaiting_pod_since(workload: Mapping[str, Any]) -> dt.datetime | None:
+    """When the webhook created this workload, if no pod of it has been seen since; a value that is
+    not a time counts as long ago (only the webhook writes it)."""
+    value = ((workload.get("metadata") or {}).get("annotations") or {}).get(AWAITING_POD)
+    if value is None:
+        return None
+    try:
+        found = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return dt.datetime.min.replace(tzinfo=dt.UTC)
+    return found if found.tzinfo is not None else found.replace(tzinfo=dt.UTC)
+
+
+def _awaiting(desired: Obj) -> Obj:
+    """`desired` as created: marked with `AWAITING_POD` (a copy; `desired` is shared)."""
+    meta = desired["metadata"]
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+    return {**desired, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), AWAITING_POD: stamp}}}
 
 
 def short_id(length: int = 8) -> str:
@@ -233,7 +263,7 @@ class WorkloadWriter:
         meta = desired["metadata"]
         self.writes += 1
         try:
-            await self.client.create(r.TENSORFUSIONWORKLOADS, desired, namespace=meta["namespace"])
+            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=meta["namespace"])
             return "created"
         except AlreadyExists:
             self.writes += 1
@@ -251,7 +281,7 @@ class WorkloadWriter:
                                     namespace=meta["namespace"])
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
             self.writes += 1
-            await self.client.create(r.TENSORFUSIONWORKLOADS, desired, namespace=meta["namespace"])
+            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=meta["namespace"])
             return "created"
         return "patched"
 
