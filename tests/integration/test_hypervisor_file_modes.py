@@ -1,0 +1,141 @@
+"""What the running hypervisor leaves on disk and who may read it (issue 23): the local backend's
+state files and worker logs (commands, env, output) are 0600 in 0700 directories and temp copies
+left by a crash are removed at start; a soft worker pod's shared-memory file belongs to the identity
+its securityContext names (else to root alone); the device plugins' sockets are 0600, in a directory
+created 0700, while a kubelet directory that already exists keeps its mode.
+
+Every test runs under umask 0, so each mode asserted is one the hypervisor set, not one the umask
+narrowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.apiserver_fixture import ApiServerHandle, apply_crds
+from tests.helpers import wait_for
+from tests.integration.test_device_plugin import RESOURCES, FakeKubelet
+from tests.integration.test_device_plugin import hypervisor as plugin_hypervisor
+from tests.integration.test_hypervisor_local import hypervisor as local_hypervisor
+from tests.integration.test_soft_isolation import hypervisor as soft_hypervisor
+from tests.integration.test_soft_isolation import setup_node
+from tfusion.api import annotations
+from tfusion.kube.client import KubeClient
+from tfusion.kube.resources import PODS
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def open_umask() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+async def exists(path: Path) -> bool:
+    return await anyio.to_thread.run_sync(path.exists)
+
+
+async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> None:
+    state = tmp_path / "state"  # does not exist yet: the hypervisor creates it
+    log_file = state / "logs" / "team-a" / "worker-train.log"
+    async with local_hypervisor(state) as http:
+        created = await http.post("/api/v1/workers", json={
+            "name": "train", "namespace": "team-a", "env": {"API_KEY": "s3cret"},
+            "command": ["sh", "-c", "echo started; exec sleep 60"]})
+        assert created.status_code == 201, created.text
+        await wait_for(lambda: anyio.to_thread.run_sync(
+            lambda: log_file.exists() and "started" in log_file.read_text()))
+        assert "s3cret" in (state / "workers.json").read_text()  # what makes the file worth hiding
+        assert {p.name: mode(p) for p in state.iterdir() if p.is_file()} == {
+            "workers.json": 0o600, "devices.json": 0o600}
+        assert [mode(p) for p in (state, state / "logs", state / "logs" / "team-a")] == [0o700] * 3
+        assert mode(log_file) == 0o600
+        shm = state / "shm" / "team-a" / "train" / "shm"  # a soft worker (the default) of our own user
+        await wait_for(lambda: exists(shm))
+        assert mode(shm) == 0o600 and mode(shm.parent) == 0o700 and mode(shm.parent.parent) == 0o700
+
+    # what a kill -9 between writing a temp copy and renaming it leaves, and files of an older run
+    leftovers = [state / "workers.json.k3j2x9.tmp", state / "devices.json.a8b7c6.tmp"]
+    for leftover in leftovers:
+        leftover.write_text("{")
+    os.chmod(log_file, 0o644)
+    unrelated = state / "notes.tmp"
+    unrelated.write_text("mine")
+    async with local_hypervisor(state) as http:
+        assert not any(leftover.exists() for leftover in leftovers)
+        assert unrelated.exists()
+        restored = (await http.get("/api/v1/workers")).json()["data"]
+        assert [w["WorkerInfo"]["WorkerName"] for w in restored] == ["train"]
+        await wait_for(lambda: anyio.to_thread.run_sync(lambda: mode(log_file) == 0o600))
+        assert json.loads((state / "workers.json").read_text())[0]["WorkerName"] == "train"
+        assert mode(state / "workers.json") == 0o600
+
+
+async def soft_pod(kube: KubeClient, name: str, gpu: str, security: dict[str, int]) -> None:
+    await kube.create(PODS, {
+        "metadata": {"name": name, "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
+                     "annotations": {annotations.GPU_IDS: gpu, annotations.GPU_POOL: "pool-soft",
+                                     annotations.ISOLATION: "soft", annotations.TFLOPS_REQUEST: "100",
+                                     annotations.VRAM_REQUEST: "8Gi"}},
+        "spec": {"nodeName": "gpu-node-soft", "securityContext": security,
+                 "containers": [{"name": "main", "image": "busybox"}]}})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to the pod's user needs root, as the DaemonSet runs")
+async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    try:
+        await setup_node(kube)
+        async with soft_hypervisor(apiserver, tmp_path) as http:
+            gpu = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
+            await soft_pod(kube, "runs-as-4100", gpu, {"runAsUser": 4100, "runAsGroup": 4300, "fsGroup": 4200})
+            await soft_pod(kube, "runs-as-image-user", gpu, {})
+            shm = tmp_path / "shm" / "default"
+            ours, unknown = shm / "runs-as-4100" / "shm", shm / "runs-as-image-user" / "shm"
+            await wait_for(lambda: anyio.to_thread.run_sync(lambda: ours.exists() and unknown.exists()))
+            info = os.stat(ours)
+            assert (info.st_uid, info.st_gid, mode(ours)) == (4100, 4200, 0o660)
+            info = os.stat(ours.parent)
+            assert (info.st_uid, info.st_gid, mode(ours.parent)) == (4100, 4200, 0o750)
+            assert mode(shm) == 0o700 and mode(tmp_path / "shm") == 0o700
+            info = os.stat(unknown)
+            assert (info.st_uid, mode(unknown), mode(unknown.parent)) == (0, 0o600, 0o700)
+    finally:
+        await kube.close()
+
+
+async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    for plugin_dir, dir_mode in ((tmp_path / "created-by-us", 0o700), (tmp_path / "kubelets", 0o755)):
+        if dir_mode == 0o755:  # the kubelet's directory, there before the hypervisor
+            plugin_dir.mkdir(mode=dir_mode)
+        async with plugin_hypervisor(apiserver, tmp_path / f"state-{plugin_dir.name}", plugin_dir):
+            await wait_for(lambda d=plugin_dir: exists(d))
+            kubelet = FakeKubelet(plugin_dir)
+            await kubelet.start()
+            try:
+                async def registered(k: FakeKubelet = kubelet) -> bool:
+                    return sorted({r.resource_name for r in k.registrations}) == sorted(RESOURCES)
+
+                await wait_for(registered, timeout=20)
+                sockets = sorted(plugin_dir.glob("tensor-fusion-index-*.sock"))
+                assert len(sockets) == 16
+                assert {p.name: mode(p) for p in sockets} == {p.name: 0o600 for p in sockets}
+                assert mode(plugin_dir) == dir_mode
+            finally:
+                await kubelet.stop()
