@@ -45,7 +45,7 @@ import celpy
 import lark
 import orjson
 from celpy import celtypes
-from celpy.evaluation import CELEvalError, Evaluator
+from celpy.evaluation import CELEvalError, Evaluator, bool_eq, bool_ne
 
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 
@@ -109,8 +109,13 @@ class CompileError(Exception):
     pass
 
 
-def compile_expression(text: str) -> tuple[Ast, bool]:
-    """Parse `text` and check its variables; returns the AST and whether it uses `oldSelf`."""
+#: the variables of a CRD validation rule
+RULE_VARIABLES: Final = frozenset({"self", "oldSelf"})
+
+
+def compile_expression(text: str, declared: frozenset[str] = RULE_VARIABLES) -> tuple[Ast, bool]:
+    """Parse `text` and check that it reads only `declared` variables (and macro variables);
+    returns the AST and whether it uses `oldSelf`."""
     try:
         ast = _env().compile(text)
     except Exception as exc:  # celpy raises CELParseError and lark errors alike for bad syntax
@@ -121,7 +126,7 @@ def compile_expression(text: str) -> tuple[Ast, bool]:
     names = _identifiers(ast)
     bound = _macro_variables(ast)
     for name in names:
-        if name not in bound and name not in _BUILTIN_NAMES and name not in ("self", "oldSelf"):
+        if name not in bound and name not in _BUILTIN_NAMES and name not in declared:
             raise CompileError(f"undeclared reference to '{name}' (in container '')")
     return ast, "oldSelf" in names and "oldSelf" not in bound
 
@@ -280,6 +285,10 @@ class _OutOfSteps(BaseException):
         self.per_rule = per_rule
 
 
+#: what other evaluators of CEL (policies.py) catch when their budget runs out
+OutOfSteps = _OutOfSteps
+
+
 @dataclass
 class StepMeter:
     remaining: int = OBJECT_STEP_BUDGET
@@ -353,10 +362,27 @@ def evaluate_memoized(rule: CompiledRule, memo_key: bytes | None, variables: dic
     return outcome
 
 
+def _not_equal(a: Any, b: Any) -> Any:
+    """`!=` as cel-go has it: anything but null differs from null (celpy finds no overload for a map or
+    a list against null, which breaks the common `oldObject != null`)."""
+    if (a is None) != (b is None):
+        return _TRUE
+    return bool_ne(a, b)
+
+
+def _equal(a: Any, b: Any) -> Any:
+    if (a is None) != (b is None):
+        return _FALSE
+    return bool_eq(a, b)
+
+
+_NULL_AWARE: Final = {"_!=_": _not_equal, "_==_": _equal}
+
+
 def evaluate(ast: Ast, variables: dict[str, Any], meter: StepMeter) -> Any:
     """Evaluate a compiled expression; raises CELEvalError for CEL errors, _OutOfSteps past the bound."""
     meter.rule_steps = 0
-    activation = _env().program(ast).new_activation()
+    activation = _env().program(ast, functions=_NULL_AWARE).new_activation()
     return _MeteredEvaluator(ast, activation, meter).evaluate(variables)
 
 

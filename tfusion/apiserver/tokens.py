@@ -3,6 +3,9 @@
 kube-apiserver signs bound service-account tokens with RS256 using the service-account key, and
 answers TokenReview by checking the signature, the time window, the audiences, and that the
 service account (and the pod the token is bound to) still exist with the UIDs the token names.
+A token bound to a pod on a node, or bound to a Node directly, also names that node (as kube 1.30 and
+later do), and its review carries the node's name and uid as user extras: a ValidatingAdmissionPolicy
+can then hold a node agent to its own node's objects (policies.py).
 This module does the same, with no HTTP in it: the REST layer calls `issue` for
 `POST .../serviceaccounts/<sa>/token` and `review` for `POST .../tokenreviews`, passing lookups
 into its storage. Policy that belongs to the REST layer stays there (for example kube-apiserver
@@ -36,6 +39,8 @@ __all__ = [
     "DEFAULT_AUDIENCES",
     "ISSUER",
     "InvalidToken",
+    "NODE_NAME_EXTRA",
+    "NODE_UID_EXTRA",
     "TokenAuthority",
 ]
 
@@ -45,6 +50,8 @@ SERVICE_ACCOUNT_GROUP = "system:serviceaccounts"
 AUTHENTICATED_GROUP = "system:authenticated"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+NODE_UID_EXTRA = "authentication.kubernetes.io/node-uid"
 CREDENTIAL_ID_EXTRA = "authentication.kubernetes.io/credential-id"
 
 CLOCK_SKEW_LEEWAY_SECONDS = 60
@@ -147,13 +154,16 @@ class TokenAuthority:
         sa_uid: str,
         pod_name: str | None = None,
         pod_uid: str | None = None,
+        node_name: str | None = None,
+        node_uid: str | None = None,
         audiences: Iterable[str] | None = DEFAULT_AUDIENCES,
         expiration_seconds: int = 3600,
         now: float | None = None,
     ) -> tuple[str, int]:
         """Sign a token for namespace/service_account (bound to a pod when pod_name is given).
 
-        Returns (token, exp) with exp in Unix seconds.
+        `node_name` (with `node_uid` when the Node exists) is the node the pod runs on; without a pod
+        the token is bound to that Node itself. Returns (token, exp) with exp in Unix seconds.
         """
         for field, value in (
             ("namespace", namespace),
@@ -164,6 +174,10 @@ class TokenAuthority:
                 raise ValueError(f"{field}: required, got {value!r}")
         if (pod_name is None) != (pod_uid is None) or pod_name == "" or pod_uid == "":
             raise ValueError(f"pod_name and pod_uid go together, got {pod_name!r} and {pod_uid!r}")
+        if node_name == "" or (node_uid is not None and not node_name) or node_uid == "":
+            raise ValueError(f"node_uid needs a node_name, neither may be empty: got {node_name!r} and {node_uid!r}")
+        if node_name is not None and pod_name is None and node_uid is None:
+            raise ValueError(f"a token bound to node {node_name!r} needs the Node's uid")
         if isinstance(expiration_seconds, bool) or not isinstance(expiration_seconds, int) or expiration_seconds <= 0:
             raise ValueError(f"expiration_seconds: must be a positive integer, got {expiration_seconds!r}")
         aud = list(self.api_audiences if audiences is None else audiences) or list(self.api_audiences)
@@ -175,6 +189,8 @@ class TokenAuthority:
         }
         if pod_name is not None:
             kubernetes["pod"] = {"name": pod_name, "uid": pod_uid}
+        if node_name is not None:
+            kubernetes["node"] = {"name": node_name, **({"uid": node_uid} if node_uid else {})}
         claims = {
             "aud": aud,
             "exp": exp,
@@ -250,11 +266,16 @@ class TokenAuthority:
         audiences: Sequence[str] | None = None,
         lookup_pod: Lookup,
         lookup_service_account: Lookup,
+        lookup_node: Lookup | None = None,
         now: float | None = None,
     ) -> dict[str, Any]:
-        """The `status` of a TokenReview for `token` (audiences: spec.audiences, or the API's)."""
+        """The `status` of a TokenReview for `token` (audiences: spec.audiences, or the API's).
+
+        Nodes are looked up with namespace "" (and only for tokens bound to a Node, which stop
+        working with it); without `lookup_node` such tokens are refused.
+        """
         try:
-            return self._review(token, audiences, lookup_pod, lookup_service_account, _now(now))
+            return self._review(token, audiences, lookup_pod, lookup_service_account, lookup_node, _now(now))
         except InvalidToken as exc:
             return {"authenticated": False, "error": f"invalid bearer token: {exc}"}
 
@@ -264,6 +285,7 @@ class TokenAuthority:
         audiences: Sequence[str] | None,
         lookup_pod: Lookup,
         lookup_service_account: Lookup,
+        lookup_node: Lookup | None,
         now: int,
     ) -> dict[str, Any]:
         claims = self.check(token, now=now)
@@ -291,6 +313,7 @@ class TokenAuthority:
             _check_alive(lookup_pod(namespace, pod["name"]), "pod", namespace, pod["name"], pod.get("uid"), now)
             extra[POD_NAME_EXTRA] = [pod["name"]]
             extra[POD_UID_EXTRA] = [str(pod.get("uid"))]
+        extra.update(_node_extra(private.get("node"), pod is None, lookup_node, now))
         if isinstance(claims.get("jti"), str):
             extra[CREDENTIAL_ID_EXTRA] = [f"JTI={claims['jti']}"]
         return {
@@ -309,16 +332,39 @@ class TokenAuthority:
         }
 
 
+def _node_extra(node: Any, node_bound: bool, lookup_node: Lookup | None, now: int) -> dict[str, list[str]]:
+    """The node extras of a token's node claim; a token bound to the Node itself lives only as long
+    as that Node does (a pod's node claim is informational: the pod claim is what binds it)."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping) or not isinstance(node.get("name"), str) or not node["name"]:
+        raise InvalidToken("token carries a malformed node claim")
+    uid = node.get("uid")
+    if uid is not None and not isinstance(uid, str):
+        raise InvalidToken("token carries a malformed node claim")
+    if node_bound:
+        if not uid:
+            raise InvalidToken(f"token bound to node {node['name']} carries no node uid")
+        if lookup_node is None:
+            raise InvalidToken(f"token bound to node {node['name']}: nodes cannot be looked up here")
+        _check_alive(lookup_node("", node["name"]), "node", "", node["name"], uid, now)
+    extra = {NODE_NAME_EXTRA: [node["name"]]}
+    if uid:
+        extra[NODE_UID_EXTRA] = [uid]
+    return extra
+
+
 def _check_alive(obj: Mapping[str, Any] | None, what: str, namespace: str, name: str, uid: Any, now: int) -> None:
     """The object a token names must exist, have the token's UID, and not be long terminating."""
+    where = f"{namespace}/{name}" if namespace else name
     if obj is None:
-        raise InvalidToken(f"{what} {namespace}/{name} has been deleted")
+        raise InvalidToken(f"{what} {where} has been deleted")
     meta = obj.get("metadata") or {}
     if meta.get("uid") != uid:
         raise InvalidToken(f"{what} UID ({meta.get('uid')}) does not match claim ({uid})")
     deleting = meta.get("deletionTimestamp")
     if isinstance(deleting, str) and _parse_time(deleting) + _DELETION_GRACE_SECONDS <= now:
-        raise InvalidToken(f"{what} {namespace}/{name} is being deleted")
+        raise InvalidToken(f"{what} {where} is being deleted")
 
 
 def _parse_time(text: str) -> float:
