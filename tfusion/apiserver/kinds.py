@@ -131,6 +131,11 @@ class KindRules:
             causes += apps.validate(key, obj, old)
         elif key in rbac.RBAC_KEYS:
             causes += rbac.validate(key, obj, old)
+        elif key in ("admissionregistration.k8s.io/validatingadmissionpolicies",
+                     "admissionregistration.k8s.io/validatingadmissionpolicybindings"):
+            from tfusion.apiserver import policies  # it reads NAMESPACES from here
+
+            causes += policies.validate(key, obj)
         elif info.is_custom:
             causes += crds.validate_custom(info, obj, old)
         if causes:

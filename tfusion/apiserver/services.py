@@ -127,40 +127,15 @@ class Services:
                 ],
             )
         seconds = max(seconds, MIN_TOKEN_SECONDS)
-        pod_name = pod_uid = None
-        bound = spec.get("boundObjectRef")
-        if bound:
-            if bound.get("kind") != "Pod":
-                raise errors.invalid(
-                    "TokenRequest",
-                    "authentication.k8s.io",
-                    target.name,
-                    [
-                        (
-                            "spec.boundObjectRef.kind",
-                            "FieldValueNotSupported",
-                            f'Unsupported value: "{bound.get("kind")}": supported values: "Pod"',
-                        )
-                    ],
-                )
-            pod = self.engine.get(self._pod_info(), ns, str(bound.get("name", "")))
-            pod_name, pod_uid = pod.obj["metadata"]["name"], pod.obj["metadata"]["uid"]
-            if bound.get("uid") and bound["uid"] != pod_uid:
-                raise errors.conflict(
-                    "pods",
-                    "",
-                    pod_name,
-                    f"the UID in the bound object reference "
-                    f"({bound['uid']}) does not match the UID in record. "
-                    f"The object might have been deleted and then "
-                    f"recreated",
-                )
+        pod_name, pod_uid, node_name, node_uid = self._bound_to(ns, target.name, spec.get("boundObjectRef"))
         token, expiry = self.authority.issue(
             namespace=ns,
             service_account=target.name,
             sa_uid=account.obj["metadata"]["uid"],
             pod_name=pod_name,
             pod_uid=pod_uid,
+            node_name=node_name,
+            node_uid=node_uid,
             audiences=spec.get("audiences") or None,
             expiration_seconds=seconds,
         )
@@ -178,6 +153,31 @@ class Services:
         }
         return 201, result
 
+    def _bound_to(self, namespace: str, account: str, bound: Any) -> tuple[str | None, ...]:
+        """(pod name, pod uid, node name, node uid) of a token bound to `bound`: a Pod, or a Node (as kube
+        1.33 allows). A pod's node goes in too, with the Node's uid when it exists (kube 1.30 and later)."""
+        if not bound:
+            return None, None, None, None
+        kind = bound.get("kind")
+        if kind not in ("Pod", "Node"):
+            raise errors.invalid("TokenRequest", "authentication.k8s.io", account, [(
+                "spec.boundObjectRef.kind", "FieldValueNotSupported",
+                f'Unsupported value: "{kind}": supported values: "Node", "Pod"')])
+        info = self._pod_info() if kind == "Pod" else self.engine.registry.get("", "v1", "nodes")
+        assert info is not None
+        found = self.engine.get(info, namespace if kind == "Pod" else "", str(bound.get("name", ""))).obj
+        name, uid = found["metadata"]["name"], found["metadata"]["uid"]
+        if bound.get("uid") and bound["uid"] != uid:
+            raise errors.conflict(
+                info.plural, "", name,
+                f"the UID in the bound object reference ({bound['uid']}) does not match the UID in record. "
+                "The object might have been deleted and then recreated")
+        if kind == "Node":
+            return None, None, name, uid
+        node_name = (found.get("spec") or {}).get("nodeName") or None
+        node = self.engine.store.get("/nodes", "", node_name) if node_name else None
+        return name, uid, node_name, node.obj["metadata"]["uid"] if node else None
+
     def lookup(self, plural: str) -> Callable[[str, str], dict[str, Any] | None]:
         def find(namespace: str, name: str) -> dict[str, Any] | None:
             entry = self.engine.store.get(f"/{plural}", namespace, name)
@@ -191,6 +191,7 @@ class Services:
             audiences=audiences,
             lookup_pod=self.lookup("pods"),
             lookup_service_account=self.lookup("serviceaccounts"),
+            lookup_node=self.lookup("nodes"),
         )
 
     async def token_review(self, request: Request, target: Target) -> tuple[int, Any]:
