@@ -10,6 +10,7 @@ parses a string. Rules (reference §2.1, §3.1):
   nothing against a quota's limit totals);
 - TFLOPS and compute percent are alternatives: given both for the request (or both for the limit) is
   an error; compute percent is 0..100;
+- TFLOPS and VRAM fit in 64 bits in allocator units (as the original's int64 does);
 - gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
 - qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod;
 - the pod index (the device-plugin handshake, 1..128) is read from the pod's containers: the first
@@ -26,6 +27,7 @@ from typing import Any
 from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.quantity import INT64_MAX
 
 MAX_GPU_COUNT = 128
 QOS_LEVELS = ("low", "medium", "high", "critical")
@@ -145,7 +147,11 @@ def _quantity(notes: Mapping[str, str], key: str, *, milli: bool) -> int:
     if raw is None or raw == "":
         return 0
     q = tfa.parse_quantity_annotation(raw, key=key)
-    return q.milli_value() if milli else q.value()
+    amount = q.milli_value() if milli else q.value()
+    if amount > INT64_MAX:  # the original's int64 would overflow; our numbers go to Go clients too
+        unit = "milli-TFLOPS" if milli else "bytes"
+        raise RequestError(key, raw, f"a quantity of at most {INT64_MAX} {unit}", detail="it does not fit in 64 bits")
+    return amount
 
 
 def _percent(notes: Mapping[str, str], key: str) -> int:

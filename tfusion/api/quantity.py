@@ -44,7 +44,7 @@ import re
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeAlias
 
-__all__ = ["FORMATS", "Quantity", "QuantityError", "QuantityLike", "parse_quantity"]
+__all__ = ["FORMATS", "INT64_MAX", "Quantity", "QuantityError", "QuantityLike", "parse_quantity"]
 
 Format: TypeAlias = Literal["BinarySI", "DecimalSI", "DecimalExponent"]
 FORMATS: Final[tuple[str, ...]] = ("BinarySI", "DecimalSI", "DecimalExponent")
@@ -55,6 +55,9 @@ _BINARY_CAP_NANOS: Final = (2**63 - 1) * _NANO
 #: values must stay below 10^_MAX_MAGNITUDE (a guard against exponents like 1e2000000000)
 _MAX_MAGNITUDE: Final = 1000
 _INT32_MAX: Final = 2**31 - 1
+#: the largest value Go's Value()/MilliValue() return exactly (int64); readers that count in those
+#: units refuse anything larger
+INT64_MAX: Final = 2**63 - 1
 
 _BINARY_SUFFIXES: Final[dict[str, int]] = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL_SUFFIXES: Final[dict[str, int]] = {

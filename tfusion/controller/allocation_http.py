@@ -19,12 +19,15 @@ instead of vanishing from the answer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import msgspec
 from litestar import Request, get, post
+from litestar.openapi.spec import Operation, Reference
 
 from tfusion.controller import views
+from tfusion.controller.scheduling.podcheck import PodManifest, manifest_schema
 from tfusion.controller.scheduling.simulate import (
     FRAMEWORK_NOT_FOUND,
     POD_MANIFEST_MAX_BYTES,
@@ -92,16 +95,22 @@ class SimulateScheduleResult(msgspec.Struct, forbid_unknown_fields=True):
         msgspec.field(default_factory=list)
 
 
-class PodManifest(msgspec.Struct):
-    """A Pod as `kubectl get pod NAME -o yaml` (or `-o json`) prints it; only `spec` is required."""
+def _pod_manifest_body() -> dict[str, Any]:
+    """`raw_body` keywords whose documented schema is `podcheck.manifest_schema` (see there why)."""
+    documented = raw_body(PodManifest, POD_MEDIA_TYPES,
+                          description="A Pod manifest in JSON or YAML (any Content-Type; JSON is tried first)")
+    base = cast("type[Operation]", documented["operation_class"])
+    schema = manifest_schema(SCHEDULER_NAME)
 
-    spec: Annotated[dict[str, Any], _described(
-        "The Pod's spec; `schedulerName` must be tensor-fusion-scheduler")]
-    apiVersion: str = "v1"
-    kind: str = "Pod"
-    metadata: Annotated[dict[str, Any], _described(
-        "name, namespace and the tensor-fusion.ai annotations that ask for GPUs")] = msgspec.field(
-            default_factory=dict)
+    @dataclass
+    class PodManifestOperation(base):  # type: ignore[valid-type,misc]
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.request_body is not None and not isinstance(self.request_body, Reference):
+                for media in (self.request_body.content or {}).values():
+                    media.schema = schema  # a plain dict serializes as it is
+
+    return {**documented, "operation_class": PodManifestOperation}
 
 
 async def _leader_allocator(service: AllocatorService) -> GpuAllocator | None:
@@ -128,8 +137,7 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
               400: "The body is not a readable Pod manifest, or its GPU annotations are invalid",
               500: f"`spec.schedulerName` is not {SCHEDULER_NAME}: {FRAMEWORK_NOT_FOUND} (as the original)",
               503: "This replica is not the leader, or has not recovered the allocations yet"}),
-          **raw_body(PodManifest, POD_MEDIA_TYPES,
-                     description="A Pod manifest in JSON or YAML (any Content-Type; JSON is tried first)"))
+          **_pod_manifest_body())
     async def api_simulate_schedule(request: Request[Any, Any, Any]) -> SimulateScheduleResult:
         try:
             pod = await decode_body(request, read_pod_manifest)

@@ -42,6 +42,7 @@ from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.defaults import default_pod_request
 from tfusion.controller.scheduling.explain import explanation_json, suggestion_json
+from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.scheduler import asks_for_gpus, node_failure_status
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class ManifestError(ValueError):
 
 
 def read_pod_manifest(body: bytes) -> dict[str, Any]:
-    """Decode a Pod manifest (JSON first, then YAML) and check its shape (raises ManifestError).
+    """Decode a Pod manifest (JSON first, then YAML) and check the fields the scheduler reads
+    (`podcheck.pod_problem`: types, quantities, operators); raises ManifestError.
 
     Bounded (`tfusion.api.documents`): at most 100 levels deep, YAML aliases expanding to at most
     POD_MANIFEST_MAX_BYTES, only JSON-compatible YAML, integers within 64 bits. CPU-bound for a
@@ -75,17 +77,11 @@ def read_pod_manifest(body: bytes) -> dict[str, Any]:
     kind = pod.get("kind")
     if kind is not None and kind != "Pod":
         raise ManifestError(f"kind: {kind!r} is not allowed; expected a Pod manifest (kind: Pod)")
-    metadata = pod.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise ManifestError("metadata must be an object")
-    for field in ("annotations", "labels"):
-        values = (metadata or {}).get(field)
-        if values is None:
-            continue
-        if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
-            raise ManifestError(f"metadata.{field} must map names to strings")
     if not isinstance(pod.get("spec"), Mapping):
         raise ManifestError("spec is missing or not an object; a Pod manifest needs spec.schedulerName")
+    problem = pod_problem(pod)
+    if problem:
+        raise ManifestError(f"the Pod manifest cannot be used: {problem}")
     return pod
 
 
