@@ -7,6 +7,11 @@ gives the role a Manager of its own that uses it, exactly as the two would run i
 `--role=all` run, the end-to-end suite included, therefore proves the shipped permissions: a
 missing rule is a 403 that the API server logs as an error. `--embedded-identities=admin` keeps
 the old behaviour (one Manager, the admin token) as an opt-out.
+
+RBAC cannot say "only this node's GPUs"; the ValidatingAdmissionPolicy deploy/ ships for that
+(admissionpolicy.yaml here, another identical copy) is applied with the RBAC, and the hypervisor's
+token is bound to its Node, so that it names the node as a pod's token does in a cluster: the
+embedded API server then holds the hypervisor to its own node's GPUs and GPUNode as a cluster would.
 """
 
 from __future__ import annotations
@@ -24,14 +29,16 @@ from prometheus_client.metrics_core import Metric
 
 from tfusion.apiserver import security
 from tfusion.errors import RoleError
-from tfusion.kube.client import AlreadyExists, KubeClient, KubeError
+from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
 from tfusion.kube.manager import Manager
-from tfusion.kube.resources import SERVICEACCOUNTS, Resource
+from tfusion.kube.resources import NODES, SERVICEACCOUNTS, Resource
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)
 
 RBAC_FILE = Path(__file__).with_name("rbac.yaml")
+#: the ValidatingAdmissionPolicy and its binding (deploy/base/hypervisor/admissionpolicy.yaml)
+POLICY_FILE = Path(__file__).with_name("admissionpolicy.yaml")
 #: the ServiceAccount each role runs as (deploy/base/*/rbac.yaml)
 ROLE_ACCOUNTS = {"controller": "tensor-fusion-operator", "hypervisor": "tensor-fusion-hypervisor-sa"}
 #: a year: the token lives in this process and in a 0600 kubeconfig beside the state; it is minted
@@ -40,12 +47,17 @@ TOKEN_SECONDS = 365 * 24 * 3600
 SERVICE_ACCOUNTS = "service-accounts"
 
 _RBAC = "rbac.authorization.k8s.io"
+_ADMISSION = "admissionregistration.k8s.io"
 _KINDS: dict[str, Resource] = {
     "ServiceAccount": SERVICEACCOUNTS,
     "Role": Resource(_RBAC, "v1", "roles", "Role", True),
     "RoleBinding": Resource(_RBAC, "v1", "rolebindings", "RoleBinding", True),
     "ClusterRole": Resource(_RBAC, "v1", "clusterroles", "ClusterRole", False),
     "ClusterRoleBinding": Resource(_RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    "ValidatingAdmissionPolicy": Resource(_ADMISSION, "v1", "validatingadmissionpolicies",
+                                          "ValidatingAdmissionPolicy", False),
+    "ValidatingAdmissionPolicyBinding": Resource(_ADMISSION, "v1", "validatingadmissionpolicybindings",
+                                                 "ValidatingAdmissionPolicyBinding", False),
 }
 
 
@@ -61,10 +73,16 @@ def shipped_rbac(namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
+def shipped_policies() -> list[dict[str, Any]]:
+    """The shipped admission policy and its binding (cluster-scoped: no namespace to place)."""
+    return [d for d in yaml.safe_load_all(POLICY_FILE.read_text(encoding="utf-8")) if d]
+
+
 async def apply_rbac(client: KubeClient, namespace: str) -> int:
-    """Create or update every shipped RBAC object; returns how many were written."""
+    """Create or update every shipped RBAC object, and the admission policy that narrows what the
+    hypervisor's RBAC allows; returns how many were written."""
     written = 0
-    for doc in shipped_rbac(namespace):
+    for doc in shipped_rbac(namespace) + shipped_policies():
         resource = _KINDS[doc["kind"]]
         ns = namespace if resource.namespaced else None
         try:
@@ -74,7 +92,7 @@ async def apply_rbac(client: KubeClient, namespace: str) -> int:
         except AlreadyExists:
             pass
         current = await client.get(resource, doc["metadata"]["name"], namespace=ns)
-        if doc["kind"] == "ServiceAccount" or all(current.get(k) == doc.get(k) for k in ("rules", "subjects")):
+        if doc["kind"] == "ServiceAccount" or all(current.get(k) == v for k, v in doc.items() if k != "metadata"):
             continue  # a ServiceAccount keeps its uid (its tokens stay valid); equal RBAC needs no write
         updated = {**current, **{k: v for k, v in doc.items() if k != "metadata"}}
         await client.replace(resource, updated, namespace=ns)
@@ -97,8 +115,7 @@ async def role_managers(settings: Settings, roles: Collection[str], admin: Manag
     for role in (r for r in roles if r in ROLE_ACCOUNTS):
         account = ROLE_ACCOUNTS[role]
         try:
-            token = await admin.client.request_token(settings.operator_namespace, account,
-                                                     expiration_seconds=TOKEN_SECONDS)
+            token = await _role_token(admin.client, settings, role, account)
             path = base.with_name(f"{base.name}.{role}")
             security.write_kubeconfig(path, _with_token(admin_config, token, settings.operator_namespace))
             managers[role] = await Manager.connect(settings.replace(kube=str(path)))
@@ -114,6 +131,27 @@ async def role_managers(settings: Settings, roles: Collection[str], admin: Manag
     for manager in managers.values():
         manager.registry.register(_Mirror(manager.registry, [r for r in registries if r is not manager.registry]))
     return managers
+
+
+async def _role_token(client: KubeClient, settings: Settings, role: str, account: str) -> str:
+    """A token for the role's ServiceAccount; the hypervisor's is bound to its Node, so that it names
+    the node (the shipped admission policy refuses a hypervisor token that names none)."""
+    if role != "hypervisor":
+        return await client.request_token(settings.operator_namespace, account, expiration_seconds=TOKEN_SECONDS)
+    node_name = settings.resolved_node_name
+    try:
+        node = await client.get(NODES, node_name)
+    except NotFound:
+        log.warning("no Node %s to bind the hypervisor's token to (the simulated kubelet registers it): the "
+                    "hypervisor's token names no node, and the admission policy refuses its GPU writes",
+                    node_name)
+        return await client.request_token(settings.operator_namespace, account, expiration_seconds=TOKEN_SECONDS)
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+        "expirationSeconds": TOKEN_SECONDS,
+        "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node_name, "uid": node["metadata"]["uid"]}}}
+    result = await client.request("POST", None, path=f"serviceaccounts/{account}/token",
+                                  namespace=settings.operator_namespace, body=body)
+    return str((result.get("status") or {}).get("token") or "")
 
 
 _MIRRORING = threading.local()
