@@ -219,9 +219,9 @@ class WebhookService:
         pod = request.pod()
         if pod is None:
             return denied(request.uid, 400, "the AdmissionReview carries no pod object")
-        problem = shapes.mismatch(_POD_SHAPE, pod, "request.object")
+        problem = shapes.mismatch(_POD_SHAPE, pod)
         if problem:  # kube-apiserver never sends such a pod; anyone else gets told what is wrong
-            return denied(request.uid, 400, f"the object is not a Pod: {problem}")
+            return denied(request.uid, 400, f"request.object is not a Pod: {problem}")
         try:
             return await self._mutate(request, pod)
         except Denial as exc:
