@@ -11,26 +11,41 @@ body: probes read its conditions. The OpenAPI document declares these error bodi
 `raw_body` documents request bodies that a handler reads as raw bytes (a YAML manifest, a body
 whose fields it checks one by one to name them in its errors).
 
-Bounded input: each app refuses bodies over `DEFAULT_MAX_BODY_BYTES` unless a route sets its own
-`request_max_body_size`; `read_body` reads a body within that limit and `BODY_TIMEOUT_S` (413 /
-408), `decode_body` parses a large one in a worker thread so that the event loop (and with it the
-leader's Lease renewal) keeps running. `serve` closes a connection whose request head does not
-arrive within `HEAD_TIMEOUT_S`, and an idle keep-alive connection after `KEEP_ALIVE_S`. Only
-GET and HEAD reach the raw /metrics mount; other methods get a clean 405.
+Bounded input, before it is buffered: each route declares the body it takes (`request_max_body_size`,
+else `DEFAULT_MAX_BODY_BYTES`); a declared Content-Length over it is refused with 413 before any
+of the body is read, a chunked body as soon as it passes the limit. `read_body` reads a body within
+that limit and `BODY_TIMEOUT_S` (413 / 408), `decode_body` / `decode_json_body` parse a large one
+in a worker thread so that the event loop (and with it the leader's Lease renewal) keeps running.
+Every JSON body is refused with 400 when it nests deeper than `MAX_JSON_DEPTH` (`json_depth_problem`,
+a scan without recursion, before any decoder sees it): the routes that read their body themselves
+get it from `decode_body`, the routes whose body Litestar parses from the app's before-request hook,
+which also holds integer query and path parameters to Go's `strconv.ParseInt` grammar. `serve`
+refuses a request line over `MAX_URL_BYTES` (414) or a request head over `MAX_HEAD_BYTES` (431)
+while it arrives, closes a connection whose request head does not arrive within
+`HEAD_TIMEOUT_S`, and an idle keep-alive connection after `KEEP_ALIVE_S`; after large bodies it
+hands freed heap memory back to the system (`MemoryTrimmer`). Only GET and HEAD reach the raw
+/metrics mount; other methods get a clean 405.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import itertools
 import logging
 import math
+import operator
+import os
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
+from urllib.parse import parse_qsl, unquote, urlencode
 
 import anyio
 import anyio.to_thread
@@ -47,10 +62,11 @@ from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Operation, Reference
 from litestar.params import Body
 from litestar.types import Receive, Scope, Send
+from litestar.utils.scope.state import ScopeState
 from msgspec import UNSET, UnsetType
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from tfusion.api.documents import collector_paused
+from tfusion.api.documents import MAX_DEPTH, collector_paused
 from tfusion.settings import parse_listen
 
 log = logging.getLogger(__name__)
@@ -67,6 +83,14 @@ KEEP_ALIVE_S = 5
 PARSER_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 #: bodies larger than this are parsed in a worker thread, off the event loop
 THREAD_ABOVE_BYTES = 256 * 1024
+#: the largest request head (request line and headers) a server reads, Go's http.DefaultMaxHeaderBytes
+#: as kube-apiserver has it; a larger one is refused with 431 as it arrives, never buffered whole
+MAX_HEAD_BYTES = 1024 * 1024
+#: the longest request target (path and query): the most the HTTP parser's URL splitter takes (it
+#: counts in 16 bits); a longer one is refused with 414 as it arrives
+MAX_URL_BYTES = 65535
+#: objects and arrays in a JSON body may nest this deep (the bound of every document tfusion reads)
+MAX_JSON_DEPTH = MAX_DEPTH
 _T = TypeVar("_T")
 
 
@@ -96,18 +120,53 @@ def bind_socket(listen: str) -> socket.socket:
     return sock
 
 
-def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
+#: how a server words the refusals its HTTP parser makes before any app sees the request:
+#: (status, message, the methods allowed for a 405) -> a JSON body
+ParserRefusal = Callable[[int, str, Sequence[str]], bytes]
+
+
+def error_body_refusal(status: int, message: str, allowed: Sequence[str]) -> bytes:
+    """The controller's and the hypervisor's words: an ErrorBody."""
+    return msgspec.json.encode(ErrorBody(error=message, allowed=list(allowed)) if allowed else ErrorBody(error=message))
+
+
+_STATUS_REASONS = {400: "BadRequest", 405: "MethodNotAllowed", 413: "RequestEntityTooLarge"}
+
+
+def kube_status_refusal(status: int, message: str, allowed: Sequence[str]) -> bytes:
+    """The embedded API server's words: a metav1.Status, as its handlers answer (kube has no reason
+    for 414 and 431: the empty, unknown one)."""
+    return msgspec.json.encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                "message": message, "reason": _STATUS_REASONS.get(status, ""), "code": status})
+
+
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a request head that is refused."""
+
+
+def _with_head_timeout(seconds: float, refusal: ParserRefusal = error_body_refusal) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol (its C parser: the edge serves about twice the requests a core
-    that its pure-Python h11 one does) with a deadline for each request head, as Go's
-    `http.Server.ReadHeaderTimeout` gives kube-apiserver: uvicorn closes a keep-alive connection
-    that idles after a response, but one that never sends a complete head (opened and left silent,
-    or fed a header a byte at a time) would stay open for ever, and enough of them exhaust the
-    process's file descriptors. The body has its own deadline (`read_body`, the API server's app)."""
+    that its pure-Python h11 one does) with bounds on each request head, as Go's `http.Server`
+    gives kube-apiserver: a deadline (`ReadHeaderTimeout`) and a size (`MaxHeaderBytes`).
+
+    The deadline: uvicorn closes a keep-alive connection that idles after a response, but one that
+    never sends a complete head (opened and left silent, or fed a header a byte at a time) would
+    stay open for ever, and enough of them exhaust the process's file descriptors. The body has its
+    own deadline (`read_body`, the API server's app).
+
+    The size: httptools gathers a header's value (and uvicorn the URL) in memory until it ends, by
+    repeated concatenation, so a head of hundreds of MiB would cost that much memory and quadratic
+    time. The bytes that arrive while a head is incomplete are counted here, and the request is
+    refused (414 for the URL, 431 for the head) as soon as they pass the limit."""
 
     class HeadDeadlineProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
         _head_deadline = 0.0
         _awaiting_head = False
+        #: no request body in progress: what arrives is (the start of) a request head
+        _in_head = True
+        _head_bytes = 0
+        _url_bytes = 0
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -119,9 +178,26 @@ def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
                 self._head_timer = None
             super().connection_lost(exc)
 
+        def on_message_begin(self) -> None:
+            self._url_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._url_bytes += len(url)
+            if self._url_bytes > MAX_URL_BYTES:
+                raise _HeadRefused()
+            super().on_url(url)
+
         def on_headers_complete(self) -> None:
             self._awaiting_head = False
+            self._in_head = False
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            # what follows is the next request's head (counted from the next read on: a read
+            # that holds the end of one request and the start of another is not counted twice)
+            self._in_head, self._head_bytes = True, 0
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -147,28 +223,55 @@ def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
-            # uvicorn's own, but its refusals keep the edge's error contract (JSON ErrorBody, and
-            # 405 for a method the parser does not know, as for one a route does not take)
             self._unset_keepalive_if_required()
+            if self._in_head:
+                room = MAX_HEAD_BYTES - self._head_bytes
+                if len(data) > room:
+                    # feed up to the limit: the head may end within it, and the rest is its body
+                    if not self._feed(data[:room]):
+                        return
+                    if self._in_head:
+                        self._refuse(431, f"the request head (request line and headers) is larger than "
+                                          f"{MAX_HEAD_BYTES} bytes")
+                        return
+                    data = data[room:]
+                else:
+                    self._head_bytes += len(data)
+            self._feed(data)
+
+        def _feed(self, data: bytes) -> bool:
+            """uvicorn's own parsing, but its refusals keep the server's error contract (JSON, and
+            405 for a method the parser does not know, as for one a route does not take); False
+            when the connection is refused or upgraded."""
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserInvalidMethodError:
                 method = data.split(b" ", 1)[0][:32].decode("ascii", "replace")
-                self._refuse(405, ErrorBody(error=f"{method!r} is not an HTTP method this server knows; allowed: "
-                                                  f"{', '.join(PARSER_METHODS)}", allowed=list(PARSER_METHODS)),
-                             allow=", ".join(PARSER_METHODS))
+                self._refuse(405, f"{method!r} is not an HTTP method this server knows; allowed: "
+                                  f"{', '.join(PARSER_METHODS)}", allowed=PARSER_METHODS)
+                return False
             except httptools.HttpParserError as exc:
-                self._refuse(400, ErrorBody(error=f"not a valid HTTP/1.1 request: {exc}"))
+                if self._url_bytes > MAX_URL_BYTES:
+                    self._refuse(414, f"the request target (path and query) is longer than {MAX_URL_BYTES} bytes")
+                else:
+                    self._refuse(400, f"not a valid HTTP/1.1 request: {exc}")
+                return False
             except httptools.HttpParserUpgrade:
                 if self._should_upgrade():
                     self.handle_websocket_upgrade()
                 else:
                     self._unsupported_upgrade_warning()
+                return False
+            return True
 
-        def _refuse(self, status: int, body: ErrorBody, *, allow: str = "") -> None:
-            payload = msgspec.json.encode(body)
+        def _refuse(self, status: int, message: str, *, allowed: Sequence[str] = ()) -> None:
+            if self.transport.is_closing():
+                return
+            payload = refusal(status, message, allowed)
             head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "content-type: application/json",
-                    f"content-length: {len(payload)}", "connection: close"] + ([f"allow: {allow}"] if allow else [])
+                    f"content-length: {len(payload)}", "connection: close"]
+            if allowed:
+                head.append(f"allow: {', '.join(allowed)}")
             self.transport.write("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + payload)
             self.transport.close()
 
@@ -178,13 +281,15 @@ def _with_head_timeout(seconds: float) -> type[asyncio.Protocol]:
 async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = None,
                 ssl_keyfile: str | None = None, uvicorn_options: dict[str, Any] | None = None,
                 head_timeout: float = HEAD_TIMEOUT_S, keep_alive: int = KEEP_ALIVE_S,
+                refusal: ParserRefusal = error_body_refusal,
                 task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve `app` on an already bound socket until cancelled; open streams never block shutdown.
 
     A connection is closed when its request head takes longer than `head_timeout` or it idles
-    `keep_alive` seconds between requests. `uvicorn_options` go to uvicorn.Config as they are and
+    `keep_alive` seconds between requests. `refusal` words what the HTTP parser refuses (a head
+    too large, a method it does not know). `uvicorn_options` go to uvicorn.Config as they are and
     win over these (e.g. `http`, `timeout_keep_alive`)."""
-    options: dict[str, Any] = {"http": _with_head_timeout(head_timeout), "timeout_keep_alive": keep_alive,
+    options: dict[str, Any] = {"http": _with_head_timeout(head_timeout, refusal), "timeout_keep_alive": keep_alive,
                                **(uvicorn_options or {})}
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
                             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
@@ -204,6 +309,7 @@ async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = Non
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_server)
+        tg.start_soon(MEMORY_TRIMMER.run)
         while not server.started:
             if done.is_set():
                 raise OSError(f"HTTP server on {sock.getsockname()} failed to start")
@@ -219,6 +325,68 @@ async def serve(app: Any, sock: socket.socket, *, ssl_certfile: str | None = Non
                 await done.wait()
             server.force_exit = True
             server_scope.cancel()
+            tg.cancel_scope.cancel()
+
+
+class MemoryTrimmer:
+    """Hands freed heap memory back to the system after large requests.
+
+    Why: glibc keeps what a process frees in its heaps for reuse, and after a large block is
+    freed it raises its threshold for serving allocations from fresh mappings, so the memory of a
+    burst of large bodies (parsed in worker threads, which get arenas of their own) stays resident
+    after the burst, for good. `malloc_trim(0)` returns the free pages of every arena. It runs in a
+    worker thread (ctypes releases the GIL), at most every `interval` seconds, and only after a
+    large body was read (`note_large_body`) or the resident size grew by `growth` bytes since the
+    last trim (a burst on a route that reads its body some other way). A no-op where the C library
+    has no malloc_trim."""
+
+    def __init__(self, *, interval: float = 2.0, growth: int = 64 * 1024 * 1024) -> None:
+        self.interval, self.growth = interval, growth
+        self.trims = 0
+        self._large_bodies = 0
+        self._baseline = 0
+        self._lock = threading.Lock()
+        self._trim: Callable[[int], int] | None = None
+        libc = ctypes.util.find_library("c")
+        with contextlib.suppress(OSError, AttributeError):
+            self._trim = ctypes.CDLL(libc).malloc_trim if libc else None
+
+    def note_large_body(self) -> None:
+        self._large_bodies += 1
+
+    async def run(self) -> None:
+        """Until cancelled; every server runs one, and they share the work (one trim per occasion)."""
+        if self._trim is None:
+            return
+        while True:
+            await anyio.sleep(self.interval)
+            if self._due() and self._lock.acquire(blocking=False):
+                try:
+                    await anyio.to_thread.run_sync(self.trim_now)
+                finally:
+                    self._lock.release()
+
+    def _due(self) -> bool:
+        return self._large_bodies > 0 or _resident_bytes() > self._baseline + self.growth
+
+    def trim_now(self) -> None:
+        self._large_bodies = 0
+        if self._trim is not None:
+            self._trim(0)
+            self.trims += 1
+        self._baseline = _resident_bytes()
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+MEMORY_TRIMMER = MemoryTrimmer()
 
 
 class Readiness:
@@ -359,52 +527,160 @@ def _body_too_large(target: str, limit: float, size: int | None) -> HttpError:
 
 async def read_body(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytes:
     """The whole body, within the route's limit (else 413) and arriving within `timeout` (else 408)."""
-    return await receive_body(request.receive, limit=body_limit(request), timeout=timeout,
-                              declared=request.headers.get("content-length", ""),
-                              target=f"{request.method} {request.url.path}")
+    return bytes(await read_body_buffer(request, timeout=timeout))
+
+
+async def read_body_buffer(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytearray:
+    """`read_body` in the buffer it was received into (no copy: the largest bodies are held once)."""
+    return await _receive(request.receive, limit=body_limit(request), timeout=timeout,
+                          declared=request.headers.get("content-length", ""),
+                          target=f"{request.method} {request.url.path}")
 
 
 async def receive_body(receive: Receive, *, limit: float, declared: str, target: str,
                        timeout: float = BODY_TIMEOUT_S) -> bytes:
     """`read_body` for a raw ASGI route: `declared` is its Content-Length ("" if none), `target`
     its method and path (named in a 413)."""
+    return bytes(await _receive(receive, limit=limit, declared=declared, target=target, timeout=timeout))
+
+
+async def _receive(receive: Receive, *, limit: float, declared: str, target: str, timeout: float) -> bytearray:
+    # a declared length over the limit is refused before a byte of the body is read; one that
+    # arrives without (chunked) as soon as it passes the limit
     if declared.isdigit() and int(declared) > limit:
         raise _body_too_large(target, limit, int(declared))
-    chunks: list[bytes] = []
-    size = 0
+    body = bytearray()
     with anyio.move_on_after(timeout) as deadline:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":  # nobody is left to read an answer
                 raise HttpError(400, "the client disconnected before its request body was complete")
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-            size += len(chunk)
-            if size > limit:
+            if len(body) + len(chunk) > limit:
                 raise _body_too_large(target, limit, None)
-            chunks.append(chunk)
+            body += chunk
             if not message.get("more_body", False):
                 break
     if deadline.cancelled_caught:
         raise HttpError(408, f"the request body did not arrive in full within {timeout:g}s",
                         headers={"Connection": "close"})
-    return b"".join(chunks)
+    if len(body) > THREAD_ABOVE_BYTES:
+        MEMORY_TRIMMER.note_large_body()
+    return body
 
 
 async def decode_body(request: Request[Any, Any, Any], decode: Callable[[bytes], _T], *,
                       timeout: float = BODY_TIMEOUT_S) -> _T:
     """`decode(read_body(request))`, in a worker thread when the body is over THREAD_ABOVE_BYTES:
-    parsing a few MiB of YAML takes long enough to delay every other task of the process."""
+    parsing a few MiB of YAML takes long enough to delay every other task of the process. A JSON
+    body that nests deeper than MAX_JSON_DEPTH is refused (400) before `decode` sees it."""
     body = await read_body(request, timeout=timeout)
-    if len(body) > THREAD_ABOVE_BYTES:
+    if len(body) <= THREAD_ABOVE_BYTES:
+        _refuse_deep_json(body)
+        return decode(body)
+    try:
         return await anyio.to_thread.run_sync(_decode_without_collections, decode, body)
-    return decode(body)
+    finally:
+        del body
+        MEMORY_TRIMMER.note_large_body()  # freed now: worth a trim
+
+
+async def decode_json_body(request: Request[Any, Any, Any], decode: Callable[[bytearray], _T], *,
+                           timeout: float = BODY_TIMEOUT_S) -> _T:
+    """`decode(body)` for a msgspec decoding of the JSON body (a Decoder's `decode`, or a function
+    that calls one): the body within the route's limit and at most MAX_JSON_DEPTH deep, decoded
+    in a worker thread when large, straight from the buffer it arrived in (msgspec.Raw fields
+    refer to it rather than copy it). msgspec's refusals become 400s naming the field at fault."""
+    body = await read_body_buffer(request, timeout=timeout)
+    if len(body) <= THREAD_ABOVE_BYTES:
+        return _decode_json(decode, body)
+    try:
+        return await anyio.to_thread.run_sync(_decode_json, decode, body)
+    finally:
+        del body
+        MEMORY_TRIMMER.note_large_body()
+
+
+_ERROR_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+def _decode_json(decode: Callable[[bytearray], _T], body: bytearray) -> _T:
+    _refuse_deep_json(body)
+    try:
+        return decode(body)
+    except msgspec.ValidationError as exc:
+        where = _ERROR_PATH.search(str(exc))
+        field = where.group(1) if where else ""
+        missing = re.search(r"required field `([^`]+)`", str(exc))
+        if missing:
+            field = f"{field}.{missing.group(1)}" if field else missing.group(1)
+        raise HttpError(400, ErrorBody(error=f"request body: {exc}", field=field) if field
+                        else ErrorBody(error=f"request body: {exc}")) from None
+    except msgspec.DecodeError as exc:
+        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
 
 
 def _decode_without_collections(decode: Callable[[bytes], _T], body: bytes) -> _T:
     # the many objects a large document allocates would trigger full garbage collections, which
     # hold the GIL (and so the event loop) for 100 ms or more: see documents.collector_paused
+    _refuse_deep_json(body)
     with collector_paused():
         return decode(body)
+
+
+def _refuse_deep_json(body: bytes | bytearray) -> None:
+    problem = json_depth_problem(body)
+    if problem is not None:
+        raise HttpError(400, ErrorBody(error=f"request body: {problem}", field="body"))
+
+
+#: bytes scanned per step: a step holds the GIL for about a millisecond at worst (a body of brackets)
+_DEPTH_STEP = 64 * 1024
+#: brackets to depth steps: an opening one counts 2, a closing one 0 (the running sum minus the
+#: count of brackets is the depth); every other byte is dropped
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_JSON_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """What is wrong when a JSON text nests objects and arrays deeper than `max_depth`, else None.
+
+    Without recursion and without decoding: the text is scanned in steps of `_DEPTH_STEP` bytes,
+    each step with bytes operations (escapes dropped, strings cut out at the quotes, the brackets
+    left turned into a running depth by `itertools.accumulate`), so a scan in a worker thread lets
+    the event loop run between steps. A text that does not start as a JSON object or array is not
+    JSON for this purpose (YAML has its own reader with its own bounds); a malformed one may be
+    misjudged here, and its decoder refuses it anyway."""
+    first = _JSON_SPACE.match(body)
+    offset = first.end() if first else 0
+    if offset >= len(body) or body[offset] not in b"[{":
+        return None
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return None
+    view = memoryview(body)
+    depth, in_string, escaped = 0, False, False
+    for start in range(offset, len(body), _DEPTH_STEP):
+        step = bytes(view[start:start + _DEPTH_STEP])
+        if escaped:  # the previous step ended with a backslash: it escapes this step's first byte
+            step = step[1:]
+        trailing = len(step) - len(step.rstrip(b"\\"))
+        escaped = trailing % 2 == 1
+        if escaped:
+            step = step[:-1]
+        if b"\\" in step:
+            step = step.replace(b"\\\\", b"").replace(b'\\"', b"")
+        pieces = step.split(b'"')
+        outside = b"".join(pieces[1 if in_string else 0::2])
+        in_string ^= len(pieces) % 2 == 0
+        brackets = outside.translate(_BRACKET_STEPS, _NOT_BRACKETS)
+        opens = brackets.count(2)
+        if depth + opens > max_depth:
+            deepest = max(map(operator.sub, itertools.accumulate(brackets), itertools.count(1 - depth)))
+            if deepest > max_depth:
+                return f"nested more than {max_depth} levels deep"
+        depth += 2 * opens - len(brackets)
+    return None
 
 
 _MISSING_PARAMETER = re.compile(r"parameter '([^']+)'")
@@ -508,6 +784,115 @@ def _document_errors(app: Litestar) -> None:
             handler.responses = {**error_responses(defaults), **(handler.responses or {})}
 
 
+# --- before any handler runs: bodies Litestar parses, integers as Go reads them --------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+_GO_INT_ALLOWED = f"an optional sign and decimal digits, from {INT64_MIN} to {INT64_MAX}"
+
+
+def parse_go_int(text: str) -> int | None:
+    """`text` as Go's strconv.ParseInt(text, 10, 64) reads it, else None: an optional sign and ASCII
+    decimal digits (no spaces, underscores, exponents or other scripts' digits), within int64."""
+    if not _GO_INT.fullmatch(text):
+        return None
+    if len(text.lstrip("+-").lstrip("0")) > 19:  # beyond int64 whatever the digits (and int() stays cheap)
+        return None
+    value = int(text)
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
+@dataclass(frozen=True)
+class _IntParameters:
+    """A handler's integer parameters: the query keys, and its path templates that hold `{x:int}`
+    (as segments)."""
+
+    query: frozenset[str]
+    paths: tuple[tuple[str, ...], ...]
+
+
+_INT_PARAMETERS: dict[int, _IntParameters] = {}
+
+
+def _is_int(annotation: Any) -> bool:
+    if annotation is int:
+        return True
+    options = get_args(annotation)
+    return int in options and all(option is int or option is type(None) for option in options)
+
+
+def _int_parameters(handler: HTTPRouteHandler) -> _IntParameters:
+    known = _INT_PARAMETERS.get(id(handler))
+    if known is not None:
+        return known
+    paths = tuple(tuple(path.strip("/").split("/")) for path in handler.paths if ":int}" in path)
+    in_path = {segment[1:].split(":", 1)[0] for path in paths for segment in path if segment.endswith(":int}")}
+    dependencies = set(handler.resolve_dependencies())
+    query = set()
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        if name in in_path or name in dependencies or name in _INJECTED or not _is_int(field.annotation):
+            continue
+        kwarg = field.kwarg_definition
+        if getattr(kwarg, "header", None) or getattr(kwarg, "cookie", None):
+            continue
+        query.add(str(getattr(kwarg, "query", None) or name))
+    known = _INT_PARAMETERS[id(handler)] = _IntParameters(frozenset(query), paths)
+    return known
+
+
+def _not_go_int(where: str, name: str, value: str) -> HttpError:
+    return HttpError(400, ErrorBody(error=f"{where} parameter {name!r}: {value[:100]!r} is not an integer; allowed: "
+                                          f"{_GO_INT_ALLOWED}", field=name))
+
+
+def _check_int_query(request: Request[Any, Any, Any], keys: frozenset[str]) -> None:
+    """Litestar reads an integer query parameter with Python's rules (it takes `1e3`, `5.0` and
+    numbers beyond 64 bits, refuses `+5` and `007`); Go's grammar decides here, and a value Go
+    takes reaches the handler in the spelling Litestar takes."""
+    raw: bytes = request.scope.get("query_string", b"")
+    if not raw:
+        return
+    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
+    changed = False
+    for index, (key, value) in enumerate(pairs):
+        if key in keys:
+            number = parse_go_int(value)
+            if number is None:
+                raise _not_go_int("query", key, value)
+            if str(number) != value:
+                pairs[index], changed = (key, str(number)), True
+    if changed:
+        request.scope["query_string"] = urlencode(pairs).encode("latin-1")
+
+
+def _check_int_path(request: Request[Any, Any, Any], paths: tuple[tuple[str, ...], ...]) -> None:
+    """Litestar reads `{x:int}` with Python's int() (which takes `1_0` and other scripts' digits)."""
+    segments = str(request.scope.get("path", "")).strip("/").split("/")
+    for template in paths:
+        if len(template) != len(segments):
+            continue
+        for pattern, value in zip(template, segments, strict=True):
+            if pattern.endswith(":int}") and parse_go_int(unquote(value)) is None:
+                raise _not_go_int("path", pattern[1:].split(":", 1)[0], value)
+
+
+async def _bounded_request(request: Request[Any, Any, Any]) -> None:
+    """The app-wide before-request hook: integer parameters as Go reads them, and for a handler
+    whose body Litestar parses (a `data` parameter), the body read here within the route's limit
+    and refused when it nests too deep (msgspec has no depth limit of its own: a deep body would
+    be a RecursionError, a 500); Litestar then parses the body read here."""
+    handler = request.route_handler
+    ints = _int_parameters(handler)
+    if ints.query:
+        _check_int_query(request, ints.query)
+    if ints.paths:
+        _check_int_path(request, ints.paths)
+    if "data" in handler.parsed_fn_signature.parameters:
+        body = await read_body(request)
+        _refuse_deep_json(body)
+        ScopeState.from_scope(request.scope).body = body
+
+
 def make_app(handlers: list[Any], *, title: str, **kwargs: Any) -> Litestar:
     """The Litestar app of a role, with the shared error edge and OpenAPI document."""
     handlers_by_type = {**EXCEPTION_HANDLERS, **kwargs.pop("exception_handlers", {})}
@@ -515,6 +900,7 @@ def make_app(handlers: list[Any], *, title: str, **kwargs: Any) -> Litestar:
     kwargs.setdefault("logging_config", None)
     kwargs.setdefault("request_max_body_size", DEFAULT_MAX_BODY_BYTES)
     app = Litestar(handlers, openapi_config=OpenAPIConfig(title=title, version="1"),
-                   exception_handlers=handlers_by_type, after_request=_json_errors_only, **kwargs)
+                   exception_handlers=handlers_by_type, after_request=_json_errors_only,
+                   before_request=_bounded_request, **kwargs)
     _document_errors(app)
     return app

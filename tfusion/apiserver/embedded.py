@@ -32,7 +32,7 @@ from tfusion.apiserver.services import Services
 from tfusion.apiserver.store import Store
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.settings import parse_listen
-from tfusion.web import bind_socket, serve
+from tfusion.web import bind_socket, kube_status_refusal, serve
 
 log = logging.getLogger(__name__)
 #: a request head must arrive within this long of the connection opening (or the last response)
@@ -169,7 +169,8 @@ class EmbeddedApiServer:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gc.run)
                 await tg.start(partial(serve, app, sock, ssl_certfile=certfile, ssl_keyfile=keyfile,
-                                       head_timeout=self.head_timeout, keep_alive=self.keep_alive))
+                                       head_timeout=self.head_timeout, keep_alive=self.keep_alive,
+                                       refusal=kube_status_refusal))
                 try:
                     if self.kubeconfig_path is not None:
                         security.write_kubeconfig(self.kubeconfig_path, self.kubeconfig())

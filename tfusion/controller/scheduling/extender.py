@@ -35,6 +35,7 @@ runs while a worker's bind is in flight already sees that worker.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -59,12 +60,69 @@ from tfusion.kube.client import KubeError, NotFound
 MAX_EXTENDER_PRIORITY = 10
 
 
+class NodeList(msgspec.Struct):
+    """The candidate Nodes (nodeCacheCapable false). Each item stays the JSON it arrived as: the
+    extender reads only its name, and answers the passing items unchanged, so thousands of Node
+    objects are never built as Python objects."""
+
+    items: list[msgspec.Raw] = msgspec.field(default_factory=list)
+    apiVersion: str = "v1"
+    kind: str = "NodeList"
+    metadata: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
+
+
 class ExtenderArgs(msgspec.Struct):
     """kube-scheduler's filter and prioritize request."""
 
     Pod: dict[str, Any]
-    Nodes: dict[str, Any] | None = None
+    Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
+
+
+class _NodeMeta(msgspec.Struct):
+    name: str | None = None
+
+
+class _NamedNode(msgspec.Struct):
+    metadata: _NodeMeta | None = None
+
+
+_named_node = msgspec.json.Decoder(_NamedNode)
+extender_args_decoder = msgspec.json.Decoder(ExtenderArgs)
+
+
+def node_item_names(args: ExtenderArgs) -> list[str | None]:
+    """The name of each item of `args.Nodes`, None for an item that names no node (not an object,
+    no metadata.name)."""
+    names: list[str | None] = []
+    for item in args.Nodes.items if args.Nodes is not None else ():
+        try:
+            meta = _named_node.decode(item).metadata
+        except msgspec.DecodeError:  # ValidationError included: not a Node-shaped object
+            names.append(None)
+            continue
+        names.append(meta.name if meta is not None else None)
+    return names
+
+
+@dataclass
+class ExtenderCall:
+    """A decoded filter or prioritize request with its candidates' names (found once, off the
+    event loop when the request is large)."""
+
+    args: ExtenderArgs
+    item_names: list[str | None]
+
+    @property
+    def names(self) -> list[str]:
+        if self.args.NodeNames is not None:
+            return list(self.args.NodeNames)
+        return [name for name in self.item_names if name is not None]
+
+
+def decode_extender_call(body: bytes | bytearray) -> ExtenderCall:
+    args = extender_args_decoder.decode(body)
+    return ExtenderCall(args, node_item_names(args) if args.NodeNames is None else [])
 
 
 class ExtenderFilterResult(msgspec.Struct):
@@ -91,23 +149,16 @@ class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
 
-def candidate_names(args: ExtenderArgs) -> list[str]:
-    if args.NodeNames is not None:
-        return list(args.NodeNames)
-    items = (args.Nodes or {}).get("items") or []
-    return [str((item.get("metadata") or {}).get("name")) for item in items if isinstance(item, Mapping)]
-
-
-def _answer(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str, str],
+def _answer(call: ExtenderCall, passed: Sequence[str], failed: Mapping[str, str],
             unresolvable: Mapping[str, str]) -> ExtenderFilterResult:
+    args = call.args
     if args.NodeNames is not None:
         return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable))
     keep = set(passed)
-    nodes = dict(args.Nodes or {})
-    nodes["items"] = [item for item in nodes.get("items") or []
-                      if isinstance(item, Mapping) and (item.get("metadata") or {}).get("name") in keep]
-    nodes.setdefault("apiVersion", "v1")
-    nodes.setdefault("kind", "NodeList")
+    node_list = args.Nodes or NodeList()
+    items = [item for item, name in zip(node_list.items, call.item_names, strict=True) if name in keep]
+    nodes = {"apiVersion": node_list.apiVersion, "kind": node_list.kind, "metadata": node_list.metadata,
+             "items": items}
     return ExtenderFilterResult(nodes, None, dict(failed), dict(unresolvable))
 
 
@@ -122,10 +173,10 @@ class Extender:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    def _refuse_all(self, args: ExtenderArgs, names: Sequence[str], message: str,
+    def _refuse_all(self, call: ExtenderCall, names: Sequence[str], message: str,
                     unresolvable: bool) -> ExtenderFilterResult:
         verdicts = dict.fromkeys(names, message)
-        return _answer(args, [], {} if unresolvable else verdicts, verdicts if unresolvable else {})
+        return _answer(call, [], {} if unresolvable else verdicts, verdicts if unresolvable else {})
 
     def native_request(self, pod: Mapping[str, Any]) -> dict[str, int]:
         """The native GPU resources of a pod that asks for no TensorFusion GPUs; {} for any other."""
@@ -133,23 +184,23 @@ class Extender:
             return {}
         return nc.extended_requests(pod, self.scheduler.native_resource_names())
 
-    def filter(self, args: ExtenderArgs, fw: Framework) -> ExtenderFilterResult:
-        names = candidate_names(args)
-        pod = args.Pod
+    def filter(self, call: ExtenderCall, fw: Framework) -> ExtenderFilterResult:
+        names = call.names
+        pod = call.args.Pod
         if not asks_for_gpus(pod):
             native = self.native_request(pod)
-            return self._filter_native(args, pod, names, native) if native else _answer(args, names, {}, {})
+            return self._filter_native(call, pod, names, native) if native else _answer(call, names, {}, {})
         if not is_worker(pod):
-            return self._refuse_all(args, names, f"the pod asks for GPUs but lacks the label "
+            return self._refuse_all(call, names, f"the pod asks for GPUs but lacks the label "
                                                  f"{tfa.COMPONENT}={WORKER}", True)
         try:
             req = self.scheduler.request_of(pod)
         except RequestError as exc:
-            return self._refuse_all(args, names, str(exc), True)
+            return self._refuse_all(call, names, str(exc), True)
         pre = fw.pre_filter(req)
         if not pre.ok:
             self._remember(pod, req, fw, names)
-            return self._refuse_all(args, names, pre.summary(), pre.code is Code.UNRESOLVABLE)
+            return self._refuse_all(call, names, pre.summary(), pre.code is Code.UNRESOLVABLE)
         statuses = fw.filter(req, names)
         passed = [n for n, s in statuses.items() if s.ok]
         failing = [n for n, s in statuses.items() if not s.ok]
@@ -161,9 +212,9 @@ class Extender:
             self._remember(pod, req, fw, names)
         else:
             self.scheduler.whys.pop(pod_key(pod), None)
-        return _answer(args, passed, failed, unresolvable)
+        return _answer(call, passed, failed, unresolvable)
 
-    def _filter_native(self, args: ExtenderArgs, pod: Mapping[str, Any], names: Sequence[str],
+    def _filter_native(self, call: ExtenderCall, pod: Mapping[str, Any], names: Sequence[str],
                        native: Mapping[str, int]) -> ExtenderFilterResult:
         busy = self.scheduler.nodes_with_workers()
         failures = {n: f for n in names if (f := progressive.worker_failure(n, busy)) is not None}
@@ -172,7 +223,7 @@ class Extender:
             self.scheduler.whys.pop(pod_key(pod), None)
         else:
             self._remember_native(pod, names, failures, sorted(native), busy)
-        return _answer(args, passed, {n: f.message for n, f in failures.items()}, {})
+        return _answer(call, passed, {n: f.message for n, f in failures.items()}, {})
 
     def _remember_native(self, pod: Mapping[str, Any], names: Sequence[str],
                          failures: Mapping[str, nc.NodeFailure], resources: Sequence[str], busy: set[str]) -> None:
@@ -193,9 +244,9 @@ class Extender:
                                        _overall(expl.pre_filter, expl.nodes), pre_filter=expl.pre_filter)
         self.scheduler.remember(pod_key(pod), why)
 
-    def prioritize(self, args: ExtenderArgs, fw: Framework) -> list[HostPriority]:
-        names = candidate_names(args)
-        pod = args.Pod
+    def prioritize(self, call: ExtenderCall, fw: Framework) -> list[HostPriority]:
+        names = call.names
+        pod = call.args.Pod
         if not asks_for_gpus(pod) or not is_worker(pod):
             return [HostPriority(n, 0) for n in names]
         try:

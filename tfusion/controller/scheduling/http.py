@@ -3,7 +3,10 @@
 - `POST /scheduler/filter`, `/scheduler/prioritize`, `/scheduler/bind`: the kube-scheduler
   extender (extender.py), in the extender v1 wire format. Served only with
   `--scheduler=extender` (409 otherwise: the built-in scheduler binds, and two binders must not
-  both run) and only by the leader (503 on a follower: only the leader holds the GPU state).
+  both run) and only by the leader (503 on a follower: only the leader holds the GPU state). Both
+  refusals come from a guard, before a byte of the body is read: the routes are unauthenticated,
+  and filter and prioritize take bodies of up to `EXTENDER_MAX_BODY_BYTES` (a 5,000-node cluster,
+  extender_sizing.py), which they decode in a worker thread with the Node objects kept as raw JSON.
 - `GET /api/why?namespace=&name=`: why a pod is not scheduled: kube's message, per-node reasons
   with numbers and the suggestions, as the leader last computed them (`tfusion why` reads it).
   404 when the pod does not exist; 503 on a follower, naming the leader.
@@ -14,7 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-from litestar import get, post
+from litestar import Request, get, post
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
 from litestar.params import Parameter
 
 from tfusion.allocator.framework import Framework
@@ -25,15 +30,19 @@ from tfusion.controller.scheduling.extender import (
     ExtenderBindingResult,
     ExtenderFilterResult,
     HostPriority,
+    decode_extender_call,
 )
+from tfusion.controller.scheduling.extender_sizing import SIZED_FOR_NODES
 from tfusion.controller.scheduling.nodes import is_pending
-from tfusion.web import HttpError, error_responses
+from tfusion.web import HttpError, decode_json_body, error_responses, raw_body
 
 if TYPE_CHECKING:
     from tfusion.controller.scheduling.scheduler import Scheduler
 
-#: kube-scheduler sends every candidate Node object without nodeCacheCapable: thousands of nodes
-EXTENDER_MAX_BODY_BYTES = 64 * 1024 * 1024
+#: without nodeCacheCapable kube-scheduler sends every candidate Node object: sized for 5,000 nodes
+#: (SIZED_FOR_NODES) of 5,914 bytes each (extender_sizing.sample_node, a GPU node with 31 labels and
+#: 10 images) = 28.2 MiB, plus a Pod as large as kube stores (1.5 MiB) = 29.7 MiB, rounded up
+EXTENDER_MAX_BODY_BYTES = 32 * 1024 * 1024
 NOT_EXTENDER = ("this controller runs the built-in scheduler (--scheduler=builtin), which binds the pods "
                 "itself; run it with --scheduler=extender to serve a kube-scheduler extender")
 
@@ -84,19 +93,31 @@ def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
     extender = Extender(scheduler)
     refusals = error_responses({409: "The built-in scheduler is active (--scheduler=builtin)",
                                 503: "This replica is not the leader"})
+    args_body = raw_body(ExtenderArgs, description=f"ExtenderArgs (extender v1), at most {EXTENDER_MAX_BODY_BYTES} "
+                                                   f"bytes: Nodes for {SIZED_FOR_NODES} nodes, or NodeNames")
+
+    def serving(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        """Refuse before the body is read (the connection is then closed: its body is never read)."""
+        try:
+            _extender_framework(scheduler)
+        except HttpError as exc:
+            exc.headers.setdefault("Connection", "close")
+            raise
 
     @post("/scheduler/filter", summary="kube-scheduler extender: filter nodes by GPU", status_code=200,
-          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals)
-    async def scheduler_filter(data: ExtenderArgs) -> ExtenderFilterResult:
-        return extender.filter(data, _extender_framework(scheduler))
+          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals, guards=[serving], **args_body)
+    async def scheduler_filter(request: Request[Any, Any, Any]) -> ExtenderFilterResult:
+        call = await decode_json_body(request, decode_extender_call)
+        return extender.filter(call, _extender_framework(scheduler))
 
     @post("/scheduler/prioritize", summary="kube-scheduler extender: score nodes 0..10", status_code=200,
-          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals)
-    async def scheduler_prioritize(data: ExtenderArgs) -> list[HostPriority]:
-        return extender.prioritize(data, _extender_framework(scheduler))
+          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals, guards=[serving], **args_body)
+    async def scheduler_prioritize(request: Request[Any, Any, Any]) -> list[HostPriority]:
+        call = await decode_json_body(request, decode_extender_call)
+        return extender.prioritize(call, _extender_framework(scheduler))
 
     @post("/scheduler/bind", summary="kube-scheduler extender: reserve GPUs and bind", status_code=200,
-          responses=refusals)
+          responses=refusals, guards=[serving])
     async def scheduler_bind(data: ExtenderBindingArgs) -> ExtenderBindingResult:
         return await extender.bind(data, _extender_framework(scheduler))
 
