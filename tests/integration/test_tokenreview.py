@@ -16,7 +16,7 @@ from typing import Any
 import kr8s
 import kr8s.asyncio
 import pytest
-from kr8s.asyncio.objects import Pod, ServiceAccount, new_class
+from kr8s.asyncio.objects import Node, Pod, ServiceAccount, new_class
 
 from tfusion.apiserver.tokens import TokenAuthority
 
@@ -208,3 +208,71 @@ async def test_token_request_errors(api: Any, workload: tuple[Any, Any]) -> None
     with pytest.raises(kr8s.ServerError) as bad_kind:
         await request_token(api, boundObjectRef={"kind": "Deployment", "apiVersion": "apps/v1", "name": "x"})
     assert bad_kind.value.response is not None and bad_kind.value.response.status_code == 422
+    assert '"Node", "Pod"' in bad_kind.value.response.json()["message"]
+    with pytest.raises(kr8s.ServerError) as missing_node:
+        await request_token(api, boundObjectRef={"kind": "Node", "apiVersion": "v1", "name": "ghost"})
+    assert missing_node.value.response is not None and missing_node.value.response.status_code == 404
+
+
+NODE_NAME = "authentication.kubernetes.io/node-name"
+NODE_UID = "authentication.kubernetes.io/node-uid"
+
+
+async def pod_on(api: Any, name: str, node: str) -> Any:
+    pod = Pod({"metadata": {"name": name, "namespace": "default"},
+               "spec": {"nodeName": node, "serviceAccountName": "runner",
+                        "containers": [{"name": "main", "image": "busybox"}]}}, api=api)
+    await pod.create()
+    return pod
+
+
+async def extra_of(api: Any, pod: Any) -> dict[str, Any]:
+    """The user extras of a token bound to `pod`."""
+    token = (await request_token(api, **bound_to(pod)))["status"]["token"]
+    extra: dict[str, Any] = (await review(api, token))["user"]["extra"]
+    return extra
+
+
+async def test_a_pod_on_a_node_gets_a_token_naming_the_node(api: Any, workload: tuple[Any, Any]) -> None:
+    node = Node({"metadata": {"name": "gpu-1"}}, api=api)
+    await node.create()
+    pod = await pod_on(api, "placed", "gpu-1")
+    token = (await request_token(api, **bound_to(pod)))["status"]["token"]
+    assert claims_of(token)["kubernetes.io"]["node"] == {"name": "gpu-1", "uid": node.metadata.uid}
+    status = await review(api, token)
+    assert status["authenticated"] is True
+    assert status["user"]["extra"][NODE_NAME] == ["gpu-1"]
+    assert status["user"]["extra"][NODE_UID] == [node.metadata.uid]
+    # what the API server's own authentication (RBAC, admission) sees of the user carries it too
+    async with api.call_api("POST", base="/apis/authentication.k8s.io", version="v1", url="selfsubjectreviews",
+                            json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                            headers={"authorization": f"Bearer {token}"}) as r:
+        assert r.json()["status"]["userInfo"]["extra"][NODE_NAME] == ["gpu-1"]
+    # a pod bound to a node that has no Node object names the node without a uid; one on no node, none
+    unregistered = await pod_on(api, "early", "not-registered")
+    extra = await extra_of(api, unregistered)
+    assert extra[NODE_NAME] == ["not-registered"] and NODE_UID not in extra
+    _, unplaced = workload
+    assert NODE_NAME not in await extra_of(api, unplaced)
+
+
+async def test_a_token_bound_to_a_node_lives_as_long_as_the_node(api: Any, workload: tuple[Any, Any]) -> None:
+    node = Node({"metadata": {"name": "gpu-2"}}, api=api)
+    await node.create()
+    issued = await request_token(api, boundObjectRef={"kind": "Node", "apiVersion": "v1", "name": "gpu-2",
+                                                      "uid": node.metadata.uid})
+    token = issued["status"]["token"]
+    assert "pod" not in claims_of(token)["kubernetes.io"]
+    status = await review(api, token)
+    assert status["authenticated"] is True
+    assert status["user"]["extra"][NODE_NAME] == ["gpu-2"] and status["user"]["extra"][NODE_UID] == [node.metadata.uid]
+    with pytest.raises(kr8s.ServerError) as stale:
+        await request_token(api, boundObjectRef={"kind": "Node", "apiVersion": "v1", "name": "gpu-2", "uid": "other"})
+    assert stale.value.response is not None and stale.value.response.status_code == 409
+    await node.delete()
+    gone = await review(api, token)
+    assert gone["authenticated"] is False and "node gpu-2 has been deleted" in gone["error"]
+    again = Node({"metadata": {"name": "gpu-2"}}, api=api)
+    await again.create()
+    recreated = await review(api, token)
+    assert recreated["authenticated"] is False and "does not match claim" in recreated["error"]

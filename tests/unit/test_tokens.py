@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from tfusion.apiserver.tokens import ISSUER, TokenAuthority
+from tfusion.apiserver.tokens import ISSUER, NODE_NAME_EXTRA, NODE_UID_EXTRA, POD_NAME_EXTRA, TokenAuthority
 
 NOW = 1_800_000_000
 
@@ -288,3 +288,49 @@ def test_load_rejects_bad_keys() -> None:
     )
     with pytest.raises(ValueError, match="must be RSA"):
         TokenAuthority.load_or_create(ec_pem)
+
+
+NODE_NAME, NODE_UID = NODE_NAME_EXTRA, NODE_UID_EXTRA
+
+
+def node_lookup(nodes: dict[str, dict[str, Any]]) -> Any:
+    def find(namespace: str, name: str) -> dict[str, Any] | None:
+        assert namespace == ""
+        return nodes.get(name)
+
+    return find
+
+
+def test_a_pod_token_names_its_node_without_binding_to_it(authority: TokenAuthority) -> None:
+    token, _ = issue(authority, node_name="gpu-1", node_uid="node-uid-1")
+    assert parts(token)[1]["kubernetes.io"]["node"] == {"name": "gpu-1", "uid": "node-uid-1"}
+    # the pod claim binds the token: a gone Node does not matter, so no node lookup is needed
+    extra = review(authority, token)["user"]["extra"]
+    assert extra[NODE_NAME] == ["gpu-1"] and extra[NODE_UID] == ["node-uid-1"]
+    unregistered, _ = issue(authority, node_name="gpu-2")
+    assert parts(unregistered)[1]["kubernetes.io"]["node"] == {"name": "gpu-2"}
+    extra = review(authority, unregistered)["user"]["extra"]
+    assert extra[NODE_NAME] == ["gpu-2"] and NODE_UID not in extra
+
+
+def test_a_node_bound_token_needs_its_node_alive(authority: TokenAuthority) -> None:
+    token, _ = issue(authority, pod_name=None, pod_uid=None, node_name="gpu-1", node_uid="node-uid-1")
+    assert "pod" not in parts(token)[1]["kubernetes.io"]
+    alive = node_lookup({"gpu-1": {"metadata": {"uid": "node-uid-1"}}})
+    status = review(authority, token, lookup_node=alive)
+    assert status["authenticated"] is True
+    assert status["user"]["extra"][NODE_NAME] == ["gpu-1"] and POD_NAME_EXTRA not in status["user"]["extra"]
+    gone = review(authority, token, lookup_node=node_lookup({}))
+    assert gone == {"authenticated": False, "error": "invalid bearer token: node gpu-1 has been deleted"}
+    replaced = review(authority, token, lookup_node=node_lookup({"gpu-1": {"metadata": {"uid": "node-uid-2"}}}))
+    assert "node UID (node-uid-2) does not match claim (node-uid-1)" in replaced["error"]
+    assert "nodes cannot be looked up" in review(authority, token)["error"]
+
+
+def test_node_claims_are_checked(authority: TokenAuthority) -> None:
+    with pytest.raises(ValueError, match="needs the Node's uid"):
+        issue(authority, pod_name=None, pod_uid=None, node_name="gpu-1")
+    with pytest.raises(ValueError, match="node_uid needs a node_name"):
+        issue(authority, node_uid="node-uid-1")
+    with pytest.raises(ValueError, match="neither may be empty"):
+        issue(authority, node_name="")
