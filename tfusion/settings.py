@@ -316,6 +316,10 @@ OPTIONS: tuple[Option, ...] = (
        "directory with tls.crt and tls.key for the webhook (e.g. from cert-manager; re-read when they "
        "change, checked every 10 minutes); unset: the controller keeps its own CA and certificate in a Secret "
        "and the caBundle current"),
+    _o("webhook_client_ca", "--webhook-client-ca", None, "", str, "controller",
+       "PEM file of the CA(s) whose client certificates may call the webhook (the API server's, named by its "
+       "AdmissionConfiguration); a caller without one is refused in the TLS handshake. Unset: required with the "
+       "embedded API server (its own webhook client CA), not asked for otherwise; none: never asked for"),
     _o("webhook_hosts", "--webhook-host", None, (), parse_host_list, "controller",
        "extra DNS names or IP addresses for the webhook certificate, comma-separated (the Service's "
        "<svc>.<ns>.svc names are always in it)"),
@@ -465,6 +469,7 @@ class Settings:
     health_probe_listen: str = _default("health_probe_listen")
     webhook_listen: str = _default("webhook_listen")
     webhook_cert_dir: str = _default("webhook_cert_dir")
+    webhook_client_ca: str = _default("webhook_client_ca")
     webhook_hosts: tuple[str, ...] = _default("webhook_hosts")
     webhook_service: str = _default("webhook_service")
     leader_elect: bool = _default("leader_elect")

@@ -9,6 +9,11 @@ sees the object; a denial stops the request. Call failures (refused, TLS, timeou
 answer) obey `failurePolicy`: Fail (the default) rejects the request, Ignore skips the webhook.
 `reinvocationPolicy: IfNeeded` webhooks run once more when a later webhook changed the object.
 
+The caller may present a client certificate (`ClientCertificate`), as kube-apiserver does for the
+webhooks its AdmissionConfiguration names a kubeconfig user with a client certificate for: the
+embedded server presents its own to every webhook (webhooks.py), so a webhook can tell it from a
+stranger in the TLS handshake.
+
 Errors come back as `AdmissionError` with the HTTP code, reason and message kube-apiserver uses:
 a denial is `admission webhook "<name>" denied the request: <message>` with the webhook's code
 (at least 400); a failed call under Fail is 500 InternalError `Internal error occurred: failed
@@ -27,10 +32,12 @@ import dataclasses
 import functools
 import logging
 import ssl
+import tempfile
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +50,7 @@ from tfusion.leanhttp import LeanTransport
 __all__ = [
     "AdmissionAttributes",
     "AdmissionError",
+    "ClientCertificate",
     "build_admission_review",
     "run_mutating_webhooks",
     "webhook_matches",
@@ -198,15 +206,37 @@ def build_admission_review(attrs: AdmissionAttributes, review_version: str = "v1
 # calling one webhook
 
 
+@dataclass(frozen=True)
+class ClientCertificate:
+    """The certificate (PEM, with its chain) and key (PEM) presented to webhooks."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
 @functools.lru_cache(maxsize=64)
-def _tls_context(ca_bundle: str) -> ssl.SSLContext:
+def _tls_context(ca_bundle: str, client: ClientCertificate | None = None) -> ssl.SSLContext:
     if not ca_bundle:
-        return ssl.create_default_context()
-    try:
-        pem = base64.b64decode(ca_bundle, validate=True).decode("ascii")
-        return ssl.create_default_context(cadata=pem)
-    except (binascii.Error, UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
-        raise _CallFailed(f"clientConfig.caBundle is not base64-encoded PEM certificates: {exc}") from None
+        context = ssl.create_default_context()
+    else:
+        try:
+            pem = base64.b64decode(ca_bundle, validate=True).decode("ascii")
+            context = ssl.create_default_context(cadata=pem)
+        except (binascii.Error, UnicodeDecodeError, ValueError, ssl.SSLError) as exc:
+            raise _CallFailed(f"clientConfig.caBundle is not base64-encoded PEM certificates: {exc}") from None
+    if client is not None:
+        _load_client(context, client)
+    return context
+
+
+def _load_client(context: ssl.SSLContext, client: ClientCertificate) -> None:
+    """`load_cert_chain` reads files only: both go to a private temporary directory for the call."""
+    with tempfile.TemporaryDirectory(prefix="tfusion-webhook-client-") as directory:
+        cert_file, key_file = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+        cert_file.write_bytes(client.cert_pem)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(client.key_pem)
+        context.load_cert_chain(str(cert_file), str(key_file))
 
 
 def _target(webhook: Mapping[str, Any], resolve_service: ResolveService) -> tuple[str, str | None]:
@@ -360,11 +390,14 @@ def _apply_patch(name: str, obj: dict[str, Any], response: Mapping[str, Any]) ->
 
 
 async def _call(
-    webhook: Mapping[str, Any], attrs: AdmissionAttributes, resolve_service: ResolveService
+    webhook: Mapping[str, Any],
+    attrs: AdmissionAttributes,
+    resolve_service: ResolveService,
+    client: ClientCertificate | None = None,
 ) -> Mapping[str, Any]:
     """POST the review to one webhook; returns its checked `response`. Raises _CallFailed."""
     version = _review_version(webhook)
-    context = _tls_context(str((webhook.get("clientConfig") or {}).get("caBundle") or ""))
+    context = _tls_context(str((webhook.get("clientConfig") or {}).get("caBundle") or ""), client)
     url, server_name = _target(webhook, resolve_service)
     review = build_admission_review(attrs, version)
     answer = await _post(url, orjson.dumps(review), context, server_name, _timeout_seconds(webhook))
@@ -389,11 +422,13 @@ async def run_mutating_webhooks(
     namespace_labels: Mapping[str, str],
     resolve_service: ResolveService,
     warnings: list[str] | None = None,
+    client: ClientCertificate | None = None,
 ) -> dict[str, Any]:
     """Run every matching mutating webhook over attributes.obj; returns the (patched) object.
 
     `resolve_service(namespace, name, port)` maps a service reference to "host:port".
-    Webhook warnings are appended to `warnings` when given. Raises AdmissionError.
+    Webhook warnings are appended to `warnings` when given; `client` is presented to every
+    webhook that asks for a client certificate. Raises AdmissionError.
     With no object (DELETE, CONNECT) webhooks see `object: null` and the result is {}.
     """
     obj: dict[str, Any] = attributes.obj if attributes.obj is not None else {}
@@ -403,7 +438,7 @@ async def run_mutating_webhooks(
             if not isinstance(webhook, Mapping):
                 continue
             attrs = _with_object(attributes, obj)
-            new_obj = await _run_one(webhook, attrs, namespace_labels, resolve_service, warnings)
+            new_obj = await _run_one(webhook, attrs, namespace_labels, resolve_service, warnings, client)
             if new_obj is None:
                 continue
             changed = new_obj != obj
@@ -415,7 +450,7 @@ async def run_mutating_webhooks(
     for call in invoked:
         if call.reinvoke and call.changed_since:
             again = await _run_one(
-                call.webhook, _with_object(attributes, obj), namespace_labels, resolve_service, warnings
+                call.webhook, _with_object(attributes, obj), namespace_labels, resolve_service, warnings, client
             )
             obj = obj if again is None else again
     return obj
@@ -431,6 +466,7 @@ async def _run_one(
     namespace_labels: Mapping[str, str],
     resolve_service: ResolveService,
     warnings: list[str] | None,
+    client: ClientCertificate | None = None,
 ) -> dict[str, Any] | None:
     """Call one webhook if it matches; the resulting object, or None if it was not called."""
     name = str(webhook.get("name", ""))
@@ -444,7 +480,7 @@ async def _run_one(
     if attrs.dry_run and webhook.get("sideEffects") not in _DRY_RUN_SAFE:
         raise AdmissionError(400, "BadRequest", f'admission webhook "{name}" does not support dry run')
     try:
-        response = await _call(webhook, attrs, resolve_service)
+        response = await _call(webhook, attrs, resolve_service, client)
     except _CallFailed as exc:
         _call_failed(name, ignore_failures, str(exc))
         return None

@@ -18,12 +18,20 @@ workload, the grey-release counter, an index, a host port (not on dryRun), `rend
 (not on dryRun), and the JSON patch. Failures of the API server or the leader are answered
 `allowed: false` with code 500/503 and the reason, and logged; with `failurePolicy: Fail` the pod
 is then not created.
+
+Callers: with a client CA (`--webhook-client-ca`, or by default the embedded API server's own,
+apiserver/webhooks.py) the TLS handshake requires a client certificate it signed, so only the API
+server gets a review answered (the workload a review creates is a write; see workloads.py for what
+undoes it when no pod follows). The CA file is re-read when it changes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -32,6 +40,7 @@ import orjson
 from tfusion.api import annotations as tfa
 from tfusion.apiserver import shapes
 from tfusion.apiserver.validation import validate_name
+from tfusion.apiserver.webhooks import client_ca_path
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
 from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
@@ -93,6 +102,8 @@ class WebhookService:
         host, port = self.sock.getsockname()[:2]
         self.address: tuple[str, int] = (host, port)
         self.certs: SecretCertificates | DirectoryCertificates = self._certificates()
+        self.client_ca = self._client_ca()
+        self._client_ca_stamp: float | None = None
         client = runtime.client
         self.owners = OwnerResolver(client)
         self.workloads = WorkloadWriter(client, runtime.informer(r.TENSORFUSIONWORKLOADS))
@@ -127,6 +138,34 @@ class WebhookService:
         if self.settings.webhook_cert_dir:
             return DirectoryCertificates(self.settings.webhook_cert_dir)
         return SecretCertificates(self.runtime.client, self.settings.operator_namespace, self.hosts())
+
+    def _client_ca(self) -> Path | None:
+        """The CA file whose client certificates may call (None: anyone may)."""
+        value = self.settings.webhook_client_ca
+        if value == "none":
+            return None
+        if value:
+            return Path(value).expanduser()
+        return client_ca_path(self.settings.state) if self.settings.kube_mode == "embedded" else None
+
+    def _load_client_ca(self) -> None:
+        """Require a client certificate signed by the CA file (loaded again when it changed)."""
+        if self.client_ca is None:
+            return
+        try:
+            stamp = os.stat(self.client_ca).st_mtime
+        except OSError as exc:
+            raise FileNotFoundError(f"--webhook-client-ca {self.client_ca}: {exc.strerror}") from None
+        if stamp == self._client_ca_stamp:
+            return
+        context = self.certs.context
+        try:
+            context.load_verify_locations(cafile=str(self.client_ca))
+        except ssl.SSLError as exc:
+            raise ValueError(f"--webhook-client-ca {self.client_ca}: no PEM certificate in it ({exc})") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+        self._client_ca_stamp = stamp
+        log.info("pod webhook: callers need a client certificate signed by a CA in %s", self.client_ca)
 
     def url(self) -> str:
         host = self.address[0] if self.address[0] not in ("0.0.0.0", "::") else "127.0.0.1"
@@ -169,6 +208,7 @@ class WebhookService:
             await anyio.sleep(2.0)
 
     async def _refresh_certificate(self) -> bool:
+        self._load_client_ca()
         try:
             return await self.certs.refresh()
         except NotFound:  # the operator namespace is not there yet (a fresh embedded server)
