@@ -1,14 +1,18 @@
 """`tfusion --role=all` registers its pod webhook with the embedded API server: `kubectl create -f`
 of an annotated pod comes back mutated with its TensorFusionWorkload, and a bad annotation is
-refused with the webhook's message in kubectl's error."""
+refused with the webhook's message in kubectl's error, as is a pod its workload could not be named
+after; a caller without the API server's client certificate is refused in the TLS handshake."""
 
 from __future__ import annotations
 
+import base64
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -66,3 +70,17 @@ def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll
     assert refused.returncode == 1
     assert ('admission webhook "pod.tensor-fusion.ai" denied the request: annotation tensor-fusion.ai/gpu-count: '
             '"0" is not allowed; expected an integer from 1 to 128') in refused.stderr, refused.stderr
+
+    unnamable = kubectl(role_all, "create", "-f", manifest(tmp_path, "a.", {
+        "tensor-fusion.ai/tflops-request": "20", "tensor-fusion.ai/vram-request": "8Gi"}))
+    assert unnamable.returncode == 1 and 'metadata.name: Invalid value: "a."' in unnamable.stderr, unnamable.stderr
+
+    config = webhook["clientConfig"]
+    context = ssl.create_default_context(cadata=base64.b64decode(config["caBundle"]).decode())
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "operation": "CREATE", "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "default", "object": yaml.safe_load(Path(manifest(tmp_path, "ghost", {
+            "tensor-fusion.ai/tflops-request": "20", "tensor-fusion.ai/vram-request": "8Gi"})).read_text())}}
+    with pytest.raises(httpx.TransportError):
+        httpx.post(config["url"], json=review, verify=context, timeout=10)
+    assert kubectl(role_all, "get", "tensorfusionworkload", "ghost").returncode == 1

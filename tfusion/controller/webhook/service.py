@@ -146,7 +146,8 @@ class WebhookService:
             return None
         if value:
             return Path(value).expanduser()
-        return client_ca_path(self.settings.state) if self.settings.kube_mode == "embedded" else None
+        in_process = self.embedded or "apiserver" in self.settings.roles  # the embedded API server's CA
+        return client_ca_path(self.settings.state) if in_process else None
 
     def _load_client_ca(self) -> None:
         """Require a client certificate signed by the CA file (loaded again when it changed)."""
