@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from litestar import MediaType, Request, Response, get
+from litestar.params import Parameter
 from prometheus_client import Counter, Gauge
 
 from tfusion.kube import resources as r
@@ -256,7 +257,13 @@ _ERRORS = error_responses({
 def connection_handler(route: ConnectionRoute) -> Any:
     @get(PATH, media_type=MediaType.TEXT, responses=_ERRORS,
          summary="The worker address (text/plain) of a remote vGPU connection, waiting for it to be ready")
-    async def connection(request: Request[Any, Any, Any]) -> Response[str]:
+    async def connection(request: Request[Any, Any, Any],
+                         name: Annotated[str, Parameter(description="the TensorFusionConnection's name",
+                                                        min_length=1)],
+                         namespace: Annotated[str, Parameter(description="the TensorFusionConnection's namespace",
+                                                             min_length=1)]) -> Response[str]:
+        # name and namespace are declared so that the document says they are required (Litestar
+        # refuses a request without them with a 400 naming the parameter); `answer` reads them itself
         return await route.answer(request)
 
     return connection
