@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 import pytest
 
@@ -72,3 +73,20 @@ async def test_a_reference_to_a_kind_not_served_is_left_alone(http: httpx.AsyncC
     await http.post(CMS, json={"metadata": {"name": "marker", "ownerReferences": [ref("y", str(uuid.uuid4()))]}})
     await gone(http, "marker")
     assert (await http.get(f"{CMS}/foreign")).status_code == 200
+
+
+async def test_a_dangling_reference_found_at_start_is_collected(apiserver: Any, http: httpx.AsyncClient) -> None:
+    """An owner deleted while no collector ran (a killed process) sends no event again: the
+    collector looks at every reference when it starts. Here the owner's kind is not served when the
+    reference is written, so it is left alone then; once served, only the restart finds it."""
+    from tests.apiserver_fixture import apply_crds
+
+    owner = ref("gone-pool", str(uuid.uuid4()), kind="GPUPool", api_version="tensor-fusion.ai/v1")
+    await http.post(CMS, json={"metadata": {"name": "from-before", "ownerReferences": [owner]}})
+    await apply_crds(apiserver)
+    await http.post(CMS, json={"metadata": {"name": "marker-2", "ownerReferences": [ref("z", str(uuid.uuid4()))]}})
+    await gone(http, "marker-2")
+    assert (await http.get(f"{CMS}/from-before")).status_code == 200
+    await anyio.to_thread.run_sync(apiserver.restart)
+    async with apiserver.http(timeout=10) as again:
+        await gone(again, "from-before")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import ssl
 from pathlib import Path
@@ -257,3 +258,27 @@ async def test_fuzzed_pods_never_get_a_5xx(apiserver: Any, kube: KubeClient, tmp
                 check()
 
         await anyio.to_thread.run_sync(fuzz)
+
+
+async def test_a_mark_left_by_a_controller_killed_meanwhile_is_acted_on_at_start(
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+    """The webhook's mark lives on the workload, so the next leader deletes what its predecessor
+    created for a pod that never came, and leaves alone what was not the webhook's."""
+    spec = {"poolName": "pool-a", "resources": {"requests": {"tflops": "1", "vram": "1Gi"},
+                                                "limits": {"tflops": "1", "vram": "1Gi"}}}
+    long_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {"name": "left-behind", "namespace": "default",
+                                                             "annotations": {AWAITING_POD: long_ago}},
+                                                "spec": spec}, namespace="default")
+    await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {"name": "users-own", "namespace": "default"},
+                                                "spec": spec}, namespace="default")
+    async with controllers() as tg:
+        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+
+        async def left_behind_gone() -> bool:
+            return await workload_names(kube, "left-behind") == []
+
+        await eventually(left_behind_gone, timeout=30, what="the workload left behind deleted")
+        reconcilers = ctl.runtime.reconcilers
+        assert reconcilers is not None and reconcilers.workload.abandoned == 1
+        assert await workload_names(kube, "users-own") == ["users-own"]
