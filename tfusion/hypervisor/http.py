@@ -27,11 +27,15 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, delete, get, post
+from litestar import Request, Response, delete, get, post, route
+from litestar.enums import HttpMethod
+from litestar.exceptions import HTTPException, MethodNotAllowedException
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import Parameter
 from prometheus_client import CollectorRegistry
 
@@ -42,10 +46,11 @@ from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.workers.model import WorkerAllocation
 from tfusion.hypervisor.workers.procfs import ProcFS
-from tfusion.hypervisor.workers.tracker import WorkerTracker
+from tfusion.hypervisor.workers.tracker import WorkerFactory, WorkerTracker
 from tfusion.kube.auth import ReviewUnavailable, Unauthenticated
 from tfusion.settings import Settings
 from tfusion.web import (
+    EXCEPTION_HANDLERS,
     ErrorBody,
     HttpError,
     Readiness,
@@ -140,24 +145,58 @@ def worker_metrics(ctx: HypervisorContext, allocation: WorkerAllocation) -> dict
 
 
 WORKER_NOT_FOUND = "worker not found"
+WORKERS_ARE_PODS = ("Workers are Kubernetes pods with --backend=kubernetes: create or delete the pod instead; "
+                    "POST /api/v1/workers and DELETE /api/v1/workers/<id> need --backend=local")
+#: a container PID as `POST /api/v1/process` takes it: ASCII digits, not zero (Unicode digits are not PIDs)
+POSITIVE_PID = re.compile(r"0*[1-9][0-9]*")
+#: the same rule in the document (a JSON Schema pattern matches anywhere unless anchored)
+POSITIVE_PID_PATTERN = f"^{POSITIVE_PID.pattern}$"
 _UNKNOWN_WORKER = error_responses({404: "No worker with this UID on this node"})
 _TOKEN_ERRORS = error_responses({401: "No, an invalid or a foreign token (or --backend=local)",
                                  503: "The API server cannot review the token now"})
 
 
-def _local_only(ctx: HypervisorContext, operation: str, message: str, allowed: str) -> Any:
-    """The local backend's worker operation, or a 405 (with Allow) in Kubernetes mode."""
-    method = getattr(ctx.workers, operation, None)
-    if method is None:
-        raise HttpError(405, message, headers={"Allow": allowed})
-    return method
-
-
 def build_app(ctx: HypervisorContext) -> Any:
     """The Litestar app for one hypervisor."""
-    handlers = [*health_handlers(ctx.readiness), metrics_handler(ctx.metrics_registry),
-                *_device_handlers(ctx), *_worker_handlers(ctx), *_limiter_handlers(ctx)]
-    return make_app(handlers, title="tfusion hypervisor")
+    handlers = [*health_handlers(ctx.readiness), *_device_handlers(ctx), *_worker_handlers(ctx),
+                *_limiter_handlers(ctx)]
+    extra = {} if isinstance(ctx.workers, WorkerFactory) else {
+        "exception_handlers": {MethodNotAllowedException: _pods_not_workers}}
+    return make_app([*_options_handlers(handlers), *handlers, metrics_handler(ctx.metrics_registry)],
+                    title="tfusion hypervisor", **extra)
+
+
+def _pods_not_workers(request: Request[Any, Any, Any], exc: MethodNotAllowedException) -> Response[Any]:
+    """The shared 405 answer; for POST or DELETE on a worker in Kubernetes mode, also what to do instead."""
+    response: Response[Any] = EXCEPTION_HANDLERS[HTTPException](request, exc)
+    body = response.content
+    if request.method in ("POST", "DELETE") and request.url.path.startswith("/api/v1/workers") \
+            and isinstance(body, ErrorBody):
+        response.content = msgspec.structs.replace(body, error=f"{body.error}. {WORKERS_ARE_PODS}")
+    return response
+
+
+def _options_handlers(handlers: list[Any]) -> list[Any]:
+    """One OPTIONS handler per path, whose Allow lists every method the path has.
+
+    Litestar's own OPTIONS answer lists only the methods of the first handler registered for a path
+    (`GET, OPTIONS` on /api/v1/workers, which also takes POST), so Allow would disagree with the
+    document and with the 405 answers. Registered before the others, these replace it."""
+    methods: dict[str, set[str]] = {}
+    for handler in handlers:
+        if isinstance(handler, HTTPRouteHandler):
+            for path in handler.paths:
+                methods.setdefault(path, set()).update(handler.http_methods)
+    return [_options_handler(path, ", ".join(sorted(allowed | {"OPTIONS"}))) for path, allowed in methods.items()]
+
+
+def _options_handler(path: str, allow: str) -> Any:
+    @route(path, http_method=[HttpMethod.OPTIONS], include_in_schema=False, sync_to_thread=False,
+           name=f"options {path}")
+    def options() -> Response[None]:
+        return Response(None, status_code=204, headers={"Allow": allow})
+
+    return options
 
 
 def _device_handlers(ctx: HypervisorContext) -> list[Any]:
@@ -202,40 +241,6 @@ def _worker_handlers(ctx: HypervisorContext) -> list[Any]:
         return bodies.WorkerDetailAnswer(data=bodies.WorkerDetail(
             worker_uid=allocation.worker.uid, allocation=ctx.allocation_body(allocation), metrics=metrics))
 
-    @post("/api/v1/workers", status_code=201, summary="Create a local worker (--backend=local)",
-          request_max_body_size=WORKER_REQUEST_MAX_BYTES,
-          responses=error_responses({
-              400: "The body is not a JSON object",
-              401: "The hypervisor has an --api-token-file and the request does not carry its token",
-              405: "Kubernetes mode: workers are pods",
-              409: "The worker does not fit (`free`, `reasons`) or its name is taken",
-              422: "A field is invalid; `field` names it"}, bodies.PlacementErrorBody),
-          **raw_body(bodies.WorkerCreateRequest, description="The worker to create"))
-    async def create_worker(request: Request[Any, Any, Any],
-                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None) -> bodies.WorkerCreated:
-        create = _local_only(ctx, "create", "workers are Kubernetes pods with --backend=kubernetes; "
-                                            "POST /api/v1/workers needs --backend=local", "GET")
-        _require_api_token(ctx, authorization)
-        body = await decode_body(request, _json_object)
-        allocation = await create(body)
-        return bodies.WorkerCreated(data=ctx.allocation_body(allocation))
-
-    @delete("/api/v1/workers/{worker_id:str}", status_code=200, summary="Delete a local worker (--backend=local)",
-            responses={**_UNKNOWN_WORKER, **error_responses({
-                401: "The hypervisor has an --api-token-file and the request does not carry its token",
-                405: "Kubernetes mode: delete the pod instead"})})
-    async def delete_worker(worker_id: str,
-                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None,
-                            ) -> bodies.WorkerReleasedAnswer:
-        remove = _local_only(ctx, "remove", "workers are Kubernetes pods with --backend=kubernetes; "
-                                            "delete the pod instead", "GET")
-        _require_api_token(ctx, authorization)
-        allocation = await remove(worker_id)
-        if allocation is None:
-            raise HttpError(404, WORKER_NOT_FOUND)
-        return bodies.WorkerReleasedAnswer(data=bodies.WorkerReleased(
-            worker_uid=allocation.worker.uid, released=[d.uuid for d in allocation.devices]))
-
     @post("/api/v1/workers/{worker_id:str}/snapshot", status_code=501, summary="Not implemented yet",
           responses=_UNKNOWN_WORKER)
     async def snapshot(worker_id: str) -> ErrorBody:
@@ -250,7 +255,46 @@ def _worker_handlers(ctx: HypervisorContext) -> list[Any]:
             raise HttpError(404, WORKER_NOT_FOUND)
         return ErrorBody(error="worker resume is not implemented yet")
 
-    return [list_workers, get_worker, create_worker, delete_worker, snapshot, resume]
+    return [list_workers, get_worker, *_factory_handlers(ctx), snapshot, resume]
+
+
+def _factory_handlers(ctx: HypervisorContext) -> list[Any]:
+    """Creating and deleting workers, with the local backend only: in Kubernetes mode workers are
+    pods, and these routes do not exist (the document, Allow and the 405 answers all say so)."""
+    factory = ctx.workers
+    if not isinstance(factory, WorkerFactory):
+        return []
+
+    @post("/api/v1/workers", status_code=201, summary="Create a local worker (--backend=local only)",
+          request_max_body_size=WORKER_REQUEST_MAX_BYTES,
+          responses=error_responses({
+              400: "The body is not a JSON object",
+              401: "The hypervisor has an --api-token-file and the request does not carry its token",
+              409: "The worker does not fit (`free`, `reasons`) or its name is taken",
+              422: "A field is invalid; `field` names it"}, bodies.PlacementErrorBody),
+          **raw_body(bodies.WorkerCreateRequest, description="The worker to create"))
+    async def create_worker(request: Request[Any, Any, Any],
+                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None) -> bodies.WorkerCreated:
+        _require_api_token(ctx, authorization)
+        body = await decode_body(request, _json_object)
+        allocation = await factory.create(body)
+        return bodies.WorkerCreated(data=ctx.allocation_body(allocation))
+
+    @delete("/api/v1/workers/{worker_id:str}", status_code=200,
+            summary="Delete a local worker (--backend=local only)",
+            responses={**_UNKNOWN_WORKER, **error_responses({
+                401: "The hypervisor has an --api-token-file and the request does not carry its token"})})
+    async def delete_worker(worker_id: str,
+                            authorization: Annotated[str | None, API_TOKEN_HEADER] = None,
+                            ) -> bodies.WorkerReleasedAnswer:
+        _require_api_token(ctx, authorization)
+        allocation = await factory.remove(worker_id)
+        if allocation is None:
+            raise HttpError(404, WORKER_NOT_FOUND)
+        return bodies.WorkerReleasedAnswer(data=bodies.WorkerReleased(
+            worker_uid=allocation.worker.uid, released=[d.uuid for d in allocation.devices]))
+
+    return [create_worker, delete_worker]
 
 
 def _limiter_handlers(ctx: HypervisorContext) -> list[Any]:
@@ -284,14 +328,16 @@ def _limiter_handlers(ctx: HypervisorContext) -> list[Any]:
     @post("/api/v1/process", status_code=200, summary="Map a container's PID to the host PID",
           responses={**_TOKEN_ERRORS, **error_responses({400: "container_name or container_pid is missing"})})
     async def process(container_name: Annotated[str, Parameter(
-                          query="container_name", description="The calling container (required)")] = "",
+                          query="container_name", required=True, schema_extra={"min_length": 1},
+                          description="The calling container")] = "",
                       container_pid: Annotated[str, Parameter(
-                          query="container_pid", description="The PID inside the container (required, > 0)")] = "",
+                          query="container_pid", required=True, schema_extra={"pattern": POSITIVE_PID_PATTERN},
+                          description="The PID inside the container, a positive decimal integer")] = "",
                       authorization: Annotated[str | None, TOKEN_HEADER] = None) -> bodies.ProcessAnswer:
         if not container_name:
             raise HttpError(400, ErrorBody(error="container_name query parameter is required",
                                                   field="container_name"))
-        if not container_pid.isdigit() or int(container_pid) == 0:
+        if not POSITIVE_PID.fullmatch(container_pid):
             raise HttpError(400, ErrorBody(
                 error=f"container_pid query parameter must be a positive integer, got {container_pid!r}",
                 field="container_pid"))

@@ -13,13 +13,21 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from litestar.openapi.spec import OpenAPIType
 from msgspec import UNSET, UnsetType
 
 from tfusion.hypervisor.workers.model import ISOLATION_MODES, QOS_LEVELS
 from tfusion.web import ErrorBody
 
-#: a number exactly as the model computed it (989 stays 989, not 989.0)
-Number = int | float
+#: a number exactly as the model computed it (989 stays 989, not 989.0). Documented as one JSON
+#: Schema `number`: `oneOf: [integer, number]` would match 200.0 twice (JSON Schema counts a number
+#: with no fraction as an integer), so a valid answer would fail its own document.
+Number = Annotated[int | float, msgspec.Meta(extra_json_schema={"extra": {"type": OpenAPIType.NUMBER,
+                                                                          "one_of": None}})]
+#: a DNS label, as a worker's name and namespace must be (`workers/spec.py` checks the same)
+DNS_LABEL = msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+#: a non-negative Kubernetes quantity as a string ("100", "1500m", "8Gi", "1e3")
+QUANTITY = msgspec.Meta(pattern=r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 
 
 def wire(name: str, default: Any = msgspec.NODEFAULT) -> Any:
@@ -176,24 +184,37 @@ class WorkerReleasedAnswer(Wire):
     data: WorkerReleased
 
 
+Amount = Annotated[str, QUANTITY] | Annotated[float, msgspec.Meta(ge=0)]
+
+
 class WorkerResources(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
-    tflops: Annotated[str | float, _about("TFLOPS, a Kubernetes quantity such as 20 or 1500m")] | UnsetType = UNSET
-    vram: Annotated[str | float, _about("Bytes, a Kubernetes quantity such as 8Gi")] | UnsetType = UNSET
-    compute_percent: Annotated[str | float, _about(
-        "Percent of one device; instead of tflops")] | UnsetType = UNSET
+    tflops: Annotated[Amount, _about("TFLOPS, a Kubernetes quantity such as 20 or 1500m")] | UnsetType = UNSET
+    vram: Annotated[Amount, _about("Bytes, a Kubernetes quantity such as 8Gi")] | UnsetType = UNSET
+    compute_percent: Annotated[Amount, _about("Percent of one device; instead of tflops")] | UnsetType = UNSET
+
+
+def _one_of(choices: list[str]) -> msgspec.Meta:
+    return msgspec.Meta(description=f"One of {', '.join(choices)}", extra_json_schema={"extra": {"enum": choices}})
+
+
+LOCAL_ISOLATIONS = [m for m in ISOLATION_MODES if m != "partitioned"]
 
 
 class WorkerCreateRequest(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
-    """A local worker (`--backend=local`): what it asks for and, optionally, the process to run."""
+    """A local worker (`--backend=local`): what it asks for and, optionally, the process to run.
+    What the schema cannot say is checked too (422): limits below requests, a gpuCount beyond this
+    node's devices, gpuIds that are not this node's, both gpuCount and gpuIds."""
 
-    name: Annotated[str, _about("A DNS label, unique per namespace")]
-    namespace: str = "default"
+    name: Annotated[str, DNS_LABEL, _about("A DNS label, unique per namespace")]
+    namespace: Annotated[str, DNS_LABEL] = "default"
     requests: WorkerResources | UnsetType = UNSET
     limits: WorkerResources | UnsetType = UNSET
-    gpu_count: Annotated[int, _about("How many devices; not with gpuIds")] | UnsetType = UNSET
-    gpu_ids: Annotated[list[str], _about("UUIDs of this node's devices; not with gpuCount")] | UnsetType = UNSET
-    isolation: Annotated[str, _about(f"One of {', '.join(m for m in ISOLATION_MODES if m != 'partitioned')}")] = "soft"
-    qos: Annotated[str, _about(f"One of {', '.join(QOS_LEVELS)}")] = "medium"
+    gpu_count: Annotated[int, msgspec.Meta(ge=1), _about(
+        "How many devices, at most this node's; not with gpuIds")] | UnsetType = UNSET
+    gpu_ids: Annotated[list[str], msgspec.Meta(min_length=1), _about(
+        "UUIDs of this node's devices; not with gpuCount")] | UnsetType = UNSET
+    isolation: Annotated[str, _one_of(LOCAL_ISOLATIONS)] = "soft"
+    qos: Annotated[str, _one_of(list(QOS_LEVELS))] = "medium"
     command: Annotated[list[str] | str, _about("argv, or a command line split as a shell would")] | UnsetType = UNSET
     env: dict[str, str] | UnsetType = UNSET
     working_dir: str = ""
@@ -236,7 +257,8 @@ class LegacyPod(Wire):
 
 
 class LegacyPods(Wire):
-    """`GET /api/v1/pod` without a token or container_name: every worker, unauthenticated."""
+    """`GET /api/v1/pod` without a token or container_name: every worker with an allocation on this
+    node, for troubleshooting (not authenticated, like /api/v1/workers)."""
 
     pods: list[LegacyPod]
 

@@ -120,8 +120,8 @@ def parse_worker_spec(body: Mapping[str, Any], devices: Sequence[DeviceInfo]) ->
     if not isinstance(name, str) or not _NAME.match(name) or len(name) > 63:
         raise SpecError("name", name, "a DNS label: lowercase letters, digits and '-', at most 63 characters")
     namespace = body.get("namespace", "default")
-    if not isinstance(namespace, str) or not _NAME.match(namespace):
-        raise SpecError("namespace", namespace, "a DNS label")
+    if not isinstance(namespace, str) or not _NAME.match(namespace) or len(namespace) > 63:
+        raise SpecError("namespace", namespace, "a DNS label: lowercase letters, digits and '-', at most 63 characters")
     notes = {**_string_map(body, "annotations"), **_resource_notes(body, "requests"),
              **_resource_notes(body, "limits")}
     if "gpuCount" in body and "gpuIds" in body:

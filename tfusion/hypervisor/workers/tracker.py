@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from tfusion.hypervisor.workers.model import RunningInfo, WorkerAllocation
 
@@ -30,4 +31,17 @@ class WorkerTracker(Protocol):
 
     def worker_for_pid(self, pid: int) -> str | None:
         """The UID of the worker a host process belongs to, if any."""
+        ...
+
+
+@runtime_checkable
+class WorkerFactory(Protocol):
+    """A backend whose workers are created and deleted over HTTP (the local one; pods are not)."""
+
+    async def create(self, body: Mapping[str, Any]) -> WorkerAllocation:
+        """Place and start a worker from a `POST /api/v1/workers` body."""
+        ...
+
+    async def remove(self, worker_id: str) -> WorkerAllocation | None:
+        """Stop and release a worker by UID or name; None when there is none."""
         ...
