@@ -352,3 +352,22 @@ def test_malformed_policies_and_bindings_are_refused(admin: httpx.Client) -> Non
     bindings = causes(admin.post(BINDINGS, json={"metadata": {"name": "b"},
                                                  "spec": {"validationActions": ["Deny", "Warn", "Shout"]}}))
     assert set(bindings) == {"spec.policyName", "spec.validationActions", "spec.validationActions[2]"}
+
+
+def test_an_expression_too_deep_to_evaluate_is_refused_when_written(admin: httpx.Client) -> None:
+    deep = "(" * 60 + "true" + ")" * 60
+    found = causes(admin.post(POLICIES, json=policy("deep", [{"expression": deep}])))
+    assert "levels deep, at most 250 are allowed" in found["spec.validations[0].expression"]
+    deepest = "(" * 23 + "object.data.ok == 'yes'" + ")" * 23  # about as deep as allowed: it evaluates
+    created(admin, POLICIES, policy("deepest", [{"expression": deepest}]))
+    created(admin, BINDINGS, bind("deepest", "deepest"))
+    assert admin.post(CONFIGMAPS, json=configmap("deep", ok="no")).status_code == 422
+    assert admin.post(CONFIGMAPS, json=configmap("deep", ok="yes")).status_code == 201
+
+
+def test_a_policy_with_too_much_cel_is_refused_before_it_is_parsed(admin: httpx.Client) -> None:
+    long = " || ".join(["object.data.x == 'y'"] * 4000)
+    response = admin.post(POLICIES, json=policy("long", [{"expression": long}]))
+    assert response.status_code == 422
+    (cause,) = response.json()["details"]["causes"]
+    assert cause["field"] == "spec" and cause["message"].startswith("Too long: the CEL expressions of a policy may ")

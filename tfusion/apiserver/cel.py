@@ -31,6 +31,10 @@ a second whatever the rule or the list size; a macro over a list costs about 17 
 further rule evaluation for that object. Converting the JSON to CEL values is not metered: it is
 linear and cheap (under a microsecond a value, about a second for a 3 MiB body of small numbers).
 Rules run only on objects that passed schema validation, since they assume the schema's types.
+
+ValidatingAdmissionPolicy expressions (policies.py) use the same compiler, evaluator and meter with
+their own variables. Where cel-python departs from cel-go on something policies lean on, evaluation
+follows cel-go: a map or a list compared with null is simply unequal (`oldObject != null`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ from tfusion.apiserver.validation import Cause, forbidden, invalid_value, requir
 RULE_STEP_LIMIT: Final = 50_000
 OBJECT_STEP_BUDGET: Final = 100_000
 _CACHE_SIZE: Final = 128
+#: the interpreter recurses a few Python frames per AST level and an expression about 50 parentheses
+#: deep already exhausts Python's stack at evaluation; each parenthesis costs about ten levels, so this
+#: allows some twenty nested parentheses, and ordinary rules stay under 40 levels
+MAX_AST_DEPTH: Final = 250
 _MESSAGE_EXPRESSION_MAX: Final = 5 * 1024
 _MACROS: Final = frozenset({"all", "exists", "exists_one", "map", "filter"})
 #: names CEL resolves without a declaration (type values usable in `type(x) == int`)
@@ -123,12 +131,25 @@ def compile_expression(text: str, declared: frozenset[str] = RULE_VARIABLES) -> 
         where = f" at line {line}, column {column + 1}" if isinstance(line, int) and isinstance(column, int) else ""
         shown = " ".join(str(exc).split())
         raise CompileError(f"syntax error{where}: {shown}") from None
+    depth = _depth(ast)
+    if depth > MAX_AST_DEPTH:
+        raise CompileError(f"expression nests {depth} levels deep, at most {MAX_AST_DEPTH} are allowed")
     names = _identifiers(ast)
     bound = _macro_variables(ast)
     for name in names:
         if name not in bound and name not in _BUILTIN_NAMES and name not in declared:
             raise CompileError(f"undeclared reference to '{name}' (in container '')")
     return ast, "oldSelf" in names and "oldSelf" not in bound
+
+
+def _depth(ast: Ast) -> int:
+    """How deep the tree is (without recursing: it is the recursion this bounds)."""
+    deepest, stack = 0, [(ast, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in node.children if isinstance(child, lark.Tree))
+    return deepest
 
 
 def _identifiers(ast: Ast) -> list[str]:

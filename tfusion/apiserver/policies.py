@@ -22,8 +22,10 @@ null) and `variables`.
 Policies and bindings are checked when written (`validate`): an expression that does not compile,
 an unknown operation, reason or action is a 422 naming the field. Not supported, and refused as such:
 `paramKind` and `paramRef`, and the `authorizer` variable. Variables are computed eagerly, so one
-that fails makes its policy fail even where no validation reads it. CEL cost is bounded as for CRD
-rules (cel.py): one step budget per request across all its policies.
+that fails makes its policy fail even where no validation reads it. CEL work is bounded as for CRD
+rules (cel.py): one step budget per request across all its policies, and expressions nested deeper
+than the interpreter's stack allows are refused when written; the CEL text of one policy is bounded
+too, since it is parsed on the event loop.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ _VARIABLE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a binding without resourceRules of its own narrows nothing: it matches every resource
 _EVERYTHING: Final = [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*", "*/*"]}]
 _CACHE_SIZE: Final = 256
+#: all CEL text of one policy: parsing is linear but slow (about 0.6 s for 80 KB) and runs on the
+#: event loop, so it is bounded before anything is parsed
+MAX_EXPRESSION_CHARS: Final = 64 * 1024
 
 
 # ------------------------------------------------------------------------------ checking the objects
@@ -77,6 +82,11 @@ def validate(storage_key: str, obj: Mapping[str, Any]) -> list[Cause]:
 
 
 def _validate_policy(spec: Mapping[str, Any]) -> list[Cause]:
+    total = sum(len(text) for text in _expression_texts(spec))
+    if total > MAX_EXPRESSION_CHARS:
+        return [("spec", "FieldValueTooLong",
+                 f"Too long: the CEL expressions of a policy may hold {MAX_EXPRESSION_CHARS} characters in all, "
+                 f"these hold {total}")]
     causes = _one_of(spec.get("failurePolicy"), "spec.failurePolicy", ("Fail", "Ignore"), optional=True)
     if spec.get("paramKind") is not None:
         causes.append(forbidden("spec.paramKind", "parameter resources are not supported by this API server"))
@@ -100,6 +110,18 @@ def _validate_policy(spec: Mapping[str, Any]) -> list[Cause]:
     if not validations and not audits:
         causes.append(required("spec.validations", "validations or auditAnnotations must contain at least one item"))
     return causes
+
+
+def _expression_texts(spec: Mapping[str, Any]) -> list[str]:
+    found = []
+    for field, keys in (("matchConditions", ("expression",)), ("variables", ("expression",)),
+                        ("validations", ("expression", "messageExpression")),
+                        ("auditAnnotations", ("valueExpression",))):
+        items = spec.get(field)
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, Mapping):
+                found += [item[k] for k in keys if isinstance(item.get(k), str)]
+    return found
 
 
 def _validate_binding(spec: Mapping[str, Any]) -> list[Cause]:
@@ -409,6 +431,8 @@ def _evaluate(check: _Check, activation: dict[str, Any], request: _Request, what
         raise _Broken(f"{what} could not be evaluated: {detail}") from None
     except cel.OutOfSteps:
         raise _Broken(f"{what} ran out of its CEL cost budget") from None
+    except RecursionError:  # compiling bounds the depth; this is the last line of defence
+        raise _Broken(f"{what} nests too deeply to evaluate") from None
 
 
 def _message(check: _Check, activation: dict[str, Any], request: _Request) -> str:
