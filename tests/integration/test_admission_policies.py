@@ -8,6 +8,7 @@ conditions, variables, failure policies, binding actions, and policies refused w
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -371,3 +372,21 @@ def test_a_policy_with_too_much_cel_is_refused_before_it_is_parsed(admin: httpx.
     assert response.status_code == 422
     (cause,) = response.json()["details"]["causes"]
     assert cause["field"] == "spec" and cause["message"].startswith("Too long: the CEL expressions of a policy may ")
+
+
+@pytest.mark.skipif(not Path("/usr/bin/kubectl").exists(), reason="kubectl is not installed")
+def test_kubectl_applies_the_shipped_policy_twice(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["/usr/bin/kubectl", "--kubeconfig", apiserver.kubeconfig, "--cache-dir",
+                               str(tmp_path / "cache"), *args], capture_output=True, text=True, timeout=60)
+
+    first = kubectl("apply", "-f", str(SHIPPED_POLICY))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split("\n")[0].endswith(f"{POLICY} created")
+    changed = tmp_path / "policy.yaml"
+    changed.write_text(SHIPPED_POLICY.read_text().replace("validationActions: [Deny]", "validationActions: [Warn]"))
+    second = kubectl("apply", "-f", str(changed))
+    assert second.returncode == 0, second.stderr
+    assert f"validatingadmissionpolicybinding.admissionregistration.k8s.io/{POLICY} configured" in second.stdout
+    shown = kubectl("get", "validatingadmissionpolicybinding", POLICY, "-o", "jsonpath={.spec.validationActions}")
+    assert shown.stdout == '["Warn"]'

@@ -383,6 +383,12 @@ _KIND_SCHEMAS: Mapping[str, _Schema] = {
         "metadata": _nested(_OBJECT_META),
         "webhooks": _merged_list("name"),
     },
+    "ValidatingAdmissionPolicy": {
+        "metadata": _nested(_OBJECT_META),
+        "spec": _nested({"matchConditions": _merged_list("name")}),
+        "status": _nested(_CONDITIONS_STATUS),
+    },
+    "ValidatingAdmissionPolicyBinding": _METADATA_ONLY,
     "Deployment": _WORKLOAD,
     "ReplicaSet": _WORKLOAD,
     "Job": _WORKLOAD,
