@@ -1,8 +1,9 @@
 """What the running hypervisor leaves on disk and who may read it (issue 23): the local backend's
 state files and worker logs (commands, env, output) are 0600 in 0700 directories and temp copies
 left by a crash are removed at start; a soft worker pod's shared-memory file belongs to the identity
-its securityContext names (else to root alone); the device plugins' sockets are 0600, in a directory
-created 0700, while a kubelet directory that already exists keeps its mode.
+its securityContext names (else to root alone, until the limiter registers a process: then to that
+process's user); the device plugins' sockets are 0600, in a directory created 0700, while a kubelet
+directory that already exists keeps its mode.
 
 Every test runs under umask 0, so each mode asserted is one the hypervisor set, not one the umask
 narrowed."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +101,7 @@ async def soft_pod(kube: KubeClient, name: str, gpu: str, security: dict[str, in
 async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHandle, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     kube = await KubeClient.connect(apiserver.kubeconfig)
+    children: list[subprocess.Popen[bytes]] = []
     try:
         await setup_node(kube)
         async with soft_hypervisor(apiserver, tmp_path) as http:
@@ -115,8 +118,34 @@ async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHand
             assert mode(shm) == 0o700 and mode(tmp_path / "shm") == 0o700
             info = os.stat(unknown)
             assert (info.st_uid, mode(unknown), mode(unknown.parent)) == (0, 0o600, 0o700)
+
+            # the image's user shows itself when the limiter registers a process: the file becomes its
+            async def register(pod: str, uid: int) -> None:
+                child = pod_process(pod, uid)
+                children.append(child)
+                meta = await kube.get(PODS, pod, namespace="default")
+                token = await kube.request_token("default", "default",
+                                                 bound_pod={"name": pod, "uid": meta["metadata"]["uid"]})
+                answer = (await http.post("/api/v1/process", headers={"Authorization": f"Bearer {token}"},
+                                          params={"container_name": "main", "container_pid": str(child.pid)})).json()
+                assert answer["success"] is True, answer
+
+            await register("runs-as-image-user", 4500)
+            assert [(os.stat(p).st_uid, mode(p)) for p in (unknown, unknown.parent)] == [(4500, 0o600), (4500, 0o700)]
+            await register("runs-as-image-user", 4600)  # only the first: no process takes it from another
+            await register("runs-as-4100", 4600)  # a pod that names its user keeps it
+            assert os.stat(unknown).st_uid == 4500 and (os.stat(ours).st_uid, os.stat(ours).st_gid) == (4100, 4200)
     finally:
+        for child in children:
+            child.kill()
+            child.wait()
         await kube.close()
+
+
+def pod_process(pod: str, uid: int) -> subprocess.Popen[bytes]:
+    """A process of user `uid` that /proc shows as the pod's container `main` (as the limiter's is)."""
+    env = {"POD_NAME": pod, "POD_NAMESPACE": "default", "CONTAINER_NAME": "main"}
+    return subprocess.Popen(["/bin/sleep", "60"], env=env, user=uid, group=uid, extra_groups=[])
 
 
 async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, tmp_path: Path) -> None:

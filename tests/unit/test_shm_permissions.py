@@ -99,6 +99,11 @@ def test_the_pods_user_and_group_may_open_it_and_nobody_else(tmp_path: Path, ope
     nobody = store.create("ml", "root-only", [A100])
     nobody.close()
     assert open_as(nobody.path.parent, 4100, 4200) == errno.EACCES
+    # handed to the user its process runs as; opening it again without an owner keeps that user
+    store.hand_over("ml", "root-only", ShmOwner(uid=4100))
+    store.open("ml", "root-only").close()
+    assert (owner(nobody.path), mode(nobody.path), store.owner_uid("ml", "root-only")) == ((4100, 0), 0o600, 4100)
+    assert open_as(nobody.path.parent, 4100, 4100) == 0 and open_as(nobody.path.parent, 4300, 0) == errno.EACCES
 
 
 @as_root

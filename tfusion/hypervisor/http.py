@@ -7,12 +7,21 @@ The two routes that identify a calling pod (`GET /api/v1/pod` with a token or co
 UID the API server vouches for. For a soft worker both also make sure its shared-memory file
 exists (opened, or created only when missing; a file that exists but is unusable is reported as
 `Failed to prepare shared memory: ...`, never truncated), and `/process` adds the host PID to the
-file's PID set (dropping PIDs that have exited). The token comes as `Authorization: Bearer <token>` or, as the
-original also accepts, as the raw `Authorization: <token>`. The original decodes the JWT without
-checking its signature; we do not.
+file's PID set (dropping PIDs that have exited) and, for a pod whose securityContext names no user,
+gives the file to the user that process runs as (`SoftIsolation.hand_to_caller`). The token comes
+as `Authorization: Bearer <token>` or, as the original also accepts, as the raw
+`Authorization: <token>`. The original decodes the JWT without checking its signature; we do not.
+
+`GET /api/v1/pod` with neither a token nor container_name is the seed's troubleshooting listing:
+each worker with an allocation here, with only its name, namespace, GPUs, limits and QoS (less
+than the equally open `/api/v1/workers`). It is not authenticated, like every route but the two
+above: the node API relies on network isolation.
 
 Bodies are the Structs of `http_bodies` (so the OpenAPI document describes them); errors are raised
-as `HttpError`/`ApiError` and answered by the shared edge in `tfusion.web`.
+as `HttpError`/`ApiError` and answered by the shared edge in `tfusion.web`. The document describes
+exactly the routes this hypervisor serves: creating and deleting workers exist only with the local
+backend, and each path's OPTIONS answer lists all of its methods (a test runs schemathesis
+`--checks all` against both backends).
 
 Bounded input: `POST /api/v1/workers` takes at most 1 MiB (413 beyond), parsed by the bounded
 JSON reader (`tfusion.api.documents`: 400 for a document over 100 levels deep or a number beyond
@@ -386,6 +395,9 @@ def _register_pid(ctx: HypervisorContext, allocation: WorkerAllocation, host_pid
 
     try:
         ctx.soft.register_pid(allocation, host_pid)
+        uid = ctx.procfs.effective_uid(host_pid)
+        if uid is not None:
+            ctx.soft.hand_to_caller(allocation, uid)
     except (ShmError, OSError) as exc:
         log.warning("cannot register PID %d of worker %s/%s: %s", host_pid, allocation.worker.namespace,
                     allocation.worker.name, exc)

@@ -8,7 +8,8 @@ is the hypervisor's side of that contract (reference hypervisor §5):
 - a soft worker with an allocation on this node gets `<shm-root>/<namespace>/<pod>/shm`: opened as
   it is when it exists (a restarted hypervisor keeps the buckets the limiter is using), created
   when it does not (or when it is not a V2 file: the hypervisor owns its workers' files); only
-  root and the identity the pod runs as may open it (`shm_owner`; `store.py` says how);
+  root and the identity the pod runs as may open it (`shm_owner`; `store.py` says how) or, for a
+  pod that names no user, the user of the first process it registers (`hand_to_caller`);
 - every tick (500 ms): the heartbeat, each device's `pod_memory_used` (the GPU processes whose PID
   is registered in the file or that /proc ties to the worker; a one-device worker whose per-device
   sum is 0 gets its total over all devices, as upstream), the limits when the allocation changed,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +84,10 @@ def device_configs(allocation: WorkerAllocation) -> list[DeviceConfig]:
 def shm_owner(allocation: WorkerAllocation) -> ShmOwner:
     """Who besides root may open the worker's file: the identity its pod runs as (store.py says how)."""
     return ShmOwner(uid=allocation.worker.run_as_user, gid=allocation.worker.shared_group)
+
+
+def names_no_identity(allocation: WorkerAllocation) -> bool:
+    return allocation.worker.run_as_user is None and allocation.worker.shared_group is None
 
 
 @dataclass
@@ -148,6 +154,22 @@ class SoftIsolation:
         state.remove_pids(lambda pid: not pid_alive(pid))
         state.add_pid(host_pid)
         return state.pids()
+
+    def hand_to_caller(self, allocation: WorkerAllocation, uid: int) -> bool:
+        """A pod whose securityContext names no user runs as its image's user, which the hypervisor
+        learns only when the limiter registers a process (`POST /api/v1/process`): the file, still
+        root's, goes to that user (0600). Only once, only as root, never to root's own processes;
+        returns whether it was handed over."""
+        if not names_no_identity(allocation) or uid == 0 or os.geteuid() != 0:
+            return False
+        ns, name = allocation.worker.namespace, allocation.worker.name
+        self.ensure_for(allocation)
+        if self.store.owner_uid(ns, name) != os.geteuid():
+            return False
+        self.store.hand_over(ns, name, ShmOwner(uid=uid))
+        log.info("shared memory of worker %s/%s handed to user %d, which its registered process runs as "
+                 "(the pod's securityContext names no user)", ns, name, uid)
+        return True
 
     def _handle(self, allocation: WorkerAllocation) -> _Handle:
         """The mapped file of a soft worker, opened or created, with its limits current (path (a))."""

@@ -27,7 +27,8 @@ namespace directories are 0700. The pod directory and the file belong to the pod
 
 Ownership is changed only when the hypervisor runs as root (as the DaemonSet does); the modes are
 set with fchmod/chmod, whatever the umask, on `create` and on `open` too, so a file an older run
-left 0666 is narrowed.
+left 0666 is narrowed. `open` without an owner leaves the file's owner as it is, so a file handed
+over with `hand_over` (the limiter/soft.py fallback for a pod that names no user) stays its user's.
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ class ShmStore:
             state.close()
             raise ShmError(f"{path}: discriminant {found}; a V2 shared-memory file has {lay.DISCRIMINANT_V2}")
         return state
+
+    def owner_uid(self, namespace: str, pod: str) -> int:
+        """The user that owns the file now."""
+        return os.stat(self.path(namespace, pod), follow_symlinks=False).st_uid
+
+    def hand_over(self, namespace: str, pod: str, owner: ShmOwner) -> None:
+        """Give an existing file and its pod directory to `owner` (contents unchanged)."""
+        path = self.path(namespace, pod)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            self._pod_directory(path, owner)
+            _hand_over(fd, owner, owner.file_mode)
+        finally:
+            os.close(fd)
 
     def ensure(self, namespace: str, pod: str, devices: Sequence[DeviceConfig],
                owner: ShmOwner = ROOT_ONLY) -> tuple[SharedState, bool]:

@@ -103,6 +103,14 @@ class ProcFS:
                 return line.split(":", 1)[1].split()
         return []
 
+    def effective_uid(self, pid: int) -> int | None:
+        """The user a process acts as (the second `Uid:` field, as the host sees it); None when gone."""
+        fields = self.status_field(pid, "Uid")
+        try:
+            return int(fields[1]) if len(fields) > 1 else None
+        except ValueError:
+            return None
+
     def container_pid(self, pid: int) -> int:
         """The innermost PID namespace's PID (last NSpid field); the host PID when unknown."""
         fields = self.status_field(pid, "NSpid")
