@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from tests.integration.test_progressive_migration import NATIVE_GPUS, running_wo
 from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.controller.scheduling.assignments import DEFAULT_SERVICE_ACCOUNT
 from tfusion.kube import resources as r
 from tfusion.settings import Settings
 
@@ -52,8 +54,13 @@ HOOKS = Path(__file__).with_name("schemathesis_contract_hooks.py")
 # --- the stack -----------------------------------------------------------------------------------
 
 
-async def _seed(apiserver: ApiServerHandle) -> None:
+async def _seed(apiserver: ApiServerHandle, operator_namespace: str) -> str:
+    """The objects of the module docstring; returns a token of the controller's own ServiceAccount
+    (what the index and host-port routes accept)."""
     async with kube_client(apiserver) as kube:
+        await kube.create(r.NAMESPACES, {"metadata": {"name": operator_namespace}})
+        await kube.create(r.SERVICEACCOUNTS, {"metadata": {"name": DEFAULT_SERVICE_ACCOUNT}},
+                          namespace=operator_namespace)
         await create_pool(kube)
         await kube.patch(r.GPUPOOLS, POOL, {"metadata": {"annotations": {tfa.IS_DEFAULT_POOL: "true"}}})
         await kube.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
@@ -64,6 +71,7 @@ async def _seed(apiserver: ApiServerHandle) -> None:
         await create_gpu(kube, "gpu-a1", "node-a")
         await create_gpu(kube, "gpu-b1", "node-b")
         await kube.create(r.PODS, running_worker("worker-b", "node-b"))
+        return await kube.request_token(operator_namespace, DEFAULT_SERVICE_ACCOUNT)
 
 
 async def _serve(settings: Settings, *, task_status: Any) -> None:
@@ -106,22 +114,28 @@ def native_pod(gpus: str | int = "1") -> dict[str, Any]:
     return pod
 
 
+@dataclass
+class Controller:
+    url: str
+    token: str  # of the controller's own ServiceAccount
+
+
 @pytest.fixture(scope="module")
-def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The controller's base URL, once its allocator holds both GPUs and its scheduler knows the
-    native resource and the busy node."""
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
+    """The controller, once its allocator holds both GPUs and its scheduler knows the native
+    resource and the busy node."""
     root = tmp_path_factory.mktemp("fuzz")
     apiserver = ApiServerHandle(root / "state.db", root / "kubeconfig").start()
     try:
         apply_crds_sync(apiserver)
         settings = settings_for(apiserver, root, progressive_migration=True, enable_webhooks=False)
         with anyio.from_thread.start_blocking_portal() as portal:
-            portal.call(_seed, apiserver)
+            token = portal.call(_seed, apiserver, settings.operator_namespace)
             future, port = portal.start_task(_serve, settings)
             base = f"http://127.0.0.1:{port}"
             try:
                 wait_until_ready(base)
-                yield base
+                yield Controller(base, token)
             finally:
                 future.cancel()
     finally:
@@ -145,8 +159,8 @@ def wait_until_ready(base: str, timeout: float = 60.0) -> None:
 
 
 @pytest.fixture
-def http(controller: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=controller, timeout=HANG_S) as client:
+def http(stack: Controller) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=HANG_S) as client:
         yield client
 
 
@@ -371,17 +385,19 @@ def test_generated_pods_never_get_a_5xx(http: httpx.Client) -> None:
 # --- schemathesis against the controller's OpenAPI document ---------------------------------------
 
 
-def test_schemathesis_runs_every_check_clean(controller: str, tmp_path: Path) -> None:
+def test_schemathesis_runs_every_check_clean(stack: Controller, tmp_path: Path) -> None:
     """`schemathesis run --checks all` (examples, coverage and fuzzing phases, positive and negative
     data), with `not_a_server_error` replaced by the stricter hook of schemathesis_contract_hooks.py
     that lets through only the documented 500 to a foreign schedulerName. Deterministic (a fixed
-    seed) and bounded (--max-examples); the routes that need a ServiceAccount token are called
-    without one, so they are checked up to their 401."""
+    seed) and bounded (--max-examples). Every request carries the controller's ServiceAccount
+    token, so the index and host-port routes answer past their token check; /api/connection,
+    which wants a token bound to a client pod, answers 401."""
     config = tmp_path / "schemathesis.toml"
     config.write_text(f"hooks = {json.dumps(str(HOOKS))}\n")
     command = [
         str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "--no-color", "run",
-        f"{controller}/schema/openapi.json", "--checks", "all", "--exclude-checks", "not_a_server_error",
+        f"{stack.url}/schema/openapi.json", "-H", f"Authorization: Bearer {stack.token}",
+        "--checks", "all", "--exclude-checks", "not_a_server_error",
         "--max-examples", "40", "--seed", "23", "--workers", "1", "--continue-on-failure",
         "--generation-database", "none", "--request-timeout", str(HANG_S), "--max-response-time", str(HANG_S),
     ]

@@ -20,13 +20,17 @@ import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 from litestar import MediaType, Request, Response, get, post
+from litestar.enums import ParamType
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPIType, Operation, Schema
+from litestar.openapi.spec import Parameter as OpenAPIParameter
 
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
@@ -269,15 +273,26 @@ _TEXT_ERRORS = {
                          (500, "a bug"), (503, "no leader answered in time, or no free port left"))}
 
 
+@dataclass
+class _PodNameOperation(Operation):
+    """Documents `podName` as a required query parameter. The handler reads it itself, after the
+    token check, as the original does (a declared parameter would be checked before the token)."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), OpenAPIParameter(
+            name="podName", param_in=ParamType.QUERY, required=True, description="the pod's name",
+            schema=Schema(type=OpenAPIType.STRING, min_length=1))]
+
+
 def assignment_handlers(service: Assignments) -> list[Any]:
     @get("/api/assign-index", media_type=MediaType.TEXT, summary="A pod index (1..128) from the leader",
-         after_request=_as_is, responses=_TEXT_ERRORS)
+         after_request=_as_is, responses=_TEXT_ERRORS, operation_class=_PodNameOperation)
     async def assign_index(request: Request[Any, Any, Any]) -> Response[str]:
         return await service.answer(request, "index")
 
     @post("/api/assign-host-port", media_type=MediaType.TEXT, status_code=200,
           summary="A cluster-level host port from the leader", request_max_body_size=1024, after_request=_as_is,
-          responses=_TEXT_ERRORS)
+          responses=_TEXT_ERRORS, operation_class=_PodNameOperation)
     async def assign_host_port(request: Request[Any, Any, Any]) -> Response[str]:
         return await service.answer(request, "port")
 
