@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ async def test_a_pod_named_a_dot_is_refused_with_422(apiserver: Any, kube: KubeC
 
 # --- fuzz ----------------------------------------------------------------------------------------
 
-FUZZ = settings(max_examples=120, deadline=None, database=None,
+FUZZ = settings(max_examples=int(os.environ.get("TFUSION_FUZZ_EXAMPLES", "120")), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
@@ -207,7 +208,11 @@ PATHS = ["metadata", "metadata.name", "metadata.generateName", "metadata.labels"
          "spec.containers.0.resources", "spec.containers.0.resources.limits", "spec.containers.0.ports",
          "spec.containers.0.env", "spec.containers.0.volumeMounts", "spec.initContainers", "spec.volumes",
          "spec.tolerations", "spec.affinity", "spec.nodeSelector", "spec.schedulerName", "spec.priorityClassName",
-         "spec.hostNetwork"]
+         "spec.hostNetwork", "spec.containers.0.env.0", "spec.containers.0.env.0.value", "spec.containers.0.ports.0",
+         "spec.containers.0.ports.0.name", "spec.containers.0.volumeMounts.0", "spec.containers.0.resources.requests",
+         "metadata.labels.app", "metadata.namespace", "metadata.ownerReferences.0", "metadata.ownerReferences.0.name",
+         "metadata.ownerReferences.0.uid", "metadata.ownerReferences.0.controller", "spec.securityContext",
+         "spec.containers.0.securityContext", "spec.containers.0.image", "spec.containers.0.command"]
 ANNOTATION_KEYS = [tfa.TFLOPS_REQUEST, tfa.VRAM_REQUEST, tfa.TFLOPS_LIMIT, tfa.VRAM_LIMIT, tfa.GPU_COUNT, tfa.QOS,
                    tfa.ISOLATION, tfa.SIDECAR_WORKER, tfa.IS_LOCAL_GPU, tfa.GPU_POOL, tfa.INJECT_CONTAINER,
                    tfa.GANG_ENABLED, tfa.GPU_INDICES, tfa.COMPUTE_PERCENT_REQUEST, tfa.DEDICATED_GPU,
@@ -224,7 +229,8 @@ def pods(draw: st.DrawFn) -> Any:
                                   st.sampled_from(["auto", "http", "x", ""]), max_size=2))
     body = pod(draw(st.sampled_from(["fz", "a.", "fz-" + "x" * 250])), notes, labels=labels, containers=[
         {"name": "app", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}},
-         "ports": [{"name": "http", "containerPort": 80}], "env": [], "volumeMounts": []}])
+         "ports": [{"name": "http", "containerPort": 80}], "env": [{"name": "A", "value": "1"}],
+         "volumeMounts": [{"name": "v", "mountPath": "/v"}]}])
     if draw(st.booleans()):
         body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": draw(st.sampled_from(
             ["ReplicaSet", "Job", "StatefulSet", "Other"])), "name": draw(st.sampled_from(["rs", "a.", "x/y", ""])),

@@ -143,7 +143,7 @@ class OwnerResolver:
     async def _walk(self, ref: Obj, namespace: str) -> Owner:
         direct = _reference(ref)
         resource = _OWNER_KINDS.get((_group(str(ref.get("apiVersion") or "")), str(ref.get("kind") or "")))
-        if resource is None:
+        if resource is None or not ref.get("name"):  # no name: nothing to look up (the API server refuses it)
             return Owner(workload_name=str(ref.get("name")), reference=direct, counter_owner=direct)
         self.lookups += 1
         try:
