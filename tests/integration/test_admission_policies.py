@@ -390,3 +390,15 @@ def test_kubectl_applies_the_shipped_policy_twice(apiserver: ApiServerHandle, tm
     assert f"validatingadmissionpolicybinding.admissionregistration.k8s.io/{POLICY} configured" in second.stdout
     shown = kubectl("get", "validatingadmissionpolicybinding", POLICY, "-o", "jsonpath={.spec.validationActions}")
     assert shown.stdout == '["Warn"]'
+
+
+def test_admission_configuration_is_exempt_so_a_policy_refusing_everything_can_be_unbound(
+        admin: httpx.Client) -> None:
+    everything = {"resourceRules": [{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*", "*/*"],
+                                     "operations": ["*"]}]}
+    created(admin, POLICIES, policy("wall", [{"expression": "false", "message": "nothing passes"}],
+                                    matchConstraints=everything))
+    created(admin, BINDINGS, bind("wall", "wall"))
+    assert admin.post(CONFIGMAPS, json=configmap("blocked")).json()["message"].endswith("nothing passes")
+    assert admin.delete(f"{BINDINGS}/wall").status_code == 200
+    assert admin.post(CONFIGMAPS, json=configmap("blocked")).status_code == 201

@@ -17,7 +17,8 @@ it; `Warn` and `Audit` are logged. An expression that fails to evaluate follows 
 `failurePolicy` (Fail refuses, Ignore skips the policy). Expressions see `object`, `oldObject`
 (null on create, resp. delete), `request` (kind, resource, subResource, name, namespace, operation,
 userInfo with username, groups and extra, dryRun, options), `namespaceObject`, `params` (always
-null) and `variables`.
+null) and `variables`. Writes of admission configuration (admissionregistration.k8s.io) are
+exempt, as in kube, so that no policy can lock itself in.
 
 Policies and bindings are checked when written (`validate`): an expression that does not compile,
 an unknown operation, reason or action is a 422 naming the field. Not supported, and refused as such:
@@ -65,6 +66,7 @@ _VARIABLE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a binding without resourceRules of its own narrows nothing: it matches every resource
 _EVERYTHING: Final = [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*", "*/*"]}]
 _CACHE_SIZE: Final = 256
+_ADMISSION_GROUP: Final = "admissionregistration.k8s.io"
 #: all CEL text of one policy: parsing is linear but slow (about 0.6 s for 80 KB) and runs on the
 #: event loop, so it is bounded before anything is parsed
 MAX_EXPRESSION_CHARS: Final = 64 * 1024
@@ -300,8 +302,11 @@ class _Broken(Exception):
 
 def admit(store: Store, operation: str, info: ResourceInfo, subresource: str, obj: dict[str, Any] | None,
           old: dict[str, Any] | None, *, dry_run: bool) -> None:
-    """Judge one write by every bound policy; raises the ApiError of the first binding that denies it."""
-    if store.count(BINDINGS) == 0:
+    """Judge one write by every bound policy; raises the ApiError of the first binding that denies it.
+
+    Admission configuration itself is exempt, as in kube: a policy refusing everything can still be
+    unbound."""
+    if store.count(BINDINGS) == 0 or info.group == _ADMISSION_GROUP:
         return
     attrs = _attributes(operation, info, subresource, obj, old, dry_run)
     labels = _namespace_labels(store, attrs)
