@@ -154,8 +154,8 @@ class Services:
         return 201, result
 
     def _bound_to(self, namespace: str, account: str, bound: Any) -> tuple[str | None, ...]:
-        """(pod name, pod uid, node name, node uid) of a token bound to `bound`: a Pod, or a Node (as kube
-        1.33 allows). A pod's node goes in too, with the Node's uid when it exists (kube 1.30 and later)."""
+        """(pod name, pod uid, node name, node uid) of a token bound to `bound`: a Pod, or a Node (kube's
+        node-bound tokens). A pod's node goes in too, with the Node's uid when it exists (kube 1.30+)."""
         if not bound:
             return None, None, None, None
         kind = bound.get("kind")
