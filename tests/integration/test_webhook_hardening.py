@@ -288,3 +288,39 @@ async def test_a_mark_left_by_a_controller_killed_meanwhile_is_acted_on_at_start
         reconcilers = ctl.runtime.reconcilers
         assert reconcilers is not None and reconcilers.workload.abandoned == 1
         assert await workload_names(kube, "users-own") == ["users-own"]
+
+
+async def test_a_bare_pod_gone_before_it_adopted_its_workload_leaves_none(
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+    """A pod of the workload that has yet to become its owner keeps the workload marked (and
+    kept); once that pod is gone without adopting it, nothing would ever own it, so it goes."""
+    async with controllers() as tg:
+        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+        reconcilers = ctl.runtime.reconcilers
+        assert reconcilers is not None
+        reconcilers.workload.admission_grace = 1.0
+        await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {
+            "name": "unadopted", "namespace": "default",
+            "annotations": {AWAITING_POD: dt.datetime.now(dt.UTC).isoformat()}}, "spec": {
+            "poolName": "pool-a", "resources": {"requests": {"tflops": "1", "vram": "1Gi"},
+                                                "limits": {"tflops": "1", "vram": "1Gi"}}}}, namespace="default")
+        # a worker of it whose adoption is still pending (it names a workload that is not there)
+        await kube.create(r.PODS, {"metadata": {
+            "name": "worker", "namespace": "default",
+            "labels": {tfa.COMPONENT: tfa.COMPONENT_WORKER, tfa.WORKLOAD: "unadopted"},
+            "annotations": {tfa.PENDING_OWNED_WORKLOAD: "not-yet"}},
+            "spec": {"containers": [{"name": "app", "image": "x"}]}}, namespace="default")
+
+        async def counted() -> bool:
+            found = await kube.get(r.TENSORFUSIONWORKLOADS, "unadopted", namespace="default")
+            return (found.get("status") or {}).get("workerCount") == 1
+
+        await eventually(counted, what="the workload reconciled with its pod in the cache")
+        found = await kube.get(r.TENSORFUSIONWORKLOADS, "unadopted", namespace="default")
+        assert AWAITING_POD in found["metadata"]["annotations"]  # not confirmed by a pod yet to adopt it
+        await kube.delete(r.PODS, "worker", namespace="default")
+
+        async def unadopted_gone() -> bool:
+            return await workload_names(kube, "unadopted") == []
+
+        await eventually(unadopted_gone, timeout=30, what="the workload nothing will own deleted")

@@ -19,10 +19,12 @@
   when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
   ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
 - A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
-  pod of it exists (a worker labelled with it, or a remote client that selected it) the mark goes;
-  when none has appeared `admission_grace` seconds after the mark, the workload is deleted (the
-  pod it was made for never came). Every workload is reconciled when the leader starts, so a mark
-  left by a controller killed meanwhile is acted on then.
+  pod of it exists (a worker labelled with it, or a remote client that selected it) and, for a bare
+  pod, has become its owner (its pending-owned-workload annotation gone; until then the workload is
+  never deleted), the mark goes; when none has appeared `admission_grace` seconds after the mark,
+  the workload is deleted (the pod it was made for never came, or went before adopting it). Every
+  workload is reconciled when the leader starts, so a mark left by a controller killed meanwhile is
+  acted on then.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ FINISHED = ("Succeeded", "Failed")
 ADMITTED_INDEX = "admitted-workload"
 #: how long a workload the webhook created waits for its pod before it is deleted
 ADMISSION_GRACE_S = 60.0
+#: how soon a workload whose bare pod is still to adopt it is looked at again
+ADOPTION_RETRY_S = 3.0
 
 
 def workload_key(pod: Obj) -> list[str]:
@@ -168,10 +172,13 @@ class WorkloadReconciler:
         """A workload the webhook created: (deleted, seconds until the grace ends). The mark goes
         once a pod of it exists; the workload goes when none came within the grace."""
         namespace = str(meta(workload).get("namespace") or "")
-        if self.pods.by_index(ADMITTED_INDEX, key):
+        pods = self.pods.by_index(ADMITTED_INDEX, key)
+        if any(tfa.PENDING_OWNED_WORKLOAD not in annotations_of(p) for p in pods):
             await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, name_of(workload), {"metadata": {
                 "annotations": {AWAITING_POD: None}}}, namespace=namespace)
             return False, None
+        if pods:  # a bare pod the pod reconciler has yet to make the owner: confirmed once it has
+            return False, ADOPTION_RETRY_S
         since = awaiting_pod_since(workload) or dt.datetime.now(dt.UTC)
         left = self.admission_grace - (dt.datetime.now(dt.UTC) - since).total_seconds()
         if left > 0:
