@@ -118,6 +118,7 @@ def native_pod(gpus: str | int = "1") -> dict[str, Any]:
 class Controller:
     url: str
     token: str  # of the controller's own ServiceAccount
+    apiserver: ApiServerHandle
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
             base = f"http://127.0.0.1:{port}"
             try:
                 wait_until_ready(base)
-                yield Controller(base, token)
+                yield Controller(base, token, apiserver)
             finally:
                 future.cancel()
     finally:
@@ -294,6 +295,48 @@ def test_every_field_the_scheduler_reads_still_works(http: httpx.Client) -> None
     assert "node(s) didn't match Pod's node affinity/selector" in error["message"], error
     native = http.post(SIMULATE, json=native_pod(3)).json()  # more than node-a's 2
     assert "Insufficient nvidia.com/gpu" in native["error"]["message"], native["error"]
+
+
+# --- a Pod the API server stores but the scheduler cannot read ----------------------------------
+
+
+def scheduled_condition(apiserver: ApiServerHandle, name: str) -> dict[str, Any] | None:
+    with apiserver.sync_http() as api:
+        pod = api.get(f"/api/v1/namespaces/default/pods/{name}").json()
+    if (pod.get("spec") or {}).get("nodeName"):
+        return {"bound": pod["spec"]["nodeName"]}
+    found = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+    return found[0] if found else None
+
+
+def eventually(check: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controller) -> None:
+    """The embedded API server checks only the JSON types kube's decoding would (a node affinity of
+    3 passes it); the built-in scheduler reads such a Pod through the same check as
+    simulate-schedule and marks it unschedulable with the field, instead of failing its loop:
+    the next Pod is still bound."""
+    spec = {"schedulerName": SCHEDULER, "containers": [{"name": "c", "image": "app"}]}
+    with stack.apiserver.sync_http() as api:
+        created = api.post("/api/v1/namespaces/default/pods", json={
+            "metadata": {"name": "unreadable"}, "spec": {**spec, "affinity": {"nodeAffinity": 3}}})
+        assert created.status_code == 201, created.text
+        condition = eventually(lambda: scheduled_condition(stack.apiserver, "unreadable"),
+                               "a PodScheduled condition on the unreadable pod")
+        assert condition.get("reason") == "Unschedulable", condition
+        assert "spec.affinity.nodeAffinity: 3 is not allowed" in condition["message"], condition
+        created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "plain"}, "spec": spec})
+        assert created.status_code == 201, created.text
+        bound = eventually(lambda: scheduled_condition(stack.apiserver, "plain"), "the plain pod bound")
+        assert bound == {"bound": "node-a"}, bound  # node-b's taint is not tolerated
 
 
 # --- generated Pods --------------------------------------------------------------------------------

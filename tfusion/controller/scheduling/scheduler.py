@@ -64,6 +64,7 @@ from tfusion.controller.scheduling.binder import (
     post_binding,
 )
 from tfusion.controller.scheduling.defaults import default_pool_name
+from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
@@ -482,6 +483,13 @@ class Scheduler:
         return request_from_pod(pod, default_pool=default_pool_name(pools))
 
     def decide(self, pod: Obj, fw: Framework) -> Decision:
+        # the API server checks only the JSON types kube's decoding would; a field the readers below
+        # cannot take (a node affinity of 3, a negative request) would otherwise fail the loop
+        problem = pod_problem(pod)
+        if problem:
+            return Decision(why=self._why_text(
+                pod, f"0/{len(self.nodes)} nodes are available: the pod cannot be scheduled: {problem}.",
+                Code.UNRESOLVABLE))
         demand = nc.pod_demand(pod)
         if not asks_for_gpus(pod):
             native = nc.extended_requests(pod, self.native_resource_names())
