@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.apiserver import shapes
+from tfusion.apiserver.limits import THREAD_THRESHOLD
 from tfusion.apiserver.validation import validate_name
 from tfusion.apiserver.webhooks import client_ca_path
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
@@ -257,10 +259,12 @@ class WebhookService:
         if (request.operation != "CREATE" or request.resource.resource != "pods" or request.subResource
                 or request.kind.kind not in ("Pod", "")):
             return allowed(request.uid)
-        pod = request.pod()
+        if len(request.object) > THREAD_THRESHOLD:  # a few MiB take a few hundred ms to read and check
+            pod, problem = await anyio.to_thread.run_sync(_read_pod, request)
+        else:
+            pod, problem = _read_pod(request)
         if pod is None:
             return denied(request.uid, 400, "the AdmissionReview carries no pod object")
-        problem = shapes.mismatch(_POD_SHAPE, pod)
         if problem:  # kube-apiserver never sends such a pod; anyone else gets told what is wrong
             return denied(request.uid, 400, f"request.object is not a Pod: {problem}")
         try:
@@ -385,6 +389,12 @@ class WebhookService:
 
 #: the JSON types of the pod fields the mutation reads, as the API server checks them on a write
 _POD_SHAPE = shapes.KIND_SHAPES["/pods"]
+
+
+def _read_pod(request: AdmissionRequest) -> tuple[Obj | None, str]:
+    """The pod (None: there is none) and the first field of the wrong type ("" when none is)."""
+    pod = request.pod()
+    return pod, "" if pod is None else shapes.mismatch(_POD_SHAPE, pod)
 _WORKLOADS_STORAGE = f"{r.TENSORFUSIONWORKLOADS.group}/{r.TENSORFUSIONWORKLOADS.plural}"
 
 
