@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -18,6 +17,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
+from tfusion.api import strconv
 from tfusion.apiserver import discovery, errors, limits, rbac, tables
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.objects import Engine
@@ -53,10 +53,13 @@ class Request:
         self.receive = receive
         self.method: str = scope["method"]
         self.path: str = scope["path"]
-        self.params = {
-            k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True).items()
+        # bytes that are not UTF-8 cannot name anything we serve or match a token: they become U+FFFD here,
+        # before the try that turns errors into a Status, rather than raising
+        query = scope.get("query_string", b"").decode("utf-8", "replace")
+        self.params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        self.headers = {
+            k.decode("latin-1").lower(): v.decode("utf-8", "replace") for k, v in scope.get("headers", ())
         }
-        self.headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", ())}
         self.body = b""
         self._decoded: Any = _NOT_DECODED
         #: who the request acts as (after impersonation); the admin where the server checks no token
@@ -247,7 +250,8 @@ class ApiApp:
         if header.startswith("Bearer "):
             presented = header[7:].strip()
             assert self.token is not None
-            if hmac.compare_digest(presented, self.token):
+            # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500)
+            if hmac.compare_digest(presented.encode(), self.token.encode()):
                 return ADMIN
             if self.authenticate is not None:
                 user = self.authenticate(presented)
@@ -489,12 +493,15 @@ class ApiApp:
             if not isinstance(body, dict):
                 raise errors.bad_request("DeleteOptions must be a JSON object")
             options.update(body)
-        for key in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
+        for key in ("propagationPolicy", "orphanDependents"):
             if key in request.params:
                 value: Any = request.params[key]
                 if key == "orphanDependents":
                     value = value == "true"
                 options[key] = value
+        grace = int_param(request.params, "gracePeriodSeconds")
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
         _check_delete_options(options)
         return options
 
@@ -514,11 +521,10 @@ class ApiApp:
     async def _list(self, request: Request, target: Target, send: Send) -> None:
         info = target.info
         labels, fields = self._selectors(request)
-        limit_text = request.params.get("limit", "")
-        try:
-            limit = int(limit_text) if limit_text else 0
-        except ValueError:
-            raise errors.bad_request(f"invalid limit: {limit_text!r}") from None
+        # kube decodes every ListOptions parameter of a list, even those only a watch uses
+        limit = int_param(request.params, "limit") or 0
+        _watch_timeout(request.params)
+        _resource_version(request.params)
         rv = self.engine.store.rv
         entries, token, remaining = self.engine.list(
             info,
@@ -556,10 +562,9 @@ class ApiApp:
             from tfusion.apiserver.selectors import parse_field_selector
 
             fields = parse_field_selector(f"metadata.name={target.name}")
-        rv = request.params.get("resourceVersion") or None
-        if rv is not None and rv != "0" and not (rv.isdigit() and rv.isascii() and int(rv) < 2**64):
-            raise errors.bad_request(f"invalid resourceVersion {rv!r}: must be a non-negative 64-bit integer")
-        timeout = _watch_timeout(request.params.get("timeoutSeconds", ""))
+        rv = _resource_version(request.params)
+        timeout = _watch_timeout(request.params)
+        int_param(request.params, "limit")
         initial_events = {"true": True, "false": False}.get(request.params.get("sendInitialEvents", ""))
         if initial_events and request.params.get("allowWatchBookmarks") != "true":
             raise errors.invalid(
@@ -671,20 +676,49 @@ class ApiApp:
         await send_bytes(send, 200, cached)
 
 
-def _watch_timeout(text: str) -> float | None:
-    """timeoutSeconds is a non-negative int64 in kube; NaN, infinity or a negative value would make a
-    watch that never ends (or ends at once by accident), so they are refused."""
+#: the longest timeout Go can hold (a time.Duration is int64 nanoseconds): a larger timeoutSeconds,
+#: up to int64's maximum, is taken and means this
+MAX_TIMEOUT_S = strconv.INT64_MAX // 1_000_000_000
+
+
+def int_param(params: dict[str, str], key: str) -> int | None:
+    """An integer query parameter as kube-apiserver reads it (strconv.ParseInt(s, 10, 64)); None when
+    absent or empty; anything else Go refuses is a 400 naming the parameter, the value and the grammar."""
+    text = params.get(key)
     if not text:
         return None
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or value > 2**63 - 1:
+        return strconv.parse_int64(text)
+    except strconv.IntegerError as exc:
         raise errors.bad_request(
-            f"invalid timeoutSeconds {text!r}: must be a non-negative whole number of seconds"
+            f"invalid {key} {text[:100]!r}: {exc.reason}; allowed: {strconv.INT64_ALLOWED}"
+        ) from None
+
+
+def _resource_version(params: dict[str, str]) -> str | None:
+    """resourceVersion, where given: a uint64 in decimal, as the storage layer parses it."""
+    text = params.get("resourceVersion") or None
+    if text is not None:
+        try:
+            strconv.parse_uint64(text)
+        except strconv.IntegerError as exc:
+            raise errors.bad_request(
+                f"invalid resourceVersion {text[:100]!r}: {exc.reason}; allowed: {strconv.UINT64_ALLOWED}"
+            ) from None
+    return text
+
+
+def _watch_timeout(params: dict[str, str]) -> float | None:
+    """timeoutSeconds is an int64 in kube; a negative one would end the watch at once by accident, so
+    it is refused (kube takes it); the largest values are capped at what Go's timers can hold."""
+    value = int_param(params, "timeoutSeconds")
+    if value is None:
+        return None
+    if value < 0:
+        raise errors.bad_request(
+            f"invalid timeoutSeconds {params['timeoutSeconds']!r}: must be a non-negative whole number of seconds"
         )
-    return value
+    return float(min(value, MAX_TIMEOUT_S))
 
 
 _DELETE_OPTION_TYPES: dict[str, tuple[type, ...]] = {
@@ -712,15 +746,13 @@ def _check_delete_options(options: dict[str, Any]) -> None:
         if value is not None and not isinstance(value, str):
             raise errors.bad_request(f"DeleteOptions.preconditions.{key}: {_brief(value)} is not a string")
     grace = options.get("gracePeriodSeconds")
-    if grace is not None:
-        try:
-            whole = int(grace) if not isinstance(grace, bool | dict | list) else None
-        except (TypeError, ValueError, OverflowError):
-            whole = None
-        if whole is None or whole < 0:
-            raise errors.bad_request(
-                f"DeleteOptions.gracePeriodSeconds: {_brief(grace)} is not a non-negative integer"
-            )
+    if grace is not None and (
+        not isinstance(grace, int) or isinstance(grace, bool) or not 0 <= grace <= strconv.INT64_MAX
+    ):
+        # a JSON integer, as Go decodes an int64 field: not a string, a fraction or a boolean
+        raise errors.bad_request(
+            f"DeleteOptions.gracePeriodSeconds: {_brief(grace)} is not an integer from 0 to {strconv.INT64_MAX}"
+        )
 
 
 def _brief(value: Any) -> str:
