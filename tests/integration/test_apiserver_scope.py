@@ -56,6 +56,14 @@ SAMPLES: dict[str, Callable[[str], dict[str, Any]]] = {
     "/serviceaccounts": lambda n: {},
     "/services": lambda n: {"spec": {"ports": [{"port": 80}]}},
     "admissionregistration.k8s.io/mutatingwebhookconfigurations": lambda n: {},
+    "admissionregistration.k8s.io/validatingadmissionpolicies": lambda n: {
+        "spec": {"matchConstraints": {"resourceRules": [{"operations": ["CREATE"], "apiGroups": [""],
+                                                         "apiVersions": ["v1"], "resources": ["configmaps"]}]},
+                 "validations": [{"expression": "true"}]}
+    },
+    "admissionregistration.k8s.io/validatingadmissionpolicybindings": lambda n: {
+        "spec": {"policyName": f"policy-{n}", "validationActions": ["Deny"]}
+    },
     "apiextensions.k8s.io/customresourcedefinitions": lambda n: {
         "spec": {
             "group": "scope.example.com",

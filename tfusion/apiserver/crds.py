@@ -23,7 +23,7 @@ def default_crd(crd: dict[str, Any]) -> None:
         names.setdefault("singular", names["kind"].lower())
         names.setdefault("listKind", names["kind"] + "List")
     spec.setdefault("conversion", {"strategy": "None"})
-    for version in spec.get("versions") or []:
+    for version in _list(spec.get("versions")):
         if isinstance(version, dict):
             version.setdefault("served", True)
             version.setdefault("storage", False)
@@ -34,15 +34,16 @@ def _status(crd: dict[str, Any]) -> dict[str, Any]:
     from tfusion.api.timestamps import rfc3339
 
     spec = crd.get("spec") or {}
-    storage = [v.get("name") for v in spec.get("versions") or [] if isinstance(v, dict) and v.get("storage")]
+    storage = [v["name"] for v in _list(spec.get("versions"))
+               if isinstance(v, dict) and v.get("storage") and isinstance(v.get("name"), str)]
     raw_status = crd.get("status")
     old_status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
-    stored = list(old_status.get("storedVersions") or [])
+    stored = [v for v in _list(old_status.get("storedVersions")) if isinstance(v, str)]
     for name in storage:
         if name not in stored:
             stored.append(name)
     stamp = rfc3339()
-    old_conditions = {c.get("type"): c for c in old_status.get("conditions") or [] if isinstance(c, dict)}
+    old_conditions = {c.get("type"): c for c in _list(old_status.get("conditions")) if isinstance(c, dict)}
 
     def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
         previous = old_conditions.get(kind)
@@ -54,7 +55,7 @@ def _status(crd: dict[str, Any]) -> dict[str, Any]:
             condition("NamesAccepted", "NoConflicts", "no conflicts found"),
             condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
         ],
-        "acceptedNames": dict(spec.get("names") or {}),
+        "acceptedNames": dict(names) if isinstance(names := spec.get("names"), dict) else {},
         "storedVersions": stored,
     }
 
@@ -75,6 +76,13 @@ def validate_crd(crd: dict[str, Any], old: dict[str, Any] | None, registry: Regi
     for key in ("plural", "kind"):
         if not isinstance(names.get(key), str) or not names.get(key):
             causes.append(required(f"spec.names.{key}"))
+    for key in ("singular", "listKind"):
+        if names.get(key) is not None and not isinstance(names[key], str):
+            causes.append(invalid_value(f"spec.names.{key}", names[key], "must be a string"))
+    for key in ("shortNames", "categories"):
+        listed = names.get(key)
+        if listed is not None and (not isinstance(listed, list) or not all(isinstance(x, str) for x in listed)):
+            causes.append(invalid_value(f"spec.names.{key}", listed, "must be a list of strings"))
     plural = names.get("plural")
     if isinstance(plural, str) and plural and plural != plural.lower():
         causes.append(invalid_value("spec.names.plural", plural, "must be lowercase"))
@@ -107,7 +115,10 @@ def validate_crd(crd: dict[str, Any], old: dict[str, Any] | None, registry: Regi
         if not isinstance(version, dict) or not version.get("name"):
             causes.append(required(f"spec.versions[{i}].name"))
             continue
-        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if not isinstance(version["name"], str):
+            causes.append(invalid_value(f"spec.versions[{i}].name", version["name"], "must be a string"))
+        schema_holder = version.get("schema")
+        schema = schema_holder.get("openAPIV3Schema") if isinstance(schema_holder, dict) else None
         if not isinstance(schema, dict):
             causes.append(required(f"spec.versions[{i}].schema.openAPIV3Schema", "schemas are required"))
     from tfusion.apiserver import cel
@@ -126,6 +137,11 @@ def validate_crd(crd: dict[str, Any], old: dict[str, Any] | None, registry: Regi
         if existing and not existing[0].is_custom:
             causes.append(invalid_value("spec.group", group, "a built-in resource already serves this name"))
     return causes
+
+
+def _list(value: Any) -> list[Any]:
+    """`value` if it is a list, else empty: defaulting runs before validation reports the wrong type."""
+    return value if isinstance(value, list) else []
 
 
 def register(registry: Registry, crd: dict[str, Any]) -> None:

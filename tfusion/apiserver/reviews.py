@@ -44,20 +44,21 @@ class Reviews:
     async def local_subject_access(self, request: Request, target: Target) -> tuple[int, Any]:
         body = _body(request, "LocalSubjectAccessReview", AUTHORIZATION)
         namespace = target.namespace or ""
-        asked = ((body.get("spec") or {}).get("resourceAttributes") or {}).get("namespace", "")
+        spec = body["spec"] = _spec(body, "LocalSubjectAccessReview")
+        resource = _mapping(spec.get("resourceAttributes"), "LocalSubjectAccessReview", "spec.resourceAttributes")
+        asked = resource.get("namespace") or ""
         if asked and asked != namespace:
             raise _invalid("LocalSubjectAccessReview", "spec.resourceAttributes.namespace", asked,
                            f"must match the namespace of the request ({namespace})")
-        if (body.get("spec") or {}).get("nonResourceAttributes"):
+        if spec.get("nonResourceAttributes"):
             raise _invalid("LocalSubjectAccessReview", "spec.nonResourceAttributes", "set",
                            "disallowed on this kind of request")
-        spec = body.setdefault("spec", {})
-        spec.setdefault("resourceAttributes", {})["namespace"] = namespace
+        spec["resourceAttributes"] = {**resource, "namespace": namespace}
         return 201, self._answer(body, "LocalSubjectAccessReview", _subject(body, "LocalSubjectAccessReview"))
 
     async def self_rules(self, request: Request, target: Target) -> tuple[int, Any]:
         body = _body(request, "SelfSubjectRulesReview", AUTHORIZATION)
-        namespace = (body.get("spec") or {}).get("namespace") or ""
+        namespace = _spec(body, "SelfSubjectRulesReview").get("namespace") or ""
         if not isinstance(namespace, str):
             raise _invalid("SelfSubjectRulesReview", "spec.namespace", namespace, "must be a string")
         return 201, _reply(body, "SelfSubjectRulesReview", AUTHORIZATION,
@@ -81,7 +82,22 @@ def _body(request: Request, kind: str, group: str) -> dict[str, Any]:
     if sent_kind not in (None, kind) or sent_version not in (None, f"{group}/v1"):
         raise errors.bad_request(f"{kind}: got kind {sent_kind!r} apiVersion {sent_version!r}, "
                                  f"expected kind {kind!r} apiVersion {group + '/v1'!r}")
+    _mapping(body.get("metadata"), kind, "metadata", group)
+    _spec(body, kind, group)
     return body
+
+
+def _mapping(value: Any, kind: str, field: str, group: str = AUTHORIZATION) -> dict[str, Any]:
+    """`value` when it is an object; {} when absent (null); else 422 naming the field."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _invalid(kind, field, value, "must be an object", group)
+    return value
+
+
+def _spec(body: Mapping[str, Any], kind: str, group: str = AUTHORIZATION) -> dict[str, Any]:
+    return _mapping(body.get("spec"), kind, "spec", group)
 
 
 def _reply(body: dict[str, Any], kind: str, group: str, status: dict[str, Any]) -> dict[str, Any]:
@@ -90,12 +106,15 @@ def _reply(body: dict[str, Any], kind: str, group: str, status: dict[str, Any]) 
             "spec": body.get("spec") or {}, "status": status}
 
 
-def _invalid(kind: str, field: str, value: Any, why: str) -> errors.ApiError:
-    return errors.invalid(kind, AUTHORIZATION, "", [(field, "FieldValueInvalid", f"Invalid value: {value!r}: {why}")])
+def _invalid(kind: str, field: str, value: Any, why: str, group: str = AUTHORIZATION) -> errors.ApiError:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return errors.invalid(kind, group, "", [(field, "FieldValueInvalid", f"Invalid value: {text}: {why}")])
 
 
 def _subject(body: Mapping[str, Any], kind: str) -> UserInfo:
-    spec = body.get("spec") or {}
+    spec = _spec(body, kind)
     user, groups = spec.get("user") or "", spec.get("groups") or []
     if not user and not groups:
         raise errors.invalid(kind, AUTHORIZATION, "", [
@@ -103,30 +122,44 @@ def _subject(body: Mapping[str, Any], kind: str) -> UserInfo:
     if not isinstance(user, str) or not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
         raise _invalid(kind, "spec", {"user": user, "groups": groups},
                        "user must be a string, groups a list of strings")
-    extra = {str(k): tuple(str(x) for x in v) for k, v in (spec.get("extra") or {}).items() if isinstance(v, list)}
-    return UserInfo(user, str(spec.get("uid") or ""), tuple(groups), extra)
+    uid = spec.get("uid") or ""
+    if not isinstance(uid, str):
+        raise _invalid(kind, "spec.uid", uid, "must be a string")
+    return UserInfo(user, uid, tuple(groups), _extra(spec.get("extra"), kind))
+
+
+def _extra(value: Any, kind: str) -> dict[str, tuple[str, ...]]:
+    """spec.extra is a map of string lists (client-go's ExtraValue); anything else is refused, not dropped."""
+    extra = _mapping(value, kind, "spec.extra")
+    for key, values in extra.items():
+        if not isinstance(values, list) or not all(isinstance(x, str) for x in values):
+            raise _invalid(kind, f"spec.extra[{key}]", values, "must be a list of strings")
+    return {key: tuple(values) for key, values in extra.items()}
 
 
 def _attributes(body: Mapping[str, Any], kind: str, user: UserInfo) -> Attributes:
-    spec = body.get("spec") or {}
+    spec = _spec(body, kind)
     resource, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
     if bool(resource) == bool(non_resource):
         raise errors.invalid(kind, AUTHORIZATION, "", [
             ("spec.resourceAttributes", "FieldValueRequired",
              "Required value: exactly one of nonResourceAttributes or resourceAttributes must be specified")])
     if non_resource:
-        if not isinstance(non_resource, Mapping):
-            raise _invalid(kind, "spec.nonResourceAttributes", non_resource, "must be an object")
-        return Attributes(user, str(non_resource.get("verb") or ""), False, path=str(non_resource.get("path") or ""))
-    if not isinstance(resource, Mapping):
-        raise _invalid(kind, "spec.resourceAttributes", resource, "must be an object")
+        path = _mapping(non_resource, kind, "spec.nonResourceAttributes")
+        return Attributes(user, _text(path, kind, "spec.nonResourceAttributes", "verb"), False,
+                          path=_text(path, kind, "spec.nonResourceAttributes", "path"))
+    fields = _mapping(resource, kind, "spec.resourceAttributes")
 
     def text(key: str) -> str:
-        value = resource.get(key) or ""
-        if not isinstance(value, str):
-            raise _invalid(kind, f"spec.resourceAttributes.{key}", value, "must be a string")
-        return value
+        return _text(fields, kind, "spec.resourceAttributes", key)
 
     return Attributes(user, text("verb"), True, api_group=text("group"), api_version=text("version"),
                       resource=text("resource"), subresource=text("subresource"), namespace=text("namespace"),
                       name=text("name"))
+
+
+def _text(fields: Mapping[str, Any], kind: str, where: str, key: str) -> str:
+    value = fields.get(key) or ""
+    if not isinstance(value, str):
+        raise _invalid(kind, f"{where}.{key}", value, "must be a string")
+    return value

@@ -37,6 +37,14 @@ class MapOf:
         self.scalar = _types(value) if _is_scalar(value) else None
 
 
+class Either:
+    """One of several shapes (JSON schema's `items`: a schema or a list of them); the first one's
+    mismatch is reported when none fits."""
+
+    def __init__(self, *options: Shape) -> None:
+        self.options = options
+
+
 def _is_scalar(shape: Shape) -> bool:
     return isinstance(shape, type | tuple)
 
@@ -51,7 +59,7 @@ def _scalar_mismatch(types: tuple[type, ...], value: Any) -> _Problem | None:
     return None
 
 
-Shape = Obj | ListOf | MapOf | type | tuple[type, ...]
+Shape = Obj | ListOf | MapOf | Either | type | tuple[type, ...]
 
 STR, INT, BOOL = str, int, bool
 SCALAR = (str, int, float)
@@ -166,6 +174,47 @@ _JOB = Obj(
                completionTime=STR, conditions=_WORKLOAD_CONDITIONS),
 )
 
+NUMBER = (int, float)
+#: a CRD's openAPIV3Schema (JSONSchemaProps), recursive: filled in below, once it can name itself
+_SCHEMA = Obj()
+_SCHEMA.fields = dict(
+    type=STR, format=STR, title=STR, description=STR, pattern=STR, required=ListOf(STR),
+    maximum=NUMBER, minimum=NUMBER, exclusiveMaximum=BOOL, exclusiveMinimum=BOOL, multipleOf=NUMBER,
+    maxLength=INT, minLength=INT, maxItems=INT, minItems=INT, maxProperties=INT, minProperties=INT,
+    uniqueItems=BOOL, nullable=BOOL,
+    properties=MapOf(_SCHEMA), patternProperties=MapOf(_SCHEMA), definitions=MapOf(_SCHEMA),
+    items=Either(_SCHEMA, ListOf(_SCHEMA)), additionalProperties=Either(BOOL, _SCHEMA),
+    additionalItems=Either(BOOL, _SCHEMA), allOf=ListOf(_SCHEMA), oneOf=ListOf(_SCHEMA), anyOf=ListOf(_SCHEMA),
+    **{"not": _SCHEMA, "x-kubernetes-preserve-unknown-fields": BOOL, "x-kubernetes-embedded-resource": BOOL,
+       "x-kubernetes-int-or-string": BOOL, "x-kubernetes-list-map-keys": ListOf(STR),
+       "x-kubernetes-list-type": STR, "x-kubernetes-map-type": STR,
+       "x-kubernetes-validations": ListOf(Obj(rule=STR, message=STR, messageExpression=STR, reason=STR,
+                                              fieldPath=STR, optionalOldSelf=BOOL))},
+)
+_SCHEMA.scalars = {name: _types(sub) for name, sub in _SCHEMA.fields.items() if _is_scalar(sub)}
+_CRD_NAMES = Obj(plural=STR, singular=STR, kind=STR, listKind=STR, shortNames=ListOf(STR), categories=ListOf(STR))
+_CRD_VERSION = Obj(
+    name=STR, served=BOOL, storage=BOOL, deprecated=BOOL, deprecationWarning=STR,
+    schema=Obj(openAPIV3Schema=_SCHEMA),
+    subresources=Obj(status=ANY_OBJ, scale=Obj(specReplicasPath=STR, statusReplicasPath=STR,
+                                               labelSelectorPath=STR)),
+    additionalPrinterColumns=ListOf(Obj(name=STR, type=STR, format=STR, description=STR, priority=INT,
+                                        jsonPath=STR)),
+    selectableFields=ListOf(Obj(jsonPath=STR)),
+)
+_CRD = Obj(
+    metadata=_META,
+    spec=Obj(group=STR, scope=STR, names=_CRD_NAMES, versions=ListOf(_CRD_VERSION), preserveUnknownFields=BOOL,
+             conversion=Obj(strategy=STR, webhook=ANY_OBJ)),
+    status=Obj(conditions=_CONDITIONS, acceptedNames=_CRD_NAMES, storedVersions=ListOf(STR)),
+)
+_RBAC_RULES = ListOf(Obj(apiGroups=ListOf(STR), resources=ListOf(STR), verbs=ListOf(STR),
+                         resourceNames=ListOf(STR), nonResourceURLs=ListOf(STR)))
+_ROLE_REF = Obj(apiGroup=STR, kind=STR, name=STR)
+_SUBJECTS = ListOf(Obj(kind=STR, apiGroup=STR, name=STR, namespace=STR))
+_ROLE = Obj(metadata=_META, rules=_RBAC_RULES)
+_BINDING = Obj(metadata=_META, roleRef=_ROLE_REF, subjects=_SUBJECTS)
+
 #: storage key -> shape of the whole object (custom resources are checked by their CRD schema)
 KIND_SHAPES: dict[str, Obj] = {
     "apps/deployments": _DEPLOYMENT,
@@ -185,6 +234,12 @@ KIND_SHAPES: dict[str, Obj] = {
                                                                leaseTransitions=INT)),
     "scheduling.k8s.io/priorityclasses": Obj(metadata=_META, value=INT, globalDefault=BOOL, description=STR),
     "admissionregistration.k8s.io/mutatingwebhookconfigurations": Obj(metadata=_META, webhooks=ListOf(_WEBHOOK)),
+    "apiextensions.k8s.io/customresourcedefinitions": _CRD,
+    "rbac.authorization.k8s.io/roles": _ROLE,
+    "rbac.authorization.k8s.io/clusterroles": Obj(metadata=_META, rules=_RBAC_RULES,
+                                                  aggregationRule=Obj(clusterRoleSelectors=ListOf(ANY_OBJ))),
+    "rbac.authorization.k8s.io/rolebindings": _BINDING,
+    "rbac.authorization.k8s.io/clusterrolebindings": _BINDING,
 }
 DEFAULT_SHAPE = Obj(metadata=_META)
 
@@ -288,6 +343,9 @@ def _mismatch(shape: Shape, value: Any) -> _Problem | None:
                 problem[0].append(f"[{key}]")
                 return problem
         return None
+    if isinstance(shape, Either):
+        problems = [_mismatch(option, value) for option in shape.options]
+        return None if any(p is None for p in problems) else problems[0]
     return _scalar_mismatch(_types(shape), value)
 
 

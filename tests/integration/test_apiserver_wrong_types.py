@@ -1,0 +1,262 @@
+"""Wrong-typed bodies and headers that used to reach a handler and crash it (500) are the caller's
+mistake: a 4xx Status naming the field (issue 23, item 2).
+
+Covers the access reviews (SubjectAccessReview, SelfSubjectAccessReview, LocalSubjectAccessReview,
+SelfSubjectRulesReview, SelfSubjectReview), CustomResourceDefinitions with wrong-typed names, versions
+and schemas, a non-ASCII bearer token checked before authentication, wrong-typed metadata of stored
+kinds, and bodies nested 200,000 levels deep in every decoder a write goes through.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+
+AUTHZ = "/apis/authorization.k8s.io/v1"
+SAR = f"{AUTHZ}/subjectaccessreviews"
+SSAR = f"{AUTHZ}/selfsubjectaccessreviews"
+LSAR = f"{AUTHZ}/namespaces/default/localsubjectaccessreviews"
+SSRR = f"{AUTHZ}/selfsubjectrulesreviews"
+SSR = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+TOKEN_REVIEW = "/apis/authentication.k8s.io/v1/tokenreviews"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CMS = "/api/v1/namespaces/default/configmaps"
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+DEPTH = 200_000
+
+
+@pytest.fixture(autouse=True)
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """No request here may reach the server's 'internal error' path (a 500 with a logged traceback)."""
+    yield
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, errors
+
+
+@pytest.fixture
+def client(apiserver: ApiServerHandle) -> Iterator[httpx.Client]:
+    with apiserver.sync_http(timeout=60) as http:
+        yield http
+
+
+def assert_4xx(response: httpx.Response, codes: tuple[int, ...], *words: str) -> None:
+    assert response.status_code in codes, f"{response.status_code}: {response.text[:500]}"
+    body = response.json()
+    assert body["kind"] == "Status" and body["code"] == response.status_code
+    for word in words:
+        assert word in response.text, f"{word!r} not in {response.text[:500]}"
+
+
+def _sar(spec: Any) -> dict[str, Any]:
+    return {"kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1", "spec": spec}
+
+
+GET_PODS = {"verb": "get", "resource": "pods"}
+REVIEW_CASES: list[tuple[str, str, Any, tuple[str, ...]]] = [
+    ("SAR spec is a string", SAR, _sar("x"), ("spec", "must be an object")),
+    ("SAR spec is a list", SAR, _sar([1]), ("spec",)),
+    ("SAR spec is true", SAR, _sar(True), ("spec",)),
+    ("SAR resourceAttributes is a list", SAR, _sar({"user": "u", "resourceAttributes": [GET_PODS]}),
+     ("spec.resourceAttributes", "must be an object")),
+    ("SAR nonResourceAttributes is a string", SAR, _sar({"user": "u", "nonResourceAttributes": "x"}),
+     ("spec.nonResourceAttributes",)),
+    ("SAR nonResourceAttributes.path is a list", SAR,
+     _sar({"user": "u", "nonResourceAttributes": {"verb": "get", "path": ["/x"]}}),
+     ("spec.nonResourceAttributes.path", "must be a string")),
+    ("SAR extra is a list", SAR, _sar({"user": "u", "extra": ["a"], "resourceAttributes": GET_PODS}),
+     ("spec.extra", "must be an object")),
+    ("SAR extra value is a string", SAR, _sar({"user": "u", "extra": {"k": "v"}, "resourceAttributes": GET_PODS}),
+     ("spec.extra[k]", "list of strings")),
+    ("SAR extra value holds a number", SAR,
+     _sar({"user": "u", "extra": {"k": [1]}, "resourceAttributes": GET_PODS}), ("spec.extra[k]",)),
+    ("SAR uid is a number", SAR, _sar({"user": "u", "uid": 5, "resourceAttributes": GET_PODS}), ("spec.uid",)),
+    ("SAR metadata is a string", SAR, {**_sar({"user": "u", "resourceAttributes": GET_PODS}), "metadata": "x"},
+     ("metadata", "must be an object")),
+    ("SSAR spec is a string", SSAR, {"spec": "x"}, ("spec",)),
+    ("SSAR spec is a number", SSAR, {"spec": 5}, ("spec",)),
+    ("SSAR resourceAttributes is a list", SSAR, {"spec": {"resourceAttributes": [1]}},
+     ("spec.resourceAttributes",)),
+    ("LSAR spec is null-free list", LSAR, {"spec": []}, ("spec",)),
+    ("LSAR spec is a string", LSAR, {"spec": "x"}, ("spec",)),
+    ("LSAR resourceAttributes is a list", LSAR, {"spec": {"user": "u", "resourceAttributes": []}},
+     ("spec.resourceAttributes",)),
+    ("SSRR spec is a string", SSRR, {"spec": "x"}, ("spec",)),
+    ("SSRR metadata is a list", SSRR, {"metadata": [1]}, ("metadata",)),
+    ("SSR metadata is a number", SSR, {"metadata": 5}, ("metadata",)),
+    ("TokenReview spec is a string", TOKEN_REVIEW, {"spec": "x"}, ("spec",)),
+    ("TokenReview token is a list", TOKEN_REVIEW, {"spec": {"token": ["x"]}}, ("spec.token",)),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [c[1:] for c in REVIEW_CASES], ids=[c[0] for c in REVIEW_CASES])
+def test_wrong_typed_reviews_are_4xx(client: httpx.Client, path: str, body: Any, words: tuple[str, ...]) -> None:
+    assert_4xx(client.post(path, content=orjson.dumps(body)), (400, 422), *words)
+
+
+def test_a_well_typed_review_still_answers(client: httpx.Client) -> None:
+    review = _sar({"user": "u", "extra": {"k": ["v"]}, "resourceAttributes": GET_PODS})
+    response = client.post(SAR, json=review)
+    assert response.status_code == 201 and response.json()["status"]["allowed"] is False
+    local = client.post(LSAR, json={"spec": {"user": "u", "resourceAttributes": GET_PODS}})
+    assert local.status_code == 201
+    assert local.json()["spec"]["resourceAttributes"]["namespace"] == "default"
+
+
+# ------------------------------------------------------------------------------ CRDs
+CRD: dict[str, Any] = {
+    "metadata": {"name": "things.example.com"},
+    "spec": {
+        "group": "example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "things", "kind": "Thing"},
+        "versions": [{"name": "v1", "served": True, "storage": True,
+                      "schema": {"openAPIV3Schema": {"type": "object",
+                                                     "properties": {"spec": {"type": "object"}}}}}],
+    },
+}
+
+
+def _crd_with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    crd = copy.deepcopy(CRD)
+    target = crd
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return crd
+
+
+CRD_CASES: list[tuple[str, tuple[Any, ...], Any, str]] = [
+    ("names is a string", ("spec", "names"), "x", "spec.names"),
+    ("names.plural is a number", ("spec", "names", "plural"), 5, "spec.names.plural"),
+    ("names.shortNames is a number", ("spec", "names", "shortNames"), 5, "spec.names.shortNames"),
+    ("names.categories is a string", ("spec", "names", "categories"), "all", "spec.names.categories"),
+    ("versions is not a list", ("spec", "versions"), {"name": "v1"}, "spec.versions"),
+    ("versions is a number", ("spec", "versions"), 5, "spec.versions"),
+    ("version name is a number", ("spec", "versions", 0, "name"), 1, "spec.versions[0].name"),
+    ("schema is a list", ("spec", "versions", 0, "schema"), [1], "spec.versions[0].schema"),
+    ("openAPIV3Schema is a list", ("spec", "versions", 0, "schema", "openAPIV3Schema"), [],
+     "spec.versions[0].schema.openAPIV3Schema"),
+    ("properties is a string", ("spec", "versions", 0, "schema", "openAPIV3Schema", "properties"), "x",
+     "openAPIV3Schema.properties"),
+    ("a property is a list", ("spec", "versions", 0, "schema", "openAPIV3Schema", "properties", "spec"), [1],
+     "properties[spec]"),
+    ("x-kubernetes-validations is a number",
+     ("spec", "versions", 0, "schema", "openAPIV3Schema", "x-kubernetes-validations"), 5,
+     "x-kubernetes-validations"),
+    ("printer columns is a number", ("spec", "versions", 0, "additionalPrinterColumns"), 5,
+     "additionalPrinterColumns"),
+    ("subresources is a list", ("spec", "versions", 0, "subresources"), ["status"], "subresources"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [c[1:] for c in CRD_CASES], ids=[c[0] for c in CRD_CASES])
+def test_wrong_typed_crds_are_4xx(client: httpx.Client, path: tuple[Any, ...], value: Any, field: str) -> None:
+    assert_4xx(client.post(CRDS, json=_crd_with(path, value)), (400, 422), field)
+    assert client.get(f"{CRDS}/things.example.com").status_code == 404
+
+
+def test_wrong_typed_crd_updates_are_4xx(client: httpx.Client) -> None:
+    created = client.post(CRDS, json=CRD)
+    assert created.status_code == 201, created.text
+    for _, path, value, field in CRD_CASES:
+        current = client.get(f"{CRDS}/things.example.com").json()
+        body = _crd_with(path, value)
+        body["metadata"] = current["metadata"]
+        assert_4xx(client.put(f"{CRDS}/things.example.com", json=body), (400, 422), field)
+        patch = _crd_with(path, value)["spec"]
+        assert_4xx(client.patch(f"{CRDS}/things.example.com", content=orjson.dumps({"spec": patch}),
+                                headers={"content-type": MERGE}), (400, 422), field)
+    assert client.get("/apis/example.com/v1/namespaces/default/things").status_code == 200
+
+
+def test_the_tensor_fusion_crds_still_pass_the_shape_check(apiserver: ApiServerHandle) -> None:
+    assert len(apply_crds_sync(apiserver)) > 5
+
+
+# ------------------------------------------------------------------------------ authentication
+@pytest.mark.parametrize("header", ["Bearer é.é.é".encode(), "Bearer é.é.é".encode("latin-1"), b"Bearer \xff\xfe",
+                                    "Bearer ☃".encode()], ids=["utf-8", "latin-1", "invalid utf-8", "snowman"])
+def test_a_non_ascii_bearer_token_is_401(apiserver: ApiServerHandle, header: bytes) -> None:
+    with apiserver.sync_http(authenticated=False) as http:
+        response = http.get("/api/v1/namespaces", headers={"authorization": header})
+    assert_4xx(response, (401,), "Unauthorized")
+
+
+# ------------------------------------------------------------------------------ metadata
+METADATA_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("labels is a list", {"labels": ["a"]}, "metadata.labels"),
+    ("a label value is a number", {"labels": {"a": 1}}, "metadata.labels[a]"),
+    ("annotations is a string", {"annotations": "x"}, "metadata.annotations"),
+    ("an annotation value is an object", {"annotations": {"a": {}}}, "metadata.annotations[a]"),
+    ("name is a number", {"name": 5}, "name"),
+    ("namespace is an object", {"namespace": {}}, "metadata.namespace"),
+    ("finalizers is a string", {"finalizers": "x"}, "metadata.finalizers"),
+    ("ownerReferences holds a string", {"ownerReferences": ["x"]}, "metadata.ownerReferences[0]"),
+    ("ownerReference uid is a number", {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                                             "uid": 5}]}, "metadata.ownerReferences[0].uid"),
+    ("generateName is a list", {"generateName": ["x"]}, "metadata.generateName"),
+    ("deletionGracePeriodSeconds is a string", {"deletionGracePeriodSeconds": "x"},
+     "metadata.deletionGracePeriodSeconds"),
+]
+TARGETS = [CMS, "/apis/rbac.authorization.k8s.io/v1/clusterroles", "/apis/tensor-fusion.ai/v1/gpus"]
+
+
+@pytest.mark.parametrize(("meta", "field"), [c[1:] for c in METADATA_CASES], ids=[c[0] for c in METADATA_CASES])
+def test_wrong_typed_metadata_is_4xx_on_every_write(
+    apiserver: ApiServerHandle, client: httpx.Client, meta: dict[str, Any], field: str
+) -> None:
+    apply_crds_sync(apiserver)
+    for url in TARGETS:
+        extra = {"spec": {}} if "gpus" in url else {}
+        assert client.post(url, json={"metadata": {"name": "t"}, **extra}).status_code == 201
+        assert_4xx(client.post(url, json={**extra, "metadata": {"name": "t2", **meta}}), (400, 422), field)
+        current = client.get(f"{url}/t").json()
+        current["metadata"].update(meta)
+        if "name" not in meta:
+            assert_4xx(client.put(f"{url}/t", json=current), (400, 422), field)
+        for ctype in (MERGE, STRATEGIC) if url == CMS else (MERGE,):
+            assert_4xx(client.patch(f"{url}/t", content=orjson.dumps({"metadata": meta}),
+                                    headers={"content-type": ctype}), (400, 422), field)
+        assert client.delete(f"{url}/t").status_code == 200
+
+
+# ------------------------------------------------------------------------------ depth
+DEEP_ARRAY = b"[" * DEPTH + b"]" * DEPTH
+DEEP_OBJECT = b'{"a":' * DEPTH + b"1" + b"}" * DEPTH
+DEEP_CASES: list[tuple[str, str, str, bytes, str]] = [
+    ("create JSON arrays", "POST", CMS, DEEP_ARRAY, "application/json"),
+    ("create JSON objects", "POST", CMS, DEEP_OBJECT, "application/json"),
+    ("create YAML flow", "POST", CMS, b"a: " + DEEP_ARRAY, "application/yaml"),
+    ("create YAML block sequence", "POST", CMS, b"- " * DEPTH + b"1", "application/yaml"),
+    ("replace JSON", "PUT", f"{CMS}/t", DEEP_OBJECT, "application/json"),
+    ("replace YAML", "PUT", f"{CMS}/t", b"a: " + DEEP_ARRAY, "application/yaml"),
+    ("merge patch", "PATCH", f"{CMS}/t", DEEP_OBJECT, MERGE),
+    ("strategic merge patch", "PATCH", f"{CMS}/t", DEEP_OBJECT, STRATEGIC),
+    ("JSON patch", "PATCH", f"{CMS}/t", DEEP_ARRAY, JSON_PATCH),
+    ("JSON patch value", "PATCH", f"{CMS}/t",
+     b'[{"op":"add","path":"/data/x","value":' + DEEP_ARRAY + b"}]", JSON_PATCH),
+    ("delete options", "DELETE", f"{CMS}/t", DEEP_OBJECT, "application/json"),
+    ("access review", "POST", SAR, DEEP_OBJECT, "application/json"),
+    ("token review", "POST", TOKEN_REVIEW, DEEP_OBJECT, "application/json"),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body", "ctype"), [c[1:] for c in DEEP_CASES],
+                         ids=[c[0] for c in DEEP_CASES])
+def test_bodies_nested_200000_deep_are_400(
+    client: httpx.Client, method: str, url: str, body: bytes, ctype: str
+) -> None:
+    assert client.post(CMS, json={"metadata": {"name": "t"}}).status_code == 201
+    response = client.request(method, url, content=body, headers={"content-type": ctype})
+    assert_4xx(response, (400,), "nest")
+    assert client.get(f"{CMS}/t").status_code == 200
