@@ -275,6 +275,8 @@ class WebhookService:
             log.error("pod webhook: %s", exc.message)
             return denied(request.uid, exc.status, f"internal error: {exc.message}")
         except KubeError as exc:
+            if exc.code in (400, 422):  # what the pod asked for makes a workload the API server refuses
+                return denied(request.uid, 422, f"the TensorFusionWorkload this pod needs was refused: {exc}")
             log.error("pod webhook: API server failed: %s", exc)
             return denied(request.uid, 500, f"internal error: the API server failed: {exc}")
 
