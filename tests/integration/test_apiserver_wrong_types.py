@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
 
@@ -126,8 +129,8 @@ CRD: dict[str, Any] = {
 }
 
 
-def _crd_with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    crd = copy.deepcopy(CRD)
+def _crd_with(path: tuple[Any, ...], value: Any, base: dict[str, Any] = CRD) -> dict[str, Any]:
+    crd = copy.deepcopy(base)
     target = crd
     for key in path[:-1]:
         target = target[key]
@@ -260,3 +263,83 @@ def test_bodies_nested_200000_deep_are_400(
     response = client.request(method, url, content=body, headers={"content-type": ctype})
     assert_4xx(response, (400,), "nest")
     assert client.get(f"{CMS}/t").status_code == 200
+
+
+# ------------------------------------------------------------------------------ generated
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**40), max_value=2**40),
+                     st.text(max_size=8), st.sampled_from(["get", "pods", "default", "u", "x.y.z"]))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
+        ["spec", "user", "groups", "uid", "extra", "resourceAttributes", "nonResourceAttributes", "verb",
+         "resource", "namespace", "path", "metadata", "names", "plural", "kind", "versions", "name", "schema",
+         "openAPIV3Schema", "properties", "items", "type", "x", "k"]), inner, max_size=4)), max_leaves=12)
+_REVIEW_PATHS = [SAR, SSAR, LSAR, SSRR, SSR, TOKEN_REVIEW]
+
+
+@settings(max_examples=int(os.environ.get("TFUSION_FUZZ_EXAMPLES", "60")), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=_values, spec=_values)
+def test_generated_review_and_crd_bodies_never_5xx(client: httpx.Client, body: Any, spec: Any) -> None:
+    for path in _REVIEW_PATHS:
+        for sent in (body, {"spec": spec}):
+            response = client.post(path, content=orjson.dumps(sent))
+            assert response.status_code < 500, f"{path} {sent!r}: {response.text[:300]}"
+    crd = _crd_with(("spec",), spec if isinstance(spec, dict) else {"names": spec})
+    response = client.post(CRDS, json=crd)
+    assert response.status_code < 500, f"{crd!r}: {response.text[:300]}"
+    if response.status_code == 201:
+        client.delete(f"{CRDS}/things.example.com")
+
+
+FULL_CRD: dict[str, Any] = {
+    "metadata": {"name": "things.example.com"},
+    "spec": {
+        "group": "example.com", "scope": "Cluster", "conversion": {"strategy": "None"},
+        "names": {"plural": "things", "kind": "Thing", "singular": "thing", "shortNames": ["th"],
+                  "categories": ["all"], "listKind": "ThingList"},
+        "versions": [{
+            "name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+            "additionalPrinterColumns": [{"name": "A", "type": "string", "jsonPath": ".spec.a"}],
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                "type": "object", "properties": {"a": {"type": "string"}, "l": {"type": "array", "items": {
+                    "type": "integer"}}},
+                "x-kubernetes-validations": [{"rule": "self.a != 'x'"}]}}}},
+        }],
+    },
+}
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if prefix:
+        yield prefix
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*prefix, key))
+
+
+def test_every_field_of_a_crd_with_every_wrong_type_is_never_5xx(client: httpx.Client) -> None:
+    """Each field of a full CRD replaced by a value of each other JSON type, on create and on replace."""
+    wrong: list[Any] = ["x", 5, 1.5, True, None, [], [1], ["x"], {}, {"a": 1}, [{}]]
+    url = f"{CRDS}/things.example.com"
+    assert client.post(CRDS, json=FULL_CRD).status_code == 201
+    for path in _paths(FULL_CRD):
+        for value in wrong:
+            crd = _crd_with(path, value, FULL_CRD)
+            current = client.get(url).json()
+            crd["metadata"] = {**crd["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]} \
+                if isinstance(crd["metadata"], dict) else crd["metadata"]
+            response = client.put(url, json=crd)
+            assert response.status_code < 500, f"PUT {path}={value!r}: {response.text[:300]}"
+            if response.status_code == 200:  # put the full CRD back for the next case
+                again = client.get(url).json()
+                restored = {**FULL_CRD, "metadata": {**FULL_CRD["metadata"],
+                                                     "resourceVersion": again["metadata"]["resourceVersion"]}}
+                assert client.put(url, json=restored).status_code == 200
+    assert client.delete(url).status_code == 200
+    for path in _paths(FULL_CRD):
+        for value in wrong:
+            crd = _crd_with(path, value, FULL_CRD)
+            response = client.post(CRDS, json=crd)
+            assert response.status_code < 500, f"POST {path}={value!r}: {response.text[:300]}"
+            if response.status_code == 201:
+                client.delete(f"{CRDS}/{response.json()['metadata']['name']}")
