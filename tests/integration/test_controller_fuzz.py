@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
 from tests.integration.test_controller_allocation import POOL, create_gpu, create_pool, kube_client, settings_for
-from tests.integration.test_http_hostile import assert_refused, no_error_logged  # noqa: F401 (a fixture)
+from tests.integration.test_http_hostile import assert_refused
 from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
 from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
@@ -157,6 +158,16 @@ def wait_until_ready(base: str, timeout: float = 60.0) -> None:
                 return
             time.sleep(0.1)
     pytest.fail(f"the controller did not see the seeded objects: {last}")
+
+
+@pytest.fixture
+def no_error_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The test fails if anything (a traceback, an 'unhandled error') is logged at ERROR while it
+    runs. The records are read by phase: at teardown `caplog.records` holds only teardown's."""
+    with caplog.at_level(logging.ERROR):
+        yield
+    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR]
+    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
 
 
 @pytest.fixture
@@ -337,6 +348,23 @@ def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controll
         assert created.status_code == 201, created.text
         bound = eventually(lambda: scheduled_condition(stack.apiserver, "plain"), "the plain pod bound")
         assert bound == {"bound": "node-a"}, bound  # node-b's taint is not tolerated
+
+
+@pytest.mark.usefixtures("no_error_logged")
+def test_a_bound_pod_with_an_unreadable_overhead_counts_as_nothing_more(stack: Controller) -> None:
+    """The API server stores a bound pod with `spec.overhead: "x"` (a field it does not check);
+    the scheduler's per-node totals skip what they cannot read instead of failing on it (that
+    failure, at the start of a leadership term, stopped the built-in scheduler)."""
+    spec = {"schedulerName": SCHEDULER, "containers": [{"name": "c", "image": "app"}]}
+    with stack.apiserver.sync_http() as api:
+        created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "odd-overhead"}, "spec": {
+            **spec, "nodeName": "node-a", "overhead": "x", "initContainers": [{"name": "i", "image": "app",
+                                                                              "resources": {"requests": None}}]}})
+        assert created.status_code == 201, created.text
+        created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "after-odd"}, "spec": spec})
+        assert created.status_code == 201, created.text
+    bound = eventually(lambda: scheduled_condition(stack.apiserver, "after-odd"), "the next pod bound")
+    assert bound == {"bound": "node-a"}, bound
 
 
 # --- generated Pods --------------------------------------------------------------------------------

@@ -96,26 +96,38 @@ def _quantity(value: Any, *, milli: bool) -> int:
         q = Quantity.parse(value)
     except QuantityError:
         return 0  # the API server validated it; an unreadable one counts as nothing
-    return q.milli_value() if milli else q.value()
+    return max(0, q.milli_value() if milli else q.value())
+
+
+def _object(value: Any) -> Obj:
+    """`value` when it is an object, else {}: the bound pods counted here come from the API server,
+    which checks fewer fields than the scheduler reads (`spec.overhead` is not one), and one odd pod
+    must not stop the counting of all the others (pending pods go through podcheck instead)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _containers(spec: Obj, group: str) -> list[Obj]:
+    items = spec.get(group)
+    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
 
 
 def _requests(container: Obj) -> tuple[int, int]:
-    requests = (container.get("resources") or {}).get("requests") or {}
+    requests = _object(_object(container.get("resources")).get("requests"))
     return _quantity(requests.get("cpu"), milli=True), _quantity(requests.get("memory"), milli=False)
 
 
 def pod_requests(pod: Obj) -> tuple[int, int]:
     """(milli-CPU, memory bytes) a pod needs: max(sum of containers, largest init container) + overhead."""
-    spec = pod.get("spec") or {}
+    spec = _object(pod.get("spec"))
     cpu = mem = 0
-    for container in spec.get("containers") or []:
+    for container in _containers(spec, "containers"):
         c, m = _requests(container)
         cpu += c
         mem += m
-    for container in spec.get("initContainers") or []:
+    for container in _containers(spec, "initContainers"):
         c, m = _requests(container)
         cpu, mem = max(cpu, c), max(mem, m)
-    overhead = spec.get("overhead") or {}
+    overhead = _object(spec.get("overhead"))
     return cpu + _quantity(overhead.get("cpu"), milli=True), mem + _quantity(overhead.get("memory"), milli=False)
 
 
@@ -300,18 +312,18 @@ def extended_requests(pod: Obj, names: Iterable[str]) -> dict[str, int]:
     """What a pod asks of the extended resources `names` (e.g. nvidia.com/gpu): per container the
     request, else the limit (kube defaults one to the other for extended resources), summed, or the
     largest init container's when larger. Only the names it asks for are in the result."""
-    spec = pod.get("spec") or {}
+    spec = _object(pod.get("spec"))
     wanted = tuple(names)
     totals: dict[str, int] = {}
 
     def amount(container: Obj, name: str) -> int:
-        resources = container.get("resources") or {}
-        value = (resources.get("requests") or {}).get(name)
-        return _quantity(value if value is not None else (resources.get("limits") or {}).get(name), milli=False)
+        resources = _object(container.get("resources"))
+        value = _object(resources.get("requests")).get(name)
+        return _quantity(value if value is not None else _object(resources.get("limits")).get(name), milli=False)
 
     for name in wanted:
-        total = sum(amount(c, name) for c in spec.get("containers") or [])
-        total = max([total, *(amount(c, name) for c in spec.get("initContainers") or [])])
+        total = sum(amount(c, name) for c in _containers(spec, "containers"))
+        total = max([total, *(amount(c, name) for c in _containers(spec, "initContainers"))])
         if total > 0:
             totals[name] = total
     return totals
