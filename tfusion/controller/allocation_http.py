@@ -5,7 +5,8 @@
   "/<name>"). A follower answers with empty stores, as the original does. On the leader the answer
   waits until the allocations have been recovered from the worker pods.
 - `POST /api/simulate-schedule`: the body is a Pod manifest in JSON or YAML (any Content-Type;
-  JSON is tried first, then YAML). 400 `{"error": ...}` when the body is unreadable or not a Pod;
+  JSON is tried first, then YAML). 400 `{"error": ...}` when the body is unreadable or not a Pod,
+  or a field the scheduler reads is wrong (`podcheck`; its model is also the documented body);
   500 `{"error": "scheduler framework not found"}` when `spec.schedulerName` is not
   `tensor-fusion-scheduler` (as the original); otherwise `simulate_schedule`'s answer. Nothing is
   reserved or changed. A follower answers 503: only the leader holds the GPU state.

@@ -1,5 +1,5 @@
-"""The Pod fields the scheduler reads, as one typed model: the check of a Pod that comes from
-outside the cluster, and the OpenAPI description of simulate-schedule's body.
+"""The Pod fields the scheduler reads, as one typed model: the check of a Pod before the scheduler
+reads it, and the OpenAPI description of simulate-schedule's body.
 
 Why: `POST /api/simulate-schedule` takes a Pod manifest straight from the caller, and the readers
 (`nodes.pod_demand`, `request_from_pod`, `defaults.default_pod_request`, `scheduler.decide`) trust
@@ -7,7 +7,9 @@ the shape a Pod has once kube-apiserver has decoded and validated it. Unchecked,
 `"containers": "1.5Gi"` or `"affinity": {"nodeAffinity": 3}` crashed them (500 with a traceback),
 and `"cpu": "-2"` or an unreadable quantity counted silently as nothing. `pod_problem` converts the
 Pod into `PodManifest` and, for the first field that does not fit, names its path, the value and
-what is allowed; "" when the readers can take the Pod.
+what is allowed; "" when the readers can take the Pod. The built-in scheduler makes the same check
+on each pending Pod (`Scheduler.decide`): the embedded API server checks fewer fields (a node
+affinity of 3 is stored), and such a Pod is reported unschedulable with the message.
 
 Because the same Structs are the route's documented body, the document and the check cannot
 disagree: a generated body that fits the schema is accepted, one that does not is refused. Every

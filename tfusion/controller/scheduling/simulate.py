@@ -15,7 +15,9 @@ pod fits) lists the smallest changes that would make it fit now, each checked ag
 state: `{kind, message, target, changes, pods?, node?}` (see tfusion/allocator/explain.py and
 tfusion/controller/scheduling/explain.py).
 Status codes: 413 a body over 3 MiB, 400 unreadable body (too deep, an alias bomb, a YAML tag
-beyond JSON, ...) or bad annotations (the message names the annotation), 500
+beyond JSON, ...), a field the scheduler reads that it cannot take (podcheck.py: the message names
+the field path, the value and what is allowed) or bad annotations (the message names the
+annotation), 500
 `scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
 The allocator's state is not changed (only `filter`, `select`, `score` and `Framework.explain` are
 called; explain memoizes per-node explanations, which is not state the placement reads).
