@@ -13,7 +13,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 import sqlite3
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 GPUS = "/apis/tensor-fusion.ai/v1/gpus"
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 VERBS = ("create", "put", "merge", "json-add", "strategic", "status-merge", "status-put")
 
 FUZZ = settings(
@@ -366,3 +369,22 @@ def _ghost_eve_admin(handle: ApiServerHandle) -> None:
     with handle.sync_http() as http:
         _ghost_eve(http)
         assert _eve_may(http, "delete", "secrets")
+
+
+@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+def test_probe_with_kubectl(apiserver: ApiServerHandle, client: httpx.Client, tmp_path: Path) -> None:
+    """The probe as an operator would run it: kubectl patches the binding, deletes it, asks can-i."""
+    base = [KUBECTL, "--kubeconfig", apiserver.kubeconfig, "--cache-dir", str(tmp_path / "cache")]
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+
+    _ghost_eve(client)
+    assert kubectl("auth", "can-i", "delete", "secrets", "--as", "eve").stdout.strip() == "yes"
+    patched = kubectl("patch", "clusterrolebinding", "ghost-eve", "--type", "merge",
+                      "-p", '{"metadata":{"namespace":"hidden"}}')
+    assert patched.returncode == 0, patched.stderr
+    assert kubectl("delete", "clusterrolebinding", "ghost-eve").returncode == 0
+    denied = kubectl("auth", "can-i", "delete", "secrets", "--as", "eve")
+    assert denied.stdout.strip() == "no", denied.stdout + denied.stderr
+    assert kubectl("get", "clusterrolebindings", "-A", "-o", "name").stdout.count("ghost-eve") == 0
