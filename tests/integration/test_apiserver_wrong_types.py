@@ -42,7 +42,9 @@ DEPTH = 200_000
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """No request here may reach the server's 'internal error' path (a 500 with a logged traceback)."""
     yield
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    # at teardown caplog.records holds only teardown's records: read the test's own
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, errors
 
 
