@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
 from tests.integration.test_controller_allocation import POOL, create_gpu, create_pool, kube_client, settings_for
-from tests.integration.test_http_hostile import assert_refused
+from tests.integration.test_http_hostile import assert_refused, no_error_logged  # noqa: F401 (a fixture)
 from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
 from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
@@ -158,16 +157,6 @@ def wait_until_ready(base: str, timeout: float = 60.0) -> None:
                 return
             time.sleep(0.1)
     pytest.fail(f"the controller did not see the seeded objects: {last}")
-
-
-@pytest.fixture
-def no_error_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The test fails if anything (a traceback, an 'unhandled error') is logged at ERROR while it
-    runs. The records are read by phase: at teardown `caplog.records` holds only teardown's."""
-    with caplog.at_level(logging.ERROR):
-        yield
-    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR]
-    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
 
 
 @pytest.fixture
