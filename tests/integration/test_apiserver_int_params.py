@@ -103,3 +103,9 @@ def test_delete_grace_period_in_the_body_is_a_json_integer(client: httpx.Client,
     response = client.request("DELETE", f"{CMS}/a", content=body)
     assert response.status_code == 400 and "gracePeriodSeconds" in response.text, response.text
     assert client.get(f"{CMS}/a").status_code == 200
+
+
+@pytest.mark.parametrize(("key", "value"), [("limit", "1_0"), ("timeoutSeconds", TOO_BIG), ("resourceVersion", "-1")])
+def test_deletecollection_checks_its_list_options(client: httpx.Client, key: str, value: str) -> None:
+    assert_named_400(client.delete(CMS, params={key: value}), key, value)
+    assert len(client.get(CMS).json()["items"]) == 2

@@ -521,10 +521,7 @@ class ApiApp:
     async def _list(self, request: Request, target: Target, send: Send) -> None:
         info = target.info
         labels, fields = self._selectors(request)
-        # kube decodes every ListOptions parameter of a list, even those only a watch uses
-        limit = int_param(request.params, "limit") or 0
-        _watch_timeout(request.params)
-        _resource_version(request.params)
+        limit = _list_options(request.params)
         rv = self.engine.store.rv
         entries, token, remaining = self.engine.list(
             info,
@@ -617,6 +614,7 @@ class ApiApp:
     async def _delete_collection(self, request: Request, target: Target, options: dict[str, Any], send: Send) -> None:
         info = target.info
         labels, fields = self._selectors(request)
+        _list_options(request.params)
         entries, _, _ = self.engine.list(
             info, target.namespace if info.namespaced else None, label_selector=labels, field_selector=fields
         )
@@ -693,6 +691,14 @@ def int_param(params: dict[str, str], key: str) -> int | None:
         raise errors.bad_request(
             f"invalid {key} {text[:100]!r}: {exc.reason}; allowed: {strconv.INT64_ALLOWED}"
         ) from None
+
+
+def _list_options(params: dict[str, str]) -> int:
+    """The limit of a list; like kube, which decodes all of ListOptions for a list or a deletecollection,
+    the parameters only a watch uses must be well-formed too."""
+    _watch_timeout(params)
+    _resource_version(params)
+    return int_param(params, "limit") or 0
 
 
 def _resource_version(params: dict[str, str]) -> str | None:
