@@ -276,7 +276,8 @@ async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: P
             assert bad.status_code == 400 and tfa.VRAM_REQUEST in bad.json()["error"]
             wrong = await http.post("/api/simulate-schedule",
                                     content=json.dumps(probe_pod(scheduler="default-scheduler")))
-            assert wrong.status_code == 500 and wrong.json() == {"error": "scheduler framework not found"}
+            assert wrong.status_code == 400 and wrong.json()["field"] == "spec.schedulerName", wrong.text
+            assert "'default-scheduler' is not allowed; expected 'tensor-fusion-scheduler'" in wrong.json()["error"]
 
             # no side effects
             assert service.allocator is allocator and allocator.snapshot() == before

@@ -263,8 +263,9 @@ async def test_controller_errors_and_openapi(apiserver: ApiServerHandle, tmp_pat
         assert_not_allowed(await http.delete("/api/allocation"), "GET")
         assert_error(await http.post("/api/simulate-schedule", content=b"- just\n- a list\n"), 400)
         other_scheduler = b"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {schedulerName: default-scheduler}\n"
-        assert_error(await http.post("/api/simulate-schedule", content=other_scheduler), 500,
-                     "scheduler framework not found")
+        foreign = assert_error(await http.post("/api/simulate-schedule", content=other_scheduler), 400,
+                               "spec.schedulerName", "'default-scheduler'", "'tensor-fusion-scheduler'")
+        assert foreign["field"] == "spec.schedulerName", foreign
         assert (await http.get("/api/config")).json().keys() == {"config"}
         doc = (await http.get("/schema/openapi.json")).json()
         await ctl.stop()

@@ -177,7 +177,9 @@ def test_simulate_status_codes() -> None:
     a = cluster()
     other = pod("x")
     other["spec"]["schedulerName"] = "default-scheduler"
-    assert simulate(a, other) == (500, {"error": "scheduler framework not found"})
+    status, body = simulate(a, other)
+    assert (status, body["field"]) == (400, "spec.schedulerName"), body
+    assert "'default-scheduler' is not allowed; expected 'tensor-fusion-scheduler'" in body["error"], body
     status, body = simulate(a, pod("bad", extra={P + "gpu-count": "999"}))
     assert status == 400 and "tensor-fusion.ai/gpu-count" in body["error"] and "999" in body["error"]
     with pytest.raises(ManifestError, match="neither JSON nor YAML"):

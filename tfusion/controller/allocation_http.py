@@ -6,9 +6,10 @@
   waits until the allocations have been recovered from the worker pods.
 - `POST /api/simulate-schedule`: the body is a Pod manifest in JSON or YAML (any Content-Type;
   JSON is tried first, then YAML). 400 `{"error": ...}` when the body is unreadable or not a Pod,
-  or a field the scheduler reads is wrong (`podcheck`; its model is also the documented body);
-  500 `{"error": "scheduler framework not found"}` when `spec.schedulerName` is not
-  `tensor-fusion-scheduler` (as the original); otherwise `simulate_schedule`'s answer. Nothing is
+  or a field the scheduler reads is wrong (`podcheck`; its model is also the documented body), or
+  `spec.schedulerName` is not `tensor-fusion-scheduler` (`simulate.foreign_scheduler`; the original
+  answers 500 `scheduler framework not found` there, a caller's mistake answered as a server
+  fault); otherwise `simulate_schedule`'s answer. Nothing is
   reserved or changed. A follower answers 503: only the leader holds the GPU state.
 Both answer 503 when this replica leads but its recovery has not finished in time.
 
@@ -30,10 +31,10 @@ from litestar.openapi.spec import Operation, Reference
 from tfusion.controller import views
 from tfusion.controller.scheduling.podcheck import PodManifest, manifest_schema
 from tfusion.controller.scheduling.simulate import (
-    FRAMEWORK_NOT_FOUND,
     POD_MANIFEST_MAX_BYTES,
     SCHEDULER_NAME,
     ManifestError,
+    foreign_scheduler,
     read_pod_manifest,
     simulate_schedule,
 )
@@ -135,8 +136,8 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
 
     @post("/api/simulate-schedule", summary="Filter and score a Pod without reserving anything", status_code=200,
           request_max_body_size=POD_MANIFEST_MAX_BYTES, responses=error_responses({
-              400: "The body is not a readable Pod manifest, or its GPU annotations are invalid",
-              500: f"`spec.schedulerName` is not {SCHEDULER_NAME}: {FRAMEWORK_NOT_FOUND} (as the original)",
+              400: ("The body is not a readable Pod manifest, its GPU annotations are invalid, or "
+                    f"`spec.schedulerName` is not {SCHEDULER_NAME}"),
               503: "This replica is not the leader, or has not recovered the allocations yet"}),
           **_pod_manifest_body())
     async def api_simulate_schedule(request: Request[Any, Any, Any]) -> SimulateScheduleResult:
@@ -144,8 +145,8 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
             pod = await decode_body(request, read_pod_manifest)
         except ManifestError as exc:
             raise HttpError(400, str(exc)) from None
-        if pod["spec"].get("schedulerName") != SCHEDULER_NAME:
-            raise HttpError(500, FRAMEWORK_NOT_FOUND)
+        if foreign := foreign_scheduler(pod["spec"]):
+            raise HttpError(400, ErrorBody(error=foreign, field="spec.schedulerName"))
         allocator = await _leader_allocator(service)
         if allocator is None:
             raise HttpError(503, NOT_LEADER)

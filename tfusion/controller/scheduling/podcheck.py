@@ -22,8 +22,8 @@ interpreted on top of the JSON types:
   is one `tfusion.api.quantity` reads);
 - toleration `operator` and `effect`, and node selector requirement `operator`: kube's values;
 - `spec.priority` within int32, as kube stores it.
-`spec.schedulerName` is any string here: one other than tensor-fusion-scheduler is answered by the
-route with the original's 500 (see simulate.py), not refused as a malformed Pod.
+`spec.schedulerName` is any string here: one other than tensor-fusion-scheduler is refused by the
+route with its own 400 (`simulate.foreign_scheduler`), not as a malformed Pod.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def manifest_schema(scheduler_name: str) -> dict[str, Any]:
     """`PodManifest`'s JSON schema, inlined (no `$ref`), for the route's OpenAPI document: msgspec's
     own, because Litestar's generator drops the constraints of a union's members (the quantity
     pattern). `spec.schedulerName` is required there and must be `scheduler_name`: the only Pods
-    the route judges (the check above leaves it to the route, which answers others with 500)."""
+    the route judges (the check above leaves it to the route, which refuses others with 400)."""
     schema = msgspec.json.schema(PodManifest)
     defs = schema.pop("$defs", {})
 
@@ -150,7 +150,8 @@ def manifest_schema(scheduler_name: str) -> dict[str, Any]:
     document: dict[str, Any] = inline(schema)
     spec = document["properties"]["spec"]
     spec["properties"]["schedulerName"] = {"enum": [scheduler_name], "description": (
-        f"must be {scheduler_name}; another answers 500 `scheduler framework not found`, as the original")}
+        f"must be {scheduler_name}; another is refused with 400 (the original answers 500 "
+        "`scheduler framework not found`)")}
     spec["required"] = ["schedulerName"]
     return document
 
@@ -194,7 +195,7 @@ def _message(pod: Mapping[str, Any], text: str) -> str:
     path = path.removeprefix(".") or "the body"
     if what.startswith("Object missing required field"):
         return f"{path}: {what[:1].lower()}{what[1:]}"
-    return f"{path}: {_shown(value)} is not allowed; expected {_allowed(parent, path, what, entry=entry)}"
+    return f"{path}: {shown(value)} is not allowed; expected {_allowed(parent, path, what, entry=entry)}"
 
 
 def _bad_entry(mapping: Any, parent: str) -> tuple[str, Any]:
@@ -225,6 +226,6 @@ def _allowed(parent: str, path: str, what: str, *, entry: bool) -> str:
     return " or ".join(names) + typed["rest"]
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     text = "null" if value is None else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

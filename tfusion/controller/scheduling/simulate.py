@@ -17,8 +17,9 @@ tfusion/controller/scheduling/explain.py).
 Status codes: 413 a body over 3 MiB, 400 unreadable body (too deep, an alias bomb, a YAML tag
 beyond JSON, ...), a field the scheduler reads that it cannot take (podcheck.py: the message names
 the field path, the value and what is allowed) or bad annotations (the message names the
-annotation), 500
-`scheduler framework not found` when spec.schedulerName is not the tfusion scheduler, else 200.
+annotation) or a spec.schedulerName other than the tfusion scheduler (`foreign_scheduler`: the
+message names the field, its value and the accepted name; the original answers that with 500
+`scheduler framework not found`, but it is the caller's mistake, not the server's), else 200.
 The allocator's state is not changed (only `filter`, `select`, `score` and `Framework.explain` are
 called; explain memoizes per-node explanations, which is not state the placement reads).
 
@@ -44,7 +45,7 @@ from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.defaults import default_pod_request
 from tfusion.controller.scheduling.explain import explanation_json, suggestion_json
-from tfusion.controller.scheduling.podcheck import pod_problem
+from tfusion.controller.scheduling.podcheck import pod_problem, shown
 from tfusion.controller.scheduling.scheduler import asks_for_gpus, node_failure_status
 
 if TYPE_CHECKING:
@@ -55,6 +56,16 @@ PLUGIN = "GPUResourcesFit"
 FRAMEWORK_NOT_FOUND = "scheduler framework not found"
 #: a Pod manifest may be as large as kube-apiserver accepts a request body (3 MiB)
 POD_MANIFEST_MAX_BYTES = 3 * 1024 * 1024
+
+
+def foreign_scheduler(spec: Mapping[str, Any]) -> str:
+    """Why this route will not judge a Pod that names another scheduler ("" for ours). The original's
+    words stay in the message so that a caller matching them still finds them."""
+    name = spec.get("schedulerName")
+    if name == SCHEDULER_NAME:
+        return ""
+    return (f"spec.schedulerName: {shown(name)} is not allowed; expected {SCHEDULER_NAME!r}, the only "
+            f"scheduler this route judges Pods for ({FRAMEWORK_NOT_FOUND})")
 
 
 class ManifestError(ValueError):
@@ -186,8 +197,8 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return 400, {"error": "the Pod manifest has no spec"}
-    if spec.get("schedulerName") != SCHEDULER_NAME:
-        return 500, {"error": FRAMEWORK_NOT_FOUND}
+    if foreign := foreign_scheduler(spec):
+        return 400, {"error": foreign, "field": "spec.schedulerName"}
     native = native_request(scheduler, pod) if scheduler is not None else {}
     if scheduler is not None and native:
         return 200, simulate_native(scheduler, allocator, pod, native)
