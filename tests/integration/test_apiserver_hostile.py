@@ -73,7 +73,9 @@ def yaml_cm(extra: str) -> bytes:
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """No request here may reach the server's 'internal error' path (a 500 with a logged traceback)."""
     yield
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    # caplog.records at teardown holds only teardown's records: read the test's own (and its fixtures')
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, errors
 
 
