@@ -18,8 +18,14 @@ deep JSON overruns Python's recursion (`json.loads`) or orjson's 1,024 levels. H
 - only the JSON-compatible core of YAML is accepted: maps, sequences, strings, integers, floats,
   booleans, null (timestamps stay strings, as kube's YAML-to-JSON conversion leaves them), and the
   merge key `<<`; every other tag is refused by name;
-- integers must fit in 64 bits (signed or unsigned), floats must be finite; `check_value` makes
-  the same checks (and the depth one) on a value decoded some other way or built by a patch.
+- numbers are finite and integers fit in 64 bits (signed or unsigned). A JSON integer literal
+  beyond 64 bits is read as the nearest float (orjson's reading: 123456789012345678901234567890 is
+  1.2345678901234568e29), as kube-apiserver reads it into an unstructured object (a float64); a
+  field that wants an integer then refuses that float by its type (400 naming the field), so no
+  reader ever sees an integer beyond 64 bits. A JSON literal too large for a float is refused. A
+  YAML integer beyond 64 bits is refused too (PyYAML would build it exactly, at a cost that grows
+  with its length; kube's YAML reader would round it to a float). `check_value` makes the same
+  checks (and the depth one) on a value decoded some other way or built by a patch.
 
 Freeing matters as much as building: a composed node graph of a few MiB is dismantled piece by
 piece (`_dismantle`), and the cyclic collector is paused meanwhile (`collector_paused`), so that a
@@ -80,7 +86,8 @@ class DocumentTooLarge(DocumentError):
 # --- JSON -------------------------------------------------------------------------------------------
 
 def load_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """One JSON document, at most `max_depth` levels deep, numbers within 64 bits / finite."""
+    """One JSON document, at most `max_depth` levels deep, numbers finite; an integer literal
+    beyond 64 bits comes back as a float (see the module docstring), never as a larger int."""
     try:
         with collector_paused():
             value = orjson.loads(body)
