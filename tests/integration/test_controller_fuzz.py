@@ -323,19 +323,20 @@ def eventually(check: Any, what: str, timeout: float = 30.0) -> Any:
 
 
 def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controller) -> None:
-    """The embedded API server checks only the JSON types kube's decoding would (a node affinity of
-    3 passes it); the built-in scheduler reads such a Pod through the same check as
+    """The embedded API server checks the JSON types kube's decoding would, not every value (a
+    toleration operator of Sometimes passes it); the built-in scheduler reads such a Pod through the same check as
     simulate-schedule and marks it unschedulable with the field, instead of failing its loop:
     the next Pod is still bound."""
     spec = {"schedulerName": SCHEDULER, "containers": [{"name": "c", "image": "app"}]}
     with stack.apiserver.sync_http() as api:
-        created = api.post("/api/v1/namespaces/default/pods", json={
-            "metadata": {"name": "unreadable"}, "spec": {**spec, "affinity": {"nodeAffinity": 3}}})
+        unreadable = {**spec, "tolerations": [{"key": "k", "operator": "Sometimes"}]}
+        created = api.post("/api/v1/namespaces/default/pods",
+                           json={"metadata": {"name": "unreadable"}, "spec": unreadable})
         assert created.status_code == 201, created.text
         condition = eventually(lambda: scheduled_condition(stack.apiserver, "unreadable"),
                                "a PodScheduled condition on the unreadable pod")
         assert condition.get("reason") == "Unschedulable", condition
-        assert "spec.affinity.nodeAffinity: 3 is not allowed" in condition["message"], condition
+        assert "spec.tolerations[0].operator: 'Sometimes' is not allowed" in condition["message"], condition
         created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "plain"}, "spec": spec})
         assert created.status_code == 201, created.text
         bound = eventually(lambda: scheduled_condition(stack.apiserver, "plain"), "the plain pod bound")
@@ -344,15 +345,29 @@ def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controll
 
 @pytest.mark.usefixtures("no_error_logged")
 def test_a_bound_pod_with_an_unreadable_overhead_counts_as_nothing_more(stack: Controller) -> None:
-    """The API server stores a bound pod with `spec.overhead: "x"` (a field it does not check);
-    the scheduler's per-node totals skip what they cannot read instead of failing on it (that
-    failure, at the start of a leadership term, stopped the built-in scheduler)."""
+    """A bound pod with `spec.overhead: "x"`: the API server refuses that now (400), so it is
+    written straight into its store, as one stored before that check was; the scheduler's per-node
+    totals skip what they cannot read instead of failing on it (that failure, at the start of a
+    leadership term, stopped the built-in scheduler)."""
     spec = {"schedulerName": SCHEDULER, "containers": [{"name": "c", "image": "app"}]}
     with stack.apiserver.sync_http() as api:
         created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "odd-overhead"}, "spec": {
-            **spec, "nodeName": "node-a", "overhead": "x", "initContainers": [{"name": "i", "image": "app",
-                                                                              "resources": {"requests": None}}]}})
+            **spec, "nodeName": "node-a", "initContainers": [{"name": "i", "image": "app",
+                                                              "resources": {"requests": None}}]}})
         assert created.status_code == 201, created.text
+
+        def unreadable_overhead() -> None:
+            store = stack.apiserver.server.store
+            assert store is not None
+            entry = store.get("/pods", "default", "odd-overhead")
+            assert entry is not None
+            pod = entry.copy()
+            pod["spec"]["overhead"] = "x"
+            store.put("/pods", pod, entry)
+
+        stack.apiserver.call(unreadable_overhead)
+        stored = api.get("/api/v1/namespaces/default/pods/odd-overhead").json()
+        assert stored["spec"]["overhead"] == "x", stored
         created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "after-odd"}, "spec": spec})
         assert created.status_code == 201, created.text
     bound = eventually(lambda: scheduled_condition(stack.apiserver, "after-odd"), "the next pod bound")

@@ -78,7 +78,29 @@ _META = Obj(
                                blockOwnerDeletion=BOOL)),
     deletionGracePeriodSeconds=INT,
 )
-_RESOURCES = Obj(limits=MapOf(SCALAR), requests=MapOf(SCALAR))
+#: a quantity is a JSON string or number (kube's Quantity decodes either); its value is validated
+#: by `validation.validate_pod` (422), as kube-apiserver's validation does after decoding
+QUANTITIES = MapOf(SCALAR)
+_RESOURCES = Obj(limits=QUANTITIES, requests=QUANTITIES)
+_REQUIREMENT = Obj(key=STR, operator=STR, values=ListOf(STR))
+_SELECTOR = Obj(matchLabels=MapOf(STR), matchExpressions=ListOf(_REQUIREMENT))
+_NODE_SELECTOR_TERM = Obj(matchExpressions=ListOf(_REQUIREMENT), matchFields=ListOf(_REQUIREMENT))
+_POD_AFFINITY_TERM = Obj(labelSelector=_SELECTOR, namespaceSelector=_SELECTOR, namespaces=ListOf(STR),
+                         topologyKey=STR, matchLabelKeys=ListOf(STR), mismatchLabelKeys=ListOf(STR))
+_POD_AFFINITY = Obj(
+    requiredDuringSchedulingIgnoredDuringExecution=ListOf(_POD_AFFINITY_TERM),
+    preferredDuringSchedulingIgnoredDuringExecution=ListOf(Obj(weight=INT, podAffinityTerm=_POD_AFFINITY_TERM)),
+)
+#: the scheduler (ours and the built-in one) reads these: a wrong type here once crashed it
+_AFFINITY = Obj(
+    nodeAffinity=Obj(
+        requiredDuringSchedulingIgnoredDuringExecution=Obj(nodeSelectorTerms=ListOf(_NODE_SELECTOR_TERM)),
+        preferredDuringSchedulingIgnoredDuringExecution=ListOf(Obj(weight=INT, preference=_NODE_SELECTOR_TERM)),
+    ),
+    podAffinity=_POD_AFFINITY,
+    podAntiAffinity=_POD_AFFINITY,
+)
+_TOLERATION = Obj(key=STR, operator=STR, value=STR, effect=STR, tolerationSeconds=INT)
 _CONTAINER = Obj(
     name=STR,
     image=STR,
@@ -108,13 +130,14 @@ _POD_SPEC = Obj(
     restartPolicy=STR,
     terminationGracePeriodSeconds=INT,
     activeDeadlineSeconds=INT,
-    tolerations=ListOf(ANY_OBJ),
+    tolerations=ListOf(_TOLERATION),
     schedulingGates=ListOf(Obj(name=STR)),
     imagePullSecrets=ListOf(Obj(name=STR)),
     hostAliases=ListOf(Obj(ip=STR)),
     topologySpreadConstraints=ListOf(Obj(topologyKey=STR)),
     resourceClaims=ListOf(Obj(name=STR)),
-    affinity=ANY_OBJ,
+    affinity=_AFFINITY,
+    overhead=QUANTITIES,
     securityContext=ANY_OBJ,
     hostNetwork=BOOL,
     enableServiceLinks=BOOL,
@@ -146,7 +169,6 @@ _WEBHOOK = Obj(
     reinvocationPolicy=STR,
 )
 
-_SELECTOR = Obj(matchLabels=MapOf(STR), matchExpressions=ListOf(Obj(key=STR, operator=STR, values=ListOf(STR))))
 _TEMPLATE = Obj(metadata=_META, spec=_POD_SPEC)
 INT_OR_STRING = (int, str)
 _WORKLOAD_CONDITIONS = ListOf(Obj(type=STR, status=STR, reason=STR, message=STR, lastUpdateTime=STR,

@@ -1,7 +1,8 @@
 """Checks and defaults kube-apiserver applies to built-in kinds (names, pods, namespaces, ...).
 
 Only what clients of tfusion can observe is implemented: object names, the fields a pod must have,
-which pod fields may change after creation, and the defaults kube-apiserver fills in.
+its resource quantities (the schedulers and quotas parse them), which pod fields may change after
+creation, and the defaults kube-apiserver fills in.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import base64
 import re
 from typing import Any
 
+from tfusion.api.quantity import ALLOWED, QuantityError, parse_quantity
 from tfusion.apiserver import metadata_keys
 
 Cause = tuple[str, str, str]  # (field path, reason, message)
@@ -155,6 +157,27 @@ def validate_pod(pod: dict[str, Any]) -> list[Cause]:
                 seen.add(name)
             if not container.get("image"):
                 causes.append(required(f"{path}.image"))
+            resources = container.get("resources")
+            if isinstance(resources, dict):
+                for which in ("requests", "limits"):
+                    causes += _quantity_causes(f"{path}.resources.{which}", resources.get(which))
+    return causes + _quantity_causes("spec.overhead", spec.get("overhead"))
+
+
+def _quantity_causes(path: str, quantities: Any) -> list[Cause]:
+    """Each value of a resource map that is not a non-negative quantity (the JSON types are
+    shapes.py's): the scheduler and the quota code parse these, and kube refuses them too."""
+    causes: list[Cause] = []
+    for name, value in (quantities.items() if isinstance(quantities, dict) else ()):
+        shown = value if not isinstance(value, str) or len(value) <= 60 else value[:57] + "..."
+        try:
+            negative = parse_quantity(value).sign() < 0
+        except QuantityError as exc:
+            why = f"must be a quantity ({exc.reason}): {ALLOWED}"
+            causes.append(invalid_value(f"{path}[{name}]", shown, why))
+            continue
+        if negative:
+            causes.append(invalid_value(f"{path}[{name}]", shown, "must be greater than or equal to 0"))
     return causes
 
 

@@ -8,8 +8,9 @@ the shape a Pod has once kube-apiserver has decoded and validated it. Unchecked,
 and `"cpu": "-2"` or an unreadable quantity counted silently as nothing. `pod_problem` converts the
 Pod into `PodManifest` and, for the first field that does not fit, names its path, the value and
 what is allowed; "" when the readers can take the Pod. The built-in scheduler makes the same check
-on each pending Pod (`Scheduler.decide`): the embedded API server checks fewer fields (a node
-affinity of 3 is stored), and such a Pod is reported unschedulable with the message.
+on each pending Pod (`Scheduler.decide`): the embedded API server checks the JSON types
+but not every value (a toleration operator of Sometimes is stored), and such a Pod is reported
+unschedulable with the message.
 
 Because the same Structs are the route's documented body, the document and the check cannot
 disagree: a generated body that fits the schema is accepted, one that does not is refused. Every
