@@ -41,6 +41,8 @@ import os
 import re
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -334,16 +336,21 @@ class MemoryTrimmer:
     Why: glibc keeps what a process frees in its heaps for reuse, and after a large block is
     freed it raises its threshold for serving allocations from fresh mappings, so the memory of a
     burst of large bodies (parsed in worker threads, which get arenas of their own) stays resident
-    after the burst, for good. `malloc_trim(0)` returns the free pages of every arena. It runs in a
-    worker thread (ctypes releases the GIL), at most every `interval` seconds, and only after a
-    large body was read (`note_large_body`) or the resident size grew by `growth` bytes since the
-    last trim (a burst on a route that reads its body some other way). A no-op where the C library
-    has no malloc_trim."""
+    after the burst, for good. `malloc_trim(0)` returns the free pages of every arena.
 
-    def __init__(self, *, interval: float = 2.0, growth: int = 64 * 1024 * 1024) -> None:
-        self.interval, self.growth = interval, growth
+    When: once a burst is over, not during it (a trim walks every arena with its lock held, which
+    stalls the event loop's own allocations on a heap of hundreds of MiB): `quiet` seconds after
+    the last large body was read or decoded (`note_large_body`), and once more `quiet` seconds
+    later for what was still being answered then; or after the resident size grew by `growth`
+    bytes since the last trim with no large body noted (a burst on a route that reads its body
+    some other way). In a worker thread (ctypes releases the GIL). A no-op where the C library has
+    no malloc_trim."""
+
+    def __init__(self, *, quiet: float = 2.0, growth: int = 16 * 1024 * 1024) -> None:
+        self.quiet, self.growth = quiet, growth
         self.trims = 0
-        self._large_bodies = 0
+        self._pending = 0  # trims still owed to the last burst
+        self._last_large = 0.0
         self._baseline = 0
         self._lock = threading.Lock()
         self._trim: Callable[[int], int] | None = None
@@ -352,14 +359,14 @@ class MemoryTrimmer:
             self._trim = ctypes.CDLL(libc).malloc_trim if libc else None
 
     def note_large_body(self) -> None:
-        self._large_bodies += 1
+        self._pending, self._last_large = 2, time.monotonic()
 
     async def run(self) -> None:
         """Until cancelled; every server runs one, and they share the work (one trim per occasion)."""
         if self._trim is None:
             return
         while True:
-            await anyio.sleep(self.interval)
+            await anyio.sleep(self.quiet)
             if self._due() and self._lock.acquire(blocking=False):
                 try:
                     await anyio.to_thread.run_sync(self.trim_now)
@@ -367,10 +374,14 @@ class MemoryTrimmer:
                     self._lock.release()
 
     def _due(self) -> bool:
-        return self._large_bodies > 0 or _resident_bytes() > self._baseline + self.growth
+        if time.monotonic() - self._last_large < self.quiet:
+            return False
+        return self._pending > 0 or _resident_bytes() > self._baseline + self.growth
 
     def trim_now(self) -> None:
-        self._large_bodies = 0
+        self._pending = max(0, self._pending - 1)
+        if self._pending:  # the next one `quiet` seconds from now
+            self._last_large = time.monotonic()
         if self._trim is not None:
             self._trim(0)
             self.trims += 1
@@ -547,23 +558,37 @@ async def receive_body(receive: Receive, *, limit: float, declared: str, target:
 async def _receive(receive: Receive, *, limit: float, declared: str, target: str, timeout: float) -> bytearray:
     # a declared length over the limit is refused before a byte of the body is read; one that
     # arrives without (chunked) as soon as it passes the limit
-    if declared.isdigit() and int(declared) > limit:
-        raise _body_too_large(target, limit, int(declared))
-    body = bytearray()
+    expected = int(declared) if declared.isdigit() else 0
+    if expected > limit:
+        raise _body_too_large(target, limit, expected)
+    # the declared size at once (the parser delivers no more than declared): a buffer grown chunk
+    # by chunk is copied whole at each growth, tens of MiB at a time on the event loop
+    body = bytearray(expected)
+    view = memoryview(body)
+    size = 0
     with anyio.move_on_after(timeout) as deadline:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":  # nobody is left to read an answer
                 raise HttpError(400, "the client disconnected before its request body was complete")
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-            if len(body) + len(chunk) > limit:
+            if size + len(chunk) > limit:
                 raise _body_too_large(target, limit, None)
-            body += chunk
+            if size + len(chunk) <= expected:
+                view[size:size + len(chunk)] = chunk
+            else:
+                view.release()
+                del body[size:]
+                body += chunk
+                view = memoryview(body)
+            size += len(chunk)
             if not message.get("more_body", False):
                 break
+    view.release()
     if deadline.cancelled_caught:
         raise HttpError(408, f"the request body did not arrive in full within {timeout:g}s",
                         headers={"Connection": "close"})
+    del body[size:]
     if len(body) > THREAD_ABOVE_BYTES:
         MEMORY_TRIMMER.note_large_body()
     return body
@@ -579,7 +604,8 @@ async def decode_body(request: Request[Any, Any, Any], decode: Callable[[bytes],
         _refuse_deep_json(body)
         return decode(body)
     try:
-        return await anyio.to_thread.run_sync(_decode_without_collections, decode, body)
+        return await anyio.to_thread.run_sync(_decode_without_collections, decode, body,
+                                              limiter=_large_decodes())
     finally:
         del body
         MEMORY_TRIMMER.note_large_body()  # freed now: worth a trim
@@ -595,10 +621,26 @@ async def decode_json_body(request: Request[Any, Any, Any], decode: Callable[[by
     if len(body) <= THREAD_ABOVE_BYTES:
         return _decode_json(decode, body)
     try:
-        return await anyio.to_thread.run_sync(_decode_json, decode, body)
+        return await anyio.to_thread.run_sync(_decode_json, decode, body, limiter=_large_decodes())
     finally:
         del body
         MEMORY_TRIMMER.note_large_body()
+
+
+_LARGE_DECODES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = \
+    weakref.WeakKeyDictionary()
+
+
+def _large_decodes() -> anyio.CapacityLimiter:
+    """One large body decoded at a time per event loop. Each worker thread that parses holds the
+    GIL for a switch interval (5 ms) in turn, so with ten parsing at once the event loop would
+    wait ten intervals for every step of every other request (a /healthz took a second); with
+    one, at most one interval."""
+    loop = asyncio.get_running_loop()
+    limiter = _LARGE_DECODES.get(loop)
+    if limiter is None:
+        limiter = _LARGE_DECODES[loop] = anyio.CapacityLimiter(1)
+    return limiter
 
 
 _ERROR_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
@@ -607,7 +649,8 @@ _ERROR_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 def _decode_json(decode: Callable[[bytearray], _T], body: bytearray) -> _T:
     _refuse_deep_json(body)
     try:
-        return decode(body)
+        with collector_paused():  # see _decode_without_collections
+            return decode(body)
     except msgspec.ValidationError as exc:
         where = _ERROR_PATH.search(str(exc))
         field = where.group(1) if where else ""
@@ -629,7 +672,7 @@ def _decode_without_collections(decode: Callable[[bytes], _T], body: bytes) -> _
 
 
 def _refuse_deep_json(body: bytes | bytearray) -> None:
-    problem = json_depth_problem(body)
+    problem = json_depth_problem(body, yield_gil=len(body) > THREAD_ABOVE_BYTES)
     if problem is not None:
         raise HttpError(400, ErrorBody(error=f"request body: {problem}", field="body"))
 
@@ -637,26 +680,29 @@ def _refuse_deep_json(body: bytes | bytearray) -> None:
 #: bytes scanned per step: a step holds the GIL for about a millisecond at worst (a body of brackets)
 _DEPTH_STEP = 64 * 1024
 #: brackets to depth steps: an opening one counts 2, a closing one 0 (the running sum minus the
-#: count of brackets is the depth); every other byte is dropped
+#: count of brackets is the depth)
 _BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+#: every byte but quotes and brackets, dropped first: what is left of a step is a few KiB at most
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 _JSON_SPACE = re.compile(rb"[ \t\r\n]*")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
-def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH, *,
+                       yield_gil: bool = False) -> str | None:
     """What is wrong when a JSON text nests objects and arrays deeper than `max_depth`, else None.
 
     Without recursion and without decoding: the text is scanned in steps of `_DEPTH_STEP` bytes,
     each step with bytes operations (escapes dropped, strings cut out at the quotes, the brackets
-    left turned into a running depth by `itertools.accumulate`), so a scan in a worker thread lets
-    the event loop run between steps. A text that does not start as a JSON object or array is not
+    left turned into a running depth by `itertools.accumulate`); `yield_gil` (in a worker thread)
+    lets the event loop run between steps. A text that does not start as a JSON object or array is not
     JSON for this purpose (YAML has its own reader with its own bounds); a malformed one may be
     misjudged here, and its decoder refuses it anyway."""
     first = _JSON_SPACE.match(body)
     offset = first.end() if first else 0
     if offset >= len(body) or body[offset] not in b"[{":
         return None
-    if body.count(b"[") + body.count(b"{") <= max_depth:
+    if len(body) <= _DEPTH_STEP and body.count(b"[") + body.count(b"{") <= max_depth:
         return None
     view = memoryview(body)
     depth, in_string, escaped = 0, False, False
@@ -668,18 +714,29 @@ def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH)
         escaped = trailing % 2 == 1
         if escaped:
             step = step[:-1]
-        if b"\\" in step:
-            step = step.replace(b"\\\\", b"").replace(b'\\"', b"")
-        pieces = step.split(b'"')
-        outside = b"".join(pieces[1 if in_string else 0::2])
-        in_string ^= len(pieces) % 2 == 0
-        brackets = outside.translate(_BRACKET_STEPS, _NOT_BRACKETS)
+        if b"\\" in step:  # an escape and what it escapes (an escaped quote ends no string)
+            step = _ESCAPE.sub(b"", step)
+        kept = step.translate(None, _NOT_STRUCTURE)
+        if in_string:  # the step starts inside a string: up to its closing quote is not structure
+            close = kept.find(b'"')
+            in_string = close < 0
+            kept = b"" if in_string else kept[close + 1:]
+        # two quotes with no bracket between them open and close a string, or close one and open
+        # the next: dropping them leaves what is inside strings the same (and most strings go)
+        pieces = kept.replace(b'""', b"").split(b'"')
+        outside = b"".join(pieces[0::2])
+        in_string = in_string or len(pieces) % 2 == 0
+        brackets = outside.translate(_BRACKET_STEPS)
         opens = brackets.count(2)
         if depth + opens > max_depth:
             deepest = max(map(operator.sub, itertools.accumulate(brackets), itertools.count(1 - depth)))
             if deepest > max_depth:
                 return f"nested more than {max_depth} levels deep"
         depth += 2 * opens - len(brackets)
+        if yield_gil:
+            # hand the GIL over between steps: a thread that keeps it until the interpreter asks
+            # (every 5 ms) makes the event loop wait that long after each of its system calls
+            time.sleep(0)
     return None
 
 

@@ -34,6 +34,7 @@ runs while a worker's bind is in flight already sees that worker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,10 +61,14 @@ from tfusion.kube.client import KubeError, NotFound
 MAX_EXTENDER_PRIORITY = 10
 
 
-class NodeList(msgspec.Struct):
+class NodeList(msgspec.Struct, gc=False):
     """The candidate Nodes (nodeCacheCapable false). Each item stays the JSON it arrived as: the
     extender reads only its name, and answers the passing items unchanged, so thousands of Node
-    objects are never built as Python objects."""
+    objects are never built as Python objects.
+
+    These wire structs are not tracked by the cyclic collector (they cannot form cycles): a
+    request builds thousands of them, enough to set off full collections, which in a process
+    with a large heap hold the GIL, and with it the event loop, for hundreds of milliseconds."""
 
     items: list[msgspec.Raw] = msgspec.field(default_factory=list)
     apiVersion: str = "v1"
@@ -71,7 +76,7 @@ class NodeList(msgspec.Struct):
     metadata: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
 
 
-class ExtenderArgs(msgspec.Struct):
+class ExtenderArgs(msgspec.Struct, gc=False):
     """kube-scheduler's filter and prioritize request."""
 
     Pod: dict[str, Any]
@@ -79,11 +84,11 @@ class ExtenderArgs(msgspec.Struct):
     NodeNames: list[str] | None = None
 
 
-class _NodeMeta(msgspec.Struct):
+class _NodeMeta(msgspec.Struct, gc=False):
     name: str | None = None
 
 
-class _NamedNode(msgspec.Struct):
+class _NamedNode(msgspec.Struct, gc=False):
     metadata: _NodeMeta | None = None
 
 
@@ -95,7 +100,9 @@ def node_item_names(args: ExtenderArgs) -> list[str | None]:
     """The name of each item of `args.Nodes`, None for an item that names no node (not an object,
     no metadata.name)."""
     names: list[str | None] = []
-    for item in args.Nodes.items if args.Nodes is not None else ():
+    for index, item in enumerate(args.Nodes.items if args.Nodes is not None else ()):
+        if index % 512 == 511:
+            time.sleep(0)  # run in a worker thread: let the event loop have the GIL now and then
         try:
             meta = _named_node.decode(item).metadata
         except msgspec.DecodeError:  # ValidationError included: not a Node-shaped object
@@ -133,7 +140,7 @@ class ExtenderFilterResult(msgspec.Struct):
     Error: str = ""
 
 
-class HostPriority(msgspec.Struct):
+class HostPriority(msgspec.Struct, gc=False):
     Host: str
     Score: int
 
