@@ -36,6 +36,7 @@ import ctypes.util
 import itertools
 import logging
 import math
+import mmap
 import operator
 import os
 import re
@@ -43,7 +44,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Annotated, Any, TypeVar, get_args
@@ -63,6 +64,7 @@ from litestar.handlers import HTTPRouteHandler, asgi
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Operation, Reference
 from litestar.params import Body
+from litestar.response import Stream
 from litestar.types import Receive, Scope, Send
 from litestar.utils.scope.state import ScopeState
 from msgspec import UNSET, UnsetType
@@ -536,35 +538,45 @@ def _body_too_large(target: str, limit: float, size: int | None) -> HttpError:
                      headers={"Connection": "close"})
 
 
+#: a request body: bytes, or for a large one with a declared length the anonymous mapping it was
+#: received into (see `_receive`)
+BodyBuffer = bytes | mmap.mmap
+
+
 async def read_body(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytes:
     """The whole body, within the route's limit (else 413) and arriving within `timeout` (else 408)."""
-    return bytes(await read_body_buffer(request, timeout=timeout))
-
-
-async def read_body_buffer(request: Request[Any, Any, Any], *, timeout: float = BODY_TIMEOUT_S) -> bytearray:
-    """`read_body` in the buffer it was received into (no copy: the largest bodies are held once)."""
-    return await _receive(request.receive, limit=body_limit(request), timeout=timeout,
-                          declared=request.headers.get("content-length", ""),
-                          target=f"{request.method} {request.url.path}")
+    return _as_bytes(await _read(request, timeout))
 
 
 async def receive_body(receive: Receive, *, limit: float, declared: str, target: str,
                        timeout: float = BODY_TIMEOUT_S) -> bytes:
     """`read_body` for a raw ASGI route: `declared` is its Content-Length ("" if none), `target`
     its method and path (named in a 413)."""
-    return bytes(await _receive(receive, limit=limit, declared=declared, target=target, timeout=timeout))
+    return _as_bytes(await _receive(receive, limit=limit, declared=declared, target=target, timeout=timeout))
 
 
-async def _receive(receive: Receive, *, limit: float, declared: str, target: str, timeout: float) -> bytearray:
+def _as_bytes(body: BodyBuffer) -> bytes:
+    return body if isinstance(body, bytes) else body[:]
+
+
+def _read(request: Request[Any, Any, Any], timeout: float) -> Awaitable[BodyBuffer]:
+    return _receive(request.receive, limit=body_limit(request), timeout=timeout,
+                    declared=request.headers.get("content-length", ""), target=f"{request.method} {request.url.path}")
+
+
+async def _receive(receive: Receive, *, limit: float, declared: str, target: str, timeout: float) -> BodyBuffer:
+    """The body; one over THREAD_ABOVE_BYTES that declares its length is received into an anonymous
+    mapping of that size: it is written once as it arrives (a buffer grown chunk by chunk is copied
+    at each growth, and chunks joined at the end are copied once more, tens of MiB at a time on the
+    event loop), it is not zero-filled first, and its memory goes back to the system the moment
+    the last reference to it goes (a heap buffer that large stays in the allocator's arenas)."""
     # a declared length over the limit is refused before a byte of the body is read; one that
     # arrives without (chunked) as soon as it passes the limit
+    if declared.isdigit() and int(declared) > limit:
+        raise _body_too_large(target, limit, int(declared))
     expected = int(declared) if declared.isdigit() else 0
-    if expected > limit:
-        raise _body_too_large(target, limit, expected)
-    # the declared size at once (the parser delivers no more than declared): a buffer grown chunk
-    # by chunk is copied whole at each growth, tens of MiB at a time on the event loop
-    body = bytearray(expected)
-    view = memoryview(body)
+    mapped = mmap.mmap(-1, expected) if expected > THREAD_ABOVE_BYTES else None
+    chunks: list[bytes] = []
     size = 0
     with anyio.move_on_after(timeout) as deadline:
         while True:
@@ -574,24 +586,23 @@ async def _receive(receive: Receive, *, limit: float, declared: str, target: str
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
             if size + len(chunk) > limit:
                 raise _body_too_large(target, limit, None)
-            if size + len(chunk) <= expected:
-                view[size:size + len(chunk)] = chunk
-            else:
-                view.release()
-                del body[size:]
-                body += chunk
-                view = memoryview(body)
+            if mapped is None:
+                chunks.append(chunk)
+            elif chunk:  # the HTTP parser delivers no more than the declared length
+                mapped[size:size + len(chunk)] = chunk
             size += len(chunk)
             if not message.get("more_body", False):
                 break
-    view.release()
     if deadline.cancelled_caught:
         raise HttpError(408, f"the request body did not arrive in full within {timeout:g}s",
                         headers={"Connection": "close"})
-    del body[size:]
-    if len(body) > THREAD_ABOVE_BYTES:
+    if size > THREAD_ABOVE_BYTES:
         MEMORY_TRIMMER.note_large_body()
-    return body
+    if mapped is None:
+        return b"".join(chunks)
+    if size != expected:
+        raise HttpError(400, f"the request body has {size} bytes, not the {expected} of its Content-Length")
+    return mapped
 
 
 async def decode_body(request: Request[Any, Any, Any], decode: Callable[[bytes], _T], *,
@@ -599,25 +610,27 @@ async def decode_body(request: Request[Any, Any, Any], decode: Callable[[bytes],
     """`decode(read_body(request))`, in a worker thread when the body is over THREAD_ABOVE_BYTES:
     parsing a few MiB of YAML takes long enough to delay every other task of the process. A JSON
     body that nests deeper than MAX_JSON_DEPTH is refused (400) before `decode` sees it."""
-    body = await read_body(request, timeout=timeout)
+    body = await _read(request, timeout)
     if len(body) <= THREAD_ABOVE_BYTES:
-        _refuse_deep_json(body)
-        return decode(body)
+        return _decode_without_collections(decode, _as_bytes(body))
     try:
-        return await anyio.to_thread.run_sync(_decode_without_collections, decode, body,
-                                              limiter=_large_decodes())
+        return await anyio.to_thread.run_sync(_decode_copy, decode, body, limiter=_large_decodes())
     finally:
         del body
         MEMORY_TRIMMER.note_large_body()  # freed now: worth a trim
 
 
-async def decode_json_body(request: Request[Any, Any, Any], decode: Callable[[bytearray], _T], *,
+def _decode_copy(decode: Callable[[bytes], _T], body: BodyBuffer) -> _T:
+    return _decode_without_collections(decode, _as_bytes(body))
+
+
+async def decode_json_body(request: Request[Any, Any, Any], decode: Callable[[BodyBuffer], _T], *,
                            timeout: float = BODY_TIMEOUT_S) -> _T:
     """`decode(body)` for a msgspec decoding of the JSON body (a Decoder's `decode`, or a function
     that calls one): the body within the route's limit and at most MAX_JSON_DEPTH deep, decoded
-    in a worker thread when large, straight from the buffer it arrived in (msgspec.Raw fields
-    refer to it rather than copy it). msgspec's refusals become 400s naming the field at fault."""
-    body = await read_body_buffer(request, timeout=timeout)
+    in a worker thread when large, straight from the buffer it arrived in (msgspec.Raw fields refer
+    to it rather than copy it). msgspec's refusals become 400s naming the field at fault."""
+    body = await _read(request, timeout)
     if len(body) <= THREAD_ABOVE_BYTES:
         return _decode_json(decode, body)
     try:
@@ -625,6 +638,29 @@ async def decode_json_body(request: Request[Any, Any, Any], decode: Callable[[by
     finally:
         del body
         MEMORY_TRIMMER.note_large_body()
+
+
+#: an answer larger than this is encoded in a worker thread and sent in pieces of this size
+ANSWER_PIECE_BYTES = 256 * 1024
+_ANSWER_ENCODER = msgspec.json.Encoder()
+
+
+async def json_answer(value: Any) -> Response[Any]:
+    """`value` as a 200 JSON answer, for a route whose answers may be tens of MiB (the extender's
+    filter returns the Node objects it was sent): encoded in a worker thread and sent in pieces of
+    ANSWER_PIECE_BYTES with its Content-Length. Handed to the transport whole, what the socket
+    does not take at once is copied into asyncio's write buffer in one go, which (with the memory
+    it faults in) held the event loop for 100-200 ms per answer."""
+    payload = await anyio.to_thread.run_sync(_ANSWER_ENCODER.encode, value, limiter=_large_decodes())
+    if len(payload) <= ANSWER_PIECE_BYTES:
+        return Response(payload, media_type=MediaType.JSON)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        view = memoryview(payload)
+        for start in range(0, len(payload), ANSWER_PIECE_BYTES):
+            yield bytes(view[start:start + ANSWER_PIECE_BYTES])
+
+    return Stream(pieces(), media_type=MediaType.JSON, headers={"content-length": str(len(payload))})
 
 
 _LARGE_DECODES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = \
@@ -646,7 +682,7 @@ def _large_decodes() -> anyio.CapacityLimiter:
 _ERROR_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
-def _decode_json(decode: Callable[[bytearray], _T], body: bytearray) -> _T:
+def _decode_json(decode: Callable[[BodyBuffer], _T], body: BodyBuffer) -> _T:
     _refuse_deep_json(body)
     try:
         with collector_paused():  # see _decode_without_collections
@@ -667,11 +703,13 @@ def _decode_without_collections(decode: Callable[[bytes], _T], body: bytes) -> _
     # the many objects a large document allocates would trigger full garbage collections, which
     # hold the GIL (and so the event loop) for 100 ms or more: see documents.collector_paused
     _refuse_deep_json(body)
+    if len(body) <= THREAD_ABOVE_BYTES:
+        return decode(body)
     with collector_paused():
         return decode(body)
 
 
-def _refuse_deep_json(body: bytes | bytearray) -> None:
+def _refuse_deep_json(body: BodyBuffer) -> None:
     problem = json_depth_problem(body, yield_gil=len(body) > THREAD_ABOVE_BYTES)
     if problem is not None:
         raise HttpError(400, ErrorBody(error=f"request body: {problem}", field="body"))
@@ -688,7 +726,7 @@ _JSON_SPACE = re.compile(rb"[ \t\r\n]*")
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
-def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH, *,
+def json_depth_problem(body: bytes | bytearray | mmap.mmap, max_depth: int = MAX_JSON_DEPTH, *,
                        yield_gil: bool = False) -> str | None:
     """What is wrong when a JSON text nests objects and arrays deeper than `max_depth`, else None.
 
@@ -702,7 +740,8 @@ def json_depth_problem(body: bytes | bytearray, max_depth: int = MAX_JSON_DEPTH,
     offset = first.end() if first else 0
     if offset >= len(body) or body[offset] not in b"[{":
         return None
-    if len(body) <= _DEPTH_STEP and body.count(b"[") + body.count(b"{") <= max_depth:
+    if isinstance(body, bytes | bytearray) and len(body) <= _DEPTH_STEP and \
+            body.count(b"[") + body.count(b"{") <= max_depth:
         return None
     view = memoryview(body)
     depth, in_string, escaped = 0, False, False

@@ -57,6 +57,7 @@ from tfusion.controller.scheduling.scheduler import (
 )
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
+from tfusion.web import BodyBuffer
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -127,7 +128,7 @@ class ExtenderCall:
         return [name for name in self.item_names if name is not None]
 
 
-def decode_extender_call(body: bytes | bytearray) -> ExtenderCall:
+def decode_extender_call(body: BodyBuffer) -> ExtenderCall:
     args = extender_args_decoder.decode(body)
     return ExtenderCall(args, node_item_names(args) if args.NodeNames is None else [])
 

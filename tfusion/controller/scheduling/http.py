@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.params import Parameter
@@ -34,7 +34,7 @@ from tfusion.controller.scheduling.extender import (
 )
 from tfusion.controller.scheduling.extender_sizing import SIZED_FOR_NODES
 from tfusion.controller.scheduling.nodes import is_pending
-from tfusion.web import HttpError, decode_json_body, error_responses, raw_body
+from tfusion.web import HttpError, decode_json_body, error_responses, json_answer, raw_body
 
 if TYPE_CHECKING:
     from tfusion.controller.scheduling.scheduler import Scheduler
@@ -106,9 +106,10 @@ def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
 
     @post("/scheduler/filter", summary="kube-scheduler extender: filter nodes by GPU", status_code=200,
           request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals, guards=[serving], **args_body)
-    async def scheduler_filter(request: Request[Any, Any, Any]) -> ExtenderFilterResult:
+    async def scheduler_filter(request: Request[Any, Any, Any]) -> Response[ExtenderFilterResult]:
         call = await decode_json_body(request, decode_extender_call)
-        return extender.filter(call, _extender_framework(scheduler))
+        # with Nodes, the answer holds the passing Node objects: as large as the request
+        return await json_answer(extender.filter(call, _extender_framework(scheduler)))
 
     @post("/scheduler/prioritize", summary="kube-scheduler extender: score nodes 0..10", status_code=200,
           request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals, guards=[serving], **args_body)
