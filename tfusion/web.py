@@ -71,6 +71,7 @@ from msgspec import UNSET, UnsetType
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tfusion.api.documents import MAX_DEPTH, collector_paused
+from tfusion.api.strconv import INT64_ALLOWED, IntegerError, parse_int64
 from tfusion.settings import parse_listen
 
 log = logging.getLogger(__name__)
@@ -882,20 +883,12 @@ def _document_errors(app: Litestar) -> None:
 
 # --- before any handler runs: bodies Litestar parses, integers as Go reads them --------------------
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_GO_INT = re.compile(r"[+-]?[0-9]+")
-_GO_INT_ALLOWED = f"an optional sign and decimal digits, from {INT64_MIN} to {INT64_MAX}"
-
-
 def parse_go_int(text: str) -> int | None:
-    """`text` as Go's strconv.ParseInt(text, 10, 64) reads it, else None: an optional sign and ASCII
-    decimal digits (no spaces, underscores, exponents or other scripts' digits), within int64."""
-    if not _GO_INT.fullmatch(text):
+    """`text` as Go's strconv.ParseInt(text, 10, 64) reads it (tfusion.api.strconv), else None."""
+    try:
+        return parse_int64(text)
+    except IntegerError:
         return None
-    if len(text.lstrip("+-").lstrip("0")) > 19:  # beyond int64 whatever the digits (and int() stays cheap)
-        return None
-    value = int(text)
-    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 @dataclass(frozen=True)
@@ -938,7 +931,7 @@ def _int_parameters(handler: HTTPRouteHandler) -> _IntParameters:
 
 def _not_go_int(where: str, name: str, value: str) -> HttpError:
     return HttpError(400, ErrorBody(error=f"{where} parameter {name!r}: {value[:100]!r} is not an integer; allowed: "
-                                          f"{_GO_INT_ALLOWED}", field=name))
+                                          f"{INT64_ALLOWED}", field=name))
 
 
 def _check_int_query(request: Request[Any, Any, Any], keys: frozenset[str]) -> None:

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import strategies as st
 
 from tfusion import web
+from tfusion.api.strconv import INT64_MAX, INT64_MIN
 from tfusion.controller.scheduling.extender_sizing import POD_ALLOWANCE_BYTES, SIZED_FOR_NODES, extender_args_bytes
 from tfusion.controller.scheduling.http import EXTENDER_MAX_BODY_BYTES
-from tfusion.web import INT64_MAX, INT64_MIN, json_depth_problem, parse_go_int
+from tfusion.web import json_depth_problem, parse_go_int
 
 
 def depth_of(value: Any) -> int:
