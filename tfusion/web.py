@@ -15,7 +15,9 @@ Bounded input, before it is buffered: each route declares the body it takes (`re
 else `DEFAULT_MAX_BODY_BYTES`); a declared Content-Length over it is refused with 413 before any
 of the body is read, a chunked body as soon as it passes the limit. `read_body` reads a body within
 that limit and `BODY_TIMEOUT_S` (413 / 408), `decode_body` / `decode_json_body` parse a large one
-in a worker thread so that the event loop (and with it the leader's Lease renewal) keeps running.
+in a worker thread (one at a time per event loop, the collector paused) so that the event loop
+(and with it the leader's Lease renewal) keeps running; a large body with a declared length is
+received into an anonymous mapping, and `json_answer` sends a large answer in pieces.
 Every JSON body is refused with 400 when it nests deeper than `MAX_JSON_DEPTH` (`json_depth_problem`,
 a scan without recursion, before any decoder sees it): the routes that read their body themselves
 get it from `decode_body`, the routes whose body Litestar parses from the app's before-request hook,
