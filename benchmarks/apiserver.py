@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _processes import stop
 
 NS_PATH = "/api/v1/namespaces/default/configmaps"
 
@@ -236,12 +237,7 @@ def main() -> None:
         try:
             result = asyncio.run(main_async(args, server))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
     result["cpu_count"] = os.cpu_count()
     result["note"] = "server in its own process, client in this one, same machine, HTTPS with a bearer token"
     print(json.dumps(result))

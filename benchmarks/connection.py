@@ -37,7 +37,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from webhook import Api, free_ports, wait  # the sibling benchmark's helpers
+from _processes import free_ports, stop
+from webhook import Api, wait  # the sibling benchmark's helpers
 
 OPS = "tensor-fusion-sys"
 NS = "default"
@@ -220,11 +221,7 @@ def run(tmp: Path, count: int) -> dict[str, Any]:
                 "cpus": os.cpu_count()}
     finally:
         for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def main() -> None:

@@ -12,14 +12,8 @@ median and worst /healthz round trip polled every 5 ms from another thread on it
 from __future__ import annotations
 
 import argparse
-import base64
 import json
-import os
-import signal
-import socket
-import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,44 +23,7 @@ from typing import Any
 
 import httpx
 import yaml
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [int(sock.getsockname()[1]) for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
-
-
-def start(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    api, controller, probes, hypervisor = free_ports(4)
-    kubeconfig = tmp / "kubeconfig"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfusion", "--role=all", "--apiserver-listen", f"127.0.0.1:{api}",
-         "--controller-listen", f"127.0.0.1:{controller}", "--health-probe-bind-address", f"127.0.0.1:{probes}",
-         "--port", str(hypervisor), "--state", str(tmp / "state.db"), "--kubeconfig-out", str(kubeconfig),
-         "--state-dir", str(tmp / "hv"), "--metrics-output-path", str(tmp / "metrics.log"), "--node-name", "bench"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp, env={**os.environ, "HOME": str(tmp)})
-    deadline = time.monotonic() + 60
-    controller_url = f"http://127.0.0.1:{controller}"
-    while time.monotonic() < deadline:
-        try:
-            if kubeconfig.exists() and httpx.get(f"{controller_url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise SystemExit("tfusion --role=all did not become ready within 60 s")
-    config = yaml.safe_load(kubeconfig.read_text())
-    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
-    return proc, {"api": f"https://127.0.0.1:{api}", "controller": controller_url,
-                  "verify": ssl.create_default_context(cadata=ca),
-                  "token": config["users"][0]["user"]["token"]}
+from _processes import role_all
 
 
 def pod_manifest_yaml(size: int) -> bytes:
@@ -112,31 +69,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     three_mib = 3 * 1024 * 1024 - 4096
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, where = start(Path(tmp))
-        try:
-            auth = {"authorization": f"Bearer {where['token']}"}
-            cases = [
-                # indented, so the body is 3 MiB while the stored object stays under the 1.5 MiB limit
-                ("apiserver", where["api"], auth, "/api/v1/namespaces/default/configmaps",
-                 json.dumps({"metadata": {"name": "big"}, "extra": [{"name": f"i{i}", "v": i} for i in range(36000)]},
-                            indent=5).encode(), "application/json", "3 MiB indented JSON ConfigMap"),
-                ("controller", where["controller"], {}, "/api/simulate-schedule", pod_manifest_yaml(three_mib),
-                 "application/yaml", "3 MiB YAML Pod manifest"),
-            ]
-            for server, base, headers, path, body, ctype, label in cases:
-                verify = where["verify"] if base.startswith("https") else True
-                for round_ in range(args.rounds):
-                    result = measure(base, verify, headers, path, body, ctype)
-                    print(json.dumps({"benchmark": "healthz_under_load", "server": server, "body": label,
-                                      "body_bytes": len(body), "round": round_ + 1, **result,
-                                      "target_max_ms": 100}), flush=True)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with tempfile.TemporaryDirectory() as tmp, role_all(Path(tmp)) as where:
+        auth = {"authorization": f"Bearer {where['token']}"}
+        cases = [
+            # indented, so the body is 3 MiB while the stored object stays under the 1.5 MiB limit
+            ("apiserver", where["api"], auth, "/api/v1/namespaces/default/configmaps",
+             json.dumps({"metadata": {"name": "big"}, "extra": [{"name": f"i{i}", "v": i} for i in range(36000)]},
+                        indent=5).encode(), "application/json", "3 MiB indented JSON ConfigMap"),
+            ("controller", where["controller"], {}, "/api/simulate-schedule", pod_manifest_yaml(three_mib),
+             "application/yaml", "3 MiB YAML Pod manifest"),
+        ]
+        for server, base, headers, path, body, ctype, label in cases:
+            verify = where["verify"] if base.startswith("https") else True
+            for round_ in range(args.rounds):
+                result = measure(base, verify, headers, path, body, ctype)
+                print(json.dumps({"benchmark": "healthz_under_load", "server": server, "body": label,
+                                  "body_bytes": len(body), "round": round_ + 1, **result,
+                                  "target_max_ms": 100}), flush=True)
     return 0
 
 

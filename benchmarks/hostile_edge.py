@@ -18,13 +18,9 @@ the process's RSS before, at its peak, and 30 s after the attack ended (goal: wi
 from __future__ import annotations
 
 import argparse
-import base64
 import json
-import os
-import signal
 import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,42 +31,12 @@ from typing import Any
 
 import httpx
 import orjson
-import yaml
-from healthz_under_load import free_ports  # the sibling benchmark's helper
+from _processes import role_all
 
 from tfusion.controller.scheduling.extender_sizing import sample_node
 from tfusion.controller.scheduling.http import EXTENDER_MAX_BODY_BYTES
 
 MiB = 1024 * 1024
-
-
-def start(tmp: Path, log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    api, controller, probes, hypervisor = free_ports(4)
-    kubeconfig = tmp / "kubeconfig"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfusion", "--role=all", "--scheduler=extender",
-         "--apiserver-listen", f"127.0.0.1:{api}", "--controller-listen", f"127.0.0.1:{controller}",
-         "--health-probe-bind-address", f"127.0.0.1:{probes}", "--port", str(hypervisor),
-         "--state", str(tmp / "state.db"), "--kubeconfig-out", str(kubeconfig), "--state-dir", str(tmp / "hv"),
-         "--metrics-output-path", str(tmp / "metrics.log"), "--node-name", "bench"],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=tmp, env={**os.environ, "HOME": str(tmp)})
-    urls = {"controller": f"http://127.0.0.1:{controller}", "probes": f"http://127.0.0.1:{probes}",
-            "api": f"https://127.0.0.1:{api}"}
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if kubeconfig.exists() and httpx.get(f"{urls['controller']}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise SystemExit("tfusion --role=all did not become ready within 90 s")
-    config = yaml.safe_load(kubeconfig.read_text())
-    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
-    return proc, {**urls, "ports": {"controller": controller, "api": api},
-                  "verify": ssl.create_default_context(cadata=ca)}
 
 
 def rss_mb(pid: int) -> float:
@@ -258,8 +224,8 @@ def main() -> int:
     body, nodes = limit_sized_body()
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "tfusion.log"
-        proc, where = start(Path(tmp), log)
-        try:
+        with log.open("wb") as stderr, role_all(Path(tmp), "--scheduler=extender", stderr=stderr) as where:
+            proc = where["proc"]
             time.sleep(args.warmup)  # start-up settles (CRDs and their CEL rules compiled, informers, reconciles)
             before = rss_mb(proc.pid)
             peak = [before]
@@ -311,12 +277,6 @@ def main() -> int:
                 "rss_after_within_20_percent": after <= before * 1.2,
             }
             print(json.dumps(result), flush=True)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     return 0
 
 

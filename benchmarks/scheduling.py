@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _processes import stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -324,11 +325,7 @@ def main() -> None:
         finally:
             for proc in (controller, apiserver):
                 if proc is not None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                    stop(proc)
         print(json.dumps(result))
 
 

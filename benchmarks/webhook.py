@@ -35,7 +35,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import ssl
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from typing import Any
 
 import httpx
 import yaml
+from _processes import free_ports, stop
 
 NAMESPACE = "bench"
 OPS = "tensor-fusion-sys"
@@ -64,16 +64,6 @@ SERVER_CPUS, OTHER_CPUS = ({CPUS[0]}, set(CPUS[1:])) if PINNED else (set(CPUS), 
 
 def on_server_cpus() -> None:
     os.sched_setaffinity(0, SERVER_CPUS)
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [int(sock.getsockname()[1]) for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
 
 
 # --- the cluster -----------------------------------------------------------------------------------
@@ -396,11 +386,7 @@ def main() -> None:
             echo.join()
         finally:
             for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop(proc)
 
 
 if __name__ == "__main__":
