@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers import with_field
 
 PODS = "/api/v1/namespaces/default/pods"
 WORKLOADS = "/apis/tensor-fusion.ai/v1/namespaces/default/tensorfusionworkloads"
@@ -108,22 +108,11 @@ def paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]
             yield from paths(item, (*prefix, index))
 
 
-def replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
-    if not path:
-        return new
-    copy = orjson.loads(orjson.dumps(value))
-    node = copy
-    for step in path[:-1]:
-        node = node[step]
-    node[path[-1]] = new
-    return copy
-
-
 @st.composite
 def mutated(draw: st.DrawFn, base: dict[str, Any]) -> Any:
     """`base` with the value at one of its paths swapped for a random (or deep) value."""
     path = draw(st.sampled_from(list(paths(base))))
-    return replaced(base, path, draw(st.one_of(json_values, deep_values())))
+    return with_field(base, path, draw(st.one_of(json_values, deep_values())))
 
 
 bodies_for_pods = st.one_of(json_values, deep_values(), mutated(valid_pod("fuzz")))

@@ -10,12 +10,10 @@ the permissions of the files that hold the secrets.
 
 from __future__ import annotations
 
-import logging
 import socket
 import ssl
-import stat
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle
-from tests.helpers import peak_rss_mb
+from tests.helpers import file_mode, no_error_logged_fixture, peak_rss_mb
 from tfusion.apiserver import limits
 
 pytestmark = pytest.mark.anyio
@@ -69,15 +67,7 @@ def yaml_cm(extra: str) -> bytes:
     return f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: y\ndata:\n{extra}\n".encode()
 
 
-@pytest.fixture(autouse=True)
-def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """No request here may reach the server's 'internal error' path (a 500 with a logged traceback)."""
-    yield
-    # caplog.records at teardown holds only teardown's records: read the test's own (and its fixtures')
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
-    assert not errors, errors
-
+no_error_logged = no_error_logged_fixture(autouse=True)
 
 @pytest.fixture
 async def http(apiserver: ApiServerHandle) -> AsyncIterator[httpx.AsyncClient]:
@@ -280,16 +270,12 @@ async def test_service_account_tokens_authenticate_on_loopback(apiserver: ApiSer
         assert (await client.get("/apis", headers={"authorization": f"Bearer {sa_token}"})).status_code == 200
 
 
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
 def _assert_private(state_dir: Path) -> None:
-    assert _mode(state_dir) == 0o700
+    assert file_mode(state_dir) == 0o700
     for name in ("state.db", "kubeconfig", "state.db.key", "state.db.crt"):
-        assert _mode(state_dir / name) == 0o600, name
+        assert file_mode(state_dir / name) == 0o600, name
     for path in state_dir.iterdir():  # the -wal file, and -shm where SQLite makes one, too
-        assert _mode(path) == 0o600, path
+        assert file_mode(path) == 0o600, path
 
 
 async def test_secrets_on_disk_are_private(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle
-from tests.integration.test_apiserver_wrong_types import no_tracebacks  # noqa: F401 (an autouse fixture)
+from tests.helpers import no_error_logged_fixture, with_field
+
+no_error_logged = no_error_logged_fixture(autouse=True)
 
 PODS = "/api/v1/namespaces/default/pods"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -73,12 +75,7 @@ def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     """good_spec() with the field at `path` (keys and list indexes under spec) set to `value`."""
-    spec = good_spec()
-    target: Any = spec
-    for step in path[:-1]:
-        target = target[step]
-    target[path[-1]] = value
-    return spec
+    return with_field(good_spec(), path, value)
 
 
 def status(response: httpx.Response, code: int, *words: str) -> dict[str, Any]:

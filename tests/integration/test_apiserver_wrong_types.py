@@ -9,8 +9,6 @@ kinds, and bodies nested 200,000 levels deep in every decoder a write goes throu
 
 from __future__ import annotations
 
-import copy
-import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers import no_error_logged_fixture, with_field
 
 AUTHZ = "/apis/authorization.k8s.io/v1"
 SAR = f"{AUTHZ}/subjectaccessreviews"
@@ -38,15 +37,7 @@ JSON_PATCH = "application/json-patch+json"
 DEPTH = 200_000
 
 
-@pytest.fixture(autouse=True)
-def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """No request here may reach the server's 'internal error' path (a 500 with a logged traceback)."""
-    yield
-    # at teardown caplog.records holds only teardown's records: read the test's own
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR or r.exc_info]
-    assert not errors, errors
-
+no_error_logged = no_error_logged_fixture(autouse=True)
 
 @pytest.fixture
 def client(apiserver: ApiServerHandle) -> Iterator[httpx.Client]:
@@ -131,15 +122,6 @@ CRD: dict[str, Any] = {
 }
 
 
-def _crd_with(path: tuple[Any, ...], value: Any, base: dict[str, Any] = CRD) -> dict[str, Any]:
-    crd = copy.deepcopy(base)
-    target = crd
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return crd
-
-
 CRD_CASES: list[tuple[str, tuple[Any, ...], Any, str]] = [
     ("names is a string", ("spec", "names"), "x", "spec.names"),
     ("names.plural is a number", ("spec", "names", "plural"), 5, "spec.names.plural"),
@@ -166,7 +148,7 @@ CRD_CASES: list[tuple[str, tuple[Any, ...], Any, str]] = [
 
 @pytest.mark.parametrize(("path", "value", "field"), [c[1:] for c in CRD_CASES], ids=[c[0] for c in CRD_CASES])
 def test_wrong_typed_crds_are_4xx(client: httpx.Client, path: tuple[Any, ...], value: Any, field: str) -> None:
-    assert_4xx(client.post(CRDS, json=_crd_with(path, value)), (400, 422), field)
+    assert_4xx(client.post(CRDS, json=with_field(CRD, path, value)), (400, 422), field)
     assert client.get(f"{CRDS}/things.example.com").status_code == 404
 
 
@@ -175,10 +157,10 @@ def test_wrong_typed_crd_updates_are_4xx(client: httpx.Client) -> None:
     assert created.status_code == 201, created.text
     for _, path, value, field in CRD_CASES:
         current = client.get(f"{CRDS}/things.example.com").json()
-        body = _crd_with(path, value)
+        body = with_field(CRD, path, value)
         body["metadata"] = current["metadata"]
         assert_4xx(client.put(f"{CRDS}/things.example.com", json=body), (400, 422), field)
-        patch = _crd_with(path, value)["spec"]
+        patch = with_field(CRD, path, value)["spec"]
         assert_4xx(client.patch(f"{CRDS}/things.example.com", content=orjson.dumps({"spec": patch}),
                                 headers={"content-type": MERGE}), (400, 422), field)
     assert client.get("/apis/example.com/v1/namespaces/default/things").status_code == 200
@@ -286,7 +268,7 @@ def test_generated_review_and_crd_bodies_never_5xx(client: httpx.Client, body: A
         for sent in (body, {"spec": spec}):
             response = client.post(path, content=orjson.dumps(sent))
             assert response.status_code < 500, f"{path} {sent!r}: {response.text[:300]}"
-    crd = _crd_with(("spec",), spec if isinstance(spec, dict) else {"names": spec})
+    crd = with_field(CRD, ("spec",), spec if isinstance(spec, dict) else {"names": spec})
     response = client.post(CRDS, json=crd)
     assert response.status_code < 500, f"{crd!r}: {response.text[:300]}"
     if response.status_code == 201:
@@ -326,7 +308,7 @@ def test_every_field_of_a_crd_with_every_wrong_type_is_never_5xx(client: httpx.C
     assert client.post(CRDS, json=FULL_CRD).status_code == 201
     for path in _paths(FULL_CRD):
         for value in wrong:
-            crd = _crd_with(path, value, FULL_CRD)
+            crd = with_field(FULL_CRD, path, value)
             current = client.get(url).json()
             crd["metadata"] = {**crd["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]} \
                 if isinstance(crd["metadata"], dict) else crd["metadata"]
@@ -340,7 +322,7 @@ def test_every_field_of_a_crd_with_every_wrong_type_is_never_5xx(client: httpx.C
     assert client.delete(url).status_code == 200
     for path in _paths(FULL_CRD):
         for value in wrong:
-            crd = _crd_with(path, value, FULL_CRD)
+            crd = with_field(FULL_CRD, path, value)
             response = client.post(CRDS, json=crd)
             assert response.status_code < 500, f"POST {path}={value!r}: {response.text[:300]}"
             if response.status_code == 201:

@@ -13,7 +13,6 @@ explanations, and the native path's node checks.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -33,8 +32,9 @@ import yaml
 from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers import no_error_logged_fixture, with_field
 from tests.integration.test_controller_allocation import POOL, create_gpu, create_pool, kube_client, settings_for
-from tests.integration.test_http_hostile import assert_refused, no_error_logged  # noqa: F401 (a fixture)
+from tests.integration.test_http_hostile import assert_refused
 from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
 from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
@@ -42,6 +42,8 @@ from tfusion.controller.role import ControllerRuntime, build_runtime, configure,
 from tfusion.controller.scheduling.assignments import DEFAULT_SERVICE_ACCOUNT
 from tfusion.kube import resources as r
 from tfusion.settings import Settings
+
+no_error_logged = no_error_logged_fixture(autouse=False)
 
 SCHEDULER = "tensor-fusion-scheduler"
 SIMULATE = "/api/simulate-schedule"
@@ -169,16 +171,6 @@ def http(stack: Controller) -> Iterator[httpx.Client]:
 SPEC_PATH = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
 
 
-def changed(base: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    """A deep copy of `base` with the field at `path` set to `value`."""
-    pod = copy.deepcopy(base)
-    target = pod
-    for step in path[:-1]:
-        target = target[step]
-    target[path[-1]] = value
-    return pod
-
-
 CONTAINER = ("spec", "containers", 0)
 TERM = ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms", 0)
 QUANTITY = "a non-negative quantity"
@@ -253,7 +245,7 @@ BAD_FIELDS: dict[str, tuple[tuple[Any, ...], Any, tuple[str, ...]]] = {
 def test_a_bad_field_is_a_400_naming_it(http: httpx.Client, case: str) -> None:
     path, value, fragments = BAD_FIELDS[case]
     for base in (gpu_pod(), native_pod()):  # a GPU annotation makes the native pod a GPU pod
-        assert_refused(http.post(SIMULATE, content=json.dumps(changed(base, path, value))), 400, *fragments)
+        assert_refused(http.post(SIMULATE, content=json.dumps(with_field(base, path, value))), 400, *fragments)
 
 
 @pytest.mark.parametrize("body", [
@@ -274,7 +266,7 @@ def test_a_foreign_scheduler_is_refused_with_400(http: httpx.Client) -> None:
     """The original answers 500 here; a caller's mistake gets a 4xx naming the field, the value and
     the one accepted name."""
     for name, shown in (("default-scheduler", "'default-scheduler'"), ("", "''"), (None, "null")):
-        answer = http.post(SIMULATE, json=changed(gpu_pod(), ("spec", "schedulerName"), name))
+        answer = http.post(SIMULATE, json=with_field(gpu_pod(), ("spec", "schedulerName"), name))
         assert_refused(answer, 400, f"spec.schedulerName: {shown} is not allowed", "'tensor-fusion-scheduler'")
         assert answer.json()["field"] == "spec.schedulerName", answer.text
 
@@ -293,7 +285,7 @@ def test_every_field_the_scheduler_reads_still_works(http: httpx.Client) -> None
     nulls["metadata"]["labels"] = None
     assert http.post(SIMULATE, json=nulls).json()["gpuSchedulerState"]["FinalGPUs"] == ["gpu-a1"]
     # the native path runs the node checks: a selector no node matches
-    elsewhere = changed(native_pod(), ("spec", "nodeSelector", "kubernetes.io/hostname"), "node-z")
+    elsewhere = with_field(native_pod(), ("spec", "nodeSelector", "kubernetes.io/hostname"), "node-z")
     error = http.post(SIMULATE, json=elsewhere).json()["error"]
     assert "node(s) didn't match Pod's node affinity/selector" in error["message"], error
     native = http.post(SIMULATE, json=native_pod(3)).json()  # more than node-a's 2

@@ -29,6 +29,7 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds, apply_crds_sync
+from tests.helpers import read_until_closed
 from tests.integration.test_controller_allocation import (
     Controller,
     controllers,
@@ -57,13 +58,7 @@ def send_head_only(port: int, path: str, declared: int, body_start: bytes = b"")
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_S) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      f"content-length: {declared}\r\n\r\n".encode() + body_start)
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except TimeoutError:
-            pytest.fail(f"no answer within {HANG_S} s while the body was still to come: {received[:300]!r}")
-    return received
+        return read_until_closed(sock, HANG_S)
 
 
 async def test_builtin_mode_refuses_before_reading_the_body(apiserver: ApiServerHandle, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import pytest
 from litestar import Request, get, post
 
 from tests.apiserver_fixture import ApiServerHandle
+from tests.helpers import read_until_closed
 from tfusion.web import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_HEAD_BYTES,
@@ -103,15 +104,7 @@ def exchange(port: int, request: bytes, *, then: bytes = b"", repeat: int = 0) -
                 sent += len(then)
         except OSError:  # refused and closed while we were still sending
             pass
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-        except TimeoutError:
-            pytest.fail(f"the connection is still open after {HANG_S} s; received {received[:300]!r}")
-    return received, sent
+        return read_until_closed(sock, HANG_S), sent
 
 
 def status_and_body(answer: bytes) -> tuple[int, dict[str, Any]]:

@@ -14,7 +14,6 @@ fuzzing strips `command` from the worker schema, so a generated worker never run
 from __future__ import annotations
 
 import copy
-import logging
 import socket
 import threading
 import time
@@ -37,7 +36,7 @@ from litestar.testing import TestClient
 from schemathesis.core.result import Err
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
-from tests.helpers import peak_rss_mb
+from tests.helpers import no_error_logged_fixture, peak_rss_mb, read_until_closed
 from tests.integration.test_controller_allocation import settings_for as controller_settings
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.hypervisor import role as hypervisor_role
@@ -98,14 +97,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         apiserver.stop()
 
 
-@pytest.fixture
-def no_error_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The test fails if anything (a traceback, an 'unhandled error') is logged at ERROR."""
-    with caplog.at_level(logging.ERROR):
-        yield
-    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR]  # teardown sees only its own
-    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
-
+no_error_logged = no_error_logged_fixture(autouse=False)
 
 def assert_refused(response: httpx.Response, status: int, *fragments: str) -> None:
     assert response.status_code == status, response.text[:500]
@@ -255,7 +247,7 @@ def test_healthz_answers_while_a_large_body_is_parsed(stack: Stack, no_error_log
             sock.sendall(b"POST /api/simulate-schedule HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
                          b"content-length: %d\r\n\r\n" % len(body) + body)
             times["uploaded"] = time.monotonic()
-            answer.append(closed_within(sock, 60))
+            answer.append(read_until_closed(sock, 60))
             times["answered"] = time.monotonic()
 
     worker = threading.Thread(target=simulate)
@@ -296,22 +288,10 @@ def slow_server() -> Iterator[int]:
     sock.close()
 
 
-def closed_within(sock: socket.socket, seconds: float) -> bytes:
-    """What the server sent before closing the connection; fails if it stays open `seconds`."""
-    sock.settimeout(seconds)
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except TimeoutError:
-        pytest.fail(f"the connection is still open after {seconds} s; received {received!r}")
-    return received
-
-
 def test_a_body_that_never_completes_gets_408(slow_server: int) -> None:
     with socket.create_connection(("127.0.0.1", slow_server)) as sock:
         sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nonly part of it")
-        answer = closed_within(sock, HANG_S)
+        answer = read_until_closed(sock, HANG_S)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"did not arrive in full within 0.5s" in answer
 
@@ -319,15 +299,15 @@ def test_a_body_that_never_completes_gets_408(slow_server: int) -> None:
 def test_a_request_head_that_never_completes_is_closed(slow_server: int) -> None:
     with socket.create_connection(("127.0.0.1", slow_server)) as sock:
         sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\n")  # and nothing more
-        assert closed_within(sock, HANG_S) == b""
+        assert read_until_closed(sock, HANG_S) == b""
     with socket.create_connection(("127.0.0.1", slow_server)) as sock:  # nothing at all
-        assert closed_within(sock, HANG_S) == b""
+        assert read_until_closed(sock, HANG_S) == b""
 
 
 def test_an_idle_keep_alive_connection_is_closed(slow_server: int) -> None:
     with socket.create_connection(("127.0.0.1", slow_server)) as sock:
         sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok")
-        answer = closed_within(sock, HANG_S)
+        answer = read_until_closed(sock, HANG_S)
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"bytes":2}'), answer
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import anyio
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tests.helpers import wait_for
+from tests.helpers import file_mode, wait_for, widest_umask
 from tests.integration.test_device_plugin import RESOURCES, FakeKubelet
 from tests.integration.test_device_plugin import hypervisor as plugin_hypervisor
 from tests.integration.test_hypervisor_local import hypervisor as local_hypervisor
@@ -36,15 +35,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(autouse=True)
 def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    try:
+    with widest_umask():
         yield
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 async def exists(path: Path) -> bool:
@@ -62,13 +54,13 @@ async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> 
         await wait_for(lambda: anyio.to_thread.run_sync(
             lambda: log_file.exists() and "started" in log_file.read_text()))
         assert "s3cret" in (state / "workers.json").read_text()  # what makes the file worth hiding
-        assert {p.name: mode(p) for p in state.iterdir() if p.is_file()} == {
+        assert {p.name: file_mode(p) for p in state.iterdir() if p.is_file()} == {
             "workers.json": 0o600, "devices.json": 0o600}
-        assert [mode(p) for p in (state, state / "logs", state / "logs" / "team-a")] == [0o700] * 3
-        assert mode(log_file) == 0o600
+        assert [file_mode(p) for p in (state, state / "logs", state / "logs" / "team-a")] == [0o700] * 3
+        assert file_mode(log_file) == 0o600
         shm = state / "shm" / "team-a" / "train" / "shm"  # a soft worker (the default) of our own user
         await wait_for(lambda: exists(shm))
-        assert mode(shm) == 0o600 and mode(shm.parent) == 0o700 and mode(shm.parent.parent) == 0o700
+        assert file_mode(shm) == 0o600 and file_mode(shm.parent) == 0o700 and file_mode(shm.parent.parent) == 0o700
 
     # what a kill -9 between writing a temp copy and renaming it leaves, and files of an older run
     leftovers = [state / "workers.json.k3j2x9.tmp", state / "devices.json.a8b7c6.tmp"]
@@ -82,9 +74,9 @@ async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> 
         assert unrelated.exists()
         restored = (await http.get("/api/v1/workers")).json()["data"]
         assert [w["WorkerInfo"]["WorkerName"] for w in restored] == ["train"]
-        await wait_for(lambda: anyio.to_thread.run_sync(lambda: mode(log_file) == 0o600))
+        await wait_for(lambda: anyio.to_thread.run_sync(lambda: file_mode(log_file) == 0o600))
         assert json.loads((state / "workers.json").read_text())[0]["WorkerName"] == "train"
-        assert mode(state / "workers.json") == 0o600
+        assert file_mode(state / "workers.json") == 0o600
 
 
 async def soft_pod(kube: KubeClient, name: str, gpu: str, security: dict[str, int]) -> None:
@@ -112,12 +104,12 @@ async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHand
             ours, unknown = shm / "runs-as-4100" / "shm", shm / "runs-as-image-user" / "shm"
             await wait_for(lambda: anyio.to_thread.run_sync(lambda: ours.exists() and unknown.exists()))
             info = os.stat(ours)
-            assert (info.st_uid, info.st_gid, mode(ours)) == (4100, 4200, 0o660)
+            assert (info.st_uid, info.st_gid, file_mode(ours)) == (4100, 4200, 0o660)
             info = os.stat(ours.parent)
-            assert (info.st_uid, info.st_gid, mode(ours.parent)) == (4100, 4200, 0o750)
-            assert mode(shm) == 0o700 and mode(tmp_path / "shm") == 0o700
+            assert (info.st_uid, info.st_gid, file_mode(ours.parent)) == (4100, 4200, 0o750)
+            assert file_mode(shm) == 0o700 and file_mode(tmp_path / "shm") == 0o700
             info = os.stat(unknown)
-            assert (info.st_uid, mode(unknown), mode(unknown.parent)) == (0, 0o600, 0o700)
+            assert (info.st_uid, file_mode(unknown), file_mode(unknown.parent)) == (0, 0o600, 0o700)
 
             # the image's user shows itself when the limiter registers a process: the file becomes its
             async def register(pod: str, uid: int) -> None:
@@ -131,7 +123,8 @@ async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHand
                 assert answer["success"] is True, answer
 
             await register("runs-as-image-user", 4500)
-            assert [(os.stat(p).st_uid, mode(p)) for p in (unknown, unknown.parent)] == [(4500, 0o600), (4500, 0o700)]
+            assert [(os.stat(p).st_uid, file_mode(p)) for p in (unknown, unknown.parent)] == [
+                (4500, 0o600), (4500, 0o700)]
             await register("runs-as-image-user", 4600)  # only the first: no process takes it from another
             await register("runs-as-4100", 4600)  # a pod that names its user keeps it
             assert os.stat(unknown).st_uid == 4500 and (os.stat(ours).st_uid, os.stat(ours).st_gid) == (4100, 4200)
@@ -164,7 +157,7 @@ async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, tmp
                 await wait_for(registered, timeout=20)
                 sockets = sorted(plugin_dir.glob("tensor-fusion-index-*.sock"))
                 assert len(sockets) == 16
-                assert {p.name: mode(p) for p in sockets} == {p.name: 0o600 for p in sockets}
-                assert mode(plugin_dir) == dir_mode
+                assert {p.name: file_mode(p) for p in sockets} == {p.name: 0o600 for p in sockets}
+                assert file_mode(plugin_dir) == dir_mode
             finally:
                 await kubelet.stop()

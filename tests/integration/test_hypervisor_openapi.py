@@ -19,10 +19,8 @@ worker runs a program."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle
+from tests.helpers import no_error_logged_fixture
 from tests.integration.test_http_hostile import without_worker_commands
 from tests.integration.test_hypervisor_kubernetes import create_pool_and_node, eventually, kube_hypervisor, worker_pod
 from tests.integration.test_hypervisor_kubernetes import kube as kube  # the fixture
@@ -54,15 +53,7 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 """
 
 
-@pytest.fixture(autouse=True)
-def no_error_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """A 5xx is a logged traceback too: nothing may be logged at ERROR while schemathesis runs."""
-    with caplog.at_level(logging.ERROR):
-        yield
-    # caplog.records at teardown holds only teardown's records: read the test's own (and its fixtures')
-    errors = [r for r in caplog.get_records("setup") + caplog.get_records("call") if r.levelno >= logging.ERROR]
-    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
-
+no_error_logged = no_error_logged_fixture(autouse=True)
 
 async def run_schemathesis(http: httpx.AsyncClient, workdir: Path, *extra: str) -> tuple[int, str]:
     """Run `schemathesis run --checks all` against the served document; (requests passed, output).

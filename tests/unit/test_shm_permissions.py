@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import file_mode, widest_umask
 from tfusion.hypervisor.shm.state import DeviceConfig
 from tfusion.hypervisor.shm.store import ShmOwner, ShmStore
 from tfusion.hypervisor.workers.kubernetes import pod_identity, worker_from_pod
@@ -27,16 +27,8 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner 
 
 @pytest.fixture
 def open_umask() -> Iterator[None]:
-    """The widest umask: every mode below is the one the code set, not one the umask narrowed."""
-    old = os.umask(0)
-    try:
+    with widest_umask():
         yield
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 def owner(path: Path) -> tuple[int, int]:
@@ -70,10 +62,10 @@ def test_without_an_identity_only_the_hypervisor_may_open_it(tmp_path: Path, ope
     store = ShmStore(tmp_path / "shm")
     state = store.create("ml", "train-0", [A100])
     state.close()
-    assert mode(state.path) == 0o600
-    assert mode(state.path.parent) == 0o700  # the pod's directory
-    assert mode(state.path.parent.parent) == 0o700  # the namespace's: no container crosses it
-    assert mode(tmp_path / "shm") == 0o700  # the root, which this store created
+    assert file_mode(state.path) == 0o600
+    assert file_mode(state.path.parent) == 0o700  # the pod's directory
+    assert file_mode(state.path.parent.parent) == 0o700  # the namespace's: no container crosses it
+    assert file_mode(tmp_path / "shm") == 0o700  # the root, which this store created
     assert owner(state.path) == (os.geteuid(), os.getegid())
 
 
@@ -82,8 +74,8 @@ def test_the_pods_user_and_group_may_open_it_and_nobody_else(tmp_path: Path, ope
     store = ShmStore(tmp_path)
     with_group = store.create("ml", "grouped", [A100], ShmOwner(uid=4100, gid=4200))
     with_group.close()
-    assert (owner(with_group.path), mode(with_group.path)) == ((4100, 4200), 0o660)
-    assert (owner(with_group.path.parent), mode(with_group.path.parent)) == ((4100, 4200), 0o750)
+    assert (owner(with_group.path), file_mode(with_group.path)) == ((4100, 4200), 0o660)
+    assert (owner(with_group.path.parent), file_mode(with_group.path.parent)) == ((4100, 4200), 0o750)
     pod_dir = with_group.path.parent
     assert open_as(pod_dir, 4100, 4200) == 0  # the pod's user
     assert open_as(pod_dir, 4300, 4300, groups=(4200,)) == 0  # another container, with the fsGroup
@@ -91,8 +83,8 @@ def test_the_pods_user_and_group_may_open_it_and_nobody_else(tmp_path: Path, ope
 
     user_only = store.create("ml", "user-only", [A100], ShmOwner(uid=4100))
     user_only.close()
-    assert (owner(user_only.path), mode(user_only.path)) == ((4100, 0), 0o600)
-    assert (owner(user_only.path.parent), mode(user_only.path.parent)) == ((4100, 0), 0o700)
+    assert (owner(user_only.path), file_mode(user_only.path)) == ((4100, 0), 0o600)
+    assert (owner(user_only.path.parent), file_mode(user_only.path.parent)) == ((4100, 0), 0o700)
     assert open_as(user_only.path.parent, 4100, 4100) == 0
     assert open_as(user_only.path.parent, 4300, 0) == errno.EACCES  # root's group is no key
 
@@ -102,7 +94,7 @@ def test_the_pods_user_and_group_may_open_it_and_nobody_else(tmp_path: Path, ope
     # handed to the user its process runs as; opening it again without an owner keeps that user
     store.hand_over("ml", "root-only", ShmOwner(uid=4100))
     store.open("ml", "root-only").close()
-    assert (owner(nobody.path), mode(nobody.path), store.owner_uid("ml", "root-only")) == ((4100, 0), 0o600, 4100)
+    assert (owner(nobody.path), file_mode(nobody.path), store.owner_uid("ml", "root-only")) == ((4100, 0), 0o600, 4100)
     assert open_as(nobody.path.parent, 4100, 4100) == 0 and open_as(nobody.path.parent, 4300, 0) == errno.EACCES
 
 
@@ -118,8 +110,8 @@ def test_open_narrows_what_an_older_run_left_and_keeps_the_contents(tmp_path: Pa
     again, created = store.ensure("ml", "old", [], ShmOwner(uid=4100, gid=4200))
     again.close()
     assert not created and state.path.read_bytes() == before
-    assert (owner(state.path), mode(state.path)) == ((4100, 4200), 0o660)
-    assert mode(state.path.parent) == 0o750 and mode(state.path.parent.parent) == 0o700
+    assert (owner(state.path), file_mode(state.path)) == ((4100, 4200), 0o660)
+    assert file_mode(state.path.parent) == 0o750 and file_mode(state.path.parent.parent) == 0o700
 
 
 def pod(spec: dict[str, Any]) -> dict[str, Any]:
