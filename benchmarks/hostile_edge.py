@@ -103,7 +103,8 @@ def peak_sampler(pid: int, stop: threading.Event, peak: list[float]) -> None:
 
 def raw_exchange(host: str, port: int, request: Callable[[socket.socket], None], *, tls: ssl.SSLContext | None = None,
                  timeout: float = 60) -> bytes:
-    """Send with `request`, then read whatever comes back until the server closes."""
+    """Send with `request`, then read the answer: until its head and Content-Length body are in,
+    or the server closes (a refusal that closes, or one without a length)."""
     with socket.create_connection((host, port), timeout=timeout) as plain:
         sock = tls.wrap_socket(plain, server_hostname=host) if tls else plain
         try:
@@ -112,11 +113,25 @@ def raw_exchange(host: str, port: int, request: Callable[[socket.socket], None],
             pass  # the server refused and closed while we were still sending: read its answer
         received = b""
         try:
-            while chunk := sock.recv(65536):
+            while not _complete(received) and (chunk := sock.recv(65536)):
                 received += chunk
         except OSError:
             pass
         return received
+
+
+def _complete(answer: bytes) -> bool:
+    """The answer's head has arrived and as much body as its Content-Length says (a keep-alive
+    server answers and then waits for the next request, so reading until close would time its
+    keep-alive, not its answer)."""
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return len(body) >= int(value.strip())
+    return False
 
 
 def status_of(answer: bytes) -> int:

@@ -292,6 +292,22 @@ def test_the_api_server_answers_head_refusals_with_kube_status(apiserver: ApiSer
         assert http.get("/api/v1/namespaces/default").status_code == 200
 
 
+def test_a_stranger_is_answered_before_sending_the_body(apiserver: ApiServerHandle) -> None:
+    """A stranger's 64 MiB body gets its 401 after the first MiB: the API server authenticates
+    before it waits for, or reads, the rest."""
+    host, port = urllib.parse.urlsplit(apiserver.url).hostname or "", urllib.parse.urlsplit(apiserver.url).port
+    with socket.create_connection((host, port or 443), timeout=HANG_S) as plain, \
+            apiserver.ssl_context.wrap_socket(plain, server_hostname=host) as sock:
+        sock.sendall(b"POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (64 * MiB) + b" " * MiB)
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # recv times out (and fails the test) after HANG_S of silence
+            chunk = sock.recv(65536)
+            assert chunk, f"closed without an answer; received {answer[:300]!r}"
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
+
+
 def test_concurrent_oversized_heads_leave_the_server_answering(server: int) -> None:
     """Three huge headers at once (the issue's probe) and a normal request right after."""
     results: list[int] = []
