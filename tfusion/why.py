@@ -16,13 +16,13 @@ controller cannot be reached the condition alone is shown, with a line saying so
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import anyio
 import httpx
+import orjson
 
 from tfusion.api import annotations as tfa
 
@@ -150,7 +150,7 @@ async def _why(args: argparse.Namespace) -> int:
                         "gpuIds": (meta.get("annotations") or {}).get(tfa.GPU_IDS, "")},
                 "condition": scheduled_condition(pod), "explanation": explanation,
                 "controllerError": controller_error or None}
-        print(json.dumps(body, indent=2, sort_keys=True))
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
     else:
         print(render_text(pod, explanation, controller_error))
     return 0

@@ -9,10 +9,11 @@ because those fields are the allocator's output, not its input.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity, QuantityError
@@ -88,7 +89,7 @@ def parse_virtualization(raw: str | None) -> frozenset[str] | None:
     if not raw:
         return None
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
     except ValueError:
         return None
     if not isinstance(data, dict):

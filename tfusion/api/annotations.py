@@ -23,11 +23,12 @@ Upstream abbreviates the domain as ``tf/`` in its docs; here every key is spelle
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Final, TypeVar
+
+import orjson
 
 from tfusion.api import durations, timestamps
 from tfusion.api.quantity import Quantity, QuantityError
@@ -296,7 +297,7 @@ class AnnotationError(ValueError):
         self.kind = kind
         self.detail = detail
         reason = f" ({detail})" if detail else ""
-        super().__init__(f"{kind} {key}: {json.dumps(value)} is not allowed{reason}; expected {allowed}")
+        super().__init__(f"{kind} {key}: {orjson.dumps(value).decode()} is not allowed{reason}; expected {allowed}")
 
 
 # --- value parsers -------------------------------------------------------------------------------------
@@ -463,7 +464,7 @@ def format_gpu_ids(names: Iterable[str]) -> str:
 
 def _load_json_object(value: str, key: str, allowed: str) -> dict[str, object]:
     try:
-        data = json.loads(value)
+        data = orjson.loads(value)
     except ValueError as exc:
         raise AnnotationError(key, value, allowed, detail=f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -485,7 +486,7 @@ def parse_container_gpus(value: str, *, key: str | None = None) -> dict[str, tup
 
 def format_container_gpus(mapping: Mapping[str, Iterable[str]]) -> str:
     """The ``container-gpus`` value: compact JSON, containers sorted by name."""
-    return json.dumps({c: list(mapping[c]) for c in sorted(mapping)}, separators=(",", ":"))
+    return orjson.dumps({c: list(mapping[c]) for c in sorted(mapping)}).decode()
 
 
 def parse_container_gpu_count(value: str, *, key: str | None = None) -> dict[str, int]:

@@ -21,12 +21,13 @@ loosely (name and format rules belong to the API server's object-meta validation
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
+
+import orjson
 
 __all__ = [
     "FieldError", "apply_defaults", "format_errors", "iter_schema_paths", "prune", "subschema",
@@ -222,9 +223,9 @@ class _Validator:
         if "minItems" in schema and len(obj) < schema["minItems"]:
             self.invalid(path, obj, f"{_body(path)} in body should have at least {schema['minItems']} items")
         if schema.get("uniqueItems") or schema.get("x-kubernetes-list-type") == "set":
-            seen: set[str] = set()
+            seen: set[bytes] = set()
             for i, item in enumerate(obj):
-                key = json.dumps(item, sort_keys=True, default=str)
+                key = orjson.dumps(item, option=orjson.OPT_SORT_KEYS, default=str)
                 if key in seen:
                     self.add(f"{path}[{i}]", "FieldValueDuplicate", f"Duplicate value: {_show(item)}")
                 seen.add(key)
@@ -410,14 +411,14 @@ def _json_equal(a: Any, b: Any) -> bool:
 def _show(value: Any) -> str:
     """A value as Go's %q / %v print it in field errors: strings quoted, the rest as JSON."""
     if isinstance(value, str):
-        return json.dumps(value)
+        return orjson.dumps(value).decode()
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return _num(value)
     if value is None:
         return "null"
-    return json.dumps(value, sort_keys=True, default=str)
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str).decode()
 
 
 def _num(value: float) -> str:

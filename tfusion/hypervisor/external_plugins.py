@@ -24,7 +24,6 @@ that cannot be read skips the pass (the marks stay as they are) and says why in 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 
 from tfusion.api import annotations as keys
 from tfusion.hypervisor.deviceplugin.podresources import PodResourcesError, list_assigned_devices
@@ -85,7 +85,7 @@ def checkpoint_allocations(text: str) -> list[tuple[str, list[str]]]:
     """(resource name, device IDs) per entry of the kubelet device manager's checkpoint JSON; its
     `DeviceIDs` is a map NUMA node -> IDs (kubelet 1.20+) or, in older files, a plain list."""
     try:
-        data = json.loads(text)
+        data = orjson.loads(text)
     except ValueError as exc:
         raise SourceError(f"not JSON: {exc}") from None
     entries = ((data.get("Data") or {}) if isinstance(data, dict) else {}).get("PodDeviceEntries") or []

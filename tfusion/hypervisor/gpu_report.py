@@ -11,13 +11,13 @@ follow the devices. Nothing is written until the GPUNode exists (the controller 
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
 from typing import Any
 
 import anyio
+import orjson
 
 from tfusion.api import annotations as keys
 from tfusion.api.quantity import Quantity
@@ -213,8 +213,7 @@ class GpuReporter:
         return {
             "labels": {keys.MANAGED_BY: self.node, keys.GPU_POOL: _pool_of(gpunode)},
             "annotations": {keys.LAST_SYNC: keys.now_rfc3339(),
-                            keys.VIRTUALIZATION_CAPABILITIES: json.dumps(device.capabilities.to_wire(),
-                                                                                separators=(",", ":"))},
+                            keys.VIRTUALIZATION_CAPABILITIES: orjson.dumps(device.capabilities.to_wire()).decode()},
         }
 
     async def _upsert_gpu(self, gpunode: dict[str, Any], device: DeviceInfo) -> None:

@@ -15,11 +15,12 @@ have no gauge value and are left out.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 FieldValue = float | int | bool | str
 
@@ -80,8 +81,8 @@ def _json_field(value: FieldValue) -> FieldValue | None:
 def json_line(point: Point) -> str:
     """The point as the original's JSON object: {"measure", "tag", "field", "ts"} (ts in ms)."""
     fields = {k: v for k, v in point.fields.items() if _json_field(v) is not None}
-    return json.dumps({"measure": point.measure, "tag": dict(point.tags), "field": fields, "ts": point.ts_ms},
-                      sort_keys=True, separators=(",", ":"))
+    return orjson.dumps({"measure": point.measure, "tag": dict(point.tags), "field": fields, "ts": point.ts_ms},
+                        option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _gauge_value(value: FieldValue) -> dict[str, Any] | None:
@@ -109,8 +110,8 @@ def otel_line(points: Iterable[Point]) -> str | None:
     metrics = [gauge for point in points for gauge in _gauges(point)]
     if not metrics:
         return None
-    return json.dumps({"resourceMetrics": [{"resource": {"attributes": []}, "scopeMetrics": [
-        {"scope": {"name": OTEL_SCOPE}, "metrics": metrics}]}]}, separators=(",", ":"))
+    return orjson.dumps({"resourceMetrics": [{"resource": {"attributes": []}, "scopeMetrics": [
+        {"scope": {"name": OTEL_SCOPE}, "metrics": metrics}]}]}).decode()
 
 
 def encode(points: Iterable[Point], fmt: str) -> list[str]:

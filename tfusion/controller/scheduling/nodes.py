@@ -35,10 +35,11 @@ resourceVersion, because thousands of pods of one Deployment ask the same questi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity, QuantityError
@@ -142,7 +143,7 @@ def pod_demand(pod: Obj) -> PodDemand:
     if isinstance(required, Mapping):
         terms = tuple(t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping))
     needs_index = _asks_index_resource(spec)
-    shape = json.dumps([tolerations, selector, terms, needs_index], sort_keys=True, default=str)
+    shape = orjson.dumps([tolerations, selector, terms, needs_index], option=orjson.OPT_SORT_KEYS, default=str).decode()
     return PodDemand(cpu, mem, tolerations, selector, terms, shape, needs_index)
 
 

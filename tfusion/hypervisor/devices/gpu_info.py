@@ -9,13 +9,13 @@ model id and aliases.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import orjson
 import yaml
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,8 @@ def parse_hardware_metadata(text: str) -> tuple[GpuModel, ...]:
     if not text.strip():
         return ()
     try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as exc:
+        rows = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
         raise HardwareMetadataError(f"TF_PROVIDER_HARDWARE_METADATA: not JSON ({exc})") from None
     if not isinstance(rows, list):
         raise HardwareMetadataError("TF_PROVIDER_HARDWARE_METADATA: expected a JSON list of model rows")

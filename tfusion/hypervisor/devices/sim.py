@@ -22,7 +22,6 @@ limiter's refill rate — which is what the rate limiter's closed-loop test need
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 
 from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, GpuModel
@@ -227,7 +227,7 @@ class SimBackend:
             return
         self._load_mtime = mtime
         try:
-            self._apply_load_doc(json.loads(path.read_text()))
+            self._apply_load_doc(orjson.loads(path.read_bytes()))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring simulated load file %s: %s", path, exc)
 

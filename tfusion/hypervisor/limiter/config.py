@@ -11,12 +11,12 @@ A missing GPUNode, pool or template means "no template": the defaults and the va
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
+import orjson
 
 from tfusion.hypervisor.limiter import erl
 from tfusion.kube.client import KubeClient, KubeError, NotFound
@@ -32,7 +32,7 @@ def parse_document(text: str) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
-        doc = json.loads(text)
+        doc = orjson.loads(text)
     except ValueError as exc:
         raise ValueError(f"TF_HYPERVISOR_SCHEDULING_CONFIG is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):

@@ -21,7 +21,6 @@ leaves `<file>.<random>.tmp`; those are removed at start.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 from anyio.abc import TaskGroup
 
 from tfusion.api.annotations import ISOLATION_SOFT
@@ -75,7 +75,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
     try:
         os.fchmod(fd, PRIVATE_FILE_MODE)
         with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, indent=2)
+            handle.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -176,7 +176,7 @@ class LocalWorkers:
         records: list[dict[str, Any]] = []
         if path.exists():
             try:
-                records = json.loads(path.read_text())
+                records = orjson.loads(path.read_bytes())
             except ValueError as exc:
                 raise RuntimeError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
         leftovers = [self._restore_one(raw) for raw in records]
