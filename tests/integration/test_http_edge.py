@@ -24,7 +24,7 @@ from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.integration.test_controller_allocation import controllers, settings_for, start_controller
 from tfusion.api import annotations as tfa
 from tfusion.hypervisor import role as hypervisor_role
-from tfusion.hypervisor.http import token_of
+from tfusion.kube.auth import bearer_token
 from tfusion.kube.client import KubeClient
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS, SERVICEACCOUNTS
 from tfusion.settings import Settings
@@ -196,13 +196,13 @@ async def test_local_worker_routes_answer_405_with_allow_in_kubernetes_mode(
         assert_error(await http.delete("/api/v1/workers/some-uid"), 405, "delete the pod")
 
 
-def test_token_of_accepts_bearer_and_the_raw_token() -> None:
-    assert token_of("Bearer abc.def.ghi") == "abc.def.ghi"
-    assert token_of("bearer  abc.def.ghi ") == "abc.def.ghi"
-    assert token_of("abc.def.ghi") == "abc.def.ghi"
-    assert token_of("  abc.def.ghi  ") == "abc.def.ghi"
+def test_bearer_token_accepts_bearer_and_the_raw_token() -> None:
+    assert bearer_token("Bearer abc.def.ghi") == "abc.def.ghi"
+    assert bearer_token("bearer  abc.def.ghi ") == "abc.def.ghi"
+    assert bearer_token("abc.def.ghi") == "abc.def.ghi"
+    assert bearer_token("  abc.def.ghi  ") == "abc.def.ghi"
     for refused in ("", "   ", "Bearer", "Bearer   ", "Basic abc", "Token abc"):
-        assert token_of(refused) is None, refused
+        assert bearer_token(refused) is None, refused
 
 
 async def test_token_routes_accept_the_raw_token(apiserver: ApiServerHandle, tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ async def test_token_routes_accept_the_raw_token(apiserver: ApiServerHandle, tmp
                                         headers={"Authorization": f"Basic {token}"}), 401,
                          "'Bearer <service-account token>' or the raw token")
             assert_error(await http.get("/api/v1/pod", params={"container_name": "main"},
-                                        headers={"Authorization": "not-a-jwt"}), 401, "invalid token")
+                                        headers={"Authorization": "not-a-jwt"}), 401, "unauthorized: invalid")
     finally:
         await client.close()
 

@@ -33,7 +33,7 @@ from litestar.params import Parameter
 from prometheus_client import Counter, Gauge
 
 from tfusion.kube import resources as r
-from tfusion.kube.auth import ReviewedToken, ReviewUnavailable, TokenReviewer, Unauthenticated
+from tfusion.kube.auth import AUTH_FIELD, ReviewedToken, TokenReviewer, Unauthenticated, authenticate
 from tfusion.kube.client import KubeError
 from tfusion.kube.informer import Informer
 from tfusion.web import ErrorBody, HttpError, error_responses
@@ -140,33 +140,21 @@ class ConnectionRoute:
         return self
 
     async def authenticate(self, header: str | None) -> ReviewedToken | None:
-        """The token's identity (None when authentication is off); 401/503 otherwise."""
+        """The token's pod (None when authentication is off); 401/503 as `kube.auth` words them."""
         if not self.auth:
             return None
-        if not header:
-            raise HttpError(401, ErrorBody(error="unauthorized: no Authorization: Bearer <token> header",
-                                           field="Authorization"))
-        if self.reviewer is None:
-            raise HttpError(503, "no API server to review the token with")
         try:
             async with self._reviews:
-                reviewed = await self.reviewer.review(header)
-        except ReviewUnavailable as exc:
-            raise HttpError(503, f"token review unavailable, retry: {exc.reason}") from None
+                return await authenticate(self.reviewer, header, pod_bound=True)
         except Unauthenticated as exc:
-            raise HttpError(401, ErrorBody(error=f"unauthorized: {exc.reason}", field="Authorization")) from None
-        if not reviewed.pod_uid:
-            raise HttpError(401, ErrorBody(error=f"unauthorized: the token of {reviewed.username} is not bound to "
-                                                 f"a pod; use the client pod's ServiceAccount token",
-                                           field="Authorization"))
-        return reviewed
+            raise HttpError(exc.status, ErrorBody(error=exc.message, field=AUTH_FIELD)) from None
 
     @staticmethod
     def authorize(identity: ReviewedToken | None, conn: Mapping[str, Any], key: str) -> None:
         if identity is not None and identity.pod_uid not in client_pod_uids(conn):
             raise HttpError(401, ErrorBody(error=f"unauthorized: the token belongs to pod {identity.namespace}/"
                                                  f"{identity.pod_name}, not to the client pod of connection {key}",
-                                           field="Authorization"))
+                                           field=AUTH_FIELD))
 
     async def synced(self) -> None:
         if self.informer.synced:

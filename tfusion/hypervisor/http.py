@@ -56,7 +56,7 @@ from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.workers.model import WorkerAllocation
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.tracker import WorkerFactory, WorkerTracker
-from tfusion.kube.auth import ReviewUnavailable, Unauthenticated
+from tfusion.kube.auth import AUTH_FIELD, AUTH_FORMS, Unauthenticated, authenticate, bearer_token
 from tfusion.settings import Settings
 from tfusion.web import (
     EXCEPTION_HANDLERS,
@@ -75,7 +75,6 @@ log = logging.getLogger(__name__)
 
 AUTH_NEEDS_KUBERNETES = ("token authentication needs the Kubernetes backend (--backend=kubernetes); "
                          "this hypervisor runs with --backend=local")
-AUTH_FORMS = "'Bearer <service-account token>' or the raw token"
 #: a worker's create request: names, a command line, env and labels; 1 MiB is far more than any needs
 WORKER_REQUEST_MAX_BYTES = 1024 * 1024
 API_TOKEN_HEADER = Parameter(header="authorization", required=False,
@@ -424,44 +423,24 @@ def _require_api_token(ctx: HypervisorContext, authorization: str | None) -> Non
         raise HttpError(401, "missing authorization header: this hypervisor needs 'Bearer <token>' with the "
                              "token of its --api-token-file to create or delete workers",
                         headers={"WWW-Authenticate": "Bearer"})
-    token = token_of(authorization) or ""
+    token = bearer_token(authorization) or ""
     if not hmac.compare_digest(token.encode(), ctx.api_token.encode()):
         raise HttpError(401, "invalid token: it is not the token of this hypervisor's --api-token-file",
                         headers={"WWW-Authenticate": "Bearer"})
-
-
-def token_of(authorization: str) -> str | None:
-    """The token in an Authorization header: `Bearer <token>` or, as the original accepts, the
-    raw `<token>`; None for any other scheme (`Basic ...`) or an empty value."""
-    value = authorization.strip()
-    scheme, space, rest = value.partition(" ")
-    if not space:  # a bare "Bearer" is a scheme without its token
-        return value if value and value.lower() != "bearer" else None
-    return (rest.strip() or None) if scheme.lower() == "bearer" else None
 
 
 async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> WorkerAllocation:
     """The worker the token's pod is; raises the HttpError that refuses the call otherwise."""
     if ctx.reviewer is None:
         raise HttpError(401, AUTH_NEEDS_KUBERNETES)
-    if not auth:
-        raise HttpError(401, "missing authorization header")
-    token = token_of(auth)
-    if token is None:
-        raise HttpError(401, f"authorization header must be {AUTH_FORMS}")
     try:
-        reviewed = await ctx.reviewer.review(token)
-    except ReviewUnavailable as exc:
-        raise HttpError(503, f"cannot verify the token now: {exc.reason}") from None
+        reviewed = await authenticate(ctx.reviewer, auth, pod_bound=True)
+        allocation = ctx.workers.get(reviewed.pod_uid)
+        if allocation is None:  # a genuine token, but of a pod this node holds no allocation for
+            raise Unauthenticated(f"the token of {reviewed.username} (pod {reviewed.namespace}/{reviewed.pod_name}, "
+                                  f"uid {reviewed.pod_uid}) is not for a worker with an allocation on this node")
     except Unauthenticated as exc:
-        raise HttpError(401, f"invalid token: {exc.reason}") from None
-    if not reviewed.pod_uid:
-        raise HttpError(401, f"token of {reviewed.username or 'unknown user'} is not bound to a pod")
-    allocation = ctx.workers.get(reviewed.pod_uid)
-    if allocation is None:
-        # A genuine token, but of a pod this node holds no allocation for: a foreign caller.
-        raise HttpError(401, f"token of pod {reviewed.namespace}/{reviewed.pod_name} (uid {reviewed.pod_uid}) "
-                             "is not for a worker with an allocation on this node")
+        raise HttpError(exc.status, ErrorBody(error=exc.message, field=AUTH_FIELD)) from None
     return allocation
 
 

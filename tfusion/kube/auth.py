@@ -15,6 +15,12 @@ in an LRU of 20,000 tokens (hashed; the cache never holds a token in clear):
 
 The `exp` claim is read without checking the signature: it can only shorten a cache entry,
 never make a token acceptable; the API server alone decides that.
+
+`authenticate()` is the one step every token route takes (`GET /api/connection`, the assign
+routes, the hypervisor's `/api/v1/pod` and `/api/v1/process`): it reads the Authorization header,
+reviews the token and refuses with one exception type whose `status` (401, or 503 when the API
+server could not review the token) and `message` each route answers as it answers errors, so a
+caller gets the same words from every route for the same mistake.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from tfusion.kube.client import KubeClient, KubeError
 
@@ -48,18 +54,36 @@ FAILURE_TTL_S = 2.0
 MAX_FAILURE_TTL_S = 5.0
 #: the longest token whose claims we decode to find its exp (kube tokens are ~1 KiB)
 _MAX_DECODED_TOKEN = 16 * 1024
+#: the Authorization header forms the token routes accept (the original also takes the raw token)
+AUTH_FORMS = "'Bearer <service-account token>' or the raw token"
+#: the request field a refusal names (ErrorBody.field)
+AUTH_FIELD = "Authorization"
 
 
 class Unauthenticated(Exception):
-    """The token was refused; `reason` says why (the API server's words where it gave some)."""
+    """The token was refused; `reason` says why (the API server's words where it gave some).
+
+    `status` and `message` are what a route answers, so every route words a refusal alike."""
+
+    status: ClassVar[int] = 401
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
 
+    @property
+    def message(self) -> str:
+        return f"unauthorized: {self.reason}"
+
 
 class ReviewUnavailable(Unauthenticated):
     """The token could not be reviewed (API server error); not the caller's fault, never cached."""
+
+    status: ClassVar[int] = 503
+
+    @property
+    def message(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True)
@@ -194,9 +218,8 @@ class TokenReviewer:
         return len(stale)
 
     async def review(self, token: str) -> ReviewedToken:
+        """The identity of a bare token (`authenticate` takes it out of the header)."""
         token = token.strip()
-        if token.lower().startswith("bearer "):
-            token = token[7:].strip()
         if not token:
             raise Unauthenticated("no bearer token")
         key = self._key(token)
@@ -210,7 +233,7 @@ class TokenReviewer:
             response = await self.client.create_token_review(token, self.audiences)
         except KubeError as exc:
             log.warning("TokenReview failed: %s", exc)
-            raise ReviewUnavailable(f"token review failed: {exc.message}") from None
+            raise ReviewUnavailable(f"token review failed, retry later: {exc.message}") from None
         try:
             reviewed = parse_review(response)
         except Unauthenticated as exc:
@@ -218,3 +241,35 @@ class TokenReviewer:
             raise
         self._store(key, reviewed, self._success_life(token))
         return reviewed
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token in an Authorization header: `Bearer <token>` or, as the original accepts, the
+    raw `<token>`; None for any other scheme (`Basic ...`) or an empty value."""
+    value = authorization.strip()
+    scheme, space, rest = value.partition(" ")
+    if not space:  # a bare "Bearer" is a scheme without its token
+        return value if value and value.lower() != "bearer" else None
+    return (rest.strip() or None) if scheme.lower() == "bearer" else None
+
+
+async def authenticate(reviewer: TokenReviewer | None, authorization: str | None, *,
+                       pod_bound: bool = False) -> ReviewedToken:
+    """The identity behind an Authorization header, or Unauthenticated (401) / ReviewUnavailable
+    (503) with the words every token route answers.
+
+    Checked in this order: a header at all, its form, a reviewer to ask (None: no API server),
+    the review, and with `pod_bound` a token bound to a pod (a client pod's own token, not one
+    of its ServiceAccount alone). Who may call a route (its owner, its node) is the route's rule."""
+    if not authorization:
+        raise Unauthenticated(f"no Authorization header; send {AUTH_FORMS}")
+    token = bearer_token(authorization)
+    if token is None:
+        raise Unauthenticated(f"the Authorization header must be {AUTH_FORMS}")
+    if reviewer is None:
+        raise ReviewUnavailable("no API server to review the token with")
+    reviewed = await reviewer.review(token)
+    if pod_bound and not reviewed.pod_uid:
+        raise Unauthenticated(f"the token of {reviewed.username or 'an unknown user'} is not bound to a pod; "
+                              "use the calling pod's ServiceAccount token")
+    return reviewed

@@ -36,7 +36,7 @@ from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator
 from tfusion.kube import resources as r
-from tfusion.kube.auth import ReviewUnavailable, TokenReviewer, Unauthenticated
+from tfusion.kube.auth import TokenReviewer, Unauthenticated, authenticate
 from tfusion.kube.client import KubeError
 from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEADER_IP_KEY
 from tfusion.settings import format_listen, parse_listen
@@ -228,19 +228,14 @@ class Assignments:
     # --- the routes -----------------------------------------------------------------------------------
 
     async def authorize(self, header: str | None) -> None:
-        if not header:
-            raise AssignmentError(401, "missing authorization header")
-        if self.reviewer is None:
-            raise AssignmentError(503, "no API server to review the token with")
+        """A token of the controller's own ServiceAccount, or the 401/503 `kube.auth` words."""
         try:
-            reviewed = await self.reviewer.review(header)
-        except ReviewUnavailable as exc:
-            raise AssignmentError(503, f"token review unavailable: {exc.reason}") from None
+            reviewed = await authenticate(self.reviewer, header)
+            if reviewed.username != self.own_username:
+                raise Unauthenticated(f"the token of {reviewed.username} is not the controller's ServiceAccount "
+                                      f"{self.own_username}")
         except Unauthenticated as exc:
-            raise AssignmentError(401, f"token authentication failed: {exc.reason}") from None
-        if reviewed.username != self.own_username:
-            raise AssignmentError(401, f"token authentication failed: {reviewed.username} is not the "
-                                       f"controller's ServiceAccount {self.own_username}")
+            raise AssignmentError(exc.status, exc.message) from None
 
     async def answer(self, request: Request[Any, Any, Any], kind: str) -> Response[str]:
         try:
