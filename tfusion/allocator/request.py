@@ -10,6 +10,9 @@ parses a string. Rules (reference §2.1, §3.1):
   nothing against a quota's limit totals);
 - TFLOPS and compute percent are alternatives: given both for the request (or both for the limit) is
   an error; compute percent is 0..100;
+- a request above its limit (TFLOPS, VRAM or compute percent, in the same unit) is refused by
+  `check_within_limits`, which the webhook and simulate-schedule call; `request_from_pod` itself
+  does not, so a pod admitted before that rule still parses (its running worker keeps its numbers);
 - TFLOPS and VRAM fit in 64 bits in allocator units (as the original's int64 does);
 - gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
 - qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod;
@@ -20,6 +23,7 @@ Errors are `RequestError` naming the annotation, the value and what is allowed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,7 +31,7 @@ from typing import Any
 from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
-from tfusion.api.quantity import INT64_MAX
+from tfusion.api.quantity import INT64_MAX, Quantity
 
 MAX_GPU_COUNT = 128
 QOS_LEVELS = ("low", "medium", "high", "critical")
@@ -39,6 +43,75 @@ class RequestError(AnnotationError):
 
     `key` is the annotation, `value` what the pod holds and `allowed` what would be accepted.
     """
+
+
+class RequestOverLimit(RequestError):
+    """A request annotation asks for more than its limit annotation allows.
+
+    Kubernetes refuses `requests > limits` for CPU and memory at admission; a GPU pod asking for
+    more than its own limit could never be honoured either, so it is refused instead of waiting.
+    """
+
+    def __init__(self, key: str, value: str, limit_key: str, limit_value: str) -> None:
+        super().__init__(key, value, f"at most {limit_key} ({json.dumps(limit_value)})",
+                         detail="a request may not exceed its limit")
+        self.limit_key = limit_key
+        self.limit_value = limit_value
+        self.args = (f"{key} {json.dumps(value)} is greater than {limit_key} {json.dumps(limit_value)}; "
+                     "a request may not exceed its limit",)
+
+
+#: each request annotation and the limit annotation it may not exceed
+LIMIT_OF: dict[str, str] = {tfa.TFLOPS_REQUEST: tfa.TFLOPS_LIMIT, tfa.VRAM_REQUEST: tfa.VRAM_LIMIT,
+                            tfa.COMPUTE_PERCENT_REQUEST: tfa.COMPUTE_PERCENT_LIMIT}
+
+
+def check_within_limits(amounts: Mapping[str, Quantity], notes: Mapping[str, str]) -> None:
+    """Raise `RequestOverLimit` for the first request above its (non-zero) limit.
+
+    `amounts` maps request and limit annotation keys to the values the pod itself states (its
+    annotations over its WorkloadProfile; a missing request is its limit); a missing or zero limit
+    means "no limit". The namespace quota's defaults are not judged: the original admits a pod
+    whose request is above a default limit, and so does tfusion. The message quotes the pod's own
+    annotation text where it has one, else the amount and that it comes from the WorkloadProfile.
+    """
+    for req_key, lim_key in LIMIT_OF.items():
+        request, limit = amounts.get(req_key), amounts.get(lim_key)
+        if request is not None and limit and request > limit:
+            raise RequestOverLimit(req_key, _text(notes, req_key, request), lim_key, _text(notes, lim_key, limit))
+
+
+def _text(notes: Mapping[str, str], key: str, amount: Quantity) -> str:
+    """The pod's own text for `key`, else the amount and where it comes from."""
+    return notes.get(key) or f"{amount}, from the WorkloadProfile"
+
+
+def check_pod_within_limits(pod: Mapping[str, Any]) -> None:
+    """`check_within_limits` on the request and limit annotations `pod` carries (simulate-schedule)."""
+    metadata = pod.get("metadata")
+    raw = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    notes = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    check_within_limits(annotated_amounts(notes), notes)
+
+
+def annotated_amounts(notes: Mapping[str, str]) -> dict[str, Quantity]:
+    """The request and limit annotations a pod carries, parsed, as `check_within_limits` takes them.
+
+    On a side (requests or limits) that gives TFLOPS, compute percent is dropped, as the webhook and
+    `request_from_pod` drop it (TFLOPS wins). A missing request is its limit, so it is left out.
+    """
+    amounts: dict[str, Quantity] = {}
+    for key in (*LIMIT_OF, *LIMIT_OF.values()):
+        raw = notes.get(key)
+        if raw:
+            is_percent = key in (tfa.COMPUTE_PERCENT_REQUEST, tfa.COMPUTE_PERCENT_LIMIT)
+            amounts[key] = (tfa.parse_compute_percent(raw, key=key) if is_percent
+                            else tfa.parse_quantity_annotation(raw, key=key))
+    for tflops, percent in ((tfa.TFLOPS_REQUEST, tfa.COMPUTE_PERCENT_REQUEST),
+                            (tfa.TFLOPS_LIMIT, tfa.COMPUTE_PERCENT_LIMIT)):
+        if amounts.get(tflops):
+            amounts.pop(percent, None)
+    return amounts
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from tfusion.allocator import Framework, GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
 from tfusion.allocator.framework import Explanation
+from tfusion.allocator.request import check_pod_within_limits
 from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.defaults import default_pod_request
@@ -203,7 +204,9 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
     if scheduler is not None and native:
         return 200, simulate_native(scheduler, allocator, pod, native)
     try:
-        req = request_from_pod(default_pod_request(pod, pools))
+        defaulted = default_pod_request(pod, pools)
+        req = request_from_pod(defaulted)
+        check_pod_within_limits(defaulted)  # the webhook's rule, so the pod it refuses is refused here
     except RequestError as exc:
         return 400, {"error": str(exc)}
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tfusion.allocator.request import check_within_limits
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
@@ -394,6 +395,7 @@ def _analyse(pod: Mapping[str, Any], ctx: Context, owner: Owner) -> Plan | None:
         if not amounts.get(("limits", "tflops")) and not amounts.get(("limits", "compute")):
             amounts[("limits", "compute")] = Quantity.from_int(100)
     _default_requests_to_limits(amounts)
+    check_within_limits({getattr(tfa, _ANNOTATION_OF[k]): v for k, v in amounts.items()}, notes)
     _apply_quota_defaults(amounts, ctx.quotas)
     _default_requests_to_limits(amounts)
     model = str(notes.get(tfa.GPU_MODEL) or profile.get("gpuModel") or "")
