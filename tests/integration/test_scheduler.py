@@ -167,7 +167,7 @@ async def test_unschedulable_pod_explains_itself_and_the_suggestion_makes_it_fit
             assert why["scheduled"] is False and why["message"] == condition["message"]
             reason = why["nodes"]["node-a"]["reasons"][0]
             assert (reason["gpu"], reason["resource"], reason["requested"], reason["available"]) == \
-                ("gpu-a1", "vram", 48 * 2**30, 40 * 2**30)
+                ("gpu-a1", "vram", "48Gi", "40Gi")
             smaller = [s for s in why["suggestions"] if s["kind"] == "smaller-request"]
             assert smaller and smaller[0]["changes"] == {tfa.VRAM_REQUEST: "40Gi"}
 

@@ -50,7 +50,7 @@ from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total
 from tfusion.allocator.request import AllocRequest, Resources
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
 from tfusion.allocator.state import PHASE_PENDING, GpuInfo, GpuSlot
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
 
 DEFAULT_MAX_WORKERS_PER_NODE = 256
@@ -1161,9 +1161,9 @@ class GpuAllocator:
             "totalTFlops": tflops_str(total_t), "totalVRAM": vram_str(total_v),
             "availableTFlops": tflops_str(sum(a[0] for a in avail)),
             "availableVRAM": vram_str(sum(a[1] for a in avail)),
-            "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_str(virtual_v),
+            "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_mib_str(virtual_v),
             "virtualAvailableTFlops": tflops_str(max(0, virtual_t - limit_t)),
-            "virtualAvailableVRAM": vram_str(max(0, virtual_v - limit_v)),
+            "virtualAvailableVRAM": vram_mib_str(virtual_v - limit_v),
         }
 
     def snapshot(self) -> dict[str, Any]:

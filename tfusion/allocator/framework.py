@@ -47,7 +47,7 @@ from tfusion.allocator import filters
 from tfusion.allocator.allocator import NODE_INDEX_LOCK, GpuAllocator, Placement
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, QuotaExceeded, Unschedulable
 from tfusion.allocator.request import AllocRequest
-from tfusion.allocator.units import percent_str, tflops_str, vram_str
+from tfusion.allocator.units import amount, percent_str, tflops_str, vram_str
 
 # extension points, the values of Status.stage
 PRE_FILTER = "PreFilter"
@@ -181,7 +181,8 @@ class Reason:
                     f"{fmt(self.requested)}{more}")
         if self.resource and self.requested is not None and self.available is not None:
             lead = f"{where}: " if where else ""
-            return f"{lead}{self.message}: {self.resource} requested {self.requested}, available {self.available}"
+            return (f"{lead}{self.message}: {self.resource} requested {amount(self.resource, self.requested)}, "
+                    f"available {amount(self.resource, self.available)}")
         return f"{where}: {self.message}" if where else self.message
 
 

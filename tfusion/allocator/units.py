@@ -11,6 +11,7 @@ from tfusion.api.quantity import Quantity
 
 MILLI = 1000
 PERCENT_SCALE = 100 * MILLI  # milli-percent in 100 %
+MIB = 1 << 20
 
 
 def tflops_str(milli: int) -> str:
@@ -21,6 +22,26 @@ def tflops_str(milli: int) -> str:
 def vram_str(size: int) -> str:
     """Canonical binary quantity text for bytes (8589934592 -> "8Gi")."""
     return str(Quantity.from_int(size, "BinarySI"))
+
+
+def vram_mib_str(size: int) -> str:
+    """Bytes floored to whole MiB, canonical ("245399Mi"), for a status figure derived from
+    percentages of host RAM and disk (virtual VRAM): unfloored, it prints as a bare twelve-digit
+    byte count beside the MiB-whole totals; less than a MiB of it is never usable anyway."""
+    return vram_str(max(0, size) // MIB * MIB)
+
+
+def amount(resource: str | None, value: int) -> str | int:
+    """An amount in its resource's unit, as every explanation shows it: quantity text for VRAM and
+    memory (bytes, "80Gi"), TFLOPS (milli-TFLOPS, "5k") and CPU (milli-CPU, "500m"), including
+    quota limits named after them ("total.max.vram.request"); counts (GPUs, workers, pods, index,
+    extended resources) stay integers."""
+    name = resource or ""
+    if "vram" in name or name == "memory":
+        return vram_str(value)
+    if "tflops" in name or name == "cpu":
+        return str(Quantity.from_milli(value))
+    return value
 
 
 def percent_str(milli_percent: int) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller import views
@@ -124,9 +124,9 @@ def rollup(allocator: GpuAllocator, gpunode: Obj, gpus: list[Obj]) -> dict[str, 
                                       if name_of(g) in names),
         "totalTFlops": tflops_str(total_t), "totalVRAM": vram_str(total_v),
         "availableTFlops": tflops_str(avail_t), "availableVRAM": vram_str(avail_v),
-        "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_str(virtual_v),
+        "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_mib_str(virtual_v),
         "virtualAvailableTFlops": tflops_str(max(0, virtual_t - limit_t)),
-        "virtualAvailableVRAM": vram_str(max(0, virtual_v - limit_v)),
+        "virtualAvailableVRAM": vram_mib_str(virtual_v - limit_v),
         "allocatedPods": allocated, "totalGPUPods": len(pods),
     }
 

@@ -1,28 +1,40 @@
-"""JSON for the framework's answers: Status, Reason, Suggestion and Explanation.
+"""The one rendering of the framework's answers: Status, Reason, Suggestion and Explanation.
 
-Why it exists: simulate-schedule, the extender, the scheduler's pod condition and `tfusion why -o json`
-show the same explanation; the framework (tfusion/allocator/framework.py) is pure and renders no
-JSON, so the one rendering lives here. Amounts are quantity strings in the unit of their resource
-("8Gi", "20", "500m"); GPU and worker counts stay integers. Keys are camelCase like the rest of the
-controller's JSON.
+Why it exists: `/api/why` (and so `tfusion why`), simulate-schedule, the extender and the
+scheduler's PodScheduled condition and FailedScheduling event all show the same explanation, and
+two renderings had already drifted apart (one printed a 5000-TFLOPS request as 5000000, the other
+as "5k"). The framework (tfusion/allocator/framework.py) is pure and renders no JSON, so the
+JSON lives here, once. Amounts are canonical quantity strings in the unit of their resource
+("80Gi", "5k", "500m": `tfusion.allocator.units.amount`); GPU, worker and pod counts stay
+integers. The sentence with the numbers is `Reason.text()`, which formats through the same
+function. Keys are camelCase like the rest of the controller's JSON.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfusion.allocator.framework import Explanation, Reason, Status, Suggestion
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.framework import Code, Explanation, Reason, Status, Suggestion
+from tfusion.allocator.units import amount
+from tfusion.controller.scheduling import nodes as nc
 
 
 def amount_text(resource: str | None, value: int) -> str | int:
-    """A Reason's amount in its resource's unit: quantity text for VRAM and TFLOPS, else the number."""
-    name = resource or ""
-    if "vram" in name:
-        return vram_str(value)
-    if "tflops" in name:
-        return tflops_str(value)
-    return value
+    """A Reason's amount in its resource's unit (see `tfusion.allocator.units.amount`)."""
+    return amount(resource, value)
+
+
+def node_failure_status(failure: nc.NodeFailure, node: str) -> Status:
+    """A node check's "no" as the framework's Status, so that it renders like the GPU reasons."""
+    code = Code.UNRESOLVABLE if failure.unresolvable else Code.UNSCHEDULABLE
+    detail = failure.message
+    if failure.resource:
+        detail = (f"{failure.message}: requested {amount(failure.resource, failure.requested)}, "
+                  f"available {amount(failure.resource, failure.available)}")
+    reason = Reason(failure.message, failure.check, node=node, resource=failure.resource or None,
+                    requested=failure.requested if failure.resource else None,
+                    available=failure.available if failure.resource else None, detail=detail)
+    return Status(code, "Filter", (reason,))
 
 
 def reason_json(reason: Reason) -> dict[str, Any]:

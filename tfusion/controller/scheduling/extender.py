@@ -46,13 +46,13 @@ from tfusion.allocator.framework import Code, Explanation, Framework, Status
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
+from tfusion.controller.scheduling.explain import node_failure_status
 from tfusion.controller.scheduling.scheduler import (
     WORKER,
     Decision,
     Scheduler,
     asks_for_gpus,
     is_worker,
-    node_failure_status,
     pod_key,
 )
 from tfusion.kube import resources as r
@@ -231,7 +231,7 @@ class Extender:
             self.scheduler.whys.pop(pod_key(pod), None)
         else:
             self._remember_native(pod, names, failures, sorted(native), busy)
-        return _answer(call, passed, {n: f.message for n, f in failures.items()}, {})
+        return _answer(call, passed, {n: node_failure_status(f, n).summary() for n, f in failures.items()}, {})
 
     def _remember_native(self, pod: Mapping[str, Any], names: Sequence[str],
                          failures: Mapping[str, nc.NodeFailure], resources: Sequence[str], busy: set[str]) -> None:

@@ -51,8 +51,8 @@ from anyio.abc import TaskGroup
 from prometheus_client import Counter, Gauge, Histogram
 
 from tfusion.allocator import AllocRequest, GpuAllocator, Placement, RequestError, request_from_pod
-from tfusion.allocator.framework import Code, Explanation, Framework, Reason, Status, Suggestion
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.framework import Code, Explanation, Framework, Status, Suggestion
+from tfusion.allocator.units import amount as amount_of
 from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
@@ -64,6 +64,7 @@ from tfusion.controller.scheduling.binder import (
     post_binding,
 )
 from tfusion.controller.scheduling.defaults import default_pool_name
+from tfusion.controller.scheduling.explain import node_failure_status, status_json, suggestion_json
 from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
 from tfusion.kube import resources as r
@@ -128,47 +129,6 @@ def as_pod(pod: Obj) -> dict[str, Any]:
 # --- explanations --------------------------------------------------------------------------------
 
 
-def _amount_text(resource: str, value: int) -> str:
-    if resource == "vram":
-        return vram_str(value)
-    if resource == "tflops":
-        return f"{tflops_str(value)} TFLOPS"
-    return str(value)
-
-
-def reason_detail(reason: Reason) -> str:
-    """The sentence with the numbers: the framework's, else made from the reason's fields."""
-    if reason.detail:
-        return reason.detail
-    if reason.resource and reason.requested is not None and reason.available is not None:
-        where = reason.gpu or reason.node or ""
-        lead = f"{where}: " if where else ""
-        return (f"{lead}{reason.message}: {reason.resource} available "
-                f"{_amount_text(reason.resource, reason.available)} < requested "
-                f"{_amount_text(reason.resource, reason.requested)}")
-    return reason.message
-
-
-def reason_json(reason: Reason) -> dict[str, Any]:
-    out: dict[str, Any] = {"message": reason.message, "stage": reason.stage}
-    for name in ("node", "gpu", "resource", "requested", "available"):
-        value = getattr(reason, name)
-        if value is not None:
-            out[name] = value
-    out["detail"] = reason_detail(reason)
-    return out
-
-
-def suggestion_json(suggestion: Suggestion) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": suggestion.kind, "message": suggestion.message,
-                           "target": suggestion.target, "changes": dict(suggestion.changes)}
-    if suggestion.pods:
-        out["pods"] = list(suggestion.pods)
-    if suggestion.node:
-        out["node"] = suggestion.node
-    return out
-
-
 @dataclass
 class Why:
     """Why a pod is not placed: the kube-style message, each node's reasons, the suggestions."""
@@ -189,22 +149,6 @@ class Why:
                 "attempts": self.attempts, "updated": self.updated}
 
 
-def node_failure_status(failure: nc.NodeFailure, node: str) -> Status:
-    code = Code.UNRESOLVABLE if failure.unresolvable else Code.UNSCHEDULABLE
-    detail = failure.message
-    if failure.resource:
-        detail = f"{failure.message}: requested {failure.requested}, available {failure.available}"
-    reason = Reason(failure.message, failure.check, node=node, resource=failure.resource or None,
-                    requested=failure.requested if failure.resource else None,
-                    available=failure.available if failure.resource else None, detail=detail)
-    return Status(code, "Filter", (reason,))
-
-
-def status_json(status: Status) -> dict[str, Any]:
-    return {"code": str(status.code), "stage": status.stage, "summary": status.summary(),
-            "reasons": [reason_json(x) for x in status.reasons]}
-
-
 def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[str]) -> list[Suggestion]:
     """Node-side changes that would let the pod onto a node its GPUs fit on: a toleration for the
     one taint that keeps it off, or less CPU/memory where only that is short."""
@@ -218,9 +162,9 @@ def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[st
             out.append(Suggestion("tolerate-taint", f"add a toleration for taint {taint}: the pod's GPUs "
                                   f"fit on node {node}", {}, target="pod", node=node))
         elif failure.resource in ("cpu", "memory"):
-            out.append(Suggestion("smaller-request", f"request at most {failure.available} "
-                                  f"{'milli-CPU' if failure.resource == 'cpu' else 'bytes of memory'}: "
-                                  f"it then fits on node {node}", {}, target="pod", node=node))
+            most = amount_of(failure.resource, failure.available)
+            out.append(Suggestion("smaller-request", f"request at most {most} {failure.resource}: it then fits on "
+                                  f"node {node}", {}, target="pod", node=node))
         if len(out) >= 3:
             break
     return out

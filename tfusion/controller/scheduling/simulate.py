@@ -45,9 +45,9 @@ from tfusion.allocator.request import check_pod_within_limits
 from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.defaults import default_pod_request
-from tfusion.controller.scheduling.explain import explanation_json, suggestion_json
+from tfusion.controller.scheduling.explain import explanation_json, node_failure_status, suggestion_json
 from tfusion.controller.scheduling.podcheck import pod_problem, shown
-from tfusion.controller.scheduling.scheduler import asks_for_gpus, node_failure_status
+from tfusion.controller.scheduling.scheduler import asks_for_gpus
 
 if TYPE_CHECKING:
     from tfusion.controller.scheduling.scheduler import Scheduler
