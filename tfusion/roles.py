@@ -1,11 +1,12 @@
 """Runs the selected roles in one anyio task group and stops them on SIGINT/SIGTERM.
 
 Each role lives in `tfusion/<role>/role.py` as `async def run(settings, *, task_status, manager)`;
-it registers what it needs with the process's one Manager (informers, runnables, controllers),
+it registers what it needs with its identity's Manager (informers, runnables, controllers),
 calls `task_status.started(...)` once it serves, and cleans up when cancelled. The embedded API
 server starts first, so the others get its kubeconfig; then the embedded stage (bootstrap,
-simulated kubelet) and the roles register; then the Manager starts, so the shared cache knows
-every consumer before its first list. On a signal everything stops in reverse order.
+simulated kubelet) and the roles register, each on the Manager of the ServiceAccount it runs as
+(`embedded/identities.py`); then the Managers start, so each knows every informer its roles asked
+for before its first leadership term. On a signal everything stops in reverse order.
 """
 
 from __future__ import annotations

@@ -248,18 +248,20 @@ def metric_lines(text: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(name)]
 
 
-def check_one_manager(run: RoleAll) -> None:
+def check_a_manager_per_identity(run: RoleAll) -> None:
     """The controller and the hypervisor each run as their own ServiceAccount (--embedded-identities
-    default), so each has one Manager of its own, as in a cluster: three KubeClients in the process
-    (theirs and the embedded stage's admin one), one pod informer each (the controller's on every
-    pod, the hypervisor's on its node's), and a registry per role that also serves the families only
-    the others have. No request of theirs was refused."""
+    default), so each has a Manager of its own, as in a cluster: three KubeClients in the process
+    (theirs and the embedded stage's admin one); pod informers on exactly the selectors asked for
+    (the controller's scheduler on every pod, its reconcilers on our pods, the hypervisor on its
+    node's workers), none twice; and a registry per role that also serves the families only the
+    others have. No request of theirs was refused."""
     controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
     hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
     for text in (controller, hypervisor):
         assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 3.0"]
-        assert len(metric_lines(text, 'tfusion_informer_objects{informer="pods')) == 1, "one pod informer"
-    assert len(metric_lines(controller, 'tfusion_informer_objects{informer="pods"}')) == 1, "every pod"
+    controller_pods = metric_lines(controller, 'tfusion_informer_objects{informer="pods')
+    assert sorted(line.split('"')[1] for line in controller_pods) == [
+        "pods", "pods labels=tensor-fusion.ai/component"], "every pod, and ours: each once"
     (hypervisor_pods,) = metric_lines(hypervisor, 'tfusion_informer_objects{informer="pods')
     assert f"fields=spec.nodeName={NODE}" in hypervisor_pods, "the hypervisor reads its own node's pods only"
     assert metric_lines(controller, "tfusion_leader ") == ["tfusion_leader 1.0"]
@@ -308,7 +310,7 @@ def test_role_all_end_to_end(role_all: RoleAll) -> None:
     names = check_cluster(run)
     check_kubectl(run, names)
     check_pod_lifecycle(run)
-    check_one_manager(run)
+    check_a_manager_per_identity(run)
     check_readme_commands(run)
 
     # the user's changes to the defaults survive a restart

@@ -220,37 +220,47 @@ async def test_handler_added_late_gets_the_existing_objects_and_failures_are_con
     assert sorted(seen) == ["e0", "e1", "e2", "e3"]
 
 
-async def test_factory_shares_one_informer_per_resource_and_starts_late_ones(kube: KubeClient) -> None:
-    """One informer per resource: a second consumer asking with other selectors before the start
-    widens it to every object; after the start it gets one of its own (the running one cannot
-    change what it lists)."""
+def pod(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "inf", "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+
+async def test_factory_gives_each_selector_exactly_its_objects_and_starts_late_ones(kube: KubeClient) -> None:
+    """One informer per (resource, namespace, selectors): the same ask gets the same informer;
+    two consumers that ask for pods with different label selectors each see exactly the pods
+    their selector matches, before and after a change moves a pod from one to the other; an ask
+    after the start gets an informer of its own, started at once."""
     factory = InformerFactory(kube)
-    pods = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component")
-    assert factory.informer(r.PODS, label_selector="tensor-fusion.ai/component") is pods
-    workers = factory.informer(r.CONFIGMAPS, namespace="inf", label_selector="a=b")
-    assert factory.informer(r.CONFIGMAPS, namespace="inf", label_selector="a=b") is workers
-    assert workers.key.label_selector == "a=b"
-    assert factory.informer(r.CONFIGMAPS, field_selector="metadata.name=x") is workers, "shared, widened"
-    assert workers.key.label_selector is None and workers.key.namespace is None
-    assert factory.informer(r.CONFIGMAPS) is workers
-    await kube.create(r.PODS, {"metadata": {"name": "ours", "namespace": "inf",
-                                            "labels": {"tensor-fusion.ai/component": "worker"}},
-                               "spec": {"containers": [{"name": "c", "image": "x"}]}})
-    await kube.create(r.PODS, {"metadata": {"name": "theirs", "namespace": "inf"},
-                               "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    workers = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component=worker")
+    assert factory.informer(r.PODS, label_selector="tensor-fusion.ai/component=worker") is workers
+    clients = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component=client")
+    assert clients is not workers
+    assert workers.key.label_selector == "tensor-fusion.ai/component=worker", "not widened"
+    for name, component in (("w1", "worker"), ("w2", "worker"), ("c1", "client")):
+        await kube.create(r.PODS, pod(name, **{"tensor-fusion.ai/component": component}))
+    await kube.create(r.PODS, pod("theirs"))
     async with anyio.create_task_group() as tg:
         await tg.start(factory.run)
-        late = factory.informer(r.NAMESPACES)
         with anyio.fail_after(5):
             await factory.wait_synced()
-        assert factory.synced and late.synced
-        assert pods.keys() == ["inf/ours"]
-        assert "inf" in late
-        second = factory.informer(r.PODS)  # other selectors after the start: an informer of its own
-        assert second is not pods
+        assert sorted(workers.keys()) == ["inf/w1", "inf/w2"]
+        assert clients.keys() == ["inf/c1"]
+        await kube.patch(r.PODS, "w2", {"metadata": {"labels": {"tensor-fusion.ai/component": "client"}}},
+                         namespace="inf")
+        await kube.create(r.PODS, pod("c2", **{"tensor-fusion.ai/component": "client"}))
+        await kube.create(r.PODS, pod("w3", **{"tensor-fusion.ai/component": "worker"}))
+        await kube.create(r.PODS, pod("theirs-too"))
+        every = factory.informer(r.PODS)  # asked after the start: an informer of its own
+        assert every not in (workers, clients)
         with anyio.fail_after(5):
-            await second.wait_synced()
-        assert sorted(second.keys()) == ["inf/ours", "inf/theirs"]
+            await every.wait_synced()
+            while "inf/w3" not in workers or "inf/c2" not in clients or "inf/w2" in workers \
+                    or "inf/w3" not in every:
+                await anyio.sleep(0.02)
+        assert sorted(workers.keys()) == ["inf/w1", "inf/w3"]
+        assert sorted(clients.keys()) == ["inf/c1", "inf/c2", "inf/w2"]
+        assert {"inf/theirs", "inf/theirs-too"} <= set(every.keys())
+        assert factory.informer(r.PODS) is every
         tg.cancel_scope.cancel()
 
 

@@ -131,17 +131,18 @@ async def test_finalizer_is_added_then_cleanup_runs_before_it_goes(kube: KubeCli
     assert set(cleaned) == {"guarded"}
 
 
-async def test_leader_runnables_wait_for_the_caches_and_one_informer_serves_every_consumer(
+async def test_leader_runnables_wait_for_every_cache_and_each_selector_has_one_informer(
         kube: KubeClient) -> None:
     manager = Manager(settings(), kube)
-    pods_all = manager.cache.informer(r.PODS, label_selector="tensor-fusion.ai/component")
+    pods_ours = manager.cache.informer(r.PODS, label_selector="tensor-fusion.ai/component")
     pods_node = manager.cache.informer(r.PODS, field_selector="spec.nodeName=n1")
-    assert pods_all is pods_node, "different selectors before start: one informer, widened"
+    assert pods_ours is not pods_node, "different selectors: an informer each, none widened"
+    assert manager.cache.informer(r.PODS, field_selector="spec.nodeName=n1") is pods_node, "same: shared"
     started: list[bool] = []
     late: list[str] = []
 
     async def leader_work() -> None:
-        started.append(pods_all.synced)
+        started.append(pods_ours.synced and pods_node.synced)
         await anyio.sleep_forever()
 
     async def every_replica() -> None:

@@ -54,7 +54,7 @@ class ControllerRuntime:
     manager: Manager
     readiness: Readiness
     dynamic_config: DynamicConfig
-    #: the informers the controller reads, resolved once from the shared cache
+    #: the informers the controller reads, resolved once from the shared cache (pods: ours only)
     informers: dict[r.Resource, Informer]
     #: Litestar handlers served on --controller-listen
     routes: list[Any] = field(default_factory=list)
@@ -78,6 +78,9 @@ class ControllerRuntime:
     scheduler: Scheduler | None = None
     #: the metrics recorder (tfusion/metrics/controller.py; None until attached)
     metrics: ControllerRecorder | None = None
+    #: informers a service reads besides `informers` (other selectors on one of their resources,
+    #: such as the scheduler's on every pod), by their /readyz condition
+    other_informers: dict[str, Informer] = field(default_factory=dict)
 
     @property
     def client(self) -> KubeClient:
@@ -106,14 +109,18 @@ class ControllerRuntime:
     def informer(self, resource: r.Resource) -> Informer:
         return self.informers[resource]
 
+    def track_readiness(self, informer: Informer, condition: str) -> None:
+        """/readyz waits for `informer` too, under `condition` (for one not in `informers`)."""
+        self.other_informers[condition] = informer
+
     def add_leader_task(self, task: Task) -> None:
         self.leader_tasks.append(task)
         self.manager.add(task, leader_only=True, name=getattr(task, "__qualname__", repr(task)))
 
 
 def component_selector(settings: Settings) -> str:
-    """Our pods carry `<domain>/component`; the pod informer watches only those (when the
-    controller is the only consumer of pods in its process)."""
+    """Our pods carry `<domain>/component`; the controller's pod informer watches only those (the
+    scheduler, which must count every pod on a node, has its own on every pod)."""
     return f"{settings.domain}/component"
 
 
@@ -166,14 +173,13 @@ def _bind(flag: str, listen: str) -> socket.socket:
 
 
 def _condition(informer: Informer) -> str:
-    # by resource, not by the informer's name: the shared cache may widen an informer's selectors
-    # after the controller asked for it
+    # by resource, the condition's name since before pods were read with a selector
     return f"informer {informer.resource.name}"
 
 
-async def _track_readiness(runtime: ControllerRuntime, informer: Informer) -> None:
+async def _track_readiness(runtime: ControllerRuntime, condition: str, informer: Informer) -> None:
     await informer.wait_synced()
-    runtime.readiness.set(_condition(informer), True, f"synced, {len(informer)} objects ({informer.name})")
+    runtime.readiness.set(condition, True, f"synced, {len(informer)} objects ({informer.name})")
 
 
 async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
@@ -195,9 +201,10 @@ async def serve_runtime(runtime: ControllerRuntime, *,
     runtime.probe_address = probe_sock.getsockname()[:2]
     async with anyio.create_task_group() as tg:
         await tg.start(runtime.dynamic_config.run)
-        for informer in runtime.informers.values():  # as configure() left them (widened or not)
-            runtime.readiness.set(_condition(informer), False, f"waiting for the initial list ({informer.name})")
-            tg.start_soon(_track_readiness, runtime, informer)
+        watched = {_condition(informer): informer for informer in runtime.informers.values()}
+        for condition, informer in (watched | runtime.other_informers).items():
+            runtime.readiness.set(condition, False, f"waiting for the initial list ({informer.name})")
+            tg.start_soon(_track_readiness, runtime, condition, informer)
         for task in runtime.tasks:
             tg.start_soon(task)
         handlers = [*runtime.routes, *health_handlers(runtime.readiness), metrics_handler(runtime.registry)]

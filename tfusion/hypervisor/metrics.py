@@ -115,7 +115,7 @@ def device_pools(settings: Settings, manager: Manager | None, node: str) -> Pool
     if settings.backend == "local" or manager is None or not manager.has_client:
         return _fixed(settings.pool_name if settings.pool_name != "unknown" else "local")
     fallback = settings.pool_name
-    # the same selector as the GPU reporter's informer, so the shared cache is not widened
+    # the same selector as the GPU reporter's informer, so both read one informer
     gpus = manager.cache.informer(GPUS, label_selector=f"{keys.MANAGED_BY}={node}")
 
     def pool_of(uuid: str) -> str:

@@ -1,4 +1,4 @@
-"""Shared informers: one list+watch cache per (resource, namespace, selectors) per process.
+"""Shared informers: one list+watch cache per (resource, namespace, selectors) per Manager.
 
 An informer lists (paginated), then watches from the list's resourceVersion with bookmarks, a
 server timeout and a read timeout, and reconnects with jittered backoff. When the server says
@@ -249,14 +249,6 @@ class Informer:
         metrics.objects.labels(self.name).set_function(lambda: len(self._store))
         metrics.synced.labels(self.name).set_function(lambda: 1.0 if self._synced.is_set() else 0.0)
 
-    def _unlabel_metrics(self) -> None:
-        for family in (self._metrics.relists, self._metrics.last_event_age, self._metrics.objects,
-                       self._metrics.synced):
-            try:
-                family.remove(self.name)
-            except KeyError:
-                pass
-
     # --- reading --------------------------------------------------------------------------------
 
     @property
@@ -320,17 +312,6 @@ class Informer:
         if self._tg is not None:
             self._tg.start_soon(handler.run)
         return handler
-
-    def widen(self) -> None:
-        """Drop the selectors, so this informer caches every object of its resource: the shared
-        cache does this when two consumers ask for one resource with different selectors. Only
-        before `run()`; consumers filter what they need (they must anyway)."""
-        if self._tg is not None:
-            raise RuntimeError(f"informer {self.name} is running; it can no longer be widened")
-        self._unlabel_metrics()
-        self.key = InformerKey(self.key.resource, None, None, None)
-        self.name = self.key.describe()
-        self._label_metrics()
 
     # --- running --------------------------------------------------------------------------------
 
@@ -501,14 +482,13 @@ class Informer:
 
 
 class InformerFactory:
-    """The process's shared informer cache: one Informer per resource, shared by every consumer.
+    """A Manager's informer cache: one Informer per (resource, namespace, label selector, field
+    selector), shared by every consumer that asks with exactly those.
 
-    Consumers ask with the selectors they would like; the first ask decides, and a later ask with
-    other selectors, made before `run()`, widens that informer to every object of the resource
-    (so `--role=all` runs one pod informer for the controller, the hypervisor and the simulated
-    kubelet). Every consumer therefore filters what it reads (indexes make that cheap). An ask
-    with other selectors after `run()` started cannot widen a running informer: it gets an
-    informer of its own, started at once, and a log line says so."""
+    A consumer gets exactly the objects its selectors match, never more: two consumers that ask
+    for one resource with different selectors get two informers (an object both match is cached
+    twice; that is the price of each reading only what it declared). An ask after `run()` started
+    gets its informer started at once."""
 
     def __init__(self, client: KubeClient, *, registry: CollectorRegistry | None = None,
                  **informer_options: Any) -> None:
@@ -522,20 +502,8 @@ class InformerFactory:
                  field_selector: str | None = None) -> Informer:
         key = InformerKey(resource, namespace, label_selector, field_selector)
         found = self._informers.get(key)
-        if found is None:  # not `or`: an empty Informer is falsy (it has a length)
-            found = self._informers.get(InformerKey(resource))
-        if found is not None:
+        if found is not None:  # not `or`: an empty Informer is falsy (it has a length)
             return found
-        same_resource = [inf for inf in self._informers.values() if inf.resource == resource]
-        if same_resource and self._tg is None:
-            shared = same_resource[0]
-            del self._informers[shared.key]
-            shared.widen()
-            self._informers[shared.key] = shared
-            return shared
-        if same_resource:
-            log.info("informer %s asked for after start while %s runs: starting a second one",
-                     key.describe(), same_resource[0].name)
         found = Informer(self.client, resource, namespace=namespace, label_selector=label_selector,
                          field_selector=field_selector, registry=self.registry, **self.informer_options)
         self._informers[key] = found

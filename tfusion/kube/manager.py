@@ -1,21 +1,28 @@
-"""The process's Manager: one client, one informer cache, one metrics registry, the elector, the runnables.
+"""A Manager per identity: one client, one informer cache, one metrics registry, the elector, the runnables.
 
-Why: every role of one process (`--role=all` runs the controller, the hypervisor and the simulated
-kubelet) must share one connection and one cache, or the API server sees each pod watched three
-times and each role pays for its own copy; and leader-only work must follow leadership exactly —
-start once the caches it reads have synced and this replica leads, stop when it stops leading,
-and start again, working, when it leads again. controller-runtime's Manager gives Go operators
-this; this is the same idea in plain anyio:
+Why: every role that talks to the API server as one identity must share one connection and one
+cache, or the API server sees each object watched once per role and each role pays for its own
+copy; and leader-only work must follow leadership exactly — start once the caches it reads have
+synced and this replica leads, stop when it stops leading, and start again, working, when it leads
+again. controller-runtime's Manager gives Go operators this; this is the same idea in plain anyio.
 
-- `cache.informer(resource, …)`: the shared informers (see `InformerFactory`);
+A cluster pod runs one role as one ServiceAccount, so one Manager. `--role=all` runs the
+controller and the hypervisor as their own ServiceAccounts (`embedded/identities.py`), so each
+has a Manager of its own beside the embedded stage's admin one: three in the process
+(`--embedded-identities=admin` puts every role on the stage's one). Inside one Manager no resource
+is watched twice with the same selectors; two consumers that declare different selectors get an
+informer each, with exactly the objects they asked for.
+
+- `cache.informer(resource, …)`: the shared informers, one per resource and selectors
+  (see `InformerFactory`);
 - `registry`: the Prometheus registry every role's `/metrics` serves;
 - `events`: the shared core/v1 Event recorder (repeats are counted, as kube's correlator does);
 - `add(runnable, leader_only=…)`: a coroutine function run until cancelled; leader-only ones run
   once per leadership term, each term after every informer of the cache has synced;
 - `controller(name)`: a `ControllerBuilder` for a reconcile loop registered here.
 
-Roles register in their `run()` before serving; `roles.py` starts the Manager after every role
-has registered, so the cache knows every consumer's selectors before the first list.
+Roles register in their `run()` before serving; `roles.py` starts the Managers after every role
+has registered, so the first leadership term waits for every informer a role asked for.
 """
 
 from __future__ import annotations

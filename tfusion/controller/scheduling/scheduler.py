@@ -230,10 +230,10 @@ class Scheduler:
     def attach(self) -> Scheduler:
         rt = self.runtime
         cache = rt.manager.cache
-        # every pod, not only ours: CPU/memory/pod-count fit counts every pod on a node. Asked
-        # before the Manager starts, this widens the shared pod informer (readers filter).
+        # every pod, not only ours: CPU/memory/pod-count fit counts every pod on a node. This is an
+        # informer of its own beside the runtime's (our pods only), which the reconcilers read
         self.pods = cache.informer(r.PODS)
-        rt.informers[r.PODS] = self.pods
+        rt.track_readiness(self.pods, "scheduler informer pods")
         self.pods.add_index("node", node_name_index)
         self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
         self.nodes = rt.informer(r.NODES)
