@@ -16,8 +16,6 @@ ConfigMap `tensor-fusion-operator-leader-info` (`leader-ip`) and the controller 
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator
 from tfusion.kube import resources as r
-from tfusion.kube.auth import TokenReviewer, Unauthenticated, authenticate
+from tfusion.kube.auth import TokenReviewer, Unauthenticated, authenticate, unverified_claims
 from tfusion.kube.client import KubeError
 from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEADER_IP_KEY
 from tfusion.settings import format_listen, parse_listen
@@ -64,14 +62,8 @@ class AssignmentError(Exception):
 
 def _jwt_subject(token: str) -> str:
     """The `sub` claim of our own token (read unverified: it names us, it authorizes nothing)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return ""
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except ValueError:
-        return ""
-    return str(claims.get("sub") or "") if isinstance(claims, dict) else ""
+    claims = unverified_claims(token)
+    return str(claims.get("sub") or "") if claims is not None else ""
 
 
 def read_token(path: Path = SERVICE_ACCOUNT_TOKEN) -> str:
