@@ -23,10 +23,11 @@ Errors are `RequestError` naming the annotation, the value and what is allowed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
@@ -53,12 +54,12 @@ class RequestOverLimit(RequestError):
     """
 
     def __init__(self, key: str, value: str, limit_key: str, limit_value: str) -> None:
-        super().__init__(key, value, f"at most {limit_key} ({json.dumps(limit_value)})",
+        super().__init__(key, value, f"at most {limit_key} ({orjson.dumps(limit_value).decode()})",
                          detail="a request may not exceed its limit")
         self.limit_key = limit_key
         self.limit_value = limit_value
-        self.args = (f"{key} {json.dumps(value)} is greater than {limit_key} {json.dumps(limit_value)}; "
-                     "a request may not exceed its limit",)
+        shown, limit_shown = orjson.dumps(value).decode(), orjson.dumps(limit_value).decode()
+        self.args = (f"{key} {shown} is greater than {limit_key} {limit_shown}; a request may not exceed its limit",)
 
 
 #: each request annotation and the limit annotation it may not exceed

@@ -34,13 +34,13 @@ constant time; everything else stays as the seed says (network isolation).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
+import orjson
 from litestar import Request, Response, delete, get, post, route
 from litestar.enums import HttpMethod
 from litestar.exceptions import HTTPException, MethodNotAllowedException
@@ -477,7 +477,7 @@ def remote_pod_info(ctx: HypervisorContext, allocation: WorkerAllocation, contai
         info["qos_level"] = worker.qos.capitalize()
     info["compute_shard"] = False
     info["isolation"] = worker.isolation
-    config = (json.dumps(ctx.scheduling.document()) if ctx.scheduling is not None
+    config = (orjson.dumps(ctx.scheduling.document()).decode() if ctx.scheduling is not None
               else ctx.settings.scheduling_config)
     freeze = auto_freeze_rule(config, worker.qos)
     if freeze is not None:
@@ -490,7 +490,7 @@ def auto_freeze_rule(scheduling_config: str, qos: str) -> dict[str, Any] | None:
     if not scheduling_config.strip():
         return None
     try:
-        config = json.loads(scheduling_config)
+        config = orjson.loads(scheduling_config)
     except ValueError:
         return None
     rules = ((config or {}).get("autoFreezeAndResume") or {}).get("autoFreeze") or []

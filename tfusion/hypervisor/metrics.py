@@ -11,13 +11,13 @@ and/or push, tfusion/metrics/sinks.py) in `TF_HYPERVISOR_METRICS_FORMAT`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
+import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -70,7 +70,7 @@ def parse_extra_labels(text: str) -> dict[str, str]:
     if not text.strip():
         return {}
     try:
-        data = json.loads(text)
+        data = orjson.loads(text)
     except ValueError as exc:
         raise ValueError(f"TF_HYPERVISOR_METRICS_EXTRA_LABELS is not JSON: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):

@@ -17,12 +17,11 @@ selector matches nothing too), so a pool without one never turns every CPU node 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.hashing import content_hash
 from tfusion.controller.scheduling.nodes import term_matches
 
 DEFAULT_VENDOR = "NVIDIA"
@@ -74,6 +73,4 @@ def select_pool(pools: Iterable[Mapping[str, Any]], node: Mapping[str, Any]) -> 
 def selector_hash(pool: Mapping[str, Any]) -> str:
     """A short stable hash of the pool's node selectors (the `node-selector-hash` Node label)."""
     config = _manager_config(pool)
-    text = json.dumps([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], sort_keys=True,
-                      separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return content_hash([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], 16)

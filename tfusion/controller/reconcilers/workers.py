@@ -21,12 +21,11 @@ workload's spec but its replica count; `connection_url(pod)` is `native+<podIP>+
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.hashing import content_hash
 from tfusion.apiserver.patch import PatchError, strategic_merge_patch
 from tfusion.controller.reconcilers.common import FINALIZER, Obj, meta, name_of
 from tfusion.controller.webhook.mutate import DEFAULT_WORKER_IMAGE, dig, provider_config_for
@@ -54,8 +53,7 @@ def template_hash(pool: Mapping[str, Any] | None, workload: Mapping[str, Any]) -
              "hypervisorPort": dig(pool or {}, "spec", "componentConfig", "hypervisor", "portNumber"),
              # the replica count says how many workers, not what one is
              "spec": {k: v for k, v in (workload.get("spec") or {}).items() if k != "replicas"}}
-    text = json.dumps(basis, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
+    return content_hash(basis, 10)
 
 
 def label_value(value: str) -> str | None:

@@ -36,7 +36,6 @@ same index, and `index` is written only when the node-level index is the pod's a
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -109,7 +108,7 @@ def bind_annotations(pod: Obj, req: AllocRequest | None, gpus: Sequence[str],
     notes = {tfa.GPU_IDS: ",".join(gpus)}
     per_container = container_gpus(pod, gpus)
     if per_container:
-        notes[tfa.CONTAINER_GPUS] = json.dumps(per_container, sort_keys=True, separators=(",", ":"))
+        notes[tfa.CONTAINER_GPUS] = tfa.format_container_gpus(per_container)
     capacity = 0
     if allocator is not None:
         try:

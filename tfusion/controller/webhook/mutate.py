@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +30,7 @@ import orjson
 from tfusion.allocator.request import check_within_limits
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.hashing import content_hash
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
 from tfusion.controller.scheduling.defaults import DEFAULT_QOS, EQUAL_LIMITS_QOS, default_pool_name
@@ -254,8 +253,7 @@ def _resource_int(value: Any) -> int:
 def pool_template_hash(pool: Mapping[str, Any]) -> str:
     """A short hash of the pool's client component config: pods injected under one config share it."""
     client = dig(pool, "spec", "componentConfig", "client") or {}
-    text = json.dumps(client, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
+    return content_hash(client, 10)
 
 
 # --- auto-migration ----------------------------------------------------------------------------------
@@ -579,7 +577,7 @@ def _quota_quantity(raw: Any, quota: Mapping[str, Any], where: str) -> Quantity 
         return parse_quantity(raw)
     except QuantityError:
         namespace = _meta(quota).get("namespace")
-        raise Denial(f"GPUResourceQuota {namespace}/{_name(quota)}: {where}: {json.dumps(str(raw))} is not "
+        raise Denial(f"GPUResourceQuota {namespace}/{_name(quota)}: {where}: {orjson.dumps(str(raw)).decode()} is not "
                      f"a quantity; fix the quota") from None
 
 
@@ -816,8 +814,7 @@ def _normalized_annotations(amounts: Mapping[tuple[str, str], Quantity], qos: st
     if partition:
         notes[tfa.PARTITION_ID] = partition
     if container_counts:
-        notes[tfa.CONTAINER_GPU_COUNT] = json.dumps(dict(sorted(container_counts.items())),
-                                                    separators=(",", ":"))
+        notes[tfa.CONTAINER_GPU_COUNT] = orjson.dumps(dict(sorted(container_counts.items()))).decode()
     if gang is not None:
         notes[tfa.GANG_DESIRED_MEMBERS] = str(gang.desired)
         notes[tfa.GANG_REQUIRED_MEMBERS] = str(gang.required)
@@ -838,8 +835,7 @@ def _workload_object(name: str, namespace: str, pool_name: str, owner: Owner, sp
     if notes.get(tfa.DISABLE_FEATURES):
         annotations[tfa.DISABLE_FEATURES] = ",".join(tfa.parse_disable_features(notes[tfa.DISABLE_FEATURES]))
     if container_counts:
-        annotations[tfa.CONTAINER_GPU_COUNT] = json.dumps(dict(sorted(container_counts.items())),
-                                                          separators=(",", ":"))
+        annotations[tfa.CONTAINER_GPU_COUNT] = orjson.dumps(dict(sorted(container_counts.items()))).decode()
     meta: Obj = {"name": name, "namespace": namespace, "labels": {tfa.GPU_POOL: pool_name},
                  "annotations": annotations}
     if owner.reference is not None:
