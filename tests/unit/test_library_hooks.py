@@ -82,6 +82,7 @@ async def test_a_connected_client_uses_our_session_and_the_auth_fields_we_read(a
         assert pool._max_keepalive_connections == POOL_LIMITS.max_keepalive_connections
         assert pool._max_connections == POOL_LIMITS.max_connections
         assert session.timeout == httpx.Timeout(client.api._timeout)
+        assert isinstance(client.api.__version__, str)  # our session's User-Agent, as kr8s sends it
         auth = client.api.auth
         assert auth.token == apiserver.token and str(auth.server) == apiserver.url
         assert auth.proxy is None and auth.tls_server_name is None
@@ -111,6 +112,21 @@ def test_uvicorn_protocol_has_the_methods_we_extend_and_call() -> None:
         assert list(inspect.signature(getattr(HttpToolsProtocol, name)).parameters) == ["self"]
     assert issubclass(httptools.HttpParserInvalidMethodError, httptools.HttpParserError)
     assert issubclass(httptools.HttpParserUpgrade, Exception)
+
+
+def test_our_own_protocol_names_do_not_shadow_uvicorn_ones() -> None:
+    """A name uvicorn took up later (a `_refuse` of its own, say) would be silently replaced by ours."""
+    ours = set(vars(_with_head_timeout(1.0))) - {"__module__", "__qualname__", "__doc__", "__firstlineno__",
+                                                 "__static_attributes__", "__annotations__"}
+    assert ours - set(EXTENDED) == {"_head_timer", "_head_deadline", "_awaiting_head", "_in_head", "_head_bytes",
+                                    "_url_bytes", "_arm_head_timer", "_head_due", "_feed", "_refuse"}
+    config = uvicorn.Config(_answer_ok, lifespan="off", log_level="warning")
+    loop = asyncio.new_event_loop()
+    try:
+        theirs = set(dir(HttpToolsProtocol)) | set(vars(HttpToolsProtocol(config, ServerState(), {}, _loop=loop)))
+    finally:
+        loop.close()
+    assert not (ours - set(EXTENDED)) & theirs
 
 
 def test_uvicorn_server_still_takes_signals_through_the_hook_we_replace() -> None:
