@@ -12,11 +12,10 @@ import orjson
 import pytest
 from hypothesis import strategies as st
 
-from tfusion import web
 from tfusion.api.strconv import INT64_MAX, INT64_MIN
 from tfusion.controller.scheduling.extender_sizing import POD_ALLOWANCE_BYTES, SIZED_FOR_NODES, extender_args_bytes
 from tfusion.controller.scheduling.http import EXTENDER_MAX_BODY_BYTES
-from tfusion.web import json_depth_problem, parse_go_int
+from tfusion.web import depth, json_depth_problem, parse_go_int
 
 
 def depth_of(value: Any) -> int:
@@ -63,12 +62,12 @@ json_values = st.recursive(st.none() | st.integers(-1000, 1000) | json_strings,
 def test_the_scan_agrees_with_the_decoded_depth(value: Any, bound: int, step: int, pad: int) -> None:
     """Steps of a few bytes cut escapes, strings and brackets at every possible place."""
     body = b" " * pad + orjson.dumps(value)
-    saved = web._DEPTH_STEP
-    web._DEPTH_STEP = step
+    saved = depth._DEPTH_STEP
+    depth._DEPTH_STEP = step
     try:
         verdict = json_depth_problem(body, max_depth=bound)
     finally:
-        web._DEPTH_STEP = saved
+        depth._DEPTH_STEP = saved
     if isinstance(value, dict | list):
         assert (verdict is not None) == (depth_of(value) > bound), (body, bound, step)
     else:

@@ -39,7 +39,7 @@ from tfusion.web import Server, _with_head_timeout
 pytestmark = pytest.mark.anyio
 
 #: sha256 of the library source our replacement copies. On a mismatch, read the new source, bring
-#: our copy in line (tfusion/kube/client.py, tfusion/web.py) and record the new digest here.
+#: our copy in line (tfusion/kube/client.py, tfusion/web/server.py) and record the new digest here.
 REPLACED_SOURCES: dict[str, tuple[Callable[..., Any], str]] = {
     "kr8s Api._create_session (tfusion.kube.client._PooledApi)":
         (kr8s.asyncio.Api._create_session, "cfab20a4aab0747d904232d11df378112f5beecb353c42dded3dabda6b99d6dd"),
