@@ -92,7 +92,6 @@ async def test_reviews_for_pods_that_never_come_leave_no_workload(apiserver: Any
             return not await workload_names(kube, "ghost-")
 
         await eventually(none_left, timeout=60, what="the workloads of pods that never came deleted")
-        assert reconcilers.workload.abandoned >= GHOSTS
 
         async def confirmed() -> bool:
             found = await kube.get(r.TENSORFUSIONWORKLOADS, "real", namespace="default")
@@ -279,14 +278,15 @@ async def test_a_mark_left_by_a_controller_killed_meanwhile_is_acted_on_at_start
     await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {"name": "users-own", "namespace": "default"},
                                                 "spec": spec}, namespace="default")
     async with controllers() as tg:
-        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+        await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
 
         async def left_behind_gone() -> bool:
             return await workload_names(kube, "left-behind") == []
 
         await eventually(left_behind_gone, timeout=30, what="the workload left behind deleted")
-        reconcilers = ctl.runtime.reconcilers
-        assert reconcilers is not None and reconcilers.workload.abandoned == 1
+        # the same workload without the mark is kept: the mark is what made it go (the outcome, not
+        # the reconciler's counter: under load a delete that succeeds may answer the client too late,
+        # and the retry then finds nothing left to delete)
         assert await workload_names(kube, "users-own") == ["users-own"]
 
 

@@ -140,7 +140,6 @@ class WorkloadReconciler:
         self.pods.add_index(WORKLOAD_INDEX, workload_key)
         self.pods.add_index(ADMITTED_INDEX, admitted_key)
         self.admission_grace = ADMISSION_GRACE_S
-        self.abandoned = 0  # workloads deleted because their pod never came (tests read it)
         self.pools = runtime.informer(r.GPUPOOLS)
         self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.controller = runtime.manager.controller("tensorfusionworkload").for_(r.TENSORFUSIONWORKLOADS) \
@@ -192,7 +191,6 @@ class WorkloadReconciler:
             return True, None
         except Conflict:
             return False, EXPECTATION_RETRY_S
-        self.abandoned += 1
         log.info("TensorFusionWorkload %s deleted: the webhook created it for a pod that did not appear within "
                  "%.0f s", key, self.admission_grace)
         return True, None
