@@ -249,19 +249,21 @@ def _worker_handlers(ctx: HypervisorContext) -> list[Any]:
         return bodies.WorkerDetailAnswer(data=bodies.WorkerDetail(
             worker_uid=allocation.worker.uid, allocation=ctx.allocation_body(allocation), metrics=metrics))
 
+    def not_implemented(worker_id: str, action: str) -> ErrorBody:
+        """The original's answer for snapshot and resume: 404 for an unknown worker, else 501."""
+        if ctx.workers.get(worker_id) is None:
+            raise HttpError(404, WORKER_NOT_FOUND)
+        return ErrorBody(error=f"worker {action} is not implemented yet")
+
     @post("/api/v1/workers/{worker_id:str}/snapshot", status_code=501, summary="Not implemented yet",
           responses=_UNKNOWN_WORKER)
     async def snapshot(worker_id: str) -> ErrorBody:
-        if ctx.workers.get(worker_id) is None:
-            raise HttpError(404, WORKER_NOT_FOUND)
-        return ErrorBody(error="worker snapshot is not implemented yet")
+        return not_implemented(worker_id, "snapshot")
 
     @post("/api/v1/workers/{worker_id:str}/resume", status_code=501, summary="Not implemented yet",
           responses=_UNKNOWN_WORKER)
     async def resume(worker_id: str) -> ErrorBody:
-        if ctx.workers.get(worker_id) is None:
-            raise HttpError(404, WORKER_NOT_FOUND)
-        return ErrorBody(error="worker resume is not implemented yet")
+        return not_implemented(worker_id, "resume")
 
     return [list_workers, get_worker, *_factory_handlers(ctx), snapshot, resume]
 
