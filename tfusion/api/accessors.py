@@ -1,0 +1,361 @@
+"""Typed read-only views of the Kubernetes objects tfusion reads: `Meta`, `Body` and one per kind.
+
+Why it exists: the informer cache holds objects as the API server sent them (decoded JSON), and
+every consumer used to dig into them with its own `.get("metadata") or {}` chain and its own
+`_meta()`, each with its own idea of what a missing or mistyped field means. A view wraps the raw
+mapping (no copy, two slots, nothing cached), so a field is read the same way everywhere and a
+wrong-typed value (a list where a map belongs) reads as absent instead of raising in a reconciler.
+
+Views cost nothing to keep: they are made where an object is read and dropped after, so the cache
+stays the API server's bytes decoded once (the scale issue's memory budget per pod counts those).
+Writes do not go through views: a writer builds its patch as a plain dict.
+
+`section(obj, "spec", "template", "spec")` is the one nested getter for the places a view has no
+property for (pod templates inside workloads, free-form config blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+EMPTY: Mapping[str, Any] = {}
+
+
+def section(obj: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any]:
+    """The mapping at `path` inside `obj`, or an empty one when any step is missing or not a map."""
+    node: Any = obj
+    for key in path:
+        if not isinstance(node, Mapping):
+            return EMPTY
+        node = node.get(key)
+    return node if isinstance(node, Mapping) else EMPTY
+
+
+def items(obj: Mapping[str, Any] | None, *path: str) -> list[Any]:
+    """The list at `path` inside `obj`, or an empty list when any step is missing or not a list."""
+    if not path:
+        return []
+    value = section(obj, *path[:-1]).get(path[-1])
+    return list(value) if isinstance(value, list) else []
+
+
+def text(obj: Mapping[str, Any] | None, *path: str) -> str:
+    """The string at `path` inside `obj`, or "" when missing or not a string."""
+    if not path:
+        return ""
+    value = section(obj, *path[:-1]).get(path[-1])
+    return value if isinstance(value, str) else ""
+
+
+def _str_map(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(v, str)}
+
+
+class Meta:
+    """`metadata` of any object."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+
+    @property
+    def name(self) -> str:
+        return text(self.raw, "name")
+
+    @property
+    def namespace(self) -> str:
+        return text(self.raw, "namespace")
+
+    @property
+    def uid(self) -> str:
+        return text(self.raw, "uid")
+
+    @property
+    def resource_version(self) -> str:
+        return text(self.raw, "resourceVersion")
+
+    @property
+    def generation(self) -> int:
+        value = self.raw.get("generation")
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """Labels with string values (what the API server allows); never None."""
+        return _str_map(self.raw.get("labels"))
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        """Annotations with string values; never None."""
+        return _str_map(self.raw.get("annotations"))
+
+    def label(self, key: str) -> str | None:
+        value = section(self.raw, "labels").get(key)
+        return value if isinstance(value, str) else None
+
+    def annotation(self, key: str) -> str | None:
+        value = section(self.raw, "annotations").get(key)
+        return value if isinstance(value, str) else None
+
+    @property
+    def finalizers(self) -> list[str]:
+        return [f for f in items(self.raw, "finalizers") if isinstance(f, str)]
+
+    @property
+    def owner_references(self) -> list[Mapping[str, Any]]:
+        return [ref for ref in items(self.raw, "ownerReferences") if isinstance(ref, Mapping)]
+
+    def controller_ref(self) -> Mapping[str, Any] | None:
+        """The owner reference with `controller: true`, if any."""
+        return next((ref for ref in self.owner_references if ref.get("controller") is True), None)
+
+    @property
+    def creation_timestamp(self) -> str:
+        return text(self.raw, "creationTimestamp")
+
+    @property
+    def deletion_timestamp(self) -> str | None:
+        return text(self.raw, "deletionTimestamp") or None
+
+    @property
+    def deleting(self) -> bool:
+        """True once a delete was accepted (the object waits on its finalizers)."""
+        return bool(self.raw.get("deletionTimestamp"))
+
+
+class Body:
+    """Any object: its metadata, spec and status as mappings that are never None."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+
+    @property
+    def api_version(self) -> str:
+        return text(self.raw, "apiVersion")
+
+    @property
+    def kind(self) -> str:
+        return text(self.raw, "kind")
+
+    @property
+    def meta(self) -> Meta:
+        return Meta(section(self.raw, "metadata"))
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec")
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        return section(self.raw, "status")
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def namespace(self) -> str:
+        return self.meta.namespace
+
+    @property
+    def uid(self) -> str:
+        return self.meta.uid
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, name): the workqueue key of a namespaced object; namespace "" when cluster-scoped."""
+        return self.meta.namespace, self.meta.name
+
+    @property
+    def conditions(self) -> list[Mapping[str, Any]]:
+        return [c for c in items(self.raw, "status", "conditions") if isinstance(c, Mapping)]
+
+    def condition(self, type_: str) -> Mapping[str, Any] | None:
+        return next((c for c in self.conditions if c.get("type") == type_), None)
+
+    @property
+    def phase(self) -> str:
+        return text(self.raw, "status", "phase")
+
+
+class Pod(Body):
+    """core/v1 Pod."""
+
+    __slots__ = ()
+
+    @property
+    def node_name(self) -> str:
+        return text(self.raw, "spec", "nodeName")
+
+    @property
+    def scheduler_name(self) -> str:
+        return text(self.raw, "spec", "schedulerName")
+
+    @property
+    def containers(self) -> list[Mapping[str, Any]]:
+        return [c for c in items(self.raw, "spec", "containers") if isinstance(c, Mapping)]
+
+    @property
+    def init_containers(self) -> list[Mapping[str, Any]]:
+        return [c for c in items(self.raw, "spec", "initContainers") if isinstance(c, Mapping)]
+
+    @property
+    def container_statuses(self) -> list[Mapping[str, Any]]:
+        return [c for c in items(self.raw, "status", "containerStatuses") if isinstance(c, Mapping)]
+
+    @property
+    def node_selector(self) -> Mapping[str, str]:
+        return _str_map(self.spec.get("nodeSelector"))
+
+    @property
+    def scheduling_gates(self) -> list[str]:
+        gates = items(self.raw, "spec", "schedulingGates")
+        return [g["name"] for g in gates if isinstance(g, Mapping) and isinstance(g.get("name"), str)]
+
+    @property
+    def restart_policy(self) -> str:
+        return text(self.raw, "spec", "restartPolicy") or "Always"
+
+    @property
+    def host_network(self) -> bool:
+        return self.spec.get("hostNetwork") is True
+
+    @property
+    def pod_ip(self) -> str:
+        return text(self.raw, "status", "podIP")
+
+    @property
+    def finished(self) -> bool:
+        """Succeeded or Failed: its containers will not run again and what it held can be released."""
+        return self.phase in FINISHED_PHASES
+
+
+#: the pod phases after which nothing in the pod runs again
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class Node(Body):
+    """core/v1 Node."""
+
+    __slots__ = ()
+
+    @property
+    def allocatable(self) -> Mapping[str, Any]:
+        return section(self.raw, "status", "allocatable")
+
+    @property
+    def capacity(self) -> Mapping[str, Any]:
+        return section(self.raw, "status", "capacity")
+
+    @property
+    def taints(self) -> list[Mapping[str, Any]]:
+        return [t for t in items(self.raw, "spec", "taints") if isinstance(t, Mapping)]
+
+    @property
+    def unschedulable(self) -> bool:
+        return self.spec.get("unschedulable") is True
+
+    @property
+    def ready(self) -> bool:
+        cond = self.condition("Ready")
+        return cond is not None and cond.get("status") == "True"
+
+
+class Gpu(Body):
+    """tensor-fusion.ai/v1 GPU (cluster-scoped; everything interesting is in status)."""
+
+    __slots__ = ()
+
+    @property
+    def uuid(self) -> str:
+        return text(self.raw, "status", "uuid")
+
+    @property
+    def node_selector(self) -> Mapping[str, str]:
+        return _str_map(self.status.get("nodeSelector"))
+
+    @property
+    def gpu_model(self) -> str:
+        return text(self.raw, "status", "gpuModel")
+
+    @property
+    def used_by(self) -> str:
+        return text(self.raw, "status", "usedBy")
+
+    @property
+    def capacity(self) -> Mapping[str, Any]:
+        return section(self.raw, "status", "capacity")
+
+    @property
+    def available(self) -> Mapping[str, Any]:
+        return section(self.raw, "status", "available")
+
+
+class GpuNode(Body):
+    """tensor-fusion.ai/v1 GPUNode."""
+
+    __slots__ = ()
+
+    @property
+    def manage_mode(self) -> str:
+        return text(self.raw, "spec", "manageMode")
+
+
+class GpuPool(Body):
+    """tensor-fusion.ai/v1 GPUPool."""
+
+    __slots__ = ()
+
+    @property
+    def capacity_config(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec", "capacityConfig")
+
+    @property
+    def node_manager_config(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec", "nodeManagerConfig")
+
+    @property
+    def qos_config(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec", "qosConfig")
+
+    @property
+    def component_config(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec", "componentConfig")
+
+
+class Workload(Body):
+    """tensor-fusion.ai/v1 TensorFusionWorkload (and WorkloadProfile, which shares its spec)."""
+
+    __slots__ = ()
+
+    @property
+    def pool_name(self) -> str:
+        return text(self.raw, "spec", "poolName")
+
+    @property
+    def replicas(self) -> int | None:
+        value = self.spec.get("replicas")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def resources(self) -> Mapping[str, Any]:
+        return section(self.raw, "spec", "resources")
+
+    @property
+    def qos(self) -> str:
+        return text(self.raw, "spec", "qos")
+
+    @property
+    def is_local_gpu(self) -> bool:
+        return self.spec.get("isLocalGPU") is True
+
+
+def sequence_of_maps(value: Any) -> Sequence[Mapping[str, Any]]:
+    """The maps of a JSON list (anything else reads as empty)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
