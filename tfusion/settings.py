@@ -23,7 +23,7 @@ from typing import Any
 
 from tfusion.api import annotations as ann
 from tfusion.api import durations
-from tfusion.apiserver.selectors import parse_label_selector
+from tfusion.api.selectors import parse_label_selector
 
 ROLES = ("apiserver", "controller", "hypervisor")
 KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")

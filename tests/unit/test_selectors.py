@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfusion.apiserver.selectors import (
+from tfusion.api.selectors import (
     EVERYTHING,
     NOTHING,
     SelectorError,

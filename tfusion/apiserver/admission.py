@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from tfusion.apiserver.patch import PatchError, json_patch
-from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.leanhttp import LeanTransport
 
 __all__ = [

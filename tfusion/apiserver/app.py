@@ -507,7 +507,7 @@ class ApiApp:
 
     # ------------------------------------------------------------------------------ reads
     def _selectors(self, request: Request) -> tuple[Any, Any]:
-        from tfusion.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
+        from tfusion.api.selectors import SelectorError, parse_field_selector, parse_label_selector
 
         label_text = request.params.get("labelSelector", "")
         field_text = request.params.get("fieldSelector", "")
@@ -556,7 +556,7 @@ class ApiApp:
         self._check_verb(info, "watch", request.method)
         labels, fields = self._selectors(request)
         if target.name:  # legacy /watch/<resource>/<name>
-            from tfusion.apiserver.selectors import parse_field_selector
+            from tfusion.api.selectors import parse_field_selector
 
             fields = parse_field_selector(f"metadata.name={target.name}")
         rv = _resource_version(request.params)

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from tfusion.apiserver import validation
-from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 
 DEPLOYMENTS = "apps/deployments"

@@ -45,7 +45,7 @@ from tfusion.apiserver.admission import AdmissionAttributes, build_admission_rev
 from tfusion.apiserver.kinds import NAMESPACES
 from tfusion.apiserver.rbac import CURRENT_USER
 from tfusion.apiserver.resources import ResourceInfo
-from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver.store import Entry, Store
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 

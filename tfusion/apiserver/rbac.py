@@ -21,7 +21,7 @@ from typing import Any
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import errors
-from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver.store import Event, Store
 
 GROUP = "rbac.authorization.k8s.io"

@@ -26,7 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
-from tfusion.apiserver.selectors import parse_label_selector
+from tfusion.api.selectors import parse_label_selector
 from tfusion.controller.reconcilers.common import (
     PENDING,
     Obj,

@@ -32,7 +32,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.hashing import content_hash
 from tfusion.api.quantity import Quantity, QuantityError
-from tfusion.apiserver.selectors import SelectorError, label_selector_from_dict
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.controller.scheduling.defaults import DEFAULT_QOS, EQUAL_LIMITS_QOS, default_pool_name
 
 if TYPE_CHECKING:

@@ -14,6 +14,10 @@ The grammar and semantics are those of k8s.io/apimachinery (`labels.Parse`, `fie
   Which paths a kind supports is the caller's business (kube-apiserver answers 400 for others).
 
 Errors raise `SelectorError` (a `ValueError`) saying which requirement, what value, what is allowed.
+
+It sits in `api/`, below every other layer, because settings (node selector options), the
+controller (pool node selectors, webhook object selectors) and the embedded API server all parse
+and match selectors with the same grammar.
 """
 
 from __future__ import annotations
