@@ -360,6 +360,18 @@ def parse_pod_index(value: str, *, key: str | None = None) -> int:
     return parse_int(value, key=key or INDEX, minimum=1, maximum=POD_INDEX_MAX)
 
 
+def _format_int(n: int, *, key: str, minimum: int, maximum: int) -> str:
+    """An integer annotation value as its parser reads it back; a value out of range is a bug."""
+    if isinstance(n, bool) or not minimum <= n <= maximum:
+        raise ValueError(f"{key}: {n!r} is out of range; expected an integer from {minimum} to {maximum}")
+    return str(n)
+
+
+def format_pod_index(n: int) -> str:
+    """The ``index`` value (`parse_pod_index` reads it back)."""
+    return _format_int(n, key=INDEX, minimum=1, maximum=POD_INDEX_MAX)
+
+
 def parse_gpu_indices(value: str, *, key: str | None = None) -> tuple[int, ...]:
     """``gpu-indices``: a comma list of distinct GPU indices, e.g. "0,1,3"."""
     key = key or GPU_INDICES
@@ -459,6 +471,7 @@ def parse_gpu_ids(value: str, *, key: str | None = None) -> tuple[str, ...]:
 
 
 def format_gpu_ids(names: Iterable[str]) -> str:
+    """The ``gpu-ids`` value: the names in order, comma-separated (`parse_gpu_ids` reads it back)."""
     return ",".join(names)
 
 
@@ -530,8 +543,18 @@ def parse_effective_hard_sm_percent(value: str, *, key: str | None = None) -> in
     return parse_int(value, key=key or EFFECTIVE_HARD_SM_PERCENT, minimum=1, maximum=100)
 
 
+def format_effective_hard_sm_percent(percent: int) -> str:
+    """The ``effective-hard-sm-percent`` value (`parse_effective_hard_sm_percent` reads it back)."""
+    return _format_int(percent, key=EFFECTIVE_HARD_SM_PERCENT, minimum=1, maximum=100)
+
+
 def parse_port_number(value: str, *, key: str | None = None) -> int:
     return parse_int(value, key=key or PORT_NUMBER, minimum=1, maximum=65535)
+
+
+def format_port_number(port: int) -> str:
+    """The ``port-number`` value (`parse_port_number` reads it back)."""
+    return _format_int(port, key=PORT_NUMBER, minimum=1, maximum=65535)
 
 
 def parse_timestamp(value: str, *, key: str) -> datetime:

@@ -105,7 +105,7 @@ def bind_annotations(pod: Obj, req: AllocRequest | None, gpus: Sequence[str],
     """What the Binding writes on the pod (nothing for a pod without GPUs)."""
     if req is None or not gpus:
         return {}
-    notes = {tfa.GPU_IDS: ",".join(gpus)}
+    notes = {tfa.GPU_IDS: tfa.format_gpu_ids(gpus)}
     per_container = container_gpus(pod, gpus)
     if per_container:
         notes[tfa.CONTAINER_GPUS] = tfa.format_container_gpus(per_container)
@@ -117,9 +117,9 @@ def bind_annotations(pod: Obj, req: AllocRequest | None, gpus: Sequence[str],
             capacity = 0
     percent = effective_hard_sm_percent(req, capacity)
     if percent is not None:
-        notes[tfa.EFFECTIVE_HARD_SM_PERCENT] = str(percent)
+        notes[tfa.EFFECTIVE_HARD_SM_PERCENT] = tfa.format_effective_hard_sm_percent(percent)
     if req.pod_index:
-        notes[tfa.INDEX] = str(req.pod_index)
+        notes[tfa.INDEX] = tfa.format_pod_index(req.pod_index)
     return notes
 
 
