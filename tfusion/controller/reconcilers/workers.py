@@ -26,7 +26,7 @@ from typing import Any
 
 from tfusion.api import annotations as tfa
 from tfusion.api.hashing import content_hash
-from tfusion.apiserver.patch import PatchError, strategic_merge_patch
+from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.reconcilers.common import FINALIZER, Obj, meta, name_of
 from tfusion.controller.webhook.mutate import DEFAULT_WORKER_IMAGE, dig, provider_config_for
 

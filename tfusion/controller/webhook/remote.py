@@ -31,7 +31,7 @@ from urllib.parse import urlencode
 
 from tfusion.api import annotations as tfa
 from tfusion.api.documents import DocumentError, load_json_or_yaml
-from tfusion.apiserver.patch import PatchError, strategic_merge_patch
+from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.webhook.mutate import (
     INJECT_LIB_INIT,
     LIBS_DIR,

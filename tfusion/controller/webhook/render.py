@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.api.quantity import Quantity
-from tfusion.apiserver.patch import PatchError, strategic_merge_patch
 from tfusion.controller.webhook.mutate import (
     DATA_HOST_PATH,
     DATA_VOLUME,
