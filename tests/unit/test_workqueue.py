@@ -10,10 +10,11 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tfusion.kube.backoff import Failures
 from tfusion.kube.client import TokenBucket
 from tfusion.kube.clock import ManualClock
 from tfusion.kube.reconciler import Controller, Result
-from tfusion.kube.workqueue import ExponentialBackoff, RateLimiter, WorkQueue
+from tfusion.kube.workqueue import BACKOFF, RateLimiter, WorkQueue
 
 pytestmark = pytest.mark.anyio
 
@@ -65,16 +66,16 @@ async def test_add_after_keeps_the_earliest_deadline() -> None:
 
 
 def test_exponential_backoff_doubles_from_5ms_to_1000s_and_forgets() -> None:
-    backoff = ExponentialBackoff()
-    delays = [backoff.when("k") for _ in range(20)]
+    backoff = Failures(BACKOFF)
+    delays = [backoff.fail("k") for _ in range(20)]
     assert delays[:4] == [0.005, 0.01, 0.02, 0.04]
     assert delays[-1] == 1000.0
     assert all(b >= a for a, b in itertools.pairwise(delays))
-    assert backoff.when("other") == 0.005, "backoff is per key"
-    backoff.forget("k")
-    assert backoff.when("k") == 0.005
+    assert backoff.fail("other") == 0.005, "backoff is per key"
+    backoff.reset("k")
+    assert backoff.fail("k") == 0.005
     for _ in range(200):
-        assert backoff.when("huge") <= 1000.0
+        assert backoff.fail("huge") <= 1000.0
 
 
 def test_overall_bucket_limits_after_burst() -> None:

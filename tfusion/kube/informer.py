@@ -28,11 +28,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.api import annotations as tfa
+from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import Resource
 
 log = logging.getLogger(__name__)
+
+#: waits between reconnects after a failed list or watch: 0.2 s doubling to 30 s, jittered 50-150 %
+#: around that (within those bounds) so many informers do not reconnect in step
+RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
 
 Obj = dict[str, Any]
 IndexFunc = Callable[[Obj], Iterable[str]]
@@ -210,7 +215,8 @@ class Informer:
     def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,
                  registry: CollectorRegistry | None = None, timeout_seconds: int = 290,
-                 read_timeout: float | None = None, backoff_base: float = 0.2, backoff_cap: float = 30.0,
+                 read_timeout: float | None = None, backoff_base: float = RECONNECT_BACKOFF.base,
+                 backoff_cap: float = RECONNECT_BACKOFF.cap,
                  page_size: int = 500, clock: Clock = REAL_CLOCK) -> None:
         self.clock = clock
         self.client = client
@@ -219,7 +225,7 @@ class Informer:
         self.name = self.key.describe()
         self.timeout_seconds = timeout_seconds
         self.read_timeout = read_timeout
-        self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        self.retry = Failures(Backoff(base=backoff_base, cap=backoff_cap, jitter=RECONNECT_BACKOFF.jitter))
         self.page_size = page_size
         self._store: dict[str, Obj] = {}
         #: counts changes to the cached objects other than status writes (`_beyond_status`): a
@@ -327,29 +333,24 @@ class Informer:
             finally:
                 self._tg = None
 
-    def _sleep_time(self, attempt_backoff: float) -> float:
-        return attempt_backoff * (0.5 + random.random())  # jitter: 50-150 %
-
     async def _list_and_watch(self) -> None:
-        backoff = self.backoff_base
+        self.retry.reset()
         gone_in_a_row = 0
         while True:
             try:
                 if self._rv is None:
                     if gone_in_a_row > 1:  # 410 again right after a re-list: do not spin
-                        await self.clock.sleep(self._sleep_time(backoff))
-                        backoff = min(backoff * 2, self.backoff_cap)
+                        await self.clock.sleep(self.retry.fail())
                     await self._relist()
                 opened = self.clock.now()
                 got_events = await self._watch_once()
                 self._m_restarts.labels(self.name, "closed").inc()
                 if got_events or self.clock.now() - opened > 1.0:
-                    backoff = self.backoff_base
+                    self.retry.reset()
                     gone_in_a_row = 0
                     continue
                 # the server closed an idle stream at once: do not hammer it
-                await self.clock.sleep(self._sleep_time(backoff))
-                backoff = min(backoff * 2, self.backoff_cap)
+                await self.clock.sleep(self.retry.fail())
             except Gone as exc:
                 log.info("informer %s: %s; re-listing", self.name, exc.message)
                 self._m_restarts.labels(self.name, "gone").inc()
@@ -359,10 +360,9 @@ class Informer:
                 self._m_restarts.labels(self.name, "error").inc()
                 for listener in self.error_listeners:
                     listener(exc)
-                delay = self._sleep_time(backoff)
+                delay = self.retry.fail()
                 log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
                 await self.clock.sleep(delay)
-                backoff = min(backoff * 2, self.backoff_cap)
 
     async def _watch_once(self) -> bool:
         got_events = False

@@ -21,6 +21,7 @@ from collections.abc import Hashable
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import TokenBucket
 from tfusion.kube.clock import REAL_CLOCK, Clock
 
@@ -36,43 +37,26 @@ class ShutDown(Exception):
 # --- rate limiting ----------------------------------------------------------------------------
 
 
-class ExponentialBackoff:
-    """Per-key delay `base * 2**failures`, capped at `cap` (client-go's ItemExponentialFailureRateLimiter)."""
-
-    def __init__(self, base: float = 0.005, cap: float = 1000.0) -> None:
-        self.base, self.cap = base, cap
-        self._failures: dict[Key, int] = {}
-
-    def when(self, key: Key) -> float:
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        if failures > 64:  # 2**64 * base is far past any cap; avoid float overflow
-            return self.cap
-        return float(min(self.cap, self.base * (2 ** failures)))
-
-    def forget(self, key: Key) -> None:
-        self._failures.pop(key, None)
-
-    def num_requeues(self, key: Key) -> int:
-        return self._failures.get(key, 0)
+#: client-go's ItemExponentialFailureRateLimiter numbers: 5 ms doubling per failure of a key, at most 1000 s
+BACKOFF = Backoff(base=0.005, cap=1000.0)
 
 
 class RateLimiter:
     """The default controller rate limiter: max(per-key exponential backoff, overall bucket)."""
 
-    def __init__(self, *, base: float = 0.005, cap: float = 1000.0, qps: float = 10.0,
+    def __init__(self, *, base: float = BACKOFF.base, cap: float = BACKOFF.cap, qps: float = 10.0,
                  burst: int = 100, clock: Clock = REAL_CLOCK) -> None:
-        self.backoff = ExponentialBackoff(base, cap)
+        self.backoff = Failures(Backoff(base=base, cap=cap))
         self.bucket = TokenBucket(qps, burst, clock=clock.now)
 
     def when(self, key: Key) -> float:
-        return max(self.backoff.when(key), self.bucket.reserve())
+        return max(self.backoff.fail(key), self.bucket.reserve())
 
     def forget(self, key: Key) -> None:
-        self.backoff.forget(key)
+        self.backoff.reset(key)
 
     def num_requeues(self, key: Key) -> int:
-        return self.backoff.num_requeues(key)
+        return self.backoff.count(key)
 
 
 # --- metrics ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import anyio
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tfusion.kube.backoff import Backoff, Failures
 from tfusion.metrics.points import Point, encode
 from tfusion.settings import Settings, parse_duration
 
@@ -36,6 +37,7 @@ PUSH_BATCH_LINES = 5000
 PUSH_TIMEOUT_S = 10.0
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
+BACKOFF = Backoff(base=BACKOFF_FIRST_S, cap=BACKOFF_MAX_S)
 
 
 class SinkMetrics:
@@ -187,7 +189,7 @@ class PushSender:
     async def run(self) -> None:
         """Send until cancelled. A batch leaves the buffer only once the database took it (2xx) or
         refused it for good (4xx other than 408/429: it would be refused forever)."""
-        backoff = self.config.backoff_first_s
+        retry = Failures(Backoff(base=self.config.backoff_first_s, cap=self.config.backoff_max_s))
         async with httpx.AsyncClient(timeout=self.config.timeout_s) as http:
             while True:
                 if not self._buffer:
@@ -199,10 +201,9 @@ class PushSender:
                 if outcome == "retry":
                     self.failures += 1
                     self.metrics.push_errors.labels(self.role).inc()
-                    await anyio.sleep(backoff)
-                    backoff = min(backoff * 2, self.config.backoff_max_s)
+                    await anyio.sleep(retry.fail())
                     continue
-                backoff = self.config.backoff_first_s
+                retry.reset()
                 self._take(batch, outcome)
 
     def _take(self, batch: list[str], outcome: str) -> None:

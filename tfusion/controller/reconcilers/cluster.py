@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
@@ -39,6 +38,7 @@ from tfusion.controller.reconcilers.common import (
     write_status,
 )
 from tfusion.kube import resources as r
+from tfusion.kube.backoff import Backoff
 from tfusion.kube.client import AlreadyExists, KubeError, NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 3.0
 RETRY_MAX_S = 60.0
+#: jittered 0-200 % around 3 s doubling per retry, so clusters created together do not poll in step
+RETRY_BACKOFF = Backoff(base=RETRY_BASE_S, cap=RETRY_MAX_S, jitter=1.0)
 
 
 def pools_of_cluster(cluster: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,8 +76,7 @@ def pools_of_cluster(cluster: dict[str, Any]) -> list[dict[str, Any]]:
 
 def retry_delay(retries: int) -> float:
     """The next look at a cluster whose pools are not all Running yet."""
-    grown: float = random.random() * RETRY_BASE_S * 2.0 ** min(retries, 20)
-    return min(max(grown, RETRY_BASE_S), RETRY_MAX_S)
+    return RETRY_BACKOFF.delay(max(1, retries))
 
 
 def _needs_update(existing: Obj, desired: Obj) -> bool:

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from tfusion.kube.backoff import Backoff
 from tfusion.kube.clock import REAL_CLOCK, Clock
 
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
+BACKOFF_POLICY = Backoff(base=INITIAL_BACKOFF_S, cap=MAX_BACKOFF_S)
 #: parked pods are retried at least this often even when no event moved them
 UNSCHEDULABLE_FLUSH_S = 60.0
 
@@ -59,9 +61,7 @@ class _Entry:
 
 def backoff_for(attempts: int) -> float:
     """1 s after the first failure, doubling per failure, at most 10 s."""
-    if attempts <= 0:
-        return 0.0
-    return float(min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2 ** (attempts - 1)))
+    return BACKOFF_POLICY.delay(attempts)
 
 
 class SchedulingQueue:

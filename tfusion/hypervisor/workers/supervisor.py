@@ -34,11 +34,13 @@ from anyio.abc import TaskStatus
 from tfusion.hypervisor.private import open_private_append
 from tfusion.hypervisor.workers.model import RunningInfo
 from tfusion.hypervisor.workers.procfs import ProcFS
+from tfusion.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 3.0
 BACKOFF_MAX_S = 60.0
+BACKOFF = Backoff(base=BACKOFF_START_S, cap=BACKOFF_MAX_S)
 STOP_GRACE_S = 5.0
 #: how long to wait for a group to vanish after SIGKILL before giving up on it
 KILL_WAIT_S = 5.0
@@ -52,7 +54,7 @@ MARKER_ENV = "TF_LOCAL_WORKER"
 
 def backoff_delay(restarts: int, start: float = BACKOFF_START_S, cap: float = BACKOFF_MAX_S) -> float:
     """The wait before restart number `restarts` (1-based): 3 s, 6 s, 12 s, ... capped at 60 s."""
-    return float(min(cap, start * 2.0 ** max(0, restarts - 1)))
+    return Backoff(base=start, cap=cap).delay(max(1, restarts))
 
 
 @dataclass(frozen=True)
