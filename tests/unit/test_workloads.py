@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfusion.api.accessors import Body, Pod
 from tfusion.embedded.workloads import deletion_rank, resolve_fenceposts, set_condition, template_hash
 
 TEMPLATE = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}
@@ -19,8 +20,8 @@ def test_template_hash_is_stable_and_name_safe() -> None:
     assert first.isalnum() and first == first.lower() and not set("aeiou013") & set(first)
 
 
-def deploy(replicas: int, strategy: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": {"replicas": replicas, "strategy": strategy}}
+def deploy(replicas: int, strategy: dict[str, Any]) -> Body:
+    return Body({"spec": {"replicas": replicas, "strategy": strategy}})
 
 
 def test_fenceposts_round_surge_up_and_unavailable_down() -> None:
@@ -43,7 +44,7 @@ def test_deletion_order() -> None:
             pod("not-ready", "2026-01-01T00:00:00Z", ready=False),
             pod("pending", "2026-01-01T00:00:00Z", phase="Pending", ready=False),
             pod("unscheduled", "2026-01-01T00:00:00Z", node=False, phase="Pending", ready=False)]
-    order = [p["metadata"]["name"] for p in sorted(pods, key=deletion_rank)]
+    order = [p.name for p in sorted((Pod(p) for p in pods), key=deletion_rank)]
     assert order == ["unscheduled", "pending", "not-ready", "new-ready", "old-ready"]
 
 

@@ -1,0 +1,41 @@
+"""The Deployment, ReplicaSet and Job controllers of `--role=all`: what kube-controller-manager does for them.
+
+Why it exists: users try TensorFusion with a Deployment or a Job, not a bare pod, and the pod
+webhook names a TensorFusionWorkload after the pod's owner chain (ReplicaSet -> Deployment), so
+the embedded cluster needs real owners. These are small, level-triggered versions of kube's
+controllers, on the Manager's reconciler builder, leader-only as in kube-controller-manager; one
+module per kind (`replicaset`, `deployment`, `job`) and what they share in `common`.
+
+Pods are created through the API, so the pod webhook (when registered) mutates them like any pod.
+Each controller waits until the pods it created (or deleted) show up in (or leave) its cache
+before it acts again — kube's "expectations" — so a lagging cache never doubles the pods.
+"""
+
+from __future__ import annotations
+
+from tfusion.apiserver.apps import JOB_CONTROLLER_UID
+from tfusion.embedded.workloads.common import Workbench, deletion_rank, set_condition
+from tfusion.embedded.workloads.deployment import (
+    POD_TEMPLATE_HASH,
+    REVISION,
+    DeploymentController,
+    resolve_fenceposts,
+    template_hash,
+)
+from tfusion.embedded.workloads.job import JobController
+from tfusion.embedded.workloads.replicaset import ReplicaSetController
+from tfusion.kube.manager import Manager
+
+
+class WorkloadControllers:
+    """Registers the three controllers with `manager` (leader-only); see the module docstring."""
+
+    def __init__(self, manager: Manager) -> None:
+        self.bench = Workbench(manager)
+        self.deployments = DeploymentController(self.bench)
+        self.replicasets = ReplicaSetController(self.bench)
+        self.jobs = JobController(self.bench)
+
+
+__all__ = ["JOB_CONTROLLER_UID", "POD_TEMPLATE_HASH", "REVISION", "WorkloadControllers", "deletion_rank",
+           "resolve_fenceposts", "set_condition", "template_hash"]

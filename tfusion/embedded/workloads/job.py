@@ -1,0 +1,146 @@
+"""The Job controller of `--role=all` (NonIndexed Jobs): run pods until enough succeed or it fails.
+
+Why it exists: batch users try TensorFusion with a Job. It runs up to `parallelism` pods until
+`completions` succeeded; failed pods (and container restarts under restartPolicy OnFailure) count
+against backoffLimit, then the Job fails (conditions FailureTarget and Failed, reason
+BackoffLimitExceeded); activeDeadlineSeconds fails it with DeadlineExceeded; success sets
+SuccessCriteriaMet and Complete. startTime, completionTime, active, ready, succeeded and failed
+are in its status. `suspend` stops its pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tfusion.api.accessors import Body, Pod, section, text
+from tfusion.api.timestamps import rfc3339
+from tfusion.embedded.workloads.common import (
+    Workbench,
+    deletion_rank,
+    is_active,
+    is_ready,
+    set_condition,
+    since,
+    status_int,
+)
+from tfusion.kube import resources as r
+from tfusion.kube.reconciler import Result
+
+
+def _restarts(pod: Pod) -> int:
+    return sum(int(c.get("restartCount") or 0) for c in pod.container_statuses)
+
+
+def _finish(conditions: Sequence[Mapping[str, Any]], target: str, final: str, reason: str, message: str,
+            now: str) -> list[Mapping[str, Any]]:
+    conditions = set_condition(conditions, target, "True", reason, message, now)
+    return set_condition(conditions, final, "True", reason, message, now)
+
+
+def job_failure(job: Body, started: float | None, failures: int, now_s: float) -> tuple[str, str] | None:
+    """(reason, message) when the Job has failed: too many failures, or active past its deadline."""
+    backoff_limit = int(job.spec.get("backoffLimit", 6))
+    if failures > backoff_limit:
+        return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    deadline = job.spec.get("activeDeadlineSeconds")
+    if deadline is not None and started is not None and now_s - started >= int(deadline):
+        return "DeadlineExceeded", "Job was active longer than specified deadline"
+    return None
+
+
+class JobController:
+    """Registers itself with the bench's Manager (leader-only, as in kube-controller-manager)."""
+
+    def __init__(self, bench: Workbench) -> None:
+        self.bench = bench
+        bench.manager.controller("job").for_(r.JOBS).owns(r.PODS).complete(self.reconcile)
+
+    async def reconcile(self, key: str) -> Result | None:
+        bench = self.bench
+        raw = bench.jobs.get(key)
+        expectation_key = f"{r.JOBS.plural}/{key}"
+        if raw is None:
+            bench.expectations.forget(expectation_key)
+            return None
+        job = Body(raw)
+        if job.meta.deleting:
+            return None
+        pods = bench.pods_of(job)
+        active = [p for p in pods if is_active(p)]
+        status: dict[str, Any] = copy.deepcopy(dict(job.status))
+        finished = job.condition("Complete") or job.condition("Failed")
+        spec = job.spec
+        now = rfc3339()
+        succeeded = max(status_int(job, "succeeded"), sum(1 for p in pods if p.phase == "Succeeded"))
+        failed = max(status_int(job, "failed"), sum(1 for p in pods if p.phase == "Failed"))
+        on_failure = text(spec, "template", "spec", "restartPolicy") == "OnFailure"
+        restarts = sum(_restarts(p) for p in active) if on_failure else 0
+        result: Result | None = None
+        if finished is not None and finished.get("status") == "True":
+            if active:
+                await bench.delete_pods(job, r.JOBS, active)
+        elif spec.get("suspend"):
+            status["conditions"] = set_condition(status.get("conditions") or [], "Suspended", "True",
+                                                 "JobSuspended", "Job suspended", now)
+            if active:
+                await bench.delete_pods(job, r.JOBS, active)
+        else:
+            result = await self._run(job, expectation_key, status, pods, active, succeeded, failed + restarts)
+        status.update(active=len(active), ready=sum(1 for p in active if is_ready(p)), succeeded=succeeded,
+                      failed=failed)
+        status.setdefault("uncountedTerminatedPods", {})
+        await bench.write_status(r.JOBS, job, status)
+        return result
+
+    async def _run(self, job: Body, expectation_key: str, status: dict[str, Any], pods: list[Pod],
+                   active: list[Pod], succeeded: int, failures: int) -> Result | None:
+        """A Job neither finished nor suspended: finish it, or keep its pods running; `status` is updated."""
+        bench, spec = self.bench, job.spec
+        now_s, now = time.time(), rfc3339()
+        status.setdefault("startTime", now)
+        if job.condition("Suspended"):
+            status["conditions"] = set_condition(status.get("conditions") or [], "Suspended", "False",
+                                                 "JobResumed", "Job resumed", now)
+        failure = job_failure(job, since(status.get("startTime")), failures, now_s)
+        completions = spec.get("completions")
+        done = succeeded >= completions if completions is not None else succeeded > 0 and not active
+        result: Result | None = None
+        if failure is not None:
+            reason, message = failure
+            status["conditions"] = _finish(status.get("conditions") or [], "FailureTarget", "Failed", reason,
+                                           message, now)
+            await bench.delete_pods(job, r.JOBS, active)
+            bench.event(job, reason, message, warning=True)
+        elif done:
+            status["conditions"] = _finish(status.get("conditions") or [], "SuccessCriteriaMet", "Complete",
+                                           "CompletionsReached", "Reached expected number of succeeded pods", now)
+            status["completionTime"] = now
+            await bench.delete_pods(job, r.JOBS, active)
+            bench.event(job, "Completed", "Job completed")
+        elif bench.expectations.satisfied(expectation_key, {p.name for p in pods}):
+            result = await self._run_pods(job, active, succeeded)
+        deadline = spec.get("activeDeadlineSeconds")
+        if failure is None and not done and deadline is not None:
+            started = since(status.get("startTime")) or now_s
+            result = Result(requeue_after=max(0.1, started + int(deadline) - now_s))
+        return result
+
+    async def _run_pods(self, job: Body, active: list[Pod], succeeded: int) -> Result | None:
+        spec = job.spec
+        parallelism = int(spec.get("parallelism", 1))
+        completions = spec.get("completions")
+        if completions is None:
+            wanted = parallelism if succeeded == 0 else 0
+        else:
+            wanted = min(parallelism, int(completions) - succeeded)
+        wanted = max(0, wanted)
+        if len(active) < wanted:
+            failure = await self.bench.create_pods(job, r.JOBS, section(spec, "template"), wanted - len(active))
+            if failure is not None:
+                return Result(requeue=True)
+        elif len(active) > wanted:
+            await self.bench.delete_pods(job, r.JOBS, sorted(active, key=deletion_rank)[:len(active) - wanted])
+        return None
