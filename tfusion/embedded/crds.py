@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import orjson
 
+from tfusion.api.accessors import Body, section
 from tfusion.api.crds import all_crds
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError
 from tfusion.kube.resources import CUSTOMRESOURCEDEFINITIONS, Resource
@@ -44,7 +45,7 @@ class CrdReport:
 
 def spec_hash(crd: Mapping[str, Any]) -> str:
     """A stable digest of what we generate for one CRD (its spec)."""
-    canonical = orjson.dumps(crd.get("spec") or {}, option=orjson.OPT_SORT_KEYS)
+    canonical = orjson.dumps(Body(crd).spec, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
@@ -85,8 +86,7 @@ async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, 
                 raise CrdInstallError(f"creating CRD {name}: {exc}") from None
             report.created.append(name)
             return
-        annotations = (existing.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(hash_annotation) == digest:
+        if Body(existing).meta.annotation(hash_annotation) == digest:
             report.unchanged.append(name)
             return
         body = _with_hash(crd, digest, hash_annotation, existing=existing)
@@ -105,10 +105,10 @@ async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, 
 def _with_hash(crd: dict[str, Any], digest: str, hash_annotation: str,
                existing: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The CRD to write: ours, keeping the labels and annotations others put on the installed one."""
-    old_meta: Mapping[str, Any] = (existing or {}).get("metadata") or {}
+    old_meta = section(existing, "metadata")
     meta: dict[str, Any] = {"name": crd["metadata"]["name"],
-                            "labels": {**(old_meta.get("labels") or {}), **(crd["metadata"].get("labels") or {})},
-                            "annotations": {**(old_meta.get("annotations") or {}), hash_annotation: digest}}
+                            "labels": {**section(old_meta, "labels"), **section(crd, "metadata", "labels")},
+                            "annotations": {**section(old_meta, "annotations"), hash_annotation: digest}}
     if old_meta.get("resourceVersion"):
         meta["resourceVersion"] = old_meta["resourceVersion"]
     return {**crd, "metadata": meta}
