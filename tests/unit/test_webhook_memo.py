@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 from tests.unit.test_webhook_mutate import BARE, OWNER, ctx, tf_pod
+from tfusion.api.accessors import Body
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
 from tfusion.controller.webhook.mutate import Owner, Plan, analyse
 from tfusion.kube.informer import _beyond_status
@@ -77,7 +78,7 @@ def test_status_writes_are_not_changes_beyond_status() -> None:
     written = copy.deepcopy(pool)
     written["metadata"]["resourceVersion"] = "2"
     written["status"] = {"phase": "Running"}
-    assert not _beyond_status(pool, written), "a first status and a new resourceVersion"
+    assert not _beyond_status(Body(pool), Body(written)), "a first status and a new resourceVersion"
     for change in ({"spec": {"x": 2}}, {"metadata": {**pool["metadata"], "annotations": {"a": "2"}}},
                    {"metadata": {**pool["metadata"], "finalizers": ["f"]}}, {"data": {"k": "v"}}):
-        assert _beyond_status(pool, {**pool, **change}), change
+        assert _beyond_status(Body(pool), Body({**pool, **change})), change

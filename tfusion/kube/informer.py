@@ -28,8 +28,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Gpu, Pod
 from tfusion.kube.backoff import Backoff, Failures
-from tfusion.kube.client import Gone, KubeClient, KubeError, object_key
+from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import Resource
 
@@ -39,13 +40,13 @@ log = logging.getLogger(__name__)
 #: around that (within those bounds) so many informers do not reconnect in step
 RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
 
-Obj = dict[str, Any]
-IndexFunc = Callable[[Obj], Iterable[str]]
+#: an index function gets a cached object as the server sent it (what `get()` returns)
+IndexFunc = Callable[[dict[str, Any]], Iterable[str]]
 Callback = Callable[..., Awaitable[None] | None]
 
 
-def _rv(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+def _rv(obj: Body) -> str:
+    return obj.meta.resource_version
 
 
 # --- index functions --------------------------------------------------------------------------
@@ -55,47 +56,43 @@ def _rv(obj: Obj) -> str:
 _TRACKED_METADATA = ("labels", "annotations", "ownerReferences", "finalizers", "deletionTimestamp")
 
 
-def _beyond_status(old: Obj, new: Obj) -> bool:
+def _beyond_status(old: Body, new: Body) -> bool:
     """Whether `new` differs from `old` in more than its status and write bookkeeping."""
-    for field in old.keys() | new.keys():
+    for field in old.raw.keys() | new.raw.keys():
         if field == "metadata":
-            before, after = old.get("metadata") or {}, new.get("metadata") or {}
+            before, after = old.meta.raw, new.meta.raw
             if any(before.get(m) != after.get(m) for m in _TRACKED_METADATA):
                 return True
-        elif field != "status" and old.get(field) != new.get(field):
+        elif field != "status" and old.raw.get(field) != new.raw.get(field):
             return True
     return False
 
 
-def namespace_index(obj: Obj) -> list[str]:
-    ns = (obj.get("metadata") or {}).get("namespace")
+def namespace_index(obj: dict[str, Any]) -> list[str]:
+    ns = Body(obj).namespace
     return [ns] if ns else []
 
 
 def label_index(label: str) -> IndexFunc:
-    def index(obj: Obj) -> list[str]:
-        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+    def index(obj: dict[str, Any]) -> list[str]:
+        value = Body(obj).meta.label(label)
         return [value] if value is not None else []
 
     return index
 
 
-def node_name_index(obj: Obj) -> list[str]:
+def node_name_index(obj: dict[str, Any]) -> list[str]:
     """The node an object lives on: a pod's spec.nodeName; a GPU's status.nodeSelector hostname
     or its managed-by label; a GPUNode's own name is its node."""
-    spec = obj.get("spec") or {}
-    if spec.get("nodeName"):
-        return [spec["nodeName"]]
-    status = obj.get("status") or {}
-    hostname = (status.get("nodeSelector") or {}).get("kubernetes.io/hostname")
-    if hostname:
-        return [hostname]
-    meta = obj.get("metadata") or {}
-    managed_by = (meta.get("labels") or {}).get(tfa.MANAGED_BY)  # read now: it follows set_domain
+    node_name = Pod(obj).node_name or Gpu(obj).node_selector.get("kubernetes.io/hostname")
+    if node_name:
+        return [node_name]
+    meta = Body(obj).meta
+    managed_by = meta.label(tfa.MANAGED_BY)  # read now: it follows set_domain
     if managed_by:
         return [managed_by]
-    if obj.get("kind") == "GPUNode" and meta.get("name"):
-        return [meta["name"]]
+    if Body(obj).kind == "GPUNode" and meta.name:
+        return [meta.name]
     return []
 
 
@@ -136,8 +133,8 @@ def _metrics_for(registry: CollectorRegistry | None) -> InformerMetrics:
 @dataclass
 class _Delivery:
     kind: str  # ADDED, MODIFIED, DELETED
-    old: Obj | None
-    new: Obj
+    old: dict[str, Any] | None
+    new: dict[str, Any]
 
 
 class Handler:
@@ -166,7 +163,7 @@ class Handler:
                 self.delivered += 1
 
     async def _call(self, delivery: _Delivery) -> None:
-        args: tuple[Obj | None, ...]
+        args: tuple[dict[str, Any] | None, ...]
         if delivery.kind == "ADDED":
             callback, args = self.on_add, (delivery.new,)
         elif delivery.kind == "MODIFIED":
@@ -227,7 +224,7 @@ class Informer:
         self.read_timeout = read_timeout
         self.retry = Failures(Backoff(base=backoff_base, cap=backoff_cap, jitter=RECONNECT_BACKOFF.jitter))
         self.page_size = page_size
-        self._store: dict[str, Obj] = {}
+        self._store: dict[str, dict[str, Any]] = {}
         #: counts changes to the cached objects other than status writes (`_beyond_status`): a
         #: reader that derives something from their specs, labels and annotations keeps the
         #: generation it read and knows its result current while the counter has not moved
@@ -268,11 +265,11 @@ class Informer:
     def resource_version(self) -> str | None:
         return self._rv
 
-    def get(self, key: str) -> Obj | None:
+    def get(self, key: str) -> dict[str, Any] | None:
         """By "namespace/name" (namespaced) or "name"."""
         return self._store.get(key)
 
-    def list(self) -> list[Obj]:
+    def list(self) -> list[dict[str, Any]]:
         return list(self._store.values())
 
     def keys(self) -> builtins.list[str]:
@@ -284,7 +281,7 @@ class Informer:
     def __contains__(self, key: object) -> bool:
         return key in self._store
 
-    def by_index(self, index: str, value: str) -> builtins.list[Obj]:
+    def by_index(self, index: str, value: str) -> builtins.list[dict[str, Any]]:
         if index not in self._index_funcs:
             raise KeyError(f"informer {self.name} has no index {index!r}; it has {sorted(self._index_funcs)}")
         keys = self._indexes[index].get(value, ())
@@ -300,8 +297,8 @@ class Informer:
         self._index_funcs[name] = func
         self._indexes[name] = {}
         self._indexed_values[name] = {}
-        for key, obj in self._store.items():
-            self._index_one(name, key, obj)
+        for key in self._store:
+            self._index_one(name, key)
 
     def add_label_index(self, label: str) -> str:
         name = f"label:{label}"
@@ -373,9 +370,9 @@ class Informer:
             field_selector=self.key.field_selector, resource_version=self._rv,
             timeout_seconds=timeout, read_timeout=self.read_timeout)
         async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
-            async for kind, obj in events:
+            async for event in events:
                 got_events = True
-                self._apply(kind, obj)
+                self._apply(event)
         return got_events
 
     async def _relist(self) -> None:
@@ -393,22 +390,23 @@ class Informer:
         for key in [k for k in self._store if k not in fresh]:
             gone = self._store[key]
             self._delete(key)
-            self._emit("DELETED", None, gone)
+            self._emit(_Delivery("DELETED", None, gone))
         for key, obj in fresh.items():
             old = self._store.get(key)
-            if old is not None and _rv(old) == _rv(obj):
+            if old is not None and _rv(Body(old)) == _rv(Body(obj)):
                 continue
             self._put(key, obj)
-            self._emit("ADDED" if old is None else "MODIFIED", old, obj)
+            self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
         self._rv = listed.resource_version
         if not self._synced.is_set():
             log.info("informer %s synced: %d objects at resourceVersion %s", self.name, len(self._store),
                      self._rv)
             self._synced.set()
 
-    def _apply(self, kind: str, obj: Obj) -> None:
+    def _apply(self, event: WatchEvent) -> None:
+        kind, obj = event
         self._last_event = self.clock.now()
-        rv = _rv(obj)
+        rv = _rv(Body(obj))
         if kind == "BOOKMARK":
             self._m_events.labels(self.name, kind).inc()
             if rv:
@@ -417,36 +415,35 @@ class Informer:
         key = object_key(obj)
         old = self._store.get(key)
         if kind in ("ADDED", "MODIFIED"):
-            if old is not None and _rv(old) == rv:
+            if old is not None and _rv(Body(old)) == rv:
                 pass  # already have exactly this version
             else:
                 self._put(key, obj)
-                self._emit("ADDED" if old is None else "MODIFIED", old, obj)
+                self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
         elif kind == "DELETED":
             if old is not None:
                 self._delete(key)
-                self._emit("DELETED", None, obj)
+                self._emit(_Delivery("DELETED", None, obj))
         else:
             log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
             return
         if rv:
             self._rv = rv
 
-    def _emit(self, kind: str, old: Obj | None, new: Obj) -> None:
-        self._m_events.labels(self.name, kind).inc()
-        delivery = _Delivery(kind, old, new)
+    def _emit(self, delivery: _Delivery) -> None:
+        self._m_events.labels(self.name, delivery.kind).inc()
         for handler in self._handlers:
             handler.push(delivery)
 
     # --- store and indexes ----------------------------------------------------------------------
 
-    def _put(self, key: str, obj: Obj) -> None:
+    def _put(self, key: str, obj: dict[str, Any]) -> None:
         old = self._store.get(key)
-        if old is None or _beyond_status(old, obj):
+        if old is None or _beyond_status(Body(old), Body(obj)):
             self.generation += 1
         self._store[key] = obj
         for name in self._index_funcs:
-            self._index_one(name, key, obj)
+            self._index_one(name, key)
 
     def _delete(self, key: str) -> None:
         self.generation += 1
@@ -454,9 +451,10 @@ class Informer:
         for name in self._index_funcs:
             self._unindex_one(name, key)
 
-    def _index_one(self, name: str, key: str, obj: Obj) -> None:
+    def _index_one(self, name: str, key: str) -> None:
+        """(Re)index the cached object at `key` under index `name`."""
         try:
-            values = tuple(dict.fromkeys(self._index_funcs[name](obj)))
+            values = tuple(dict.fromkeys(self._index_funcs[name](self._store[key])))
         except Exception:
             log.exception("informer %s: index %s failed on %s", self.name, name, key)
             values = ()
