@@ -76,6 +76,13 @@ def parse_node_label_selector(text: str) -> str:
     return text.strip()
 
 
+def webhook_client_ca_path(state: str | Path) -> Path:
+    """Where the embedded API server writes the CA of its webhook client certificate: beside its
+    state file, where a controller in the same process (`--role=all`) reads it to verify its callers."""
+    state = Path(state).expanduser()
+    return state.parent / (state.name + ".webhook-client-ca.crt")
+
+
 def parse_host_list(text: str) -> tuple[str, ...]:
     """A comma list of DNS names and IP addresses (certificate subject alternative names)."""
     hosts: list[str] = []

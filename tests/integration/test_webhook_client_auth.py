@@ -17,10 +17,11 @@ import pytest
 from tests.integration.test_controller_allocation import controllers
 from tests.integration.test_pod_webhook import BARE, kube, pod, serve_webhook, webhook_settings  # noqa: F401
 from tfusion.api import annotations as tfa
-from tfusion.apiserver.webhooks import client_ca_path, issue_client_identity
+from tfusion.apiserver.webhooks import issue_client_identity
 from tfusion.controller.webhook.server import PATH
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
+from tfusion.settings import webhook_client_ca_path
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,7 @@ def client_context(ca_bundle: str, identity: tuple[bytes, bytes] | None) -> ssl.
 
 async def test_only_the_api_servers_certificate_gets_an_answer(apiserver: Any, kube: KubeClient,  # noqa: F811
                                                                tmp_path: Path) -> None:
-    ca_file = client_ca_path(apiserver.state)
+    ca_file = webhook_client_ca_path(apiserver.state)
     assert ca_file.exists(), "the embedded API server writes its webhook client CA beside its state"
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, webhook_client_ca=str(ca_file)))

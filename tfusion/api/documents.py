@@ -49,6 +49,9 @@ import orjson
 import yaml
 
 MAX_DEPTH = 100
+#: bodies above this are decoded (and encoded) in a worker thread, off the event loop: a few MiB take a
+#: few hundred ms (the API server's request bodies, the webhook's AdmissionReviews)
+THREAD_THRESHOLD = 256 * 1024
 _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
 #: an integer literal longer than this cannot fit in 64 bits in any notation (binary needs 64 + "0b")

@@ -6,14 +6,15 @@ before any handler runs. We keep objects as plain JSON, so without this check su
 the defaulting and validation code and crashed it (500). `check` walks only the fields listed
 here — the ones our code reads or kube clients rely on — and reports the first mismatch with its
 field path; fields not listed are left to the kind's own validation.
+
+It sits in `api/` because two readers check the same shapes: the embedded API server on every
+write (`apiserver/shapes.py` turns a mismatch into kube's 400) and the controller's admission
+webhook, which reads pods that any caller may send.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from tfusion.apiserver import errors
-from tfusion.apiserver.errors import ApiError
 
 
 class Obj:
@@ -284,23 +285,6 @@ SCALE = Obj(metadata=_META, spec=Obj(replicas=INT), status=Obj(replicas=INT, sel
 _NAMES = {str: "a string", int: "an integer", bool: "a boolean", float: "a number"}
 
 
-def check(storage_key: str, kind: str, version: str, obj: Any) -> None:
-    """Raise 400 (as kube's typed decoding does) when a known field has the wrong JSON type."""
-    check_body(KIND_SHAPES.get(storage_key, DEFAULT_SHAPE), kind, version, obj)
-
-
-def check_body(shape: Obj, kind: str, version: str, body: Any) -> None:
-    if not isinstance(body, dict):
-        raise cannot_handle(kind, version, _wrong([], "an object", body))
-    problem = _mismatch(shape, body)
-    if problem is not None:
-        raise cannot_handle(kind, version, _wrong(*problem))
-
-
-def cannot_handle(kind: str, version: str, problem: str) -> ApiError:
-    return errors.bad_request(f'{kind} in version "{version}" cannot be handled as a {kind}: {problem}')
-
-
 def mismatch(shape: Shape, value: Any, path: str = "") -> str:
     """The first field where `value` does not have `shape` ("" when it fits). null fits everything,
     and a known field that is null is dropped, as Go's decoding into a struct leaves it unset."""
@@ -309,6 +293,11 @@ def mismatch(shape: Shape, value: Any, path: str = "") -> str:
         return ""
     parts, expected, found = problem
     return _wrong([path, *parts] if path else parts, expected, found)
+
+
+def not_an_object(value: Any) -> str:
+    """The message for a body that is not a JSON object at all."""
+    return _wrong([], "an object", value)
 
 
 #: (path segments, innermost first as they are collected; what was expected; the value found)

@@ -43,8 +43,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tfusion.apiserver.patch import PatchError, json_patch
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
+from tfusion.apiserver.patch import PatchError, json_patch
 from tfusion.leanhttp import LeanTransport
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tfusion.apiserver import validation
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
+from tfusion.apiserver import validation
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 
 DEPLOYMENTS = "apps/deployments"

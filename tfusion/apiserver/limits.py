@@ -34,8 +34,7 @@ from tfusion.apiserver.errors import ApiError
 MAX_BODY_BYTES = 3 * 1024 * 1024
 MAX_OBJECT_BYTES = 1536 * 1024
 MAX_DEPTH = documents.MAX_DEPTH
-#: bodies above this are decoded (and encoded) in a worker thread, off the event loop
-THREAD_THRESHOLD = 256 * 1024
+THREAD_THRESHOLD = documents.THREAD_THRESHOLD
 #: held around the decoding of a large body; the same pause (one count) as every other decoder's
 gc_paused = documents.collector_paused
 

@@ -40,12 +40,12 @@ from typing import Any, Final
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver import cel, errors
 from tfusion.apiserver.admission import AdmissionAttributes, build_admission_review, webhook_matches
 from tfusion.apiserver.kinds import NAMESPACES
 from tfusion.apiserver.rbac import CURRENT_USER
 from tfusion.apiserver.resources import ResourceInfo
-from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver.store import Entry, Store
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 

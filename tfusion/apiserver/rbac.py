@@ -19,9 +19,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import errors
-from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver.store import Event, Store
 
 GROUP = "rbac.authorization.k8s.io"

@@ -8,74 +8,37 @@ creation, and the defaults kube-apiserver fills in.
 from __future__ import annotations
 
 import base64
-import re
 from typing import Any
 
+from tfusion.api.names import (
+    DNS1123_LABEL,
+    LABEL_MSG,
+    Cause,
+    forbidden,
+    invalid_value,
+    required,
+    validate_name,
+)
 from tfusion.api.quantity import ALLOWED, QuantityError, parse_quantity
 from tfusion.apiserver import metadata_keys
 
-Cause = tuple[str, str, str]  # (field path, reason, message)
-
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_PATH_SEGMENT_BAD = ("/", "%")
-
-SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
-LABEL_MSG = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
-    "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
-    "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-)
-
-#: resources whose names are DNS labels rather than subdomains
-LABEL_NAMED = {"/namespaces", "/services"}
-#: resources whose names only need to be valid path segments (everything else is a DNS subdomain,
-#: ConfigMaps, Secrets, ServiceAccounts and Leases included, as kube-apiserver validates them)
-PATH_NAMED = {"/events", "events.k8s.io/events"}
-
-
-def invalid_value(field: str, value: Any, why: str) -> Cause:
-    return field, "FieldValueInvalid", f"Invalid value: {_quote(value)}: {why}"
-
-
-def required(field: str, why: str = "") -> Cause:
-    return field, "FieldValueRequired", "Required value" + (f": {why}" if why else "")
-
-
-def forbidden(field: str, why: str) -> Cause:
-    return field, "FieldValueForbidden", f"Forbidden: {why}"
-
-
-def _quote(value: Any) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace('"', '\\"') + '"'
-    return str(value)
-
-
-def validate_name(storage_key: str, name: str) -> list[Cause]:
-    if storage_key in PATH_NAMED:
-        if name in (".", "..") or any(c in name for c in _PATH_SEGMENT_BAD):
-            return [invalid_value("metadata.name", name, "may not contain '/' or '%' and may not be '.' or '..'")]
-        return []
-    if storage_key in LABEL_NAMED:
-        if len(name) > 63 or not _DNS1123_LABEL.fullmatch(name):
-            return [
-                invalid_value(
-                    "metadata.name", name, LABEL_MSG if len(name) <= 63 else "must be no more than 63 characters"
-                )
-            ]
-        return []
-    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
-        return [
-            invalid_value(
-                "metadata.name", name, SUBDOMAIN_MSG if len(name) <= 253 else "must be no more than 253 characters"
-            )
-        ]
-    return []
+__all__ = [
+    # the name rules and cause builders live in api/names.py; the handlers name them as validation.*
+    "Cause",
+    "default_mutating_webhooks",
+    "default_pod",
+    "default_pod_spec",
+    "default_secret",
+    "default_service",
+    "forbidden",
+    "invalid_value",
+    "pod_qos_class",
+    "required",
+    "validate_metadata",
+    "validate_name",
+    "validate_pod",
+    "validate_pod_update",
+]
 
 
 def validate_metadata(meta: dict[str, Any]) -> list[Cause]:
@@ -149,7 +112,7 @@ def validate_pod(pod: dict[str, Any]) -> list[Cause]:
             name = container.get("name")
             if not name:
                 causes.append(required(f"{path}.name"))
-            elif not isinstance(name, str) or not _DNS1123_LABEL.fullmatch(name):
+            elif not isinstance(name, str) or not DNS1123_LABEL.fullmatch(name):
                 causes.append(invalid_value(f"{path}.name", name, LABEL_MSG))
             elif name in seen:
                 causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))

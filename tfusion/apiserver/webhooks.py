@@ -9,7 +9,7 @@ The client certificate is what lets a webhook refuse everyone but its API server
 presents one when its AdmissionConfiguration names a kubeconfig with a client certificate for the
 webhook; this server always presents its own. A CA of its own signs it; both live in the state's
 meta table (made once, kept across restarts), and the CA certificate is written beside the state
-file (`client_ca_path`), where a controller in the same process (`--role=all`) reads it to verify
+file (`settings.webhook_client_ca_path`), where a controller in the same process (`--role=all`) reads it to verify
 its callers.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -29,6 +28,7 @@ from tfusion.apiserver import errors, security
 from tfusion.apiserver.admission import ClientCertificate
 from tfusion.apiserver.objects import NAMESPACES, Engine
 from tfusion.apiserver.resources import ResourceInfo
+from tfusion.settings import webhook_client_ca_path
 
 CONFIGURATIONS = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
 _SKIPPED = {CONFIGURATIONS, "authentication.k8s.io/tokenreviews"}
@@ -37,12 +37,6 @@ ADMIN_USER = {"username": "system:admin", "uid": "", "groups": ["system:masters"
 CLIENT_NAME = "tfusion-apiserver"
 CLIENT_VALIDITY = dt.timedelta(days=3650)
 _META_KEYS = ("webhook-client-ca.crt", "webhook-client.crt", "webhook-client.key")
-
-
-def client_ca_path(state: str | Path) -> Path:
-    """Where the CA of this server's webhook client certificate is written, beside the state file."""
-    state = Path(state).expanduser()
-    return state.parent / (state.name + ".webhook-client-ca.crt")
 
 
 def issue_client_identity(now: dt.datetime | None = None) -> tuple[bytes, bytes, bytes]:
@@ -84,7 +78,7 @@ class Webhooks:
         self.client_ca_pem = ca_pem
         self.client = ClientCertificate(cert_pem, key_pem)
         if store.path != ":memory:":
-            security.write_private(client_ca_path(store.path), ca_pem)
+            security.write_private(webhook_client_ca_path(store.path), ca_pem)
 
     def resolve_service(self, namespace: str, name: str, port: int) -> str:
         entry = self.engine.store.get("/services", namespace, name)

@@ -39,16 +39,16 @@ import anyio.to_thread
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.apiserver import shapes
-from tfusion.apiserver.limits import THREAD_THRESHOLD
-from tfusion.apiserver.validation import validate_name
-from tfusion.apiserver.webhooks import client_ca_path
+from tfusion.api import shapes
+from tfusion.api.documents import THREAD_THRESHOLD
+from tfusion.api.names import validate_name
+from tfusion.controller.defaults import Denial, capacity_of_model
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
 from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
 from tfusion.controller.webhook.memo import Key as MemoKey
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
-from tfusion.controller.webhook.mutate import Context, Denial, Obj
+from tfusion.controller.webhook.mutate import Context
 from tfusion.controller.webhook.patch import json_diff
 from tfusion.controller.webhook.registration import (
     PATH,
@@ -69,7 +69,7 @@ from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
 from tfusion.kube.informer import Informer, namespace_index
-from tfusion.settings import format_listen
+from tfusion.settings import format_listen, webhook_client_ca_path
 from tfusion.web import bind_socket, serve
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class WebhookService:
         if value:
             return Path(value).expanduser()
         in_process = self.embedded or "apiserver" in self.settings.roles  # the embedded API server's CA
-        return client_ca_path(self.settings.state) if in_process else None
+        return webhook_client_ca_path(self.settings.state) if in_process else None
 
     def _load_client_ca(self) -> None:
         """Require a client certificate signed by the CA file (loaded again when it changed)."""
@@ -280,7 +280,7 @@ class WebhookService:
             log.error("pod webhook: API server failed: %s", exc)
             return denied(request.uid, 500, f"internal error: the API server failed: {exc}")
 
-    async def _mutate(self, request: AdmissionRequest, pod: Obj) -> AdmissionResponse:
+    async def _mutate(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse:
         meta = dict(pod.get("metadata") or {})
         namespace = request.namespace or str(meta.get("namespace") or "default")
         await self._synced()
@@ -314,7 +314,7 @@ class WebhookService:
             plan.annotations[tfa.POD_COUNTER_KEY] = counter
         return await self._finish(request, pod, view, namespace, plan, None)
 
-    async def _remembered(self, key: MemoKey, state: State, view: Obj, namespace: str) -> Remembered | None:
+    async def _remembered(self, key: MemoKey, state: State, view: dict[str, Any], namespace: str) -> Remembered | None:
         """The memo's answer for this pod, if it holds one that is still current."""
         if key not in self.memo:
             return None
@@ -323,7 +323,7 @@ class WebhookService:
             return None
         return found
 
-    async def _finish(self, request: AdmissionRequest, pod: Obj, view: Obj, namespace: str, plan: mutate.Plan,
+    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: dict[str, Any], namespace: str, plan: mutate.Plan,
                       remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
         """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
         the plan is the memo's) and the workload."""
@@ -359,11 +359,7 @@ class WebhookService:
 
     def _capacity(self, model: str) -> Mapping[str, Any] | None:
         """The capacity of a GPU of this model in the cache (the first one that has one)."""
-        for gpu in self._gpus.by_index(_MODEL_INDEX, model):
-            found = (gpu.get("status") or {}).get("capacity")
-            if isinstance(found, Mapping) and found.get("tflops"):
-                return found
-        return None
+        return capacity_of_model(self._gpus.by_index(_MODEL_INDEX, model), model)
 
     def context(self, namespace: str, *, gpu_reads: dict[str, object] | None = None) -> Context:
         """What `analyse` reads, from the caches; the GPU capacities it looks up go to `gpu_reads`."""
@@ -393,7 +389,7 @@ class WebhookService:
 _POD_SHAPE = shapes.KIND_SHAPES["/pods"]
 
 
-def _read_pod(request: AdmissionRequest) -> tuple[Obj | None, str]:
+def _read_pod(request: AdmissionRequest) -> tuple[dict[str, Any] | None, str]:
     """The pod (None: there is none) and the first field of the wrong type ("" when none is)."""
     pod = request.pod()
     return pod, "" if pod is None else shapes.mismatch(_POD_SHAPE, pod)
@@ -409,7 +405,7 @@ def _check_workload_name(plan: mutate.Plan) -> None:
                      code=422)
 
 
-def _memo_bytes(request: AdmissionRequest, pod: Obj, meta: Mapping[str, Any]) -> bytes:
+def _memo_bytes(request: AdmissionRequest, pod: dict[str, Any], meta: Mapping[str, Any]) -> bytes:
     """The pod as sent, but for `metadata.managedFields`: kube-apiserver stamps those before
     admission with the time to the second, so a Deployment's replicas differ only there; the
     mutation neither reads nor changes them. (Key order is the sender's, so equal pods give equal
