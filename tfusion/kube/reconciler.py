@@ -30,6 +30,7 @@ import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
+from tfusion.api.accessors import Body
 from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
@@ -41,10 +42,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-#: decides whether an update (old, new) should trigger a reconcile; adds and deletes always do
-Predicate = Callable[[Obj, Obj], bool]
-MapFunc = Callable[[Obj], Iterable[Key]]
+#: decides whether an update (old, new) of a cached object (as the informer holds it) should
+#: trigger a reconcile; adds and deletes always do
+Predicate = Callable[[dict[str, Any], dict[str, Any]], bool]
+#: the keys a cached object's change should enqueue
+MapFunc = Callable[[dict[str, Any]], Iterable[Key]]
 
 
 @dataclass(frozen=True)
@@ -65,21 +67,17 @@ Reconcile = Callable[[Any], Awaitable[Result | None]]
 # --- predicates -------------------------------------------------------------------------------
 
 
-def _meta(obj: Obj) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def generation_changed(old: Obj, new: Obj) -> bool:
+def generation_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Spec changes only (the API server bumps metadata.generation on spec changes, not on status)."""
-    return _meta(old).get("generation") != _meta(new).get("generation")
+    return Body(old).meta.generation != Body(new).meta.generation
 
 
-def spec_changed(old: Obj, new: Obj) -> bool:
+def spec_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """For kinds without generation (pods, nodes): anything but status and resourceVersion changed."""
-    return old.get("spec") != new.get("spec") or _meta(old).get("labels") != _meta(new).get("labels") \
-        or _meta(old).get("annotations") != _meta(new).get("annotations") \
-        or _meta(old).get("deletionTimestamp") != _meta(new).get("deletionTimestamp")
+    before, after = Body(old), Body(new)
+    return before.spec != after.spec or before.meta.labels != after.meta.labels \
+        or before.meta.annotations != after.meta.annotations \
+        or before.meta.deletion_timestamp != after.meta.deletion_timestamp
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -118,18 +116,18 @@ class Controller:
     def enqueue_after(self, key: Key, delay: float) -> None:
         self.queue.add_after(key, delay)
 
-    def watch(self, informer: Informer, key_of: Callable[[Obj], Iterable[Key]] | None = None,
+    def watch(self, informer: Informer, key_of: MapFunc | None = None,
               predicates: Sequence[Predicate] = ()) -> None:
         """Enqueue keys for every add, delete, and (predicates allowing) update of `informer`."""
         keys_of = key_of or (lambda obj: (object_key(obj),))
         if informer not in self.sources:
             self.sources.append(informer)
 
-        def on_change(obj: Obj) -> None:
+        def on_change(obj: dict[str, Any]) -> None:
             for key in keys_of(obj):
                 self.queue.add(key)
 
-        def on_update(old: Obj | None, new: Obj) -> None:
+        def on_update(old: dict[str, Any] | None, new: dict[str, Any]) -> None:
             if old is not None and not all(p(old, new) for p in predicates):
                 return
             on_change(new)
@@ -205,14 +203,14 @@ class Controller:
 def controller_owner_keys(owner: Resource) -> MapFunc:
     """Keys of the controlling owner of kind `owner.kind` named in an object's ownerReferences."""
 
-    def keys(obj: Obj) -> list[str]:
-        meta = _meta(obj)
+    def keys(obj: dict[str, Any]) -> list[str]:
+        meta = Body(obj).meta
         found = []
-        for ref in meta.get("ownerReferences") or []:
+        for ref in meta.owner_references:
             if ref.get("kind") == owner.kind and ref.get("controller") and \
                     str(ref.get("apiVersion", "")).split("/")[0] == (owner.group or "v1"):
                 name = str(ref.get("name", ""))
-                found.append(f"{meta.get('namespace')}/{name}" if owner.namespaced else name)
+                found.append(f"{meta.namespace}/{name}" if owner.namespaced else name)
         return found
 
     return keys
@@ -279,25 +277,25 @@ class ControllerBuilder:
 # --- finalizers -------------------------------------------------------------------------------
 
 
-async def ensure_finalizer(client: KubeClient, resource: Resource, obj: Obj, finalizer: str,
-                           cleanup: Callable[[Obj], Awaitable[bool]]) -> Obj | None:
+async def ensure_finalizer(client: KubeClient, resource: Resource, obj: dict[str, Any], finalizer: str,
+                           cleanup: Callable[[dict[str, Any]], Awaitable[bool]]) -> dict[str, Any] | None:
     """The finalizer protocol. Returns the object to go on reconciling, or None when it is being
     deleted (the cleanup ran; the finalizer was removed once `cleanup` returned True, and the
     caller should requeue while it returns False). Writes are PUTs on the read resourceVersion:
     a concurrent change raises Conflict, which the Controller requeues."""
-    meta = _meta(obj)
-    finalizers = list(meta.get("finalizers") or [])
-    namespace = meta.get("namespace")
-    if meta.get("deletionTimestamp"):
+    meta = Body(obj).meta
+    finalizers = meta.finalizers
+    namespace = meta.namespace or None
+    if meta.deleting:
         if finalizer in finalizers and await cleanup(obj):
             finalizers.remove(finalizer)
             try:
-                await client.replace(resource, {**obj, "metadata": {**meta, "finalizers": finalizers}},
+                await client.replace(resource, {**obj, "metadata": {**meta.raw, "finalizers": finalizers}},
                                      namespace=namespace)
             except NotFound:
                 pass
         return None
     if finalizer not in finalizers:
-        obj = await client.replace(resource, {**obj, "metadata": {**meta, "finalizers": [*finalizers, finalizer]}},
+        obj = await client.replace(resource, {**obj, "metadata": {**meta.raw, "finalizers": [*finalizers, finalizer]}},
                                    namespace=namespace)
     return obj
