@@ -33,6 +33,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from anyio.abc import TaskStatus
 
 from tfusion import __version__
 from tfusion.api import annotations as ann
+from tfusion.api.accessors import Body, Pod, items, section, text
 from tfusion.api.annotations import now_rfc3339
 from tfusion.api.durations import parse_duration
 from tfusion.api.quantity import Quantity
@@ -64,7 +66,6 @@ NODE_IP = "127.0.0.1"
 KUBELET_VERSION = "v1.32.0"
 #: the node labels this kubelet owns (GPU feature discovery's); others on the Node are the user's
 GPU_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.count", "nvidia.com/gpu.product")
-FINISHED = ("Succeeded", "Failed")
 
 
 def _read(path: str) -> str:
@@ -113,7 +114,7 @@ def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
     return labels
 
 
-def node_status(node_name: str, old: dict[str, Any] | None = None, *, index_devices: int = 0) -> dict[str, Any]:
+def node_status(node_name: str, old: Mapping[str, Any] | None = None, *, index_devices: int = 0) -> dict[str, Any]:
     """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged);
     `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each."""
     cpu = str(os.cpu_count() or 1)
@@ -122,11 +123,12 @@ def node_status(node_name: str, old: dict[str, Any] | None = None, *, index_devi
     if index_devices > 0:
         resources.update(dict.fromkeys(ann.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
-    previous = {c.get("type"): c for c in (old or {}).get("conditions") or []}
+    previous = {c.get("type"): c for c in items(old, "conditions") if isinstance(c, Mapping)}
 
     def condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
-        before = previous.get(kind) or {}
-        since = before.get("lastTransitionTime") if before.get("status") == status else None
+        before = previous.get(kind)
+        kept = before is not None and before.get("status") == status
+        since = before.get("lastTransitionTime") if before is not None and kept else None
         return {"type": kind, "status": status, "reason": reason, "message": message,
                 "lastHeartbeatTime": now, "lastTransitionTime": since or now}
 
@@ -165,7 +167,7 @@ def _container_id(pod_uid: str, container: str) -> str:
     return "sim://" + hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()[:32]
 
 
-def _set_conditions(old: list[dict[str, Any]], wanted: dict[str, str], now: str) -> list[dict[str, Any]]:
+def _set_conditions(old: Sequence[Mapping[str, Any]], wanted: dict[str, str], now: str) -> list[dict[str, Any]]:
     by_type = {c.get("type"): dict(c) for c in old}
     for kind, status in wanted.items():
         condition = by_type.get(kind) or {"type": kind}
@@ -178,73 +180,72 @@ def _set_conditions(old: list[dict[str, Any]], wanted: dict[str, str], now: str)
     return sorted(by_type.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
 
 
-def running_status(pod: dict[str, Any]) -> dict[str, Any]:
+def running_status(pod: Pod) -> dict[str, Any]:
     """The status of `pod` once this kubelet has "started" it."""
     now = now_rfc3339()
-    spec = pod.get("spec") or {}
-    uid = str(pod["metadata"].get("uid", ""))
-    status = dict(pod.get("status") or {})
+    uid = pod.uid
+    status = dict(pod.status)
     started = status.get("startTime") or now
     status.update(
         phase="Running", hostIP=NODE_IP, hostIPs=[{"ip": NODE_IP}], podIP=NODE_IP, podIPs=[{"ip": NODE_IP}],
         startTime=started,
-        conditions=_set_conditions(status.get("conditions") or [], {
+        conditions=_set_conditions(pod.conditions, {
             "PodReadyToStartContainers": "True", "Initialized": "True", "Ready": "True",
             "ContainersReady": "True", "PodScheduled": "True"}, now),
         containerStatuses=[{
             "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
             "containerID": _container_id(uid, c["name"]), "ready": True, "started": True, "restartCount": 0,
-            "state": {"running": {"startedAt": started}}} for c in spec.get("containers") or []],
+            "state": {"running": {"startedAt": started}}} for c in pod.containers],
     )
-    if spec.get("initContainers"):
+    if pod.init_containers:
         status["initContainerStatuses"] = [{
             "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
             "containerID": _container_id(uid, c["name"]), "ready": True, "restartCount": 0,
             "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
-                                     "finishedAt": started}}} for c in spec["initContainers"]]
+                                     "finishedAt": started}}} for c in pod.init_containers]
     return status
 
 
-def terminated_status(pod: dict[str, Any], exit_code: int = 0) -> dict[str, Any]:
+def terminated_status(pod: Pod, exit_code: int = 0) -> dict[str, Any]:
     """The status of `pod` once this kubelet has "stopped" its containers (all exited with `exit_code`)."""
     now = now_rfc3339()
-    status = dict(pod.get("status") or {})
+    status = dict(pod.status)
     started = status.get("startTime") or now
     containers = []
-    for c in (pod.get("spec") or {}).get("containers") or []:
+    for c in pod.containers:
         containers.append({
             "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
-            "containerID": _container_id(str(pod["metadata"].get("uid", "")), c["name"]), "ready": False,
+            "containerID": _container_id(pod.uid, c["name"]), "ready": False,
             "started": False, "restartCount": 0,
             "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                                      "startedAt": started, "finishedAt": now}}})
     status.update(phase="Succeeded" if exit_code == 0 else "Failed", startTime=started, containerStatuses=containers,
-                  conditions=_set_conditions(status.get("conditions") or [], {
+                  conditions=_set_conditions(pod.conditions, {
                       "PodReadyToStartContainers": "False", "Ready": "False", "ContainersReady": "False"}, now))
     return status
 
 
-def simulated_exit(pod: dict[str, Any]) -> tuple[float, int] | None:
+def simulated_exit(pod: Pod) -> tuple[float, int] | None:
     """(seconds after start, exit code) from the simulate-exit annotations; None without (or bad) ones."""
-    annotations = pod["metadata"].get("annotations") or {}
-    after = annotations.get(ann.SIMULATE_EXIT_AFTER)
+    after = pod.meta.annotation(ann.SIMULATE_EXIT_AFTER)
     if after is None:
         return None
     try:
-        return parse_duration(str(after)), int(annotations.get(ann.SIMULATE_EXIT_CODE, "0"))
+        code = pod.meta.annotation(ann.SIMULATE_EXIT_CODE)
+        return parse_duration(after), int("0" if code is None else code)
     except ValueError:
         log.warning("pod %s: ignoring %s=%r / %s: expected a duration such as 2s and an integer exit code",
-                    pod["metadata"].get("name"), ann.SIMULATE_EXIT_AFTER, after, ann.SIMULATE_EXIT_CODE)
+                    pod.name, ann.SIMULATE_EXIT_AFTER, after, ann.SIMULATE_EXIT_CODE)
         return None
 
 
-def restarted_status(pod: dict[str, Any], exit_code: int) -> dict[str, Any]:
+def restarted_status(pod: Pod, exit_code: int) -> dict[str, Any]:
     """The status after the containers exited and the restartPolicy started them again."""
     now = now_rfc3339()
-    status = dict(pod.get("status") or {})
+    status = dict(pod.status)
     containers = []
-    for container in status.get("containerStatuses") or []:
-        before = (container.get("state") or {}).get("running") or {}
+    for container in pod.container_statuses:
+        before = section(container, "state", "running")
         containers.append({**container, "restartCount": int(container.get("restartCount") or 0) + 1,
                            "state": {"running": {"startedAt": now}},
                            "lastState": {"terminated": {"exitCode": exit_code, "startedAt": before.get("startedAt"),
@@ -254,11 +255,10 @@ def restarted_status(pod: dict[str, Any], exit_code: int) -> dict[str, Any]:
     return status
 
 
-def _is_running(pod: dict[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-    reported = [c.get("name") for c in status.get("containerStatuses") or [] if "running" in (c.get("state") or {})]
-    return status.get("phase") == "Running" and reported == names
+def _is_running(pod: Pod) -> bool:
+    names = [c["name"] for c in pod.containers]
+    reported = [c.get("name") for c in pod.container_statuses if "running" in section(c, "state")]
+    return pod.phase == "Running" and reported == names
 
 
 # --- the kubelet --------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class SimulatedKubelet:
                 log.info("registered node %s (%s)", self.node_name, self.plan.describe())
             except AlreadyExists:
                 node = await self.client.get(r.NODES, self.node_name)
-        current = (node.get("metadata") or {}).get("labels") or {}
+        current = Body(node).meta.labels
         changes = {k: v for k, v in labels.items() if current.get(k) != v and (v is not None or k in current)}
         if changes:
             node = await self.client.patch(r.NODES, self.node_name, {"metadata": {"labels": changes}})
@@ -306,7 +306,7 @@ class SimulatedKubelet:
         return self.node
 
     async def report_status(self, node: dict[str, Any] | None = None) -> dict[str, Any]:
-        old = (node or self.node).get("status") or {}
+        old = Body(node or self.node).status
         status = node_status(self.node_name, old, index_devices=self.index_devices)
         self.node = await self.client.patch(r.NODES, self.node_name, {"status": status}, subresource="status")
         return self.node
@@ -320,7 +320,7 @@ class SimulatedKubelet:
             return
         except NotFound:
             pass
-        owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node["metadata"]["uid"]}
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": Body(self.node).uid}
         try:
             await self.client.create(r.LEASES, {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -350,28 +350,29 @@ class SimulatedKubelet:
     # --- pods -------------------------------------------------------------------------------------
 
     async def reconcile_pod(self, key: str) -> Result | None:
-        pod = self.pods.get(key)
-        if pod is None or (pod.get("spec") or {}).get("nodeName") != self.node_name:
+        raw = self.pods.get(key)
+        if raw is None or Pod(raw).node_name != self.node_name:
             return None
+        pod = Pod(raw)
         try:
-            if pod["metadata"].get("deletionTimestamp"):
+            if pod.meta.deleting:
                 await self._finish_deletion(pod)
-            elif (pod.get("status") or {}).get("phase") not in FINISHED and not _is_running(pod):
+            elif not pod.finished and not _is_running(pod):
                 await self._write_status(pod, running_status(pod))
                 log.info("pod %s is Running on node %s", key, self.node_name)
-            elif (pod.get("status") or {}).get("phase") not in FINISHED:
+            elif not pod.finished:
                 return await self._simulate_exit(pod)
         except (Conflict, NotFound):
             return Result(requeue=True)  # changed or gone meanwhile: look again at the newest version
         return None
 
-    async def _simulate_exit(self, pod: dict[str, Any]) -> Result | None:
+    async def _simulate_exit(self, pod: Pod) -> Result | None:
         """The simulate-exit annotations: exit once the time is up; the restartPolicy decides what follows."""
         planned = simulated_exit(pod)
         if planned is None:
             return None
         after, code = planned
-        starts = [c["state"]["running"].get("startedAt") for c in pod["status"].get("containerStatuses") or []]
+        starts = [text(c, "state", "running", "startedAt") for c in pod.container_statuses]
         try:
             started = max(parse_rfc3339(s).timestamp() for s in starts if s)
         except ValueError:
@@ -379,26 +380,25 @@ class SimulatedKubelet:
         left = started + after - time.time()
         if left > 0:
             return Result(requeue_after=left)
-        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        policy = pod.restart_policy
         if policy == "Never" or (policy == "OnFailure" and code == 0):
             await self._write_status(pod, terminated_status(pod, code))
         else:
             await self._write_status(pod, restarted_status(pod, code))
         return None
 
-    async def _write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
-        await self.client.replace(r.PODS, {**pod, "status": status}, subresource="status")
+    async def _write_status(self, pod: Pod, status: Mapping[str, Any]) -> None:
+        await self.client.replace(r.PODS, {**pod.raw, "status": status}, subresource="status")
 
-    async def _finish_deletion(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        if (pod.get("status") or {}).get("phase") not in FINISHED:
+    async def _finish_deletion(self, pod: Pod) -> None:
+        if not pod.finished:
             await self._write_status(pod, terminated_status(pod))
-            log.info("pod %s/%s stopped on node %s", meta.get("namespace"), meta.get("name"), self.node_name)
+            log.info("pod %s/%s stopped on node %s", pod.namespace, pod.name, self.node_name)
             return  # the status write brings the pod back here, newer
-        if meta.get("finalizers"):
+        if pod.meta.finalizers:
             return  # the server removes it when the last finalizer goes
-        await self.client.delete(r.PODS, meta["name"], namespace=meta.get("namespace"), grace_period_seconds=0,
-                                 preconditions={"uid": meta["uid"]})
+        await self.client.delete(r.PODS, pod.name, namespace=pod.namespace or None, grace_period_seconds=0,
+                                 preconditions={"uid": pod.uid})
 
     # --- running ----------------------------------------------------------------------------------
 
