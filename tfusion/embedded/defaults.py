@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tfusion.api.accessors import text
 from tfusion.controller.reconcilers.cluster import pools_of_cluster
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -109,7 +110,7 @@ class _Record:
         except NotFound:
             return
         self.exists = True
-        self.keys = {line for line in ((found.get("data") or {}).get("created") or "").splitlines() if line}
+        self.keys = {line for line in text(found, "data", "created").splitlines() if line}
 
     async def save(self) -> None:
         data = {"created": "\n".join(sorted(self.keys)) + "\n"}

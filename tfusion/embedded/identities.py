@@ -27,6 +27,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
+from tfusion.api.accessors import text
 from tfusion.apiserver import security
 from tfusion.errors import RoleError
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -151,7 +152,7 @@ async def _role_token(client: KubeClient, settings: Settings, role: str, account
         "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node_name, "uid": node["metadata"]["uid"]}}}
     result = await client.request("POST", None, path=f"serviceaccounts/{account}/token",
                                   namespace=settings.operator_namespace, body=body)
-    return str((result.get("status") or {}).get("token") or "")
+    return text(result, "status", "token")
 
 
 _MIRRORING = threading.local()
