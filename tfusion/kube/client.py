@@ -26,6 +26,7 @@ import kr8s
 import kr8s.asyncio
 import orjson
 
+from tfusion.api.accessors import Body, items, text
 from tfusion.kube.resources import TOKENREVIEWS, Resource
 from tfusion.leanhttp import LeanTransport
 
@@ -342,14 +343,11 @@ class KubeClient:
             raise error_from_status(_json_or_text(content), status)
         return content
 
-    def _ns(self, resource: Resource, namespace: str | None,
-            obj: Mapping[str, Any] | None = None) -> str | None:
+    def _ns(self, resource: Resource, namespace: str | None, own_namespace: str = "") -> str | None:
+        """Where a request goes: the namespace asked for, else the object's own, else the client's."""
         if not resource.namespaced:
             return None
-        if namespace:
-            return namespace
-        meta = (obj or {}).get("metadata") or {}
-        return str(meta.get("namespace") or self.namespace)
+        return namespace or own_namespace or self.namespace
 
     # --- CRUD -----------------------------------------------------------------------------------
 
@@ -373,10 +371,9 @@ class KubeClient:
         ns = namespace if resource.namespaced else None
         while True:
             page = await self.request("GET", resource, namespace=ns, params=params)
-            result.items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            result.resource_version = str(meta.get("resourceVersion") or "")
-            token = meta.get("continue")
+            result.items.extend(items(page, "items"))
+            result.resource_version = Body(page).meta.resource_version
+            token = text(page, "metadata", "continue")
             if not token:
                 return result
             params["continue"] = token
@@ -384,19 +381,19 @@ class KubeClient:
     async def create(self, resource: Resource, obj: Mapping[str, Any], *, namespace: str | None = None,
                      params: Mapping[str, str] | None = None) -> dict[str, Any]:
         body = _with_type(resource, obj)
-        ns = self._ns(resource, namespace, obj)
+        ns = self._ns(resource, namespace, Body(obj).namespace)
         result: dict[str, Any] = await self.request("POST", resource, namespace=ns, body=body, params=params)
         return result
 
     async def replace(self, resource: Resource, obj: Mapping[str, Any], *, namespace: str | None = None,
                       subresource: str | None = None) -> dict[str, Any]:
         """PUT: conditioned on `metadata.resourceVersion` when the object carries one (409 if stale)."""
-        name = (obj.get("metadata") or {}).get("name")
+        name = Body(obj).name
         if not name:
             raise ValueError("replace: the object has no metadata.name")
-        path = f"{name}/{subresource}" if subresource else str(name)
+        path = f"{name}/{subresource}" if subresource else name
         result: dict[str, Any] = await self.request("PUT", resource, path=path,
-                                                    namespace=self._ns(resource, namespace, obj),
+                                                    namespace=self._ns(resource, namespace, Body(obj).namespace),
                                                     body=_with_type(resource, obj))
         return result
 
@@ -466,7 +463,9 @@ class KubeClient:
                         continue
                     event = orjson.loads(line)
                     kind = str(event.get("type") or "")
-                    obj = event.get("object") or {}
+                    obj = event.get("object")
+                    if not isinstance(obj, dict):
+                        obj = {}
                     if kind == "ERROR":
                         raise error_from_status(obj, int(obj.get("code") or 500))
                     yield kind, obj
@@ -498,7 +497,7 @@ class KubeClient:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         result = await self.request("POST", None, path=f"serviceaccounts/{service_account}/token",
                                     namespace=namespace, body=body)
-        return str((result.get("status") or {}).get("token") or "")
+        return text(result, "status", "token")
 
 
 def _with_type(resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -510,6 +509,5 @@ def _with_type(resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def object_key(obj: Mapping[str, Any]) -> str:
     """"namespace/name", or "name" for cluster-scoped objects (client-go's MetaNamespaceKey)."""
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+    meta = Body(obj).meta
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
