@@ -197,7 +197,7 @@ def test_gpu_label_agrees_with_the_filter_stages() -> None:
                 req("r8", vendor="NVIDIA"), req("r9", isolation="partitioned"),
                 req("r10", tflops=0, percent_request=95_000)]
     for r in requests:
-        for slot in a._gpus.values():
+        for slot in a.indexes.gpus.values():
             first = next((stage.name for stage in STAGES if stage.applies(r) and stage.check(slot, r) is not None),
                          None)
             label = gpu_label(slot, r)

@@ -67,7 +67,7 @@ def test_the_short_road_judges_every_node_as_the_long_one() -> None:
         alloc = random_cluster(rng)
         for k in range(40):
             request = request_of(f"probe-{k}", rng)
-            alloc._explained.clear()
+            alloc.indexes.explained.clear()
             assert ex.node_statuses(alloc, request, alloc.nodes()) == \
                 {n: ex._judge_node_slow(alloc, request, n).status for n in alloc.nodes()}
             for name in alloc.nodes():
@@ -75,7 +75,7 @@ def test_the_short_road_judges_every_node_as_the_long_one() -> None:
                 fast = ex._judge_node(alloc, request, name)
                 assert fast.status == slow.status, (name, request)
                 assert (fast.fitting, fast.loaded) == (slow.fitting, slow.loaded), (name, request)
-                node = alloc._nodes[name]
+                node = alloc.indexes.nodes[name]
                 key = (request.pool, request.gpu_model)
                 short += key in node.groups and ex._plain_group(alloc, node, key) is not None
                 compared += 1
@@ -86,7 +86,7 @@ def test_plain_facts_follow_a_change_of_the_reported_gpu() -> None:
     alloc = GpuAllocator()
     info = GpuInfo(name="g", node="n", pool="pool", capacity_tflops=100_000, capacity_vram=40 * GIB)
     alloc.upsert_gpu(info)
-    node, key = alloc._nodes["n"], ("pool", "")
+    node, key = alloc.indexes.nodes["n"], ("pool", "")
     assert ex._plain_group(alloc, node, key) == ("NVIDIA", 100_000)
     alloc.upsert_gpu(replace(info, phase="Pending"))
     assert ex._plain_group(alloc, node, key) is None
@@ -179,7 +179,8 @@ def test_feasible_nodes_prunes_by_the_node_maxima_exactly() -> None:
         for step in range(4):
             for request in probes:
                 key = (request.pool, request.gpu_model)
-                truth = {n for n, node in alloc._nodes.items() if alloc._node_fit(node, key, request) is not None}
+                fit = alloc.indexes.node_fit
+                truth = {n for n, node in alloc.indexes.nodes.items() if fit(node, key, request) is not None}
                 assert set(alloc.feasible_nodes(request)) == truth, (step, request)
             live = sorted(alloc.allocations())
             for uid in rng.sample(live, min(len(live), 10)):

@@ -10,7 +10,7 @@ from tfusion.allocator.allocator import (
     AllocationInfo,
     FilterResult,
     GpuAllocator,
-    Placement,
+    GpuPlacement,
     PoolConfig,
 )
 from tfusion.allocator.errors import (
@@ -40,9 +40,9 @@ __all__ = [
     "Framework",
     "GpuAllocator",
     "GpuInfo",
+    "GpuPlacement",
     "GpuObjectError",
     "InvalidAllocation",
-    "Placement",
     "PlacementModeError",
     "PoolConfig",
     "QuotaExceeded",

@@ -50,7 +50,7 @@ import anyio
 from anyio.abc import TaskGroup
 from prometheus_client import Counter, Gauge, Histogram
 
-from tfusion.allocator import AllocRequest, GpuAllocator, Placement, RequestError, request_from_pod
+from tfusion.allocator import AllocRequest, GpuAllocator, GpuPlacement, RequestError, request_from_pod
 from tfusion.allocator.framework import Code, Explanation, Framework, Status, Suggestion
 from tfusion.allocator.units import amount as amount_of
 from tfusion.api import annotations as tfa
@@ -192,7 +192,7 @@ class Decision:
     """One cycle's outcome: a node (and GPUs) to bind, or why not."""
 
     node: str = ""
-    placement: Placement | None = None
+    placement: GpuPlacement | None = None
     req: AllocRequest | None = None
     demand: nc.PodDemand | None = None
     why: Why | None = None
