@@ -21,13 +21,14 @@ import inspect
 import logging
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry, Gauge
 
+from tfusion.api.accessors import Body, section, text
 from tfusion.api.timestamps import micro_time as micro_time  # re-exported for the kubelet
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError, NotFound
 from tfusion.kube.clock import REAL_CLOCK, Clock
@@ -103,7 +104,7 @@ class LeaderElector:
         self.leader_info_interval = leader_info_interval
         self.release_timeout = release_timeout
         self._leading = False
-        self._lease: dict[str, Any] | None = None  # the Lease as we last wrote or read it
+        self._lease: Mapping[str, Any] | None = None  # the Lease as we last wrote or read it
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._acquired_at = 0.0
@@ -127,7 +128,7 @@ class LeaderElector:
                 await self._acquire()
                 await self._lead()
         finally:
-            if self._lease is not None and self._holder(self._lease) == self.identity:
+            if text(self._lease, "spec", "holderIdentity") == self.identity:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
                     await self.release()
 
@@ -189,8 +190,11 @@ class LeaderElector:
     # --- one step ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _holder(lease: dict[str, Any]) -> str:
-        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+    def _record(lease: Body) -> tuple[Any, ...]:
+        """The fields every write of the lease changes: while they stay the same, nobody renewed it."""
+        spec = lease.spec
+        return (text(spec, "holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"),
+                spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
 
     async def _try_acquire_or_renew(self) -> _Attempt:
         now = micro_time()
@@ -201,10 +205,9 @@ class LeaderElector:
         except KubeError as exc:
             log.warning("leader election: cannot read lease %s/%s: %s", self.namespace, self.name, exc)
             return _Attempt.FAILED
-        spec = dict(lease.get("spec") or {})
-        holder = str(spec.get("holderIdentity") or "")
-        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"),
-                  spec.get("leaseDurationSeconds"))
+        spec = dict(Body(lease).spec)
+        holder = text(spec, "holderIdentity")
+        record = self._record(Body(lease))
         if record != self._observed:
             self._observed, self._observed_at = record, self.clock.now()
         self.observed_holder = holder
@@ -224,7 +227,7 @@ class LeaderElector:
         except KubeError as exc:
             log.warning("leader election: cannot update lease: %s", exc)
             return _Attempt.FAILED
-        self._remember(written)
+        self._remember(Body(written))
         return _Attempt.ACQUIRED
 
     async def _create(self, now: str) -> _Attempt:
@@ -239,26 +242,24 @@ class LeaderElector:
         except KubeError as exc:
             log.warning("leader election: cannot create lease %s/%s: %s", self.namespace, self.name, exc)
             return _Attempt.FAILED
-        self._remember(written)
+        self._remember(Body(written))
         return _Attempt.ACQUIRED
 
-    def _remember(self, lease: dict[str, Any]) -> None:
-        spec = lease.get("spec") or {}
-        self._lease = lease
+    def _remember(self, lease: Body) -> None:
+        self._lease = lease.raw
         self.observed_holder = self.identity
-        self.transitions = int(spec.get("leaseTransitions") or 0)
-        self._observed = (spec.get("holderIdentity") or "", spec.get("renewTime"), spec.get("acquireTime"),
-                          spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
+        self.transitions = int(lease.spec.get("leaseTransitions") or 0)
+        self._observed = self._record(lease)
         self._observed_at = self.clock.now()
 
     async def release(self) -> bool:
         """Give the lease up (holderIdentity "", leaseDurationSeconds 1) if we still hold it."""
         lease = self._lease
         for _ in range(2):
-            if lease is None or self._holder(lease) != self.identity:
+            if lease is None or text(lease, "spec", "holderIdentity") != self.identity:
                 return False
             now = micro_time()
-            spec = {**(lease.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1,
+            spec = {**Body(lease).spec, "holderIdentity": "", "leaseDurationSeconds": 1,
                     "renewTime": now, "acquireTime": now}
             try:
                 released = {**lease, "spec": spec}
@@ -295,6 +296,6 @@ class LeaderElector:
                 return
             except AlreadyExists:
                 current = await self.client.get(CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=self.namespace)
-        if (current.get("data") or {}).get(LEADER_IP_KEY) != ip:
+        if section(current, "data").get(LEADER_IP_KEY) != ip:
             await self.client.patch(CONFIGMAPS, LEADER_INFO_CONFIGMAP, {"data": data},
                                     namespace=self.namespace)
