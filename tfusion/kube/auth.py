@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import jwt
 
+from tfusion.api.accessors import Body, section
 from tfusion.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
@@ -98,28 +99,28 @@ class ReviewedToken:
     groups: tuple[str, ...] = ()
 
 
-def _first(extra: dict[str, Any], key: str) -> str:
-    values = extra.get(key) or []
+def _first(values: Any) -> str:
+    """The first value of a user's `extra` entry (a list of strings; a bare string is taken as one)."""
     if isinstance(values, str):
         return values
-    return str(values[0]) if values else ""
+    return str(values[0]) if isinstance(values, list) and values else ""
 
 
-def parse_review(review: dict[str, Any]) -> ReviewedToken:
+def parse_review(review: Body) -> ReviewedToken:
     """A TokenReview response to the identity, or Unauthenticated with the server's reason."""
-    status = review.get("status") or {}
+    status = review.status
     if not status.get("authenticated"):
         raise Unauthenticated(str(status.get("error") or "token not authenticated"))
-    user = status.get("user") or {}
+    user = section(status, "user")
     username = str(user.get("username") or "")
     namespace = service_account = ""
     if username.startswith(SERVICE_ACCOUNT_PREFIX):
         parts = username[len(SERVICE_ACCOUNT_PREFIX):].split(":")
         if len(parts) == 2:
             namespace, service_account = parts
-    extra = user.get("extra") or {}
+    extra = section(user, "extra")
     return ReviewedToken(username=username, namespace=namespace, service_account=service_account,
-                         pod_name=_first(extra, POD_NAME_EXTRA), pod_uid=_first(extra, POD_UID_EXTRA),
+                         pod_name=_first(extra.get(POD_NAME_EXTRA)), pod_uid=_first(extra.get(POD_UID_EXTRA)),
                          uid=str(user.get("uid") or ""), groups=tuple(user.get("groups") or ()))
 
 
@@ -242,7 +243,7 @@ class TokenReviewer:
             log.warning("TokenReview failed: %s", exc)
             raise ReviewUnavailable(f"token review failed, retry later: {exc.message}") from None
         try:
-            reviewed = parse_review(response)
+            reviewed = parse_review(Body(response))
         except Unauthenticated as exc:
             self._store(key, exc, self.failure_ttl)
             raise
