@@ -21,6 +21,7 @@ from tfusion.allocator import (
 from tfusion.allocator import framework as fwk
 from tfusion.allocator.explain import LABEL_STAGES, gpu_label
 from tfusion.allocator.filters import STAGES, gpu_fits
+from tfusion.controller.defaults import Sources
 from tfusion.controller.scheduling.explain import explanation_json, status_json
 from tfusion.controller.scheduling.simulate import simulate_schedule
 
@@ -236,7 +237,7 @@ def manifest(name: str, **notes: str) -> dict[str, Any]:
 
 
 def simulate(a: GpuAllocator, pod: dict[str, Any]) -> dict[str, Any]:
-    status, body = simulate_schedule(a, pod, pools=POOLS)
+    status, body = simulate_schedule(a, pod, sources=Sources(pools=POOLS))
     assert status == 200, body
     return body
 
@@ -336,8 +337,9 @@ def test_suggest_other_model_and_other_pool() -> None:
     by_kind = {s["kind"]: s for s in found}
     assert by_kind["other-model"]["changes"] == {P + "gpu-model": "L40S"}
     assert by_kind["other-pool"]["changes"] == {P + "gpupool": "spare"}
-    missing = simulate(build(), manifest("nowhere", gpupool="nope"))
-    assert [s["kind"] for s in missing["suggestions"]] == ["other-pool", "other-pool"]
+    # a pool that is no GPUPool: refused as the webhook refuses it, naming the pools there are
+    status, missing = simulate_schedule(build(), manifest("nowhere", gpupool="nope"), sources=Sources(pools=POOLS))
+    assert status == 400 and "(no such GPUPool); expected the name of a GPUPool (pool, spare)" in missing["error"]
 
 
 def test_suggest_the_missing_quota() -> None:

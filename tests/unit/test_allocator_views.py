@@ -10,6 +10,7 @@ import yaml
 
 from tfusion.allocator import GpuAllocator, GpuInfo, QuotaSpec, gpu_from_object, request_from_pod
 from tfusion.controller import views
+from tfusion.controller.defaults import Sources
 from tfusion.controller.scheduling.simulate import ManifestError, read_pod_manifest, simulate_schedule
 
 GIB = 1 << 30
@@ -43,7 +44,7 @@ POOLS: list[dict[str, Any]] = [
 
 def simulate(a: GpuAllocator, manifest: dict[str, Any],
              pools: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, Any]]:
-    return simulate_schedule(a, manifest, pools=POOLS if pools is None else pools)
+    return simulate_schedule(a, manifest, sources=Sources(pools=POOLS if pools is None else pools))
 
 
 def no_gpu(name: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import pytest
 from tfusion.allocator import GpuAllocator, GpuInfo
 from tfusion.allocator.request import RequestOverLimit, check_pod_within_limits, request_from_pod
 from tfusion.api import annotations as tfa
+from tfusion.controller.defaults import Sources
 from tfusion.controller.scheduling.simulate import simulate_schedule
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse
 
@@ -73,7 +74,7 @@ def _webhook(notes: dict[str, str], **context: Any) -> str | None:
 
 def _simulate(notes: dict[str, str]) -> str | None:
     """simulate-schedule's 400 error for the same pod, None when it judges the pod (200)."""
-    status, body = simulate_schedule(_allocator(), _pod(notes), pools=POOLS)
+    status, body = simulate_schedule(_allocator(), _pod(notes), sources=Sources(pools=POOLS))
     assert status in (200, 400), body
     return str(body["error"]) if status == 400 else None
 

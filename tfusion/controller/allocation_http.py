@@ -28,12 +28,14 @@ import msgspec
 from litestar import Request, get, post
 from litestar.openapi.spec import Operation, Reference
 
+from tfusion.api.accessors import Pod
 from tfusion.controller import views
 from tfusion.controller.scheduling.podcheck import PodManifest, manifest_schema
 from tfusion.controller.scheduling.simulate import (
     POD_MANIFEST_MAX_BYTES,
     SCHEDULER_NAME,
     ManifestError,
+    cached_sources,
     foreign_scheduler,
     read_pod_manifest,
     simulate_schedule,
@@ -150,8 +152,8 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
         allocator = await _leader_allocator(service)
         if allocator is None:
             raise HttpError(503, NOT_LEADER)
-        status, body = simulate_schedule(allocator, pod, pools=service.runtime.informer(r.GPUPOOLS).list(),
-                                         scheduler=service.runtime.scheduler)
+        sources = cached_sources(service.runtime.informer, Pod(pod).namespace or "default")
+        status, body = simulate_schedule(allocator, pod, sources=sources, scheduler=service.runtime.scheduler)
         if status != 200:
             raise HttpError(status, msgspec.convert(body, ErrorBody))
         return msgspec.convert(body, SimulateScheduleResult)

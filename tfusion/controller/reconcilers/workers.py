@@ -25,10 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import section, text
 from tfusion.api.hashing import content_hash
 from tfusion.api.merge import PatchError, strategic_merge_patch
+from tfusion.controller.defaults import provider_config_for
 from tfusion.controller.reconcilers.common import FINALIZER, Obj, meta, name_of
-from tfusion.controller.webhook.mutate import DEFAULT_WORKER_IMAGE, dig, provider_config_for
+from tfusion.controller.webhook.build import DEFAULT_WORKER_IMAGE
 
 WORKER_CONTAINER = "worker"
 WORKER_PORT_NAME = "remote-vgpu"
@@ -49,8 +51,8 @@ class TemplateError(ValueError):
 
 def template_hash(pool: Mapping[str, Any] | None, workload: Mapping[str, Any]) -> str:
     """What a worker pod is made of: the pool's worker component, the hypervisor port and the spec."""
-    basis = {"worker": dig(pool or {}, "spec", "componentConfig", "worker") or {},
-             "hypervisorPort": dig(pool or {}, "spec", "componentConfig", "hypervisor", "portNumber"),
+    basis = {"worker": section(pool, "spec", "componentConfig", "worker"),
+             "hypervisorPort": section(pool, "spec", "componentConfig", "hypervisor").get("portNumber"),
              # the replica count says how many workers, not what one is
              "spec": {k: v for k, v in (workload.get("spec") or {}).items() if k != "replicas"}}
     return content_hash(basis, 10)
@@ -81,8 +83,8 @@ def _annotations(spec: Mapping[str, Any], pool_name: str) -> dict[str, str]:
 
 def _image(pool: Mapping[str, Any] | None, providers: list[Obj], vendor: str) -> str:
     provider = provider_config_for(providers, vendor or "NVIDIA")
-    return str(dig(pool or {}, "spec", "componentConfig", "worker", "image")
-               or dig(provider or {}, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE)
+    return (text(pool, "spec", "componentConfig", "worker", "image")
+            or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE)
 
 
 def _template_spec(template: Any) -> Mapping[str, Any] | None:
@@ -141,7 +143,7 @@ def worker_pod(workload: Obj, pool: Mapping[str, Any] | None, providers: list[Ob
     if isinstance(spec.get("nodeAffinity"), Mapping):
         pod_spec["affinity"] = {"nodeAffinity": copy.deepcopy(spec["nodeAffinity"])}
     pod: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
-    pod = _merge_template(pod, dig(pool or {}, "spec", "componentConfig", "worker", "podTemplate"),
+    pod = _merge_template(pod, section(pool, "spec", "componentConfig", "worker").get("podTemplate"),
                           f"GPUPool {name_of(pool or {})}: spec.componentConfig.worker.podTemplate")
     pod = _merge_template(pod, spec.get("workerPodTemplate"),
                           f"TensorFusionWorkload {workload_name}: spec.workerPodTemplate")

@@ -2,7 +2,7 @@
 reads it, and the OpenAPI description of simulate-schedule's body.
 
 Why: `POST /api/simulate-schedule` takes a Pod manifest straight from the caller, and the readers
-(`nodes.pod_demand`, `request_from_pod`, `defaults.default_pod_request`, `scheduler.decide`) trust
+(`nodes.pod_demand`, `request_from_pod`, `controller/defaults.resolve`, `scheduler.decide`) trust
 the shape a Pod has once kube-apiserver has decoded and validated it. Unchecked, a body like
 `"containers": "1.5Gi"` or `"affinity": {"nodeAffinity": 3}` crashed them (500 with a traceback),
 and `"cpu": "-2"` or an unreadable quantity counted silently as nothing. `pod_problem` converts the

@@ -55,6 +55,7 @@ from tfusion.allocator.framework import Code, Explanation, Framework, Status, Su
 from tfusion.allocator.units import amount as amount_of
 from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import rfc3339
+from tfusion.controller.defaults import default_pool_name
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
 from tfusion.controller.scheduling.binder import (
@@ -63,7 +64,6 @@ from tfusion.controller.scheduling.binder import (
     index_conflict,
     post_binding,
 )
-from tfusion.controller.scheduling.defaults import default_pool_name
 from tfusion.controller.scheduling.explain import node_failure_status, status_json, suggestion_json
 from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
@@ -502,7 +502,7 @@ class Scheduler:
 
     def native_resource_names(self) -> tuple[str, ...]:
         """The native GPU resources TensorFusion takes over: every ProviderConfig's inUseResourceNames."""
-        from tfusion.controller.webhook.mutate import in_use_resource_names
+        from tfusion.controller.defaults import in_use_resource_names
 
         return in_use_resource_names(self.runtime.informer(r.PROVIDERCONFIGS).list())
 

@@ -1,9 +1,12 @@
 """`POST /api/simulate-schedule`: filter and score a Pod without reserving anything.
 
-Pure: takes the allocator, the Pod manifest and the GPUPool objects, returns (HTTP status, body).
-The pod first gets the defaults the pod webhook would give it (`defaults.default_pod_request`:
-the default pool when it names none, soft isolation, the computed QoS), so a raw manifest from
-`kubectl get pod X -o yaml` is judged as the pod the webhook admits. The body keeps the
+Pure: takes the allocator, the Pod manifest and the cached objects the pod webhook reads (`Sources`:
+GPUPools, ProviderConfigs, the namespace's GPUResourceQuotas, WorkloadProfiles, GPU capacities),
+returns (HTTP status, body). The pod first gets the annotations the pod webhook would give it,
+decided by the resolver the webhook uses (tfusion/controller/defaults.py: WorkloadProfile, pool,
+isolation, vendor, amounts with quota defaults, GPU count, model, QoS), so a raw manifest from
+`kubectl get pod X -o yaml` is judged as the pod the webhook admits, and a manifest the webhook
+would refuse for its GPU annotations is refused here with the webhook's words. The body keeps the
 original's envelope `{scheduleResult, filterDetail, error, ...}` with its Go field names
 (`SuggestedHost`, `FilterStageDetails`, `FilterName`, `Before`, `After`, `Diff`) and adds `Removed`
 to each stage: every GPU the stage dropped, its node and why (e.g. `gpu-3f2a: VRAM available 6Gi <
@@ -35,22 +38,31 @@ it, so `FilterStageDetails` and the `gpuSchedulerState` maps are empty.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import Framework, GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
 from tfusion.allocator.framework import Explanation
-from tfusion.allocator.request import check_pod_within_limits
+from tfusion.api.accessors import Body, Pod
 from tfusion.api.documents import DocumentError, load_json_or_yaml
+from tfusion.controller.defaults import (
+    Denial,
+    Sources,
+    capacity_of_model,
+    request_annotations,
+    resolve,
+    stale_annotations,
+)
 from tfusion.controller.scheduling import nodes as nc
-from tfusion.controller.scheduling.defaults import default_pod_request
 from tfusion.controller.scheduling.explain import explanation_json, node_failure_status, suggestion_json
 from tfusion.controller.scheduling.podcheck import pod_problem, shown
 from tfusion.controller.scheduling.scheduler import asks_for_gpus
+from tfusion.kube import resources as r
 
 if TYPE_CHECKING:
     from tfusion.controller.scheduling.scheduler import Scheduler
+    from tfusion.kube.informer import Informer
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 PLUGIN = "GPUResourcesFit"
@@ -134,9 +146,9 @@ def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
 
 def native_request(scheduler: Scheduler, pod: Mapping[str, Any]) -> dict[str, int]:
     """The native GPU resources of a pod that asks for no TensorFusion GPUs ({} for any other)."""
-    if asks_for_gpus(pod):
+    if asks_for_gpus(Pod(pod)):
         return {}
-    return nc.extended_requests(pod, scheduler.native_resource_names())
+    return nc.extended_requests(Pod(pod), scheduler.native_resource_names())
 
 
 def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_nodes: int) -> dict[str, Any]:
@@ -168,11 +180,11 @@ def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_
 def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Mapping[str, Any],
                     native: Mapping[str, int]) -> dict[str, Any]:
     """The built-in scheduler's decision for a native-GPU pod, with every node's verdict."""
-    by_name = {str((n.get("metadata") or {}).get("name")): n for n in scheduler.node_objects()}
+    by_name = scheduler.nodes_by_name()
     busy = scheduler.nodes_with_workers()
-    check = scheduler.native_check(nc.pod_demand(pod), native, busy)
+    check = scheduler.native_check(nc.pod_demand(Pod(pod)), native, busy)
     failures = {n: f for n, node in by_name.items() if (f := check(n, node)) is not None}
-    decision = scheduler.decide(pod, Framework(allocator))
+    decision = scheduler.decide(Pod(pod), Framework(allocator))
     error = None
     if decision.why is not None:
         error = _native_fit_error(failures, decision.why.message, len(by_name))
@@ -189,12 +201,32 @@ def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Mapping[
     }
 
 
-def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
-                      pools: Sequence[Mapping[str, Any]], scheduler: Scheduler | None = None
-                      ) -> tuple[int, dict[str, Any]]:
-    """Run the GPU filter chain and scoring for `pod` (defaulted as the webhook would, with
-    `pools` the GPUPool objects) and explain the outcome; a native-GPU pod is judged by
-    `scheduler`'s node view instead (see the module docstring). No side effects."""
+def cached_sources(informer: Callable[[r.Resource], Informer], namespace: str) -> Sources:
+    """What the webhook would read for a pod of `namespace`, from the controller's informers."""
+    profiles, gpus = informer(r.WORKLOADPROFILES), informer(r.GPUS)
+    quotas = [q for q in informer(r.GPURESOURCEQUOTAS).list() if Body(q).namespace == namespace]
+    return Sources(pools=informer(r.GPUPOOLS).list(), provider_configs=informer(r.PROVIDERCONFIGS).list(),
+                   quotas=quotas, profile=lambda name: profiles.get(f"{namespace}/{name}"),
+                   gpu_capacity=lambda model: capacity_of_model(gpus.list(), model))
+
+
+def defaulted_pod(pod: Mapping[str, Any], sources: Sources) -> dict[str, Any]:
+    """`pod` with the request annotations the webhook would write (and without those it would
+    drop); raises Denial as the webhook refuses the pod."""
+    view = Pod(pod)
+    notes = dict(view.meta.annotations)
+    resolved = resolve(view, notes, sources)
+    for key in stale_annotations(resolved.amounts):
+        notes.pop(key, None)
+    notes.update(request_annotations(resolved))
+    return {**pod, "metadata": {**view.meta.raw, "annotations": notes}}
+
+
+def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, sources: Sources,
+                      scheduler: Scheduler | None = None) -> tuple[int, dict[str, Any]]:
+    """Run the GPU filter chain and scoring for `pod` (defaulted as the webhook would, from
+    `sources`) and explain the outcome; a native-GPU pod is judged by `scheduler`'s node view
+    instead (see the module docstring). No side effects."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return 400, {"error": "the Pod manifest has no spec"}
@@ -204,9 +236,9 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *,
     if scheduler is not None and native:
         return 200, simulate_native(scheduler, allocator, pod, native)
     try:
-        defaulted = default_pod_request(pod, pools)
-        req = request_from_pod(defaulted)
-        check_pod_within_limits(defaulted)  # the webhook's rule, so the pod it refuses is refused here
+        req = request_from_pod(defaulted_pod(pod, sources))
+    except Denial as exc:  # the webhook's refusal, in its words (a request above its limit among them)
+        return 400, {"error": exc.message}
     except RequestError as exc:
         return 400, {"error": str(exc)}
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod, items, section, text
 from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.webhook.mutate import (
@@ -38,10 +39,7 @@ from tfusion.controller.webhook.mutate import (
     LIBS_VOLUME,
     NVIDIA_SMI,
     Denial,
-    Obj,
     Plan,
-    dig,
-    pod_containers,
 )
 from tfusion.controller.webhook.workloads import short_id
 from tfusion.settings import format_listen, parse_listen
@@ -80,18 +78,17 @@ def operator_endpoint(settings: Settings) -> str:
     return f"http://{CONTROLLER_SERVICE}.{settings.operator_namespace}.svc:{port}"
 
 
-def connection_name(pod: Mapping[str, Any]) -> str:
+def connection_name(pod: Pod) -> str:
     """`<pod>-tf-vgpu-<id10>`, or `<generateName>tf-vgpu-<id10>` for a pod named by the server."""
-    meta = pod.get("metadata") or {}
-    if meta.get("name"):
-        prefix = f"{meta['name']}-"
+    if pod.name:
+        prefix = f"{pod.name}-"
     else:
-        generated = str(meta.get("generateName") or "pod-")
+        generated = text(pod.meta.raw, "generateName") or "pod-"
         prefix = generated if generated.endswith("-") else generated + "-"
     return f"{prefix}{CONNECTION_INFIX}{short_id(CONNECTION_ID_LENGTH)}"
 
 
-def worker_pod_template(notes: Mapping[str, str], profile: Mapping[str, Any]) -> Obj | None:
+def worker_pod_template(notes: Mapping[str, str], profile: Mapping[str, Any]) -> dict[str, Any] | None:
     """The workload's workerPodTemplate: the annotation's (YAML or JSON), else the profile's."""
     raw = notes.get(tfa.WORKER_POD_TEMPLATE)
     if not raw:
@@ -114,20 +111,19 @@ def worker_pod_template(notes: Mapping[str, str], profile: Mapping[str, Any]) ->
 
 def _client_image(plan: Plan) -> str:
     """The remote client image: the pool's remoteModeImage wins over the image both modes use."""
-    return str(dig(plan.pool, "spec", "componentConfig", "client", "remoteModeImage") or plan.client_image)
+    return text(plan.pool, "spec", "componentConfig", "client", "remoteModeImage") or plan.client_image
 
 
-def remote_plan(plan: Plan, pod: Mapping[str, Any], notes: Mapping[str, str], profile: Mapping[str, Any],
-                endpoint: str) -> Plan:
+def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Mapping[str, Any], endpoint: str) -> Plan:
     """Turn the local plan `analyse` made into a remote client's (see the module docstring)."""
     if plan.sidecar:
         raise Denial(f'{tfa.SIDECAR_WORKER}: "true" needs local GPU mode; remove it or set '
                      f'{tfa.IS_LOCAL_GPU}: "true"')
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    namespace = pod.namespace or "default"
     workload_name = str(plan.workload["metadata"]["name"])
     name = connection_name(pod)
     query = urlencode({"name": name, "namespace": namespace})
-    endpoint = str(dig(plan.pool, "spec", "componentConfig", "client", "operatorEndpoint") or endpoint)
+    endpoint = text(plan.pool, "spec", "componentConfig", "client", "operatorEndpoint") or endpoint
     plan.remote = RemoteClient(connection_name=name, namespace=namespace,
                                connection_url=f"{endpoint.rstrip('/')}/api/connection?{query}",
                                client_image=_client_image(plan))
@@ -149,10 +145,10 @@ def remote_plan(plan: Plan, pod: Mapping[str, Any], notes: Mapping[str, str], pr
 # --- rendering --------------------------------------------------------------------------------------
 
 
-def _patch_pod(pod: Obj, plan: Plan) -> None:
+def _patch_pod(pod: dict[str, Any], plan: Plan) -> None:
     """The pool's componentConfig.client.patchToPod, strategic-merged into the pod."""
-    patch = dig(plan.pool, "spec", "componentConfig", "client", "patchToPod")
-    if not isinstance(patch, Mapping) or not patch:
+    patch = section(plan.pool, "spec", "componentConfig", "client", "patchToPod")
+    if not patch:
         return
     try:
         merged = strategic_merge_patch(pod, copy.deepcopy(dict(patch)), "Pod")
@@ -161,7 +157,7 @@ def _patch_pod(pod: Obj, plan: Plan) -> None:
                      f"{exc}", code=500) from None
     # in place: render() goes on writing into the pod's own annotations dict
     meta = pod.setdefault("metadata", {})
-    for key, value in (merged.get("metadata") or {}).items():
+    for key, value in section(merged, "metadata").items():
         if isinstance(value, dict) and isinstance(meta.get(key), dict):
             meta[key].clear()
             meta[key].update(value)
@@ -172,17 +168,17 @@ def _patch_pod(pod: Obj, plan: Plan) -> None:
             pod[key] = value
 
 
-def wire_client(pod: Obj, plan: Plan) -> None:
+def wire_client(pod: dict[str, Any], plan: Plan) -> None:
     """The client library and the connection's environment (render.py calls it for remote plans)."""
-    from tfusion.controller.webhook.render import _add_init_container, _add_mounts, _add_volumes, _set_env
+    from tfusion.controller.webhook.render import _add_init_container, _add_mounts, _add_volumes, _set_env, containers
 
     remote = plan.remote
     assert remote is not None
     _patch_pod(pod, plan)
-    init_env: list[Obj] = []
+    init_env: list[dict[str, Any]] = []
     if "gpu-limiter" in plan.disabled_features:
         init_env.append({"name": "DISABLE_GPU_LIMITER", "value": "true"})
-    init: Obj = {"name": INJECT_LIB_INIT, "image": remote.client_image,
+    init: dict[str, Any] = {"name": INJECT_LIB_INIT, "image": remote.client_image,
                  "resources": {"requests": {"cpu": "20m", "memory": "256Mi"},
                                "limits": {"cpu": "20m", "memory": "256Mi"}},
                  "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]}
@@ -194,11 +190,11 @@ def wire_client(pod: Obj, plan: Plan) -> None:
            {"name": CONNECTION_NAME_ENV, "value": remote.connection_name},
            {"name": CONNECTION_NAMESPACE_ENV, "value": remote.namespace},
            {"name": CONNECTION_URL_ENV, "value": remote.connection_url}]
-    mounts: list[Obj] = [{"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
+    mounts: list[dict[str, Any]] = [{"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
                           "readOnly": True}, {"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]
     if plan.vendor.lower() == "nvidia":
         mounts.append({"name": LIBS_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi"})
-    for container in pod_containers(pod):
+    for container in containers(pod):
         if container.get("name") in plan.inject:
             _set_env(container, env)
             _add_mounts(container, mounts)
@@ -206,8 +202,8 @@ def wire_client(pod: Obj, plan: Plan) -> None:
 
 def connection_of(pod: Mapping[str, Any]) -> str:
     """The TensorFusionConnection name the webhook gave a client pod ("" for another pod)."""
-    for container in pod_containers(pod):
-        for entry in container.get("env") or []:
+    for container in Pod(pod).containers:
+        for entry in items(container, "env"):
             if isinstance(entry, Mapping) and entry.get("name") == CONNECTION_NAME_ENV and entry.get("value"):
                 return str(entry["value"])
     return ""

@@ -14,8 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import section
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.api.quantity import Quantity
+from tfusion.controller.defaults import SIDES
+from tfusion.controller.webhook.build import json_copy
 from tfusion.controller.webhook.mutate import (
     DATA_HOST_PATH,
     DATA_VOLUME,
@@ -28,24 +31,19 @@ from tfusion.controller.webhook.mutate import (
     SHM_SEGMENT_MIB,
     SHM_SUBPATH_EXPR,
     SIDECAR_NAME,
-    SIDES,
     SOFT_LIMITER_DIR,
     SOFT_LIMITER_INIT,
     SOFT_LIMITER_VOLUME,
     TRANSPORT_VOLUME,
     Denial,
     HostPortSlot,
-    Obj,
     Plan,
-    dig,
-    json_copy,
-    pod_containers,
 )
 
 
-def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: int | None) -> Obj:
+def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: int | None) -> dict[str, Any]:
     """The mutated copy of `pod` (the original is not changed)."""
-    out: Obj = json_copy(pod)
+    out: dict[str, Any] = json_copy(pod)
     meta = out.setdefault("metadata", {})
     notes = meta.setdefault("annotations", {})
     for key in plan.remove_annotations:
@@ -59,7 +57,7 @@ def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: 
     if plan.qos in ("high", "critical") and not spec.get("priorityClassName"):
         spec["priorityClassName"] = tfa.priority_class_name(plan.qos)
         spec.pop("priority", None)
-    for container in pod_containers(out):
+    for container in containers(out):
         if container.get("name") in plan.inject:
             _strip_native(container, plan.native_resources)
             if index is not None:
@@ -79,7 +77,14 @@ def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: 
     return out
 
 
-def _add_toleration(spec: Obj) -> None:
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers of a pod being written (the pod's own dicts, changed in place)."""
+    spec = pod.get("spec")
+    found = spec.get("containers") if isinstance(spec, dict) else None
+    return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+
+
+def _add_toleration(spec: dict[str, Any]) -> None:
     wanted = {"key": tfa.USED_BY, "operator": "Equal", "value": tfa.USED_BY_TENSOR_FUSION,
               "effect": "PreferNoSchedule"}
     tolerations = spec.setdefault("tolerations", [])
@@ -88,7 +93,7 @@ def _add_toleration(spec: Obj) -> None:
         tolerations.append(wanted)
 
 
-def _strip_native(container: Obj, names: Sequence[str]) -> None:
+def _strip_native(container: dict[str, Any], names: Sequence[str]) -> None:
     resources = container.get("resources")
     if not isinstance(resources, dict):
         return
@@ -101,7 +106,7 @@ def _strip_native(container: Obj, names: Sequence[str]) -> None:
                 resources.pop(side)
 
 
-def _set_index(container: Obj, index: int) -> None:
+def _set_index(container: dict[str, Any], index: int) -> None:
     resource, count = tfa.encode_pod_index(index)
     limits = container.setdefault("resources", {}).setdefault("limits", {})
     for name in [n for n in limits if tfa.index_resource_number(n) is not None]:
@@ -109,10 +114,10 @@ def _set_index(container: Obj, index: int) -> None:
     limits[resource] = str(count)
 
 
-def _apply_container_patch(pod: Obj, plan: Plan) -> None:
+def _apply_container_patch(pod: dict[str, Any], plan: Plan) -> None:
     """The pool's componentConfig.client.patchToContainer, strategic-merged into each injected container."""
-    patch = dig(plan.pool, "spec", "componentConfig", "client", "patchToContainer")
-    if not isinstance(patch, Mapping) or not patch:
+    patch = section(plan.pool, "spec", "componentConfig", "client", "patchToContainer")
+    if not patch:
         return
     containers = [{**copy.deepcopy(dict(patch)), "name": name} for name in plan.inject]
     try:
@@ -123,34 +128,34 @@ def _apply_container_patch(pod: Obj, plan: Plan) -> None:
     pod["spec"] = merged["spec"]
 
 
-def _set_env(container: Obj, env: Sequence[Obj]) -> None:
+def _set_env(container: dict[str, Any], env: Sequence[dict[str, Any]]) -> None:
     current = [e for e in container.get("env") or [] if isinstance(e, Mapping)]
     names = {e["name"] for e in env}
     container["env"] = [e for e in current if e.get("name") not in names] + list(env)
 
 
-def _add_mounts(container: Obj, mounts: Sequence[Obj]) -> None:
+def _add_mounts(container: dict[str, Any], mounts: Sequence[dict[str, Any]]) -> None:
     current = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
     paths = {m["mountPath"] for m in mounts}
     container["volumeMounts"] = [m for m in current if m.get("mountPath") not in paths] + list(mounts)
 
 
-def _add_volumes(pod: Obj, volumes: Sequence[Obj]) -> None:
+def _add_volumes(pod: dict[str, Any], volumes: Sequence[dict[str, Any]]) -> None:
     current = [v for v in pod["spec"].get("volumes") or [] if isinstance(v, Mapping)]
     names = {v["name"] for v in volumes}
     pod["spec"]["volumes"] = [v for v in current if v.get("name") not in names] + list(volumes)
 
 
-def _add_init_container(pod: Obj, container: Obj) -> None:
+def _add_init_container(pod: dict[str, Any], container: dict[str, Any]) -> None:
     current = [c for c in pod["spec"].get("initContainers") or [] if isinstance(c, Mapping)]
     pod["spec"]["initContainers"] = [c for c in current if c.get("name") != container["name"]] + [container]
 
 
-def _field_env(name: str, path: str) -> Obj:
+def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _wire_soft_limiter(pod: Obj, plan: Plan) -> None:
+def _wire_soft_limiter(pod: dict[str, Any], plan: Plan) -> None:
     """Local soft isolation: the limiter library copied in by an init container and preloaded."""
     if not plan.middleware_image:
         raise Denial(f"no ProviderConfig for vendor {plan.vendor} names spec.images.middleware, the soft "
@@ -161,7 +166,7 @@ def _wire_soft_limiter(pod: Obj, plan: Plan) -> None:
     _add_volumes(pod, [{"name": SOFT_LIMITER_VOLUME, "emptyDir": {}},
                        {"name": DATA_VOLUME, "hostPath": {"path": DATA_HOST_PATH, "type": "DirectoryOrCreate"}}])
     library = LIMITER_LIBRARIES.get(plan.vendor.lower(), LIMITER_LIBRARIES["nvidia"])
-    for container in pod_containers(pod):
+    for container in containers(pod):
         if container.get("name") not in plan.inject:
             continue
         env = [{"name": "TF_ISOLATION_MODE", "value": tfa.ISOLATION_SOFT},
@@ -173,7 +178,8 @@ def _wire_soft_limiter(pod: Obj, plan: Plan) -> None:
         if "gpu-limiter" not in plan.disabled_features:
             env.insert(0, {"name": "LD_PRELOAD", "value": f"{SOFT_LIMITER_DIR}/{library}"})
         _set_env(container, env)
-        mounts: list[Obj] = [{"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR, "readOnly": True},
+        mounts: list[dict[str, Any]] = [
+                  {"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR, "readOnly": True},
                   {"name": DATA_VOLUME, "mountPath": SHM_MOUNT, "subPathExpr": SHM_SUBPATH_EXPR,
                    "mountPropagation": "HostToContainer"}]
         if plan.vendor.lower() == "nvidia":
@@ -186,7 +192,7 @@ def _mib(value: Quantity | None) -> int:
     return value.value() // (1024 * 1024) if value else 0
 
 
-def _wire_sidecar(pod: Obj, plan: Plan, index: int | None) -> None:
+def _wire_sidecar(pod: dict[str, Any], plan: Plan, index: int | None) -> None:
     """Local sidecar worker: a worker container sharing memory with the app through /dev/shm, the
     client libraries copied in by an init container."""
     _add_volumes(pod, [{"name": TRANSPORT_VOLUME, "emptyDir": {"medium": "Memory"}},
@@ -196,7 +202,7 @@ def _wire_sidecar(pod: Obj, plan: Plan, index: int | None) -> None:
         "env": [{"name": "RUN_INSIDE_GPU_NODE", "value": "true"}],
         "resources": {"requests": {"cpu": "20m", "memory": "256Mi"}, "limits": {"cpu": "20m", "memory": "256Mi"}},
         "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]})
-    for container in pod_containers(pod):
+    for container in containers(pod):
         if container.get("name") not in plan.inject:
             continue
         env = [{"name": "TF_PREPEND_PATH", "value": LIBS_DIR}, {"name": "TF_LD_LIBRARY_PATH", "value": LIBS_DIR},
@@ -205,18 +211,18 @@ def _wire_sidecar(pod: Obj, plan: Plan, index: int | None) -> None:
         if plan.vendor.lower() == "nvidia":
             env.append({"name": "ENABLE_CUDA_HOOKS", "value": "false"})
         _set_env(container, env)
-        mounts: list[Obj] = [{"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
-                   "readOnly": True}, {"name": LIBS_VOLUME, "mountPath": LIBS_DIR},
-                  {"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}]
+        mounts: list[dict[str, Any]] = [
+            {"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True},
+            {"name": LIBS_VOLUME, "mountPath": LIBS_DIR}, {"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}]
         if plan.vendor.lower() == "nvidia":
             mounts.append({"name": LIBS_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi"})
         _add_mounts(container, mounts)
-    pod["spec"]["containers"] = [c for c in pod_containers(pod) if c.get("name") != SIDECAR_NAME] \
+    pod["spec"]["containers"] = [c for c in containers(pod) if c.get("name") != SIDECAR_NAME] \
         + [_sidecar_container(plan, index)]
 
 
-def _sidecar_container(plan: Plan, index: int | None) -> Obj:
-    env: list[Obj] = []
+def _sidecar_container(plan: Plan, index: int | None) -> dict[str, Any]:
+    env: list[dict[str, Any]] = []
     if plan.isolation == tfa.ISOLATION_HARD:
         compute = plan.amounts.get(("limits", "compute"))
         if compute:
@@ -225,7 +231,7 @@ def _sidecar_container(plan: Plan, index: int | None) -> Obj:
         if memory:
             env += [{"name": "TF_GPU_MEMORY_LIMIT", "value": str(memory)},
                     {"name": "TF_CUDA_MEMORY_LIMIT", "value": str(memory)}]
-    container: Obj = {
+    container: dict[str, Any] = {
         "name": SIDECAR_NAME, "image": plan.worker_image,
         "command": ["sh", "-c", f"touch /dev/shm/tf_shm && exec ./tensor-fusion-worker -n shmem -m tf_shm "
                                 f"-M {SHM_SEGMENT_MIB}"],
@@ -237,6 +243,6 @@ def _sidecar_container(plan: Plan, index: int | None) -> Obj:
     return container
 
 
-def _set_host_port(pod: Obj, slot: HostPortSlot, port: int) -> None:
-    container = pod_containers(pod)[slot.container]
+def _set_host_port(pod: dict[str, Any], slot: HostPortSlot, port: int) -> None:
+    container = containers(pod)[slot.container]
     container["ports"][slot.port]["hostPort"] = port

@@ -73,7 +73,7 @@ from tfusion.settings import format_listen, webhook_client_ca_path
 from tfusion.web import bind_socket, serve
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,6 @@ class WebhookService:
         rt.dynamic_config.on_change(lambda config: self._changed.set())
         rt.tasks.append(self.run)
         rt.readiness.set(CONDITION, False, "loading the certificate")
-        rt.webhook = self
         return self
 
     # --- serving and keeping current --------------------------------------------------------------------
@@ -323,8 +322,8 @@ class WebhookService:
             return None
         return found
 
-    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: dict[str, Any], namespace: str, plan: mutate.Plan,
-                      remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
+    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: dict[str, Any], namespace: str,
+                      plan: mutate.Plan, remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
         """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
         the plan is the memo's) and the workload."""
         pod_key = _assignment_key(view, namespace)
@@ -427,9 +426,8 @@ def _template_hash(pod: Mapping[str, Any], plan: mutate.Plan) -> str:
                or plan.labels[tfa.POD_TEMPLATE_HASH])
 
 
-def attach_webhook(runtime: ControllerRuntime) -> WebhookService | None:
-    """The index and port allocators (always) and the webhook (unless ENABLE_WEBHOOKS=false)."""
-    assignments = runtime.assignments = Assignments(runtime).attach()
+def attach_webhook(runtime: ControllerRuntime, assignments: Assignments) -> WebhookService | None:
+    """The webhook, which takes indexes and host ports from `assignments` (unless ENABLE_WEBHOOKS=false)."""
     if not runtime.settings.enable_webhooks:
         log.info("ENABLE_WEBHOOKS=false: the pod webhook is neither served nor registered")
         return None

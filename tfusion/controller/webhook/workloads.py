@@ -37,7 +37,8 @@ import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity, QuantityError
-from tfusion.controller.webhook.mutate import Obj, Owner, Plan, parse_quantity
+from tfusion.controller.defaults import parse_quantity
+from tfusion.controller.webhook.mutate import Owner, Plan
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
 from tfusion.kube.informer import Informer
@@ -70,7 +71,7 @@ def awaiting_pod_since(workload: Mapping[str, Any]) -> dt.datetime | None:
     return found if found.tzinfo is not None else found.replace(tzinfo=dt.UTC)
 
 
-def _awaiting(desired: Obj) -> Obj:
+def _awaiting(desired: dict[str, Any]) -> dict[str, Any]:
     """`desired` as created: marked with `AWAITING_POD` (a copy; `desired` is shared)."""
     meta = desired["metadata"]
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
@@ -81,7 +82,7 @@ def short_id(length: int = 8) -> str:
     return "".join(secrets.choice(SHORT_ID_ALPHABET) for _ in range(length))
 
 
-def controller_ref(obj: Mapping[str, Any]) -> Obj | None:
+def controller_ref(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return dict(ref)
@@ -92,7 +93,7 @@ def _group(api_version: str) -> str:
     return api_version.rpartition("/")[0] if "/" in api_version else ""
 
 
-def _reference(ref: Mapping[str, Any]) -> Obj:
+def _reference(ref: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"), "name": ref.get("name"),
             "uid": ref.get("uid"), "controller": True, "blockOwnerDeletion": True}
 
@@ -140,7 +141,7 @@ class OwnerResolver:
                 self._owners.popitem(last=False)
         return owner
 
-    async def _walk(self, ref: Obj, namespace: str) -> Owner:
+    async def _walk(self, ref: dict[str, Any], namespace: str) -> Owner:
         direct = _reference(ref)
         resource = _OWNER_KINDS.get((_group(str(ref.get("apiVersion") or "")), str(ref.get("kind") or "")))
         if resource is None or not ref.get("name"):  # no name: nothing to look up (the API server refuses it)
@@ -221,9 +222,9 @@ class WorkloadWriter:
         self.writes = 0  # API calls made (tests and the benchmark read it)
         #: key -> (resourceVersion, desired JSON, desired) of the last cached copy found to match;
         #: a desired document is never changed once it has been handed to `ensure`
-        self._matched: OrderedDict[str, tuple[str, bytes, Obj]] = OrderedDict()
+        self._matched: OrderedDict[str, tuple[str, bytes, dict[str, Any]]] = OrderedDict()
 
-    def _known_match(self, key: str, cached: Mapping[str, Any], desired: Obj) -> bool:
+    def _known_match(self, key: str, cached: Mapping[str, Any], desired: dict[str, Any]) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
         common case: every pod of a Deployment asks for the same workload)."""
         version = str((cached.get("metadata") or {}).get("resourceVersion") or "")
@@ -247,7 +248,7 @@ class WorkloadWriter:
         cached = self.informer.get(f"{meta.get('namespace')}/{meta.get('name')}")
         return None if cached is None else recommendation_for(cached, desired)
 
-    async def ensure(self, desired: Obj) -> str:
+    async def ensure(self, desired: dict[str, Any]) -> str:
         """"unchanged", "created" or "patched"."""
         meta = desired["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
@@ -259,7 +260,7 @@ class WorkloadWriter:
             return await self._create(desired)
         return await self._patch(cached, desired, released)
 
-    async def _create(self, desired: Obj) -> str:
+    async def _create(self, desired: dict[str, Any]) -> str:
         meta = desired["metadata"]
         self.writes += 1
         try:
@@ -273,7 +274,7 @@ class WorkloadWriter:
             return "unchanged"
         return await self._patch(current, desired, released)
 
-    async def _patch(self, current: Mapping[str, Any], desired: Obj, released: str | None) -> str:
+    async def _patch(self, current: Mapping[str, Any], desired: dict[str, Any], released: str | None) -> str:
         meta = desired["metadata"]
         self.writes += 1
         try:
@@ -285,7 +286,7 @@ class WorkloadWriter:
             return "created"
         return "patched"
 
-    async def _released_pod(self, current: Mapping[str, Any], desired: Obj) -> str | None:
+    async def _released_pod(self, current: Mapping[str, Any], desired: dict[str, Any]) -> str | None:
         """The UID of the deleted pod that still controls the workload a bare pod of the same name
         needs, else None. Such a workload is about to be garbage-collected with its old pod (a pod
         deleted and created again under its name, as `kubectl replace --force` does): the patch
@@ -301,11 +302,11 @@ class WorkloadWriter:
         return None if (pod.get("metadata") or {}).get("uid") == ref.get("uid") else str(ref.get("uid"))
 
 
-def _patch_for(cached: Mapping[str, Any], desired: Obj, released: str | None = None) -> Obj:
+def _patch_for(cached: Mapping[str, Any], desired: dict[str, Any], released: str | None = None) -> dict[str, Any]:
     """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
     `released` owner's reference (a UID) dropped."""
     wanted = desired["metadata"]
-    meta: Obj = {"labels": wanted.get("labels") or {}, "annotations": wanted.get("annotations") or {}}
+    meta: dict[str, Any] = {"labels": wanted.get("labels") or {}, "annotations": wanted.get("annotations") or {}}
     kept = [ref for ref in (cached.get("metadata") or {}).get("ownerReferences") or []
             if not (isinstance(ref, Mapping) and released is not None and ref.get("uid") == released)]
     missing = [ref for ref in wanted.get("ownerReferences") or [] if not _owner_present(cached, ref)]
