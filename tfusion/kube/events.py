@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.api.accessors import Body
 from tfusion.api.timestamps import rfc3339 as _timestamp
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.resources import EVENTS
@@ -69,13 +70,14 @@ class EventRecorder:
 
     # --- recording (never blocks, never raises) -------------------------------------------------
 
-    def event(self, obj: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    def event(self, obj: Body | Mapping[str, Any], type: str, reason: str, message: str) -> None:
         try:
             if type not in (NORMAL, WARNING):
                 raise ValueError(f"event type {type!r}: expected Normal or Warning")
             if not reason:
                 raise ValueError("event reason: required")
-            pending = _Pending(self._involved(obj), type, reason, message[:MAX_MESSAGE])
+            involved = self._involved(obj if isinstance(obj, Body) else Body(obj))
+            pending = _Pending(involved, type, reason, message[:MAX_MESSAGE])
             self._send.send_nowait(pending)
             self._outstanding += 1
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
@@ -86,10 +88,10 @@ class EventRecorder:
             self.dropped += 1
             log.warning("dropped event %s %s: %s", type, reason, exc)
 
-    def normal(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+    def normal(self, obj: Body | Mapping[str, Any], reason: str, message: str) -> None:
         self.event(obj, NORMAL, reason, message)
 
-    def warning(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+    def warning(self, obj: Body | Mapping[str, Any], reason: str, message: str) -> None:
         self.event(obj, WARNING, reason, message)
 
     async def drain(self) -> None:
@@ -97,11 +99,10 @@ class EventRecorder:
         await self._idle.wait()
 
     @staticmethod
-    def _involved(obj: Mapping[str, Any]) -> dict[str, Any]:
-        meta = obj.get("metadata") or {}
-        involved = {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""),
-                    "name": meta.get("name", ""), "namespace": meta.get("namespace"),
-                    "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
+    def _involved(obj: Body) -> dict[str, Any]:
+        meta = obj.meta
+        involved = {"apiVersion": obj.api_version, "kind": obj.kind, "name": meta.name,
+                    "namespace": meta.namespace, "uid": meta.uid, "resourceVersion": meta.resource_version}
         if not involved["name"] or not involved["kind"]:
             raise ValueError("involved object needs kind and metadata.name")
         return {k: v for k, v in involved.items() if v}
