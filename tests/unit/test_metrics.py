@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import closed_port
+from tfusion.api.accessors import Body, GpuPool, Pod
 from tfusion.metrics import cost
 from tfusion.metrics.points import Point, encode, influx_line, json_line
 from tfusion.metrics.sinks import MetricsOutput, PushConfig, PushSender, RotatingFile, SinkMetrics, write_url
@@ -68,11 +69,11 @@ def test_otel_is_one_otlp_json_request_per_batch() -> None:
 
 # --- cost -------------------------------------------------------------------------------------------
 
-POOL = {"metadata": {"name": "p"}, "spec": {"qosConfig": {
+POOL = GpuPool({"metadata": {"name": "p"}, "spec": {"qosConfig": {
     "evictionProtectionPriceRatio": "1.5",
     "pricing": [{"qos": "medium", "requests": {"perFP16TFlopsPerHour": "$0.36", "perGBOfVRAMPerHour": "$0.72"},
                  "limitsOverRequests": "0.5"},
-                {"qos": "critical", "requests": {"perFP16TFlopsPerHour": "$0.36", "perGBOfVRAMPerHour": "$0.72"}}]}}}
+                {"qos": "critical", "requests": {"perFP16TFlopsPerHour": "$0.36", "perGBOfVRAMPerHour": "$0.72"}}]}}})
 SHARE = cost.WorkerShare(tflops_request=10, tflops_limit=20, vram_request=4 * GIB, vram_limit=8 * GIB,
                          gpu_count=2, qos="medium")
 
@@ -97,20 +98,20 @@ def test_no_pricing_or_no_time_costs_nothing() -> None:
 
 def test_eviction_ratio_below_one_means_the_default() -> None:
     pool = {"spec": {"qosConfig": {"evictionProtectionPriceRatio": "0.5", "pricing": []}}}
-    assert cost.pool_pricing(pool).eviction_ratio == 1.2
-    assert cost.pool_pricing({"spec": {}}).eviction_ratio == 1.2
+    assert cost.pool_pricing(GpuPool(pool)).eviction_ratio == 1.2
+    assert cost.pool_pricing(GpuPool({"spec": {}})).eviction_ratio == 1.2
 
 
 def test_a_bad_price_names_its_field() -> None:
     pool = {"spec": {"qosConfig": {"pricing": [{"qos": "low", "requests": {"perFP16TFlopsPerHour": "cheap"}}]}}}
     with pytest.raises(cost.PriceError, match=r"pricing\[0\]\.requests\.perFP16TFlopsPerHour: 'cheap'"):
-        cost.pool_pricing(pool)
+        cost.pool_pricing(GpuPool(pool))
 
 
 def test_node_cost_from_provider_prices() -> None:
-    prices = cost.hourly_prices([{"spec": {"hardwareMetadata": [
+    prices = cost.hourly_prices([Body({"spec": {"hardwareMetadata": [
         {"model": "A100", "fullModelName": "NVIDIA A100-SXM4-80GB", "costPerHour": "$1.8", "fp16TFlops": "312"},
-        {"model": "H100", "fp16TFlops": "989"}]}}])
+        {"model": "H100", "fp16TFlops": "989"}]}})])
     assert prices == {"A100": 1.8, "NVIDIA A100-SXM4-80GB": 1.8}
     # two A100 for 30 s: 3.6 $/h * 30 / 3600 = 0.03; the unpriced H100 adds nothing
     assert cost.node_cost(["A100", "NVIDIA A100-SXM4-80GB", "H100"], prices, 30) == pytest.approx(0.03)
@@ -290,7 +291,7 @@ def test_a_worker_row_from_its_pod() -> None:
     from tfusion.api import annotations as tfa
     from tfusion.metrics.controller import is_billable, worker_row
 
-    row = worker_row(_pod(**{tfa.EVICTION_PROTECTION: "1h", tfa.QOS: "high"}), None)
+    row = worker_row(Pod(_pod(**{tfa.EVICTION_PROTECTION: "1h", tfa.QOS: "high"})), None)
     assert row is not None
     assert (row.namespace, row.pod, row.pool, row.qos, row.workload, row.node, row.gpus) == \
         ("ns", "w", "p", "high", "wl", "n", ("g1", "g2"))
@@ -298,12 +299,12 @@ def test_a_worker_row_from_its_pod() -> None:
     assert row.share == cost.WorkerShare(10.0, 10.0, 4 * GIB, 4 * GIB, 2, "high")
     created = datetime(2025, 1, 31, 12, tzinfo=UTC).timestamp()
     assert row.protected_until == created + 3600
-    assert is_billable(_pod())
+    assert is_billable(Pod(_pod()))
     finished = _pod()
     finished["status"]["phase"] = "Succeeded"
-    assert not is_billable(finished)
-    assert worker_row(_pod(**{tfa.GPU_IDS: ",,"}), None) is None  # unreadable annotations: no row
-    assert worker_row(_pod(**{tfa.VRAM_REQUEST: "lots"}), None) is None
+    assert not is_billable(Pod(finished))
+    assert worker_row(Pod(_pod(**{tfa.GPU_IDS: ",,"})), None) is None  # unreadable annotations: no row
+    assert worker_row(Pod(_pod(**{tfa.VRAM_REQUEST: "lots"})), None) is None
 
 
 @pytest.mark.anyio

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Gpu, GpuPool, Pod
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.api.timestamps import parse_rfc3339
@@ -32,11 +33,11 @@ from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
 from tfusion.settings import Settings
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 MILLI = 1000
 
 WORKER_TABLE = "tf_worker_resources"
@@ -46,11 +47,6 @@ GPU_TABLE = "tf_gpu_metrics"
 ALLOCATION_TABLE = "tf_gpu_allocation"
 SYSTEM_TABLE = "tf_system_metrics"
 TABLES = (WORKER_TABLE, NODE_TABLE, POOL_TABLE, GPU_TABLE, ALLOCATION_TABLE, SYSTEM_TABLE)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
 
 
 def _quantity(value: Any, *, milli: bool = False) -> int | None:
@@ -85,44 +81,37 @@ class WorkerRow:
     protected_until: float | None = None  # wall seconds; eviction protection raises the price until then
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, Mapping))
+def _pod_ready(pod: Pod) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod.conditions)
 
 
-def _protected_until(pod: Mapping[str, Any]) -> float | None:
+def _protected_until(pod: Pod) -> float | None:
     """Creation time + the eviction-protection annotation's duration (None when absent or unreadable)."""
-    meta = _meta(pod)
-    raw = (meta.get("annotations") or {}).get(tfa.EVICTION_PROTECTION)
-    created = meta.get("creationTimestamp")
+    raw = pod.meta.annotation(tfa.EVICTION_PROTECTION)
+    created = pod.meta.creation_timestamp
     if not raw or not created:
         return None
     try:
-        return parse_rfc3339(str(created)).timestamp() + tfa.parse_duration(str(raw), key=tfa.EVICTION_PROTECTION)
+        return parse_rfc3339(created).timestamp() + tfa.parse_duration(raw, key=tfa.EVICTION_PROTECTION)
     except (AnnotationError, ValueError):
         return None
 
 
-def is_worker_pod(pod: Mapping[str, Any]) -> bool:
-    return (_meta(pod).get("labels") or {}).get(tfa.COMPONENT) == tfa.COMPONENT_WORKER
+def is_worker_pod(pod: Pod) -> bool:
+    return pod.meta.label(tfa.COMPONENT) == tfa.COMPONENT_WORKER
 
 
-def is_billable(pod: Mapping[str, Any]) -> bool:
+def is_billable(pod: Pod) -> bool:
     """A worker that holds GPUs: bound, with gpu-ids, not finished, not being deleted."""
-    meta = _meta(pod)
-    return bool(is_worker_pod(pod) and (pod.get("spec") or {}).get("nodeName")
-                and (meta.get("annotations") or {}).get(tfa.GPU_IDS)
-                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                and not meta.get("deletionTimestamp"))
+    return bool(is_worker_pod(pod) and pod.node_name and pod.meta.annotation(tfa.GPU_IDS)
+                and not pod.finished and not pod.meta.deleting)
 
 
-def worker_row(pod: Mapping[str, Any], allocator: GpuAllocator | None) -> WorkerRow | None:
+def worker_row(pod: Pod, allocator: GpuAllocator | None) -> WorkerRow | None:
     """The row of a live worker pod; None when its annotations cannot be read."""
-    meta = _meta(pod)
-    uid = str(meta.get("uid") or "")
-    notes = meta.get("annotations") or {}
+    uid = pod.uid
     try:
-        gpus = tfa.parse_gpu_ids(str(notes.get(tfa.GPU_IDS, "")), key=tfa.GPU_IDS)
+        gpus = tfa.parse_gpu_ids(pod.meta.annotation(tfa.GPU_IDS) or "", key=tfa.GPU_IDS)
     except AnnotationError:
         return None
     default_pool = None
@@ -134,7 +123,7 @@ def worker_row(pod: Mapping[str, Any], allocator: GpuAllocator | None) -> Worker
         except KeyError:
             pass
     try:
-        req = request_from_pod(pod, default_pool=default_pool)
+        req = request_from_pod(pod.raw, default_pool=default_pool)
     except RequestError:
         return None
     allocation = allocator.allocation(uid) if allocator is not None else None
@@ -149,8 +138,8 @@ def worker_row(pod: Mapping[str, Any], allocator: GpuAllocator | None) -> Worker
     share = billing.WorkerShare(tflops_request=t_req / MILLI, tflops_limit=t_lim / MILLI, vram_request=v_req,
                                 vram_limit=v_lim, gpu_count=len(gpus) or req.count, qos=req.qos)
     return WorkerRow(uid=uid, namespace=req.namespace, pod=req.pod_name, pool=req.pool, qos=req.qos,
-                     workload=req.workload[1], node=str((pod.get("spec") or {}).get("nodeName") or ""),
-                     gpus=gpus, share=share, ready=_pod_ready(pod), labels=dict(meta.get("labels") or {}),
+                     workload=req.workload[1], node=pod.node_name,
+                     gpus=gpus, share=share, ready=_pod_ready(pod), labels=dict(pod.meta.labels),
                      protected_until=_protected_until(pod))
 
 
@@ -176,30 +165,28 @@ class GpuView:
         return max(0, self.capacity_vram - self.available_vram)
 
 
-def gpu_views(gpu_objects: list[Obj], allocator: GpuAllocator | None) -> dict[str, GpuView]:
+def gpu_views(gpu_objects: Iterable[Gpu], allocator: GpuAllocator | None) -> dict[str, GpuView]:
     """Every reported GPU, with what is free from the allocator's ledger (the status when it has none)."""
     views: dict[str, GpuView] = {}
-    for obj in gpu_objects:
-        meta, status = _meta(obj), obj.get("status") or {}
-        name = str(meta.get("name") or "")
-        capacity = status.get("capacity") or {}
+    for gpu in gpu_objects:
+        name = gpu.name
+        capacity = gpu.capacity
         cap_t, cap_v = _quantity(capacity.get("tflops"), milli=True), _quantity(capacity.get("vram"))
         if not name or cap_t is None or cap_v is None:
             continue
-        labels = meta.get("labels") or {}
-        available = status.get("available") or {}
+        labels = gpu.meta.labels
+        available = gpu.available
         avail_t = _quantity(available.get("tflops"), milli=True)
         avail_v = _quantity(available.get("vram"))
-        node = str((status.get("nodeSelector") or {}).get("kubernetes.io/hostname") or labels.get(tfa.MANAGED_BY)
-                   or "")
+        node = gpu.node_selector.get("kubernetes.io/hostname") or labels.get(tfa.MANAGED_BY) or ""
         if allocator is not None:
             try:
                 avail_t, avail_v = allocator.available(name)
             except KeyError:
                 pass
-        index = status.get("index")
-        views[name] = GpuView(name=name, node=node, pool=str(labels.get(tfa.GPU_POOL) or ""),
-                              model=str(status.get("gpuModel") or ""), phase=str(status.get("phase") or ""),
+        index = gpu.status.get("index")
+        views[name] = GpuView(name=name, node=node, pool=labels.get(tfa.GPU_POOL) or "",
+                              model=gpu.gpu_model, phase=gpu.phase,
                               index=index if isinstance(index, int) and not isinstance(index, bool) else None,
                               capacity_tflops=cap_t, capacity_vram=cap_v,
                               available_tflops=cap_t if avail_t is None else avail_t,
@@ -207,10 +194,10 @@ def gpu_views(gpu_objects: list[Obj], allocator: GpuAllocator | None) -> dict[st
     return views
 
 
-def _virtual(status: Mapping[str, Any], total_t: int, total_v: int) -> tuple[int, int]:
+def _virtual(obj: Body, total_t: int, total_v: int) -> tuple[int, int]:
     """(milli-TFLOPS, bytes) of virtual capacity from a GPUNode's or GPUPool's status; physical when unset."""
-    virtual_t = _quantity(status.get("virtualTFlops"), milli=True)
-    virtual_v = _quantity(status.get("virtualVRAM"))
+    virtual_t = _quantity(obj.status.get("virtualTFlops"), milli=True)
+    virtual_v = _quantity(obj.status.get("virtualVRAM"))
     return (virtual_t or total_t, virtual_v or total_v)
 
 
@@ -226,9 +213,10 @@ class Snapshot:
 class ControllerRecorder:
     """See the module docstring. `attach()` once, in `configure()`, after the reconcilers."""
 
-    def __init__(self, runtime: ControllerRuntime, output: MetricsOutput, *,
+    def __init__(self, runtime: ControllerRuntime, output: MetricsOutput, allocation: AllocatorService, *,
                  wall: Callable[[], float] = time.time) -> None:
         self.runtime = runtime
+        self.allocation = allocation
         self.output = output
         self.wall = wall
         self.interval = runtime.settings.metrics_interval
@@ -247,10 +235,10 @@ class ControllerRecorder:
         from tfusion.metrics.prometheus import register_controller_metrics
 
         rt = self.runtime
-        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update,
-                                        on_delete=self._on_pod_delete)
-        if rt.reconcilers is not None:  # the reconciler releases a worker once; that is when it ended
-            rt.reconcilers.pod.release_hooks.append(self._on_release)
+        rt.informer(r.PODS).add_handler(on_add=lambda raw: self._on_pod(Pod(raw)),
+                                        on_update=lambda _old, new: self._on_pod(Pod(new)),
+                                        on_delete=lambda raw: self._on_pod_delete(Pod(raw)))
+        self.allocation.release_hooks.append(self._on_release)  # the one release of a worker is when it ended
         rt.add_leader_task(self.run_leader)
         rt.tasks.append(self.output.run)
         register_controller_metrics(rt.registry, self)
@@ -258,7 +246,7 @@ class ControllerRecorder:
 
     async def run_leader(self) -> None:
         """Leader-only: bill afresh from this term's start, then record every interval."""
-        service = self.runtime.allocation
+        service = self.allocation
         self._reset()
         try:
             if service is not None:
@@ -284,11 +272,11 @@ class ControllerRecorder:
     # --- when workers come and go ---------------------------------------------------------------
 
     def _allocator(self) -> GpuAllocator | None:
-        service = self.runtime.allocation
+        service = self.allocation
         return service.allocator if service is not None else None
 
-    def _track(self, pod: Obj, now: float) -> None:
-        uid = str(_meta(pod).get("uid") or "")
+    def _track(self, pod: Pod, now: float) -> None:
+        uid = pod.uid
         if not uid or self.ledger.is_ended(uid):
             return
         row = worker_row(pod, self._allocator())
@@ -301,32 +289,28 @@ class ControllerRecorder:
         if uid:
             self.ledger.ended(uid, now)
 
-    def _on_pod(self, pod: Obj) -> None:
+    def _on_pod(self, pod: Pod) -> None:
         if not self._leading or not is_worker_pod(pod):
             return
         if is_billable(pod):
             self._track(pod, self.wall())
         else:
-            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+            self._end(pod.uid, self.wall())
 
-    def _on_pod_update(self, old: Obj | None, new: Obj) -> None:
-        self._on_pod(new)
-
-    def _on_pod_delete(self, pod: Obj) -> None:
+    def _on_pod_delete(self, pod: Pod) -> None:
         if self._leading:
-            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+            self._end(pod.uid, self.wall())
 
-    async def _on_release(self, pod: Obj) -> None:
+    async def _on_release(self, uid: str) -> None:
         if self._leading:
-            self._end(str(_meta(pod).get("uid") or ""), self.wall())
+            self._end(uid, self.wall())
 
     def _scan(self, now: float) -> None:
         """The informer's view: live workers tracked (and refreshed), tracked ones no longer live ended."""
         live = set()
-        for pod in self.runtime.informer(r.PODS).list():
+        for pod in map(Pod, self.runtime.informer(r.PODS).list()):
             if is_billable(pod):
-                uid = str(_meta(pod).get("uid") or "")
-                live.add(uid)
+                live.add(pod.uid)
                 self._track(pod, now)
         for uid in self.ledger.uids():
             if uid not in live:
@@ -351,8 +335,8 @@ class ControllerRecorder:
         allocator = self._allocator()
         ts = int(now * 1000)
         rt = self.runtime
-        gpus = gpu_views(rt.informer(r.GPUS).list(), allocator)
-        pools = {str(_meta(p).get("name")): p for p in rt.informer(r.GPUPOOLS).list()}
+        gpus = gpu_views(map(Gpu, rt.informer(r.GPUS).list()), allocator)
+        pools = {pool.name: pool for pool in map(GpuPool, rt.informer(r.GPUPOOLS).list())}
         pricing = self._pricing(pools)
         points = self._worker_points(now, ts, pricing, extra_labels or {})
         points += self._node_points(now, ts, gpus)
@@ -368,7 +352,7 @@ class ControllerRecorder:
             self._worker_cost.pop(uid, None)
         return points
 
-    def _pricing(self, pools: Mapping[str, Obj]) -> dict[str, billing.PoolPricing]:
+    def _pricing(self, pools: Mapping[str, GpuPool]) -> dict[str, billing.PoolPricing]:
         out: dict[str, billing.PoolPricing] = {}
         for name, pool in pools.items():
             try:
@@ -402,19 +386,18 @@ class ControllerRecorder:
         return points
 
     def _node_points(self, now: float, ts: int, gpus: Mapping[str, GpuView]) -> list[Point]:
-        prices = billing.hourly_prices(self.runtime.informer(r.PROVIDERCONFIGS).list())
+        prices = billing.hourly_prices(map(Body, self.runtime.informer(r.PROVIDERCONFIGS).list()))
         by_node: dict[str, list[GpuView]] = {}
         for gpu in gpus.values():
             by_node.setdefault(gpu.node, []).append(gpu)
         points = []
-        nodes = self.runtime.informer(r.GPUNODES).list()
-        names = {str(_meta(n).get("name")) for n in nodes}
+        nodes = [Body(n) for n in self.runtime.informer(r.GPUNODES).list()]
+        names = {n.name for n in nodes}
         for gone in [n for n in self.node_ledger.uids() if n not in names]:
             self.node_ledger.forget(gone)
             self._node_cost.pop(gone, None)
         for node in nodes:
-            name = str(_meta(node).get("name"))
-            status = node.get("status") or {}
+            name = node.name
             mine = by_node.get(name, [])
             self.node_ledger.seen(name, now)
             seconds = self.node_ledger.bill(name, now)
@@ -424,9 +407,9 @@ class ControllerRecorder:
             total_v = sum(g.capacity_vram for g in mine)
             alloc_t = sum(g.allocated_tflops for g in mine)
             alloc_v = sum(g.allocated_vram for g in mine)
-            virtual_t, virtual_v = _virtual(status, total_t, total_v)
-            pool = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or (mine[0].pool if mine else ""))
-            points.append(Point(NODE_TABLE, {"node": name, "pool": pool, "phase": str(status.get("phase") or "")}, {
+            virtual_t, virtual_v = _virtual(node, total_t, total_v)
+            pool = node.meta.label(tfa.MANAGED_BY) or (mine[0].pool if mine else "")
+            points.append(Point(NODE_TABLE, {"node": name, "pool": pool, "phase": node.phase}, {
                 "allocated_tflops": alloc_t / MILLI, "allocated_tflops_percent": _percent(alloc_t, total_t),
                 "allocated_tflops_percent_virtual": _percent(alloc_t, virtual_t),
                 "allocated_vram_bytes": alloc_v, "allocated_vram_percent": _percent(alloc_v, total_v),
@@ -434,7 +417,7 @@ class ControllerRecorder:
                 "gpu_count": len(mine), "raw_cost": raw_cost}, ts))
         return points
 
-    def _pool_points(self, ts: int, gpus: Mapping[str, GpuView], pools: Mapping[str, Obj],
+    def _pool_points(self, ts: int, gpus: Mapping[str, GpuView], pools: Mapping[str, GpuPool],
                      allocator: GpuAllocator | None) -> list[Point]:
         limited: dict[str, list[int]] = {}
         if allocator is not None:
@@ -448,16 +431,15 @@ class ControllerRecorder:
         points = []
         for name, pool in sorted(pools.items()):
             mine = [g for g in gpus.values() if g.pool == name]
-            status = pool.get("status") or {}
             total_t = sum(g.capacity_tflops for g in mine)
             total_v = sum(g.capacity_vram for g in mine)
             alloc_t = sum(g.allocated_tflops for g in mine)
             alloc_v = sum(g.allocated_vram for g in mine)
-            virtual_t, virtual_v = _virtual(status, total_t, total_v)
-            if allocator is not None and not status.get("virtualTFlops"):
+            virtual_t, virtual_v = _virtual(pool, total_t, total_v)
+            if allocator is not None and not pool.status.get("virtualTFlops"):
                 virtual_t = total_t * allocator.pool_config(name).tflops_oversell_ratio // 100 or total_t
             lim_t, lim_v = limited.get(name, [0, 0])
-            points.append(Point(POOL_TABLE, {"pool": name, "phase": str(status.get("phase") or "")}, {
+            points.append(Point(POOL_TABLE, {"pool": name, "phase": pool.phase}, {
                 "allocated_tflops": alloc_t / MILLI, "allocated_tflops_percent": _percent(alloc_t, total_t),
                 "allocated_tflops_percent_virtual": _percent(alloc_t, virtual_t),
                 "allocated_vram_bytes": alloc_v, "allocated_vram_percent": _percent(alloc_v, total_v),
@@ -495,12 +477,12 @@ class ControllerRecorder:
                 "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)}, {"gpu_count": len(row.gpus)}, ts))
         return points
 
-    def _system_points(self, ts: int, pools: Mapping[str, Obj]) -> list[Point]:
-        service = self.runtime.allocation
+    def _system_points(self, ts: int, pools: Mapping[str, GpuPool]) -> list[Point]:
+        service = self.allocation
         tally = service.allocation_tally if service is not None else {}
         nodes: dict[str, int] = {}
-        for node in self.runtime.informer(r.GPUNODES).list():
-            pool = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or "")
+        for node in map(Body, self.runtime.informer(r.GPUNODES).list()):
+            pool = node.meta.label(tfa.MANAGED_BY) or ""
             nodes[pool] = nodes.get(pool, 0) + 1
         workers: dict[str, int] = {}
         for uid, row in self.workers.items():
@@ -526,8 +508,8 @@ class ControllerRecorder:
 
     def _node_cost_labels(self) -> dict[tuple[str, str], float]:
         pools = {}
-        for node in self.runtime.informer(r.GPUNODES).list():
-            pools[str(_meta(node).get("name"))] = str((_meta(node).get("labels") or {}).get(tfa.MANAGED_BY) or "")
+        for node in map(Body, self.runtime.informer(r.GPUNODES).list()):
+            pools[node.name] = node.meta.label(tfa.MANAGED_BY) or ""
         return {(name, pools.get(name, "")): total for name, total in self._node_cost.items()}
 
 
@@ -542,8 +524,6 @@ def controller_output(settings: Settings, runtime: ControllerRuntime) -> Metrics
                          fmt=str(runtime.dynamic_config.current.get("metricsFormat") or "influx"))
 
 
-def attach_metrics(runtime: ControllerRuntime) -> ControllerRecorder:
-    """Attach the recorder (in `configure()`, after the reconcilers: it hooks the pod reconciler)."""
-    recorder = ControllerRecorder(runtime, controller_output(runtime.settings, runtime)).attach()
-    runtime.metrics = recorder
-    return recorder
+def attach_metrics(runtime: ControllerRuntime, allocation: AllocatorService) -> ControllerRecorder:
+    """Attach the recorder (in `configure()`: it hooks the allocator service's releases)."""
+    return ControllerRecorder(runtime, controller_output(runtime.settings, runtime), allocation).attach()

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfusion.api.accessors import Body, GpuPool, items, section
+
 GIB = 1024 ** 3
 DEFAULT_EVICTION_RATIO = 1.2
 DEFAULT_TFLOPS_PRICE = "$0.0069228"
@@ -63,15 +65,15 @@ class PoolPricing:
     eviction_ratio: float = DEFAULT_EVICTION_RATIO
 
 
-def pool_pricing(pool: Mapping[str, Any]) -> PoolPricing:
+def pool_pricing(pool: GpuPool) -> PoolPricing:
     """Read a GPUPool object's pricing (raises PriceError naming the bad field)."""
-    qos_config = ((pool.get("spec") or {}).get("qosConfig")) or {}
+    qos_config = pool.qos_config
     by_qos: dict[str, Prices] = {}
-    for i, entry in enumerate(qos_config.get("pricing") or []):
+    for i, entry in enumerate(items(qos_config, "pricing")):
         if not isinstance(entry, Mapping) or not entry.get("qos"):
             continue
         base = f"spec.qosConfig.pricing[{i}]"
-        requests = entry.get("requests") or {}
+        requests = section(entry, "requests")
         by_qos[str(entry["qos"])] = Prices(
             tflops_per_hour=parse_price(requests.get("perFP16TFlopsPerHour", DEFAULT_TFLOPS_PRICE),
                                         field=f"{base}.requests.perFP16TFlopsPerHour"),
@@ -122,12 +124,12 @@ def node_cost(gpu_models: Iterable[str], hourly_by_model: Mapping[str, float], s
     return sum(hourly_by_model.get(model, 0.0) for model in gpu_models) * seconds / 3600
 
 
-def hourly_prices(provider_configs: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def hourly_prices(provider_configs: Iterable[Body]) -> dict[str, float]:
     """GPU model -> hourly price from ProviderConfigs' `hardwareMetadata[].costPerHour`, under both the
     short `model` and the `fullModelName` (GPU objects report either). Unreadable prices are skipped."""
     prices: dict[str, float] = {}
     for config in provider_configs:
-        for entry in (config.get("spec") or {}).get("hardwareMetadata") or []:
+        for entry in items(config.spec, "hardwareMetadata"):
             if not isinstance(entry, Mapping) or not entry.get("costPerHour"):
                 continue
             try:
