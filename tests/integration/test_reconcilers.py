@@ -16,13 +16,8 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
-    controllers,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
-)
+from tests.helpers import eventually
+from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import rfc3339
 from tfusion.kube import resources as r
@@ -42,14 +37,14 @@ def fast(apiserver: Any, tmp_path: Path, **changes: Any) -> Any:
                                                 **changes})
 
 
-async def get(kube: KubeClient, resource: r.Resource, name: str, namespace: str | None = None) -> Any:
+async def get(kube: KubeClient, resource: r.ApiResource, name: str, namespace: str | None = None) -> Any:
     try:
         return await kube.get(resource, name, namespace=namespace)
     except NotFound:
         return None
 
 
-async def status(kube: KubeClient, resource: r.Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+async def status(kube: KubeClient, resource: r.ApiResource, name: str, namespace: str | None = None) -> dict[str, Any]:
     found = await get(kube, resource, name, namespace)
     return dict((found or {}).get("status") or {})
 
@@ -158,7 +153,7 @@ async def test_cluster_makes_its_pools_and_sums_them_up(apiserver: Any, tmp_path
         await eventually(lambda: _gone(kube, r.TENSORFUSIONCLUSTERS, "example"), what="the cluster gone")
 
 
-async def _gone(kube: KubeClient, resource: r.Resource, name: str, namespace: str | None = None) -> bool:
+async def _gone(kube: KubeClient, resource: r.ApiResource, name: str, namespace: str | None = None) -> bool:
     return await get(kube, resource, name, namespace) is None
 
 
@@ -249,7 +244,7 @@ async def test_gpunode_lifecycle_capacity_and_pod_release(apiserver: Any, tmp_pa
         assignments = ctl.runtime.assignments
         assert assignments is not None and assignments.indexes is not None
         assert ctl.runtime.reconcilers is not None
-        assert assignments.release_pod in ctl.runtime.reconcilers.pod.release_hooks
+        assert ctl.runtime.allocation is not None and assignments.release_pod in ctl.runtime.allocation.release_hooks
         assignments.indexes.occupy(pod["metadata"]["uid"], 5, "default/w1")
 
         # deleting it releases its GPUs and its index once, then the finalizer goes and the pod with it

@@ -235,9 +235,26 @@ class Pod(Body):
         """Succeeded or Failed: its containers will not run again and what it held can be released."""
         return self.phase in FINISHED_PHASES
 
+    @property
+    def component(self) -> str:
+        """Its `tensor-fusion.ai/component` label (worker, client, hypervisor, ...); "" when none."""
+        return self.meta.label(COMPONENT_LABEL) or ""
+
+    @property
+    def is_worker(self) -> bool:
+        """A pod that holds GPUs: a vGPU worker, or a local-GPU pod the webhook made one."""
+        return self.component == "worker"
+
+    @property
+    def is_client(self) -> bool:
+        """A remote vGPU client: it holds no GPU, its workers do."""
+        return self.component == "client"
+
 
 #: the pod phases after which nothing in the pod runs again
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+#: the label that says what a pod of ours is (the same key as `annotations.COMPONENT`)
+COMPONENT_LABEL = "tensor-fusion.ai/component"
 
 
 class Node(Body):

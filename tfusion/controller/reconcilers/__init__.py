@@ -5,15 +5,17 @@ the Manager's builder (tfusion/kube/reconciler.py):
 - pool.py      GPUPool: Node labels; pool status from its GPUNodes
 - node.py      Node -> GPUNode (AutoSelect)
 - gpunode.py   GPUNode phase from its hypervisor's reports; capacity from its GPUs and the ledger
-- pod.py       worker pods: finalizer, release exactly once, pending-owned-workload; client pods:
-               their TensorFusionConnection
+- pod.py       the one release path (GPUs, index, host port) and the worker finalizer,
+               pending-owned-workload; client pods: their TensorFusionConnection
 - workload.py  TensorFusionWorkload: fixed-replica worker pods (workers.py builds them), status
 - connection.py TensorFusionConnection (remote vGPU): a worker per connection, status with its URL
-- quota.py     GPUResourceQuota alert events (the status is the allocator's quota-status reconciler's)
+- gpu_status.py   the allocator's GPU status write-back (attached by the AllocatorService)
+- quota_status.py the allocator's GPUResourceQuota status write-back and its alert events (ditto)
+- holdings.py  what a worker pod holds: the live-worker rule, its gpu-ids read as a request
 - drift.py     the periodic drift audit (leader-only runnable), with repair
 
-`register_reconcilers(runtime)` attaches them all; `configure()` calls it after the allocator
-service, which several of them read.
+`register_reconcilers(runtime, service, assignments)` attaches them all; `configure()` hands it the
+allocator service and the index allocator, which several of them use.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.reconcilers.cluster import ClusterReconciler
     from tfusion.controller.reconcilers.connection import ConnectionReconciler
     from tfusion.controller.reconcilers.drift import DriftAudit
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
     from tfusion.controller.reconcilers.pod import PodReconciler
     from tfusion.controller.reconcilers.pool import PoolReconciler
     from tfusion.controller.reconcilers.workload import WorkloadReconciler
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.scheduling.assignments import Assignments
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ class Reconcilers:
     connection: ConnectionReconciler | None = None
 
 
-def register_reconcilers(runtime: ControllerRuntime) -> Reconcilers:
+def register_reconcilers(runtime: ControllerRuntime, service: AllocatorService,
+                         assignments: Assignments) -> Reconcilers:
     """Attach every reconciler and the drift audit to the runtime (after the AllocatorService)."""
-    # imported here: the allocator service imports quota.py, and these import the allocator service
+    # imported here: the allocator service imports gpu_status.py and quota_status.py, and these
+    # import the allocator service
     from tfusion.controller.reconcilers.cluster import ClusterReconciler
     from tfusion.controller.reconcilers.connection import ConnectionReconciler
     from tfusion.controller.reconcilers.drift import DriftAudit
@@ -59,14 +65,9 @@ def register_reconcilers(runtime: ControllerRuntime) -> Reconcilers:
     from tfusion.controller.reconcilers.pool import PoolReconciler
     from tfusion.controller.reconcilers.workload import WorkloadReconciler
 
-    service = runtime.allocation
-    if service is None:
-        raise RuntimeError("register_reconcilers needs the AllocatorService attached first")
     attached = Reconcilers(
         cluster=ClusterReconciler(runtime), pool=PoolReconciler(runtime), node=NodeReconciler(runtime),
-        gpunode=GpuNodeReconciler(runtime), pod=PodReconciler(runtime), workload=WorkloadReconciler(runtime),
-        drift=DriftAudit(runtime, service), connection=ConnectionReconciler(runtime))
-    if runtime.assignments is not None:  # a worker's index and host port go with its GPUs
-        attached.pod.release_hooks.append(runtime.assignments.release_pod)
-    runtime.reconcilers = attached
+        gpunode=GpuNodeReconciler(runtime, service), pod=PodReconciler(runtime, service),
+        workload=WorkloadReconciler(runtime, assignments), drift=DriftAudit(runtime, service),
+        connection=ConnectionReconciler(runtime, assignments))
     return attached

@@ -42,14 +42,9 @@ from prometheus_client import Counter
 
 from tfusion.allocator import GpuAllocator, RequestError
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
-from tfusion.controller.allocation import (
-    FLUSH_INTERVAL_S,
-    AllocatorService,
-    is_live_worker,
-    knows_gpu,
-    worker_request,
-)
+from tfusion.controller.allocation import FLUSH_INTERVAL_S, AllocatorService
 from tfusion.controller.reconcilers.common import (
     RUNNING,
     Obj,
@@ -58,12 +53,13 @@ from tfusion.controller.reconcilers.common import (
     name_of,
     status_of,
 )
+from tfusion.controller.reconcilers.holdings import is_live_worker, knows_gpu, worker_request
 from tfusion.controller.views import gpu_status
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +228,7 @@ class DriftAudit:
                 continue
             if not await self._confirmed_gone(req.namespace, req.pod_name, uid):
                 continue
-            if allocator is self.service.allocator and self.service.release_pod(uid, "drift"):
+            if allocator is self.service.allocator and await self.service.release(uid, "drift"):
                 gpu = self.runtime.informer(r.GPUS).get(info.gpu_names[0]) if info.gpu_names else None
                 target = {**gpu, "kind": "GPU"} if gpu else {"kind": "Pod", "apiVersion": "v1", "metadata": {
                     "name": req.pod_name, "namespace": req.namespace, "uid": uid}}
@@ -241,7 +237,7 @@ class DriftAudit:
                                          "released"))
         for pod in pods.list():
             uid = str(meta(pod).get("uid") or "")
-            if not is_live_worker(pod) or allocator.has_allocation(uid):
+            if not is_live_worker(Pod(pod)) or allocator.has_allocation(uid):
                 continue
             finding = self._adopt(allocator, pod)
             if finding is not None:
@@ -267,7 +263,7 @@ class DriftAudit:
 
     def _adopt(self, allocator: GpuAllocator, pod: Obj) -> dict[str, Any] | None:
         try:
-            req, names = worker_request(pod, allocator)
+            req, names = worker_request(Pod(pod), allocator)
         except RequestError:
             return None  # the allocator's feed reports unreadable annotations itself
         if not all(knows_gpu(allocator, g) for g in names):

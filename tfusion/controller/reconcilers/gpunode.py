@@ -39,7 +39,6 @@ from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller import views
-from tfusion.controller.allocation import knows_gpu
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
@@ -57,12 +56,14 @@ from tfusion.controller.reconcilers.common import (
     status_of,
     write_status,
 )
+from tfusion.controller.reconcilers.holdings import knows_gpu
 from tfusion.kube import resources as r
 from tfusion.kube.client import NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,9 @@ def rollup(allocator: GpuAllocator, gpunode: Obj, gpus: list[Obj]) -> dict[str, 
 class GpuNodeReconciler:
     """See the module docstring. Key: the GPUNode's name."""
 
-    def __init__(self, runtime: ControllerRuntime) -> None:
+    def __init__(self, runtime: ControllerRuntime, allocation: AllocatorService) -> None:
         self.runtime = runtime
+        self.allocation = allocation
         self.grace = runtime.settings.gpu_node_report_grace
         self.gpunodes = runtime.informer(r.GPUNODES)
         self.gpus = runtime.informer(r.GPUS)
@@ -151,8 +153,7 @@ class GpuNodeReconciler:
         gpunode = self.gpunodes.get(name)
         if gpunode is None:
             return None
-        service = self.runtime.allocation
-        allocator = await service.wait_ready() if service is not None else None
+        allocator = await self.allocation.wait_ready()
         if allocator is None:
             return None  # not the leader (any more)
         current = await ensure_finalizer(self.runtime.client, r.GPUNODES, gpunode, FINALIZER, self._cleanup)

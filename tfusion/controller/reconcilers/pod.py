@@ -1,175 +1,207 @@
-"""Worker pod reconciler: what a worker holds is released exactly once, and only then does its finalizer go.
+"""Pod reconciler: the one place that releases what a pod holds, and only then lets its finalizer go.
 
 - A worker pod (label `tensor-fusion.ai/component=worker`) gets the finalizer
   `tensor-fusion.ai/finalizer` while it lives.
-- When it finishes (Succeeded/Failed), is being deleted, or vanishes without us seeing its
-  deletion, its GPUs are released through the allocator (`release_pod(uid, reason)`) and every
-  release hook runs (its pod index and host port: `release_hooks`, see below) — once per pod UID:
-  a UID released before is not released again. A deleted pod's finalizer is removed after that.
+- When it finishes (Succeeded/Failed) or is being deleted, `AllocatorService.release` frees what it
+  holds: its GPUs in the ledger and, through the release hooks, its pod index, its host port and
+  its billing. A deleted worker's finalizer is removed after that. Releasing is idempotent against
+  the ledgers themselves (the allocator's, the index and port allocators'): a second reconcile of
+  the same pod finds nothing held and changes nothing, so no set of released UIDs is kept here.
+- A pod that leaves this reconciler's informer (its key has no cached pod) was deleted or lost its
+  `component` label. What it held is found in the ledger (the GPU allocations under its name) and
+  in the tombstone its deletion left (its UID: a pod that never carried our finalizer, e.g. one
+  created before the controller ran, may hold an index or port and no GPU). The pod is then read
+  from the API server: gone, finished, being deleted, or replaced by another UID -> released (and
+  our finalizer removed from a pod we will not see again); still running without its label -> kept
+  held, a Warning event `WorkerLabelRemoved` says so, and it is looked at again every
+  `LABEL_RECHECK_S`. The informer's delete handler only records the tombstone and wakes the
+  reconciler. Tombstones are a hint, not state: after a restart every ledger is rebuilt from the
+  pods that exist, so a pod deleted before then holds nothing anywhere.
 - `tensor-fusion.ai/pending-owned-workload: <workload>` (the webhook's request) makes the pod the
   controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
   A workload that does not exist yet is looked for again in a few seconds (a Warning event says so).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
-  with the pod. A client pod holds no GPU, so it carries no finalizer of ours (a stray one is removed).
-
-Release hooks: `PodReconciler.release_hooks` holds the index and host-port allocators' release
-(`Assignments.release_pod`, wired by `register_reconcilers`): each is `async def hook(pod) ->
-None`, called once per released pod (a hook that raises keeps the finalizer and retries the pod,
-hooks must therefore be idempotent).
+  with the pod. A client pod holds no GPU, so it carries no finalizer of ours (a stray one is
+  removed); a host port it holds is released when it finishes or goes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
-from tfusion.controller.reconcilers.common import (
-    FINALIZER,
-    Obj,
-    annotations_of,
-    labels_of,
-    meta,
-    name_of,
-    status_of,
-)
-from tfusion.controller.role import component_selector
+from tfusion.api.accessors import Body, Pod
+from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
-from tfusion.kube.client import AlreadyExists, NotFound, object_key
+from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("Succeeded", "Failed")
 WORKLOAD_RETRY_S = 3.0
-
-ReleaseHook = Callable[[Obj], Awaitable[None]]
-
-
-def is_worker(pod: Obj) -> bool:
-    return labels_of(pod).get(tfa.COMPONENT) == tfa.COMPONENT_WORKER
-
-
-def is_client(pod: Obj) -> bool:
-    return labels_of(pod).get(tfa.COMPONENT) == tfa.COMPONENT_CLIENT
+#: how often a worker that lost its component label (and so left the informer) is read again
+LABEL_RECHECK_S = 30.0
+#: tombstones kept at most (oldest dropped first); each is consumed by the reconcile it wakes
+TOMBSTONES_MAX = 10_000
 
 
 class PodReconciler:
     """See the module docstring. Key: "namespace/name"."""
 
-    def __init__(self, runtime: ControllerRuntime) -> None:
+    def __init__(self, runtime: ControllerRuntime, allocation: AllocatorService) -> None:
         self.runtime = runtime
-        self.release_hooks: list[ReleaseHook] = []
-        #: key -> UID of the worker pods seen, so that one that vanishes is still released by UID
-        self._seen: dict[str, str] = {}
-        #: UIDs already released (forgotten once the pod is gone)
-        self._released: set[str] = set()
+        self.allocation = allocation
+        #: pods whose GPUs this reconciler released (the ledger held some), since the process started
         self.releases = 0
+        #: how often a worker out of the informer but still running is read again (tests shorten it)
+        self.label_recheck_s = LABEL_RECHECK_S
+        #: key -> UID of the last pod deleted from the informer under it (see the module docstring)
+        self._tombstones: OrderedDict[str, str] = OrderedDict()
         self.controller = runtime.manager.controller("pod") \
             .for_(r.PODS, label_selector=component_selector(runtime.settings)).complete(self)
         self.pods = runtime.informer(r.PODS)
+        self.pods.add_handler(on_delete=self._on_delete)
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
 
+    def _on_delete(self, obj: Mapping[str, Any]) -> None:
+        """Remember the UID the deleted key had, and wake the reconciler; nothing is released here."""
+        pod = Pod(obj)
+        if not pod.uid or not self.runtime.is_leader:
+            return
+        key = f"{pod.namespace}/{pod.name}"
+        self._tombstones[key] = pod.uid
+        self._tombstones.move_to_end(key)
+        while len(self._tombstones) > TOMBSTONES_MAX:
+            self._tombstones.popitem(last=False)
+        self.controller.enqueue(key)
+
     async def reconcile(self, key: str) -> Result | None:
-        service = self.runtime.allocation
-        if service is None or await service.wait_ready() is None:
+        service = self.allocation
+        if await service.wait_ready() is None:
             return None  # not the leader (any more)
-        pod = self.pods.get(key)
-        if pod is None:
-            uid = self._seen.pop(key, "")
-            await self._release_once(uid, None, "vanished")
-            self._released.discard(uid)
-            return None
+        cached = self.pods.get(key)
+        if cached is None:
+            return await self._absent(service, key)
+        pod = Pod(cached)
+        tomb = self._tombstones.pop(key, None)
+        if tomb and tomb != pod.uid:  # replaced by a pod of the same name
+            await self._release(service, tomb, "replaced")
         result = await self._adopt_workload(pod)
-        if is_client(pod):
+        if pod.is_client:
             await self._client(pod)
-            return result
-        if not is_worker(pod):
-            return result
-        uid = str(meta(pod).get("uid") or "")
-        old_uid = self._seen.get(key)
-        if old_uid and old_uid != uid:  # replaced by a pod of the same name
-            await self._release_once(old_uid, None, "replaced")
-            self._released.discard(old_uid)
-        self._seen[key] = uid
-        if status_of(pod).get("phase") in FINISHED:
-            await self._release_once(uid, pod, "finished")
-        elif meta(pod).get("deletionTimestamp"):
-            await self._release_once(uid, pod, "deleted")
-        await ensure_finalizer(self.runtime.client, r.PODS, pod, FINALIZER, self._cleanup)
+        if pod.finished or pod.meta.deleting:
+            await self._release(service, pod.uid, "finished" if pod.finished else "deleted")
+        if pod.is_worker:
+            await ensure_finalizer(self.runtime.client, r.PODS, cached, FINALIZER, _released_already)
         return result
 
-    async def _client(self, pod: Obj) -> None:
+    async def _absent(self, service: AllocatorService, key: str) -> Result | None:
+        """The key has no cached pod: release what the ledger and the tombstone say it held, once
+        the API server confirms that the pod no longer runs (see the module docstring)."""
+        namespace, _, name = key.partition("/")
+        uids = set(service.held_by(namespace, name))
+        tomb = self._tombstones.get(key)
+        if tomb:
+            uids.add(tomb)
+        if not uids:
+            return None
+        try:
+            found = Pod(await self.runtime.client.get(r.PODS, name, namespace=namespace))
+        except NotFound:
+            found = None
+        running = found is not None and found.uid in uids and not (found.finished or found.meta.deleting)
+        for uid in sorted(uids):
+            if not (running and found is not None and uid == found.uid):
+                await self._release(service, uid, "vanished")
+        if running and found is not None:
+            self.runtime.events.warning(found.raw, "WorkerLabelRemoved", f"left the pods labelled "
+                                        f"{component_selector(self.runtime.settings)} while it runs; what it "
+                                        "holds stays held until it finishes or is deleted")
+            return Result(requeue_after=self.label_recheck_s)
+        self._tombstones.pop(key, None)
+        if found is not None and found.uid in uids and FINALIZER in found.meta.finalizers:
+            await self._drop_finalizer(found)  # out of our informer: we would not see its deletion again
+        return None
+
+    async def _release(self, service: AllocatorService, uid: str, reason: str) -> None:
+        if await service.release(uid, reason):
+            self.releases += 1
+            log.info("pod %s: released what it held (%s)", uid, reason)
+
+    async def _drop_finalizer(self, pod: Pod) -> None:
+        finalizers = [f for f in pod.meta.finalizers if f != FINALIZER]
+        try:
+            await self.runtime.client.replace(
+                r.PODS, {**pod.raw, "metadata": {**pod.meta.raw, "finalizers": finalizers}}, namespace=pod.namespace)
+        except NotFound:
+            pass
+
+    async def _client(self, pod: Pod) -> None:
         """A client pod's connection (see the module docstring)."""
-        finalizers = list(meta(pod).get("finalizers") or [])
-        if FINALIZER in finalizers:
-            finalizers.remove(FINALIZER)
-            await self.runtime.client.replace(r.PODS, {**pod, "metadata": {**meta(pod), "finalizers": finalizers}},
-                                              namespace=meta(pod).get("namespace"))
-        name = connection_of(pod)
-        namespace = str(meta(pod).get("namespace") or "")
-        if not name or meta(pod).get("deletionTimestamp") or self.connections.get(f"{namespace}/{name}"):
+        if FINALIZER in pod.meta.finalizers:
+            await self._drop_finalizer(pod)
+        name = connection_of(pod.raw)
+        namespace = pod.namespace
+        if not name or pod.meta.deleting or self.connections.get(f"{namespace}/{name}"):
             return
-        workload = annotations_of(pod).get(tfa.SELECTED_WORKLOAD, "")
+        workload = pod.meta.annotation(tfa.SELECTED_WORKLOAD) or ""
         labels = {tfa.WORKLOAD: workload} if workload and len(workload) <= 63 else {}
         connection = {
             "apiVersion": r.TENSORFUSIONCONNECTIONS.api_version, "kind": r.TENSORFUSIONCONNECTIONS.kind,
-            "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": name_of(pod), "uid": str(meta(pod).get("uid") or ""),
-                 "controller": True, "blockOwnerDeletion": True}]},
-            "spec": {"workloadName": workload, "clientPod": name_of(pod)}}
+            "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                         "ownerReferences": [_owner(pod)]},
+            "spec": {"workloadName": workload, "clientPod": pod.name}}
         try:
             await self.runtime.client.create(r.TENSORFUSIONCONNECTIONS, connection, namespace=namespace)
         except AlreadyExists:
             return
-        self.runtime.events.normal(pod, "ConnectionCreated", f"TensorFusionConnection {name} created for "
+        self.runtime.events.normal(pod.raw, "ConnectionCreated", f"TensorFusionConnection {name} created for "
                                    f"workload {workload}")
 
-    async def _cleanup(self, pod: Obj) -> bool:
-        await self._release_once(str(meta(pod).get("uid") or ""), pod, "deleted")
-        return True
-
-    async def _release_once(self, uid: str, pod: Obj | None, reason: str) -> None:
-        """Release the pod's GPUs and run the hooks, unless this UID was released before."""
-        if not uid or uid in self._released:
-            return
-        service = self.runtime.allocation
-        assert service is not None
-        if pod is not None:
-            for hook in self.release_hooks:
-                await hook(pod)  # raises: retried, not marked released
-        if service.release_pod(uid, reason):
-            log.info("worker pod %s (%s): released its GPUs (%s)", object_key(pod) if pod else uid, uid, reason)
-        self._released.add(uid)
-        self.releases += 1
-
-    async def _adopt_workload(self, pod: Obj) -> Result | None:
-        workload_name = annotations_of(pod).get(tfa.PENDING_OWNED_WORKLOAD)
+    async def _adopt_workload(self, pod: Pod) -> Result | None:
+        workload_name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
         if not workload_name:
             return None
-        namespace = str(meta(pod).get("namespace") or "")
+        namespace = pod.namespace
         workload = self.workloads.get(f"{namespace}/{workload_name}")
         if workload is None:
-            self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does not "
-                                        f"exist (yet); it is to be owned by this pod")
+            self.runtime.events.warning(pod.raw, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does "
+                                        f"not exist (yet); it is to be owned by this pod")
             return Result(requeue_after=WORKLOAD_RETRY_S)
-        owner = {"apiVersion": "v1", "kind": "Pod", "name": name_of(pod), "uid": str(meta(pod).get("uid") or ""),
-                 "controller": True, "blockOwnerDeletion": True}
-        owners = [o for o in meta(workload).get("ownerReferences") or [] if not o.get("controller")]
-        if owner not in (meta(workload).get("ownerReferences") or []):
+        owner = _owner(pod)
+        meta = Body(workload).meta
+        refs = meta.owner_references
+        if owner not in refs:
+            owners = [o for o in refs if not o.get("controller")]
             await self.runtime.client.replace(r.TENSORFUSIONWORKLOADS, {
-                **workload, "metadata": {**meta(workload), "ownerReferences": [*owners, owner]}}, namespace=namespace)
+                **workload, "metadata": {**meta.raw, "ownerReferences": [*owners, owner]}}, namespace=namespace)
         try:
-            await self.runtime.client.patch(r.PODS, name_of(pod), {"metadata": {"annotations": {
+            await self.runtime.client.patch(r.PODS, pod.name, {"metadata": {"annotations": {
                 tfa.PENDING_OWNED_WORKLOAD: None}}}, namespace=namespace)
         except NotFound:
             pass
         return None
+
+
+def _owner(pod: Pod) -> dict[str, Any]:
+    """The ownerReference that makes `pod` the controller of what carries it."""
+    return {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid, "controller": True,
+            "blockOwnerDeletion": True}
+
+
+async def _released_already(pod: Mapping[str, Any]) -> bool:
+    """The finalizer's cleanup: `reconcile` released the deleting pod just before, so it may go."""
+    return True
+

@@ -2,8 +2,9 @@
 
 Why: the webhook runs on every replica, but a pod index and a cluster host port must come from one
 place, the leader. `Assignments` keeps an `IndexAllocator` and a `PortAllocator` while this replica
-leads (rebuilt from the pod cache each term, fed by pod deletions and completions), answers
-`assign_index` / `assign_host_port` locally when leading, and otherwise asks the leader over HTTP:
+leads (rebuilt from the pod cache each term, occupied as pods appear, released with the pod's GPUs
+by `AllocatorService.release`), answers `assign_index` / `assign_host_port` locally when leading,
+and otherwise asks the leader over HTTP:
 
 - `GET /api/assign-index?podName=` -> `text/plain` index (1..128)
 - `POST /api/assign-host-port?podName=` -> `text/plain` port
@@ -30,7 +31,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIType, Operation, Schema
 from litestar.openapi.spec import Parameter as OpenAPIParameter
 
-from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod, text
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator
 from tfusion.kube import resources as r
@@ -40,7 +41,7 @@ from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEADER_IP_KEY
 from tfusion.settings import format_listen, parse_listen
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,6 @@ def own_username(namespace: str, path: Path = SERVICE_ACCOUNT_TOKEN) -> str:
     return _jwt_subject(read_token(path)) or f"system:serviceaccount:{namespace}:{DEFAULT_SERVICE_ACCOUNT}"
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in tfa.FINISHED_POD_PHASES
-
-
 class Assignments:
     """See the module docstring. `attach()` once, in `configure()`."""
 
@@ -105,8 +98,8 @@ class Assignments:
 
     def attach(self) -> Assignments:
         rt = self.runtime
-        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update,
-                                        on_delete=self._on_pod_delete)
+        # occupation only: a pod's index and port are released with its GPUs (AllocatorService.release)
+        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update)
         rt.add_leader_task(self.run_leader)
         rt.routes.extend(assignment_handlers(self))
         return self
@@ -119,7 +112,7 @@ class Assignments:
         indexes = IndexAllocator()
         ports = PortAllocator(self.settings.cluster_host_port_range, self.settings.host_port_range)
         for pod in informer.list():
-            self._observe(indexes, ports, pod)
+            self._observe(indexes, ports, Pod(pod))
         self.indexes, self.ports = indexes, ports
         self.terms += 1
         log.info("index and port allocators rebuilt: %d indices, %d cluster ports held", len(indexes.held()),
@@ -130,31 +123,26 @@ class Assignments:
             self.indexes = self.ports = None
 
     @staticmethod
-    def _observe(indexes: IndexAllocator, ports: PortAllocator, pod: Mapping[str, Any]) -> None:
-        uid = str(_meta(pod).get("uid") or "")
-        if not uid or _finished(pod) or _meta(pod).get("deletionTimestamp"):
-            indexes.release(uid)
-            ports.release(uid)
-            return
-        index = pod_index(pod)
+    def _observe(indexes: IndexAllocator, ports: PortAllocator, pod: Pod) -> None:
+        uid = pod.uid
+        if not uid or pod.finished or pod.meta.deleting:
+            return  # holds nothing any more (released by the pod reconciler, or never occupied this term)
+        index = pod_index(pod.raw)
         if index is not None:
-            indexes.occupy(uid, index, f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}")
+            indexes.occupy(uid, index, f"{pod.namespace}/{pod.name}")
         ports.observe(uid, pod)
 
-    def _on_pod(self, pod: Mapping[str, Any]) -> None:
+    def _on_pod(self, raw: Mapping[str, Any]) -> None:
         if self.indexes is not None and self.ports is not None:
-            self._observe(self.indexes, self.ports, pod)
+            self._observe(self.indexes, self.ports, Pod(raw))
 
-    def _on_pod_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    def _on_pod_update(self, _old: object, new: Mapping[str, Any]) -> None:
         self._on_pod(new)
 
-    def _on_pod_delete(self, pod: Mapping[str, Any]) -> None:
-        self._release(str(_meta(pod).get("uid") or ""))
-
-    async def release_pod(self, pod: Mapping[str, Any]) -> None:
-        """The pod reconciler's release hook: a worker's index and host port go with its GPUs,
-        before its finalizer is removed (idempotent: the pod feed may have released them first)."""
-        self._release(str(_meta(pod).get("uid") or ""))
+    async def release_pod(self, uid: str) -> None:
+        """The release hook of `AllocatorService.release`: a pod's index and host port go with its
+        GPUs, before its finalizer is removed (idempotent: a second call finds nothing held)."""
+        self._release(uid)
 
     def _release(self, uid: str) -> None:
         if self.indexes is not None and self.ports is not None and uid:
@@ -211,7 +199,7 @@ class Assignments:
     async def _leader_from_configmap(self) -> str:
         config = await self.runtime.client.get(r.CONFIGMAPS, LEADER_INFO_CONFIGMAP,
                                                namespace=self.settings.operator_namespace)
-        ip = str((config.get("data") or {}).get(LEADER_IP_KEY) or "")
+        ip = text(config, "data", LEADER_IP_KEY)
         if not ip:
             raise LookupError(f"ConfigMap {LEADER_INFO_CONFIGMAP} has no {LEADER_IP_KEY}")
         port = parse_listen(self.settings.resolved_controller_listen)[1]

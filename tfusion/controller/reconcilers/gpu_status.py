@@ -1,0 +1,128 @@
+"""The `gpu-status` reconciler: a GPU's status says what the allocator's ledger says.
+
+Why it exists apart from the allocator service (allocation.py): the service feeds the allocator;
+this loop writes the allocator's output back. Level-triggered, key = GPU name:
+
+- applies the cached GPU to the allocator (`upsert_gpu`/`remove_gpu`; a capacity change moves
+  available by the same delta; `status.available`, `runningApps` and `allocatedPartitions` are the
+  allocator's output and never read back);
+- writes `status.available`/`runningApps` from the ledger when the object says otherwise (GET + PUT
+  on the status subresource on the read resourceVersion; a 409 re-reads and retries), and stamps the
+  GPUNode's `<domain>/last-sync` (at most every `LAST_SYNC_MIN_INTERVAL_S`).
+
+A hand edit of `status.available` is an update event, so it is rewritten at once; an
+`AllocatorError` (a GPU with allocations moved to another node) becomes a Warning event on the GPU
+and a retry with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tfusion.allocator import AllocatorError, GpuAllocator
+from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Gpu, items
+from tfusion.controller import views
+from tfusion.controller.reconcilers.holdings import knows_gpu
+from tfusion.kube import resources as r
+from tfusion.kube.client import Conflict, KubeError, NotFound
+from tfusion.kube.reconciler import Result
+
+if TYPE_CHECKING:
+    from tfusion.controller.allocation import AllocatorService
+
+log = logging.getLogger(__name__)
+
+STATUS_WRITE_ATTEMPTS = 5
+#: a GPUNode's last-sync annotation is refreshed at most this often
+LAST_SYNC_MIN_INTERVAL_S = 5.0
+
+
+class GpuStatusReconciler:
+    """See the module docstring; `controller` is the Manager's `gpu-status` controller."""
+
+    def __init__(self, service: AllocatorService) -> None:
+        self.service = service
+        self.runtime = service.runtime
+        self._last_sync: dict[str, float] = {}  # GPUNode -> when its last-sync was written (clock)
+        self.controller = self.runtime.manager.controller("gpu-status").for_(r.GPUS).complete(self.reconcile)
+
+    async def reconcile(self, name: str) -> Result | None:
+        """Level-triggered: the allocator knows the cached GPU, and the GPU's status says what the
+        ledger says."""
+        service = self.service
+        allocator = await service.wait_ready()
+        if allocator is None:
+            return None
+        cached = self.runtime.informer(r.GPUS).get(name)
+        if cached is None:
+            allocator.remove_gpu(name)
+            return None
+        try:
+            service.apply_gpu(allocator, cached)
+        except AllocatorError as exc:
+            self.runtime.events.warning(cached, "GPUNotApplied", str(exc))
+            raise
+        service.adopt_waiting_for(allocator, name)
+        if not knows_gpu(allocator, name) or status_matches(Gpu(cached), views.gpu_status(allocator, name)):
+            return None
+        try:
+            node = await self._write(allocator, name)
+        except KubeError as exc:
+            service.metrics.writes.labels("gpu", "error").inc()
+            log.warning("cannot write the status of GPU %s: %s; retrying", name, exc)
+            raise
+        if node:
+            await self._touch_gpu_node(node)
+        return None
+
+    async def _write(self, allocator: GpuAllocator, name: str) -> str | None:
+        """GET + PUT status, retried on conflict. Returns the GPU's GPUNode, None if nothing written."""
+        client, writes = self.runtime.client, self.service.metrics.writes
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                obj = await client.get(r.GPUS, name)
+            except NotFound:
+                return None  # deleted: the informer will remove it
+            if allocator is not self.service.allocator or not knows_gpu(allocator, name):
+                return None
+            gpu = Gpu(obj)
+            wanted = views.gpu_status(allocator, name)
+            if status_matches(gpu, wanted):
+                return None
+            obj["status"] = {**gpu.status, **wanted}
+            try:
+                await client.replace(r.GPUS, obj, subresource="status")
+            except Conflict:
+                writes.labels("gpu", "conflict").inc()
+                continue
+            except NotFound:
+                return None
+            writes.labels("gpu", "ok").inc()
+            return gpu.meta.label(tfa.MANAGED_BY) or allocator.gpu_info(name).node or None
+        raise Conflict({"reason": "Conflict", "code": 409,
+                        "message": f"GPU {name} changed {STATUS_WRITE_ATTEMPTS} times while its status "
+                                   "was being written"})
+
+    async def _touch_gpu_node(self, node: str) -> None:
+        clock, writes = self.runtime.manager.clock, self.service.metrics.writes
+        if clock.now() - self._last_sync.get(node, float("-inf")) < LAST_SYNC_MIN_INTERVAL_S:
+            return
+        self._last_sync[node] = clock.now()
+        patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
+        try:
+            await self.runtime.client.patch(r.GPUNODES, node, patch)
+            writes.labels("gpunode", "ok").inc()
+        except NotFound:
+            pass  # GPUs reported before their GPUNode exists
+        except KubeError as exc:
+            log.warning("cannot annotate GPUNode %s with %s: %s", node, tfa.LAST_SYNC, exc)
+            writes.labels("gpunode", "error").inc()
+
+
+def status_matches(gpu: Gpu, wanted: Mapping[str, Any]) -> bool:
+    """The GPU's status already says the ledger's `available` and `runningApps`."""
+    return bool(gpu.available == wanted["available"]
+                and items(gpu.status, "runningApps") == wanted["runningApps"])
