@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import file_mode, widest_umask
+from tfusion.api.accessors import Pod
 from tfusion.hypervisor.shm.state import DeviceConfig
 from tfusion.hypervisor.shm.store import ShmOwner, ShmStore
 from tfusion.hypervisor.workers.kubernetes import pod_identity, worker_from_pod
@@ -114,8 +115,8 @@ def test_open_narrows_what_an_older_run_left_and_keeps_the_contents(tmp_path: Pa
     assert file_mode(state.path.parent) == 0o750 and file_mode(state.path.parent.parent) == 0o700
 
 
-def pod(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}, "spec": spec}
+def pod(spec: dict[str, Any]) -> Pod:
+    return Pod({"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}, "spec": spec})
 
 
 @pytest.mark.parametrize(("spec", "identity"), [

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import Pod
 from tfusion.hypervisor.workers.kubernetes import worker_from_pod, worker_status
 from tfusion.hypervisor.workers.model import STATUS_PENDING, STATUS_RUNNING, STATUS_TERMINATED
 
 
-def pod(notes: dict[str, str], phase: str = "Running") -> dict[str, Any]:
-    return {"metadata": {"name": "w-1", "namespace": "team", "uid": "uid-1", "annotations": notes},
-            "status": {"phase": phase}}
+def pod(notes: dict[str, str], phase: str = "Running") -> Pod:
+    return Pod({"metadata": {"name": "w-1", "namespace": "team", "uid": "uid-1", "annotations": notes},
+                "status": {"phase": phase}})
 
 
 def test_good_annotations_are_parsed() -> None:

@@ -20,6 +20,7 @@ import anyio
 import orjson
 
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import Gpu, GpuNode
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
@@ -71,29 +72,28 @@ def data_disk_bytes() -> int:
         return 0
 
 
-def _owner_reference(gpunode: dict[str, Any]) -> dict[str, Any]:
-    meta = gpunode["metadata"]
-    return {"apiVersion": gpunode.get("apiVersion", "tensor-fusion.ai/v1"), "kind": "GPUNode",
-            "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+def _owner_reference(gpunode: GpuNode) -> dict[str, Any]:
+    return {"apiVersion": gpunode.api_version or "tensor-fusion.ai/v1", "kind": "GPUNode",
+            "name": gpunode.name, "uid": gpunode.uid, "controller": True, "blockOwnerDeletion": True}
 
 
-def _pool_of(gpunode: dict[str, Any]) -> str:
-    owners = gpunode["metadata"].get("ownerReferences") or []
+def _pool_of(gpunode: GpuNode) -> str:
+    owners = gpunode.meta.owner_references
     if owners:
         return str(owners[0].get("name", ""))
-    return str((gpunode["metadata"].get("labels") or {}).get(keys.GPU_POOL, ""))
+    return gpunode.meta.label(keys.GPU_POOL) or ""
 
 
-def _is_idle(gpu: dict[str, Any]) -> bool:
-    status = gpu.get("status") or {}
+def _is_idle(gpu: Gpu) -> bool:
+    status = gpu.status
     return not status.get("runningApps") and not status.get("allocatedPartitions")
 
 
-def _is_zero(resource: dict[str, Any] | None) -> bool:
-    if not resource:
-        return True
+def _nothing_available(gpu: Gpu) -> bool:
+    """Whether the GPU's status.available is empty or all zero (unreadable quantities count as not)."""
+    available = gpu.available
     try:
-        return all(Quantity.parse(resource.get(k) or "0").is_zero() for k in ("tflops", "vram"))
+        return all(Quantity.parse(available.get(k) or "0").is_zero() for k in ("tflops", "vram"))
     except ValueError:
         return False
 
@@ -127,25 +127,25 @@ class GpuReporter:
         self._wake.set()
 
     def _on_gpunode(self, gpunode: dict[str, Any]) -> None:
-        if gpunode["metadata"].get("name") == self.node:
+        if GpuNode(gpunode).name == self.node:
             self._wake.set()
 
     def _on_gpunode_update(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
-        if old is None or old.get("metadata", {}).get("uid") != new["metadata"].get("uid"):
+        if old is None or GpuNode(old).uid != GpuNode(new).uid:
             self._on_gpunode(new)  # a new GPUNode of that name: report again; status edits are ours
 
     async def run(self) -> None:
         await self.gpunodes.wait_synced()
         while True:
             self._wake = anyio.Event()
-            gpunode = self.gpunodes.get(self.node)
-            if gpunode is None:
+            found = self.gpunodes.get(self.node)
+            if found is None:
                 self.readiness.set("gpunode", False, f"waiting for GPUNode {self.node} (the controller creates it)")
                 await self._wake.wait()
                 continue
             self.readiness.set("gpunode", True, f"GPUNode {self.node} found")
             try:
-                await self.sync(gpunode)
+                await self.sync(GpuNode(found))
             except NotFound:
                 continue  # deleted meanwhile: the cache says so soon
             except KubeError as exc:
@@ -167,21 +167,21 @@ class GpuReporter:
 
     async def heartbeat(self) -> None:
         stamp = {"metadata": {"annotations": {keys.LAST_SYNC: keys.now_rfc3339()}}}
-        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
-            if not (gpu["metadata"].get("annotations") or {}).get(keys.GPU_MISSING_SINCE):
+        for gpu in map(Gpu, self.gpus.by_index(self._gpus_by_node, self.node)):
+            if not gpu.meta.annotation(keys.GPU_MISSING_SINCE):
                 try:
-                    await self.client.patch(GPUS, gpu["metadata"]["name"], stamp, patch_type="merge")
+                    await self.client.patch(GPUS, gpu.name, stamp, patch_type="merge")
                 except NotFound:
                     continue
 
-    async def sync(self, gpunode: dict[str, Any]) -> None:
+    async def sync(self, gpunode: GpuNode) -> None:
         devices = self.registry.devices()
         for device in devices:
             await self._upsert_gpu(gpunode, device)
             self._removed.pop(device.uuid, None)
         current = {d.uuid for d in devices}
-        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
-            if gpu["metadata"]["name"] not in current:
+        for gpu in map(Gpu, self.gpus.by_index(self._gpus_by_node, self.node)):
+            if gpu.name not in current:
                 await self._retire(gpu)
         self._removed.clear()
         await self._update_gpunode(gpunode, devices)
@@ -189,8 +189,9 @@ class GpuReporter:
 
     # --- one GPU -----------------------------------------------------------------------------------
 
-    def _status(self, device: DeviceInfo, old: dict[str, Any] | None) -> dict[str, Any]:
-        old = old or {}
+    def _status(self, device: DeviceInfo, gpu: Gpu) -> dict[str, Any]:
+        """The status to write for `device` over what `gpu` holds now."""
+        old = gpu.status
         capacity = {"tflops": tflops_quantity(device.max_tflops), "vram": vram_quantity(device.total_memory_bytes)}
         status: dict[str, Any] = {
             "capacity": capacity, "uuid": device.uuid, "gpuModel": device.model, "index": device.index,
@@ -204,19 +205,18 @@ class GpuReporter:
             status["phase"] = "Unknown"
         elif not old.get("phase") or old.get("phase") == "Unknown":
             status["phase"] = "Pending"
-        if old.get("available") is None or (_is_zero(old.get("available")) and not old.get("runningApps")
-                                            and not old.get("allocatedPartitions")):
+        if old.get("available") is None or (_nothing_available(gpu) and _is_idle(gpu)):
             status["available"] = dict(capacity)
         return status
 
-    def _metadata(self, gpunode: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
+    def _metadata(self, gpunode: GpuNode, device: DeviceInfo) -> dict[str, Any]:
         return {
             "labels": {keys.MANAGED_BY: self.node, keys.GPU_POOL: _pool_of(gpunode)},
             "annotations": {keys.LAST_SYNC: keys.now_rfc3339(),
                             keys.VIRTUALIZATION_CAPABILITIES: orjson.dumps(device.capabilities.to_wire()).decode()},
         }
 
-    async def _upsert_gpu(self, gpunode: dict[str, Any], device: DeviceInfo) -> None:
+    async def _upsert_gpu(self, gpunode: GpuNode, device: DeviceInfo) -> None:
         meta = self._metadata(gpunode, device)
         owner = _owner_reference(gpunode)
         for attempt in range(3):
@@ -231,11 +231,11 @@ class GpuReporter:
                     patch: dict[str, Any] = {"metadata": {
                         "labels": meta["labels"],
                         "annotations": {**meta["annotations"], keys.GPU_MISSING_SINCE: None}}}
-                    owners = gpu["metadata"].get("ownerReferences") or []
+                    owners = Gpu(gpu).meta.owner_references
                     if not any(o.get("uid") == owner["uid"] for o in owners):
                         patch["metadata"]["ownerReferences"] = [*owners, owner]
                     gpu = await self.client.patch(GPUS, device.uuid, patch, patch_type="merge")
-                status = self._status(device, gpu.get("status"))
+                status = self._status(device, Gpu(gpu))
                 await self.client.patch(GPUS, device.uuid, {"status": status}, patch_type="merge",
                                         subresource="status")
                 return
@@ -244,8 +244,8 @@ class GpuReporter:
                     raise
                 await self.clock.sleep(RETRY_S)
 
-    async def _retire(self, gpu: dict[str, Any]) -> None:
-        name = gpu["metadata"]["name"]
+    async def _retire(self, gpu: Gpu) -> None:
+        name = gpu.name
         if _is_idle(gpu):
             log.info("device %s vanished from node %s; deleting its idle GPU object", name, self.node)
             try:
@@ -253,8 +253,7 @@ class GpuReporter:
             except NotFound:
                 pass
             return
-        notes = gpu["metadata"].get("annotations") or {}
-        since = notes.get(keys.GPU_MISSING_SINCE) or keys.now_rfc3339()
+        since = gpu.meta.annotation(keys.GPU_MISSING_SINCE) or keys.now_rfc3339()
         log.warning("device %s vanished from node %s but runs workers; marking it Unknown", name, self.node)
         await self.client.patch(GPUS, name, {"metadata": {"annotations": {keys.GPU_MISSING_SINCE: since}}},
                                 patch_type="merge")
@@ -263,8 +262,8 @@ class GpuReporter:
 
     # --- the GPUNode ---------------------------------------------------------------------------------
 
-    async def _update_gpunode(self, gpunode: dict[str, Any], devices: list[DeviceInfo]) -> None:
-        old = gpunode.get("status") or {}
+    async def _update_gpunode(self, gpunode: GpuNode, devices: list[DeviceInfo]) -> None:
+        old = gpunode.status
         total_tflops = sum(d.max_tflops for d in devices)
         total_vram = sum(d.total_memory_bytes for d in devices)
         ids = [d.uuid for d in devices]

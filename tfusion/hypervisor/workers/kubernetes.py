@@ -19,6 +19,7 @@ from typing import Any
 
 from tfusion.allocator.request import RequestError, request_from_pod
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import Pod, section
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.gpu_report import GpuReporter
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation
@@ -43,14 +44,13 @@ from tfusion.web import Readiness
 log = logging.getLogger(__name__)
 
 
-def worker_status(pod: dict[str, Any]) -> str:
-    phase = (pod.get("status") or {}).get("phase", "")
+def worker_status(pod: Pod) -> str:
+    phase = pod.phase
     if phase == "Running":
         return STATUS_RUNNING
     if phase in keys.FINISHED_POD_PHASES:
         return STATUS_TERMINATED
-    notes = (pod.get("metadata") or {}).get("annotations") or {}
-    return STATUS_ALLOCATING if notes.get(keys.INDEX) else STATUS_PENDING
+    return STATUS_ALLOCATING if pod.meta.annotation(keys.INDEX) else STATUS_PENDING
 
 
 def _container_gpus(notes: dict[str, str], on_error: Callable[[keys.AnnotationError], object]) -> dict[str, list[str]]:
@@ -60,41 +60,40 @@ def _container_gpus(notes: dict[str, str], on_error: Callable[[keys.AnnotationEr
     return {container: list(gpus) for container, gpus in by_container.items()}
 
 
-def _id_of(context: Any, key: str) -> int | None:
-    value = context.get(key) if isinstance(context, dict) else None
+def _id_of(value: object) -> int | None:
+    """A user or group id as a securityContext gives it (a non-negative int), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def pod_identity(pod: dict[str, Any]) -> tuple[int | None, int | None]:
+def pod_identity(pod: Pod) -> tuple[int | None, int | None]:
     """(user, group) every container of the pod runs as / has, from the pod's and each container's
     securityContext (a container's own setting wins); None where the pod does not say or its
     containers differ. The group is the fsGroup (the kubelet gives it to every container), else a
     runAsGroup all containers share."""
-    spec = pod.get("spec") or {}
-    pod_context = spec.get("securityContext") or {}
-    containers = [c for c in spec.get("containers") or () if isinstance(c, dict)]
+    pod_context = section(pod.spec, "securityContext")
+    containers = pod.containers
     if not containers:
         return None, None
 
     def common(key: str) -> int | None:
         values = set()
         for container in containers:
-            own = _id_of(container.get("securityContext"), key)
-            values.add(own if own is not None else _id_of(pod_context, key))
+            own = _id_of(section(container, "securityContext").get(key))
+            values.add(own if own is not None else _id_of(pod_context.get(key)))
         return values.pop() if len(values) == 1 else None
 
-    group = _id_of(pod_context, "fsGroup")
+    group = _id_of(pod_context.get("fsGroup"))
     return common("runAsUser"), group if group is not None else common("runAsGroup")
 
 
-def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
+def worker_from_pod(pod: Pod) -> WorkerInfo:
     """A worker pod as the hypervisor sees it; unreadable annotations are logged and read as absent."""
-    meta = pod.get("metadata") or {}
-    notes = dict(meta.get("annotations") or {})
-    labels = dict(meta.get("labels") or {})
+    meta = pod.meta
+    notes = dict(meta.annotations)
+    labels = dict(meta.labels)
 
     def warn(exc: Exception) -> None:
-        log.warning("worker pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        log.warning("worker pod %s/%s: %s", meta.namespace, meta.name, exc)
 
     no_ids: tuple[str, ...] = ()
     ids = keys.parse_present(notes.get(keys.GPU_IDS), keys.parse_gpu_ids, no_ids, on_error=warn)
@@ -102,7 +101,7 @@ def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
     qos = notes.get(keys.QOS) or "medium"
     isolation = notes.get(keys.ISOLATION) or keys.DEFAULT_ISOLATION
     try:
-        req = request_from_pod(pod, default_pool=notes.get(keys.GPU_POOL) or "default")
+        req = request_from_pod(pod.raw, default_pool=notes.get(keys.GPU_POOL) or "default")
     except RequestError as exc:
         warn(exc)
     else:
@@ -113,7 +112,7 @@ def worker_from_pod(pod: dict[str, Any]) -> WorkerInfo:
                               None, on_error=warn)
     user, group = pod_identity(pod)
     return WorkerInfo(
-        uid=str(meta.get("uid", "")), namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+        uid=meta.uid, namespace=meta.namespace, name=meta.name,
         allocated_devices=ids, status=worker_status(pod), qos=qos, isolation=isolation, requests=requests,
         limits=limits, partition_template_id=notes.get(keys.PARTITION_ID, "")
         if isolation == keys.ISOLATION_PARTITIONED else "", workload_name=labels.get(keys.WORKLOAD, ""),
@@ -137,13 +136,12 @@ class KubernetesWorkers:
         informer.add_index("node", node_name_index)
         informer.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
 
-    def _is_ours(self, pod: dict[str, Any]) -> bool:
-        meta = pod.get("metadata") or {}
-        return (pod.get("spec") or {}).get("nodeName") == self.node and \
-            (meta.get("labels") or {}).get(keys.COMPONENT) == keys.COMPONENT_WORKER
+    def _is_ours(self, pod: Pod) -> bool:
+        return pod.node_name == self.node and pod.is_worker
 
-    def _on_pod(self, pod: dict[str, Any]) -> None:
-        key = object_key(pod)
+    def _on_pod(self, raw: dict[str, Any]) -> None:
+        pod = Pod(raw)
+        key = object_key(raw)
         if self._is_ours(pod):
             self._workers[key] = worker_from_pod(pod)
         else:
