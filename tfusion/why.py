@@ -25,6 +25,7 @@ import httpx
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod, items, section
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 PROG = "tfusion why"
@@ -56,13 +57,13 @@ def kube_target(kube: str) -> str:
     return settings.kubeconfig_out if mode == "embedded" else mode
 
 
-async def _read_pod(kube: str, namespace: str, name: str) -> dict[str, Any] | None:
+async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:
     from tfusion.kube import resources as r
     from tfusion.kube.client import KubeClient, NotFound
 
     client = await KubeClient.connect(kube_target(kube), namespace=namespace)
     try:
-        return await client.get(r.PODS, name, namespace=namespace)
+        return Pod(await client.get(r.PODS, name, namespace=namespace))
     except NotFound:
         return None
     finally:
@@ -84,39 +85,29 @@ async def _ask_controller(url: str, namespace: str, name: str) -> tuple[dict[str
     return body, ""
 
 
-def scheduled_condition(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled":
-            return dict(condition)
-    return None
-
-
-def render_text(pod: Mapping[str, Any], explanation: Mapping[str, Any] | None, controller_error: str) -> str:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    ref = f"{meta.get('namespace')}/{meta.get('name')}"
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
-    lines: list[str] = []
-    if spec.get("nodeName"):
-        gpus = (meta.get("annotations") or {}).get(tfa.GPU_IDS)
+def render_text(pod: Pod, explanation: Mapping[str, Any] | None, controller_error: str) -> str:
+    ref = f"{pod.namespace}/{pod.name}"
+    phase = pod.phase or "Pending"
+    if pod.node_name:
+        gpus = pod.meta.annotation(tfa.GPU_IDS)
         where = f" with GPU(s) {gpus}" if gpus else ""
-        lines.append(f"Pod {ref} is scheduled on node {spec['nodeName']}{where} (phase {phase}).")
-        return "\n".join(lines)
-    scheduler = spec.get("schedulerName") or "default-scheduler"
-    lines.append(f"Pod {ref} is {phase} and not scheduled (scheduler {scheduler}).")
-    condition = scheduled_condition(pod)
-    message = (explanation or {}).get("message") or (condition or {}).get("message") or ""
+        return f"Pod {ref} is scheduled on node {pod.node_name}{where} (phase {phase})."
+    scheduler = pod.scheduler_name or "default-scheduler"
+    lines = [f"Pod {ref} is {phase} and not scheduled (scheduler {scheduler})."]
+    condition = pod.condition("PodScheduled")
+    answer = section(explanation)  # the controller's /api/why body ({} without one)
+    message = answer.get("message") or (condition.get("message") if condition is not None else "") or ""
     lines.append(f"Why: {message}" if message else "Why: no scheduler has reported on it yet.")
-    for node, status in sorted(((explanation or {}).get("nodes") or {}).items()):
-        reasons = status.get("reasons") or []
+    for node, status in sorted(section(answer, "nodes").items()):
+        reasons = items(status, "reasons")
         details = "; ".join(r.get("detail") or r.get("message", "") for r in reasons) or status.get("summary", "")
         lines.append(f"  {'(every node)' if node == '*' else node}: {details}")
-    suggestions = (explanation or {}).get("suggestions") or []
+    suggestions = items(answer, "suggestions")
     if suggestions:
         lines.append("What would make it fit:")
         for suggestion in suggestions:
             changes = ", ".join(f"{k}={v!s}" if v else f"remove {k}"
-                                for k, v in (suggestion.get("changes") or {}).items())
+                                for k, v in section(suggestion, "changes").items())
             target = suggestion.get("target") or "annotations"
             how = f" (set {changes} on the {'pod' if target == 'annotations' else target})" if changes else ""
             lines.append(f"  - {suggestion.get('message')}{how}")
@@ -140,15 +131,13 @@ async def _why(args: argparse.Namespace) -> int:
         return 1
     explanation: dict[str, Any] | None = None
     controller_error = ""
-    if not (pod.get("spec") or {}).get("nodeName"):
+    if not pod.node_name:
         explanation, controller_error = await _ask_controller(args.controller, args.namespace, args.pod)
     if args.output == "json":
-        meta = pod.get("metadata") or {}
-        body = {"pod": {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
-                        "phase": (pod.get("status") or {}).get("phase"),
-                        "nodeName": (pod.get("spec") or {}).get("nodeName") or "",
-                        "gpuIds": (meta.get("annotations") or {}).get(tfa.GPU_IDS, "")},
-                "condition": scheduled_condition(pod), "explanation": explanation,
+        body = {"pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
+                        "phase": pod.status.get("phase"), "nodeName": pod.node_name,
+                        "gpuIds": pod.meta.annotation(tfa.GPU_IDS) or ""},
+                "condition": pod.condition("PodScheduled"), "explanation": explanation,
                 "controllerError": controller_error or None}
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
     else:

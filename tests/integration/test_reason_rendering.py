@@ -21,6 +21,7 @@ from tests.integration.test_controller_allocation import (
     start_controller,
 )
 from tests.integration.test_scheduler import events_for, gpu_pod, one_gpu_node, scheduled_condition
+from tfusion.api.accessors import Pod
 from tfusion.kube import resources as r
 from tfusion.why import render_text
 
@@ -52,7 +53,8 @@ async def test_why_simulate_condition_and_event_render_the_reason_alike(apiserve
             assert reason["detail"] == "gpu-a1: TFLOPS available 100 < requested 5k"
 
             pod = await kube.get(r.PODS, "huge", namespace="default")
-            assert "  node-a: gpu-a1: TFLOPS available 100 < requested 5k" in render_text(pod, why, "").splitlines()
+            rendered = render_text(Pod(pod), why, "").splitlines()
+            assert "  node-a: gpu-a1: TFLOPS available 100 < requested 5k" in rendered
 
             await ctl.runtime.events.drain()
             events = await events_for(kube, "huge", "FailedScheduling")
