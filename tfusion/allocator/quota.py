@@ -18,6 +18,7 @@ from typing import Any
 
 from tfusion.allocator.errors import QuotaExceeded
 from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api.accessors import Body, section
 from tfusion.api.quantity import Quantity, QuantityError
 
 DEFAULT_MAX_WORKERS = 32768
@@ -73,9 +74,7 @@ class Usage:
         return (self.requests_tflops, self.requests_vram, self.limits_tflops, self.limits_vram, self.workers)
 
 
-def _resource(obj: Mapping[str, Any] | None, path: str) -> tuple[int | None, int | None]:
-    if obj is None:
-        return None, None
+def _resource(obj: Mapping[str, Any], path: str) -> tuple[int | None, int | None]:
     out: list[int | None] = []
     for key, milli in (("tflops", True), ("vram", False)):
         raw = obj.get(key)
@@ -102,15 +101,13 @@ def _count(raw: Any, path: str, default: int | None) -> int | None:
 
 def quota_from_object(obj: Mapping[str, Any]) -> tuple[str, QuotaSpec]:
     """(namespace, QuotaSpec) from a GPUResourceQuota dict; invalid specs raise `QuotaSpecError`."""
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace") or ""
+    quota = Body(obj)
+    namespace = quota.namespace
     if not namespace:
         raise QuotaSpecError("GPUResourceQuota has no metadata.namespace")
-    spec = obj.get("spec") or {}
-    total = spec.get("total") or {}
-    single = spec.get("single") or {}
-    req_t, req_v = _resource(total.get("requests"), "spec.total.requests")
-    lim_t, lim_v = _resource(total.get("limits"), "spec.total.limits")
+    total, single = section(quota.spec, "total"), section(quota.spec, "single")
+    req_t, req_v = _resource(section(total, "requests"), "spec.total.requests")
+    lim_t, lim_v = _resource(section(total, "limits"), "spec.total.limits")
     for name, req, lim in (("tflops", req_t, lim_t), ("vram", req_v, lim_v)):
         if req is not None and lim is not None and lim < req:
             raise QuotaSpecError(f"spec.total.limits.{name} must be >= spec.total.requests.{name}")
@@ -119,8 +116,8 @@ def quota_from_object(obj: Mapping[str, Any]) -> tuple[str, QuotaSpec]:
     assert threshold is not None
     if threshold > 100:
         raise QuotaSpecError(f"spec.total.alertThresholdPercent must be 0..100, got {threshold}")
-    s_req_t, s_req_v = _resource(single.get("maxRequests"), "spec.single.maxRequests")
-    s_lim_t, s_lim_v = _resource(single.get("maxLimits"), "spec.single.maxLimits")
+    s_req_t, s_req_v = _resource(section(single, "maxRequests"), "spec.single.maxRequests")
+    s_lim_t, s_lim_v = _resource(section(single, "maxLimits"), "spec.single.maxLimits")
     return namespace, QuotaSpec(
         requests_tflops=req_t, requests_vram=req_v, limits_tflops=lim_t, limits_vram=lim_v,
         max_workers=_count(total.get("maxWorkers"), "spec.total.maxWorkers", DEFAULT_MAX_WORKERS),

@@ -31,6 +31,7 @@ import orjson
 
 from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import INT64_MAX, Quantity
 
@@ -89,9 +90,7 @@ def _text(notes: Mapping[str, str], key: str, amount: Quantity) -> str:
 
 def check_pod_within_limits(pod: Mapping[str, Any]) -> None:
     """`check_within_limits` on the request and limit annotations `pod` carries (simulate-schedule)."""
-    metadata = pod.get("metadata")
-    raw = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    notes = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    notes = Pod(pod).meta.annotations
     check_within_limits(annotated_amounts(notes), notes)
 
 
@@ -192,7 +191,7 @@ def request_from_pod(pod: Mapping[str, Any], *, default_pool: str | None = None)
     without either the pod is rejected.
     """
     try:
-        return _parse_pod(pod, default_pool)
+        return _parse_pod(Pod(pod), default_pool)
     except RequestError:
         raise
     except AnnotationError as exc:
@@ -202,17 +201,18 @@ def request_from_pod(pod: Mapping[str, Any], *, default_pool: str | None = None)
 def pod_index_of(pod: Mapping[str, Any]) -> int:
     """The pod index its containers ask for: the first `<domain>/index_<k>` limit (init containers
     after the others), 8k + count; 0 when there is none or it cannot be read."""
-    spec = pod.get("spec") or {}
-    for group in ("containers", "initContainers"):
-        for container in spec.get(group) or ():
-            limits = ((container or {}).get("resources") or {}).get("limits") or {}
-            for name, value in limits.items():
-                if tfa.index_resource_number(str(name)) is None:
-                    continue
-                try:
-                    return tfa.decode_pod_index(str(name), int(str(value)))
-                except ValueError:
-                    continue
+    return _pod_index(Pod(pod))
+
+
+def _pod_index(pod: Pod) -> int:
+    for container in (*pod.containers, *pod.init_containers):
+        for name, value in section(container, "resources", "limits").items():
+            if tfa.index_resource_number(str(name)) is None:
+                continue
+            try:
+                return tfa.decode_pod_index(str(name), int(str(value)))
+            except ValueError:
+                continue
     return 0
 
 
@@ -235,12 +235,11 @@ def _percent(notes: Mapping[str, str], key: str) -> int:
     return tfa.parse_compute_percent(raw, key=key).milli_value()
 
 
-def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest:
-    meta = pod.get("metadata") or {}
-    notes: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    name = meta.get("name") or ""
-    namespace = meta.get("namespace") or "default"
+def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
+    meta = pod.meta
+    notes = meta.annotations
+    name = meta.name
+    namespace = meta.namespace or "default"
 
     pool = notes.get(tfa.GPU_POOL) or default_pool or ""
     if not pool:
@@ -287,15 +286,15 @@ def _parse_pod(pod: Mapping[str, Any], default_pool: str | None) -> AllocRequest
         gpu_names = tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)
 
     return AllocRequest(
-        pod_uid=meta.get("uid") or "",
+        pod_uid=meta.uid,
         pod_name=name,
         namespace=namespace,
         pool=pool,
-        workload=(namespace, labels.get(tfa.WORKLOAD) or name),
+        workload=(namespace, meta.label(tfa.WORKLOAD) or name),
         tflops_request=t_req, tflops_limit=t_lim, percent_request=p_req, percent_limit=p_lim,
         vram_request=v_req, vram_limit=v_lim, count=count,
         gpu_model=notes.get(tfa.GPU_MODEL, ""), vendor=notes.get(tfa.VENDOR, ""),
         indices=indices, qos=qos, isolation=isolation,
         partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
-        pod_index=pod_index_of(pod),
+        pod_index=_pod_index(pod),
     )

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Gpu, text
 from tfusion.api.quantity import Quantity, QuantityError
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -63,15 +64,15 @@ class GpuInfo:
     virtualization: frozenset[str] | None = None
 
 
-def _quantity(obj: Mapping[str, Any], path: str, value: Any, *, milli: bool) -> int:
+def _quantity(gpu: str, path: str, value: Any, *, milli: bool) -> int:
     if value is None:
-        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path} is missing")
+        raise GpuObjectError(f"GPU {gpu}: {path} is missing")
     try:
         q = Quantity.parse(value)
     except QuantityError as exc:
-        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path}: {exc}") from exc
+        raise GpuObjectError(f"GPU {gpu}: {path}: {exc}") from exc
     if q.sign() < 0:
-        raise GpuObjectError(f"GPU {obj.get('metadata', {}).get('name', '?')}: {path} is negative ({value})")
+        raise GpuObjectError(f"GPU {gpu}: {path} is negative ({value})")
     return q.milli_value() if milli else q.value()
 
 
@@ -109,30 +110,27 @@ def gpu_from_object(obj: Mapping[str, Any]) -> GpuInfo:
     """
     from tfusion.api import annotations as tfa  # the domain prefix is configurable: read keys at call time
 
-    meta = obj.get("metadata") or {}
-    status = obj.get("status") or {}
-    name = meta.get("name")
+    gpu = Gpu(obj)
+    meta, status = gpu.meta, gpu.status
+    name = meta.name
     if not name:
         raise GpuObjectError("GPU object has no metadata.name")
-    labels = meta.get("labels") or {}
-    node = (status.get("nodeSelector") or {}).get(HOSTNAME_LABEL) or labels.get(tfa.MANAGED_BY) or ""
-    capacity = status.get("capacity") or {}
+    capacity = gpu.capacity
     return GpuInfo(
         name=name,
-        node=node,
-        pool=labels.get(tfa.GPU_POOL, ""),
-        capacity_tflops=_quantity(obj, "status.capacity.tflops", capacity.get("tflops"), milli=True),
-        capacity_vram=_quantity(obj, "status.capacity.vram", capacity.get("vram"), milli=False),
-        model=status.get("gpuModel") or "",
-        vendor=status.get("vendor") or "NVIDIA",
-        phase=status.get("phase") or PHASE_PENDING,
-        used_by=status.get("usedBy") or "",
+        node=gpu.node_selector.get(HOSTNAME_LABEL) or meta.label(tfa.MANAGED_BY) or "",
+        pool=meta.label(tfa.GPU_POOL) or "",
+        capacity_tflops=_quantity(name, "status.capacity.tflops", capacity.get("tflops"), milli=True),
+        capacity_vram=_quantity(name, "status.capacity.vram", capacity.get("vram"), milli=False),
+        model=gpu.gpu_model,
+        vendor=text(status, "vendor") or "NVIDIA",
+        phase=gpu.phase or PHASE_PENDING,
+        used_by=gpu.used_by,
         index=_optional_int(status.get("index")),
         numa=_optional_int(status.get("numaNode")),
-        isolation_mode=status.get("isolationMode") or "",
-        isolation_policy=status.get("isolationPolicy") or "",
-        virtualization=parse_virtualization((meta.get("annotations") or {}).get(
-            tfa.VIRTUALIZATION_CAPABILITIES)),
+        isolation_mode=text(status, "isolationMode"),
+        isolation_policy=text(status, "isolationPolicy"),
+        virtualization=parse_virtualization(meta.annotation(tfa.VIRTUALIZATION_CAPABILITIES)),
     )
 
 
