@@ -233,7 +233,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         if args.webhook:
             await webhook_service(kube, webhook_port)
             # the webhook gives high/critical QoS pods these (the install and --role=all create them)
-            classes = r.Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+            classes = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
             for qos, value in (("critical", 100000), ("high", 10000), ("medium", 0)):
                 await kube.create(classes, {"metadata": {"name": f"tensor-fusion-{qos}"}, "value": value})
         await asyncio.sleep(1.0)  # let the leader's allocator see every GPU

@@ -321,7 +321,7 @@ class RacingClient(KubeClient):
         self.rival = rival
         self.raced: list[str] = []
 
-    async def replace(self, resource: r.Resource, obj: Any, *, namespace: str | None = None,
+    async def replace(self, resource: r.ApiResource, obj: Any, *, namespace: str | None = None,
                       subresource: str | None = None) -> dict[str, Any]:
         if resource == r.GPUS and subresource == "status" and not self.raced:
             name = obj["metadata"]["name"]

@@ -10,7 +10,7 @@ import pytest
 
 from tfusion.api.crds import all_crds
 from tfusion.embedded.bootstrap import bootstrap
-from tfusion.embedded.crds import CrdInstallError, install_crds, wait_served
+from tfusion.embedded.crd_install import CrdInstallError, install_crds, wait_served
 from tfusion.embedded.defaults import DEFAULT_POOL_NAME, PRIORITYCLASSES, RECORD_NAME
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -55,7 +55,7 @@ async def test_a_changed_crd_is_replaced_keeping_foreign_labels(kube: KubeClient
 
 
 async def test_wait_served_names_the_kind_that_never_appears(kube: KubeClient) -> None:
-    missing = r.Resource("nope.example", "v1", "widgets", "Widget", False)
+    missing = r.ApiResource("nope.example", "v1", "widgets", "Widget", False)
     with pytest.raises(CrdInstallError, match=r"widgets\.nope\.example"):
         await wait_served(kube, [missing], timeout=0.3)
 

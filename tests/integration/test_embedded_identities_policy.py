@@ -27,7 +27,7 @@ def settings(node: str) -> Settings:
     return Settings.load({}, env={}, roles=("all",)).replace(node_name=node, operator_namespace=NAMESPACE)
 
 
-TOKENREVIEWS = r.Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+TOKENREVIEWS = r.ApiResource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
 
 
 async def review(kube: KubeClient, token: str) -> dict[str, Any]:
@@ -43,7 +43,7 @@ async def test_the_policy_is_applied_once_and_the_hypervisor_token_names_its_nod
     for doc in shipped_policies():
         plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else \
             "validatingadmissionpolicybindings"
-        stored = await kube.get(r.Resource("admissionregistration.k8s.io", "v1", plural, doc["kind"], False),
+        stored = await kube.get(r.ApiResource("admissionregistration.k8s.io", "v1", plural, doc["kind"], False),
                                 doc["metadata"]["name"])
         assert stored["spec"] == doc["spec"]
     node = await kube.create(r.NODES, {"metadata": {"name": "node-a"}})

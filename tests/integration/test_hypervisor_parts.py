@@ -17,7 +17,7 @@ from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.devices.sim import SimBackend
 from tfusion.hypervisor.metrics import UsageRecorder, UsageSource, parse_extra_labels
 from tfusion.hypervisor.workers.allocation import build_allocation
-from tfusion.hypervisor.workers.model import Resource, RunningInfo, WorkerAllocation, WorkerInfo
+from tfusion.hypervisor.workers.model import RunningInfo, WorkerAllocation, WorkerAmounts, WorkerInfo
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.supervisor import ProcessSupervisor, backoff_delay
 from tfusion.metrics.points import Point, influx_line, json_line
@@ -122,7 +122,7 @@ async def test_metrics_file_has_device_and_worker_lines(tmp_path: Path) -> None:
                                   compute_percent=25)])
     await registry.sample()
     worker = WorkerInfo(uid="w-1", namespace="ns", name="pod-a", allocated_devices=(device.uuid,),
-                        limits=Resource(vram_bytes=8 * 1024**3), workload_name="wl",
+                        limits=WorkerAmounts(vram_bytes=8 * 1024**3), workload_name="wl",
                         annotations={"example.com/team": "vision"})
     allocation = build_allocation(worker, {device.uuid: device})
 

@@ -44,8 +44,8 @@ pytestmark = pytest.mark.anyio
 OPS = "tf-ops"
 SERVICE = "tensor-fusion-webhook"
 POOL = "pool-a"
-PRIORITY_CLASSES = r.Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
-CRDS = r.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
+PRIORITY_CLASSES = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+CRDS = r.ApiResource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
 BARE = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
 
 
@@ -472,8 +472,8 @@ async def test_cert_dir_is_served_and_the_ca_bundle_left_alone(apiserver: Any, k
         assert (await served_certificate(webhook.address[1])).serial_number == second.serial_number
 
 
-DEPLOYMENTS = r.Resource("apps", "v1", "deployments", "Deployment", True)
-REPLICASETS = r.Resource("apps", "v1", "replicasets", "ReplicaSet", True)
+DEPLOYMENTS = r.ApiResource("apps", "v1", "deployments", "Deployment", True)
+REPLICASETS = r.ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
 TEMPLATE = {"metadata": {"labels": {"app": "train"}},
             "spec": {"containers": [{"name": "app", "image": "pytorch"}]}}
 

@@ -44,7 +44,7 @@ def client_pod(name: str) -> dict[str, Any]:
             "spec": {"serviceAccountName": "default", "containers": [{"name": "app", "image": "python:3.11-slim"}]}}
 
 
-async def get(kube: KubeClient, resource: r.Resource, name: str) -> Any:  # noqa: F811
+async def get(kube: KubeClient, resource: r.ApiResource, name: str) -> Any:  # noqa: F811
     try:
         return await kube.get(resource, name, namespace=NS)
     except NotFound:
@@ -184,7 +184,7 @@ async def _waiting_at_least(ctl: Controller, count: int) -> bool:
     return await waiting(ctl) >= count
 
 
-async def _gone(kube: KubeClient, resource: r.Resource, name: str) -> bool:  # noqa: F811
+async def _gone(kube: KubeClient, resource: r.ApiResource, name: str) -> bool:  # noqa: F811
     return await get(kube, resource, name) is None
 
 

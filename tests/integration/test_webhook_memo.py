@@ -71,7 +71,7 @@ async def quota(client: KubeClient, tflops: str) -> None:
                                                                    current["metadata"]["resourceVersion"]}})
 
 
-async def cached(webhook: WebhookService, resource: r.Resource, key: str, check: Any) -> None:
+async def cached(webhook: WebhookService, resource: r.ApiResource, key: str, check: Any) -> None:
     """Until the webhook's informer holds `key` and `check` holds for it."""
     informer = webhook.runtime.informer(resource)
 

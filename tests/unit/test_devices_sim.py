@@ -14,7 +14,7 @@ from tfusion.hypervisor.devices.model import DeviceInfo, GpuProcess
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.devices.sim import SimBackend, parse_sim_spec, sim_uuid
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation, compute_up_limit
-from tfusion.hypervisor.workers.model import Resource, WorkerInfo
+from tfusion.hypervisor.workers.model import WorkerAmounts, WorkerInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -132,9 +132,10 @@ def _device(index: int, vendor: str = "NVIDIA", tflops: float = 40.0) -> DeviceI
                       total_memory_bytes=16 * 1024**3, max_tflops=tflops, device_nodes=(f"/dev/nvidia{index}",))
 
 
-def _worker(*ids: str, isolation: str = "soft", limits: Resource | None = None, hard: int | None = None) -> WorkerInfo:
+def _worker(*ids: str, isolation: str = "soft", limits: WorkerAmounts | None = None,
+            hard: int | None = None) -> WorkerInfo:
     return WorkerInfo(uid="u1", namespace="ns", name="w", allocated_devices=ids, isolation=isolation,
-                      limits=limits or Resource(), effective_hard_sm_percent=hard)
+                      limits=limits or WorkerAmounts(), effective_hard_sm_percent=hard)
 
 
 def test_nvidia_visible_devices_are_native_uuids_sorted_by_index() -> None:
@@ -158,13 +159,13 @@ def test_other_vendors_pin_by_index(vendor: str, expected: dict[str, str]) -> No
 
 
 @pytest.mark.parametrize(("limits", "hard", "expected"), [
-    (Resource(compute_percent=30), None, "30"),
-    (Resource(tflops_milli=10_000), None, "25"),  # 10 of 40 TFLOPS
-    (Resource(tflops_milli=10_000), 15, "15"),  # the effective-hard-sm-percent annotation wins
-    (Resource(), None, "100"),
-    (Resource(tflops_milli=10_000), 150, "25"),  # out of range: ignored
+    (WorkerAmounts(compute_percent=30), None, "30"),
+    (WorkerAmounts(tflops_milli=10_000), None, "25"),  # 10 of 40 TFLOPS
+    (WorkerAmounts(tflops_milli=10_000), 15, "15"),  # the effective-hard-sm-percent annotation wins
+    (WorkerAmounts(), None, "100"),
+    (WorkerAmounts(tflops_milli=10_000), 150, "25"),  # out of range: ignored
 ])
-def test_hard_mode_sm_percent(limits: Resource, hard: int | None, expected: str) -> None:
+def test_hard_mode_sm_percent(limits: WorkerAmounts, hard: int | None, expected: str) -> None:
     devices = {d.uuid: d for d in (_device(0),)}
     allocation = build_allocation(_worker("gpu-00000000-aaaa", isolation="hard", limits=limits, hard=hard), devices)
     assert allocation.envs["TF_CUDA_SM_PERCENT_LIMIT"] == expected
@@ -172,8 +173,8 @@ def test_hard_mode_sm_percent(limits: Resource, hard: int | None, expected: str)
 
 def test_up_limit_is_clamped_and_partitioned_is_not_pinned() -> None:
     device = _device(0, tflops=40)
-    assert compute_up_limit(_worker(limits=Resource(tflops_milli=400_000)), device) == 100
-    assert compute_up_limit(_worker(limits=Resource(tflops_milli=1)), device) == 1
+    assert compute_up_limit(_worker(limits=WorkerAmounts(tflops_milli=400_000)), device) == 100
+    assert compute_up_limit(_worker(limits=WorkerAmounts(tflops_milli=1)), device) == 1
     devices = {device.uuid: device}
     assert build_allocation(_worker(device.uuid, isolation="partitioned"), devices).envs == {}
 

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import apps, crds, errors, rbac, validation
+from tfusion.apiserver import apps, customresources, errors, rbac, validation
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
 
@@ -55,11 +55,11 @@ class KindRules:
         elif key == MUTATING_WEBHOOKS:
             validation.default_mutating_webhooks(obj)
         elif key == CRDS:
-            crds.default_crd(obj)
+            customresources.default_crd(obj)
         elif key in apps.WORKLOAD_KEYS:
             apps.defaults(key, obj, old)
         elif info.is_custom:
-            crds.default_custom(info, obj)
+            customresources.default_custom(info, obj)
 
     def _resolve_priority(self, pod: dict[str, Any]) -> None:
         """kube's Priority admission: spec.priority comes from the PriorityClass (or the global default)."""
@@ -126,7 +126,7 @@ class KindRules:
             if old is not None:
                 causes += validation.validate_pod_update(old, obj)
         elif key == CRDS:
-            causes += crds.validate_crd(obj, old, self.registry)
+            causes += customresources.validate_crd(obj, old, self.registry)
         elif key in apps.WORKLOAD_KEYS:
             causes += apps.validate(key, obj, old)
         elif key in rbac.RBAC_KEYS:
@@ -137,13 +137,13 @@ class KindRules:
 
             causes += policies.validate(key, obj)
         elif info.is_custom:
-            causes += crds.validate_custom(info, obj, old)
+            causes += customresources.validate_custom(info, obj, old)
         if causes:
             raise errors.invalid(info.kind, info.group, meta.get("name", ""), causes)
 
     def after_write(self, info: ResourceInfo, entry: Entry, old: Entry | None) -> None:
         if info.storage_key == CRDS:
-            crds.register(self.registry, entry.obj)
+            customresources.register(self.registry, entry.obj)
         elif info.storage_key == NAMESPACES and old is None:
             self.default_service_account(entry.obj["metadata"]["name"])
 

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import crds, errors, limits, policies, shapes, validation
+from tfusion.apiserver import customresources, errors, limits, policies, shapes, validation
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.kinds import (
     CRDS,
@@ -165,7 +165,7 @@ class Engine:
         """fieldValidation=Strict (kubectl's default): unknown fields of a custom resource are an error."""
         if field_validation != "Strict" or not info.is_custom:
             return
-        unknown = crds.unknown_fields(info, obj)
+        unknown = customresources.unknown_fields(info, obj)
         if unknown:
             fields = ", ".join(f'unknown field "{path}"' for path in unknown)
             raise errors.bad_request(
@@ -576,7 +576,7 @@ class Engine:
                     None,
                 )
         for _, entry in self.store.items(CRDS):
-            crds.register(self.registry, entry.obj)
+            customresources.register(self.registry, entry.obj)
         self.repair_scopes()
 
     def repair_scopes(self) -> None:

@@ -55,7 +55,7 @@ class ControllerRuntime:
     readiness: Readiness
     dynamic_config: DynamicConfig
     #: the informers the controller reads, resolved once from the shared cache (pods: ours only)
-    informers: dict[r.Resource, Informer]
+    informers: dict[r.ApiResource, Informer]
     #: Litestar handlers served on --controller-listen
     routes: list[Any] = field(default_factory=list)
     #: leader-only runnables added through `add_leader_task` (also registered with the Manager)
@@ -106,7 +106,7 @@ class ControllerRuntime:
     def is_leader(self) -> bool:
         return self.manager.is_leader
 
-    def informer(self, resource: r.Resource) -> Informer:
+    def informer(self, resource: r.ApiResource) -> Informer:
         return self.informers[resource]
 
     def track_readiness(self, informer: Informer, condition: str) -> None:

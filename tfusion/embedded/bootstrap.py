@@ -3,7 +3,7 @@ then the controller's and the hypervisor's ServiceAccounts and RBAC (identities.
 
 Runs after the embedded API server serves and before the controller and hypervisor start (their
 informers list the tensor-fusion.ai kinds at once). Safe to run on every start: CRDs are written
-only when this version's differ, defaults only when never created before (see crds.py, defaults.py).
+only when this version's differ, defaults only when never created before (see crd_install.py, defaults.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tfusion.embedded.crds import CrdReport, install_crds
+from tfusion.embedded.crd_install import CrdReport, install_crds
 from tfusion.embedded.defaults import DefaultsReport, create_defaults
 from tfusion.kube.client import KubeClient
 from tfusion.settings import Settings

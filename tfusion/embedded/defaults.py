@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 RECORD_NAME = "tfusion-embedded-defaults"
 CLUSTER_NAME = "tensor-fusion"
 DEFAULT_POOL_NAME = "tensor-fusion-shared"
-PRIORITYCLASSES = r.Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+PRIORITYCLASSES = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
 
 _RESOURCES = {res.kind: res for res in (*r.TF_RESOURCES, PRIORITYCLASSES)}
 

@@ -32,7 +32,7 @@ from tfusion.apiserver import security
 from tfusion.errors import RoleError
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
 from tfusion.kube.manager import Manager
-from tfusion.kube.resources import NODES, SERVICEACCOUNTS, Resource
+from tfusion.kube.resources import NODES, SERVICEACCOUNTS, ApiResource
 from tfusion.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,15 @@ SERVICE_ACCOUNTS = "service-accounts"
 
 _RBAC = "rbac.authorization.k8s.io"
 _ADMISSION = "admissionregistration.k8s.io"
-_KINDS: dict[str, Resource] = {
+_KINDS: dict[str, ApiResource] = {
     "ServiceAccount": SERVICEACCOUNTS,
-    "Role": Resource(_RBAC, "v1", "roles", "Role", True),
-    "RoleBinding": Resource(_RBAC, "v1", "rolebindings", "RoleBinding", True),
-    "ClusterRole": Resource(_RBAC, "v1", "clusterroles", "ClusterRole", False),
-    "ClusterRoleBinding": Resource(_RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
-    "ValidatingAdmissionPolicy": Resource(_ADMISSION, "v1", "validatingadmissionpolicies",
+    "Role": ApiResource(_RBAC, "v1", "roles", "Role", True),
+    "RoleBinding": ApiResource(_RBAC, "v1", "rolebindings", "RoleBinding", True),
+    "ClusterRole": ApiResource(_RBAC, "v1", "clusterroles", "ClusterRole", False),
+    "ClusterRoleBinding": ApiResource(_RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    "ValidatingAdmissionPolicy": ApiResource(_ADMISSION, "v1", "validatingadmissionpolicies",
                                           "ValidatingAdmissionPolicy", False),
-    "ValidatingAdmissionPolicyBinding": Resource(_ADMISSION, "v1", "validatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicyBinding": ApiResource(_ADMISSION, "v1", "validatingadmissionpolicybindings",
                                                  "ValidatingAdmissionPolicyBinding", False),
 }
 

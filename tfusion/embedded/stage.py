@@ -21,7 +21,7 @@ from anyio.abc import TaskStatus
 
 from tfusion.api.annotations import INDEX_DEVICES_PER_RESOURCE
 from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
-from tfusion.embedded.crds import CrdInstallError
+from tfusion.embedded.crd_install import CrdInstallError
 from tfusion.embedded.defaults import DefaultsError
 from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.kubelet import SimulatedKubelet

@@ -27,7 +27,7 @@ import kr8s.asyncio
 import orjson
 
 from tfusion.api.accessors import Body, items, text
-from tfusion.kube.resources import TOKENREVIEWS, Resource
+from tfusion.kube.resources import TOKENREVIEWS, ApiResource
 from tfusion.leanhttp import LeanTransport
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -290,7 +290,7 @@ class KubeClient:
 
     # --- raw requests ---------------------------------------------------------------------------
 
-    async def request(self, method: str, resource: Resource | None = None, *, path: str = "",
+    async def request(self, method: str, resource: ApiResource | None = None, *, path: str = "",
                       namespace: str | None = None, params: Mapping[str, str] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout: httpx.Timeout | float | None = None) -> Any:
@@ -343,7 +343,7 @@ class KubeClient:
             raise error_from_status(_json_or_text(content), status)
         return content
 
-    def _ns(self, resource: Resource, namespace: str | None, own_namespace: str = "") -> str | None:
+    def _ns(self, resource: ApiResource, namespace: str | None, own_namespace: str = "") -> str | None:
         """Where a request goes: the namespace asked for, else the object's own, else the client's."""
         if not resource.namespaced:
             return None
@@ -351,14 +351,14 @@ class KubeClient:
 
     # --- CRUD -----------------------------------------------------------------------------------
 
-    async def get(self, resource: Resource, name: str, *, namespace: str | None = None,
+    async def get(self, resource: ApiResource, name: str, *, namespace: str | None = None,
                   subresource: str | None = None) -> dict[str, Any]:
         path = f"{name}/{subresource}" if subresource else name
         result: dict[str, Any] = await self.request("GET", resource, path=path,
                                                     namespace=self._ns(resource, namespace))
         return result
 
-    async def list(self, resource: Resource, *, namespace: str | None = None,
+    async def list(self, resource: ApiResource, *, namespace: str | None = None,
                    label_selector: str | None = None, field_selector: str | None = None,
                    limit: int = 500) -> ObjectList:
         """Every page, following `continue`. `namespace=None` lists across all namespaces."""
@@ -378,14 +378,14 @@ class KubeClient:
                 return result
             params["continue"] = token
 
-    async def create(self, resource: Resource, obj: Mapping[str, Any], *, namespace: str | None = None,
+    async def create(self, resource: ApiResource, obj: Mapping[str, Any], *, namespace: str | None = None,
                      params: Mapping[str, str] | None = None) -> dict[str, Any]:
         body = _with_type(resource, obj)
         ns = self._ns(resource, namespace, Body(obj).namespace)
         result: dict[str, Any] = await self.request("POST", resource, namespace=ns, body=body, params=params)
         return result
 
-    async def replace(self, resource: Resource, obj: Mapping[str, Any], *, namespace: str | None = None,
+    async def replace(self, resource: ApiResource, obj: Mapping[str, Any], *, namespace: str | None = None,
                       subresource: str | None = None) -> dict[str, Any]:
         """PUT: conditioned on `metadata.resourceVersion` when the object carries one (409 if stale)."""
         name = Body(obj).name
@@ -397,7 +397,7 @@ class KubeClient:
                                                     body=_with_type(resource, obj))
         return result
 
-    async def patch(self, resource: Resource, name: str, patch: Any, *, namespace: str | None = None,
+    async def patch(self, resource: ApiResource, name: str, patch: Any, *, namespace: str | None = None,
                     patch_type: str = "merge", subresource: str | None = None,
                     field_manager: str | None = None, force: bool = False) -> dict[str, Any]:
         """`patch_type` is merge, json (a list of operations), strategic or apply."""
@@ -415,7 +415,7 @@ class KubeClient:
                                                     content_type=PATCH_CONTENT_TYPES[patch_type])
         return result
 
-    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
+    async def delete(self, resource: ApiResource, name: str, *, namespace: str | None = None,
                      propagation_policy: str | None = None, preconditions: Mapping[str, str] | None = None,
                      grace_period_seconds: int | None = None) -> dict[str, Any]:
         """Returns what the server returns: the object (still there with a deletionTimestamp while
@@ -433,7 +433,7 @@ class KubeClient:
 
     # --- watch ----------------------------------------------------------------------------------
 
-    async def watch(self, resource: Resource, *, namespace: str | None = None,
+    async def watch(self, resource: ApiResource, *, namespace: str | None = None,
                     label_selector: str | None = None, field_selector: str | None = None,
                     resource_version: str | None = None, timeout_seconds: int = 290,
                     read_timeout: float | None = None,
@@ -500,7 +500,7 @@ class KubeClient:
         return text(result, "status", "token")
 
 
-def _with_type(resource: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
+def _with_type(resource: ApiResource, obj: Mapping[str, Any]) -> dict[str, Any]:
     body = dict(obj)
     body.setdefault("apiVersion", resource.api_version)
     body.setdefault("kind", resource.kind)

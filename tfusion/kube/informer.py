@@ -32,7 +32,7 @@ from tfusion.api.accessors import Body, Gpu, Pod
 from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
-from tfusion.kube.resources import Resource
+from tfusion.kube.resources import ApiResource
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class Handler:
 
 @dataclass(frozen=True)
 class InformerKey:
-    resource: Resource
+    resource: ApiResource
     namespace: str | None = None
     label_selector: str | None = None
     field_selector: str | None = None
@@ -209,7 +209,7 @@ class Informer:
     (copy first). Handlers get `on_add(obj)`, `on_update(old, new)`, `on_delete(last_known)`,
     plain or async; an object deleted while disconnected is announced with its last known state."""
 
-    def __init__(self, client: KubeClient, resource: Resource, *, namespace: str | None = None,
+    def __init__(self, client: KubeClient, resource: ApiResource, *, namespace: str | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,
                  registry: CollectorRegistry | None = None, timeout_seconds: int = 290,
                  read_timeout: float | None = None, backoff_base: float = RECONNECT_BACKOFF.base,
@@ -496,7 +496,7 @@ class InformerFactory:
         self._informers: dict[InformerKey, Informer] = {}
         self._tg: TaskGroup | None = None
 
-    def informer(self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
+    def informer(self, resource: ApiResource, *, namespace: str | None = None, label_selector: str | None = None,
                  field_selector: str | None = None) -> Informer:
         key = InformerKey(resource, namespace, label_selector, field_selector)
         found = self._informers.get(key)

@@ -34,7 +34,7 @@ from tfusion.api.accessors import Body
 from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
-from tfusion.kube.resources import Resource
+from tfusion.kube.resources import ApiResource
 from tfusion.kube.workqueue import Key, RateLimiter, ShutDown, WorkQueue, metrics_for
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class Controller:
 # --- the builder ------------------------------------------------------------------------------
 
 
-def controller_owner_keys(owner: Resource) -> MapFunc:
+def controller_owner_keys(owner: ApiResource) -> MapFunc:
     """Keys of the controlling owner of kind `owner.kind` named in an object's ownerReferences."""
 
     def keys(obj: dict[str, Any]) -> list[str]:
@@ -223,12 +223,12 @@ class ControllerBuilder:
         self.manager = manager
         self.name = name
         self._primary: tuple[Informer, Sequence[Predicate]] | None = None
-        self._primary_resource: Resource | None = None
+        self._primary_resource: ApiResource | None = None
         self._watches: list[tuple[Informer, MapFunc | None, Sequence[Predicate]]] = []
         self._workers = 1
         self._leader_only = True
 
-    def for_(self, resource: Resource, *, predicates: Sequence[Predicate] = (),
+    def for_(self, resource: ApiResource, *, predicates: Sequence[Predicate] = (),
              label_selector: str | None = None, field_selector: str | None = None) -> ControllerBuilder:
         if self._primary is not None:
             raise ValueError(f"controller {self.name}: for_() was already given")
@@ -237,7 +237,7 @@ class ControllerBuilder:
         self._primary, self._primary_resource = (informer, predicates), resource
         return self
 
-    def owns(self, resource: Resource, *, predicates: Sequence[Predicate] = (),
+    def owns(self, resource: ApiResource, *, predicates: Sequence[Predicate] = (),
              label_selector: str | None = None) -> ControllerBuilder:
         if self._primary_resource is None:
             raise ValueError(f"controller {self.name}: call for_() before owns()")
@@ -245,7 +245,7 @@ class ControllerBuilder:
         self._watches.append((informer, controller_owner_keys(self._primary_resource), predicates))
         return self
 
-    def watches(self, resource: Resource, map_fn: MapFunc, *, predicates: Sequence[Predicate] = (),
+    def watches(self, resource: ApiResource, map_fn: MapFunc, *, predicates: Sequence[Predicate] = (),
                 label_selector: str | None = None, field_selector: str | None = None) -> ControllerBuilder:
         informer = self.manager.cache.informer(resource, label_selector=label_selector,
                                                field_selector=field_selector)
@@ -277,7 +277,7 @@ class ControllerBuilder:
 # --- finalizers -------------------------------------------------------------------------------
 
 
-async def ensure_finalizer(client: KubeClient, resource: Resource, obj: dict[str, Any], finalizer: str,
+async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: dict[str, Any], finalizer: str,
                            cleanup: Callable[[dict[str, Any]], Awaitable[bool]]) -> dict[str, Any] | None:
     """The finalizer protocol. Returns the object to go on reconciling, or None when it is being
     deleted (the cleanup ran; the finalizer was removed once `cleanup` returned True, and the

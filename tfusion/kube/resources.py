@@ -1,7 +1,8 @@
 """The Kubernetes resources tfusion reads and writes, named once.
 
-A `Resource` is everything the REST path needs (group, version, plural, scope) plus the kind, so
-the client, informers and tests address kinds by constant rather than by scattered strings.
+An `ApiResource` (not `Resource`: that is the API's per-GPU amounts) is everything the REST path
+needs (group, version, plural, scope) plus the kind, so the client, informers and tests address
+kinds by constant rather than by scattered strings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ TF_GROUP = "tensor-fusion.ai"
 
 
 @dataclass(frozen=True)
-class Resource:
+class ApiResource:
     """One REST resource: `group` is "" for the core API."""
 
     group: str
@@ -35,38 +36,38 @@ class Resource:
         return self.name
 
 
-PODS = Resource("", "v1", "pods", "Pod", True)
-NODES = Resource("", "v1", "nodes", "Node", False)
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
-EVENTS = Resource("", "v1", "events", "Event", True)
-CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True)
-SECRETS = Resource("", "v1", "secrets", "Secret", True)
-SERVICES = Resource("", "v1", "services", "Service", True)
-SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
-LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
-TOKENREVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
-REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
-JOBS = Resource("batch", "v1", "jobs", "Job", True)
-CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+PODS = ApiResource("", "v1", "pods", "Pod", True)
+NODES = ApiResource("", "v1", "nodes", "Node", False)
+NAMESPACES = ApiResource("", "v1", "namespaces", "Namespace", False)
+EVENTS = ApiResource("", "v1", "events", "Event", True)
+CONFIGMAPS = ApiResource("", "v1", "configmaps", "ConfigMap", True)
+SECRETS = ApiResource("", "v1", "secrets", "Secret", True)
+SERVICES = ApiResource("", "v1", "services", "Service", True)
+SERVICEACCOUNTS = ApiResource("", "v1", "serviceaccounts", "ServiceAccount", True)
+LEASES = ApiResource("coordination.k8s.io", "v1", "leases", "Lease", True)
+TOKENREVIEWS = ApiResource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment", True)
+REPLICASETS = ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
+JOBS = ApiResource("batch", "v1", "jobs", "Job", True)
+CUSTOMRESOURCEDEFINITIONS = ApiResource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                      "CustomResourceDefinition", False)
 
-GPUS = Resource(TF_GROUP, "v1", "gpus", "GPU", False)
-GPUNODES = Resource(TF_GROUP, "v1", "gpunodes", "GPUNode", False)
-GPUPOOLS = Resource(TF_GROUP, "v1", "gpupools", "GPUPool", False)
-TENSORFUSIONCLUSTERS = Resource(TF_GROUP, "v1", "tensorfusionclusters", "TensorFusionCluster", False)
-GPUNODECLASSES = Resource(TF_GROUP, "v1", "gpunodeclasses", "GPUNodeClass", False)
-GPUNODECLAIMS = Resource(TF_GROUP, "v1", "gpunodeclaims", "GPUNodeClaim", False)
-SCHEDULINGCONFIGTEMPLATES = Resource(TF_GROUP, "v1", "schedulingconfigtemplates", "SchedulingConfigTemplate",
+GPUS = ApiResource(TF_GROUP, "v1", "gpus", "GPU", False)
+GPUNODES = ApiResource(TF_GROUP, "v1", "gpunodes", "GPUNode", False)
+GPUPOOLS = ApiResource(TF_GROUP, "v1", "gpupools", "GPUPool", False)
+TENSORFUSIONCLUSTERS = ApiResource(TF_GROUP, "v1", "tensorfusionclusters", "TensorFusionCluster", False)
+GPUNODECLASSES = ApiResource(TF_GROUP, "v1", "gpunodeclasses", "GPUNodeClass", False)
+GPUNODECLAIMS = ApiResource(TF_GROUP, "v1", "gpunodeclaims", "GPUNodeClaim", False)
+SCHEDULINGCONFIGTEMPLATES = ApiResource(TF_GROUP, "v1", "schedulingconfigtemplates", "SchedulingConfigTemplate",
                                      False)
-GPURESOURCEQUOTAS = Resource(TF_GROUP, "v1", "gpuresourcequotas", "GPUResourceQuota", True)
-PROVIDERCONFIGS = Resource(TF_GROUP, "v1", "providerconfigs", "ProviderConfig", False)
-TENSORFUSIONWORKLOADS = Resource(TF_GROUP, "v1", "tensorfusionworkloads", "TensorFusionWorkload", True)
-WORKLOADPROFILES = Resource(TF_GROUP, "v1", "workloadprofiles", "WorkloadProfile", True)
-TENSORFUSIONCONNECTIONS = Resource(TF_GROUP, "v1", "tensorfusionconnections", "TensorFusionConnection", True)
+GPURESOURCEQUOTAS = ApiResource(TF_GROUP, "v1", "gpuresourcequotas", "GPUResourceQuota", True)
+PROVIDERCONFIGS = ApiResource(TF_GROUP, "v1", "providerconfigs", "ProviderConfig", False)
+TENSORFUSIONWORKLOADS = ApiResource(TF_GROUP, "v1", "tensorfusionworkloads", "TensorFusionWorkload", True)
+WORKLOADPROFILES = ApiResource(TF_GROUP, "v1", "workloadprofiles", "WorkloadProfile", True)
+TENSORFUSIONCONNECTIONS = ApiResource(TF_GROUP, "v1", "tensorfusionconnections", "TensorFusionConnection", True)
 
 #: the 12 tensor-fusion.ai/v1 kinds
-TF_RESOURCES: tuple[Resource, ...] = (
+TF_RESOURCES: tuple[ApiResource, ...] = (
     TENSORFUSIONCLUSTERS, GPUPOOLS, GPUNODES, GPUS, GPUNODECLASSES, GPUNODECLAIMS,
     SCHEDULINGCONFIGTEMPLATES, GPURESOURCEQUOTAS, PROVIDERCONFIGS, TENSORFUSIONWORKLOADS,
     WORKLOADPROFILES, TENSORFUSIONCONNECTIONS,

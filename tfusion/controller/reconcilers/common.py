@@ -51,7 +51,7 @@ def deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
-def controller_reference(owner: Mapping[str, Any], resource: r.Resource) -> dict[str, Any]:
+def controller_reference(owner: Mapping[str, Any], resource: r.ApiResource) -> dict[str, Any]:
     """An ownerReference that makes `owner` the controller of the object carrying it."""
     return {"apiVersion": resource.api_version, "kind": resource.kind, "name": name_of(owner),
             "uid": str(meta(owner).get("uid") or ""), "controller": True, "blockOwnerDeletion": True}
@@ -100,7 +100,7 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
     return {k: v for k, v in wanted.items() if _comparable(current.get(k)) != _comparable(v)}
 
 
-async def write_status(client: KubeClient, resource: r.Resource, obj: Mapping[str, Any],
+async def write_status(client: KubeClient, resource: r.ApiResource, obj: Mapping[str, Any],
                        wanted: Mapping[str, Any]) -> bool:
     """Merge-patch the status fields that differ from the cached object; True when it wrote.
     A merge patch replaces lists whole, so conditions are written merged (`merge_conditions`); the

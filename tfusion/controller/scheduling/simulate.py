@@ -201,7 +201,7 @@ def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Mapping[
     }
 
 
-def cached_sources(informer: Callable[[r.Resource], Informer], namespace: str) -> Sources:
+def cached_sources(informer: Callable[[r.ApiResource], Informer], namespace: str) -> Sources:
     """What the webhook would read for a pod of `namespace`, from the controller's informers."""
     profiles, gpus = informer(r.WORKLOADPROFILES), informer(r.GPUS)
     quotas = [q for q in informer(r.GPURESOURCEQUOTAS).list() if Body(q).namespace == namespace]

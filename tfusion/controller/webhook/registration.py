@@ -24,7 +24,7 @@ from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
 
 log = logging.getLogger(__name__)
 
-MUTATING_WEBHOOK_CONFIGURATIONS = r.Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+MUTATING_WEBHOOK_CONFIGURATIONS = r.ApiResource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                                              "MutatingWebhookConfiguration", False)
 CONFIGURATION_NAME = "tensor-fusion-pod-webhook"
 WEBHOOK_NAME = "pod.tensor-fusion.ai"

@@ -45,11 +45,11 @@ from tfusion.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
-REPLICASETS = r.Resource("apps", "v1", "replicasets", "ReplicaSet", True)
-DEPLOYMENTS = r.Resource("apps", "v1", "deployments", "Deployment", True)
-STATEFULSETS = r.Resource("apps", "v1", "statefulsets", "StatefulSet", True)
-JOBS = r.Resource("batch", "v1", "jobs", "Job", True)
-CRONJOBS = r.Resource("batch", "v1", "cronjobs", "CronJob", True)
+REPLICASETS = r.ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
+DEPLOYMENTS = r.ApiResource("apps", "v1", "deployments", "Deployment", True)
+STATEFULSETS = r.ApiResource("apps", "v1", "statefulsets", "StatefulSet", True)
+JOBS = r.ApiResource("batch", "v1", "jobs", "Job", True)
+CRONJOBS = r.ApiResource("batch", "v1", "cronjobs", "CronJob", True)
 _OWNER_KINDS = {(res.group, res.kind): res for res in (REPLICASETS, DEPLOYMENTS, STATEFULSETS, JOBS, CRONJOBS)}
 #: the original's short-id alphabet (no 0, l, z: easy to read back)
 SHORT_ID_ALPHABET = "123456789abcdefghijkmnopqrstuvwxy"

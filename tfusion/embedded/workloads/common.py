@@ -20,7 +20,7 @@ from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.informer import Informer
 from tfusion.kube.manager import Manager
-from tfusion.kube.resources import Resource
+from tfusion.kube.resources import ApiResource
 
 OWNER_INDEX = "workloads:controller-uid"
 #: at most this many pods are created or deleted by one reconcile (kube's burstReplicas)
@@ -34,7 +34,7 @@ def controller_uid(obj: Body) -> list[str]:
     return [str(ref["uid"]) for ref in obj.meta.owner_references if ref.get("controller") and ref.get("uid")]
 
 
-def owner_reference(owner: Body, resource: Resource) -> dict[str, str | bool]:
+def owner_reference(owner: Body, resource: ApiResource) -> dict[str, str | bool]:
     return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
             "controller": True, "blockOwnerDeletion": True}
 
@@ -67,7 +67,7 @@ def available_in(pod: Pod, min_ready_s: int, now: float) -> float | None:
     return 0.0 if stamp is None else max(0.0, stamp + min_ready_s - now)
 
 
-def pod_from_template(owner: Body, resource: Resource, template: Mapping[str, Any]) -> dict[str, Any]:
+def pod_from_template(owner: Body, resource: ApiResource, template: Mapping[str, Any]) -> dict[str, Any]:
     """A pod of `owner` (generateName `<owner>-`), as kube's controllers build one from a template."""
     template_meta = section(template, "metadata")
     meta: dict[str, Any] = {"generateName": f"{owner.name}-", "namespace": owner.namespace or None,
@@ -173,7 +173,7 @@ class Workbench:
         else:
             self.manager.recorder.normal(obj.raw, reason, message)
 
-    async def write_status(self, resource: Resource, obj: Body, status: Mapping[str, Any]) -> None:
+    async def write_status(self, resource: ApiResource, obj: Body, status: Mapping[str, Any]) -> None:
         if status == obj.status:
             return
         try:
@@ -181,7 +181,8 @@ class Workbench:
         except NotFound:
             pass  # deleted meanwhile
 
-    async def create_pods(self, owner: Body, resource: Resource, template: Mapping[str, Any], count: int) -> str | None:
+    async def create_pods(self, owner: Body, resource: ApiResource, template: Mapping[str, Any],
+                          count: int) -> str | None:
         """Create `count` pods; the error message of the first failed create (then it stops)."""
         created: list[str] = []
         failure = None
@@ -198,7 +199,7 @@ class Workbench:
         self.expectations.expect(expectation_key(resource, owner), created=created)
         return failure
 
-    async def delete_pods(self, owner: Body, resource: Resource, pods: Sequence[Pod]) -> None:
+    async def delete_pods(self, owner: Body, resource: ApiResource, pods: Sequence[Pod]) -> None:
         deleted = []
         for pod in pods[:BURST]:
             try:
@@ -211,5 +212,5 @@ class Workbench:
         self.expectations.expect(expectation_key(resource, owner), deleted=deleted)
 
 
-def expectation_key(resource: Resource, owner: Body) -> str:
+def expectation_key(resource: ApiResource, owner: Body) -> str:
     return f"{resource.plural}/{owner.namespace}/{owner.name}"

@@ -28,9 +28,9 @@ from tfusion.hypervisor.workers.model import (
     STATUS_PENDING,
     STATUS_RUNNING,
     STATUS_TERMINATED,
-    Resource,
     RunningInfo,
     WorkerAllocation,
+    WorkerAmounts,
     WorkerInfo,
 )
 from tfusion.hypervisor.workers.procfs import ProcFS
@@ -97,7 +97,7 @@ def worker_from_pod(pod: Pod) -> WorkerInfo:
 
     no_ids: tuple[str, ...] = ()
     ids = keys.parse_present(notes.get(keys.GPU_IDS), keys.parse_gpu_ids, no_ids, on_error=warn)
-    requests = limits = Resource()
+    requests = limits = WorkerAmounts()
     qos = notes.get(keys.QOS) or "medium"
     isolation = notes.get(keys.ISOLATION) or keys.DEFAULT_ISOLATION
     try:
@@ -105,8 +105,8 @@ def worker_from_pod(pod: Pod) -> WorkerInfo:
     except RequestError as exc:
         warn(exc)
     else:
-        requests = Resource(req.tflops_request, req.percent_request / 1000, req.vram_request)
-        limits = Resource(req.tflops_limit, req.percent_limit / 1000, req.vram_limit)
+        requests = WorkerAmounts(req.tflops_request, req.percent_request / 1000, req.vram_request)
+        limits = WorkerAmounts(req.tflops_limit, req.percent_limit / 1000, req.vram_limit)
         qos, isolation = req.qos, req.isolation
     hard = keys.parse_present(notes.get(keys.EFFECTIVE_HARD_SM_PERCENT), keys.parse_effective_hard_sm_percent,
                               None, on_error=warn)

@@ -42,12 +42,12 @@ from tfusion.hypervisor.shm.store import SHM_FILE
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_RUNNING,
-    Resource,
     RunningInfo,
     WorkerAllocation,
+    WorkerAmounts,
     WorkerInfo,
 )
-from tfusion.hypervisor.workers.placement import Placement, PlacementError
+from tfusion.hypervisor.workers.placement import NodePlacer, PlacementError
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.spec import SpecError, parse_worker_spec
 from tfusion.hypervisor.workers.supervisor import (
@@ -130,7 +130,7 @@ class LocalWorkers:
         self.hypervisor_port = hypervisor_port
         self.process_env = dict(process_env)
         self.procfs = procfs or ProcFS()
-        self.placement = Placement(node_name=node_name, pool=pool)
+        self.placement = NodePlacer(node_name=node_name, pool=pool)
         self._workers: dict[str, _LocalWorker] = {}
         self._lock = anyio.Lock()
         self._tg: TaskGroup | None = None
@@ -333,8 +333,8 @@ class LocalWorkers:
             info = WorkerInfo(
                 uid=uid, namespace=spec.namespace, name=spec.name, allocated_devices=tuple(gpu_names),
                 status=STATUS_RUNNING, qos=request.qos, isolation=request.isolation,
-                requests=Resource(request.tflops_request, request.percent_request / 1000, request.vram_request),
-                limits=Resource(request.tflops_limit, request.percent_limit / 1000, request.vram_limit),
+                requests=WorkerAmounts(request.tflops_request, request.percent_request / 1000, request.vram_request),
+                limits=WorkerAmounts(request.tflops_limit, request.percent_limit / 1000, request.vram_limit),
                 workload_name=spec.name, labels=spec.labels, annotations=spec.annotations)
             try:
                 allocation = self._allocation(info)

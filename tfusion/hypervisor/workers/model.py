@@ -1,7 +1,7 @@
 """Workers on this node and their allocations, in the original's JSON shape.
 
 `WorkerInfo` and `WorkerAllocation` serialise with the Go field names the original uses
-(`WorkerUID`, `AllocatedDevices`, `DeviceInfos`, `Envs`, ...), except `Resource` (`tflops`,
+(`WorkerUID`, `AllocatedDevices`, `DeviceInfos`, `Envs`, ...), except `WorkerAmounts` (`tflops`,
 `compute`, `vram` quantity strings) and `WorkerRunningInfo` (camelCase), which had JSON tags upstream.
 The local backend persists exactly this shape in `workers.json`.
 """
@@ -26,8 +26,8 @@ ISOLATION_MODES = keys.ISOLATION_MODES
 
 
 @dataclass(frozen=True)
-class Resource:
-    """TFLOPS (milli), compute percent and VRAM bytes; zero means "not set"."""
+class WorkerAmounts:
+    """A worker's per-GPU TFLOPS (milli), compute percent and VRAM bytes; zero means "not set"."""
 
     tflops_milli: int = 0
     compute_percent: float = 0.0
@@ -39,7 +39,7 @@ class Resource:
                 "vram": str(Quantity.from_int(self.vram_bytes, "BinarySI"))}
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any] | None) -> Resource:
+    def from_wire(cls, raw: dict[str, Any] | None) -> WorkerAmounts:
         raw = raw or {}
         return cls(tflops_milli=Quantity.parse(raw.get("tflops") or "0").milli_value(),
                    compute_percent=float(Quantity.parse(raw.get("compute") or "0").decimal),
@@ -90,8 +90,8 @@ class WorkerInfo:
     status: str = STATUS_PENDING
     qos: str = "medium"
     isolation: str = keys.DEFAULT_ISOLATION
-    requests: Resource = field(default_factory=Resource)
-    limits: Resource = field(default_factory=Resource)
+    requests: WorkerAmounts = field(default_factory=WorkerAmounts)
+    limits: WorkerAmounts = field(default_factory=WorkerAmounts)
     partition_template_id: str = ""
     workload_name: str = ""
     labels: dict[str, str] = field(default_factory=dict)
@@ -126,8 +126,8 @@ class WorkerInfo:
             allocated_devices=tuple(str(d) for d in raw.get("AllocatedDevices") or ()),
             status=str(raw.get("Status", STATUS_PENDING)), qos=str(raw.get("QoS", "medium")),
             isolation=str(raw.get("IsolationMode", keys.DEFAULT_ISOLATION)),
-            requests=Resource.from_wire(raw.get("Requests")),
-            limits=Resource.from_wire(raw.get("Limits")),
+            requests=WorkerAmounts.from_wire(raw.get("Requests")),
+            limits=WorkerAmounts.from_wire(raw.get("Limits")),
             partition_template_id=str(raw.get("PartitionTemplateID", "")),
             workload_name=str(raw.get("WorkloadName", "")), labels=dict(raw.get("Labels") or {}),
             annotations=dict(raw.get("Annotations") or {}), deleted_at=int(raw.get("DeletedAt", 0)))

@@ -28,8 +28,9 @@ class PlacementError(Exception):
         self.reasons = list(reasons)
 
 
-class Placement:
-    """One node's devices in a GpuAllocator, and the local workers' allocations in its ledger."""
+class NodePlacer:
+    """Places local workers: one node's devices in a GpuAllocator, and the workers' allocations in
+    its ledger. (Not the allocator's `GpuPlacement`, which is one pod's answer.)"""
 
     def __init__(self, *, node_name: str, pool: str, max_workers: int = 256) -> None:
         self.node_name = node_name
