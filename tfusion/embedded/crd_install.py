@@ -20,7 +20,7 @@ import orjson
 from tfusion.api.accessors import Body, section
 from tfusion.api.crds import all_crds
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError
-from tfusion.kube.resources import CUSTOMRESOURCEDEFINITIONS, Resource
+from tfusion.kube.resources import CUSTOMRESOURCEDEFINITIONS, ApiResource
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,11 @@ def spec_hash(crd: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
-def served_resources(crd: Mapping[str, Any]) -> list[Resource]:
+def served_resources(crd: Mapping[str, Any]) -> list[ApiResource]:
     """The REST resources a CRD makes the server serve (one per served version)."""
     spec = crd["spec"]
     names = spec["names"]
-    return [Resource(spec["group"], version["name"], names["plural"], names["kind"], spec["scope"] == "Namespaced")
+    return [ApiResource(spec["group"], version["name"], names["plural"], names["kind"], spec["scope"] == "Namespaced")
             for version in spec["versions"] if version.get("served", True)]
 
 
@@ -114,13 +114,13 @@ def _with_hash(crd: dict[str, Any], digest: str, hash_annotation: str,
     return {**crd, "metadata": meta}
 
 
-async def wait_served(client: KubeClient, resources: list[Resource], timeout: float = SERVED_TIMEOUT_S) -> None:
+async def wait_served(client: KubeClient, resources: list[ApiResource], timeout: float = SERVED_TIMEOUT_S) -> None:
     """Wait until a list of each resource succeeds (what every informer will do next)."""
     pending = list(resources)
     last_error = ""
     with anyio.move_on_after(timeout):
         while pending:
-            still: list[Resource] = []
+            still: list[ApiResource] = []
             for res in pending:
                 try:
                     await client.request("GET", res, params={"limit": "1"})
