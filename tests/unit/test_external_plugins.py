@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tfusion.api.accessors import Body
 from tfusion.hypervisor.external_plugins import (
     NVIDIA,
     NVIDIA_DEVICE_PLUGIN,
@@ -67,7 +68,7 @@ def test_provider_configs_add_detectors_in_name_order() -> None:
                                                                                               "", 7]}}},
         {"metadata": {"name": "b"}, "spec": {"vendor": "NVIDIA"}},
     ]
-    detectors = provider_detectors(configs)
+    detectors = provider_detectors(map(Body, configs))
     assert detectors == [Detector(("example.com/npu",), THIRD_PARTY_DEVICE_PLUGIN),
                          Detector(("example.com/npu",), "npu-plugin")]
     held = held_gpus([("example.com/npu", ["NPU-1"]), ("nvidia.com/gpu", [UUID_A])], [NVIDIA, *detectors])

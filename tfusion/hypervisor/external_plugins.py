@@ -34,6 +34,7 @@ import anyio
 import orjson
 
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import Body, Gpu, items, section
 from tfusion.hypervisor.deviceplugin.podresources import PodResourcesError, list_assigned_devices
 from tfusion.hypervisor.gpu_report import USED_BY_TENSOR_FUSION
 from tfusion.kube.client import KubeClient, KubeError, NotFound
@@ -70,12 +71,12 @@ class Detector:
 NVIDIA = Detector(("nvidia.com/gpu", "nvidia.com/mig"), NVIDIA_DEVICE_PLUGIN)
 
 
-def provider_detectors(configs: Iterable[Mapping[str, Any]]) -> list[Detector]:
+def provider_detectors(configs: Iterable[Body]) -> list[Detector]:
     """One detector per ProviderConfig with `spec.devicePluginDetection.resourceNamePrefixes`."""
     found: list[Detector] = []
-    for config in sorted(configs, key=lambda c: str((c.get("metadata") or {}).get("name") or "")):
-        detection = (config.get("spec") or {}).get("devicePluginDetection") or {}
-        prefixes = tuple(p for p in detection.get("resourceNamePrefixes") or [] if isinstance(p, str) and p)
+    for config in sorted(configs, key=lambda c: c.name):
+        detection = section(config.spec, "devicePluginDetection")
+        prefixes = tuple(p for p in items(detection, "resourceNamePrefixes") if isinstance(p, str) and p)
         if prefixes:
             found.append(Detector(prefixes, str(detection.get("usedBySystemName") or THIRD_PARTY_DEVICE_PLUGIN)))
     return found
@@ -88,7 +89,7 @@ def checkpoint_allocations(text: str) -> list[tuple[str, list[str]]]:
         data = orjson.loads(text)
     except ValueError as exc:
         raise SourceError(f"not JSON: {exc}") from None
-    entries = ((data.get("Data") or {}) if isinstance(data, dict) else {}).get("PodDeviceEntries") or []
+    entries = section(data, "Data").get("PodDeviceEntries") or []
     if not isinstance(entries, list):
         raise SourceError(f"Data.PodDeviceEntries is a {type(entries).__name__}, not a list")
     found: list[tuple[str, list[str]]] = []
@@ -166,10 +167,10 @@ class ExternalPluginDetector:
             self._problem(f"GPUs held by other device plugins: not checked this time: {exc}")
             return
         self._problem("")
-        detectors = [NVIDIA, *provider_detectors(self.providers.list())]
+        detectors = [NVIDIA, *provider_detectors(map(Body, self.providers.list()))]
         held = held_gpus(allocations, detectors)
         ours = {THIRD_PARTY_DEVICE_PLUGIN, *(d.used_by for d in detectors)}
-        for gpu in self.gpus.by_index(self._gpus_by_node, self.node):
+        for gpu in map(Gpu, self.gpus.by_index(self._gpus_by_node, self.node)):
             await self._mark(gpu, held, ours)
 
     async def _allocations(self) -> list[tuple[str, list[str]]]:
@@ -190,9 +191,9 @@ class ExternalPluginDetector:
         except SourceError as exc:
             raise SourceError(f"{self.checkpoint}: {exc}") from None
 
-    async def _mark(self, gpu: Mapping[str, Any], held: Mapping[str, str], detector_names: set[str]) -> None:
-        name = str(gpu["metadata"]["name"])
-        current = str((gpu.get("status") or {}).get("usedBy") or "")
+    async def _mark(self, gpu: Gpu, held: Mapping[str, str], detector_names: set[str]) -> None:
+        name = gpu.name
+        current = gpu.used_by
         wanted = held.get(name) or (USED_BY_TENSOR_FUSION if current in detector_names else current)
         if wanted == current:
             return
