@@ -153,7 +153,7 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
         if allocator is None:
             raise HttpError(503, NOT_LEADER)
         sources = cached_sources(service.runtime.informer, Pod(pod).namespace or "default")
-        status, body = simulate_schedule(allocator, pod, sources=sources, scheduler=service.runtime.scheduler)
+        status, body = simulate_schedule(allocator, pod, sources=sources, scheduler=service.scheduler)
         if status != 200:
             raise HttpError(status, msgspec.convert(body, ErrorBody))
         return msgspec.convert(body, SimulateScheduleResult)

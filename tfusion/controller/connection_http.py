@@ -39,7 +39,8 @@ from tfusion.kube.informer import Informer
 from tfusion.web import ErrorBody, HttpError, error_responses
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.scheduling.assignments import Assignments
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,13 @@ class ConnectionWaiters:
 class ConnectionRoute:
     """The route's state: the waiter registry, the token reviewer, the wait and the metrics."""
 
-    def __init__(self, runtime: ControllerRuntime, *, wait: float | None = None) -> None:
+    def __init__(self, runtime: ControllerRuntime, assignments: Assignments, *, wait: float | None = None) -> None:
         self.runtime = runtime
         self.wait = runtime.settings.connection_wait if wait is None else wait
         self.auth = not runtime.settings.disable_connection_auth
         self.informer = runtime.informer(r.TENSORFUSIONCONNECTIONS)
         self.waiters = ConnectionWaiters(self.informer)
-        shared = runtime.assignments.reviewer if runtime.assignments is not None else None
+        shared = assignments.reviewer
         self.reviewer: TokenReviewer | None = shared or (
             TokenReviewer(runtime.manager.client) if runtime.manager.has_client else None)
         self._reviews = anyio.Semaphore(MAX_CONCURRENT_REVIEWS)
@@ -257,6 +258,6 @@ def connection_handler(route: ConnectionRoute) -> Any:
     return connection
 
 
-def attach_connection_route(runtime: ControllerRuntime) -> ConnectionRoute:
+def attach_connection_route(runtime: ControllerRuntime, assignments: Assignments) -> ConnectionRoute:
     """Serve GET /api/connection on this replica (every replica: call it in configure())."""
-    return ConnectionRoute(runtime).attach()
+    return ConnectionRoute(runtime, assignments).attach()

@@ -176,8 +176,7 @@ class ControllerCollector(Collector):
             node.add_metric(list(node_labels), total)
         allocations = CounterMetricFamily("tfusion_pool_allocations", "GPU placements by the scheduler, by pool "
                                           "and result (success, failure)", labels=["pool", "result"])
-        service = self.recorder.runtime.allocation
-        for (pool, ok), count in sorted((service.allocation_tally if service is not None else {}).items()):
+        for (pool, ok), count in sorted(self.recorder.allocation.allocation_tally.items()):
             allocations.add_metric([pool, "success" if ok else "failure"], float(count))
         return [worker, node, allocations]
 

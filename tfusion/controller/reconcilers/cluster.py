@@ -43,7 +43,7 @@ from tfusion.kube.client import AlreadyExists, KubeError, NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -52,13 +52,14 @@ from tfusion.controller.reconcilers.workers import (
     worker_pod,
 )
 from tfusion.controller.reconcilers.workload import WORKLOAD_INDEX, is_dynamic, workloads_of_pool
-from tfusion.controller.role import component_selector
+from tfusion.controller.runtime import component_selector
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.reconciler import Result, generation_changed
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.scheduling.assignments import Assignments
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,9 @@ def is_connected(conn: Obj) -> bool:
 class ConnectionReconciler:
     """See the module docstring. Key: "namespace/name"."""
 
-    def __init__(self, runtime: ControllerRuntime) -> None:
+    def __init__(self, runtime: ControllerRuntime, assignments: Assignments) -> None:
         self.runtime = runtime
+        self.assignments = assignments
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
         self.connections.add_index(CONNECTION_WORKLOAD_INDEX, connection_workload)
         self.connections.add_index(CONNECTION_WORKER_INDEX, connection_worker)
@@ -242,8 +244,8 @@ class ConnectionReconciler:
 
     async def _index(self, key: str) -> int | None:
         """A pod index for the worker from the leader's index allocator (None when there is none)."""
-        assignments = self.runtime.assignments
-        if assignments is None or assignments.indexes is None:
+        assignments = self.assignments
+        if assignments.indexes is None:
             return None
         return assignments.indexes.assign(key)
 

@@ -38,14 +38,14 @@ from tfusion.controller.reconcilers.common import (
     status_of,
 )
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
-from tfusion.controller.role import component_selector
+from tfusion.controller.runtime import component_selector
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.reconciler import Result, generation_changed, spec_changed
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from tfusion.kube.client import NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer, spec_changed
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from tfusion.controller.reconcilers.common import (
     write_status,
 )
 from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
-from tfusion.controller.role import component_selector
+from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.workloads import AWAITING_POD, awaiting_pod_since
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, NotFound
@@ -60,7 +60,8 @@ from tfusion.kube.informer import Informer
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.scheduling.assignments import Assignments
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,9 @@ def _oldest_first(pod: Obj) -> tuple[str, str]:
 class WorkloadReconciler:
     """See the module docstring. Key: "namespace/name"."""
 
-    def __init__(self, runtime: ControllerRuntime) -> None:
+    def __init__(self, runtime: ControllerRuntime, assignments: Assignments) -> None:
         self.runtime = runtime
+        self.assignments = assignments
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.pods = runtime.informer(r.PODS)
         self.pods.add_index(WORKLOAD_INDEX, workload_key)
@@ -298,8 +300,8 @@ class WorkloadReconciler:
     async def _create(self, key: str, workload: Obj, pool: Obj | None, wanted_hash: str) -> None:
         namespace = str(meta(workload).get("namespace"))
         index = None
-        assignments = self.runtime.assignments
-        if assignments is not None and assignments.indexes is not None:
+        assignments = self.assignments
+        if assignments.indexes is not None:
             index = assignments.indexes.assign(f"{namespace}/{name_of(workload)}{WORKER_INFIX}{self.created}")
         try:
             pod = worker_pod(workload, pool, self.providers.list(), generate_name=f"{name_of(workload)}{WORKER_INFIX}",

@@ -73,7 +73,7 @@ from tfusion.kube.informer import Informer, node_name_index
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
-    from tfusion.controller.role import ControllerRuntime
+    from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,6 @@ class Scheduler:
         rt.routes.extend(scheduler_handlers(self))
         if self.mode == BUILTIN:
             rt.add_leader_task(self.run_leader)
-        rt.scheduler = self
         return self
 
     @property
@@ -704,14 +703,11 @@ def _gpu_grew(old: Obj, new: Obj) -> bool:
     return False
 
 
-def attach_scheduler(runtime: ControllerRuntime) -> Scheduler | None:
+def attach_scheduler(runtime: ControllerRuntime, service: AllocatorService) -> Scheduler | None:
     """configure()'s entry: nothing when ENABLE_SCHEDULER=false."""
     if not getattr(runtime.settings, "enable_scheduler", True):
         log.info("ENABLE_SCHEDULER=false: no scheduler runs and the extender routes are not served")
         return None
-    service = runtime.allocation
-    if service is None:
-        raise RuntimeError("attach the AllocatorService before the scheduler")
     return Scheduler(runtime, service).attach()
 
 
