@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import Gpu
 from tfusion.errors import RoleError
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.workers.tracker import WorkerTracker
@@ -120,8 +121,7 @@ def device_pools(settings: Settings, manager: Manager | None, node: str) -> Pool
 
     def pool_of(uuid: str) -> str:
         obj = gpus.get(uuid)
-        labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-        return str(labels.get(keys.GPU_POOL) or fallback)
+        return (Gpu(obj).meta.label(keys.GPU_POOL) if obj is not None else None) or fallback
 
     return pool_of
 

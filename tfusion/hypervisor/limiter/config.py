@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import orjson
 
+from tfusion.api import accessors
 from tfusion.hypervisor.limiter import erl
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, SCHEDULINGCONFIGTEMPLATES
@@ -82,22 +83,21 @@ async def _template_of(client: KubeClient, node: str) -> tuple[str, dict[str, An
         gpunode = await client.get(GPUNODES, node)
     except NotFound:
         return "", {}
-    owners = [o for o in (gpunode.get("metadata") or {}).get("ownerReferences") or [] if o.get("kind") == "GPUPool"]
+    owners = [o for o in accessors.GpuNode(gpunode).meta.owner_references if o.get("kind") == "GPUPool"]
     if not owners:
         return "", {}
     try:
         pool = await client.get(GPUPOOLS, str(owners[0].get("name", "")))
     except NotFound:
         return "", {}
-    name = str((pool.get("spec") or {}).get("schedulingConfigTemplate") or "")
+    name = accessors.text(pool, "spec", "schedulingConfigTemplate")
     if not name:
         return "", {}
     try:
         template = await client.get(SCHEDULINGCONFIGTEMPLATES, name)
     except NotFound:
         return name, {}
-    hypervisor = (template.get("spec") or {}).get("hypervisor")
-    return name, dict(hypervisor) if isinstance(hypervisor, dict) else {}
+    return name, dict(accessors.section(template, "spec", "hypervisor"))
 
 
 async def follow_template(config: SchedulingConfig, client: KubeClient, node: str, on_change: Any,
