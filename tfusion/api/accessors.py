@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfusion.api import annotations as tfa
+
 EMPTY: Mapping[str, Any] = {}
 
 
@@ -238,23 +240,30 @@ class Pod(Body):
     @property
     def component(self) -> str:
         """Its `tensor-fusion.ai/component` label (worker, client, hypervisor, ...); "" when none."""
-        return self.meta.label(COMPONENT_LABEL) or ""
+        return self.meta.label(tfa.COMPONENT) or ""
 
     @property
     def is_worker(self) -> bool:
         """A pod that holds GPUs: a vGPU worker, or a local-GPU pod the webhook made one."""
-        return self.component == "worker"
+        return self.component == tfa.COMPONENT_WORKER
 
     @property
     def is_client(self) -> bool:
         """A remote vGPU client: it holds no GPU, its workers do."""
-        return self.component == "client"
+        return self.component == tfa.COMPONENT_CLIENT
+
+    @property
+    def holds_gpus(self) -> bool:
+        """A worker whose GPUs are still held: bound, with gpu-ids, not finished, and not being
+        deleted after the controller's finalizer went (the original's recovery rule, plus "not
+        finished"). The allocator's recovery, adoption and drift audit, and the billing, read this."""
+        if not self.is_worker or not self.node_name or not self.meta.annotation(tfa.GPU_IDS) or self.finished:
+            return False
+        return not (self.meta.deleting and tfa.FINALIZER not in self.meta.finalizers)
 
 
 #: the pod phases after which nothing in the pod runs again
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-#: the label that says what a pod of ours is (the same key as `annotations.COMPONENT`)
-COMPONENT_LABEL = "tensor-fusion.ai/component"
+FINISHED_PHASES = tfa.FINISHED_POD_PHASES
 
 
 class Node(Body):

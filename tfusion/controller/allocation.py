@@ -65,7 +65,7 @@ from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL, DEFAULT_MAX_WORKERS_
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section, text
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller.reconcilers.gpu_status import GpuStatusReconciler
-from tfusion.controller.reconcilers.holdings import gpu_names, is_live_worker, knows_gpu, pod_ref, worker_request
+from tfusion.controller.reconcilers.holdings import gpu_names, knows_gpu, pod_ref, worker_request
 from tfusion.controller.reconcilers.quota_status import QuotaStatusReconciler
 from tfusion.controller.scheduling.config import SchedulerConfigError, load_scheduler_args
 from tfusion.errors import RoleError
@@ -300,7 +300,7 @@ class AllocatorService:
         pods_by_uid: dict[str, Pod] = {}
         for obj in self.runtime.informer(r.PODS).list():
             pod = Pod(obj)
-            if not is_live_worker(pod):
+            if not pod.holds_gpus:
                 continue
             try:
                 req, gpus = worker_request(pod, allocator)
@@ -432,7 +432,7 @@ class AllocatorService:
     def _on_pod(self, obj: Mapping[str, Any]) -> None:
         allocator = self._allocator
         pod = Pod(obj)
-        if allocator is not None and pod.uid and is_live_worker(pod) and not allocator.has_allocation(pod.uid):
+        if allocator is not None and pod.uid and pod.holds_gpus and not allocator.has_allocation(pod.uid):
             self._adopt(allocator, pod)
 
     def _on_pod_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Gpu, GpuPool, Pod
+from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.api.timestamps import parse_rfc3339
@@ -97,14 +97,10 @@ def _protected_until(pod: Pod) -> float | None:
         return None
 
 
-def is_worker_pod(pod: Pod) -> bool:
-    return pod.meta.label(tfa.COMPONENT) == tfa.COMPONENT_WORKER
-
-
 def is_billable(pod: Pod) -> bool:
-    """A worker that holds GPUs: bound, with gpu-ids, not finished, not being deleted."""
-    return bool(is_worker_pod(pod) and pod.node_name and pod.meta.annotation(tfa.GPU_IDS)
-                and not pod.finished and not pod.meta.deleting)
+    """A worker that holds GPUs (`Pod.holds_gpus`) and is not being deleted: billing stops at the
+    delete, while the GPUs stay held until the controller's finalizer releases them."""
+    return pod.holds_gpus and not pod.meta.deleting
 
 
 def worker_row(pod: Pod, allocator: GpuAllocator | None) -> WorkerRow | None:
@@ -290,7 +286,7 @@ class ControllerRecorder:
             self.ledger.ended(uid, now)
 
     def _on_pod(self, pod: Pod) -> None:
-        if not self._leading or not is_worker_pod(pod):
+        if not self._leading or not pod.is_worker:
             return
         if is_billable(pod):
             self._track(pod, self.wall())
@@ -324,7 +320,7 @@ class ControllerRecorder:
         config = self.runtime.dynamic_config.current
         self.output.fmt = str(config.get("metricsFormat") or "influx")
         self.output.set_ttl(str(config.get("metricsTTL") or ""))
-        points = self.build(now, extra_labels=dict(config.get("metricsExtraPodLabels") or {}))
+        points = self.build(now, extra_labels=dict(section(config, "metricsExtraPodLabels")))
         self.ticks += 1
         await self.output.emit(points)
         return points

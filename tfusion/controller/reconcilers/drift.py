@@ -53,7 +53,7 @@ from tfusion.controller.reconcilers.common import (
     name_of,
     status_of,
 )
-from tfusion.controller.reconcilers.holdings import is_live_worker, knows_gpu, worker_request
+from tfusion.controller.reconcilers.holdings import knows_gpu, worker_request
 from tfusion.controller.views import gpu_status
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
@@ -237,7 +237,7 @@ class DriftAudit:
                                          "released"))
         for pod in pods.list():
             uid = str(meta(pod).get("uid") or "")
-            if not is_live_worker(Pod(pod)) or allocator.has_allocation(uid):
+            if not Pod(pod).holds_gpus or allocator.has_allocation(uid):
                 continue
             finding = self._adopt(allocator, pod)
             if finding is not None:

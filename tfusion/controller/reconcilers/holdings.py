@@ -1,9 +1,9 @@
-"""What a worker pod holds: the one controller-side reading of "this pod still holds GPUs".
+"""What a worker pod holds, read for the allocator: its gpu-ids as an allocation request.
 
-Why one module: recovery, adoption, the drift audit and the pod reconciler must agree on which pods
-hold GPUs and on what their annotations say they hold; a second copy of the rule would let one of
-them release (or restore) what another keeps. The generic pod predicates (worker, client,
-finished) are the `Pod` view's (tfusion/api/accessors.py); this module adds the allocator's side.
+Why one module: recovery, adoption and the drift audit must read a worker's annotations into the
+same request, or one of them would restore what another refuses. Which pods hold GPUs at all is
+the `Pod` view's rule (`Pod.holds_gpus`, with `is_worker`, `is_client` and `finished`, in
+tfusion/api/accessors.py), shared with the billing and the hypervisor.
 """
 
 from __future__ import annotations
@@ -12,16 +12,6 @@ from tfusion.allocator import AllocRequest, GpuAllocator, RequestError, request_
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
-
-
-def is_live_worker(pod: Pod) -> bool:
-    """A worker pod whose GPUs are still held: bound, with gpu-ids, not finished, not being
-    deleted after our finalizer has gone (the recovery rule of the original, plus "not finished")."""
-    if not pod.is_worker or not pod.node_name or not pod.meta.annotation(tfa.GPU_IDS):
-        return False
-    if pod.finished:
-        return False
-    return not (pod.meta.deleting and tfa.FINALIZER not in pod.meta.finalizers)
 
 
 def gpu_names(pod: Pod) -> tuple[str, ...]:

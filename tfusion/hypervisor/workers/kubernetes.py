@@ -48,7 +48,7 @@ def worker_status(pod: Pod) -> str:
     phase = pod.phase
     if phase == "Running":
         return STATUS_RUNNING
-    if phase in keys.FINISHED_POD_PHASES:
+    if pod.finished:
         return STATUS_TERMINATED
     return STATUS_ALLOCATING if pod.meta.annotation(keys.INDEX) else STATUS_PENDING
 
