@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfusion.api.accessors import section
+
 NVIDIA = "NVIDIA"
 
 def wire_uuid(native_uuid: str) -> str:
@@ -117,7 +119,7 @@ class DeviceInfo:
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> DeviceInfo:
         """Inverse of `to_wire` (for devices.json); unknown properties are kept."""
-        props = dict(raw.get("Properties") or {})
+        props = dict(section(raw, "Properties"))
         known = {"driverVersion", "computeCapability", "pciBusId", "totalComputeUnits", "healthMessage",
                  "nativeUUID"}
         return cls(
@@ -130,7 +132,7 @@ class DeviceInfo:
             healthy=bool(raw.get("Healthy", True)), health_message=str(props.get("healthMessage", "")),
             capabilities=VirtualizationCapabilities.from_wire(raw.get("VirtualizationCapabilities")),
             extra_properties=tuple(sorted((k, str(v)) for k, v in props.items() if k not in known)),
-            device_nodes=tuple(sorted((raw.get("DeviceNode") or {}).keys())))
+            device_nodes=tuple(sorted(section(raw, "DeviceNode").keys())))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfusion.api import annotations as keys
+from tfusion.api.accessors import section
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 
@@ -75,7 +76,7 @@ class RunningInfo:
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> RunningInfo:
         return cls(executable=str(raw.get("executable", "")), args=[str(a) for a in raw.get("args") or []],
-                   env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+                   env={str(k): str(v) for k, v in section(raw, "env").items()},
                    working_dir=str(raw.get("workingDir", "")), restarts=int(raw.get("restarts", 0)))
 
 
@@ -129,8 +130,8 @@ class WorkerInfo:
             requests=WorkerAmounts.from_wire(raw.get("Requests")),
             limits=WorkerAmounts.from_wire(raw.get("Limits")),
             partition_template_id=str(raw.get("PartitionTemplateID", "")),
-            workload_name=str(raw.get("WorkloadName", "")), labels=dict(raw.get("Labels") or {}),
-            annotations=dict(raw.get("Annotations") or {}), deleted_at=int(raw.get("DeletedAt", 0)))
+            workload_name=str(raw.get("WorkloadName", "")), labels=dict(section(raw, "Labels")),
+            annotations=dict(section(raw, "Annotations")), deleted_at=int(raw.get("DeletedAt", 0)))
 
 
 @dataclass(frozen=True)
