@@ -1,9 +1,11 @@
 """The GPU allocator: pure, synchronous GPU state, filters, scoring, ledger and quota.
 
 No I/O and no await here: the controller feeds it informer events and asks it questions, the
-hypervisor's single-node mode uses it directly. See allocator.py for the model, framework.py for the
-scheduler plugins (PreFilter, Filter, Score, Reserve, PreBind with structured Status) both scheduling
-paths call, and explain.py for per-node reasons and suggestions.
+hypervisor's single-node mode uses it directly. allocator.py is the facade (`GpuAllocator`) over
+indexes.py (where GPUs are, how nodes rank), ledger.py (allocations, charges, quota usage) and
+queries.py (read-only answers); framework.py holds the scheduler plugins (PreFilter, Filter, Score,
+Reserve, PreBind with structured Status, vocabulary in reasons.py) both scheduling paths call;
+explain.py judges nodes with numbers and suggest.py finds the changes that would make a pod fit.
 """
 
 from tfusion.allocator.allocator import (

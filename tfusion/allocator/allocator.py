@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import filters, queries
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, Unschedulable
@@ -50,6 +50,9 @@ from tfusion.allocator.scoring import DEFAULT_MODE, Weights
 from tfusion.allocator.state import GpuInfo, GpuSlot
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
+
+if TYPE_CHECKING:
+    from tfusion.allocator.explain import NodeFacts
 
 DEFAULT_MAX_WORKERS_PER_NODE = 256
 DEFAULT_ASSUME_TTL = 30 * 60.0
@@ -221,7 +224,7 @@ class GpuAllocator:
         """The score-ordered index of the nodes holding GPUs of `pool` (and `model`); read only."""
         return self.indexes.group_index((pool, model))
 
-    def explain_cache(self, req: AllocRequest) -> dict[str, Any]:
+    def explain_cache(self, req: AllocRequest) -> dict[str, NodeFacts]:
         """Per-node memo for explanations of `req`'s shape: node -> value (explain.py's NodeFacts,
         which carry the node_version they were judged at); valid while the node's version matches.
         Kept for the last MAX_EXPLAINED_SHAPES shapes."""

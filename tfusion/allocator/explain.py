@@ -207,7 +207,7 @@ def _plain_group(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str]) -> 
     version = alloc.static_version(node.name)
     hit = alloc.static_facts.get(cache_key)
     if hit is not None and hit[0] == version:
-        return hit[1]  # type: ignore[no-any-return]
+        return hit[1]
     members = node.groups[key]
     first = members[0].info
     plain: tuple[str, int] | None = (first.vendor, first.capacity_tflops)

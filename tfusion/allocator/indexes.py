@@ -17,13 +17,16 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfusion.allocator import filters
 from tfusion.allocator.index import PoolIndex
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
 from tfusion.allocator.state import PHASE_PENDING, GpuInfo, GpuSlot
+
+if TYPE_CHECKING:
+    from tfusion.allocator.explain import NodeFacts
 
 GroupKey = tuple[str, str]  # (pool, model); model "" = every model of the pool
 #: everything in a request that decides whether one node can take it (see `feasible_nodes`)
@@ -103,9 +106,10 @@ class GpuIndexes:
         self.shapes: OrderedDict[ShapeKey, FeasibleSet] = OrderedDict()
         self.versions: dict[str, int] = {}  # node -> change counter (explanations cached per version)
         self.static_gen: dict[str, int] = {}  # node -> change counter of its GPUs' reported facts
-        #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only
-        self.static_facts: dict[tuple[str, GroupKey], tuple[int, Any]] = {}
-        self.explained: OrderedDict[ShapeKey, dict[str, Any]] = OrderedDict()
+        #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only:
+        #: (node, group) -> (static version, (vendor, TFLOPS capacity) of a plain group or None)
+        self.static_facts: dict[tuple[str, GroupKey], tuple[int, tuple[str, int] | None]] = {}
+        self.explained: OrderedDict[ShapeKey, dict[str, NodeFacts]] = OrderedDict()
 
     # ------------------------------------------------------------------ membership
 
@@ -275,7 +279,7 @@ class GpuIndexes:
         for cached in self.shapes.values():
             cached.stale.add(node)
 
-    def explain_cache(self, req: AllocRequest) -> dict[str, Any]:
+    def explain_cache(self, req: AllocRequest) -> dict[str, NodeFacts]:
         key = shape_of(req)
         memo = self.explained.get(key)
         if memo is None:
