@@ -70,7 +70,7 @@ async def controller(tg: Any, apiserver: Any, tmp_path: Path, **settings: Any) -
 
     async def ready() -> bool:
         return (ctl.service.allocator is not None and scheduler.native_resource_names() == ("nvidia.com/gpu",)
-                and scheduler.nodes_with_workers() == {"node-a"} and len(scheduler.node_objects()) == 2)
+                and scheduler.nodes_with_workers() == {"node-a"} and len(scheduler.nodes_by_name()) == 2)
 
     await eventually(ready, what="the allocator ready and the ProviderConfig, nodes and worker-a cached")
     return ctl

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator, PortPool
 
@@ -79,8 +80,8 @@ def test_observe_sorts_cluster_and_node_ports() -> None:
                                 "annotations": {"tensor-fusion.ai/port-number": "42000"}}}
     worker = {"metadata": {"name": "w", "namespace": "ns", "annotations": {"tensor-fusion.ai/port-number": "40000"}},
               "spec": {"nodeName": "n1"}}
-    alloc.observe("u1", cluster_pod)
-    alloc.observe("u2", worker)
+    alloc.observe("u1", Pod(cluster_pod))
+    alloc.observe("u2", Pod(worker))
     assert alloc.cluster.assign("x") == 42001
     assert alloc.node("n1").assign("y") == 40001 and alloc.node("n2").assign("y") == 40000
     assert alloc.release("u2") and alloc.node("n1").held() == {}

@@ -17,6 +17,7 @@ from tfusion.allocator.allocator import NODE_INDEX_LOCK
 from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.allocator.request import pod_index_of
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.binder import bind_annotations, index_conflict
 from tfusion.controller.scheduling.indexes import pod_index
 
@@ -154,7 +155,7 @@ def test_the_binding_writes_the_index_and_refuses_a_node_whose_index_was_taken_m
     request = request_from_pod(pod)
     placement, _ = fw.reserve(request, "node-a")
     assert placement is not None
-    notes = bind_annotations(pod, request, placement.gpu_names, alloc)
+    notes = bind_annotations(Pod(pod), request, placement.gpu_names, alloc)
     assert notes[tfa.INDEX] == "12" and notes[tfa.GPU_IDS] == placement.gpu_names[0]
     assert index_conflict(request, "node-a", alloc) == ""
     # another process bound a pod with the same index there; the allocator adopted it from its annotations
@@ -163,7 +164,7 @@ def test_the_binding_writes_the_index_and_refuses_a_node_whose_index_was_taken_m
     conflict = index_conflict(request, "node-a", alloc)
     assert conflict.startswith("not bound: pod index 12 is held on node node-a by pod ml/other")
     no_index = request_from_pod(worker_pod("plain", 1) | {"spec": {"containers": [{"name": "main"}]}})
-    assert tfa.INDEX not in bind_annotations(pod, no_index, ("node-b-g0",), alloc)
+    assert tfa.INDEX not in bind_annotations(Pod(pod), no_index, ("node-b-g0",), alloc)
 
 
 def test_no_double_use_under_concurrent_binds() -> None:

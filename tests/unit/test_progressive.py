@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Node, Pod
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
@@ -75,18 +76,18 @@ def test_selects_sends_native_pods_to_analysis_only_in_a_migration_mode() -> Non
 def test_the_taint_is_added_while_busy_and_removed_when_idle() -> None:
     other = {"key": "team", "value": "ml", "effect": "NoSchedule"}
     node: dict[str, Any] = {"spec": {"taints": [other]}}
-    assert progressive.taints_for(node, True) == [other, TAINT]
-    assert progressive.taints_for(node, False) is None
+    assert progressive.taints_for(Node(node), True) == [other, TAINT]
+    assert progressive.taints_for(Node(node), False) is None
     busy = {"spec": {"taints": [TAINT, other]}}
-    assert progressive.taints_for(busy, True) is None
-    assert progressive.taints_for(busy, False) == [other]
-    assert progressive.taints_for({"spec": {}}, True) == [TAINT]
+    assert progressive.taints_for(Node(busy), True) is None
+    assert progressive.taints_for(Node(busy), False) == [other]
+    assert progressive.taints_for(Node({"spec": {}}), True) == [TAINT]
     # a used-by PreferNoSchedule taint of another value is replaced by ours, not doubled
     stale = {"spec": {"taints": [{**TAINT, "value": "someone"}]}}
-    assert progressive.taints_for(stale, True) == [TAINT]
+    assert progressive.taints_for(Node(stale), True) == [TAINT]
     # the NoSchedule taint of the same key is not ours to remove
     legacy = {"key": tfa.USED_BY, "value": tfa.USED_BY_TENSOR_FUSION, "effect": "NoSchedule"}
-    assert progressive.taints_for({"spec": {"taints": [legacy]}}, False) is None
+    assert progressive.taints_for(Node({"spec": {"taints": [legacy]}}), False) is None
 
 
 def worker(phase: str = "Pending", node: str | None = "n1", component: str = "worker") -> dict[str, Any]:
@@ -109,12 +110,12 @@ def test_native_gpu_requests_and_the_extended_resource_check() -> None:
         {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}},
         {"name": "c"}],
         "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
-    assert nc.extended_requests(pod, ["nvidia.com/gpu", "amd.com/gpu"]) == {"nvidia.com/gpu": 4}
-    assert nc.extended_requests({"spec": {"containers": [{"name": "a"}]}}, ["nvidia.com/gpu"]) == {}
-    node = {"status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+    assert nc.extended_requests(Pod(pod), ["nvidia.com/gpu", "amd.com/gpu"]) == {"nvidia.com/gpu": 4}
+    assert nc.extended_requests(Pod({"spec": {"containers": [{"name": "a"}]}}), ["nvidia.com/gpu"]) == {}
+    node = Node({"status": {"allocatable": {"nvidia.com/gpu": "4"}}})
     assert nc.extended_check({"nvidia.com/gpu": 3}, node, {"nvidia.com/gpu": 1}) is None
     failure = nc.extended_check({"nvidia.com/gpu": 3}, node, {"nvidia.com/gpu": 2})
     assert failure is not None and failure.message == "Insufficient nvidia.com/gpu"
     assert (failure.requested, failure.available, failure.unresolvable) == (3, 2, False)
-    missing = nc.extended_check({"nvidia.com/gpu": 1}, {"status": {"allocatable": {}}}, {})
+    missing = nc.extended_check({"nvidia.com/gpu": 1}, Node({"status": {"allocatable": {}}}), {})
     assert missing is not None and missing.available == 0

@@ -4,14 +4,13 @@ node runs TensorFusion workers."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from tfusion.api.accessors import Node
 from tfusion.controller.scheduling import progressive
 
 
-def node(gpus: str | None) -> dict[str, Any]:
+def node(gpus: str | None) -> Node:
     allocatable = {"cpu": "8"} if gpus is None else {"cpu": "8", "nvidia.com/gpu": gpus}
-    return {"metadata": {"name": "n"}, "status": {"allocatable": allocatable}}
+    return Node({"metadata": {"name": "n"}, "status": {"allocatable": allocatable}})
 
 
 def test_a_node_with_workers_is_refused_resolvably_and_an_idle_one_passes() -> None:

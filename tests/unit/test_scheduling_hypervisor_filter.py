@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfusion.api.accessors import Node, Pod
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.embedded.kubelet import node_status
 
@@ -25,7 +26,7 @@ PLAIN = pod({})
 
 
 def check(p: dict[str, Any], n: dict[str, Any]) -> nc.NodeFailure | None:
-    return nc.check_node(nc.pod_demand(p), n, nc.Used())
+    return nc.check_node(nc.pod_demand(Pod(p)), Node(n), nc.Used())
 
 
 def test_a_worker_pod_is_not_placed_where_index_0_is_zero() -> None:
@@ -46,10 +47,10 @@ def test_a_live_plugin_and_a_node_without_the_resource_are_fine() -> None:
 
 def test_the_verdict_cache_sees_the_plugin_come_back() -> None:
     verdicts = nc.StaticVerdicts()
-    demand = nc.pod_demand(WORKER)
-    assert verdicts.check(demand, node({"tensor-fusion.ai/index_0": "0"}, rv="5")) is not None
-    assert verdicts.check(demand, node({"tensor-fusion.ai/index_0": "36"}, rv="6")) is None
-    assert nc.pod_demand(PLAIN).shape != demand.shape
+    demand = nc.pod_demand(Pod(WORKER))
+    assert verdicts.check(demand, Node(node({"tensor-fusion.ai/index_0": "0"}, rv="5"))) is not None
+    assert verdicts.check(demand, Node(node({"tensor-fusion.ai/index_0": "36"}, rv="6"))) is None
+    assert nc.pod_demand(Pod(PLAIN)).shape != demand.shape
 
 
 def test_the_simulated_kubelet_reports_the_index_resources() -> None:

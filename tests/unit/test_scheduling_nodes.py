@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tfusion.api.accessors import Node, Pod
 from tfusion.controller.scheduling import nodes as nc
 
 
@@ -48,7 +49,7 @@ def pod(*, cpu: str | None = None, memory: str | None = None, tolerations: list[
 
 
 def failure(p: dict[str, Any], n: dict[str, Any], used: nc.Used | None = None) -> str | None:
-    found = nc.check_node(nc.pod_demand(p), n, used or nc.Used())
+    found = nc.check_node(nc.pod_demand(Pod(p)), Node(n), used or nc.Used())
     return found.message if found else None
 
 
@@ -130,51 +131,51 @@ def test_cpu_memory_and_pod_count_fit_against_what_is_used() -> None:
     assert failure(pod(cpu="3"), n, nc.Used(cpu_milli=1500)) == "Insufficient cpu"
     assert failure(pod(memory="5Gi"), n, nc.Used(memory=4 * 2**30)) == "Insufficient memory"
     assert failure(pod(), n, nc.Used(pods=3)) == "Too many pods"
-    found = nc.check_node(nc.pod_demand(pod(cpu="3")), n, nc.Used(cpu_milli=1500))
+    found = nc.check_node(nc.pod_demand(Pod(pod(cpu="3"))), Node(n), nc.Used(cpu_milli=1500))
     assert found is not None and (found.resource, found.requested, found.available, found.unresolvable) == \
         ("cpu", 3000, 2500, False)
 
 
 def test_pod_request_takes_init_containers_and_overhead() -> None:
-    assert nc.pod_requests(pod(cpu="500m", init_cpu="2")) == (2000, 0)
-    assert nc.pod_requests(pod(cpu="500m", init_cpu="100m", overhead_cpu="250m")) == (750, 0)
+    assert nc.pod_requests(Pod(pod(cpu="500m", init_cpu="2"))) == (2000, 0)
+    assert nc.pod_requests(Pod(pod(cpu="500m", init_cpu="100m", overhead_cpu="250m"))) == (750, 0)
 
 
 def test_static_failures_are_unresolvable() -> None:
-    found = nc.check_node(nc.pod_demand(pod()), node(unschedulable=True), nc.Used())
+    found = nc.check_node(nc.pod_demand(Pod(pod())), Node(node(unschedulable=True)), nc.Used())
     assert found is not None and found.unresolvable
 
 
 def test_usage_counts_bound_pods_and_forgets_finished_and_deleted_ones() -> None:
     usage = nc.NodeUsage()
-    usage.observe(pod(cpu="1", memory="1Gi", node_name="n1", uid="a"))
-    usage.observe(pod(cpu="2", node_name="n1", uid="b"))
-    usage.observe(pod(cpu="2", uid="pending"))  # unbound: counts nowhere
+    usage.observe(Pod(pod(cpu="1", memory="1Gi", node_name="n1", uid="a")))
+    usage.observe(Pod(pod(cpu="2", node_name="n1", uid="b")))
+    usage.observe(Pod(pod(cpu="2", uid="pending")))  # unbound: counts nowhere
     assert (usage.used("n1").cpu_milli, usage.used("n1").memory, usage.used("n1").pods) == (3000, 2**30, 2)
-    usage.observe(pod(cpu="2", node_name="n1", uid="b", phase="Succeeded"))
-    usage.observe_delete(pod(uid="a"))
+    usage.observe(Pod(pod(cpu="2", node_name="n1", uid="b", phase="Succeeded")))
+    usage.observe_delete(Pod(pod(uid="a")))
     assert usage.used("n1").pods == 0
     usage.assume("c", "n2", 100, 0)
-    usage.observe(pod(cpu="100m", node_name="n2", uid="c"))  # the watch confirms: not counted twice
+    usage.observe(Pod(pod(cpu="100m", node_name="n2", uid="c")))  # the watch confirms: not counted twice
     assert (usage.used("n2").cpu_milli, usage.used("n2").pods) == (100, 1)
 
 
 def test_verdict_cache_follows_the_node_resource_version() -> None:
     cache = nc.StaticVerdicts()
-    demand = nc.pod_demand(pod())
-    assert cache.check(demand, node(rv="1")) is None
+    demand = nc.pod_demand(Pod(pod()))
+    assert cache.check(demand, Node(node(rv="1"))) is None
     cordoned = node(rv="2", unschedulable=True)
-    found = cache.check(demand, cordoned)
+    found = cache.check(demand, Node(cordoned))
     assert found is not None and found.message == nc.UNSCHEDULABLE
 
 
 def test_is_pending() -> None:
-    assert nc.is_pending(pod())
-    assert not nc.is_pending(pod(node_name="n1"))
-    assert not nc.is_pending(pod(phase="Failed"))
+    assert nc.is_pending(Pod(pod()))
+    assert not nc.is_pending(Pod(pod(node_name="n1")))
+    assert not nc.is_pending(Pod(pod(phase="Failed")))
     deleting = pod()
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert not nc.is_pending(deleting)
+    assert not nc.is_pending(Pod(deleting))
 
 
 def test_fit_message_is_kube_style() -> None:

@@ -26,6 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Node
 from tfusion.api.selectors import parse_label_selector
 from tfusion.controller.reconcilers.common import (
     PENDING,
@@ -147,7 +148,7 @@ class NodeReconciler:
         (a Conflict requeues)."""
         name = name_of(node)
         busy = bool(self.pods.by_index(progressive.WORKER_NODE_INDEX, name))
-        taints = progressive.taints_for(node, busy)
+        taints = progressive.taints_for(Node(node), busy)
         if taints is None:
             return
         await self.runtime.client.patch(r.NODES, name, {

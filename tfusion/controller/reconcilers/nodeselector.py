@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import GpuPool, Node, items, section, text
 from tfusion.api.hashing import content_hash
 from tfusion.controller.scheduling.nodes import term_matches
 
@@ -30,33 +31,25 @@ DEFAULT_VENDOR = "NVIDIA"
 def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
     if not selector:
         return True
-    terms = selector.get("nodeSelectorTerms") or []
-    return any(term_matches(term, dict(node)) for term in terms)
-
-
-def _manager_config(pool: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (pool.get("spec") or {}).get("nodeManagerConfig") or {}
+    return any(term_matches(term, Node(node)) for term in items(selector, "nodeSelectorTerms"))
 
 
 def pool_vendor(pool: Mapping[str, Any]) -> str:
-    return str(_manager_config(pool).get("defaultVendor") or DEFAULT_VENDOR)
+    return text(GpuPool(pool).node_manager_config, "defaultVendor") or DEFAULT_VENDOR
 
 
 def node_vendor(node: Mapping[str, Any], pool: Mapping[str, Any]) -> str:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool))
+    return Node(node).meta.label(tfa.HARDWARE_VENDOR) or pool_vendor(pool)
 
 
 def selector_for(pool: Mapping[str, Any], vendor: str) -> Mapping[str, Any] | None:
-    config = _manager_config(pool)
-    by_vendor = config.get("multiVendorNodeSelector") or {}
-    selector: Mapping[str, Any] | None = by_vendor.get(vendor) or config.get("nodeSelector")
-    return selector
+    config = GpuPool(pool).node_manager_config
+    return section(config, "multiVendorNodeSelector", vendor) or section(config, "nodeSelector") or None
 
 
 def pool_selects(pool: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     """Whether the pool (not being deleted) asks for the node; a pool without a selector asks for none."""
-    if (pool.get("metadata") or {}).get("deletionTimestamp"):
+    if GpuPool(pool).meta.deleting:
         return False
     selector = selector_for(pool, node_vendor(node, pool))
     return bool(selector) and node_selector_matches(selector, node)
@@ -64,13 +57,13 @@ def pool_selects(pool: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
 
 def select_pool(pools: Iterable[Mapping[str, Any]], node: Mapping[str, Any]) -> str | None:
     """The name of the first pool (by name) that selects the node; None when none does."""
-    for pool in sorted(pools, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+    for pool in sorted(pools, key=lambda p: GpuPool(p).name):
         if pool_selects(pool, node):
-            return str(pool["metadata"]["name"])
+            return GpuPool(pool).name
     return None
 
 
 def selector_hash(pool: Mapping[str, Any]) -> str:
     """A short stable hash of the pool's node selectors (the `node-selector-hash` Node label)."""
-    config = _manager_config(pool)
+    config = GpuPool(pool).node_manager_config
     return content_hash([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], 16)

@@ -44,43 +44,34 @@ from typing import Any
 
 from tfusion.allocator import AllocRequest, GpuAllocator
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
-Obj = Mapping[str, Any]
 
-
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def injected_containers(pod: Obj) -> list[str]:
+def injected_containers(pod: Pod) -> list[str]:
     """The containers that get GPUs: `inject-container` (comma list), else the first container."""
-    notes = _meta(pod).get("annotations") or {}
-    named = [c.strip() for c in str(notes.get(tfa.INJECT_CONTAINER) or "").split(",") if c.strip()]
+    named = [c.strip() for c in (pod.meta.annotation(tfa.INJECT_CONTAINER) or "").split(",") if c.strip()]
     if named:
         return sorted(set(named))
-    containers = (pod.get("spec") or {}).get("containers") or []
-    first = containers[0].get("name") if containers and isinstance(containers[0], Mapping) else None
+    raw = pod.spec.get("containers")
+    first = raw[0].get("name") if isinstance(raw, list) and raw and isinstance(raw[0], Mapping) else None
     return [str(first)] if first else []
 
 
-def container_gpus(pod: Obj, gpus: Sequence[str]) -> dict[str, list[str]]:
+def container_gpus(pod: Pod, gpus: Sequence[str]) -> dict[str, list[str]]:
     """Container -> GPU ids: split in order by `container-gpu-count`, else every GPU to each."""
     containers = injected_containers(pod)
-    notes = _meta(pod).get("annotations") or {}
     counts: dict[str, int] = {}
-    raw = notes.get(tfa.CONTAINER_GPU_COUNT)
+    raw = pod.meta.annotation(tfa.CONTAINER_GPU_COUNT)
     if raw:
         try:
-            counts = tfa.parse_container_gpu_count(str(raw), key=tfa.CONTAINER_GPU_COUNT)
+            counts = tfa.parse_container_gpu_count(raw, key=tfa.CONTAINER_GPU_COUNT)
         except AnnotationError as exc:
-            log.warning("pod %s/%s: %s; giving every GPU to each container", _meta(pod).get("namespace"),
-                        _meta(pod).get("name"), exc)
+            log.warning("pod %s/%s: %s; giving every GPU to each container", pod.namespace, pod.name, exc)
             counts = {}
     if not counts or sum(counts.get(c, 0) for c in containers) != len(gpus):
         return {c: list(gpus) for c in containers}
@@ -100,7 +91,7 @@ def effective_hard_sm_percent(req: AllocRequest, capacity_milli: int) -> int | N
     return max(1, min(100, math.ceil(req.tflops_limit * 100 / capacity_milli)))
 
 
-def bind_annotations(pod: Obj, req: AllocRequest | None, gpus: Sequence[str],
+def bind_annotations(pod: Pod, req: AllocRequest | None, gpus: Sequence[str],
                      allocator: GpuAllocator | None) -> dict[str, str]:
     """What the Binding writes on the pod (nothing for a pod without GPUs)."""
     if req is None or not gpus:
@@ -132,8 +123,8 @@ def index_conflict(req: AllocRequest | None, node: str, allocator: GpuAllocator 
     return f"not bound: {busy}; the reservation is rolled back and the pod retried" if busy else ""
 
 
-def binding_body(pod: Obj, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:
-    meta = _meta(pod)
+def binding_body(pod: Pod, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+    meta = pod.meta.raw
     metadata: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
                                 "uid": meta.get("uid")}
     if annotations:
@@ -152,10 +143,9 @@ class BindResult:
     conflict: bool = False
 
 
-async def post_binding(client: KubeClient, pod: Obj, node: str, annotations: Mapping[str, str]) -> BindResult:
+async def post_binding(client: KubeClient, pod: Pod, node: str, annotations: Mapping[str, str]) -> BindResult:
     """POST pods/<name>/binding; an ambiguous failure is settled by reading the pod back."""
-    meta = _meta(pod)
-    name, namespace = str(meta.get("name")), str(meta.get("namespace") or "default")
+    name, namespace = pod.name, pod.namespace or "default"
     try:
         await client.request("POST", r.PODS, path=f"{name}/binding", namespace=namespace,
                              body=binding_body(pod, node, annotations))
@@ -170,15 +160,12 @@ async def post_binding(client: KubeClient, pod: Obj, node: str, annotations: Map
         current = await client.get(r.PODS, name, namespace=namespace)
     except KubeError as exc:
         return BindResult(False, f"binding failed ({failure}) and the pod cannot be read back: {exc}")
-    if _bound_as_asked(current, pod, node, annotations):
+    if _bound_as_asked(Pod(current), pod, node, annotations):
         return BindResult(True)
     return BindResult(False, f"binding failed: {failure}")
 
 
-def _bound_as_asked(current: Obj, pod: Obj, node: str, annotations: Mapping[str, str]) -> bool:
-    if _meta(current).get("uid") != _meta(pod).get("uid"):
+def _bound_as_asked(current: Pod, pod: Pod, node: str, annotations: Mapping[str, str]) -> bool:
+    if current.uid != pod.uid or current.node_name != node:
         return False
-    if (current.get("spec") or {}).get("nodeName") != node:
-        return False
-    notes = _meta(current).get("annotations") or {}
-    return all(notes.get(k) == v for k, v in annotations.items())
+    return all(current.meta.annotation(k) == v for k, v in annotations.items())

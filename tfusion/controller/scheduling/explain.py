@@ -8,14 +8,22 @@ JSON lives here, once. Amounts are canonical quantity strings in the unit of the
 ("80Gi", "5k", "500m": `tfusion.allocator.units.amount`); GPU, worker and pod counts stay
 integers. The sentence with the numbers is `Reason.text()`, which formats through the same
 function. Keys are camelCase like the rest of the controller's JSON.
+
+The scheduler's and the extender's `Why` (what `/api/why` answers) and the PodScheduled condition
+body are built here too, from the same Status renderings; unschedulable.py only decides when to
+write them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tfusion.allocator.framework import Code, Explanation, Reason, Status, Suggestion
 from tfusion.allocator.units import amount
+from tfusion.api.accessors import Pod
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
 
 
@@ -76,3 +84,69 @@ def explanation_json(explanation: Explanation, total_nodes: int, *, suggestions:
     if suggestions:
         out["suggestions"] = [suggestion_json(s) for s in explanation.suggestions]
     return out
+
+
+@dataclass
+class Why:
+    """Why a pod is not placed: the kube-style message, each node's reasons, the suggestions."""
+
+    namespace: str
+    name: str
+    uid: str
+    message: str
+    code: str
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    suggestions: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0
+    updated: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "message": self.message,
+                "code": self.code, "nodes": self.nodes, "suggestions": self.suggestions,
+                "attempts": self.attempts, "updated": self.updated}
+
+
+def why_of(pod: Pod, message: str, statuses: Mapping[str, Status], suggestions: Sequence[Suggestion],
+           code: Code, *, pre_filter: Status | None = None) -> Why:
+    """The pod's Why: the failing nodes' statuses (a PreFilter failure under the key "*") and the
+    suggestions, rendered as `/api/why` shows them."""
+    nodes = {n: status_json(s) for n, s in sorted(statuses.items()) if not s.ok}
+    if pre_filter is not None and not pre_filter.ok:
+        nodes = {"*": status_json(pre_filter), **nodes}
+    return Why(pod.namespace or "default", pod.name, pod.uid, message, str(code), nodes,
+               [suggestion_json(s) for s in suggestions], 0, rfc3339())
+
+
+def why_text(pod: Pod, message: str, code: Code) -> Why:
+    """A Why that is one sentence (a pod refused before any node is looked at)."""
+    return why_of(pod, message, {}, [], code)
+
+
+def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[str]) -> list[Suggestion]:
+    """Node-side changes that would let the pod onto a node its GPUs fit on: a toleration for the
+    one taint that keeps it off, or less CPU/memory where only that is short."""
+    out: list[Suggestion] = []
+    for node in gpu_ok:
+        failure = failures.get(node)
+        if failure is None:
+            continue
+        if failure.check == "TaintToleration":
+            taint = failure.message.split("taint ", 1)[-1]
+            out.append(Suggestion("tolerate-taint", f"add a toleration for taint {taint}: the pod's GPUs "
+                                  f"fit on node {node}", {}, target="pod", node=node))
+        elif failure.resource in ("cpu", "memory"):
+            most = amount(failure.resource, failure.available)
+            out.append(Suggestion("smaller-request", f"request at most {most} {failure.resource}: it then fits on "
+                                  f"node {node}", {}, target="pod", node=node))
+        if len(out) >= 3:
+            break
+    return out
+
+
+def unschedulable_condition(pod: Pod, message: str) -> dict[str, Any]:
+    """The PodScheduled=False condition kube-scheduler writes, keeping the transition time of one
+    that already said False."""
+    old = pod.condition("PodScheduled")
+    since = old.get("lastTransitionTime") if old is not None and old.get("status") == "False" else None
+    return {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+            "lastProbeTime": None, "lastTransitionTime": since or rfc3339()}

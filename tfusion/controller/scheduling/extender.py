@@ -41,12 +41,13 @@ from typing import Any
 
 import msgspec
 
-from tfusion.allocator import RequestError
+from tfusion.allocator import AllocRequest, RequestError
 from tfusion.allocator.framework import Code, Explanation, Framework, Status
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
-from tfusion.controller.scheduling.explain import node_failure_status
+from tfusion.controller.scheduling.explain import node_failure_status, why_of
 from tfusion.controller.scheduling.scheduler import (
     WORKER,
     Decision,
@@ -186,7 +187,7 @@ class Extender:
         verdicts = dict.fromkeys(names, message)
         return _answer(call, [], {} if unresolvable else verdicts, verdicts if unresolvable else {})
 
-    def native_request(self, pod: Mapping[str, Any]) -> dict[str, int]:
+    def native_request(self, pod: Pod) -> dict[str, int]:
         """The native GPU resources of a pod that asks for no TensorFusion GPUs; {} for any other."""
         if asks_for_gpus(pod):
             return {}
@@ -194,7 +195,7 @@ class Extender:
 
     def filter(self, call: ExtenderCall, fw: Framework) -> ExtenderFilterResult:
         names = call.names
-        pod = call.args.Pod
+        pod = Pod(call.args.Pod)
         if not asks_for_gpus(pod):
             native = self.native_request(pod)
             return self._filter_native(call, pod, names, native) if native else _answer(call, names, {}, {})
@@ -219,42 +220,40 @@ class Extender:
         if not passed:
             self._remember(pod, req, fw, names)
         else:
-            self.scheduler.whys.pop(pod_key(pod), None)
+            self.scheduler.reports.forget(pod_key(pod))
         return _answer(call, passed, failed, unresolvable)
 
-    def _filter_native(self, call: ExtenderCall, pod: Mapping[str, Any], names: Sequence[str],
+    def _filter_native(self, call: ExtenderCall, pod: Pod, names: Sequence[str],
                        native: Mapping[str, int]) -> ExtenderFilterResult:
         busy = self.scheduler.nodes_with_workers()
         failures = {n: f for n in names if (f := progressive.worker_failure(n, busy)) is not None}
         passed = [n for n in names if n not in failures]
         if passed:
-            self.scheduler.whys.pop(pod_key(pod), None)
+            self.scheduler.reports.forget(pod_key(pod))
         else:
             self._remember_native(pod, names, failures, sorted(native), busy)
         return _answer(call, passed, {n: node_failure_status(f, n).summary() for n, f in failures.items()}, {})
 
-    def _remember_native(self, pod: Mapping[str, Any], names: Sequence[str],
+    def _remember_native(self, pod: Pod, names: Sequence[str],
                          failures: Mapping[str, nc.NodeFailure], resources: Sequence[str], busy: set[str]) -> None:
         """The built-in scheduler's explanation of a native-GPU pod that no candidate takes, with
         the sentence saying every GPU node runs workers when that is so."""
         statuses = {n: node_failure_status(f, n) for n, f in failures.items()}
-        nodes = {str((n.get("metadata") or {}).get("name")): n for n in self.scheduler.node_objects()}
         message = Explanation(statuses).message(len(names))
-        note = progressive.busy_note(nodes, resources, busy)
-        why = self.scheduler._why_from(pod, f"{message} {note}" if note else message, statuses, [],
-                                       Code.UNSCHEDULABLE)
-        self.scheduler.remember(pod_key(pod), why)
+        note = progressive.busy_note(self.scheduler.nodes_by_name(), resources, busy)
+        why = why_of(pod, f"{message} {note}" if note else message, statuses, [], Code.UNSCHEDULABLE)
+        self.scheduler.reports.remember(pod_key(pod), why)
 
-    def _remember(self, pod: Mapping[str, Any], req: Any, fw: Framework, names: Sequence[str]) -> None:
+    def _remember(self, pod: Pod, req: AllocRequest, fw: Framework, names: Sequence[str]) -> None:
         """Keep the explanation for `tfusion why` (kube-scheduler writes the condition and event)."""
         expl = fw.explain(req, names)
-        why = self.scheduler._why_from(pod, expl.message(len(names)), expl.nodes, expl.suggestions,
-                                       _overall(expl.pre_filter, expl.nodes), pre_filter=expl.pre_filter)
-        self.scheduler.remember(pod_key(pod), why)
+        why = why_of(pod, expl.message(len(names)), expl.nodes, expl.suggestions,
+                     _overall(expl.pre_filter, expl.nodes), pre_filter=expl.pre_filter)
+        self.scheduler.reports.remember(pod_key(pod), why)
 
     def prioritize(self, call: ExtenderCall, fw: Framework) -> list[HostPriority]:
         names = call.names
-        pod = call.args.Pod
+        pod = Pod(call.args.Pod)
         if not asks_for_gpus(pod) or not is_worker(pod):
             return [HostPriority(n, 0) for n in names]
         try:
@@ -267,17 +266,16 @@ class Extender:
     async def bind(self, args: ExtenderBindingArgs, fw: Framework) -> ExtenderBindingResult:
         scheduler = self.scheduler
         key = f"{args.PodNamespace}/{args.PodName}"
-        pod = scheduler.pods.get(key)
-        if pod is None or (pod.get("metadata") or {}).get("uid") != args.PodUID:
+        pod = scheduler.pod(key)
+        if pod is None or pod.uid != args.PodUID:
             try:
-                pod = await scheduler.client.get(r.PODS, args.PodName, namespace=args.PodNamespace)
+                pod = Pod(await scheduler.client.get(r.PODS, args.PodName, namespace=args.PodNamespace))
             except NotFound:
                 return ExtenderBindingResult(f"pod {key} not found")
             except KubeError as exc:
                 return ExtenderBindingResult(f"cannot read pod {key}: {exc}")
-        if (pod.get("metadata") or {}).get("uid") != args.PodUID:
-            return ExtenderBindingResult(f"pod {key} has UID {(pod.get('metadata') or {}).get('uid')}, "
-                                         f"not {args.PodUID}")
+        if pod.uid != args.PodUID:
+            return ExtenderBindingResult(f"pod {key} has UID {pod.uid}, not {args.PodUID}")
         if not nc.is_pending(pod):
             return ExtenderBindingResult(f"pod {key} is bound, finished or being deleted")
         demand = nc.pod_demand(pod)

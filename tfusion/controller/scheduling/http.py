@@ -130,19 +130,16 @@ def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
         if not scheduler.runtime.is_leader:
             raise _not_leader(scheduler)
         key = f"{namespace}/{name}"
-        pod = scheduler.pods.get(key)
+        pod = scheduler.pod(key)
         if pod is None:
             raise HttpError(404, f"pod {key} not found")
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        why = scheduler.whys.get(key)
-        if why is not None and why.uid != meta.get("uid"):
+        why = scheduler.reports.whys.get(key)
+        if why is not None and why.uid != pod.uid:
             why = None
         return WhyAnswer(
-            namespace=namespace, name=name, uid=str(meta.get("uid") or ""),
-            phase=str((pod.get("status") or {}).get("phase") or ""), nodeName=str(spec.get("nodeName") or ""),
-            scheduled=not is_pending(pod) and bool(spec.get("nodeName")),
-            schedulerName=str(spec.get("schedulerName") or "default-scheduler"),
+            namespace=namespace, name=name, uid=pod.uid, phase=pod.phase, nodeName=pod.node_name,
+            scheduled=not is_pending(pod) and bool(pod.node_name),
+            schedulerName=pod.scheduler_name or "default-scheduler",
             message=why.message if why else "", code=why.code if why else "",
             nodes=why.nodes if why else {}, suggestions=why.suggestions if why else [],
             attempts=why.attempts if why else 0, updated=why.updated if why else "")

@@ -42,9 +42,8 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Node, Pod, items, section
 from tfusion.api.quantity import Quantity, QuantityError
-
-Obj = Mapping[str, Any]
 
 NOT_READY = "node(s) were not ready"
 UNSCHEDULABLE = "node(s) were unschedulable"
@@ -57,7 +56,6 @@ INSUFFICIENT = "Insufficient {}"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
-FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,69 +98,54 @@ def _quantity(value: Any, *, milli: bool) -> int:
     return max(0, q.milli_value() if milli else q.value())
 
 
-def _object(value: Any) -> Obj:
-    """`value` when it is an object, else {}: the bound pods counted here come from the API server,
-    which checks fewer fields than the scheduler reads (`spec.overhead` is not one), and one odd pod
-    must not stop the counting of all the others (pending pods go through podcheck instead)."""
-    return value if isinstance(value, Mapping) else {}
+# The bound pods counted here come from the API server, which checks fewer fields than the
+# scheduler reads (`spec.overhead` is not one): the views read a mistyped field as absent, so one
+# odd pod does not stop the counting of all the others (pending pods go through podcheck instead).
 
 
-def _containers(spec: Obj, group: str) -> list[Obj]:
-    items = spec.get(group)
-    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
-
-
-def _requests(container: Obj) -> tuple[int, int]:
-    requests = _object(_object(container.get("resources")).get("requests"))
+def _requests(container: Mapping[str, Any]) -> tuple[int, int]:
+    requests = section(container, "resources", "requests")
     return _quantity(requests.get("cpu"), milli=True), _quantity(requests.get("memory"), milli=False)
 
 
-def pod_requests(pod: Obj) -> tuple[int, int]:
+def pod_requests(pod: Pod) -> tuple[int, int]:
     """(milli-CPU, memory bytes) a pod needs: max(sum of containers, largest init container) + overhead."""
-    spec = _object(pod.get("spec"))
     cpu = mem = 0
-    for container in _containers(spec, "containers"):
+    for container in pod.containers:
         c, m = _requests(container)
         cpu += c
         mem += m
-    for container in _containers(spec, "initContainers"):
+    for container in pod.init_containers:
         c, m = _requests(container)
         cpu, mem = max(cpu, c), max(mem, m)
-    overhead = _object(spec.get("overhead"))
+    overhead = section(pod.spec, "overhead")
     return cpu + _quantity(overhead.get("cpu"), milli=True), mem + _quantity(overhead.get("memory"), milli=False)
 
 
-def pod_demand(pod: Obj) -> PodDemand:
-    spec = pod.get("spec") or {}
+def pod_demand(pod: Pod) -> PodDemand:
     cpu, mem = pod_requests(pod)
-    tolerations = tuple(t for t in spec.get("tolerations") or [] if isinstance(t, Mapping))
-    selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    tolerations = tuple(t for t in items(pod.spec, "tolerations") if isinstance(t, Mapping))
+    selector = {str(k): str(v) for k, v in section(pod.spec, "nodeSelector").items()}
+    required = section(pod.spec, "affinity", "nodeAffinity").get("requiredDuringSchedulingIgnoredDuringExecution")
     terms = None
     if isinstance(required, Mapping):
-        terms = tuple(t for t in required.get("nodeSelectorTerms") or [] if isinstance(t, Mapping))
-    needs_index = _asks_index_resource(spec)
+        terms = tuple(t for t in items(required, "nodeSelectorTerms") if isinstance(t, Mapping))
+    needs_index = _asks_index_resource(pod)
     shape = orjson.dumps([tolerations, selector, terms, needs_index], option=orjson.OPT_SORT_KEYS, default=str).decode()
     return PodDemand(cpu, mem, tolerations, selector, terms, shape, needs_index)
 
 
-def _asks_index_resource(spec: Obj) -> bool:
-    for container in spec.get("containers") or []:
-        resources = (container or {}).get("resources") or {}
-        for section in ("limits", "requests"):
-            if any(str(name).startswith(tfa.INDEX_RESOURCE_PREFIX) for name in resources.get(section) or {}):
+def _asks_index_resource(pod: Pod) -> bool:
+    for container in pod.containers:
+        for group in ("limits", "requests"):
+            if any(str(name).startswith(tfa.INDEX_RESOURCE_PREFIX) for name in section(container, "resources", group)):
                 return True
     return False
 
 
-def is_pending(pod: Obj) -> bool:
+def is_pending(pod: Pod) -> bool:
     """Unbound, not being deleted, not finished: a pod a scheduler should place."""
-    if (pod.get("spec") or {}).get("nodeName"):
-        return False
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+    return not pod.node_name and not pod.meta.deleting and not pod.finished
 
 
 # --- the checks ----------------------------------------------------------------------------------------
@@ -188,17 +171,10 @@ def _tolerated(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any
     return any(tolerates(t, taint) for t in tolerations)
 
 
-def _ready(node: Obj) -> bool:
-    for condition in (node.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Ready":
-            return bool(condition.get("status") == "True")
-    return False
-
-
 def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
     key = req.get("key") or ""
     operator = req.get("operator")
-    wanted = [str(v) for v in req.get("values") or []]
+    wanted = [str(v) for v in items(req, "values")]
     present = key in values
     value = values.get(key, "")
     if operator == "In":
@@ -218,22 +194,21 @@ def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> b
     return False
 
 
-def term_matches(term: Mapping[str, Any], node: Obj) -> bool:
+def term_matches(term: Mapping[str, Any], node: Node) -> bool:
     """One nodeSelectorTerm: every requirement holds; a term without requirements matches nothing."""
-    meta = node.get("metadata") or {}
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
+    expressions = [e for e in items(term, "matchExpressions") if isinstance(e, Mapping)]
+    fields = [f for f in items(term, "matchFields") if isinstance(f, Mapping)]
     if not expressions and not fields:
         return False
-    labels = meta.get("labels") or {}
+    labels = node.meta.labels
     if not all(_requirement_matches(e, labels) for e in expressions):
         return False
-    field_values = {"metadata.name": str(meta.get("name") or "")}
+    field_values = {"metadata.name": node.name}
     return all(f.get("key") == "metadata.name" and _requirement_matches(f, field_values) for f in fields)
 
 
-def affinity_matches(demand: PodDemand, node: Obj) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
+def affinity_matches(demand: PodDemand, node: Node) -> bool:
+    labels = node.meta.labels
     if any(labels.get(k) != v for k, v in demand.node_selector.items()):
         return False
     if demand.required_terms is None:
@@ -245,15 +220,14 @@ def _taint_text(taint: Mapping[str, Any]) -> str:
     return f"{{{taint.get('key', '')}: {taint.get('value', '')}}}"
 
 
-def static_check(demand: PodDemand, node: Obj) -> NodeFailure | None:
+def static_check(demand: PodDemand, node: Node) -> NodeFailure | None:
     """Ready, cordon, taints, selector and affinity: what does not change as pods come and go."""
-    spec = node.get("spec") or {}
-    if not _ready(node) and not _tolerated(demand.tolerations, {"key": NOT_READY_TAINT, "effect": "NoSchedule"}):
+    if not node.ready and not _tolerated(demand.tolerations, {"key": NOT_READY_TAINT, "effect": "NoSchedule"}):
         return NodeFailure(NOT_READY, "NodeReady", True)
-    if spec.get("unschedulable") and not _tolerated(
+    if node.spec.get("unschedulable") and not _tolerated(
             demand.tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}):
         return NodeFailure(UNSCHEDULABLE, "NodeUnschedulable", True)
-    for taint in spec.get("taints") or []:
+    for taint in node.taints:
         if taint.get("effect") in BLOCKING_EFFECTS and not _tolerated(demand.tolerations, taint):
             return NodeFailure(f"node(s) had untolerated taint {_taint_text(taint)}", "TaintToleration", True)
     if not affinity_matches(demand, node):
@@ -263,9 +237,9 @@ def static_check(demand: PodDemand, node: Obj) -> NodeFailure | None:
     return None
 
 
-def _hypervisor_gone(node: Obj) -> bool:
+def _hypervisor_gone(node: Node) -> bool:
     """The node lists the index resource and has none of it (see the module docstring)."""
-    values = (node.get("status") or {}).get("allocatable") or {}
+    values = node.allocatable
     return INDEX_PROBE_RESOURCE in values and _quantity(values[INDEX_PROBE_RESOURCE], milli=False) <= 0
 
 
@@ -276,8 +250,8 @@ class Allocatable:
     pods: int
 
 
-def allocatable(node: Obj) -> Allocatable:
-    values = (node.get("status") or {}).get("allocatable") or {}
+def allocatable(node: Node) -> Allocatable:
+    values = node.allocatable
     return Allocatable(_quantity(values.get("cpu"), milli=True), _quantity(values.get("memory"), milli=False),
                        _quantity(values.get("pods"), milli=False))
 
@@ -304,36 +278,36 @@ def resource_check(demand: PodDemand, capacity: Allocatable, used: Used) -> Node
     return None
 
 
-def check_node(demand: PodDemand, node: Obj, used: Used) -> NodeFailure | None:
+def check_node(demand: PodDemand, node: Node, used: Used) -> NodeFailure | None:
     """Every check, static first; None when the node can take the pod."""
     return static_check(demand, node) or resource_check(demand, allocatable(node), used)
 
 
-def extended_requests(pod: Obj, names: Iterable[str]) -> dict[str, int]:
+def extended_requests(pod: Pod, names: Iterable[str]) -> dict[str, int]:
     """What a pod asks of the extended resources `names` (e.g. nvidia.com/gpu): per container the
     request, else the limit (kube defaults one to the other for extended resources), summed, or the
     largest init container's when larger. Only the names it asks for are in the result."""
-    spec = _object(pod.get("spec"))
     wanted = tuple(names)
     totals: dict[str, int] = {}
 
-    def amount(container: Obj, name: str) -> int:
-        resources = _object(container.get("resources"))
-        value = _object(resources.get("requests")).get(name)
-        return _quantity(value if value is not None else _object(resources.get("limits")).get(name), milli=False)
+    def amount(container: Mapping[str, Any], name: str) -> int:
+        value = section(container, "resources", "requests").get(name)
+        if value is None:
+            value = section(container, "resources", "limits").get(name)
+        return _quantity(value, milli=False)
 
     for name in wanted:
-        total = sum(amount(c, name) for c in _containers(spec, "containers"))
-        total = max([total, *(amount(c, name) for c in _containers(spec, "initContainers"))])
+        total = sum(amount(c, name) for c in pod.containers)
+        total = max([total, *(amount(c, name) for c in pod.init_containers)])
         if total > 0:
             totals[name] = total
     return totals
 
 
-def extended_check(wanted: Mapping[str, int], node: Obj, used: Mapping[str, int]) -> NodeFailure | None:
+def extended_check(wanted: Mapping[str, int], node: Node, used: Mapping[str, int]) -> NodeFailure | None:
     """The extended resources a pod asks for against the node's allocatable minus what its pods use
     ("Insufficient nvidia.com/gpu", as kube's NodeResourcesFit)."""
-    values = (node.get("status") or {}).get("allocatable") or {}
+    values = node.allocatable
     for name, amount in sorted(wanted.items()):
         free = _quantity(values.get(name), milli=False) - used.get(name, 0)
         if amount > free:
@@ -381,21 +355,20 @@ class NodeUsage:
     def assume(self, uid: str, node: str, cpu: int, mem: int) -> None:
         self._add(uid, node, cpu, mem)
 
-    def observe(self, pod: Obj) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+    def observe(self, pod: Pod) -> None:
+        uid = pod.uid
         if not uid:
             return
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node and (pod.get("status") or {}).get("phase") not in FINISHED_PHASES:
+        if pod.node_name and not pod.finished:
             cpu, mem = pod_requests(pod)
-            self._add(uid, str(node), cpu, mem)
+            self._add(uid, pod.node_name, cpu, mem)
         else:
             self.forget(uid)
 
-    def observe_delete(self, pod: Obj) -> None:
-        self.forget(str((pod.get("metadata") or {}).get("uid") or ""))
+    def observe_delete(self, pod: Pod) -> None:
+        self.forget(pod.uid)
 
-    def rebuild(self, pods: Iterable[Obj]) -> None:
+    def rebuild(self, pods: Iterable[Pod]) -> None:
         self._pods.clear()
         self._nodes.clear()
         for pod in pods:
@@ -409,10 +382,9 @@ class StaticVerdicts:
         self.max_shapes = max_shapes
         self._by_shape: dict[str, dict[str, tuple[str, NodeFailure | None]]] = {}
 
-    def check(self, demand: PodDemand, node: Obj) -> NodeFailure | None:
-        meta = node.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        rv = str(meta.get("resourceVersion") or "")
+    def check(self, demand: PodDemand, node: Node) -> NodeFailure | None:
+        meta = node.meta
+        name, rv = meta.name, meta.resource_version
         verdicts = self._by_shape.get(demand.shape)
         if verdicts is None:
             if len(self._by_shape) >= self.max_shapes:

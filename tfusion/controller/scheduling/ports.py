@@ -13,10 +13,10 @@ after admission does not keep its port for ever). Assignment is the lowest free 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.claims import Claims
 
 RESERVATION_TTL_S = 60.0
@@ -58,16 +58,16 @@ class PortPool:
         return self.claims.held()
 
 
-def pod_port(pod: Mapping[str, Any]) -> int | None:
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(tfa.PORT_NUMBER)
+def pod_port(pod: Pod) -> int | None:
+    value = pod.meta.annotation(tfa.PORT_NUMBER)
     try:
-        return tfa.parse_port_number(str(value)) if value else None
+        return tfa.parse_port_number(value) if value else None
     except ValueError:
         return None
 
 
-def wants_cluster_port(pod: Mapping[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(tfa.HOST_PORT) == tfa.HOST_PORT_AUTO
+def wants_cluster_port(pod: Pod) -> bool:
+    return pod.meta.label(tfa.HOST_PORT) == tfa.HOST_PORT_AUTO
 
 
 class PortAllocator:
@@ -86,19 +86,17 @@ class PortAllocator:
             self.nodes[name] = PortPool(*self.node_range, reservation_ttl=self.reservation_ttl, now=self.now)
         return self.nodes[name]
 
-    def observe(self, uid: str, pod: Mapping[str, Any]) -> None:
+    def observe(self, uid: str, pod: Pod) -> None:
         """Record the port a live pod holds (cluster range for host-port=auto pods, else its node's)."""
         port = pod_port(pod)
         if port is None or not uid:
             return
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = f"{pod.namespace}/{pod.name}"
         if wants_cluster_port(pod):
             self.cluster.occupy(uid, port, key)
             return
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        if node:
-            self.node(node).occupy(uid, port, key)
+        if pod.node_name:
+            self.node(pod.node_name).occupy(uid, port, key)
 
     def release(self, uid: str) -> bool:
         released = self.cluster.release(uid)

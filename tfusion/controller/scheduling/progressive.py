@@ -27,9 +27,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Node, Pod
 from tfusion.controller.scheduling import nodes as nc
-
-Obj = Mapping[str, Any]
 
 #: pod informer index: the node a live TensorFusion worker is bound to
 WORKER_NODE_INDEX = "progressive:worker-node"
@@ -39,19 +38,19 @@ RUNS_WORKERS = "node(s) run TensorFusion workers"
 EVERY_GPU_NODE_BUSY = ("Every node with {resources} runs TensorFusion workers: in progressive migration "
                        "a native GPU pod waits for a node without them.")
 TAINT_EFFECT = "PreferNoSchedule"
-FINISHED_PHASES = ("Succeeded", "Failed")
 
 
-def is_worker(pod: Obj) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(tfa.COMPONENT) == tfa.COMPONENT_WORKER
+def is_worker(pod: Pod) -> bool:
+    return pod.is_worker
 
 
-def worker_node_index(pod: Obj) -> list[str]:
-    """[node] for a TensorFusion worker bound there and not finished; [] for any other pod."""
-    node = (pod.get("spec") or {}).get("nodeName")
-    if not node or not is_worker(pod) or (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+def worker_node_index(raw: Mapping[str, Any]) -> list[str]:
+    """[node] for a TensorFusion worker bound there and not finished; [] for any other pod (an
+    informer index function: it gets the cached object as it is)."""
+    pod = Pod(raw)
+    if not pod.node_name or not is_worker(pod) or pod.finished:
         return []
-    return [str(node)]
+    return [pod.node_name]
 
 
 def used_by_taint() -> dict[str, str]:
@@ -62,10 +61,10 @@ def _is_used_by_taint(taint: Any) -> bool:
     return isinstance(taint, Mapping) and taint.get("key") == tfa.USED_BY and taint.get("effect") == TAINT_EFFECT
 
 
-def taints_for(node: Obj, busy: bool) -> list[Any] | None:
+def taints_for(node: Node, busy: bool) -> list[Any] | None:
     """The node's taints with the used-by taint present (busy) or absent (idle); None when they
     already are so. Other taints are kept as they are, in their order."""
-    taints = list((node.get("spec") or {}).get("taints") or [])
+    taints: list[Any] = list(node.taints)
     ours = [t for t in taints if _is_used_by_taint(t)]
     if busy and ours == [used_by_taint()]:
         return None
@@ -86,7 +85,7 @@ def worker_failure(node: str, busy: Collection[str]) -> nc.NodeFailure | None:
     return nc.NodeFailure(RUNS_WORKERS, CHECK, False) if node in busy else None
 
 
-def busy_note(nodes: Mapping[str, Obj], resources: Sequence[str], busy: Collection[str]) -> str:
+def busy_note(nodes: Mapping[str, Node], resources: Sequence[str], busy: Collection[str]) -> str:
     """The sentence added to "0/N nodes are available: ..." when every node that has the native GPU
     `resources` runs workers (so the pod waits for one to go idle); "" otherwise."""
     gpu_nodes = [n for n, node in nodes.items() if nc.extended_check(dict.fromkeys(resources, 1), node, {}) is None]

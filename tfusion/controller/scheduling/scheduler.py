@@ -27,11 +27,9 @@ rolls back and backs off. Bindings go on a lean path with a request budget of th
 throttle each other.
 
 A pod that fits nowhere is parked in the queue (queue.py) until an event can make it fit, and
-says why: the condition `PodScheduled=False, reason=Unschedulable` with kube's message
-("0/5 nodes are available: 2 Insufficient cpu, 3 GPU VRAM too small."; written when the message
-changes), a `FailedScheduling` event (at most one per pod per `EVENT_INTERVAL_S`; the recorder
-counts repeats of an identical one), and an explanation kept in memory (per-node reasons with
-numbers and the framework's suggestions) that `GET /api/why` and `tfusion why` show.
+says why: its explanation is built here from the framework's and the node checks' statuses,
+rendered by explain.py, and reported (kept for `GET /api/why`, a FailedScheduling event, the
+PodScheduled condition) by unschedulable.py.
 
 The pod index: the webhook assigns it (scheduling/indexes.py); the allocator holds it per node for
 as long as the pod holds GPUs (Filter and Reserve skip a node where another pod holds it), and the
@@ -42,7 +40,7 @@ Preemption and gang scheduling are not implemented.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,24 +49,20 @@ from anyio.abc import TaskGroup
 from prometheus_client import Counter, Gauge, Histogram
 
 from tfusion.allocator import AllocRequest, GpuAllocator, GpuPlacement, RequestError, request_from_pod
-from tfusion.allocator.framework import Code, Explanation, Framework, Status, Suggestion
-from tfusion.allocator.units import amount as amount_of
+from tfusion.allocator.framework import Code, Explanation, Framework, Status
 from tfusion.api import annotations as tfa
-from tfusion.api.timestamps import rfc3339
+from tfusion.api.accessors import Body, Gpu, Node, Pod
+from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import default_pool_name
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
-from tfusion.controller.scheduling.binder import (
-    BindResult,
-    bind_annotations,
-    index_conflict,
-    post_binding,
-)
-from tfusion.controller.scheduling.explain import node_failure_status, status_json, suggestion_json
+from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
+from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
 from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
+from tfusion.controller.scheduling.unschedulable import Reports, as_pod, pod_key
 from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient, KubeError, NotFound
+from tfusion.kube.client import KubeClient
 from tfusion.kube.informer import Informer, node_name_index
 
 if TYPE_CHECKING:
@@ -79,95 +73,39 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 BUILTIN, EXTENDER = "builtin", "extender"
-#: at most one new FailedScheduling event per pod this often
-EVENT_INTERVAL_S = 30.0
 #: Bindings in flight at once (each on its own kept-alive connection)
 MAX_CONCURRENT_BINDS = 16
-WORKER = "worker"
-#: explanations kept (oldest dropped first); one per pending pod
-MAX_EXPLANATIONS = 20_000
-
-Obj = Mapping[str, Any]
+WORKER = tfa.COMPONENT_WORKER
 
 
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def pod_key(pod: Obj) -> str:
-    meta = _meta(pod)
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-
-
-def is_ours(pod: Obj) -> bool:
-    return (pod.get("spec") or {}).get("schedulerName") == SCHEDULER_NAME
+def is_ours(pod: Pod) -> bool:
+    return pod.scheduler_name == SCHEDULER_NAME
 
 
 GPU_REQUEST_KEYS = ("TFLOPS_REQUEST", "TFLOPS_LIMIT", "VRAM_REQUEST", "VRAM_LIMIT", "COMPUTE_PERCENT_REQUEST",
                     "COMPUTE_PERCENT_LIMIT", "GPU_COUNT", "GPU_INDICES", "GPU_POOL")
 
 
-def asks_for_gpus(pod: Obj) -> bool:
+def asks_for_gpus(pod: Pod) -> bool:
     """The worker label, or any GPU request annotation (read through tfa: keys follow the domain)."""
-    meta = _meta(pod)
-    if (meta.get("labels") or {}).get(tfa.COMPONENT) == WORKER:
+    if is_worker(pod):
         return True
-    notes = meta.get("annotations") or {}
+    notes = pod.meta.annotations
     return any(getattr(tfa, k) in notes for k in GPU_REQUEST_KEYS)
 
 
-def is_worker(pod: Obj) -> bool:
-    return (_meta(pod).get("labels") or {}).get(tfa.COMPONENT) == WORKER
+def is_worker(pod: Pod) -> bool:
+    return pod.is_worker
 
 
-def as_pod(pod: Obj) -> dict[str, Any]:
-    """Informer list items carry no kind; events and JSON need it."""
-    return {**pod, "apiVersion": "v1", "kind": "Pod"}
+def viewed(view: type[Body], handler: Callable[..., None]) -> Callable[..., None]:
+    """An informer handler that gets the cached objects as `view`s (an absent old object stays None)."""
+    return lambda *objs: handler(*(view(o) if o is not None else None for o in objs))
 
 
-# --- explanations --------------------------------------------------------------------------------
-
-
-@dataclass
-class Why:
-    """Why a pod is not placed: the kube-style message, each node's reasons, the suggestions."""
-
-    namespace: str
-    name: str
-    uid: str
-    message: str
-    code: str
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    suggestions: list[dict[str, Any]] = field(default_factory=list)
-    attempts: int = 0
-    updated: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "message": self.message,
-                "code": self.code, "nodes": self.nodes, "suggestions": self.suggestions,
-                "attempts": self.attempts, "updated": self.updated}
-
-
-def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[str]) -> list[Suggestion]:
-    """Node-side changes that would let the pod onto a node its GPUs fit on: a toleration for the
-    one taint that keeps it off, or less CPU/memory where only that is short."""
-    out: list[Suggestion] = []
-    for node in gpu_ok:
-        failure = failures.get(node)
-        if failure is None:
-            continue
-        if failure.check == "TaintToleration":
-            taint = failure.message.split("taint ", 1)[-1]
-            out.append(Suggestion("tolerate-taint", f"add a toleration for taint {taint}: the pod's GPUs "
-                                  f"fit on node {node}", {}, target="pod", node=node))
-        elif failure.resource in ("cpu", "memory"):
-            most = amount_of(failure.resource, failure.available)
-            out.append(Suggestion("smaller-request", f"request at most {most} {failure.resource}: it then fits on "
-                                  f"node {node}", {}, target="pod", node=node))
-        if len(out) >= 3:
-            break
-    return out
+def priority(pod: Pod) -> int:
+    value = pod.spec.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -212,11 +150,9 @@ class Scheduler:
         self.usage = nc.NodeUsage()
         self.verdicts = nc.StaticVerdicts()
         self._allocatable: dict[str, tuple[str, nc.Allocatable]] = {}
-        self.whys: dict[str, Why] = {}
+        self.reports = Reports(runtime.manager)
         self.queue: SchedulingQueue | None = None
         self._framework: Framework | None = None
-        self._last_event: dict[str, float] = {}
-        self._condition_written: dict[str, str] = {}
         self._binds: TaskGroup | None = None
         self._bind_slots = anyio.Semaphore(MAX_CONCURRENT_BINDS)
         #: pods decided but not yet seen bound: uid -> (node, is a TensorFusion worker, native GPUs)
@@ -237,10 +173,11 @@ class Scheduler:
         self.pods.add_index("node", node_name_index)
         self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
         self.nodes = rt.informer(r.NODES)
-        self.pods.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
-        self.nodes.add_handler(on_add=self._on_node, on_update=self._on_node_update)
-        rt.informer(r.GPUS).add_handler(on_add=self._on_gpu, on_update=self._on_gpu_update)
-        rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._move, on_update=self._on_quota_update,
+        self.pods.add_handler(on_add=viewed(Pod, self._on_pod), on_update=viewed(Pod, self._on_pod_update),
+                              on_delete=viewed(Pod, self._on_pod_delete))
+        self.nodes.add_handler(on_add=self._move, on_update=viewed(Node, self._on_node_update))
+        rt.informer(r.GPUS).add_handler(on_add=self._move, on_update=viewed(Gpu, self._on_gpu_update))
+        rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._move, on_update=viewed(Body, self._on_quota_update),
                                                     on_delete=self._move)
         from tfusion.controller.scheduling.http import scheduler_handlers
 
@@ -266,60 +203,57 @@ class Scheduler:
             self._framework = Framework(allocator)
         return self._framework
 
+    def pod(self, key: str) -> Pod | None:
+        """The cached pod "namespace/name" (every pod, not only ours)."""
+        raw = self.pods.get(key)
+        return Pod(raw) if raw is not None else None
+
     # --- events ---------------------------------------------------------------------------------
 
-    def _move(self, *_: Any) -> None:
+    def _move(self, *_: object) -> None:
         if self.queue is not None:
             self.queue.move_all()
 
-    def _on_pod(self, pod: Obj) -> None:
+    def _on_pod(self, pod: Pod) -> None:
         self.usage.observe(pod)
         key = pod_key(pod)
-        if not nc.is_pending(pod):
-            self._in_flight.pop(str(_meta(pod).get("uid") or ""), None)
-        if is_ours(pod) and nc.is_pending(pod):
+        pending = nc.is_pending(pod)
+        if not pending:
+            self._in_flight.pop(pod.uid, None)
+        if is_ours(pod) and pending:
             if self.queue is not None:
-                self.queue.add(key, priority=int((pod.get("spec") or {}).get("priority") or 0))
+                self.queue.add(key, priority=priority(pod))
             return
         self._forget_pod(key)
 
-    def _on_pod_update(self, old: Obj | None, new: Obj) -> None:
+    def _on_pod_update(self, old: Pod | None, new: Pod) -> None:
         self._on_pod(new)
-        if old is not None and (old.get("status") or {}).get("phase") != (new.get("status") or {}).get("phase") \
-                and (new.get("status") or {}).get("phase") in nc.FINISHED_PHASES:
+        if old is not None and old.phase != new.phase and new.finished:
             self._move()  # a finished pod frees its node's CPU, memory and GPUs
 
-    def _on_pod_delete(self, pod: Obj) -> None:
+    def _on_pod_delete(self, pod: Pod) -> None:
         self.usage.observe_delete(pod)
         self._forget_pod(pod_key(pod))
-        uid = str(_meta(pod).get("uid") or "")
-        self._in_flight.pop(uid, None)
-        self._last_event.pop(uid, None)
-        self._condition_written.pop(uid, None)
-        if (pod.get("spec") or {}).get("nodeName"):
+        self._in_flight.pop(pod.uid, None)
+        self.reports.forget_uid(pod.uid)
+        if pod.node_name:
             self._move()
 
     def _forget_pod(self, key: str) -> None:
-        self.whys.pop(key, None)
+        self.reports.forget(key)
         if self.queue is not None and self.queue.where(key) not in (None, "in-flight"):
             self.queue.delete(key)
 
-    def _on_node(self, node: Obj) -> None:
-        self._move()
-
-    def _on_node_update(self, old: Obj | None, new: Obj) -> None:
+    def _on_node_update(self, old: Node | None, new: Node) -> None:
         if old is None or _node_signature(old) != _node_signature(new):
             self._move()
 
-    def _on_gpu(self, gpu: Obj) -> None:
-        self._move()
-
-    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
+    def _on_gpu_update(self, old: Gpu | None, new: Gpu) -> None:
         if old is None or _gpu_grew(old, new):
             self._move()
 
-    def _on_quota_update(self, old: Obj | None, new: Obj) -> None:
-        if old is None or old.get("spec") != new.get("spec"):
+    def _on_quota_update(self, old: Body | None, new: Body) -> None:
+        if old is None or old.spec != new.spec:
             self._move()
 
     # --- the leader loop ------------------------------------------------------------------------
@@ -335,10 +269,11 @@ class Scheduler:
                 break
             await anyio.sleep(0.5)
         queue = SchedulingQueue(clock=self.runtime.manager.clock)
-        for pod in self.pods.list():
+        pods = [Pod(raw) for raw in self.pods.list()]
+        for pod in pods:
             if is_ours(pod) and nc.is_pending(pod):
-                queue.add(pod_key(pod), priority=int((pod.get("spec") or {}).get("priority") or 0))
-        self.usage.rebuild(self.pods.list())
+                queue.add(pod_key(pod), priority=priority(pod))
+        self.usage.rebuild(pods)
         self.queue = queue
         log.info("built-in scheduler: %d pending pod(s) queued", len(queue))
         try:
@@ -366,7 +301,7 @@ class Scheduler:
     def _cycle(self, key: str, tg: TaskGroup) -> None:
         queue = self.queue
         assert queue is not None
-        pod = self.pods.get(key)
+        pod = self.pod(key)
         fw = self.framework()
         if pod is None or not is_ours(pod) or not nc.is_pending(pod):
             queue.delete(key)
@@ -384,30 +319,29 @@ class Scheduler:
             self.metrics.attempts.labels("unschedulable").inc()
             queue.unschedulable(key)
             decision.why.attempts = queue.attempts(key)
-            self.report_unschedulable(pod, decision.why, tg)
+            self.reports.report(pod, decision.why, tg)
             if decision.req is not None:
                 self.service.count_allocation(False, decision.req.pool)
             return
         self.assume(pod, decision)
         tg.start_soon(self._bind, key, pod, decision, fw)
 
-    def assume(self, pod: Obj, decision: Decision) -> None:
+    def assume(self, pod: Pod, decision: Decision) -> None:
         """Count the pod on its node (CPU, memory, and as a worker or native-GPU pod) from now until
         the informer sees it bound; `bind` drops it again when binding fails. The extender's bind
         calls this too, so both paths see a pod whose bind is in flight."""
         demand = decision.demand or nc.pod_demand(pod)
-        uid = str(_meta(pod).get("uid") or "")
-        self.usage.assume(uid, decision.node, demand.cpu_milli, demand.memory)
-        self._in_flight[uid] = (decision.node, decision.req is not None or is_worker(pod), decision.native)
+        self.usage.assume(pod.uid, decision.node, demand.cpu_milli, demand.memory)
+        self._in_flight[pod.uid] = (decision.node, decision.req is not None or is_worker(pod), decision.native)
 
     # --- deciding (synchronous: one consistent view) ---------------------------------------------
 
-    def node_objects(self) -> Sequence[Obj]:
-        return self.nodes.list()
+    def nodes_by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in map(Node, self.nodes.list())}
 
-    def allocatable(self, node: Obj) -> nc.Allocatable:
-        meta = _meta(node)
-        name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+    def allocatable(self, node: Node) -> nc.Allocatable:
+        meta = node.meta
+        name, rv = meta.name, meta.resource_version
         cached = self._allocatable.get(name)
         if cached is not None and rv and cached[0] == rv:
             return cached[1]
@@ -415,38 +349,37 @@ class Scheduler:
         self._allocatable[name] = (rv, value)
         return value
 
-    def node_failure(self, demand: nc.PodDemand, node: Obj) -> nc.NodeFailure | None:
-        name = str(_meta(node).get("name") or "")
+    def node_failure(self, demand: nc.PodDemand, node: Node) -> nc.NodeFailure | None:
         return self.verdicts.check(demand, node) or nc.resource_check(demand, self.allocatable(node),
-                                                                       self.usage.used(name))
+                                                                       self.usage.used(node.name))
 
-    def request_of(self, pod: Obj) -> AllocRequest:
+    def request_of(self, pod: Pod) -> AllocRequest:
         """The pod's GPU request; a pod naming no pool gets the default pool (raises RequestError)."""
         pools = self.runtime.informer(r.GPUPOOLS).list()
-        return request_from_pod(pod, default_pool=default_pool_name(pools))
+        return request_from_pod(pod.raw, default_pool=default_pool_name(pools))
 
-    def decide(self, pod: Obj, fw: Framework) -> Decision:
+    def decide(self, pod: Pod, fw: Framework) -> Decision:
         # the API server checks only the JSON types kube's decoding would; a field the readers below
         # cannot take (a node affinity of 3, a negative request) would otherwise fail the loop
-        problem = pod_problem(pod)
+        problem = pod_problem(pod.raw)
         if problem:
-            return Decision(why=self._why_text(
+            return Decision(why=why_text(
                 pod, f"0/{len(self.nodes)} nodes are available: the pod cannot be scheduled: {problem}.",
                 Code.UNRESOLVABLE))
         demand = nc.pod_demand(pod)
         if not asks_for_gpus(pod):
             native = nc.extended_requests(pod, self.native_resource_names())
             if native:
-                return self._decide_native(pod, demand, native, self._nodes_by_name())
-            return self._decide_plain(pod, demand, self._nodes_by_name())
+                return self._decide_native(pod, demand, native, self.nodes_by_name())
+            return self._decide_plain(pod, demand, self.nodes_by_name())
         if not is_worker(pod):
-            return Decision(demand=demand, why=self._why_text(
+            return Decision(demand=demand, why=why_text(
                 pod, f"0/{len(self.nodes)} nodes are available: the pod asks for GPUs but lacks the label "
                      f"{tfa.COMPONENT}={WORKER} (the pod webhook sets it).", Code.UNRESOLVABLE))
         try:
             req = self.request_of(pod)
         except RequestError as exc:
-            return Decision(demand=demand, why=self._why_text(
+            return Decision(demand=demand, why=why_text(
                 pod, f"0/{len(self.nodes)} nodes are available: {exc}.", Code.UNRESOLVABLE))
         if fw.pre_filter(req).ok:
             # Filter's Success set without a Status per node: the framework's filter is this set
@@ -461,8 +394,8 @@ class Scheduler:
                 best = max(scores.values())
                 node = min(n for n, v in scores.items() if v == best)
                 del scores[node]
-                node_obj = self.nodes.get(node)
-                if node_obj is None or self.node_failure(demand, node_obj) is not None:
+                raw = self.nodes.get(node)
+                if raw is None or self.node_failure(demand, Node(raw)) is not None:
                     continue
                 tries += 1
                 placement, status = fw.reserve(req, node)
@@ -470,17 +403,14 @@ class Scheduler:
                     return Decision(node, placement, req, demand)
                 if status.code is Code.ERROR:
                     return Decision(req=req, demand=demand, error=status.details())
-        return Decision(req=req, demand=demand, why=self.explain(pod, req, demand, fw, self._nodes_by_name()))
+        return Decision(req=req, demand=demand, why=self.explain(pod, req, demand, fw, self.nodes_by_name()))
 
-    def _nodes_by_name(self) -> dict[str, Obj]:
-        return {str(_meta(n).get("name")): n for n in self.node_objects()}
-
-    def _decide_plain(self, pod: Obj, demand: nc.PodDemand, by_name: Mapping[str, Obj]) -> Decision:
+    def _decide_plain(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node]) -> Decision:
         """A pod without GPUs: the node checks alone; the node with the fewest pods (spread)."""
         return self._place_by_nodes(pod, demand, by_name, lambda name, node: self.node_failure(demand, node))
 
-    def _place_by_nodes(self, pod: Obj, demand: nc.PodDemand, by_name: Mapping[str, Obj],
-                        check: Callable[[str, Obj], nc.NodeFailure | None]) -> Decision:
+    def _place_by_nodes(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node],
+                        check: Callable[[str, Node], nc.NodeFailure | None]) -> Decision:
         failures: dict[str, nc.NodeFailure] = {}
         fitting: list[str] = []
         for name, node in by_name.items():
@@ -494,8 +424,7 @@ class Scheduler:
             return Decision(best, demand=demand)
         statuses = {n: node_failure_status(f, n) for n, f in failures.items()}
         message = Explanation(statuses).message(len(by_name))
-        why = self._why_from(pod, message, statuses, [], Code.UNSCHEDULABLE)
-        return Decision(demand=demand, why=why)
+        return Decision(demand=demand, why=why_of(pod, message, statuses, [], Code.UNSCHEDULABLE))
 
     # --- native-GPU pods (progressive migration) --------------------------------------------------
 
@@ -515,32 +444,30 @@ class Scheduler:
         """The native GPU resources the live pods on `node` (and those being bound there) take."""
         used: dict[str, int] = {}
         seen: set[str] = set()
-        for pod in self.pods.by_index("node", node):
-            if (pod.get("status") or {}).get("phase") in nc.FINISHED_PHASES:
+        for pod in map(Pod, self.pods.by_index("node", node)):
+            if pod.finished:
                 continue
-            seen.add(str(_meta(pod).get("uid") or ""))
-            for name, amount in nc.extended_requests(pod, names).items():
-                used[name] = used.get(name, 0) + amount
+            seen.add(pod.uid)
+            _add(used, nc.extended_requests(pod, names).items())
         for uid, (where, _, native) in self._in_flight.items():
             if where == node and uid not in seen:
-                for name, amount in native.items():
-                    used[name] = used.get(name, 0) + amount
+                _add(used, native.items())
         return used
 
     def native_check(self, demand: nc.PodDemand, native: Mapping[str, int],
-                     busy: set[str]) -> Callable[[str, Obj], nc.NodeFailure | None]:
+                     busy: set[str]) -> Callable[[str, Node], nc.NodeFailure | None]:
         """A native-GPU pod's Filter, per node (simulate-schedule shows it too): no TensorFusion
         worker there, the node checks, its native GPU resources."""
         names = sorted(native)
 
-        def check(name: str, node: Obj) -> nc.NodeFailure | None:
+        def check(name: str, node: Node) -> nc.NodeFailure | None:
             return (progressive.worker_failure(name, busy) or self.node_failure(demand, node)
                     or nc.extended_check(native, node, self.native_used(name, names)))
 
         return check
 
-    def _decide_native(self, pod: Obj, demand: nc.PodDemand, native: Mapping[str, int],
-                       by_name: Mapping[str, Obj]) -> Decision:
+    def _decide_native(self, pod: Pod, demand: nc.PodDemand, native: Mapping[str, int],
+                       by_name: Mapping[str, Node]) -> Decision:
         """A native-GPU pod: the node checks and its native GPU resources, on a node without
         TensorFusion workers; no GPU is taken from the allocator."""
         busy = self.nodes_with_workers()
@@ -550,8 +477,8 @@ class Scheduler:
             decision.why.message += " " + note
         return decision
 
-    def explain(self, pod: Obj, req: AllocRequest, demand: nc.PodDemand, fw: Framework,
-                by_name: Mapping[str, Obj]) -> Why:
+    def explain(self, pod: Pod, req: AllocRequest, demand: nc.PodDemand, fw: Framework,
+                by_name: Mapping[str, Node]) -> Why:
         """The whole story, built only for a pod that fits nowhere: the node checks of every node,
         the GPU reasons (with numbers) of the nodes that pass them, and the suggestions."""
         failures = {n: f for n, node in by_name.items() if (f := self.node_failure(demand, node)) is not None}
@@ -566,62 +493,11 @@ class Scheduler:
         code = Code.UNRESOLVABLE if all(c is Code.UNRESOLVABLE for c in codes) else Code.UNSCHEDULABLE
         if not expl.pre_filter.ok:
             code = expl.pre_filter.code
-        return self._why_from(pod, expl.message(len(by_name)), merged, suggestions, code,
-                              pre_filter=expl.pre_filter)
-
-    def _why_text(self, pod: Obj, message: str, code: Code) -> Why:
-        return self._why_from(pod, message, {}, [], code)
-
-    def _why_from(self, pod: Obj, message: str, statuses: Mapping[str, Status],
-                  suggestions: Sequence[Suggestion], code: Code, *, pre_filter: Status | None = None) -> Why:
-        meta = _meta(pod)
-        nodes = {n: status_json(s) for n, s in sorted(statuses.items()) if not s.ok}
-        if pre_filter is not None and not pre_filter.ok:
-            nodes = {"*": status_json(pre_filter), **nodes}
-        return Why(str(meta.get("namespace") or "default"), str(meta.get("name")), str(meta.get("uid") or ""),
-                   message, str(code), nodes, [suggestion_json(s) for s in suggestions], 0, rfc3339())
-
-    # --- unschedulable: condition, event, explanation --------------------------------------------
-
-    def remember(self, key: str, why: Why) -> None:
-        self.whys.pop(key, None)
-        self.whys[key] = why
-        while len(self.whys) > MAX_EXPLANATIONS:
-            self.whys.pop(next(iter(self.whys)))
-
-    def report_unschedulable(self, pod: Obj, why: Why, tg: TaskGroup | None) -> None:
-        key = pod_key(pod)
-        self.remember(key, why)
-        uid = why.uid
-        now = self.runtime.manager.clock.now()
-        last = self._last_event.get(uid)
-        if last is None or now - last >= EVENT_INTERVAL_S:
-            self._last_event[uid] = now
-            self.runtime.events.warning(as_pod(pod), "FailedScheduling", why.message)
-        if self._condition_written.get(uid) != why.message and tg is not None:
-            self._condition_written[uid] = why.message
-            tg.start_soon(self._write_condition, pod, why.message)
-
-    async def _write_condition(self, pod: Obj, message: str) -> None:
-        meta = _meta(pod)
-        old = next((c for c in (pod.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "PodScheduled"), None)
-        since = old.get("lastTransitionTime") if old is not None and old.get("status") == "False" else None
-        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                     "lastProbeTime": None, "lastTransitionTime": since or rfc3339()}
-        try:
-            await self.client.patch(r.PODS, str(meta.get("name")), {"status": {"conditions": [condition]}},
-                                    namespace=str(meta.get("namespace") or "default"), patch_type="strategic",
-                                    subresource="status")
-        except NotFound:
-            pass
-        except KubeError as exc:
-            self._condition_written.pop(str(meta.get("uid") or ""), None)
-            log.warning("cannot set the PodScheduled condition of pod %s: %s", pod_key(pod), exc)
+        return why_of(pod, expl.message(len(by_name)), merged, suggestions, code, pre_filter=expl.pre_filter)
 
     # --- binding --------------------------------------------------------------------------------
 
-    async def _bind(self, key: str, pod: Obj, decision: Decision, fw: Framework) -> None:
+    async def _bind(self, key: str, pod: Pod, decision: Decision, fw: Framework) -> None:
         async with self._bind_slots:
             started = self.runtime.manager.clock.now()
             result = await self.bind(pod, decision, fw)
@@ -641,24 +517,16 @@ class Scheduler:
         else:
             queue.error(key)
 
-    async def bind(self, pod: Obj, decision: Decision, fw: Framework) -> BindResult:
+    async def bind(self, pod: Pod, decision: Decision, fw: Framework) -> BindResult:
         """Annotate + bind, then commit; on failure roll the reservation and the node totals back."""
-        uid = str(_meta(pod).get("uid") or "")
+        uid = pod.uid
         gpus = decision.placement.gpu_names if decision.placement is not None else ()
         notes = bind_annotations(pod, decision.req, gpus, fw.allocator)
         conflict = index_conflict(decision.req, decision.node, fw.allocator)
         result = BindResult(False, conflict) if conflict else \
             await post_binding(self.client, pod, decision.node, notes)
         if not result.bound:
-            self._in_flight.pop(uid, None)
-            if decision.req is not None:
-                fw.unreserve(uid)
-                self.service.flush()
-            current = self.pods.get(pod_key(pod))
-            if current is not None and _meta(current).get("uid") == uid:
-                self.usage.observe(current)
-            else:
-                self.usage.forget(uid)
+            self._unassume(pod, decision, fw)
             return result
         if decision.req is not None:
             status = fw.pre_bind(uid)
@@ -667,37 +535,47 @@ class Scheduler:
                 log.info("pod %s bound but not committed: %s", pod_key(pod), status.details())
             self.service.count_allocation(True, decision.req.pool)
             self.service.flush()
-        self.whys.pop(pod_key(pod), None)
-        where = f" (GPUs {','.join(gpus)})" if gpus else ""
+        self.reports.forget(pod_key(pod))
+        where = f" (GPUs {tfa.format_gpu_ids(gpus)})" if gpus else ""
         self.runtime.events.normal(as_pod(pod), "Scheduled",
                                    f"Successfully assigned {pod_key(pod)} to {decision.node}{where}")
         return result
 
+    def _unassume(self, pod: Pod, decision: Decision, fw: Framework) -> None:
+        """A failed bind: the reservation goes, and the node totals count the pod as the cache has it."""
+        self._in_flight.pop(pod.uid, None)
+        if decision.req is not None:
+            fw.unreserve(pod.uid)
+            self.service.flush()
+        current = self.pod(pod_key(pod))
+        if current is not None and current.uid == pod.uid:
+            self.usage.observe(current)
+        else:
+            self.usage.forget(pod.uid)
 
-def _node_signature(node: Obj) -> tuple[Any, ...]:
+
+def _add(totals: dict[str, int], amounts: Iterable[tuple[str, int]]) -> None:
+    for name, amount in amounts:
+        totals[name] = totals.get(name, 0) + amount
+
+
+def _node_signature(node: Node) -> tuple[Any, ...]:
     """What a node check reads (heartbeats excluded)."""
-    meta = _meta(node)
-    status = node.get("status") or {}
-    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-    return (meta.get("labels"), node.get("spec"), status.get("allocatable"), ready)
+    return (node.meta.labels, node.spec, node.allocatable, node.ready)
 
 
 def _amount(value: Any) -> int:
-    from tfusion.api.quantity import Quantity, QuantityError
-
     try:
         return Quantity.parse(value).milli_value() if value is not None else 0
     except QuantityError:
         return 0
 
 
-def _gpu_grew(old: Obj, new: Obj) -> bool:
+def _gpu_grew(old: Gpu, new: Gpu) -> bool:
     """More room on a GPU: available or capacity grew, or it became Running."""
-    o, n = old.get("status") or {}, new.get("status") or {}
-    if o.get("phase") != n.get("phase"):
+    if old.phase != new.phase:
         return True
-    for part in ("available", "capacity"):
-        before, after = o.get(part) or {}, n.get(part) or {}
+    for before, after in ((old.available, new.available), (old.capacity, new.capacity)):
         if any(_amount(after.get(k)) > _amount(before.get(k)) for k in ("tflops", "vram")):
             return True
     return False
