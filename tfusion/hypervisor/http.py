@@ -48,6 +48,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import Parameter
 from prometheus_client import CollectorRegistry
 
+from tfusion.api import accessors
 from tfusion.api.documents import DocumentError, load_json
 from tfusion.hypervisor import http_bodies as bodies
 from tfusion.hypervisor.devices.backend import DeviceBackendError
@@ -495,7 +496,7 @@ def auto_freeze_rule(scheduling_config: str, qos: str) -> dict[str, Any] | None:
         config = orjson.loads(scheduling_config)
     except ValueError:
         return None
-    rules = ((config or {}).get("autoFreezeAndResume") or {}).get("autoFreeze") or []
+    rules = accessors.items(config, "autoFreezeAndResume", "autoFreeze")
     for rule in rules:
         if isinstance(rule, dict) and str(rule.get("qos", "")).lower() == qos.lower():
             result: dict[str, Any] = {"enable": bool(rule.get("enable", False))}

@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 import orjson
 
+from tfusion.api.accessors import section
 from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, GpuModel
 from tfusion.hypervisor.devices.model import DeviceInfo, DeviceMetrics, GpuProcess
@@ -232,7 +233,7 @@ class SimBackend:
             log.warning("ignoring simulated load file %s: %s", path, exc)
 
     def _apply_load_doc(self, doc: dict[str, Any]) -> None:
-        for key, raw in (doc.get("devices") or {}).items():
+        for key, raw in section(doc, "devices").items():
             dev_key: int | str = int(key) if str(key).isdigit() else str(key)
             self.set_load(dev_key, utilization=raw.get("utilization"),
                           memory_used_bytes=raw.get("memoryUsedBytes"), power_watts=raw.get("powerWatts"),
