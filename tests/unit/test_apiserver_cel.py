@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from tfusion.apiserver import cel
-from tfusion.apiserver.cel import CompileError, StepMeter, compile_expression, crd_rule_causes, validate
+from tfusion.apiserver import crd_rules
+from tfusion.apiserver.cel import CompileError, StepMeter, compile_expression
+from tfusion.apiserver.crd_rules import crd_rule_causes, validate
 
 GANG_RULE = "!has(self.gang) || self.gang.minMembers <= self.replicas"
 
@@ -114,9 +115,9 @@ def test_crd_rule_checks_old_self_placement_reason_and_message_expression() -> N
 
 def test_rules_are_compiled_once_per_schema() -> None:
     schema = widget_schema(**{"x-kubernetes-validations": rules(GANG_RULE)})
-    first = cel.rules_for(schema)
-    assert first is not None and first is cel.rules_for(dict(schema))
-    assert cel.rules_for({"type": "object"}) is None
+    first = crd_rules.rules_for(schema)
+    assert first is not None and first is crd_rules.rules_for(dict(schema))
+    assert crd_rules.rules_for({"type": "object"}) is None
 
 
 # ------------------------------------------------------------------------------ evaluating
@@ -300,6 +301,6 @@ def test_remembered_results_keep_paths_and_the_budget(monkeypatch: pytest.Monkey
     many = widget({"parts": [{"name": "a", "count": 1}] * 2000})
     remembered = validate(schema, many, None, StepMeter(remaining=5_000))
     with monkeypatch.context() as patch:
-        patch.setattr(cel, "_MEMO_VALUE_BYTES", 0)  # nothing is remembered
+        patch.setattr(crd_rules, "_MEMO_VALUE_BYTES", 0)  # nothing is remembered
         evaluated = validate(schema, many, None, StepMeter(remaining=5_000))
     assert remembered == evaluated and len(evaluated) == 1 and "running out of cost budget" in evaluated[0][2]

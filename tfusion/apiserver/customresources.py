@@ -121,9 +121,9 @@ def validate_crd(crd: dict[str, Any], old: dict[str, Any] | None, registry: Regi
         schema = schema_holder.get("openAPIV3Schema") if isinstance(schema_holder, dict) else None
         if not isinstance(schema, dict):
             causes.append(required(f"spec.versions[{i}].schema.openAPIV3Schema", "schemas are required"))
-    from tfusion.apiserver import cel
+    from tfusion.apiserver import crd_rules
 
-    causes += cel.crd_rule_causes(crd)
+    causes += crd_rules.crd_rule_causes(crd)
     if old is not None:
         old_spec = old.get("spec") or {}
         if old_spec.get("group") != group:
@@ -199,8 +199,8 @@ def validate_custom(info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any]
     if info.schema is None:
         return []
     from tfusion.api import schema as schemas
-    from tfusion.apiserver import cel
+    from tfusion.apiserver import crd_rules
 
     causes: list[Cause] = [(e.field, e.reason, e.message) for e in schemas.validate(info.schema, obj)]
     # CEL rules assume the schema's types hold, so (like kube on type errors) they run on schema-valid objects
-    return causes or cel.validate(info.schema, obj, old)
+    return causes or crd_rules.validate(info.schema, obj, old)
