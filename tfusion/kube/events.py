@@ -153,7 +153,7 @@ class EventRecorder:
             "reportingComponent": self.component, "reportingInstance": self.instance,
         }
         created = await self.client.create(EVENTS, body, namespace=namespace)
-        self._seen[key] = _Seen(created["metadata"]["name"], namespace, 1, now)
+        self._seen[key] = _Seen(Body(created).name, namespace, 1, now)
         while len(self._seen) > self.cache_size:
             self._seen.popitem(last=False)
 
