@@ -61,7 +61,7 @@ def pod(name: str, node: str | None = NODE, **meta: Any) -> dict[str, Any]:
 
 async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
     kubelet = SimulatedKubelet(manager_of(kube), NODE, await plan("sim:2xA100-SXM4-80GB"))
-    node = await kubelet.register()
+    node = (await kubelet.register()).raw
     labels = node["metadata"]["labels"]
     assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
@@ -77,7 +77,7 @@ async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
 
     await kube.patch(r.NODES, NODE, {"metadata": {"labels": {"zone": "a"}}, "spec": {"unschedulable": True}})
     no_gpus = SimulatedKubelet(manager_of(kube), NODE, DevicePlan("auto", (), "none", "no driver"))
-    node = await no_gpus.register()
+    node = (await no_gpus.register()).raw
     assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["zone"] == "a"
     assert not any(k.startswith("nvidia.com/") for k in node["metadata"]["labels"])
 

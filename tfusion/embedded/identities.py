@@ -27,7 +27,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from tfusion.api.accessors import text
+from tfusion.api.accessors import Body, text
 from tfusion.apiserver import security
 from tfusion.errors import RoleError
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -149,7 +149,7 @@ async def _role_token(client: KubeClient, settings: Settings, role: str, account
         return await client.request_token(settings.operator_namespace, account, expiration_seconds=TOKEN_SECONDS)
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
         "expirationSeconds": TOKEN_SECONDS,
-        "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node_name, "uid": node["metadata"]["uid"]}}}
+        "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node_name, "uid": Body(node).uid}}}
     result = await client.request("POST", None, path=f"serviceaccounts/{account}/token",
                                   namespace=settings.operator_namespace, body=body)
     return text(result, "status", "token")

@@ -42,7 +42,7 @@ from anyio.abc import TaskStatus
 
 from tfusion import __version__
 from tfusion.api import annotations as ann
-from tfusion.api.accessors import Body, Pod, items, section, text
+from tfusion.api.accessors import Node, Pod, section, text
 from tfusion.api.annotations import now_rfc3339
 from tfusion.api.durations import parse_duration
 from tfusion.api.quantity import Quantity
@@ -114,7 +114,7 @@ def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
     return labels
 
 
-def node_status(node_name: str, old: Mapping[str, Any] | None = None, *, index_devices: int = 0) -> dict[str, Any]:
+def node_status(node_name: str, old: Node | None = None, *, index_devices: int = 0) -> dict[str, Any]:
     """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged);
     `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each."""
     cpu = str(os.cpu_count() or 1)
@@ -123,7 +123,7 @@ def node_status(node_name: str, old: Mapping[str, Any] | None = None, *, index_d
     if index_devices > 0:
         resources.update(dict.fromkeys(ann.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
-    previous = {c.get("type"): c for c in items(old, "conditions") if isinstance(c, Mapping)}
+    previous = {c.get("type"): c for c in old.conditions} if old is not None else {}
 
     def condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
         before = previous.get(kind)
@@ -273,7 +273,7 @@ class SimulatedKubelet:
         self.plan = plan
         #: devices per index resource the hypervisor's device plugins offer (0: no hypervisor here)
         self.index_devices = index_devices
-        self.node: dict[str, Any] = {}
+        self.node = Node({})
         # the shared pod informer (in --role=all it holds every pod: reconcile_pod keeps to this node's)
         self.controller = manager.controller("simulated-kubelet").for_(
             r.PODS, field_selector=f"spec.nodeName={node_name}").with_workers(2).on_every_replica() \
@@ -284,7 +284,7 @@ class SimulatedKubelet:
 
     # --- node and lease ---------------------------------------------------------------------------
 
-    async def register(self) -> dict[str, Any]:
+    async def register(self) -> Node:
         """Create the Node, or bring our labels and its status up to date; returns the Node."""
         labels = node_labels(self.node_name, self.plan)
         try:
@@ -298,17 +298,15 @@ class SimulatedKubelet:
                 log.info("registered node %s (%s)", self.node_name, self.plan.describe())
             except AlreadyExists:
                 node = await self.client.get(r.NODES, self.node_name)
-        current = Body(node).meta.labels
+        current = Node(node).meta.labels
         changes = {k: v for k, v in labels.items() if current.get(k) != v and (v is not None or k in current)}
         if changes:
             node = await self.client.patch(r.NODES, self.node_name, {"metadata": {"labels": changes}})
-        self.node = await self.report_status(node)
-        return self.node
+        return await self.report_status(Node(node))
 
-    async def report_status(self, node: dict[str, Any] | None = None) -> dict[str, Any]:
-        old = Body(node or self.node).status
-        status = node_status(self.node_name, old, index_devices=self.index_devices)
-        self.node = await self.client.patch(r.NODES, self.node_name, {"status": status}, subresource="status")
+    async def report_status(self, node: Node | None = None) -> Node:
+        status = node_status(self.node_name, node if node is not None else self.node, index_devices=self.index_devices)
+        self.node = Node(await self.client.patch(r.NODES, self.node_name, {"status": status}, subresource="status"))
         return self.node
 
     async def renew_lease(self) -> None:
@@ -320,7 +318,7 @@ class SimulatedKubelet:
             return
         except NotFound:
             pass
-        owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": Body(self.node).uid}
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node.uid}
         try:
             await self.client.create(r.LEASES, {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -402,7 +400,7 @@ class SimulatedKubelet:
 
     # --- running ----------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[dict[str, Any]] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[Node] = anyio.TASK_STATUS_IGNORED) -> None:
         """Register, then run until cancelled; `task_status.started(node)` once registered (the
         controller's Node reconciler creates its GPUNode where a pool selects it)."""
         node = await self.register()

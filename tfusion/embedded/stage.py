@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.api.accessors import Node
 from tfusion.api.annotations import INDEX_DEVICES_PER_RESOURCE
 from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
 from tfusion.embedded.crd_install import CrdInstallError
@@ -39,7 +40,7 @@ class StageInfo:
     """What the stage did, for the startup summary."""
 
     bootstrap: BootstrapReport | None
-    node: dict[str, Any] | None
+    node: Node | None
     pool: str | None
 
 
@@ -68,13 +69,13 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
         task_status.started(StageInfo(report, node, await _pool_selecting(manager, node)))
 
 
-async def _pool_selecting(manager: Manager, node: dict[str, Any]) -> str | None:
+async def _pool_selecting(manager: Manager, node: Node) -> str | None:
     """The pool the Node reconciler puts the node in, for the summary (None: none selects it)."""
     from tfusion.controller.reconcilers.nodeselector import select_pool
     from tfusion.kube.resources import GPUPOOLS
 
     try:
-        return select_pool(await manager.client.list(GPUPOOLS), node)
+        return select_pool(await manager.client.list(GPUPOOLS), node.raw)
     except KubeError:
         return None
 

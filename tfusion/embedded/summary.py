@@ -68,7 +68,7 @@ def startup_summary(settings: Settings, started: dict[str, Any], plan: DevicePla
                      f"{_bound(host, port)})")
     if stage is not None and stage.node is not None:
         pool = f", GPUNode in pool {stage.pool}" if stage.pool else ", no GPUPool selects it"
-        lines.append(f"  node         {stage.node['metadata']['name']} (simulated kubelet{pool})")
+        lines.append(f"  node         {stage.node.name} (simulated kubelet{pool})")
     if plan is not None:
         lines.append(f"  GPUs         {plan.describe()}")
     lines.append("Try:")

@@ -67,8 +67,9 @@ def available_in(pod: Pod, min_ready_s: int, now: float) -> float | None:
     return 0.0 if stamp is None else max(0.0, stamp + min_ready_s - now)
 
 
-def pod_from_template(owner: Body, resource: ApiResource, template: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod of `owner` (generateName `<owner>-`), as kube's controllers build one from a template."""
+def pod_from_template(owner: Body, resource: ApiResource) -> dict[str, Any]:
+    """A pod of `owner` (generateName `<owner>-`), as kube's controllers build one from its `spec.template`."""
+    template = section(owner.spec, "template")
     template_meta = section(template, "metadata")
     meta: dict[str, Any] = {"generateName": f"{owner.name}-", "namespace": owner.namespace or None,
                             "labels": dict(section(template_meta, "labels")),
@@ -156,14 +157,15 @@ class Workbench:
         self.expectations = Expectations()
 
     @staticmethod
-    def _owned(informer: Informer, owner: Body) -> Iterator[Mapping[str, Any]]:
-        return (obj for obj in informer.by_index(OWNER_INDEX, owner.uid) if Body(obj).namespace == owner.namespace)
+    def _owned(informer: Informer, owner: Body) -> Iterator[Body]:
+        owned = map(Body, informer.by_index(OWNER_INDEX, owner.uid))
+        return (obj for obj in owned if obj.namespace == owner.namespace)
 
     def pods_of(self, owner: Body) -> list[Pod]:
-        return [Pod(obj) for obj in self._owned(self.pods, owner)]
+        return [Pod(obj.raw) for obj in self._owned(self.pods, owner)]
 
     def replicasets_of(self, owner: Body) -> list[Body]:
-        return [Body(obj) for obj in self._owned(self.replicasets, owner)]
+        return list(self._owned(self.replicasets, owner))
 
     def event(self, obj: Body, reason: str, message: str, *, warning: bool = False) -> None:
         if self.manager.events is None:
@@ -181,14 +183,14 @@ class Workbench:
         except NotFound:
             pass  # deleted meanwhile
 
-    async def create_pods(self, owner: Body, resource: ApiResource, template: Mapping[str, Any],
-                          count: int) -> str | None:
-        """Create `count` pods; the error message of the first failed create (then it stops)."""
+    async def create_pods(self, owner: Body, resource: ApiResource, count: int) -> str | None:
+        """Create `count` pods from the owner's template; the error message of the first failed create
+        (then it stops)."""
         created: list[str] = []
         failure = None
         for _ in range(min(count, BURST)):
             try:
-                pod = Body(await self.client.create(r.PODS, pod_from_template(owner, resource, template),
+                pod = Body(await self.client.create(r.PODS, pod_from_template(owner, resource),
                                                     namespace=owner.namespace or None))
             except KubeError as exc:
                 failure = f"Error creating: {exc}"

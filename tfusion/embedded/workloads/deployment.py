@@ -55,13 +55,13 @@ def template_hash(template: Mapping[str, Any], collision_count: int = 0) -> str:
     return "".join(_SAFE_ALPHABET[byte % len(_SAFE_ALPHABET)] for byte in str(value).encode())
 
 
-def _template_without_hash(rs: Body) -> Mapping[str, Any]:
-    """The ReplicaSet's pod template without the hash label it added (to compare with the Deployment's)."""
+def _runs_template(rs: Body, template: object) -> bool:
+    """Whether the ReplicaSet's pod template, less the hash label it added, is the Deployment's `template`."""
     stripped = copy.deepcopy(dict(section(rs.spec, "template")))
     labels = section(stripped, "metadata", "labels")
     if isinstance(labels, dict):
         labels.pop(POD_TEMPLATE_HASH, None)
-    return stripped
+    return stripped == template
 
 
 def revision_of(obj: Body) -> int:
@@ -110,7 +110,7 @@ class DeploymentController:
         deploy = Body(copy.deepcopy(raw))  # _annotate_revision updates its metadata for the status write
         owned = [rs for rs in self.bench.replicasets_of(deploy) if not rs.meta.deleting]
         template = section(deploy.spec, "template")
-        new_rs = next((rs for rs in owned if _template_without_hash(rs) == template), None)
+        new_rs = next((rs for rs in owned if _runs_template(rs, template)), None)
         old = sorted((rs for rs in owned if rs is not new_rs), key=created_at)
         paused = bool(deploy.spec.get("paused"))
         if new_rs is None and not paused:
@@ -151,7 +151,7 @@ class DeploymentController:
             created = Body(await self.client.create(r.REPLICASETS, rs, namespace=namespace))
         except AlreadyExists:
             existing = Body(await self.client.get(r.REPLICASETS, name, namespace=namespace))
-            if controller_uid(existing) == [deploy.uid] and _template_without_hash(existing) == spec.get("template"):
+            if controller_uid(existing) == [deploy.uid] and _runs_template(existing, spec.get("template")):
                 return existing  # ours: the cache had not shown it yet
             # another template hashed to this name: the next attempt hashes with a higher collision count
             status = {**deploy.status, "collisionCount": collisions + 1}

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tfusion.api.accessors import Body, Pod, section, text
+from tfusion.api.accessors import Body, Pod, text
 from tfusion.api.timestamps import rfc3339
 from tfusion.embedded.workloads.common import (
     Workbench,
@@ -138,7 +138,7 @@ class JobController:
             wanted = min(parallelism, int(completions) - succeeded)
         wanted = max(0, wanted)
         if len(active) < wanted:
-            failure = await self.bench.create_pods(job, r.JOBS, section(spec, "template"), wanted - len(active))
+            failure = await self.bench.create_pods(job, r.JOBS, wanted - len(active))
             if failure is not None:
                 return Result(requeue=True)
         elif len(active) > wanted:

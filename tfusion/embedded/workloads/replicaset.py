@@ -50,7 +50,7 @@ class ReplicaSetController:
         if bench.expectations.satisfied(expectation_key, {p.name for p in pods}):
             diff = len(active) - replicas_of(rs)
             if diff < 0:
-                failure = await bench.create_pods(rs, r.REPLICASETS, section(rs.spec, "template"), -diff)
+                failure = await bench.create_pods(rs, r.REPLICASETS, -diff)
             elif diff > 0:
                 await bench.delete_pods(rs, r.REPLICASETS, sorted(active, key=deletion_rank)[:diff])
         status, wait = replicaset_status(rs, active, failure)
