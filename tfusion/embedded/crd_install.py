@@ -43,15 +43,15 @@ class CrdReport:
                 f"{len(self.unchanged)} unchanged")
 
 
-def spec_hash(crd: Mapping[str, Any]) -> str:
+def spec_hash(crd: Body) -> str:
     """A stable digest of what we generate for one CRD (its spec)."""
-    canonical = orjson.dumps(Body(crd).spec, option=orjson.OPT_SORT_KEYS)
+    canonical = orjson.dumps(crd.spec, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
-def served_resources(crd: Mapping[str, Any]) -> list[ApiResource]:
+def served_resources(crd: Body) -> list[ApiResource]:
     """The REST resources a CRD makes the server serve (one per served version)."""
-    spec = crd["spec"]
+    spec = crd.spec
     names = spec["names"]
     return [ApiResource(spec["group"], version["name"], names["plural"], names["kind"], spec["scope"] == "Namespaced")
             for version in spec["versions"] if version.get("served", True)]
@@ -64,13 +64,13 @@ async def install_crds(client: KubeClient, *, hash_annotation: str,
     report = CrdReport()
     for crd in wanted:
         await _apply(client, crd, hash_annotation, report)
-    await wait_served(client, [res for crd in wanted for res in served_resources(crd)])
+    await wait_served(client, [res for crd in wanted for res in served_resources(Body(crd))])
     return report
 
 
 async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, report: CrdReport) -> None:
     name = crd["metadata"]["name"]
-    digest = spec_hash(crd)
+    digest = spec_hash(Body(crd))
     for _ in range(5):  # 409: someone else wrote it between our read and write; read again
         try:
             existing = await client.get(CUSTOMRESOURCEDEFINITIONS, name)
