@@ -1,7 +1,7 @@
 """Defaults and validation of the workload kinds: apps/v1 Deployment and ReplicaSet, batch/v1 Job.
 
 kube-apiserver keeps these in the apps and batch registry strategies. Only the fields tfusion's
-workload controllers (tfusion/embedded/workloads.py) act on are defaulted and validated, with
+workload controllers (tfusion/embedded/workloads/) act on are defaulted and validated, with
 kube's defaults and kube's field paths in the 422 causes, so `kubectl apply` of a manifest that
 kube would refuse is refused here with the same field named. The pod template is defaulted and
 validated as a pod spec (the pod rules live in validation.py).
