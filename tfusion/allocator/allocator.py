@@ -251,18 +251,7 @@ class GpuAllocator:
 
     def index_conflict(self, req: AllocRequest, node: str) -> str:
         """Why `req` cannot hold its pod index on `node` (another pod holds it there), or ""."""
-        if not req.pod_index:
-            return ""
-        others = self.index_lock.holders(node, req.pod_index, besides=req.pod_uid)
-        if not others:
-            return ""
-        names = sorted(self._pod_name(uid) for uid in others)
-        return (f"pod index {req.pod_index} is held on node {node} by pod {', '.join(names)} (the device "
-                f"plugin tells pods apart by index, so two pods on one node cannot share one)")
-
-    def _pod_name(self, uid: str) -> str:
-        alloc = self.ledger.allocs.get(uid)
-        return f"{alloc.req.namespace}/{alloc.req.pod_name}" if alloc is not None else uid
+        return self.ledger.index_conflict(req, node)
 
     # ------------------------------------------------------------------ deciding
 
@@ -488,26 +477,13 @@ class GpuAllocator:
         for req, gpu_names in allocations:
             names = tuple(gpu_names)
             known = [gpus[n] for n in names if n in gpus]
-            reason = self._unrestorable(req, names, known)
+            reason = self.ledger.restore_problem(req, names, known)
             if reason:
                 skipped.append((req.pod_uid, reason))
                 continue
             charges, limits = charges_on(req, [gpus[n].info.capacity_tflops if n in gpus else 0 for n in names])
             self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None))
         return skipped
-
-    def _unrestorable(self, req: AllocRequest, names: tuple[str, ...], known: list[GpuSlot]) -> str:
-        if not req.pod_uid:
-            return "no pod UID"
-        if req.pod_uid in self.ledger.allocs:
-            return "pod already holds an allocation"
-        if not names or len(set(names)) != len(names):
-            return f"GPU list {list(names)} is empty or repeats a GPU"
-        if not known:
-            return f"none of the GPUs {list(names)} is known"
-        if len({s.node for s in known}) != 1:
-            return f"GPUs {list(names)} are on several nodes"
-        return ""
 
     # ------------------------------------------------------------------ reading
 

@@ -154,6 +154,39 @@ class Ledger:
             charge.workers = 0
         check_total(req.namespace, spec, used, charge)
 
+    # ------------------------------------------------------------------ questions the records answer
+
+    def index_conflict(self, req: AllocRequest, node: str) -> str:
+        """Why `req` cannot hold its pod index on `node` (another pod holds it there), or ""."""
+        if not req.pod_index:
+            return ""
+        others = self.index_lock.holders(node, req.pod_index, besides=req.pod_uid)
+        if not others:
+            return ""
+        names = sorted(self._pod_name(uid) for uid in others)
+        return (f"pod index {req.pod_index} is held on node {node} by pod {', '.join(names)} (the device "
+                f"plugin tells pods apart by index, so two pods on one node cannot share one)")
+
+    def _pod_name(self, uid: str) -> str:
+        alloc = self.allocs.get(uid)
+        return f"{alloc.req.namespace}/{alloc.req.pod_name}" if alloc is not None else uid
+
+    def restore_problem(self, req: AllocRequest, names: tuple[str, ...], known: Sequence[GpuSlot]) -> str:
+        """Why a running pod's allocation on `names` (`known`: those of its GPUs that exist) cannot
+        be recorded again, or "": no UID, already held, an empty or repeated list, no known GPU,
+        GPUs on several nodes."""
+        if not req.pod_uid:
+            return "no pod UID"
+        if req.pod_uid in self.allocs:
+            return "pod already holds an allocation"
+        if not names or len(set(names)) != len(names):
+            return f"GPU list {list(names)} is empty or repeats a GPU"
+        if not known:
+            return f"none of the GPUs {list(names)} is known"
+        if len({s.node for s in known}) != 1:
+            return f"GPUs {list(names)} are on several nodes"
+        return ""
+
     # ------------------------------------------------------------------ recording
 
     def apply(self, alloc: Allocation) -> None:
