@@ -96,10 +96,10 @@ class Sources:
 class Resolved:
     """What `resolve` decided for one pod."""
 
-    #: the WorkloadProfile's spec (empty without one); read only
-    profile: Mapping[str, Any]
+    #: the WorkloadProfile (empty without one); read only
+    profile: Workload
     pool_name: str
-    pool: Mapping[str, Any]
+    pool: GpuPool
     local: bool
     sidecar: bool
     isolation: str
@@ -119,9 +119,9 @@ class Resolved:
 # --- pools, vendors and native GPU resources -------------------------------------------------------------
 
 
-def is_default_pool(pool: Mapping[str, Any]) -> bool:
+def is_default_pool(pool: GpuPool) -> bool:
     """Whether a GPUPool is annotated `is-default-pool` true (any spelling Go's ParseBool reads)."""
-    value = GpuPool(pool).meta.annotation(tfa.IS_DEFAULT_POOL)
+    value = pool.meta.annotation(tfa.IS_DEFAULT_POOL)
     if value is None:
         return False
     try:
@@ -132,7 +132,7 @@ def is_default_pool(pool: Mapping[str, Any]) -> bool:
 
 def default_pool_name(pools: Sequence[Mapping[str, Any]]) -> str | None:
     """The name of the default GPUPool (first by name when several are marked), or None."""
-    names = sorted(name for p in pools if is_default_pool(p) and (name := GpuPool(p).name))
+    names = sorted(pool.name for pool in map(GpuPool, pools) if is_default_pool(pool) and pool.name)
     return names[0] if names else None
 
 
@@ -209,16 +209,16 @@ def resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
 
 
 def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
-    profile = _profile_spec(notes, sources, pod.namespace or "default")
+    profile = _profile(notes, sources, pod.namespace or "default")
     pool_name, pool = _pool(notes, profile, sources)
     local = _check_local(notes, profile, pool)
     if local and notes.get(tfa.WORKER_POD_TEMPLATE):
         raise deny(tfa.WORKER_POD_TEMPLATE, notes[tfa.WORKER_POD_TEMPLATE][:40], "no value in local GPU mode",
                    detail="a worker pod template is for remote vGPU mode")
-    sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), profile.get("sidecarWorker"))
+    sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), profile.spec.get("sidecarWorker"))
     isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
-    vendor = (notes.get(tfa.VENDOR) or text(profile, "vendor")
-              or text(pool, "spec", "nodeManagerConfig", "defaultVendor") or DEFAULT_VENDOR)
+    vendor = (notes.get(tfa.VENDOR) or text(profile.spec, "vendor")
+              or text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR)
     natives = native_gpu_counts(pod, in_use_resource_names(sources.provider_configs, vendor))
     amounts = _amounts(notes, profile)
     gpu_count, indices = _gpu_count(notes, profile, natives)
@@ -229,12 +229,12 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
             amounts[("limits", "compute")] = Quantity.from_int(100)
     _default_requests_to_limits(amounts)
     check_within_limits({ANNOTATION_OF[k]: v for k, v in amounts.items()}, notes)
-    _apply_quota_defaults(amounts, sources.quotas)
+    _apply_quota_defaults(amounts, [Body(quota) for quota in sources.quotas])
     _default_requests_to_limits(amounts)
-    model = notes.get(tfa.GPU_MODEL) or text(profile, "gpuModel")
+    model = notes.get(tfa.GPU_MODEL) or text(profile.spec, "gpuModel")
     if annotation_bool(notes, tfa.DEDICATED_GPU):
         _dedicate(amounts, model, sources)
-    partition = notes.get(tfa.PARTITION_ID) or text(profile, "partitionTemplateId")
+    partition = notes.get(tfa.PARTITION_ID) or text(profile.spec, "partitionTemplateId")
     _check_requested(amounts, isolation, partition, notes)
     qos = _qos(notes, profile, amounts, pool)
     _check_vendor(vendor, isolation)
@@ -246,16 +246,17 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
 
 def request_annotations(resolved: Resolved) -> dict[str, str]:
     """The annotations that carry `resolved` to the scheduler (the webhook adds its own to these)."""
-    notes = {ANNOTATION_OF[key]: str(value) for key, value in resolved.amounts.items()}
-    notes.update({tfa.QOS: resolved.qos, tfa.GPU_COUNT: str(resolved.gpu_count), tfa.GPU_POOL: resolved.pool_name,
-                  tfa.VENDOR: resolved.vendor, tfa.IS_LOCAL_GPU: "true",
-                  tfa.SIDECAR_WORKER: "true" if resolved.sidecar else "false", tfa.ISOLATION: resolved.isolation})
+    notes = {ANNOTATION_OF[key]: tfa.format_quantity(value) for key, value in resolved.amounts.items()}
+    notes.update({tfa.QOS: resolved.qos, tfa.GPU_COUNT: tfa.format_gpu_count(resolved.gpu_count),
+                  tfa.GPU_POOL: resolved.pool_name, tfa.VENDOR: resolved.vendor,
+                  tfa.IS_LOCAL_GPU: tfa.format_bool(True), tfa.SIDECAR_WORKER: tfa.format_bool(resolved.sidecar),
+                  tfa.ISOLATION: resolved.isolation})
     if resolved.model:
         notes[tfa.GPU_MODEL] = resolved.model
     if resolved.partition:
         notes[tfa.PARTITION_ID] = resolved.partition
     if resolved.container_counts:
-        notes[tfa.CONTAINER_GPU_COUNT] = orjson.dumps(dict(sorted(resolved.container_counts.items()))).decode()
+        notes[tfa.CONTAINER_GPU_COUNT] = tfa.format_container_gpu_count(resolved.container_counts)
     return notes
 
 
@@ -269,57 +270,57 @@ def _first_bool(*values: Any) -> bool:
     return next((value for value in values if isinstance(value, bool)), False)
 
 
-def _profile_spec(notes: Mapping[str, str], sources: Sources, namespace: str) -> Mapping[str, Any]:
+def _profile(notes: Mapping[str, str], sources: Sources, namespace: str) -> Workload:
     name = notes.get(tfa.WORKLOAD_PROFILE)
     if not name:
-        return {}
+        return Workload({})
     profile = sources.profile(name)
     if profile is None:
         raise deny(tfa.WORKLOAD_PROFILE, name, f"the name of a WorkloadProfile in namespace {namespace}",
                    detail="no such WorkloadProfile")
-    return Workload(profile).spec
+    return Workload(profile)
 
 
-def _pool(notes: Mapping[str, str], profile: Mapping[str, Any],
-          sources: Sources) -> tuple[str, Mapping[str, Any]]:
-    name = notes.get(tfa.GPU_POOL) or text(profile, "poolName") or default_pool_name(sources.pools)
+def _pool(notes: Mapping[str, str], profile: Workload, sources: Sources) -> tuple[str, GpuPool]:
+    name = notes.get(tfa.GPU_POOL) or profile.pool_name or default_pool_name(sources.pools)
     if not name:
         raise deny(tfa.GPU_POOL, "", "the name of a GPUPool",
                    detail=f'the pod names no pool and no GPUPool is annotated {tfa.IS_DEFAULT_POOL}: "true"')
-    for pool in sources.pools:
-        if GpuPool(pool).name == name:
+    for pool in map(GpuPool, sources.pools):
+        if pool.name == name:
             return name, pool
     known = ", ".join(sorted(GpuPool(p).name for p in sources.pools)) or "none exists"
     raise deny(tfa.GPU_POOL, name, f"the name of a GPUPool ({known})", detail="no such GPUPool")
 
 
-def _check_local(notes: Mapping[str, str], profile: Mapping[str, Any], pool: Mapping[str, Any]) -> bool:
+def _check_local(notes: Mapping[str, str], profile: Workload, pool: GpuPool) -> bool:
     """Local GPU mode (True) or remote vGPU mode: the annotation, the profile, the pool, else local."""
     local = annotation_bool(notes, tfa.IS_LOCAL_GPU)
-    if local is None and isinstance(profile.get("isLocalGPU"), bool):
-        local = profile["isLocalGPU"]
-    pool_default = GpuPool(pool).spec.get("defaultUsingLocalGPU")
+    profile_local = profile.spec.get("isLocalGPU")
+    if local is None and isinstance(profile_local, bool):
+        local = profile_local
+    pool_default = pool.spec.get("defaultUsingLocalGPU")
     if local is None and isinstance(pool_default, bool):
         local = pool_default
     return local is not False
 
 
-def _isolation(notes: Mapping[str, str], profile: Mapping[str, Any], sidecar: bool) -> str:
+def _isolation(notes: Mapping[str, str], profile: Workload, sidecar: bool) -> str:
     if notes.get(tfa.ISOLATION):
         isolation = tfa.parse_isolation(notes[tfa.ISOLATION])
     else:
-        isolation = str(profile.get("isolation") or DEFAULT_ISOLATION)
+        isolation = str(profile.spec.get("isolation") or DEFAULT_ISOLATION)
     if isolation == tfa.ISOLATION_HARD and not sidecar:
         raise deny(tfa.ISOLATION, isolation, f'shared, soft or partitioned; hard isolation needs '
                                              f'{tfa.SIDECAR_WORKER}: "true" in local GPU mode')
     return isolation
 
 
-def _profile_amounts(profile: Mapping[str, Any]) -> Amounts:
+def _profile_amounts(profile: Workload) -> Amounts:
     amounts: Amounts = {}
     for side in SIDES:
         for name in FIELDS:
-            raw = section(profile, "resources", side).get(name)
+            raw = section(profile.resources, side).get(name)
             if raw in (None, ""):
                 continue
             try:
@@ -332,7 +333,7 @@ def _profile_amounts(profile: Mapping[str, Any]) -> Amounts:
     return amounts
 
 
-def _amounts(notes: Mapping[str, str], profile: Mapping[str, Any]) -> Amounts:
+def _amounts(notes: Mapping[str, str], profile: Workload) -> Amounts:
     """Per-GPU requests and limits: the profile's, overridden by annotations (TFLOPS beats percent)."""
     amounts = _profile_amounts(profile)
     for side in SIDES:
@@ -369,13 +370,13 @@ def _default_requests_to_limits(amounts: Amounts) -> None:
         amounts[("requests", "vram")] = amounts[("limits", "vram")]
 
 
-def _apply_quota_defaults(amounts: Amounts, quotas: Sequence[Mapping[str, Any]]) -> None:
+def _apply_quota_defaults(amounts: Amounts, quotas: Sequence[Body]) -> None:
     """Fill what is still missing from the namespace quota's single.defaultRequests/defaultLimits."""
     if not quotas:
         return
-    quota = sorted(quotas, key=lambda q: Body(q).name)[-1]
+    quota = sorted(quotas, key=lambda q: q.name)[-1]
     for side, source in (("requests", "defaultRequests"), ("limits", "defaultLimits")):
-        defaults = section(quota, "spec", "single", source)
+        defaults = section(quota.spec, "single", source)
         if not defaults:
             continue
         compute_missing = not amounts.get((side, "tflops")) and not amounts.get((side, "compute"))
@@ -389,30 +390,31 @@ def _apply_quota_defaults(amounts: Amounts, quotas: Sequence[Mapping[str, Any]])
                 amounts[(side, name)] = value
 
 
-def _quota_quantity(raw: Any, quota: Mapping[str, Any], where: str) -> Quantity | None:
+def _quota_quantity(raw: Any, quota: Body, where: str) -> Quantity | None:
     if raw in (None, ""):
         return None
     try:
         return parse_quantity(raw)
     except QuantityError:
-        meta = Body(quota).meta
+        meta = quota.meta
         raise Denial(f"GPUResourceQuota {meta.namespace or None}/{meta.name}: {where}: "
                      f"{orjson.dumps(str(raw)).decode()} is not a quantity; fix the quota") from None
 
 
-def _gpu_count(notes: Mapping[str, str], profile: Mapping[str, Any],
+def _gpu_count(notes: Mapping[str, str], profile: Workload,
                natives: Mapping[str, int]) -> tuple[int, tuple[int, ...]]:
     indices: tuple[int, ...] = ()
     if notes.get(tfa.GPU_INDICES):
         indices = tfa.parse_gpu_indices(notes[tfa.GPU_INDICES])
-    elif isinstance(profile.get("gpuIndices"), list):
-        indices = tuple(int(i) for i in profile["gpuIndices"] if isinstance(i, int))
+    elif isinstance(profile.spec.get("gpuIndices"), list):
+        indices = tuple(int(i) for i in items(profile.spec, "gpuIndices") if isinstance(i, int))
+    profile_count = profile.spec.get("gpuCount")
     if notes.get(tfa.GPU_COUNT):
         count = tfa.parse_gpu_count(notes[tfa.GPU_COUNT])
     elif indices:
         count = len(indices)
-    elif isinstance(profile.get("gpuCount"), int) and profile["gpuCount"]:
-        count = int(profile["gpuCount"])
+    elif isinstance(profile_count, int) and profile_count:
+        count = int(profile_count)
     elif natives:
         count = sum(natives.values())
     else:
@@ -452,16 +454,16 @@ def _check_requested(amounts: Amounts, isolation: str, partition: str, notes: Ma
                detail="the pod asks for no GPU resources")
 
 
-def _qos(notes: Mapping[str, str], profile: Mapping[str, Any], amounts: Amounts, pool: Mapping[str, Any]) -> str:
+def _qos(notes: Mapping[str, str], profile: Workload, amounts: Amounts, pool: GpuPool) -> str:
     if notes.get(tfa.QOS):
         return tfa.parse_qos(notes[tfa.QOS])
-    if profile.get("qos") in tfa.QOS_LEVELS:
-        return str(profile["qos"])
+    if profile.qos in tfa.QOS_LEVELS:
+        return profile.qos
     t_req, t_lim = amounts.get(("requests", "tflops")), amounts.get(("limits", "tflops"))
     v_req, v_lim = amounts.get(("requests", "vram")), amounts.get(("limits", "vram"))
     if t_lim and v_lim and t_req == t_lim and v_req == v_lim:
         return EQUAL_LIMITS_QOS
-    default = GpuPool(pool).qos_config.get("defaultQoS")
+    default = pool.qos_config.get("defaultQoS")
     return str(default) if default in tfa.QOS_LEVELS else DEFAULT_QOS
 
 

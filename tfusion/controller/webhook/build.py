@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import section, text
+from tfusion.api.accessors import GpuPool, section, text
 from tfusion.controller.defaults import Amounts, Resolved, annotation_bool, request_annotations
 
 DEFAULT_MIDDLEWARE_IMAGES = {"nvidia": "tensorfusion/vgpu-provider-nvidia:latest"}
@@ -51,7 +51,7 @@ def _quantity_map(amounts: Amounts, side: str) -> dict[str, str]:
 def workload_spec(resolved: Resolved, notes: Mapping[str, str], gang: Gang | None) -> dict[str, Any]:
     """The workload's spec: the profile's, with what was resolved for the pod written over it."""
     r = resolved
-    spec: dict[str, Any] = json_copy(r.profile)
+    spec: dict[str, Any] = json_copy(r.profile.spec)
     spec.pop("workerPodTemplate", None)
     spec.update({"poolName": r.pool_name, "qos": r.qos, "isLocalGPU": True, "sidecarWorker": r.sidecar,
                  "isolation": r.isolation, "gpuCount": r.gpu_count, "vendor": r.vendor,
@@ -103,18 +103,16 @@ def workload_object(name: str, namespace: str, pool_name: str, owner_reference: 
     return {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload", "metadata": meta, "spec": spec}
 
 
-def images(pool: Mapping[str, Any], provider: Mapping[str, Any] | None, vendor: str) -> tuple[str, str, str]:
+def images(pool: GpuPool, provider: Mapping[str, Any] | None, vendor: str) -> tuple[str, str, str]:
     """(middleware, client, worker) images: the ProviderConfig's and the pool's, else the defaults."""
     given = section(provider, "spec", "images")
     middleware = text(given, "middleware") or DEFAULT_MIDDLEWARE_IMAGES.get(vendor.lower(), "")
-    client = (text(given, "remoteClient") or text(pool, "spec", "componentConfig", "client", "image")
-              or DEFAULT_CLIENT_IMAGE)
-    worker = (text(pool, "spec", "componentConfig", "worker", "image") or text(given, "remoteWorker")
-              or DEFAULT_WORKER_IMAGE)
+    client = text(given, "remoteClient") or text(pool.component_config, "client", "image") or DEFAULT_CLIENT_IMAGE
+    worker = text(pool.component_config, "worker", "image") or text(given, "remoteWorker") or DEFAULT_WORKER_IMAGE
     return middleware, client, worker
 
 
-def hypervisor_port(pool: Mapping[str, Any]) -> int:
-    port = section(pool, "spec", "componentConfig", "hypervisor").get("portNumber")
+def hypervisor_port(pool: GpuPool) -> int:
+    port = section(pool.component_config, "hypervisor").get("portNumber")
     return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 \
         else DEFAULT_HYPERVISOR_PORT

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Pod, items, section, text
+from tfusion.api.accessors import Body, GpuPool, Pod, items, section, text
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.hashing import content_hash
 from tfusion.api.quantity import Quantity
@@ -108,7 +108,7 @@ class HostPortSlot:
 class Plan:
     """Everything `render` writes, decided by `analyse`."""
 
-    pool: Mapping[str, Any]
+    pool: GpuPool
     pool_name: str
     vendor: str
     isolation: str
@@ -164,9 +164,9 @@ def auto_migration_applies(config: Mapping[str, Any] | None, pod: Pod, namespace
     """The dynamic config's autoMigration: enabled, not excluded, and included (no includes: all)."""
     if not isinstance(config, Mapping) or config.get("enable") is not True:
         return False
-    scope = config.get("scope") or {}
+    scope = config.get("scope")
     if not isinstance(scope, Mapping):
-        return True
+        return True  # no scope (or one that is not a map): every pod
     if _rules_match(scope.get("excludes"), pod, namespace, ns_labels):
         return False
     includes = scope.get("includes")
@@ -274,7 +274,7 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.EMBEDDED_WORKER] = "true"
     new_labels = {tfa.ENABLED: labels[tfa.ENABLED], tfa.COMPONENT: tfa.COMPONENT_WORKER,
                   tfa.GPU_POOL: res.pool_name, tfa.WORKLOAD: workload_name,
-                  tfa.POD_TEMPLATE_HASH: pool_template_hash(res.pool)}
+                  tfa.POD_TEMPLATE_HASH: pool_template_hash(res.pool.raw)}
     if migrated and not pod.meta.annotation(tfa.ISOLATION):
         new_notes[tfa.ISOLATION] = res.isolation
     workload = build.workload_object(workload_name, namespace, res.pool_name, owner.reference, spec, notes,
@@ -368,11 +368,11 @@ def _host_port_slot(pod: Pod, labels: Mapping[str, str]) -> HostPortSlot | None:
                + (", ".join(named) or "it has no named ports") + ")", kind="label")
 
 
-def _merge_vertical_scaling(spec: dict[str, Any], pool: Mapping[str, Any], templates: Sequence[Mapping[str, Any]],
+def _merge_vertical_scaling(spec: dict[str, Any], pool: GpuPool, templates: Sequence[Mapping[str, Any]],
                             labels: Mapping[str, str]) -> None:
     """The first verticalScalingRule of the pool's SchedulingConfigTemplate that selects the pod adds
     its autoScalingConfig (what the pod or profile set wins)."""
-    name = text(pool, "spec", "schedulingConfigTemplate")
+    name = text(pool.spec, "schedulingConfigTemplate")
     template = next((t for t in templates if Body(t).name == name), None) if name else None
     for rule in items(template, "spec", "verticalScalingRules"):
         if not isinstance(rule, Mapping):

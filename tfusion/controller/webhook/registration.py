@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import sequence_of_maps, text
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
 
@@ -31,18 +32,23 @@ WEBHOOK_NAME = "pod.tensor-fusion.ai"
 PATH = "/mutate-v1-pod"
 TIMEOUT_SECONDS = 10
 
-Obj = dict[str, Any]
+class ClientConfig(TypedDict, total=False):
+    """Where kube-apiserver calls the webhook: `url`, or `service`; `caBundle` to trust it."""
+
+    url: str
+    service: dict[str, str | int]
+    caBundle: str
 
 
-def object_selector(widened: bool) -> Obj:
+def object_selector(widened: bool) -> dict[str, Any]:
     if widened:
         return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "NotIn", "values": ["false"]}]}
     return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "In", "values": ["true"]}]}
 
 
-def client_config(*, url: str | None, service: tuple[str, str] | None, ca_bundle: str | None) -> Obj:
+def client_config(*, url: str | None, service: tuple[str, str] | None, ca_bundle: str | None) -> ClientConfig:
     """`url` (role=all: the loopback address) or `service` (namespace, name) on port 443."""
-    config: Obj = {"url": url} if url else {}
+    config: ClientConfig = {"url": url} if url else {}
     if service is not None and not url:
         config["service"] = {"namespace": service[0], "name": service[1], "path": PATH, "port": 443}
     if ca_bundle:
@@ -50,7 +56,7 @@ def client_config(*, url: str | None, service: tuple[str, str] | None, ca_bundle
     return config
 
 
-def desired_configuration(config: Obj, *, widened: bool) -> Obj:
+def desired_configuration(config: ClientConfig, *, widened: bool) -> dict[str, Any]:
     webhook = {
         "name": WEBHOOK_NAME,
         "admissionReviewVersions": ["v1"],
@@ -70,11 +76,8 @@ def desired_configuration(config: Obj, *, widened: bool) -> Obj:
             "webhooks": [webhook]}
 
 
-def _ours(current: Mapping[str, Any]) -> Obj | None:
-    for webhook in current.get("webhooks") or []:
-        if isinstance(webhook, Mapping) and webhook.get("name") == WEBHOOK_NAME:
-            return dict(webhook)
-    return None
+def _ours(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((w for w in sequence_of_maps(current.get("webhooks")) if w.get("name") == WEBHOOK_NAME), None)
 
 
 def _covers(actual: Any, wanted: Any) -> bool:
@@ -83,7 +86,7 @@ def _covers(actual: Any, wanted: Any) -> bool:
     return bool(actual == wanted)
 
 
-async def ensure_registration(client: KubeClient, desired: Obj, *, keep_ca_bundle: bool) -> str:
+async def ensure_registration(client: KubeClient, desired: dict[str, Any], *, keep_ca_bundle: bool) -> str:
     """Create or update the configuration; "unchanged", "created" or "updated"."""
     try:
         current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
@@ -96,11 +99,11 @@ async def ensure_registration(client: KubeClient, desired: Obj, *, keep_ca_bundl
             current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
     wanted = dict(desired["webhooks"][0])
     ours = _ours(current)
-    if keep_ca_bundle and ours is not None and (ours.get("clientConfig") or {}).get("caBundle"):
-        wanted["clientConfig"] = {**wanted["clientConfig"], "caBundle": ours["clientConfig"]["caBundle"]}
+    if keep_ca_bundle and ours is not None and (bundle := text(ours, "clientConfig", "caBundle")):
+        wanted["clientConfig"] = {**wanted["clientConfig"], "caBundle": bundle}
     if ours is not None and _covers(ours, wanted):
         return "unchanged"
-    others = [w for w in current.get("webhooks") or [] if isinstance(w, Mapping) and w.get("name") != WEBHOOK_NAME]
+    others = [w for w in sequence_of_maps(current.get("webhooks")) if w.get("name") != WEBHOOK_NAME]
     body = {**current, "webhooks": [*others, wanted]}
     await client.replace(MUTATING_WEBHOOK_CONFIGURATIONS, body)
     log.info("updated MutatingWebhookConfiguration %s", CONFIGURATION_NAME)

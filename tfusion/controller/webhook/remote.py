@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Pod, items, section, text
+from tfusion.api.accessors import Pod, Workload, items, section, text
 from tfusion.api.documents import DocumentError, load_json_or_yaml
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.webhook.mutate import (
@@ -88,11 +88,11 @@ def connection_name(pod: Pod) -> str:
     return f"{prefix}{CONNECTION_INFIX}{short_id(CONNECTION_ID_LENGTH)}"
 
 
-def worker_pod_template(notes: Mapping[str, str], profile: Mapping[str, Any]) -> dict[str, Any] | None:
+def worker_pod_template(notes: Mapping[str, str], profile: Workload) -> dict[str, Any] | None:
     """The workload's workerPodTemplate: the annotation's (YAML or JSON), else the profile's."""
     raw = notes.get(tfa.WORKER_POD_TEMPLATE)
     if not raw:
-        template = profile.get("workerPodTemplate")
+        template = profile.spec.get("workerPodTemplate")
         return copy.deepcopy(dict(template)) if isinstance(template, Mapping) else None
     try:
         parsed = load_json_or_yaml(raw.encode(), max_bytes=MAX_TEMPLATE_BYTES)
@@ -111,10 +111,10 @@ def worker_pod_template(notes: Mapping[str, str], profile: Mapping[str, Any]) ->
 
 def _client_image(plan: Plan) -> str:
     """The remote client image: the pool's remoteModeImage wins over the image both modes use."""
-    return text(plan.pool, "spec", "componentConfig", "client", "remoteModeImage") or plan.client_image
+    return text(plan.pool.component_config, "client", "remoteModeImage") or plan.client_image
 
 
-def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Mapping[str, Any], endpoint: str) -> Plan:
+def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Workload, endpoint: str) -> Plan:
     """Turn the local plan `analyse` made into a remote client's (see the module docstring)."""
     if plan.sidecar:
         raise Denial(f'{tfa.SIDECAR_WORKER}: "true" needs local GPU mode; remove it or set '
@@ -123,7 +123,7 @@ def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Mapping
     workload_name = str(plan.workload["metadata"]["name"])
     name = connection_name(pod)
     query = urlencode({"name": name, "namespace": namespace})
-    endpoint = text(plan.pool, "spec", "componentConfig", "client", "operatorEndpoint") or endpoint
+    endpoint = text(plan.pool.component_config, "client", "operatorEndpoint") or endpoint
     plan.remote = RemoteClient(connection_name=name, namespace=namespace,
                                connection_url=f"{endpoint.rstrip('/')}/api/connection?{query}",
                                client_image=_client_image(plan))
@@ -147,7 +147,7 @@ def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Mapping
 
 def _patch_pod(pod: dict[str, Any], plan: Plan) -> None:
     """The pool's componentConfig.client.patchToPod, strategic-merged into the pod."""
-    patch = section(plan.pool, "spec", "componentConfig", "client", "patchToPod")
+    patch = section(plan.pool.component_config, "client", "patchToPod")
     if not patch:
         return
     try:

@@ -116,7 +116,7 @@ def _set_index(container: dict[str, Any], index: int) -> None:
 
 def _apply_container_patch(pod: dict[str, Any], plan: Plan) -> None:
     """The pool's componentConfig.client.patchToContainer, strategic-merged into each injected container."""
-    patch = section(plan.pool, "spec", "componentConfig", "client", "patchToContainer")
+    patch = section(plan.pool.component_config, "client", "patchToContainer")
     if not patch:
         return
     containers = [{**copy.deepcopy(dict(patch)), "name": name} for name in plan.inject]

@@ -40,6 +40,7 @@ import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api import shapes
+from tfusion.api.accessors import Body, Gpu, Pod, section, text
 from tfusion.api.documents import THREAD_THRESHOLD
 from tfusion.api.names import validate_name
 from tfusion.controller.defaults import Denial, capacity_of_model
@@ -85,8 +86,8 @@ _MODEL_INDEX = "webhook:gpu-model"
 
 
 def _gpu_model(obj: Mapping[str, Any]) -> list[str]:
-    model = (obj.get("status") or {}).get("gpuModel")
-    return [str(model)] if model else []
+    model = Gpu(obj).gpu_model
+    return [model] if model else []
 
 
 class WebhookService:
@@ -280,8 +281,8 @@ class WebhookService:
             return denied(request.uid, 500, f"internal error: the API server failed: {exc}")
 
     async def _mutate(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse:
-        meta = dict(pod.get("metadata") or {})
-        namespace = request.namespace or str(meta.get("namespace") or "default")
+        meta = dict(section(pod, "metadata"))
+        namespace = request.namespace or text(meta, "namespace") or "default"
         await self._synced()
         view = {**pod, "metadata": {**meta, "namespace": namespace}}
         key, state = (_memo_bytes(request, pod, meta), namespace), self._state()  # the state before reading the caches
@@ -306,7 +307,7 @@ class WebhookService:
             self.memo.remember(key, entry)
             return await self._finish(request, pod, view, namespace, plan, (key, entry))
         if plan.enabled_replicas is not None and not request.dryRun:
-            counter = await self.owners.claim_grey_release(owner, namespace, _template_hash(view, plan),
+            counter = await self.owners.claim_grey_release(owner, namespace, _template_hash(Pod(view), plan),
                                                            plan.enabled_replicas)
             if counter is None:
                 return allowed(request.uid)
@@ -326,7 +327,7 @@ class WebhookService:
                       plan: mutate.Plan, remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
         """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
         the plan is the memo's) and the workload."""
-        pod_key = _assignment_key(view, namespace)
+        pod_key = _assignment_key(Pod(view), namespace)
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
         patch = remembered[1].patches.get(index) if remembered is not None else None
@@ -374,7 +375,8 @@ class WebhookService:
 
         ns_labels: Mapping[str, str] = {}
         if mutate.auto_migration_enabled(auto):
-            ns_labels = ((self.namespaces.get(namespace) or {}).get("metadata") or {}).get("labels") or {}
+            found = self.namespaces.get(namespace)
+            ns_labels = Body(found).meta.labels if found is not None else {}
         return Context(pools=rt.informer(r.GPUPOOLS).list(), provider_configs=rt.informer(r.PROVIDERCONFIGS).list(),
                        quotas=rt.informer(r.GPURESOURCEQUOTAS).by_index(_NAMESPACE_INDEX, namespace),
                        profile=lambda name: profiles.get(f"{namespace}/{name}"), gpu_capacity=capacity,
@@ -414,16 +416,15 @@ def _memo_bytes(request: AdmissionRequest, pod: dict[str, Any], meta: Mapping[st
     return orjson.dumps({**pod, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}})
 
 
-def _assignment_key(pod: Mapping[str, Any], namespace: str) -> str:
-    meta = pod.get("metadata") or {}
-    name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{short_id()}"
+def _assignment_key(pod: Pod, namespace: str) -> str:
+    name = pod.name or f"{text(pod.meta.raw, 'generateName') or 'pod-'}{short_id()}"
     return f"{namespace}/{name}"
 
 
-def _template_hash(pod: Mapping[str, Any], plan: mutate.Plan) -> str:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return str(labels.get("pod-template-hash") or labels.get("controller-revision-hash")
-               or plan.labels[tfa.POD_TEMPLATE_HASH])
+def _template_hash(pod: Pod, plan: mutate.Plan) -> str:
+    labels = pod.meta.labels
+    return (labels.get("pod-template-hash") or labels.get("controller-revision-hash")
+            or plan.labels[tfa.POD_TEMPLATE_HASH])
 
 
 def attach_webhook(runtime: ControllerRuntime, assignments: Assignments) -> WebhookService | None:

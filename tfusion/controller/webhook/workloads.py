@@ -36,8 +36,9 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Pod, Workload, section, text
 from tfusion.api.quantity import Quantity, QuantityError
-from tfusion.controller.defaults import parse_quantity
+from tfusion.controller.defaults import ANNOTATION_OF, parse_quantity
 from tfusion.controller.webhook.mutate import Owner, Plan
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
@@ -61,11 +62,11 @@ AWAITING_POD = "tensor-fusion.ai/awaiting-pod-since"
 def awaiting_pod_since(workload: Mapping[str, Any]) -> dt.datetime | None:
     """When the webhook created this workload, if no pod of it has been seen since; a value that is
     not a time counts as long ago (only the webhook writes it)."""
-    value = ((workload.get("metadata") or {}).get("annotations") or {}).get(AWAITING_POD)
+    value = Body(workload).meta.annotation(AWAITING_POD)
     if value is None:
         return None
     try:
-        found = dt.datetime.fromisoformat(str(value))
+        found = dt.datetime.fromisoformat(value)
     except ValueError:
         return dt.datetime.min.replace(tzinfo=dt.UTC)
     return found if found.tzinfo is not None else found.replace(tzinfo=dt.UTC)
@@ -75,18 +76,11 @@ def _awaiting(desired: dict[str, Any]) -> dict[str, Any]:
     """`desired` as created: marked with `AWAITING_POD` (a copy; `desired` is shared)."""
     meta = desired["metadata"]
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
-    return {**desired, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), AWAITING_POD: stamp}}}
+    return {**desired, "metadata": {**meta, "annotations": {**section(meta, "annotations"), AWAITING_POD: stamp}}}
 
 
 def short_id(length: int = 8) -> str:
     return "".join(secrets.choice(SHORT_ID_ALPHABET) for _ in range(length))
-
-
-def controller_ref(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return dict(ref)
-    return None
 
 
 def _group(api_version: str) -> str:
@@ -98,21 +92,19 @@ def _reference(ref: Mapping[str, Any]) -> dict[str, Any]:
             "uid": ref.get("uid"), "controller": True, "blockOwnerDeletion": True}
 
 
-def _replicas(obj: Mapping[str, Any]) -> int | None:
-    spec = obj.get("spec") or {}
+def _replicas(owner: Body) -> int | None:
     for key in ("replicas", "parallelism"):
-        value = spec.get(key)
+        value = owner.spec.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    return 1 if obj.get("kind") == "Job" else None
+    return 1 if owner.kind == "Job" else None
 
 
-def bare_workload_name(pod: Mapping[str, Any]) -> str:
+def bare_workload_name(pod: Pod) -> str:
     """A pod without a controller: its own name, or generateName plus a short id."""
-    meta = pod.get("metadata") or {}
-    if meta.get("name"):
-        return str(meta["name"])
-    prefix = str(meta.get("generateName") or "pod")
+    if pod.name:
+        return pod.name
+    prefix = text(pod.meta.raw, "generateName") or "pod"
     return (prefix if prefix.endswith("-") else prefix + "-") + short_id()
 
 
@@ -126,10 +118,11 @@ class OwnerResolver:
         self.lookups = 0
 
     async def resolve(self, pod: Mapping[str, Any], namespace: str) -> Owner:
-        ref = controller_ref(pod)
+        view = Pod(pod)
+        ref = view.meta.controller_ref()
         if ref is None:
-            return Owner(workload_name=bare_workload_name(pod))
-        uid = str(ref.get("uid") or "")
+            return Owner(workload_name=bare_workload_name(view))
+        uid = text(ref, "uid")
         cached = self._owners.get(uid) if uid else None
         if cached is not None:
             self._owners.move_to_end(uid)
@@ -141,7 +134,7 @@ class OwnerResolver:
                 self._owners.popitem(last=False)
         return owner
 
-    async def _walk(self, ref: dict[str, Any], namespace: str) -> Owner:
+    async def _walk(self, ref: Mapping[str, Any], namespace: str) -> Owner:
         direct = _reference(ref)
         resource = _OWNER_KINDS.get((_group(str(ref.get("apiVersion") or "")), str(ref.get("kind") or "")))
         if resource is None or not ref.get("name"):  # no name: nothing to look up (the API server refuses it)
@@ -153,28 +146,28 @@ class OwnerResolver:
             log.info("owner %s %s/%s of a pod is not there (yet); naming the workload after it",
                      ref.get("kind"), namespace, ref.get("name"))
             return Owner(workload_name=str(ref.get("name")), reference=direct, counter_owner=direct)
-        top = controller_ref(obj)
+        owner = Body(obj)
+        top = owner.meta.controller_ref()
         if resource in (REPLICASETS, JOBS) and top is not None and top.get("kind") in ("Deployment", "CronJob"):
             return Owner(workload_name=str(top.get("name")), reference=_reference(top),
-                         replicas=_replicas(obj), counter_owner=direct)
-        return Owner(workload_name=str(ref.get("name")), reference=direct, replicas=_replicas(obj),
+                         replicas=_replicas(owner), counter_owner=direct)
+        return Owner(workload_name=str(ref.get("name")), reference=direct, replicas=_replicas(owner),
                      counter_owner=direct)
 
     async def claim_grey_release(self, owner: Owner, namespace: str, template_hash: str, limit: int) -> str | None:
         """The grey-release counter key when this pod is one of the first `limit` of its owner (the
         counter is raised), None when the owner already has `limit` injected pods."""
         ref = owner.counter_owner
-        resource = _OWNER_KINDS.get((_group(str((ref or {}).get("apiVersion") or "")), str((ref or {}).get("kind"))))
+        resource = None if ref is None else _OWNER_KINDS.get((_group(text(ref, "apiVersion")), str(ref.get("kind"))))
         if ref is None or resource is None:
             return None if limit <= 0 else tfa.tf_counter_key(template_hash)
         key = tfa.tf_counter_key(template_hash)
         for _ in range(GREY_RELEASE_RETRIES):
-            obj = await self.client.get(resource, str(ref["name"]), namespace=namespace)
-            meta = obj.get("metadata") or {}
-            count = _counter((meta.get("annotations") or {}).get(key))
+            meta = Body(await self.client.get(resource, str(ref["name"]), namespace=namespace)).meta
+            count = _counter(meta.annotation(key))
             if count >= limit:
                 return None
-            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+            patch = {"metadata": {"resourceVersion": meta.resource_version or None,
                                   "annotations": {key: str(count + 1)}}}
             try:
                 await self.client.patch(resource, str(ref["name"]), patch, namespace=namespace)
@@ -199,17 +192,16 @@ def _contains(actual: Any, wanted: Any) -> bool:
     return bool(actual == wanted)
 
 
-def _owner_present(cached: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    refs = (cached.get("metadata") or {}).get("ownerReferences") or []
-    return any(isinstance(ref, Mapping) and ref.get("uid") == wanted.get("uid") for ref in refs)
+def _owner_present(cached: Body, wanted: Mapping[str, Any]) -> bool:
+    return any(ref.get("uid") == wanted.get("uid") for ref in cached.meta.owner_references)
 
 
 def workload_matches(cached: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    meta, wanted = cached.get("metadata") or {}, desired.get("metadata") or {}
-    return (_contains(cached.get("spec") or {}, desired.get("spec") or {})
-            and _contains(meta.get("labels") or {}, wanted.get("labels") or {})
-            and _contains(meta.get("annotations") or {}, wanted.get("annotations") or {})
-            and all(_owner_present(cached, ref) for ref in wanted.get("ownerReferences") or []))
+    have, want = Body(cached), Body(desired)
+    return (_contains(have.spec, want.spec)
+            and _contains(section(have.meta.raw, "labels"), section(want.meta.raw, "labels"))
+            and _contains(section(have.meta.raw, "annotations"), section(want.meta.raw, "annotations"))
+            and all(_owner_present(have, ref) for ref in want.meta.owner_references))
 
 
 class WorkloadWriter:
@@ -227,7 +219,7 @@ class WorkloadWriter:
     def _known_match(self, key: str, cached: Mapping[str, Any], desired: dict[str, Any]) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
         common case: every pod of a Deployment asks for the same workload)."""
-        version = str((cached.get("metadata") or {}).get("resourceVersion") or "")
+        version = Body(cached).meta.resource_version
         known = self._matched.get(key)
         if known is not None and known[0] == version and known[2] is desired:
             return True  # the very object found to match (the webhook memo's plan hands it again)
@@ -244,8 +236,8 @@ class WorkloadWriter:
 
     def recommendation(self, desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The cached workload's status.recommendation when autoscaling is on for it (no API call)."""
-        meta = desired.get("metadata") or {}
-        cached = self.informer.get(f"{meta.get('namespace')}/{meta.get('name')}")
+        wanted = Body(desired)
+        cached = self.informer.get(f"{wanted.namespace or None}/{wanted.name or None}")
         return None if cached is None else recommendation_for(cached, desired)
 
     async def ensure(self, desired: dict[str, Any]) -> str:
@@ -291,7 +283,7 @@ class WorkloadWriter:
         needs, else None. Such a workload is about to be garbage-collected with its old pod (a pod
         deleted and created again under its name, as `kubectl replace --force` does): the patch
         lets go of that pod, and the new pod adopts the workload as any bare pod does."""
-        ref = controller_ref(current)
+        ref = Body(current).meta.controller_ref()
         if desired["metadata"].get("ownerReferences") or ref is None or ref.get("kind") != "Pod":
             return None
         self.writes += 1
@@ -299,31 +291,22 @@ class WorkloadWriter:
             pod = await self.client.get(r.PODS, str(ref.get("name")), namespace=desired["metadata"]["namespace"])
         except NotFound:
             return str(ref.get("uid"))
-        return None if (pod.get("metadata") or {}).get("uid") == ref.get("uid") else str(ref.get("uid"))
+        return None if Body(pod).uid == ref.get("uid") else str(ref.get("uid"))
 
 
 def _patch_for(cached: Mapping[str, Any], desired: dict[str, Any], released: str | None = None) -> dict[str, Any]:
     """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
     `released` owner's reference (a UID) dropped."""
-    wanted = desired["metadata"]
-    meta: dict[str, Any] = {"labels": wanted.get("labels") or {}, "annotations": wanted.get("annotations") or {}}
-    kept = [ref for ref in (cached.get("metadata") or {}).get("ownerReferences") or []
-            if not (isinstance(ref, Mapping) and released is not None and ref.get("uid") == released)]
-    missing = [ref for ref in wanted.get("ownerReferences") or [] if not _owner_present(cached, ref)]
+    have, wanted = Body(cached), Body(desired).meta
+    meta: dict[str, Any] = {"labels": section(wanted.raw, "labels"), "annotations": section(wanted.raw, "annotations")}
+    kept = [ref for ref in have.meta.owner_references if not (released is not None and ref.get("uid") == released)]
+    missing = [ref for ref in wanted.owner_references if not _owner_present(have, ref)]
     if missing or released is not None:
         meta["ownerReferences"] = kept + missing
-    return {"metadata": meta, "spec": desired.get("spec") or {}}
+    return {"metadata": meta, "spec": section(desired, "spec")}
 
 
 # --- the autoscaler's recommendation ----------------------------------------------------------------
-
-#: (side, field) -> the name in tfusion.api.annotations of the pod annotation that carries it
-_RECOMMENDED_KEYS = {
-    ("requests", "tflops"): "TFLOPS_REQUEST", ("limits", "tflops"): "TFLOPS_LIMIT",
-    ("requests", "compute"): "COMPUTE_PERCENT_REQUEST", ("limits", "compute"): "COMPUTE_PERCENT_LIMIT",
-    ("requests", "vram"): "VRAM_REQUEST", ("limits", "vram"): "VRAM_LIMIT",
-}
-
 
 def _merged(base: Any, over: Any) -> Any:
     """`over` merged onto `base` as a merge patch merges (objects key by key, anything else replaced)."""
@@ -351,9 +334,9 @@ def autoscaling_enabled(config: Any) -> bool:
 def recommendation_for(cached: Mapping[str, Any], desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The recommendation a new pod of this workload takes, or None. Autoscaling counts as the
     workload will have it once the pod's spec is merged in."""
-    config = _merged((cached.get("spec") or {}).get("autoScalingConfig"),
-                     (desired.get("spec") or {}).get("autoScalingConfig"))
-    found = (cached.get("status") or {}).get("recommendation")
+    have = Workload(cached)
+    config = _merged(have.spec.get("autoScalingConfig"), section(desired, "spec").get("autoScalingConfig"))
+    found = have.status.get("recommendation")
     if not autoscaling_enabled(config) or not isinstance(found, Mapping):
         return None
     return found
@@ -382,8 +365,8 @@ def apply_recommendation(plan: Plan, recommendation: Mapping[str, Any]) -> bool:
     """Make the recommendation the pod's per-GPU requests and limits (TFLOPS and compute percent
     stay exclusive); True when anything changed. What the recommendation leaves out (or gives
     as zero) stays as the pod asked."""
-    meta = plan.workload.get("metadata") or {}
-    workload = f"{meta.get('namespace')}/{meta.get('name')}"
+    target = Body(plan.workload)
+    workload = f"{target.namespace or None}/{target.name or None}"
     before = dict(plan.amounts)
     for side in ("requests", "limits"):
         values = _recommended(recommendation.get(side), side, workload)
@@ -397,8 +380,7 @@ def apply_recommendation(plan: Plan, recommendation: Mapping[str, Any]) -> bool:
             plan.amounts[(side, "vram")] = values["vram"]
     if plan.amounts == before:
         return False
-    for pair, name in _RECOMMENDED_KEYS.items():
-        key = getattr(tfa, name)
+    for pair, key in ANNOTATION_OF.items():
         if plan.amounts.get(pair):
             plan.annotations[key] = str(plan.amounts[pair])
             if key in plan.remove_annotations:
