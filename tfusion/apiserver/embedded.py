@@ -22,8 +22,9 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from tfusion.apiserver import rbac, security
-from tfusion.apiserver.app import BODY_TIMEOUT_S, ApiApp
+from tfusion.apiserver import rbac, security, seed
+from tfusion.apiserver.app import ApiApp
+from tfusion.apiserver.asgi import BODY_TIMEOUT_S
 from tfusion.apiserver.gc import GarbageCollector
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
@@ -190,7 +191,7 @@ class EmbeddedApiServer:
     def _build(self, store: Store) -> tuple[ApiApp, GarbageCollector, str | None, str | None]:
         registry = Registry()
         engine = Engine(store, registry)
-        engine.bootstrap()
+        seed.bootstrap(engine)
         rbac.bootstrap_policy(store)
         authorizer = rbac.Authorizer(store)
 

@@ -3,7 +3,7 @@
 This is where metadata is owned (uid, creationTimestamp, generateName, generation, deletionTimestamp),
 where optimistic concurrency is decided, where the status subresource is split from the main
 resource, and where finalizers hold an object back from deletion. Kind-specific defaults and
-validation live in kinds.py; HTTP in app.py.
+validation live in kinds.py; HTTP in app.py; what a store is given when the server starts in seed.py.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from tfusion.apiserver.kinds import (
     CRDS,
     NAMESPACES,
     PODS,
-    PRIORITY_CLASSES,
-    SYSTEM_PRIORITY_CLASSES,
     KindRules,
 )
 from tfusion.apiserver.resources import Registry, ResourceInfo
@@ -34,7 +32,6 @@ from tfusion.apiserver.store import Entry, Store, encode_object
 
 __all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine"]
 log = logging.getLogger(__name__)
-SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "tensor-fusion-sys")
 FOREGROUND = "foregroundDeletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -540,63 +537,6 @@ class Engine:
                 break
             out.append(entry)
         return out, token, remaining
-
-    # ------------------------------------------------------------------------------ bootstrap
-    def bootstrap(self) -> None:
-        info = self.registry.get("", "v1", "namespaces")
-        assert info is not None
-        for name in SYSTEM_NAMESPACES:
-            if self.store.get(NAMESPACES, "", name) is None:
-                obj = {
-                    "apiVersion": "v1",
-                    "kind": "Namespace",
-                    "metadata": {
-                        "name": name,
-                        "uid": str(uuid.uuid4()),
-                        "creationTimestamp": rfc3339(),
-                        "labels": {"kubernetes.io/metadata.name": name},
-                    },
-                    "spec": {"finalizers": ["kubernetes"]},
-                    "status": {"phase": "Active"},
-                }
-                self.store.put(NAMESPACES, obj, None)
-                self.kinds.default_service_account(name)
-        for name, value in SYSTEM_PRIORITY_CLASSES.items():
-            if self.store.get(PRIORITY_CLASSES, "", name) is None:
-                self.store.put(
-                    PRIORITY_CLASSES,
-                    {
-                        "apiVersion": "scheduling.k8s.io/v1",
-                        "kind": "PriorityClass",
-                        "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": rfc3339()},
-                        "value": value,
-                        "preemptionPolicy": "PreemptLowerPriority",
-                        "description": "Used for system critical pods that must not be moved from their current node.",
-                    },
-                    None,
-                )
-        for _, entry in self.store.items(CRDS):
-            customresources.register(self.registry, entry.obj)
-        self.repair_scopes()
-
-    def repair_scopes(self) -> None:
-        """Remove the rows an older version could store under a namespace for a cluster-scoped object
-        (a write that set metadata.namespace made a second, hidden copy, e.g. of a ClusterRoleBinding).
-
-        Runs once CRDs are registered, so custom cluster-scoped kinds are known. The cluster-scoped row,
-        the one every read and delete uses, is kept; each removed row is logged.
-        """
-        for storage_key in self.store.storage_keys():
-            if not self.registry.cluster_scoped(storage_key):
-                continue
-            for (ns, name), entry in self.store.items(storage_key):
-                if ns:
-                    log.warning(
-                        "removing a stored %s %r under namespace %r (uid %s): the resource is cluster-scoped, "
-                        "so this row was a hidden copy left by an earlier version",
-                        storage_key, name, ns, entry.obj.get("metadata", {}).get("uid"),
-                    )
-                    self.store.purge(storage_key, (ns, name))
 
 
 def encode_continue(rv: int, meta: dict[str, Any]) -> str:

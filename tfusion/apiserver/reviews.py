@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tfusion.apiserver import errors
-from tfusion.apiserver.app import Request, Target
+from tfusion.apiserver.asgi import Request, Target
 from tfusion.apiserver.rbac import Attributes, Authorizer, UserInfo
 
 Handler = Callable[[Request, Target], Awaitable[tuple[int, Any]]]

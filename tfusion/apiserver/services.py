@@ -12,7 +12,7 @@ from typing import Any
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import errors, shapes, validation
-from tfusion.apiserver.app import Request, Target
+from tfusion.apiserver.asgi import Request, Target
 from tfusion.apiserver.objects import PODS, Engine
 from tfusion.apiserver.tokens import TokenAuthority
 
