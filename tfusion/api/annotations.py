@@ -343,6 +343,11 @@ def _int_range_text(minimum: int | None, maximum: int | None) -> str:
     return "an integer"
 
 
+def format_bool(value: bool) -> str:
+    """A boolean annotation or label value as the original writes it: "true" or "false"."""
+    return "true" if value else "false"
+
+
 def parse_choice(value: str, choices: Collection[str], *, key: str, kind: str = "annotation") -> str:
     text = value.strip()
     if text not in choices:
@@ -353,6 +358,11 @@ def parse_choice(value: str, choices: Collection[str], *, key: str, kind: str = 
 def parse_gpu_count(value: str, *, key: str | None = None) -> int:
     """``gpu-count``: GPUs per pod, 1..128."""
     return parse_int(value, key=key or GPU_COUNT, minimum=GPU_COUNT_MIN, maximum=GPU_COUNT_MAX)
+
+
+def format_gpu_count(n: int) -> str:
+    """The ``gpu-count`` value (`parse_gpu_count` reads it back)."""
+    return _format_int(n, key=GPU_COUNT, minimum=GPU_COUNT_MIN, maximum=GPU_COUNT_MAX)
 
 
 def parse_pod_index(value: str, *, key: str | None = None) -> int:
@@ -419,6 +429,11 @@ def parse_quantity_annotation(value: str, *, key: str) -> Quantity:
     if quantity < 0:
         raise AnnotationError(key, value, _QUANTITY_ALLOWED, detail="it is negative")
     return quantity
+
+
+def format_quantity(quantity: Quantity) -> str:
+    """A quantity annotation value (``tflops-request``, ``vram-limit``, ...) in canonical form ("5k", "80Gi")."""
+    return str(quantity)
 
 
 def parse_compute_percent(value: str, *, key: str | None = None) -> Quantity:
@@ -513,6 +528,12 @@ def parse_container_gpu_count(value: str, *, key: str | None = None) -> dict[str
             raise AnnotationError(key, value, allowed, detail=f"container {container!r}: {count!r}")
         result[container] = count
     return result
+
+
+def format_container_gpu_count(counts: Mapping[str, int]) -> str:
+    """The ``container-gpu-count`` value: compact JSON, containers sorted by name (`parse_container_gpu_count`
+    reads back counts of 1..128)."""
+    return orjson.dumps({c: counts[c] for c in sorted(counts)}).decode()
 
 
 def parse_duration(value: str, *, key: str) -> float:
