@@ -102,15 +102,15 @@ def parse_virtualization(raw: str | None) -> frozenset[str] | None:
     return frozenset(mode for mode, value in flags.items() if value is True) | {tfa.ISOLATION_SHARED}
 
 
-def gpu_from_object(obj: Mapping[str, Any]) -> GpuInfo:
-    """Build a `GpuInfo` from a GPU custom resource (a dict as the API server returns it).
+def gpu_from_object(obj: Gpu | Mapping[str, Any]) -> GpuInfo:
+    """Build a `GpuInfo` from a GPU custom resource (its `Gpu` view, or the dict the API server returned).
 
     The node is `status.nodeSelector["kubernetes.io/hostname"]`, else the `managed-by` label; the
     pool is the `gpupool` label. Capacity must be present; the rest has the CRD's defaults.
     """
     from tfusion.api import annotations as tfa  # the domain prefix is configurable: read keys at call time
 
-    gpu = Gpu(obj)
+    gpu = obj if isinstance(obj, Gpu) else Gpu(obj)
     meta, status = gpu.meta, gpu.status
     name = meta.name
     if not name:

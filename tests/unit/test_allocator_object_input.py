@@ -1,0 +1,78 @@
+"""The allocator's parsers read objects through the typed views, and take a view or the raw dict alike.
+
+Callers that already hold a `Pod`, `Gpu` or `Body` view pass it as is; the informer cache and the
+tests pass the dict the API server sent. Both must mean the same, and a field of the wrong JSON type
+must read as absent (as the views promise) rather than crash the parser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfusion.allocator import gpu_from_object, quota_from_object, request_from_pod
+from tfusion.allocator.request import pod_index_of
+from tfusion.api.accessors import Body, Gpu, Pod
+
+P = "tensor-fusion.ai/"
+GIB = 1 << 30
+
+
+def pod_object() -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u1", "labels": {P + "workload": "trainer"},
+                         "annotations": {P + "gpupool": "pool", P + "tflops-request": "10",
+                                         P + "vram-request": "4Gi", P + "gpu-count": "2"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {P + "index_1": "2"}}}]}}
+
+
+def gpu_object() -> dict[str, Any]:
+    return {"metadata": {"name": "g0", "labels": {P + "gpupool": "pool"},
+                         "annotations": {P + "virtualization-capabilities": '{"SupportsHardIsolation": true}'}},
+            "status": {"nodeSelector": {"kubernetes.io/hostname": "n1"}, "gpuModel": "H100", "phase": "Running",
+                       "capacity": {"tflops": "989", "vram": "80Gi"}, "index": 3}}
+
+
+def quota_object() -> dict[str, Any]:
+    return {"metadata": {"name": "q", "namespace": "ml"},
+            "spec": {"total": {"requests": {"tflops": "100", "vram": "10Gi"}, "maxWorkers": 4},
+                     "single": {"maxRequests": {"vram": "2Gi"}, "maxGPUCount": 2}}}
+
+
+def test_a_pod_view_and_its_dict_parse_to_the_same_request() -> None:
+    raw = pod_object()
+    req = request_from_pod(raw)
+    assert req == request_from_pod(Pod(raw))
+    assert (req.pod_uid, req.workload, req.count, req.tflops_request, req.vram_request) == \
+        ("u1", ("ml", "trainer"), 2, 10_000, 4 * GIB)
+    assert req.pod_index == pod_index_of(Pod(raw)) == pod_index_of(raw) == 8 * 1 + 2
+
+
+def test_a_gpu_view_and_its_dict_parse_to_the_same_info() -> None:
+    raw = gpu_object()
+    info = gpu_from_object(raw)
+    assert info == gpu_from_object(Gpu(raw))
+    assert (info.node, info.pool, info.model, info.index, info.capacity_tflops, info.capacity_vram) == \
+        ("n1", "pool", "H100", 3, 989_000, 80 * GIB)
+    assert info.virtualization is not None and "hard" in info.virtualization
+
+
+def test_a_quota_view_and_its_dict_parse_to_the_same_spec() -> None:
+    raw = quota_object()
+    namespace, spec = quota_from_object(raw)
+    assert (namespace, spec) == quota_from_object(Body(raw))
+    assert (spec.requests_tflops, spec.requests_vram, spec.max_workers, spec.single_max_requests_vram,
+            spec.single_max_gpu_count) == (100_000, 10 * GIB, 4, 2 * GIB, 2)
+
+
+def test_fields_of_the_wrong_type_read_as_absent() -> None:
+    raw = pod_object()
+    raw["metadata"]["labels"] = ["not", "a", "map"]
+    raw["spec"]["containers"] = [None, {"name": "c", "resources": "none"}]
+    req = request_from_pod(raw)
+    assert (req.workload, req.pod_index) == (("ml", "p"), 0)
+    gpu = gpu_object()
+    gpu["status"]["nodeSelector"] = "n1"
+    gpu["metadata"]["labels"][P + "managed-by"] = "n2"
+    assert gpu_from_object(gpu).node == "n2"
+    quota = quota_object()
+    quota["spec"]["single"] = "none"
+    assert quota_from_object(quota)[1].single_max_gpu_count is None
