@@ -24,9 +24,9 @@ from tests.integration.test_controller_allocation import (
     worker,
 )
 from tfusion.api import annotations as tfa
+from tfusion.controller.metrics import TABLES, ControllerRecorder
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
-from tfusion.metrics.controller import TABLES, ControllerRecorder
 from tfusion.metrics.points import Point
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,8 @@ from tfusion.api import durations
 from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller import dynamic_config
+from tfusion.controller import metrics as metrics_controller
 from tfusion.controller.webhook import mutate
-from tfusion.metrics import controller as metrics_controller
 from tfusion.settings import option, parse_duration
 
 H, D = 3600.0, 86400.0

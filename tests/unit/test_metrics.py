@@ -289,7 +289,7 @@ def test_a_worker_row_from_its_pod() -> None:
     from datetime import UTC, datetime
 
     from tfusion.api import annotations as tfa
-    from tfusion.metrics.controller import is_billable, worker_row
+    from tfusion.controller.metrics import is_billable, worker_row
 
     row = worker_row(Pod(_pod(**{tfa.EVICTION_PROTECTION: "1h", tfa.QOS: "high"})), None)
     assert row is not None

@@ -31,11 +31,11 @@ from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metri
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.metrics import ControllerRecorder
     from tfusion.controller.reconcilers import Reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import Scheduler
     from tfusion.controller.webhook.service import WebhookService
-    from tfusion.metrics.controller import ControllerRecorder
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,11 @@ def configure(controller: Controller) -> None:
     # imported here, not at the top: build_runtime() alone (a bare controller, in tests) needs none
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.connection_http import attach_connection_route
+    from tfusion.controller.metrics import attach_metrics
     from tfusion.controller.reconcilers import register_reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import attach_scheduler
     from tfusion.controller.webhook.service import attach_webhook
-    from tfusion.metrics.controller import attach_metrics
 
     runtime: ControllerRuntime = controller
     allocation = controller.allocation = AllocatorService(runtime).attach()

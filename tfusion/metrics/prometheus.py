@@ -8,25 +8,22 @@ and no timestamp is ever a label (so `tf_gpu_allocation`, keyed by pod UID, has 
 `tfusion_worker_gpus` says the same).
 
 A `MetricSpec` maps one field of one table to one family; `families(points, specs)` turns a tick's
-points into families. The controller's collector reads the recorder's last tick (only the leader
-records, so a follower exports none of these); the hypervisor's builds its points at scrape time.
+points into families. The controller's collector reads the last tick of its recorder
+(controller/metrics.py; only the leader records, so a follower exports none of these); the
+hypervisor's builds its points at scrape time.
 Each collector's `describe()` names its families, so the shared registry refuses a clash at startup.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tfusion.metrics.points import Point
-
-if TYPE_CHECKING:
-    from tfusion.metrics.controller import ControllerRecorder
 
 
 @dataclass(frozen=True)
@@ -157,14 +154,26 @@ def _empty(specs: Sequence[MetricSpec], extra: Iterable[Metric] = ()) -> list[Me
     return [*families([], specs), *extra]
 
 
-class ControllerCollector(Collector):
-    """The controller's families from the recorder's last tick, plus the cumulative cost counters."""
+@dataclass
+class Snapshot:
+    """One tick's points, and the cumulative costs the Prometheus counters show."""
 
-    def __init__(self, recorder: ControllerRecorder) -> None:
-        self.recorder = recorder
+    points: list[Point] = field(default_factory=list)
+    worker_cost_total: dict[tuple[str, str, str, str, str], float] = field(default_factory=dict)
+    node_cost_total: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+
+class ControllerCollector(Collector):
+    """The controller's families from the recorder's last tick (`snapshot()`), plus the cumulative
+    cost counters and the scheduler's placements by pool and result (`tally()`)."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], tally: Callable[[], Mapping[tuple[str, bool], int]]) -> None:
+        self.snapshot = snapshot
+        self.tally = tally
 
     def _costs(self) -> list[Metric]:
-        snapshot = self.recorder.snapshot
+        snapshot = self.snapshot()
         worker = CounterMetricFamily("tfusion_worker_cost", "a worker's raw cost since this leader began "
                                      "billing it (the pool's QoS pricing, in its currency)",
                                      labels=["namespace", "pod", "workload", "pool", "qos"])
@@ -176,7 +185,7 @@ class ControllerCollector(Collector):
             node.add_metric(list(node_labels), total)
         allocations = CounterMetricFamily("tfusion_pool_allocations", "GPU placements by the scheduler, by pool "
                                           "and result (success, failure)", labels=["pool", "result"])
-        for (pool, ok), count in sorted(self.recorder.allocation.allocation_tally.items()):
+        for (pool, ok), count in sorted(self.tally().items()):
             allocations.add_metric([pool, "success" if ok else "failure"], float(count))
         return [worker, node, allocations]
 
@@ -190,12 +199,13 @@ class ControllerCollector(Collector):
                 CounterMetricFamily("tfusion_pool_allocations", "", labels=[])]
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.recorder.snapshot.points, CONTROLLER_SPECS)
+        yield from families(self.snapshot().points, CONTROLLER_SPECS)
         yield from self._costs()
 
 
-def register_controller_metrics(registry: CollectorRegistry, recorder: ControllerRecorder) -> None:
-    registry.register(ControllerCollector(recorder))
+def register_controller_metrics(registry: CollectorRegistry, snapshot: Callable[[], Snapshot],
+                                tally: Callable[[], Mapping[tuple[str, bool], int]]) -> None:
+    registry.register(ControllerCollector(snapshot, tally))
 
 
 class PointsCollector(Collector):

@@ -4,7 +4,9 @@ Why: users read allocation, usage and cost with SQL from GreptimeDB (`tf_worker_
 `tf_node_metrics`, `tf_pool_metrics`, `tf_gpu_metrics`, `tf_gpu_allocation`, `tf_system_metrics`;
 reference upstream-controller.md §10). Each tick reads one consistent view (the informer caches and
 the leader's allocator, no await in between), writes the points through the role's `MetricsOutput`
-and keeps them for the Prometheus collector (`tfusion/metrics/prometheus.py`).
+and keeps them for the Prometheus collector (`tfusion/metrics/prometheus.py`). It lives in the
+controller package because it reads the controller's runtime and allocator service; `metrics/`
+holds what both roles use (points, sinks, families, cost).
 
 Billing is exact: a worker is billed from when this leader first saw it live, for the time since its
 last row, and a worker that goes (finished, deleted, vanished: the pod informer's events and the pod
@@ -29,6 +31,7 @@ from tfusion.api.timestamps import parse_rfc3339
 from tfusion.kube import resources as r
 from tfusion.metrics import cost as billing
 from tfusion.metrics.points import Point
+from tfusion.metrics.prometheus import Snapshot, register_controller_metrics
 from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
 from tfusion.settings import Settings
 
@@ -197,15 +200,6 @@ def _virtual(obj: Body, total_t: int, total_v: int) -> tuple[int, int]:
     return (virtual_t or total_t, virtual_v or total_v)
 
 
-@dataclass
-class Snapshot:
-    """One tick's points, and the cumulative costs the Prometheus counters show."""
-
-    points: list[Point] = field(default_factory=list)
-    worker_cost_total: dict[tuple[str, str, str, str, str], float] = field(default_factory=dict)
-    node_cost_total: dict[tuple[str, str], float] = field(default_factory=dict)
-
-
 class ControllerRecorder:
     """See the module docstring. `attach()` once, in `configure()`, after the reconcilers."""
 
@@ -228,8 +222,6 @@ class ControllerRecorder:
     # --- wiring ---------------------------------------------------------------------------------
 
     def attach(self) -> ControllerRecorder:
-        from tfusion.metrics.prometheus import register_controller_metrics
-
         rt = self.runtime
         rt.informer(r.PODS).add_handler(on_add=lambda raw: self._on_pod(Pod(raw)),
                                         on_update=lambda _old, new: self._on_pod(Pod(new)),
@@ -237,7 +229,7 @@ class ControllerRecorder:
         self.allocation.release_hooks.append(self._on_release)  # the one release of a worker is when it ended
         rt.add_leader_task(self.run_leader)
         rt.tasks.append(self.output.run)
-        register_controller_metrics(rt.registry, self)
+        register_controller_metrics(rt.registry, lambda: self.snapshot, lambda: self.allocation.allocation_tally)
         return self
 
     async def run_leader(self) -> None:
