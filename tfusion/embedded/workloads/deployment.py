@@ -48,6 +48,7 @@ _SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
 def template_hash(template: Mapping[str, Any], collision_count: int = 0) -> str:
+    """The `pod-template-hash` of a pod template (see the module docstring for how it is spelled)."""
     raw = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
     if collision_count:
         raw += str(collision_count).encode()
