@@ -56,8 +56,8 @@ class WorkerSpec:
     working_dir: str = ""
 
 
-def _string_map(body: Mapping[str, Any], key: str) -> dict[str, str]:
-    raw = body.get(key)
+def _string_map(key: str, raw: object) -> dict[str, str]:
+    """The body's field `key` (value `raw`) as a map of strings; absent reads as empty."""
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
@@ -65,8 +65,8 @@ def _string_map(body: Mapping[str, Any], key: str) -> dict[str, str]:
     return dict(raw)
 
 
-def _resource_notes(body: Mapping[str, Any], key: str) -> dict[str, str]:
-    raw = body.get(key)
+def _resource_notes(key: str, raw: object) -> dict[str, str]:
+    """The body's `requests` or `limits` (value `raw`) as the pod annotations that carry them."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -122,8 +122,8 @@ def parse_worker_spec(body: Mapping[str, Any], devices: Sequence[DeviceInfo]) ->
     namespace = body.get("namespace", "default")
     if not isinstance(namespace, str) or not _NAME.match(namespace) or len(namespace) > 63:
         raise SpecError("namespace", namespace, "a DNS label: lowercase letters, digits and '-', at most 63 characters")
-    notes = {**_string_map(body, "annotations"), **_resource_notes(body, "requests"),
-             **_resource_notes(body, "limits")}
+    notes = {**_string_map("annotations", body.get("annotations")),
+             **_resource_notes("requests", body.get("requests")), **_resource_notes("limits", body.get("limits"))}
     if "gpuCount" in body and "gpuIds" in body:
         raise SpecError("gpuIds", body["gpuIds"], "either gpuCount or gpuIds, not both")
     if "gpuCount" in body:
@@ -148,8 +148,9 @@ def parse_worker_spec(body: Mapping[str, Any], devices: Sequence[DeviceInfo]) ->
     working_dir = body.get("workingDir", "")
     if not isinstance(working_dir, str):
         raise SpecError("workingDir", working_dir, "a directory path")
-    return WorkerSpec(name=name, namespace=namespace, annotations=notes, labels=_string_map(body, "labels"),
-                      command=_command(body.get("command")), env=_string_map(body, "env"), working_dir=working_dir)
+    return WorkerSpec(name=name, namespace=namespace, annotations=notes,
+                      labels=_string_map("labels", body.get("labels")), command=_command(body.get("command")),
+                      env=_string_map("env", body.get("env")), working_dir=working_dir)
 
 
 def _gpu_indices(raw: Any, devices: Sequence[DeviceInfo]) -> str:
