@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.apiserver_fixture"]
+pytest_plugins = ["tests.apiserver_fixture", "tests.helpers.role_all"]
 
 
 @pytest.fixture

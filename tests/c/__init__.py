@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.cbuild import compile_c, gcc  # noqa: F401  (gcc: the callers ask it before building)
+from tests.cbuild import compile_c
+from tests.cbuild import gcc as gcc  # re-exported: the callers ask it before building
 
 SOURCE = Path(__file__).with_name("shm_reader.c")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_hypervisor_process import free_port, start, stop, wait_ready
+from tests.helpers.hypervisor_process import free_port, start, stop, wait_ready
 
 SPEC = "sim:1xA100-SXM4-80GB"
 

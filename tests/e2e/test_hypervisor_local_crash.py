@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_hypervisor_process import free_port, start, stop, wait_ready
+from tests.helpers.hypervisor_process import free_port, start, stop, wait_ready
 
 WAIT_S = 20.0
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.test_role_all import NODE, POOL, RoleAll, free_ports
+from tests.helpers.role_all import NODE, POOL, RoleAll, free_ports
 
 T = TypeVar("T")
 INFLUXD = shutil.which("influxd")

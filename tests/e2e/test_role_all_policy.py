@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_role_all import KUBECTL, NODE, RoleAll, reported_gpus, role_all  # noqa: F401  (the fixture)
+from tests.helpers.role_all import (
+    KUBECTL,
+    NODE,
+    RoleAll,
+    reported_gpus,
+)
 
 POLICY = "tensor-fusion-hypervisor-own-node"
 
@@ -21,7 +26,7 @@ def kubectl(run: RoleAll, kubeconfig: Path, *args: str, stdin: str | None = None
 
 
 @pytest.mark.skipif(not shutil.which(KUBECTL), reason="kubectl is not installed")
-def test_the_hypervisor_of_role_all_may_write_only_its_own_node(role_all: RoleAll) -> None:  # noqa: F811
+def test_the_hypervisor_of_role_all_may_write_only_its_own_node(role_all: RoleAll) -> None:
     role_all.start()
     gpus = role_all.wait_for("3 GPU objects, Running, with capacity", lambda: reported_gpus(role_all), timeout=40)
     admin = role_all.kubeconfig

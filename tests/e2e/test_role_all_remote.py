@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_role_all import KUBECTL, RoleAll, role_all  # noqa: F401  (the fixture)
+from tests.helpers.role_all import (
+    KUBECTL,
+    RoleAll,
+)
 
 CURL = shutil.which("curl") or "curl"
 
@@ -59,7 +62,7 @@ def worker_other_than(run: RoleAll, name: str, old_uid: str) -> dict[str, Any] |
 
 
 @pytest.mark.skipif(not shutil.which(KUBECTL) or not shutil.which(CURL), reason="kubectl or curl is not installed")
-def test_a_remote_client_gets_its_worker_url_with_its_own_token(role_all: RoleAll) -> None:  # noqa: F811
+def test_a_remote_client_gets_its_worker_url_with_its_own_token(role_all: RoleAll) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor ready", role_all.ready, timeout=40)
     notes = {"tensor-fusion.ai/is-local-gpu": "false", "tensor-fusion.ai/tflops-request": "20",

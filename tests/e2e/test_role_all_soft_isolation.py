@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests import c as creader
-from tests.e2e.test_role_all import NODE, RoleAll
+from tests.helpers.role_all import NODE, RoleAll
 
 POD = "soft-e2e"
 

@@ -16,7 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.test_role_all import KUBECTL, RoleAll, role_all  # noqa: F401  (the fixture)
+from tests.helpers.role_all import (
+    KUBECTL,
+    RoleAll,
+)
 
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
@@ -43,7 +46,7 @@ def registered(run: RoleAll) -> Any:
 
 
 @pytest.mark.skipif(not shutil.which(KUBECTL), reason="kubectl is not installed")
-def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll, tmp_path: Path) -> None:  # noqa: F811
+def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll, tmp_path: Path) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor ready", role_all.ready, timeout=40)
     (webhook,) = role_all.wait_for("the pod webhook registered", lambda: registered(role_all))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_role_all import KUBECTL, POOL, RoleAll
+from tests.helpers.role_all import KUBECTL, POOL, RoleAll
 
 SAMPLE = Path("/work/shared/conformance/upstream-samples/pytorch.yaml")
 NAMESPACE = "tensor-fusion"

@@ -17,8 +17,11 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import apply_crds_sync
-from tests.e2e.test_controller_process import ControllerProcess, wait_until
-from tests.e2e.test_role_all import KUBECTL, RoleAll, role_all  # noqa: F401 (the fixture)
+from tests.helpers.controller_process import ControllerProcess, wait_until
+from tests.helpers.role_all import (
+    KUBECTL,
+    RoleAll,
+)
 from tfusion.api import annotations as tfa
 
 POOL = "pool-a"
@@ -128,7 +131,7 @@ def test_kill_9_during_a_burst_of_binds_leaves_no_double_allocation_and_no_leak(
                 process.stop()
 
 
-def test_role_all_kubectl_create_of_an_annotated_pod_runs_with_gpu_ids(role_all: RoleAll) -> None:  # noqa: F811
+def test_role_all_kubectl_create_of_an_annotated_pod_runs_with_gpu_ids(role_all: RoleAll) -> None:
     run = role_all
     run.start()
     run.wait_for("controller and hypervisor /readyz", run.ready, timeout=60)

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.cbuild import compile_c, gcc  # noqa: F401  (gcc: the callers ask it before building)
+from tests.cbuild import compile_c
+from tests.cbuild import gcc as gcc  # re-exported: the callers ask it before building
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 #: the file name pynvml looks for; the SONAME differs so that, once loaded in-process by path, the

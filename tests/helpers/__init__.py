@@ -1,20 +1,33 @@
-"""Small helpers several test modules share, so each rule a test relies on is written once: polling for
-a condition, a port nothing listens on, a clock a test moves by hand, the check that nothing was
-logged at ERROR, file modes under the widest umask, reading a raw connection until the server
-closes it, and a JSON document with one field changed."""
+"""What tests share, written once. This package's modules, each named for what it provides:
+
+- here: waiting for a condition (`eventually` in async tests, `wait_until` in sync ones: the check
+  first, then `timeout`, then `what` to name in the failure), a port nothing listens on, a clock a
+  test moves by hand, the check that nothing was logged at ERROR, file modes under the widest umask,
+  reading a raw connection until the server closes it, and a JSON document with one field changed;
+- `controller`, `webhook`, `scheduler`, `scheduler_index`, `progressive`: an in-process controller
+  (and its webhook) on the embedded API server, and the GPU, pool, node and pod objects its tests create;
+- `kube_hypervisor`, `local_hypervisor`, `device_plugin`, `soft_isolation`: a hypervisor in a test;
+- `hypervisor_process`, `controller_process`, `role_all`: tfusion started as a separate process;
+- `refusals`, `deploy`, `mutate_inputs`: checks and inputs several test modules use.
+
+Builders take the object's name first, then keyword arguments; those that create an object take the
+client first (`create_gpu(kube, name, node, ...)`). A test module never imports another test module:
+what two of them need lives here. The embedded API server fixture is in tests/apiserver_fixture.py."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 import resource
 import socket
 import stat
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import anyio
 import pytest
@@ -24,11 +37,45 @@ from tfusion.web import bind_socket
 T = TypeVar("T")
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Poll the async `predicate` until it is true; TimeoutError after `timeout` seconds."""
-    with anyio.fail_after(timeout):
-        while not await predicate():
+@overload
+async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = ..., what: str = ..., *,
+                     retry_on: tuple[type[BaseException], ...] = ...) -> T: ...
+@overload
+async def eventually(check: Callable[[], T | None], timeout: float = ..., what: str = ..., *,
+                     retry_on: tuple[type[BaseException], ...] = ...) -> T: ...
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "", *,
+                     retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    """Call `check` (sync or async) every 50 ms until it returns a truthy value, and return that value.
+    A check that raises one of `retry_on` is tried again too (AssertionError for a check written with
+    asserts, which then returns True when they pass). After `timeout` seconds the test fails, naming
+    `what` and the last value or error."""
+    last: object = None
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                result = check()
+                value = await result if inspect.isawaitable(result) else result
+            except retry_on as exc:
+                last = exc
+            else:
+                if value:
+                    return value
+                last = value
             await anyio.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what or getattr(check, '__name__', check)}: last {last!r}")
+
+
+def wait_until(check: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
+    """`eventually` for sync tests: poll the plain function `check` until it returns a truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or getattr(check, '__name__', check)}: "
+                        f"last {value!r}")
+        time.sleep(0.05)
 
 
 def closed_port() -> int:

@@ -12,7 +12,9 @@ import httpx
 import kr8s
 import kr8s.asyncio
 import pytest
-from kr8s.asyncio.objects import ConfigMap, new_class
+from kr8s.asyncio.objects import APIObject, ConfigMap, new_class
+
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -39,12 +41,6 @@ def pod_body(name: str, **extra: Any) -> dict[str, Any]:
 async def http(apiserver: Any) -> Any:
     async with apiserver.http(timeout=10) as client:
         yield client
-
-
-async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.02)
 
 
 async def test_discovery_with_and_without_trailing_slash(http: httpx.AsyncClient) -> None:
@@ -109,7 +105,8 @@ async def test_crud_with_kr8s(apiserver: Any) -> None:
     await cm.patch({"data": {"k2": "v2"}})
     assert cm.raw["data"] == {"k": "v", "k2": "v2"}
     assert int(cm.raw["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
-    listed = [o.name async for o in api.get("configmaps", namespace="default", label_selector={"app": "a"})]
+    listed = [o.name async for o in api.get("configmaps", namespace="default", label_selector={"app": "a"})
+              if isinstance(o, APIObject)]
     assert listed == ["crud"]
     await cm.refresh()
     await cm.delete()
@@ -399,7 +396,7 @@ async def test_owner_garbage_collection(http: httpx.AsyncClient) -> None:
             await http.get(f"{CMS}/grandchild")
         ).status_code == 404
 
-    await wait_until(collected)
+    await eventually(collected)
     shared = (await http.get(f"{CMS}/shared")).json()
     assert [r["name"] for r in shared["metadata"]["ownerReferences"]] == ["other-owner"]
 
@@ -416,7 +413,7 @@ async def test_owner_gc_after_finalizers_and_orphan_policy(http: httpx.AsyncClie
     async def gone() -> bool:
         return (await http.get(f"{CMS}/fchild")).status_code == 404
 
-    await wait_until(gone)
+    await eventually(gone)
     orphan_owner = (await http.post(CMS, json={"metadata": {"name": "oowner"}})).json()
     oref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "oowner", "uid": orphan_owner["metadata"]["uid"]}
     await http.post(CMS, json={"metadata": {"name": "ochild", "ownerReferences": [oref]}})
@@ -441,14 +438,14 @@ async def test_namespace_deletion_deletes_contents(http: httpx.AsyncClient) -> N
     async def emptied_but_held() -> bool:
         return (await http.get(f"{base}/a")).status_code == 404
 
-    await wait_until(emptied_but_held)
+    await eventually(emptied_but_held)
     assert (await http.get("/api/v1/namespaces/doomed")).status_code == 200
     await http.patch(f"{base}/held", content=b'{"metadata":{"finalizers":null}}', headers=MERGE)
 
     async def namespace_gone() -> bool:
         return (await http.get("/api/v1/namespaces/doomed")).status_code == 404
 
-    await wait_until(namespace_gone)
+    await eventually(namespace_gone)
 
 
 async def test_leases_two_competing_writers(apiserver: Any) -> None:
@@ -537,7 +534,7 @@ async def test_pod_binding_and_eviction(http: httpx.AsyncClient) -> None:
 
 
 async def test_builtin_kinds_are_served(http: httpx.AsyncClient) -> None:
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "/api/v1/nodes": {"metadata": {"name": "n1"}, "spec": {}},
         "/api/v1/namespaces/default/services": {"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}},
         "/api/v1/namespaces/default/secrets": {"metadata": {"name": "s"}, "data": {"k": "dg=="}},
@@ -612,7 +609,7 @@ async def test_foreground_deletion_waits_for_dependents(http: httpx.AsyncClient)
         owner_gone = (await http.get(f"{CMS}/fg-owner")).status_code == 404
         return owner_gone and (await http.get(f"{CMS}/fg-child")).status_code == 404
 
-    await wait_until(both_gone)
+    await eventually(both_gone)
     lonely = await http.post(CMS, json={"metadata": {"name": "fg-lonely"}})
     assert lonely.status_code == 201
     gone = await http.request("DELETE", f"{CMS}/fg-lonely", json={"propagationPolicy": "Foreground"})

@@ -206,8 +206,8 @@ def test_a_patch_that_breaks_a_field_is_refused_and_changes_nothing(client: http
 
 def test_a_workloads_pod_template_is_held_to_the_same_table(client: httpx.Client) -> None:
     spec = changed(("tolerations", 0, "key"), 5)
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-                  "spec": {"selector": {"matchLabels": {"app": "d"}},
+    deployment: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+                                  "spec": {"selector": {"matchLabels": {"app": "d"}},
                            "template": {"metadata": {"labels": {"app": "d"}}, "spec": spec}}}
     status(client.post(DEPLOYMENTS, content=orjson.dumps(deployment)), 400,
            "spec.template.spec.tolerations[0].key", "a string", "5")

@@ -124,7 +124,9 @@ injected_namespaces = st.one_of(
 
 def served(apiserver: ApiServerHandle) -> dict[str, ResourceInfo]:
     """Every stored (not request-only) resource the server serves, by storage key."""
-    infos = apiserver.call(lambda: apiserver.server.engine.registry.all())
+    engine = apiserver.server.engine
+    assert engine is not None
+    infos = apiserver.call(engine.registry.all)
     return {i.storage_key: i for i in infos if i.storage_key not in VIRTUAL and i.version == i.storage_version}
 
 
@@ -136,13 +138,15 @@ def collection(info: ResourceInfo, *, everywhere: bool = False) -> str:
 
 def rows(apiserver: ApiServerHandle, storage_key: str, name: str) -> list[tuple[str, str]]:
     """The store's keys (namespace, name) for `name`: what every read and delete depends on."""
-    store = apiserver.call(lambda: apiserver.server.store)
+    store = apiserver.server.store
+    assert store is not None
     return apiserver.call(lambda: [key for key, _ in store.items(storage_key) if key[1] == name])
 
 
 def sqlite_rows(apiserver: ApiServerHandle, storage_key: str, name: str) -> list[tuple[str, str]]:
     """The same from the state file's table, after the writes so far are committed."""
-    store = apiserver.call(lambda: apiserver.server.store)
+    store = apiserver.server.store
+    assert store is not None
 
     def read() -> list[tuple[str, str]]:
         cursor = store._db.execute("SELECT ns, name FROM objects WHERE skey = ? AND name = ?", (storage_key, name))

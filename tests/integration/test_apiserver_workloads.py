@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import eventually
 from tfusion.kube import resources as r
 from tfusion.kube.client import BadRequest, Invalid, KubeClient, NotFound
 
@@ -239,7 +239,7 @@ async def test_deleting_a_deployment_cascades(kube: KubeClient, policy: str) -> 
                 pass
         return True
 
-    await wait_for(all_gone)
+    await eventually(all_gone)
 
 
 async def test_tables(apiserver: Any, kube: KubeClient) -> None:

@@ -175,7 +175,7 @@ def test_the_tensor_fusion_crds_still_pass_the_shape_check(apiserver: ApiServerH
                                     "Bearer ☃".encode()], ids=["utf-8", "latin-1", "invalid utf-8", "snowman"])
 def test_a_non_ascii_bearer_token_is_401(apiserver: ApiServerHandle, header: bytes) -> None:
     with apiserver.sync_http(authenticated=False) as http:
-        response = http.get("/api/v1/namespaces", headers={"authorization": header})
+        response = http.get("/api/v1/namespaces", headers={b"authorization": header})
     assert_4xx(response, (401,), "Unauthorized")
 
 
@@ -204,7 +204,7 @@ def test_wrong_typed_metadata_is_4xx_on_every_write(
 ) -> None:
     apply_crds_sync(apiserver)
     for url in TARGETS:
-        extra = {"spec": {}} if "gpus" in url else {}
+        extra: dict[str, Any] = {"spec": {}} if "gpus" in url else {}
         assert client.post(url, json={"metadata": {"name": "t"}, **extra}).status_code == 201
         assert_4xx(client.post(url, json={**extra, "metadata": {"name": "t2", **meta}}), (400, 422), field)
         current = client.get(f"{url}/t").json()

@@ -32,11 +32,11 @@ import yaml
 from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
-from tests.helpers import no_error_logged_fixture, with_field
-from tests.integration.test_controller_allocation import POOL, create_gpu, create_pool, kube_client, settings_for
-from tests.integration.test_http_hostile import assert_refused
-from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
-from tests.integration.test_scheduler import create_node
+from tests.helpers import no_error_logged_fixture, wait_until, with_field
+from tests.helpers.controller import POOL, create_gpu, create_pool, kube_client, settings_for
+from tests.helpers.progressive import NATIVE_GPUS, running_worker
+from tests.helpers.refusals import assert_refused
+from tests.helpers.scheduler import create_node
 from tfusion.api import annotations as tfa
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.controller.scheduling.assignments import DEFAULT_SERVICE_ACCOUNT
@@ -304,16 +304,6 @@ def scheduled_condition(apiserver: ApiServerHandle, name: str) -> dict[str, Any]
     return found[0] if found else None
 
 
-def eventually(check: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controller) -> None:
     """The embedded API server checks the JSON types kube's decoding would, not every value (a
     toleration operator of Sometimes passes it); the built-in scheduler reads such a Pod through the same check as
@@ -325,13 +315,13 @@ def test_a_stored_pod_the_scheduler_cannot_read_is_unschedulable(stack: Controll
         created = api.post("/api/v1/namespaces/default/pods",
                            json={"metadata": {"name": "unreadable"}, "spec": unreadable})
         assert created.status_code == 201, created.text
-        condition = eventually(lambda: scheduled_condition(stack.apiserver, "unreadable"),
-                               "a PodScheduled condition on the unreadable pod")
+        condition = wait_until(lambda: scheduled_condition(stack.apiserver, "unreadable"), 30,
+                               what="a PodScheduled condition on the unreadable pod")
         assert condition.get("reason") == "Unschedulable", condition
         assert "spec.tolerations[0].operator: 'Sometimes' is not allowed" in condition["message"], condition
         created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "plain"}, "spec": spec})
         assert created.status_code == 201, created.text
-        bound = eventually(lambda: scheduled_condition(stack.apiserver, "plain"), "the plain pod bound")
+        bound = wait_until(lambda: scheduled_condition(stack.apiserver, "plain"), 30, what="the plain pod bound")
         assert bound == {"bound": "node-a"}, bound  # node-b's taint is not tolerated
 
 
@@ -362,7 +352,7 @@ def test_a_bound_pod_with_an_unreadable_overhead_counts_as_nothing_more(stack: C
         assert stored["spec"]["overhead"] == "x", stored
         created = api.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": "after-odd"}, "spec": spec})
         assert created.status_code == 201, created.text
-    bound = eventually(lambda: scheduled_condition(stack.apiserver, "after-odd"), "the next pod bound")
+    bound = wait_until(lambda: scheduled_condition(stack.apiserver, "after-odd"), 30, what="the next pod bound")
     assert bound == {"bound": "node-a"}, bound
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import apply_crds
-from tests.helpers import wait_for
+from tests.helpers import eventually
 from tfusion.controller.role import ControllerRuntime, build_runtime, serve_runtime
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
@@ -75,7 +75,7 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             async def ready() -> bool:
                 return (await http.get("/readyz")).status_code == 200
 
-            await wait_for(ready, timeout=15)
+            await eventually(ready, timeout=15)
             body = (await http.get("/readyz")).json()
             assert body["status"] == "ready" and all(c["ready"] for c in body["conditions"])
             # the same probes on --health-probe-bind-address, the port the original's chart probes
@@ -88,7 +88,7 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             async def leading() -> bool:  # the gauge turns when the Lease is won, the task starts after
                 return metric((await http.get("/metrics")).text, "tfusion_leader ") == 1.0 and bool(leader_work)
 
-            await wait_for(leading)
+            await eventually(leading)
             assert runtime.is_leader and leader_work == ["started"]
             text = (await http.get("/metrics")).text
             assert metric(text, 'tfusion_informer_synced{informer="gpus.tensor-fusion.ai"}') == 1.0
@@ -105,9 +105,9 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
                                             "metricsExtraPodLabels": {"team": "team"}}))
 
             async def reloaded() -> bool:
-                return (await http.get("/api/config")).json()["config"]["metricsTTL"] == "7d"
+                return bool((await http.get("/api/config")).json()["config"]["metricsTTL"] == "7d")
 
-            await wait_for(reloaded, timeout=3)
+            await eventually(reloaded, timeout=3)
             config = (await http.get("/api/config")).json()["config"]
             assert config["maxInFlightNodes"] == 3 and config["metricsExtraPodLabels"] == {"team": "team"}
             assert config["gpuOperatorNamespace"] == "gpu-operator", "unset keys keep their defaults"
@@ -116,14 +116,14 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
             async def refused() -> bool:
                 return "metricsFormat" in runtime.dynamic_config.error
 
-            await wait_for(refused, timeout=3)
+            await eventually(refused, timeout=3)
             assert (await http.get("/api/config")).json()["config"]["metricsTTL"] == "7d"
             path.unlink()
 
             async def defaults() -> bool:
-                return (await http.get("/api/config")).json()["config"]["metricsTTL"] == "30d"
+                return bool((await http.get("/api/config")).json()["config"]["metricsTTL"] == "30d")
 
-            await wait_for(defaults, timeout=3)
+            await eventually(defaults, timeout=3)
 
         # the pod informer holds only our labelled pods
         # "other" first: once "w" (created after it) is cached, "other" would have been too
@@ -137,7 +137,7 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
         async def has_worker() -> bool:
             return pods.get("default/w") is not None
 
-        await wait_for(has_worker, timeout=5)
+        await eventually(has_worker, timeout=5)
         assert pods.keys() == ["default/w"]
         cancelled_at = time.monotonic()
         tg.cancel_scope.cancel()

@@ -3,12 +3,12 @@ Node reconciler's: tests/integration/test_reconcilers.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 
+from tests.helpers import eventually
 from tfusion.api.quantity import Quantity
 from tfusion.embedded.devices import DevicePlan, plan_devices
 from tfusion.embedded.kubelet import LEASE_NAMESPACE, SimulatedKubelet
@@ -33,21 +33,6 @@ def manager_of(kube: KubeClient) -> Manager:
 
 async def plan(devices: str) -> DevicePlan:
     return await plan_devices(settings(devices=devices, sim_devices_fallback="off"))
-
-
-async def eventually(what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 5.0) -> T:
-    last: Any = None
-    with anyio.move_on_after(timeout):
-        while True:
-            try:
-                result = await check()
-                if result:
-                    return result
-                last = result
-            except NotFound as exc:
-                last = exc
-            await anyio.sleep(0.05)
-    pytest.fail(f"{what} not seen within {timeout} s (last: {last!r})")
 
 
 def pod(name: str, node: str | None = NODE, **meta: Any) -> dict[str, Any]:
@@ -97,13 +82,13 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
             found = await kube.get(r.PODS, name, namespace="default")
             return found if found["status"].get("phase") == "Running" else None
 
-        plain = await eventually("pod plain Running", lambda: running("plain"))
+        plain = await eventually(lambda: running("plain"), 5, what="pod plain Running", retry_on=(NotFound,))
         status = plain["status"]
         assert status["podIP"] == "127.0.0.1" and status["hostIP"] == "127.0.0.1" and status["startTime"]
         assert status["containerStatuses"][0]["ready"] is True
         assert "terminated" in status["initContainerStatuses"][0]["state"]
         assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
-        await eventually("pod guarded Running", lambda: running("guarded"))
+        await eventually(lambda: running("guarded"), 5, what="pod guarded Running", retry_on=(NotFound,))
         for name in ("elsewhere", "unbound"):
             untouched = await kube.get(r.PODS, name, namespace="default")
             assert untouched["status"].get("phase", "Pending") == "Pending", untouched["status"]
@@ -114,7 +99,7 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
             found = await kube.get(r.PODS, "guarded", namespace="default")
             return found if found["status"].get("phase") == "Succeeded" else None
 
-        guarded = await eventually("pod guarded stopped", stopped)
+        guarded = await eventually(stopped, 5, what="pod guarded stopped", retry_on=(NotFound,))
         assert "terminated" in guarded["status"]["containerStatuses"][0]["state"]
         await kube.patch(r.PODS, "guarded", {"metadata": {"finalizers": None}}, namespace="default")
 
@@ -125,5 +110,5 @@ async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
                 return True
             return False
 
-        await eventually("pod guarded gone once its finalizer went", gone)
+        await eventually(gone, 5, what="pod guarded gone once its finalizer went", retry_on=(NotFound,))
         tg.cancel_scope.cancel()

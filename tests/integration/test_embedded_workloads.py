@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 
+from tests.helpers import eventually
 from tfusion.embedded.devices import DevicePlan
 from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.embedded.workloads import POD_TEMPLATE_HASH, REVISION, WorkloadControllers, template_hash
@@ -27,18 +28,6 @@ NS = "default"
 EXIT = "tfusion.dev/simulate-exit-after"
 EXIT_CODE = "tfusion.dev/simulate-exit-code"
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-
-
-async def eventually(what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 15.0) -> T:
-    last: Any = None
-    with anyio.move_on_after(timeout):
-        while True:
-            result = await check()
-            if result:
-                return result
-            last = result
-            await anyio.sleep(0.05)
-    pytest.fail(f"{what} not seen within {timeout} s (last: {last!r})")
 
 
 @pytest.fixture
@@ -97,7 +86,7 @@ async def rollout_done(kube: KubeClient, replicas: int, image: str) -> dict[str,
 async def test_deployment_reaches_ready_pods_owned_by_one_replicaset(cluster: KubeClient) -> None:
     kube = cluster
     created = await kube.create(r.DEPLOYMENTS, deployment(), namespace=NS)
-    deploy = await eventually("3 ready pods", lambda: rollout_done(kube, 3, "busybox:1.36"))
+    deploy = await eventually(lambda: rollout_done(kube, 3, "busybox:1.36"), 15, what="3 ready pods")
     sets = (await kube.list(r.REPLICASETS, namespace=NS)).items
     assert len(sets) == 1
     rs = sets[0]
@@ -119,7 +108,7 @@ async def test_deployment_reaches_ready_pods_owned_by_one_replicaset(cluster: Ku
         found = await kube.get(r.REPLICASETS, rs["metadata"]["name"], namespace=NS)
         return found["status"] if found["status"].get("availableReplicas") == 3 else None
 
-    status = await eventually("ReplicaSet status", rs_status)
+    status = await eventually(rs_status, 15, what="ReplicaSet status")
     assert status["replicas"] == status["readyReplicas"] == status["fullyLabeledReplicas"] == 3
     assert status["observedGeneration"] == 1
     conditions = {c["type"]: c for c in deploy["status"]["conditions"]}
@@ -133,7 +122,7 @@ async def test_deployment_reaches_ready_pods_owned_by_one_replicaset(cluster: Ku
 async def test_template_change_rolls_to_a_new_replicaset(cluster: KubeClient, strategy: dict[str, Any]) -> None:
     kube = cluster
     await kube.create(r.DEPLOYMENTS, deployment(strategy=strategy), namespace=NS)
-    await eventually("first rollout", lambda: rollout_done(kube, 3, "busybox:1.36"))
+    await eventually(lambda: rollout_done(kube, 3, "busybox:1.36"), 15, what="first rollout")
     seen_total: list[int] = []
     await kube.patch(r.DEPLOYMENTS, "web", {"spec": {"template": {"spec": {"containers": [
         {"name": "main", "image": "busybox:1.37"}]}}}}, namespace=NS)
@@ -142,7 +131,7 @@ async def test_template_change_rolls_to_a_new_replicaset(cluster: KubeClient, st
         seen_total.append(len(await pods_of(kube)))
         return await rollout_done(kube, 3, "busybox:1.37")
 
-    deploy = await eventually("second rollout", rolled)
+    deploy = await eventually(rolled, 15, what="second rollout")
     assert deploy["metadata"]["annotations"][REVISION] == "2"
     sets = {rs["metadata"]["annotations"][REVISION]: rs for rs in (await kube.list(r.REPLICASETS, namespace=NS)).items}
     assert sets["1"]["spec"]["replicas"] == 0 and sets["2"]["spec"]["replicas"] == 3
@@ -153,11 +142,11 @@ async def test_template_change_rolls_to_a_new_replicaset(cluster: KubeClient, st
 async def test_scale_down_and_up(cluster: KubeClient) -> None:
     kube = cluster
     await kube.create(r.DEPLOYMENTS, deployment(), namespace=NS)
-    await eventually("3 pods", lambda: rollout_done(kube, 3, "busybox:1.36"))
+    await eventually(lambda: rollout_done(kube, 3, "busybox:1.36"), 15, what="3 pods")
     await kube.patch(r.DEPLOYMENTS, "web", {"spec": {"replicas": 1}}, namespace=NS, subresource="scale")
-    await eventually("1 pod", lambda: rollout_done(kube, 1, "busybox:1.36"))
+    await eventually(lambda: rollout_done(kube, 1, "busybox:1.36"), 15, what="1 pod")
     await kube.patch(r.DEPLOYMENTS, "web", {"spec": {"replicas": 2}}, namespace=NS)
-    await eventually("2 pods", lambda: rollout_done(kube, 2, "busybox:1.36"))
+    await eventually(lambda: rollout_done(kube, 2, "busybox:1.36"), 15, what="2 pods")
     assert len((await kube.list(r.REPLICASETS, namespace=NS)).items) == 1
 
 
@@ -171,16 +160,16 @@ async def test_replicaset_replaces_a_deleted_pod(cluster: KubeClient) -> None:
         pods = await pods_of(kube)
         return pods if len(pods) == 2 and all(ready(p) for p in pods) else None
 
-    first = await eventually("2 ready pods", two_ready)
+    first = await eventually(two_ready, 15, what="2 ready pods")
     await kube.delete(r.PODS, first[0]["metadata"]["name"], namespace=NS)
-    after = await eventually("a replacement pod", two_ready)
+    after = await eventually(two_ready, 15, what="a replacement pod")
     assert first[0]["metadata"]["name"] not in {p["metadata"]["name"] for p in after}
 
 
 async def test_deleting_the_deployment_cascades(cluster: KubeClient) -> None:
     kube = cluster
     await kube.create(r.DEPLOYMENTS, deployment(replicas=2), namespace=NS)
-    await eventually("2 pods", lambda: rollout_done(kube, 2, "busybox:1.36"))
+    await eventually(lambda: rollout_done(kube, 2, "busybox:1.36"), 15, what="2 pods")
     await kube.delete(r.DEPLOYMENTS, "web", namespace=NS, propagation_policy="Foreground")
 
     async def gone() -> bool:
@@ -191,7 +180,7 @@ async def test_deleting_the_deployment_cascades(cluster: KubeClient) -> None:
             pass
         return not (await kube.list(r.REPLICASETS, namespace=NS)).items and not await pods_of(kube)
 
-    await eventually("Deployment, ReplicaSet and pods gone", gone)
+    await eventually(gone, 15, what="Deployment, ReplicaSet and pods gone")
 
 
 def job(name: str, template: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -213,7 +202,7 @@ async def finished_job(kube: KubeClient, name: str, condition: str) -> dict[str,
 async def test_job_completes(cluster: KubeClient) -> None:
     kube = cluster
     await kube.create(r.JOBS, job("twice", job_template(**{EXIT: "300ms"}), completions=2), namespace=NS)
-    done = await eventually("Job Complete", lambda: finished_job(kube, "twice", "Complete"))
+    done = await eventually(lambda: finished_job(kube, "twice", "Complete"), 15, what="Job Complete")
     status = done["status"]
     assert status["succeeded"] == 2 and status["active"] == 0 and status["failed"] == 0
     assert status["startTime"] and status["completionTime"]
@@ -228,7 +217,7 @@ async def test_job_with_failing_pods_hits_the_backoff_limit(cluster: KubeClient)
     kube = cluster
     await kube.create(r.JOBS, job("fails", job_template(**{EXIT: "100ms", EXIT_CODE: "3"}), backoffLimit=1),
                       namespace=NS)
-    failed = await eventually("Job Failed", lambda: finished_job(kube, "fails", "Failed"))
+    failed = await eventually(lambda: finished_job(kube, "fails", "Failed"), 15, what="Job Failed")
     reasons = {c["type"]: c["reason"] for c in failed["status"]["conditions"]}
     assert reasons["Failed"] == reasons["FailureTarget"] == "BackoffLimitExceeded"
     assert failed["status"]["failed"] == 2 and failed["status"]["succeeded"] == 0
@@ -242,7 +231,7 @@ async def test_on_failure_restarts_count_against_the_backoff_limit(cluster: Kube
     kube = cluster
     await kube.create(r.JOBS, job("restarts", job_template("OnFailure", **{EXIT: "100ms", EXIT_CODE: "1"}),
                                   backoffLimit=2), namespace=NS)
-    failed = await eventually("Job Failed", lambda: finished_job(kube, "restarts", "Failed"))
+    failed = await eventually(lambda: finished_job(kube, "restarts", "Failed"), 15, what="Job Failed")
     assert {c["type"]: c["reason"] for c in failed["status"]["conditions"]}["Failed"] == "BackoffLimitExceeded"
 
 
@@ -254,7 +243,7 @@ async def test_job_pods_without_the_annotation_keep_running(cluster: KubeClient)
         found = await kube.get(r.JOBS, "forever", namespace=NS)
         return found if (found.get("status") or {}).get("ready") == 2 else None
 
-    running = await eventually("2 running pods", two_running)
+    running = await eventually(two_running, 15, what="2 running pods")
     assert running["status"]["active"] == 2 and running["status"]["succeeded"] == 0
     assert not any(c["status"] == "True" for c in running["status"].get("conditions") or [])
 
@@ -300,7 +289,7 @@ async def test_progress_deadline_exceeded(cluster: KubeClient) -> None:
                                             if c["type"] == "Progressing"), {})
         return found if progressing.get("reason") == "ProgressDeadlineExceeded" else None
 
-    found = await eventually("ProgressDeadlineExceeded", timed_out)
+    found = await eventually(timed_out, 15, what="ProgressDeadlineExceeded")
     conditions = {c["type"]: c for c in found["status"]["conditions"]}
     assert conditions["Progressing"]["status"] == "False"
     assert conditions["Available"]["status"] == "False" and found["status"]["unavailableReplicas"] == 1

@@ -29,14 +29,8 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds, apply_crds_sync
-from tests.helpers import read_until_closed
-from tests.integration.test_controller_allocation import (
-    Controller,
-    controllers,
-    eventually,
-    settings_for,
-    start_controller,
-)
+from tests.helpers import eventually, read_until_closed
+from tests.helpers.controller import Controller, controllers, settings_for, start_controller
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.controller.scheduling.extender_sizing import sample_node
 from tfusion.controller.scheduling.http import EXTENDER_MAX_BODY_BYTES

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tests.integration.test_hypervisor_kubernetes import NODE, SPEC, create_pool_and_node
+from tests.helpers.kube_hypervisor import NODE, SPEC, create_pool_and_node
 from tfusion.allocator import gpu_from_object
 from tfusion.hypervisor import role
 from tfusion.hypervisor.deviceplugin.podresources import AssignedDevices, pod_resources_handler

@@ -21,7 +21,7 @@ from litestar import get, post
 from litestar.testing import AsyncTestClient
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tests.integration.test_controller_allocation import controllers, settings_for, start_controller
+from tests.helpers.controller import controllers, settings_for, start_controller
 from tfusion.api import annotations as tfa
 from tfusion.hypervisor import role as hypervisor_role
 from tfusion.kube.auth import bearer_token

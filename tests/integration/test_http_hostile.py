@@ -13,7 +13,6 @@ fuzzing strips `command` from the worker schema, so a generated worker never run
 
 from __future__ import annotations
 
-import copy
 import socket
 import threading
 import time
@@ -37,7 +36,8 @@ from schemathesis.core.result import Err
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
 from tests.helpers import no_error_logged_fixture, peak_rss_mb, read_until_closed
-from tests.integration.test_controller_allocation import settings_for as controller_settings
+from tests.helpers.controller import settings_for as controller_settings
+from tests.helpers.refusals import assert_refused, without_worker_commands
 from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
 from tfusion.hypervisor import role as hypervisor_role
 from tfusion.settings import Settings
@@ -98,13 +98,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 no_error_logged = no_error_logged_fixture(autouse=False)
-
-def assert_refused(response: httpx.Response, status: int, *fragments: str) -> None:
-    assert response.status_code == status, response.text[:500]
-    body = response.json()
-    assert isinstance(body.get("error"), str), body
-    for fragment in fragments:
-        assert fragment in body["error"], (fragment, body["error"])
 
 
 # --- hostile bodies ------------------------------------------------------------------------------
@@ -332,17 +325,6 @@ def openapi(base_url: str) -> dict[str, Any]:
     return document
 
 
-def without_worker_commands(document: dict[str, Any]) -> dict[str, Any]:
-    """The hypervisor's document minus the fields that would make a generated worker run a program."""
-    trimmed = copy.deepcopy(document)
-    for name, schema in trimmed.get("components", {}).get("schemas", {}).items():
-        if name.startswith("WorkerCreateRequest"):
-            for field in ("command", "env", "workingDir"):
-                schema.get("properties", {}).pop(field, None)
-            schema["additionalProperties"] = False
-    return trimmed
-
-
 def operations(document: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted((method.upper(), path) for path, item in document["paths"].items() for method in item
                   if method in ("get", "post", "put", "patch", "delete"))
@@ -418,7 +400,6 @@ def test_schemathesis_finds_no_server_error(stack: Stack, no_error_logged: None,
         checked += 1
     assert checked == len(operations(document))
     assert len(calls) >= 5 * checked, f"only {len(calls)} requests for {checked} operations"
-
 
 
 @pytest.fixture(scope="module", autouse=True)

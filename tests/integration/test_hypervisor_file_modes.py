@@ -10,6 +10,7 @@ narrowed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -20,13 +21,13 @@ import anyio
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tests.helpers import file_mode, wait_for, widest_umask
-from tests.integration.test_device_plugin import RESOURCES, FakeKubelet
-from tests.integration.test_device_plugin import hypervisor as plugin_hypervisor
-from tests.integration.test_hypervisor_local import hypervisor as local_hypervisor
-from tests.integration.test_soft_isolation import hypervisor as soft_hypervisor
-from tests.integration.test_soft_isolation import setup_node
-from tfusion.api import annotations
+from tests.helpers import eventually, file_mode, widest_umask
+from tests.helpers.device_plugin import RESOURCES, FakeKubelet
+from tests.helpers.device_plugin import hypervisor as plugin_hypervisor
+from tests.helpers.local_hypervisor import hypervisor as local_hypervisor
+from tests.helpers.soft_isolation import hypervisor as soft_hypervisor
+from tests.helpers.soft_isolation import setup_node
+from tfusion.api import annotations as tfa
 from tfusion.kube.client import KubeClient
 from tfusion.kube.resources import PODS
 
@@ -51,7 +52,7 @@ async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> 
             "name": "train", "namespace": "team-a", "env": {"API_KEY": "s3cret"},
             "command": ["sh", "-c", "echo started; exec sleep 60"]})
         assert created.status_code == 201, created.text
-        await wait_for(lambda: anyio.to_thread.run_sync(
+        await eventually(lambda: anyio.to_thread.run_sync(
             lambda: log_file.exists() and "started" in log_file.read_text()))
         assert "s3cret" in (state / "workers.json").read_text()  # what makes the file worth hiding
         assert {p.name: file_mode(p) for p in state.iterdir() if p.is_file()} == {
@@ -59,7 +60,7 @@ async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> 
         assert [file_mode(p) for p in (state, state / "logs", state / "logs" / "team-a")] == [0o700] * 3
         assert file_mode(log_file) == 0o600
         shm = state / "shm" / "team-a" / "train" / "shm"  # a soft worker (the default) of our own user
-        await wait_for(lambda: exists(shm))
+        await eventually(lambda: exists(shm))
         assert file_mode(shm) == 0o600 and file_mode(shm.parent) == 0o700 and file_mode(shm.parent.parent) == 0o700
 
     # what a kill -9 between writing a temp copy and renaming it leaves, and files of an older run
@@ -74,17 +75,17 @@ async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> 
         assert unrelated.exists()
         restored = (await http.get("/api/v1/workers")).json()["data"]
         assert [w["WorkerInfo"]["WorkerName"] for w in restored] == ["train"]
-        await wait_for(lambda: anyio.to_thread.run_sync(lambda: file_mode(log_file) == 0o600))
+        await eventually(lambda: anyio.to_thread.run_sync(lambda: file_mode(log_file) == 0o600))
         assert json.loads((state / "workers.json").read_text())[0]["WorkerName"] == "train"
         assert file_mode(state / "workers.json") == 0o600
 
 
 async def soft_pod(kube: KubeClient, name: str, gpu: str, security: dict[str, int]) -> None:
     await kube.create(PODS, {
-        "metadata": {"name": name, "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                     "annotations": {annotations.GPU_IDS: gpu, annotations.GPU_POOL: "pool-soft",
-                                     annotations.ISOLATION: "soft", annotations.TFLOPS_REQUEST: "100",
-                                     annotations.VRAM_REQUEST: "8Gi"}},
+        "metadata": {"name": name, "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
+                     "annotations": {tfa.GPU_IDS: gpu, tfa.GPU_POOL: "pool-soft",
+                                     tfa.ISOLATION: "soft", tfa.TFLOPS_REQUEST: "100",
+                                     tfa.VRAM_REQUEST: "8Gi"}},
         "spec": {"nodeName": "gpu-node-soft", "securityContext": security,
                  "containers": [{"name": "main", "image": "busybox"}]}})
 
@@ -102,7 +103,7 @@ async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHand
             await soft_pod(kube, "runs-as-image-user", gpu, {})
             shm = tmp_path / "shm" / "default"
             ours, unknown = shm / "runs-as-4100" / "shm", shm / "runs-as-image-user" / "shm"
-            await wait_for(lambda: anyio.to_thread.run_sync(lambda: ours.exists() and unknown.exists()))
+            await eventually(lambda: anyio.to_thread.run_sync(lambda: ours.exists() and unknown.exists()))
             info = os.stat(ours)
             assert (info.st_uid, info.st_gid, file_mode(ours)) == (4100, 4200, 0o660)
             info = os.stat(ours.parent)
@@ -147,14 +148,14 @@ async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, tmp
         if dir_mode == 0o755:  # the kubelet's directory, there before the hypervisor
             plugin_dir.mkdir(mode=dir_mode)
         async with plugin_hypervisor(apiserver, tmp_path / f"state-{plugin_dir.name}", plugin_dir):
-            await wait_for(lambda d=plugin_dir: exists(d))
+            await eventually(functools.partial(exists, plugin_dir))
             kubelet = FakeKubelet(plugin_dir)
             await kubelet.start()
             try:
                 async def registered(k: FakeKubelet = kubelet) -> bool:
                     return sorted({r.resource_name for r in k.registrations}) == sorted(RESOURCES)
 
-                await wait_for(registered, timeout=20)
+                await eventually(registered, timeout=20)
                 sockets = sorted(plugin_dir.glob("tensor-fusion-index-*.sock"))
                 assert len(sockets) == 16
                 assert {p.name: file_mode(p) for p in sockets} == {p.name: 0o600 for p in sockets}

@@ -4,72 +4,35 @@ GPU objects and GPUNode totals, worker pods from the informer, and TokenReview o
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
-import httpx
 import pytest
 
-from tests.apiserver_fixture import ApiServerHandle, apply_crds
+from tests.apiserver_fixture import ApiServerHandle
+from tests.helpers import eventually
+from tests.helpers.kube_hypervisor import (
+    NODE,
+    create_pool_and_node,
+    kube_hypervisor,
+    kube_with_crds,  # noqa: F401  (the `kube` fixture of these tests)
+    worker_pod,
+)
 from tfusion.allocator import gpu_from_object
-from tfusion.api import annotations
+from tfusion.api import annotations as tfa
 from tfusion.api.quantity import Quantity
-from tfusion.hypervisor import role
 from tfusion.kube.client import KubeClient, NotFound
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, GPUS, PODS, SERVICEACCOUNTS
-from tfusion.settings import Settings
+from tfusion.kube.resources import GPUNODES, GPUS, PODS, SERVICEACCOUNTS
+
+#: what a check raises while the hypervisor has not caught up yet
+NOT_YET = (AssertionError, NotFound, KeyError)
 
 pytestmark = pytest.mark.anyio
-
-NODE = "gpu-node-1"
-SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
-
-
-@asynccontextmanager
-async def kube_hypervisor(apiserver: ApiServerHandle, state: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(role.run, settings)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            yield http
-        tg.cancel_scope.cancel()
-
-
-@pytest.fixture
-async def kube(apiserver: ApiServerHandle) -> AsyncIterator[KubeClient]:
-    await apply_crds(apiserver)
-    client = await KubeClient.connect(apiserver.kubeconfig)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def canonical(quantity: str) -> bool:
     """Written as Kubernetes itself prints the quantity."""
     return str(Quantity(quantity)) == quantity
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> Any:
-    """Retry `check()` (async, raising AssertionError/NotFound while not yet true) until it passes."""
-    with anyio.fail_after(timeout):
-        while True:
-            try:
-                return await check()
-            except (AssertionError, NotFound, KeyError):
-                await anyio.sleep(0.1)
-
-
-async def create_pool_and_node(kube: KubeClient) -> dict[str, Any]:
-    pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-a"}, "spec": {"nodeManagerConfig": {}}})
-    return await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
-        "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-a", "uid": pool["metadata"]["uid"],
-        "controller": True}]}, "spec": {}})
 
 
 async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path) -> None:
@@ -82,10 +45,11 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         assert len(await kube.list(GPUS)) == 0  # nothing is written before the GPUNode exists
         gpunode = await create_pool_and_node(kube)
 
-        async def all_ready() -> None:
+        async def all_ready() -> bool:
             assert (await http.get("/readyz")).status_code == 200
+            return True
 
-        await eventually(all_ready)
+        await eventually(all_ready, 10, retry_on=NOT_YET)
         devices = (await http.get("/api/v1/devices")).json()["data"]
         uuids = [d["UUID"] for d in devices]
 
@@ -95,12 +59,12 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
             assert [g["metadata"]["name"] for g in gpus] == uuids
             return gpus
 
-        gpus = await eventually(three_gpus)
+        gpus = await eventually(three_gpus, 10, retry_on=NOT_YET)
         h100 = gpus[2]
         meta = h100["metadata"]
-        assert meta["labels"] == {annotations.MANAGED_BY: NODE, annotations.GPU_POOL: "pool-a"}
-        assert set(meta["annotations"]) == {annotations.LAST_SYNC, annotations.VIRTUALIZATION_CAPABILITIES}
-        assert json.loads(meta["annotations"][annotations.VIRTUALIZATION_CAPABILITIES])["SupportsSoftIsolation"]
+        assert meta["labels"] == {tfa.MANAGED_BY: NODE, tfa.GPU_POOL: "pool-a"}
+        assert set(meta["annotations"]) == {tfa.LAST_SYNC, tfa.VIRTUALIZATION_CAPABILITIES}
+        assert json.loads(meta["annotations"][tfa.VIRTUALIZATION_CAPABILITIES])["SupportsSoftIsolation"]
         # the allocator reads back what the reporter wrote (PascalCase keys): soft and hard allowed
         assert gpu_from_object(h100).virtualization == frozenset({"shared", "soft", "hard"})
         assert meta["ownerReferences"] == [{"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUNode", "name": NODE,
@@ -117,15 +81,16 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         assert (status["usedBy"], status["phase"], status["message"]) == ("tensor-fusion", "Pending", "managed")
         assert (status["isolationMode"], status["isolationPolicy"]) == ("soft", "Static")
 
-        async def node_totals() -> None:
+        async def node_totals() -> bool:
             node_status = (await kube.get(GPUNODES, NODE))["status"]
             assert node_status["totalTFlops"] == "1613" and node_status["totalGPUs"] == 3
             assert node_status["managedGPUs"] == 3 and node_status["managedGPUDeviceIDs"] == uuids
             assert node_status["totalVRAM"] == str(2 * 80 * 1024 + 81559) + "Mi"
             quantities = [node_status["totalTFlops"], node_status["totalVRAM"], *node_status["nodeInfo"].values()]
             assert all(canonical(q) for q in quantities), quantities
+            return True
 
-        await eventually(node_totals)
+        await eventually(node_totals, 10, retry_on=NOT_YET)
 
         # the controller owns available and runningApps: rediscovery must not touch them
         owned = {"available": {"tflops": "889", "vram": "70Gi"}, "runningApps": [{
@@ -136,41 +101,33 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
             "0": {"present": False}, "2": {"present": False}, "1": {"healthy": False, "healthMessage": "XID 79"}}}))
         assert (await http.post("/api/v1/devices/discover")).status_code == 200
 
-        async def retired() -> None:
+        async def retired() -> bool:
             names = {g["metadata"]["name"]: g for g in (await kube.list(GPUS)).items}
             assert uuids[0] not in names  # idle: deleted
             busy = names[uuids[2]]  # still runs a workload: kept, marked missing
             assert busy["status"]["phase"] == "Unknown"
-            assert annotations.GPU_MISSING_SINCE in busy["metadata"]["annotations"]
+            assert tfa.GPU_MISSING_SINCE in busy["metadata"]["annotations"]
             assert busy["status"]["available"] == owned["available"]
             assert busy["status"]["runningApps"] == owned["runningApps"]
             sick = names[uuids[1]]["status"]
             assert sick["phase"] == "Unknown" and sick["message"] == "unhealthy: XID 79"
+            return True
 
-        await eventually(retired)
+        await eventually(retired, 10, retry_on=NOT_YET)
 
         # the device comes back: missing-since cleared, phase back to Pending, available untouched
         (tmp_path / "sim-load.json").write_text(json.dumps({"devices": {
             "0": {"present": True}, "2": {"present": True}, "1": {"healthy": True}}}))
         assert (await http.post("/api/v1/devices/discover")).status_code == 200
 
-        async def back() -> None:
+        async def back() -> bool:
             gpu = await kube.get(GPUS, uuids[2])
-            assert annotations.GPU_MISSING_SINCE not in (gpu["metadata"].get("annotations") or {})
+            assert tfa.GPU_MISSING_SINCE not in (gpu["metadata"].get("annotations") or {})
             assert gpu["status"]["phase"] == "Pending" and gpu["status"]["available"] == owned["available"]
             assert (await kube.get(GPUS, uuids[0]))["status"]["available"]["tflops"] == "312"
+            return True
 
-        await eventually(back)
-
-
-async def worker_pod(kube: KubeClient, name: str, gpu_ids: list[str], **notes: str) -> dict[str, Any]:
-    return await kube.create(PODS, {
-        "metadata": {"name": name, "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                     "annotations": {annotations.GPU_IDS: ",".join(gpu_ids), annotations.GPU_POOL: "pool-a",
-                                     annotations.TFLOPS_REQUEST: "100", annotations.VRAM_REQUEST: "8Gi",
-                                     annotations.TFLOPS_LIMIT: "200", annotations.VRAM_LIMIT: "16Gi", **notes}},
-        "spec": {"nodeName": NODE, "serviceAccountName": "default",
-                 "containers": [{"name": "main", "image": "busybox"}]}})
+        await eventually(back, 10, retry_on=NOT_YET)
 
 
 async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path) -> None:
@@ -182,20 +139,20 @@ async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: Ku
     async with kube_hypervisor(apiserver, tmp_path) as http:
         devices = (await http.get("/api/v1/devices")).json()["data"]
         a100, h100 = devices[0]["UUID"], devices[2]["UUID"]
-        pod = await worker_pod(kube, "infer-0", [h100], **{annotations.ISOLATION: "hard",
-                                                           annotations.QOS: "high"})
+        pod = await worker_pod(kube, "infer-0", [h100], **{tfa.ISOLATION: "hard",
+                                                           tfa.QOS: "high"})
         uid = pod["metadata"]["uid"]
         other_node = await kube.create(PODS, {
-            "metadata": {"name": "elsewhere", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                         "annotations": {annotations.GPU_IDS: a100}},
+            "metadata": {"name": "elsewhere", "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
+                         "annotations": {tfa.GPU_IDS: a100}},
             "spec": {"nodeName": "another-node", "containers": [{"name": "main", "image": "busybox"}]}})
 
         async def listed() -> list[dict[str, Any]]:
-            workers = (await http.get("/api/v1/workers")).json()["data"]
+            workers: list[dict[str, Any]] = (await http.get("/api/v1/workers")).json()["data"]
             assert [w["WorkerInfo"]["WorkerUID"] for w in workers] == [uid]
             return workers
 
-        workers = await eventually(listed)
+        workers = await eventually(listed, 10, retry_on=NOT_YET)
         allocation = workers[0]
         assert allocation["Envs"] == {"NVIDIA_VISIBLE_DEVICES": "GPU-" + h100[4:], "TF_CUDA_SM_PERCENT_LIMIT": "21"}
         assert allocation["WorkerInfo"]["Limits"] == {"tflops": "200", "compute": "0", "vram": "16Gi"}
@@ -242,17 +199,17 @@ async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: Ku
 
         # requests without limits: no limit (the original's rule), so /api/v1/pod omits the limits
         burst = await kube.create(PODS, {
-            "metadata": {"name": "burst-0", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                         "annotations": {annotations.GPU_IDS: a100, annotations.GPU_POOL: "pool-a",
-                                         annotations.TFLOPS_REQUEST: "50", annotations.VRAM_REQUEST: "4Gi"}},
+            "metadata": {"name": "burst-0", "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
+                         "annotations": {tfa.GPU_IDS: a100, tfa.GPU_POOL: "pool-a",
+                                         tfa.TFLOPS_REQUEST: "50", tfa.VRAM_REQUEST: "4Gi"}},
             "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox"}]}})
 
         async def burst_listed() -> dict[str, Any]:
-            pods = {p["pod_name"]: p for p in (await http.get("/api/v1/pod")).json()["pods"]}
+            pods: dict[str, dict[str, Any]] = {p["pod_name"]: p for p in (await http.get("/api/v1/pod")).json()["pods"]}
             assert "burst-0" in pods
             return pods["burst-0"]
 
-        assert await eventually(burst_listed) == {"pod_name": "burst-0", "namespace": "default",
+        assert await eventually(burst_listed, 10, retry_on=NOT_YET) == {"pod_name": "burst-0", "namespace": "default",
                                                   "gpu_uuids": [a100], "qos_level": "medium"}
         burst_worker = (await http.get("/api/v1/workers")).json()["data"]
         limits = next(w["WorkerInfo"]["Limits"] for w in burst_worker
@@ -262,7 +219,8 @@ async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: Ku
 
         await kube.delete(PODS, "infer-0", namespace="default", grace_period_seconds=0)
 
-        async def gone() -> None:
+        async def gone() -> bool:
             assert (await http.get("/api/v1/workers")).json() == {"data": []}
+            return True
 
-        await eventually(gone)
+        await eventually(gone, 10, retry_on=NOT_YET)

@@ -5,39 +5,18 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
-from tests.helpers import wait_for
-from tfusion.hypervisor import role
+from tests.helpers import eventually
+from tests.helpers.local_hypervisor import hypervisor
 from tfusion.hypervisor.workers.procfs import ProcFS
-from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
-
-SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
-
-
-def settings_for(state: Path, **extra: Any) -> Settings:
-    flags = {"backend": "local", "devices": SPEC, "hypervisor_port": 0, "state_dir": str(state),
-             "metrics_output_path": str(state / "metrics.log"), "metrics_interval": 0.3, "node_name": "box-1",
-             **extra}
-    return Settings.load(flags, env={}, roles=("hypervisor",))
-
-
-@asynccontextmanager
-async def hypervisor(state: Path, **extra: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(role.run, settings_for(state, **extra))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield client
-        tg.cancel_scope.cancel()
 
 
 async def test_probes_and_devices(tmp_path: Path) -> None:
@@ -91,7 +70,7 @@ async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> Non
         assert allocation["Envs"]["NVIDIA_VISIBLE_DEVICES"] == native
         assert allocation["Envs"]["TF_CUDA_SM_PERCENT_LIMIT"] == "21"  # 200 of 989 TFLOPS, rounded up
 
-        await wait_for(lambda: anyio.to_thread.run_sync(env_file.exists))
+        await eventually(lambda: anyio.to_thread.run_sync(env_file.exists))
         env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
         assert env["NVIDIA_VISIBLE_DEVICES"] == native and env["CUDA_VISIBLE_DEVICES"] == native
         assert env["TF_CUDA_SM_PERCENT_LIMIT"] == "21" and env["TF_GPU_MEMORY_LIMIT"] == str(16 * 1024**3)
@@ -105,7 +84,7 @@ async def test_worker_lifecycle_with_a_supervised_process(tmp_path: Path) -> Non
             data = (await http.get(f"/api/v1/workers/{uid}")).json()["data"]
             return bool(data["metrics"][h100])
 
-        await wait_for(usage_seen)
+        await eventually(usage_seen)
         data = (await http.get(f"/api/v1/workers/{uid}")).json()["data"]
         assert data["worker_uid"] == uid
         usage = data["metrics"][h100][str(pid)]
@@ -317,7 +296,7 @@ async def test_worker_output_and_delete_by_name(tmp_path: Path) -> None:
             log_file = tmp_path / "logs" / namespace / "worker-same.log"
             return log_file.exists() and f"hello {namespace}" in log_file.read_text()
 
-        await wait_for(lambda: anyio.to_thread.run_sync(lambda: logged("team-a") and logged("team-b")))
+        await eventually(lambda: anyio.to_thread.run_sync(lambda: logged("team-a") and logged("team-b")))
         ambiguous = await http.delete("/api/v1/workers/same")
         assert ambiguous.status_code == 409, ambiguous.text
         assert ambiguous.json()["field"] == "worker_id"

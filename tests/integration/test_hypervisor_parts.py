@@ -141,6 +141,9 @@ async def test_metrics_file_has_device_and_worker_lines(tmp_path: Path) -> None:
         def worker_for_pid(self, pid: int) -> str | None:
             return "w-1" if pid == 4242 else None
 
+        def tracks(self, uid: str) -> bool:
+            return True
+
     source = UsageSource(registry, Tracker(), node="n", pool_of=lambda uuid: "p",
                          extra_labels=parse_extra_labels('{"example.com/team": "team"}'))
     output = MetricsOutput(role="hypervisor", registry=CollectorRegistry(),

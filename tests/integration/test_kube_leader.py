@@ -3,6 +3,7 @@ on shutdown, step-down before the renew deadline, a stolen lease, the leader-inf
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.helpers import eventually
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound, TokenBucket
 from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEASE_NAME, LeaderElector, micro_time
@@ -63,12 +65,6 @@ async def lease(client: KubeClient) -> dict[str, Any]:
     return await client.get(r.LEASES, LEASE_NAME, namespace=NS)
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
 def test_micro_time_has_six_fractional_digits() -> None:
     assert micro_time(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2026-01-02T03:04:05.000000Z"
     assert MICRO_TIME.match(micro_time())
@@ -88,7 +84,7 @@ async def test_racing_candidates_elect_exactly_one(clients: list[KubeClient]) ->
         while time.monotonic() < deadline:
             assert sum(c.elector.is_leader for c in candidates) <= 1
             await anyio.sleep(0.01)
-        await wait_for(lambda: any(c.elector.is_leader for c in candidates))
+        await eventually(lambda: any(c.elector.is_leader for c in candidates))
         leaders = [c for c in candidates if c.elector.is_leader]
         assert len(leaders) == 1
         held = await lease(clients[0])
@@ -97,7 +93,7 @@ async def test_racing_candidates_elect_exactly_one(clients: list[KubeClient]) ->
         assert MICRO_TIME.match(held["spec"]["renewTime"]) and MICRO_TIME.match(held["spec"]["acquireTime"])
         assert [c.gauge for c in candidates].count(1.0) == 1
         assert [c.gauge for c in candidates].count(0.0) == 2
-        await wait_for(lambda: bool(leaders[0].started))  # its work starts a few steps after the win
+        await eventually(lambda: bool(leaders[0].started))  # its work starts a few steps after the win
         assert all(len(c.started) == (1 if c is leaders[0] else 0) for c in candidates)
 
         async def leader_info() -> dict[str, Any] | None:  # written by its own task once leading
@@ -119,16 +115,16 @@ async def test_release_on_shutdown_hands_over_within_a_retry_period(clients: lis
     async with anyio.create_task_group() as tg:
         first_scope = anyio.CancelScope()
         tg.start_soon(_run_in, first_scope, first)
-        await wait_for(lambda: first.elector.is_leader)
+        await eventually(lambda: first.elector.is_leader)
         tg.start_soon(second.elector.run)
         await anyio.sleep(0.5)
         assert not second.elector.is_leader
         first_scope.cancel()
-        await wait_for(lambda: bool(first.work_cancelled))
+        await eventually(lambda: bool(first.work_cancelled))
         released_at = time.monotonic()
         # the lease is 15 s long, yet a released lease is taken at a retry (0.3 s; the bound leaves
         # room for a loaded machine and is still far from the lease's 15 s)
-        await wait_for(lambda: second.elector.is_leader, timeout=6.0)
+        await eventually(lambda: second.elector.is_leader, timeout=6.0)
         assert time.monotonic() - released_at < 5.0
         held = await lease(clients[2])
         assert held["spec"]["holderIdentity"] == "second"
@@ -149,21 +145,21 @@ async def test_stalled_leader_steps_down_before_the_renew_deadline(clients: list
     standby = Candidate(clients[1], "standby")
     async with anyio.create_task_group() as tg:
         tg.start_soon(leader.elector.run)
-        await wait_for(lambda: leader.elector.is_leader)
+        await eventually(lambda: leader.elector.is_leader)
         tg.start_soon(standby.elector.run)
         await anyio.sleep(0.5)
         # every request of the leader now waits ~100 s for the rate limiter: renewals stall
         stalled = TokenBucket(0.01, 1)
         stalled.reserve()
         clients[0].limiter = stalled
-        await wait_for(lambda: not leader.elector.is_leader, timeout=3)
+        await eventually(lambda: not leader.elector.is_leader, timeout=3)
         stopped_wall = datetime.now(UTC)
         last_renew = datetime.strptime((await lease(clients[2]))["spec"]["renewTime"],
                                        "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         assert (stopped_wall - last_renew).total_seconds() < 1.2, "must stop before the renew deadline"
         assert leader.work_cancelled and leader.stopped and leader.gauge == 0.0
         # its leader work starts just after the flag turns (a task of its own): wait for the work
-        await wait_for(lambda: standby.elector.is_leader and bool(standby.started), timeout=4)
+        await eventually(lambda: standby.elector.is_leader and bool(standby.started), timeout=4)
         assert leader.work_cancelled[0] < standby.started[0], "the old leader stops before the new starts"
         clients[0].limiter = TokenBucket(0, 1)  # unstall, so shutdown need not wait out the release timeout
         tg.cancel_scope.cancel()
@@ -173,14 +169,14 @@ async def test_stolen_lease_stops_leading_at_once(clients: list[KubeClient]) -> 
     leader = Candidate(clients[0], "victim", lease_duration=10.0, renew_deadline=8.0, retry_period=0.2)
     async with anyio.create_task_group() as tg:
         tg.start_soon(leader.elector.run)
-        await wait_for(lambda: leader.elector.is_leader)
+        await eventually(lambda: leader.elector.is_leader)
         current = await lease(clients[1])
         current["spec"]["holderIdentity"] = "intruder"
         current["spec"]["renewTime"] = micro_time()
         await clients[1].replace(r.LEASES, current)
         stolen_at = time.monotonic()
         # at its next retry (0.2 s), long before its renew deadline (8 s) would have stopped it
-        await wait_for(lambda: not leader.elector.is_leader, timeout=5)
+        await eventually(lambda: not leader.elector.is_leader, timeout=5)
         assert time.monotonic() - stolen_at < 4.0
         assert leader.work_cancelled and leader.stopped
         assert leader.elector.observed_holder == "intruder"
@@ -196,9 +192,10 @@ async def test_lease_expiry_is_measured_on_the_injected_clock(clients: list[Kube
     from tfusion.kube.clock import ManualClock
 
     clock = ManualClock()
-    timing = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
-    holder = LeaderElector(clients[0], namespace=NS, identity="holder", clock=clock, **timing)
-    standby = LeaderElector(clients[1], namespace=NS, identity="standby", clock=clock, **timing)
+    elector = functools.partial(LeaderElector, namespace=NS, clock=clock, lease_duration=15.0, renew_deadline=10.0,
+                               retry_period=2.0)
+    holder = elector(clients[0], identity="holder")
+    standby = elector(clients[1], identity="standby")
 
     async def settle() -> None:  # let HTTP round trips finish between clock steps
         for _ in range(5):

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
+from tests.helpers import eventually
+from tests.helpers.controller import (
     controllers,
     create_gpu,
     create_pool,
-    eventually,
     gpu_available,
     kube_client,
     settings_for,

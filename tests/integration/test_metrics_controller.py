@@ -12,17 +12,8 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import apply_crds
-from tests.helpers import Clock
-from tests.integration.test_controller_allocation import (
-    POOL,
-    controllers,
-    create_gpu,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
-    worker,
-)
+from tests.helpers import Clock, eventually
+from tests.helpers.controller import POOL, controllers, create_gpu, kube_client, settings_for, start_controller, worker
 from tfusion.api import annotations as tfa
 from tfusion.controller.metrics import TABLES, ControllerRecorder
 from tfusion.kube import resources as r

@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.helpers import no_error_logged_fixture
-from tests.integration.test_controller_allocation import (
-    controllers,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
-)
+from tests.helpers import eventually, no_error_logged_fixture
+from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tfusion.api import annotations as tfa
 from tfusion.controller.role import ControllerRuntime, configure
 from tfusion.kube import resources as r

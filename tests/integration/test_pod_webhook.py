@@ -10,7 +10,6 @@ import base64
 import datetime as dt
 import shutil
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,82 +20,29 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
-    Controller,
-    controllers,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
+from tests.helpers import eventually
+from tests.helpers.controller import Controller, controllers, start_controller
+from tests.helpers.scheduler_index import gone
+from tests.helpers.webhook import (
+    BARE,
+    OPS,
+    POOL,
+    SERVICE,
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    pod,
+    serve_webhook,
+    webhook_settings,
 )
-from tests.integration.test_scheduler_index import gone
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
-from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
 
-OPS = "tf-ops"
-SERVICE = "tensor-fusion-webhook"
-POOL = "pool-a"
-PRIORITY_CLASSES = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
 CRDS = r.ApiResource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
-BARE = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
-
-
-@pytest.fixture
-async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
-    await apply_crds(apiserver)
-    async with kube_client(apiserver) as client:
-        await client.create(r.NAMESPACES, {"metadata": {"name": OPS}})
-        await client.create(r.GPUPOOLS, {"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
-                                         "spec": {"nodeManagerConfig": {}}})
-        await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
-            "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
-        for name, value in (("high", 10000), ("critical", 100000)):
-            await client.create(PRIORITY_CLASSES, {"metadata": {"name": f"tensor-fusion-{name}"}, "value": value})
-        yield client
-
-
-def webhook_settings(apiserver: Any, tmp_path: Path, **changes: Any) -> Settings:
-    return settings_for(apiserver, tmp_path, dynamic_config_interval=0.1, **changes)
-
-
-async def serve_webhook(tg: Any, kube: KubeClient, settings: Settings) -> Controller:
-    """A controller whose webhook is reachable through the Service, registered with a caBundle."""
-    ctl = await start_controller(tg, settings)
-    webhook = ctl.runtime.webhook
-    assert webhook is not None
-    service = {"metadata": {"name": SERVICE, "namespace": OPS},
-               "spec": {"ports": [{"port": 443, "targetPort": webhook.address[1]}]}}
-    try:
-        await kube.create(r.SERVICES, service, namespace=OPS)
-    except KubeError:
-        current = await kube.get(r.SERVICES, SERVICE, namespace=OPS)
-        await kube.replace(r.SERVICES, {**current, "spec": {**current["spec"], **service["spec"]}}, namespace=OPS)
-
-    async def registered() -> bool:
-        try:
-            config = await kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
-        except KubeError:
-            return False
-        return config["webhooks"][0]["clientConfig"].get("caBundle") == webhook.certs.ca_bundle
-
-    await eventually(registered, what="the MutatingWebhookConfiguration with the caBundle")
-    return ctl
-
-
-def pod(name: str, notes: dict[str, str] | None = None, *, labels: dict[str, str] | None = None,
-        containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": {tfa.ENABLED: "true", **(labels or {})},
-                         "annotations": dict(notes or {})},
-            "spec": {"containers": containers or [{"name": "app", "image": "python:3.11-slim"}]}}
 
 
 async def served_certificate(port: int) -> x509.Certificate:
@@ -182,7 +128,7 @@ async def test_native_gpu_pods_migrate_with_auto_migration(apiserver: Any, kube:
 
         async def widened() -> bool:
             config = await kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
-            return config["webhooks"][0]["objectSelector"]["matchExpressions"][0]["operator"] == "NotIn"
+            return bool(config["webhooks"][0]["objectSelector"]["matchExpressions"][0]["operator"] == "NotIn")
 
         await eventually(widened, what="the objectSelector widened for auto-migration")
         migrated = await kube.create(r.PODS, native, namespace="default")

@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
+from tests.helpers import eventually
+from tests.helpers.controller import (
     controllers,
     create_gpu,
     create_pool,
-    eventually,
     kube_client,
     probe_pod,
     settings_for,
     start_controller,
 )
-from tests.integration.test_progressive_migration import NATIVE_GPUS, running_worker
-from tests.integration.test_scheduler import create_node, gpu_pod, scheduler_of
+from tests.helpers.progressive import NATIVE_GPUS, running_worker
+from tests.helpers.scheduler import create_node, gpu_pod, scheduler_of
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import controllers, eventually, kube_client
-from tests.integration.test_pod_webhook import OPS, POOL, serve_webhook, webhook_settings
-from tests.integration.test_scheduler import create_node
+from tests.helpers import eventually
+from tests.helpers.controller import controllers, kube_client
+from tests.helpers.progressive import NATIVE_GPUS, running_worker
+from tests.helpers.scheduler import create_node
+from tests.helpers.webhook import OPS, POOL, serve_webhook, webhook_settings
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.kube import resources as r
@@ -41,16 +43,6 @@ async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
         await create_node(client, "node-a", taints=[OTHER_TAINT], allocatable=NATIVE_GPUS)
         await create_node(client, "node-b", allocatable=NATIVE_GPUS)
         yield client
-
-
-#: what the NVIDIA device plugin advertises on these nodes
-NATIVE_GPUS = {"nvidia.com/gpu": "2"}
-
-
-def running_worker(name: str, node: str) -> dict[str, Any]:
-    """A TensorFusion worker already bound to `node` (as the scheduler leaves one)."""
-    return {"metadata": {"name": name, "namespace": "default", "labels": {tfa.COMPONENT: "worker"}},
-            "spec": {"nodeName": node, "containers": [{"name": "w", "image": "worker"}]}}
 
 
 def native_pod(name: str, gpus: int) -> dict[str, Any]:

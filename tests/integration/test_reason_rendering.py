@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
-    controllers,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
-)
-from tests.integration.test_scheduler import events_for, gpu_pod, one_gpu_node, scheduled_condition
+from tests.helpers import eventually
+from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
+from tests.helpers.scheduler import events_for, gpu_pod, one_gpu_node, scheduled_condition
 from tfusion.api.accessors import Pod
 from tfusion.kube import resources as r
 from tfusion.why import render_text

@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_controller_allocation import Controller, controllers, eventually
-from tests.integration.test_pod_webhook import kube, pod, serve_webhook, webhook_settings  # noqa: F401
+from tests.helpers import eventually
+from tests.helpers.controller import Controller, controllers
+from tests.helpers.webhook import (
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    pod,
+    serve_webhook,
+    webhook_settings,
+)
 from tfusion.api import annotations as tfa
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
@@ -51,7 +57,7 @@ async def replica_pod(client: KubeClient, name: str, owner: dict[str, Any], note
     return await client.create(r.PODS, body, namespace="default")
 
 
-async def test_the_recommendation_overrides_the_pods_requests(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_the_recommendation_overrides_the_pods_requests(apiserver: Any, kube: KubeClient,
                                                               tmp_path: Path) -> None:
     # pods of one ReplicaSet share the workload "trainer", owned by the ReplicaSet (no pod owns
     # it, so none of them takes it along when deleted)
@@ -78,7 +84,7 @@ async def test_the_recommendation_overrides_the_pods_requests(apiserver: Any, ku
         assert workload["spec"]["resources"]["requests"] == {"tflops": "20", "vram": "8Gi"}
 
 
-async def test_without_autoscaling_the_recommendation_is_not_used(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_without_autoscaling_the_recommendation_is_not_used(apiserver: Any, kube: KubeClient,
                                                                   tmp_path: Path) -> None:
     owner = await kube.create(r.REPLICASETS, replicaset("plain"), namespace="default")
     async with controllers() as tg:

@@ -17,15 +17,17 @@ import anyio
 import httpx
 import pytest
 
-from tests.integration.test_controller_allocation import (
-    Controller,
-    controllers,
-    create_gpu,
-    eventually,
-    start_controller,
+from tests.helpers import eventually
+from tests.helpers.controller import Controller, controllers, create_gpu, start_controller
+from tests.helpers.scheduler import create_node
+from tests.helpers.webhook import (
+    BARE,
+    OPS,
+    POOL,
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    serve_webhook,
+    webhook_settings,
 )
-from tests.integration.test_pod_webhook import BARE, OPS, POOL, kube, serve_webhook, webhook_settings  # noqa: F401
-from tests.integration.test_scheduler import create_node
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
@@ -44,27 +46,27 @@ def client_pod(name: str) -> dict[str, Any]:
             "spec": {"serviceAccountName": "default", "containers": [{"name": "app", "image": "python:3.11-slim"}]}}
 
 
-async def get(kube: KubeClient, resource: r.ApiResource, name: str) -> Any:  # noqa: F811
+async def get(kube: KubeClient, resource: r.ApiResource, name: str) -> Any:
     try:
         return await kube.get(resource, name, namespace=NS)
     except NotFound:
         return None
 
 
-async def run_pod(kube: KubeClient, name: str, ip: str) -> dict[str, Any]:  # noqa: F811
+async def run_pod(kube: KubeClient, name: str, ip: str) -> dict[str, Any]:
     """What a kubelet writes once the pod's containers run."""
     return await kube.patch(r.PODS, name, {"status": {
         "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "192.0.2.1",
         "conditions": [{"type": "Ready", "status": "True"}]}}, namespace=NS, subresource="status")
 
 
-async def gpu_cluster(kube: KubeClient, *, gpus: int = 1) -> None:  # noqa: F811
+async def gpu_cluster(kube: KubeClient, *, gpus: int = 1) -> None:
     await create_node(kube, "node-a")
     for i in range(gpus):
         await create_gpu(kube, f"gpu-a{i}", "node-a", index=i)
 
 
-async def token_of(kube: KubeClient, pod: dict[str, Any]) -> str:  # noqa: F811
+async def token_of(kube: KubeClient, pod: dict[str, Any]) -> str:
     return await kube.request_token(NS, "default", bound_pod={"name": pod["metadata"]["name"],
                                                               "uid": pod["metadata"]["uid"]})
 
@@ -82,12 +84,12 @@ async def waiting(ctl: Controller) -> float:
     raise AssertionError("tfusion_connection_waiters is not in /metrics")
 
 
-async def bound_worker(kube: KubeClient, name: str) -> Any:  # noqa: F811
+async def bound_worker(kube: KubeClient, name: str) -> Any:
     pod = await get(kube, r.PODS, name)
     return pod if pod and pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp") else None
 
 
-async def test_client_pod_gets_a_dedicated_worker_and_its_url(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_client_pod_gets_a_dedicated_worker_and_its_url(apiserver: Any, kube: KubeClient,
                                                               tmp_path: Path) -> None:
     await gpu_cluster(kube)
     async with controllers() as tg:
@@ -184,11 +186,11 @@ async def _waiting_at_least(ctl: Controller, count: int) -> bool:
     return await waiting(ctl) >= count
 
 
-async def _gone(kube: KubeClient, resource: r.ApiResource, name: str) -> bool:  # noqa: F811
+async def _gone(kube: KubeClient, resource: r.ApiResource, name: str) -> bool:
     return await get(kube, resource, name) is None
 
 
-async def lonely_connection(kube: KubeClient) -> tuple[str, str]:  # noqa: F811
+async def lonely_connection(kube: KubeClient) -> tuple[str, str]:
     """A client pod whose worker cannot be scheduled (there is no GPU): (connection, the pod's token)."""
     created = await kube.create(r.PODS, client_pod("lonely"), namespace=NS)
     name = connection_of(created)
@@ -203,7 +205,7 @@ async def answered(ctl: Controller, code: str) -> float:
     return 0.0
 
 
-async def test_a_worker_that_does_not_come_in_time_is_504(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_a_worker_that_does_not_come_in_time_is_504(apiserver: Any, kube: KubeClient,
                                                           tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, connection_wait=1.0))
@@ -214,7 +216,7 @@ async def test_a_worker_that_does_not_come_in_time_is_504(apiserver: Any, kube: 
 
 
 async def test_a_client_that_leaves_leaves_no_waiter_and_a_broken_watch_is_503(
-        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     async with controllers() as tg:
         # a wait far longer than the test: only the client's leaving can end its request
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, connection_wait=600.0))
@@ -243,13 +245,13 @@ async def _answered_at_least(ctl: Controller, code: str, count: int) -> bool:
     return await answered(ctl, code) >= count
 
 
-async def workers_of(kube: KubeClient, workload: str) -> list[dict[str, Any]]:  # noqa: F811
+async def workers_of(kube: KubeClient, workload: str) -> list[dict[str, Any]]:
     pods = await kube.list(r.PODS, namespace=NS, label_selector=f"{tfa.WORKLOAD}={workload}")
     return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")),
                   key=lambda p: p["metadata"]["name"])
 
 
-async def test_fixed_replicas_scale_replace_and_spread_connections(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_fixed_replicas_scale_replace_and_spread_connections(apiserver: Any, kube: KubeClient,
                                                                    tmp_path: Path) -> None:
     await gpu_cluster(kube, gpus=2)
     spec = {"replicas": 2, "poolName": POOL, "isLocalGPU": False, "qos": "medium",
@@ -339,7 +341,7 @@ async def test_fixed_replicas_scale_replace_and_spread_connections(apiserver: An
 
 
 @pytest.mark.parametrize("auth_off", [False, True], ids=["token", "DISABLE_CONNECTION_AUTH"])
-async def test_a_follower_answers_from_its_own_cache(apiserver: Any, kube: KubeClient, tmp_path: Path,  # noqa: F811
+async def test_a_follower_answers_from_its_own_cache(apiserver: Any, kube: KubeClient, tmp_path: Path,
                                                      auth_off: bool) -> None:
     # another replica leads (the test holds the Lease): this one runs no reconciler, only the route
     await kube.create(r.LEASES, {"metadata": {"name": LEASE_NAME, "namespace": OPS}, "spec": {

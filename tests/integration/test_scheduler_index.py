@@ -11,20 +11,14 @@ from typing import Any
 import pytest
 
 from tests.apiserver_fixture import apply_crds
-from tests.integration.test_controller_allocation import (
-    controllers,
-    create_gpu,
-    create_pool,
-    eventually,
-    kube_client,
-    settings_for,
-    start_controller,
-)
-from tests.integration.test_scheduler import bound, create_node, gpu_pod, scheduled_condition
+from tests.helpers import eventually
+from tests.helpers.controller import controllers, create_gpu, create_pool, kube_client, settings_for, start_controller
+from tests.helpers.scheduler import bound, create_node, gpu_pod, scheduled_condition
+from tests.helpers.scheduler_index import gone
 from tfusion.allocator.framework import INDEX_BUSY
 from tfusion.api import annotations as tfa
 from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient, NotFound
+from tfusion.kube.client import KubeClient
 
 pytestmark = pytest.mark.anyio
 
@@ -45,14 +39,6 @@ def indexed_pod(name: str, index: int) -> dict[str, Any]:
 def index_limits(pod: dict[str, Any]) -> dict[str, str]:
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     return {k: v for k, v in limits.items() if k.startswith(tfa.INDEX_RESOURCE_PREFIX)}
-
-
-async def gone(kube: KubeClient, name: str) -> bool:
-    try:
-        await kube.get(r.PODS, name, namespace="default")
-    except NotFound:
-        return True
-    return False
 
 
 async def test_two_pods_on_one_node_carry_distinct_index_annotations_and_limits(

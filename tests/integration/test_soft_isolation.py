@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +18,19 @@ import pytest
 
 from tests import c as creader
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tfusion.api import annotations
+from tests.helpers import eventually
+from tests.helpers.soft_isolation import NODE, SPEC, hypervisor, setup_node
+from tfusion.api import annotations as tfa
 from tfusion.hypervisor import role
 from tfusion.hypervisor.shm.store import ShmStore
 from tfusion.kube.client import KubeClient, NotFound
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS, SCHEDULINGCONFIGTEMPLATES, SERVICEACCOUNTS
+from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS, SCHEDULINGCONFIGTEMPLATES
 from tfusion.settings import Settings
 
-pytestmark = pytest.mark.anyio
+#: what a check raises while the hypervisor has not caught up yet
+NOT_YET = (AssertionError, NotFound, KeyError, FileNotFoundError, RuntimeError)
 
-NODE = "gpu-node-soft"
-SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
@@ -38,38 +38,6 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if creader.gcc() is None:
         pytest.skip("no C compiler")
     return creader.build(tmp_path_factory.mktemp("shm-reader"))
-
-
-@asynccontextmanager
-async def hypervisor(apiserver: ApiServerHandle, state: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state), "shm_root": str(state / "shm"),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(role.run, settings)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            yield http
-        tg.cancel_scope.cancel()
-
-
-async def eventually(check: Any, timeout: float = 15.0) -> Any:
-    with anyio.fail_after(timeout):
-        while True:
-            try:
-                return await check()
-            except (AssertionError, NotFound, KeyError, FileNotFoundError, RuntimeError):
-                await anyio.sleep(0.1)
-
-
-async def setup_node(kube: KubeClient) -> None:
-    pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-soft"}, "spec": {"nodeManagerConfig": {}}})
-    await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
-        "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-soft",
-        "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
-    try:
-        await kube.create(SERVICEACCOUNTS, {"metadata": {"name": "default", "namespace": "default"}})
-    except Exception:  # the API server may have made it
-        pass
 
 
 def sleeper(pod: str) -> subprocess.Popen[bytes]:
@@ -89,17 +57,18 @@ async def test_soft_worker_shared_memory_end_to_end(apiserver: ApiServerHandle, 
         stray.parent.mkdir(parents=True)
         stray.write_bytes(b"\0" * 35504)
         async with hypervisor(apiserver, tmp_path) as http:
-            async def swept() -> None:
+            async def swept() -> bool:
                 assert not stray.exists() and not (tmp_path / "shm" / "gone").exists()
+                return True
 
-            await eventually(swept)
+            await eventually(swept, 15, retry_on=NOT_YET)
             h100 = (await http.get("/api/v1/devices")).json()["data"][2]["UUID"]
             pod = await kube.create(PODS, {
-                "metadata": {"name": "soft-0", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                             "annotations": {annotations.GPU_IDS: h100, annotations.GPU_POOL: "pool-soft",
-                                             annotations.ISOLATION: "soft",
-                                             annotations.TFLOPS_REQUEST: "100", annotations.VRAM_REQUEST: "8Gi",
-                                             annotations.TFLOPS_LIMIT: "200", annotations.VRAM_LIMIT: "16Gi"}},
+                "metadata": {"name": "soft-0", "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
+                             "annotations": {tfa.GPU_IDS: h100, tfa.GPU_POOL: "pool-soft",
+                                             tfa.ISOLATION: "soft",
+                                             tfa.TFLOPS_REQUEST: "100", tfa.VRAM_REQUEST: "8Gi",
+                                             tfa.TFLOPS_LIMIT: "200", tfa.VRAM_LIMIT: "16Gi"}},
                 "spec": {"nodeName": NODE, "serviceAccountName": "default",
                          "containers": [{"name": "main", "image": "busybox"}]}})
             uid = pod["metadata"]["uid"]
@@ -110,7 +79,7 @@ async def test_soft_worker_shared_memory_end_to_end(apiserver: ApiServerHandle, 
                 assert seen["devices"], seen
                 return dict(seen)
 
-            seen = await eventually(written)
+            seen = await eventually(written, 15, retry_on=NOT_YET)
             token = await kube.request_token("default", "default", bound_pod={"name": "soft-0", "uid": uid})
             auth = {"Authorization": f"Bearer {token}"}
             info = (await http.get("/api/v1/pod", params={"container_name": "main"}, headers=auth)).json()
@@ -124,16 +93,18 @@ async def test_soft_worker_shared_memory_end_to_end(apiserver: ApiServerHandle, 
 
             first = seen["last_heartbeat"]
 
-            async def beating() -> None:
+            async def beating() -> bool:
                 assert creader.run(reader, shm)["last_heartbeat"] > first
+                return True
 
-            await eventually(beating)
+            await eventually(beating, 15, retry_on=NOT_YET)
 
-            async def rate_controlled() -> None:
+            async def rate_controlled() -> bool:
                 now = creader.run(reader, shm)["devices"][0]
                 assert now["capacity"] >= 200.0 and now["refill_rate"] != 10.0  # the ERL wrote its numbers
+                return True
 
-            await eventually(rate_controlled)
+            await eventually(rate_controlled, 15, retry_on=NOT_YET)
             took = creader.run(reader, shm, "take", 2, 1)
             assert took["taken"] is True and took["after"] == pytest.approx(took["before"] - 1, abs=60)
 
@@ -148,10 +119,11 @@ async def test_soft_worker_shared_memory_end_to_end(apiserver: ApiServerHandle, 
             child.kill()
             child.wait()
 
-            async def pruned() -> None:
+            async def pruned() -> bool:
                 assert creader.run(reader, shm)["pids"] == []
+                return True
 
-            await eventually(pruned)
+            await eventually(pruned, 15, retry_on=NOT_YET)
             ready = (await http.get("/readyz")).json()
             by_name = {c["name"]: c for c in ready["conditions"]}
             assert by_name["shm-sync"]["ready"] is True and "1 shared-memory file" in by_name["shm-sync"]["message"]
@@ -165,10 +137,11 @@ async def test_soft_worker_shared_memory_end_to_end(apiserver: ApiServerHandle, 
             # the pod's own file goes with the pod
             await kube.delete(PODS, "soft-0", namespace="default", grace_period_seconds=0)
 
-            async def removed() -> None:
+            async def removed() -> bool:
                 assert not shm.exists() and not shm.parent.exists()
+                return True
 
-            await eventually(removed)
+            await eventually(removed, 15, retry_on=NOT_YET)
     finally:
         for child in children:
             if child.poll() is None:
@@ -189,9 +162,9 @@ async def test_an_unusable_file_is_reported_not_replaced(apiserver: ApiServerHan
             a100 = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
             pod = await kube.create(PODS, {
                 "metadata": {"name": "blocked-0", "namespace": "default",
-                             "labels": {annotations.COMPONENT: "worker"},
-                             "annotations": {annotations.GPU_IDS: a100, annotations.GPU_POOL: "pool-soft",
-                                             annotations.ISOLATION: "soft"}},
+                             "labels": {tfa.COMPONENT: "worker"},
+                             "annotations": {tfa.GPU_IDS: a100, tfa.GPU_POOL: "pool-soft",
+                                             tfa.ISOLATION: "soft"}},
                 "spec": {"nodeName": NODE, "serviceAccountName": "default",
                          "containers": [{"name": "main", "image": "busybox"}]}})
             token = await kube.request_token("default", "default",
@@ -203,17 +176,18 @@ async def test_an_unusable_file_is_reported_not_replaced(apiserver: ApiServerHan
                 assert body.get("success") is False, body
                 return dict(body)
 
-            body = await eventually(refused)
+            body = await eventually(refused, 15, retry_on=NOT_YET)
             assert body["message"].startswith("Failed to prepare shared memory:") and body["data"] is None
             process = (await http.post("/api/v1/process", params={"container_name": "main", "container_pid": "1"},
                                        headers={"Authorization": f"Bearer {token}"})).json()
             assert process["success"] is False and process["message"].startswith("Failed to prepare shared memory:")
 
-            async def not_ready() -> None:
+            async def not_ready() -> bool:
                 sync = next(c for c in (await http.get("/readyz")).json()["conditions"] if c["name"] == "shm-sync")
                 assert sync["ready"] is False and "default/blocked-0" in sync["message"]
+                return True
 
-            await eventually(not_ready)
+            await eventually(not_ready, 15, retry_on=NOT_YET)
             assert (blocked / "keep").read_text() == "someone else's"
     finally:
         await kube.close()
@@ -236,22 +210,23 @@ async def test_local_backend_soft_worker_knows_its_file(tmp_path: Path, reader: 
                         "limits": {"computePercent": "25", "vram": "2Gi"}})
                     assert created.status_code == 201, created.text
                     assert created.json()["data"]["Envs"]["TF_SHM_PATH"] == str(shm)
-                    seen = await eventually(lambda: _read_async(reader, shm))
+                    seen = await eventually(lambda: _read_async(reader, shm), 15, retry_on=NOT_YET)
                     assert (seen["devices"][0]["up_limit"], seen["devices"][0]["mem_limit"]) == (25, 2 * 1024**3)
                     assert creader.run(reader, shm, "take", seen["devices"][0]["slot"], 30)["taken"] is True
                     outside = ShmStore(tmp_path / "shm").open("default", "local-0")
                     outside.add_pid(os.getpid())  # a live PID: it must still be there after the restart
                     outside.close()
                 else:
-                    again = await eventually(lambda: _read_async(reader, shm))
+                    again = await eventually(lambda: _read_async(reader, shm), 15, retry_on=NOT_YET)
                     assert again["devices"][0]["up_limit"] == 25
                     assert again["pids"] == [os.getpid()]  # opened, not truncated, after the restart
                     assert (await http.delete("/api/v1/workers/local-0")).status_code == 200
 
-                    async def gone() -> None:
+                    async def gone() -> bool:
                         assert not shm.parent.exists()
+                        return True
 
-                    await eventually(gone)
+                    await eventually(gone, 15, retry_on=NOT_YET)
             tg.cancel_scope.cancel()
 
 
@@ -280,17 +255,18 @@ async def test_rate_limit_parameters_come_from_the_pools_template(apiserver: Api
         async with hypervisor(apiserver, tmp_path) as http:
             a100 = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
             await kube.create(PODS, {
-                "metadata": {"name": "tpl-0", "namespace": "default", "labels": {annotations.COMPONENT: "worker"},
-                             "annotations": {annotations.GPU_IDS: a100, annotations.GPU_POOL: "pool-tpl",
-                                             annotations.ISOLATION: "soft"}},
+                "metadata": {"name": "tpl-0", "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
+                             "annotations": {tfa.GPU_IDS: a100, tfa.GPU_POOL: "pool-tpl",
+                                             tfa.ISOLATION: "soft"}},
                 "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox"}]}})
             shm = tmp_path / "shm" / "default" / "tpl-0" / "shm"
 
-            async def capped() -> None:
+            async def capped() -> bool:
                 device = creader.run(reader, shm)["devices"][0]
                 assert device["capacity"] != 100.0  # the ERL has run (100 is the fresh file's value)
                 assert device["capacity"] == 600.0, device  # capped by the template, not by 200000
+                return True
 
-            await eventually(capped)
+            await eventually(capped, 15, retry_on=NOT_YET)
     finally:
         await kube.close()

@@ -17,9 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_controller_allocation import controllers, start_controller
-from tests.integration.test_hypervisor_kubernetes import kube_hypervisor
-from tests.integration.test_pod_webhook import kube, webhook_settings  # noqa: F401
+from tests.helpers.controller import controllers, start_controller
+from tests.helpers.kube_hypervisor import (
+    kube_hypervisor,
+    kube_with_crds,  # noqa: F401  (the `kube` fixture of these tests)
+)
+from tests.helpers.webhook import (
+    webhook_settings,
+)
 from tfusion.kube import resources as r
 from tfusion.kube.auth import AUTH_FORMS
 from tfusion.kube.client import KubeClient, KubeError
@@ -68,7 +73,7 @@ def assert_one_answer(found: list[tuple[str, int, str]], status: int, start: str
     assert found[0][2].startswith(start), found
 
 
-async def test_token_routes_refuse_alike(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+async def test_token_routes_refuse_alike(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     await kube.create(r.SERVICEACCOUNTS, {"metadata": {"name": "stranger", "namespace": "default"}},
                       namespace="default")
     unrelated = await kube.request_token("default", "stranger")

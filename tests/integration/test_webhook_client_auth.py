@@ -14,8 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_controller_allocation import controllers
-from tests.integration.test_pod_webhook import BARE, kube, pod, serve_webhook, webhook_settings  # noqa: F401
+from tests.helpers.controller import controllers
+from tests.helpers.webhook import (
+    BARE,
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    pod,
+    serve_webhook,
+    webhook_settings,
+)
 from tfusion.api import annotations as tfa
 from tfusion.apiserver.webhooks import issue_client_identity
 from tfusion.controller.webhook.server import PATH
@@ -43,7 +49,7 @@ def client_context(ca_bundle: str, identity: tuple[bytes, bytes] | None) -> ssl.
     return context
 
 
-async def test_only_the_api_servers_certificate_gets_an_answer(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_only_the_api_servers_certificate_gets_an_answer(apiserver: Any, kube: KubeClient,
                                                                tmp_path: Path) -> None:
     ca_file = webhook_client_ca_path(apiserver.state)
     assert ca_file.exists(), "the embedded API server writes its webhook client CA beside its state"

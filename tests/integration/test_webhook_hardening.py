@@ -26,8 +26,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.test_controller_allocation import controllers, eventually
-from tests.integration.test_pod_webhook import BARE, kube, pod, serve_webhook, webhook_settings  # noqa: F401
+from tests.helpers import eventually
+from tests.helpers.controller import controllers
+from tests.helpers.webhook import (
+    BARE,
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    pod,
+    serve_webhook,
+    webhook_settings,
+)
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook.server import PATH
 from tfusion.controller.webhook.workloads import AWAITING_POD
@@ -74,7 +81,7 @@ async def workload_names(client: KubeClient, prefix: str) -> list[str]:
             if w["metadata"]["name"].startswith(prefix)]
 
 
-async def test_reviews_for_pods_that_never_come_leave_no_workload(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_reviews_for_pods_that_never_come_leave_no_workload(apiserver: Any, kube: KubeClient,
                                                                   tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
@@ -115,7 +122,7 @@ def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-async def test_bodies_out_of_bounds_are_400(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+async def test_bodies_out_of_bounds_are_400(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
         async with httpx.AsyncClient(base_url=webhook_url(ctl), verify=trust(ctl), timeout=30) as http:
@@ -165,7 +172,7 @@ def replaced(obj: Any, path: str, value: Any) -> Any:
     return obj
 
 
-async def test_a_field_of_the_wrong_type_anywhere_is_a_denial_naming_it(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_a_field_of_the_wrong_type_anywhere_is_a_denial_naming_it(apiserver: Any, kube: KubeClient,
                                                                           tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
@@ -178,7 +185,7 @@ async def test_a_field_of_the_wrong_type_anywhere_is_a_denial_naming_it(apiserve
                 assert path.split(".")[-1] in response["status"]["message"], (path, response)
 
 
-async def test_a_pod_named_a_dot_is_refused_with_422(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_a_pod_named_a_dot_is_refused_with_422(apiserver: Any, kube: KubeClient,
                                                      tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
@@ -242,7 +249,7 @@ def pods(draw: st.DrawFn) -> Any:
     return body
 
 
-async def test_fuzzed_pods_never_get_a_5xx(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+async def test_fuzzed_pods_never_get_a_5xx(apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
         context, url = trust(ctl), webhook_url(ctl)
@@ -266,7 +273,7 @@ async def test_fuzzed_pods_never_get_a_5xx(apiserver: Any, kube: KubeClient, tmp
 
 
 async def test_a_mark_left_by_a_controller_killed_meanwhile_is_acted_on_at_start(
-        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     """The webhook's mark lives on the workload, so the next leader deletes what its predecessor
     created for a pod that never came, and leaves alone what was not the webhook's."""
     spec = {"poolName": "pool-a", "resources": {"requests": {"tflops": "1", "vram": "1Gi"},
@@ -291,7 +298,7 @@ async def test_a_mark_left_by_a_controller_killed_meanwhile_is_acted_on_at_start
 
 
 async def test_a_bare_pod_gone_before_it_adopted_its_workload_leaves_none(
-        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:  # noqa: F811
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     """A pod of the workload that has yet to become its owner keeps the workload marked (and
     kept); once that pod is gone without adopting it, nothing would ever own it, so it goes."""
     async with controllers() as tg:

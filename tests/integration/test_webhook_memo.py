@@ -16,8 +16,14 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.test_controller_allocation import controllers, create_gpu, eventually
-from tests.integration.test_pod_webhook import POOL, kube, serve_webhook, webhook_settings  # noqa: F401
+from tests.helpers import eventually
+from tests.helpers.controller import controllers, create_gpu
+from tests.helpers.webhook import (
+    POOL,
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    serve_webhook,
+    webhook_settings,
+)
 from tfusion.api import annotations as tfa
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.memo import ReviewMemo
@@ -60,7 +66,7 @@ def service(ctl: Any) -> WebhookService:
 
 
 async def quota(client: KubeClient, tflops: str) -> None:
-    body = {"metadata": {"name": "q", "namespace": "default"}, "spec": {"single": {
+    body: dict[str, Any] = {"metadata": {"name": "q", "namespace": "default"}, "spec": {"single": {
         "defaultRequests": {"tflops": tflops, "vram": "2Gi"}, "defaultLimits": {"tflops": tflops, "vram": "2Gi"}}}}
     try:
         current = await client.get(r.GPURESOURCEQUOTAS, "q", namespace="default")
@@ -87,7 +93,7 @@ async def settled(webhook: WebhookService) -> None:
     await cached(webhook, r.GPUPOOLS, POOL, lambda pool: pool["metadata"].get("finalizers"))
 
 
-async def test_identical_replicas_share_the_answer_until_what_it_read_changes(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_identical_replicas_share_the_answer_until_what_it_read_changes(apiserver: Any, kube: KubeClient,
                                                                                tmp_path: Path) -> None:
     await quota(kube, "5")
     async with controllers() as tg:
@@ -118,7 +124,7 @@ async def test_identical_replicas_share_the_answer_until_what_it_read_changes(ap
         assert again[0] == after[0] and webhook.memo.hits == 1
 
 
-async def test_a_dedicated_pod_reads_the_gpu_capacity_again_when_it_changes(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_a_dedicated_pod_reads_the_gpu_capacity_again_when_it_changes(apiserver: Any, kube: KubeClient,
                                                                             tmp_path: Path) -> None:
     notes = {tfa.DEDICATED_GPU: "true", tfa.GPU_MODEL: "H100"}
     async with controllers() as tg:
@@ -139,7 +145,7 @@ async def test_a_dedicated_pod_reads_the_gpu_capacity_again_when_it_changes(apis
         assert webhook.memo.hits == 1
 
 
-async def test_per_pod_claims_are_never_remembered(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_per_pod_claims_are_never_remembered(apiserver: Any, kube: KubeClient,
                                                  tmp_path: Path) -> None:
     containers = [{"name": "app", "image": "srv", "ports": [{"name": "http", "containerPort": 80}]}]
     notes = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
@@ -165,7 +171,7 @@ def review(pod: dict[str, Any], uid: str) -> dict[str, Any]:
         "namespace": "default", "object": pod, "dryRun": True}}
 
 
-async def test_replicas_stamped_in_different_seconds_share_the_answer(apiserver: Any, kube: KubeClient,  # noqa: F811
+async def test_replicas_stamped_in_different_seconds_share_the_answer(apiserver: Any, kube: KubeClient,
                                                                       tmp_path: Path) -> None:
     """kube-apiserver fills in managedFields (to the second) before admission; the memo looks past them."""
     notes = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}

@@ -9,14 +9,18 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_controller_allocation import controllers
-from tests.integration.test_pod_webhook import kube, pod, serve_webhook, webhook_settings
+from tests.helpers.controller import controllers
+from tests.helpers.webhook import (
+    kube_with_webhook_objects,  # noqa: F401  (the `kube` fixture of these tests)
+    pod,
+    serve_webhook,
+    webhook_settings,
+)
 from tfusion.api import annotations as tfa
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
 
 pytestmark = pytest.mark.anyio
-__all__ = ["kube"]  # the fixture: a namespace, a default pool and a provider config
 
 
 async def test_a_request_above_its_limit_is_refused_and_an_equal_one_admitted(apiserver: Any, kube: KubeClient,

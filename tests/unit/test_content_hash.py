@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tfusion.api.accessors import GpuPool, Workload
 from tfusion.api.hashing import content_hash
 from tfusion.controller.reconcilers.nodeselector import selector_hash
 from tfusion.controller.reconcilers.workers import template_hash
@@ -38,12 +39,13 @@ def test_the_hash_is_the_one_json_dumps_gave(value: Any) -> None:
 
 def test_the_hashes_tfusion_stores_are_unchanged() -> None:
     client = {"resources": {"limits": {"cpu": "1"}}, "env": [{"name": "GREETING", "value": "grüß dich 😀\x7f"}]}
-    pool = {"spec": {"componentConfig": {"client": client, "worker": client, "hypervisor": {"portNumber": 8000}},
+    components = {"client": client, "worker": client, "hypervisor": {"portNumber": 8000}}
+    pool: dict[str, Any] = {"spec": {"componentConfig": components,
                      "nodeManagerConfig": {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
                          {"key": "zone", "operator": "In", "values": ["zürich"]}]}]}}}}
     workload = {"spec": {"replicas": 3, "gpuCount": 1, "qos": "high", "ratio": 0.75}}
     assert pool_template_hash(pool) == old_hash(client, 10)
-    assert template_hash(pool, workload) == old_hash(
+    assert template_hash(GpuPool(pool), Workload(workload)) == old_hash(
         {"worker": client, "hypervisorPort": 8000, "spec": {"gpuCount": 1, "qos": "high", "ratio": 0.75}}, 10)
     config = pool["spec"]["nodeManagerConfig"]
     assert selector_hash(pool) == old_hash([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], 16)

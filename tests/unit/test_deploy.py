@@ -7,45 +7,23 @@ hypervisor do and not more than they need of Secrets."""
 from __future__ import annotations
 
 import copy
-import functools
-import shutil
-import subprocess
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from tests.helpers.deploy import DEPLOY, KUBECTL, REPO, Doc, by_key, rendered
 from tfusion.api import crds
 from tfusion.api.annotations import priority_class_name
 from tfusion.api.schema import apply_defaults, prune, unknown_fields, validate
 from tfusion.apiserver import rbac
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
 OVERLAYS = ("builtin-scheduler", "kube-scheduler", "defaults")
-KUBECTL = shutil.which("kubectl")
 NAMESPACE = "tensor-fusion-sys"
 CONTROLLER_SA = rbac.service_account_user(NAMESPACE, "tensor-fusion-operator")
 HYPERVISOR_SA = rbac.service_account_user(NAMESPACE, "tensor-fusion-hypervisor-sa")
 RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
-
-Doc = dict[str, Any]
-
-
-@functools.cache
-def rendered(overlay: str) -> tuple[Doc, ...]:
-    assert KUBECTL is not None
-    out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "overlays" / overlay)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
-
-
-def by_key(overlay: str) -> dict[tuple[str, str], Doc]:
-    return {(d["kind"], d["metadata"]["name"]): d for d in rendered(overlay)}
 
 
 def is_ours(doc: Doc) -> bool:

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from tests.unit.test_deploy import KUBECTL, by_key
+from tests.helpers.deploy import KUBECTL, by_key
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
@@ -19,7 +19,7 @@ def test_only_address_blocks_reach_the_webhook_port() -> None:
     peers = rules[0]["from"]
     assert peers and all(set(peer) == {"ipBlock"} for peer in peers), peers
     for peer in peers:
-        network = ipaddress.ip_network(peer["ipBlock"]["cidr"])
-        assert network.is_private or network.subnet_of(ipaddress.ip_network("100.64.0.0/10")), network
+        network = ipaddress.IPv4Network(peer["ipBlock"]["cidr"])
+        assert network.is_private or network.subnet_of(ipaddress.IPv4Network("100.64.0.0/10")), network
     probes = [r for r in policy["ingress"] if any(p.get("port") == 8081 for p in r.get("ports") or [])]
     assert len(probes) == 1 and "from" not in probes[0]  # the kubelet's address is not known: open

@@ -149,7 +149,7 @@ async def test_without_event_support_the_watch_just_returns(nvml: Path, monkeypa
     await backend.open()
     try:
         with anyio.fail_after(3):
-            await backend.watch_health(lambda: anyio.sleep(0))  # type: ignore[arg-type,return-value]
+            await backend.watch_health(lambda: anyio.sleep(0))
     finally:
         await backend.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.unit.test_webhook_mutate import BARE, OWNER, ctx, tf_pod
+from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
 from tfusion.api.accessors import Body
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
 from tfusion.controller.webhook.mutate import Owner, Plan, analyse
@@ -73,7 +73,7 @@ def test_per_pod_claims_are_not_kept() -> None:
 
 
 def test_status_writes_are_not_changes_beyond_status() -> None:
-    pool = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
+    pool: dict[str, Any] = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
             "metadata": {"name": "p", "resourceVersion": "1", "annotations": {"a": "1"}}, "spec": {"x": 1}}
     written = copy.deepcopy(pool)
     written["metadata"]["resourceVersion"] = "2"

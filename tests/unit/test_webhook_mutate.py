@@ -11,40 +11,12 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.mutate_inputs import BARE, OWNER, POOL, ctx, env_of, pool, tf_pod
 from tfusion.api import annotations as tfa
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse, selects
 from tfusion.controller.webhook.patch import json_diff
 from tfusion.controller.webhook.render import render
-
-POOL = "pool-a"
-
-
-def pool(name: str = POOL, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
-            "spec": {"nodeManagerConfig": {"defaultVendor": "NVIDIA"}, **spec}}
-
-
-PROVIDER = {"metadata": {"name": "nvidia"}, "spec": {
-    "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}}
-
-
-def ctx(**changes: Any) -> Context:
-    base: dict[str, Any] = {"pools": [pool()], "provider_configs": [PROVIDER]}
-    base.update(changes)
-    return Context(**base)
-
-
-def tf_pod(notes: dict[str, str] | None = None, *, labels: dict[str, str] | None = None,
-           containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": "ns", "labels": {tfa.ENABLED: "true", **(labels or {})},
-                         "annotations": dict(notes or {})},
-            "spec": {"containers": containers or [{"name": "app", "image": "python"}]}}
-
-
-BARE = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
-OWNER = Owner(workload_name="p")
 
 
 def mutated(pod: dict[str, Any], context: Context | None = None, owner: Owner = OWNER, *, index: int = 1,
@@ -56,10 +28,6 @@ def mutated(pod: dict[str, Any], context: Context | None = None, owner: Owner = 
     assert json_patch(pod, json_diff(pod, out)) == out, "the patch must apply cleanly and give the mutated pod"
     assert pod == before, "render must not change the pod it was given"
     return out, plan
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
 def test_a_bare_pod_becomes_a_soft_isolated_worker() -> None:

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.unit.test_webhook_mutate import BARE, OWNER, ctx, env_of, pool, tf_pod
+from tests.helpers.mutate_inputs import BARE, OWNER, ctx, env_of, pool, tf_pod
 from tfusion.api import annotations as tfa
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, Plan, analyse

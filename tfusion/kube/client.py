@@ -15,7 +15,7 @@ import builtins
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -437,7 +437,7 @@ class KubeClient:
                     label_selector: str | None = None, field_selector: str | None = None,
                     resource_version: str | None = None, timeout_seconds: int = 290,
                     read_timeout: float | None = None,
-                    allow_bookmarks: bool = True) -> AsyncIterator[WatchEvent]:
+                    allow_bookmarks: bool = True) -> AsyncGenerator[WatchEvent, None]:
         """Yield (type, object) until the server ends the stream (normal after `timeout_seconds`).
         An ERROR event raises its typed error (`Gone` for 410); no data for `read_timeout`
         seconds (default timeout_seconds + 30) raises ServerError. Close it with
