@@ -369,7 +369,7 @@ class Informer:
             self.resource, namespace=self.key.namespace, label_selector=self.key.label_selector,
             field_selector=self.key.field_selector, resource_version=self._rv,
             timeout_seconds=timeout, read_timeout=self.read_timeout)
-        async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(stream) as events:
             async for event in events:
                 got_events = True
                 self._apply(event)
