@@ -406,7 +406,16 @@ async def test_owner_gc_after_finalizers_and_orphan_policy(http: httpx.AsyncClie
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "fowner", "uid": owner["metadata"]["uid"]}
     await http.post(CMS, json={"metadata": {"name": "fchild", "ownerReferences": [ref]}})
     await http.delete(f"{CMS}/fowner")
-    await anyio.sleep(0.2)
+    # the collector takes deletions in order: once a later owner's child is gone, it has seen this one
+    later = (await http.post(CMS, json={"metadata": {"name": "lowner"}})).json()
+    lref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "lowner", "uid": later["metadata"]["uid"]}
+    await http.post(CMS, json={"metadata": {"name": "lchild", "ownerReferences": [lref]}})
+    await http.delete(f"{CMS}/lowner")
+
+    async def later_child_gone() -> bool:
+        return (await http.get(f"{CMS}/lchild")).status_code == 404
+
+    await eventually(later_child_gone, what="the child of an owner deleted later collected")
     assert (await http.get(f"{CMS}/fchild")).status_code == 200  # owner still exists (terminating)
     await http.patch(f"{CMS}/fowner", content=b'{"metadata":{"finalizers":[]}}', headers=MERGE)
 
@@ -418,9 +427,11 @@ async def test_owner_gc_after_finalizers_and_orphan_policy(http: httpx.AsyncClie
     oref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "oowner", "uid": orphan_owner["metadata"]["uid"]}
     await http.post(CMS, json={"metadata": {"name": "ochild", "ownerReferences": [oref]}})
     await http.request("DELETE", f"{CMS}/oowner", json={"propagationPolicy": "Orphan"})
-    await anyio.sleep(0.2)
-    child = (await http.get(f"{CMS}/ochild")).json()
-    assert "ownerReferences" not in child["metadata"]
+
+    async def orphaned() -> bool:
+        return "ownerReferences" not in (await http.get(f"{CMS}/ochild")).json()["metadata"]
+
+    await eventually(orphaned, what="the orphaned child without its ownerReferences")
 
 
 async def test_namespace_deletion_deletes_contents(http: httpx.AsyncClient) -> None:

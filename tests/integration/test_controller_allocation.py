@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 import yaml
@@ -32,7 +31,7 @@ from tests.helpers.controller import (
 from tfusion.allocator import request_from_pod
 from tfusion.api import annotations as tfa
 from tfusion.controller.allocation import AllocatorService
-from tfusion.controller.role import ControllerRuntime, configure
+from tfusion.controller.role import ControllerRole, configure
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.kube.leader import LEASE_NAME, micro_time
@@ -223,7 +222,7 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
         await kube.create(r.PODS, worker("client", "node-b", ["gpu-b1"], tflops="50", vram="10Gi",
                                          component="client"))
 
-        def racing(runtime: ControllerRuntime) -> None:
+        def racing(runtime: ControllerRole) -> None:
             runtime.client = RacingClient(runtime.client.api, kube)
             configure(runtime)
 
@@ -341,7 +340,12 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             follower = await start_controller(
                 tg, settings_for(apiserver, tmp_path, leader_elect=True, pod_name="follower-1"))
             fhttp = follower.http
-            await anyio.sleep(0.3)
+
+            def saw_the_leader() -> bool:
+                elector = follower.runtime.manager.elector
+                return elector is not None and elector.observed_holder == "leader-1"
+
+            await eventually(saw_the_leader, what="the follower read the Lease the leader holds")
             assert not follower.runtime.is_leader
             assert (await fhttp.get("/api/allocation")).json() == {
                 "gpuStore": {}, "nodeWorkerStore": {}, "allocation": {}, "gpuToWorkerMap": {}}
@@ -386,10 +390,10 @@ async def test_requests_wait_for_recovery_and_late_gpus_are_adopted(apiserver: A
             answers.append(await ctl.http.get("/api/allocation"))
 
         tg.start_soon(ask)
-        await anyio.sleep(0.5)
-        assert answers == [], "answered before the allocations were recovered"
+        # a later request's answer says recovery is still waiting; the earlier one has none yet
         ready, message = (await readiness(ctl.http))["allocator"]
         assert not ready and "waiting for the informers" in message
+        assert answers == [], "answered before the allocations were recovered"
         assert (await ctl.http.post("/api/simulate-schedule", content=b"")).status_code == 400, \
             "bad bodies are refused at once"
 
@@ -418,7 +422,7 @@ async def test_orphan_sweep_and_assumed_expiry(apiserver: Any, tmp_path: Path) -
         await create_pool(kube)
         await create_gpu(kube, "gpu-a1", "node-a")
 
-        def prepare(runtime: ControllerRuntime) -> None:
+        def prepare(runtime: ControllerRole) -> None:
             AllocatorService(runtime, orphan_sweep_interval=0.2, assume_ttl=0.6).attach()
 
         ctl = await start_controller(tg, settings_for(apiserver, tmp_path), prepare=prepare)

@@ -117,7 +117,8 @@ async def test_release_on_shutdown_hands_over_within_a_retry_period(clients: lis
         tg.start_soon(_run_in, first_scope, first)
         await eventually(lambda: first.elector.is_leader)
         tg.start_soon(second.elector.run)
-        await anyio.sleep(0.5)
+        # it has read the lease and seen who holds it: a try that lost, not one still to come
+        await eventually(lambda: second.elector.observed_holder == "first", what="second saw the holder")
         assert not second.elector.is_leader
         first_scope.cancel()
         await eventually(lambda: bool(first.work_cancelled))
@@ -147,7 +148,7 @@ async def test_stalled_leader_steps_down_before_the_renew_deadline(clients: list
         tg.start_soon(leader.elector.run)
         await eventually(lambda: leader.elector.is_leader)
         tg.start_soon(standby.elector.run)
-        await anyio.sleep(0.5)
+        await eventually(lambda: standby.elector.observed_holder == "stalls", what="the standby saw the holder")
         # every request of the leader now waits ~100 s for the rate limiter: renewals stall
         stalled = TokenBucket(0.01, 1)
         stalled.reserve()

@@ -80,7 +80,10 @@ async def test_builder_triggers_predicates_conflicts_and_errors(kube: KubeClient
         before = seen.count("rec/owner")
         # secrets have no generation: a label change does not pass generation_changed
         await kube.patch(r.SECRETS, "owner", {"metadata": {"labels": {"a": "b"}}}, namespace=NS)
-        await anyio.sleep(0.3)
+        # the informer hands events on in order: once a later create is reconciled, the label
+        # change before it has been through the predicate
+        await kube.create(r.SECRETS, {"metadata": {"name": "later", "namespace": NS}})
+        await until(lambda: "rec/later" in seen, "the key of an object created after the label change")
         assert seen.count("rec/owner") == before, "filtered by the predicate"
         tg.cancel_scope.cancel()
     registry = manager.registry
