@@ -28,10 +28,11 @@ def section(obj: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any]:
     """The mapping at `path` inside `obj`, or an empty one when any step is missing or not a map."""
     node: Any = obj
     for key in path:
-        if not isinstance(node, Mapping):
+        # decoded JSON is plain dicts: the exact type check first, as the ABC check costs ~10x more
+        if type(node) is not dict and not isinstance(node, Mapping):
             return EMPTY
         node = node.get(key)
-    return node if isinstance(node, Mapping) else EMPTY
+    return node if type(node) is dict or isinstance(node, Mapping) else EMPTY
 
 
 def items(obj: Mapping[str, Any] | None, *path: str) -> list[Any]:

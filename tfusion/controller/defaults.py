@@ -104,7 +104,11 @@ class Resolved:
     sidecar: bool
     isolation: str
     vendor: str
-    #: container name -> native GPUs it asks for (resources of the vendor's ProviderConfig)
+    #: the vendor's ProviderConfig, if any
+    provider: Mapping[str, Any] | None
+    #: the native GPU resources the vendor's ProviderConfig takes over
+    native_resources: tuple[str, ...]
+    #: container name -> native GPUs it asks for (of `native_resources`)
     natives: dict[str, int]
     amounts: Amounts
     gpu_count: int
@@ -146,8 +150,11 @@ def provider_config_for(configs: Sequence[Mapping[str, Any]], vendor: str) -> Ma
 
 def in_use_resource_names(configs: Sequence[Mapping[str, Any]], vendor: str | None = None) -> tuple[str, ...]:
     """The native GPU resource names taken over: of `vendor`'s ProviderConfig, or of every one."""
-    chosen = [provider_config_for(configs, vendor)] if vendor else list(configs)
-    names = [str(n) for c in chosen if c for n in items(c, "spec", "inUseResourceNames")]
+    return _resource_names([provider_config_for(configs, vendor)] if vendor else configs)
+
+
+def _resource_names(configs: Iterable[Mapping[str, Any] | None]) -> tuple[str, ...]:
+    names = [str(n) for c in configs if c for n in items(c, "spec", "inUseResourceNames")]
     return tuple(dict.fromkeys(names)) or DEFAULT_IN_USE_RESOURCES
 
 
@@ -215,11 +222,14 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
     if local and notes.get(tfa.WORKER_POD_TEMPLATE):
         raise deny(tfa.WORKER_POD_TEMPLATE, notes[tfa.WORKER_POD_TEMPLATE][:40], "no value in local GPU mode",
                    detail="a worker pod template is for remote vGPU mode")
-    sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), profile.spec.get("sidecarWorker"))
+    wanted = profile.spec  # read once: each view property walks the object again
+    sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), wanted.get("sidecarWorker"))
     isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
-    vendor = (notes.get(tfa.VENDOR) or text(profile.spec, "vendor")
+    vendor = (notes.get(tfa.VENDOR) or text(wanted, "vendor")
               or text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR)
-    natives = native_gpu_counts(pod, in_use_resource_names(sources.provider_configs, vendor))
+    provider = provider_config_for(sources.provider_configs, vendor)
+    native_resources = _resource_names([provider])
+    natives = native_gpu_counts(pod, native_resources)
     amounts = _amounts(notes, profile)
     gpu_count, indices = _gpu_count(notes, profile, natives)
     container_counts: dict[str, int] = {}
@@ -231,15 +241,16 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
     check_within_limits({ANNOTATION_OF[k]: v for k, v in amounts.items()}, notes)
     _apply_quota_defaults(amounts, [Body(quota) for quota in sources.quotas])
     _default_requests_to_limits(amounts)
-    model = notes.get(tfa.GPU_MODEL) or text(profile.spec, "gpuModel")
+    model = notes.get(tfa.GPU_MODEL) or text(wanted, "gpuModel")
     if annotation_bool(notes, tfa.DEDICATED_GPU):
         _dedicate(amounts, model, sources)
-    partition = notes.get(tfa.PARTITION_ID) or text(profile.spec, "partitionTemplateId")
+    partition = notes.get(tfa.PARTITION_ID) or text(wanted, "partitionTemplateId")
     _check_requested(amounts, isolation, partition, notes)
     qos = _qos(notes, profile, amounts, pool)
     _check_vendor(vendor, isolation)
     return Resolved(profile=profile, pool_name=pool_name, pool=pool, local=local, sidecar=sidecar,
-                    isolation=isolation, vendor=vendor, natives=natives, amounts=amounts, gpu_count=gpu_count,
+                    isolation=isolation, vendor=vendor, provider=provider, native_resources=native_resources,
+                    natives=natives, amounts=amounts, gpu_count=gpu_count,
                     indices=indices, container_counts=container_counts, model=model, partition=partition,
                     qos=qos)
 
@@ -318,9 +329,11 @@ def _isolation(notes: Mapping[str, str], profile: Workload, sidecar: bool) -> st
 
 def _profile_amounts(profile: Workload) -> Amounts:
     amounts: Amounts = {}
-    for side in SIDES:
+    resources = profile.resources
+    for side in SIDES if resources else ():
+        given = section(resources, side)
         for name in FIELDS:
-            raw = section(profile.resources, side).get(name)
+            raw = given.get(name)
             if raw in (None, ""):
                 continue
             try:
@@ -404,11 +417,12 @@ def _quota_quantity(raw: Any, quota: Body, where: str) -> Quantity | None:
 def _gpu_count(notes: Mapping[str, str], profile: Workload,
                natives: Mapping[str, int]) -> tuple[int, tuple[int, ...]]:
     indices: tuple[int, ...] = ()
+    wanted = profile.spec
     if notes.get(tfa.GPU_INDICES):
         indices = tfa.parse_gpu_indices(notes[tfa.GPU_INDICES])
-    elif isinstance(profile.spec.get("gpuIndices"), list):
-        indices = tuple(int(i) for i in items(profile.spec, "gpuIndices") if isinstance(i, int))
-    profile_count = profile.spec.get("gpuCount")
+    elif isinstance(wanted.get("gpuIndices"), list):
+        indices = tuple(int(i) for i in items(wanted, "gpuIndices") if isinstance(i, int))
+    profile_count = wanted.get("gpuCount")
     if notes.get(tfa.GPU_COUNT):
         count = tfa.parse_gpu_count(notes[tfa.GPU_COUNT])
     elif indices:

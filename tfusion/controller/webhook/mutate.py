@@ -39,7 +39,6 @@ from tfusion.controller.defaults import (
     deny,
     in_use_resource_names,
     native_gpu_counts,
-    provider_config_for,
     resolve,
     stale_annotations,
 )
@@ -279,13 +278,12 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.ISOLATION] = res.isolation
     workload = build.workload_object(workload_name, namespace, res.pool_name, owner.reference, spec, notes,
                                      res.container_counts)
-    middleware, client, worker = build.images(res.pool, provider_config_for(ctx.provider_configs, res.vendor),
-                                              res.vendor)
+    middleware, client, worker = build.images(res.pool, res.provider, res.vendor)
     plan = Plan(pool=res.pool, pool_name=res.pool_name, vendor=res.vendor, isolation=res.isolation, qos=res.qos,
                 sidecar=res.sidecar, gpu_count=res.gpu_count, inject=inject, amounts=res.amounts,
                 annotations=new_notes, remove_annotations=[*stale_annotations(res.amounts), tfa.INDEX],
                 labels=new_labels, workload=workload,
-                native_resources=in_use_resource_names(ctx.provider_configs, res.vendor),
+                native_resources=res.native_resources,
                 enabled_replicas=enabled_replicas, host_port=host_port, disabled_features=disabled,
                 middleware_image=middleware, client_image=client, worker_image=worker,
                 hypervisor_port=build.hypervisor_port(res.pool), migrated=migrated)
