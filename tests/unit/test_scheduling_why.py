@@ -41,7 +41,7 @@ def test_the_why_record_keeps_failing_nodes_and_puts_a_prefilter_failure_first()
     assert why.nodes["node-b"]["reasons"][0]["requested"] == "5Gi"
     assert why.suggestions == [{"kind": "smaller-request", "message": "ask for less", "target": "annotations",
                                 "changes": {"tensor-fusion.ai/vram-request": "4Gi"}}]
-    assert why.updated.endswith("Z") and why.to_json()["nodes"] == why.nodes
+    assert why.updated.endswith("Z")
 
 
 def test_a_one_sentence_why_names_the_default_namespace() -> None:

@@ -18,13 +18,51 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from tfusion.allocator.framework import Code, Explanation, Reason, Status, Suggestion
 from tfusion.allocator.units import amount
 from tfusion.api.accessors import Pod
 from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
+
+
+class ReasonBody(TypedDict):
+    """One Reason as JSON; `requested`/`available` are canonical quantities ("5k"), counts integers."""
+
+    message: str
+    stage: str
+    node: NotRequired[str]
+    gpu: NotRequired[str]
+    resource: NotRequired[str]
+    requested: NotRequired[str | int]
+    available: NotRequired[str | int]
+    #: always there, and last (the sentence with the numbers)
+    detail: NotRequired[str]
+
+
+class StatusBody(TypedDict):
+    code: str
+    stage: str
+    summary: str
+    reasons: list[ReasonBody]
+
+
+class SuggestionBody(TypedDict):
+    kind: str
+    message: str
+    target: str
+    changes: dict[str, str]
+    pods: NotRequired[list[str]]
+    node: NotRequired[str]
+
+
+class ExplanationBody(TypedDict):
+    message: str
+    preFilter: StatusBody
+    #: failing nodes only, by name
+    nodes: dict[str, StatusBody]
+    suggestions: NotRequired[list[SuggestionBody]]
 
 
 def amount_text(resource: str | None, value: int) -> str | int:
@@ -45,12 +83,14 @@ def node_failure_status(failure: nc.NodeFailure, node: str) -> Status:
     return Status(code, "Filter", (reason,))
 
 
-def reason_json(reason: Reason) -> dict[str, Any]:
-    out: dict[str, Any] = {"message": reason.message, "stage": reason.stage}
-    for key in ("node", "gpu", "resource"):
-        value = getattr(reason, key)
-        if value is not None:
-            out[key] = value
+def reason_json(reason: Reason) -> ReasonBody:
+    out = ReasonBody(message=reason.message, stage=reason.stage)
+    if reason.node is not None:
+        out["node"] = reason.node
+    if reason.gpu is not None:
+        out["gpu"] = reason.gpu
+    if reason.resource is not None:
+        out["resource"] = reason.resource
     if reason.requested is not None:
         out["requested"] = amount_text(reason.resource, reason.requested)
     if reason.available is not None:
@@ -59,14 +99,14 @@ def reason_json(reason: Reason) -> dict[str, Any]:
     return out
 
 
-def status_json(status: Status) -> dict[str, Any]:
+def status_json(status: Status) -> StatusBody:
     return {"code": str(status.code), "stage": status.stage, "summary": status.summary(),
             "reasons": [reason_json(r) for r in status.reasons]}
 
 
-def suggestion_json(suggestion: Suggestion) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": suggestion.kind, "message": suggestion.message, "target": suggestion.target,
-                           "changes": dict(suggestion.changes)}
+def suggestion_json(suggestion: Suggestion) -> SuggestionBody:
+    out = SuggestionBody(kind=suggestion.kind, message=suggestion.message, target=suggestion.target,
+                         changes=dict(suggestion.changes))
     if suggestion.pods:
         out["pods"] = list(suggestion.pods)
     if suggestion.node is not None:
@@ -74,9 +114,9 @@ def suggestion_json(suggestion: Suggestion) -> dict[str, Any]:
     return out
 
 
-def explanation_json(explanation: Explanation, total_nodes: int, *, suggestions: bool = True) -> dict[str, Any]:
+def explanation_json(explanation: Explanation, total_nodes: int, *, suggestions: bool = True) -> ExplanationBody:
     """{message, preFilter, nodes (failing nodes only, by name), suggestions (unless left out)}."""
-    out: dict[str, Any] = {
+    out: ExplanationBody = {
         "message": explanation.message(total_nodes),
         "preFilter": status_json(explanation.pre_filter),
         "nodes": {name: status_json(s) for name, s in sorted(explanation.nodes.items()) if not s.ok},
@@ -95,15 +135,10 @@ class Why:
     uid: str
     message: str
     code: str
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    suggestions: list[dict[str, Any]] = field(default_factory=list)
+    nodes: dict[str, StatusBody] = field(default_factory=dict)
+    suggestions: list[SuggestionBody] = field(default_factory=list)
     attempts: int = 0
     updated: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "message": self.message,
-                "code": self.code, "nodes": self.nodes, "suggestions": self.suggestions,
-                "attempts": self.attempts, "updated": self.updated}
 
 
 def why_of(pod: Pod, message: str, statuses: Mapping[str, Status], suggestions: Sequence[Suggestion],

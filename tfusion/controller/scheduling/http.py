@@ -23,6 +23,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import Parameter
 
 from tfusion.allocator.framework import Framework
+from tfusion.controller.scheduling.explain import StatusBody, SuggestionBody
 from tfusion.controller.scheduling.extender import (
     Extender,
     ExtenderArgs,
@@ -59,10 +60,10 @@ class WhyAnswer(msgspec.Struct, forbid_unknown_fields=True):
     schedulerName: str
     message: Annotated[str, msgspec.Meta(description="kube-style: 0/N nodes are available: …")]
     code: Annotated[str, msgspec.Meta(description="Unschedulable or UnschedulableAndUnresolvable")]
-    nodes: Annotated[dict[str, dict[str, Any]], msgspec.Meta(
+    nodes: Annotated[dict[str, StatusBody], msgspec.Meta(
         description="node -> {code, stage, summary, reasons[{message, stage, gpu, resource, requested, "
                     "available, detail}]}; key \"*\" for a reason that is not per node (quota, pool)")]
-    suggestions: Annotated[list[dict[str, Any]], msgspec.Meta(
+    suggestions: Annotated[list[SuggestionBody], msgspec.Meta(
         description="{kind, message, target, changes, pods?, node?}: each change would make it fit now")]
     attempts: int
     updated: str

@@ -55,7 +55,12 @@ from tfusion.controller.defaults import (
     stale_annotations,
 )
 from tfusion.controller.scheduling import nodes as nc
-from tfusion.controller.scheduling.explain import explanation_json, node_failure_status, suggestion_json
+from tfusion.controller.scheduling.explain import (
+    SuggestionBody,
+    explanation_json,
+    node_failure_status,
+    suggestion_json,
+)
 from tfusion.controller.scheduling.podcheck import pod_problem, shown
 from tfusion.controller.scheduling.scheduler import asks_for_gpus
 from tfusion.kube import resources as r
@@ -250,7 +255,7 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, source
     error: dict[str, Any] | None = None
     suggested = ""
     final: list[str] = []
-    suggestions: list[dict[str, Any]] = []
+    suggestions: list[SuggestionBody] = []
     try:
         placement = allocator.select(req)
         suggested, final = placement.node, list(placement.gpu_names)
