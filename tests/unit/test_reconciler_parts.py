@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Gpu
 from tfusion.controller.reconcilers.cluster import RETRY_BASE_S, RETRY_MAX_S, pools_of_cluster, retry_delay
 from tfusion.controller.reconcilers.common import changed_fields, condition, merge_conditions, sum_capacity
 from tfusion.controller.reconcilers.gpunode import is_missing, last_report
@@ -99,7 +100,7 @@ def test_selector_hash_follows_the_selectors_only() -> None:
 def test_pools_of_a_cluster() -> None:
     cluster: dict[str, Any] = {"metadata": {"name": "c", "uid": "u1", "labels": {"team": "ml"}}, "spec": {"gpuPools": [
         {"name": "a", "isDefault": True, "specTemplate": {"nodeManagerConfig": {}}}, {"name": "b"}]}}
-    a, b = pools_of_cluster(cluster)
+    a, b = pools_of_cluster(Body(cluster))
     assert (a["metadata"]["name"], b["metadata"]["name"]) == ("c-a", "c-b")
     assert a["metadata"]["labels"] == {"team": "ml", tfa.MANAGED_BY: "c"}
     assert (a["metadata"]["annotations"][tfa.IS_DEFAULT_POOL], b["metadata"]["annotations"][tfa.IS_DEFAULT_POOL]) \
@@ -141,8 +142,8 @@ def test_capacity_sums() -> None:
 
 
 def test_last_report_is_the_newest_readable_stamp() -> None:
-    def gpu(**notes: str) -> dict[str, Any]:
-        return {"metadata": {"name": "g", "annotations": notes}}
+    def gpu(**notes: str) -> Gpu:
+        return Gpu({"metadata": {"name": "g", "annotations": notes}})
 
     assert last_report([]) is None and last_report([gpu()]) is None
     assert last_report([gpu(**{tfa.LAST_SYNC: "yesterday"})]) is None

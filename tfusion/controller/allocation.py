@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -159,16 +159,24 @@ class AllocatorService:
         from tfusion.controller.allocation_http import allocation_handlers
 
         rt = self.runtime
-        rt.informer(r.GPURESOURCEQUOTAS).add_handler(on_add=self._on_quota, on_update=self._on_quota_update,
-                                                     on_delete=self._on_quota_delete)
-        rt.informer(r.GPUPOOLS).add_handler(on_add=self._on_pool, on_update=self._on_pool_update,
-                                            on_delete=self._on_pool_delete)
+        # the informers deliver raw objects; each handler reads them through a view from here on
+        rt.informer(r.GPURESOURCEQUOTAS).add_handler(
+            on_add=lambda obj: self._on_quota(Body(obj)),
+            on_update=lambda old, new: self._on_quota_update(old and Body(old), Body(new)),
+            on_delete=lambda obj: self._on_quota_delete(Body(obj)))
+        rt.informer(r.GPUPOOLS).add_handler(
+            on_add=lambda obj: self._on_pool(GpuPool(obj)),
+            on_update=lambda old, new: self._on_pool_update(old and GpuPool(old), GpuPool(new)),
+            on_delete=lambda obj: self._on_pool_delete(GpuPool(obj)))
         rt.informer(r.SCHEDULINGCONFIGTEMPLATES).add_handler(
-            on_add=self._on_template, on_update=self._on_template_update, on_delete=self._on_template)
+            on_add=lambda obj: self._on_template(Body(obj)), on_update=lambda _, new: self._on_template(Body(new)),
+            on_delete=lambda obj: self._on_template(Body(obj)))
         # adoption only: what a pod holds is released by the pod reconciler (see the module docstring)
-        rt.informer(r.PODS).add_handler(on_add=self._on_pod, on_update=self._on_pod_update)
+        rt.informer(r.PODS).add_handler(on_add=lambda obj: self._on_pod(Pod(obj)),
+                                        on_update=lambda _, new: self._on_pod(Pod(new)))
         if not self.settings.enable_cr_controller:  # no pod reconciler, no finalizer: the informer's word
-            rt.informer(r.PODS).add_handler(on_update=self._release_finished, on_delete=self._release_deleted)
+            rt.informer(r.PODS).add_handler(on_update=lambda _, new: self._release_finished(Pod(new)),
+                                            on_delete=lambda obj: self._release_deleted(Pod(obj)))
         self.gpu_status = GpuStatusReconciler(self).controller
         self.quota_status = QuotaStatusReconciler(self).controller
         rt.add_leader_task(self.run_leader)
@@ -271,17 +279,17 @@ class AllocatorService:
                                  weights=args.weights, assume_ttl=self.assume_ttl)
         self._quota_names.clear()
         for pool in rt.informer(r.GPUPOOLS).list():
-            self._apply_pool(allocator, pool)
+            self._apply_pool(allocator, GpuPool(pool))
         for gpu in rt.informer(r.GPUS).list():
-            self.apply_gpu(allocator, gpu)
+            self.apply_gpu(allocator, Gpu(gpu))
         for quota in rt.informer(r.GPURESOURCEQUOTAS).list():
-            self.apply_quota(allocator, quota)
+            self.apply_quota(allocator, Body(quota))
         self._waiting.clear()
         entries, pods_by_uid, skipped = self._recoverable(allocator)
         names = {req.pod_uid: f"{req.namespace}/{req.pod_name}" for req, _ in entries}
         for uid, reason in allocator.restore(entries):
             skipped.append((names.get(uid, uid), reason))
-            self.runtime.events.warning(pods_by_uid[uid].raw, "AllocationNotRecovered", reason)
+            self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
         for ref, reason in skipped:
             log.warning("recovery: cannot restore the allocation of pod %s: %s", ref, reason)
         self.recovered = sorted(uid for uid in names if allocator.has_allocation(uid))
@@ -318,19 +326,18 @@ class AllocatorService:
 
     # --- feeding --------------------------------------------------------------------------------
 
-    def apply_gpu(self, allocator: GpuAllocator, obj: Mapping[str, Any]) -> None:
+    def apply_gpu(self, allocator: GpuAllocator, gpu: Gpu) -> None:
         """Feed one cached GPU to the allocator. An unreadable object is skipped with a log line;
         an AllocatorError propagates (the GPU reconciler reports it and retries)."""
-        gpu = Gpu(obj)
         if not gpu.capacity:
             # The hypervisor creates a GPU, then reports its status in a second write: nothing to use yet.
             log.debug("GPU %s has no reported capacity yet", gpu.name)
             return
         try:
-            allocator.upsert_gpu(gpu_from_object(obj))
+            allocator.upsert_gpu(gpu_from_object(gpu.raw))
         except GpuObjectError as exc:
             log.warning("ignoring GPU %s: %s", gpu.name, exc)
-            self.runtime.events.warning(obj, "InvalidGPU", f"ignored by the allocator: {exc}")
+            self.runtime.events.warning(gpu, "InvalidGPU", f"ignored by the allocator: {exc}")
 
     def adopt_waiting_for(self, allocator: GpuAllocator, name: str) -> None:
         """Workers that named GPU `name` before it existed are adopted now that it does."""
@@ -346,13 +353,12 @@ class AllocatorService:
         """The GPUResourceQuota of `namespace` fed to the allocator (one per namespace)."""
         return self._quota_names.get(namespace)
 
-    def apply_quota(self, allocator: GpuAllocator, obj: Mapping[str, Any]) -> None:
-        quota = Body(obj)
+    def apply_quota(self, allocator: GpuAllocator, quota: Body) -> None:
         try:
-            namespace, spec = quota_from_object(obj)
+            namespace, spec = quota_from_object(quota.raw)
         except QuotaSpecError as exc:
             log.warning("ignoring GPUResourceQuota %s/%s: %s", quota.namespace, quota.name, exc)
-            self.runtime.events.warning(obj, "InvalidQuota", str(exc))
+            self.runtime.events.warning(quota, "InvalidQuota", str(exc))
             return
         allocator.set_quota(namespace, spec)
         self._quota_names[namespace] = quota.name
@@ -363,17 +369,16 @@ class AllocatorService:
             self._allocator.remove_quota(namespace)
             del self._quota_names[namespace]
 
-    def _on_quota(self, obj: Mapping[str, Any]) -> None:
+    def _on_quota(self, quota: Body) -> None:
         if self._allocator is not None:
-            self.apply_quota(self._allocator, obj)
+            self.apply_quota(self._allocator, quota)
 
-    def _on_quota_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        if old is not None and old.get("spec") == new.get("spec"):
+    def _on_quota_update(self, old: Body | None, new: Body) -> None:
+        if old is not None and old.spec == new.spec:
             return  # our own status write coming back
         self._on_quota(new)
 
-    def _on_quota_delete(self, obj: Mapping[str, Any]) -> None:
-        quota = Body(obj)
+    def _on_quota_delete(self, quota: Body) -> None:
         self.forget_quota(quota.namespace, quota.name)
 
     def _pool_config(self, pool: GpuPool) -> PoolConfig:
@@ -394,49 +399,41 @@ class AllocatorService:
             vram_expand_to_host_disk=int(over.get("vramExpandToHostDisk", defaults.vram_expand_to_host_disk)),
         )
 
-    def _apply_pool(self, allocator: GpuAllocator, obj: Mapping[str, Any]) -> None:
-        pool = GpuPool(obj)
+    def _apply_pool(self, allocator: GpuAllocator, pool: GpuPool) -> None:
         try:
             allocator.set_pool_config(pool.name, self._pool_config(pool))
         except (PlacementModeError, TypeError, ValueError) as exc:
             log.error("pool %s: %s; keeping its previous placement settings", pool.name, exc)
-            self.runtime.events.warning(obj, "InvalidSchedulingConfig", str(exc))
+            self.runtime.events.warning(pool, "InvalidSchedulingConfig", str(exc))
 
-    def _on_pool(self, obj: Mapping[str, Any]) -> None:
+    def _on_pool(self, pool: GpuPool) -> None:
         if self._allocator is not None:
-            self._apply_pool(self._allocator, obj)
+            self._apply_pool(self._allocator, pool)
 
-    def _on_pool_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        if old is not None and old.get("spec") == new.get("spec"):
+    def _on_pool_update(self, old: GpuPool | None, new: GpuPool) -> None:
+        if old is not None and old.spec == new.spec:
             return
         self._on_pool(new)
 
-    def _on_pool_delete(self, obj: Mapping[str, Any]) -> None:
+    def _on_pool_delete(self, pool: GpuPool) -> None:
         if self._allocator is not None:
-            self._allocator.set_pool_config(Body(obj).name, PoolConfig())
+            self._allocator.set_pool_config(pool.name, PoolConfig())
 
-    def _on_template(self, obj: Mapping[str, Any]) -> None:
+    def _on_template(self, template: Body) -> None:
         allocator = self._allocator
         if allocator is None:
             return
-        name = Body(obj).name
-        for pool in self.runtime.informer(r.GPUPOOLS).list():
-            if text(pool, "spec", "schedulingConfigTemplate") == name:
+        for obj in self.runtime.informer(r.GPUPOOLS).list():
+            pool = GpuPool(obj)
+            if text(pool.spec, "schedulingConfigTemplate") == template.name:
                 self._apply_pool(allocator, pool)
-
-    def _on_template_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        self._on_template(new)
 
     # --- pods: adoption -------------------------------------------------------------------------
 
-    def _on_pod(self, obj: Mapping[str, Any]) -> None:
+    def _on_pod(self, pod: Pod) -> None:
         allocator = self._allocator
-        pod = Pod(obj)
         if allocator is not None and pod.uid and pod.holds_gpus and not allocator.has_allocation(pod.uid):
             self._adopt(allocator, pod)
-
-    def _on_pod_update(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        self._on_pod(new)
 
     def _adopt(self, allocator: GpuAllocator, pod: Pod) -> None:
         """A bound worker the allocator does not know: record what its annotations say it holds."""
@@ -446,7 +443,7 @@ class AllocatorService:
         except RequestError as exc:
             self._waiting.pop(uid, None)
             log.warning("pod %s holds GPUs the allocator cannot read: %s", pod_ref(pod), exc)
-            self.runtime.events.warning(pod.raw, "AllocationNotAdopted", f"cannot read the GPUs it holds: {exc}")
+            self.runtime.events.warning(pod, "AllocationNotAdopted", f"cannot read the GPUs it holds: {exc}")
             return
         if not all(knows_gpu(allocator, g) for g in names):
             if uid not in self._waiting:
@@ -458,7 +455,7 @@ class AllocatorService:
         skipped = allocator.restore([(req, names)])
         if skipped:
             log.warning("pod %s: cannot adopt its allocation: %s", pod_ref(pod), skipped[0][1])
-            self.runtime.events.warning(pod.raw, "AllocationNotAdopted", skipped[0][1])
+            self.runtime.events.warning(pod, "AllocationNotAdopted", skipped[0][1])
             self.metrics.allocations.labels("failed").inc()
         else:
             log.info("adopted the allocation of pod %s on %s", pod_ref(pod), ",".join(names))
@@ -487,13 +484,12 @@ class AllocatorService:
             self.flush()
         return released
 
-    async def _release_finished(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        pod = Pod(new)
+    async def _release_finished(self, pod: Pod) -> None:
         if pod.finished:
             await self.release(pod.uid, "finished")
 
-    async def _release_deleted(self, obj: Mapping[str, Any]) -> None:
-        await self.release(Pod(obj).uid, "deleted")
+    async def _release_deleted(self, pod: Pod) -> None:
+        await self.release(pod.uid, "deleted")
 
     def held_by(self, namespace: str, name: str) -> list[str]:
         """The UIDs the ledger holds GPUs for under the pod name namespace/name (assumed ones too)."""

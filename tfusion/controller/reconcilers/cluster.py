@@ -21,19 +21,17 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, GpuPool, section, sequence_of_maps
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
     PENDING,
     RUNNING,
     UPDATING,
-    Obj,
     condition,
     controlled_by,
+    controller_reference,
     merge_conditions,
-    meta,
-    name_of,
-    status_of,
     sum_capacity,
     write_status,
 )
@@ -53,23 +51,21 @@ RETRY_MAX_S = 60.0
 RETRY_BACKOFF = Backoff(base=RETRY_BASE_S, cap=RETRY_MAX_S, jitter=1.0)
 
 
-def pools_of_cluster(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+def pools_of_cluster(cluster: Body) -> list[dict[str, Any]]:
     """The GPUPools a TensorFusionCluster asks for, named, labelled and owned as this reconciler keeps them."""
-    cluster_meta = cluster["metadata"]
-    owner = {"apiVersion": r.TENSORFUSIONCLUSTERS.api_version, "kind": "TensorFusionCluster",
-             "name": cluster_meta["name"], "uid": cluster_meta["uid"], "controller": True,
-             "blockOwnerDeletion": True}
+    owner = controller_reference(cluster, r.TENSORFUSIONCLUSTERS)
+    labels: dict[str, str] = {**cluster.meta.labels, tfa.MANAGED_BY: cluster.name}
     pools = []
-    for entry in (cluster.get("spec") or {}).get("gpuPools") or []:
+    for entry in sequence_of_maps(cluster.spec.get("gpuPools")):
         pools.append({
             "apiVersion": r.GPUPOOLS.api_version, "kind": "GPUPool",
             "metadata": {
-                "name": f"{cluster_meta['name']}-{entry['name']}",
-                "labels": {**(cluster_meta.get("labels") or {}), tfa.MANAGED_BY: cluster_meta["name"]},
+                "name": f"{cluster.name}-{entry['name']}",
+                "labels": labels,
                 "annotations": {tfa.IS_DEFAULT_POOL: "true" if entry.get("isDefault") else "false"},
                 "ownerReferences": [owner],
             },
-            "spec": copy.deepcopy(entry.get("specTemplate") or {}),
+            "spec": copy.deepcopy(dict(section(entry, "specTemplate"))),
         })
     return pools
 
@@ -79,20 +75,20 @@ def retry_delay(retries: int) -> float:
     return RETRY_BACKOFF.delay(max(1, retries))
 
 
-def _needs_update(existing: Obj, desired: Obj) -> bool:
-    have, want = meta(existing), desired["metadata"]
-    return (existing.get("spec") != desired["spec"]
-            or any((have.get("labels") or {}).get(k) != v for k, v in want["labels"].items())
-            or any((have.get("annotations") or {}).get(k) != v for k, v in want["annotations"].items())
-            or not controlled_by(existing, {"metadata": {"uid": want["ownerReferences"][0]["uid"]}}))
+def _needs_update(existing: GpuPool, desired: dict[str, Any]) -> bool:
+    have, want = existing.meta, desired["metadata"]
+    return (existing.raw.get("spec") != desired["spec"]
+            or any(have.label(k) != v for k, v in want["labels"].items())
+            or any(have.annotation(k) != v for k, v in want["annotations"].items())
+            or not controlled_by(existing, want["ownerReferences"][0]["uid"]))
 
 
-def _updated(existing: Obj, desired: Obj) -> Obj:
-    have, want = meta(existing), desired["metadata"]
-    owners = [o for o in have.get("ownerReferences") or [] if not o.get("controller")]
-    return {**existing, "spec": desired["spec"], "metadata": {
-        **have, "labels": {**(have.get("labels") or {}), **want["labels"]},
-        "annotations": {**(have.get("annotations") or {}), **want["annotations"]},
+def _updated(existing: GpuPool, desired: dict[str, Any]) -> dict[str, Any]:
+    have, want = existing.meta, desired["metadata"]
+    owners = [o for o in have.owner_references if not o.get("controller")]
+    return {**existing.raw, "spec": desired["spec"], "metadata": {
+        **have.raw, "labels": {**have.labels, **want["labels"]},
+        "annotations": {**have.annotations, **want["annotations"]},
         "ownerReferences": [*owners, *want["ownerReferences"]]}}
 
 
@@ -106,32 +102,32 @@ class ClusterReconciler:
         self.controller = runtime.manager.controller("tensorfusioncluster") \
             .for_(r.TENSORFUSIONCLUSTERS, predicates=[generation_changed]).owns(r.GPUPOOLS).complete(self)
 
-    def _owned_pools(self, cluster: Obj) -> list[Obj]:
-        return [p for p in self.pools.list() if controlled_by(p, cluster)]
+    def _owned_pools(self, cluster: Body) -> list[GpuPool]:
+        return [pool for pool in map(GpuPool, self.pools.list()) if controlled_by(pool, cluster.uid)]
 
     async def reconcile(self, name: str) -> Result | None:
         cluster = self.clusters.get(name)
         if cluster is None:
             return None
         current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, FINALIZER,
-                                         self._cleanup)
+                                         lambda obj: self._cleanup(Body(obj)))
         if current is None:
-            return None if not self._owned_pools(cluster) else Result(requeue_after=1.0)
-        await self._sync_pools(current)
-        return await self._write_status(current)
+            return None if not self._owned_pools(Body(cluster)) else Result(requeue_after=1.0)
+        await self._sync_pools(Body(current))
+        return await self._write_status(Body(current))
 
-    async def _cleanup(self, cluster: Obj) -> bool:
+    async def _cleanup(self, cluster: Body) -> bool:
         owned = self._owned_pools(cluster)
         await write_status(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, {"phase": DESTROYING})
         for pool in owned:
-            if not meta(pool).get("deletionTimestamp"):
+            if not pool.meta.deleting:
                 try:
-                    await self.runtime.client.delete(r.GPUPOOLS, name_of(pool))
+                    await self.runtime.client.delete(r.GPUPOOLS, pool.name)
                 except NotFound:
                     pass
         return not owned
 
-    async def _sync_pools(self, cluster: Obj) -> None:
+    async def _sync_pools(self, cluster: Body) -> None:
         client, events = self.runtime.client, self.runtime.events
         desired = pools_of_cluster(cluster)
         for pool in desired:
@@ -140,8 +136,8 @@ class ClusterReconciler:
                 if existing is None:
                     await client.create(r.GPUPOOLS, pool)
                     events.normal(cluster, "GPUPoolCreated", f"created GPUPool {pool['metadata']['name']}")
-                elif _needs_update(existing, pool):
-                    await client.replace(r.GPUPOOLS, _updated(existing, pool))
+                elif _needs_update(GpuPool(existing), pool):
+                    await client.replace(r.GPUPOOLS, _updated(GpuPool(existing), pool))
             except AlreadyExists:
                 continue  # the cache is behind; the pool's event brings us back
             except KubeError as exc:
@@ -150,20 +146,20 @@ class ClusterReconciler:
                 events.warning(cluster, "GPUPoolNotApplied", f"GPUPool {pool['metadata']['name']}: {exc}")
                 raise
         wanted = {p["metadata"]["name"] for p in desired}
-        for pool in self._owned_pools(cluster):
-            if name_of(pool) not in wanted and not meta(pool).get("deletionTimestamp"):
+        for owned in self._owned_pools(cluster):
+            if owned.name not in wanted and not owned.meta.deleting:
                 try:
-                    await client.delete(r.GPUPOOLS, name_of(pool))
-                    events.normal(cluster, "GPUPoolDeleted", f"deleted GPUPool {name_of(pool)}: no longer listed")
+                    await client.delete(r.GPUPOOLS, owned.name)
+                    events.normal(cluster, "GPUPoolDeleted", f"deleted GPUPool {owned.name}: no longer listed")
                 except NotFound:
                     pass
 
-    async def _write_status(self, cluster: Obj) -> Result | None:
-        old = status_of(cluster)
+    async def _write_status(self, cluster: Body) -> Result | None:
+        old = cluster.status
         names = [p["metadata"]["name"] for p in pools_of_cluster(cluster)]
-        pools = [p for p in (self.pools.get(n) for n in names) if p is not None]
-        statuses = [status_of(p) for p in pools]
-        ready = sorted(name_of(p) for p in pools if status_of(p).get("phase") == RUNNING)
+        pools = [GpuPool(p) for p in (self.pools.get(n) for n in names) if p is not None]
+        statuses = [p.status for p in pools]
+        ready = sorted(p.name for p in pools if p.phase == RUNNING)
         not_ready = sorted(set(names) - set(ready))
         retries = int(old.get("retryCount") or 0)
         if not not_ready:
@@ -172,12 +168,12 @@ class ClusterReconciler:
             phase = PENDING
         else:
             phase, retries = UPDATING, retries + 1
-        generation = int(meta(cluster).get("generation") or 0)
+        generation = cluster.meta.generation
         message = "every GPUPool is Running" if not not_ready else f"GPUPool(s) not Running yet: {', '.join(not_ready)}"
-        conditions = merge_conditions(old.get("conditions"), [
-            condition(old.get("conditions"), "Ready", not not_ready, "CheckPassed" if not not_ready else
+        conditions = merge_conditions(cluster.conditions, [
+            condition(cluster.conditions, "Ready", not not_ready, "CheckPassed" if not not_ready else
                       "GPUPoolsNotReady", message, generation=generation),
-            condition(old.get("conditions"), "GPUPoolReady", not not_ready, "AllPoolsRunning" if not not_ready
+            condition(cluster.conditions, "GPUPoolReady", not not_ready, "AllPoolsRunning" if not not_ready
                       else "PoolsNotRunning", message, generation=generation),
         ])
         totals = sum_capacity(statuses)
@@ -189,7 +185,7 @@ class ClusterReconciler:
         }
         if await write_status(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, wanted) and \
                 phase != old.get("phase"):
-            log.info("TensorFusionCluster %s is %s (%d pool(s), %d ready)", name_of(cluster), phase,
+            log.info("TensorFusionCluster %s is %s (%d pool(s), %d ready)", cluster.name, phase,
                      len(names), len(ready))
         if phase == UPDATING:
             return Result(requeue_after=retry_delay(retries))

@@ -14,6 +14,7 @@ from typing import Any
 
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -51,20 +52,20 @@ def deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
-def controller_reference(owner: Mapping[str, Any], resource: r.ApiResource) -> dict[str, Any]:
+def controller_reference(owner: Body, resource: r.ApiResource) -> dict[str, Any]:
     """An ownerReference that makes `owner` the controller of the object carrying it."""
-    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": name_of(owner),
-            "uid": str(meta(owner).get("uid") or ""), "controller": True, "blockOwnerDeletion": True}
+    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name,
+            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}
 
 
-def controlled_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
-    uid = meta(owner).get("uid")
-    return any(ref.get("controller") and ref.get("uid") == uid for ref in meta(obj).get("ownerReferences") or [])
+def controlled_by(obj: Body, owner_uid: str) -> bool:
+    """Whether the object's controlling owner is the object with UID `owner_uid`."""
+    return any(ref.get("controller") and ref.get("uid") == owner_uid for ref in obj.meta.owner_references)
 
 
-def controller_name(obj: Mapping[str, Any], kind: str) -> str:
+def controller_name(obj: Body, kind: str) -> str:
     """The name of the object's controlling owner of `kind`, "" when there is none."""
-    for ref in meta(obj).get("ownerReferences") or []:
+    for ref in obj.meta.owner_references:
         if ref.get("controller") and ref.get("kind") == kind:
             return str(ref.get("name") or "")
     return ""
@@ -100,21 +101,21 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
     return {k: v for k, v in wanted.items() if _comparable(current.get(k)) != _comparable(v)}
 
 
-async def write_status(client: KubeClient, resource: r.ApiResource, obj: Mapping[str, Any],
+async def write_status(client: KubeClient, resource: r.ApiResource, obj: Body,
                        wanted: Mapping[str, Any]) -> bool:
     """Merge-patch the status fields that differ from the cached object; True when it wrote.
     A merge patch replaces lists whole, so conditions are written merged (`merge_conditions`); the
     keys a map field (allocatedPods) no longer has are written as null, so that they go."""
-    current = status_of(obj)
+    current = obj.status
     changes = changed_fields(current, wanted)
     if not changes:
         return False
     for key, value in changes.items():
         before = current.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):  # a merge patch keeps keys it does not name
+        if isinstance(value, dict) and isinstance(before, Mapping):  # a merge patch keeps keys it does not name
             changes[key] = {**dict.fromkeys(before), **value}
     try:
-        await client.patch(resource, name_of(obj), {"status": changes}, namespace=meta(obj).get("namespace"),
+        await client.patch(resource, obj.name, {"status": changes}, namespace=obj.namespace or None,
                            subresource="status")
     except NotFound:
         return False

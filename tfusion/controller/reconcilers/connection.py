@@ -24,23 +24,19 @@ changes of pools (the connections of their workloads).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, GpuPool, Pod, Workload, text
 from tfusion.controller.reconcilers.common import (
     FAILED,
     PENDING,
     RUNNING,
-    Obj,
     controlled_by,
     controller_reference,
-    deleting,
-    labels_of,
-    meta,
-    name_of,
-    status_of,
 )
 from tfusion.controller.reconcilers.workers import (
     TemplateError,
@@ -66,26 +62,30 @@ log = logging.getLogger(__name__)
 NO_WORKER_RETRY_S = 6.0
 CONNECTION_WORKLOAD_INDEX = "connection:workload"
 CONNECTION_WORKER_INDEX = "connection:worker"
-FINISHED = ("Succeeded", "Failed")
 
 
-def connection_workload(conn: Obj) -> list[str]:
-    """"namespace/workload" of a connection."""
-    name = (conn.get("spec") or {}).get("workloadName")
-    return [f"{meta(conn).get('namespace')}/{name}"] if name else []
+def connection_workload(obj: Mapping[str, Any]) -> list[str]:
+    """"namespace/workload" of a connection (an informer index: it is given the raw object)."""
+    conn = Body(obj)
+    name = text(conn.spec, "workloadName")
+    return [f"{conn.namespace}/{name}"] if name else []
 
 
-def connection_worker(conn: Obj) -> list[str]:
-    """"namespace/worker" of a connection that a worker serves now (its Running status)."""
-    status = status_of(conn)
-    if status.get("phase") != RUNNING or not status.get("workerName"):
+def connection_worker(obj: Mapping[str, Any]) -> list[str]:
+    """"namespace/worker" of a connection that a worker serves now (its Running status; an index)."""
+    conn = Body(obj)
+    worker = text(conn.status, "workerName")
+    if conn.phase != RUNNING or not worker:
         return []
-    return [f"{meta(conn).get('namespace')}/{status['workerName']}"]
+    return [f"{conn.namespace}/{worker}"]
 
 
-def is_connected(conn: Obj) -> bool:
-    status = status_of(conn)
-    return status.get("phase") == RUNNING and bool(status.get("connectionURL"))
+def is_connected(conn: Body) -> bool:
+    return conn.phase == RUNNING and bool(text(conn.status, "connectionURL"))
+
+
+def _key(obj: Body) -> str:
+    return f"{obj.namespace}/{obj.name}"
 
 
 class ConnectionReconciler:
@@ -103,9 +103,10 @@ class ConnectionReconciler:
         self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.controller = runtime.manager.controller("tensorfusionconnection") \
             .for_(r.TENSORFUSIONCONNECTIONS) \
-            .watches(r.PODS, self._keys_of_worker, label_selector=component_selector(runtime.settings)) \
-            .watches(r.TENSORFUSIONWORKLOADS, self._keys_of_workload) \
-            .watches(r.GPUPOOLS, self._keys_of_pool, predicates=[generation_changed]) \
+            .watches(r.PODS, lambda pod: self._keys_of_worker(Pod(pod)),
+                     label_selector=component_selector(runtime.settings)) \
+            .watches(r.TENSORFUSIONWORKLOADS, lambda workload: self._keys_of_workload(Body(workload))) \
+            .watches(r.GPUPOOLS, lambda pool: self._keys_of_pool(Body(pool)), predicates=[generation_changed]) \
             .with_workers(4).complete(self)
         self.created = 0  # dedicated workers created (tests read it)
         #: connection key -> "namespace/worker" it was given, before the cache shows it: what
@@ -115,105 +116,103 @@ class ConnectionReconciler:
 
     # --- triggers ---------------------------------------------------------------------------------
 
-    def _keys_of_worker(self, pod: Obj) -> list[str]:
-        if labels_of(pod).get(tfa.COMPONENT) != tfa.COMPONENT_WORKER:
+    def _connections(self, index: str, value: str) -> list[Body]:
+        return [Body(c) for c in self.connections.by_index(index, value)]
+
+    def _keys_of_worker(self, pod: Pod) -> list[str]:
+        if not pod.is_worker:
             return []
-        namespace = meta(pod).get("namespace")
-        keys = [f"{namespace}/{ref.get('name')}" for ref in meta(pod).get("ownerReferences") or []
+        namespace = pod.namespace
+        keys = [f"{namespace}/{ref.get('name')}" for ref in pod.meta.owner_references
                 if ref.get("controller") and ref.get("kind") == r.TENSORFUSIONCONNECTIONS.kind]
-        keys += [f"{namespace}/{name_of(c)}"
-                 for c in self.connections.by_index(CONNECTION_WORKER_INDEX, f"{namespace}/{name_of(pod)}")]
-        workload = labels_of(pod).get(tfa.WORKLOAD)
+        keys += [_key(c) for c in self._connections(CONNECTION_WORKER_INDEX, _key(pod))]
+        workload = pod.meta.label(tfa.WORKLOAD)
         if workload:
-            keys += [f"{namespace}/{name_of(c)}"
-                     for c in self.connections.by_index(CONNECTION_WORKLOAD_INDEX, f"{namespace}/{workload}")
+            keys += [_key(c) for c in self._connections(CONNECTION_WORKLOAD_INDEX, f"{namespace}/{workload}")
                      if not is_connected(c)]
         return list(dict.fromkeys(keys))
 
-    def _keys_of_workload(self, workload: Obj) -> list[str]:
-        namespace = meta(workload).get("namespace")
-        return [f"{namespace}/{name_of(c)}" for c in
-                self.connections.by_index(CONNECTION_WORKLOAD_INDEX, f"{namespace}/{name_of(workload)}")]
+    def _keys_of_workload(self, workload: Body) -> list[str]:
+        return [_key(c) for c in self._connections(CONNECTION_WORKLOAD_INDEX, _key(workload))]
 
-    def _keys_of_pool(self, pool: Obj) -> list[str]:
+    def _keys_of_pool(self, pool: Body) -> list[str]:
         """A pool's worker template is part of its dedicated workers' template hash."""
         keys: list[str] = []
-        for workload_key in workloads_of_pool(self.workloads, name_of(pool)):
-            keys += [f"{meta(c).get('namespace')}/{name_of(c)}"
-                     for c in self.connections.by_index(CONNECTION_WORKLOAD_INDEX, workload_key)]
+        for workload_key in workloads_of_pool(self.workloads, pool.name):
+            keys += [_key(c) for c in self._connections(CONNECTION_WORKLOAD_INDEX, workload_key)]
         return keys
 
     # --- the loop ---------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result | None:
-        conn = self.connections.get(key)
-        if conn is None or deleting(conn):
+        cached = self.connections.get(key)
+        conn = Body(cached) if cached is not None else None
+        if conn is None or conn.meta.deleting:
             self._serving.pop(key, None)
             return None  # its dedicated worker goes with it (ownerReference)
-        namespace = str(meta(conn).get("namespace") or "")
-        workload_name = str((conn.get("spec") or {}).get("workloadName") or "")
-        workload = self.workloads.get(f"{namespace}/{workload_name}")
-        if workload is None:
+        workload_name = text(conn.spec, "workloadName")
+        found = self.workloads.get(f"{conn.namespace}/{workload_name}")
+        if found is None:
             await self._lost_or_pending(conn, f"TensorFusionWorkload {workload_name} does not exist")
             return Result(requeue_after=NO_WORKER_RETRY_S)
+        workload = Workload(found)
         if is_dynamic(workload):
             return await self._dedicated(conn, workload)
         return await self._shared(conn, workload)
 
-    async def _write(self, conn: Obj, phase: str, worker: str, url: str) -> bool:
+    async def _write(self, conn: Body, phase: str, worker: str, url: str) -> bool:
         """The whole status (all three fields, as the CRD requires), when it differs from the cache;
         whole, because a second write in one pass compares with a cache that has not seen the first."""
         wanted = {"phase": phase, "workerName": worker, "connectionURL": url}
-        if {k: status_of(conn).get(k) for k in wanted} == wanted:
+        if {k: conn.status.get(k) for k in wanted} == wanted:
             return False
         try:
-            await self.runtime.client.patch(r.TENSORFUSIONCONNECTIONS, name_of(conn), {"status": wanted},
-                                            namespace=meta(conn).get("namespace"), subresource="status")
+            await self.runtime.client.patch(r.TENSORFUSIONCONNECTIONS, conn.name, {"status": wanted},
+                                            namespace=conn.namespace, subresource="status")
         except NotFound:
             return False
         return True
 
-    async def _lost_or_pending(self, conn: Obj, why: str) -> None:
+    async def _lost_or_pending(self, conn: Body, why: str) -> None:
         """No worker serves it now: Failed when one did (its URL no longer works), else Pending."""
-        status = status_of(conn)
-        self._serving.pop(f"{meta(conn).get('namespace')}/{name_of(conn)}", None)
-        if is_connected(conn) or status.get("phase") == FAILED:
-            if await self._write(conn, FAILED, str(status.get("workerName") or ""), ""):
-                self.runtime.events.warning(conn, "WorkerLost", f"worker {status.get('workerName')}: {why}")
+        worker = text(conn.status, "workerName")
+        self._serving.pop(_key(conn), None)
+        if is_connected(conn) or conn.phase == FAILED:
+            if await self._write(conn, FAILED, worker, ""):
+                self.runtime.events.warning(conn, "WorkerLost", f"worker {conn.status.get('workerName')}: {why}")
             return
-        await self._write(conn, PENDING, str(status.get("workerName") or ""), "")
+        await self._write(conn, PENDING, worker, "")
 
-    async def _ready(self, conn: Obj, worker: Obj) -> None:
-        status = status_of(conn)
-        url = str(status.get("connectionURL") or "")
-        same = status.get("workerName") == name_of(worker) and status.get("phase") == RUNNING
+    async def _ready(self, conn: Body, worker: Pod) -> None:
+        url = text(conn.status, "connectionURL")
+        same = text(conn.status, "workerName") == worker.name and conn.phase == RUNNING
         if not (same and url and url_of_same_worker(url, worker)):
             url = connection_url(worker)
-        namespace = meta(conn).get("namespace")
-        self._serving[f"{namespace}/{name_of(conn)}"] = f"{namespace}/{name_of(worker)}"
-        if await self._write(conn, RUNNING, name_of(worker), url):
-            self.runtime.events.normal(conn, "ConnectionReady", f"worker {name_of(worker)} serves at {url}")
+        self._serving[_key(conn)] = _key(worker)
+        if await self._write(conn, RUNNING, worker.name, url):
+            self.runtime.events.normal(conn, "ConnectionReady", f"worker {worker.name} serves at {url}")
 
     # --- dynamic workloads: a dedicated worker per connection -------------------------------------
 
-    async def _dedicated(self, conn: Obj, workload: Obj) -> Result | None:
-        namespace, name = str(meta(conn).get("namespace")), name_of(conn)
-        pool = self.pools.get(str((workload.get("spec") or {}).get("poolName") or ""))
+    async def _dedicated(self, conn: Body, workload: Workload) -> Result | None:
+        namespace, name = conn.namespace, conn.name
+        found_pool = self.pools.get(workload.pool_name)
+        pool = GpuPool(found_pool) if found_pool is not None else None
         wanted_hash = template_hash(pool, workload)
-        pod = self.pods.get(f"{namespace}/{name}")
-        if pod is not None and not controlled_by(pod, conn):
+        cached = self.pods.get(f"{namespace}/{name}")
+        pod = Pod(cached) if cached is not None else None
+        if pod is not None and not controlled_by(pod, conn.uid):
             await self._lost_or_pending(conn, f"pod {name} exists and is not this connection's worker")
             self.runtime.events.warning(conn, "WorkerNameTaken", f"pod {namespace}/{name} exists and is not "
                                         f"controlled by this connection; delete it to get a worker")
             return Result(requeue_after=NO_WORKER_RETRY_S)
         if pod is not None:
-            phase = status_of(pod).get("phase")
-            outdated = labels_of(pod).get(tfa.POD_TEMPLATE_HASH) != wanted_hash
-            if deleting(pod) or phase in FINISHED or outdated:
-                why = "is being deleted" if deleting(pod) else f"is {phase}" if phase in FINISHED else \
+            outdated = pod.meta.label(tfa.POD_TEMPLATE_HASH) != wanted_hash
+            if pod.meta.deleting or pod.finished or outdated:
+                why = "is being deleted" if pod.meta.deleting else f"is {pod.phase}" if pod.finished else \
                     "runs an outdated template"
                 await self._lost_or_pending(conn, why)
-                if not deleting(pod):
+                if not pod.meta.deleting:
                     await self._delete(pod)
                 return None  # the pod's deletion brings this connection back
             if serving(pod):
@@ -224,8 +223,9 @@ class ConnectionReconciler:
         await self._lost_or_pending(conn, "is gone")
         return await self._create_dedicated(conn, workload, pool, wanted_hash)
 
-    async def _create_dedicated(self, conn: Obj, workload: Obj, pool: Obj | None, wanted_hash: str) -> Result | None:
-        namespace, name = str(meta(conn).get("namespace")), name_of(conn)
+    async def _create_dedicated(self, conn: Body, workload: Workload, pool: GpuPool | None,
+                                wanted_hash: str) -> Result | None:
+        namespace, name = conn.namespace, conn.name
         index = await self._index(f"{namespace}/{name}")
         try:
             pod = worker_pod(workload, pool, self.providers.list(), name=name, template=wanted_hash, dedicated=True,
@@ -249,55 +249,54 @@ class ConnectionReconciler:
             return None
         return assignments.indexes.assign(key)
 
-    async def _delete(self, pod: Obj) -> None:
+    async def _delete(self, pod: Pod) -> None:
         try:
-            await self.runtime.client.delete(r.PODS, name_of(pod), namespace=meta(pod).get("namespace"))
+            await self.runtime.client.delete(r.PODS, pod.name, namespace=pod.namespace)
         except NotFound:
             pass
 
     # --- fixed workloads: one of the workload's workers -------------------------------------------
 
-    async def _shared(self, conn: Obj, workload: Obj) -> Result | None:
-        namespace = str(meta(conn).get("namespace"))
-        workers = {name_of(p): p for p in self.pods.by_index(WORKLOAD_INDEX, f"{namespace}/{name_of(workload)}")
-                   if controlled_by(p, workload)}
-        current_hash = status_of(workload).get("podTemplateHash")
+    async def _shared(self, conn: Body, workload: Workload) -> Result | None:
+        namespace = conn.namespace
+        workers = {p.name: p for p in (Pod(obj) for obj in self.pods.by_index(WORKLOAD_INDEX, _key(workload)))
+                   if controlled_by(p, workload.uid)}
+        current_hash = text(workload.status, "podTemplateHash")
         usable = {name: p for name, p in workers.items() if serving(p)
-                  and (not current_hash or labels_of(p).get(tfa.POD_TEMPLATE_HASH) == current_hash)}
-        status = status_of(conn)
-        current = usable.get(str(status.get("workerName") or "")) if is_connected(conn) else None
+                  and (not current_hash or p.meta.label(tfa.POD_TEMPLATE_HASH) == current_hash)}
+        current = usable.get(text(conn.status, "workerName")) if is_connected(conn) else None
         if current is not None:
             await self._ready(conn, current)
             return None
         if not usable:
-            await self._lost_or_pending(conn, f"workload {name_of(workload)} has no Running worker")
+            await self._lost_or_pending(conn, f"workload {workload.name} has no Running worker")
             return Result(requeue_after=NO_WORKER_RETRY_S)
         if is_connected(conn):
             await self._lost_or_pending(conn, "no longer serves")
         async with self._choosing:
-            key = f"{namespace}/{name_of(conn)}"
-            chosen = min(usable.values(), key=lambda p: (self._load(f"{namespace}/{name_of(p)}", key), name_of(p)))
-            await self._label_worker(conn, name_of(chosen))
+            key = _key(conn)
+            chosen = min(usable.values(), key=lambda p: (self._load(f"{namespace}/{p.name}", key), p.name))
+            await self._label_worker(conn, chosen.name)
             await self._ready(conn, chosen)
-        self.runtime.events.normal(conn, "WorkerSelected", f"worker {name_of(chosen)} selected")
+        self.runtime.events.normal(conn, "WorkerSelected", f"worker {chosen.name} selected")
         return None
 
     def _load(self, worker: str, conn_key: str) -> int:
         """Connections on `worker` ("namespace/name"), this one left out: those this reconciler
         gave it, and those the cache shows Running on it that it has not decided about."""
         keys = {key for key, serving in self._serving.items() if serving == worker}
-        keys |= {key for c in self.connections.by_index(CONNECTION_WORKER_INDEX, worker)
-                 if (key := f"{meta(c).get('namespace')}/{name_of(c)}") not in self._serving}
+        keys |= {key for c in self._connections(CONNECTION_WORKER_INDEX, worker)
+                 if (key := _key(c)) not in self._serving}
         keys.discard(conn_key)
         return len(keys)
 
-    async def _label_worker(self, conn: Obj, worker: str) -> None:
+    async def _label_worker(self, conn: Body, worker: str) -> None:
         value = label_value(worker)
-        if labels_of(conn).get(tfa.WORKER_NAME) == value:
+        if conn.meta.label(tfa.WORKER_NAME) == value:
             return
         try:
-            await self.runtime.client.patch(r.TENSORFUSIONCONNECTIONS, name_of(conn),
+            await self.runtime.client.patch(r.TENSORFUSIONCONNECTIONS, conn.name,
                                             {"metadata": {"labels": {tfa.WORKER_NAME: value}}},
-                                            namespace=meta(conn).get("namespace"))
+                                            namespace=conn.namespace)
         except NotFound:
             pass

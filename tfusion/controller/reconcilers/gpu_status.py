@@ -61,7 +61,7 @@ class GpuStatusReconciler:
             allocator.remove_gpu(name)
             return None
         try:
-            service.apply_gpu(allocator, cached)
+            service.apply_gpu(allocator, Gpu(cached))
         except AllocatorError as exc:
             self.runtime.events.warning(cached, "GPUNotApplied", str(exc))
             raise

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator
 from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Gpu, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller import views
 from tfusion.controller.reconcilers.common import (
@@ -45,15 +45,9 @@ from tfusion.controller.reconcilers.common import (
     PENDING,
     RUNNING,
     UNKNOWN,
-    Obj,
-    annotations_of,
     byte_count,
     condition,
-    labels_of,
     merge_conditions,
-    meta,
-    name_of,
-    status_of,
     write_status,
 )
 from tfusion.controller.reconcilers.holdings import knows_gpu
@@ -70,15 +64,15 @@ log = logging.getLogger(__name__)
 REPORTING = "HypervisorReporting"
 
 
-def is_missing(gpu: Mapping[str, Any]) -> bool:
-    return bool(annotations_of(gpu).get(tfa.GPU_MISSING_SINCE))
+def is_missing(gpu: Gpu) -> bool:
+    return bool(gpu.meta.annotation(tfa.GPU_MISSING_SINCE))
 
 
-def last_report(gpus: list[Obj]) -> float | None:
+def last_report(gpus: list[Gpu]) -> float | None:
     """The newest `last-sync` stamp (epoch seconds) among the GPUs; None when none has one."""
     newest: float | None = None
     for gpu in gpus:
-        stamp = annotations_of(gpu).get(tfa.LAST_SYNC)
+        stamp = gpu.meta.annotation(tfa.LAST_SYNC)
         if not stamp:
             continue
         try:
@@ -89,9 +83,9 @@ def last_report(gpus: list[Obj]) -> float | None:
     return newest
 
 
-def rollup(allocator: GpuAllocator, gpunode: Obj, gpus: list[Obj]) -> dict[str, Any]:
+def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> dict[str, Any]:
     """The capacity part of a GPUNode's status from its GPUs that are not missing (see the module docstring)."""
-    names = sorted(name_of(g) for g in gpus if knows_gpu(allocator, name_of(g)))
+    names = sorted(g.name for g in gpus if knows_gpu(allocator, g.name))
     total_t = total_v = avail_t = avail_v = 0
     allocated: dict[str, list[dict[str, Any]]] = {}
     pods: set[str] = set()
@@ -113,16 +107,15 @@ def rollup(allocator: GpuAllocator, gpunode: Obj, gpus: list[Obj]) -> dict[str, 
             if gpu in names:
                 limit_t += t
                 limit_v += v
-    pool = labels_of(gpunode).get(tfa.MANAGED_BY) or (allocator.gpu_info(names[0]).pool if names else "")
+    pool = gpunode.meta.label(tfa.MANAGED_BY) or (allocator.gpu_info(names[0]).pool if names else "")
     config = allocator.pool_config(pool)
-    node_info = status_of(gpunode).get("nodeInfo") or {}
+    node_info = section(gpunode.status, "nodeInfo")
     virtual_t = total_t * config.tflops_oversell_ratio // 100
     virtual_v = (total_v + byte_count(node_info.get("ramSize")) * config.vram_expand_to_host_mem // 100
                  + byte_count(node_info.get("dataDiskSize")) * config.vram_expand_to_host_disk // 100)
     return {
         "totalGPUs": len(names), "managedGPUs": len(names),
-        "managedGPUDeviceIDs": sorted(str(status_of(g).get("uuid") or name_of(g)) for g in gpus
-                                      if name_of(g) in names),
+        "managedGPUDeviceIDs": sorted(str(g.status.get("uuid") or g.name) for g in gpus if g.name in names),
         "totalTFlops": tflops_str(total_t), "totalVRAM": vram_str(total_v),
         "availableTFlops": tflops_str(avail_t), "availableVRAM": vram_str(avail_v),
         "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_mib_str(virtual_v),
@@ -143,11 +136,11 @@ class GpuNodeReconciler:
         self.gpus = runtime.informer(r.GPUS)
         self._by_node = self.gpus.add_label_index(tfa.MANAGED_BY)
         self.controller = runtime.manager.controller("gpunode").for_(r.GPUNODES) \
-            .watches(r.GPUS, lambda gpu: [labels_of(gpu)[tfa.MANAGED_BY]] if labels_of(gpu).get(tfa.MANAGED_BY)
-                     else []).complete(self)
+            .watches(r.GPUS, lambda gpu: [node] if (node := Gpu(gpu).meta.label(tfa.MANAGED_BY)) else []) \
+            .complete(self)
 
-    def gpus_of(self, node: str) -> list[Obj]:
-        return self.gpus.by_index(self._by_node, node)
+    def gpus_of(self, node: str) -> list[Gpu]:
+        return [Gpu(g) for g in self.gpus.by_index(self._by_node, node)]
 
     async def reconcile(self, name: str) -> Result | None:
         gpunode = self.gpunodes.get(name)
@@ -156,20 +149,22 @@ class GpuNodeReconciler:
         allocator = await self.allocation.wait_ready()
         if allocator is None:
             return None  # not the leader (any more)
-        current = await ensure_finalizer(self.runtime.client, r.GPUNODES, gpunode, FINALIZER, self._cleanup)
-        if current is None:
+        found = await ensure_finalizer(self.runtime.client, r.GPUNODES, gpunode, FINALIZER,
+                                       lambda obj: self._cleanup(Body(obj)))
+        if found is None:
             return None
+        current = Body(found)
         present = [g for g in self.gpus_of(name) if not is_missing(g)]
         reported = last_report(present)
         age = None if reported is None else max(0.0, time.time() - reported)
         phase, reason, message = self._phase(age)
-        old = status_of(current)
+        old = current.status
         wanted: dict[str, Any] = {"phase": phase, **rollup(allocator, current, present)}
-        conditions = [condition(old.get("conditions"), REPORTING, phase == RUNNING, reason, message,
-                                generation=int(meta(current).get("generation") or 0))]
-        wanted["conditions"] = merge_conditions(old.get("conditions"), conditions)
+        conditions = [condition(current.conditions, REPORTING, phase == RUNNING, reason, message,
+                                generation=current.meta.generation)]
+        wanted["conditions"] = merge_conditions(current.conditions, conditions)
         if reported is not None:
-            wanted["hypervisorStatus"] = {**(old.get("hypervisorStatus") or {}),
+            wanted["hypervisorStatus"] = {**section(old, "hypervisorStatus"),
                                           "hypervisorState": "Reporting" if phase == RUNNING else "NotReporting",
                                           "lastHeartbeatTime": tfa.format_timestamp(reported)}
         if await write_status(self.runtime.client, r.GPUNODES, current, wanted):
@@ -188,26 +183,26 @@ class GpuNodeReconciler:
         return UNKNOWN, "ReportsStopped", (f"the hypervisor has not reported for {age:.0f} s (more than the "
                                            f"{self.grace:.0f} s grace); its GPUs are not schedulable")
 
-    def _announce(self, gpunode: Obj, before: Any, phase: str, message: str) -> None:
+    def _announce(self, gpunode: Body, before: Any, phase: str, message: str) -> None:
         if before == phase:
             return
-        log.info("GPUNode %s is %s: %s", name_of(gpunode), phase, message)
+        log.info("GPUNode %s is %s: %s", gpunode.name, phase, message)
         if phase == UNKNOWN:
             self.runtime.events.warning(gpunode, "HypervisorNotReporting", message)
         elif phase == RUNNING and before == UNKNOWN:
             self.runtime.events.normal(gpunode, "HypervisorReporting", message)
 
-    async def _follow_gpu_phases(self, gpus: list[Obj], phase: str) -> None:
+    async def _follow_gpu_phases(self, gpus: list[Gpu], phase: str) -> None:
         want, other = (RUNNING, PENDING) if phase == RUNNING else (PENDING, RUNNING)
         for gpu in gpus:
-            if status_of(gpu).get("phase") != other:
+            if gpu.phase != other:
                 continue
             try:
-                await self.runtime.client.patch(r.GPUS, name_of(gpu), {"status": {"phase": want}},
+                await self.runtime.client.patch(r.GPUS, gpu.name, {"status": {"phase": want}},
                                                 subresource="status")
             except NotFound:
                 continue
 
-    async def _cleanup(self, gpunode: Obj) -> bool:
+    async def _cleanup(self, gpunode: Body) -> bool:
         await write_status(self.runtime.client, r.GPUNODES, gpunode, {"phase": DESTROYING})
         return True

@@ -23,27 +23,19 @@ or not; its other taints are left as they are (scheduling/progressive.py says wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Node
+from tfusion.api.accessors import Body, GpuNode, GpuPool, Node
 from tfusion.api.selectors import parse_label_selector
-from tfusion.controller.reconcilers.common import (
-    PENDING,
-    Obj,
-    controller_name,
-    controller_reference,
-    labels_of,
-    meta,
-    name_of,
-    status_of,
-)
+from tfusion.controller.reconcilers.common import PENDING, controller_name, controller_reference
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
-from tfusion.kube.reconciler import Result, generation_changed, spec_changed
+from tfusion.kube.reconciler import Result, spec_changed
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
@@ -53,12 +45,12 @@ log = logging.getLogger(__name__)
 AUTO_SELECT = "AutoSelect"
 
 
-def gpunode_for(node: Obj, pool: Obj) -> dict[str, Any]:
+def gpunode_for(node: Node, pool: GpuPool) -> dict[str, Any]:
     """The GPUNode an AutoSelect pool keeps for a Node."""
-    pool_name, vendor = name_of(pool), node_vendor(node, pool)
+    pool_name, vendor = pool.name, node_vendor(node.raw, pool.raw)
     return {
         "apiVersion": r.GPUNODES.api_version, "kind": "GPUNode",
-        "metadata": {"name": name_of(node), "labels": {
+        "metadata": {"name": node.name, "labels": {
             tfa.MANAGED_BY: pool_name, f"{tfa.POOL_LABEL_PREFIX}{pool_name}": "true",
             tfa.HARDWARE_VENDOR: vendor, tfa.GPU_POOL: pool_name},
             "ownerReferences": [controller_reference(pool, r.GPUPOOLS)]},
@@ -66,23 +58,24 @@ def gpunode_for(node: Obj, pool: Obj) -> dict[str, Any]:
     }
 
 
-def _metadata_changed(old: Obj, new: Obj) -> bool:
-    return labels_of(old) != labels_of(new) or meta(old).get("deletionTimestamp") != meta(new).get("deletionTimestamp")
+def _metadata_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    before, after = Body(old).meta, Body(new).meta
+    return before.labels != after.labels or before.deletion_timestamp != after.deletion_timestamp
 
 
-def _spec_or_deletion_changed(old: Obj, new: Obj) -> bool:
+def _spec_or_deletion_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """A pool's selectors are in its spec; its status changes (often) select no other node."""
-    return generation_changed(old, new) or meta(old).get("deletionTimestamp") != meta(new).get("deletionTimestamp")
+    before, after = Body(old).meta, Body(new).meta
+    return before.generation != after.generation or before.deletion_timestamp != after.deletion_timestamp
 
 
-def _worker_placement_changed(old: Obj, new: Obj) -> bool:
+def _worker_placement_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return progressive.worker_node_index(old) != progressive.worker_node_index(new)
 
 
-def _auto_selected(gpunode: Obj) -> bool:
+def _auto_selected(gpunode: GpuNode) -> bool:
     """A GPUNode this reconciler keeps: AutoSelect and controlled by a pool (one made by hand is not)."""
-    return str((gpunode.get("spec") or {}).get("manageMode") or AUTO_SELECT) == AUTO_SELECT \
-        and bool(controller_name(gpunode, "GPUPool"))
+    return (gpunode.manage_mode or AUTO_SELECT) == AUTO_SELECT and bool(controller_name(gpunode, "GPUPool"))
 
 
 class NodeReconciler:
@@ -97,7 +90,7 @@ class NodeReconciler:
         self.gpu_node_selector = runtime.settings.initial_gpu_node_label_selector
         self.gpu_nodes = parse_label_selector(self.gpu_node_selector)
         builder = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
-            .watches(r.GPUNODES, lambda gpunode: [name_of(gpunode)], predicates=[_metadata_changed]) \
+            .watches(r.GPUNODES, lambda gpunode: [Body(gpunode).name], predicates=[_metadata_changed]) \
             .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed])
         self.pods = runtime.informer(r.PODS)
         if self.progressive:
@@ -106,74 +99,74 @@ class NodeReconciler:
                                       label_selector=component_selector(runtime.settings))
         self.controller = builder.complete(self)
 
+    def _pool(self, name: str) -> GpuPool | None:
+        found = self.pools.get(name)
+        return GpuPool(found) if found is not None else None
+
     async def reconcile(self, name: str) -> Result | None:
-        node = self.nodes.get(name)
-        gpunode = self.gpunodes.get(name)
-        if node is None or meta(node).get("deletionTimestamp"):
+        found, found_gpunode = self.nodes.get(name), self.gpunodes.get(name)
+        gpunode = GpuNode(found_gpunode) if found_gpunode is not None else None
+        if found is None or Node(found).meta.deleting:
             if gpunode is not None:
                 await self._delete(gpunode, "its Node is gone")
             return None
+        node = Node(found)
         if self.progressive:
             await self._keep_taint(node)
-        if (node.get("spec") or {}).get("unschedulable"):
+        if node.unschedulable:
             return None
         if gpunode is not None and not _auto_selected(gpunode):
             return None
-        if not self.gpu_nodes.matches(labels_of(node)):
+        if not self.gpu_nodes.matches(node.meta.labels):
             if gpunode is not None:
                 await self._delete(gpunode, f"its Node does not match INITIAL_GPU_NODE_LABEL_SELECTOR "
                                             f"{self.gpu_node_selector}")
             return None
-        if gpunode is not None:
-            pool = self.pools.get(labels_of(gpunode).get(tfa.MANAGED_BY) or "")
-            if pool is None or not pool_selects(pool, node):
-                await self._delete(gpunode, "its GPUPool no longer selects its Node")
-                return None
-        else:
-            pool_name = select_pool(self.pools.list(), node)
-            if pool_name is None:
-                return None
-            pool = self.pools.get(pool_name)
-            assert pool is not None
-            await self._create(node, pool)
+        if gpunode is None:
+            pool_name = select_pool(self.pools.list(), node.raw)
+            chosen = self._pool(pool_name) if pool_name is not None else None
+            if chosen is not None:
+                await self._create(node, chosen)
             return None
-        vendor = node_vendor(node, pool)
-        if labels_of(gpunode).get(tfa.HARDWARE_VENDOR) != vendor:
+        pool = self._pool(gpunode.meta.label(tfa.MANAGED_BY) or "")
+        if pool is None or not pool_selects(pool.raw, node.raw):
+            await self._delete(gpunode, "its GPUPool no longer selects its Node")
+            return None
+        vendor = node_vendor(node.raw, pool.raw)
+        if gpunode.meta.label(tfa.HARDWARE_VENDOR) != vendor:
             await self.runtime.client.patch(r.GPUNODES, name, {"metadata": {"labels": {tfa.HARDWARE_VENDOR: vendor}}})
         return None
 
-    async def _keep_taint(self, node: Obj) -> None:
+    async def _keep_taint(self, node: Node) -> None:
         """Progressive mode: the used-by taint while the node runs workers, none while it is idle.
         The write carries the resourceVersion read, so a taint someone adds meanwhile is not lost
         (a Conflict requeues)."""
-        name = name_of(node)
-        busy = bool(self.pods.by_index(progressive.WORKER_NODE_INDEX, name))
-        taints = progressive.taints_for(Node(node), busy)
+        busy = bool(self.pods.by_index(progressive.WORKER_NODE_INDEX, node.name))
+        taints = progressive.taints_for(node, busy)
         if taints is None:
             return
-        await self.runtime.client.patch(r.NODES, name, {
-            "metadata": {"resourceVersion": meta(node).get("resourceVersion")}, "spec": {"taints": taints}})
-        log.info("%s taint %s on node %s", "added" if busy else "removed", progressive.used_by_taint(), name)
+        await self.runtime.client.patch(r.NODES, node.name, {
+            "metadata": {"resourceVersion": node.meta.resource_version or None}, "spec": {"taints": taints}})
+        log.info("%s taint %s on node %s", "added" if busy else "removed", progressive.used_by_taint(), node.name)
 
-    async def _create(self, node: Obj, pool: Obj) -> None:
+    async def _create(self, node: Node, pool: GpuPool) -> None:
         client = self.runtime.client
         try:
             created = await client.create(r.GPUNODES, gpunode_for(node, pool))
         except AlreadyExists:
             return  # the cache is behind; the GPUNode's event brings us back
-        if not status_of(created).get("phase"):
-            await client.patch(r.GPUNODES, name_of(node), {"status": {
+        if not Body(created).phase:
+            await client.patch(r.GPUNODES, node.name, {"status": {
                 "phase": PENDING, "totalTFlops": "0", "totalVRAM": "0", "totalGPUs": 0, "managedGPUs": 0}},
                 subresource="status")
-        log.info("created GPUNode %s in GPUPool %s", name_of(node), name_of(pool))
-        self.runtime.events.normal(node, "GPUNodeCreated", f"GPUPool {name_of(pool)} selects this node")
+        log.info("created GPUNode %s in GPUPool %s", node.name, pool.name)
+        self.runtime.events.normal(node, "GPUNodeCreated", f"GPUPool {pool.name} selects this node")
 
-    async def _delete(self, gpunode: Obj, why: str) -> None:
-        if meta(gpunode).get("deletionTimestamp") or not _auto_selected(gpunode):
+    async def _delete(self, gpunode: GpuNode, why: str) -> None:
+        if gpunode.meta.deleting or not _auto_selected(gpunode):
             return
         try:
-            await self.runtime.client.delete(r.GPUNODES, name_of(gpunode))
+            await self.runtime.client.delete(r.GPUNODES, gpunode.name)
         except NotFound:
             return
-        log.info("deleted GPUNode %s: %s", name_of(gpunode), why)
-        self.runtime.events.normal(gpunode, "GPUNodeDeleted", f"deleted: {why}")
+        log.info("deleted GPUNode %s: %s", gpunode.name, why)

@@ -71,13 +71,12 @@ class PodReconciler:
         self.controller = runtime.manager.controller("pod") \
             .for_(r.PODS, label_selector=component_selector(runtime.settings)).complete(self)
         self.pods = runtime.informer(r.PODS)
-        self.pods.add_handler(on_delete=self._on_delete)
+        self.pods.add_handler(on_delete=lambda obj: self._on_delete(Pod(obj)))
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
 
-    def _on_delete(self, obj: Mapping[str, Any]) -> None:
+    def _on_delete(self, pod: Pod) -> None:
         """Remember the UID the deleted key had, and wake the reconciler; nothing is released here."""
-        pod = Pod(obj)
         if not pod.uid or not self.runtime.is_leader:
             return
         key = f"{pod.namespace}/{pod.name}"
@@ -126,7 +125,7 @@ class PodReconciler:
             if not (running and found is not None and uid == found.uid):
                 await self._release(service, uid, "vanished")
         if running and found is not None:
-            self.runtime.events.warning(found.raw, "WorkerLabelRemoved", f"left the pods labelled "
+            self.runtime.events.warning(found, "WorkerLabelRemoved", f"left the pods labelled "
                                         f"{component_selector(self.runtime.settings)} while it runs; what it "
                                         "holds stays held until it finishes or is deleted")
             return Result(requeue_after=self.label_recheck_s)
@@ -167,7 +166,7 @@ class PodReconciler:
             await self.runtime.client.create(r.TENSORFUSIONCONNECTIONS, connection, namespace=namespace)
         except AlreadyExists:
             return
-        self.runtime.events.normal(pod.raw, "ConnectionCreated", f"TensorFusionConnection {name} created for "
+        self.runtime.events.normal(pod, "ConnectionCreated", f"TensorFusionConnection {name} created for "
                                    f"workload {workload}")
 
     async def _adopt_workload(self, pod: Pod) -> Result | None:
@@ -177,7 +176,7 @@ class PodReconciler:
         namespace = pod.namespace
         workload = self.workloads.get(f"{namespace}/{workload_name}")
         if workload is None:
-            self.runtime.events.warning(pod.raw, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does "
+            self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does "
                                         f"not exist (yet); it is to be owned by this pod")
             return Result(requeue_after=WORKLOAD_RETRY_S)
         owner = _owner(pod)

@@ -16,22 +16,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, GpuPool, Node, items, section
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
     RUNNING,
     UPDATING,
-    Obj,
     condition,
     controller_name,
-    labels_of,
     merge_conditions,
-    meta,
-    name_of,
-    status_of,
     sum_capacity,
     write_status,
 )
@@ -58,81 +55,82 @@ class PoolReconciler:
         self._by_pool = self.gpunodes.add_label_index(tfa.MANAGED_BY)
         self._gpus_by_pool = self.gpus.add_label_index(tfa.GPU_POOL)
         self.controller = runtime.manager.controller("gpupool").for_(r.GPUPOOLS) \
-            .watches(r.GPUNODES, self._pool_of_gpunode) \
+            .watches(r.GPUNODES, lambda gpunode: self._pool_of_gpunode(Body(gpunode))) \
             .watches(r.NODES, self._pools_selecting, predicates=[spec_changed]) \
             .complete(self)
 
     @staticmethod
-    def _pool_of_gpunode(gpunode: Obj) -> list[str]:
-        pool = labels_of(gpunode).get(tfa.MANAGED_BY)
+    def _pool_of_gpunode(gpunode: Body) -> list[str]:
+        pool = gpunode.meta.label(tfa.MANAGED_BY)
         return [pool] if pool else []
 
-    def _pools_selecting(self, node: Obj) -> list[str]:
-        return [name_of(p) for p in self.pools.list() if pool_selects(p, node)]
+    def _pools_selecting(self, node: Mapping[str, Any]) -> list[str]:
+        return [GpuPool(p).name for p in self.pools.list() if pool_selects(p, node)]
 
-    def members(self, pool: str) -> list[Obj]:
-        return self.gpunodes.by_index(self._by_pool, pool)
+    def members(self, pool: str) -> list[Body]:
+        return [Body(n) for n in self.gpunodes.by_index(self._by_pool, pool)]
 
     async def reconcile(self, name: str) -> Result | None:
         pool = self.pools.get(name)
         if pool is None:
             return None
-        current = await ensure_finalizer(self.runtime.client, r.GPUPOOLS, pool, FINALIZER, self._cleanup)
+        current = await ensure_finalizer(self.runtime.client, r.GPUPOOLS, pool, FINALIZER,
+                                         lambda obj: self._cleanup(GpuPool(obj)))
         if current is None:
             return None if not self.members(name) else Result(requeue_after=1.0)
-        await self._label_nodes(current)
-        await self._write_status(current)
+        await self._label_nodes(GpuPool(current))
+        await self._write_status(GpuPool(current))
         return None
 
-    async def _cleanup(self, pool: Obj) -> bool:
-        members = self.members(name_of(pool))
+    async def _cleanup(self, pool: GpuPool) -> bool:
+        members = self.members(pool.name)
         await write_status(self.runtime.client, r.GPUPOOLS, pool, {"phase": DESTROYING})
         for gpunode in members:
-            if not meta(gpunode).get("deletionTimestamp"):
+            if not gpunode.meta.deleting:
                 try:
-                    await self.runtime.client.delete(r.GPUNODES, name_of(gpunode))
+                    await self.runtime.client.delete(r.GPUNODES, gpunode.name)
                 except NotFound:
                     pass
         return not members
 
-    async def _label_nodes(self, pool: Obj) -> None:
-        wanted = {tfa.NODE_SELECTOR_HASH: selector_hash(pool)}
-        for gpunode in self.members(name_of(pool)):
-            node = self.nodes.get(name_of(gpunode))
-            if node is None:
+    async def _label_nodes(self, pool: GpuPool) -> None:
+        wanted = {tfa.NODE_SELECTOR_HASH: selector_hash(pool.raw)}
+        for gpunode in self.members(pool.name):
+            found = self.nodes.get(gpunode.name)
+            if found is None:
                 continue
-            labels = labels_of(node)
-            changes = {**wanted, tfa.HARDWARE_VENDOR: labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool)}
+            node = Node(found)
+            labels = node.meta.labels
+            changes = {**wanted, tfa.HARDWARE_VENDOR: labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool.raw)}
             changes = {k: v for k, v in changes.items() if labels.get(k) != v}
             if changes:
                 try:
-                    await self.runtime.client.patch(r.NODES, name_of(node), {"metadata": {"labels": changes}})
+                    await self.runtime.client.patch(r.NODES, node.name, {"metadata": {"labels": changes}})
                 except NotFound:
                     continue
 
     def _running_apps(self, pool: str) -> int:
         apps = {(app.get("namespace"), app.get("name"))
                 for gpu in self.gpus.by_index(self._gpus_by_pool, pool)
-                for app in status_of(gpu).get("runningApps") or []}
+                for app in items(gpu, "status", "runningApps") if isinstance(app, Mapping)}
         return len(apps)
 
-    async def _write_status(self, pool: Obj) -> None:
-        name = name_of(pool)
-        old = status_of(pool)
-        statuses = [status_of(n) for n in self.members(name)]
+    async def _write_status(self, pool: GpuPool) -> None:
+        old = pool.status
+        statuses = [n.status for n in self.members(pool.name)]
         ready = sum(1 for s in statuses if s.get("phase") == RUNNING)
         phase = RUNNING if ready == len(statuses) else UPDATING
         message = f"{ready} of {len(statuses)} GPUNode(s) Running"
         wanted: dict[str, Any] = {
             "phase": phase, "totalNodes": len(statuses), "readyNodes": ready, "notReadyNodes": len(statuses) - ready,
             "totalGPUs": sum(int(s.get("totalGPUs") or 0) for s in statuses),
-            "runningAppsCnt": self._running_apps(name),
+            "runningAppsCnt": self._running_apps(pool.name),
             "cluster": controller_name(pool, "TensorFusionCluster"),
-            "componentStatus": old.get("componentStatus") or {},
-            "conditions": merge_conditions(old.get("conditions"), [condition(
-                old.get("conditions"), "Ready", phase == RUNNING, "AllNodesRunning" if phase == RUNNING
-                else "NodesNotRunning", message, generation=int(meta(pool).get("generation") or 0))]),
+            "componentStatus": dict(section(old, "componentStatus")),
+            "conditions": merge_conditions(pool.conditions, [condition(
+                pool.conditions, "Ready", phase == RUNNING, "AllNodesRunning" if phase == RUNNING
+                else "NodesNotRunning", message, generation=pool.meta.generation)]),
             **sum_capacity(statuses),
         }
         if await write_status(self.runtime.client, r.GPUPOOLS, pool, wanted) and phase != old.get("phase"):
-            log.info("GPUPool %s is %s (%s)", name, phase, message)
+            log.info("GPUPool %s is %s (%s)", pool.name, phase, message)

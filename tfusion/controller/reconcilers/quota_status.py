@@ -59,7 +59,7 @@ class QuotaStatusReconciler:
             service.forget_quota(namespace, name)
             return None
         if service.quota_name(namespace) != name:
-            service.apply_quota(allocator, cached)
+            service.apply_quota(allocator, Body(cached))
         if service.quota_name(namespace) == name:
             try:
                 await self._write(allocator, Body(cached))

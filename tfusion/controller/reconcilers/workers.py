@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import section, text
+from tfusion.api.accessors import GpuPool, Pod, Workload, items, section, sequence_of_maps, text
 from tfusion.api.hashing import content_hash
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.defaults import provider_config_for
-from tfusion.controller.reconcilers.common import FINALIZER, Obj, meta, name_of
+from tfusion.controller.reconcilers.common import FINALIZER
 from tfusion.controller.webhook.build import DEFAULT_WORKER_IMAGE
 
 WORKER_CONTAINER = "worker"
@@ -49,12 +49,13 @@ class TemplateError(ValueError):
     """A worker pod template cannot be applied; the message names where it came from."""
 
 
-def template_hash(pool: Mapping[str, Any] | None, workload: Mapping[str, Any]) -> str:
+def template_hash(pool: GpuPool | None, workload: Workload) -> str:
     """What a worker pod is made of: the pool's worker component, the hypervisor port and the spec."""
-    basis = {"worker": section(pool, "spec", "componentConfig", "worker"),
-             "hypervisorPort": section(pool, "spec", "componentConfig", "hypervisor").get("portNumber"),
+    config = pool.component_config if pool is not None else section(None)
+    basis = {"worker": section(config, "worker"),
+             "hypervisorPort": section(config, "hypervisor").get("portNumber"),
              # the replica count says how many workers, not what one is
-             "spec": {k: v for k, v in (workload.get("spec") or {}).items() if k != "replicas"}}
+             "spec": {k: v for k, v in workload.spec.items() if k != "replicas"}}
     return content_hash(basis, 10)
 
 
@@ -65,12 +66,11 @@ def label_value(value: str) -> str | None:
 
 def _annotations(spec: Mapping[str, Any], pool_name: str) -> dict[str, str]:
     notes: dict[str, str] = {tfa.GPU_POOL: pool_name}
-    resources = spec.get("resources") or {}
     for (side, name), key in _RESOURCE_ANNOTATIONS.items():
-        value = (resources.get(side) or {}).get(name)
+        value = section(spec, "resources", side).get(name)
         if value not in (None, "", "0", 0):
             notes[getattr(tfa, key)] = str(value)
-    indices = spec.get("gpuIndices") or []
+    indices = items(spec, "gpuIndices")
     if indices:
         notes[tfa.GPU_INDICES] = ",".join(str(i) for i in indices)
     notes[tfa.GPU_COUNT] = str(spec.get("gpuCount") or len(indices) or 1)
@@ -81,10 +81,10 @@ def _annotations(spec: Mapping[str, Any], pool_name: str) -> dict[str, str]:
     return notes
 
 
-def _image(pool: Mapping[str, Any] | None, providers: list[Obj], vendor: str) -> str:
+def _image(pool: GpuPool | None, providers: list[dict[str, Any]], vendor: str) -> str:
     provider = provider_config_for(providers, vendor or "NVIDIA")
-    return (text(pool, "spec", "componentConfig", "worker", "image")
-            or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE)
+    worker_image = text(pool.component_config, "worker", "image") if pool is not None else ""
+    return worker_image or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE
 
 
 def _template_spec(template: Any) -> Mapping[str, Any] | None:
@@ -95,90 +95,83 @@ def _template_spec(template: Any) -> Mapping[str, Any] | None:
     return inner if isinstance(inner, Mapping) else template
 
 
-def _merge_template(pod: Obj, template: Any, source: str) -> Obj:
+def _merge_template(pod: dict[str, Any], template: Any, source: str) -> dict[str, Any]:
     found = _template_spec(template)
     if not found:
         return pod
     patch = {key: copy.deepcopy(found[key]) for key in ("metadata", "spec") if isinstance(found.get(key), Mapping)}
     try:
-        merged: Obj = strategic_merge_patch(pod, patch, "Pod")
+        merged: dict[str, Any] = strategic_merge_patch(pod, patch, "Pod")
     except PatchError as exc:
         raise TemplateError(f"{source} cannot be applied to the worker pod: {exc}") from None
     return merged
 
 
-def worker_pod(workload: Obj, pool: Mapping[str, Any] | None, providers: list[Obj], *, owner: Obj,
+def worker_pod(workload: Workload, pool: GpuPool | None, providers: list[dict[str, Any]], *, owner: dict[str, Any],
                name: str = "", generate_name: str = "", template: str, dedicated: bool = False,
-               index: int | None = None) -> Obj:
+               index: int | None = None) -> dict[str, Any]:
     """The worker pod of `workload` (see the module docstring); `owner` is its controlling
     ownerReference (the workload, or the connection of a dedicated worker)."""
-    spec = workload.get("spec") or {}
-    pool_name = str(spec.get("poolName") or (meta(workload).get("labels") or {}).get(tfa.GPU_POOL)
-                    or name_of(pool or {}))
-    workload_name = name_of(workload)
+    spec = workload.spec
+    pool_name = workload.pool_name or workload.meta.label(tfa.GPU_POOL) or (pool.name if pool is not None else "")
     labels = {tfa.COMPONENT: tfa.COMPONENT_WORKER, tfa.POD_TEMPLATE_HASH: template}
-    for key, value in ((tfa.WORKLOAD, workload_name), (tfa.GPU_POOL, pool_name)):
+    for key, value in ((tfa.WORKLOAD, workload.name), (tfa.GPU_POOL, pool_name)):
         if label_value(value):
             labels[key] = value
     notes = _annotations(spec, pool_name)
     if dedicated:
         notes[tfa.DEDICATED_WORKER] = "true"
-    metadata: Obj = {"namespace": meta(workload).get("namespace"), "labels": labels, "annotations": notes,
+    metadata: dict[str, Any] = {"namespace": workload.namespace or None, "labels": labels, "annotations": notes,
                      "finalizers": [FINALIZER], "ownerReferences": [owner]}
     if name:
         metadata["name"] = name
     else:
         metadata["generateName"] = generate_name
-    container: Obj = {"name": WORKER_CONTAINER, "image": _image(pool, providers, str(spec.get("vendor") or "")),
+    container: dict[str, Any] = {"name": WORKER_CONTAINER, "image": _image(pool, providers, text(spec, "vendor")),
                       "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]}
     if index is not None:
         resource, count = tfa.encode_pod_index(index)
         container["resources"] = {"limits": {resource: str(count)}}
-    pod_spec: Obj = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
+    pod_spec: dict[str, Any] = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
                      "tolerations": [{"key": tfa.USED_BY, "operator": "Equal", "value": tfa.USED_BY_TENSOR_FUSION,
                                       "effect": "PreferNoSchedule"}]}
-    qos = str(spec.get("qos") or "")
-    if qos in ("high", "critical"):
-        pod_spec["priorityClassName"] = tfa.priority_class_name(qos)
+    if workload.qos in ("high", "critical"):
+        pod_spec["priorityClassName"] = tfa.priority_class_name(workload.qos)
     if isinstance(spec.get("nodeAffinity"), Mapping):
         pod_spec["affinity"] = {"nodeAffinity": copy.deepcopy(spec["nodeAffinity"])}
-    pod: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
-    pod = _merge_template(pod, section(pool, "spec", "componentConfig", "worker").get("podTemplate"),
-                          f"GPUPool {name_of(pool or {})}: spec.componentConfig.worker.podTemplate")
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    if pool is not None:
+        pod = _merge_template(pod, section(pool.component_config, "worker").get("podTemplate"),
+                              f"GPUPool {pool.name}: spec.componentConfig.worker.podTemplate")
     pod = _merge_template(pod, spec.get("workerPodTemplate"),
-                          f"TensorFusionWorkload {workload_name}: spec.workerPodTemplate")
+                          f"TensorFusionWorkload {workload.name}: spec.workerPodTemplate")
     # what the template may not change: who the pod is and what it belongs to
+    merged = Pod(pod).meta
     pod["metadata"].update({key: metadata[key] for key in ("namespace", "finalizers", "ownerReferences")})
-    pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), **labels}
-    pod["metadata"]["annotations"] = {**(pod["metadata"].get("annotations") or {}), **notes}
+    pod["metadata"]["labels"] = {**merged.labels, **labels}
+    pod["metadata"]["annotations"] = {**merged.annotations, **notes}
     return pod
 
 
-def worker_port(pod: Mapping[str, Any]) -> int:
+def worker_port(pod: Pod) -> int:
     """The port the worker listens on: its `remote-vgpu` container port, else 8000."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
+    for container in pod.containers:
+        for port in sequence_of_maps(container.get("ports")):
             if port.get("name") == WORKER_PORT_NAME and isinstance(port.get("containerPort"), int):
                 return int(port["containerPort"])
     return WORKER_PORT
 
 
-def serving(pod: Mapping[str, Any] | None) -> bool:
+def serving(pod: Pod | None) -> bool:
     """Running, with an address, and not on its way out."""
-    status = (pod or {}).get("status") or {}
-    return (pod is not None and status.get("phase") == "Running" and bool(status.get("podIP"))
-            and not (pod.get("metadata") or {}).get("deletionTimestamp"))
+    return pod is not None and pod.phase == "Running" and bool(pod.pod_ip) and not pod.meta.deleting
 
 
-def connection_url(pod: Mapping[str, Any]) -> str:
+def connection_url(pod: Pod) -> str:
     """`native+<podIP>+<port>+<pod>-<resourceVersion>`: where the client reaches this worker."""
-    status = pod.get("status") or {}
-    metadata = pod.get("metadata") or {}
-    return f"native+{status.get('podIP')}+{worker_port(pod)}+{metadata.get('name')}-{metadata.get('resourceVersion')}"
+    return f"native+{pod.pod_ip}+{worker_port(pod)}+{pod.name}-{pod.meta.resource_version}"
 
 
-def url_of_same_worker(url: str, pod: Mapping[str, Any]) -> bool:
+def url_of_same_worker(url: str, pod: Pod) -> bool:
     """Whether `url` was given for this pod at its current address (its resourceVersion moves on)."""
-    status = pod.get("status") or {}
-    name = (pod.get("metadata") or {}).get("name")
-    return url.startswith(f"native+{status.get('podIP')}+{worker_port(pod)}+{name}-")
+    return url.startswith(f"native+{pod.pod_ip}+{worker_port(pod)}+{pod.name}-")

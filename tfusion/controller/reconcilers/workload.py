@@ -31,24 +31,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, GpuPool, Pod, Workload
 from tfusion.controller.reconcilers.common import (
     FAILED,
     FINALIZER,
     PENDING,
     RUNNING,
-    Obj,
-    annotations_of,
     condition,
     controlled_by,
     controller_reference,
-    labels_of,
     merge_conditions,
-    meta,
-    name_of,
-    status_of,
     write_status,
 )
 from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
@@ -71,7 +67,6 @@ WORKER_INFIX = "-tf-worker-"
 EXPECTATION_RETRY_S = 0.5
 #: how long an expectation is honoured (a create whose pod never shows up is forgotten then)
 EXPECTATION_TTL_S = 30.0
-FINISHED = ("Succeeded", "Failed")
 ADMITTED_INDEX = "admitted-workload"
 #: how long a workload the webhook created waits for its pod before it is deleted
 ADMISSION_GRACE_S = 60.0
@@ -79,56 +74,53 @@ ADMISSION_GRACE_S = 60.0
 ADOPTION_RETRY_S = 3.0
 
 
-def workload_key(pod: Obj) -> list[str]:
+def workload_key(obj: Mapping[str, Any]) -> list[str]:
     """"namespace/name" of the workload a worker pod belongs to (the pod index and the watch map)."""
-    name = labels_of(pod).get(tfa.WORKLOAD)
-    if not name or labels_of(pod).get(tfa.COMPONENT) != tfa.COMPONENT_WORKER:
+    pod = Pod(obj)
+    name = pod.meta.label(tfa.WORKLOAD)
+    if not name or not pod.is_worker:
         return []
-    return [f"{meta(pod).get('namespace')}/{name}"]
+    return [f"{pod.namespace}/{name}"]
 
 
-def admitted_key(pod: Obj) -> list[str]:
+def admitted_key(obj: Mapping[str, Any]) -> list[str]:
     """"namespace/name" of the workload the webhook made this pod part of: a worker's, or the one a
-    remote client selected."""
-    component = labels_of(pod).get(tfa.COMPONENT)
-    if component == tfa.COMPONENT_WORKER:
-        name = labels_of(pod).get(tfa.WORKLOAD)
-    elif component == tfa.COMPONENT_CLIENT:
-        name = annotations_of(pod).get(tfa.SELECTED_WORKLOAD)
+    remote client selected (an informer index: it is given the raw object)."""
+    pod = Pod(obj)
+    if pod.is_worker:
+        name = pod.meta.label(tfa.WORKLOAD)
+    elif pod.is_client:
+        name = pod.meta.annotation(tfa.SELECTED_WORKLOAD)
     else:
         return []
-    return [f"{meta(pod).get('namespace')}/{name}"] if name else []
+    return [f"{pod.namespace}/{name}"] if name else []
 
 
-def is_ready(pod: Obj) -> bool:
-    status = status_of(pod)
-    return status.get("phase") == RUNNING and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+def is_ready(pod: Pod) -> bool:
+    ready = pod.condition("Ready")
+    return pod.phase == RUNNING and ready is not None and ready.get("status") == "True"
 
 
-def is_dynamic(workload: Obj) -> bool:
-    return (workload.get("spec") or {}).get("replicas") is None
+def is_dynamic(workload: Workload) -> bool:
+    return workload.spec.get("replicas") is None
 
 
-def deletion_order(pods: list[Obj]) -> list[Obj]:
+def deletion_order(pods: list[Pod]) -> list[Pod]:
     """kube's ActivePods order (the first goes first): unscheduled, then pending, then not ready,
     then the most recently created."""
-    newest_first = sorted(pods, key=lambda p: (str(meta(p).get("creationTimestamp") or ""), name_of(p)),
-                          reverse=True)
+    newest_first = sorted(pods, key=_oldest_first, reverse=True)
     phase_rank = {"Pending": 0, "Unknown": 1, RUNNING: 2}
-    return sorted(newest_first, key=lambda p: (1 if (p.get("spec") or {}).get("nodeName") else 0,
-                                               phase_rank.get(str(status_of(p).get("phase")), 0),
+    return sorted(newest_first, key=lambda p: (1 if p.node_name else 0, phase_rank.get(p.phase, 0),
                                                1 if is_ready(p) else 0))
 
 
 def workloads_of_pool(workloads: Informer, pool: str) -> list[str]:
     """"namespace/name" of the workloads that use `pool`."""
-    return [f"{meta(w).get('namespace')}/{name_of(w)}" for w in workloads.list()
-            if (w.get("spec") or {}).get("poolName") == pool]
+    return [f"{w.namespace}/{w.name}" for w in map(Workload, workloads.list()) if w.pool_name == pool]
 
 
-def _oldest_first(pod: Obj) -> tuple[str, str]:
-    return str(meta(pod).get("creationTimestamp") or ""), name_of(pod)
+def _oldest_first(pod: Pod) -> tuple[str, str]:
+    return pod.meta.creation_timestamp, pod.name
 
 
 class WorkloadReconciler:
@@ -147,47 +139,44 @@ class WorkloadReconciler:
         self.controller = runtime.manager.controller("tensorfusionworkload").for_(r.TENSORFUSIONWORKLOADS) \
             .watches(r.PODS, lambda pod: [*workload_key(pod), *admitted_key(pod)],
                      label_selector=component_selector(runtime.settings)) \
-            .watches(r.GPUPOOLS, self._workloads_of_pool, predicates=[generation_changed]).complete(self)
+            .watches(r.GPUPOOLS, lambda pool: workloads_of_pool(self.workloads, Body(pool).name),
+                     predicates=[generation_changed]).complete(self)
         #: workload key -> (names created, names deleted, when) not yet seen in the cache
         self._expected: dict[str, tuple[set[str], set[str], float]] = {}
         self.created = self.deleted = 0  # worker pods (tests read them)
 
-    def _workloads_of_pool(self, pool: Obj) -> list[str]:
-        """A pool's worker template is part of its workloads' template hash."""
-        return workloads_of_pool(self.workloads, name_of(pool))
-
     async def reconcile(self, key: str) -> Result | None:
-        workload = self.workloads.get(key)
-        if workload is None:
+        cached = self.workloads.get(key)
+        if cached is None:
             self._expected.pop(key, None)
             return None
+        workload = Workload(cached)
         wait: float | None = None
-        if AWAITING_POD in annotations_of(workload) and not meta(workload).get("deletionTimestamp"):
+        if workload.meta.annotation(AWAITING_POD) is not None and not workload.meta.deleting:
             deleted, wait = await self._awaiting_pod(key, workload)
             if deleted:
                 return None
         result = await self._reconcile(key, workload)
         return result if result is not None or wait is None else Result(requeue_after=wait)
 
-    async def _awaiting_pod(self, key: str, workload: Obj) -> tuple[bool, float | None]:
+    async def _awaiting_pod(self, key: str, workload: Workload) -> tuple[bool, float | None]:
         """A workload the webhook created: (deleted, seconds until the grace ends). The mark goes
         once a pod of it exists; the workload goes when none came within the grace."""
-        namespace = str(meta(workload).get("namespace") or "")
-        pods = self.pods.by_index(ADMITTED_INDEX, key)
-        if any(tfa.PENDING_OWNED_WORKLOAD not in annotations_of(p) for p in pods):
-            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, name_of(workload), {"metadata": {
+        namespace = workload.namespace
+        pods = [Pod(p) for p in self.pods.by_index(ADMITTED_INDEX, key)]
+        if any(p.meta.annotation(tfa.PENDING_OWNED_WORKLOAD) is None for p in pods):
+            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload.name, {"metadata": {
                 "annotations": {AWAITING_POD: None}}}, namespace=namespace)
             return False, None
         if pods:  # a bare pod the pod reconciler has yet to make the owner: confirmed once it has
             return False, ADOPTION_RETRY_S
-        since = awaiting_pod_since(workload) or dt.datetime.now(dt.UTC)
+        since = awaiting_pod_since(workload.raw) or dt.datetime.now(dt.UTC)
         left = self.admission_grace - (dt.datetime.now(dt.UTC) - since).total_seconds()
         if left > 0:
             return False, left
-        version = {"uid": str(meta(workload).get("uid") or ""),
-                   "resourceVersion": str(meta(workload).get("resourceVersion") or "")}
+        version = {"uid": workload.uid, "resourceVersion": workload.meta.resource_version}
         try:  # only this version: an adoption or any other write meanwhile keeps it for another look
-            await self.runtime.client.delete(r.TENSORFUSIONWORKLOADS, name_of(workload), namespace=namespace,
+            await self.runtime.client.delete(r.TENSORFUSIONWORKLOADS, workload.name, namespace=namespace,
                                              preconditions=version)
         except NotFound:
             return True, None
@@ -197,25 +186,25 @@ class WorkloadReconciler:
                  "%.0f s", key, self.admission_grace)
         return True, None
 
-    async def _reconcile(self, key: str, workload: Obj) -> Result | None:
+    async def _reconcile(self, key: str, workload: Workload) -> Result | None:
         dynamic = is_dynamic(workload)
-        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, FINALIZER,
-                                         self._cleanup)
+        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, dict(workload.raw), FINALIZER,
+                                         lambda obj: self._cleanup(Workload(obj)))
         if current is None:
             return None if dynamic else Result(requeue_after=1.0)
         if dynamic:
-            await self._write_status(current, self._workers(key), None, {})
+            await self._write_status(Workload(current), self._workers(key), None, {})
             return None
-        return await self._fixed(key, current)
+        return await self._fixed(key, Workload(current))
 
-    def _workers(self, key: str, owner: Obj | None = None) -> list[Obj]:
-        pods = self.pods.by_index(WORKLOAD_INDEX, key)
-        return [p for p in pods if not meta(p).get("deletionTimestamp") and (owner is None or controlled_by(p, owner))]
+    def _workers(self, key: str, owner: Workload | None = None) -> list[Pod]:
+        pods = (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key))
+        return [p for p in pods if not p.meta.deleting and (owner is None or controlled_by(p, owner.uid))]
 
-    async def _write_status(self, workload: Obj, workers: list[Obj], desired: int | None,
+    async def _write_status(self, workload: Workload, workers: list[Pod], desired: int | None,
                             extra: dict[str, Any]) -> None:
         ready = sum(1 for p in workers if is_ready(p))
-        failed = sum(1 for p in workers if status_of(p).get("phase") == FAILED)
+        failed = sum(1 for p in workers if p.phase == FAILED)
         if failed:
             phase, reason, message = FAILED, "WorkerFailed", f"{failed} of {len(workers)} worker(s) failed"
         elif desired == 0:
@@ -227,35 +216,34 @@ class WorkloadReconciler:
         else:
             phase, reason, message = PENDING, "WaitingForWorkers", \
                 f"{ready} of {desired if desired is not None else len(workers)} worker(s) ready"
-        old = status_of(workload)
+        old = workload.conditions
         wanted: dict[str, Any] = {
             **extra, "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
-            "conditions": merge_conditions(old.get("conditions"), [condition(
-                old.get("conditions"), "Ready", phase == RUNNING, reason, message,
-                generation=int(meta(workload).get("generation") or 0))]),
+            "conditions": merge_conditions(old, [condition(old, "Ready", phase == RUNNING, reason, message,
+                                                           generation=workload.meta.generation)]),
         }
         await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, wanted)
 
-    async def _cleanup(self, workload: Obj) -> bool:
+    async def _cleanup(self, workload: Workload) -> bool:
         """Dynamic: nothing to wait for. Fixed: delete the workers; done once none is left."""
         if is_dynamic(workload):
             return True
-        key = f"{meta(workload).get('namespace')}/{name_of(workload)}"
-        owned = [p for p in self.pods.by_index(WORKLOAD_INDEX, key) if controlled_by(p, workload)]
+        key = f"{workload.namespace}/{workload.name}"
+        owned = [p for p in map(Pod, self.pods.by_index(WORKLOAD_INDEX, key)) if controlled_by(p, workload.uid)]
         for pod in owned:
-            if not meta(pod).get("deletionTimestamp"):
+            if not pod.meta.deleting:
                 await self._delete(pod)
         return not owned
 
     # --- fixed replicas -----------------------------------------------------------------------
 
-    def _waiting_for_cache(self, key: str, workers: list[Obj]) -> bool:
+    def _waiting_for_cache(self, key: str, workers: list[Pod]) -> bool:
         """Whether creates or deletes of an earlier pass are not in the cache yet (then wait)."""
         expected = self._expected.get(key)
         if expected is None:
             return False
         created, deleted, since = expected
-        present = {name_of(p) for p in workers}
+        present = {p.name for p in workers}
         created.difference_update(present)
         deleted.intersection_update(present)
         if (not created and not deleted) or self.runtime.manager.clock.now() - since > EXPECTATION_TTL_S:
@@ -270,41 +258,40 @@ class WorkloadReconciler:
         if deleted:
             names[1].add(deleted)
 
-    async def _fixed(self, key: str, workload: Obj) -> Result | None:
-        spec = workload.get("spec") or {}
-        desired = max(0, int(spec.get("replicas") or 0))
-        pool = self.pools.get(str(spec.get("poolName") or ""))
+    async def _fixed(self, key: str, workload: Workload) -> Result | None:
+        desired = max(0, workload.replicas or 0)
+        found_pool = self.pools.get(workload.pool_name)
+        pool = GpuPool(found_pool) if found_pool is not None else None
         wanted_hash = template_hash(pool, workload)
-        if status_of(workload).get("podTemplateHash") != wanted_hash:
+        if workload.status.get("podTemplateHash") != wanted_hash:
             await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload,
-                               {"podTemplateHash": wanted_hash, "workerCount": status_of(workload).get(
-                                   "workerCount", 0)})
+                               {"podTemplateHash": wanted_hash, "workerCount": workload.status.get("workerCount", 0)})
         workers = self._workers(key, workload)
         if self._waiting_for_cache(key, workers):
             return Result(requeue_after=EXPECTATION_RETRY_S)
-        outdated = sorted((p for p in workers if labels_of(p).get(tfa.POD_TEMPLATE_HASH) != wanted_hash
-                           or status_of(p).get("phase") in FINISHED), key=_oldest_first)
+        outdated = sorted((p for p in workers if p.meta.label(tfa.POD_TEMPLATE_HASH) != wanted_hash or p.finished),
+                          key=_oldest_first)
         for pod in outdated:
             await self._delete(pod)
-            self._expect(key, deleted=name_of(pod))
+            self._expect(key, deleted=pod.name)
         active = [p for p in workers if p not in outdated]
         if len(active) > desired:
             for pod in deletion_order(active)[:len(active) - desired]:
                 await self._delete(pod)
-                self._expect(key, deleted=name_of(pod))
+                self._expect(key, deleted=pod.name)
         for _ in range(desired - len(active)):
             await self._create(key, workload, pool, wanted_hash)
         await self._write_status(workload, workers, desired, {"podTemplateHash": wanted_hash})
         return None
 
-    async def _create(self, key: str, workload: Obj, pool: Obj | None, wanted_hash: str) -> None:
-        namespace = str(meta(workload).get("namespace"))
+    async def _create(self, key: str, workload: Workload, pool: GpuPool | None, wanted_hash: str) -> None:
+        namespace = workload.namespace
         index = None
         assignments = self.assignments
         if assignments.indexes is not None:
-            index = assignments.indexes.assign(f"{namespace}/{name_of(workload)}{WORKER_INFIX}{self.created}")
+            index = assignments.indexes.assign(f"{namespace}/{workload.name}{WORKER_INFIX}{self.created}")
         try:
-            pod = worker_pod(workload, pool, self.providers.list(), generate_name=f"{name_of(workload)}{WORKER_INFIX}",
+            pod = worker_pod(workload, pool, self.providers.list(), generate_name=f"{workload.name}{WORKER_INFIX}",
                              template=wanted_hash, owner=controller_reference(workload, r.TENSORFUSIONWORKLOADS),
                              index=index)
         except TemplateError as exc:
@@ -312,11 +299,11 @@ class WorkloadReconciler:
             return
         created = await self.runtime.client.create(r.PODS, pod, namespace=namespace)
         self.created += 1
-        self._expect(key, created=name_of(created))
+        self._expect(key, created=Body(created).name)
 
-    async def _delete(self, pod: Obj) -> None:
+    async def _delete(self, pod: Pod) -> None:
         try:
-            await self.runtime.client.delete(r.PODS, name_of(pod), namespace=meta(pod).get("namespace"))
+            await self.runtime.client.delete(r.PODS, pod.name, namespace=pod.namespace)
             self.deleted += 1
         except NotFound:
             pass
