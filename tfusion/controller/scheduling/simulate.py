@@ -149,11 +149,11 @@ def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
     }
 
 
-def native_request(scheduler: Scheduler, pod: Mapping[str, Any]) -> dict[str, int]:
+def native_request(scheduler: Scheduler, pod: Pod) -> dict[str, int]:
     """The native GPU resources of a pod that asks for no TensorFusion GPUs ({} for any other)."""
-    if asks_for_gpus(Pod(pod)):
+    if asks_for_gpus(pod):
         return {}
-    return nc.extended_requests(Pod(pod), scheduler.native_resource_names())
+    return nc.extended_requests(pod, scheduler.native_resource_names())
 
 
 def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_nodes: int) -> dict[str, Any]:
@@ -182,14 +182,14 @@ def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_
     }
 
 
-def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Mapping[str, Any],
+def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Pod,
                     native: Mapping[str, int]) -> dict[str, Any]:
     """The built-in scheduler's decision for a native-GPU pod, with every node's verdict."""
     by_name = scheduler.nodes_by_name()
     busy = scheduler.nodes_with_workers()
-    check = scheduler.native_check(nc.pod_demand(Pod(pod)), native, busy)
+    check = scheduler.native_check(nc.pod_demand(pod), native, busy)
     failures = {n: f for n, node in by_name.items() if (f := check(n, node)) is not None}
-    decision = scheduler.decide(Pod(pod), Framework(allocator))
+    decision = scheduler.decide(pod, Framework(allocator))
     error = None
     if decision.why is not None:
         error = _native_fit_error(failures, decision.why.message, len(by_name))
@@ -237,9 +237,10 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, source
         return 400, {"error": "the Pod manifest has no spec"}
     if foreign := foreign_scheduler(spec):
         return 400, {"error": foreign, "field": "spec.schedulerName"}
-    native = native_request(scheduler, pod) if scheduler is not None else {}
+    view = Pod(pod)
+    native = native_request(scheduler, view) if scheduler is not None else {}
     if scheduler is not None and native:
-        return 200, simulate_native(scheduler, allocator, pod, native)
+        return 200, simulate_native(scheduler, allocator, view, native)
     try:
         req = request_from_pod(defaulted_pod(pod, sources))
     except Denial as exc:  # the webhook's refusal, in its words (a request above its limit among them)

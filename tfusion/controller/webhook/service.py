@@ -284,7 +284,8 @@ class WebhookService:
         meta = dict(section(pod, "metadata"))
         namespace = request.namespace or text(meta, "namespace") or "default"
         await self._synced()
-        view = {**pod, "metadata": {**meta, "namespace": namespace}}
+        placed = {**pod, "metadata": {**meta, "namespace": namespace}}  # the pod in its namespace
+        view = Pod(placed)
         key, state = (_memo_bytes(request, pod, meta), namespace), self._state()  # the state before reading the caches
         if (known := await self._remembered(key, state, view, namespace)) is not None:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
@@ -292,10 +293,10 @@ class WebhookService:
         context = self.context(namespace, gpu_reads=gpu_reads)
         if not mutate.selects(pod, context):
             return allowed(request.uid)
-        if mutate.progressive_only(view, context):
+        if mutate.progressive_only(placed, context):
             return allowed(request.uid, encode_patch(json_diff(pod, mutate.progressive_pod(pod))))
         owner = await self.owners.resolve(view, namespace)
-        plan = mutate.analyse(view, context, owner)
+        plan = mutate.analyse(placed, context, owner)
         if plan is None:
             return allowed(request.uid)
         _check_workload_name(plan)
@@ -307,14 +308,14 @@ class WebhookService:
             self.memo.remember(key, entry)
             return await self._finish(request, pod, view, namespace, plan, (key, entry))
         if plan.enabled_replicas is not None and not request.dryRun:
-            counter = await self.owners.claim_grey_release(owner, namespace, _template_hash(Pod(view), plan),
+            counter = await self.owners.claim_grey_release(owner, namespace, _template_hash(view, plan),
                                                            plan.enabled_replicas)
             if counter is None:
                 return allowed(request.uid)
             plan.annotations[tfa.POD_COUNTER_KEY] = counter
         return await self._finish(request, pod, view, namespace, plan, None)
 
-    async def _remembered(self, key: MemoKey, state: State, view: dict[str, Any], namespace: str) -> Remembered | None:
+    async def _remembered(self, key: MemoKey, state: State, view: Pod, namespace: str) -> Remembered | None:
         """The memo's answer for this pod, if it holds one that is still current."""
         if key not in self.memo:
             return None
@@ -323,11 +324,11 @@ class WebhookService:
             return None
         return found
 
-    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: dict[str, Any], namespace: str,
+    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: Pod, namespace: str,
                       plan: mutate.Plan, remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
         """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
         the plan is the memo's) and the workload."""
-        pod_key = _assignment_key(Pod(view), namespace)
+        pod_key = _assignment_key(view, namespace)
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
         patch = remembered[1].patches.get(index) if remembered is not None else None
@@ -335,7 +336,7 @@ class WebhookService:
             port = None
             if plan.host_port is not None and not request.dryRun:
                 port = await self.assignments.assign_host_port(pod_key)
-            patch = encode_patch(json_diff(pod, render.render(view, plan, index=index, host_port=port)))
+            patch = encode_patch(json_diff(pod, render.render(view.raw, plan, index=index, host_port=port)))
             if remembered is not None:
                 self.memo.add_patch(*remembered, index, patch)
         if not request.dryRun:

@@ -117,11 +117,10 @@ class OwnerResolver:
         self._owners: OrderedDict[str, Owner] = OrderedDict()
         self.lookups = 0
 
-    async def resolve(self, pod: Mapping[str, Any], namespace: str) -> Owner:
-        view = Pod(pod)
-        ref = view.meta.controller_ref()
+    async def resolve(self, pod: Pod, namespace: str) -> Owner:
+        ref = pod.meta.controller_ref()
         if ref is None:
-            return Owner(workload_name=bare_workload_name(view))
+            return Owner(workload_name=bare_workload_name(pod))
         uid = text(ref, "uid")
         cached = self._owners.get(uid) if uid else None
         if cached is not None:
