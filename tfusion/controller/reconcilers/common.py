@@ -1,6 +1,6 @@
-"""What every reconciler of this package shares: reading objects, conditions that keep their
-transition time, status writes that happen only when something changed, owner references, and
-quantity sums.
+"""What every reconciler of this package shares: conditions that keep their transition time, status
+writes that happen only when something changed, owner references, and quantity sums (objects are
+read through the typed views of tfusion/api/accessors.py).
 
 Why one module: each reconciler writes a status subresource that its own write brings back as an
 update event; writing only the fields that differ (conditions compared without their timestamps)
@@ -19,37 +19,9 @@ from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
 
-Obj = dict[str, Any]
-
 FINALIZER = tfa.FINALIZER
 RUNNING, PENDING, UPDATING, DESTROYING, UNKNOWN, FAILED = (
     "Running", "Pending", "Updating", "Destroying", "Unknown", "Failed")
-
-
-def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    found = obj.get("metadata")
-    return found if isinstance(found, dict) else {}
-
-
-def name_of(obj: Mapping[str, Any]) -> str:
-    return str(meta(obj).get("name") or "")
-
-
-def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
-    return dict(meta(obj).get("labels") or {})
-
-
-def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
-    return dict(meta(obj).get("annotations") or {})
-
-
-def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    found = obj.get("status")
-    return found if isinstance(found, dict) else {}
-
-
-def deleting(obj: Mapping[str, Any]) -> bool:
-    return bool(meta(obj).get("deletionTimestamp"))
 
 
 def controller_reference(owner: Body, resource: r.ApiResource) -> dict[str, Any]:

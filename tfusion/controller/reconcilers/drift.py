@@ -42,18 +42,11 @@ from prometheus_client import Counter
 
 from tfusion.allocator import GpuAllocator, RequestError
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Pod
+from tfusion.api.accessors import Body, Gpu, Node, Pod, items, sequence_of_maps
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller.allocation import FLUSH_INTERVAL_S, AllocatorService
-from tfusion.controller.reconcilers.common import (
-    RUNNING,
-    Obj,
-    annotations_of,
-    meta,
-    name_of,
-    status_of,
-)
-from tfusion.controller.reconcilers.holdings import knows_gpu, worker_request
+from tfusion.controller.reconcilers.common import RUNNING
+from tfusion.controller.reconcilers.holdings import gpu_names, knows_gpu, worker_request
 from tfusion.controller.views import gpu_status
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
@@ -65,13 +58,11 @@ log = logging.getLogger(__name__)
 
 HYPERVISOR_TIMEOUT_S = 2.0
 MAX_FINDINGS = 100
-FINISHED = ("Succeeded", "Failed")
 KINDS = ("gpu-status", "orphan-allocation", "missing-allocation", "allocation-gpus", "hypervisor-workers")
 
 
-def _gpu_fields(gpu: Mapping[str, Any]) -> tuple[Any, Any]:
-    status = status_of(gpu)
-    return status.get("available"), status.get("runningApps") or []
+def _gpu_fields(gpu: Gpu) -> tuple[Any, Any]:
+    return gpu.status.get("available"), items(gpu.status, "runningApps")
 
 
 def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[Any, Any]:
@@ -79,8 +70,8 @@ def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[Any, Any]:
     return wanted["available"], wanted["runningApps"]
 
 
-def node_address(node: Mapping[str, Any] | None) -> str | None:
-    for address in (status_of(node or {}).get("addresses") or []):
+def node_address(node: Node | None) -> str | None:
+    for address in sequence_of_maps(node.status.get("addresses") if node is not None else None):
         if address.get("type") == "InternalIP" and address.get("address"):
             return str(address["address"])
     return None
@@ -106,7 +97,8 @@ class DriftAudit:
         #: (kind, object) -> (the disagreement seen, since when): reported once it outlasts `settle`
         self._suspects: dict[tuple[str, str], tuple[str, float]] = {}
         self.settle = 2 * (runtime.settings.sync_interval + FLUSH_INTERVAL_S) + 1.0
-        runtime.informer(r.GPUS).add_handler(on_update=self._on_gpu_update)
+        runtime.informer(r.GPUS).add_handler(
+            on_update=lambda old, new: self._on_gpu_update(old and Gpu(old), Gpu(new)))
         runtime.add_leader_task(self.run)
 
     # --- findings -----------------------------------------------------------------------------------
@@ -116,14 +108,14 @@ class DriftAudit:
         self.totals[kind] += 1
         text = f"{message}; {repaired}" if repaired else message
         self.runtime.events.warning(obj, "DriftDetected", text)
-        log.warning("drift (%s) on %s %s: %s", kind, obj.get("kind", ""), name_of(obj), text)
+        log.warning("drift (%s) on %s %s: %s", kind, obj.get("kind", ""), Body(obj).name, text)
         return {"kind": kind, "object": f"{obj.get('kind', '')}/{self._ref(obj)}", "message": message,
                 "repair": repaired, "at": tfa.now_rfc3339()}
 
     @staticmethod
     def _ref(obj: Mapping[str, Any]) -> str:
-        namespace = meta(obj).get("namespace")
-        return f"{namespace}/{name_of(obj)}" if namespace else name_of(obj)
+        body = Body(obj)
+        return f"{body.namespace}/{body.name}" if body.namespace else body.name
 
     def _persists(self, kind: str, key: str, seen: str, now: set[tuple[str, str]]) -> bool:
         """True when the same disagreement (`seen`) has been there since an audit at least `settle`
@@ -141,15 +133,15 @@ class DriftAudit:
 
     # --- hand edits, at once ------------------------------------------------------------------------
 
-    def _on_gpu_update(self, old: Obj | None, new: Obj) -> None:
+    def _on_gpu_update(self, old: Gpu | None, new: Gpu) -> None:
         allocator = self.service.allocator
-        name = name_of(new)
+        name = new.name
         if old is None or allocator is None or not knows_gpu(allocator, name):
             return
         before, after, ledger = _gpu_fields(old), _gpu_fields(new), _ledger_fields(allocator, name)
         if after in (before, ledger) or before != ledger:
             return
-        gpu = {**new, "kind": "GPU", "apiVersion": r.GPUS.api_version}
+        gpu = {**new.raw, "kind": "GPU", "apiVersion": r.GPUS.api_version}
         self._pending.append(self._found(
             "gpu-status", gpu, f"status.available {after[0]} (ledger: {ledger[0]}), "
             f"{len(after[1])} runningApps (ledger: {len(ledger[1])}) changed by someone else",
@@ -196,16 +188,15 @@ class DriftAudit:
 
     def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[dict[str, Any]]:
         found = []
-        for gpu in self.runtime.informer(r.GPUS).list():
-            name = name_of(gpu)
+        for gpu in map(Gpu, self.runtime.informer(r.GPUS).list()):
+            name = gpu.name
             if not knows_gpu(allocator, name):
                 continue
             have, ledger = _gpu_fields(gpu), _ledger_fields(allocator, name)
             if have == ledger:
                 continue
-            version = str(meta(gpu).get("resourceVersion") or "")
-            if self._persists("gpu-status", name, version, seen):
-                found.append(self._found("gpu-status", {**gpu, "kind": "GPU"},
+            if self._persists("gpu-status", name, gpu.meta.resource_version, seen):
+                found.append(self._found("gpu-status", {**gpu.raw, "kind": "GPU"},
                                          f"status.available {have[0]} but the ledger says {ledger[0]}",
                                          "rewritten from the ledger"))
                 if self.service.gpu_status is not None:
@@ -218,11 +209,12 @@ class DriftAudit:
         committed = allocator.allocations(committed_only=True)
         for uid, info in committed.items():
             req = info.request
-            pod = pods.get(f"{req.namespace}/{req.pod_name}")
-            if pod is not None and meta(pod).get("uid") == uid and status_of(pod).get("phase") not in FINISHED:
+            cached = pods.get(f"{req.namespace}/{req.pod_name}")
+            pod = Pod(cached) if cached is not None else None
+            if pod is not None and pod.uid == uid and not pod.finished:
                 held = self._gpu_ids(pod)
                 if held is not None and sorted(held) != sorted(info.gpu_names):
-                    found.append(self._found("allocation-gpus", {**pod, "kind": "Pod"},
+                    found.append(self._found("allocation-gpus", {**pod.raw, "kind": "Pod"},
                                              f"gpu-ids {','.join(held)} but the ledger holds "
                                              f"{','.join(info.gpu_names)} for it", "left for a person to decide"))
                 continue
@@ -235,9 +227,8 @@ class DriftAudit:
                 found.append(self._found("orphan-allocation", target, f"the ledger held GPUs for pod "
                                          f"{req.namespace}/{req.pod_name} ({uid}), which is gone or finished",
                                          "released"))
-        for pod in pods.list():
-            uid = str(meta(pod).get("uid") or "")
-            if not Pod(pod).holds_gpus or allocator.has_allocation(uid):
+        for pod in map(Pod, pods.list()):
+            if not pod.holds_gpus or allocator.has_allocation(pod.uid):
                 continue
             finding = self._adopt(allocator, pod)
             if finding is not None:
@@ -245,9 +236,9 @@ class DriftAudit:
         return found
 
     @staticmethod
-    def _gpu_ids(pod: Mapping[str, Any]) -> tuple[str, ...] | None:
+    def _gpu_ids(pod: Pod) -> tuple[str, ...] | None:
         try:
-            return tfa.parse_gpu_ids(annotations_of(pod).get(tfa.GPU_IDS) or "", key=tfa.GPU_IDS)
+            return gpu_names(pod)
         except AnnotationError:
             return None
 
@@ -259,17 +250,18 @@ class DriftAudit:
         except KubeError as exc:
             log.info("drift audit: cannot read pod %s/%s: %s", namespace, name, exc)
             return False
-        return meta(pod).get("uid") != uid or status_of(pod).get("phase") in FINISHED
+        found = Pod(pod)
+        return found.uid != uid or found.finished
 
-    def _adopt(self, allocator: GpuAllocator, pod: Obj) -> dict[str, Any] | None:
+    def _adopt(self, allocator: GpuAllocator, pod: Pod) -> dict[str, Any] | None:
         try:
-            req, names = worker_request(Pod(pod), allocator)
+            req, names = worker_request(pod, allocator)
         except RequestError:
             return None  # the allocator's feed reports unreadable annotations itself
         if not all(knows_gpu(allocator, g) for g in names):
             return None  # waits for its GPUs to appear (the feed adopts it then)
         skipped = allocator.restore([(req, names)])
-        target = {**pod, "kind": "Pod"}
+        target = {**pod.raw, "kind": "Pod"}
         if skipped:
             return self._found("missing-allocation", target, f"holds {','.join(names)} but the ledger had "
                                "nothing for it", f"not adopted: {skipped[0][1]}")
@@ -281,10 +273,11 @@ class DriftAudit:
         placed = allocator.node_workers()
         nodes = self.runtime.informer(r.NODES)
         async with httpx.AsyncClient(timeout=HYPERVISOR_TIMEOUT_S) as http:
-            for gpunode in self.runtime.informer(r.GPUNODES).list():
-                name = name_of(gpunode)
-                address = node_address(nodes.get(name))
-                if status_of(gpunode).get("phase") != RUNNING or address is None:
+            for gpunode in map(Body, self.runtime.informer(r.GPUNODES).list()):
+                name = gpunode.name
+                node = nodes.get(name)
+                address = node_address(Node(node) if node is not None else None)
+                if gpunode.phase != RUNNING or address is None:
                     continue
                 host = f"[{address}]" if ":" in address else address
                 listed = await self._hypervisor_workers(http, f"http://{host}:{self.hypervisor_port}")
@@ -296,7 +289,7 @@ class DriftAudit:
                 extra, absent = sorted(listed - ledger), sorted(ledger - listed)
                 if self._persists("hypervisor-workers", name, f"{extra}{absent}", seen):
                     found.append(self._found(
-                        "hypervisor-workers", {**gpunode, "kind": "GPUNode"},
+                        "hypervisor-workers", {**gpunode.raw, "kind": "GPUNode"},
                         f"the hypervisor lists worker(s) {extra or '-'} the ledger does not place here, and "
                         f"misses {absent or '-'} that it does", "the ledger follows the pods; the hypervisor "
                         "follows them on its own"))
