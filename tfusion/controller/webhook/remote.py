@@ -1,9 +1,10 @@
 """Remote vGPU mode in the pod webhook: the pod runs on any node and reaches a GPU worker elsewhere.
 
 Why a module of its own: a remote client pod is analysed like a local one (the same profile, pool,
-amounts, QoS and container rules in mutate.py), but what it becomes differs: it is not scheduled by
-tfusion and holds no GPU itself; the GPU request goes to its TensorFusionWorkload, whose worker pods
-the controller creates, and the pod gets the client library and the address to ask for its worker.
+amounts and QoS rules, tfusion/controller/defaults.py, and container rules in mutate.py), but what it
+becomes differs: it is not scheduled by tfusion and holds no GPU itself; the GPU request goes to its
+TensorFusionWorkload, whose worker pods the controller creates, and the pod gets the client library
+and the address to ask for its worker.
 mutate.py calls `remote_plan` once it knows the pod is remote (`tensor-fusion.ai/is-local-gpu:
 "false"`, the WorkloadProfile's `isLocalGPU: false`, or the pool's `defaultUsingLocalGPU: false`);
 render.py calls `wire_client` instead of the local scheduler, index and limiter wiring.
