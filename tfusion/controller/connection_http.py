@@ -24,7 +24,6 @@ Errors are JSON `{"error": …, "field"?: …}`, like the original's; the URL is
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -32,6 +31,7 @@ from litestar import MediaType, Request, Response, get
 from litestar.params import Parameter
 from prometheus_client import Counter, Gauge
 
+from tfusion.api.accessors import Body
 from tfusion.kube import resources as r
 from tfusion.kube.auth import AUTH_FIELD, ReviewedToken, TokenReviewer, Unauthenticated, authenticate
 from tfusion.kube.client import KubeError
@@ -53,16 +53,16 @@ MAX_CONCURRENT_REVIEWS = 32
 POD_KIND = "Pod"
 
 
-def connection_url_of(conn: Mapping[str, Any] | None) -> str:
+def connection_url_of(conn: Body | None) -> str:
     """The URL of a connection that is ready (Running with a URL), else ""."""
-    status = (conn or {}).get("status") or {}
-    return str(status.get("connectionURL") or "") if status.get("phase") == "Running" else ""
+    if conn is None or conn.phase != "Running":
+        return ""
+    return str(conn.status.get("connectionURL") or "")
 
 
-def client_pod_uids(conn: Mapping[str, Any]) -> set[str]:
+def client_pod_uids(conn: Body) -> set[str]:
     """The UIDs of the pods that own the connection (its client pod)."""
-    refs = (conn.get("metadata") or {}).get("ownerReferences") or []
-    return {str(ref.get("uid")) for ref in refs if ref.get("kind") == POD_KIND and ref.get("uid")}
+    return {str(ref.get("uid")) for ref in conn.meta.owner_references if ref.get("kind") == POD_KIND and ref.get("uid")}
 
 
 class Waiter:
@@ -81,7 +81,10 @@ class ConnectionWaiters:
     def __init__(self, informer: Informer) -> None:
         self.informer = informer
         self._waiting: dict[str, set[Waiter]] = {}
-        informer.add_handler(on_add=self._changed, on_update=self._updated, on_delete=self._changed)
+        # the informer delivers raw objects: each is read through the view from here on
+        informer.add_handler(on_add=lambda obj: self._changed(Body(obj)),
+                             on_update=lambda _, new: self._changed(Body(new)),
+                             on_delete=lambda obj: self._changed(Body(obj)))
         informer.error_listeners.append(self._broken)
 
     def __len__(self) -> int:
@@ -99,13 +102,9 @@ class ConnectionWaiters:
             if not waiters:
                 del self._waiting[key]
 
-    def _changed(self, conn: Mapping[str, Any]) -> None:
-        meta = conn.get("metadata") or {}
-        for waiter in self._waiting.get(f"{meta.get('namespace')}/{meta.get('name')}", ()):
+    def _changed(self, conn: Body) -> None:
+        for waiter in self._waiting.get(f"{conn.namespace}/{conn.name}", ()):
             waiter.event.set()
-
-    def _updated(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-        self._changed(new)
 
     def _broken(self, error: KubeError) -> None:
         if self._waiting:
@@ -151,7 +150,7 @@ class ConnectionRoute:
             raise HttpError(exc.status, ErrorBody(error=exc.message, field=AUTH_FIELD)) from None
 
     @staticmethod
-    def authorize(identity: ReviewedToken | None, conn: Mapping[str, Any], key: str) -> None:
+    def authorize(identity: ReviewedToken | None, conn: Body, key: str) -> None:
         if identity is not None and identity.pod_uid not in client_pod_uids(conn):
             raise HttpError(401, ErrorBody(error=f"unauthorized: the token belongs to pod {identity.namespace}/"
                                                  f"{identity.pod_name}, not to the client pod of connection {key}",
@@ -184,11 +183,15 @@ class ConnectionRoute:
         identity = await self.authenticate(request.headers.get("authorization"))
         await self.synced()
         key = f"{namespace}/{name}"
-        conn = self.informer.get(key)
+        conn = self._cached(key)
         if conn is None:
             raise HttpError(404, "connection not found")
         self.authorize(identity, conn, key)
         return connection_url_of(conn) or await self._wait(key, request)
+
+    def _cached(self, key: str) -> Body | None:
+        found = self.informer.get(key)
+        return Body(found) if found is not None else None
 
     async def _wait(self, key: str, request: Request[Any, Any, Any]) -> str:
         waiter = self.waiters.add(key)
@@ -204,7 +207,7 @@ class ConnectionRoute:
             self.waiters.remove(key, waiter)
         if gone.is_set():  # nobody reads this answer; 499 only counts it (nginx's "client closed request")
             raise HttpError(499, "the client disconnected while waiting")
-        url = connection_url_of(self.informer.get(key))
+        url = connection_url_of(self._cached(key))
         if url:
             return url
         if outcome == "broken":
@@ -217,7 +220,7 @@ class ConnectionRoute:
     async def _ready_or_gone(self, key: str, waiter: Waiter) -> str:
         while True:
             waiter.event = anyio.Event()  # before reading the cache: a change after it wakes us
-            conn = self.informer.get(key)
+            conn = self._cached(key)
             if conn is None:
                 return "gone"
             if connection_url_of(conn):
