@@ -1,0 +1,20 @@
+"""The type of JSON data: what a body, a patch or a generated schema is before it is encoded.
+
+Why it exists: `dict[str, Any]` says nothing and lets any value through unchecked. A builder of a
+JSON document (a CRD schema, a status patch, a wire record) returns `JsonObject`, so mypy checks
+that every value it puts in is JSON; a reader of a Kubernetes object uses the views in
+`api/accessors.py` instead. The alias is recursive (mypy understands it); msgspec, orjson and
+kr8s take these values as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
+
+#: any JSON value as Python holds it after decoding (or before encoding)
+JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
+#: a JSON object being built (mutable)
+JsonObject: TypeAlias = "dict[str, JsonValue]"
+#: a JSON object only read (covariant in its values, so a dict[str, str] is one)
+JsonMapping: TypeAlias = "Mapping[str, JsonValue | Sequence[JsonValue] | Mapping[str, JsonValue]]"
