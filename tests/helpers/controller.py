@@ -13,7 +13,7 @@ import httpx
 
 from tfusion.api import annotations as tfa
 from tfusion.controller.allocation import AllocatorService
-from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.controller.role import ControllerRole, build_runtime, configure, serve_runtime
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.settings import Settings
@@ -42,7 +42,7 @@ async def kube_client(apiserver: Any) -> AsyncIterator[KubeClient]:
         await client.close()
 
 
-def service_of(runtime: ControllerRuntime) -> AllocatorService:
+def service_of(runtime: ControllerRole) -> AllocatorService:
     found = [getattr(t, "__self__", None) for t in runtime.leader_tasks]
     services = [s for s in found if isinstance(s, AllocatorService)]
     assert len(services) == 1, "configure() attaches exactly one AllocatorService"
@@ -53,7 +53,7 @@ class Controller:
     """One controller runtime served in the background of a test's task group; `stop()` ends it
     (as SIGTERM would: the Lease is released, the server closed)."""
 
-    def __init__(self, runtime: ControllerRuntime, scope: anyio.CancelScope, finished: anyio.Event) -> None:
+    def __init__(self, runtime: ControllerRole, scope: anyio.CancelScope, finished: anyio.Event) -> None:
         assert runtime.address is not None
         self.runtime = runtime
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{runtime.address[1]}", timeout=10)
@@ -72,7 +72,7 @@ class Controller:
 
 
 async def start_controller(tg: Any, settings: Settings, *,
-                           prepare: Callable[[ControllerRuntime], None] = configure) -> Controller:
+                           prepare: Callable[[ControllerRole], None] = configure) -> Controller:
     runtime = await build_runtime(settings)
     prepare(runtime)
     scope = anyio.CancelScope()

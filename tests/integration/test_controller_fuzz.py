@@ -38,7 +38,7 @@ from tests.helpers.progressive import NATIVE_GPUS, running_worker
 from tests.helpers.refusals import assert_refused
 from tests.helpers.scheduler import create_node
 from tfusion.api import annotations as tfa
-from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.controller.role import ControllerRole, build_runtime, configure, serve_runtime
 from tfusion.controller.scheduling.assignments import DEFAULT_SERVICE_ACCOUNT
 from tfusion.kube import resources as r
 from tfusion.settings import Settings
@@ -79,7 +79,7 @@ async def _serve(settings: Settings, *, task_status: Any) -> None:
     runtime = await build_runtime(settings)
     configure(runtime)
     async with anyio.create_task_group() as tg:
-        served: ControllerRuntime = await tg.start(serve_runtime, runtime)
+        served: ControllerRole = await tg.start(serve_runtime, runtime)
         assert served.address is not None
         task_status.started(served.address[1])
 

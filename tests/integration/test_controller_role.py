@@ -15,7 +15,7 @@ import yaml
 
 from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually
-from tfusion.controller.role import ControllerRuntime, build_runtime, serve_runtime
+from tfusion.controller.role import ControllerRole, build_runtime, serve_runtime
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.kube.leader import LEASE_NAME
@@ -54,7 +54,7 @@ async def test_health_ready_metrics_config_and_leader_tasks(apiserver: Any, tmp_
 
     runtime.add_leader_task(leader_only)
     async with anyio.create_task_group() as tg:
-        started: ControllerRuntime = await tg.start(lambda task_status: serve_runtime(runtime,
+        started: ControllerRole = await tg.start(lambda task_status: serve_runtime(runtime,
                                                                                       task_status=task_status))
         assert started is runtime and runtime.address is not None
         base = f"http://127.0.0.1:{runtime.address[1]}"

@@ -31,7 +31,7 @@ import pytest
 from tests.apiserver_fixture import ApiServerHandle, apply_crds, apply_crds_sync
 from tests.helpers import eventually, read_until_closed
 from tests.helpers.controller import Controller, controllers, settings_for, start_controller
-from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.controller.role import ControllerRole, build_runtime, configure, serve_runtime
 from tfusion.controller.scheduling.extender_sizing import sample_node
 from tfusion.controller.scheduling.http import EXTENDER_MAX_BODY_BYTES
 from tfusion.web import MEMORY_TRIMMER, _resident_bytes
@@ -120,7 +120,7 @@ def limit_sized_body() -> tuple[bytes, int]:
     return body, count
 
 
-async def _serve_controller(runtime: ControllerRuntime, *, task_status: Any) -> None:
+async def _serve_controller(runtime: ControllerRole, *, task_status: Any) -> None:
     async with anyio.create_task_group() as tg:
         served = await tg.start(serve_runtime, runtime)
         task_status.started(served)
@@ -128,7 +128,7 @@ async def _serve_controller(runtime: ControllerRuntime, *, task_status: Any) -> 
 
 
 @pytest.fixture
-def extender_controller(apiserver: ApiServerHandle, tmp_path: Path) -> Iterator[ControllerRuntime]:
+def extender_controller(apiserver: ApiServerHandle, tmp_path: Path) -> Iterator[ControllerRole]:
     """A leader-electing controller in extender mode, on an event loop in a thread of its own."""
     apply_crds_sync(apiserver)
     settings = settings_for(apiserver, tmp_path, scheduler="extender", leader_elect=True,
@@ -147,7 +147,7 @@ def extender_controller(apiserver: ApiServerHandle, tmp_path: Path) -> Iterator[
             future.cancel()
 
 
-def test_ten_limit_sized_bodies_leave_healthz_and_the_lease_alone(extender_controller: ControllerRuntime) -> None:
+def test_ten_limit_sized_bodies_leave_healthz_and_the_lease_alone(extender_controller: ControllerRole) -> None:
     runtime = extender_controller
     assert runtime.address is not None and runtime.manager.elector is not None
     elector = runtime.manager.elector

@@ -38,7 +38,7 @@ from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
 from tests.helpers import no_error_logged_fixture, peak_rss_mb, read_until_closed
 from tests.helpers.controller import settings_for as controller_settings
 from tests.helpers.refusals import assert_refused, without_worker_commands
-from tfusion.controller.role import ControllerRuntime, build_runtime, configure, serve_runtime
+from tfusion.controller.role import ControllerRole, build_runtime, configure, serve_runtime
 from tfusion.hypervisor import role as hypervisor_role
 from tfusion.settings import Settings
 from tfusion.web import DEFAULT_MAX_BODY_BYTES, bind_socket, make_app, read_body, serve
@@ -69,7 +69,7 @@ async def _serve_roles(controller: Settings, hypervisor: Settings, *, task_statu
     async with anyio.create_task_group() as tg:
         runtime = await build_runtime(controller)
         configure(runtime)
-        served: ControllerRuntime = await tg.start(serve_runtime, runtime)
+        served: ControllerRole = await tg.start(serve_runtime, runtime)
         port = await tg.start(hypervisor_role.run, hypervisor)
         assert served.address is not None and served.probe_address is not None
         task_status.started((served.address[1], served.probe_address[1], port))

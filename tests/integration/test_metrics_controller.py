@@ -115,8 +115,7 @@ async def test_tables_cost_and_a_deletion_billed_once(apiserver: Any, tmp_path: 
             recorder = ctl.runtime.metrics
             assert isinstance(recorder, ControllerRecorder)
             recorder.wall = wall
-            await eventually(lambda: _async(uid in recorder.ledger and recorder.runtime.allocation is not None
-                                            and recorder.runtime.allocation.live_count() == 1),
+            await eventually(lambda: _async(uid in recorder.ledger and recorder.allocation.live_count() == 1),
                              what="the recorder tracking the adopted worker")
 
             wall.now = 1060.0

@@ -14,7 +14,7 @@ from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually, no_error_logged_fixture
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tfusion.api import annotations as tfa
-from tfusion.controller.role import ControllerRuntime, configure
+from tfusion.controller.role import ControllerRole, configure
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.kube.reconciler import Result
@@ -32,7 +32,7 @@ def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
 def noting_pod_reconciles(reconciled: list[str]) -> Any:
     """configure(), then the pod reconciler's own reconcile runs as before and its keys are noted."""
 
-    def prepare(runtime: ControllerRuntime) -> None:
+    def prepare(runtime: ControllerRole) -> None:
         configure(runtime)
         assert runtime.reconcilers is not None
         controller = runtime.reconcilers.pod.controller

@@ -40,14 +40,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # ControllerRuntime and component_selector live in runtime.py; named here too for the role's callers
-__all__ = ["Controller", "ControllerRuntime", "build_runtime", "component_selector", "configure", "run",
+__all__ = ["ControllerRole", "ControllerRuntime", "build_runtime", "component_selector", "configure", "run",
            "serve_runtime"]
 
+
 @dataclass
-class Controller(ControllerRuntime):
-    """The runtime plus the services `configure()` built on it: what the process (readiness,
-    `--role=all`'s summary, tests) looks at. No service is handed this object; each gets the
-    plain `ControllerRuntime` and, as constructor arguments, the other services it uses."""
+class ControllerRole(ControllerRuntime):
+    """The controller role as configured: its runtime plus the services `configure()` built on it,
+    which is what the process (readiness, `--role=all`'s summary, tests) looks at. No service is
+    handed this object; each gets the plain `ControllerRuntime` and, as constructor arguments, the
+    other services it uses."""
 
     allocation: AllocatorService | None = None
     #: the index and port allocators (with the webhook; always built)
@@ -61,7 +63,7 @@ class Controller(ControllerRuntime):
     metrics: ControllerRecorder | None = None
 
 
-async def build_runtime(settings: Settings, manager: Manager | None = None) -> Controller:
+async def build_runtime(settings: Settings, manager: Manager | None = None) -> ControllerRole:
     """The controller's runtime on `manager` (the process's; None: a Manager of its own, which
     `serve_runtime` then runs)."""
     owns = manager is None
@@ -74,13 +76,13 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
     informers[r.GPUS].add_index("node", node_name_index)
     informers[r.GPUS].add_label_index(f"{settings.domain}/gpupool")
     dynamic_config = DynamicConfig(settings.dynamic_config, interval=settings.dynamic_config_interval)
-    runtime = Controller(settings=settings, manager=manager, readiness=Readiness(),
-                         dynamic_config=dynamic_config, informers=informers, owns_manager=owns)
+    runtime = ControllerRole(settings=settings, manager=manager, readiness=Readiness(),
+                             dynamic_config=dynamic_config, informers=informers, owns_manager=owns)
     runtime.routes.extend(config_handlers(runtime.dynamic_config))
     return runtime
 
 
-def configure(controller: Controller) -> None:
+def configure(controller: ControllerRole) -> None:
     """Build the controller's services on its runtime, in this order, each given the ones it uses:
     the allocator service, the index and port allocators with the pod webhook, the reconcilers (not
     with ENABLE_CR_CONTROLLER=false), the connection route, the scheduler, the metrics recorder.
@@ -132,7 +134,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
     await serve_runtime(runtime, task_status=task_status)
 
 
-async def serve_runtime(runtime: Controller, *,
+async def serve_runtime(runtime: ControllerRole, *,
                         task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve the controller's HTTP API until cancelled; `task_status.started(runtime)` once
     serving. A runtime that owns its Manager runs it too (else roles.py runs the shared one)."""
