@@ -33,13 +33,14 @@ render the same thing the same way.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage
 from tfusion.allocator.quota import READY_MESSAGE
 from tfusion.allocator.units import percent_str, ratio_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 
 GpuLookup = Callable[[str], dict[str, Any] | None]
 PodLookup = Callable[[str, str], dict[str, Any] | None]
@@ -161,11 +162,11 @@ def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str
     req = info.request
     meta: dict[str, Any] = {"name": req.pod_name, "namespace": req.namespace, "uid": uid}
     pod = pod_object(req.namespace, req.pod_name)
-    cached = pod.get("metadata") if pod is not None else None
-    if not isinstance(cached, Mapping) or cached.get("uid") != uid:
+    cached = Pod(pod).meta if pod is not None else None
+    if cached is None or cached.uid != uid:
         return meta  # not cached, or a newer pod of the same name
     for field in POD_META_FIELDS:
-        value = cached.get(field)
+        value = cached.raw.get(field)
         if value not in (None, "", 0, {}, []):
             meta[field] = copy.deepcopy(value)
     return meta
