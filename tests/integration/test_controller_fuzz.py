@@ -442,6 +442,7 @@ def test_generated_pods_never_get_a_5xx(http: httpx.Client) -> None:
 # --- schemathesis against the controller's OpenAPI document ---------------------------------------
 
 
+@pytest.mark.timeout(300)  # a schemathesis process with three phases; its own bound is 300 s too
 def test_schemathesis_runs_every_check_clean(stack: Controller, tmp_path: Path) -> None:
     """`schemathesis run --checks all` (examples, coverage and fuzzing phases, positive and negative
     data), with `not_a_server_error` replaced by the stricter hook of schemathesis_contract_hooks.py
