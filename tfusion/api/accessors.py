@@ -12,6 +12,13 @@ Writes do not go through views: a writer builds its patch as a plain dict.
 
 `section(obj, "spec", "template", "spec")` is the one nested getter for the places a view has no
 property for (pod templates inside workloads, free-form config blocks).
+
+Types: a view wraps decoded JSON (`JsonMapping`); the getters take any `Mapping[str, object]`
+(TypedDict wire records too) since they check every value they read. `spec`, `status`,
+`section()` and `containers` still return `Mapping[str, Any]`: they are the way into fields no
+view has yet, and their callers narrow what they read; typing them as JSON would make every such
+caller cast. Lists of small maps nobody indexes blindly (conditions, taints, owner references)
+are `JsonMapping`.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfusion.api import annotations as tfa
+from tfusion.api.jsontypes import JsonMapping
 
 EMPTY: Mapping[str, Any] = {}
 
 
-def section(obj: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any]:
+def section(obj: Mapping[str, object] | None, *path: str) -> Mapping[str, Any]:
     """The mapping at `path` inside `obj`, or an empty one when any step is missing or not a map."""
-    node: Any = obj
+    node: object = obj
     for key in path:
         # decoded JSON is plain dicts: the exact type check first, as the ABC check costs ~10x more
         if type(node) is not dict and not isinstance(node, Mapping):
@@ -35,7 +43,7 @@ def section(obj: Mapping[str, Any] | None, *path: str) -> Mapping[str, Any]:
     return node if type(node) is dict or isinstance(node, Mapping) else EMPTY
 
 
-def items(obj: Mapping[str, Any] | None, *path: str) -> list[Any]:
+def items(obj: Mapping[str, object] | None, *path: str) -> list[Any]:
     """The list at `path` inside `obj`, or an empty list when any step is missing or not a list."""
     if not path:
         return []
@@ -43,7 +51,7 @@ def items(obj: Mapping[str, Any] | None, *path: str) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-def text(obj: Mapping[str, Any] | None, *path: str) -> str:
+def text(obj: Mapping[str, object] | None, *path: str) -> str:
     """The string at `path` inside `obj`, or "" when missing or not a string."""
     if not path:
         return ""
@@ -51,7 +59,7 @@ def text(obj: Mapping[str, Any] | None, *path: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _str_map(value: Any) -> Mapping[str, str]:
+def _str_map(value: object) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return {k: v for k, v in value.items() if isinstance(v, str)}
@@ -62,7 +70,7 @@ class Meta:
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: JsonMapping) -> None:
         self.raw = raw
 
     @property
@@ -109,10 +117,10 @@ class Meta:
         return [f for f in items(self.raw, "finalizers") if isinstance(f, str)]
 
     @property
-    def owner_references(self) -> list[Mapping[str, Any]]:
+    def owner_references(self) -> list[JsonMapping]:
         return [ref for ref in items(self.raw, "ownerReferences") if isinstance(ref, Mapping)]
 
-    def controller_ref(self) -> Mapping[str, Any] | None:
+    def controller_ref(self) -> JsonMapping | None:
         """The owner reference with `controller: true`, if any."""
         return next((ref for ref in self.owner_references if ref.get("controller") is True), None)
 
@@ -135,7 +143,7 @@ class Body:
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: JsonMapping) -> None:
         self.raw = raw
 
     @property
@@ -176,10 +184,10 @@ class Body:
         return self.meta.namespace, self.meta.name
 
     @property
-    def conditions(self) -> list[Mapping[str, Any]]:
+    def conditions(self) -> list[JsonMapping]:
         return [c for c in items(self.raw, "status", "conditions") if isinstance(c, Mapping)]
 
-    def condition(self, type_: str) -> Mapping[str, Any] | None:
+    def condition(self, type_: str) -> JsonMapping | None:
         return next((c for c in self.conditions if c.get("type") == type_), None)
 
     @property
@@ -281,7 +289,7 @@ class Node(Body):
         return section(self.raw, "status", "capacity")
 
     @property
-    def taints(self) -> list[Mapping[str, Any]]:
+    def taints(self) -> list[JsonMapping]:
         return [t for t in items(self.raw, "spec", "taints") if isinstance(t, Mapping)]
 
     @property
@@ -383,6 +391,6 @@ class Workload(Body):
         return self.spec.get("isLocalGPU") is True
 
 
-def sequence_of_maps(value: Any) -> Sequence[Mapping[str, Any]]:
+def sequence_of_maps(value: object) -> Sequence[JsonMapping]:
     """The maps of a JSON list (anything else reads as empty)."""
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []

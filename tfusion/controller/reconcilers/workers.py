@@ -157,8 +157,9 @@ def worker_port(pod: Pod) -> int:
     """The port the worker listens on: its `remote-vgpu` container port, else 8000."""
     for container in pod.containers:
         for port in sequence_of_maps(container.get("ports")):
-            if port.get("name") == WORKER_PORT_NAME and isinstance(port.get("containerPort"), int):
-                return int(port["containerPort"])
+            number = port.get("containerPort")
+            if port.get("name") == WORKER_PORT_NAME and isinstance(number, int):
+                return int(number)
     return WORKER_PORT
 
 
