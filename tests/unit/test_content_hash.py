@@ -48,4 +48,5 @@ def test_the_hashes_tfusion_stores_are_unchanged() -> None:
     assert template_hash(GpuPool(pool), Workload(workload)) == old_hash(
         {"worker": client, "hypervisorPort": 8000, "spec": {"gpuCount": 1, "qos": "high", "ratio": 0.75}}, 10)
     config = pool["spec"]["nodeManagerConfig"]
-    assert selector_hash(pool) == old_hash([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], 16)
+    selectors = [config.get("nodeSelector"), config.get("multiVendorNodeSelector")]
+    assert selector_hash(GpuPool(pool)) == old_hash(selectors, 16)

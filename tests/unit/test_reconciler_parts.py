@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Gpu
+from tfusion.api.accessors import Body, Gpu, GpuPool, Node
 from tfusion.controller.reconcilers.cluster import RETRY_BASE_S, RETRY_MAX_S, pools_of_cluster, retry_delay
 from tfusion.controller.reconcilers.common import changed_fields, condition, merge_conditions, sum_capacity
 from tfusion.controller.reconcilers.gpunode import is_missing, last_report
@@ -22,8 +22,8 @@ from tfusion.controller.reconcilers.nodeselector import node_selector_matches, s
 REPO = Path(__file__).resolve().parents[2]
 
 
-def node(name: str = "n1", **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels}}
+def node(name: str = "n1", **labels: str) -> Node:
+    return Node({"metadata": {"name": name, "labels": labels}})
 
 
 def term(*expressions: dict[str, Any], fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -67,10 +67,11 @@ def test_terms_are_ored_and_requirements_anded() -> None:
     assert node_selector_matches(by_name, node("n1")) and not node_selector_matches(by_name, node("n2"))
 
 
-def pool(name: str, selector: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+def pool(name: str, selector: dict[str, Any] | None, *, deleting: bool = False, **extra: Any) -> GpuPool:
     config: dict[str, Any] = {"nodeSelector": selector} if selector else {}
     config.update(extra)
-    return {"metadata": {"name": name}, "spec": {"nodeManagerConfig": config}}
+    metadata = {"name": name, **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})}
+    return GpuPool({"metadata": metadata, "spec": {"nodeManagerConfig": config}})
 
 
 def test_first_pool_by_name_and_vendor_selector_wins() -> None:
@@ -85,8 +86,7 @@ def test_first_pool_by_name_and_vendor_selector_wins() -> None:
     assert select_pool([vendor_pool], node(amd="1")) is None, "NVIDIA (the default vendor) has no AMD selector"
     amd_default = pool("1-pool", None, defaultVendor="AMD", multiVendorNodeSelector={"AMD": amd})
     assert select_pool([amd_default], node(amd="1")) == "1-pool", "the pool's default vendor"
-    deleting = pool("a-pool", gpu)
-    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    deleting = pool("a-pool", gpu, deleting=True)
     assert select_pool([deleting], node(**{"nvidia.com/gpu.present": "true"})) is None
 
 

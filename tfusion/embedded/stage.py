@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from tfusion.api.accessors import Node
+from tfusion.api.accessors import GpuPool, Node
 from tfusion.api.annotations import INDEX_DEVICES_PER_RESOURCE
 from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
 from tfusion.embedded.crd_install import CrdInstallError
@@ -75,7 +75,7 @@ async def _pool_selecting(manager: Manager, node: Node) -> str | None:
     from tfusion.kube.resources import GPUPOOLS
 
     try:
-        return select_pool(await manager.client.list(GPUPOOLS), node.raw)
+        return select_pool(map(GpuPool, await manager.client.list(GPUPOOLS)), node)
     except KubeError:
         return None
 

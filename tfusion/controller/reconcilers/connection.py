@@ -24,8 +24,7 @@ changes of pools (the connections of their workloads).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -64,16 +63,14 @@ CONNECTION_WORKLOAD_INDEX = "connection:workload"
 CONNECTION_WORKER_INDEX = "connection:worker"
 
 
-def connection_workload(obj: Mapping[str, Any]) -> list[str]:
-    """"namespace/workload" of a connection (an informer index: it is given the raw object)."""
-    conn = Body(obj)
+def connection_workload(conn: Body) -> list[str]:
+    """"namespace/workload" of a connection."""
     name = text(conn.spec, "workloadName")
     return [f"{conn.namespace}/{name}"] if name else []
 
 
-def connection_worker(obj: Mapping[str, Any]) -> list[str]:
-    """"namespace/worker" of a connection that a worker serves now (its Running status; an index)."""
-    conn = Body(obj)
+def connection_worker(conn: Body) -> list[str]:
+    """"namespace/worker" of a connection that a worker serves now (its Running status)."""
     worker = text(conn.status, "workerName")
     if conn.phase != RUNNING or not worker:
         return []
@@ -95,8 +92,9 @@ class ConnectionReconciler:
         self.runtime = runtime
         self.assignments = assignments
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
-        self.connections.add_index(CONNECTION_WORKLOAD_INDEX, connection_workload)
-        self.connections.add_index(CONNECTION_WORKER_INDEX, connection_worker)
+        # informer indexes are given the raw object: each is read through the view
+        self.connections.add_index(CONNECTION_WORKLOAD_INDEX, lambda conn: connection_workload(Body(conn)))
+        self.connections.add_index(CONNECTION_WORKER_INDEX, lambda conn: connection_worker(Body(conn)))
         self.pods = runtime.informer(r.PODS)
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.pools = runtime.informer(r.GPUPOOLS)

@@ -23,7 +23,7 @@ or not; its other taints are left as they are (scheduling/progressive.py says wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
@@ -35,7 +35,7 @@ from tfusion.controller.runtime import component_selector
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
-from tfusion.kube.reconciler import Result, spec_changed
+from tfusion.kube.reconciler import Predicate, Result, spec_changed
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
@@ -47,7 +47,7 @@ AUTO_SELECT = "AutoSelect"
 
 def gpunode_for(node: Node, pool: GpuPool) -> dict[str, Any]:
     """The GPUNode an AutoSelect pool keeps for a Node."""
-    pool_name, vendor = pool.name, node_vendor(node.raw, pool.raw)
+    pool_name, vendor = pool.name, node_vendor(node, pool)
     return {
         "apiVersion": r.GPUNODES.api_version, "kind": "GPUNode",
         "metadata": {"name": node.name, "labels": {
@@ -58,19 +58,24 @@ def gpunode_for(node: Node, pool: GpuPool) -> dict[str, Any]:
     }
 
 
-def _metadata_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    before, after = Body(old).meta, Body(new).meta
+def _metadata_changed(old: Body, new: Body) -> bool:
+    before, after = old.meta, new.meta
     return before.labels != after.labels or before.deletion_timestamp != after.deletion_timestamp
 
 
-def _spec_or_deletion_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def _spec_or_deletion_changed(old: Body, new: Body) -> bool:
     """A pool's selectors are in its spec; its status changes (often) select no other node."""
-    before, after = Body(old).meta, Body(new).meta
+    before, after = old.meta, new.meta
     return before.generation != after.generation or before.deletion_timestamp != after.deletion_timestamp
 
 
-def _worker_placement_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    return progressive.worker_node_index(old) != progressive.worker_node_index(new)
+def _worker_placement_changed(old: Body, new: Body) -> bool:
+    return progressive.worker_node_index(old.raw) != progressive.worker_node_index(new.raw)
+
+
+def _viewed(changed: Callable[[Body, Body], bool]) -> Predicate:
+    """A watch predicate (given the raw old and new objects) that reads them through the view."""
+    return lambda old, new: changed(Body(old), Body(new))
 
 
 def _auto_selected(gpunode: GpuNode) -> bool:
@@ -90,12 +95,13 @@ class NodeReconciler:
         self.gpu_node_selector = runtime.settings.initial_gpu_node_label_selector
         self.gpu_nodes = parse_label_selector(self.gpu_node_selector)
         builder = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
-            .watches(r.GPUNODES, lambda gpunode: [Body(gpunode).name], predicates=[_metadata_changed]) \
-            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_spec_or_deletion_changed])
+            .watches(r.GPUNODES, lambda gpunode: [Body(gpunode).name], predicates=[_viewed(_metadata_changed)]) \
+            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_viewed(_spec_or_deletion_changed)])
         self.pods = runtime.informer(r.PODS)
         if self.progressive:
             self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
-            builder = builder.watches(r.PODS, progressive.worker_node_index, predicates=[_worker_placement_changed],
+            builder = builder.watches(r.PODS, progressive.worker_node_index,
+                                      predicates=[_viewed(_worker_placement_changed)],
                                       label_selector=component_selector(runtime.settings))
         self.controller = builder.complete(self)
 
@@ -123,16 +129,16 @@ class NodeReconciler:
                                             f"{self.gpu_node_selector}")
             return None
         if gpunode is None:
-            pool_name = select_pool(self.pools.list(), node.raw)
+            pool_name = select_pool(map(GpuPool, self.pools.list()), node)
             chosen = self._pool(pool_name) if pool_name is not None else None
             if chosen is not None:
                 await self._create(node, chosen)
             return None
         pool = self._pool(gpunode.meta.label(tfa.MANAGED_BY) or "")
-        if pool is None or not pool_selects(pool.raw, node.raw):
+        if pool is None or not pool_selects(pool, node):
             await self._delete(gpunode, "its GPUPool no longer selects its Node")
             return None
-        vendor = node_vendor(node.raw, pool.raw)
+        vendor = node_vendor(node, pool)
         if gpunode.meta.label(tfa.HARDWARE_VENDOR) != vendor:
             await self.runtime.client.patch(r.GPUNODES, name, {"metadata": {"labels": {tfa.HARDWARE_VENDOR: vendor}}})
         return None

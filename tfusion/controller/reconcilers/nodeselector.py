@@ -28,42 +28,43 @@ from tfusion.controller.scheduling.nodes import term_matches
 DEFAULT_VENDOR = "NVIDIA"
 
 
-def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
+def node_selector_matches(selector: Mapping[str, Any] | None, node: Node) -> bool:
+    """Whether a core/v1 NodeSelector (a free-form block of a pool's spec) selects the node."""
     if not selector:
         return True
-    return any(term_matches(term, Node(node)) for term in items(selector, "nodeSelectorTerms"))
+    return any(term_matches(term, node) for term in items(selector, "nodeSelectorTerms"))
 
 
-def pool_vendor(pool: Mapping[str, Any]) -> str:
-    return text(GpuPool(pool).node_manager_config, "defaultVendor") or DEFAULT_VENDOR
+def pool_vendor(pool: GpuPool) -> str:
+    return text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR
 
 
-def node_vendor(node: Mapping[str, Any], pool: Mapping[str, Any]) -> str:
-    return Node(node).meta.label(tfa.HARDWARE_VENDOR) or pool_vendor(pool)
+def node_vendor(node: Node, pool: GpuPool) -> str:
+    return node.meta.label(tfa.HARDWARE_VENDOR) or pool_vendor(pool)
 
 
-def selector_for(pool: Mapping[str, Any], vendor: str) -> Mapping[str, Any] | None:
-    config = GpuPool(pool).node_manager_config
+def selector_for(pool: GpuPool, vendor: str) -> Mapping[str, Any] | None:
+    config = pool.node_manager_config
     return section(config, "multiVendorNodeSelector", vendor) or section(config, "nodeSelector") or None
 
 
-def pool_selects(pool: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+def pool_selects(pool: GpuPool, node: Node) -> bool:
     """Whether the pool (not being deleted) asks for the node; a pool without a selector asks for none."""
-    if GpuPool(pool).meta.deleting:
+    if pool.meta.deleting:
         return False
     selector = selector_for(pool, node_vendor(node, pool))
     return bool(selector) and node_selector_matches(selector, node)
 
 
-def select_pool(pools: Iterable[Mapping[str, Any]], node: Mapping[str, Any]) -> str | None:
+def select_pool(pools: Iterable[GpuPool], node: Node) -> str | None:
     """The name of the first pool (by name) that selects the node; None when none does."""
-    for pool in sorted(pools, key=lambda p: GpuPool(p).name):
+    for pool in sorted(pools, key=lambda p: p.name):
         if pool_selects(pool, node):
-            return GpuPool(pool).name
+            return pool.name
     return None
 
 
-def selector_hash(pool: Mapping[str, Any]) -> str:
+def selector_hash(pool: GpuPool) -> str:
     """A short stable hash of the pool's node selectors (the `node-selector-hash` Node label)."""
-    config = GpuPool(pool).node_manager_config
+    config = pool.node_manager_config
     return content_hash([config.get("nodeSelector"), config.get("multiVendorNodeSelector")], 16)

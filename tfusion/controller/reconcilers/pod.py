@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
@@ -200,7 +199,7 @@ def _owner(pod: Pod) -> dict[str, Any]:
             "blockOwnerDeletion": True}
 
 
-async def _released_already(pod: Mapping[str, Any]) -> bool:
+async def _released_already(_pod: object) -> bool:
     """The finalizer's cleanup: `reconcile` released the deleting pod just before, so it may go."""
     return True
 

@@ -56,7 +56,7 @@ class PoolReconciler:
         self._gpus_by_pool = self.gpus.add_label_index(tfa.GPU_POOL)
         self.controller = runtime.manager.controller("gpupool").for_(r.GPUPOOLS) \
             .watches(r.GPUNODES, lambda gpunode: self._pool_of_gpunode(Body(gpunode))) \
-            .watches(r.NODES, self._pools_selecting, predicates=[spec_changed]) \
+            .watches(r.NODES, lambda node: self._pools_selecting(Node(node)), predicates=[spec_changed]) \
             .complete(self)
 
     @staticmethod
@@ -64,8 +64,8 @@ class PoolReconciler:
         pool = gpunode.meta.label(tfa.MANAGED_BY)
         return [pool] if pool else []
 
-    def _pools_selecting(self, node: Mapping[str, Any]) -> list[str]:
-        return [GpuPool(p).name for p in self.pools.list() if pool_selects(p, node)]
+    def _pools_selecting(self, node: Node) -> list[str]:
+        return [pool.name for pool in map(GpuPool, self.pools.list()) if pool_selects(pool, node)]
 
     def members(self, pool: str) -> list[Body]:
         return [Body(n) for n in self.gpunodes.by_index(self._by_pool, pool)]
@@ -94,14 +94,14 @@ class PoolReconciler:
         return not members
 
     async def _label_nodes(self, pool: GpuPool) -> None:
-        wanted = {tfa.NODE_SELECTOR_HASH: selector_hash(pool.raw)}
+        wanted = {tfa.NODE_SELECTOR_HASH: selector_hash(pool)}
         for gpunode in self.members(pool.name):
             found = self.nodes.get(gpunode.name)
             if found is None:
                 continue
             node = Node(found)
             labels = node.meta.labels
-            changes = {**wanted, tfa.HARDWARE_VENDOR: labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool.raw)}
+            changes = {**wanted, tfa.HARDWARE_VENDOR: labels.get(tfa.HARDWARE_VENDOR) or pool_vendor(pool)}
             changes = {k: v for k, v in changes.items() if labels.get(k) != v}
             if changes:
                 try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
@@ -74,19 +73,17 @@ ADMISSION_GRACE_S = 60.0
 ADOPTION_RETRY_S = 3.0
 
 
-def workload_key(obj: Mapping[str, Any]) -> list[str]:
+def workload_key(pod: Pod) -> list[str]:
     """"namespace/name" of the workload a worker pod belongs to (the pod index and the watch map)."""
-    pod = Pod(obj)
     name = pod.meta.label(tfa.WORKLOAD)
     if not name or not pod.is_worker:
         return []
     return [f"{pod.namespace}/{name}"]
 
 
-def admitted_key(obj: Mapping[str, Any]) -> list[str]:
+def admitted_key(pod: Pod) -> list[str]:
     """"namespace/name" of the workload the webhook made this pod part of: a worker's, or the one a
-    remote client selected (an informer index: it is given the raw object)."""
-    pod = Pod(obj)
+    remote client selected."""
     if pod.is_worker:
         name = pod.meta.label(tfa.WORKLOAD)
     elif pod.is_client:
@@ -131,13 +128,14 @@ class WorkloadReconciler:
         self.assignments = assignments
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.pods = runtime.informer(r.PODS)
-        self.pods.add_index(WORKLOAD_INDEX, workload_key)
-        self.pods.add_index(ADMITTED_INDEX, admitted_key)
+        # informer indexes and watch maps are given the raw object: each is read through the view
+        self.pods.add_index(WORKLOAD_INDEX, lambda pod: workload_key(Pod(pod)))
+        self.pods.add_index(ADMITTED_INDEX, lambda pod: admitted_key(Pod(pod)))
         self.admission_grace = ADMISSION_GRACE_S
         self.pools = runtime.informer(r.GPUPOOLS)
         self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.controller = runtime.manager.controller("tensorfusionworkload").for_(r.TENSORFUSIONWORKLOADS) \
-            .watches(r.PODS, lambda pod: [*workload_key(pod), *admitted_key(pod)],
+            .watches(r.PODS, lambda pod: [*workload_key(Pod(pod)), *admitted_key(Pod(pod))],
                      label_selector=component_selector(runtime.settings)) \
             .watches(r.GPUPOOLS, lambda pool: workloads_of_pool(self.workloads, Body(pool).name),
                      predicates=[generation_changed]).complete(self)
