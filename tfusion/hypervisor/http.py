@@ -52,9 +52,9 @@ from tfusion.api import accessors
 from tfusion.api.documents import DocumentError, load_json
 from tfusion.hypervisor import http_bodies as bodies
 from tfusion.hypervisor.devices.backend import DeviceBackendError
-from tfusion.hypervisor.devices.model import DeviceInfo
+from tfusion.hypervisor.devices.model import DeviceInfo, DeviceWire
 from tfusion.hypervisor.devices.registry import DeviceRegistry
-from tfusion.hypervisor.workers.model import WorkerAllocation
+from tfusion.hypervisor.workers.model import AllocationWire, WorkerAllocation
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.tracker import WorkerFactory, WorkerTracker
 from tfusion.kube.auth import AUTH_FIELD, AUTH_FORMS, Unauthenticated, authenticate, bearer_token
@@ -116,10 +116,10 @@ class HypervisorContext:
     def isolation_policy(self) -> str:
         return self.settings.isolation_policy
 
-    def device_wire(self, device: DeviceInfo) -> dict[str, Any]:
+    def device_wire(self, device: DeviceInfo) -> DeviceWire:
         return device.to_wire(self.settings.isolation_mode, self.settings.isolation_policy)
 
-    def allocation_wire(self, allocation: WorkerAllocation) -> dict[str, Any]:
+    def allocation_wire(self, allocation: WorkerAllocation) -> AllocationWire:
         return allocation.to_wire(isolation_mode=self.settings.isolation_mode,
                                   isolation_policy=self.settings.isolation_policy,
                                   running=self.workers.running_info(allocation.worker.uid))

@@ -7,12 +7,51 @@ which is what `/api/v1/devices` returns and what the local backend persists in `
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from tfusion.api.accessors import section
+from typing import Any, TypedDict
 
 NVIDIA = "NVIDIA"
+
+
+class CapabilitiesWire(TypedDict, total=False):
+    """`VirtualizationCapabilities` as the original's JSON spells it (not total: old files may lack keys)."""
+
+    SupportsPartitioning: bool
+    SupportsSoftIsolation: bool
+    SupportsHardIsolation: bool
+    SupportsSnapshot: bool
+    SupportsMetrics: bool
+    SupportsRemoting: bool
+    MaxPartitions: int
+    MaxWorkersPerDevice: int
+
+
+class DeviceWire(TypedDict, total=False):
+    """`DeviceInfo` as the original's JSON spells it: `/api/v1/devices` and `devices.json`."""
+
+    UUID: str
+    Vendor: str
+    Model: str
+    Index: int
+    NUMANode: int
+    Topology: None
+    TotalMemoryBytes: int
+    MaxTflops: float
+    VirtualizationCapabilities: CapabilitiesWire
+    Properties: dict[str, str]
+    Healthy: bool
+    ParentUUID: str
+    DeviceNode: dict[str, str]
+    DeviceEnv: dict[str, str]
+    IsolationMode: str
+    IsolationPolicy: str
+
+
+def wire_map(value: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of a string map read back from a file, or {} where the file holds something else."""
+    return dict(value) if isinstance(value, Mapping) else {}
+
 
 def wire_uuid(native_uuid: str) -> str:
     """Kubernetes object names must be lowercase; the driver's casing is kept for driver calls."""
@@ -30,7 +69,7 @@ class VirtualizationCapabilities:
     max_partitions: int = 0
     max_workers_per_device: int = 16
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> CapabilitiesWire:
         return {
             "SupportsPartitioning": self.supports_partitioning,
             "SupportsSoftIsolation": self.supports_soft_isolation,
@@ -43,8 +82,8 @@ class VirtualizationCapabilities:
         }
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any] | None) -> VirtualizationCapabilities:
-        raw = raw or {}
+    def from_wire(cls, raw: CapabilitiesWire | None) -> VirtualizationCapabilities:
+        raw = raw or CapabilitiesWire()
         return cls(
             supports_partitioning=bool(raw.get("SupportsPartitioning", False)),
             supports_soft_isolation=bool(raw.get("SupportsSoftIsolation", True)),
@@ -95,7 +134,7 @@ class DeviceInfo:
                 props[key] = value
         return props
 
-    def to_wire(self, isolation_mode: str = "", isolation_policy: str = "") -> dict[str, Any]:
+    def to_wire(self, isolation_mode: str = "", isolation_policy: str = "") -> DeviceWire:
         """The original's DeviceInfo JSON (Go field names)."""
         return {
             "UUID": self.uuid,
@@ -117,9 +156,9 @@ class DeviceInfo:
         }
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any]) -> DeviceInfo:
+    def from_wire(cls, raw: DeviceWire) -> DeviceInfo:
         """Inverse of `to_wire` (for devices.json); unknown properties are kept."""
-        props = dict(section(raw, "Properties"))
+        props = wire_map(raw.get("Properties"))
         known = {"driverVersion", "computeCapability", "pciBusId", "totalComputeUnits", "healthMessage",
                  "nativeUUID"}
         return cls(
@@ -132,7 +171,7 @@ class DeviceInfo:
             healthy=bool(raw.get("Healthy", True)), health_message=str(props.get("healthMessage", "")),
             capabilities=VirtualizationCapabilities.from_wire(raw.get("VirtualizationCapabilities")),
             extra_properties=tuple(sorted((k, str(v)) for k, v in props.items() if k not in known)),
-            device_nodes=tuple(sorted(section(raw, "DeviceNode").keys())))
+            device_nodes=tuple(sorted(wire_map(raw.get("DeviceNode")).keys())))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from tfusion.hypervisor.workers.model import (
     WorkerAllocation,
     WorkerAmounts,
     WorkerInfo,
+    WorkerWire,
 )
 from tfusion.hypervisor.workers.placement import NodePlacer, PlacementError
 from tfusion.hypervisor.workers.procfs import ProcFS
@@ -173,7 +174,7 @@ class LocalWorkers:
 
     async def _restore(self) -> None:
         path = self.state_dir / WORKERS_FILE
-        records: list[dict[str, Any]] = []
+        records: list[WorkerWire] = []
         if path.exists():
             try:
                 records = orjson.loads(path.read_bytes())
@@ -190,7 +191,7 @@ class LocalWorkers:
         if records:
             log.info("restored %d local worker(s) from %s", len(records), path)
 
-    def _restore_one(self, raw: dict[str, Any]) -> tuple[ProcessGroup, str] | None:
+    def _restore_one(self, raw: WorkerWire) -> tuple[ProcessGroup, str] | None:
         """Bring one record back; returns its recorded group when that must be stopped (its leader
         is gone or it has no command any more), None when there is none or it is adopted."""
         known = {d.uuid: d for d in self.registry.devices()}

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from tfusion.api import annotations as keys
-from tfusion.api.accessors import section
 from tfusion.api.quantity import Quantity
-from tfusion.hypervisor.devices.model import DeviceInfo
+from tfusion.hypervisor.devices.model import DeviceInfo, DeviceWire, wire_map
 
 STATUS_PENDING = "Pending"
 STATUS_ALLOCATING = "DeviceAllocating"
@@ -26,6 +25,60 @@ QOS_LEVELS = ("low", "medium", "high", "critical")
 ISOLATION_MODES = keys.ISOLATION_MODES
 
 
+class AmountsWire(TypedDict, total=False):
+    """`WorkerAmounts` on the wire: quantity strings (the original had JSON tags here)."""
+
+    tflops: str
+    compute: str
+    vram: str
+
+
+class RunningWire(TypedDict, total=False):
+    """`RunningInfo` on the wire; `processGroup` is only in the local backend's `workers.json`."""
+
+    type: str
+    executable: str
+    args: list[str]
+    env: dict[str, str]
+    workingDir: str
+    restarts: int
+    pid: int
+    isRunning: bool
+    exitCode: int
+    processGroup: dict[str, int]
+
+
+class WorkerWire(TypedDict, total=False):
+    """`WorkerInfo` with the original's Go field names (what `workers.json` holds, one per worker)."""
+
+    WorkerUID: str
+    Namespace: str
+    WorkerName: str
+    AllocatedDevices: list[str]
+    Status: str
+    QoS: str
+    IsolationMode: str
+    Requests: AmountsWire
+    Limits: AmountsWire
+    PartitionTemplateID: str
+    WorkloadName: str
+    WorkloadNamespace: str
+    Labels: dict[str, str]
+    Annotations: dict[str, str]
+    WorkerRunningInfo: RunningWire | None
+    DeletedAt: int
+
+
+class AllocationWire(TypedDict):
+    """`WorkerAllocation` with the original's Go field names."""
+
+    WorkerInfo: WorkerWire
+    DeviceInfos: list[DeviceWire]
+    Envs: dict[str, str]
+    Mounts: list[dict[str, str]]
+    Devices: list[dict[str, str]]
+
+
 @dataclass(frozen=True)
 class WorkerAmounts:
     """A worker's per-GPU TFLOPS (milli), compute percent and VRAM bytes; zero means "not set"."""
@@ -34,14 +87,14 @@ class WorkerAmounts:
     compute_percent: float = 0.0
     vram_bytes: int = 0
 
-    def to_wire(self) -> dict[str, str]:
+    def to_wire(self) -> AmountsWire:
         return {"tflops": str(Quantity.from_milli(self.tflops_milli)),
                 "compute": _percent_text(self.compute_percent),
                 "vram": str(Quantity.from_int(self.vram_bytes, "BinarySI"))}
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any] | None) -> WorkerAmounts:
-        raw = raw or {}
+    def from_wire(cls, raw: AmountsWire | None) -> WorkerAmounts:
+        raw = raw or AmountsWire()
         return cls(tflops_milli=Quantity.parse(raw.get("tflops") or "0").milli_value(),
                    compute_percent=float(Quantity.parse(raw.get("compute") or "0").decimal),
                    vram_bytes=Quantity.parse(raw.get("vram") or "0").value())
@@ -68,15 +121,15 @@ class RunningInfo:
     is_running: bool = False
     exit_code: int | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> RunningWire:
         return {"type": "process", "executable": self.executable, "args": list(self.args), "env": dict(self.env),
                 "workingDir": self.working_dir, "restarts": self.restarts, "pid": self.pid,
                 "isRunning": self.is_running, "exitCode": self.exit_code if self.exit_code is not None else 0}
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any]) -> RunningInfo:
+    def from_wire(cls, raw: RunningWire) -> RunningInfo:
         return cls(executable=str(raw.get("executable", "")), args=[str(a) for a in raw.get("args") or []],
-                   env={str(k): str(v) for k, v in section(raw, "env").items()},
+                   env={str(k): str(v) for k, v in wire_map(raw.get("env")).items()},
                    working_dir=str(raw.get("workingDir", "")), restarts=int(raw.get("restarts", 0)))
 
 
@@ -109,7 +162,7 @@ class WorkerInfo:
     def replace(self, **changes: Any) -> WorkerInfo:
         return dataclasses.replace(self, **changes)
 
-    def to_wire(self, running: RunningInfo | None = None) -> dict[str, Any]:
+    def to_wire(self, running: RunningInfo | None = None) -> WorkerWire:
         return {
             "WorkerUID": self.uid, "Namespace": self.namespace, "WorkerName": self.name,
             "AllocatedDevices": list(self.allocated_devices), "Status": self.status, "QoS": self.qos,
@@ -121,7 +174,7 @@ class WorkerInfo:
         }
 
     @classmethod
-    def from_wire(cls, raw: dict[str, Any]) -> WorkerInfo:
+    def from_wire(cls, raw: WorkerWire) -> WorkerInfo:
         return cls(
             uid=str(raw["WorkerUID"]), namespace=str(raw.get("Namespace", "")), name=str(raw.get("WorkerName", "")),
             allocated_devices=tuple(str(d) for d in raw.get("AllocatedDevices") or ()),
@@ -130,8 +183,8 @@ class WorkerInfo:
             requests=WorkerAmounts.from_wire(raw.get("Requests")),
             limits=WorkerAmounts.from_wire(raw.get("Limits")),
             partition_template_id=str(raw.get("PartitionTemplateID", "")),
-            workload_name=str(raw.get("WorkloadName", "")), labels=dict(section(raw, "Labels")),
-            annotations=dict(section(raw, "Annotations")), deleted_at=int(raw.get("DeletedAt", 0)))
+            workload_name=str(raw.get("WorkloadName", "")), labels=wire_map(raw.get("Labels")),
+            annotations=wire_map(raw.get("Annotations")), deleted_at=int(raw.get("DeletedAt", 0)))
 
 
 @dataclass(frozen=True)
@@ -145,7 +198,7 @@ class WorkerAllocation:
     device_specs: tuple[dict[str, str], ...] = ()
 
     def to_wire(self, *, isolation_mode: str = "", isolation_policy: str = "",
-                running: RunningInfo | None = None) -> dict[str, Any]:
+                running: RunningInfo | None = None) -> AllocationWire:
         return {
             "WorkerInfo": self.worker.to_wire(running),
             "DeviceInfos": [d.to_wire(isolation_mode, isolation_policy) for d in self.devices],
