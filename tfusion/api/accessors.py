@@ -17,8 +17,8 @@ Types: a view wraps decoded JSON (`JsonMapping`); the getters take any `Mapping[
 (TypedDict wire records too) since they check every value they read. `spec`, `status`,
 `section()` and `containers` still return `Mapping[str, Any]`: they are the way into fields no
 view has yet, and their callers narrow what they read; typing them as JSON would make every such
-caller cast. Lists of small maps nobody indexes blindly (conditions, taints, owner references)
-are `JsonMapping`.
+caller cast (`Gpu.available` and the container lists too, for now). The smaller maps (conditions,
+taints, owner references, capacities, pool config blocks) are `JsonMapping`.
 """
 
 from __future__ import annotations
@@ -281,11 +281,11 @@ class Node(Body):
     __slots__ = ()
 
     @property
-    def allocatable(self) -> Mapping[str, Any]:
+    def allocatable(self) -> JsonMapping:
         return section(self.raw, "status", "allocatable")
 
     @property
-    def capacity(self) -> Mapping[str, Any]:
+    def capacity(self) -> JsonMapping:
         return section(self.raw, "status", "capacity")
 
     @property
@@ -324,7 +324,7 @@ class Gpu(Body):
         return text(self.raw, "status", "usedBy")
 
     @property
-    def capacity(self) -> Mapping[str, Any]:
+    def capacity(self) -> JsonMapping:
         return section(self.raw, "status", "capacity")
 
     @property
@@ -348,19 +348,19 @@ class GpuPool(Body):
     __slots__ = ()
 
     @property
-    def capacity_config(self) -> Mapping[str, Any]:
+    def capacity_config(self) -> JsonMapping:
         return section(self.raw, "spec", "capacityConfig")
 
     @property
-    def node_manager_config(self) -> Mapping[str, Any]:
+    def node_manager_config(self) -> JsonMapping:
         return section(self.raw, "spec", "nodeManagerConfig")
 
     @property
-    def qos_config(self) -> Mapping[str, Any]:
+    def qos_config(self) -> JsonMapping:
         return section(self.raw, "spec", "qosConfig")
 
     @property
-    def component_config(self) -> Mapping[str, Any]:
+    def component_config(self) -> JsonMapping:
         return section(self.raw, "spec", "componentConfig")
 
 
@@ -379,7 +379,7 @@ class Workload(Body):
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
-    def resources(self) -> Mapping[str, Any]:
+    def resources(self) -> JsonMapping:
         return section(self.raw, "spec", "resources")
 
     @property
