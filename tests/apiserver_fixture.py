@@ -43,8 +43,8 @@ Bookmarks are sent every `BOOKMARK_INTERVAL_S` (1 s) to watches that allow them.
 
 At teardown the fixture tells the server to stop and does not wait: uvicorn's graceful shutdown
 polls every 0.1 s twice (about 0.19 s), which over some 500 tests is more than a minute of a run.
-The server finishes stopping in its own thread while the next test runs; the next teardown, and
-the end of the session, wait for it, so at most one server is ever left stopping.
+The server finishes stopping in its own thread while the next tests run; a teardown waits for the
+oldest only when more than `MAX_STOPPING` are still stopping, and the end of the session waits for all.
 
 The `kube` fixture is a tfusion KubeClient (no client-side rate limit) on that server; a test
 module that needs a namespace first overrides it with a fixture of the same name that asks for
@@ -178,13 +178,15 @@ class ApiServerHandle:
         assert not self._thread.is_alive(), "the embedded API server did not stop within 30 s"
 
 
-#: servers the fixture has told to stop and not yet waited for (at most one at a time)
+#: servers the fixture has told to stop and not yet waited for, oldest first
 _stopping: list[ApiServerHandle] = []
+#: how many may be stopping at once: enough that a run of short tests never waits (0.19 s each)
+MAX_STOPPING = 8
 
 
-def _join_stopping() -> None:
-    while _stopping:
-        _stopping.pop().join()
+def _join_stopping(keep: int = 0) -> None:
+    while len(_stopping) > keep:
+        _stopping.pop(0).join()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -197,9 +199,9 @@ def apiserver(tmp_path: Path) -> Iterator[ApiServerHandle]:
     try:
         yield handle
     finally:
-        _join_stopping()  # the previous test's server: done stopping while this test ran
         handle.stop(wait=False)
         _stopping.append(handle)
+        _join_stopping(keep=MAX_STOPPING)
 
 
 @pytest.fixture
