@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tfusion.api.accessors import text
+from tfusion.api.accessors import Body, text
 from tfusion.controller.reconcilers.cluster import pools_of_cluster
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -138,7 +138,7 @@ async def create_defaults(client: KubeClient, settings: Settings) -> DefaultsRep
         created = await _create_once(client, obj, record, report)
         if obj["kind"] == "TensorFusionCluster":
             cluster = created or await _get(client, obj)
-            for pool in pools_of_cluster(cluster) if cluster else ():
+            for pool in pools_of_cluster(Body(cluster)) if cluster else ():
                 await _create_once(client, pool, record, report)
     await record.save()
     return report
