@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Node, Pod, items, section
+from tfusion.api.accessors import Node, Pod, items, section, text
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.quantity import Quantity, QuantityError
 
 NOT_READY = "node(s) were not ready"
@@ -76,9 +76,9 @@ class PodDemand:
 
     cpu_milli: int = 0
     memory: int = 0
-    tolerations: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[JsonMapping, ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    required_terms: tuple[Mapping[str, Any], ...] | None = None  # None: no required affinity
+    required_terms: tuple[JsonMapping, ...] | None = None  # None: no required affinity
     #: the static part's identity (tolerations, selector, affinity), for `StaticVerdicts`
     shape: str = ""
     #: asks for a tensor-fusion.ai/index_<k> resource: needs a live hypervisor device plugin
@@ -88,9 +88,9 @@ class PodDemand:
 # --- reading a pod ---------------------------------------------------------------------------------
 
 
-def _quantity(value: Any, *, milli: bool) -> int:
-    if value is None:
-        return 0
+def _quantity(value: object, *, milli: bool) -> int:
+    if not isinstance(value, (str, int, float)):
+        return 0  # absent, or a JSON value no quantity is written as
     try:
         q = Quantity.parse(value)
     except QuantityError:
@@ -103,7 +103,7 @@ def _quantity(value: Any, *, milli: bool) -> int:
 # odd pod does not stop the counting of all the others (pending pods go through podcheck instead).
 
 
-def _requests(container: Mapping[str, Any]) -> tuple[int, int]:
+def _requests(container: JsonMapping) -> tuple[int, int]:
     requests = section(container, "resources", "requests")
     return _quantity(requests.get("cpu"), milli=True), _quantity(requests.get("memory"), milli=False)
 
@@ -151,7 +151,7 @@ def is_pending(pod: Pod) -> bool:
 # --- the checks ----------------------------------------------------------------------------------------
 
 
-def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+def tolerates(toleration: JsonMapping, taint: JsonMapping) -> bool:
     """kube's ToleratesTaint: effect (empty = any), key (empty with Exists = any), operator/value."""
     effect = toleration.get("effect") or ""
     if effect and effect != taint.get("effect"):
@@ -167,12 +167,12 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return False
 
 
-def _tolerated(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+def _tolerated(tolerations: Sequence[JsonMapping], taint: JsonMapping) -> bool:
     return any(tolerates(t, taint) for t in tolerations)
 
 
-def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
-    key = req.get("key") or ""
+def _requirement_matches(req: JsonMapping, values: Mapping[str, str]) -> bool:
+    key = text(req, "key")
     operator = req.get("operator")
     wanted = [str(v) for v in items(req, "values")]
     present = key in values
@@ -194,7 +194,7 @@ def _requirement_matches(req: Mapping[str, Any], values: Mapping[str, str]) -> b
     return False
 
 
-def term_matches(term: Mapping[str, Any], node: Node) -> bool:
+def term_matches(term: JsonMapping, node: Node) -> bool:
     """One nodeSelectorTerm: every requirement holds; a term without requirements matches nothing."""
     expressions = [e for e in items(term, "matchExpressions") if isinstance(e, Mapping)]
     fields = [f for f in items(term, "matchFields") if isinstance(f, Mapping)]
@@ -216,7 +216,7 @@ def affinity_matches(demand: PodDemand, node: Node) -> bool:
     return any(term_matches(t, node) for t in demand.required_terms)
 
 
-def _taint_text(taint: Mapping[str, Any]) -> str:
+def _taint_text(taint: JsonMapping) -> str:
     return f"{{{taint.get('key', '')}: {taint.get('value', '')}}}"
 
 
@@ -290,7 +290,7 @@ def extended_requests(pod: Pod, names: Iterable[str]) -> dict[str, int]:
     wanted = tuple(names)
     totals: dict[str, int] = {}
 
-    def amount(container: Mapping[str, Any], name: str) -> int:
+    def amount(container: JsonMapping, name: str) -> int:
         value = section(container, "resources", "requests").get(name)
         if value is None:
             value = section(container, "resources", "limits").get(name)
