@@ -60,7 +60,7 @@ def mutation(created: dict[str, Any]) -> tuple[dict[str, Any], int]:
 
 
 def service(ctl: Any) -> WebhookService:
-    webhook = ctl.runtime.webhook
+    webhook: WebhookService | None = ctl.runtime.webhook
     assert webhook is not None
     return webhook
 
