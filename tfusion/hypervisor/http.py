@@ -50,6 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from tfusion.api import accessors
 from tfusion.api.documents import DocumentError, load_json
+from tfusion.api.jsontypes import JsonObject, JsonValue
 from tfusion.hypervisor import http_bodies as bodies
 from tfusion.hypervisor.devices.backend import DeviceBackendError
 from tfusion.hypervisor.devices.model import DeviceInfo, DeviceWire
@@ -133,11 +134,11 @@ class HypervisorContext:
 
 # --- workers: usage per device and process -------------------------------------------------------
 
-def worker_metrics(ctx: HypervisorContext, allocation: WorkerAllocation) -> dict[str, dict[str, Any]]:
+def worker_metrics(ctx: HypervisorContext, allocation: WorkerAllocation) -> dict[str, dict[str, JsonObject]]:
     """{deviceUUID: {hostPID: WorkerMetrics}} for one worker, from the last process sample."""
     uid = allocation.worker.uid
     by_uuid = {d.uuid: d for d in allocation.devices}
-    result: dict[str, dict[str, Any]] = {u: {} for u in by_uuid}
+    result: dict[str, dict[str, JsonObject]] = {u: {} for u in by_uuid}
     for proc in ctx.registry.processes():
         if proc.device_uuid not in by_uuid or ctx.workers.worker_for_pid(proc.pid) != uid:
             continue
@@ -405,7 +406,7 @@ def _register_pid(ctx: HypervisorContext, allocation: WorkerAllocation, host_pid
                     allocation.worker.name, exc)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def _json_object(raw: bytes) -> JsonObject:
     """The body as a JSON object, bounded (`tfusion.api.documents`: depth, number size)."""
     if not raw.strip():
         raise ApiError(400, "request body is empty; expected a JSON object")
@@ -447,10 +448,10 @@ async def _authenticated_worker(ctx: HypervisorContext, auth: str | None) -> Wor
     return allocation
 
 
-def _legacy_pod(allocation: WorkerAllocation) -> dict[str, Any]:
+def _legacy_pod(allocation: WorkerAllocation) -> JsonObject:
     worker = allocation.worker
-    info: dict[str, Any] = {"pod_name": worker.name, "namespace": worker.namespace,
-                            "gpu_uuids": [d.uuid for d in allocation.devices] or list(worker.allocated_devices)}
+    uuids: list[JsonValue] = [d.uuid for d in allocation.devices] or list(worker.allocated_devices)
+    info: JsonObject = {"pod_name": worker.name, "namespace": worker.namespace, "gpu_uuids": uuids}
     if worker.limits.tflops_milli:
         info["tflops_limit"] = worker.limits.tflops
     if worker.limits.vram_bytes:
@@ -464,14 +465,14 @@ def _upper_gpu_prefix(uuid: str) -> str:
     return "GPU-" + uuid[4:] if uuid.lower().startswith("gpu-") else uuid
 
 
-def remote_pod_info(ctx: HypervisorContext, allocation: WorkerAllocation, container: str) -> dict[str, Any]:
+def remote_pod_info(ctx: HypervisorContext, allocation: WorkerAllocation, container: str) -> JsonObject:
     """The RemotePodInfo the in-pod limiter reads from `GET /api/v1/pod`."""
     worker = allocation.worker
     uuids = worker.container_gpus.get(container) if container else None
     if not uuids:
         uuids = [d.uuid for d in allocation.devices] or list(worker.allocated_devices)
-    info: dict[str, Any] = {"pod_name": worker.name, "namespace": worker.namespace,
-                            "gpu_uuids": [_upper_gpu_prefix(u) for u in uuids]}
+    info: JsonObject = {"pod_name": worker.name, "namespace": worker.namespace,
+                        "gpu_uuids": [_upper_gpu_prefix(u) for u in uuids]}
     if worker.limits.tflops_milli:
         info["tflops_limit"] = worker.limits.tflops
     if worker.limits.vram_bytes:
@@ -488,7 +489,7 @@ def remote_pod_info(ctx: HypervisorContext, allocation: WorkerAllocation, contai
     return info
 
 
-def auto_freeze_rule(scheduling_config: str, qos: str) -> dict[str, Any] | None:
+def auto_freeze_rule(scheduling_config: str, qos: str) -> JsonObject | None:
     """The `autoFreezeAndResume.autoFreeze[]` rule for a QoS from TF_HYPERVISOR_SCHEDULING_CONFIG."""
     if not scheduling_config.strip():
         return None
@@ -499,7 +500,7 @@ def auto_freeze_rule(scheduling_config: str, qos: str) -> dict[str, Any] | None:
     rules = accessors.items(config, "autoFreezeAndResume", "autoFreeze")
     for rule in rules:
         if isinstance(rule, dict) and str(rule.get("qos", "")).lower() == qos.lower():
-            result: dict[str, Any] = {"enable": bool(rule.get("enable", False))}
+            result: JsonObject = {"enable": bool(rule.get("enable", False))}
             if rule.get("freezeToMemTTL"):
                 result["freeze_to_mem_ttl"] = str(rule["freezeToMemTTL"])
             if rule.get("freezeToDiskTTL"):

@@ -35,6 +35,7 @@ import orjson
 from anyio.abc import TaskGroup
 
 from tfusion.api.annotations import ISOLATION_SOFT
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
 from tfusion.hypervisor.private import PRIVATE_FILE_MODE, private_directory
@@ -315,7 +316,7 @@ class LocalWorkers:
             identity["TF_SHM_PATH"] = str(self.shm_root / info.namespace / info.name / SHM_FILE)
         return build_allocation(info, known, bare_process=True, extra_env=identity)
 
-    async def create(self, body: Mapping[str, Any]) -> WorkerAllocation:
+    async def create(self, body: JsonMapping) -> WorkerAllocation:
         async with self._lock:
             devices = self.registry.devices()
             try:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfusion.api import annotations as keys
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.workers.model import ISOLATION_MODES, QOS_LEVELS
@@ -110,7 +111,7 @@ def _command(raw: Any) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def parse_worker_spec(body: Mapping[str, Any], devices: Sequence[DeviceInfo]) -> WorkerSpec:
+def parse_worker_spec(body: JsonMapping, devices: Sequence[DeviceInfo]) -> WorkerSpec:
     """Check the body and translate it into worker annotations; raises SpecError naming the field."""
     unknown = set(body) - _FIELDS
     if unknown:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.workers.model import RunningInfo, WorkerAllocation
 
 
@@ -38,7 +38,7 @@ class WorkerTracker(Protocol):
 class WorkerFactory(Protocol):
     """A backend whose workers are created and deleted over HTTP (the local one; pods are not)."""
 
-    async def create(self, body: Mapping[str, Any]) -> WorkerAllocation:
+    async def create(self, body: JsonMapping) -> WorkerAllocation:
         """Place and start a worker from a `POST /api/v1/workers` body."""
         ...
 
