@@ -5,7 +5,8 @@ Against the embedded API server over HTTP with an in-process controller: a delet
 three exactly once (the allocator's ledger and counters, the index and port allocators); a worker
 whose component label is removed leaves the controller's pod informer but keeps what it holds while
 it runs, and is still released when it is deleted later; a controller that restarts while a worker
-waits on our finalizer releases it in its new term.
+waits on our finalizer releases it in its new term; a pod that never carries our finalizer (a remote
+client holding a host port) is released from the UID its deletion left.
 """
 
 from __future__ import annotations
@@ -177,3 +178,27 @@ async def test_a_restart_releases_a_worker_left_waiting_on_its_finalizer(apiserv
         assert holds(ctl, uid) == (False, False, False)
         assert allocator_of(ctl).available(GPU) == (100_000, 40 * 2**30)
         assert await releases(ctl, "deleted") == 1.0
+
+
+async def test_a_pod_that_never_carries_our_finalizer_is_released_from_its_tombstone(apiserver: Any,
+                                                                                     tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        ctl = await start(tg, apiserver, tmp_path)
+        # a remote client holds no GPU, so it never gets our finalizer; it may hold a cluster host port
+        client = {"metadata": {"name": "c1", "namespace": "default",
+                               "labels": {tfa.COMPONENT: tfa.COMPONENT_CLIENT, tfa.HOST_PORT: tfa.HOST_PORT_AUTO},
+                               "annotations": {tfa.PORT_NUMBER: "42005"}},
+                  "spec": {"containers": [{"name": "app", "image": "app"}]}}
+        uid = str((await kube.create(r.PODS, client))["metadata"]["uid"])
+
+        def port_held() -> bool:
+            ports = assignments_of(ctl).ports
+            return ports is not None and ports.cluster.held().get(uid) == 42005
+
+        await eventually(port_held, what="the client's cluster host port held")
+        pod = await kube.get(r.PODS, "c1", namespace="default")
+        assert tfa.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+
+        await kube.delete(r.PODS, "c1", namespace="default")  # gone at once: nothing holds it back
+        await eventually(lambda: not port_held(), what="the port released by the pod reconciler")
