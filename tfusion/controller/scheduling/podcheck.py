@@ -35,6 +35,8 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
+from tfusion.api.jsontypes import JsonMapping, JsonObject
+
 #: kube's quantity grammar, unsigned, with bounded digits (see the module docstring)
 QUANTITY_PATTERN = (r"^\+?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})"
                     r"(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]{1,2})?$")
@@ -132,7 +134,7 @@ class PodManifest(msgspec.Struct):
     status: PodStatus | None = None
 
 
-def manifest_schema(scheduler_name: str) -> dict[str, Any]:
+def manifest_schema(scheduler_name: str) -> JsonObject:
     """`PodManifest`'s JSON schema, inlined (no `$ref`), for the route's OpenAPI document: msgspec's
     own, because Litestar's generator drops the constraints of a union's members (the quantity
     pattern). `spec.schedulerName` is required there and must be `scheduler_name`: the only Pods
@@ -148,7 +150,7 @@ def manifest_schema(scheduler_name: str) -> dict[str, Any]:
             return {k: inline(v) for k, v in node.items()}
         return [inline(v) for v in node] if isinstance(node, list) else node
 
-    document: dict[str, Any] = inline(schema)
+    document: dict[str, Any] = inline(schema)  # msgspec's schema (JSON, typed Any), edited below
     spec = document["properties"]["spec"]
     spec["properties"]["schedulerName"] = {"enum": [scheduler_name], "description": (
         f"must be {scheduler_name}; another is refused with 400 (the original answers 500 "
@@ -163,7 +165,7 @@ _SEGMENT = re.compile(r"\.(?P<name>[A-Za-z0-9_]+)|\[(?P<index>[0-9]+)\]|\[\.\.\.
 _QUANTITY_MAPS = ("requests", "limits", "overhead")
 
 
-def pod_problem(pod: Mapping[str, Any]) -> str:
+def pod_problem(pod: JsonMapping) -> str:
     """What is wrong with the first field of `pod` that the scheduler cannot read ("" when none)."""
     try:
         msgspec.convert(pod, PodManifest, strict=True)
@@ -172,13 +174,13 @@ def pod_problem(pod: Mapping[str, Any]) -> str:
     return ""
 
 
-def _message(pod: Mapping[str, Any], text: str) -> str:
+def _message(pod: JsonMapping, text: str) -> str:
     """msgspec's "Expected X - at `$.a.b[0][...]`" as "a.b[0][key]: <value> is not allowed; expected X"."""
     found = _AT.match(text)
     if found is None:
         return text[:1].lower() + text[1:]
     what, raw_path = found["what"], found["path"]
-    value: Any = pod
+    value: object = pod
     path, parent, entry = "", "", False
     for match in _SEGMENT.finditer(raw_path):
         entry = False
@@ -199,7 +201,7 @@ def _message(pod: Mapping[str, Any], text: str) -> str:
     return f"{path}: {shown(value)} is not allowed; expected {_allowed(parent, path, what, entry=entry)}"
 
 
-def _bad_entry(mapping: Any, parent: str) -> tuple[str, Any]:
+def _bad_entry(mapping: object, parent: str) -> tuple[str, object]:
     """The first entry of a map that its value type refuses (msgspec names the map, not the key)."""
     value_type: Any = QuantityValue if parent in _QUANTITY_MAPS else str
     for key, value in (mapping.items() if isinstance(mapping, Mapping) else ()):
@@ -227,6 +229,6 @@ def _allowed(parent: str, path: str, what: str, *, entry: bool) -> str:
     return " or ".join(names) + typed["rest"]
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     text = "null" if value is None else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
