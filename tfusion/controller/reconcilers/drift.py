@@ -33,7 +33,6 @@ caught since the audit before), the last 100 findings of any audit (`recent`) an
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -103,19 +102,19 @@ class DriftAudit:
 
     # --- findings -----------------------------------------------------------------------------------
 
-    def _found(self, kind: str, obj: Mapping[str, Any], message: str, repaired: str) -> dict[str, Any]:
+    def _found(self, kind: str, target: Body, message: str, repaired: str) -> dict[str, Any]:
+        """A finding on `target` (an object with its kind, as the Warning event needs it)."""
         self.counter.labels(kind).inc()
         self.totals[kind] += 1
         text = f"{message}; {repaired}" if repaired else message
-        self.runtime.events.warning(obj, "DriftDetected", text)
-        log.warning("drift (%s) on %s %s: %s", kind, obj.get("kind", ""), Body(obj).name, text)
-        return {"kind": kind, "object": f"{obj.get('kind', '')}/{self._ref(obj)}", "message": message,
+        self.runtime.events.warning(target, "DriftDetected", text)
+        log.warning("drift (%s) on %s %s: %s", kind, target.kind, target.name, text)
+        return {"kind": kind, "object": f"{target.kind}/{self._ref(target)}", "message": message,
                 "repair": repaired, "at": tfa.now_rfc3339()}
 
     @staticmethod
-    def _ref(obj: Mapping[str, Any]) -> str:
-        body = Body(obj)
-        return f"{body.namespace}/{body.name}" if body.namespace else body.name
+    def _ref(target: Body) -> str:
+        return f"{target.namespace}/{target.name}" if target.namespace else target.name
 
     def _persists(self, kind: str, key: str, seen: str, now: set[tuple[str, str]]) -> bool:
         """True when the same disagreement (`seen`) has been there since an audit at least `settle`
@@ -141,7 +140,7 @@ class DriftAudit:
         before, after, ledger = _gpu_fields(old), _gpu_fields(new), _ledger_fields(allocator, name)
         if after in (before, ledger) or before != ledger:
             return
-        gpu = {**new.raw, "kind": "GPU", "apiVersion": r.GPUS.api_version}
+        gpu = Body({**new.raw, "kind": "GPU", "apiVersion": r.GPUS.api_version})
         self._pending.append(self._found(
             "gpu-status", gpu, f"status.available {after[0]} (ledger: {ledger[0]}), "
             f"{len(after[1])} runningApps (ledger: {len(ledger[1])}) changed by someone else",
@@ -196,7 +195,7 @@ class DriftAudit:
             if have == ledger:
                 continue
             if self._persists("gpu-status", name, gpu.meta.resource_version, seen):
-                found.append(self._found("gpu-status", {**gpu.raw, "kind": "GPU"},
+                found.append(self._found("gpu-status", Body({**gpu.raw, "kind": "GPU"}),
                                          f"status.available {have[0]} but the ledger says {ledger[0]}",
                                          "rewritten from the ledger"))
                 if self.service.gpu_status is not None:
@@ -214,7 +213,7 @@ class DriftAudit:
             if pod is not None and pod.uid == uid and not pod.finished:
                 held = self._gpu_ids(pod)
                 if held is not None and sorted(held) != sorted(info.gpu_names):
-                    found.append(self._found("allocation-gpus", {**pod.raw, "kind": "Pod"},
+                    found.append(self._found("allocation-gpus", Body({**pod.raw, "kind": "Pod"}),
                                              f"gpu-ids {','.join(held)} but the ledger holds "
                                              f"{','.join(info.gpu_names)} for it", "left for a person to decide"))
                 continue
@@ -222,8 +221,8 @@ class DriftAudit:
                 continue
             if allocator is self.service.allocator and await self.service.release(uid, "drift"):
                 gpu = self.runtime.informer(r.GPUS).get(info.gpu_names[0]) if info.gpu_names else None
-                target = {**gpu, "kind": "GPU"} if gpu else {"kind": "Pod", "apiVersion": "v1", "metadata": {
-                    "name": req.pod_name, "namespace": req.namespace, "uid": uid}}
+                target = Body({**gpu, "kind": "GPU"} if gpu else {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                    "name": req.pod_name, "namespace": req.namespace, "uid": uid}})
                 found.append(self._found("orphan-allocation", target, f"the ledger held GPUs for pod "
                                          f"{req.namespace}/{req.pod_name} ({uid}), which is gone or finished",
                                          "released"))
@@ -261,7 +260,7 @@ class DriftAudit:
         if not all(knows_gpu(allocator, g) for g in names):
             return None  # waits for its GPUs to appear (the feed adopts it then)
         skipped = allocator.restore([(req, names)])
-        target = {**pod.raw, "kind": "Pod"}
+        target = Body({**pod.raw, "kind": "Pod"})
         if skipped:
             return self._found("missing-allocation", target, f"holds {','.join(names)} but the ledger had "
                                "nothing for it", f"not adopted: {skipped[0][1]}")
@@ -289,7 +288,7 @@ class DriftAudit:
                 extra, absent = sorted(listed - ledger), sorted(ledger - listed)
                 if self._persists("hypervisor-workers", name, f"{extra}{absent}", seen):
                     found.append(self._found(
-                        "hypervisor-workers", {**gpunode.raw, "kind": "GPUNode"},
+                        "hypervisor-workers", Body({**gpunode.raw, "kind": "GPUNode"}),
                         f"the hypervisor lists worker(s) {extra or '-'} the ledger does not place here, and "
                         f"misses {absent or '-'} that it does", "the ledger follows the pods; the hypervisor "
                         "follows them on its own"))

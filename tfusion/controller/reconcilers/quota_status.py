@@ -89,7 +89,7 @@ class QuotaStatusReconciler:
         except NotFound:
             return
         self.service.metrics.writes.labels("quota", "ok").inc()
-        report_alert_transition(self.runtime.events, quota.raw, old_conditions, conditions)
+        report_alert_transition(self.runtime.events, quota, old_conditions, conditions)
 
 
 def _stamped(condition: Mapping[str, Any], old_conditions: Iterable[Mapping[str, Any]], now: str,
@@ -109,7 +109,7 @@ def _ready(conditions: Iterable[Mapping[str, Any]] | None) -> Mapping[str, Any] 
     return next((c for c in conditions or [] if c.get("type") == "Ready"), None)
 
 
-def report_alert_transition(events: EventRecorder, quota: Mapping[str, Any],
+def report_alert_transition(events: EventRecorder, quota: Body,
                             old_conditions: Iterable[Mapping[str, Any]] | None,
                             new_conditions: Iterable[Mapping[str, Any]]) -> None:
     """An event on the quota when its Ready condition changes status."""
