@@ -18,7 +18,7 @@ ConfigMap `tensor-fusion-operator-leader-info` (`leader-ip`) and the controller 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from litestar.openapi.spec import OpenAPIType, Operation, Schema
 from litestar.openapi.spec import Parameter as OpenAPIParameter
 
 from tfusion.api.accessors import Pod, text
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator
 from tfusion.kube import resources as r
@@ -127,16 +128,16 @@ class Assignments:
         uid = pod.uid
         if not uid or pod.finished or pod.meta.deleting:
             return  # holds nothing any more (released by the pod reconciler, or never occupied this term)
-        index = pod_index(pod.raw)
+        index = pod_index(pod)
         if index is not None:
             indexes.occupy(uid, index, f"{pod.namespace}/{pod.name}")
         ports.observe(uid, pod)
 
-    def _on_pod(self, raw: Mapping[str, Any]) -> None:
+    def _on_pod(self, raw: JsonMapping) -> None:
         if self.indexes is not None and self.ports is not None:
             self._observe(self.indexes, self.ports, Pod(raw))
 
-    def _on_pod_update(self, _old: object, new: Mapping[str, Any]) -> None:
+    def _on_pod_update(self, _old: object, new: JsonMapping) -> None:
         self._on_pod(new)
 
     async def release_pod(self, uid: str) -> None:

@@ -20,18 +20,18 @@ an index, whatever the cluster-level counter handed out) is the allocator's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from tfusion.allocator.request import pod_index_of
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.claims import Claims
 
 POD_INDEX_MAX = tfa.POD_INDEX_MAX
 RESERVATION_TTL_S = 60.0
 
 
-def pod_index(pod: Mapping[str, Any]) -> int | None:
+def pod_index(pod: Pod) -> int | None:
     """The index a pod's containers ask for (the first index resource found), or None. The one
     reading of it is the allocator's (`pod_index_of`): the node-level lock reads the same."""
     return pod_index_of(pod) or None

@@ -24,10 +24,10 @@ Failed); one being deleted still holds its GPUs, so it counts until it is gone.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Node, Pod
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller.scheduling import nodes as nc
 
 #: pod informer index: the node a live TensorFusion worker is bound to
@@ -44,7 +44,7 @@ def is_worker(pod: Pod) -> bool:
     return pod.is_worker
 
 
-def worker_node_index(raw: Mapping[str, Any]) -> list[str]:
+def worker_node_index(raw: JsonMapping) -> list[str]:
     """[node] for a TensorFusion worker bound there and not finished; [] for any other pod (an
     informer index function: it gets the cached object as it is)."""
     pod = Pod(raw)
@@ -57,14 +57,14 @@ def used_by_taint() -> dict[str, str]:
     return {"key": tfa.USED_BY, "value": tfa.USED_BY_TENSOR_FUSION, "effect": TAINT_EFFECT}
 
 
-def _is_used_by_taint(taint: Any) -> bool:
-    return isinstance(taint, Mapping) and taint.get("key") == tfa.USED_BY and taint.get("effect") == TAINT_EFFECT
+def _is_used_by_taint(taint: JsonMapping) -> bool:
+    return taint.get("key") == tfa.USED_BY and taint.get("effect") == TAINT_EFFECT
 
 
-def taints_for(node: Node, busy: bool) -> list[Any] | None:
+def taints_for(node: Node, busy: bool) -> list[JsonMapping] | None:
     """The node's taints with the used-by taint present (busy) or absent (idle); None when they
     already are so. Other taints are kept as they are, in their order."""
-    taints: list[Any] = list(node.taints)
+    taints = node.taints
     ours = [t for t in taints if _is_used_by_taint(t)]
     if busy and ours == [used_by_taint()]:
         return None
