@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import orjson
 
 from tfusion.api import annotations as keys
 from tfusion.api.accessors import Gpu, GpuNode
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
@@ -72,9 +73,16 @@ def data_disk_bytes() -> int:
         return 0
 
 
-def _owner_reference(gpunode: GpuNode) -> dict[str, Any]:
+def _owner_reference(gpunode: GpuNode) -> JsonObject:
     return {"apiVersion": gpunode.api_version or "tensor-fusion.ai/v1", "kind": "GPUNode",
             "name": gpunode.name, "uid": gpunode.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+class _GpuMetadata(TypedDict):
+    """The labels and annotations the reporter owns on each GPU object."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
 
 
 def _pool_of(gpunode: GpuNode) -> str:
@@ -126,11 +134,11 @@ class GpuReporter:
             self._removed[device.uuid] = device
         self._wake.set()
 
-    def _on_gpunode(self, gpunode: dict[str, Any]) -> None:
+    def _on_gpunode(self, gpunode: JsonMapping) -> None:
         if GpuNode(gpunode).name == self.node:
             self._wake.set()
 
-    def _on_gpunode_update(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    def _on_gpunode_update(self, old: JsonMapping | None, new: JsonMapping) -> None:
         if old is None or GpuNode(old).uid != GpuNode(new).uid:
             self._on_gpunode(new)  # a new GPUNode of that name: report again; status edits are ours
 
@@ -189,11 +197,12 @@ class GpuReporter:
 
     # --- one GPU -----------------------------------------------------------------------------------
 
-    def _status(self, device: DeviceInfo, gpu: Gpu) -> dict[str, Any]:
+    def _status(self, device: DeviceInfo, gpu: Gpu) -> JsonObject:
         """The status to write for `device` over what `gpu` holds now."""
         old = gpu.status
-        capacity = {"tflops": tflops_quantity(device.max_tflops), "vram": vram_quantity(device.total_memory_bytes)}
-        status: dict[str, Any] = {
+        capacity: JsonObject = {"tflops": tflops_quantity(device.max_tflops),
+                                "vram": vram_quantity(device.total_memory_bytes)}
+        status: JsonObject = {
             "capacity": capacity, "uuid": device.uuid, "gpuModel": device.model, "index": device.index,
             "vendor": device.vendor, "numaNode": device.numa_node, "isolationMode": self.isolation_mode,
             "isolationPolicy": self.isolation_policy, "nodeSelector": {"kubernetes.io/hostname": self.node},
@@ -209,7 +218,7 @@ class GpuReporter:
             status["available"] = dict(capacity)
         return status
 
-    def _metadata(self, gpunode: GpuNode, device: DeviceInfo) -> dict[str, Any]:
+    def _metadata(self, gpunode: GpuNode, device: DeviceInfo) -> _GpuMetadata:
         return {
             "labels": {keys.MANAGED_BY: self.node, keys.GPU_POOL: _pool_of(gpunode)},
             "annotations": {keys.LAST_SYNC: keys.now_rfc3339(),

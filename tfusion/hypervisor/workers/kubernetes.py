@@ -20,6 +20,7 @@ from typing import Any
 from tfusion.allocator.request import RequestError, request_from_pod
 from tfusion.api import annotations as keys
 from tfusion.api.accessors import Pod, section
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.gpu_report import GpuReporter
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation
@@ -139,7 +140,7 @@ class KubernetesWorkers:
     def _is_ours(self, pod: Pod) -> bool:
         return pod.node_name == self.node and pod.is_worker
 
-    def _on_pod(self, raw: dict[str, Any]) -> None:
+    def _on_pod(self, raw: JsonMapping) -> None:
         pod = Pod(raw)
         key = object_key(raw)
         if self._is_ours(pod):
@@ -147,10 +148,10 @@ class KubernetesWorkers:
         else:
             self._forget(key)
 
-    def _on_pod_update(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    def _on_pod_update(self, old: JsonMapping | None, new: JsonMapping) -> None:
         self._on_pod(new)
 
-    def _on_pod_delete(self, pod: dict[str, Any]) -> None:
+    def _on_pod_delete(self, pod: JsonMapping) -> None:
         self._forget(object_key(pod))
 
     def _forget(self, key: str) -> None:

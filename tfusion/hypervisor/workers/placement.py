@@ -15,6 +15,7 @@ from tfusion.allocator.errors import AllocatorError, Unschedulable
 from tfusion.allocator.request import AllocRequest, RequestError, request_from_pod
 from tfusion.allocator.state import GpuInfo
 from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api.jsontypes import JsonObject
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.workers.model import WorkerInfo
 from tfusion.hypervisor.workers.spec import SpecError, WorkerSpec, annotation_field
@@ -87,9 +88,9 @@ class NodePlacer:
     def release(self, uid: str) -> None:
         self.allocator.release(uid)
 
-    def free_summary(self) -> list[dict[str, Any]]:
+    def free_summary(self) -> list[JsonObject]:
         """What is free per device, for the 409 answer."""
-        result = []
+        result: list[JsonObject] = []
         for name in sorted(self.allocator.gpu_names()):
             avail_t, avail_v = self.allocator.available(name)
             info = self.allocator.gpu_info(name)
