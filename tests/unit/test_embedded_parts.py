@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import pytest
 
+from tfusion.api.accessors import Pod, section
+from tfusion.api.jsontypes import JsonObject
 from tfusion.embedded.devices import DevicePlanError, plan_devices
 from tfusion.embedded.kubelet import running_status, terminated_status
 from tfusion.settings import DEFAULT_SIM_DEVICES, Settings, SettingsError, parse_sim_devices_fallback
 
 
 def test_pod_statuses() -> None:
-    pod = {"metadata": {"uid": "u1", "name": "p"},
-           "spec": {"containers": [{"name": "a", "image": "img"}, {"name": "b", "image": "img"}]},
-           "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
-    running = running_status(pod)
-    assert running["phase"] == "Running" and [c["name"] for c in running["containerStatuses"]] == ["a", "b"]
-    assert {c["type"] for c in running["conditions"]} >= {"PodScheduled", "Ready", "Initialized"}
-    assert "initContainerStatuses" not in running
-    stopped = terminated_status({**pod, "status": running})
-    assert stopped["phase"] == "Succeeded" and stopped["startTime"] == running["startTime"]
-    assert all(c["state"]["terminated"]["exitCode"] == 0 for c in stopped["containerStatuses"])
-    assert {c["type"]: c["status"] for c in stopped["conditions"]}["Ready"] == "False"
+    pod: JsonObject = {
+        "metadata": {"uid": "u1", "name": "p"},
+        "spec": {"containers": [{"name": "a", "image": "img"}, {"name": "b", "image": "img"}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    running = Pod({**pod, "status": running_status(Pod(pod))})
+    assert running.phase == "Running" and [c["name"] for c in running.container_statuses] == ["a", "b"]
+    assert {c["type"] for c in running.conditions} >= {"PodScheduled", "Ready", "Initialized"}
+    assert "initContainerStatuses" not in running.status
+    stopped = Pod({**pod, "status": terminated_status(running)})
+    assert stopped.phase == "Succeeded" and stopped.status["startTime"] == running.status["startTime"]
+    assert all(section(c, "state", "terminated").get("exitCode") == 0 for c in stopped.container_statuses)
+    assert {c["type"]: c["status"] for c in stopped.conditions}["Ready"] == "False"
 
 
 def test_sim_devices_fallback_setting() -> None:

@@ -18,3 +18,21 @@ JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, J
 JsonObject: TypeAlias = "dict[str, JsonValue]"
 #: a JSON object only read (covariant in its values, so a dict[str, str] is one)
 JsonMapping: TypeAlias = "Mapping[str, JsonValue | Sequence[JsonValue] | Mapping[str, JsonValue]]"
+
+
+def json_copy(value: object) -> JsonValue:
+    """A deep copy of decoded JSON typed as JSON (a value read through a view is `object` or
+    `JsonMapping`; a builder that keeps it in the document it writes needs it as `JsonValue`).
+    Raises TypeError on anything JSON cannot hold."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_copy(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [json_copy(v) for v in value]
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def json_object(value: Mapping[str, object]) -> JsonObject:
+    """A deep copy of a decoded JSON object, typed as one being built."""
+    return {k: json_copy(v) for k, v in value.items()}

@@ -33,9 +33,9 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import anyio
 from anyio.abc import TaskStatus
@@ -45,6 +45,7 @@ from tfusion.api import annotations as ann
 from tfusion.api.accessors import Node, Pod, section, text
 from tfusion.api.annotations import now_rfc3339
 from tfusion.api.durations import parse_duration
+from tfusion.api.jsontypes import JsonMapping, JsonObject, JsonValue, json_object
 from tfusion.api.quantity import Quantity
 from tfusion.api.timestamps import parse_rfc3339
 from tfusion.embedded.devices import DevicePlan
@@ -114,21 +115,46 @@ def node_labels(node_name: str, plan: DevicePlan) -> dict[str, str | None]:
     return labels
 
 
-def node_status(node_name: str, old: Node | None = None, *, index_devices: int = 0) -> dict[str, Any]:
+class NodeCondition(TypedDict):
+    """One of the four conditions a healthy kubelet reports on its Node."""
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastHeartbeatTime: str
+    lastTransitionTime: str
+
+
+class NodeAddress(TypedDict):
+    type: str
+    address: str
+
+
+class NodeStatus(TypedDict):
+    """The Node status this kubelet writes (every field, every time)."""
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
+    conditions: list[NodeCondition]
+    addresses: list[NodeAddress]
+    daemonEndpoints: dict[str, dict[str, int]]
+    nodeInfo: dict[str, str]
+
+
+def node_status(node_name: str, old: Node | None = None, *, index_devices: int = 0) -> NodeStatus:
     """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged);
     `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each."""
     cpu = str(os.cpu_count() or 1)
-    resources = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
+    resources: dict[str, str] = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
                  "ephemeral-storage": _kib_quantity(_disk_kib())}
     if index_devices > 0:
         resources.update(dict.fromkeys(ann.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
     previous = {c.get("type"): c for c in old.conditions} if old is not None else {}
 
-    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
+    def condition(kind: str, status: str, reason: str, message: str) -> NodeCondition:
         before = previous.get(kind)
         kept = before is not None and before.get("status") == status
-        since = before.get("lastTransitionTime") if before is not None and kept else None
+        since = text(before, "lastTransitionTime") if before is not None and kept else None
         return {"type": kind, "status": status, "reason": reason, "message": message,
                 "lastHeartbeatTime": now, "lastTransitionTime": since or now}
 
@@ -167,8 +193,8 @@ def _container_id(pod_uid: str, container: str) -> str:
     return "sim://" + hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()[:32]
 
 
-def _set_conditions(old: Sequence[Mapping[str, Any]], wanted: dict[str, str], now: str) -> list[dict[str, Any]]:
-    by_type = {c.get("type"): dict(c) for c in old}
+def _set_conditions(old: Sequence[JsonMapping], wanted: dict[str, str], now: str) -> list[JsonValue]:
+    by_type = {c.get("type"): json_object(c) for c in old}
     for kind, status in wanted.items():
         condition = by_type.get(kind) or {"type": kind}
         if condition.get("status") != status:
@@ -177,15 +203,20 @@ def _set_conditions(old: Sequence[Mapping[str, Any]], wanted: dict[str, str], no
         condition.setdefault("lastProbeTime", None)
         by_type[kind] = condition
     order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"]
-    return sorted(by_type.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
+
+    def rank(condition: JsonObject) -> int:
+        kind = text(condition, "type")
+        return order.index(kind) if kind in order else len(order)
+    ranked: list[JsonValue] = [*sorted(by_type.values(), key=rank)]
+    return ranked
 
 
-def running_status(pod: Pod) -> dict[str, Any]:
+def running_status(pod: Pod) -> JsonObject:
     """The status of `pod` once this kubelet has "started" it."""
     now = now_rfc3339()
     uid = pod.uid
-    status = dict(pod.status)
-    started = status.get("startTime") or now
+    status = json_object(pod.status)
+    started = text(status, "startTime") or now
     status.update(
         phase="Running", hostIP=NODE_IP, hostIPs=[{"ip": NODE_IP}], podIP=NODE_IP, podIPs=[{"ip": NODE_IP}],
         startTime=started,
@@ -206,12 +237,12 @@ def running_status(pod: Pod) -> dict[str, Any]:
     return status
 
 
-def terminated_status(pod: Pod, exit_code: int = 0) -> dict[str, Any]:
+def terminated_status(pod: Pod, exit_code: int = 0) -> JsonObject:
     """The status of `pod` once this kubelet has "stopped" its containers (all exited with `exit_code`)."""
     now = now_rfc3339()
-    status = dict(pod.status)
-    started = status.get("startTime") or now
-    containers = []
+    status = json_object(pod.status)
+    started = text(status, "startTime") or now
+    containers: list[JsonValue] = []
     for c in pod.containers:
         containers.append({
             "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
@@ -239,14 +270,14 @@ def simulated_exit(pod: Pod) -> tuple[float, int] | None:
         return None
 
 
-def restarted_status(pod: Pod, exit_code: int) -> dict[str, Any]:
+def restarted_status(pod: Pod, exit_code: int) -> JsonObject:
     """The status after the containers exited and the restartPolicy started them again."""
     now = now_rfc3339()
-    status = dict(pod.status)
-    containers = []
+    status = json_object(pod.status)
+    containers: list[JsonValue] = []
     for container in pod.container_statuses:
         before = section(container, "state", "running")
-        containers.append({**container, "restartCount": int(container.get("restartCount") or 0) + 1,
+        containers.append({**json_object(container), "restartCount": int(container.get("restartCount") or 0) + 1,
                            "state": {"running": {"startedAt": now}},
                            "lastState": {"terminated": {"exitCode": exit_code, "startedAt": before.get("startedAt"),
                                                         "finishedAt": now,
@@ -328,7 +359,7 @@ class SimulatedKubelet:
         except AlreadyExists:
             pass
 
-    async def _every(self, interval: float, what: str, step: Any) -> None:
+    async def _every(self, interval: float, what: str, step: Callable[[], Awaitable[object]]) -> None:
         while True:
             await anyio.sleep(interval)
             try:
@@ -385,7 +416,7 @@ class SimulatedKubelet:
             await self._write_status(pod, restarted_status(pod, code))
         return None
 
-    async def _write_status(self, pod: Pod, status: Mapping[str, Any]) -> None:
+    async def _write_status(self, pod: Pod, status: JsonObject) -> None:
         await self.client.replace(r.PODS, {**pod.raw, "status": status}, subresource="status")
 
     async def _finish_deletion(self, pod: Pod) -> None:
