@@ -40,12 +40,12 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tfusion.allocator import AllocRequest, GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.jsontypes import JsonObject
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient, KubeError, NotFound
 
@@ -123,10 +123,9 @@ def index_conflict(req: AllocRequest | None, node: str, allocator: GpuAllocator 
     return f"not bound: {busy}; the reservation is rolled back and the pod retried" if busy else ""
 
 
-def binding_body(pod: Pod, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:
-    meta = pod.meta.raw
-    metadata: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                                "uid": meta.get("uid")}
+def binding_body(pod: Pod, node: str, annotations: Mapping[str, str]) -> JsonObject:
+    meta = pod.meta
+    metadata: JsonObject = {"name": meta.name or None, "namespace": meta.namespace or None, "uid": meta.uid or None}
     if annotations:
         metadata["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from tfusion.allocator.framework import Code, Explanation, Reason, Status, Suggestion
 from tfusion.allocator.units import amount
-from tfusion.api.accessors import Pod
+from tfusion.api.accessors import Pod, text
 from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
 
@@ -55,6 +55,17 @@ class SuggestionBody(TypedDict):
     changes: dict[str, str]
     pods: NotRequired[list[str]]
     node: NotRequired[str]
+
+
+class PodCondition(TypedDict):
+    """A pod condition as tfusion writes it (PodScheduled)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastProbeTime: str | None
+    lastTransitionTime: str
 
 
 class ExplanationBody(TypedDict):
@@ -178,10 +189,10 @@ def node_suggestions(failures: Mapping[str, nc.NodeFailure], gpu_ok: Sequence[st
     return out
 
 
-def unschedulable_condition(pod: Pod, message: str) -> dict[str, Any]:
+def unschedulable_condition(pod: Pod, message: str) -> PodCondition:
     """The PodScheduled=False condition kube-scheduler writes, keeping the transition time of one
     that already said False."""
     old = pod.condition("PodScheduled")
-    since = old.get("lastTransitionTime") if old is not None and old.get("status") == "False" else None
+    since = text(old, "lastTransitionTime") if old is not None and old.get("status") == "False" else ""
     return {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
             "lastProbeTime": None, "lastTransitionTime": since or rfc3339()}

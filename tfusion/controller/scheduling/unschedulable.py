@@ -19,7 +19,7 @@ The bodies come from explain.py, the one renderer of the framework's answers.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anyio.abc import TaskGroup
 
@@ -43,9 +43,9 @@ def pod_key(pod: Pod) -> str:
     return f"{pod.namespace or 'default'}/{pod.name}"
 
 
-def as_pod(pod: Pod) -> dict[str, Any]:
+def as_pod(pod: Pod) -> Pod:
     """Informer list items carry no kind; events and JSON need it."""
-    return {**pod.raw, "apiVersion": "v1", "kind": "Pod"}
+    return Pod({**pod.raw, "apiVersion": "v1", "kind": "Pod"})
 
 
 class Reports:
