@@ -12,13 +12,13 @@ A missing GPUNode, pool or template means "no template": the defaults and the va
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import orjson
 
 from tfusion.api import accessors
+from tfusion.api.jsontypes import JsonObject
 from tfusion.hypervisor.limiter import erl
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, SCHEDULINGCONFIGTEMPLATES
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 REFRESH_S = 30.0
 
 
-def parse_document(text: str) -> dict[str, Any]:
+def parse_document(text: str) -> JsonObject:
     """TF_HYPERVISOR_SCHEDULING_CONFIG as a JSON object ({} when unset); ValueError naming the problem."""
     if not text.strip():
         return {}
@@ -41,12 +41,13 @@ def parse_document(text: str) -> dict[str, Any]:
     return doc
 
 
-def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merged(base: JsonObject, over: JsonObject) -> JsonObject:
     """`over` on top of `base`, objects merged key by key, anything else replaced."""
     result = dict(base)
     for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merged(result[key], value)
+        below = result.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            result[key] = merged(below, value)
         else:
             result[key] = value
     return result
@@ -57,10 +58,10 @@ class SchedulingConfig:
 
     def __init__(self, env_text: str) -> None:
         self.env = parse_document(env_text)
-        self.template: dict[str, Any] = {}
+        self.template: JsonObject = {}
         self.template_name = ""
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> JsonObject:
         return merged(self.template, self.env)
 
     def erl_params(self) -> erl.ErlParams:
@@ -78,7 +79,7 @@ class SchedulingConfig:
         return changed
 
 
-async def _template_of(client: KubeClient, node: str) -> tuple[str, dict[str, Any]]:
+async def _template_of(client: KubeClient, node: str) -> tuple[str, JsonObject]:
     try:
         gpunode = await client.get(GPUNODES, node)
     except NotFound:

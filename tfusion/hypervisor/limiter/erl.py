@@ -28,9 +28,9 @@ strings; only positive numbers count; afterwards rate_min <= rate_max, cap_min <
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+
+from tfusion.api.jsontypes import JsonMapping
 
 DT_S = 0.5
 INITIAL_RATE = 100.0
@@ -67,7 +67,7 @@ CONFIG_KEYS = {"maxRefillRate": "rate_max", "minRefillRate": "rate_min", "filter
                "capacityMax": "cap_max", "integralDecayFactor": "decay"}
 
 
-def params_from_overrides(raw: Mapping[str, Any] | None, base: ErlParams | None = None) -> ErlParams:
+def params_from_overrides(raw: JsonMapping | None, base: ErlParams | None = None) -> ErlParams:
     """`elasticRateLimitParameters` applied to `base` (the defaults): strings (or numbers) that are
     positive finite decimals override; anything else is ignored, as upstream does."""
     params = base or ErlParams()
