@@ -117,7 +117,7 @@ class Meta:
         return [f for f in items(self.raw, "finalizers") if isinstance(f, str)]
 
     @property
-    def owner_references(self) -> list[JsonMapping]:
+    def owner_references(self) -> Sequence[JsonMapping]:
         return [ref for ref in items(self.raw, "ownerReferences") if isinstance(ref, Mapping)]
 
     def controller_ref(self) -> JsonMapping | None:
@@ -184,7 +184,7 @@ class Body:
         return self.meta.namespace, self.meta.name
 
     @property
-    def conditions(self) -> list[JsonMapping]:
+    def conditions(self) -> Sequence[JsonMapping]:
         return [c for c in items(self.raw, "status", "conditions") if isinstance(c, Mapping)]
 
     def condition(self, type_: str) -> JsonMapping | None:
@@ -289,7 +289,7 @@ class Node(Body):
         return section(self.raw, "status", "capacity")
 
     @property
-    def taints(self) -> list[JsonMapping]:
+    def taints(self) -> Sequence[JsonMapping]:
         return [t for t in items(self.raw, "spec", "taints") if isinstance(t, Mapping)]
 
     @property

@@ -16,8 +16,10 @@ from typing import TypeAlias
 JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 #: a JSON object being built (mutable)
 JsonObject: TypeAlias = "dict[str, JsonValue]"
-#: a JSON object only read (covariant in its values, so a dict[str, str] is one)
-JsonMapping: TypeAlias = "Mapping[str, JsonValue | Sequence[JsonValue] | Mapping[str, JsonValue]]"
+#: any JSON value only read, at every depth (read-only containers are covariant: a list[str] is one)
+JsonReadValue: TypeAlias = "bool | int | float | str | Sequence[JsonReadValue] | Mapping[str, JsonReadValue] | None"
+#: a JSON object only read (covariant in its values, so a dict[str, str] or a JsonObject is one)
+JsonMapping: TypeAlias = "Mapping[str, JsonReadValue]"
 
 
 def json_copy(value: object) -> JsonValue:
