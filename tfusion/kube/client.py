@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import httpx
@@ -27,6 +27,7 @@ import kr8s.asyncio
 import orjson
 
 from tfusion.api.accessors import Body, items, text
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.kube.resources import TOKENREVIEWS, ApiResource
 from tfusion.leanhttp import LeanTransport
 
@@ -73,12 +74,26 @@ class _PooledApi(kr8s.asyncio.Api):
 # --- errors -----------------------------------------------------------------------------------
 
 
+class Status(TypedDict, total=False):
+    """A `Status` object: what the API server answers a failed request with (and what we build
+    for a transport failure)."""
+
+    kind: str
+    apiVersion: str
+    metadata: JsonObject
+    status: str
+    code: int
+    reason: str
+    message: str
+    details: JsonObject
+
+
 class KubeError(Exception):
     """The API server refused a request. `status` is its Status object (or one we built for a
     transport failure), `code` the HTTP status, `reason` the Status reason, `message` the
     server's own words."""
 
-    def __init__(self, status: Mapping[str, Any], code: int | None = None) -> None:
+    def __init__(self, status: Status, code: int | None = None) -> None:
         self.status: dict[str, Any] = dict(status)
         self.code: int = int(code if code is not None else status.get("code") or 0)
         self.reason: str = str(status.get("reason") or "")
@@ -128,7 +143,7 @@ _BY_CODE: dict[int, type[KubeError]] = {
 }
 
 
-def error_from_status(status: Mapping[str, Any] | str | None, code: int) -> KubeError:
+def error_from_status(status: Status | str | None, code: int) -> KubeError:
     """The typed error for an HTTP status code and its (possibly missing) Status body."""
     if not isinstance(status, Mapping):
         text = status if isinstance(status, str) else ""
@@ -464,11 +479,9 @@ class KubeClient:
                     event = orjson.loads(line)
                     kind = str(event.get("type") or "")
                     obj = event.get("object")
-                    if not isinstance(obj, dict):
-                        obj = {}
-                    if kind == "ERROR":
-                        raise error_from_status(obj, int(obj.get("code") or 500))
-                    yield kind, obj
+                    if kind == "ERROR":  # obj is the server's Status
+                        raise error_from_status(obj, int(obj.get("code") or 500) if isinstance(obj, dict) else 500)
+                    yield kind, obj if isinstance(obj, dict) else {}
         except kr8s.ServerError as exc:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
@@ -507,7 +520,7 @@ def _with_type(resource: ApiResource, obj: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def object_key(obj: Mapping[str, Any]) -> str:
+def object_key(obj: JsonMapping) -> str:
     """"namespace/name", or "name" for cluster-scoped objects (client-go's MetaNamespaceKey)."""
     meta = Body(obj).meta
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
