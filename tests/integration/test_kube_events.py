@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tfusion.api.accessors import Body
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.kube.events import EventRecorder
@@ -30,10 +31,10 @@ async def test_repeats_are_aggregated(kube: KubeClient) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(recorder.run)
         for _ in range(3):
-            recorder.warning(pod, "AllocationFailed", "no GPU with 40Gi free")
-        recorder.warning(pod, "AllocationFailed", "no GPU with 80Gi free")
-        recorder.normal(pod, "Allocated", "gpu-1")
-        recorder.normal(node, "Discovered", "2 GPUs")
+            recorder.warning(Body(pod), "AllocationFailed", "no GPU with 40Gi free")
+        recorder.warning(Body(pod), "AllocationFailed", "no GPU with 80Gi free")
+        recorder.normal(Body(pod), "Allocated", "gpu-1")
+        recorder.normal(Body(node), "Discovered", "2 GPUs")
         with anyio.fail_after(5):
             await recorder.drain()
         tg.cancel_scope.cancel()
@@ -56,10 +57,10 @@ async def test_repeats_are_aggregated(kube: KubeClient) -> None:
 
 
 async def test_bad_input_and_a_dead_server_never_reach_the_caller(apiserver: Any, kube: KubeClient) -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "ev"}}
+    pod = Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "ev"}})
     recorder = EventRecorder(kube, queue_size=2)
     recorder.event(pod, "Info", "Reason", "bad type")
-    recorder.event({"metadata": {}}, "Normal", "Reason", "no kind or name")
+    recorder.event(Body({"metadata": {}}), "Normal", "Reason", "no kind or name")
     assert recorder.dropped == 2
     async with anyio.create_task_group() as tg:
         apiserver.stop()

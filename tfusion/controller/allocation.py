@@ -314,7 +314,7 @@ class AllocatorService:
                 req, gpus = worker_request(pod, allocator)
             except RequestError as exc:
                 skipped.append((pod_ref(pod), str(exc)))
-                self.runtime.events.warning(obj, "AllocationNotRecovered", f"cannot read the GPUs it holds: {exc}")
+                self.runtime.events.warning(pod, "AllocationNotRecovered", f"cannot read the GPUs it holds: {exc}")
                 continue
             pods_by_uid[req.pod_uid] = pod
             if not all(knows_gpu(allocator, g) for g in gpus):

@@ -14,9 +14,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -34,7 +32,7 @@ MAX_MESSAGE = 1024
 
 @dataclass
 class _Pending:
-    involved: dict[str, Any]
+    involved: dict[str, str]
     type: str
     reason: str
     message: str
@@ -70,13 +68,13 @@ class EventRecorder:
 
     # --- recording (never blocks, never raises) -------------------------------------------------
 
-    def event(self, obj: Body | Mapping[str, Any], type: str, reason: str, message: str) -> None:
+    def event(self, obj: Body, type: str, reason: str, message: str) -> None:
         try:
             if type not in (NORMAL, WARNING):
                 raise ValueError(f"event type {type!r}: expected Normal or Warning")
             if not reason:
                 raise ValueError("event reason: required")
-            involved = self._involved(obj if isinstance(obj, Body) else Body(obj))
+            involved = self._involved(obj)
             pending = _Pending(involved, type, reason, message[:MAX_MESSAGE])
             self._send.send_nowait(pending)
             self._outstanding += 1
@@ -88,10 +86,10 @@ class EventRecorder:
             self.dropped += 1
             log.warning("dropped event %s %s: %s", type, reason, exc)
 
-    def normal(self, obj: Body | Mapping[str, Any], reason: str, message: str) -> None:
+    def normal(self, obj: Body, reason: str, message: str) -> None:
         self.event(obj, NORMAL, reason, message)
 
-    def warning(self, obj: Body | Mapping[str, Any], reason: str, message: str) -> None:
+    def warning(self, obj: Body, reason: str, message: str) -> None:
         self.event(obj, WARNING, reason, message)
 
     async def drain(self) -> None:
@@ -99,7 +97,7 @@ class EventRecorder:
         await self._idle.wait()
 
     @staticmethod
-    def _involved(obj: Body) -> dict[str, Any]:
+    def _involved(obj: Body) -> dict[str, str]:
         meta = obj.meta
         involved = {"apiVersion": obj.api_version, "kind": obj.kind, "name": meta.name,
                     "namespace": meta.namespace, "uid": meta.uid, "resourceVersion": meta.resource_version}

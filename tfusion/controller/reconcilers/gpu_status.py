@@ -60,10 +60,11 @@ class GpuStatusReconciler:
         if cached is None:
             allocator.remove_gpu(name)
             return None
+        gpu = Gpu(cached)
         try:
-            service.apply_gpu(allocator, Gpu(cached))
+            service.apply_gpu(allocator, gpu)
         except AllocatorError as exc:
-            self.runtime.events.warning(cached, "GPUNotApplied", str(exc))
+            self.runtime.events.warning(gpu, "GPUNotApplied", str(exc))
             raise
         service.adopt_waiting_for(allocator, name)
         if not knows_gpu(allocator, name) or status_matches(Gpu(cached), views.gpu_status(allocator, name)):

@@ -171,9 +171,9 @@ class Workbench:
         if self.manager.events is None:
             return
         if warning:
-            self.manager.recorder.warning(obj.raw, reason, message)
+            self.manager.recorder.warning(obj, reason, message)
         else:
-            self.manager.recorder.normal(obj.raw, reason, message)
+            self.manager.recorder.normal(obj, reason, message)
 
     async def write_status(self, resource: ApiResource, obj: Body, status: Mapping[str, Any]) -> None:
         if status == obj.status:
