@@ -64,7 +64,9 @@ def label_value(value: str) -> str | None:
     return value if len(value) <= MAX_LABEL_VALUE else None
 
 
-def _annotations(spec: Mapping[str, Any], pool_name: str) -> dict[str, str]:
+def _annotations(workload: Workload, pool_name: str) -> dict[str, str]:
+    """The GPU request of the workload's spec as the annotations the allocator reads."""
+    spec = workload.spec
     notes: dict[str, str] = {tfa.GPU_POOL: pool_name}
     for (side, name), key in _RESOURCE_ANNOTATIONS.items():
         value = section(spec, "resources", side).get(name)
@@ -118,7 +120,7 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: list[dict[st
     for key, value in ((tfa.WORKLOAD, workload.name), (tfa.GPU_POOL, pool_name)):
         if label_value(value):
             labels[key] = value
-    notes = _annotations(spec, pool_name)
+    notes = _annotations(workload, pool_name)
     if dedicated:
         notes[tfa.DEDICATED_WORKER] = "true"
     metadata: dict[str, Any] = {"namespace": workload.namespace or None, "labels": labels, "annotations": notes,
