@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tfusion.api.accessors import Body, Pod
+from tfusion.api.accessors import Body, Pod, items, text
+from tfusion.api.jsontypes import JsonObject, JsonValue
 from tfusion.api.timestamps import rfc3339
 from tfusion.embedded.workloads.common import pod_from_template
 from tfusion.embedded.workloads.deployment import deployment_status
@@ -14,12 +15,12 @@ from tfusion.embedded.workloads.job import job_failure
 from tfusion.embedded.workloads.replicaset import replicaset_status
 from tfusion.kube import resources as r
 
-TEMPLATE: dict[str, Any] = {"metadata": {"labels": {"app": "web"}, "annotations": {"note": "x"}},
+TEMPLATE: JsonObject = {"metadata": {"labels": {"app": "web"}, "annotations": {"note": "x"}},
             "spec": {"containers": [{"name": "m", "image": "busybox"}]}}
 
 
 def ready_pod(name: str, ready_since: float | None, labels: dict[str, str] | None = None) -> Pod:
-    conditions = [] if ready_since is None else [
+    conditions: list[JsonValue] = [] if ready_since is None else [
         {"type": "Ready", "status": "True", "lastTransitionTime": rfc3339(ready_since)}]
     return Pod({"metadata": {"name": name, "labels": labels if labels is not None else {"app": "web"}},
                 "status": {"phase": "Running", "conditions": conditions}})
@@ -27,15 +28,17 @@ def ready_pod(name: str, ready_since: float | None, labels: dict[str, str] | Non
 
 def test_a_pod_from_a_template_belongs_to_its_owner_and_shares_nothing_with_it() -> None:
     owner = Body({"metadata": {"name": "web-abc", "namespace": "ns", "uid": "u1"}, "spec": {"template": TEMPLATE}})
-    pod = pod_from_template(owner, r.REPLICASETS)
-    assert pod["metadata"]["generateName"] == "web-abc-" and pod["metadata"]["namespace"] == "ns"
-    assert pod["metadata"]["labels"] == {"app": "web"} and pod["metadata"]["annotations"] == {"note": "x"}
-    assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
-                                                  "uid": "u1", "controller": True, "blockOwnerDeletion": True}]
-    pod["spec"]["containers"][0]["image"] = "changed"
-    pod["metadata"]["labels"]["app"] = "changed"
-    assert TEMPLATE["spec"]["containers"][0]["image"] == "busybox"
-    assert TEMPLATE["metadata"]["labels"]["app"] == "web"
+    pod = Pod(pod_from_template(owner, r.REPLICASETS))
+    assert pod.meta.raw["generateName"] == "web-abc-" and pod.namespace == "ns"
+    assert pod.meta.labels == {"app": "web"} and pod.meta.annotations == {"note": "x"}
+    assert pod.meta.owner_references == [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+                                          "uid": "u1", "controller": True, "blockOwnerDeletion": True}]
+    items(pod.spec, "containers")[0]["image"] = "changed"
+    labels = pod.meta.raw["labels"]
+    assert isinstance(labels, dict)
+    labels["app"] = "changed"
+    assert text(items(TEMPLATE, "spec", "containers")[0], "image") == "busybox"
+    assert text(TEMPLATE, "metadata", "labels", "app") == "web"
 
 
 def test_replicaset_status_counts_ready_available_and_labelled_pods() -> None:
@@ -54,7 +57,7 @@ def test_replicaset_status_counts_ready_available_and_labelled_pods() -> None:
 def test_a_failed_create_is_a_replica_failure_until_creates_succeed_again() -> None:
     rs = Body({"spec": {}, "status": {}})
     failing, _ = replicaset_status(rs, [], "Error creating: quota")
-    assert [(c["type"], c["reason"], c["message"]) for c in failing["conditions"]] == [
+    assert [(c["type"], c["reason"], c["message"]) for c in Body({"status": failing}).conditions] == [
         ("ReplicaFailure", "FailedCreate", "Error creating: quota")]
     healed, _ = replicaset_status(Body({"spec": {}, "status": failing}), [], None)
     assert "conditions" not in healed
@@ -75,7 +78,7 @@ def test_a_deployment_without_progress_past_its_deadline_says_so() -> None:
     assert wait is not None and 470 < wait <= 480
     late = deployment({**counts, "conditions": [progressing]}, progressDeadlineSeconds=60)
     status, wait = deployment_status(late, rs, [rs], progressed=False)
-    by_type = {c["type"]: c for c in status["conditions"]}
+    by_type = {c["type"]: c for c in Body({"status": status}).conditions}
     progress = by_type["Progressing"]
     assert progress["status"] == "False" and progress["reason"] == "ProgressDeadlineExceeded"
     assert by_type["Available"]["status"] == "False" and status["unavailableReplicas"] == 2 and wait is None

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from tfusion.api.accessors import Body, Pod
+from tfusion.api.jsontypes import JsonObject
 from tfusion.embedded.workloads import deletion_rank, resolve_fenceposts, set_condition, template_hash
 
-TEMPLATE = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}
+TEMPLATE: JsonObject = {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "m", "image": "busybox"}]}}
 
 
 def test_template_hash_is_stable_and_name_safe() -> None:

@@ -9,12 +9,12 @@ the cache before acting again, so a lagging cache never doubles the pods) are wr
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NotRequired, TypedDict
 
 from tfusion.api.accessors import Body, Pod, section
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.timestamps import parse_rfc3339
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
@@ -34,7 +34,26 @@ def controller_uid(obj: Body) -> list[str]:
     return [str(ref["uid"]) for ref in obj.meta.owner_references if ref.get("controller") and ref.get("uid")]
 
 
-def owner_reference(owner: Body, resource: ApiResource) -> dict[str, str | bool]:
+class OwnerReference(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+class Condition(TypedDict):
+    """A workload condition as these controllers write it (Deployments' also carry lastUpdateTime)."""
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    lastUpdateTime: NotRequired[str]
+
+
+def owner_reference(owner: Body, resource: ApiResource) -> OwnerReference:
     return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
             "controller": True, "blockOwnerDeletion": True}
 
@@ -48,7 +67,7 @@ def is_ready(pod: Pod) -> bool:
     return pod.phase == "Running" and ready is not None and ready.get("status") == "True"
 
 
-def since(stamp: Any) -> float | None:
+def since(stamp: object) -> float | None:
     """The epoch seconds of an RFC 3339 stamp; None when absent or malformed."""
     try:
         return parse_rfc3339(str(stamp)).timestamp()
@@ -67,17 +86,17 @@ def available_in(pod: Pod, min_ready_s: int, now: float) -> float | None:
     return 0.0 if stamp is None else max(0.0, stamp + min_ready_s - now)
 
 
-def pod_from_template(owner: Body, resource: ApiResource) -> dict[str, Any]:
+def pod_from_template(owner: Body, resource: ApiResource) -> JsonObject:
     """A pod of `owner` (generateName `<owner>-`), as kube's controllers build one from its `spec.template`."""
     template = section(owner.spec, "template")
     template_meta = section(template, "metadata")
-    meta: dict[str, Any] = {"generateName": f"{owner.name}-", "namespace": owner.namespace or None,
-                            "labels": dict(section(template_meta, "labels")),
-                            "ownerReferences": [owner_reference(owner, resource)]}
+    meta: JsonObject = {"generateName": f"{owner.name}-", "namespace": owner.namespace or None,
+                        "labels": json_object(section(template_meta, "labels")),
+                        "ownerReferences": [json_object(owner_reference(owner, resource))]}
     for field in ("annotations", "finalizers"):
         if template_meta.get(field):
-            meta[field] = copy.deepcopy(template_meta[field])
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(dict(section(template, "spec")))}
+            meta[field] = json_copy(template_meta[field])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": json_object(section(template, "spec"))}
 
 
 def deletion_rank(pod: Pod) -> tuple[int, int, int, float]:
@@ -100,17 +119,24 @@ def created_at(obj: Body) -> float:
     return since(obj.meta.creation_timestamp) or 0.0
 
 
-def set_condition(conditions: Sequence[Mapping[str, Any]], kind: str, status: str, reason: str, message: str,
-                  now: str, *, update_time: bool = False) -> list[Mapping[str, Any]]:
+def set_condition(conditions: Sequence[JsonMapping], kind: str, status: str, reason: str, message: str,
+                  now: str, *, update_time: bool = False) -> list[JsonObject]:
     """Replace the condition of `kind`; lastTransitionTime moves only when the status changes."""
     old = next((c for c in conditions if c.get("type") == kind), None)
-    condition: dict[str, Any] = {"type": kind, "status": status, "reason": reason, "message": message}
     changed = old is None or old.get("status") != status
-    condition["lastTransitionTime"] = now if old is None or changed else old.get("lastTransitionTime", now)
+    moved = now if old is None or changed else _stamp(old, "lastTransitionTime", now)
+    condition: Condition = {"type": kind, "status": status, "reason": reason, "message": message,
+                            "lastTransitionTime": moved}
     if update_time:
         unchanged = old is not None and not changed and old.get("reason") == reason and old.get("message") == message
-        condition["lastUpdateTime"] = old.get("lastUpdateTime", now) if old is not None and unchanged else now
-    return [c for c in conditions if c.get("type") != kind] + [condition]
+        condition["lastUpdateTime"] = _stamp(old, "lastUpdateTime", now) if old is not None and unchanged else now
+    return [json_object(c) for c in conditions if c.get("type") != kind] + [json_object(condition)]
+
+
+def _stamp(condition: JsonMapping, key: str, default: str) -> str:
+    """A condition's time stamp as written (the default where it has none)."""
+    value = condition.get(key, default)
+    return value if isinstance(value, str) else default
 
 
 class Expectations:
@@ -175,11 +201,12 @@ class Workbench:
         else:
             self.manager.recorder.normal(obj, reason, message)
 
-    async def write_status(self, resource: ApiResource, obj: Body, status: Mapping[str, Any]) -> None:
+    async def write_status(self, resource: ApiResource, obj: Body, status: JsonObject) -> None:
         if status == obj.status:
             return
+        body: JsonMapping = {**obj.raw, "status": status}
         try:
-            await self.client.replace(resource, {**obj.raw, "status": status}, subresource="status")
+            await self.client.replace(resource, body, subresource="status")
         except NotFound:
             pass  # deleted meanwhile
 

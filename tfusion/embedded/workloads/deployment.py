@@ -20,12 +20,11 @@ import copy
 import hashlib
 import math
 import time
-from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
 from tfusion.api.accessors import Body, section
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.timestamps import rfc3339
 from tfusion.embedded.workloads.common import (
     Workbench,
@@ -47,7 +46,7 @@ REVISION = "deployment.kubernetes.io/revision"
 _SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
-def template_hash(template: Mapping[str, Any], collision_count: int = 0) -> str:
+def template_hash(template: JsonMapping, collision_count: int = 0) -> str:
     """The `pod-template-hash` of a pod template (see the module docstring for how it is spelled)."""
     raw = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
     if collision_count:
@@ -83,7 +82,7 @@ def resolve_fenceposts(deployment: Body) -> tuple[int, int]:
         return 0, 0
     rolling = section(deployment.spec, "strategy", "rollingUpdate")
 
-    def count(value: Any, round_up: bool) -> int:
+    def count(value: int | str, round_up: bool) -> int:
         if isinstance(value, str) and value.endswith("%"):
             exact = int(value[:-1]) * replicas / 100
             return math.ceil(exact) if round_up else math.floor(exact)
@@ -140,11 +139,11 @@ class DeploymentController:
         revision = max((revision_of(rs) for rs in old), default=0) + 1
         first = self._first_replicas(deploy, old)
         name = f"{deploy.name}-{pod_hash}"
-        rs = {
+        rs: JsonObject = {
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": dict(template["metadata"]["labels"]), "annotations": {REVISION: str(revision)},
-                         "ownerReferences": [owner_reference(deploy, r.DEPLOYMENTS)]},
+                         "ownerReferences": [json_object(owner_reference(deploy, r.DEPLOYMENTS))]},
             "spec": {"replicas": first, "selector": selector, "template": template,
                      "minReadySeconds": int(spec.get("minReadySeconds") or 0)},
         }
@@ -276,34 +275,32 @@ class DeploymentController:
 
 
 def deployment_status(deploy: Body, new_rs: Body | None, owned: list[Body], *,
-                      progressed: bool) -> tuple[dict[str, Any], float | None]:
+                      progressed: bool) -> tuple[JsonObject, float | None]:
     """The status counted from the owned ReplicaSets, and how long until the progress deadline."""
     spec, old_status = deploy.spec, deploy.status
     wanted = replicas_of(deploy)
-    status: dict[str, Any] = {
-        "observedGeneration": deploy.meta.raw.get("generation", 1),
+    counted = {
         "replicas": sum(status_int(rs, "replicas") for rs in owned),
         "updatedReplicas": status_int(new_rs, "replicas") if new_rs else 0,
         "readyReplicas": sum(status_int(rs, "readyReplicas") for rs in owned),
         "availableReplicas": sum(status_int(rs, "availableReplicas") for rs in owned),
     }
-    status["unavailableReplicas"] = max(0, wanted - status["availableReplicas"])
+    status: JsonObject = {"observedGeneration": json_copy(deploy.meta.raw.get("generation", 1)), **counted,
+                          "unavailableReplicas": max(0, wanted - counted["availableReplicas"])}
     if old_status.get("collisionCount"):
         status["collisionCount"] = old_status["collisionCount"]
     now = rfc3339()
-    conditions = deploy.conditions
     _, max_unavailable = resolve_fenceposts(deploy)
-    if status["availableReplicas"] >= wanted - max_unavailable:
-        conditions = set_condition(conditions, "Available", "True", "MinimumReplicasAvailable",
+    if counted["availableReplicas"] >= wanted - max_unavailable:
+        conditions = set_condition(deploy.conditions, "Available", "True", "MinimumReplicasAvailable",
                                    "Deployment has minimum availability.", now, update_time=True)
     else:
-        conditions = set_condition(conditions, "Available", "False", "MinimumReplicasUnavailable",
+        conditions = set_condition(deploy.conditions, "Available", "False", "MinimumReplicasUnavailable",
                                    "Deployment does not have minimum availability.", now, update_time=True)
     name = new_rs.name if new_rs else deploy.name
-    complete = status["updatedReplicas"] == wanted and status["replicas"] == wanted \
-        and status["availableReplicas"] == wanted
-    counts = ("replicas", "updatedReplicas", "readyReplicas", "availableReplicas")
-    moved = progressed or any(status[k] != old_status.get(k) for k in counts)
+    complete = counted["updatedReplicas"] == wanted and counted["replicas"] == wanted \
+        and counted["availableReplicas"] == wanted
+    moved = progressed or any(count != old_status.get(k) for k, count in counted.items())
     current = deploy.condition("Progressing")
     deadline = spec.get("progressDeadlineSeconds")
     wait: float | None = None
@@ -325,5 +322,5 @@ def deployment_status(deploy: Body, new_rs: Body | None, owned: list[Body], *,
                                        f'ReplicaSet "{name}" has timed out progressing.', now, update_time=True)
         else:
             wait = left
-    status["conditions"] = conditions
+    status["conditions"] = list(conditions)
     return status, wait

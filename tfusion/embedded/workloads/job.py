@@ -10,12 +10,11 @@ are in its status. `suspend` stops its pods.
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from tfusion.api.accessors import Body, Pod, text
+from tfusion.api.accessors import Body, Pod, sequence_of_maps, text
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.timestamps import rfc3339
 from tfusion.embedded.workloads.common import (
     Workbench,
@@ -34,10 +33,15 @@ def _restarts(pod: Pod) -> int:
     return sum(int(c.get("restartCount") or 0) for c in pod.container_statuses)
 
 
-def _finish(conditions: Sequence[Mapping[str, Any]], target: str, final: str, reason: str, message: str,
-            now: str) -> list[Mapping[str, Any]]:
-    conditions = set_condition(conditions, target, "True", reason, message, now)
-    return set_condition(conditions, final, "True", reason, message, now)
+def _finish(conditions: Sequence[JsonMapping], target: str, final: str, reason: str, message: str,
+            now: str) -> list[JsonObject]:
+    targeted = set_condition(conditions, target, "True", reason, message, now)
+    return set_condition(targeted, final, "True", reason, message, now)
+
+
+def _conditions(status: JsonObject) -> Sequence[JsonMapping]:
+    """The conditions of the status being built (it starts as a copy of the Job's)."""
+    return sequence_of_maps(status.get("conditions"))
 
 
 def job_failure(job: Body, started: float | None, failures: int, now_s: float) -> tuple[str, str] | None:
@@ -70,7 +74,7 @@ class JobController:
             return None
         pods = bench.pods_of(job)
         active = [p for p in pods if is_active(p)]
-        status: dict[str, Any] = copy.deepcopy(dict(job.status))
+        status = json_object(job.status)
         finished = job.condition("Complete") or job.condition("Failed")
         spec = job.spec
         now = rfc3339()
@@ -83,8 +87,8 @@ class JobController:
             if active:
                 await bench.delete_pods(job, r.JOBS, active)
         elif spec.get("suspend"):
-            status["conditions"] = set_condition(status.get("conditions") or [], "Suspended", "True",
-                                                 "JobSuspended", "Job suspended", now)
+            status["conditions"] = list(set_condition(_conditions(status), "Suspended", "True",
+                                                      "JobSuspended", "Job suspended", now))
             if active:
                 await bench.delete_pods(job, r.JOBS, active)
         else:
@@ -95,28 +99,28 @@ class JobController:
         await bench.write_status(r.JOBS, job, status)
         return result
 
-    async def _run(self, job: Body, expectation_key: str, status: dict[str, Any], pods: list[Pod],
+    async def _run(self, job: Body, expectation_key: str, status: JsonObject, pods: list[Pod],
                    active: list[Pod], succeeded: int, failures: int) -> Result | None:
         """A Job neither finished nor suspended: finish it, or keep its pods running; `status` is updated."""
         bench, spec = self.bench, job.spec
         now_s, now = time.time(), rfc3339()
         status.setdefault("startTime", now)
         if job.condition("Suspended"):
-            status["conditions"] = set_condition(status.get("conditions") or [], "Suspended", "False",
-                                                 "JobResumed", "Job resumed", now)
+            status["conditions"] = list(set_condition(_conditions(status), "Suspended", "False",
+                                                      "JobResumed", "Job resumed", now))
         failure = job_failure(job, since(status.get("startTime")), failures, now_s)
         completions = spec.get("completions")
         done = succeeded >= completions if completions is not None else succeeded > 0 and not active
         result: Result | None = None
         if failure is not None:
             reason, message = failure
-            status["conditions"] = _finish(status.get("conditions") or [], "FailureTarget", "Failed", reason,
-                                           message, now)
+            status["conditions"] = list(_finish(_conditions(status), "FailureTarget", "Failed", reason,
+                                                message, now))
             await bench.delete_pods(job, r.JOBS, active)
             bench.event(job, reason, message, warning=True)
         elif done:
-            status["conditions"] = _finish(status.get("conditions") or [], "SuccessCriteriaMet", "Complete",
-                                           "CompletionsReached", "Reached expected number of succeeded pods", now)
+            status["conditions"] = list(_finish(_conditions(status), "SuccessCriteriaMet", "Complete",
+                                                "CompletionsReached", "Reached expected number of succeeded pods", now))
             status["completionTime"] = now
             await bench.delete_pods(job, r.JOBS, active)
             bench.event(job, "Completed", "Job completed")

@@ -10,9 +10,9 @@ ready, then the newest.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tfusion.api.accessors import Body, Pod, section
+from tfusion.api.jsontypes import JsonObject, json_copy, json_object
 from tfusion.api.timestamps import rfc3339
 from tfusion.embedded.workloads.common import (
     Workbench,
@@ -60,7 +60,7 @@ class ReplicaSetController:
         return Result(requeue_after=wait) if wait is not None else None
 
 
-def replicaset_status(rs: Body, active: list[Pod], failure: str | None) -> tuple[dict[str, Any], float | None]:
+def replicaset_status(rs: Body, active: list[Pod], failure: str | None) -> tuple[JsonObject, float | None]:
     """The status counted from the active pods, and how long until one of them becomes available."""
     min_ready = int(rs.spec.get("minReadySeconds") or 0)
     now = time.time()
@@ -78,12 +78,12 @@ def replicaset_status(rs: Body, active: list[Pod], failure: str | None) -> tuple
         elif remaining is not None:
             wait = remaining if wait is None else min(wait, remaining)
     old_status = rs.status
-    generation = rs.meta.raw.get("generation", old_status.get("observedGeneration", 0))
-    status: dict[str, Any] = {"replicas": len(active), "fullyLabeledReplicas": labelled, "readyReplicas": ready,
+    generation = json_copy(rs.meta.raw.get("generation", old_status.get("observedGeneration", 0)))
+    status: JsonObject = {"replicas": len(active), "fullyLabeledReplicas": labelled, "readyReplicas": ready,
                               "availableReplicas": available, "observedGeneration": generation}
-    conditions = [c for c in rs.conditions if c.get("type") != "ReplicaFailure"]
-    if failure is not None:
-        conditions = set_condition(conditions, "ReplicaFailure", "True", "FailedCreate", failure, rfc3339())
+    kept = [c for c in rs.conditions if c.get("type") != "ReplicaFailure"]
+    conditions = set_condition(kept, "ReplicaFailure", "True", "FailedCreate", failure, rfc3339()) \
+        if failure is not None else [json_object(c) for c in kept]
     if conditions:
-        status["conditions"] = conditions
+        status["conditions"] = list(conditions)
     return status, wait
