@@ -23,11 +23,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from tfusion.allocator.scoring import Weights
+from tfusion.api.accessors import items
 from tfusion.api.annotations import SCHEDULER_NAME
 from tfusion.settings import NOT_IMPLEMENTED, NotImplementedSettingError
 
@@ -94,25 +94,25 @@ def parse_scheduler_args(text: str, *, source: str) -> SchedulerArgs:
     return SchedulerArgs(max_workers_per_node=_max_workers(fit, source), weights=weights, source=source)
 
 
-def _profile(profiles: Any, source: str) -> Mapping[str, Any]:
+def _profile(profiles: object, source: str) -> Mapping[str, object]:
     if profiles is None:
         return {}
     if not isinstance(profiles, list) or not all(isinstance(p, Mapping) for p in profiles):
         raise SchedulerConfigError(f"{source}: profiles must be a list of profiles")
-    listed: list[Mapping[str, Any]] = profiles
+    listed: list[Mapping[str, object]] = profiles
     named = [p for p in listed if p.get("schedulerName") == SCHEDULER_NAME]
     if named:
         return named[0]
     with_args = [p for p in listed if any(isinstance(c, Mapping) and c.get("name") in (RESOURCES_FIT, TOPOLOGY_AWARE)
-                                          for c in p.get("pluginConfig") or [])]
+                                          for c in items(p, "pluginConfig"))]
     if len(with_args) > 1:
         raise SchedulerConfigError(f"{source}: {len(with_args)} profiles configure GPU plugins and none is named "
                                    f"{SCHEDULER_NAME}; name the one tfusion reads")
     return with_args[0] if with_args else {}
 
 
-def _plugin_args(profile: Mapping[str, Any], source: str) -> dict[str, Mapping[str, Any]]:
-    found: dict[str, Mapping[str, Any]] = {}
+def _plugin_args(profile: Mapping[str, object], source: str) -> dict[str, Mapping[str, object]]:
+    found: dict[str, Mapping[str, object]] = {}
     entries = profile.get("pluginConfig") or []
     if not isinstance(entries, list):
         raise SchedulerConfigError(f"{source}: pluginConfig must be a list of {{name, args}}")
@@ -127,7 +127,7 @@ def _plugin_args(profile: Mapping[str, Any], source: str) -> dict[str, Mapping[s
     return found
 
 
-def _check_topology(args: Mapping[str, Any], source: str) -> None:
+def _check_topology(args: Mapping[str, object], source: str) -> None:
     mode = args.get("mode", "soft")
     if mode == "hard":
         raise NotImplementedSettingError(f"{source}: {TOPOLOGY_AWARE} mode hard (placement by network topology) "
@@ -138,14 +138,14 @@ def _check_topology(args: Mapping[str, Any], source: str) -> None:
                 source, TOPOLOGY_AWARE)
 
 
-def _weight(args: Mapping[str, Any], key: str, default: float, source: str) -> float:
+def _weight(args: Mapping[str, object], key: str, default: float, source: str) -> float:
     value = args.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise SchedulerConfigError(f"{source}: {RESOURCES_FIT} {key} {value!r}; expected a number of 0 or more")
     return float(value)
 
 
-def _max_workers(args: Mapping[str, Any], source: str) -> int | None:
+def _max_workers(args: Mapping[str, object], source: str) -> int | None:
     value = args.get("maxWorkerPerNode")
     if value is None:
         return None
