@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import jwt
 
 from tfusion.api.accessors import Body, section
+from tfusion.api.jsontypes import JsonObject
 from tfusion.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def parse_review(review: Body) -> ReviewedToken:
                          uid=str(user.get("uid") or ""), groups=tuple(user.get("groups") or ()))
 
 
-def unverified_claims(token: str) -> dict[str, Any] | None:
+def unverified_claims(token: str) -> JsonObject | None:
     """A JWT's claims as PyJWT decodes them, without checking its signature or times; None when it
     is not a JWT (or a larger one than any Kubernetes issues).
 
@@ -132,7 +133,7 @@ def unverified_claims(token: str) -> dict[str, Any] | None:
     if len(token) > _MAX_DECODED_TOKEN:
         return None
     try:
-        claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
+        claims: JsonObject = jwt.decode(token, options={"verify_signature": False})
     except (jwt.PyJWTError, ValueError, RecursionError):
         return None
     return claims
