@@ -29,8 +29,9 @@ import msgspec
 import msgspec.inspect as mi
 import yaml
 
+from tfusion.api.jsontypes import JsonObject
 from tfusion.api.kinds.base import DEFAULT_KEY, FORMAT_RANGES, GROUP, REQUIRED_KEY, VERSION, Model, Quantity
-from tfusion.api.kinds.registry import KINDS, KindInfo
+from tfusion.api.kinds.registry import KINDS, KindInfo, PrinterColumn
 
 __all__ = [
     "QUANTITY_PATTERN", "all_crds", "crd_for", "crd_name", "crds_yaml", "field_docs", "file_name", "openapi_schema",
@@ -41,7 +42,7 @@ __all__ = [
 QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 
-_QUANTITY_SCHEMA: Final[dict[str, Any]] = {
+_QUANTITY_SCHEMA: Final[JsonObject] = {
     "anyOf": [{"type": "integer"}, {"type": "string"}],
     "pattern": QUANTITY_PATTERN,
     "x-kubernetes-int-or-string": True,
@@ -67,10 +68,10 @@ def file_name(info: KindInfo) -> str:
 
 
 @cache
-def _openapi_schema(kind: str) -> dict[str, Any]:
+def _openapi_schema(kind: str) -> JsonObject:
     info = _info(kind)
     fields = {f.encode_name: f for f in _struct_fields(info.model)}
-    properties: dict[str, Any] = {
+    properties: JsonObject = {
         "apiVersion": {"description": _API_VERSION_DOC, "type": "string"},
         "kind": {"description": _KIND_DOC, "type": "string"},
         "metadata": {"description": _METADATA_DOC, "type": "object"},
@@ -80,33 +81,33 @@ def _openapi_schema(kind: str) -> dict[str, Any]:
     for name in ("spec", "status"):
         if name in fields:
             properties[name] = _field_schema(fields[name], hints[name], docs)
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    schema: JsonObject = {"type": "object", "properties": properties}
     required = sorted(name for name, f in fields.items() if _is_required(f))
     if required:
-        schema["required"] = required
+        schema["required"] = [*required]
     if info.description:
         schema = {"description": info.description, **schema}
     return schema
 
 
-def openapi_schema_view(kind: str) -> dict[str, Any]:
+def openapi_schema_view(kind: str) -> JsonObject:
     """The openAPIV3Schema of `kind`, shared and cached: read it, never change it."""
     return _openapi_schema(kind)
 
 
-def openapi_schema(kind: str) -> dict[str, Any]:
+def openapi_schema(kind: str) -> JsonObject:
     """The openAPIV3Schema of `kind` (a fresh copy the caller may change)."""
     return copy.deepcopy(_openapi_schema(kind))
 
 
-def crd_for(kind: str) -> dict[str, Any]:
+def crd_for(kind: str) -> JsonObject:
     """The apiextensions.k8s.io/v1 CustomResourceDefinition of one kind."""
     info = _info(kind)
-    names: dict[str, Any] = {"kind": info.kind, "listKind": info.list_kind, "plural": info.plural}
+    names: JsonObject = {"kind": info.kind, "listKind": info.list_kind, "plural": info.plural}
     if info.short_names:
-        names["shortNames"] = list(info.short_names)
+        names["shortNames"] = [*info.short_names]
     names["singular"] = info.singular
-    version: dict[str, Any] = {"name": VERSION}
+    version: JsonObject = {"name": VERSION}
     if info.printer_columns:
         version["additionalPrinterColumns"] = [_printer_column(c) for c in info.printer_columns]
     version["schema"] = {"openAPIV3Schema": openapi_schema(kind)}
@@ -122,7 +123,7 @@ def crd_for(kind: str) -> dict[str, Any]:
     }
 
 
-def all_crds() -> list[dict[str, Any]]:
+def all_crds() -> list[JsonObject]:
     """Every CRD, in the fixed order of the kind registry."""
     return [crd_for(kind) for kind in KINDS]
 
@@ -160,11 +161,11 @@ def _struct_fields(model: type[msgspec.Struct]) -> tuple[mi.Field, ...]:
     return info.fields
 
 
-def _field_extra(tp: mi.Type) -> dict[str, Any]:
+def _field_extra(tp: mi.Type) -> JsonObject:
     if isinstance(tp, mi.Metadata):
         return dict(tp.extra or {})
     if isinstance(tp, mi.UnionType):
-        merged: dict[str, Any] = {}
+        merged: JsonObject = {}
         for member in tp.types:
             merged.update(_field_extra(member))
         return merged
@@ -203,7 +204,7 @@ def _unwrap(docstring: str) -> str:
     return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
 
 
-def _field_schema(field: mi.Field, hint: Any, docs: dict[str, str]) -> dict[str, Any]:
+def _field_schema(field: mi.Field, hint: Any, docs: dict[str, str]) -> JsonObject:
     # msgspec.inspect sorts Literal values; enums keep the order they are declared in
     schema = _type_schema(field.type, _literal_orders(hint))
     if field.name in docs:
@@ -226,22 +227,22 @@ def _is_required(field: mi.Field) -> bool:
     return field.required or bool(_field_extra(field.type).get(REQUIRED_KEY))
 
 
-def _struct_schema(tp: mi.StructType) -> dict[str, Any]:
+def _struct_schema(tp: mi.StructType) -> JsonObject:
     hints = get_type_hints(tp.cls, include_extras=True)
     docs = field_docs(tp.cls)
     properties = {f.encode_name: _field_schema(f, hints[f.name], docs) for f in tp.fields}
-    schema: dict[str, Any] = {}
+    schema: JsonObject = {}
     if properties:
         schema["properties"] = dict(sorted(properties.items()))
     required = sorted(f.encode_name for f in tp.fields if _is_required(f))
     if required:
-        schema["required"] = required
+        schema["required"] = [*required]
     schema["type"] = "object"
     schema.update(getattr(tp.cls, "SCHEMA_EXTRA", {}))
     return dict(sorted(schema.items()))
 
 
-def _type_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _type_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> JsonObject:
     if isinstance(tp, mi.Metadata):
         return _metadata_schema(tp, orders)
     if isinstance(tp, mi.UnionType):
@@ -254,7 +255,7 @@ def _type_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]:
     if isinstance(tp, mi.CustomType) and tp.cls is Quantity:
         return copy.deepcopy(_QUANTITY_SCHEMA)
     if isinstance(tp, mi.ListType):
-        schema: dict[str, Any] = {"items": _type_schema(tp.item_type, orders), "type": "array"}
+        schema: JsonObject = {"items": _type_schema(tp.item_type, orders), "type": "array"}
         _add_bounds(schema, maxItems=tp.max_length, minItems=tp.min_length)
         return schema
     if isinstance(tp, mi.DictType):
@@ -264,12 +265,12 @@ def _type_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]:
     return _scalar_schema(tp, orders)
 
 
-def _scalar_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _scalar_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> JsonObject:
     if isinstance(tp, mi.LiteralType):
         declared = next((order for order in orders if set(order) == set(tp.values)), tp.values)
         return {"enum": list(declared), "type": "string"}
     if isinstance(tp, mi.StrType):
-        schema: dict[str, Any] = {"type": "string"}
+        schema: JsonObject = {"type": "string"}
         _add_bounds(schema, maxLength=tp.max_length, minLength=tp.min_length, pattern=tp.pattern)
         return schema
     if isinstance(tp, mi.BoolType):
@@ -288,7 +289,7 @@ def _scalar_schema(tp: mi.Type, orders: list[tuple[Any, ...]]) -> dict[str, Any]
     raise TypeError(f"no CRD schema for {tp!r}")
 
 
-def _metadata_schema(tp: mi.Metadata, orders: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _metadata_schema(tp: mi.Metadata, orders: list[tuple[Any, ...]]) -> JsonObject:
     schema = _type_schema(tp.type, orders)
     fmt = (tp.extra or {}).get("format")
     if fmt is not None:
@@ -304,19 +305,19 @@ def _metadata_schema(tp: mi.Metadata, orders: list[tuple[Any, ...]]) -> dict[str
     return dict(sorted(schema.items()))
 
 
-def _add_bounds(schema: dict[str, Any], **bounds: object) -> None:
+def _add_bounds(schema: JsonObject, **bounds: int | str | None) -> None:
     schema.update({key: value for key, value in bounds.items() if value is not None})
 
 
-def _add_exclusive(schema: dict[str, Any], gt: int | None, lt: int | None) -> None:
+def _add_exclusive(schema: JsonObject, gt: int | None, lt: int | None) -> None:
     if gt is not None:
         schema.update(minimum=gt, exclusiveMinimum=True)
     if lt is not None:
         schema.update(maximum=lt, exclusiveMaximum=True)
 
 
-def _printer_column(column: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {"jsonPath": column.json_path, "name": column.name, "type": column.type}
+def _printer_column(column: PrinterColumn) -> JsonObject:
+    entry: JsonObject = {"jsonPath": column.json_path, "name": column.name, "type": column.type}
     if column.priority:
         entry["priority"] = column.priority
     return entry
@@ -329,6 +330,6 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def _dump(doc: dict[str, Any]) -> str:
+def _dump(doc: JsonObject) -> str:
     return "---\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                                allow_unicode=True, width=100)
