@@ -81,7 +81,8 @@ class Cluster:
 
     def __init__(self, apiserver: ApiServerHandle, admin: httpx.Client) -> None:
         self.apiserver, self.admin = apiserver, admin
-        for doc in shipped_rbac(NAMESPACE) + [d for d in yaml.safe_load_all(SHIPPED_POLICY.read_text()) if d]:
+        rbac = [dict(d.raw) for d in shipped_rbac(NAMESPACE)]
+        for doc in rbac + [d for d in yaml.safe_load_all(SHIPPED_POLICY.read_text()) if d]:
             created(admin, path_of(doc), doc)
         self.nodes = {n: created(admin, "/api/v1/nodes", {"metadata": {"name": n}}) for n in ("node-a", "node-b")}
         for node in self.nodes:

@@ -41,11 +41,11 @@ async def test_the_policy_is_applied_once_and_the_hypervisor_token_names_its_nod
     assert await apply_rbac(kube, NAMESPACE) == 0, "a second start rewrites nothing"
     assert written >= len(shipped_policies())
     for doc in shipped_policies():
-        plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else \
+        plural = "validatingadmissionpolicies" if doc.kind == "ValidatingAdmissionPolicy" else \
             "validatingadmissionpolicybindings"
-        stored = await kube.get(r.ApiResource("admissionregistration.k8s.io", "v1", plural, doc["kind"], False),
-                                doc["metadata"]["name"])
-        assert stored["spec"] == doc["spec"]
+        stored = await kube.get(r.ApiResource("admissionregistration.k8s.io", "v1", plural, doc.kind, False),
+                                doc.name)
+        assert stored["spec"] == doc.spec
     node = await kube.create(r.NODES, {"metadata": {"name": "node-a"}})
     for name in ("node-a", "node-b"):
         await kube.create(r.GPUNODES, {"metadata": {"name": name}, "spec": {}})

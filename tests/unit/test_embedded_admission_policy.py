@@ -18,9 +18,9 @@ def test_the_packaged_copy_is_the_deploy_policy() -> None:
 
 def test_it_is_one_policy_and_its_deny_binding() -> None:
     policy, binding = shipped_policies()
-    assert (policy["kind"], binding["kind"]) == ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
-    assert [d for d in yaml.safe_load_all(SHIPPED.read_text()) if d] == [policy, binding]
+    assert (policy.kind, binding.kind) == ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    assert binding.spec["policyName"] == policy.name
+    assert binding.spec["validationActions"] == ["Deny"]
+    assert policy.spec["failurePolicy"] == "Fail"
+    assert "namespace" not in policy.meta.raw and "namespace" not in binding.meta.raw
+    assert [d for d in yaml.safe_load_all(SHIPPED.read_text()) if d] == [policy.raw, binding.raw]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from tfusion.api.accessors import items
 from tfusion.embedded.identities import RBAC_FILE, ROLE_ACCOUNTS, shipped_rbac
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "base"
@@ -23,9 +24,9 @@ def test_the_packaged_copy_is_the_deploy_rbac() -> None:
 
 def test_it_is_placed_in_the_operator_namespace() -> None:
     docs = shipped_rbac("gpu-system")
-    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    accounts = {d.name for d in docs if d.kind == "ServiceAccount"}
     assert accounts == set(ROLE_ACCOUNTS.values())
     for doc in docs:
-        namespaced = doc["kind"] in ("ServiceAccount", "Role", "RoleBinding")
-        assert doc["metadata"].get("namespace") == ("gpu-system" if namespaced else None)
-        assert all(s["namespace"] == "gpu-system" for s in doc.get("subjects") or [])
+        namespaced = doc.kind in ("ServiceAccount", "Role", "RoleBinding")
+        assert doc.meta.raw.get("namespace") == ("gpu-system" if namespaced else None)
+        assert all(s["namespace"] == "gpu-system" for s in items(doc.raw, "subjects"))

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from importlib import resources as package_files
-from typing import Any
 
 import yaml
 
 from tfusion.api.accessors import Body, text
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.controller.reconcilers.cluster import pools_of_cluster
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -56,16 +56,16 @@ class DefaultsReport:
         return text
 
 
-def default_objects(settings: Settings) -> list[dict[str, Any]]:
+def default_objects(settings: Settings) -> list[JsonObject]:
     """defaults.yaml, with the pool's operator endpoint pointed at this machine's controller."""
     text = package_files.files("tfusion.embedded").joinpath("defaults.yaml").read_text()
-    objects = [doc for doc in yaml.safe_load_all(text) if doc]
+    objects = [doc for doc in yaml.safe_load_all(text) if doc]  # our own file: its shape is known
     for obj in objects:
         if obj["kind"] == "TensorFusionCluster":
             for pool in obj["spec"].get("gpuPools") or []:
                 client = pool["specTemplate"].setdefault("componentConfig", {}).setdefault("client", {})
                 client["operatorEndpoint"] = controller_endpoint(settings)
-    return objects
+    return [json_object(obj) for obj in objects]
 
 
 def controller_endpoint(settings: Settings) -> str:
@@ -77,8 +77,8 @@ def controller_endpoint(settings: Settings) -> str:
     return f"http://{host}:{port or 8080}"
 
 
-def _key(obj: dict[str, Any]) -> str:
-    return f"{obj['kind']}/{obj['metadata']['name']}"
+def _key(obj: Body) -> str:
+    return f"{obj.kind}/{obj.name}"
 
 
 async def ensure_namespace(client: KubeClient, name: str) -> bool:
@@ -136,24 +136,26 @@ async def create_defaults(client: KubeClient, settings: Settings) -> DefaultsRep
     await record.load()
     for obj in default_objects(settings):
         created = await _create_once(client, obj, record, report)
-        if obj["kind"] == "TensorFusionCluster":
-            cluster = created or await _get(client, obj)
-            for pool in pools_of_cluster(Body(cluster)) if cluster else ():
+        if Body(obj).kind == "TensorFusionCluster":
+            cluster = created or await _get(client, Body(obj))
+            for pool in pools_of_cluster(cluster) if cluster else ():
                 await _create_once(client, pool, record, report)
     await record.save()
     return report
 
 
-async def _get(client: KubeClient, obj: dict[str, Any]) -> dict[str, Any] | None:
+async def _get(client: KubeClient, obj: Body) -> Body | None:
+    """The object of `obj`'s kind and name as the server has it (None when it has none)."""
     try:
-        return await client.get(_RESOURCES[obj["kind"]], obj["metadata"]["name"])
+        return Body(await client.get(_RESOURCES[obj.kind], obj.name))
     except NotFound:
         return None
 
 
-async def _create_once(client: KubeClient, obj: dict[str, Any], record: _Record,
-                       report: DefaultsReport) -> dict[str, Any] | None:
-    """Create `obj` unless it was created before; returns the created object (None otherwise)."""
+async def _create_once(client: KubeClient, document: JsonMapping, record: _Record,
+                       report: DefaultsReport) -> Body | None:
+    """Create `document` unless it was created before; returns the created object (None otherwise)."""
+    obj = Body(document)
     key = _key(obj)
     if key in record.keys:
         if await _get(client, obj) is None:
@@ -162,7 +164,7 @@ async def _create_once(client: KubeClient, obj: dict[str, Any], record: _Record,
             report.existing.append(key)
         return None
     try:
-        created = await client.create(_RESOURCES[obj["kind"]], obj)
+        created = Body(await client.create(_RESOURCES[obj.kind], document))
     except AlreadyExists:
         report.existing.append(key)  # the user's own object of that name: theirs, untouched
         record.keys.add(key)

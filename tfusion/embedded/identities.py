@@ -21,13 +21,13 @@ import logging
 import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from tfusion.api.accessors import Body, text
+from tfusion.api.accessors import Body, items, section, text
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.apiserver import security
 from tfusion.errors import RoleError
 from tfusion.kube.client import AlreadyExists, KubeClient, KubeError, NotFound
@@ -62,21 +62,21 @@ _KINDS: dict[str, ApiResource] = {
 }
 
 
-def shipped_rbac(namespace: str) -> list[dict[str, Any]]:
+def shipped_rbac(namespace: str) -> list[Body]:
     """The shipped RBAC objects, placed in `namespace` (as kustomize's namespace setting does)."""
     docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text(encoding="utf-8")) if d]
-    for doc in docs:
+    for doc in docs:  # our own file, placed before anything reads it: its shape is known
         if _KINDS[doc["kind"]].namespaced:
             doc["metadata"]["namespace"] = namespace
         for subject in doc.get("subjects") or []:
             if subject.get("kind") == "ServiceAccount":
                 subject["namespace"] = namespace
-    return docs
+    return [Body(doc) for doc in docs]
 
 
-def shipped_policies() -> list[dict[str, Any]]:
+def shipped_policies() -> list[Body]:
     """The shipped admission policy and its binding (cluster-scoped: no namespace to place)."""
-    return [d for d in yaml.safe_load_all(POLICY_FILE.read_text(encoding="utf-8")) if d]
+    return [Body(d) for d in yaml.safe_load_all(POLICY_FILE.read_text(encoding="utf-8")) if d]
 
 
 async def apply_rbac(client: KubeClient, namespace: str) -> int:
@@ -84,18 +84,19 @@ async def apply_rbac(client: KubeClient, namespace: str) -> int:
     hypervisor's RBAC allows; returns how many were written."""
     written = 0
     for doc in shipped_rbac(namespace) + shipped_policies():
-        resource = _KINDS[doc["kind"]]
+        resource = _KINDS[doc.kind]
         ns = namespace if resource.namespaced else None
         try:
-            await client.create(resource, doc, namespace=ns)
+            await client.create(resource, doc.raw, namespace=ns)
             written += 1
             continue
         except AlreadyExists:
             pass
-        current = await client.get(resource, doc["metadata"]["name"], namespace=ns)
-        if doc["kind"] == "ServiceAccount" or all(current.get(k) == v for k, v in doc.items() if k != "metadata"):
+        current = await client.get(resource, doc.name, namespace=ns)
+        wanted = {k: v for k, v in doc.raw.items() if k != "metadata"}
+        if doc.kind == "ServiceAccount" or all(current.get(k) == v for k, v in wanted.items()):
             continue  # a ServiceAccount keeps its uid (its tokens stay valid); equal RBAC needs no write
-        updated = {**current, **{k: v for k, v in doc.items() if k != "metadata"}}
+        updated = {**current, **wanted}
         await client.replace(resource, updated, namespace=ns)
         written += 1
     return written
@@ -181,8 +182,11 @@ class _Mirror:
             _MIRRORING.active = False
 
 
-def _with_token(config: dict[str, Any], token: str, namespace: str) -> dict[str, Any]:
-    cluster = config["clusters"][0]["cluster"]
-    ca = cluster.get("certificate-authority-data")
-    return security.kubeconfig(cluster["server"], token=token, ca_pem=base64.b64decode(ca) if ca else None,
-                               namespace=namespace)
+def _with_token(admin_config: JsonMapping, token: str, namespace: str) -> JsonObject:
+    """The admin kubeconfig's first cluster (server and CA) with `token` as the user."""
+    clusters = items(admin_config, "clusters")
+    cluster = section(clusters[0] if clusters else None, "cluster")
+    server, ca = text(cluster, "server"), text(cluster, "certificate-authority-data")
+    if not server:
+        raise ValueError("the admin kubeconfig names no cluster server")
+    return security.kubeconfig(server, token=token, ca_pem=base64.b64decode(ca) if ca else None, namespace=namespace)
