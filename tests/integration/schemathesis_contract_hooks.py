@@ -4,7 +4,9 @@ config file, not by pytest).
 `not_a_server_error` is replaced by `no_server_error`: every 5xx fails, with the operation and the
 start of the answer in the message. No 5xx is a contract any more: a Pod manifest whose
 `spec.schedulerName` is not tensor-fusion-scheduler, which the original answers with 500
-`scheduler framework not found`, gets a 400 naming the field (issue 23).
+`scheduler framework not found`, gets a 400 naming the field (issue 23). The test's config lets
+`positive_data_acceptance` take a 400 from simulate-schedule: a schema-valid Pod the pod webhook
+refuses (no GPU resources asked, a missing pool) is refused there too, a rule no schema can carry.
 """
 
 from __future__ import annotations

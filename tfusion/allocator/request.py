@@ -225,7 +225,12 @@ def _quantity(notes: Mapping[str, str], key: str, *, milli: bool) -> int:
     raw = notes.get(key)
     if raw is None or raw == "":
         return 0
-    q = tfa.parse_quantity_annotation(raw, key=key)
+    return fitting_amount(tfa.parse_quantity_annotation(raw, key=key), key=key, raw=raw, milli=milli)
+
+
+def fitting_amount(q: Quantity, *, key: str, raw: str, milli: bool) -> int:
+    """`q` in allocator units (milli-TFLOPS when `milli`, else bytes); raises RequestError quoting
+    the pod's own text `raw` when it does not fit in 64 bits."""
     amount = q.milli_value() if milli else q.value()
     if amount > INT64_MAX:  # the original's int64 would overflow; our numbers go to Go clients too
         unit = "milli-TFLOPS" if milli else "bytes"

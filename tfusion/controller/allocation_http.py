@@ -9,7 +9,8 @@
   or a field the scheduler reads is wrong (`podcheck`; its model is also the documented body), or
   `spec.schedulerName` is not `tensor-fusion-scheduler` (`simulate.foreign_scheduler`; the original
   answers 500 `scheduler framework not found` there, a caller's mistake answered as a server
-  fault); otherwise `simulate_schedule`'s answer. Nothing is
+  fault), or the pod webhook would refuse the Pod (the resolver's Denial, in the webhook's words:
+  e.g. it asks for no GPU resources); otherwise `simulate_schedule`'s answer. Nothing is
   reserved or changed. A follower answers 503: only the leader holds the GPU state.
 Both answer 503 when this replica leads but its recovery has not finished in time.
 
@@ -138,8 +139,10 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
 
     @post("/api/simulate-schedule", summary="Filter and score a Pod without reserving anything", status_code=200,
           request_max_body_size=POD_MANIFEST_MAX_BYTES, responses=error_responses({
-              400: ("The body is not a readable Pod manifest, its GPU annotations are invalid, or "
-                    f"`spec.schedulerName` is not {SCHEDULER_NAME}"),
+              400: ("The body is not a readable Pod manifest, its GPU annotations are invalid, "
+                    f"`spec.schedulerName` is not {SCHEDULER_NAME}, or the pod webhook would refuse the Pod "
+                    "(it asks for no GPU resources, or names a GPUPool or WorkloadProfile that does not "
+                    "exist): the message is the webhook's"),
               503: "This replica is not the leader, or has not recovered the allocations yet"}),
           **_pod_manifest_body())
     async def api_simulate_schedule(request: Request[Any, Any, Any]) -> SimulateScheduleResult:

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from tfusion.allocator.request import check_within_limits
+from tfusion.allocator.request import check_within_limits, fitting_amount
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, Workload, items, section, text
 from tfusion.api.annotations import AnnotationError
@@ -43,6 +43,8 @@ DEFAULT_ISOLATION = tfa.DEFAULT_ISOLATION
 DEFAULT_QOS = "medium"
 EQUAL_LIMITS_QOS = "high"
 DEFAULT_VENDOR = "NVIDIA"
+#: the remote vGPU worker's image when neither the pool nor the vendor's ProviderConfig names one
+DEFAULT_WORKER_IMAGE = "tensorfusion/tensor-fusion-worker:latest"
 #: what a pool without a ProviderConfig takes over (the chart's NVIDIA list starts with it)
 DEFAULT_IN_USE_RESOURCES = ("nvidia.com/gpu",)
 NO_SOFT_LIMITER_VENDORS = frozenset({"amd", "hygon", "metax"})
@@ -132,6 +134,18 @@ def is_default_pool(pool: GpuPool) -> bool:
         return tfa.parse_bool(value, key=tfa.IS_DEFAULT_POOL)
     except AnnotationError:
         return False
+
+
+def pool_vendor(pool: GpuPool) -> str:
+    """The vendor of a pool's GPUs when nothing more specific names one (`defaultVendor`, else NVIDIA)."""
+    return text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR
+
+
+def worker_image(pool: GpuPool | None, provider: Mapping[str, Any] | None) -> str:
+    """The remote vGPU worker's image: the pool's `componentConfig.worker.image`, else the vendor's
+    ProviderConfig `spec.images.remoteWorker`, else the default."""
+    pool_image = text(pool.component_config, "worker", "image") if pool is not None else ""
+    return pool_image or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE
 
 
 def default_pool_name(pools: Sequence[Mapping[str, Any]]) -> str | None:
@@ -225,8 +239,7 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
     wanted = profile.spec  # read once: each view property walks the object again
     sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), wanted.get("sidecarWorker"))
     isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
-    vendor = (notes.get(tfa.VENDOR) or text(wanted, "vendor")
-              or text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR)
+    vendor = notes.get(tfa.VENDOR) or text(wanted, "vendor") or pool_vendor(pool)
     provider = provider_config_for(sources.provider_configs, vendor)
     native_resources = _resource_names([provider])
     natives = native_gpu_counts(pod, native_resources)
@@ -356,8 +369,12 @@ def _amounts(notes: Mapping[str, str], profile: Workload) -> Amounts:
             raw = notes.get(key)
             if raw in (None, ""):
                 continue
-            given[name] = (tfa.parse_compute_percent(raw, key=key) if name == "compute"
-                           else tfa.parse_quantity_annotation(raw, key=key))
+            if name == "compute":
+                given[name] = tfa.parse_compute_percent(raw, key=key)
+                continue
+            given[name] = tfa.parse_quantity_annotation(raw, key=key)
+            # judged on the pod's own text here: the scheduler reads it back re-formatted ("10e15")
+            fitting_amount(given[name], key=key, raw=raw, milli=name == "tflops")
         if given.get("tflops") and given.get("compute"):
             t_key, p_key = (ANNOTATION_OF[(side, n)] for n in ("tflops", "compute"))
             raise deny(p_key, notes[p_key], f"either {t_key} or {p_key}, not both", detail=f"{t_key} is also set")
