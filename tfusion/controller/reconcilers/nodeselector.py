@@ -21,11 +21,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import GpuPool, Node, items, section, text
+from tfusion.api.accessors import GpuPool, Node, items, section
 from tfusion.api.hashing import content_hash
+from tfusion.controller.defaults import pool_vendor
 from tfusion.controller.scheduling.nodes import term_matches
-
-DEFAULT_VENDOR = "NVIDIA"
 
 
 def node_selector_matches(selector: Mapping[str, Any] | None, node: Node) -> bool:
@@ -33,10 +32,6 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Node) -> boo
     if not selector:
         return True
     return any(term_matches(term, node) for term in items(selector, "nodeSelectorTerms"))
-
-
-def pool_vendor(pool: GpuPool) -> str:
-    return text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR
 
 
 def node_vendor(node: Node, pool: GpuPool) -> str:

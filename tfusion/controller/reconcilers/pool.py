@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Node, items, section
+from tfusion.controller.defaults import pool_vendor
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
@@ -32,7 +33,7 @@ from tfusion.controller.reconcilers.common import (
     sum_capacity,
     write_status,
 )
-from tfusion.controller.reconcilers.nodeselector import pool_selects, pool_vendor, selector_hash
+from tfusion.controller.reconcilers.nodeselector import pool_selects, selector_hash
 from tfusion.kube import resources as r
 from tfusion.kube.client import NotFound
 from tfusion.kube.reconciler import Result, ensure_finalizer, spec_changed

@@ -28,9 +28,8 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import GpuPool, Pod, Workload, items, section, sequence_of_maps, text
 from tfusion.api.hashing import content_hash
 from tfusion.api.merge import PatchError, strategic_merge_patch
-from tfusion.controller.defaults import provider_config_for
+from tfusion.controller.defaults import DEFAULT_VENDOR, pool_vendor, provider_config_for, worker_image
 from tfusion.controller.reconcilers.common import FINALIZER
-from tfusion.controller.webhook.build import DEFAULT_WORKER_IMAGE
 
 WORKER_CONTAINER = "worker"
 WORKER_PORT_NAME = "remote-vgpu"
@@ -84,9 +83,8 @@ def _annotations(workload: Workload, pool_name: str) -> dict[str, str]:
 
 
 def _image(pool: GpuPool | None, providers: list[dict[str, Any]], vendor: str) -> str:
-    provider = provider_config_for(providers, vendor or "NVIDIA")
-    worker_image = text(pool.component_config, "worker", "image") if pool is not None else ""
-    return worker_image or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE
+    vendor = vendor or (pool_vendor(pool) if pool is not None else DEFAULT_VENDOR)
+    return worker_image(pool, provider_config_for(providers, vendor))
 
 
 def _template_spec(template: Any) -> Mapping[str, Any] | None:

@@ -17,10 +17,9 @@ import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import GpuPool, section, text
-from tfusion.controller.defaults import Amounts, Resolved, annotation_bool, request_annotations
+from tfusion.controller.defaults import Amounts, Resolved, annotation_bool, request_annotations, worker_image
 
 DEFAULT_MIDDLEWARE_IMAGES = {"nvidia": "tensorfusion/vgpu-provider-nvidia:latest"}
-DEFAULT_WORKER_IMAGE = "tensorfusion/tensor-fusion-worker:latest"
 DEFAULT_CLIENT_IMAGE = "tensorfusion/tensor-fusion-client:latest"
 DEFAULT_HYPERVISOR_PORT = 8001
 
@@ -108,8 +107,7 @@ def images(pool: GpuPool, provider: Mapping[str, Any] | None, vendor: str) -> tu
     given = section(provider, "spec", "images")
     middleware = text(given, "middleware") or DEFAULT_MIDDLEWARE_IMAGES.get(vendor.lower(), "")
     client = text(given, "remoteClient") or text(pool.component_config, "client", "image") or DEFAULT_CLIENT_IMAGE
-    worker = text(pool.component_config, "worker", "image") or text(given, "remoteWorker") or DEFAULT_WORKER_IMAGE
-    return middleware, client, worker
+    return middleware, client, worker_image(pool, provider)
 
 
 def hypervisor_port(pool: GpuPool) -> int:
