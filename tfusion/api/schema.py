@@ -29,6 +29,8 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from tfusion.api.jsontypes import JsonObject
+
 __all__ = [
     "FieldError", "apply_defaults", "format_errors", "iter_schema_paths", "prune", "subschema",
     "unknown_fields", "validate",
@@ -180,7 +182,7 @@ class _Validator:
 
     # containers
 
-    def _check_object(self, schema: Schema, obj: dict[str, Any], path: str, *, root: bool) -> None:
+    def _check_object(self, schema: Schema, obj: JsonObject, path: str, *, root: bool) -> None:
         properties: dict[str, Schema] = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in obj:
@@ -203,7 +205,7 @@ class _Validator:
             elif isinstance(extra, dict):
                 self.check(extra, value, child)
 
-    def _check_embedded(self, obj: dict[str, Any], path: str) -> None:
+    def _check_embedded(self, obj: JsonObject, path: str) -> None:
         for key in ("apiVersion", "kind"):
             if not obj.get(key):
                 self.add(_join(path, key), "FieldValueRequired", "Required value: must not be empty")
@@ -280,7 +282,7 @@ def _default(schema: Schema, obj: Any) -> None:
                     _default(items, item)
 
 
-def _default_object(schema: Schema, obj: dict[str, Any]) -> None:
+def _default_object(schema: Schema, obj: JsonObject) -> None:
     properties: dict[str, Schema] = schema.get("properties", {})
     extra = schema.get("additionalProperties")
     for key in list(obj):
@@ -330,7 +332,7 @@ def _prune(schema: Schema, obj: Any, path: str, *, root: bool, found: list[str] 
                 _prune(items, item, f"{path}[{i}]", root=False, found=found)
 
 
-def _prune_object(schema: Schema, obj: dict[str, Any], path: str, *, root: bool,
+def _prune_object(schema: Schema, obj: JsonObject, path: str, *, root: bool,
                   found: list[str] | None) -> None:
     properties: dict[str, Schema] = schema.get("properties", {})
     extra = schema.get("additionalProperties")

@@ -19,6 +19,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from tfusion.api.crds import openapi_schema_view
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.api.kinds import (
     cluster,
     common,
@@ -87,7 +88,7 @@ class ManifestError(ValueError):
         super().__init__(f"{where}{field}: {message}" if field else f"{where}{message}")
 
 
-def decode(manifest: Mapping[str, Any]) -> Model:
+def decode(manifest: JsonMapping) -> Model:
     """The model of a tensor-fusion.ai/v1 manifest, chosen by its `kind`."""
     if not isinstance(manifest, Mapping):
         raise ManifestError("", f"expected an object, got {type(manifest).__name__}")
@@ -105,7 +106,7 @@ def decode(manifest: Mapping[str, Any]) -> Model:
     return decode_as(info.model, manifest)
 
 
-def decode_as(model: type[M], manifest: Mapping[str, Any]) -> M:
+def decode_as(model: type[M], manifest: JsonMapping) -> M:
     """`manifest` as `model` (one of the 12 kinds), without looking at its apiVersion/kind."""
     schema = openapi_schema_view(model.KIND)
     data = apply_defaults(schema, copy.deepcopy(dict(manifest)))
@@ -123,7 +124,7 @@ def decode_as(model: type[M], manifest: Mapping[str, Any]) -> M:
         raise _manifest_error(str(exc), schema, data, kind, name) from None
 
 
-def encode(obj: Model) -> dict[str, Any]:
+def encode(obj: Model) -> JsonObject:
     """A JSON-ready dict: camelCase keys, canonical quantities, zero values omitted."""
     data = msgspec.to_builtins(obj, enc_hook=enc_hook)
     assert isinstance(data, dict)
@@ -135,13 +136,13 @@ def to_json(obj: Model) -> bytes:
     return msgspec.json.encode(obj, enc_hook=enc_hook)
 
 
-def _name_of(manifest: Mapping[str, Any]) -> str:
+def _name_of(manifest: JsonMapping) -> str:
     metadata = manifest.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     return name if isinstance(name, str) else ""
 
 
-def _manifest_error(text: str, schema: dict[str, Any], data: Any, kind: str, name: str) -> ManifestError:
+def _manifest_error(text: str, schema: JsonObject, data: Any, kind: str, name: str) -> ManifestError:
     match = _MSGSPEC_ERROR.match(text)
     assert match is not None  # the pattern matches any text
     message, path = match["message"], _k8s_path(match["path"] or "")
