@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.role_all import (
-    KUBECTL,
-    NODE,
-    RoleAll,
-    reported_gpus,
-)
+from tests.helpers.role_all import KUBECTL, NODE, RoleAll, reported_gpus
 
 POLICY = "tensor-fusion-hypervisor-own-node"
 

@@ -12,10 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers.role_all import (
-    KUBECTL,
-    RoleAll,
-)
+from tests.helpers.role_all import KUBECTL, RoleAll
 
 CURL = shutil.which("curl") or "curl"
 

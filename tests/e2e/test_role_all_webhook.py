@@ -16,10 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.role_all import (
-    KUBECTL,
-    RoleAll,
-)
+from tests.helpers.role_all import KUBECTL, RoleAll
 
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 

@@ -18,10 +18,7 @@ import pytest
 
 from tests.apiserver_fixture import apply_crds_sync
 from tests.helpers.controller_process import ControllerProcess, wait_until
-from tests.helpers.role_all import (
-    KUBECTL,
-    RoleAll,
-)
+from tests.helpers.role_all import KUBECTL, RoleAll
 from tfusion.api import annotations as tfa
 
 POOL = "pool-a"

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helpers.controller import (
-    POOL,
-    create_gpu,
-    create_pool,
-)
+from tests.helpers.controller import POOL, create_gpu, create_pool
 from tfusion.api import annotations as tfa
 from tfusion.controller.scheduling.scheduler import Scheduler
 from tfusion.kube import resources as r

@@ -22,9 +22,7 @@ from tests.helpers.kube_hypervisor import (
     kube_hypervisor,
     kube_with_crds,  # noqa: F401  (the `kube` fixture of these tests)
 )
-from tests.helpers.webhook import (
-    webhook_settings,
-)
+from tests.helpers.webhook import webhook_settings
 from tfusion.kube import resources as r
 from tfusion.kube.auth import AUTH_FORMS
 from tfusion.kube.client import KubeClient, KubeError
