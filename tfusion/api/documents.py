@@ -48,6 +48,8 @@ from typing import Any
 import orjson
 import yaml
 
+from tfusion.api.jsontypes import JsonObject, JsonValue
+
 MAX_DEPTH = 100
 #: bodies above this are decoded (and encoded) in a worker thread, off the event loop: a few MiB take a
 #: few hundred ms (the API server's request bodies, the webhook's AdmissionReviews)
@@ -297,7 +299,7 @@ class _Builder:
         raise DocumentError(f"{_line(node)}: the document expands (with its aliases) to more than "
                             f"{self.max_bytes} bytes, the limit for this request", "YAML")
 
-    def build(self, node: yaml.Node) -> Any:
+    def build(self, node: yaml.Node) -> JsonValue:
         self._visit()
         if isinstance(node, yaml.ScalarNode):
             return _scalar(node)
@@ -307,9 +309,9 @@ class _Builder:
             return self._mapping(node)
         raise _unsupported(node)
 
-    def _mapping(self, node: yaml.MappingNode) -> dict[str, Any]:
-        own: dict[str, Any] = {}
-        merged: dict[str, Any] = {}
+    def _mapping(self, node: yaml.MappingNode) -> JsonObject:
+        own: JsonObject = {}
+        merged: JsonObject = {}
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
                 merged = {**self._merge_sources(value_node), **merged}
@@ -320,11 +322,11 @@ class _Builder:
             own[key_node.value] = self.build(value_node)
         return {**merged, **own}
 
-    def _merge_sources(self, node: yaml.Node) -> dict[str, Any]:
+    def _merge_sources(self, node: yaml.Node) -> JsonObject:
         """`<<: *base` or `<<: [*a, *b]`: an earlier source wins over a later one (and the mapping's
         own keys over all of them)."""
         sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        merged: dict[str, Any] = {}
+        merged: JsonObject = {}
         for source in reversed(sources):
             value = self.build(source)
             if not isinstance(value, dict):
@@ -338,12 +340,13 @@ def _unsupported(node: yaml.Node) -> DocumentError:
                          "(maps, sequences, strings, numbers, booleans, null)", "YAML")
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
+def _scalar(node: yaml.ScalarNode) -> JsonValue:
     tag = node.tag
     if tag not in _SCALAR_TAGS:
         raise _unsupported(node)
     if tag in (f"{_CORE}str", f"{_CORE}timestamp"):
-        return node.value
+        text: str = node.value  # a scalar node's value is its text
+        return text
     if tag == f"{_CORE}null":
         return None
     if tag == f"{_CORE}bool":
