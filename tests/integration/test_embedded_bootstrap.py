@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tfusion.api.accessors import Body, items
 from tfusion.api.crds import all_crds
 from tfusion.embedded.bootstrap import bootstrap
 from tfusion.embedded.crd_install import CrdInstallError, install_crds, wait_served
@@ -41,11 +42,10 @@ async def test_a_changed_crd_is_replaced_keeping_foreign_labels(kube: KubeClient
     await kube.patch(r.CUSTOMRESOURCEDEFINITIONS, "gpus.tensor-fusion.ai",
                      {"metadata": {"labels": {"team": "gpu"}}})
     newer = all_crds()
-    gpu = next(c for c in newer if c["metadata"]["name"] == "gpus.tensor-fusion.ai")
-    gpu = copy.deepcopy(gpu)
-    columns = gpu["spec"]["versions"][0].setdefault("additionalPrinterColumns", [])
+    gpu = copy.deepcopy(next(c for c in newer if Body(c).name == "gpus.tensor-fusion.ai"))
+    columns = items(gpu, "spec", "versions")[0].setdefault("additionalPrinterColumns", [])
     columns.append({"name": "Extra", "type": "string", "jsonPath": ".status.message"})
-    newer = [gpu if c["metadata"]["name"] == gpu["metadata"]["name"] else c for c in newer]
+    newer = [gpu if Body(c).name == Body(gpu).name else c for c in newer]
 
     report = await install_crds(kube, hash_annotation=HASH, crds=newer)
     assert report.updated == ["gpus.tensor-fusion.ai"] and len(report.unchanged) == 11

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import orjson
 
-from tfusion.api.accessors import Body, section
+from tfusion.api.accessors import Body
 from tfusion.api.crds import all_crds
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, KubeError
 from tfusion.kube.resources import CUSTOMRESOURCEDEFINITIONS, ApiResource
 
@@ -58,22 +58,22 @@ def served_resources(crd: Body) -> list[ApiResource]:
 
 
 async def install_crds(client: KubeClient, *, hash_annotation: str,
-                       crds: Iterable[dict[str, Any]] | None = None) -> CrdReport:
+                       crds: Iterable[JsonMapping] | None = None) -> CrdReport:
     """Create or update every CRD, then wait until all their kinds are served."""
-    wanted = list(all_crds() if crds is None else crds)
+    wanted = [Body(crd) for crd in (all_crds() if crds is None else crds)]
     report = CrdReport()
     for crd in wanted:
         await _apply(client, crd, hash_annotation, report)
-    await wait_served(client, [res for crd in wanted for res in served_resources(Body(crd))])
+    await wait_served(client, [res for crd in wanted for res in served_resources(crd)])
     return report
 
 
-async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, report: CrdReport) -> None:
-    name = crd["metadata"]["name"]
-    digest = spec_hash(Body(crd))
+async def _apply(client: KubeClient, crd: Body, hash_annotation: str, report: CrdReport) -> None:
+    name = crd.name
+    digest = spec_hash(crd)
     for _ in range(5):  # 409: someone else wrote it between our read and write; read again
         try:
-            existing = await client.get(CUSTOMRESOURCEDEFINITIONS, name)
+            existing = Body(await client.get(CUSTOMRESOURCEDEFINITIONS, name))
         except KubeError as exc:
             if exc.code != 404:
                 raise CrdInstallError(f"reading CRD {name}: {exc}") from None
@@ -86,7 +86,7 @@ async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, 
                 raise CrdInstallError(f"creating CRD {name}: {exc}") from None
             report.created.append(name)
             return
-        if Body(existing).meta.annotation(hash_annotation) == digest:
+        if existing.meta.annotation(hash_annotation) == digest:
             report.unchanged.append(name)
             return
         body = _with_hash(crd, digest, hash_annotation, existing=existing)
@@ -102,16 +102,15 @@ async def _apply(client: KubeClient, crd: dict[str, Any], hash_annotation: str, 
     raise CrdInstallError(f"CRD {name}: kept changing while being written (409 five times)")
 
 
-def _with_hash(crd: dict[str, Any], digest: str, hash_annotation: str,
-               existing: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _with_hash(crd: Body, digest: str, hash_annotation: str, existing: Body | None = None) -> JsonObject:
     """The CRD to write: ours, keeping the labels and annotations others put on the installed one."""
-    old_meta = section(existing, "metadata")
-    meta: dict[str, Any] = {"name": crd["metadata"]["name"],
-                            "labels": {**section(old_meta, "labels"), **section(crd, "metadata", "labels")},
-                            "annotations": {**section(old_meta, "annotations"), hash_annotation: digest}}
-    if old_meta.get("resourceVersion"):
-        meta["resourceVersion"] = old_meta["resourceVersion"]
-    return {**crd, "metadata": meta}
+    old = existing.meta if existing is not None else None
+    labels: JsonObject = {**(old.labels if old else {}), **crd.meta.labels}
+    annotations: JsonObject = {**(old.annotations if old else {}), hash_annotation: digest}
+    meta: JsonObject = {"name": crd.name, "labels": labels, "annotations": annotations}
+    if old is not None and old.resource_version:
+        meta["resourceVersion"] = old.resource_version
+    return {**json_object(crd.raw), "metadata": meta}
 
 
 async def wait_served(client: KubeClient, resources: list[ApiResource], timeout: float = SERVED_TIMEOUT_S) -> None:
