@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tfusion.api.accessors import Body
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, KubeClient
 from tfusion.kube.manager import Manager, stable_identity
@@ -96,8 +97,8 @@ async def test_finalizer_is_added_then_cleanup_runs_before_it_goes(kube: KubeCli
     cleaned: list[str] = []
     ready_to_go = {"value": False}
 
-    async def cleanup(obj: dict[str, Any]) -> bool:
-        cleaned.append(obj["metadata"]["name"])
+    async def cleanup(obj: Body) -> bool:
+        cleaned.append(obj.name)
         return ready_to_go["value"]
 
     cache = manager.cache.informer(r.CONFIGMAPS, field_selector=f"metadata.namespace={NS}")
@@ -106,7 +107,7 @@ async def test_finalizer_is_added_then_cleanup_runs_before_it_goes(kube: KubeCli
         obj = cache.get(key)
         if obj is None:
             return None
-        current = await ensure_finalizer(kube, r.CONFIGMAPS, obj, FINALIZER, cleanup)
+        current = await ensure_finalizer(kube, r.CONFIGMAPS, Body(obj), FINALIZER, cleanup)
         return Result(requeue_after=0.05) if current is None else None
 
     controller = manager.controller("finalized").for_(r.CONFIGMAPS, field_selector=f"metadata.namespace={NS}") \

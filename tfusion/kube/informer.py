@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, Pod
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 #: around that (within those bounds) so many informers do not reconnect in step
 RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
 
-#: an index function gets a cached object as the server sent it (what `get()` returns)
-IndexFunc = Callable[[dict[str, Any]], Iterable[str]]
+#: an index function gets a cached object as the server sent it (decoded JSON: what `get()` returns)
+IndexFunc = Callable[[JsonMapping], Iterable[str]]
 Callback = Callable[..., Awaitable[None] | None]
 
 
@@ -68,20 +69,20 @@ def _beyond_status(old: Body, new: Body) -> bool:
     return False
 
 
-def namespace_index(obj: dict[str, Any]) -> list[str]:
+def namespace_index(obj: JsonMapping) -> list[str]:
     ns = Body(obj).namespace
     return [ns] if ns else []
 
 
 def label_index(label: str) -> IndexFunc:
-    def index(obj: dict[str, Any]) -> list[str]:
+    def index(obj: JsonMapping) -> list[str]:
         value = Body(obj).meta.label(label)
         return [value] if value is not None else []
 
     return index
 
 
-def node_name_index(obj: dict[str, Any]) -> list[str]:
+def node_name_index(obj: JsonMapping) -> list[str]:
     """The node an object lives on: a pod's spec.nodeName; a GPU's status.nodeSelector hostname
     or its managed-by label; a GPUNode's own name is its node."""
     node_name = Pod(obj).node_name or Gpu(obj).node_selector.get("kubernetes.io/hostname")

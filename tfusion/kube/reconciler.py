@@ -24,13 +24,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from tfusion.api.accessors import Body
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
@@ -42,11 +43,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: decides whether an update (old, new) of a cached object (as the informer holds it) should
-#: trigger a reconcile; adds and deletes always do
-Predicate = Callable[[dict[str, Any], dict[str, Any]], bool]
+#: decides whether an update (old, new) of a cached object (as the informer holds it: decoded
+#: JSON) should trigger a reconcile; adds and deletes always do
+Predicate = Callable[[JsonMapping, JsonMapping], bool]
 #: the keys a cached object's change should enqueue
-MapFunc = Callable[[dict[str, Any]], Iterable[Key]]
+MapFunc = Callable[[JsonMapping], Iterable[Key]]
+#: the view a finalizer's object is read through (and handed back as)
+V = TypeVar("V", bound=Body)
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,12 @@ Reconcile = Callable[[Any], Awaitable[Result | None]]
 # --- predicates -------------------------------------------------------------------------------
 
 
-def generation_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def generation_changed(old: JsonMapping, new: JsonMapping) -> bool:
     """Spec changes only (the API server bumps metadata.generation on spec changes, not on status)."""
     return Body(old).meta.generation != Body(new).meta.generation
 
 
-def spec_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def spec_changed(old: JsonMapping, new: JsonMapping) -> bool:
     """For kinds without generation (pods, nodes): anything but status and resourceVersion changed."""
     before, after = Body(old), Body(new)
     return before.spec != after.spec or before.meta.labels != after.meta.labels \
@@ -123,11 +126,11 @@ class Controller:
         if informer not in self.sources:
             self.sources.append(informer)
 
-        def on_change(obj: dict[str, Any]) -> None:
+        def on_change(obj: JsonMapping) -> None:
             for key in keys_of(obj):
                 self.queue.add(key)
 
-        def on_update(old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        def on_update(old: JsonMapping | None, new: JsonMapping) -> None:
             if old is not None and not all(p(old, new) for p in predicates):
                 return
             on_change(new)
@@ -203,7 +206,7 @@ class Controller:
 def controller_owner_keys(owner: ApiResource) -> MapFunc:
     """Keys of the controlling owner of kind `owner.kind` named in an object's ownerReferences."""
 
-    def keys(obj: dict[str, Any]) -> list[str]:
+    def keys(obj: JsonMapping) -> list[str]:
         meta = Body(obj).meta
         found = []
         for ref in meta.owner_references:
@@ -277,25 +280,26 @@ class ControllerBuilder:
 # --- finalizers -------------------------------------------------------------------------------
 
 
-async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: dict[str, Any], finalizer: str,
-                           cleanup: Callable[[dict[str, Any]], Awaitable[bool]]) -> dict[str, Any] | None:
-    """The finalizer protocol. Returns the object to go on reconciling, or None when it is being
-    deleted (the cleanup ran; the finalizer was removed once `cleanup` returned True, and the
-    caller should requeue while it returns False). Writes are PUTs on the read resourceVersion:
-    a concurrent change raises Conflict, which the Controller requeues."""
-    meta = Body(obj).meta
+async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: V, finalizer: str,
+                           cleanup: Callable[[V], Awaitable[bool]]) -> V | None:
+    """The finalizer protocol. Returns the object to go on reconciling (through the same view), or
+    None when it is being deleted (the cleanup ran; the finalizer was removed once `cleanup`
+    returned True, and the caller should requeue while it returns False). Writes are PUTs on the
+    read resourceVersion: a concurrent change raises Conflict, which the Controller requeues."""
+    meta = obj.meta
     finalizers = meta.finalizers
     namespace = meta.namespace or None
     if meta.deleting:
         if finalizer in finalizers and await cleanup(obj):
             finalizers.remove(finalizer)
             try:
-                await client.replace(resource, {**obj, "metadata": {**meta.raw, "finalizers": finalizers}},
+                await client.replace(resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": finalizers}},
                                      namespace=namespace)
             except NotFound:
                 pass
         return None
     if finalizer not in finalizers:
-        obj = await client.replace(resource, {**obj, "metadata": {**meta.raw, "finalizers": [*finalizers, finalizer]}},
-                                   namespace=namespace)
+        obj = type(obj)(await client.replace(
+            resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": [*finalizers, finalizer]}},
+            namespace=namespace))
     return obj

@@ -109,12 +109,12 @@ class ClusterReconciler:
         cluster = self.clusters.get(name)
         if cluster is None:
             return None
-        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONCLUSTERS, cluster, FINALIZER,
-                                         lambda obj: self._cleanup(Body(obj)))
+        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONCLUSTERS, Body(cluster), FINALIZER,
+                                         self._cleanup)
         if current is None:
             return None if not self._owned_pools(Body(cluster)) else Result(requeue_after=1.0)
-        await self._sync_pools(Body(current))
-        return await self._write_status(Body(current))
+        await self._sync_pools(current)
+        return await self._write_status(current)
 
     async def _cleanup(self, cluster: Body) -> bool:
         owned = self._owned_pools(cluster)

@@ -149,11 +149,9 @@ class GpuNodeReconciler:
         allocator = await self.allocation.wait_ready()
         if allocator is None:
             return None  # not the leader (any more)
-        found = await ensure_finalizer(self.runtime.client, r.GPUNODES, gpunode, FINALIZER,
-                                       lambda obj: self._cleanup(Body(obj)))
-        if found is None:
+        current = await ensure_finalizer(self.runtime.client, r.GPUNODES, Body(gpunode), FINALIZER, self._cleanup)
+        if current is None:
             return None
-        current = Body(found)
         present = [g for g in self.gpus_of(name) if not is_missing(g)]
         reported = last_report(present)
         age = None if reported is None else max(0.0, time.time() - reported)

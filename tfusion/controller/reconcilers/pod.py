@@ -102,7 +102,7 @@ class PodReconciler:
         if pod.finished or pod.meta.deleting:
             await self._release(service, pod.uid, "finished" if pod.finished else "deleted")
         if pod.is_worker:
-            await ensure_finalizer(self.runtime.client, r.PODS, cached, FINALIZER, _released_already)
+            await ensure_finalizer(self.runtime.client, r.PODS, pod, FINALIZER, _released_already)
         return result
 
     async def _absent(self, service: AllocatorService, key: str) -> Result | None:

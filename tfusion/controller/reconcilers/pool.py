@@ -75,12 +75,11 @@ class PoolReconciler:
         pool = self.pools.get(name)
         if pool is None:
             return None
-        current = await ensure_finalizer(self.runtime.client, r.GPUPOOLS, pool, FINALIZER,
-                                         lambda obj: self._cleanup(GpuPool(obj)))
+        current = await ensure_finalizer(self.runtime.client, r.GPUPOOLS, GpuPool(pool), FINALIZER, self._cleanup)
         if current is None:
             return None if not self.members(name) else Result(requeue_after=1.0)
-        await self._label_nodes(GpuPool(current))
-        await self._write_status(GpuPool(current))
+        await self._label_nodes(current)
+        await self._write_status(current)
         return None
 
     async def _cleanup(self, pool: GpuPool) -> bool:

@@ -186,14 +186,14 @@ class WorkloadReconciler:
 
     async def _reconcile(self, key: str, workload: Workload) -> Result | None:
         dynamic = is_dynamic(workload)
-        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, dict(workload.raw), FINALIZER,
-                                         lambda obj: self._cleanup(Workload(obj)))
+        current = await ensure_finalizer(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, FINALIZER,
+                                         self._cleanup)
         if current is None:
             return None if dynamic else Result(requeue_after=1.0)
         if dynamic:
-            await self._write_status(Workload(current), self._workers(key), None, {})
+            await self._write_status(current, self._workers(key), None, {})
             return None
-        return await self._fixed(key, Workload(current))
+        return await self._fixed(key, current)
 
     def _workers(self, key: str, owner: Workload | None = None) -> list[Pod]:
         pods = (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key))
