@@ -567,6 +567,6 @@ class GpuAllocator:
         """
         return queries.virtual_capacity(self.indexes, self.ledger, node, pool, host_memory, host_disk)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> queries.Snapshot:
         """The whole state as plain, sorted data (tests compare snapshots; debugging)."""
         return queries.snapshot(self.indexes, self.ledger)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from tfusion.allocator import filters
 from tfusion.allocator.errors import FilterStage, QuotaExceeded, Removal, Unschedulable
 from tfusion.allocator.indexes import GpuIndexes
-from tfusion.allocator.ledger import Ledger
+from tfusion.allocator.ledger import Charges, Ledger
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import GpuSlot
 from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
@@ -204,7 +204,43 @@ def virtual_capacity(indexes: GpuIndexes, ledger: Ledger, node: str | None, pool
     }
 
 
-def snapshot(indexes: GpuIndexes, ledger: Ledger) -> dict[str, Any]:
+class GpuSnapshot(TypedDict):
+    """One GPU in a snapshot: (milli-TFLOPS, bytes) pairs and the request charge of each pod on it."""
+
+    node: str
+    pool: str
+    capacity: tuple[int, int]
+    available: tuple[int, int]
+    used: tuple[int, int]
+    shared_by: str | None
+    allocs: dict[str, tuple[int, int]]
+
+
+class AllocationSnapshot(TypedDict):
+    """One pod's allocation in a snapshot."""
+
+    node: str
+    gpus: tuple[str, ...]
+    charges: Charges
+    limits: Charges
+    assumed: bool
+    request: AllocRequest
+
+
+class Snapshot(TypedDict):
+    """The whole allocator state as plain, sorted data (`GpuAllocator.snapshot`)."""
+
+    gpus: dict[str, GpuSnapshot]
+    allocations: dict[str, AllocationSnapshot]
+    workers: dict[str, dict[str, str]]
+    pod_indexes: dict[str, dict[int, tuple[str, ...]]]
+    quota_used: dict[str, tuple[int, int, int, int, int]]
+    quota_assumed: dict[str, tuple[int, int, int, int, int]]
+    detached: dict[str, dict[str, tuple[int, int]]]
+    node_scores: dict[str, tuple[float, float]]
+
+
+def snapshot(indexes: GpuIndexes, ledger: Ledger) -> Snapshot:
     """See GpuAllocator.snapshot."""
     return {
         "gpus": {name: {"node": s.node, "pool": s.pool, "capacity": (s.info.capacity_tflops,
