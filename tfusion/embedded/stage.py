@@ -12,12 +12,11 @@ GPUs once it exists (it waits for it in the shared cache). Once every role serve
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from tfusion.api.accessors import GpuPool, Node
 from tfusion.api.annotations import INDEX_DEVICES_PER_RESOURCE
@@ -88,7 +87,7 @@ class Stage:
     plan: DevicePlan | None = None
     info: StageInfo | None = None
 
-    def announce(self, started: dict[str, Any]) -> None:
+    def announce(self, started: Mapping[str, object]) -> None:
         """Print the startup summary (only when the embedded stage runs: a newcomer's `--role=all`)."""
         if self.info is None:
             return
@@ -97,7 +96,7 @@ class Stage:
         print(startup_summary(self.settings, started, self.plan, self.info), flush=True)
 
 
-async def launch_stage(tg: Any, settings: Settings, *, roles: Collection[str], embedded: bool,
+async def launch_stage(tg: TaskGroup, settings: Settings, *, roles: Collection[str], embedded: bool,
                        manager: Manager) -> Stage:
     """Decide the devices and start the embedded stage in `tg` where this process needs them.
     `embedded`: the API server is our embedded one (settings.kube already points at its kubeconfig)."""

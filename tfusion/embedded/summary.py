@@ -7,8 +7,9 @@ listener open beyond loopback is visible at a glance ("all interfaces")."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import yaml
 
@@ -42,9 +43,18 @@ def _server_url(kubeconfig: Path) -> str:
         return "(unknown)"
 
 
-def startup_summary(settings: Settings, started: dict[str, Any], plan: DevicePlan | None,
+@runtime_checkable
+class Listening(Protocol):
+    """What the controller role hands `task_status.started`, as far as the summary reads it."""
+
+    address: tuple[str, int] | None
+    probe_address: tuple[str, int] | None
+
+
+def startup_summary(settings: Settings, started: Mapping[str, object], plan: DevicePlan | None,
                     stage: StageInfo | None) -> str:
-    """`started` maps each role to what its runner passed to `task_status.started`."""
+    """`started` maps each role to what its runner passed to `task_status.started`: the API server's
+    kubeconfig path, the controller's runtime (`Listening`), the hypervisor's port."""
     lines = ["", "tfusion is running (Ctrl-C or SIGTERM stops it)."]
     kubeconfig: Path | None = None
     if "apiserver" in started:
@@ -53,16 +63,17 @@ def startup_summary(settings: Settings, started: dict[str, Any], plan: DevicePla
         lines.append(f"  kubeconfig   {kubeconfig}")
     controller_url = hypervisor_url = None
     runtime = started.get("controller")
-    if runtime is not None and getattr(runtime, "address", None):
+    if isinstance(runtime, Listening) and runtime.address:
         host, port = runtime.address
         controller_url = f"http://{_display_host(host)}:{port}"
         lines.append(f"  controller   {controller_url}  (/api/allocation, /readyz, /metrics; {_bound(host, port)})")
-        probe = getattr(runtime, "probe_address", None)
+        probe = runtime.probe_address
         if probe:
             lines.append(f"  probes       http://{_display_host(probe[0])}:{probe[1]}/readyz  ({_bound(*probe)})")
-    if "hypervisor" in started:
+    hypervisor_port = started.get("hypervisor")
+    if isinstance(hypervisor_port, int):
         # the hypervisor reports its port; its host is the one it binds (Settings.resolved_hypervisor_host)
-        host, port = settings.resolved_hypervisor_host, int(started["hypervisor"])
+        host, port = settings.resolved_hypervisor_host, hypervisor_port
         hypervisor_url = f"http://{_display_host(host)}:{port}"
         lines.append(f"  hypervisor   {hypervisor_url}  (/api/v1/devices, /api/v1/workers, /readyz; "
                      f"{_bound(host, port)})")
