@@ -18,9 +18,9 @@ sets `nodeCacheCapable: true` (node names only, a few KiB); this limit is for th
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
+
+from tfusion.api.jsontypes import JsonObject, JsonValue
 
 #: the cluster size the limit is sized for (kube's documented scalability limit is 5,000 nodes)
 SIZED_FOR_NODES = 5000
@@ -28,10 +28,10 @@ SIZED_FOR_NODES = 5000
 POD_ALLOWANCE_BYTES = 1536 * 1024
 
 
-def sample_node(name: str) -> dict[str, Any]:
+def sample_node(name: str) -> JsonObject:
     """A GPU Node object as kube-scheduler's informer holds it in a managed cluster."""
     zone = "us-central1-a"
-    labels = {
+    labels: JsonObject = {
         "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/instance-type": "a2-ultragpu-8g",
         "beta.kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "a2-ultragpu-8g",
@@ -49,7 +49,7 @@ def sample_node(name: str) -> dict[str, Any]:
         "feature.node.kubernetes.io/pci-10de.present": "true", "tensor-fusion.ai/managed": "true",
         "tensor-fusion.ai/pool": "default-pool",
     }
-    annotations = {
+    annotations: JsonObject = {
         "node.alpha.kubernetes.io/ttl": "0",
         "volumes.kubernetes.io/controller-managed-attach-detach": "true",
         "csi.volume.kubernetes.io/nodeid": f'{{"pd.csi.storage.gke.io":"projects/example-project/zones/{zone}/'
@@ -60,16 +60,17 @@ def sample_node(name: str) -> dict[str, Any]:
     }
     now = "2026-12-01T20:00:00Z"
 
-    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+    def condition(kind: str, status: str, reason: str, message: str) -> JsonObject:
         return {"type": kind, "status": status, "lastHeartbeatTime": now, "lastTransitionTime": now,
                 "reason": reason, "message": message}
 
-    def image(repository: str, tag: str, size: int, digest_seed: int) -> dict[str, Any]:
+    def image(repository: str, tag: str, size: int, digest_seed: int) -> JsonObject:
         digest = f"{digest_seed:064x}"
         return {"names": [f"{repository}@sha256:{digest}", f"{repository}:{tag}"], "sizeBytes": size}
 
-    resources = {"cpu": "96", "memory": "1386703436Ki", "pods": "110", "ephemeral-storage": "253869360Ki",
-                 "hugepages-1Gi": "0", "hugepages-2Mi": "0", "nvidia.com/gpu": "8"}
+    resources: JsonObject = {"cpu": "96", "memory": "1386703436Ki", "pods": "110",
+                             "ephemeral-storage": "253869360Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+                             "nvidia.com/gpu": "8"}
     return {
         "metadata": {
             "name": name, "uid": "9f1c2d3e-4b5a-6978-8a9b-0c1d2e3f4a5b", "resourceVersion": "184467440",
@@ -117,9 +118,9 @@ def sample_node(name: str) -> dict[str, Any]:
     }
 
 
-def sample_worker_pod(name: str = "worker") -> dict[str, Any]:
+def sample_worker_pod(name: str = "worker") -> JsonObject:
     """A TensorFusion worker pod with a generous spec (the Pod half of an ExtenderArgs)."""
-    env = [{"name": f"SETTING_{i:03d}", "value": "x" * 40} for i in range(100)]
+    env: list[JsonValue] = [{"name": f"SETTING_{i:03d}", "value": "x" * 40} for i in range(100)]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e",
