@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import apply_crds_sync
-from tests.helpers.controller_process import ControllerProcess, wait_until
+from tests.helpers.controller_process import ControllerProcess, seconds_until
 from tfusion.kube.leader import LEASE_NAME
 
 
@@ -44,7 +44,7 @@ def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver
     a, b = spawn("ctl-a"), spawn("ctl-b")
     a.wait_listening()
     b.wait_listening()
-    wait_until(lambda: a.is_leader() or b.is_leader(), 10, "a leader elected")
+    seconds_until(lambda: a.is_leader() or b.is_leader(), 10, "a leader elected")
     time.sleep(2.5)  # more than a retry period: the follower has tried and must have lost
     metrics = (a.leader_metric(), b.leader_metric())
     assert sorted(metrics) == [0.0, 1.0], metrics
@@ -55,7 +55,7 @@ def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver
 
     signalled = time.monotonic()
     leader.proc.send_signal(signal.SIGTERM)
-    handover = wait_until(follower.is_leader, 5, "the follower leading after SIGTERM")
+    handover = seconds_until(follower.is_leader, 5, "the follower leading after SIGTERM")
     print(f"handover after SIGTERM: {handover:.1f} s")
     assert handover < 5
     assert leader.proc.wait(max(0.1, 5 - (time.monotonic() - signalled))) == 0, "".join(leader.lines)
@@ -67,14 +67,14 @@ def test_racing_controllers_elect_one_and_sigterm_hands_over_within_5s(apiserver
 def test_kill_9_of_the_leader_fails_over_within_20s(apiserver: Any, spawn: Any) -> None:
     a = spawn("ctl-a")
     a.wait_listening()
-    wait_until(a.is_leader, 10, "the first controller leading")
+    seconds_until(a.is_leader, 10, "the first controller leading")
     b = spawn("ctl-b")
     b.wait_listening()
     time.sleep(2.5)
     assert b.leader_metric() == 0.0
     a.proc.kill()
     a.proc.wait(5)
-    failover = wait_until(b.is_leader, 20, "the standby leading after kill -9")
+    failover = seconds_until(b.is_leader, 20, "the standby leading after kill -9")
     print(f"failover after kill -9: {failover:.1f} s")
     assert failover < 20
     assert lease_holder(apiserver) == "ctl-b"
@@ -85,12 +85,12 @@ def test_a_restarted_replica_takes_its_own_lease_back_at_once(apiserver: Any, sp
     with the same identity (the pod name) renews it at once instead of waiting it out."""
     first = spawn("ctl-same")
     first.wait_listening()
-    wait_until(first.is_leader, 10, "the controller leading")
+    seconds_until(first.is_leader, 10, "the controller leading")
     first.proc.kill()
     first.proc.wait(5)
     again = spawn("ctl-same")
     again.wait_listening()
-    took = wait_until(again.is_leader, 20, "the restarted replica leading")
+    took = seconds_until(again.is_leader, 20, "the restarted replica leading")
     print(f"a restarted replica led again after {took:.1f} s")
     assert took < 10, "it must not wait for its own Lease to expire (15 s after the kill)"
     assert lease_holder(apiserver) == "ctl-same"

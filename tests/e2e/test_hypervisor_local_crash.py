@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.helpers import wait_until
 from tests.helpers.hypervisor_process import free_port, start, stop, wait_ready
 
 WAIT_S = 20.0
@@ -61,14 +61,6 @@ def marked_processes(state: Path) -> list[int]:
         if any(item.startswith(prefix) for item in environ.split(b"\0")) and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"after {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def pids_in(path: Path) -> list[int]:
@@ -113,7 +105,7 @@ class Box:
         created = httpx.post(f"{self.url}/api/v1/workers", timeout=10, json={
             "name": name, "requests": {"tflops": "10", "vram": "1Gi"}, "command": ["sh", "-c", script]})
         assert created.status_code == 201, created.text
-        wait_until(lambda: len(pids_in(kids)) == 1, f"{name} did not start")
+        wait_until(lambda: len(pids_in(kids)) == 1, WAIT_S, f"{name} started")
         return pids, kids
 
 
@@ -155,7 +147,8 @@ def test_kill_9_cycles_neither_double_run_nor_orphan(box: Box) -> None:
 
     # the adopted process exits: the hypervisor notices (it is not its child) and restarts it once
     os.killpg(first, signal.SIGKILL)
-    wait_until(lambda: len(pids_in(pids)) == 2 and len(pids_in(kids)) == 2, "the adopted worker was not restarted")
+    wait_until(lambda: len(pids_in(pids)) == 2 and len(pids_in(kids)) == 2, WAIT_S,
+               "the adopted worker running again")
     second = assert_runs_once(box, "w1", pids, kids)
     assert box.worker("w1")["WorkerRunningInfo"]["restarts"] == 1
 
@@ -186,7 +179,7 @@ def test_a_process_left_with_our_marker_is_stopped_at_start(box: Box) -> None:
     stray = subprocess.Popen(["sleep", "600"], env=env, start_new_session=True)
     try:
         box.start()
-        wait_until(lambda: stray.poll() is not None, "the stray process was not stopped")
+        wait_until(lambda: stray.poll() is not None, WAIT_S, "the stray process stopped")
         assert marked_processes(box.state) == []
     finally:
         if stray.poll() is None:

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import apply_crds_sync
-from tests.helpers.controller_process import ControllerProcess, wait_until
+from tests.helpers import wait_until
+from tests.helpers.controller_process import ControllerProcess
 from tests.helpers.role_all import KUBECTL, RoleAll
 from tfusion.api import annotations as tfa
 

@@ -76,7 +76,8 @@ class ControllerProcess:
                 self.proc.wait(5)
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> float:
+def seconds_until(predicate: Any, timeout: float, what: str) -> float:
+    """`wait_until` that returns how long it took, for tests that bound a hand-over or fail-over time."""
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
