@@ -43,19 +43,19 @@ class ConfigError(ValueError):
     """The file is not a usable config; the message names the key, the value and what is allowed."""
 
 
-def _check_duration(key: str, value: Any) -> None:
+def _check_duration(key: str, value: object) -> None:
     try:
         parse_duration(str(value))
     except ValueError:
         raise ConfigError(f"{key}: {value!r} is not a duration (expected e.g. 30s, 5m, 30d)") from None
 
 
-def _check_non_negative_int(key: str, value: Any) -> None:
+def _check_non_negative_int(key: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{key}: {value!r} is not a non-negative integer")
 
 
-def validate(raw: Any) -> dict[str, Any]:
+def validate(raw: object) -> dict[str, Any]:
     """Defaults overlaid with the file's keys, after checking the keys we know."""
     if raw is None:
         raw = {}

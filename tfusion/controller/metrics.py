@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
@@ -52,7 +52,7 @@ SYSTEM_TABLE = "tf_system_metrics"
 TABLES = (WORKER_TABLE, NODE_TABLE, POOL_TABLE, GPU_TABLE, ALLOCATION_TABLE, SYSTEM_TABLE)
 
 
-def _quantity(value: Any, *, milli: bool = False) -> int | None:
+def _quantity(value: object, *, milli: bool = False) -> int | None:
     if value in (None, ""):
         return None
     try:
@@ -122,7 +122,7 @@ def worker_row(pod: Pod, allocator: GpuAllocator | None) -> WorkerRow | None:
         except KeyError:
             pass
     try:
-        req = request_from_pod(pod.raw, default_pool=default_pool)
+        req = request_from_pod(pod, default_pool=default_pool)
     except RequestError:
         return None
     allocation = allocator.allocation(uid) if allocator is not None else None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tfusion.api.accessors import Body, GpuPool, items, section
 
@@ -36,7 +35,7 @@ class PriceError(ValueError):
     """A price or ratio string is not a number; the message names the field and the value."""
 
 
-def parse_price(text: Any, *, field: str) -> float:
+def parse_price(text: object, *, field: str) -> float:
     """'$0.0069228' or '0.0069228' (also a bare number) as a non-negative float."""
     raw = str(text).strip().removeprefix("$").strip()
     try:

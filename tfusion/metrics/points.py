@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
+
+from tfusion.api.jsontypes import JsonObject, JsonValue
 
 FieldValue = float | int | bool | str
 
@@ -85,7 +86,7 @@ def json_line(point: Point) -> str:
                         option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _gauge_value(value: FieldValue) -> dict[str, Any] | None:
+def _gauge_value(value: FieldValue) -> JsonObject | None:
     if isinstance(value, bool | int):
         return {"asInt": str(int(value))}
     if isinstance(value, float) and not (math.isnan(value) or math.isinf(value)):
@@ -93,10 +94,11 @@ def _gauge_value(value: FieldValue) -> dict[str, Any] | None:
     return None
 
 
-def _gauges(point: Point) -> list[dict[str, Any]]:
-    attributes = [{"key": k, "value": {"stringValue": v}} for k, v in sorted(point.tags.items())]
+def _gauges(point: Point) -> list[JsonValue]:
+    """One OTLP gauge per numeric field of the point."""
+    attributes: list[JsonValue] = [{"key": k, "value": {"stringValue": v}} for k, v in sorted(point.tags.items())]
     nanos = str(point.ts_ms * 1_000_000)
-    gauges = []
+    gauges: list[JsonValue] = []
     for key, value in sorted(point.fields.items()):
         number = _gauge_value(value)
         if number is not None:
