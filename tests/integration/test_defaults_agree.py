@@ -24,6 +24,7 @@ from tests.helpers import eventually
 from tests.helpers.controller import Controller, controllers
 from tests.helpers.webhook import OPS, PRIORITY_CLASSES, serve_webhook, webhook_settings
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.simulate import cached_sources, defaulted_pod
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
@@ -117,11 +118,11 @@ async def test_the_webhook_and_simulate_schedule_give_the_same_defaults(apiserve
             assert body["error"] is None, (name, body["error"])
             assert body["scheduleResult"]["SuggestedHost"] == NODE_OF[pool], (name, body["scheduleResult"])
 
-            judged = defaulted_pod(raw_pod(name, notes), cached_sources(ctl.runtime.informer, "default"))
-            simulated = judged["metadata"]["annotations"]
+            judged = defaulted_pod(Pod(raw_pod(name, notes)), cached_sources(ctl.runtime.informer, "default"))
+            simulated = judged.meta.annotations
             assert {k: simulated.get(k) for k in COMPARED} == {k: admitted["annotations"].get(k) for k in COMPARED}, \
                 name
-            found[name] = simulated
+            found[name] = dict(simulated)
     # what the agreement is about: the profile's and the quota's values, not the code's own
     profiled, quota, no_pool = found["profiled"], found["quota-defaults"], found["no-pool"]
     assert (profiled[tfa.GPU_POOL], profiled[tfa.QOS], profiled[tfa.ISOLATION]) == (OTHER_POOL, "critical", "shared")

@@ -236,7 +236,7 @@ def manifest(name: str, **notes: str) -> dict[str, Any]:
             "spec": {"schedulerName": "tensor-fusion-scheduler", "containers": [{"name": "c", "image": "x"}]}}
 
 
-def simulate(a: GpuAllocator, pod: dict[str, Any]) -> dict[str, Any]:
+def simulate(a: GpuAllocator, pod: dict[str, Any]) -> Any:  # the answer's JSON, read by key
     status, body = simulate_schedule(a, pod, sources=Sources(pools=POOLS))
     assert status == 200, body
     return body
@@ -339,7 +339,7 @@ def test_suggest_other_model_and_other_pool() -> None:
     assert by_kind["other-pool"]["changes"] == {P + "gpupool": "spare"}
     # a pool that is no GPUPool: refused as the webhook refuses it, naming the pools there are
     status, missing = simulate_schedule(build(), manifest("nowhere", gpupool="nope"), sources=Sources(pools=POOLS))
-    assert status == 400 and "(no such GPUPool); expected the name of a GPUPool (pool, spare)" in missing["error"]
+    assert status == 400 and "(no such GPUPool); expected the name of a GPUPool (pool, spare)" in str(missing["error"])
 
 
 def test_suggest_the_missing_quota() -> None:

@@ -43,7 +43,7 @@ POOLS: list[dict[str, Any]] = [
 
 
 def simulate(a: GpuAllocator, manifest: dict[str, Any],
-             pools: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, Any]]:
+             pools: list[dict[str, Any]] | None = None) -> tuple[int, Any]:  # the answer's JSON, read by key
     return simulate_schedule(a, manifest, sources=Sources(pools=POOLS if pools is None else pools))
 
 

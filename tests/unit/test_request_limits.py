@@ -21,9 +21,9 @@ from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse
 
 POOL = "pool-a"
 GIB = 1 << 30
-POOLS = [{"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
+POOLS: list[dict[str, Any]] = [{"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
           "spec": {"nodeManagerConfig": {"defaultVendor": "NVIDIA"}}}]
-PROVIDER = {"metadata": {"name": "nvidia"}, "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
+PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"}, "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
 OVER = "; a request may not exceed its limit"
 T_REQ, T_LIM = tfa.TFLOPS_REQUEST, tfa.TFLOPS_LIMIT
 V_REQ, V_LIM = tfa.VRAM_REQUEST, tfa.VRAM_LIMIT

@@ -150,7 +150,7 @@ def allocation_handlers(service: AllocatorService) -> list[Any]:
             pod = await decode_body(request, read_pod_manifest)
         except ManifestError as exc:
             raise HttpError(400, str(exc)) from None
-        if foreign := foreign_scheduler(pod["spec"]):
+        if foreign := foreign_scheduler(Pod(pod).spec):
             raise HttpError(400, ErrorBody(error=foreign, field="spec.schedulerName"))
         allocator = await _leader_allocator(service)
         if allocator is None:

@@ -37,6 +37,7 @@ from tfusion.allocator.request import check_within_limits, fitting_amount
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, Workload, items, section, text
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.quantity import Quantity, QuantityError
 
 DEFAULT_ISOLATION = tfa.DEFAULT_ISOLATION
@@ -84,14 +85,14 @@ def deny(key: str, value: str, allowed: str, *, detail: str = "", kind: str = "a
 class Sources:
     """The cached objects `resolve` reads for one pod (no I/O once built)."""
 
-    pools: Sequence[Mapping[str, Any]]
-    provider_configs: Sequence[Mapping[str, Any]] = ()
+    pools: Sequence[JsonMapping]
+    provider_configs: Sequence[JsonMapping] = ()
     #: the GPUResourceQuotas of the pod's namespace (the last by name wins, as in the original)
-    quotas: Sequence[Mapping[str, Any]] = ()
+    quotas: Sequence[JsonMapping] = ()
     #: WorkloadProfile of the pod's namespace by name
-    profile: Callable[[str], Mapping[str, Any] | None] = field(default=lambda name: None)
+    profile: Callable[[str], JsonMapping | None] = field(default=lambda name: None)
     #: capacity ({tflops, vram}) of a GPU of this model, from the GPU objects
-    gpu_capacity: Callable[[str], Mapping[str, Any] | None] = field(default=lambda model: None)
+    gpu_capacity: Callable[[str], JsonMapping | None] = field(default=lambda model: None)
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Resolved:
     isolation: str
     vendor: str
     #: the vendor's ProviderConfig, if any
-    provider: Mapping[str, Any] | None
+    provider: JsonMapping | None
     #: the native GPU resources the vendor's ProviderConfig takes over
     native_resources: tuple[str, ...]
     #: container name -> native GPUs it asks for (of `native_resources`)
@@ -141,20 +142,20 @@ def pool_vendor(pool: GpuPool) -> str:
     return text(pool.node_manager_config, "defaultVendor") or DEFAULT_VENDOR
 
 
-def worker_image(pool: GpuPool | None, provider: Mapping[str, Any] | None) -> str:
+def worker_image(pool: GpuPool | None, provider: JsonMapping | None) -> str:
     """The remote vGPU worker's image: the pool's `componentConfig.worker.image`, else the vendor's
     ProviderConfig `spec.images.remoteWorker`, else the default."""
     pool_image = text(pool.component_config, "worker", "image") if pool is not None else ""
     return pool_image or text(provider, "spec", "images", "remoteWorker") or DEFAULT_WORKER_IMAGE
 
 
-def default_pool_name(pools: Sequence[Mapping[str, Any]]) -> str | None:
+def default_pool_name(pools: Iterable[JsonMapping]) -> str | None:
     """The name of the default GPUPool (first by name when several are marked), or None."""
     names = sorted(pool.name for pool in map(GpuPool, pools) if is_default_pool(pool) and pool.name)
     return names[0] if names else None
 
 
-def provider_config_for(configs: Sequence[Mapping[str, Any]], vendor: str) -> Mapping[str, Any] | None:
+def provider_config_for(configs: Sequence[JsonMapping], vendor: str) -> JsonMapping | None:
     """The ProviderConfig of `vendor` (case-insensitive; the first by name)."""
     for config in sorted(configs, key=lambda c: Body(c).name):
         if text(config, "spec", "vendor").lower() == vendor.lower():
@@ -162,12 +163,12 @@ def provider_config_for(configs: Sequence[Mapping[str, Any]], vendor: str) -> Ma
     return None
 
 
-def in_use_resource_names(configs: Sequence[Mapping[str, Any]], vendor: str | None = None) -> tuple[str, ...]:
+def in_use_resource_names(configs: Sequence[JsonMapping], vendor: str | None = None) -> tuple[str, ...]:
     """The native GPU resource names taken over: of `vendor`'s ProviderConfig, or of every one."""
     return _resource_names([provider_config_for(configs, vendor)] if vendor else configs)
 
 
-def _resource_names(configs: Iterable[Mapping[str, Any] | None]) -> tuple[str, ...]:
+def _resource_names(configs: Iterable[JsonMapping | None]) -> tuple[str, ...]:
     names = [str(n) for c in configs if c for n in items(c, "spec", "inUseResourceNames")]
     return tuple(dict.fromkeys(names)) or DEFAULT_IN_USE_RESOURCES
 
@@ -191,7 +192,7 @@ def _parse_text(value: str) -> Quantity:
     return Quantity.parse(value)
 
 
-def capacity_of_model(gpus: Iterable[Mapping[str, Any]], model: str) -> Mapping[str, Any] | None:
+def capacity_of_model(gpus: Iterable[JsonMapping], model: str) -> JsonMapping | None:
     """The capacity ({tflops, vram}) of the first GPU object of `model` that reports one (what a
     dedicated GPU of that model asks for)."""
     for gpu in gpus:
@@ -470,8 +471,8 @@ def _dedicate(amounts: Amounts, model: str, sources: Sources) -> None:
                    detail="no GPU of this model is known, so a dedicated one has no size")
     for side in SIDES:
         amounts.pop((side, "compute"), None)
-        amounts[(side, "tflops")] = Quantity.parse(capacity.get("tflops") or 0)
-        amounts[(side, "vram")] = Quantity.parse(capacity.get("vram") or 0)
+        amounts[(side, "tflops")] = parse_quantity(capacity.get("tflops") or 0)
+        amounts[(side, "vram")] = parse_quantity(capacity.get("vram") or 0)
 
 
 def _check_requested(amounts: Amounts, isolation: str, partition: str, notes: Mapping[str, str]) -> None:

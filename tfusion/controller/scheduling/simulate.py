@@ -39,13 +39,14 @@ it, so `FilterStageDetails` and the `gpuSchedulerState` maps are empty.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from tfusion.allocator import Framework, GpuAllocator, QuotaExceeded, RequestError, Unschedulable, request_from_pod
 from tfusion.allocator.errors import FilterStage
 from tfusion.allocator.framework import Explanation
 from tfusion.api.accessors import Body, Pod
 from tfusion.api.documents import DocumentError, load_json_or_yaml
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.controller.defaults import (
     Denial,
     Sources,
@@ -56,6 +57,7 @@ from tfusion.controller.defaults import (
 )
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.explain import (
+    ExplanationBody,
     SuggestionBody,
     explanation_json,
     node_failure_status,
@@ -76,7 +78,95 @@ FRAMEWORK_NOT_FOUND = "scheduler framework not found"
 POD_MANIFEST_MAX_BYTES = 3 * 1024 * 1024
 
 
-def foreign_scheduler(spec: Mapping[str, Any]) -> str:
+class RemovedGpuBody(TypedDict):
+    gpu: str
+    node: str
+    reason: str
+
+
+class StageBody(TypedDict):
+    """One filter stage, with the original's Go field names (and `Removed`, which it lacks)."""
+
+    FilterName: str
+    Before: list[str]
+    After: list[str]
+    Diff: int
+    Removed: list[RemovedGpuBody]
+
+
+class NodeFitBody(TypedDict):
+    code: str
+    plugin: str
+    reasons: list[str]
+    message: str
+
+
+class NodeToStatusBody(TypedDict):
+    nodes: dict[str, NodeFitBody]
+    absentNodesStatus: None
+
+
+class DiagnosisBody(TypedDict):
+    preFilterMsg: str
+    postFilterMsg: str
+    unschedulablePlugins: list[str]
+    pendingPlugins: list[str]
+    nodeToStatus: NodeToStatusBody
+
+
+class FitErrorBody(TypedDict):
+    """The original's FitError, plus `explanation` (the framework's structured form)."""
+
+    type: str
+    message: str
+    stage: str
+    numAllNodes: int
+    diagnosis: DiagnosisBody
+    explanation: NotRequired[ExplanationBody]
+
+
+class ScheduleResultBody(TypedDict):
+    SuggestedHost: str
+    EvaluatedNodes: int
+    FeasibleNodes: int
+
+
+class SchedulerStateBody(TypedDict):
+    NodeGPUs: dict[str, list[str]]
+    NodeScores: dict[str, int]
+    FinalGPUs: list[str]
+    ScoringStrategy: str
+
+
+class FilterDetailBody(TypedDict):
+    FilterStageDetails: list[StageBody]
+
+
+class ProgressiveNodesBody(TypedDict):
+    count: int
+    nodes: list[str]
+
+
+class SimulateBody(TypedDict):
+    """The 200 answer: the original's envelope, `suggestions` added."""
+
+    scheduleResult: ScheduleResultBody
+    filterDetail: FilterDetailBody
+    error: FitErrorBody | None
+    cycleState: None
+    gpuSchedulerState: SchedulerStateBody
+    progressiveNodeNames: ProgressiveNodesBody | None
+    suggestions: list[SuggestionBody]
+
+
+class RefusalBody(TypedDict):
+    """A 400 answer: the message, and the field it is about when there is one."""
+
+    error: str
+    field: NotRequired[str]
+
+
+def foreign_scheduler(spec: JsonMapping) -> str:
     """Why this route will not judge a Pod that names another scheduler ("" for ours). The original's
     words stay in the message so that a caller matching them still finds them."""
     name = spec.get("schedulerName")
@@ -90,7 +180,7 @@ class ManifestError(ValueError):
     """The request body is not a usable Pod manifest; the message says what is wrong."""
 
 
-def read_pod_manifest(body: bytes) -> dict[str, Any]:
+def read_pod_manifest(body: bytes) -> JsonObject:
     """Decode a Pod manifest (JSON first, then YAML) and check the fields the scheduler reads
     (`podcheck.pod_problem`: types, quantities, operators); raises ManifestError.
 
@@ -116,7 +206,7 @@ def read_pod_manifest(body: bytes) -> dict[str, Any]:
     return pod
 
 
-def _stage_json(stage: FilterStage) -> dict[str, Any]:
+def _stage_json(stage: FilterStage) -> StageBody:
     return {
         "FilterName": stage.name,
         "Before": stage.before_gpus,
@@ -126,11 +216,11 @@ def _stage_json(stage: FilterStage) -> dict[str, Any]:
     }
 
 
-def _fit_error(exc: Unschedulable, num_nodes: int) -> dict[str, Any]:
+def _fit_error(exc: Unschedulable, num_nodes: int) -> FitErrorBody:
     prefilter = isinstance(exc, QuotaExceeded) or not exc.nodes
     code = "UnschedulableAndUnresolvable" if exc.unresolvable else "Unschedulable"
-    nodes = {
-        node: {"code": code, "plugin": PLUGIN, "reasons": reasons,
+    nodes: dict[str, NodeFitBody] = {
+        node: {"code": code, "plugin": PLUGIN, "reasons": list(reasons),
                "message": "; ".join(reasons) if reasons else "no candidate GPU"}
         for node, reasons in exc.nodes.items()
     }
@@ -156,10 +246,10 @@ def native_request(scheduler: Scheduler, pod: Pod) -> dict[str, int]:
     return nc.extended_requests(pod, scheduler.native_resource_names())
 
 
-def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_nodes: int) -> dict[str, Any]:
+def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_nodes: int) -> FitErrorBody:
     """The GPU path's FitError shape, from the node checks' failures; `message` is the scheduler's."""
     statuses = {n: node_failure_status(f, n) for n, f in sorted(failures.items())}
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, NodeFitBody] = {}
     for name, failure in sorted(failures.items()):
         text = statuses[name].reasons[0].text()
         nodes[name] = {"code": "UnschedulableAndUnresolvable" if failure.unresolvable else "Unschedulable",
@@ -183,7 +273,7 @@ def _native_fit_error(failures: Mapping[str, nc.NodeFailure], message: str, num_
 
 
 def simulate_native(scheduler: Scheduler, allocator: GpuAllocator, pod: Pod,
-                    native: Mapping[str, int]) -> dict[str, Any]:
+                    native: Mapping[str, int]) -> SimulateBody:
     """The built-in scheduler's decision for a native-GPU pod, with every node's verdict."""
     by_name = scheduler.nodes_by_name()
     busy = scheduler.nodes_with_workers()
@@ -215,20 +305,19 @@ def cached_sources(informer: Callable[[r.ApiResource], Informer], namespace: str
                    gpu_capacity=lambda model: capacity_of_model(gpus.list(), model))
 
 
-def defaulted_pod(pod: Mapping[str, Any], sources: Sources) -> dict[str, Any]:
+def defaulted_pod(pod: Pod, sources: Sources) -> Pod:
     """`pod` with the request annotations the webhook would write (and without those it would
     drop); raises Denial as the webhook refuses the pod."""
-    view = Pod(pod)
-    notes = dict(view.meta.annotations)
-    resolved = resolve(view, notes, sources)
+    notes = dict(pod.meta.annotations)
+    resolved = resolve(pod, notes, sources)
     for key in stale_annotations(resolved.amounts):
         notes.pop(key, None)
     notes.update(request_annotations(resolved))
-    return {**pod, "metadata": {**view.meta.raw, "annotations": notes}}
+    return Pod({**pod.raw, "metadata": {**pod.meta.raw, "annotations": notes}})
 
 
-def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, sources: Sources,
-                      scheduler: Scheduler | None = None) -> tuple[int, dict[str, Any]]:
+def simulate_schedule(allocator: GpuAllocator, pod: JsonMapping, *, sources: Sources,
+                      scheduler: Scheduler | None = None) -> tuple[int, SimulateBody | RefusalBody]:
     """Run the GPU filter chain and scoring for `pod` (defaulted as the webhook would, from
     `sources`) and explain the outcome; a native-GPU pod is judged by `scheduler`'s node view
     instead (see the module docstring). No side effects."""
@@ -242,7 +331,7 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, source
     if scheduler is not None and native:
         return 200, simulate_native(scheduler, allocator, view, native)
     try:
-        req = request_from_pod(defaulted_pod(pod, sources))
+        req = request_from_pod(defaulted_pod(view, sources))
     except Denial as exc:  # the webhook's refusal, in its words (a request above its limit among them)
         return 400, {"error": exc.message}
     except RequestError as exc:
@@ -253,7 +342,7 @@ def simulate_schedule(allocator: GpuAllocator, pod: Mapping[str, Any], *, source
     feasible = sorted(result.nodes)
     mode = allocator.pool_config(req.pool).placement_mode
     scores = allocator.score(req, feasible)
-    error: dict[str, Any] | None = None
+    error: FitErrorBody | None = None
     suggested = ""
     final: list[str] = []
     suggestions: list[SuggestionBody] = []
