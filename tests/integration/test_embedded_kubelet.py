@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
+from tfusion.api.accessors import text
 from tfusion.api.quantity import Quantity
 from tfusion.embedded.devices import DevicePlan, plan_devices
 from tfusion.embedded.kubelet import LEASE_NAMESPACE, SimulatedKubelet
@@ -46,15 +47,15 @@ def pod(name: str, node: str | None = NODE, **meta: Any) -> dict[str, Any]:
 
 async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
     kubelet = SimulatedKubelet(manager_of(kube), NODE, await plan("sim:2xA100-SXM4-80GB"))
-    node = (await kubelet.register()).raw
-    labels = node["metadata"]["labels"]
+    node = await kubelet.register()
+    labels = node.meta.labels
     assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
     assert labels["kubernetes.io/hostname"] == NODE
-    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
-    assert int(node["status"]["capacity"]["cpu"]) >= 1
+    assert {c["type"]: c["status"] for c in node.conditions}["Ready"] == "True" and node.ready
+    assert int(text(node.raw, "status", "capacity", "cpu")) >= 1
     for resource in ("memory", "ephemeral-storage"):  # the canonical form Kubernetes prints
-        quantity = node["status"]["capacity"][resource]
+        quantity = text(node.raw, "status", "capacity", resource)
         assert str(Quantity(quantity)) == quantity and Quantity(quantity).value() > 0
     await kubelet.renew_lease()
     lease = await kube.get(r.LEASES, NODE, namespace=LEASE_NAMESPACE)
@@ -62,9 +63,9 @@ async def test_node_registration_keeps_user_changes(kube: KubeClient) -> None:
 
     await kube.patch(r.NODES, NODE, {"metadata": {"labels": {"zone": "a"}}, "spec": {"unschedulable": True}})
     no_gpus = SimulatedKubelet(manager_of(kube), NODE, DevicePlan("auto", (), "none", "no driver"))
-    node = (await no_gpus.register()).raw
-    assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["zone"] == "a"
-    assert not any(k.startswith("nvidia.com/") for k in node["metadata"]["labels"])
+    node = await no_gpus.register()
+    assert node.unschedulable and node.meta.labels["zone"] == "a"
+    assert not any(k.startswith("nvidia.com/") for k in node.meta.labels)
 
 
 async def test_pods_run_and_deletions_finish(kube: KubeClient) -> None:
