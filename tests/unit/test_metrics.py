@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.helpers import closed_port
 from tfusion.api.accessors import Body, GpuPool, Pod
+from tfusion.api.jsontypes import JsonObject
 from tfusion.metrics import cost
 from tfusion.metrics.points import Point, encode, influx_line, json_line
 from tfusion.metrics.sinks import MetricsOutput, PushConfig, PushSender, RotatingFile, SinkMetrics, write_url
@@ -103,7 +104,8 @@ def test_eviction_ratio_below_one_means_the_default() -> None:
 
 
 def test_a_bad_price_names_its_field() -> None:
-    pool = {"spec": {"qosConfig": {"pricing": [{"qos": "low", "requests": {"perFP16TFlopsPerHour": "cheap"}}]}}}
+    pool: JsonObject = {"spec": {"qosConfig": {"pricing": [{"qos": "low",
+                                                            "requests": {"perFP16TFlopsPerHour": "cheap"}}]}}}
     with pytest.raises(cost.PriceError, match=r"pricing\[0\]\.requests\.perFP16TFlopsPerHour: 'cheap'"):
         cost.pool_pricing(GpuPool(pool))
 
