@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from prometheus_client import Counter, Gauge
@@ -75,6 +75,7 @@ from tfusion.kube.reconciler import Controller
 from tfusion.settings import NotImplementedSettingError
 
 if TYPE_CHECKING:
+    from tfusion.controller.reconcilers.drift import DriftReport
     from tfusion.controller.runtime import ControllerRuntime
     from tfusion.controller.scheduling.scheduler import Scheduler
 
@@ -149,7 +150,7 @@ class AllocatorService:
         self.recovered: list[str] = []  # pod UIDs restored by the last recovery
         self.skipped: list[tuple[str, str]] = []  # (pod, reason) the last recovery could not restore
         #: the drift audit's last result (tfusion/controller/reconcilers/drift.py), for /api/allocation
-        self.last_drift: dict[str, Any] | None = None
+        self.last_drift: DriftReport | None = None
         #: (pool, succeeded) -> placements counted by `count_allocation` since the process started
         self.allocation_tally: dict[tuple[str, bool], int] = {}
 

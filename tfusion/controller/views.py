@@ -32,22 +32,62 @@ render the same thing the same way.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage
 from tfusion.allocator.quota import READY_MESSAGE
 from tfusion.allocator.units import percent_str, ratio_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
+from tfusion.api.jsontypes import JsonMapping, JsonObject, JsonValue, json_copy, json_object
+from tfusion.controller.reconcilers.common import ConditionState
 
-GpuLookup = Callable[[str], dict[str, Any] | None]
-PodLookup = Callable[[str, str], dict[str, Any] | None]
+#: GPU name -> the cached GPU object (read only: it is the informer's)
+GpuLookup: TypeAlias = "Callable[[str], JsonMapping | None]"
+#: (namespace, name) -> the cached pod (read only)
+PodLookup: TypeAlias = "Callable[[str, str], JsonMapping | None]"
 
 #: the pod metadata fields the original keeps in PodMeta
 POD_META_FIELDS = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
                    "ownerReferences")
+
+
+class AppPod(TypedDict):
+    """A pod in a GPU's `status.runningApps[].pods`."""
+    name: str
+    namespace: str
+    uid: str
+    requests: dict[str, str]
+    limits: dict[str, str]
+    qos: str
+
+
+class RunningApp(TypedDict):
+    """A workload in a GPU's `status.runningApps`, with its pods on that GPU."""
+    name: str
+    namespace: str
+    count: int
+    pods: list[AppPod]
+
+
+class GpuLiveStatus(TypedDict):
+    """The part of a GPU's status the allocator's ledger says."""
+    available: dict[str, str]
+    runningApps: list[RunningApp]
+
+
+class QuotaUsed(TypedDict):
+    requests: dict[str, str]
+    limits: dict[str, str]
+    workers: int
+
+
+class QuotaStatus(TypedDict):
+    """A GPUResourceQuota's status as the ledger says it (its writer stamps the times)."""
+    used: QuotaUsed
+    availablePercent: dict[str, str]
+    conditions: list[ConditionState]
 
 
 def resource_view(res: Resources) -> dict[str, str]:
@@ -63,28 +103,28 @@ def status_resource(res: Resources) -> dict[str, str]:
     return out
 
 
-def gpu_status(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+def gpu_status(allocator: GpuAllocator, name: str) -> GpuLiveStatus:
     """`status.available` and `status.runningApps` of a GPU (committed allocations only)."""
     avail_t, avail_v = allocator.available(name, committed_only=True)
-    apps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    apps: dict[tuple[str, str], list[AppPod]] = {}
     for info in allocator.gpu_allocations(name):
         req = info.request
         apps.setdefault(req.workload, []).append({
             "name": req.pod_name, "namespace": req.namespace, "uid": req.pod_uid,
             "requests": status_resource(req.request), "limits": status_resource(req.limit), "qos": req.qos,
         })
-    running = [{"name": wl_name, "namespace": ns, "count": len(pods),
-                "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
-               for (ns, wl_name), pods in sorted(apps.items())]
+    running: list[RunningApp] = [{"name": wl_name, "namespace": ns, "count": len(pods),
+                                  "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
+                                 for (ns, wl_name), pods in sorted(apps.items())]
     return {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)}, "runningApps": running}
 
 
-def quota_status(allocator: GpuAllocator, namespace: str) -> dict[str, Any]:
+def quota_status(allocator: GpuAllocator, namespace: str) -> QuotaStatus:
     """status.used, availablePercent and the Ready condition of the namespace's quota."""
     return quota_status_of(allocator.quota_spec(namespace), allocator.quota_usage(namespace))
 
 
-def quota_status_of(spec: QuotaSpec | None, used: Usage) -> dict[str, Any]:
+def quota_status_of(spec: QuotaSpec | None, used: Usage) -> QuotaStatus:
     """status.used, status.availablePercent and status.conditions (Ready) for a quota.
 
     lastUpdateTime and the conditions' lastTransitionTime are the writer's business (it knows the
@@ -109,7 +149,8 @@ def quota_status_of(spec: QuotaSpec | None, used: Usage) -> dict[str, Any]:
             f" tflops limits: {str(reached['limits.tflops']).lower()},"
             f" vram limits: {str(reached['limits.vram']).lower()},"
             f" workers: {str(reached['workers']).lower()}")
-        condition = {"type": "Ready", "status": "False", "reason": "AlertThresholdReached", "message": message}
+        condition: ConditionState = {"type": "Ready", "status": "False", "reason": "AlertThresholdReached",
+                                     "message": message}
     else:
         condition = {"type": "Ready", "status": "True", "reason": "CapacitySufficient", "message": READY_MESSAGE}
     return {
@@ -123,7 +164,7 @@ def quota_status_of(spec: QuotaSpec | None, used: Usage) -> dict[str, Any]:
     }
 
 
-def _described_gpu(allocator: GpuAllocator, name: str) -> dict[str, Any]:
+def _described_gpu(allocator: GpuAllocator, name: str) -> JsonObject:
     """A GPU object from the allocator's own record, for a GPU the caller's cache does not hold."""
     info = allocator.gpu_info(name)
     return {
@@ -145,22 +186,22 @@ def _described_gpu(allocator: GpuAllocator, name: str) -> dict[str, Any]:
     }
 
 
-def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> dict[str, Any]:
+def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> JsonObject:
     cached = gpu_object(name)
     # cached informer objects are shared with every reader: never modify them
-    gpu = copy.deepcopy(cached) if cached is not None else _described_gpu(allocator, name)
+    gpu = json_object(cached) if cached is not None else _described_gpu(allocator, name)
     live = gpu_status(allocator, name)
     status = gpu.get("status")
     if not isinstance(status, dict):
         status = gpu["status"] = {}
-    status["available"] = live["available"]
-    status["runningApps"] = live["runningApps"]
+    status["available"] = json_object(live["available"])
+    status["runningApps"] = [json_object(app) for app in live["runningApps"]]
     return gpu
 
 
-def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> JsonObject:
     req = info.request
-    meta: dict[str, Any] = {"name": req.pod_name, "namespace": req.namespace, "uid": uid}
+    meta: JsonObject = {"name": req.pod_name, "namespace": req.namespace, "uid": uid}
     pod = pod_object(req.namespace, req.pod_name)
     cached = Pod(pod).meta if pod is not None else None
     if cached is None or cached.uid != uid:
@@ -168,23 +209,23 @@ def _pod_meta(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str
     for field in POD_META_FIELDS:
         value = cached.raw.get(field)
         if value not in (None, "", 0, {}, []):
-            meta[field] = copy.deepcopy(value)
+            meta[field] = json_copy(value)
     return meta
 
 
-def _allocation_view(info: AllocationInfo, uid: str, pod_object: PodLookup) -> dict[str, Any]:
+def _allocation_view(info: AllocationInfo, uid: str, pod_object: PodLookup) -> JsonObject:
     req = info.request
     return {
         "PoolName": req.pool,
         "WorkloadNameNamespace": {"name": req.workload[1], "namespace": req.workload[0]},
-        "Request": resource_view(req.request),
-        "Limit": resource_view(req.limit),
-        "GPUIndices": list(req.indices) or None,
+        "Request": {**resource_view(req.request)},
+        "Limit": {**resource_view(req.limit)},
+        "GPUIndices": [*req.indices] or None,
         "Count": req.count,
         "GPUModel": req.gpu_model,
         "GPUVendor": req.vendor,
         "NodeAffinity": None,
-        "GPUNames": list(info.gpu_names),
+        "GPUNames": [*info.gpu_names],
         "PodMeta": _pod_meta(info, uid, pod_object),
         "QoS": req.qos,
         "Isolation": req.isolation,
@@ -192,20 +233,20 @@ def _allocation_view(info: AllocationInfo, uid: str, pod_object: PodLookup) -> d
     }
 
 
-def build(allocator: GpuAllocator, *, gpu_object: GpuLookup, pod_object: PodLookup) -> dict[str, Any]:
+def build(allocator: GpuAllocator, *, gpu_object: GpuLookup, pod_object: PodLookup) -> JsonObject:
     """The `/api/allocation` response body (see the module docstring for the lookups)."""
     allocations = allocator.allocations(committed_only=True)
-    gpu_store = {name: _gpu_view(allocator, name, gpu_object) for name in allocator.gpu_names()}
-    node_workers: dict[str, dict[str, bool]] = {}
-    allocation: dict[str, Any] = {}
-    gpu_to_worker: dict[str, list[dict[str, Any]]] = {}
+    gpu_store: JsonObject = {name: _gpu_view(allocator, name, gpu_object) for name in allocator.gpu_names()}
+    node_workers: dict[str, JsonObject] = {}
+    allocation: JsonObject = {}
+    gpu_to_worker: dict[str, list[JsonValue]] = {}
     for uid, info in allocations.items():
         req = info.request
         node_workers.setdefault(info.node, {})[f"{req.namespace}/{req.pod_name}"] = True
         allocation[uid] = _allocation_view(info, uid, pod_object)
         for gpu in info.gpu_names:
             gpu_to_worker.setdefault(gpu, []).append({
-                "request": resource_view(req.request), "limit": resource_view(req.limit),
+                "request": {**resource_view(req.request)}, "limit": {**resource_view(req.limit)},
                 "podName": req.pod_name, "podUID": uid, "namespace": req.namespace,
             })
     return {

@@ -16,12 +16,12 @@ sums them up.
 
 from __future__ import annotations
 
-import copy
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, GpuPool, section, sequence_of_maps
+from tfusion.api.accessors import Body, GpuPool, section, sequence_of_maps, text
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
@@ -51,11 +51,11 @@ RETRY_MAX_S = 60.0
 RETRY_BACKOFF = Backoff(base=RETRY_BASE_S, cap=RETRY_MAX_S, jitter=1.0)
 
 
-def pools_of_cluster(cluster: Body) -> list[dict[str, Any]]:
+def pools_of_cluster(cluster: Body) -> list[JsonObject]:
     """The GPUPools a TensorFusionCluster asks for, named, labelled and owned as this reconciler keeps them."""
-    owner = controller_reference(cluster, r.TENSORFUSIONCLUSTERS)
-    labels: dict[str, str] = {**cluster.meta.labels, tfa.MANAGED_BY: cluster.name}
-    pools = []
+    owner = json_object(controller_reference(cluster, r.TENSORFUSIONCLUSTERS))
+    labels: JsonObject = {**cluster.meta.labels, tfa.MANAGED_BY: cluster.name}
+    pools: list[JsonObject] = []
     for entry in sequence_of_maps(cluster.spec.get("gpuPools")):
         pools.append({
             "apiVersion": r.GPUPOOLS.api_version, "kind": "GPUPool",
@@ -65,7 +65,7 @@ def pools_of_cluster(cluster: Body) -> list[dict[str, Any]]:
                 "annotations": {tfa.IS_DEFAULT_POOL: "true" if entry.get("isDefault") else "false"},
                 "ownerReferences": [owner],
             },
-            "spec": copy.deepcopy(dict(section(entry, "specTemplate"))),
+            "spec": json_object(section(entry, "specTemplate")),
         })
     return pools
 
@@ -75,21 +75,21 @@ def retry_delay(retries: int) -> float:
     return RETRY_BACKOFF.delay(max(1, retries))
 
 
-def _needs_update(existing: GpuPool, desired: dict[str, Any]) -> bool:
-    have, want = existing.meta, desired["metadata"]
-    return (existing.raw.get("spec") != desired["spec"]
-            or any(have.label(k) != v for k, v in want["labels"].items())
-            or any(have.annotation(k) != v for k, v in want["annotations"].items())
-            or not controlled_by(existing, want["ownerReferences"][0]["uid"]))
+def _needs_update(existing: GpuPool, desired: GpuPool) -> bool:
+    have, want = existing.meta, desired.meta
+    return (existing.raw.get("spec") != desired.raw.get("spec")
+            or any(have.label(k) != v for k, v in want.labels.items())
+            or any(have.annotation(k) != v for k, v in want.annotations.items())
+            or not controlled_by(existing, text(want.controller_ref(), "uid")))
 
 
-def _updated(existing: GpuPool, desired: dict[str, Any]) -> dict[str, Any]:
-    have, want = existing.meta, desired["metadata"]
+def _updated(existing: GpuPool, desired: GpuPool) -> JsonObject:
+    have, want = existing.meta, desired.meta
     owners = [o for o in have.owner_references if not o.get("controller")]
-    return {**existing.raw, "spec": desired["spec"], "metadata": {
-        **have.raw, "labels": {**have.labels, **want["labels"]},
-        "annotations": {**have.annotations, **want["annotations"]},
-        "ownerReferences": [*owners, *want["ownerReferences"]]}}
+    return {**json_object(existing.raw), "spec": json_object(desired.spec), "metadata": {
+        **json_object(have.raw), "labels": {**have.labels, **want.labels},
+        "annotations": {**have.annotations, **want.annotations},
+        "ownerReferences": [json_object(o) for o in (*owners, *want.owner_references)]}}
 
 
 class ClusterReconciler:
@@ -130,12 +130,12 @@ class ClusterReconciler:
     async def _sync_pools(self, cluster: Body) -> None:
         client, events = self.runtime.client, self.runtime.events
         desired = pools_of_cluster(cluster)
-        for pool in desired:
-            existing = self.pools.get(pool["metadata"]["name"])
+        for pool in map(GpuPool, desired):
+            existing = self.pools.get(pool.name)
             try:
                 if existing is None:
-                    await client.create(r.GPUPOOLS, pool)
-                    events.normal(cluster, "GPUPoolCreated", f"created GPUPool {pool['metadata']['name']}")
+                    await client.create(r.GPUPOOLS, pool.raw)
+                    events.normal(cluster, "GPUPoolCreated", f"created GPUPool {pool.name}")
                 elif _needs_update(GpuPool(existing), pool):
                     await client.replace(r.GPUPOOLS, _updated(GpuPool(existing), pool))
             except AlreadyExists:
@@ -143,9 +143,9 @@ class ClusterReconciler:
             except KubeError as exc:
                 if exc.code == 409:
                     raise
-                events.warning(cluster, "GPUPoolNotApplied", f"GPUPool {pool['metadata']['name']}: {exc}")
+                events.warning(cluster, "GPUPoolNotApplied", f"GPUPool {pool.name}: {exc}")
                 raise
-        wanted = {p["metadata"]["name"] for p in desired}
+        wanted = {GpuPool(p).name for p in desired}
         for owned in self._owned_pools(cluster):
             if owned.name not in wanted and not owned.meta.deleting:
                 try:
@@ -156,7 +156,7 @@ class ClusterReconciler:
 
     async def _write_status(self, cluster: Body) -> Result | None:
         old = cluster.status
-        names = [p["metadata"]["name"] for p in pools_of_cluster(cluster)]
+        names = [GpuPool(p).name for p in pools_of_cluster(cluster)]
         pools = [GpuPool(p) for p in (self.pools.get(n) for n in names) if p is not None]
         statuses = [p.status for p in pools]
         ready = sorted(p.name for p in pools if p.phase == RUNNING)
@@ -177,8 +177,8 @@ class ClusterReconciler:
                       else "PoolsNotRunning", message, generation=generation),
         ])
         totals = sum_capacity(statuses)
-        wanted: dict[str, Any] = {
-            "phase": phase, "totalPools": len(names), "readyGPUPools": ready, "notReadyGPUPools": not_ready,
+        wanted: JsonObject = {
+            "phase": phase, "totalPools": len(names), "readyGPUPools": [*ready], "notReadyGPUPools": [*not_ready],
             "totalNodes": sum(int(s.get("totalNodes") or 0) for s in statuses),
             "totalGPUs": sum(int(s.get("totalGPUs") or 0) for s in statuses),
             "retryCount": retries, "conditions": conditions, **totals,

@@ -10,11 +10,12 @@ is what keeps that loop from spinning, and it must be done the same way everywhe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body
+from tfusion.api.jsontypes import JsonMapping, JsonObject, JsonValue, json_object
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -24,7 +25,31 @@ RUNNING, PENDING, UPDATING, DESTROYING, UNKNOWN, FAILED = (
     "Running", "Pending", "Updating", "Destroying", "Unknown", "Failed")
 
 
-def controller_reference(owner: Body, resource: r.ApiResource) -> dict[str, Any]:
+class OwnerReference(TypedDict):
+    """A metav1.OwnerReference as these reconcilers write it."""
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+class ConditionState(TypedDict):
+    """What a condition says, before it is stamped with its transition time."""
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+class Condition(ConditionState):
+    """A metav1.Condition as these reconcilers write it."""
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+def controller_reference(owner: Body, resource: r.ApiResource) -> OwnerReference:
     """An ownerReference that makes `owner` the controller of the object carrying it."""
     return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name,
             "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}
@@ -45,36 +70,39 @@ def controller_name(obj: Body, kind: str) -> str:
 
 # --- conditions -----------------------------------------------------------------------------------
 
-def condition(old_conditions: Iterable[Mapping[str, Any]] | None, type_: str, status: bool | str, reason: str,
-              message: str, *, generation: int = 0) -> dict[str, Any]:
-    """A metav1.Condition whose lastTransitionTime is kept while its status does not change."""
+def condition(old_conditions: Iterable[JsonMapping] | None, type_: str, status: bool | str, reason: str,
+              message: str, *, generation: int = 0, now: str | None = None) -> Condition:
+    """A metav1.Condition whose lastTransitionTime is kept while its status does not change (`now`,
+    default the clock, when it does)."""
     value = status if isinstance(status, str) else ("True" if status else "False")
     old = next((c for c in old_conditions or [] if c.get("type") == type_), None)
     since = old.get("lastTransitionTime") if old and old.get("status") == value else None
     return {"type": type_, "status": value, "reason": reason, "message": message,
-            "lastTransitionTime": since or tfa.now_rfc3339(), "observedGeneration": generation}
+            "lastTransitionTime": since if isinstance(since, str) and since else now or tfa.now_rfc3339(),
+            "observedGeneration": generation}
 
 
-def merge_conditions(old: Iterable[Mapping[str, Any]] | None, new: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`new` replaces the conditions of the same type; other writers' conditions stay."""
-    fresh = list(new)
+def merge_conditions(old: Iterable[JsonMapping] | None, new: Iterable[Condition]) -> list[JsonValue]:
+    """`new` replaces the conditions of the same type; other writers' conditions stay (a JSON list, as
+    a status field holds it)."""
+    fresh = [json_object(c) for c in new]
     types = {c["type"] for c in fresh}
-    return [*(dict(c) for c in old or [] if c.get("type") not in types), *fresh]
+    return [*(json_object(c) for c in old or [] if c.get("type") not in types), *fresh]
 
 
-def _comparable(value: Any) -> Any:
+def _comparable(value: object) -> object:
     if isinstance(value, list) and all(isinstance(c, Mapping) and "lastTransitionTime" in c for c in value):
         return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in value]
     return value
 
 
-def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+def changed_fields(current: JsonMapping, wanted: JsonObject) -> JsonObject:
     """The fields of `wanted` that `current` does not already say (conditions without timestamps)."""
     return {k: v for k, v in wanted.items() if _comparable(current.get(k)) != _comparable(v)}
 
 
 async def write_status(client: KubeClient, resource: r.ApiResource, obj: Body,
-                       wanted: Mapping[str, Any]) -> bool:
+                       wanted: JsonObject) -> bool:
     """Merge-patch the status fields that differ from the cached object; True when it wrote.
     A merge patch replaces lists whole, so conditions are written merged (`merge_conditions`); the
     keys a map field (allocatedPods) no longer has are written as null, so that they go."""
@@ -116,7 +144,7 @@ TFLOPS_FIELDS = ("totalTFlops", "availableTFlops", "virtualTFlops", "virtualAvai
 VRAM_FIELDS = ("totalVRAM", "availableVRAM", "virtualVRAM", "virtualAvailableVRAM")
 
 
-def sum_capacity(statuses: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+def sum_capacity(statuses: Iterable[JsonMapping]) -> dict[str, str]:
     """The capacity fields of many GPUNode or GPUPool statuses, added up and printed canonically."""
     totals = dict.fromkeys((*TFLOPS_FIELDS, *VRAM_FIELDS), 0)
     for status in statuses:

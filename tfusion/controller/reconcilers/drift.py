@@ -33,7 +33,7 @@ caught since the audit before), the last 100 findings of any audit (`recent`) an
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 import httpx
@@ -58,6 +58,26 @@ log = logging.getLogger(__name__)
 HYPERVISOR_TIMEOUT_S = 2.0
 MAX_FINDINGS = 100
 KINDS = ("gpu-status", "orphan-allocation", "missing-allocation", "allocation-gpus", "hypervisor-workers")
+
+
+class Finding(TypedDict):
+    """One disagreement: its kind (one of KINDS), `Kind/[namespace/]name`, what was seen, what was done."""
+    kind: str
+    object: str
+    message: str
+    repair: str
+    at: str
+
+
+class DriftReport(TypedDict):
+    """An audit's outcome, as `/api/allocation` shows it under `drift`."""
+    checkedAt: str
+    audits: int
+    found: int
+    byKind: dict[str, int]
+    findings: list[Finding]
+    recent: list[Finding]
+    total: dict[str, int]
 
 
 def _gpu_fields(gpu: Gpu) -> tuple[Any, Any]:
@@ -91,8 +111,8 @@ class DriftAudit:
         for kind in KINDS:
             self.counter.labels(kind)
         self.audits = 0
-        self._pending: list[dict[str, Any]] = []  # caught between audits (hand edits)
-        self._recent: list[dict[str, Any]] = []  # the last MAX_FINDINGS findings of any audit
+        self._pending: list[Finding] = []  # caught between audits (hand edits)
+        self._recent: list[Finding] = []  # the last MAX_FINDINGS findings of any audit
         #: (kind, object) -> (the disagreement seen, since when): reported once it outlasts `settle`
         self._suspects: dict[tuple[str, str], tuple[str, float]] = {}
         self.settle = 2 * (runtime.settings.sync_interval + FLUSH_INTERVAL_S) + 1.0
@@ -102,7 +122,7 @@ class DriftAudit:
 
     # --- findings -----------------------------------------------------------------------------------
 
-    def _found(self, kind: str, target: Body, message: str, repaired: str) -> dict[str, Any]:
+    def _found(self, kind: str, target: Body, message: str, repaired: str) -> Finding:
         """A finding on `target` (an object with its kind, as the Warning event needs it)."""
         self.counter.labels(kind).inc()
         self.totals[kind] += 1
@@ -162,7 +182,7 @@ class DriftAudit:
             except Exception:
                 log.exception("drift audit failed")
 
-    async def audit_once(self) -> dict[str, Any] | None:
+    async def audit_once(self) -> DriftReport | None:
         allocator = await self.service.wait_ready()
         if allocator is None:
             return None
@@ -179,13 +199,13 @@ class DriftAudit:
         for finding in findings:
             counts[finding["kind"]] = counts.get(finding["kind"], 0) + 1
         self._recent = [*self._recent, *findings][-MAX_FINDINGS:]
-        result = {"checkedAt": tfa.now_rfc3339(), "audits": self.audits, "found": len(findings),
-                  "byKind": counts, "findings": findings[-MAX_FINDINGS:], "recent": list(self._recent),
-                  "total": dict(self.totals)}
+        result: DriftReport = {"checkedAt": tfa.now_rfc3339(), "audits": self.audits, "found": len(findings),
+                               "byKind": counts, "findings": findings[-MAX_FINDINGS:], "recent": list(self._recent),
+                               "total": dict(self.totals)}
         self.service.last_drift = result
         return result
 
-    def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[Finding]:
         found = []
         for gpu in map(Gpu, self.runtime.informer(r.GPUS).list()):
             name = gpu.name
@@ -202,8 +222,8 @@ class DriftAudit:
                     self.service.gpu_status.enqueue(name)
         return found
 
-    async def _audit_allocations(self, allocator: GpuAllocator) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    async def _audit_allocations(self, allocator: GpuAllocator) -> list[Finding]:
+        found: list[Finding] = []
         pods = self.runtime.informer(r.PODS)
         committed = allocator.allocations(committed_only=True)
         for uid, info in committed.items():
@@ -252,7 +272,7 @@ class DriftAudit:
         found = Pod(pod)
         return found.uid != uid or found.finished
 
-    def _adopt(self, allocator: GpuAllocator, pod: Pod) -> dict[str, Any] | None:
+    def _adopt(self, allocator: GpuAllocator, pod: Pod) -> Finding | None:
         try:
             req, names = worker_request(pod, allocator)
         except RequestError:
@@ -267,7 +287,7 @@ class DriftAudit:
         return self._found("missing-allocation", target, f"holds {','.join(names)} but the ledger had nothing "
                            "for it", "adopted from its annotations")
 
-    async def _audit_hypervisors(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    async def _audit_hypervisors(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[Finding]:
         found = []
         placed = allocator.node_workers()
         nodes = self.runtime.informer(r.NODES)

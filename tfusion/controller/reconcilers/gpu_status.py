@@ -18,8 +18,7 @@ and a retry with backoff.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.allocator import AllocatorError, GpuAllocator
 from tfusion.api import annotations as tfa
@@ -123,7 +122,7 @@ class GpuStatusReconciler:
             writes.labels("gpunode", "error").inc()
 
 
-def status_matches(gpu: Gpu, wanted: Mapping[str, Any]) -> bool:
+def status_matches(gpu: Gpu, wanted: views.GpuLiveStatus) -> bool:
     """The GPU's status already says the ledger's `available` and `runningApps`."""
     return bool(gpu.available == wanted["available"]
                 and items(gpu.status, "runningApps") == wanted["runningApps"])

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.allocator import GpuAllocator
 from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, section
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.controller import views
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
@@ -83,11 +84,11 @@ def last_report(gpus: list[Gpu]) -> float | None:
     return newest
 
 
-def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> dict[str, Any]:
+def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> JsonObject:
     """The capacity part of a GPUNode's status from its GPUs that are not missing (see the module docstring)."""
     names = sorted(g.name for g in gpus if knows_gpu(allocator, g.name))
     total_t = total_v = avail_t = avail_v = 0
-    allocated: dict[str, list[dict[str, Any]]] = {}
+    allocated: JsonObject = {}
     pods: set[str] = set()
     for name in names:
         info = allocator.gpu_info(name)
@@ -96,10 +97,9 @@ def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> dict[str,
         free_t, free_v = allocator.available(name, committed_only=True)
         avail_t += free_t
         avail_v += free_v
-        holders = [{k: pod[k] for k in ("name", "namespace", "uid", "requests", "limits", "qos")}
-                   for app in views.gpu_status(allocator, name)["runningApps"] for pod in app["pods"]]
+        holders = [pod for app in views.gpu_status(allocator, name)["runningApps"] for pod in app["pods"]]
         if holders:
-            allocated[name] = holders
+            allocated[name] = [json_object(pod) for pod in holders]
             pods.update(p["uid"] for p in holders)
     limit_t = limit_v = 0
     for alloc in allocator.allocations(committed_only=True).values():
@@ -115,7 +115,7 @@ def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> dict[str,
                  + byte_count(node_info.get("dataDiskSize")) * config.vram_expand_to_host_disk // 100)
     return {
         "totalGPUs": len(names), "managedGPUs": len(names),
-        "managedGPUDeviceIDs": sorted(str(g.status.get("uuid") or g.name) for g in gpus if g.name in names),
+        "managedGPUDeviceIDs": [*sorted(str(g.status.get("uuid") or g.name) for g in gpus if g.name in names)],
         "totalTFlops": tflops_str(total_t), "totalVRAM": vram_str(total_v),
         "availableTFlops": tflops_str(avail_t), "availableVRAM": vram_str(avail_v),
         "virtualTFlops": tflops_str(virtual_t), "virtualVRAM": vram_mib_str(virtual_v),
@@ -157,7 +157,7 @@ class GpuNodeReconciler:
         age = None if reported is None else max(0.0, time.time() - reported)
         phase, reason, message = self._phase(age)
         old = current.status
-        wanted: dict[str, Any] = {"phase": phase, **rollup(allocator, current, present)}
+        wanted: JsonObject = {"phase": phase, **rollup(allocator, current, present)}
         conditions = [condition(current.conditions, REPORTING, phase == RUNNING, reason, message,
                                 generation=current.meta.generation)]
         wanted["conditions"] = merge_conditions(current.conditions, conditions)
@@ -181,7 +181,7 @@ class GpuNodeReconciler:
         return UNKNOWN, "ReportsStopped", (f"the hypervisor has not reported for {age:.0f} s (more than the "
                                            f"{self.grace:.0f} s grace); its GPUs are not schedulable")
 
-    def _announce(self, gpunode: Body, before: Any, phase: str, message: str) -> None:
+    def _announce(self, gpunode: Body, before: object, phase: str, message: str) -> None:
         if before == phase:
             return
         log.info("GPUNode %s is %s: %s", gpunode.name, phase, message)

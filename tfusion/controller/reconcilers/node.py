@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuNode, GpuPool, Node
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.selectors import parse_label_selector
 from tfusion.controller.reconcilers.common import PENDING, controller_name, controller_reference
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 AUTO_SELECT = "AutoSelect"
 
 
-def gpunode_for(node: Node, pool: GpuPool) -> dict[str, Any]:
+def gpunode_for(node: Node, pool: GpuPool) -> JsonObject:
     """The GPUNode an AutoSelect pool keeps for a Node."""
     pool_name, vendor = pool.name, node_vendor(node, pool)
     return {
@@ -53,7 +54,7 @@ def gpunode_for(node: Node, pool: GpuPool) -> dict[str, Any]:
         "metadata": {"name": node.name, "labels": {
             tfa.MANAGED_BY: pool_name, f"{tfa.POOL_LABEL_PREFIX}{pool_name}": "true",
             tfa.HARDWARE_VENDOR: vendor, tfa.GPU_POOL: pool_name},
-            "ownerReferences": [controller_reference(pool, r.GPUPOOLS)]},
+            "ownerReferences": [json_object(controller_reference(pool, r.GPUPOOLS))]},
         "spec": {"manageMode": AUTO_SELECT},
     }
 

@@ -17,17 +17,17 @@ selector matches nothing too), so a pool without one never turns every CPU node 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import GpuPool, Node, items, section
 from tfusion.api.hashing import content_hash
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller.defaults import pool_vendor
 from tfusion.controller.scheduling.nodes import term_matches
 
 
-def node_selector_matches(selector: Mapping[str, Any] | None, node: Node) -> bool:
+def node_selector_matches(selector: JsonMapping | None, node: Node) -> bool:
     """Whether a core/v1 NodeSelector (a free-form block of a pool's spec) selects the node."""
     if not selector:
         return True
@@ -38,7 +38,7 @@ def node_vendor(node: Node, pool: GpuPool) -> str:
     return node.meta.label(tfa.HARDWARE_VENDOR) or pool_vendor(pool)
 
 
-def selector_for(pool: GpuPool, vendor: str) -> Mapping[str, Any] | None:
+def selector_for(pool: GpuPool, vendor: str) -> JsonMapping | None:
     config = pool.node_manager_config
     return section(config, "multiVendorNodeSelector", vendor) or section(config, "nodeSelector") or None
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod
-from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.controller.reconcilers.common import FINALIZER, controller_reference
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
@@ -159,7 +159,7 @@ class PodReconciler:
         connection = {
             "apiVersion": r.TENSORFUSIONCONNECTIONS.api_version, "kind": r.TENSORFUSIONCONNECTIONS.kind,
             "metadata": {"name": name, "namespace": namespace, "labels": labels,
-                         "ownerReferences": [_owner(pod)]},
+                         "ownerReferences": [controller_reference(pod, r.PODS)]},
             "spec": {"workloadName": workload, "clientPod": pod.name}}
         try:
             await self.runtime.client.create(r.TENSORFUSIONCONNECTIONS, connection, namespace=namespace)
@@ -178,7 +178,7 @@ class PodReconciler:
             self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does "
                                         f"not exist (yet); it is to be owned by this pod")
             return Result(requeue_after=WORKLOAD_RETRY_S)
-        owner = _owner(pod)
+        owner = controller_reference(pod, r.PODS)
         meta = Body(workload).meta
         refs = meta.owner_references
         if owner not in refs:
@@ -191,12 +191,6 @@ class PodReconciler:
         except NotFound:
             pass
         return None
-
-
-def _owner(pod: Pod) -> dict[str, Any]:
-    """The ownerReference that makes `pod` the controller of what carries it."""
-    return {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid, "controller": True,
-            "blockOwnerDeletion": True}
 
 
 async def _released_already(_pod: object) -> bool:

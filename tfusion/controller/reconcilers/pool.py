@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Node, items, section
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.controller.defaults import pool_vendor
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
@@ -121,12 +122,12 @@ class PoolReconciler:
         ready = sum(1 for s in statuses if s.get("phase") == RUNNING)
         phase = RUNNING if ready == len(statuses) else UPDATING
         message = f"{ready} of {len(statuses)} GPUNode(s) Running"
-        wanted: dict[str, Any] = {
+        wanted: JsonObject = {
             "phase": phase, "totalNodes": len(statuses), "readyNodes": ready, "notReadyNodes": len(statuses) - ready,
             "totalGPUs": sum(int(s.get("totalGPUs") or 0) for s in statuses),
             "runningAppsCnt": self._running_apps(pool.name),
             "cluster": controller_name(pool, "TensorFusionCluster"),
-            "componentStatus": dict(section(old, "componentStatus")),
+            "componentStatus": json_object(section(old, "componentStatus")),
             "conditions": merge_conditions(pool.conditions, [condition(
                 pool.conditions, "Ready", phase == RUNNING, "AllNodesRunning" if phase == RUNNING
                 else "NodesNotRunning", message, generation=pool.meta.generation)]),

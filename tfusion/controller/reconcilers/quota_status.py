@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.allocator import GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, sequence_of_maps
 from tfusion.controller import views
+from tfusion.controller.reconcilers.common import condition
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
 from tfusion.kube.events import EventRecorder
@@ -79,8 +80,8 @@ class QuotaStatusReconciler:
                 _condition_statuses(body["conditions"]):
             return
         now = tfa.now_rfc3339()
-        conditions = [_stamped(condition, old_conditions, now, quota.meta.generation)
-                      for condition in body["conditions"]]
+        conditions = [condition(old_conditions, c["type"], c["status"], c["reason"], c["message"],
+                                generation=quota.meta.generation, now=now) for c in body["conditions"]]
         patch = {"status": {"used": body["used"], "availablePercent": body["availablePercent"],
                             "conditions": conditions, "lastUpdateTime": now}}
         try:
@@ -92,26 +93,18 @@ class QuotaStatusReconciler:
         report_alert_transition(self.runtime.events, quota, old_conditions, conditions)
 
 
-def _stamped(condition: Mapping[str, Any], old_conditions: Iterable[Mapping[str, Any]], now: str,
-             generation: int) -> dict[str, Any]:
-    """`condition` with its lastTransitionTime kept from the old one of its type while the status holds."""
-    old = next((c for c in old_conditions if c.get("type") == condition["type"]), None)
-    keep = old is not None and old.get("status") == condition["status"] and old.get("lastTransitionTime")
-    return {**condition, "lastTransitionTime": old["lastTransitionTime"] if keep and old else now,
-            "observedGeneration": generation}
-
-
-def _condition_statuses(conditions: Iterable[Mapping[str, Any]]) -> list[tuple[Any, Any, Any, Any]]:
+def _condition_statuses(conditions: Iterable[Mapping[str, object]]) -> list[tuple[object, ...]]:
+    """What the conditions say, without their stamps (time, generation)."""
     return [(c.get("type"), c.get("status"), c.get("reason"), c.get("message")) for c in conditions]
 
 
-def _ready(conditions: Iterable[Mapping[str, Any]] | None) -> Mapping[str, Any] | None:
+def _ready(conditions: Iterable[Mapping[str, object]] | None) -> Mapping[str, object] | None:
     return next((c for c in conditions or [] if c.get("type") == "Ready"), None)
 
 
 def report_alert_transition(events: EventRecorder, quota: Body,
-                            old_conditions: Iterable[Mapping[str, Any]] | None,
-                            new_conditions: Iterable[Mapping[str, Any]]) -> None:
+                            old_conditions: Iterable[Mapping[str, object]] | None,
+                            new_conditions: Iterable[Mapping[str, object]]) -> None:
     """An event on the quota when its Ready condition changes status."""
     before, after = _ready(old_conditions), _ready(new_conditions)
     if after is None or (before is not None and before.get("status") == after.get("status")):

@@ -20,16 +20,15 @@ workload's spec but its replica count; `connection_url(pod)` is `native+<podIP>+
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import GpuPool, Pod, Workload, items, section, sequence_of_maps, text
 from tfusion.api.hashing import content_hash
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.defaults import DEFAULT_VENDOR, pool_vendor, provider_config_for, worker_image
-from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.controller.reconcilers.common import FINALIZER, OwnerReference
 
 WORKER_CONTAINER = "worker"
 WORKER_PORT_NAME = "remote-vgpu"
@@ -82,12 +81,12 @@ def _annotations(workload: Workload, pool_name: str) -> dict[str, str]:
     return notes
 
 
-def _image(pool: GpuPool | None, providers: list[dict[str, Any]], vendor: str) -> str:
+def _image(pool: GpuPool | None, providers: Sequence[JsonMapping], vendor: str) -> str:
     vendor = vendor or (pool_vendor(pool) if pool is not None else DEFAULT_VENDOR)
     return worker_image(pool, provider_config_for(providers, vendor))
 
 
-def _template_spec(template: Any) -> Mapping[str, Any] | None:
+def _template_spec(template: object) -> JsonMapping | None:
     """A PodTemplate ({template: {...}}) or a PodTemplateSpec ({metadata, spec}) as the latter."""
     if not isinstance(template, Mapping):
         return None
@@ -95,21 +94,21 @@ def _template_spec(template: Any) -> Mapping[str, Any] | None:
     return inner if isinstance(inner, Mapping) else template
 
 
-def _merge_template(pod: dict[str, Any], template: Any, source: str) -> dict[str, Any]:
+def _merge_template(pod: JsonObject, template: object, source: str) -> JsonObject:
     found = _template_spec(template)
     if not found:
         return pod
-    patch = {key: copy.deepcopy(found[key]) for key in ("metadata", "spec") if isinstance(found.get(key), Mapping)}
+    patch = {key: json_copy(found[key]) for key in ("metadata", "spec") if isinstance(found.get(key), Mapping)}
     try:
-        merged: dict[str, Any] = strategic_merge_patch(pod, patch, "Pod")
+        merged: JsonObject = strategic_merge_patch(pod, patch, "Pod")
     except PatchError as exc:
         raise TemplateError(f"{source} cannot be applied to the worker pod: {exc}") from None
     return merged
 
 
-def worker_pod(workload: Workload, pool: GpuPool | None, providers: list[dict[str, Any]], *, owner: dict[str, Any],
+def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[JsonMapping], *, owner: OwnerReference,
                name: str = "", generate_name: str = "", template: str, dedicated: bool = False,
-               index: int | None = None) -> dict[str, Any]:
+               index: int | None = None) -> JsonObject:
     """The worker pod of `workload` (see the module docstring); `owner` is its controlling
     ownerReference (the workload, or the connection of a dedicated worker)."""
     spec = workload.spec
@@ -121,25 +120,25 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: list[dict[st
     notes = _annotations(workload, pool_name)
     if dedicated:
         notes[tfa.DEDICATED_WORKER] = "true"
-    metadata: dict[str, Any] = {"namespace": workload.namespace or None, "labels": labels, "annotations": notes,
-                     "finalizers": [FINALIZER], "ownerReferences": [owner]}
+    metadata: JsonObject = {"namespace": workload.namespace or None, "labels": {**labels}, "annotations": {**notes},
+                            "finalizers": [FINALIZER], "ownerReferences": [json_object(owner)]}
     if name:
         metadata["name"] = name
     else:
         metadata["generateName"] = generate_name
-    container: dict[str, Any] = {"name": WORKER_CONTAINER, "image": _image(pool, providers, text(spec, "vendor")),
-                      "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]}
+    container: JsonObject = {"name": WORKER_CONTAINER, "image": _image(pool, providers, text(spec, "vendor")),
+                             "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]}
     if index is not None:
         resource, count = tfa.encode_pod_index(index)
         container["resources"] = {"limits": {resource: str(count)}}
-    pod_spec: dict[str, Any] = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
-                     "tolerations": [{"key": tfa.USED_BY, "operator": "Equal", "value": tfa.USED_BY_TENSOR_FUSION,
-                                      "effect": "PreferNoSchedule"}]}
+    pod_spec: JsonObject = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
+                            "tolerations": [{"key": tfa.USED_BY, "operator": "Equal",
+                                             "value": tfa.USED_BY_TENSOR_FUSION, "effect": "PreferNoSchedule"}]}
     if workload.qos in ("high", "critical"):
         pod_spec["priorityClassName"] = tfa.priority_class_name(workload.qos)
     if isinstance(spec.get("nodeAffinity"), Mapping):
-        pod_spec["affinity"] = {"nodeAffinity": copy.deepcopy(spec["nodeAffinity"])}
-    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+        pod_spec["affinity"] = {"nodeAffinity": json_copy(spec["nodeAffinity"])}
+    pod: JsonObject = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
     if pool is not None:
         pod = _merge_template(pod, section(pool.component_config, "worker").get("podTemplate"),
                               f"GPUPool {pool.name}: spec.componentConfig.worker.podTemplate")
@@ -147,9 +146,9 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: list[dict[st
                           f"TensorFusionWorkload {workload.name}: spec.workerPodTemplate")
     # what the template may not change: who the pod is and what it belongs to
     merged = Pod(pod).meta
-    pod["metadata"].update({key: metadata[key] for key in ("namespace", "finalizers", "ownerReferences")})
-    pod["metadata"]["labels"] = {**merged.labels, **labels}
-    pod["metadata"]["annotations"] = {**merged.annotations, **notes}
+    pod["metadata"] = {**json_object(merged.raw),
+                       **{key: metadata[key] for key in ("namespace", "finalizers", "ownerReferences")},
+                       "labels": {**merged.labels, **labels}, "annotations": {**merged.annotations, **notes}}
     return pod
 
 

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Pod, Workload
+from tfusion.api.jsontypes import JsonObject
 from tfusion.controller.reconcilers.common import (
     FAILED,
     FINALIZER,
@@ -200,7 +201,7 @@ class WorkloadReconciler:
         return [p for p in pods if not p.meta.deleting and (owner is None or controlled_by(p, owner.uid))]
 
     async def _write_status(self, workload: Workload, workers: list[Pod], desired: int | None,
-                            extra: dict[str, Any]) -> None:
+                            extra: JsonObject) -> None:
         ready = sum(1 for p in workers if is_ready(p))
         failed = sum(1 for p in workers if p.phase == FAILED)
         if failed:
@@ -215,7 +216,7 @@ class WorkloadReconciler:
             phase, reason, message = PENDING, "WaitingForWorkers", \
                 f"{ready} of {desired if desired is not None else len(workers)} worker(s) ready"
         old = workload.conditions
-        wanted: dict[str, Any] = {
+        wanted: JsonObject = {
             **extra, "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
             "conditions": merge_conditions(old, [condition(old, "Ready", phase == RUNNING, reason, message,
                                                            generation=workload.meta.generation)]),
