@@ -29,6 +29,7 @@ from tests.helpers.webhook import (
     webhook_settings,
 )
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -96,7 +97,7 @@ async def test_client_pod_gets_a_dedicated_worker_and_its_url(apiserver: Any, ku
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, connection_wait=20.0))
         created = await kube.create(r.PODS, client_pod("app"), namespace=NS)
         assert created["metadata"]["labels"][tfa.COMPONENT] == "client"
-        name = connection_of(created)
+        name = connection_of(Pod(created))
         conn = await eventually(lambda: get(kube, r.TENSORFUSIONCONNECTIONS, name), what="the connection")
         assert conn["spec"] == {"workloadName": "app", "clientPod": "app"}
         owner = conn["metadata"]["ownerReferences"][0]
@@ -193,7 +194,7 @@ async def _gone(kube: KubeClient, resource: r.ApiResource, name: str) -> bool:
 async def lonely_connection(kube: KubeClient) -> tuple[str, str]:
     """A client pod whose worker cannot be scheduled (there is no GPU): (connection, the pod's token)."""
     created = await kube.create(r.PODS, client_pod("lonely"), namespace=NS)
-    name = connection_of(created)
+    name = connection_of(Pod(created))
     await eventually(lambda: get(kube, r.TENSORFUSIONCONNECTIONS, name), what="the connection")
     return name, await token_of(kube, created)
 

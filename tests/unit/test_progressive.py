@@ -17,7 +17,8 @@ from tfusion.controller.scheduling import progressive
 from tfusion.controller.webhook.mutate import Context, progressive_only, progressive_pod, selects
 from tfusion.controller.webhook.patch import json_diff
 
-PROVIDER = {"metadata": {"name": "nvidia"}, "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
+PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"},
+                            "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
 TAINT = {"key": tfa.USED_BY, "value": tfa.USED_BY_TENSOR_FUSION, "effect": "PreferNoSchedule"}
 
 
@@ -36,15 +37,15 @@ def native(gpus: str = "1", *, labels: dict[str, str] | None = None, scheduler: 
 
 def test_a_native_gpu_pod_is_only_sent_to_our_scheduler() -> None:
     pod = native()
-    assert selects(pod, ctx()) and progressive_only(pod, ctx())
+    assert selects(Pod(pod), ctx()) and progressive_only(Pod(pod), ctx())
     before = copy.deepcopy(pod)
-    out = progressive_pod(pod)
+    out = progressive_pod(Pod(pod))
     assert pod == before
     ops = json_diff(pod, out)
     assert ops == [{"op": "add", "path": "/spec/schedulerName", "value": tfa.SCHEDULER_NAME}]
     assert json_patch(pod, ops) == {**pod, "spec": {**pod["spec"], "schedulerName": tfa.SCHEDULER_NAME}}
     explicit = native(scheduler="default-scheduler")
-    assert json_diff(explicit, progressive_pod(explicit)) == [
+    assert json_diff(explicit, progressive_pod(Pod(explicit))) == [
         {"op": "replace", "path": "/spec/schedulerName", "value": tfa.SCHEDULER_NAME}]
 
 
@@ -59,18 +60,18 @@ def test_a_native_gpu_pod_is_only_sent_to_our_scheduler() -> None:
     (native(), ctx(auto={"enable": True}), "auto-migration takes it"),
 ])
 def test_other_pods_are_not_progressive(pod: dict[str, Any], context: Context, why: str) -> None:
-    assert not progressive_only(pod, context), why
+    assert not progressive_only(Pod(pod), context), why
 
 
 def test_a_pod_auto_migration_excludes_is_progressive() -> None:
     auto = {"enable": True, "scope": {"excludes": {"namespaceNames": ["ns"]}}}
-    assert progressive_only(native(), ctx(auto=auto))
+    assert progressive_only(Pod(native()), ctx(auto=auto))
 
 
 def test_selects_sends_native_pods_to_analysis_only_in_a_migration_mode() -> None:
-    assert not selects(native(), ctx(on=False))
-    assert selects(native(), ctx(on=False, auto={"enable": True}))
-    assert not selects({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]}}, ctx())
+    assert not selects(Pod(native()), ctx(on=False))
+    assert selects(Pod(native()), ctx(on=False, auto={"enable": True}))
+    assert not selects(Pod({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]}}), ctx())
 
 
 def test_the_taint_is_added_while_busy_and_removed_when_idle() -> None:

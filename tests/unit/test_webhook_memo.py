@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
-from tfusion.api.accessors import Body
+from tfusion.api.accessors import Body, Pod
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
 from tfusion.controller.webhook.mutate import Owner, Plan, analyse
 from tfusion.kube.informer import _beyond_status
@@ -17,7 +17,7 @@ STATE = State((1, 2, 3), CONFIG)
 
 
 def plan(**notes: str) -> Plan:
-    found = analyse(tf_pod({**BARE, **notes}), ctx(), OWNER)
+    found = analyse(Pod(tf_pod({**BARE, **notes})), ctx(), OWNER)
     assert found is not None
     return found
 

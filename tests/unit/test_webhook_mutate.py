@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.mutate_inputs import BARE, OWNER, POOL, ctx, env_of, pool, tf_pod
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse, selects
 from tfusion.controller.webhook.patch import json_diff
@@ -21,9 +22,9 @@ from tfusion.controller.webhook.render import render
 
 def mutated(pod: dict[str, Any], context: Context | None = None, owner: Owner = OWNER, *, index: int = 1,
             port: int | None = None) -> tuple[dict[str, Any], Any]:
-    plan = analyse(pod, context or ctx(), owner)
+    plan = analyse(Pod(pod), context or ctx(), owner)
     assert plan is not None
-    out = render(pod, plan, index=index, host_port=port)
+    out = render(Pod(pod), plan, index=index, host_port=port)
     before = copy.deepcopy(pod)
     assert json_patch(pod, json_diff(pod, out)) == out, "the patch must apply cleanly and give the mutated pod"
     assert pod == before, "render must not change the pod it was given"
@@ -74,8 +75,8 @@ def test_a_bare_pod_becomes_a_soft_isolated_worker() -> None:
 def test_a_pod_that_is_not_labelled_is_left_alone() -> None:
     pod = tf_pod(BARE)
     del pod["metadata"]["labels"][tfa.ENABLED]
-    assert not selects(pod, ctx())
-    assert analyse(pod, ctx(), OWNER) is None
+    assert not selects(Pod(pod), ctx())
+    assert analyse(Pod(pod), ctx(), OWNER) is None
 
 
 NATIVE = [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}}}]
@@ -89,9 +90,9 @@ def native_pod() -> dict[str, Any]:
 
 
 def test_native_gpu_pods_migrate_when_auto_migration_is_on() -> None:
-    assert analyse(native_pod(), ctx(), OWNER) is None, "auto-migration off: untouched"
+    assert analyse(Pod(native_pod()), ctx(), OWNER) is None, "auto-migration off: untouched"
     context = ctx(auto_migration=AUTO_MIGRATION)
-    assert selects(native_pod(), context)
+    assert selects(Pod(native_pod()), context)
     out, _ = mutated(native_pod(), context)
     notes = out["metadata"]["annotations"]
     assert out["metadata"]["labels"][tfa.ENABLED] == "true"
@@ -104,15 +105,15 @@ def test_native_gpu_pods_migrate_when_auto_migration_is_on() -> None:
 
 def test_auto_migration_scope_excludes_and_includes() -> None:
     excluded = ctx(auto_migration={"enable": True, "scope": {"excludes": {"namespaceNames": ["ns"]}}})
-    assert analyse(native_pod(), excluded, OWNER) is None
+    assert analyse(Pod(native_pod()), excluded, OWNER) is None
     other = ctx(auto_migration={"enable": True, "scope": {"includes": {"namespaceNames": ["elsewhere"]}}})
-    assert analyse(native_pod(), other, OWNER) is None
+    assert analyse(Pod(native_pod()), other, OWNER) is None
     by_label = ctx(auto_migration={"enable": True, "scope": {"includes": {
         "namespaceSelector": {"matchLabels": {"gpu": "yes"}}}}}, namespace_labels={"gpu": "yes"})
-    assert analyse(native_pod(), by_label, OWNER) is not None
+    assert analyse(Pod(native_pod()), by_label, OWNER) is not None
     pod = native_pod()
     pod["metadata"]["labels"] = {tfa.ENABLED: "false"}
-    assert analyse(pod, ctx(auto_migration=AUTO_MIGRATION), OWNER) is None, '"false" never migrates'
+    assert analyse(Pod(pod), ctx(auto_migration=AUTO_MIGRATION), OWNER) is None, '"false" never migrates'
 
 
 def test_migrated_soft_pods_get_the_whole_gpu_and_the_container_count() -> None:
@@ -194,7 +195,7 @@ INVALID = [
 def test_each_invalid_annotation_is_denied_naming_it(notes: dict[str, str], key: str, value: str,
                                                      allowed: str) -> None:
     with pytest.raises(Denial) as info:
-        analyse(tf_pod({**BARE, **notes}), ctx(), OWNER)
+        analyse(Pod(tf_pod({**BARE, **notes})), ctx(), OWNER)
     message = info.value.message
     assert info.value.code == 400
     assert f"{key}: {value} is not allowed" in message and allowed in message, message
@@ -202,10 +203,10 @@ def test_each_invalid_annotation_is_denied_naming_it(notes: dict[str, str], key:
 
 def test_no_resources_and_two_containers_are_denied() -> None:
     with pytest.raises(Denial, match="asks for no GPU resources"):
-        analyse(tf_pod({}), ctx(), OWNER)
+        analyse(Pod(tf_pod({})), ctx(), OWNER)
     two = tf_pod(BARE, containers=[{"name": "a"}, {"name": "b"}])
     with pytest.raises(Denial, match=r"inject-container: \"\" is not allowed.*\(a, b\)"):
-        analyse(two, ctx(), OWNER)
+        analyse(Pod(two), ctx(), OWNER)
     two["metadata"]["annotations"][tfa.INJECT_CONTAINER] = "b"
     out, _ = mutated(two)
     assert "env" not in out["spec"]["containers"][0] and env_of(out["spec"]["containers"][1])
@@ -215,21 +216,21 @@ def test_remote_mode_comes_from_the_annotation_or_the_pool_and_refuses_a_sidecar
     # the whole remote rendering is in tests/unit/test_webhook_remote.py
     for pod, context in ((tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false"}), ctx()),
                          (tf_pod(BARE), ctx(pools=[pool(defaultUsingLocalGPU=False)]))):
-        plan = analyse(pod, context, OWNER)
+        plan = analyse(Pod(pod), context, OWNER)
         assert plan is not None and plan.remote is not None
     with pytest.raises(Denial, match='sidecar-worker: "true" needs local GPU mode'):
-        analyse(tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false", tfa.SIDECAR_WORKER: "true"}), ctx(), OWNER)
+        analyse(Pod(tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false", tfa.SIDECAR_WORKER: "true"})), ctx(), OWNER)
 
 
 def test_no_pool_and_no_default_pool_is_denied() -> None:
     bare_pool = {"metadata": {"name": "x"}, "spec": {}}
     with pytest.raises(Denial, match="no GPUPool is annotated"):
-        analyse(tf_pod(BARE), ctx(pools=[bare_pool]), OWNER)
+        analyse(Pod(tf_pod(BARE)), ctx(pools=[bare_pool]), OWNER)
 
 
 def test_soft_isolation_is_refused_for_vendors_without_a_limiter() -> None:
     with pytest.raises(Denial, match="vendor AMD has no soft limiter"):
-        analyse(tf_pod({**BARE, tfa.VENDOR: "AMD"}), ctx(), OWNER)
+        analyse(Pod(tf_pod({**BARE, tfa.VENDOR: "AMD"})), ctx(), OWNER)
 
 
 def test_a_workload_profile_is_the_base_and_annotations_win() -> None:
@@ -262,7 +263,7 @@ def test_gang_annotations_from_the_owner_replicas() -> None:
     assert plan.workload["spec"]["gangScheduling"] == {"minMembers": 3, "timeout": "5m"}
     assert plan.workload["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
     with pytest.raises(Denial, match="from 2 to 4"):
-        analyse(tf_pod({**BARE, tfa.GANG_ENABLED: "true", tfa.GANG_MIN_MEMBERS: "5"}), ctx(), owner)
+        analyse(Pod(tf_pod({**BARE, tfa.GANG_ENABLED: "true", tfa.GANG_MIN_MEMBERS: "5"})), ctx(), owner)
 
 
 def test_host_port_auto_sets_the_named_port() -> None:
@@ -273,7 +274,7 @@ def test_host_port_auto_sets_the_named_port() -> None:
     assert out["metadata"]["annotations"][tfa.PORT_NUMBER] == "42001"
     wrong = tf_pod(BARE, labels={tfa.HOST_PORT: "auto", tfa.PORT_NAME: "grpc"}, containers=containers)
     with pytest.raises(Denial, match=r'label tensor-fusion.ai/port-name: "grpc" is not allowed.*\(http\)'):
-        analyse(wrong, ctx(), OWNER)
+        analyse(Pod(wrong), ctx(), OWNER)
 
 
 def test_sidecar_worker_with_hard_isolation() -> None:
@@ -292,8 +293,10 @@ def test_sidecar_worker_with_hard_isolation() -> None:
 
 
 def test_the_patch_escapes_keys_and_appends_to_lists() -> None:
-    before = {"metadata": {"annotations": {"a/b": "1", "t~x": "2"}}, "spec": {"tolerations": [{"key": "k"}]}}
-    after = {"metadata": {"annotations": {"a/b": "3"}}, "spec": {"tolerations": [{"key": "k"}, {"key": "z"}]}}
+    before: dict[str, Any] = {"metadata": {"annotations": {"a/b": "1", "t~x": "2"}},
+                              "spec": {"tolerations": [{"key": "k"}]}}
+    after: dict[str, Any] = {"metadata": {"annotations": {"a/b": "3"}},
+                             "spec": {"tolerations": [{"key": "k"}, {"key": "z"}]}}
     ops = json_diff(before, after)
     assert {"op": "remove", "path": "/metadata/annotations/t~0x"} in ops
     assert {"op": "replace", "path": "/metadata/annotations/a~1b", "value": "3"} in ops

@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers.mutate_inputs import BARE, OWNER, ctx, env_of, pool, tf_pod
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod, Workload
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, Plan, analyse
 from tfusion.controller.webhook.patch import json_diff
@@ -28,9 +29,9 @@ def remote_ctx(**changes: Any) -> Context:
 
 
 def client(pod: dict[str, Any], context: Context | None = None, owner: Owner = OWNER) -> tuple[dict[str, Any], Plan]:
-    plan = analyse(pod, context or remote_ctx(), owner)
+    plan = analyse(Pod(pod), context or remote_ctx(), owner)
     assert plan is not None and plan.remote is not None
-    out = render(pod, plan, index=None, host_port=None)
+    out = render(Pod(pod), plan, index=None, host_port=None)
     before = copy.deepcopy(pod)
     assert json_patch(pod, json_diff(pod, out)) == out
     assert pod == before
@@ -52,7 +53,7 @@ def test_a_remote_pod_becomes_a_client_with_the_library_and_its_connection() -> 
     (app,) = spec["containers"]
     env = env_of(app)
     name = env["TENSOR_FUSION_CONNECTION_NAME"]
-    assert re.fullmatch(r"p-tf-vgpu-[1-9a-y]{10}", name) and connection_of(out) == name
+    assert re.fullmatch(r"p-tf-vgpu-[1-9a-y]{10}", name) and connection_of(Pod(out)) == name
     assert env["TENSOR_FUSION_CONNECTION_NAMESPACE"] == "ns"
     url = urlsplit(env["TENSOR_FUSION_OPERATOR_GET_CONNECTION_URL"])
     assert f"{url.scheme}://{url.netloc}{url.path}" == f"{ENDPOINT}/api/connection"
@@ -61,20 +62,20 @@ def test_a_remote_pod_becomes_a_client_with_the_library_and_its_connection() -> 
     mounts = {m["mountPath"]: m for m in app["volumeMounts"]}
     assert mounts["/etc/ld.so.preload"]["subPath"] == "ld.so.preload" and "/usr/local/bin/nvidia-smi" in mounts
     assert not any(k.startswith(tfa.INDEX_RESOURCE_PREFIX) for k in (app.get("resources") or {}).get("limits", {}))
-    workload = plan.workload
-    assert workload["spec"]["isLocalGPU"] is False and workload["spec"]["sidecarWorker"] is False
-    assert workload["spec"]["resources"]["requests"] == {"tflops": "20", "vram": "8Gi"}
+    spec = Workload(plan.workload).spec
+    assert spec["isLocalGPU"] is False and spec["sidecarWorker"] is False
+    assert spec["resources"]["requests"] == {"tflops": "20", "vram": "8Gi"}
 
 
 def test_connection_names_differ_per_pod_and_follow_generate_name() -> None:
     first, _ = client(tf_pod(REMOTE))
     second, _ = client(tf_pod(REMOTE))
-    assert connection_of(first) != connection_of(second)
+    assert connection_of(Pod(first)) != connection_of(Pod(second))
     generated = tf_pod(REMOTE)
     del generated["metadata"]["name"]
     generated["metadata"]["generateName"] = "job-"
     out, _ = client(generated, owner=Owner(workload_name="job-abc"))
-    assert re.fullmatch(r"job-tf-vgpu-[1-9a-y]{10}", connection_of(out))
+    assert re.fullmatch(r"job-tf-vgpu-[1-9a-y]{10}", connection_of(Pod(out)))
 
 
 def test_pool_patches_and_a_remote_client_image_are_applied() -> None:
@@ -97,20 +98,20 @@ def test_pool_patches_and_a_remote_client_image_are_applied() -> None:
 def test_the_worker_pod_template_annotation_goes_to_the_workload() -> None:
     template = "metadata:\n  labels: {team: ml}\nspec:\n  nodeSelector: {gpu: a100}\n"
     _, plan = client(tf_pod({**REMOTE, tfa.WORKER_POD_TEMPLATE: template}))
-    assert plan.workload["spec"]["workerPodTemplate"] == {"metadata": {"labels": {"team": "ml"}},
-                                                          "spec": {"nodeSelector": {"gpu": "a100"}}}
+    assert Workload(plan.workload).spec["workerPodTemplate"] == {"metadata": {"labels": {"team": "ml"}},
+                                                                 "spec": {"nodeSelector": {"gpu": "a100"}}}
     for bad, message in (("[1, 2]", "expected a PodTemplateSpec"),
                          ("kind: Pod\nspec: {}", "expected a PodTemplateSpec"),
                          ("spec: 3", "spec must be an object"), ("a: [", "not YAML or JSON")):
         with pytest.raises(Denial, match=message):
-            analyse(tf_pod({**REMOTE, tfa.WORKER_POD_TEMPLATE: bad}), remote_ctx(), OWNER)
+            analyse(Pod(tf_pod({**REMOTE, tfa.WORKER_POD_TEMPLATE: bad})), remote_ctx(), OWNER)
 
 
 def test_hard_isolation_needs_no_sidecar_in_remote_mode() -> None:
     _, plan = client(tf_pod({**REMOTE, tfa.ISOLATION: "hard"}))
-    assert plan.workload["spec"]["isolation"] == "hard"
+    assert Workload(plan.workload).spec["isolation"] == "hard"
     with pytest.raises(Denial, match="hard isolation needs"):
-        analyse(tf_pod({**BARE, tfa.ISOLATION: "hard"}), remote_ctx(), OWNER)
+        analyse(Pod(tf_pod({**BARE, tfa.ISOLATION: "hard"})), remote_ctx(), OWNER)
 
 
 def test_the_disabled_limiter_reaches_the_init_container() -> None:

@@ -150,7 +150,7 @@ class PodReconciler:
         """A client pod's connection (see the module docstring)."""
         if FINALIZER in pod.meta.finalizers:
             await self._drop_finalizer(pod)
-        name = connection_of(pod.raw)
+        name = connection_of(pod)
         namespace = pod.namespace
         if not name or pod.meta.deleting or self.connections.get(f"{namespace}/{name}"):
             return

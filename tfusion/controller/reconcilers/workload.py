@@ -169,7 +169,7 @@ class WorkloadReconciler:
             return False, None
         if pods:  # a bare pod the pod reconciler has yet to make the owner: confirmed once it has
             return False, ADOPTION_RETRY_S
-        since = awaiting_pod_since(workload.raw) or dt.datetime.now(dt.UTC)
+        since = awaiting_pod_since(workload) or dt.datetime.now(dt.UTC)
         left = self.admission_grace - (dt.datetime.now(dt.UTC) - since).total_seconds()
         if left > 0:
             return False, left

@@ -21,15 +21,15 @@ spec; built by build.py); workloads.py creates or patches it.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Pod, items, section, text
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.hashing import content_hash
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.quantity import Quantity
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.controller.defaults import Denial as Denial  # the webhook's refusal, named where callers look
@@ -75,11 +75,11 @@ class Owner:
     #: the TensorFusionWorkload's name: the top owner (Deployment, CronJob, other), else the pod's name
     workload_name: str
     #: the ownerReference the workload gets (controller=true); None: the pod has no controller
-    reference: Mapping[str, Any] | None = None
+    reference: JsonMapping | None = None
     #: replicas the owner asks for (gang size); None when unknown
     replicas: int | None = None
     #: the pod's direct controller (ReplicaSet, Job, …): the grey-release counter lives on it
-    counter_owner: Mapping[str, Any] | None = None
+    counter_owner: JsonMapping | None = None
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ class Context(Sources):
     """What the webhook reads from the caches for one pod (no I/O once built): the resolver's
     sources (pools, provider configs, quotas, profiles, GPU capacities) and the webhook's own."""
 
-    templates: Sequence[Mapping[str, Any]] = ()
+    templates: Sequence[JsonMapping] = ()
     #: the dynamic config's `autoMigration` ({enable, scope: {includes, excludes}})
-    auto_migration: Mapping[str, Any] | None = None
+    auto_migration: JsonMapping | None = None
     namespace_labels: Mapping[str, str] = field(default_factory=dict)
     #: base URL of the controller's HTTP API that remote client pods ask for their worker
     operator_endpoint: str = ""
@@ -119,7 +119,7 @@ class Plan:
     annotations: dict[str, str]
     remove_annotations: list[str]
     labels: dict[str, str]
-    workload: dict[str, Any]
+    workload: JsonObject
     native_resources: tuple[str, ...]
     enabled_replicas: int | None = None
     host_port: HostPortSlot | None = None
@@ -133,15 +133,15 @@ class Plan:
     remote: RemoteClient | None = None
 
 
-def pool_template_hash(pool: Mapping[str, Any]) -> str:
+def pool_template_hash(pool: GpuPool) -> str:
     """A short hash of the pool's client component config: pods injected under one config share it."""
-    return content_hash(section(pool, "spec", "componentConfig", "client"), 10)
+    return content_hash(section(pool.component_config, "client"), 10)
 
 
 # --- auto-migration ----------------------------------------------------------------------------------
 
 
-def _rules_match(rules: Any, pod: Pod, namespace: str, ns_labels: Mapping[str, str]) -> bool:
+def _rules_match(rules: object, pod: Pod, namespace: str, ns_labels: Mapping[str, str]) -> bool:
     """Whether an includes/excludes block names this pod (any of its rules)."""
     if not isinstance(rules, Mapping):
         return False
@@ -158,7 +158,7 @@ def _rules_match(rules: Any, pod: Pod, namespace: str, ns_labels: Mapping[str, s
     return False
 
 
-def auto_migration_applies(config: Mapping[str, Any] | None, pod: Pod, namespace: str,
+def auto_migration_applies(config: JsonMapping | None, pod: Pod, namespace: str,
                            ns_labels: Mapping[str, str]) -> bool:
     """The dynamic config's autoMigration: enabled, not excluded, and included (no includes: all)."""
     if not isinstance(config, Mapping) or config.get("enable") is not True:
@@ -172,7 +172,8 @@ def auto_migration_applies(config: Mapping[str, Any] | None, pod: Pod, namespace
     return includes is None or _rules_match(includes, pod, namespace, ns_labels)
 
 
-def auto_migration_enabled(config: Mapping[str, Any] | None) -> bool:
+def auto_migration_enabled(config: object) -> bool:
+    """Whether the dynamic config's autoMigration block (any decoded value) is switched on."""
     return isinstance(config, Mapping) and config.get("enable") is True
 
 
@@ -180,12 +181,11 @@ def auto_migration_enabled(config: Mapping[str, Any] | None) -> bool:
 DEFAULT_SCHEDULERS = ("", "default-scheduler")
 
 
-def progressive_only(pod: Mapping[str, Any], context: Context) -> bool:
+def progressive_only(view: Pod, context: Context) -> bool:
     """Progressive migration: a native-GPU pod without the enabled label, not taken by
     auto-migration, left to the default scheduler; it only changes scheduler (`progressive_pod`)."""
     if not context.progressive:
         return False
-    view = Pod(pod)
     try:
         if _label_enabled(view.meta.labels) is not None:
             return False
@@ -199,9 +199,9 @@ def progressive_only(pod: Mapping[str, Any], context: Context) -> bool:
     return not auto_migration_applies(context.auto_migration, view, namespace, context.namespace_labels)
 
 
-def progressive_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+def progressive_pod(pod: Pod) -> JsonObject:
     """The pod as progressive migration sends it: to tensor-fusion-scheduler, nothing else changed."""
-    return {**pod, "spec": {**Pod(pod).spec, "schedulerName": tfa.SCHEDULER_NAME}}
+    return {**json_object(pod.raw), "spec": {**json_object(pod.spec), "schedulerName": tfa.SCHEDULER_NAME}}
 
 
 # --- analysis ----------------------------------------------------------------------------------------
@@ -212,10 +212,9 @@ def _label_enabled(labels: Mapping[str, str]) -> bool | None:
     return None if value in (None, "") else tfa.parse_bool(str(value), key=tfa.ENABLED, kind="label")
 
 
-def selects(pod: Mapping[str, Any], context: Context) -> bool:
+def selects(view: Pod, context: Context) -> bool:
     """Whether `analyse` may have work for this pod (cheap: no owner lookup for other pods). A
     malformed enabled label counts, so that `analyse` denies it."""
-    view = Pod(pod)
     try:
         enabled = _label_enabled(view.meta.labels)
     except AnnotationError:
@@ -226,10 +225,10 @@ def selects(pod: Mapping[str, Any], context: Context) -> bool:
         native_gpu_counts(view, in_use_resource_names(context.provider_configs)))
 
 
-def analyse(pod: Mapping[str, Any], context: Context, owner: Owner) -> Plan | None:
+def analyse(pod: Pod, context: Context, owner: Owner) -> Plan | None:
     """The plan for `pod`, None when it is not a TensorFusion pod; raises Denial."""
     try:
-        return _analyse(Pod(pod), context, owner)
+        return _analyse(pod, context, owner)
     except AnnotationError as exc:
         raise Denial.of(exc) from None
 
@@ -273,7 +272,7 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.EMBEDDED_WORKER] = "true"
     new_labels = {tfa.ENABLED: labels[tfa.ENABLED], tfa.COMPONENT: tfa.COMPONENT_WORKER,
                   tfa.GPU_POOL: res.pool_name, tfa.WORKLOAD: workload_name,
-                  tfa.POD_TEMPLATE_HASH: pool_template_hash(res.pool.raw)}
+                  tfa.POD_TEMPLATE_HASH: pool_template_hash(res.pool)}
     if migrated and not pod.meta.annotation(tfa.ISOLATION):
         new_notes[tfa.ISOLATION] = res.isolation
     workload = build.workload_object(workload_name, namespace, res.pool_name, owner.reference, spec, notes,
@@ -366,7 +365,7 @@ def _host_port_slot(pod: Pod, labels: Mapping[str, str]) -> HostPortSlot | None:
                + (", ".join(named) or "it has no named ports") + ")", kind="label")
 
 
-def _merge_vertical_scaling(spec: dict[str, Any], pool: GpuPool, templates: Sequence[Mapping[str, Any]],
+def _merge_vertical_scaling(spec: JsonObject, pool: GpuPool, templates: Sequence[JsonMapping],
                             labels: Mapping[str, str]) -> None:
     """The first verticalScalingRule of the pool's SchedulingConfigTemplate that selects the pod adds
     its autoScalingConfig (what the pod or profile set wins)."""
@@ -382,14 +381,15 @@ def _merge_vertical_scaling(spec: dict[str, Any], pool: GpuPool, templates: Sequ
             continue
         config = rule.get("autoScalingConfig")
         if isinstance(config, Mapping):
-            spec["autoScalingConfig"] = _merge_missing(dict(config), section(spec, "autoScalingConfig"))
+            spec["autoScalingConfig"] = _merge_missing(json_object(config), section(spec, "autoScalingConfig"))
         return
 
 
-def _merge_missing(base: dict[str, Any], winner: Mapping[str, Any]) -> dict[str, Any]:
+def _merge_missing(base: JsonObject, winner: JsonMapping) -> JsonObject:
     for key, value in winner.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
-            base[key] = _merge_missing(dict(base[key]), value)
+        kept = base.get(key)
+        if isinstance(value, Mapping) and isinstance(kept, dict):
+            base[key] = _merge_missing(dict(kept), value)
         else:
-            base[key] = copy.deepcopy(value)
+            base[key] = json_copy(value)
     return base

@@ -9,11 +9,19 @@ other changed list as one `replace`. Keys are escaped as RFC 6901 says (`~` -> `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import orjson
 
-Op = dict[str, Any]
+from tfusion.api.jsontypes import JsonObject, JsonValue
+
+
+class Op(TypedDict):
+    """One RFC 6902 operation (`value` for add and replace)."""
+
+    op: str
+    path: str
+    value: NotRequired[JsonValue]
 
 
 def pointer_token(key: str) -> str:
@@ -22,7 +30,7 @@ def pointer_token(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def json_diff(before: Any, after: Any, path: str = "") -> list[Op]:
+def json_diff(before: JsonValue, after: JsonValue, path: str = "") -> list[Op]:
     """The operations that turn `before` into `after` (both JSON values)."""
     if isinstance(before, dict) and isinstance(after, dict):
         # untouched parts of the document are settled at once: the C-level comparison (which takes
@@ -37,14 +45,14 @@ def json_diff(before: Any, after: Any, path: str = "") -> list[Op]:
     return [{"op": "replace", "path": path, "value": after}]
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     # JSON equality: True is not 1, and 1 equals 1.0
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     return bool(a == b)
 
 
-def _diff_objects(before: dict[str, Any], after: dict[str, Any], path: str) -> list[Op]:
+def _diff_objects(before: JsonObject, after: JsonObject, path: str) -> list[Op]:
     ops: list[Op] = []
     for key in before:
         if key not in after:
@@ -63,7 +71,7 @@ def _diff_objects(before: dict[str, Any], after: dict[str, Any], path: str) -> l
 _SCALARS = (str, int, float, bool)
 
 
-def _diff_lists(before: list[Any], after: list[Any], path: str) -> list[Op]:
+def _diff_lists(before: list[JsonValue], after: list[JsonValue], path: str) -> list[Op]:
     if len(after) >= len(before) and all(_equal(b, a) for b, a in zip(before, after, strict=False)):
         return [{"op": "add", "path": f"{path}/-", "value": value} for value in after[len(before):]]
     if len(after) == len(before):
@@ -74,7 +82,7 @@ def _diff_lists(before: list[Any], after: list[Any], path: str) -> list[Op]:
     return [{"op": "replace", "path": path, "value": after}]
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: object, b: object) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):

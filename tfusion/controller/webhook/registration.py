@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import sequence_of_maps, text
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
 
@@ -40,7 +41,55 @@ class ClientConfig(TypedDict, total=False):
     caBundle: str
 
 
-def object_selector(widened: bool) -> dict[str, Any]:
+class Requirement(TypedDict):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class LabelSelector(TypedDict):
+    matchExpressions: list[Requirement]
+
+
+class RuleWithOperations(TypedDict):
+    operations: list[str]
+    apiGroups: list[str]
+    apiVersions: list[str]
+    resources: list[str]
+    scope: str
+
+
+class Webhook(TypedDict):
+    """One entry of `webhooks`."""
+
+    name: str
+    admissionReviewVersions: list[str]
+    clientConfig: ClientConfig
+    rules: list[RuleWithOperations]
+    failurePolicy: str
+    matchPolicy: str
+    sideEffects: str
+    timeoutSeconds: int
+    reinvocationPolicy: str
+    objectSelector: LabelSelector
+    namespaceSelector: dict[str, str]
+
+
+class ConfigurationMeta(TypedDict):
+    name: str
+    labels: dict[str, str]
+
+
+class WebhookConfiguration(TypedDict):
+    """The MutatingWebhookConfiguration tfusion keeps current (cluster-scoped: no namespace)."""
+
+    apiVersion: str
+    kind: str
+    metadata: ConfigurationMeta
+    webhooks: list[Webhook]
+
+
+def object_selector(widened: bool) -> LabelSelector:
     if widened:
         return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "NotIn", "values": ["false"]}]}
     return {"matchExpressions": [{"key": tfa.ENABLED, "operator": "In", "values": ["true"]}]}
@@ -56,8 +105,8 @@ def client_config(*, url: str | None, service: tuple[str, str] | None, ca_bundle
     return config
 
 
-def desired_configuration(config: ClientConfig, *, widened: bool) -> dict[str, Any]:
-    webhook = {
+def desired_configuration(config: ClientConfig, *, widened: bool) -> WebhookConfiguration:
+    webhook: Webhook = {
         "name": WEBHOOK_NAME,
         "admissionReviewVersions": ["v1"],
         "clientConfig": config,
@@ -76,17 +125,17 @@ def desired_configuration(config: ClientConfig, *, widened: bool) -> dict[str, A
             "webhooks": [webhook]}
 
 
-def _ours(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _ours(current: JsonMapping) -> JsonMapping | None:
     return next((w for w in sequence_of_maps(current.get("webhooks")) if w.get("name") == WEBHOOK_NAME), None)
 
 
-def _covers(actual: Any, wanted: Any) -> bool:
+def _covers(actual: object, wanted: object) -> bool:
     if isinstance(wanted, Mapping):
         return isinstance(actual, Mapping) and all(_covers(actual.get(k), v) for k, v in wanted.items())
     return bool(actual == wanted)
 
 
-async def ensure_registration(client: KubeClient, desired: dict[str, Any], *, keep_ca_bundle: bool) -> str:
+async def ensure_registration(client: KubeClient, desired: WebhookConfiguration, *, keep_ca_bundle: bool) -> str:
     """Create or update the configuration; "unchanged", "created" or "updated"."""
     try:
         current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
@@ -97,7 +146,7 @@ async def ensure_registration(client: KubeClient, desired: dict[str, Any], *, ke
             return "created"
         except AlreadyExists:
             current = await client.get(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIGURATION_NAME)
-    wanted = dict(desired["webhooks"][0])
+    wanted = Webhook(**desired["webhooks"][0])
     ours = _ours(current)
     if keep_ca_bundle and ours is not None and (bundle := text(ours, "clientConfig", "caBundle")):
         wanted["clientConfig"] = {**wanted["clientConfig"], "caBundle": bundle}

@@ -24,16 +24,17 @@ annotation (YAML or JSON PodTemplateSpec) becomes the workload's `spec.workerPod
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Pod, Workload, items, section, text
+from tfusion.api.accessors import Body, Pod, Workload, items, section, text
 from tfusion.api.documents import DocumentError, load_json_or_yaml
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
+from tfusion.controller.webhook.build import child
 from tfusion.controller.webhook.mutate import (
     INJECT_LIB_INIT,
     LIBS_DIR,
@@ -41,6 +42,15 @@ from tfusion.controller.webhook.mutate import (
     NVIDIA_SMI,
     Denial,
     Plan,
+)
+from tfusion.controller.webhook.render import (
+    EnvVar,
+    VolumeMount,
+    add_init_container,
+    add_mounts,
+    add_volumes,
+    containers,
+    set_env,
 )
 from tfusion.controller.webhook.workloads import short_id
 from tfusion.settings import format_listen, parse_listen
@@ -89,12 +99,12 @@ def connection_name(pod: Pod) -> str:
     return f"{prefix}{CONNECTION_INFIX}{short_id(CONNECTION_ID_LENGTH)}"
 
 
-def worker_pod_template(notes: Mapping[str, str], profile: Workload) -> dict[str, Any] | None:
+def worker_pod_template(notes: Mapping[str, str], profile: Workload) -> JsonObject | None:
     """The workload's workerPodTemplate: the annotation's (YAML or JSON), else the profile's."""
     raw = notes.get(tfa.WORKER_POD_TEMPLATE)
     if not raw:
         template = profile.spec.get("workerPodTemplate")
-        return copy.deepcopy(dict(template)) if isinstance(template, Mapping) else None
+        return json_object(template) if isinstance(template, Mapping) else None
     try:
         parsed = load_json_or_yaml(raw.encode(), max_bytes=MAX_TEMPLATE_BYTES)
     except DocumentError as exc:
@@ -107,7 +117,7 @@ def worker_pod_template(notes: Mapping[str, str], profile: Workload) -> dict[str
     for key in ("metadata", "spec"):
         if key in parsed and not isinstance(parsed[key], dict):
             raise Denial(f"annotation {tfa.WORKER_POD_TEMPLATE}: {key} must be an object")
-    return parsed
+    return json_object(parsed)
 
 
 def _client_image(plan: Plan) -> str:
@@ -121,7 +131,7 @@ def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Workloa
         raise Denial(f'{tfa.SIDECAR_WORKER}: "true" needs local GPU mode; remove it or set '
                      f'{tfa.IS_LOCAL_GPU}: "true"')
     namespace = pod.namespace or "default"
-    workload_name = str(plan.workload["metadata"]["name"])
+    workload_name = Body(plan.workload).name
     name = connection_name(pod)
     query = urlencode({"name": name, "namespace": namespace})
     endpoint = text(plan.pool.component_config, "client", "operatorEndpoint") or endpoint
@@ -134,7 +144,7 @@ def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Workloa
     plan.remove_annotations.append(tfa.EMBEDDED_WORKER)
     plan.labels[tfa.COMPONENT] = tfa.COMPONENT_CLIENT
     plan.labels.pop(tfa.WORKLOAD, None)
-    spec = plan.workload["spec"]
+    spec = child(plan.workload, "spec")
     spec["isLocalGPU"] = False
     spec["sidecarWorker"] = False
     template = worker_pod_template(notes, profile)
@@ -146,22 +156,23 @@ def remote_plan(plan: Plan, pod: Pod, notes: Mapping[str, str], profile: Workloa
 # --- rendering --------------------------------------------------------------------------------------
 
 
-def _patch_pod(pod: dict[str, Any], plan: Plan) -> None:
+def _patch_pod(pod: JsonObject, plan: Plan) -> None:
     """The pool's componentConfig.client.patchToPod, strategic-merged into the pod."""
     patch = section(plan.pool.component_config, "client", "patchToPod")
     if not patch:
         return
     try:
-        merged = strategic_merge_patch(pod, copy.deepcopy(dict(patch)), "Pod")
+        merged = strategic_merge_patch(pod, json_object(patch), "Pod")
     except PatchError as exc:
         raise Denial(f"GPUPool {plan.pool_name}: spec.componentConfig.client.patchToPod cannot be applied: "
                      f"{exc}", code=500) from None
     # in place: render() goes on writing into the pod's own annotations dict
-    meta = pod.setdefault("metadata", {})
+    meta = child(pod, "metadata")
     for key, value in section(merged, "metadata").items():
-        if isinstance(value, dict) and isinstance(meta.get(key), dict):
-            meta[key].clear()
-            meta[key].update(value)
+        kept = meta.get(key)
+        if isinstance(value, dict) and isinstance(kept, dict):
+            kept.clear()
+            kept.update(value)
         else:
             meta[key] = value
     for key, value in merged.items():
@@ -169,41 +180,37 @@ def _patch_pod(pod: dict[str, Any], plan: Plan) -> None:
             pod[key] = value
 
 
-def wire_client(pod: dict[str, Any], plan: Plan) -> None:
+def wire_client(pod: JsonObject, plan: Plan) -> None:
     """The client library and the connection's environment (render.py calls it for remote plans)."""
-    from tfusion.controller.webhook.render import _add_init_container, _add_mounts, _add_volumes, _set_env, containers
-
     remote = plan.remote
     assert remote is not None
     _patch_pod(pod, plan)
-    init_env: list[dict[str, Any]] = []
-    if "gpu-limiter" in plan.disabled_features:
-        init_env.append({"name": "DISABLE_GPU_LIMITER", "value": "true"})
-    init: dict[str, Any] = {"name": INJECT_LIB_INIT, "image": remote.client_image,
+    init: JsonObject = {"name": INJECT_LIB_INIT, "image": remote.client_image,
                  "resources": {"requests": {"cpu": "20m", "memory": "256Mi"},
                                "limits": {"cpu": "20m", "memory": "256Mi"}},
                  "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]}
-    if init_env:
-        init["env"] = init_env
-    _add_volumes(pod, [{"name": LIBS_VOLUME, "emptyDir": {}}])
-    _add_init_container(pod, init)
-    env = [{"name": "TF_PREPEND_PATH", "value": LIBS_DIR}, {"name": "TF_LD_LIBRARY_PATH", "value": LIBS_DIR},
+    if "gpu-limiter" in plan.disabled_features:
+        init["env"] = [{"name": "DISABLE_GPU_LIMITER", "value": "true"}]
+    add_volumes(pod, [{"name": LIBS_VOLUME, "emptyDir": {}}])
+    add_init_container(pod, init)
+    env: list[EnvVar] = [
+           {"name": "TF_PREPEND_PATH", "value": LIBS_DIR}, {"name": "TF_LD_LIBRARY_PATH", "value": LIBS_DIR},
            {"name": CONNECTION_NAME_ENV, "value": remote.connection_name},
            {"name": CONNECTION_NAMESPACE_ENV, "value": remote.namespace},
            {"name": CONNECTION_URL_ENV, "value": remote.connection_url}]
-    mounts: list[dict[str, Any]] = [{"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
+    mounts: list[VolumeMount] = [{"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
                           "readOnly": True}, {"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]
     if plan.vendor.lower() == "nvidia":
         mounts.append({"name": LIBS_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi"})
     for container in containers(pod):
         if container.get("name") in plan.inject:
-            _set_env(container, env)
-            _add_mounts(container, mounts)
+            set_env(container, env)
+            add_mounts(container, mounts)
 
 
-def connection_of(pod: Mapping[str, Any]) -> str:
+def connection_of(pod: Pod) -> str:
     """The TensorFusionConnection name the webhook gave a client pod ("" for another pod)."""
-    for container in Pod(pod).containers:
+    for container in pod.containers:
         for entry in items(container, "env"):
             if isinstance(entry, Mapping) and entry.get("name") == CONNECTION_NAME_ENV and entry.get("value"):
                 return str(entry["value"])

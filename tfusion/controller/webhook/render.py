@@ -5,20 +5,25 @@ it: normalized annotations and labels, the scheduler, the `used-by` toleration, 
 for high and critical QoS, native GPU resources replaced by the index resource, the pool's
 `patchToContainer`, the soft limiter (init container, volumes, env, mounts) or the sidecar worker,
 and the host port. The original pod is never changed.
+
+Types: the pod being written is a `JsonObject` (what it is: decoded JSON, copied, then diffed into
+the JSON patch); `build.child` and `build.entries` are the one way into its nested objects and lists, so a
+field of the wrong type is replaced rather than written into. The small fixed shapes the webhook
+adds (env vars, volume mounts, the toleration) are TypedDicts, so their keys are checked.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import section
+from tfusion.api.accessors import Pod, section
+from tfusion.api.jsontypes import JsonObject, JsonValue, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.api.quantity import Quantity
 from tfusion.controller.defaults import SIDES
-from tfusion.controller.webhook.build import json_copy
+from tfusion.controller.webhook.build import child, entries, json_document
 from tfusion.controller.webhook.mutate import (
     DATA_HOST_PATH,
     DATA_VOLUME,
@@ -41,16 +46,38 @@ from tfusion.controller.webhook.mutate import (
 )
 
 
-def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: int | None) -> dict[str, Any]:
+class EnvVar(TypedDict):
+    name: str
+    value: NotRequired[str]
+    valueFrom: NotRequired[JsonObject]
+
+
+class VolumeMount(TypedDict):
+    name: str
+    mountPath: str
+    subPath: NotRequired[str]
+    subPathExpr: NotRequired[str]
+    readOnly: NotRequired[bool]
+    mountPropagation: NotRequired[str]
+
+
+class Toleration(TypedDict):
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+
+def render(pod: Pod, plan: Plan, *, index: int | None, host_port: int | None) -> JsonObject:
     """The mutated copy of `pod` (the original is not changed)."""
-    out: dict[str, Any] = json_copy(pod)
-    meta = out.setdefault("metadata", {})
-    notes = meta.setdefault("annotations", {})
+    out = json_document(pod.raw)
+    meta = child(out, "metadata")
+    notes = child(meta, "annotations")
     for key in plan.remove_annotations:
         notes.pop(key, None)
     notes.update(plan.annotations)
-    meta.setdefault("labels", {}).update(plan.labels)
-    spec = out.setdefault("spec", {})
+    child(meta, "labels").update(plan.labels)
+    spec = child(out, "spec")
     if plan.remote is None:  # a remote client holds no GPU: any scheduler, any node
         spec["schedulerName"] = tfa.SCHEDULER_NAME
         _add_toleration(spec)
@@ -77,23 +104,24 @@ def render(pod: Mapping[str, Any], plan: Plan, *, index: int | None, host_port: 
     return out
 
 
-def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+def containers(pod: JsonObject) -> list[JsonObject]:
     """The containers of a pod being written (the pod's own dicts, changed in place)."""
     spec = pod.get("spec")
-    found = spec.get("containers") if isinstance(spec, dict) else None
-    return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+    return entries(spec, "containers") if isinstance(spec, dict) else []
 
 
-def _add_toleration(spec: dict[str, Any]) -> None:
-    wanted = {"key": tfa.USED_BY, "operator": "Equal", "value": tfa.USED_BY_TENSOR_FUSION,
-              "effect": "PreferNoSchedule"}
-    tolerations = spec.setdefault("tolerations", [])
+def _add_toleration(spec: JsonObject) -> None:
+    wanted = Toleration(key=tfa.USED_BY, operator="Equal", value=tfa.USED_BY_TENSOR_FUSION,
+                        effect="PreferNoSchedule")
+    tolerations = spec.get("tolerations")
+    if not isinstance(tolerations, list):
+        tolerations = spec["tolerations"] = []
     if not any(isinstance(t, Mapping) and t.get("key") == tfa.USED_BY and t.get("effect") == wanted["effect"]
                for t in tolerations):
-        tolerations.append(wanted)
+        tolerations.append(json_object(wanted))
 
 
-def _strip_native(container: dict[str, Any], names: Sequence[str]) -> None:
+def _strip_native(container: JsonObject, names: Sequence[str]) -> None:
     resources = container.get("resources")
     if not isinstance(resources, dict):
         return
@@ -106,20 +134,20 @@ def _strip_native(container: dict[str, Any], names: Sequence[str]) -> None:
                 resources.pop(side)
 
 
-def _set_index(container: dict[str, Any], index: int) -> None:
+def _set_index(container: JsonObject, index: int) -> None:
     resource, count = tfa.encode_pod_index(index)
-    limits = container.setdefault("resources", {}).setdefault("limits", {})
+    limits = child(child(container, "resources"), "limits")
     for name in [n for n in limits if tfa.index_resource_number(n) is not None]:
         del limits[name]
     limits[resource] = str(count)
 
 
-def _apply_container_patch(pod: dict[str, Any], plan: Plan) -> None:
+def _apply_container_patch(pod: JsonObject, plan: Plan) -> None:
     """The pool's componentConfig.client.patchToContainer, strategic-merged into each injected container."""
     patch = section(plan.pool.component_config, "client", "patchToContainer")
     if not patch:
         return
-    containers = [{**copy.deepcopy(dict(patch)), "name": name} for name in plan.inject]
+    containers = [{**json_object(patch), "name": name} for name in plan.inject]
     try:
         merged = strategic_merge_patch(pod, {"spec": {"containers": containers}}, "Pod")
     except PatchError as exc:
@@ -128,48 +156,49 @@ def _apply_container_patch(pod: dict[str, Any], plan: Plan) -> None:
     pod["spec"] = merged["spec"]
 
 
-def _set_env(container: dict[str, Any], env: Sequence[dict[str, Any]]) -> None:
-    current = [e for e in container.get("env") or [] if isinstance(e, Mapping)]
-    names = {e["name"] for e in env}
-    container["env"] = [e for e in current if e.get("name") not in names] + list(env)
+def _replace_entries(doc: JsonObject, key: str, field: str, added: Sequence[Mapping[str, object]]) -> None:
+    """The list at `key` with the entries whose `field` an added one has replaced by it, at the end."""
+    taken = {entry[field] for entry in added}
+    kept: list[JsonValue] = [e for e in entries(doc, key) if e.get(field) not in taken]
+    kept += [json_object(entry) for entry in added]
+    doc[key] = kept
 
 
-def _add_mounts(container: dict[str, Any], mounts: Sequence[dict[str, Any]]) -> None:
-    current = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
-    paths = {m["mountPath"] for m in mounts}
-    container["volumeMounts"] = [m for m in current if m.get("mountPath") not in paths] + list(mounts)
+def set_env(container: JsonObject, env: Sequence[EnvVar]) -> None:
+    _replace_entries(container, "env", "name", env)
 
 
-def _add_volumes(pod: dict[str, Any], volumes: Sequence[dict[str, Any]]) -> None:
-    current = [v for v in pod["spec"].get("volumes") or [] if isinstance(v, Mapping)]
-    names = {v["name"] for v in volumes}
-    pod["spec"]["volumes"] = [v for v in current if v.get("name") not in names] + list(volumes)
+def add_mounts(container: JsonObject, mounts: Sequence[VolumeMount]) -> None:
+    _replace_entries(container, "volumeMounts", "mountPath", mounts)
 
 
-def _add_init_container(pod: dict[str, Any], container: dict[str, Any]) -> None:
-    current = [c for c in pod["spec"].get("initContainers") or [] if isinstance(c, Mapping)]
-    pod["spec"]["initContainers"] = [c for c in current if c.get("name") != container["name"]] + [container]
+def add_volumes(pod: JsonObject, volumes: Sequence[JsonObject]) -> None:
+    _replace_entries(child(pod, "spec"), "volumes", "name", volumes)
 
 
-def _field_env(name: str, path: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+def add_init_container(pod: JsonObject, container: JsonObject) -> None:
+    _replace_entries(child(pod, "spec"), "initContainers", "name", [container])
 
 
-def _wire_soft_limiter(pod: dict[str, Any], plan: Plan) -> None:
+def _field_env(name: str, path: str) -> EnvVar:
+    return EnvVar(name=name, valueFrom={"fieldRef": {"fieldPath": path}})
+
+
+def _wire_soft_limiter(pod: JsonObject, plan: Plan) -> None:
     """Local soft isolation: the limiter library copied in by an init container and preloaded."""
     if not plan.middleware_image:
         raise Denial(f"no ProviderConfig for vendor {plan.vendor} names spec.images.middleware, the soft "
                      f"limiter's image; create one or use isolation shared", code=400)
-    _add_init_container(pod, {"name": SOFT_LIMITER_INIT, "image": plan.middleware_image,
+    add_init_container(pod, {"name": SOFT_LIMITER_INIT, "image": plan.middleware_image,
                               "command": ["sh", "-c", f"cp /build/* {SOFT_LIMITER_DIR}/"],
                               "volumeMounts": [{"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR}]})
-    _add_volumes(pod, [{"name": SOFT_LIMITER_VOLUME, "emptyDir": {}},
+    add_volumes(pod, [{"name": SOFT_LIMITER_VOLUME, "emptyDir": {}},
                        {"name": DATA_VOLUME, "hostPath": {"path": DATA_HOST_PATH, "type": "DirectoryOrCreate"}}])
     library = LIMITER_LIBRARIES.get(plan.vendor.lower(), LIMITER_LIBRARIES["nvidia"])
     for container in containers(pod):
         if container.get("name") not in plan.inject:
             continue
-        env = [{"name": "TF_ISOLATION_MODE", "value": tfa.ISOLATION_SOFT},
+        env: list[EnvVar] = [{"name": "TF_ISOLATION_MODE", "value": tfa.ISOLATION_SOFT},
                {"name": "TF_SHM_PATH", "value": f"{SHM_MOUNT}/shm"},
                _field_env("POD_NAMESPACE", "metadata.namespace"), _field_env("POD_NAME", "metadata.name"),
                {"name": "CONTAINER_NAME", "value": str(container.get("name"))},
@@ -177,27 +206,27 @@ def _wire_soft_limiter(pod: dict[str, Any], plan: Plan) -> None:
                {"name": "HYPERVISOR_PORT", "value": str(plan.hypervisor_port)}]
         if "gpu-limiter" not in plan.disabled_features:
             env.insert(0, {"name": "LD_PRELOAD", "value": f"{SOFT_LIMITER_DIR}/{library}"})
-        _set_env(container, env)
-        mounts: list[dict[str, Any]] = [
+        set_env(container, env)
+        mounts: list[VolumeMount] = [
                   {"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR, "readOnly": True},
                   {"name": DATA_VOLUME, "mountPath": SHM_MOUNT, "subPathExpr": SHM_SUBPATH_EXPR,
                    "mountPropagation": "HostToContainer"}]
         if plan.vendor.lower() == "nvidia":
             mounts.append({"name": SOFT_LIMITER_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi",
                            "readOnly": True})
-        _add_mounts(container, mounts)
+        add_mounts(container, mounts)
 
 
 def _mib(value: Quantity | None) -> int:
     return value.value() // (1024 * 1024) if value else 0
 
 
-def _wire_sidecar(pod: dict[str, Any], plan: Plan, index: int | None) -> None:
+def _wire_sidecar(pod: JsonObject, plan: Plan, index: int | None) -> None:
     """Local sidecar worker: a worker container sharing memory with the app through /dev/shm, the
     client libraries copied in by an init container."""
-    _add_volumes(pod, [{"name": TRANSPORT_VOLUME, "emptyDir": {"medium": "Memory"}},
+    add_volumes(pod, [{"name": TRANSPORT_VOLUME, "emptyDir": {"medium": "Memory"}},
                        {"name": LIBS_VOLUME, "emptyDir": {}}])
-    _add_init_container(pod, {
+    add_init_container(pod, {
         "name": INJECT_LIB_INIT, "image": plan.client_image,
         "env": [{"name": "RUN_INSIDE_GPU_NODE", "value": "true"}],
         "resources": {"requests": {"cpu": "20m", "memory": "256Mi"}, "limits": {"cpu": "20m", "memory": "256Mi"}},
@@ -205,24 +234,25 @@ def _wire_sidecar(pod: dict[str, Any], plan: Plan, index: int | None) -> None:
     for container in containers(pod):
         if container.get("name") not in plan.inject:
             continue
-        env = [{"name": "TF_PREPEND_PATH", "value": LIBS_DIR}, {"name": "TF_LD_LIBRARY_PATH", "value": LIBS_DIR},
+        env: list[EnvVar] = [
+               {"name": "TF_PREPEND_PATH", "value": LIBS_DIR}, {"name": "TF_LD_LIBRARY_PATH", "value": LIBS_DIR},
                {"name": "TENSOR_FUSION_OPERATOR_CONNECTION_INFO", "value": f"shmem+tf_shm+{SHM_SEGMENT_MIB}+1"},
                {"name": "TF_USE_IVSHMEM", "value": "0"}]
         if plan.vendor.lower() == "nvidia":
             env.append({"name": "ENABLE_CUDA_HOOKS", "value": "false"})
-        _set_env(container, env)
-        mounts: list[dict[str, Any]] = [
+        set_env(container, env)
+        mounts: list[VolumeMount] = [
             {"name": LIBS_VOLUME, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True},
             {"name": LIBS_VOLUME, "mountPath": LIBS_DIR}, {"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}]
         if plan.vendor.lower() == "nvidia":
             mounts.append({"name": LIBS_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi"})
-        _add_mounts(container, mounts)
-    pod["spec"]["containers"] = [c for c in containers(pod) if c.get("name") != SIDECAR_NAME] \
-        + [_sidecar_container(plan, index)]
+        add_mounts(container, mounts)
+    kept: list[JsonValue] = [c for c in containers(pod) if c.get("name") != SIDECAR_NAME]
+    child(pod, "spec")["containers"] = [*kept, _sidecar_container(plan, index)]
 
 
-def _sidecar_container(plan: Plan, index: int | None) -> dict[str, Any]:
-    env: list[dict[str, Any]] = []
+def _sidecar_container(plan: Plan, index: int | None) -> JsonObject:
+    env: list[JsonValue] = []
     if plan.isolation == tfa.ISOLATION_HARD:
         compute = plan.amounts.get(("limits", "compute"))
         if compute:
@@ -231,7 +261,7 @@ def _sidecar_container(plan: Plan, index: int | None) -> dict[str, Any]:
         if memory:
             env += [{"name": "TF_GPU_MEMORY_LIMIT", "value": str(memory)},
                     {"name": "TF_CUDA_MEMORY_LIMIT", "value": str(memory)}]
-    container: dict[str, Any] = {
+    container: JsonObject = {
         "name": SIDECAR_NAME, "image": plan.worker_image,
         "command": ["sh", "-c", f"touch /dev/shm/tf_shm && exec ./tensor-fusion-worker -n shmem -m tf_shm "
                                 f"-M {SHM_SEGMENT_MIB}"],
@@ -243,6 +273,9 @@ def _sidecar_container(plan: Plan, index: int | None) -> dict[str, Any]:
     return container
 
 
-def _set_host_port(pod: dict[str, Any], slot: HostPortSlot, port: int) -> None:
-    container = containers(pod)[slot.container]
-    container["ports"][slot.port]["hostPort"] = port
+def _set_host_port(pod: JsonObject, slot: HostPortSlot, port: int) -> None:
+    """`analyse` found the slot in this pod, so it is there."""
+    ports = containers(pod)[slot.container]["ports"]
+    entry = ports[slot.port] if isinstance(ports, list) else None
+    if isinstance(entry, dict):
+        entry["hostPort"] = port

@@ -24,6 +24,8 @@ from litestar.handlers import asgi
 from litestar.types import HTTPResponseStartEvent, Receive, Scope, Send
 
 from tfusion.api import documents
+from tfusion.api.jsontypes import JsonObject
+from tfusion.controller.webhook.patch import Op
 from tfusion.web import ErrorBody, HttpError, make_app, receive_body
 
 PATH = "/mutate-v1-pod"
@@ -59,7 +61,7 @@ class AdmissionRequest(msgspec.Struct):
     object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     dryRun: bool = False
 
-    def pod(self) -> dict[str, Any] | None:
+    def pod(self) -> JsonObject | None:
         """The object as a JSON document; None when there is none or it is not a JSON object.
         Raises HttpError 400 for a document out of bounds (see the module docstring)."""
         if not self.object:
@@ -103,7 +105,7 @@ _decoder = msgspec.json.Decoder(AdmissionReview)
 _encoder = msgspec.json.Encoder()
 
 
-def encode_patch(patch_ops: list[dict[str, Any]]) -> str:
+def encode_patch(patch_ops: list[Op]) -> str:
     """An RFC 6902 patch as AdmissionResponse.patch carries it (base64 of its JSON)."""
     return base64.b64encode(orjson.dumps(patch_ops)).decode()
 

@@ -42,6 +42,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api import shapes
 from tfusion.api.accessors import Body, Gpu, Pod, section, text
 from tfusion.api.documents import THREAD_THRESHOLD
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.api.names import validate_name
 from tfusion.controller.defaults import Denial, capacity_of_model
 from tfusion.controller.scheduling.assignments import AssignmentError, Assignments
@@ -85,7 +86,7 @@ _NAMESPACE_INDEX = "webhook:namespace"
 _MODEL_INDEX = "webhook:gpu-model"
 
 
-def _gpu_model(obj: Mapping[str, Any]) -> list[str]:
+def _gpu_model(obj: JsonMapping) -> list[str]:
     model = Gpu(obj).gpu_model
     return [model] if model else []
 
@@ -280,7 +281,7 @@ class WebhookService:
             log.error("pod webhook: API server failed: %s", exc)
             return denied(request.uid, 500, f"internal error: the API server failed: {exc}")
 
-    async def _mutate(self, request: AdmissionRequest, pod: dict[str, Any]) -> AdmissionResponse:
+    async def _mutate(self, request: AdmissionRequest, pod: JsonObject) -> AdmissionResponse:
         meta = dict(section(pod, "metadata"))
         namespace = request.namespace or text(meta, "namespace") or "default"
         await self._synced()
@@ -291,12 +292,12 @@ class WebhookService:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
         gpu_reads: dict[str, object] = {}
         context = self.context(namespace, gpu_reads=gpu_reads)
-        if not mutate.selects(pod, context):
+        if not mutate.selects(view, context):
             return allowed(request.uid)
-        if mutate.progressive_only(placed, context):
-            return allowed(request.uid, encode_patch(json_diff(pod, mutate.progressive_pod(pod))))
+        if mutate.progressive_only(view, context):  # the patch is against the pod as sent (no namespace)
+            return allowed(request.uid, encode_patch(json_diff(pod, mutate.progressive_pod(Pod(pod)))))
         owner = await self.owners.resolve(view, namespace)
-        plan = mutate.analyse(placed, context, owner)
+        plan = mutate.analyse(view, context, owner)
         if plan is None:
             return allowed(request.uid)
         _check_workload_name(plan)
@@ -324,7 +325,7 @@ class WebhookService:
             return None
         return found
 
-    async def _finish(self, request: AdmissionRequest, pod: dict[str, Any], view: Pod, namespace: str,
+    async def _finish(self, request: AdmissionRequest, pod: JsonObject, view: Pod, namespace: str,
                       plan: mutate.Plan, remembered: tuple[MemoKey, Remembered] | None) -> AdmissionResponse:
         """Index, host port, the patch (the memo's for this index when it holds one; `remembered`:
         the plan is the memo's) and the workload."""
@@ -336,7 +337,7 @@ class WebhookService:
             port = None
             if plan.host_port is not None and not request.dryRun:
                 port = await self.assignments.assign_host_port(pod_key)
-            patch = encode_patch(json_diff(pod, render.render(view.raw, plan, index=index, host_port=port)))
+            patch = encode_patch(json_diff(pod, render.render(view, plan, index=index, host_port=port)))
             if remembered is not None:
                 self.memo.add_patch(*remembered, index, patch)
         if not request.dryRun:
@@ -358,7 +359,7 @@ class WebhookService:
             return
         raise AssignmentError(503, "the webhook's caches have not synced with the API server yet; retry")
 
-    def _capacity(self, model: str) -> Mapping[str, Any] | None:
+    def _capacity(self, model: str) -> JsonMapping | None:
         """The capacity of a GPU of this model in the cache (the first one that has one)."""
         return capacity_of_model(self._gpus.by_index(_MODEL_INDEX, model), model)
 
@@ -368,7 +369,7 @@ class WebhookService:
         auto = rt.dynamic_config.current.get("autoMigration")
         profiles = rt.informer(r.WORKLOADPROFILES)
 
-        def capacity(model: str) -> Mapping[str, Any] | None:
+        def capacity(model: str) -> JsonMapping | None:
             found = self._capacity(model)
             if gpu_reads is not None:
                 gpu_reads[model] = found
@@ -391,7 +392,7 @@ class WebhookService:
 _POD_SHAPE = shapes.KIND_SHAPES["/pods"]
 
 
-def _read_pod(request: AdmissionRequest) -> tuple[dict[str, Any] | None, str]:
+def _read_pod(request: AdmissionRequest) -> tuple[JsonObject | None, str]:
     """The pod (None: there is none) and the first field of the wrong type ("" when none is)."""
     pod = request.pod()
     return pod, "" if pod is None else shapes.mismatch(_POD_SHAPE, pod)
@@ -401,13 +402,13 @@ _WORKLOADS_STORAGE = f"{r.TENSORFUSIONWORKLOADS.group}/{r.TENSORFUSIONWORKLOADS.
 def _check_workload_name(plan: mutate.Plan) -> None:
     """The workload is named after the pod or its owner: a name the API server would refuse (a pod
     named `a.`) is the pod's fault, said before anything is written."""
-    name = str(plan.workload["metadata"]["name"])
+    name = Body(plan.workload).name
     for field, _, message in validate_name(_WORKLOADS_STORAGE, name):
         raise Denial(f"{field}: {message} (the TensorFusionWorkload is named after the pod, or its owner)",
                      code=422)
 
 
-def _memo_bytes(request: AdmissionRequest, pod: dict[str, Any], meta: Mapping[str, Any]) -> bytes:
+def _memo_bytes(request: AdmissionRequest, pod: JsonObject, meta: JsonMapping) -> bytes:
     """The pod as sent, but for `metadata.managedFields`: kube-apiserver stamps those before
     admission with the time to the second, so a Deployment's replicas differ only there; the
     mutation neither reads nor changes them. (Key order is the sender's, so equal pods give equal

@@ -31,14 +31,15 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod, Workload, section, text
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import ANNOTATION_OF, parse_quantity
+from tfusion.controller.webhook.build import json_document
 from tfusion.controller.webhook.mutate import Owner, Plan
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
@@ -59,10 +60,10 @@ GREY_RELEASE_RETRIES = 5
 AWAITING_POD = "tensor-fusion.ai/awaiting-pod-since"
 
 
-def awaiting_pod_since(workload: Mapping[str, Any]) -> dt.datetime | None:
+def awaiting_pod_since(workload: Body) -> dt.datetime | None:
     """When the webhook created this workload, if no pod of it has been seen since; a value that is
     not a time counts as long ago (only the webhook writes it)."""
-    value = Body(workload).meta.annotation(AWAITING_POD)
+    value = workload.meta.annotation(AWAITING_POD)
     if value is None:
         return None
     try:
@@ -72,11 +73,14 @@ def awaiting_pod_since(workload: Mapping[str, Any]) -> dt.datetime | None:
     return found if found.tzinfo is not None else found.replace(tzinfo=dt.UTC)
 
 
-def _awaiting(desired: dict[str, Any]) -> dict[str, Any]:
+def _awaiting(desired: JsonObject) -> JsonObject:
     """`desired` as created: marked with `AWAITING_POD` (a copy; `desired` is shared)."""
-    meta = desired["metadata"]
+    meta = desired.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    notes = meta.get("annotations")
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
-    return {**desired, "metadata": {**meta, "annotations": {**section(meta, "annotations"), AWAITING_POD: stamp}}}
+    meta["annotations"] = {**(notes if isinstance(notes, dict) else {}), AWAITING_POD: stamp}
+    return {**desired, "metadata": meta}
 
 
 def short_id(length: int = 8) -> str:
@@ -87,9 +91,10 @@ def _group(api_version: str) -> str:
     return api_version.rpartition("/")[0] if "/" in api_version else ""
 
 
-def _reference(ref: Mapping[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"), "name": ref.get("name"),
-            "uid": ref.get("uid"), "controller": True, "blockOwnerDeletion": True}
+def _reference(ref: JsonMapping) -> JsonObject:
+    """The controller reference the workload gets, to the owner `ref` names."""
+    return {"apiVersion": text(ref, "apiVersion"), "kind": text(ref, "kind"), "name": text(ref, "name"),
+            "uid": text(ref, "uid"), "controller": True, "blockOwnerDeletion": True}
 
 
 def _replicas(owner: Body) -> int | None:
@@ -133,7 +138,7 @@ class OwnerResolver:
                 self._owners.popitem(last=False)
         return owner
 
-    async def _walk(self, ref: Mapping[str, Any], namespace: str) -> Owner:
+    async def _walk(self, ref: JsonMapping, namespace: str) -> Owner:
         direct = _reference(ref)
         resource = _OWNER_KINDS.get((_group(str(ref.get("apiVersion") or "")), str(ref.get("kind") or "")))
         if resource is None or not ref.get("name"):  # no name: nothing to look up (the API server refuses it)
@@ -177,26 +182,26 @@ class OwnerResolver:
                                    f"kept changing; try again"}, 409)
 
 
-def _counter(value: Any) -> int:
+def _counter(value: str | None) -> int:
     try:
         return max(0, int(str(value)))
     except ValueError:
         return 0
 
 
-def _contains(actual: Any, wanted: Any) -> bool:
+def _contains(actual: object, wanted: object) -> bool:
     """Whether `actual` carries everything `wanted` says (objects: a superset; others: equal)."""
     if isinstance(wanted, Mapping):
         return isinstance(actual, Mapping) and all(_contains(actual.get(k), v) for k, v in wanted.items())
     return bool(actual == wanted)
 
 
-def _owner_present(cached: Body, wanted: Mapping[str, Any]) -> bool:
+def _owner_present(cached: Body, wanted: JsonMapping) -> bool:
     return any(ref.get("uid") == wanted.get("uid") for ref in cached.meta.owner_references)
 
 
-def workload_matches(cached: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    have, want = Body(cached), Body(desired)
+def workload_matches(have: Body, want: Body) -> bool:
+    """Whether the workload `have` already carries everything `want` says (no write needed)."""
     return (_contains(have.spec, want.spec)
             and _contains(section(have.meta.raw, "labels"), section(want.meta.raw, "labels"))
             and _contains(section(have.meta.raw, "annotations"), section(want.meta.raw, "annotations"))
@@ -213,19 +218,19 @@ class WorkloadWriter:
         self.writes = 0  # API calls made (tests and the benchmark read it)
         #: key -> (resourceVersion, desired JSON, desired) of the last cached copy found to match;
         #: a desired document is never changed once it has been handed to `ensure`
-        self._matched: OrderedDict[str, tuple[str, bytes, dict[str, Any]]] = OrderedDict()
+        self._matched: OrderedDict[str, tuple[str, bytes, JsonObject]] = OrderedDict()
 
-    def _known_match(self, key: str, cached: Mapping[str, Any], desired: dict[str, Any]) -> bool:
+    def _known_match(self, key: str, cached: Body, desired: JsonObject) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
         common case: every pod of a Deployment asks for the same workload)."""
-        version = Body(cached).meta.resource_version
+        version = cached.meta.resource_version
         known = self._matched.get(key)
         if known is not None and known[0] == version and known[2] is desired:
             return True  # the very object found to match (the webhook memo's plan hands it again)
         wanted = orjson.dumps(desired, option=orjson.OPT_SORT_KEYS)
         if known is not None and known[:2] == (version, wanted):
             return True
-        if not workload_matches(cached, desired):
+        if not workload_matches(cached, Body(desired)):
             return False
         self._matched[key] = (version, wanted, desired)
         self._matched.move_to_end(key)
@@ -233,81 +238,84 @@ class WorkloadWriter:
             self._matched.popitem(last=False)
         return True
 
-    def recommendation(self, desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def recommendation(self, desired: JsonObject) -> JsonMapping | None:
         """The cached workload's status.recommendation when autoscaling is on for it (no API call)."""
         wanted = Body(desired)
         cached = self.informer.get(f"{wanted.namespace or None}/{wanted.name or None}")
-        return None if cached is None else recommendation_for(cached, desired)
+        return None if cached is None else recommendation_for(Workload(cached), desired)
 
-    async def ensure(self, desired: dict[str, Any]) -> str:
+    async def ensure(self, desired: JsonObject) -> str:
         """"unchanged", "created" or "patched"."""
-        meta = desired["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        cached = self.informer.get(key)
-        released = None if cached is None else await self._released_pod(cached, desired)
-        if cached is not None and released is None and self._known_match(key, cached, desired):
-            return "unchanged"
-        if cached is None:
+        wanted = Body(desired)
+        key = f"{wanted.namespace}/{wanted.name}"
+        found = self.informer.get(key)
+        if found is None:
             return await self._create(desired)
+        cached = Body(found)
+        released = await self._released_pod(cached, desired)
+        if released is None and self._known_match(key, cached, desired):
+            return "unchanged"
         return await self._patch(cached, desired, released)
 
-    async def _create(self, desired: dict[str, Any]) -> str:
-        meta = desired["metadata"]
+    async def _create(self, desired: JsonObject) -> str:
+        wanted = Body(desired)
         self.writes += 1
         try:
-            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=meta["namespace"])
+            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
             return "created"
         except AlreadyExists:
             self.writes += 1
-            current = await self.client.get(r.TENSORFUSIONWORKLOADS, meta["name"], namespace=meta["namespace"])
+            current = Body(await self.client.get(r.TENSORFUSIONWORKLOADS, wanted.name, namespace=wanted.namespace))
         released = await self._released_pod(current, desired)
-        if released is None and workload_matches(current, desired):
+        if released is None and workload_matches(current, wanted):
             return "unchanged"
         return await self._patch(current, desired, released)
 
-    async def _patch(self, current: Mapping[str, Any], desired: dict[str, Any], released: str | None) -> str:
-        meta = desired["metadata"]
+    async def _patch(self, current: Body, desired: JsonObject, released: str | None) -> str:
+        wanted = Body(desired)
         self.writes += 1
         try:
-            await self.client.patch(r.TENSORFUSIONWORKLOADS, meta["name"], _patch_for(current, desired, released),
-                                    namespace=meta["namespace"])
+            await self.client.patch(r.TENSORFUSIONWORKLOADS, wanted.name, _patch_for(current, desired, released),
+                                    namespace=wanted.namespace)
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
             self.writes += 1
-            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=meta["namespace"])
+            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
             return "created"
         return "patched"
 
-    async def _released_pod(self, current: Mapping[str, Any], desired: dict[str, Any]) -> str | None:
+    async def _released_pod(self, current: Body, desired: JsonObject) -> str | None:
         """The UID of the deleted pod that still controls the workload a bare pod of the same name
         needs, else None. Such a workload is about to be garbage-collected with its old pod (a pod
         deleted and created again under its name, as `kubectl replace --force` does): the patch
         lets go of that pod, and the new pod adopts the workload as any bare pod does."""
-        ref = Body(current).meta.controller_ref()
-        if desired["metadata"].get("ownerReferences") or ref is None or ref.get("kind") != "Pod":
+        ref = current.meta.controller_ref()
+        wanted = Body(desired).meta
+        if wanted.owner_references or ref is None or ref.get("kind") != "Pod":
             return None
         self.writes += 1
         try:
-            pod = await self.client.get(r.PODS, str(ref.get("name")), namespace=desired["metadata"]["namespace"])
+            pod = await self.client.get(r.PODS, str(ref.get("name")), namespace=wanted.namespace)
         except NotFound:
             return str(ref.get("uid"))
         return None if Body(pod).uid == ref.get("uid") else str(ref.get("uid"))
 
 
-def _patch_for(cached: Mapping[str, Any], desired: dict[str, Any], released: str | None = None) -> dict[str, Any]:
+def _patch_for(have: Body, desired: JsonObject, released: str | None = None) -> JsonObject:
     """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
     `released` owner's reference (a UID) dropped."""
-    have, wanted = Body(cached), Body(desired).meta
-    meta: dict[str, Any] = {"labels": section(wanted.raw, "labels"), "annotations": section(wanted.raw, "annotations")}
+    wanted = Body(desired).meta
+    meta: JsonObject = {"labels": json_document(section(wanted.raw, "labels")),
+                        "annotations": json_document(section(wanted.raw, "annotations"))}
     kept = [ref for ref in have.meta.owner_references if not (released is not None and ref.get("uid") == released)]
     missing = [ref for ref in wanted.owner_references if not _owner_present(have, ref)]
     if missing or released is not None:
-        meta["ownerReferences"] = kept + missing
-    return {"metadata": meta, "spec": section(desired, "spec")}
+        meta["ownerReferences"] = [json_document(ref) for ref in (*kept, *missing)]
+    return {"metadata": meta, "spec": json_document(section(desired, "spec"))}
 
 
 # --- the autoscaler's recommendation ----------------------------------------------------------------
 
-def _merged(base: Any, over: Any) -> Any:
+def _merged(base: object, over: object) -> object:
     """`over` merged onto `base` as a merge patch merges (objects key by key, anything else replaced)."""
     if not isinstance(base, Mapping) or not isinstance(over, Mapping):
         return over if over is not None else base
@@ -317,7 +325,7 @@ def _merged(base: Any, over: Any) -> Any:
     return out
 
 
-def autoscaling_enabled(config: Any) -> bool:
+def autoscaling_enabled(config: object) -> bool:
     """An autoScalingConfig that recommends resources: autoSetResources or externalScaler enabled,
     or an enabled cron scaling rule."""
     if not isinstance(config, Mapping):
@@ -330,10 +338,9 @@ def autoscaling_enabled(config: Any) -> bool:
     return isinstance(rules, list) and any(isinstance(x, Mapping) and x.get("enable") is True for x in rules)
 
 
-def recommendation_for(cached: Mapping[str, Any], desired: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def recommendation_for(have: Workload, desired: JsonMapping) -> JsonMapping | None:
     """The recommendation a new pod of this workload takes, or None. Autoscaling counts as the
     workload will have it once the pod's spec is merged in."""
-    have = Workload(cached)
     config = _merged(have.spec.get("autoScalingConfig"), section(desired, "spec").get("autoScalingConfig"))
     found = have.status.get("recommendation")
     if not autoscaling_enabled(config) or not isinstance(found, Mapping):
@@ -341,7 +348,7 @@ def recommendation_for(cached: Mapping[str, Any], desired: Mapping[str, Any]) ->
     return found
 
 
-def _recommended(block: Any, side: str, workload: str) -> dict[str, Quantity]:
+def _recommended(block: object, side: str, workload: str) -> dict[str, Quantity]:
     values: dict[str, Quantity] = {}
     if not isinstance(block, Mapping):
         return values
@@ -360,7 +367,7 @@ def _recommended(block: Any, side: str, workload: str) -> dict[str, Quantity]:
     return values
 
 
-def apply_recommendation(plan: Plan, recommendation: Mapping[str, Any]) -> bool:
+def apply_recommendation(plan: Plan, recommendation: JsonMapping) -> bool:
     """Make the recommendation the pod's per-GPU requests and limits (TFLOPS and compute percent
     stay exclusive); True when anything changed. What the recommendation leaves out (or gives
     as zero) stays as the pod asked."""
