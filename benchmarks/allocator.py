@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from tfusion.allocator import AllocRequest, Framework, GpuAllocator, GpuInfo, Unschedulable, request_from_pod
+from tfusion.api.accessors import Pod
 
 GIB = 1 << 30
 MODELS = (("B200", 2250, 141), ("H100", 989, 80), ("L40S", 450, 48), ("A100", 312, 40))
@@ -110,7 +111,7 @@ def fill(allocator: GpuAllocator, share: float) -> tuple[list[str], int, float]:
     misses = 0
     i = 0
     while used < total * share and misses < 50:
-        req = request_from_pod(pod(i))
+        req = request_from_pod(Pod(pod(i)))
         i += 1
         if place_default(allocator, req):
             used += req.vram_request * req.count
@@ -125,7 +126,7 @@ def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> di
     allocator = build_cluster(nodes, gpus)
     fw = Framework(allocator)
     names = allocator.nodes()
-    requests = [request_from_pod(pod(i)) for i in range(pods)] if path != "churn" else []  # pre-parsed
+    requests = [request_from_pod(Pod(pod(i))) for i in range(pods)] if path != "churn" else []  # pre-parsed
     placed_ns: list[int] = []
     failed_ns: list[int] = []
     release_ns: list[int] = []
@@ -137,7 +138,7 @@ def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> di
     if path == "churn":
         live, i, reached = fill(allocator, 0.9)
         rng = random.Random(1)
-        upcoming = [request_from_pod(pod(n)) for n in range(i, i + ops)]  # pre-parsed, not timed
+        upcoming = [request_from_pod(Pod(pod(n))) for n in range(i, i + ops)]  # pre-parsed, not timed
         gc.collect()
         started = clock()
         for op in range(ops):
@@ -165,7 +166,7 @@ def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> di
     # the probes start from a collected heap, as the timed run does: churn leaves tens of thousands of
     # young objects that the next gen-0 collection, whoever triggers it, walks (~10 ms here)
     gc.collect()
-    for n, req in enumerate(request_from_pod(pod(i, UNFIT_SHAPES, "unfit-")) for i in range(unfit)):
+    for n, req in enumerate(request_from_pod(Pod(pod(i, UNFIT_SHAPES, "unfit-"))) for i in range(unfit)):
         t0 = clock()
         ok = place_extender(fw, req, names) if path != "default" else place_default(allocator, req)
         if not ok and path == "default":

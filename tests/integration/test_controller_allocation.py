@@ -30,6 +30,7 @@ from tests.helpers.controller import (
 )
 from tfusion.allocator import request_from_pod
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.controller.allocation import AllocatorService
 from tfusion.controller.role import ControllerRole, configure
 from tfusion.kube import resources as r
@@ -436,15 +437,15 @@ async def test_orphan_sweep_and_assumed_expiry(apiserver: Any, tmp_path: Path) -
         await eventually(lambda: gpu_is(kube, "gpu-a1", "90", "38Gi"), what="the live worker adopted")
 
         # a committed allocation whose pod the API never had (its deletion event was missed)
-        ghost = request_from_pod({"metadata": {"name": "ghost", "namespace": "default", "uid": "ghost-uid",
+        ghost = request_from_pod(Pod({"metadata": {"name": "ghost", "namespace": "default", "uid": "ghost-uid",
                                                "annotations": {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "30",
-                                                               tfa.VRAM_REQUEST: "10Gi"}}})
+                                                               tfa.VRAM_REQUEST: "10Gi"}}}))
         allocator.assume(ghost, ["gpu-a1"])
         allocator.commit("ghost-uid")
         # and an assumed one that is never committed
-        pending = request_from_pod({"metadata": {"name": "pending", "namespace": "default",
+        pending = request_from_pod(Pod({"metadata": {"name": "pending", "namespace": "default",
                                                  "uid": "pending-uid", "annotations": {
-                                                     tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "5"}}})
+                                                     tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "5"}}}))
         allocator.assume(pending, ["gpu-a1"])
         # checked before any await: the sweep (every 0.2 s) may release the ghost during a request
         ghost_info, pending_info = allocator.allocation("ghost-uid"), allocator.allocation("pending-uid")

@@ -22,6 +22,7 @@ import pytest
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers.kube_hypervisor import NODE, SPEC, create_pool_and_node
 from tfusion.allocator import gpu_from_object
+from tfusion.api.accessors import Gpu
 from tfusion.hypervisor import role
 from tfusion.hypervisor.deviceplugin.podresources import AssignedDevices, pod_resources_handler
 from tfusion.hypervisor.deviceplugin.rpc import unix_target
@@ -108,7 +109,7 @@ async def test_gpus_held_by_the_nvidia_plugin_are_marked_and_given_back(
 
         await until(marked, "the held GPUs marked")
         held = await kube.get(GPUS, first)
-        assert gpu_from_object(held).used_by == "nvidia-device-plugin"  # what the allocator leaves alone
+        assert gpu_from_object(Gpu(held)).used_by == "nvidia-device-plugin"  # what the allocator leaves alone
 
         # the native pod ends: the kubelet's record drops it, the GPU is tfusion's again
         write_checkpoint(tmp_path, [("nvidia.com/gpu", [f"{second.upper()}-1"])])

@@ -20,6 +20,7 @@ from tests.helpers.kube_hypervisor import (
 )
 from tfusion.allocator import gpu_from_object
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Gpu
 from tfusion.api.quantity import Quantity
 from tfusion.kube.client import KubeClient, NotFound
 from tfusion.kube.resources import GPUNODES, GPUS, PODS, SERVICEACCOUNTS
@@ -66,7 +67,7 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         assert set(meta["annotations"]) == {tfa.LAST_SYNC, tfa.VIRTUALIZATION_CAPABILITIES}
         assert json.loads(meta["annotations"][tfa.VIRTUALIZATION_CAPABILITIES])["SupportsSoftIsolation"]
         # the allocator reads back what the reporter wrote (PascalCase keys): soft and hard allowed
-        assert gpu_from_object(h100).virtualization == frozenset({"shared", "soft", "hard"})
+        assert gpu_from_object(Gpu(h100)).virtualization == frozenset({"shared", "soft", "hard"})
         assert meta["ownerReferences"] == [{"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUNode", "name": NODE,
                                             "uid": gpunode["metadata"]["uid"], "controller": True,
                                             "blockOwnerDeletion": True}]

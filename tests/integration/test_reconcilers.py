@@ -19,6 +19,7 @@ from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
 from tfusion.api.timestamps import rfc3339
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -491,7 +492,7 @@ async def test_the_audit_adopts_a_missing_allocation_and_releases_an_orphan(apis
         allocator.rollback(w1["metadata"]["uid"])  # the ledger loses a live worker
         ghost = bound_worker("ghost", "gpu-1", ["gpu-1a"], tflops="10", vram="2Gi")
         ghost["metadata"]["uid"] = "00000000-0000-0000-0000-00000000dead"
-        assert allocator.restore([(request_from_pod(ghost, default_pool=POOL), ("gpu-1a",))]) == []
+        assert allocator.restore([(request_from_pod(Pod(ghost), default_pool=POOL), ("gpu-1a",))]) == []
         view = await reconcilers.drift.audit_once()
         assert view is not None
         kinds = sorted(f["kind"] for f in view["findings"])

@@ -25,6 +25,7 @@ from tfusion.allocator import (
 )
 from tfusion.allocator.request import request_from_pod
 from tfusion.allocator.state import GpuObjectError, parse_virtualization
+from tfusion.api.accessors import Body, Gpu, Pod
 from tfusion.controller import views
 from tfusion.hypervisor.devices.model import VirtualizationCapabilities
 
@@ -432,7 +433,7 @@ def test_quota_from_object_validates() -> None:
         "total": {"requests": {"tflops": "100", "vram": "10Gi"}, "limits": {"tflops": "200", "vram": "20Gi"},
                   "maxWorkers": 3, "alertThresholdPercent": 80},
         "single": {"maxRequests": {"tflops": "50", "vram": "4Gi"}, "maxGPUCount": 2}}}
-    ns, spec = quota_from_object(obj)
+    ns, spec = quota_from_object(Body(obj))
     assert ns == "team"
     assert spec == QuotaSpec(requests_tflops=100_000, requests_vram=10 * GIB, limits_tflops=200_000,
                              limits_vram=20 * GIB, max_workers=3, alert_threshold_percent=80,
@@ -441,10 +442,10 @@ def test_quota_from_object_validates() -> None:
     bad = json.loads(json.dumps(obj))
     bad["spec"]["total"]["limits"]["vram"] = "5Gi"
     with pytest.raises(QuotaSpecError, match=r"spec.total.limits.vram must be >= spec.total.requests.vram"):
-        quota_from_object(bad)
+        quota_from_object(Body(bad))
     bad["spec"]["total"]["limits"]["vram"] = "-5Gi"
     with pytest.raises(QuotaSpecError, match="must not be negative"):
-        quota_from_object(bad)
+        quota_from_object(Body(bad))
 
 
 # ---------------------------------------------------------------- GPU objects
@@ -459,16 +460,16 @@ def test_gpu_from_object_reads_the_crd_fields() -> None:
                       "phase": "Running", "gpuModel": "H100", "vendor": "NVIDIA", "usedBy": "tensor-fusion",
                       "index": 3, "numaNode": 1, "isolationMode": "soft",
                       "nodeSelector": {"kubernetes.io/hostname": "node-y"}}}
-    info = gpu_from_object(obj)
+    info = gpu_from_object(Gpu(obj))
     assert info == GpuInfo(name="gpu-abc", node="node-y", pool="pool-a", capacity_tflops=989_000,
                            capacity_vram=80 * GIB, model="H100", vendor="NVIDIA", phase="Running",
                            used_by="tensor-fusion", index=3, numa=1, isolation_mode="soft",
                            virtualization=frozenset({"soft", "shared"}))
     del obj["status"]["nodeSelector"]
-    assert gpu_from_object(obj).node == "node-x"
+    assert gpu_from_object(Gpu(obj)).node == "node-x"
     obj["status"]["capacity"] = {"vram": "80Gi"}
     with pytest.raises(GpuObjectError, match=r"gpu-abc: status\.capacity\.tflops is missing"):
-        gpu_from_object(obj)
+        gpu_from_object(Gpu(obj))
 
 
 def reporter_capabilities(**flags: bool) -> str:
@@ -494,16 +495,16 @@ def test_default_soft_pod_is_placed_on_a_gpu_reported_by_the_hypervisor() -> Non
                         "annotations": {"tensor-fusion.ai/virtualization-capabilities": reporter_capabilities()}},
            "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "phase": "Running", "usedBy": "tensor-fusion",
                       "nodeSelector": {"kubernetes.io/hostname": "n1"}}}
-    a = allocator(gpu_from_object(obj))
+    a = allocator(gpu_from_object(Gpu(obj)))
     pod = {"metadata": {"name": "w", "namespace": "ns", "uid": "u1",
                         "annotations": {"tensor-fusion.ai/gpupool": "p", "tensor-fusion.ai/tflops-request": "10",
                                         "tensor-fusion.ai/vram-request": "1Gi"}}}
-    soft = request_from_pod(pod)
+    soft = request_from_pod(Pod(pod))
     assert soft.isolation == "soft"
     assert a.select(soft).gpu_names == ("gpu-1",)
     no_soft = dict(obj, metadata={**obj["metadata"], "annotations": {
         "tensor-fusion.ai/virtualization-capabilities": reporter_capabilities(supports_soft_isolation=False)}})
-    a.upsert_gpu(gpu_from_object(no_soft))
+    a.upsert_gpu(gpu_from_object(Gpu(no_soft)))
     with pytest.raises(Unschedulable, match="GPUIsolationModeFilter"):
         a.select(soft)
     assert removed_by(a, soft)["GPUIsolationModeFilter"] == ["gpu-1: device does not support soft isolation"]

@@ -21,6 +21,7 @@ from tfusion.allocator import (
 from tfusion.allocator import framework as fwk
 from tfusion.allocator.explain import LABEL_STAGES, gpu_label
 from tfusion.allocator.filters import STAGES, gpu_fits
+from tfusion.api.accessors import Body, Pod
 from tfusion.controller.defaults import Sources
 from tfusion.controller.scheduling.explain import explanation_json, status_json
 from tfusion.controller.scheduling.simulate import simulate_schedule
@@ -260,7 +261,7 @@ def apply(a: GpuAllocator, pod: dict[str, Any], suggestion: dict[str, Any],
         assert quota is not None
         for path, value in suggestion["changes"].items():
             set_path(quota, path, value)
-        a.set_quota(*quota_from_object(quota))  # the changed object must still be a valid quota
+        a.set_quota(*quota_from_object(Body(quota)))  # the changed object must still be a valid quota
     else:
         assert suggestion["target"] == "pods" and suggestion["pods"] and not suggestion["changes"]
         by_name = {f"{i.request.namespace}/{i.request.pod_name}": uid for uid, i in a.allocations().items()}
@@ -273,7 +274,7 @@ def assert_every_suggestion_works(build: Any, pod: dict[str, Any], kinds: set[st
                                   quota: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     a = build()
     if quota is not None:
-        a.set_quota(*quota_from_object(quota))
+        a.set_quota(*quota_from_object(Body(quota)))
     body = simulate(a, pod)
     assert body["error"] is not None and body["scheduleResult"]["SuggestedHost"] == ""
     suggestions: list[dict[str, Any]] = body["suggestions"]
@@ -282,7 +283,7 @@ def assert_every_suggestion_works(build: Any, pod: dict[str, Any], kinds: set[st
         fresh = build()  # each suggestion alone, on the state it was made for
         fresh_quota = copy.deepcopy(quota)
         if fresh_quota is not None:
-            fresh.set_quota(*quota_from_object(fresh_quota))
+            fresh.set_quota(*quota_from_object(Body(fresh_quota)))
         changed = apply(fresh, pod, suggestion, fresh_quota)
         after = simulate(fresh, changed)
         assert after["error"] is None, (suggestion, after["error"])
@@ -394,7 +395,7 @@ def test_request_from_pod_round_trips_the_suggested_values() -> None:
     """The suggested annotation values parse back to what was checked."""
     pod = manifest("p", vram_request="1Gi")
     pod["metadata"]["annotations"][P + "vram-request"] = "24Gi"
-    assert request_from_pod(pod).vram_request == 24 * GIB
+    assert request_from_pod(Pod(pod)).vram_request == 24 * GIB
 
 
 def test_simulate_failure_carries_the_structured_explanation() -> None:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tfusion.allocator import GpuAllocator, GpuInfo, QuotaSpec, gpu_from_object, request_from_pod
+from tfusion.api.accessors import Gpu, Pod
 from tfusion.controller import views
 from tfusion.controller.defaults import Sources
 from tfusion.controller.scheduling.simulate import ManifestError, read_pod_manifest, simulate_schedule
@@ -72,8 +73,8 @@ def cached_gpu(name: str) -> dict[str, Any]:
 
 def test_allocation_view_shape_and_plain_gpu_keys() -> None:
     a = cluster()
-    placement = a.allocate(request_from_pod(pod("p1", count=2)))
-    a.assume(request_from_pod(pod("assumed")), [f"{placement.node}-gpu0"])  # not shown: not committed
+    placement = a.allocate(request_from_pod(Pod(pod("p1", count=2))))
+    a.assume(request_from_pod(Pod(pod("assumed"))), [f"{placement.node}-gpu0"])  # not shown: not committed
     view = views.build(a, gpu_object=no_gpu, pod_object=no_pod)
     json.dumps(view)  # serialisable as is
     assert set(view) == {"gpuStore", "nodeWorkerStore", "allocation", "gpuToWorkerMap"}
@@ -99,7 +100,7 @@ def test_allocation_view_returns_whole_cached_objects_with_live_state() -> None:
     a = cluster()
     p1 = pod("p1", extra={P + "compute-percent-request": "25", P + "tflops-request": "",
                              P + "vram-limit": "6Gi"})
-    placement = a.allocate(request_from_pod(p1))
+    placement = a.allocate(request_from_pod(Pod(p1)))
     gpu_name = placement.gpu_names[0]
     cached = {name: cached_gpu(name) for name in a.gpu_names()}
     before = json.dumps(cached, sort_keys=True)
@@ -132,7 +133,7 @@ def test_allocation_view_returns_whole_cached_objects_with_live_state() -> None:
 
 def test_simulate_success_reports_trail_and_has_no_side_effects() -> None:
     a = cluster()
-    a.allocate(request_from_pod(pod("busy", vram="7Gi")))  # lands on node-a-gpu0
+    a.allocate(request_from_pod(Pod(pod("busy", vram="7Gi"))))  # lands on node-a-gpu0
     before = a.snapshot()
     dirty = a.dirty_gpus()
     status, body = simulate(a, pod("new", vram="10Gi"))
@@ -208,11 +209,11 @@ def test_simulate_defaults_a_raw_pod_to_the_default_pool() -> None:
 def test_simulate_places_a_default_soft_pod_on_gpus_that_support_soft_isolation() -> None:
     caps = '{"SupportsPartitioning":false,"SupportsSoftIsolation":true,"SupportsHardIsolation":true}'
     a = GpuAllocator()
-    a.upsert_gpu(gpu_from_object({
+    a.upsert_gpu(gpu_from_object(Gpu({
         "metadata": {"name": "gpu-1", "labels": {P + "gpupool": "pool"},
                      "annotations": {P + "virtualization-capabilities": caps}},
         "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "phase": "Running", "usedBy": "tensor-fusion",
-                   "nodeSelector": {"kubernetes.io/hostname": "node-a"}}}))
+                   "nodeSelector": {"kubernetes.io/hostname": "node-a"}}})))
     raw = pod("raw")
     del raw["metadata"]["annotations"][P + "gpupool"]
     status, body = simulate(a, raw)

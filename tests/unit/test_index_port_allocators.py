@@ -52,8 +52,8 @@ def test_a_reservation_ends_when_its_pod_is_seen() -> None:
 
 def test_pod_index_decodes_the_resource() -> None:
     pod = {"spec": {"containers": [{"resources": {"limits": {"cpu": "1", "tensor-fusion.ai/index_1": "3"}}}]}}
-    assert pod_index(pod) == 11
-    assert pod_index({"spec": {"containers": [{}]}}) is None
+    assert pod_index(Pod(pod)) == 11
+    assert pod_index(Pod({"spec": {"containers": [{}]}})) is None
 
 
 def test_ports_are_the_lowest_free_and_released() -> None:

@@ -67,12 +67,12 @@ def test_the_lock_bookkeeping() -> None:
 
 
 def test_the_pod_index_is_read_from_the_index_limit() -> None:
-    assert pod_index_of(worker_pod("p", 9)) == 9 == pod_index(worker_pod("p", 9))
-    assert request_from_pod(worker_pod("p", 128)).pod_index == 128
+    assert pod_index_of(Pod(worker_pod("p", 9))) == 9 == pod_index(Pod(worker_pod("p", 9)))
+    assert request_from_pod(Pod(worker_pod("p", 128))).pod_index == 128
     bad = worker_pod("p", 1)
     bad["spec"]["containers"][0]["resources"]["limits"] = {tfa.index_resource(0): "9"}  # beyond 8 per resource
-    assert pod_index_of(bad) == 0 and pod_index(bad) is None
-    assert request_from_pod({"metadata": {"annotations": {tfa.GPU_POOL: "pool"}}}).pod_index == 0
+    assert pod_index_of(Pod(bad)) == 0 and pod_index(Pod(bad)) is None
+    assert request_from_pod(Pod({"metadata": {"annotations": {tfa.GPU_POOL: "pool"}}})).pod_index == 0
 
 
 def test_filter_and_reserve_keep_a_second_pod_with_the_index_off_the_node() -> None:
@@ -136,7 +136,7 @@ def test_the_lock_is_rebuilt_from_bound_pods_at_recovery() -> None:
     pods = [worker_pod("p1", 5, node="node-a", gpus="node-a-g0"), worker_pod("p2", 6, node="node-a", gpus="node-a-g1"),
             worker_pod("p3", 5, node="node-b", gpus="node-b-g0"),
             worker_pod("dup", 5, node="node-a", gpus="node-a-g1")]  # bound elsewhere with a clashing index
-    assert alloc.restore([(request_from_pod(p), tuple(p["metadata"]["annotations"][tfa.GPU_IDS].split(",")))
+    assert alloc.restore([(request_from_pod(Pod(p)), tuple(p["metadata"]["annotations"][tfa.GPU_IDS].split(",")))
                           for p in pods]) == []
     assert alloc.index_lock.snapshot() == {"node-a": {5: ("uid-dup", "uid-p1"), 6: ("uid-p2",)},
                                            "node-b": {5: ("uid-p3",)}}
@@ -152,7 +152,7 @@ def test_the_binding_writes_the_index_and_refuses_a_node_whose_index_was_taken_m
     alloc = cluster()
     fw = Framework(alloc)
     pod = worker_pod("w", 12)
-    request = request_from_pod(pod)
+    request = request_from_pod(Pod(pod))
     placement, _ = fw.reserve(request, "node-a")
     assert placement is not None
     notes = bind_annotations(Pod(pod), request, placement.gpu_names, alloc)
@@ -160,10 +160,10 @@ def test_the_binding_writes_the_index_and_refuses_a_node_whose_index_was_taken_m
     assert index_conflict(request, "node-a", alloc) == ""
     # another process bound a pod with the same index there; the allocator adopted it from its annotations
     other = worker_pod("other", 12, node="node-a", gpus="node-a-g1")
-    assert alloc.restore([(request_from_pod(other), ("node-a-g1",))]) == []
+    assert alloc.restore([(request_from_pod(Pod(other)), ("node-a-g1",))]) == []
     conflict = index_conflict(request, "node-a", alloc)
     assert conflict.startswith("not bound: pod index 12 is held on node node-a by pod ml/other")
-    no_index = request_from_pod(worker_pod("plain", 1) | {"spec": {"containers": [{"name": "main"}]}})
+    no_index = request_from_pod(Pod(worker_pod("plain", 1) | {"spec": {"containers": [{"name": "main"}]}}))
     assert tfa.INDEX not in bind_annotations(Pod(pod), no_index, ("node-b-g0",), alloc)
 
 

@@ -24,8 +24,7 @@ POOL = "pool-a"
 GIB = 1 << 30
 POOLS: list[dict[str, Any]] = [{"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
           "spec": {"nodeManagerConfig": {"defaultVendor": "NVIDIA"}}}]
-PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"},
-                            "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
+PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"}, "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
 OVER = "; a request may not exceed its limit"
 T_REQ, T_LIM = tfa.TFLOPS_REQUEST, tfa.TFLOPS_LIMIT
 V_REQ, V_LIM = tfa.VRAM_REQUEST, tfa.VRAM_LIMIT
@@ -67,8 +66,7 @@ def _allocator() -> GpuAllocator:
 def _webhook(notes: dict[str, str], **context: Any) -> str | None:
     """The webhook's denial message for a pod with `notes`, None when it admits it."""
     try:
-        analyse(Pod(_pod(notes)), Context(pools=POOLS, provider_configs=[PROVIDER], **context),
-                Owner(workload_name="p"))
+        analyse(_pod(notes), Context(pools=POOLS, provider_configs=[PROVIDER], **context), Owner(workload_name="p"))
     except Denial as denial:
         assert denial.code == 400
         return denial.message
@@ -91,10 +89,10 @@ def test_the_webhook_and_simulate_schedule_agree(notes: dict[str, str], refusal:
 @pytest.mark.parametrize(("notes", "refusal"), TABLE)
 def test_the_check_names_both_annotations_and_values(notes: dict[str, str], refusal: str | None) -> None:
     if refusal is None or OVER not in refusal:
-        check_pod_within_limits(_pod(notes))
+        check_pod_within_limits(Pod(_pod(notes)))
         return
     with pytest.raises(RequestOverLimit) as info:
-        check_pod_within_limits(_pod(notes))
+        check_pod_within_limits(Pod(_pod(notes)))
     assert str(info.value) == refusal
     assert info.value.key in notes and info.value.limit_key in notes
     assert isinstance(info.value, ValueError)
@@ -102,7 +100,7 @@ def test_the_check_names_both_annotations_and_values(notes: dict[str, str], refu
 
 def test_a_pod_admitted_before_the_rule_still_parses() -> None:
     """Running workers read their numbers through request_from_pod; it does not refuse them."""
-    req = request_from_pod(_pod({T_REQ: "50", T_LIM: "40", V_REQ: "8Gi"}), default_pool=POOL)
+    req = request_from_pod(Pod(_pod({T_REQ: "50", T_LIM: "40", V_REQ: "8Gi"})), default_pool=POOL)
     assert (req.tflops_request, req.tflops_limit) == (50_000, 40_000)
 
 

@@ -99,9 +99,8 @@ def _count(raw: Any, path: str, default: int | None) -> int | None:
     return raw
 
 
-def quota_from_object(obj: Body | Mapping[str, Any]) -> tuple[str, QuotaSpec]:
-    """(namespace, QuotaSpec) from a GPUResourceQuota (view or dict); invalid specs raise `QuotaSpecError`."""
-    quota = obj if isinstance(obj, Body) else Body(obj)
+def quota_from_object(quota: Body) -> tuple[str, QuotaSpec]:
+    """(namespace, QuotaSpec) from a GPUResourceQuota; invalid specs raise `QuotaSpecError`."""
     namespace = quota.namespace
     if not namespace:
         raise QuotaSpecError("GPUResourceQuota has no metadata.namespace")

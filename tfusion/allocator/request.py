@@ -88,9 +88,9 @@ def _text(notes: Mapping[str, str], key: str, amount: Quantity) -> str:
     return notes.get(key) or f"{amount}, from the WorkloadProfile"
 
 
-def check_pod_within_limits(pod: Pod | Mapping[str, Any]) -> None:
+def check_pod_within_limits(pod: Pod) -> None:
     """`check_within_limits` on the request and limit annotations `pod` carries (simulate-schedule)."""
-    notes = _view(pod).meta.annotations
+    notes = pod.meta.annotations
     check_within_limits(annotated_amounts(notes), notes)
 
 
@@ -184,29 +184,24 @@ class AllocRequest:
         return self.percent_limit * capacity_milli // PERCENT_SCALE
 
 
-def request_from_pod(pod: Pod | Mapping[str, Any], *, default_pool: str | None = None) -> AllocRequest:
+def request_from_pod(pod: Pod, *, default_pool: str | None = None) -> AllocRequest:
     """Parse a pod's metadata (annotations, labels, uid, name, namespace) into an `AllocRequest`.
 
     `default_pool` is used when the pod names no pool (the webhook resolves the default pool);
     without either the pod is rejected.
     """
     try:
-        return _parse_pod(_view(pod), default_pool)
+        return _parse_pod(pod, default_pool)
     except RequestError:
         raise
     except AnnotationError as exc:
         raise RequestError(exc.key, exc.value, exc.allowed, kind=exc.kind, detail=exc.detail) from None
 
 
-def pod_index_of(pod: Pod | Mapping[str, Any]) -> int:
+def pod_index_of(pod: Pod) -> int:
     """The pod index its containers ask for: the first `<domain>/index_<k>` limit (init containers
     after the others), 8k + count; 0 when there is none or it cannot be read."""
-    return _pod_index(_view(pod))
-
-
-def _view(pod: Pod | Mapping[str, Any]) -> Pod:
-    """The parsers take a Pod view or the object as the API server sent it."""
-    return pod if isinstance(pod, Pod) else Pod(pod)
+    return _pod_index(pod)
 
 
 def _pod_index(pod: Pod) -> int:

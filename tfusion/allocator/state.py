@@ -9,7 +9,6 @@ because those fields are the allocator's output, not its input.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,15 +101,14 @@ def parse_virtualization(raw: str | None) -> frozenset[str] | None:
     return frozenset(mode for mode, value in flags.items() if value is True) | {tfa.ISOLATION_SHARED}
 
 
-def gpu_from_object(obj: Gpu | Mapping[str, Any]) -> GpuInfo:
-    """Build a `GpuInfo` from a GPU custom resource (its `Gpu` view, or the dict the API server returned).
+def gpu_from_object(gpu: Gpu) -> GpuInfo:
+    """Build a `GpuInfo` from a GPU custom resource (read through its `Gpu` view).
 
     The node is `status.nodeSelector["kubernetes.io/hostname"]`, else the `managed-by` label; the
     pool is the `gpupool` label. Capacity must be present; the rest has the CRD's defaults.
     """
     from tfusion.api import annotations as tfa  # the domain prefix is configurable: read keys at call time
 
-    gpu = obj if isinstance(obj, Gpu) else Gpu(obj)
     meta, status = gpu.meta, gpu.status
     name = meta.name
     if not name:

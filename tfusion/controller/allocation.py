@@ -335,7 +335,7 @@ class AllocatorService:
             log.debug("GPU %s has no reported capacity yet", gpu.name)
             return
         try:
-            allocator.upsert_gpu(gpu_from_object(gpu.raw))
+            allocator.upsert_gpu(gpu_from_object(gpu))
         except GpuObjectError as exc:
             log.warning("ignoring GPU %s: %s", gpu.name, exc)
             self.runtime.events.warning(gpu, "InvalidGPU", f"ignored by the allocator: {exc}")
@@ -356,7 +356,7 @@ class AllocatorService:
 
     def apply_quota(self, allocator: GpuAllocator, quota: Body) -> None:
         try:
-            namespace, spec = quota_from_object(quota.raw)
+            namespace, spec = quota_from_object(quota)
         except QuotaSpecError as exc:
             log.warning("ignoring GPUResourceQuota %s/%s: %s", quota.namespace, quota.name, exc)
             self.runtime.events.warning(quota, "InvalidQuota", str(exc))

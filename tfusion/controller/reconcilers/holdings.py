@@ -28,7 +28,7 @@ def worker_request(pod: Pod, allocator: GpuAllocator) -> tuple[AllocRequest, tup
     except AnnotationError as exc:
         raise RequestError(exc.key, exc.value, exc.allowed, detail=exc.detail) from None
     default_pool = allocator.gpu_info(names[0]).pool if knows_gpu(allocator, names[0]) else None
-    req = request_from_pod(pod.raw, default_pool=default_pool)
+    req = request_from_pod(pod, default_pool=default_pool)
     return req, names
 
 

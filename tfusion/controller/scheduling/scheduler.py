@@ -356,7 +356,7 @@ class Scheduler:
     def request_of(self, pod: Pod) -> AllocRequest:
         """The pod's GPU request; a pod naming no pool gets the default pool (raises RequestError)."""
         pools = self.runtime.informer(r.GPUPOOLS).list()
-        return request_from_pod(pod.raw, default_pool=default_pool_name(pools))
+        return request_from_pod(pod, default_pool=default_pool_name(pools))
 
     def decide(self, pod: Pod, fw: Framework) -> Decision:
         # the API server checks only the JSON types kube's decoding would; a field the readers below

@@ -102,7 +102,7 @@ def worker_from_pod(pod: Pod) -> WorkerInfo:
     qos = notes.get(keys.QOS) or "medium"
     isolation = notes.get(keys.ISOLATION) or keys.DEFAULT_ISOLATION
     try:
-        req = request_from_pod(pod.raw, default_pool=notes.get(keys.GPU_POOL) or "default")
+        req = request_from_pod(pod, default_pool=notes.get(keys.GPU_POOL) or "default")
     except RequestError as exc:
         warn(exc)
     else:

@@ -8,13 +8,13 @@ spec becomes pod annotations, parsed by the allocator's own `request_from_pod`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from tfusion.allocator.allocator import GpuAllocator
 from tfusion.allocator.errors import AllocatorError, Unschedulable
 from tfusion.allocator.request import AllocRequest, RequestError, request_from_pod
 from tfusion.allocator.state import GpuInfo
 from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api.accessors import Pod
 from tfusion.api.jsontypes import JsonObject
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.workers.model import WorkerInfo
@@ -55,8 +55,8 @@ class NodePlacer:
 
     def _request(self, uid: str, name: str, namespace: str, notes: dict[str, str],
                  labels: dict[str, str]) -> AllocRequest:
-        pod: dict[str, Any] = {"metadata": {"uid": uid, "name": name, "namespace": namespace,
-                                            "annotations": notes, "labels": labels}}
+        pod = Pod({"metadata": {"uid": uid, "name": name, "namespace": namespace, "annotations": notes,
+                                "labels": labels}})
         try:
             return request_from_pod(pod, default_pool=self.pool)
         except RequestError as exc:
