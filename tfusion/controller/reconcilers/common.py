@@ -10,7 +10,7 @@ is what keeps that loop from spinning, and it must be done the same way everywhe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
@@ -124,18 +124,22 @@ async def write_status(client: KubeClient, resource: r.ApiResource, obj: Body,
 
 # --- quantities -----------------------------------------------------------------------------------
 
-def milli_tflops(value: Any) -> int:
+def milli_tflops(value: object) -> int:
     """A TFLOPS quantity in milli-TFLOPS; 0 for a missing or unreadable one."""
+    if not isinstance(value, (str, int, float)) or value == "":
+        return 0
     try:
-        return Quantity.parse(value).milli_value() if value not in (None, "") else 0
+        return Quantity.parse(value).milli_value()
     except (QuantityError, ValueError, TypeError):
         return 0
 
 
-def byte_count(value: Any) -> int:
+def byte_count(value: object) -> int:
     """A byte quantity as an integer; 0 for a missing or unreadable one."""
+    if not isinstance(value, (str, int, float)) or value == "":
+        return 0
     try:
-        return Quantity.parse(value).value() if value not in (None, "") else 0
+        return Quantity.parse(value).value()
     except (QuantityError, ValueError, TypeError):
         return 0
 

@@ -33,7 +33,8 @@ caught since the audit before), the last 100 findings of any audit (`recent`) an
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 import httpx
@@ -80,11 +81,11 @@ class DriftReport(TypedDict):
     total: dict[str, int]
 
 
-def _gpu_fields(gpu: Gpu) -> tuple[Any, Any]:
+def _gpu_fields(gpu: Gpu) -> tuple[object, Sequence[object]]:
     return gpu.status.get("available"), items(gpu.status, "runningApps")
 
 
-def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[Any, Any]:
+def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[object, Sequence[object]]:
     wanted = gpu_status(allocator, name)
     return wanted["available"], wanted["runningApps"]
 
