@@ -203,10 +203,12 @@ def capacity_of_model(gpus: Iterable[JsonMapping], model: str) -> JsonMapping | 
 
 
 def parse_quantity(value: Any) -> Quantity:
+    """Any decoded JSON value as a quantity (Any: Quantity.parse itself refuses, with a QuantityError
+    naming it, a value of a type it cannot read, such as a list or a boolean)."""
     return _parse_text(value) if isinstance(value, str) else Quantity.parse(value)
 
 
-def _resource_int(value: Any) -> int:
+def _resource_int(value: object) -> int:
     try:
         return parse_quantity(value).value()
     except (QuantityError, TypeError, ValueError):
@@ -291,7 +293,7 @@ def stale_annotations(amounts: Amounts) -> list[str]:
     return [key for pair, key in ANNOTATION_OF.items() if not amounts.get(pair)]
 
 
-def _first_bool(*values: Any) -> bool:
+def _first_bool(*values: object) -> bool:
     return next((value for value in values if isinstance(value, bool)), False)
 
 
@@ -421,7 +423,7 @@ def _apply_quota_defaults(amounts: Amounts, quotas: Sequence[Body]) -> None:
                 amounts[(side, name)] = value
 
 
-def _quota_quantity(raw: Any, quota: Body, where: str) -> Quantity | None:
+def _quota_quantity(raw: object, quota: Body, where: str) -> Quantity | None:
     if raw in (None, ""):
         return None
     try:
