@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -26,6 +26,7 @@ import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod, items, section
+from tfusion.api.jsontypes import JsonMapping, JsonObject
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 PROG = "tfusion why"
@@ -70,7 +71,7 @@ async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:
         await client.close()
 
 
-async def _ask_controller(url: str, namespace: str, name: str) -> tuple[dict[str, Any] | None, str]:
+async def _ask_controller(url: str, namespace: str, name: str) -> tuple[JsonObject | None, str]:
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
             response = await http.get("/api/why", params={"namespace": namespace, "name": name})
@@ -80,12 +81,14 @@ async def _ask_controller(url: str, namespace: str, name: str) -> tuple[dict[str
         body = response.json()
     except ValueError:
         return None, f"the controller at {url} answered {response.status_code} with non-JSON"
+    if not isinstance(body, dict):
+        return None, f"the controller at {url} answered {response.status_code} with JSON that is no object"
     if response.status_code != 200:
         return None, f"the controller at {url} answered {response.status_code}: {body.get('error', body)}"
     return body, ""
 
 
-def render_text(pod: Pod, explanation: Mapping[str, Any] | None, controller_error: str) -> str:
+def render_text(pod: Pod, explanation: JsonMapping | None, controller_error: str) -> str:
     ref = f"{pod.namespace}/{pod.name}"
     phase = pod.phase or "Pending"
     if pod.node_name:
