@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from litestar import MediaType, Request, Response, get
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import Parameter
 from prometheus_client import Counter, Gauge
 
@@ -246,7 +247,7 @@ _ERRORS = error_responses({
     "not be reviewed; retry", 504: "the worker was not Running within --connection-wait"})
 
 
-def connection_handler(route: ConnectionRoute) -> Any:
+def connection_handler(route: ConnectionRoute) -> HTTPRouteHandler:
     @get(PATH, media_type=MediaType.TEXT, responses=_ERRORS,
          summary="The worker address (text/plain) of a remote vGPU connection, waiting for it to be ready")
     async def connection(request: Request[Any, Any, Any],

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import get
+from litestar.handlers import HTTPRouteHandler
 
 from tfusion.controller.dynamic_config import DynamicConfig
 
@@ -22,7 +23,7 @@ class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
         description="The dynamic config file's content, with its camelCase keys (metricsTTL, alertRules, ...)")]
 
 
-def config_handlers(config: DynamicConfig) -> list[Any]:
+def config_handlers(config: DynamicConfig) -> list[HTTPRouteHandler]:
     @get("/api/config", sync_to_thread=False, summary="The controller's dynamic config")
     def api_config() -> ConfigBody:
         return ConfigBody(config=config.current)
