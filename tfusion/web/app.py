@@ -10,7 +10,7 @@ grammar. Only GET and HEAD reach the raw /metrics mount; other methods get a cle
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypedDict, get_args
 from urllib.parse import parse_qsl, unquote, urlencode
 
 import prometheus_client
@@ -33,6 +33,19 @@ from tfusion.web.errors import (
 )
 
 
+class ReadinessCondition(TypedDict):
+    name: str
+    ready: bool
+    message: str
+
+
+class ReadinessBody(TypedDict):
+    """What /readyz answers: "ready" or "not ready", and every condition."""
+
+    status: str
+    conditions: list[ReadinessCondition]
+
+
 class Readiness:
     """Named readiness conditions; /readyz is 200 only when every one is true, and lists them all."""
 
@@ -46,7 +59,7 @@ class Readiness:
     def ready(self) -> bool:
         return bool(self._conditions) and all(ok for ok, _ in self._conditions.values())
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ReadinessBody:
         return {
             "status": "ready" if self.ready else "not ready",
             "conditions": [{"name": name, "ready": ok, "message": msg}
@@ -60,7 +73,7 @@ def health_handlers(readiness: Readiness) -> list[Any]:
         return {"status": "ok"}
 
     @get("/readyz", include_in_schema=False, sync_to_thread=False)
-    def readyz() -> Response[dict[str, Any]]:
+    def readyz() -> Response[ReadinessBody]:
         return Response(readiness.body(), status_code=200 if readiness.ready else 503)
 
     return [healthz, readyz]

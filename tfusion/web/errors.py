@@ -117,8 +117,8 @@ def _body_too_large(target: str, limit: float, size: int | None) -> HttpError:
 _MISSING_PARAMETER = re.compile(r"parameter '([^']+)'")
 
 
-def _problem_text(problem: Mapping[str, Any]) -> tuple[str, str]:
-    """(field, text) of one of Litestar's validation problems."""
+def _problem_text(problem: Mapping[str, object]) -> tuple[str, str]:
+    """(field, text) of one of Litestar's validation problems (each value is only turned into text)."""
     key = str(problem.get("key") or "")
     source = problem.get("source")
     source_name = str(getattr(source, "value", source) or "body")
