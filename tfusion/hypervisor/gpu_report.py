@@ -21,12 +21,13 @@ import orjson
 
 from tfusion.api import annotations as keys
 from tfusion.api.accessors import Gpu, GpuNode
-from tfusion.api.jsontypes import JsonMapping, JsonObject
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.quantity import Quantity
 from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.kube.client import Conflict, KubeError, NotFound
 from tfusion.kube.manager import Manager
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.resources import GPUNODES, GPUS
 from tfusion.web import Readiness
 
@@ -71,11 +72,6 @@ def data_disk_bytes() -> int:
         return shutil.disk_usage(tempfile.gettempdir()).total
     except OSError:
         return 0
-
-
-def _owner_reference(gpunode: GpuNode) -> JsonObject:
-    return {"apiVersion": gpunode.api_version or "tensor-fusion.ai/v1", "kind": "GPUNode",
-            "name": gpunode.name, "uid": gpunode.uid, "controller": True, "blockOwnerDeletion": True}
 
 
 class _GpuMetadata(TypedDict):
@@ -227,7 +223,7 @@ class GpuReporter:
 
     async def _upsert_gpu(self, gpunode: GpuNode, device: DeviceInfo) -> None:
         meta = self._metadata(gpunode, device)
-        owner = _owner_reference(gpunode)
+        owner = json_object(controller_reference(gpunode, GPUNODES))
         for attempt in range(3):
             try:
                 try:

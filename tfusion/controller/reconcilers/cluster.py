@@ -30,7 +30,6 @@ from tfusion.controller.reconcilers.common import (
     UPDATING,
     condition,
     controlled_by,
-    controller_reference,
     merge_conditions,
     sum_capacity,
     write_status,
@@ -38,6 +37,7 @@ from tfusion.controller.reconcilers.common import (
 from tfusion.kube import resources as r
 from tfusion.kube.backoff import Backoff
 from tfusion.kube.client import AlreadyExists, KubeError, NotFound
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:

@@ -25,16 +25,6 @@ RUNNING, PENDING, UPDATING, DESTROYING, UNKNOWN, FAILED = (
     "Running", "Pending", "Updating", "Destroying", "Unknown", "Failed")
 
 
-class OwnerReference(TypedDict):
-    """A metav1.OwnerReference as these reconcilers write it."""
-    apiVersion: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool
-    blockOwnerDeletion: bool
-
-
 class ConditionState(TypedDict):
     """What a condition says, before it is stamped with its transition time."""
     type: str
@@ -47,12 +37,6 @@ class Condition(ConditionState):
     """A metav1.Condition as these reconcilers write it."""
     lastTransitionTime: str
     observedGeneration: int
-
-
-def controller_reference(owner: Body, resource: r.ApiResource) -> OwnerReference:
-    """An ownerReference that makes `owner` the controller of the object carrying it."""
-    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name,
-            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}
 
 
 def controlled_by(obj: Body, owner_uid: str) -> bool:

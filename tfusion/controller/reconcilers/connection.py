@@ -35,7 +35,6 @@ from tfusion.controller.reconcilers.common import (
     PENDING,
     RUNNING,
     controlled_by,
-    controller_reference,
 )
 from tfusion.controller.reconcilers.workers import (
     TemplateError,
@@ -50,6 +49,7 @@ from tfusion.controller.reconcilers.workload import WORKLOAD_INDEX, is_dynamic, 
 from tfusion.controller.runtime import component_selector
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result, generation_changed
 
 if TYPE_CHECKING:

@@ -30,12 +30,13 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuNode, GpuPool, Node
 from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.selectors import parse_label_selector
-from tfusion.controller.reconcilers.common import PENDING, controller_name, controller_reference
+from tfusion.controller.reconcilers.common import PENDING, controller_name
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Predicate, Result, spec_changed
 
 if TYPE_CHECKING:

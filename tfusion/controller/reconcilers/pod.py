@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod
-from tfusion.controller.reconcilers.common import FINALIZER, controller_reference
+from tfusion.controller.reconcilers.common import FINALIZER
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result, ensure_finalizer
 
 if TYPE_CHECKING:

@@ -28,7 +28,8 @@ from tfusion.api.hashing import content_hash
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.defaults import DEFAULT_VENDOR, pool_vendor, provider_config_for, worker_image
-from tfusion.controller.reconcilers.common import FINALIZER, OwnerReference
+from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.kube.ownership import OwnerReference
 
 WORKER_CONTAINER = "worker"
 WORKER_PORT_NAME = "remote-vgpu"

@@ -43,7 +43,6 @@ from tfusion.controller.reconcilers.common import (
     RUNNING,
     condition,
     controlled_by,
-    controller_reference,
     merge_conditions,
     write_status,
 )
@@ -53,6 +52,7 @@ from tfusion.controller.webhook.workloads import AWAITING_POD, awaiting_pod_sinc
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, NotFound
 from tfusion.kube.informer import Informer
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod, Workload, section, text
-from tfusion.api.jsontypes import JsonMapping, JsonObject
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import ANNOTATION_OF, parse_quantity
 from tfusion.controller.webhook.build import json_document
@@ -44,6 +44,7 @@ from tfusion.controller.webhook.mutate import Owner, Plan
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
 from tfusion.kube.informer import Informer
+from tfusion.kube.ownership import controller_reference_to
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,6 @@ def _group(api_version: str) -> str:
     return api_version.rpartition("/")[0] if "/" in api_version else ""
 
 
-def _reference(ref: JsonMapping) -> JsonObject:
-    """The controller reference the workload gets, to the owner `ref` names."""
-    return {"apiVersion": text(ref, "apiVersion"), "kind": text(ref, "kind"), "name": text(ref, "name"),
-            "uid": text(ref, "uid"), "controller": True, "blockOwnerDeletion": True}
-
-
 def _replicas(owner: Body) -> int | None:
     for key in ("replicas", "parallelism"):
         value = owner.spec.get(key)
@@ -139,7 +134,7 @@ class OwnerResolver:
         return owner
 
     async def _walk(self, ref: JsonMapping, namespace: str) -> Owner:
-        direct = _reference(ref)
+        direct = json_object(controller_reference_to(ref))
         resource = _OWNER_KINDS.get((_group(str(ref.get("apiVersion") or "")), str(ref.get("kind") or "")))
         if resource is None or not ref.get("name"):  # no name: nothing to look up (the API server refuses it)
             return Owner(workload_name=str(ref.get("name")), reference=direct, counter_owner=direct)
@@ -153,7 +148,7 @@ class OwnerResolver:
         owner = Body(obj)
         top = owner.meta.controller_ref()
         if resource in (REPLICASETS, JOBS) and top is not None and top.get("kind") in ("Deployment", "CronJob"):
-            return Owner(workload_name=str(top.get("name")), reference=_reference(top),
+            return Owner(workload_name=str(top.get("name")), reference=json_object(controller_reference_to(top)),
                          replicas=_replicas(owner), counter_owner=direct)
         return Owner(workload_name=str(ref.get("name")), reference=direct, replicas=_replicas(owner),
                      counter_owner=direct)

@@ -20,6 +20,7 @@ from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 from tfusion.kube.informer import Informer
 from tfusion.kube.manager import Manager
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.resources import ApiResource
 
 OWNER_INDEX = "workloads:controller-uid"
@@ -34,16 +35,7 @@ def controller_uid(obj: Body) -> list[str]:
     return [str(ref["uid"]) for ref in obj.meta.owner_references if ref.get("controller") and ref.get("uid")]
 
 
-class OwnerReference(TypedDict):
-    apiVersion: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool
-    blockOwnerDeletion: bool
-
-
-class Condition(TypedDict):
+class WorkloadCondition(TypedDict):
     """A workload condition as these controllers write it (Deployments' also carry lastUpdateTime)."""
     type: str
     status: str
@@ -51,11 +43,6 @@ class Condition(TypedDict):
     message: str
     lastTransitionTime: str
     lastUpdateTime: NotRequired[str]
-
-
-def owner_reference(owner: Body, resource: ApiResource) -> OwnerReference:
-    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
-            "controller": True, "blockOwnerDeletion": True}
 
 
 def is_active(pod: Pod) -> bool:
@@ -92,7 +79,7 @@ def pod_from_template(owner: Body, resource: ApiResource) -> JsonObject:
     template_meta = section(template, "metadata")
     meta: JsonObject = {"generateName": f"{owner.name}-", "namespace": owner.namespace or None,
                         "labels": json_object(section(template_meta, "labels")),
-                        "ownerReferences": [json_object(owner_reference(owner, resource))]}
+                        "ownerReferences": [json_object(controller_reference(owner, resource))]}
     for field in ("annotations", "finalizers"):
         if template_meta.get(field):
             meta[field] = json_copy(template_meta[field])
@@ -125,7 +112,7 @@ def set_condition(conditions: Sequence[JsonMapping], kind: str, status: str, rea
     old = next((c for c in conditions if c.get("type") == kind), None)
     changed = old is None or old.get("status") != status
     moved = now if old is None or changed else _stamp(old, "lastTransitionTime", now)
-    condition: Condition = {"type": kind, "status": status, "reason": reason, "message": message,
+    condition: WorkloadCondition = {"type": kind, "status": status, "reason": reason, "message": message,
                             "lastTransitionTime": moved}
     if update_time:
         unchanged = old is not None and not changed and old.get("reason") == reason and old.get("message") == message

@@ -31,7 +31,6 @@ from tfusion.embedded.workloads.common import (
     controller_uid,
     created_at,
     is_active,
-    owner_reference,
     replicas_of,
     set_condition,
     since,
@@ -39,6 +38,7 @@ from tfusion.embedded.workloads.common import (
 )
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result
 
 POD_TEMPLATE_HASH = "pod-template-hash"
@@ -143,7 +143,7 @@ class DeploymentController:
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": dict(template["metadata"]["labels"]), "annotations": {REVISION: str(revision)},
-                         "ownerReferences": [json_object(owner_reference(deploy, r.DEPLOYMENTS))]},
+                         "ownerReferences": [json_object(controller_reference(deploy, r.DEPLOYMENTS))]},
             "spec": {"replicas": first, "selector": selector, "template": template,
                      "minReadySeconds": int(spec.get("minReadySeconds") or 0)},
         }

@@ -1,0 +1,38 @@
+"""Owner references: the one way tfusion makes an object the controller of another.
+
+Why it exists: the workload controllers of `--role=all`, the reconcilers, the webhook and the
+hypervisor's GPU reporter each wrote the same six-key `ownerReference` by hand. Garbage collection
+and adoption read these keys (kube's GC follows `uid`, `blockOwnerDeletion` holds a foreground
+delete), so they are written here once.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from tfusion.api.accessors import Body, text
+from tfusion.api.jsontypes import JsonMapping
+from tfusion.kube.resources import ApiResource
+
+
+class OwnerReference(TypedDict):
+    """A metav1.OwnerReference naming the controlling owner."""
+
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+def controller_reference(owner: Body, resource: ApiResource) -> OwnerReference:
+    """An ownerReference that makes `owner` (an object of `resource`) the controller of its carrier."""
+    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def controller_reference_to(ref: JsonMapping) -> OwnerReference:
+    """A controlling ownerReference to the object another reference `ref` names (adoption by proxy)."""
+    return {"apiVersion": text(ref, "apiVersion"), "kind": text(ref, "kind"), "name": text(ref, "name"),
+            "uid": text(ref, "uid"), "controller": True, "blockOwnerDeletion": True}
