@@ -38,6 +38,7 @@ from tests.helpers.progressive import NATIVE_GPUS, running_worker
 from tests.helpers.refusals import assert_refused
 from tests.helpers.scheduler import create_node
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.controller.role import ControllerRole, build_runtime, configure, serve_runtime
 from tfusion.controller.scheduling.assignments import DEFAULT_SERVICE_ACCOUNT
 from tfusion.kube import resources as r
@@ -370,7 +371,7 @@ FIELDS: list[tuple[Any, ...]] = [
     ("spec",), ("spec", "priority"), ("spec", "nodeName"), ("spec", "containers"), CONTAINER,
     (*CONTAINER, "resources"), (*CONTAINER, "resources", "requests"), (*CONTAINER, "resources", "requests", "cpu"),
     (*CONTAINER, "resources", "limits", "memory"), (*CONTAINER, "resources", "limits", "nvidia.com/gpu"),
-    (*CONTAINER, "resources", "limits", tfa.index_resource(1)), ("spec", "initContainers"),
+    (*CONTAINER, "resources", "limits", podindex.index_resource(1)), ("spec", "initContainers"),
     ("spec", "initContainers", 0, "resources", "requests", "cpu"), ("spec", "overhead"), ("spec", "overhead", "cpu"),
     ("spec", "nodeSelector"), ("spec", "nodeSelector", "kubernetes.io/hostname"), ("spec", "tolerations"),
     ("spec", "tolerations", 0), ("spec", "tolerations", 0, "operator"), ("spec", "tolerations", 1, "key"),

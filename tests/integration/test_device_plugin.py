@@ -18,6 +18,7 @@ from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
 from tests.helpers.device_plugin import NODE, RESOURCES, FakeKubelet, hypervisor
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.kube.client import KubeClient
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def worker_pod(kube: KubeClient, name: str, index: int, gpu: str, isolation: str = "soft") -> dict[str, Any]:
-    resource, count = tfa.encode_pod_index(index)
+    resource, count = podindex.encode_pod_index(index)
     return await kube.create(PODS, {
         "metadata": {"name": name, "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
                      "annotations": {tfa.GPU_IDS: gpu, tfa.INDEX: str(index),

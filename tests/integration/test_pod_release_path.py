@@ -31,6 +31,7 @@ from tests.helpers.controller import (
 )
 from tfusion.allocator import GpuAllocator
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.controller.scheduling.assignments import Assignments
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -46,7 +47,7 @@ INDEX = 5
 def held_worker(name: str) -> dict[str, Any]:
     """A bound worker holding GPU `GPU` (30 TFLOPS, 8Gi), pod index `INDEX` and host port `PORT`."""
     pod = worker(name, NODE, [GPU], tflops="30", vram="8Gi")
-    resource, count = tfa.encode_pod_index(INDEX)
+    resource, count = podindex.encode_pod_index(INDEX)
     pod["metadata"]["annotations"][tfa.PORT_NUMBER] = str(PORT)
     pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
     return pod

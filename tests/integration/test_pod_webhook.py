@@ -34,6 +34,7 @@ from tests.helpers.webhook import (
     webhook_settings,
 )
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
@@ -305,7 +306,7 @@ async def test_ports_are_released_on_deletion_and_rebuilt_each_term(apiserver: A
 def _index(created: dict[str, Any]) -> int:
     limits = created["spec"]["containers"][0]["resources"]["limits"]
     (name,) = [k for k in limits if k.startswith("tensor-fusion.ai/index_")]
-    return tfa.decode_pod_index(name, int(limits[name]))
+    return podindex.decode_pod_index(name, int(limits[name]))
 
 
 async def test_enable_webhooks_false_serves_and_registers_nothing(apiserver: Any, kube: KubeClient,

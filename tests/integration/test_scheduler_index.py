@@ -17,6 +17,7 @@ from tests.helpers.scheduler import bound, create_node, gpu_pod, scheduled_condi
 from tests.helpers.scheduler_index import gone
 from tfusion.allocator.framework import INDEX_BUSY
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 
@@ -25,13 +26,13 @@ pytestmark = pytest.mark.anyio
 
 async def create_index_node(kube: KubeClient, name: str) -> None:
     """A Ready node whose device plugin advertises the index resources (as the hypervisor's does)."""
-    await create_node(kube, name, allocatable=dict.fromkeys(tfa.index_resource_names(), "64"))
+    await create_node(kube, name, allocatable=dict.fromkeys(podindex.index_resource_names(), "64"))
 
 
 def indexed_pod(name: str, index: int) -> dict[str, Any]:
     """A worker pod as the webhook leaves it: GPU annotations and the index resource limit."""
     pod = gpu_pod(name, vram="4Gi", tflops="10")
-    resource, count = tfa.encode_pod_index(index)
+    resource, count = podindex.encode_pod_index(index)
     pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
     return pod
 
@@ -58,8 +59,8 @@ async def test_two_pods_on_one_node_carry_distinct_index_annotations_and_limits(
             notes = [p["metadata"]["annotations"] for p in (first, second)]
             assert [n[tfa.INDEX] for n in notes] == ["3", "9"]
             assert [n[tfa.GPU_IDS] for n in notes] == ["gpu-a1", "gpu-a1"]  # one GPU, shared
-            assert index_limits(first) == {tfa.index_resource(0): "3"}
-            assert index_limits(second) == {tfa.index_resource(1): "1"}
+            assert index_limits(first) == {podindex.index_resource(0): "3"}
+            assert index_limits(second) == {podindex.index_resource(1): "1"}
             allocator = ctl.service.allocator
             assert allocator is not None
             uids = (first["metadata"]["uid"], second["metadata"]["uid"])

@@ -25,6 +25,7 @@ from tests.helpers.webhook import (
     webhook_settings,
 )
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.memo import ReviewMemo
 from tfusion.controller.webhook.service import WebhookService
@@ -51,12 +52,12 @@ def mutation(created: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """What the webhook decided, without what the API server assigns, and the pod's index."""
     meta, spec = created["metadata"], copy.deepcopy(created["spec"])
     resources = spec["containers"][0]["resources"]
-    found = [(k, v) for k, v in resources["limits"].items() if tfa.index_resource_number(k) is not None]
+    found = [(k, v) for k, v in resources["limits"].items() if podindex.index_resource_number(k) is not None]
     assert len(found) == 1, resources
     for side in ("limits", "requests"):  # the API server defaults the request from the limit
         resources[side].pop(found[0][0], None)
     decided = {"annotations": meta["annotations"], "labels": meta["labels"], "spec": spec}
-    return decided, tfa.decode_pod_index(found[0][0], int(found[0][1]))
+    return decided, podindex.decode_pod_index(found[0][0], int(found[0][1]))
 
 
 def service(ctl: Any) -> WebhookService:

@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from tfusion.api import annotations as ann
+from tfusion.api import podindex
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity
 
@@ -113,7 +114,7 @@ def test_set_domain_rewrites_every_key(custom_domain: None) -> None:
     assert ann.DOMAIN == "acme-gpu.example.com"
     assert ann.GPU_IDS == "acme-gpu.example.com/gpu-ids"
     assert ann.FINALIZER == "acme-gpu.example.com/finalizer"
-    assert ann.index_resource(15) == "acme-gpu.example.com/index_f"
+    assert podindex.index_resource(15) == "acme-gpu.example.com/index_f"
     assert ann.pool_label("p") == "acme-gpu.example.com/pool-p"
     assert all(v.startswith("acme-gpu.example.com/") for v in ann.all_keys().values())
     # parsers name the key in the current domain
@@ -146,38 +147,38 @@ def test_set_domain_rejects_what_kubernetes_rejects(prefix: str, suffix: str) ->
 def test_pod_index_encoding_is_a_bijection_without_the_upstream_off_by_one() -> None:
     seen: set[tuple[str, int]] = set()
     for n in range(1, 129):
-        resource, count = ann.encode_pod_index(n)
+        resource, count = podindex.encode_pod_index(n)
         assert 1 <= count <= 8
-        assert ann.decode_pod_index(resource, count) == n
+        assert podindex.decode_pod_index(resource, count) == n
         seen.add((resource, count))
     assert len(seen) == 128
-    assert ann.encode_pod_index(1) == ("tensor-fusion.ai/index_0", 1)
-    assert ann.encode_pod_index(8) == ("tensor-fusion.ai/index_0", 8)
-    assert ann.encode_pod_index(9) == ("tensor-fusion.ai/index_1", 1)
-    assert ann.encode_pod_index(128) == ("tensor-fusion.ai/index_f", 8)  # upstream: index_10
-    assert {r for r, _ in seen} == set(ann.index_resource_names())
+    assert podindex.encode_pod_index(1) == ("tensor-fusion.ai/index_0", 1)
+    assert podindex.encode_pod_index(8) == ("tensor-fusion.ai/index_0", 8)
+    assert podindex.encode_pod_index(9) == ("tensor-fusion.ai/index_1", 1)
+    assert podindex.encode_pod_index(128) == ("tensor-fusion.ai/index_f", 8)  # upstream: index_10
+    assert {r for r, _ in seen} == set(podindex.index_resource_names())
 
 
 @pytest.mark.parametrize("n", [0, 129, -1, True])
 def test_pod_index_out_of_range(n: int) -> None:
     with pytest.raises(ValueError, match="expected an integer from 1 to 128"):
-        ann.encode_pod_index(n)
+        podindex.encode_pod_index(n)
 
 
 def test_decode_pod_index_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="not an index resource"):
-        ann.decode_pod_index("nvidia.com/gpu", 1)
+        podindex.decode_pod_index("nvidia.com/gpu", 1)
     with pytest.raises(ValueError, match="not an index resource"):
-        ann.decode_pod_index("tensor-fusion.ai/index_10", 1)
+        podindex.decode_pod_index("tensor-fusion.ai/index_10", 1)
     with pytest.raises(ValueError, match="count 9 is out of range"):
-        ann.decode_pod_index("tensor-fusion.ai/index_0", 9)
+        podindex.decode_pod_index("tensor-fusion.ai/index_0", 9)
     with pytest.raises(ValueError, match="count 0 is out of range"):
-        ann.decode_pod_index("tensor-fusion.ai/index_3", 0)
+        podindex.decode_pod_index("tensor-fusion.ai/index_3", 0)
     with pytest.raises(ValueError, match="out of range"):
-        ann.index_resource(16)
-    assert ann.index_resource_number("tensor-fusion.ai/index_a") == 10
-    assert ann.index_resource_number("tensor-fusion.ai/index_A") is None
-    assert ann.index_resource_number("tensor-fusion.ai/index") is None
+        podindex.index_resource(16)
+    assert podindex.index_resource_number("tensor-fusion.ai/index_a") == 10
+    assert podindex.index_resource_number("tensor-fusion.ai/index_A") is None
+    assert podindex.index_resource_number("tensor-fusion.ai/index") is None
 
 
 # --- error shape ---------------------------------------------------------------------------------------

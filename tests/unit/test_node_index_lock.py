@@ -17,6 +17,7 @@ from tfusion.allocator.allocator import NODE_INDEX_LOCK
 from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.allocator.request import pod_index_of
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling.binder import bind_annotations, index_conflict
 from tfusion.controller.scheduling.indexes import pod_index
@@ -39,7 +40,7 @@ def req(uid: str, index: int, **extra: Any) -> AllocRequest:
 
 
 def worker_pod(name: str, index: int, *, node: str = "", gpus: str = "") -> dict[str, Any]:
-    resource, count = tfa.encode_pod_index(index)
+    resource, count = podindex.encode_pod_index(index)
     notes = {tfa.GPU_POOL: "pool", tfa.TFLOPS_REQUEST: "10", tfa.VRAM_REQUEST: "4Gi"}
     if gpus:
         notes[tfa.GPU_IDS] = gpus
@@ -70,7 +71,7 @@ def test_the_pod_index_is_read_from_the_index_limit() -> None:
     assert pod_index_of(Pod(worker_pod("p", 9))) == 9 == pod_index(Pod(worker_pod("p", 9)))
     assert request_from_pod(Pod(worker_pod("p", 128))).pod_index == 128
     bad = worker_pod("p", 1)
-    bad["spec"]["containers"][0]["resources"]["limits"] = {tfa.index_resource(0): "9"}  # beyond 8 per resource
+    bad["spec"]["containers"][0]["resources"]["limits"] = {podindex.index_resource(0): "9"}  # beyond 8 per resource
     assert pod_index_of(Pod(bad)) == 0 and pod_index(Pod(bad)) is None
     assert request_from_pod(Pod({"metadata": {"annotations": {tfa.GPU_POOL: "pool"}}})).pod_index == 0
 

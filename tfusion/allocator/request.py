@@ -31,6 +31,7 @@ import orjson
 
 from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.api.accessors import Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import INT64_MAX, Quantity
@@ -207,10 +208,10 @@ def pod_index_of(pod: Pod) -> int:
 def _pod_index(pod: Pod) -> int:
     for container in (*pod.containers, *pod.init_containers):
         for name, value in section(container, "resources", "limits").items():
-            if tfa.index_resource_number(str(name)) is None:
+            if podindex.index_resource_number(str(name)) is None:
                 continue
             try:
-                return tfa.decode_pod_index(str(name), int(str(value)))
+                return podindex.decode_pod_index(str(name), int(str(value)))
             except ValueError:
                 continue
     return 0

@@ -42,6 +42,7 @@ from anyio.abc import TaskStatus
 
 from tfusion import __version__
 from tfusion.api import annotations as ann
+from tfusion.api import podindex
 from tfusion.api.accessors import Node, Pod, section, text
 from tfusion.api.annotations import now_rfc3339
 from tfusion.api.durations import parse_duration
@@ -147,7 +148,7 @@ def node_status(node_name: str, old: Node | None = None, *, index_devices: int =
     resources: dict[str, str] = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
                  "ephemeral-storage": _kib_quantity(_disk_kib())}
     if index_devices > 0:
-        resources.update(dict.fromkeys(ann.index_resource_names(), str(index_devices)))
+        resources.update(dict.fromkeys(podindex.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
     previous = {c.get("type"): c for c in old.conditions} if old is not None else {}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.api.accessors import GpuPool, Pod, Workload, items, section, sequence_of_maps, text
 from tfusion.api.hashing import content_hash
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
@@ -130,7 +131,7 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[Jso
     container: JsonObject = {"name": WORKER_CONTAINER, "image": _image(pool, providers, text(spec, "vendor")),
                              "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]}
     if index is not None:
-        resource, count = tfa.encode_pod_index(index)
+        resource, count = podindex.encode_pod_index(index)
         container["resources"] = {"limits": {resource: str(count)}}
     pod_spec: JsonObject = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
                             "tolerations": [{"key": tfa.USED_BY, "operator": "Equal",

@@ -2,7 +2,7 @@
 
 Why: the hypervisor's device plugin learns which pod a container belongs to from the index
 resource the pod asks for (`<domain>/index_<k>` with count c, index N = 8k + c, 1..128; see
-`tfusion.api.annotations.encode_pod_index`). Two pods pending on one node at the same time must
+`tfusion.api.podindex.encode_pod_index`). Two pods pending on one node at the same time must
 not share an index. The leader owns this allocator; it is rebuilt from the pods in the cache at
 the start of every leadership term (`occupy`), pods release theirs when deleted or finished
 (`release`), and a fresh assignment is reserved for `reservation_ttl` seconds so that the pod it

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.api.accessors import Node, Pod, items, section, text
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.quantity import Quantity, QuantityError
@@ -49,7 +50,7 @@ NOT_READY = "node(s) were not ready"
 UNSCHEDULABLE = "node(s) were unschedulable"
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 HYPERVISOR_GONE = "node(s) had no running tensor-fusion hypervisor (allocatable tensor-fusion.ai/index_0 is 0)"
-INDEX_PROBE_RESOURCE = tfa.index_resource(0)
+INDEX_PROBE_RESOURCE = podindex.index_resource(0)
 TOO_MANY_PODS = "Too many pods"
 INSUFFICIENT = "Insufficient {}"
 

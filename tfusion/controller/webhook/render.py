@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import NotRequired, TypedDict
 
 from tfusion.api import annotations as tfa
+from tfusion.api import podindex
 from tfusion.api.accessors import Pod, section
 from tfusion.api.jsontypes import JsonObject, JsonValue, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
@@ -135,9 +136,9 @@ def _strip_native(container: JsonObject, names: Sequence[str]) -> None:
 
 
 def _set_index(container: JsonObject, index: int) -> None:
-    resource, count = tfa.encode_pod_index(index)
+    resource, count = podindex.encode_pod_index(index)
     limits = child(child(container, "resources"), "limits")
-    for name in [n for n in limits if tfa.index_resource_number(n) is not None]:
+    for name in [n for n in limits if podindex.index_resource_number(n) is not None]:
         del limits[name]
     limits[resource] = str(count)
 

@@ -1,7 +1,7 @@
 """The 16 kubelet device plugins: how a worker pod's container gets its GPUs from the kubelet.
 
 Why: a worker pod asks for `tensor-fusion.ai/index_<k>: c` (the webhook's encoding of its pod index
-N = 8k + c, 1..128; `tfusion.api.annotations.encode_pod_index`), and the kubelet starts it only when
+N = 8k + c, 1..128; `tfusion.api.podindex.encode_pod_index`), and the kubelet starts it only when
 a device plugin offers that resource and, on `Allocate`, says what the container gets. The count
 the kubelet allocates is the only thing that tells the plugin which pod it is serving, so:
 
@@ -46,6 +46,7 @@ import grpc
 import grpc.aio
 
 from tfusion.api import annotations as keys
+from tfusion.api import podindex
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.hypervisor.deviceplugin.rpc import (
     API_VERSION,
@@ -93,7 +94,7 @@ class IndexPlugin:
 
     def __init__(self, k: int, directory: Path, owner: DevicePlugins) -> None:
         self.k = k
-        self.resource_name = keys.index_resource(k)
+        self.resource_name = podindex.index_resource(k)
         self.socket = directory / SOCKET_NAME.format(k)
         self.owner = owner
         self.server: grpc.aio.Server | None = None
@@ -158,7 +159,7 @@ class IndexPlugin:
         for container in request.container_requests:
             count = len(container.devices_ids)
             try:
-                index = keys.decode_pod_index(self.resource_name, count)
+                index = podindex.decode_pod_index(self.resource_name, count)
             except ValueError as exc:
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             allocation = await self.owner.allocation_for(index)
