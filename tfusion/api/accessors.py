@@ -244,7 +244,7 @@ class Pod(Body):
     @property
     def finished(self) -> bool:
         """Succeeded or Failed: its containers will not run again and what it held can be released."""
-        return self.phase in FINISHED_PHASES
+        return self.phase in tfa.FINISHED_POD_PHASES
 
     @property
     def component(self) -> str:
@@ -269,10 +269,6 @@ class Pod(Body):
         if not self.is_worker or not self.node_name or not self.meta.annotation(tfa.GPU_IDS) or self.finished:
             return False
         return not (self.meta.deleting and tfa.FINALIZER not in self.meta.finalizers)
-
-
-#: the pod phases after which nothing in the pod runs again
-FINISHED_PHASES = tfa.FINISHED_POD_PHASES
 
 
 class Node(Body):
