@@ -350,7 +350,7 @@ def test_ghost_rows_left_in_the_state_file_are_removed_at_start(
         db.commit()
     finally:
         db.close()
-    caplog.set_level(logging.WARNING, logger="tfusion.apiserver.objects")
+    caplog.set_level(logging.WARNING, logger="tfusion.apiserver.seed")
     handle = ApiServerHandle(state, tmp_path / "kubeconfig").start()
     try:
         assert rows(handle, "rbac.authorization.k8s.io/clusterrolebindings", "ghost-eve") == []
@@ -362,7 +362,7 @@ def test_ghost_rows_left_in_the_state_file_are_removed_at_start(
             assert [o["metadata"]["name"] for o in http.get(GPUS).json()["items"]] == ["gpu-0"]
             assert http.get(f"{GPUS}/gpu-0").status_code == 200
         warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-                  and r.name == "tfusion.apiserver.objects"]
+                  and r.name == "tfusion.apiserver.seed"]
         assert any("ghost-eve" in m and "hidden" in m for m in warned), warned
         assert any("gpu-0" in m and "hidden" in m for m in warned), warned
     finally:
