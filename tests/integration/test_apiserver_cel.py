@@ -166,7 +166,8 @@ async def test_crd_update_with_a_rule_that_does_not_compile_is_refused(client: h
 def _spec_rules(kind: str) -> list[dict[str, Any]]:
     from tfusion.api.crds import all_crds
 
-    crd = next(c for c in all_crds() if c["spec"]["names"]["kind"] == kind)
+    generated: list[Any] = all_crds()
+    crd = next(c for c in generated if c["spec"]["names"]["kind"] == kind)
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     found: list[dict[str, Any]] = schema["properties"]["spec"].get("x-kubernetes-validations") or []
     return found

@@ -48,6 +48,7 @@ def crd_dir(tmp_path: Path) -> Path:
         pytest.skip("deploy/base/crds is missing and tfusion.api.crds is not available")
     out = tmp_path / "crds"
     out.mkdir()
+    crd: Any
     for crd in all_crds():
         (out / f"{crd['metadata']['name']}.yaml").write_text(yaml.safe_dump(dict(crd)))
     return out

@@ -64,7 +64,8 @@ def test_workload_spec_recursive_and_every_object_below_it(kubectl: Kubectl) -> 
     assert "The GPU request; written by a user or by the webhook" in out
     for field in ("gangScheduling", "minMembers", "resources", "requests", "tflops", "vram", "nodeAffinity"):
         assert f"{field}\t<" in out, f"{field} missing from the recursive listing"
-    spec = crds.openapi_schema_view("TensorFusionWorkload")["properties"]["spec"]
+    schema: Any = crds.openapi_schema_view("TensorFusionWorkload")
+    spec = schema["properties"]["spec"]
     for path in object_paths(spec, "tensorfusionworkload.spec"):
         out = kubectl("explain", path)
         assert "<empty>" not in out, f"kubectl explain {path} shows a field without description:\n{out}"

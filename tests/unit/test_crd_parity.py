@@ -106,7 +106,8 @@ def test_the_allow_list_has_no_stale_entries() -> None:
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_names_scope_and_status_subresource_match(kind: str) -> None:
     theirs = FACTS["kinds"][kind]
-    spec = crds.crd_for(kind)["spec"]
+    crd: Any = crds.crd_for(kind)
+    spec = crd["spec"]
     [version] = spec["versions"]
     names = {key: value for key, value in spec["names"].items() if key != "shortNames"}
     assert names == theirs["names"]
@@ -116,15 +117,16 @@ def test_names_scope_and_status_subresource_match(kind: str) -> None:
 
 def test_the_gang_rule_sits_on_spec_of_workloads_and_profiles() -> None:
     for kind in ("TensorFusionWorkload", "WorkloadProfile"):
-        [rule] = crds.openapi_schema_view(kind)["properties"]["spec"]["x-kubernetes-validations"]
+        schema: Any = crds.openapi_schema_view(kind)
+        [rule] = schema["properties"]["spec"]["x-kubernetes-validations"]
         assert "self.gangScheduling.minMembers <= self.replicas" in rule["rule"]
         assert rule["message"] == "gangScheduling.minMembers must not exceed replicas"
 
 
 def test_crd_level_allow_list_is_what_actually_differs() -> None:
     # the allow-listed CRD keys must really be where ours differs, or the entry is stale
-    assert any(crds.crd_for(kind)["spec"]["names"].get("shortNames") for kind in KINDS)
-    columns = [c["name"] for kind in KINDS for c in
-               crds.crd_for(kind)["spec"]["versions"][0].get("additionalPrinterColumns", [])]
+    docs: list[Any] = [crds.crd_for(kind) for kind in KINDS]
+    assert any(crd["spec"]["names"].get("shortNames") for crd in docs)
+    columns = [c["name"] for crd in docs for c in crd["spec"]["versions"][0].get("additionalPrinterColumns", [])]
     assert "Age" in columns
     assert set(ALLOWED_CRD_DIFFERENCES) == {"names.shortNames", "additionalPrinterColumns"}

@@ -61,7 +61,7 @@ def test_cli_prints_the_stream_and_writes_files(tmp_path: Path, capsys: pytest.C
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_crd_names_scope_versions_and_subresources(kind: str) -> None:
     info = KINDS[kind]
-    crd = crds.crd_for(kind)
+    crd: Any = crds.crd_for(kind)
     assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
     assert crd["kind"] == "CustomResourceDefinition"
     assert crd["metadata"]["name"] == f"{info.plural}.tensor-fusion.ai"
@@ -81,10 +81,11 @@ def test_crd_names_scope_versions_and_subresources(kind: str) -> None:
 
 
 def test_scopes_and_short_names() -> None:
-    scopes = {kind: crds.crd_for(kind)["spec"]["scope"] for kind in KINDS}
+    docs: dict[str, Any] = {kind: crds.crd_for(kind) for kind in KINDS}
+    scopes = {kind: docs[kind]["spec"]["scope"] for kind in KINDS}
     assert {k for k, s in scopes.items() if s == "Namespaced"} == {
         "GPUResourceQuota", "TensorFusionWorkload", "WorkloadProfile", "TensorFusionConnection"}
-    short = {kind: crds.crd_for(kind)["spec"]["names"].get("shortNames", []) for kind in KINDS}
+    short = {kind: docs[kind]["spec"]["names"].get("shortNames", []) for kind in KINDS}
     assert short == {
         "TensorFusionCluster": ["tfc"], "GPUPool": ["gp"], "GPUNode": ["gn"], "GPU": [], "GPUNodeClass": ["gnc"],
         "GPUNodeClaim": ["gnclaim"], "SchedulingConfigTemplate": ["sct"], "GPUResourceQuota": ["gq"],
@@ -97,7 +98,8 @@ def test_scopes_and_short_names() -> None:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_printer_columns_point_at_fields_of_the_schema(kind: str) -> None:
-    [version] = crds.crd_for(kind)["spec"]["versions"]
+    crd: Any = crds.crd_for(kind)
+    [version] = crd["spec"]["versions"]
     schema = version["schema"]["openAPIV3Schema"]
     for column in version.get("additionalPrinterColumns", []):
         sub = subschema(schema, column["jsonPath"])
@@ -112,7 +114,8 @@ def test_printer_columns_point_at_fields_of_the_schema(kind: str) -> None:
 
 def test_the_originals_broken_printer_paths_are_fixed() -> None:
     def paths(kind: str) -> dict[str, str]:
-        [version] = crds.crd_for(kind)["spec"]["versions"]
+        crd: Any = crds.crd_for(kind)
+        [version] = crd["spec"]["versions"]
         return {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
 
     assert paths("GPUPool")["Mode"] == ".spec.nodeManagerConfig.provisioningMode"
@@ -172,7 +175,7 @@ def test_raw_extensions_preserve_unknown_fields() -> None:
 
 
 def test_enums_defaults_bounds_and_required_fields() -> None:
-    pool = crds.openapi_schema("GPUPool")
+    pool: Any = crds.openapi_schema("GPUPool")
     mode = subschema(pool, "spec.nodeManagerConfig.provisioningMode")
     assert mode == {"default": "AutoSelect", "enum": ["Provisioned", "AutoSelect", "Karpenter"], "type": "string"}
     assert subschema(pool, "spec.capacityConfig.oversubscription.tflopsOversellRatio") == {
@@ -181,7 +184,7 @@ def test_enums_defaults_bounds_and_required_fields() -> None:
     assert pool["properties"]["status"]["required"] == [
         "availableTFlops", "availableVRAM", "componentStatus", "notReadyNodes", "phase", "readyNodes",
         "totalTFlops", "totalVRAM", "virtualTFlops", "virtualVRAM"]
-    gpu = crds.openapi_schema("GPU")
+    gpu: Any = crds.openapi_schema("GPU")
     assert gpu["properties"]["status"]["required"] == [
         "available", "capacity", "gpuModel", "message", "nodeSelector", "phase", "uuid", "vendor"]
     assert subschema(gpu, "status.vendor") == {"default": "NVIDIA", "type": "string"}
@@ -194,7 +197,7 @@ def test_enums_defaults_bounds_and_required_fields() -> None:
     sct = crds.openapi_schema("SchedulingConfigTemplate")
     assert subschema(sct, "spec.placement.allowUsingLocalGPU") == {"default": True, "type": "boolean"}
     assert subschema(sct, "spec")["required"] == ["placement"]
-    conn = crds.openapi_schema("TensorFusionConnection")
+    conn: Any = crds.openapi_schema("TensorFusionConnection")
     assert conn["properties"]["status"]["required"] == ["connectionURL", "phase", "workerName"]
 
 

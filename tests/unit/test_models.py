@@ -252,4 +252,5 @@ def test_decode_encode_decode_is_stable() -> None:
     first = decode(doc)
     again = decode(encode(first))
     assert again == first
-    assert encode(again)["spec"]["workerPodTemplate"] == {"spec": {"containers": [{"name": "w", "image": None}]}}
+    encoded: Any = encode(again)
+    assert encoded["spec"]["workerPodTemplate"] == {"spec": {"containers": [{"name": "w", "image": None}]}}
