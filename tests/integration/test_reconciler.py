@@ -63,7 +63,7 @@ async def test_builder_triggers_predicates_conflicts_and_errors(kube: KubeClient
 
     controller = manager.controller("secrets").for_(r.SECRETS, predicates=[generation_changed]) \
         .owns(r.CONFIGMAPS) \
-        .watches(r.SERVICEACCOUNTS, lambda sa: [f"{NS}/from-{sa['metadata']['name']}"]) \
+        .watches(r.SERVICEACCOUNTS, lambda sa: [f"{NS}/from-{Body(sa).name}"]) \
         .complete(reconcile)
     assert controller.primary is manager.cache.informer(r.SECRETS)
     owner = await kube.create(r.SECRETS, {"metadata": {"name": "owner", "namespace": NS}})

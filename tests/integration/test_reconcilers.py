@@ -499,7 +499,8 @@ async def test_the_audit_adopts_a_missing_allocation_and_releases_an_orphan(apis
         assert kinds == ["missing-allocation", "orphan-allocation"], view["findings"]
         assert allocator.has_allocation(w1["metadata"]["uid"]), "adopted from its annotations"
         assert not allocator.has_allocation("00000000-0000-0000-0000-00000000dead"), "the orphan released"
-        assert (await reconcilers.drift.audit_once() or {}).get("findings") == [], "repaired: nothing left"
+        repaired = await reconcilers.drift.audit_once()
+        assert repaired is not None and repaired["findings"] == [], "repaired: nothing left"
         metrics = (await ctl.http.get("/metrics")).text
         assert 'tfusion_drift_total{kind="missing-allocation"} 1.0' in metrics
         assert 'tfusion_drift_total{kind="orphan-allocation"} 1.0' in metrics

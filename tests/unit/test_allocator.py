@@ -429,7 +429,7 @@ def test_quota_status_percentages_and_alert_condition() -> None:
 
 
 def test_quota_from_object_validates() -> None:
-    obj = {"metadata": {"namespace": "team"}, "spec": {
+    obj: dict[str, Any] = {"metadata": {"namespace": "team"}, "spec": {
         "total": {"requests": {"tflops": "100", "vram": "10Gi"}, "limits": {"tflops": "200", "vram": "20Gi"},
                   "maxWorkers": 3, "alertThresholdPercent": 80},
         "single": {"maxRequests": {"tflops": "50", "vram": "4Gi"}, "maxGPUCount": 2}}}
@@ -491,14 +491,16 @@ def test_virtualization_keys_are_read_ignoring_case() -> None:
 
 
 def test_default_soft_pod_is_placed_on_a_gpu_reported_by_the_hypervisor() -> None:
-    obj = {"metadata": {"name": "gpu-1", "labels": {"tensor-fusion.ai/gpupool": "p"},
-                        "annotations": {"tensor-fusion.ai/virtualization-capabilities": reporter_capabilities()}},
-           "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "phase": "Running", "usedBy": "tensor-fusion",
-                      "nodeSelector": {"kubernetes.io/hostname": "n1"}}}
+    obj: dict[str, Any] = {
+        "metadata": {"name": "gpu-1", "labels": {"tensor-fusion.ai/gpupool": "p"},
+                     "annotations": {"tensor-fusion.ai/virtualization-capabilities": reporter_capabilities()}},
+        "status": {"capacity": {"tflops": "989", "vram": "80Gi"}, "phase": "Running", "usedBy": "tensor-fusion",
+                   "nodeSelector": {"kubernetes.io/hostname": "n1"}}}
     a = allocator(gpu_from_object(Gpu(obj)))
-    pod = {"metadata": {"name": "w", "namespace": "ns", "uid": "u1",
-                        "annotations": {"tensor-fusion.ai/gpupool": "p", "tensor-fusion.ai/tflops-request": "10",
-                                        "tensor-fusion.ai/vram-request": "1Gi"}}}
+    pod: dict[str, Any] = {"metadata": {"name": "w", "namespace": "ns", "uid": "u1",
+                                        "annotations": {"tensor-fusion.ai/gpupool": "p",
+                                                        "tensor-fusion.ai/tflops-request": "10",
+                                                        "tensor-fusion.ai/vram-request": "1Gi"}}}
     soft = request_from_pod(Pod(pod))
     assert soft.isolation == "soft"
     assert a.select(soft).gpu_names == ("gpu-1",)

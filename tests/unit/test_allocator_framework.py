@@ -23,7 +23,7 @@ from tfusion.allocator.explain import LABEL_STAGES, gpu_label
 from tfusion.allocator.filters import STAGES, gpu_fits
 from tfusion.api.accessors import Body, Pod
 from tfusion.controller.defaults import Sources
-from tfusion.controller.scheduling.explain import explanation_json, status_json
+from tfusion.controller.scheduling.explain import StatusBody, explanation_json, status_json
 from tfusion.controller.scheduling.simulate import simulate_schedule
 
 GIB = 1 << 30
@@ -222,7 +222,8 @@ def test_explanation_and_its_json() -> None:
     assert node_a["reasons"][0]["detail"] == \
         "a0: VRAM available 16Gi < requested 30Gi (the most free of the node's 2 GPUs short of VRAM)"
     assert body["suggestions"][0]["kind"] == "smaller-request"
-    assert status_json(fwk.SUCCESS) == {"code": "Success", "stage": "", "summary": "Success", "reasons": []}
+    success: StatusBody = {"code": "Success", "stage": "", "summary": "Success", "reasons": []}
+    assert status_json(fwk.SUCCESS) == success
     fits = fw.explain(req("small"))
     assert fits.suggestions == () and fits.feasible == ["node-a", "node-b", "node-c"]
 

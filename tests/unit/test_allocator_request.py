@@ -82,7 +82,7 @@ def test_errors_name_annotation_value_and_allowed(notes: dict[str, str], key: st
 
 
 def test_pool_required_unless_defaulted() -> None:
-    bare = {"metadata": {"name": "x", "namespace": "ns", "annotations": {}}}
+    bare: dict[str, Any] = {"metadata": {"name": "x", "namespace": "ns", "annotations": {}}}
     with pytest.raises(RequestError, match="gpupool"):
         request_from_pod(Pod(bare))
     assert request_from_pod(Pod(bare), default_pool="fallback").pool == "fallback"

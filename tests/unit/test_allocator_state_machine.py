@@ -26,6 +26,7 @@ from tfusion.allocator import (
     Resources,
     Unschedulable,
 )
+from tfusion.allocator.queries import Snapshot
 from tfusion.controller import views
 
 GIB = 1 << 30
@@ -95,7 +96,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                             vram_request=v, vram_limit=v + extra_v, count=count,
                             isolation="shared" if shared else "soft", gpu_model=model)
 
-    def _expect_unchanged(self, before: dict[str, Any]) -> None:
+    def _expect_unchanged(self, before: Snapshot) -> None:
         assert self.alloc.snapshot() == before
 
     @rule(spec=requests, commit=st.booleans())

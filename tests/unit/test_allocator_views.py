@@ -75,7 +75,7 @@ def test_allocation_view_shape_and_plain_gpu_keys() -> None:
     a = cluster()
     placement = a.allocate(request_from_pod(Pod(pod("p1", count=2))))
     a.assume(request_from_pod(Pod(pod("assumed"))), [f"{placement.node}-gpu0"])  # not shown: not committed
-    view = views.build(a, gpu_object=no_gpu, pod_object=no_pod)
+    view: Any = views.build(a, gpu_object=no_gpu, pod_object=no_pod)  # JSON dug into below
     json.dumps(view)  # serialisable as is
     assert set(view) == {"gpuStore", "nodeWorkerStore", "allocation", "gpuToWorkerMap"}
     assert sorted(view["gpuStore"]) == ["node-a-gpu0", "node-a-gpu1", "node-b-gpu0", "node-b-gpu1"]
@@ -109,7 +109,7 @@ def test_allocation_view_returns_whole_cached_objects_with_live_state() -> None:
                                     "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1"}],
                                     "managedFields": [{"manager": "kubectl"}]}}
     pods = {("ml", "p1"): p1_cached}
-    view = views.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
+    view: Any = views.build(a, gpu_object=cached.get, pod_object=lambda ns, name: pods.get((ns, name)))
     assert json.dumps(cached, sort_keys=True) == before  # the cache is never modified
     gpu = view["gpuStore"][gpu_name]
     assert gpu["metadata"] == cached[gpu_name]["metadata"]

@@ -43,7 +43,7 @@ def test_the_hashes_tfusion_stores_are_unchanged() -> None:
     pool: dict[str, Any] = {"spec": {"componentConfig": components,
                      "nodeManagerConfig": {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
                          {"key": "zone", "operator": "In", "values": ["zürich"]}]}]}}}}
-    workload = {"spec": {"replicas": 3, "gpuCount": 1, "qos": "high", "ratio": 0.75}}
+    workload: dict[str, Any] = {"spec": {"replicas": 3, "gpuCount": 1, "qos": "high", "ratio": 0.75}}
     assert pool_template_hash(GpuPool(pool)) == old_hash(client, 10)
     assert template_hash(GpuPool(pool), Workload(workload)) == old_hash(
         {"worker": client, "hypervisorPort": 8000, "spec": {"gpuCount": 1, "qos": "high", "ratio": 0.75}}, 10)

@@ -16,6 +16,7 @@ from tfusion.api import annotations as ann
 from tfusion.api import durations
 from tfusion.api.accessors import Pod
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller import dynamic_config
 from tfusion.controller import metrics as metrics_controller
 from tfusion.controller.webhook import mutate
@@ -65,7 +66,8 @@ def _webhook_accepts(text: str) -> bool:
 
 def _protection_seconds(text: str) -> float | None:
     """The metrics recorder's protection window, less the creation time it starts from."""
-    pod = {"metadata": {"creationTimestamp": "1970-01-01T00:00:00Z", "annotations": {ann.EVICTION_PROTECTION: text}}}
+    pod: JsonMapping = {"metadata": {"creationTimestamp": "1970-01-01T00:00:00Z",
+                                     "annotations": {ann.EVICTION_PROTECTION: text}}}
     return metrics_controller._protected_until(Pod(pod))
 
 

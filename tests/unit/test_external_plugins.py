@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tfusion.api.accessors import Body
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.external_plugins import (
     NVIDIA,
     NVIDIA_DEVICE_PLUGIN,
@@ -61,7 +62,7 @@ def test_own_index_resources_and_unclaimed_resources_mark_nothing() -> None:
 
 
 def test_provider_configs_add_detectors_in_name_order() -> None:
-    configs = [
+    configs: list[JsonMapping] = [
         {"metadata": {"name": "z"}, "spec": {"devicePluginDetection": {
             "resourceNamePrefixes": ["example.com/npu"], "usedBySystemName": "npu-plugin"}}},
         {"metadata": {"name": "a"}, "spec": {"devicePluginDetection": {"resourceNamePrefixes": ["example.com/npu",

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfusion.api.accessors import Pod
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller.scheduling.indexes import IndexAllocator, pod_index
 from tfusion.controller.scheduling.ports import NoFreePort, PortAllocator, PortPool
 
@@ -76,10 +77,12 @@ def test_the_range_is_checked() -> None:
 
 def test_observe_sorts_cluster_and_node_ports() -> None:
     alloc = PortAllocator((42000, 42010), (40000, 40010), now=Clock())
-    cluster_pod = {"metadata": {"name": "a", "namespace": "ns", "labels": {"tensor-fusion.ai/host-port": "auto"},
-                                "annotations": {"tensor-fusion.ai/port-number": "42000"}}}
-    worker = {"metadata": {"name": "w", "namespace": "ns", "annotations": {"tensor-fusion.ai/port-number": "40000"}},
-              "spec": {"nodeName": "n1"}}
+    cluster_pod: JsonMapping = {"metadata": {"name": "a", "namespace": "ns",
+                                             "labels": {"tensor-fusion.ai/host-port": "auto"},
+                                             "annotations": {"tensor-fusion.ai/port-number": "42000"}}}
+    worker: JsonMapping = {"metadata": {"name": "w", "namespace": "ns",
+                                        "annotations": {"tensor-fusion.ai/port-number": "40000"}},
+                           "spec": {"nodeName": "n1"}}
     alloc.observe("u1", Pod(cluster_pod))
     alloc.observe("u2", Pod(worker))
     assert alloc.cluster.assign("x") == 42001

@@ -50,7 +50,7 @@ def test_predicates_compare_through_the_views() -> None:
 
 def test_owner_keys_follow_the_controller_reference() -> None:
     keys_of = controller_owner_keys(GPUPOOLS)
-    owned = {"metadata": {"name": "g", "ownerReferences": [
+    owned: dict[str, Any] = {"metadata": {"name": "g", "ownerReferences": [
         {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-a", "controller": True},
         {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-b"},
         "not a reference"]}}

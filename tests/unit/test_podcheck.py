@@ -54,7 +54,8 @@ def test_a_manifest_kubectl_prints_passes_both() -> None:
 
 def test_the_schema_is_inlined_and_asks_for_the_tfusion_scheduler() -> None:
     assert "$ref" not in json.dumps(SCHEMA)
-    spec = SCHEMA["properties"]["spec"]
+    properties: Any = SCHEMA["properties"]  # JSON dug into below
+    spec = properties["spec"]
     assert spec["required"] == ["schedulerName"] and spec["properties"]["schedulerName"]["enum"] == [SCHEDULER]
     assert SCHEMA["required"] == ["spec"]
 

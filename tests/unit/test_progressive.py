@@ -106,7 +106,7 @@ def test_a_worker_counts_on_its_node_while_bound_and_not_finished() -> None:
 
 
 def test_native_gpu_requests_and_the_extended_resource_check() -> None:
-    pod = {"spec": {"containers": [
+    pod: dict[str, Any] = {"spec": {"containers": [
         {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
         {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}},
         {"name": "c"}],

@@ -14,6 +14,7 @@ import yaml
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Node
+from tfusion.api.jsontypes import JsonMapping, json_object
 from tfusion.controller.reconcilers.cluster import RETRY_BASE_S, RETRY_MAX_S, pools_of_cluster, retry_delay
 from tfusion.controller.reconcilers.common import changed_fields, condition, merge_conditions, sum_capacity
 from tfusion.controller.reconcilers.gpunode import is_missing, last_report
@@ -100,7 +101,8 @@ def test_selector_hash_follows_the_selectors_only() -> None:
 def test_pools_of_a_cluster() -> None:
     cluster: dict[str, Any] = {"metadata": {"name": "c", "uid": "u1", "labels": {"team": "ml"}}, "spec": {"gpuPools": [
         {"name": "a", "isDefault": True, "specTemplate": {"nodeManagerConfig": {}}}, {"name": "b"}]}}
-    a, b = pools_of_cluster(Body(cluster))
+    pools: list[Any] = pools_of_cluster(Body(cluster))  # JSON dug into below
+    a, b = pools
     assert (a["metadata"]["name"], b["metadata"]["name"]) == ("c-a", "c-b")
     assert a["metadata"]["labels"] == {"team": "ml", tfa.MANAGED_BY: "c"}
     assert (a["metadata"]["annotations"][tfa.IS_DEFAULT_POOL], b["metadata"]["annotations"][tfa.IS_DEFAULT_POOL]) \
@@ -123,15 +125,16 @@ def test_retry_delay_is_bounded() -> None:
 def test_conditions_keep_their_transition_time_and_compare_without_it() -> None:
     first = condition(None, "Ready", True, "Ok", "fine", generation=2)
     assert first["status"] == "True" and first["observedGeneration"] == 2
-    old = [{**first, "lastTransitionTime": "2020-01-01T00:00:00Z"}]
+    old: list[JsonMapping] = [{**json_object(first), "lastTransitionTime": "2020-01-01T00:00:00Z"}]
     same = condition(old, "Ready", True, "Ok", "fine", generation=2)
     assert same["lastTransitionTime"] == "2020-01-01T00:00:00Z"
     flipped = condition(old, "Ready", False, "Bad", "broken")
     assert flipped["lastTransitionTime"] != "2020-01-01T00:00:00Z"
     other = {"type": "Theirs", "status": "True"}
     assert merge_conditions([other, *old], [flipped]) == [other, flipped]
-    assert changed_fields({"phase": "Running", "conditions": old}, {"phase": "Running", "conditions": [same]}) == {}
-    assert changed_fields({"conditions": old}, {"conditions": [flipped]}) == {"conditions": [flipped]}
+    assert changed_fields({"phase": "Running", "conditions": old},
+                          {"phase": "Running", "conditions": [json_object(same)]}) == {}
+    assert changed_fields({"conditions": old}, {"conditions": [json_object(flipped)]}) == {"conditions": [flipped]}
 
 
 def test_capacity_sums() -> None:

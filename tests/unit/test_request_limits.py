@@ -24,7 +24,8 @@ POOL = "pool-a"
 GIB = 1 << 30
 POOLS: list[dict[str, Any]] = [{"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
           "spec": {"nodeManagerConfig": {"defaultVendor": "NVIDIA"}}}]
-PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"}, "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
+PROVIDER: dict[str, Any] = {"metadata": {"name": "nvidia"},
+                            "spec": {"vendor": "NVIDIA", "inUseResourceNames": ["nvidia.com/gpu"]}}
 OVER = "; a request may not exceed its limit"
 T_REQ, T_LIM = tfa.TFLOPS_REQUEST, tfa.TFLOPS_LIMIT
 V_REQ, V_LIM = tfa.VRAM_REQUEST, tfa.VRAM_LIMIT
@@ -66,7 +67,8 @@ def _allocator() -> GpuAllocator:
 def _webhook(notes: dict[str, str], **context: Any) -> str | None:
     """The webhook's denial message for a pod with `notes`, None when it admits it."""
     try:
-        analyse(_pod(notes), Context(pools=POOLS, provider_configs=[PROVIDER], **context), Owner(workload_name="p"))
+        analyse(Pod(_pod(notes)), Context(pools=POOLS, provider_configs=[PROVIDER], **context),
+                Owner(workload_name="p"))
     except Denial as denial:
         assert denial.code == 400
         return denial.message
