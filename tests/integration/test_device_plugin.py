@@ -45,10 +45,10 @@ def ids(k: int, count: int) -> list[str]:
     return [f"{k}-{n}" for n in range(1, count + 1)]
 
 
-async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
     kube = await KubeClient.connect(apiserver.kubeconfig)
-    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir = short_tmp_path / "device-plugins"
     plugin_dir.mkdir()
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
@@ -57,7 +57,7 @@ async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, tm
         await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
             "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
             "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
-        async with hypervisor(apiserver, tmp_path / "state", plugin_dir) as http:
+        async with hypervisor(apiserver, short_tmp_path / "state", plugin_dir) as http:
             async def all_registered() -> bool:
                 assert sorted(r.resource_name for r in kubelet.registrations) == sorted(RESOURCES)
                 assert len(kubelet.devices) == 16
@@ -125,14 +125,14 @@ async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, tm
 
             # every GPU unhealthy: every plugin's devices turn Unhealthy (the sim's load file)
             load = {"devices": {str(i): {"healthy": False, "healthMessage": "XID 79"} for i in range(3)}}
-            (tmp_path / "state" / "sim-load.json").write_text(json.dumps(load))
+            (short_tmp_path / "state" / "sim-load.json").write_text(json.dumps(load))
 
             async def unhealthy() -> bool:
                 assert kubelet.devices["tensor-fusion.ai/index_f"] == [(i, "Unhealthy") for i in ids(15, 36)]
                 return True
 
             await eventually(unhealthy, 20, retry_on=NOT_YET)
-            (tmp_path / "state" / "sim-load.json").write_text(json.dumps({"devices": {
+            (short_tmp_path / "state" / "sim-load.json").write_text(json.dumps({"devices": {
                 str(i): {"healthy": True} for i in range(3)}}))
 
             async def healthy_again() -> bool:
@@ -157,10 +157,10 @@ async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, tm
         await kube.close()
 
 
-async def test_plugins_wait_for_the_kubelet(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+async def test_plugins_wait_for_the_kubelet(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
-    plugin_dir = tmp_path / "device-plugins"
-    async with hypervisor(apiserver, tmp_path / "state", plugin_dir) as http:
+    plugin_dir = short_tmp_path / "device-plugins"
+    async with hypervisor(apiserver, short_tmp_path / "state", plugin_dir) as http:
         async def waiting() -> bool:
             conditions = {c["name"]: c for c in (await http.get("/readyz")).json()["conditions"]}
             assert conditions["device-plugins"]["ready"] is False

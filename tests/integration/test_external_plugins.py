@@ -34,13 +34,13 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def detecting_hypervisor(apiserver: ApiServerHandle, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    plugins = tmp_path / "kubelet" / "device-plugins"
+async def detecting_hypervisor(apiserver: ApiServerHandle, short_tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    plugins = short_tmp_path / "kubelet" / "device-plugins"
     plugins.mkdir(parents=True)
     settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(tmp_path / "state"),
-                              "shm_root": str(tmp_path / "shm"), "device_plugin_dir": str(plugins),
-                              "metrics_output_path": str(tmp_path / "metrics.log")},
+                              "kube": apiserver.kubeconfig, "state_dir": str(short_tmp_path / "state"),
+                              "shm_root": str(short_tmp_path / "shm"), "device_plugin_dir": str(plugins),
+                              "metrics_output_path": str(short_tmp_path / "metrics.log")},
                              env={"DETECT_IN_USED_GPUS": "true"}, roles=("hypervisor",))
     async with anyio.create_task_group() as tg:
         port = await tg.start(role.run, settings)
@@ -49,12 +49,12 @@ async def detecting_hypervisor(apiserver: ApiServerHandle, tmp_path: Path) -> As
         tg.cancel_scope.cancel()
 
 
-def write_checkpoint(tmp_path: Path, entries: list[tuple[str, list[str]]]) -> None:
+def write_checkpoint(short_tmp_path: Path, entries: list[tuple[str, list[str]]]) -> None:
     """What the kubelet's device manager writes (kubelet 1.20+ layout), atomically as it does."""
     data = {"Data": {"PodDeviceEntries": [
         {"PodUID": f"pod-{n}", "ContainerName": "main", "ResourceName": resource, "DeviceIDs": {"0": ids}}
         for n, (resource, ids) in enumerate(entries)], "RegisteredDevices": {}}, "Checksum": 0}
-    path = tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
+    path = short_tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
     part = path.with_suffix(".part")
     part.write_text(json.dumps(data))
     part.replace(path)
@@ -84,10 +84,10 @@ async def until(check: Any, what: str, timeout: float = 15.0) -> Any:
 
 
 async def test_gpus_held_by_the_nvidia_plugin_are_marked_and_given_back(
-        apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path) -> None:
+        apiserver: ApiServerHandle, kube: KubeClient, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
     await create_pool_and_node(kube)
-    async with detecting_hypervisor(apiserver, tmp_path) as http:
+    async with detecting_hypervisor(apiserver, short_tmp_path) as http:
         uuids = [d["UUID"] for d in (await http.get("/api/v1/devices")).json()["data"]]
         first, second, third = uuids
 
@@ -100,8 +100,9 @@ async def test_gpus_held_by_the_nvidia_plugin_are_marked_and_given_back(
 
         # a native pod got the first GPU (its ID as the NVIDIA plugin writes it), a HAMi-style
         # share of the second, and a worker its tfusion index
-        write_checkpoint(tmp_path, [("nvidia.com/gpu", [first.upper()]), ("nvidia.com/gpu", [f"{second.upper()}-1"]),
-                                    ("tensor-fusion.ai/index_0", ["0-1"])])
+        write_checkpoint(short_tmp_path, [("nvidia.com/gpu", [first.upper()]),
+                                          ("nvidia.com/gpu", [f"{second.upper()}-1"]),
+                                          ("tensor-fusion.ai/index_0", ["0-1"])])
         expected = {first: "nvidia-device-plugin", second: "3rd-party-device-plugin", third: "reserved-by-ops"}
 
         async def marked() -> bool:
@@ -112,7 +113,7 @@ async def test_gpus_held_by_the_nvidia_plugin_are_marked_and_given_back(
         assert gpu_from_object(Gpu(held)).used_by == "nvidia-device-plugin"  # what the allocator leaves alone
 
         # the native pod ends: the kubelet's record drops it, the GPU is tfusion's again
-        write_checkpoint(tmp_path, [("nvidia.com/gpu", [f"{second.upper()}-1"])])
+        write_checkpoint(short_tmp_path, [("nvidia.com/gpu", [f"{second.upper()}-1"])])
 
         async def given_back() -> bool:
             return await used_by(kube) == {**expected, first: "tensor-fusion"}
@@ -121,7 +122,7 @@ async def test_gpus_held_by_the_nvidia_plugin_are_marked_and_given_back(
 
 
 async def test_the_pod_resources_api_is_the_truth_and_a_dead_one_changes_nothing(
-        apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        apiserver: ApiServerHandle, kube: KubeClient, short_tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     await apply_crds(apiserver)
     await create_pool_and_node(kube)
     await kube.create(PROVIDERCONFIGS, {"metadata": {"name": "npu-provider"}, "spec": {
@@ -132,14 +133,14 @@ async def test_the_pod_resources_api_is_the_truth_and_a_dead_one_changes_nothing
     async def kubelet_list() -> list[AssignedDevices]:
         return list(answer)
 
-    socket_dir = tmp_path / "kubelet" / "pod-resources"
+    socket_dir = short_tmp_path / "kubelet" / "pod-resources"
     socket_dir.mkdir(parents=True)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([pod_resources_handler(kubelet_list)])
     server.add_insecure_port(unix_target(str(socket_dir / "kubelet.sock")))
     await server.start()
     try:
-        async with detecting_hypervisor(apiserver, tmp_path) as http:
+        async with detecting_hypervisor(apiserver, short_tmp_path) as http:
             uuids = [d["UUID"] for d in (await http.get("/api/v1/devices")).json()["data"]]
 
             async def reported() -> bool:
@@ -150,7 +151,7 @@ async def test_the_pod_resources_api_is_the_truth_and_a_dead_one_changes_nothing
             # ProviderConfig's resource): the API wins
             answer.append(AssignedDevices(namespace="default", pod="native", container="main",
                                           resource="example.com/accel", device_ids=(uuids[1].upper(),)))
-            write_checkpoint(tmp_path, [("nvidia.com/gpu", [uuids[0]])])  # a rewrite starts a pass
+            write_checkpoint(short_tmp_path, [("nvidia.com/gpu", [uuids[0]])])  # a rewrite starts a pass
 
             async def marked() -> bool:
                 return await used_by(kube) == {uuids[0]: "tensor-fusion", uuids[1]: "accel-plugin",
@@ -163,7 +164,7 @@ async def test_the_pod_resources_api_is_the_truth_and_a_dead_one_changes_nothing
             dead_socket(socket_dir / "kubelet.sock")
             answer.clear()
             with caplog.at_level(logging.WARNING, logger="tfusion.hypervisor.external_plugins"):
-                write_checkpoint(tmp_path, [])
+                write_checkpoint(short_tmp_path, [])
 
                 async def skipped() -> bool:
                     return any("not checked this time" in r.getMessage() and "kubelet.sock" in r.getMessage()
@@ -175,9 +176,9 @@ async def test_the_pod_resources_api_is_the_truth_and_a_dead_one_changes_nothing
         await server.stop(None)
 
 
-async def test_without_kubernetes_there_is_nothing_to_mark(tmp_path: Path) -> None:
+async def test_without_kubernetes_there_is_nothing_to_mark(short_tmp_path: Path) -> None:
     settings = Settings.load({"backend": "local", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "state_dir": str(tmp_path / "state")}, env={"DETECT_IN_USED_GPUS": "true"},
+                              "state_dir": str(short_tmp_path / "state")}, env={"DETECT_IN_USED_GPUS": "true"},
                              roles=("hypervisor",))
     with pytest.raises(role.HypervisorError, match=r"DETECT_IN_USED_GPUS=true .* only --backend=kubernetes"):
         await role.run(settings)

@@ -44,8 +44,8 @@ async def exists(path: Path) -> bool:
     return await anyio.to_thread.run_sync(path.exists)
 
 
-async def test_local_state_files_and_worker_logs_are_private(tmp_path: Path) -> None:
-    state = tmp_path / "state"  # does not exist yet: the hypervisor creates it
+async def test_local_state_files_and_worker_logs_are_private(short_tmp_path: Path) -> None:
+    state = short_tmp_path / "state"  # does not exist yet: the hypervisor creates it
     log_file = state / "logs" / "team-a" / "worker-train.log"
     async with local_hypervisor(state) as http:
         created = await http.post("/api/v1/workers", json={
@@ -91,24 +91,24 @@ async def soft_pod(kube: KubeClient, name: str, gpu: str, security: dict[str, in
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to the pod's user needs root, as the DaemonSet runs")
-async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+async def test_a_soft_pods_file_belongs_to_its_identity(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
     kube = await KubeClient.connect(apiserver.kubeconfig)
     children: list[subprocess.Popen[bytes]] = []
     try:
         await setup_node(kube)
-        async with soft_hypervisor(apiserver, tmp_path) as http:
+        async with soft_hypervisor(apiserver, short_tmp_path) as http:
             gpu = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
             await soft_pod(kube, "runs-as-4100", gpu, {"runAsUser": 4100, "runAsGroup": 4300, "fsGroup": 4200})
             await soft_pod(kube, "runs-as-image-user", gpu, {})
-            shm = tmp_path / "shm" / "default"
+            shm = short_tmp_path / "shm" / "default"
             ours, unknown = shm / "runs-as-4100" / "shm", shm / "runs-as-image-user" / "shm"
             await eventually(lambda: anyio.to_thread.run_sync(lambda: ours.exists() and unknown.exists()))
             info = os.stat(ours)
             assert (info.st_uid, info.st_gid, file_mode(ours)) == (4100, 4200, 0o660)
             info = os.stat(ours.parent)
             assert (info.st_uid, info.st_gid, file_mode(ours.parent)) == (4100, 4200, 0o750)
-            assert file_mode(shm) == 0o700 and file_mode(tmp_path / "shm") == 0o700
+            assert file_mode(shm) == 0o700 and file_mode(short_tmp_path / "shm") == 0o700
             info = os.stat(unknown)
             assert (info.st_uid, file_mode(unknown), file_mode(unknown.parent)) == (0, 0o600, 0o700)
 
@@ -142,12 +142,12 @@ def pod_process(pod: str, uid: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["/bin/sleep", "60"], env=env, user=uid, group=uid, extra_groups=[])
 
 
-async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, tmp_path: Path) -> None:
+async def test_device_plugin_sockets_are_private(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
-    for plugin_dir, dir_mode in ((tmp_path / "created-by-us", 0o700), (tmp_path / "kubelets", 0o755)):
+    for plugin_dir, dir_mode in ((short_tmp_path / "created-by-us", 0o700), (short_tmp_path / "kubelets", 0o755)):
         if dir_mode == 0o755:  # the kubelet's directory, there before the hypervisor
             plugin_dir.mkdir(mode=dir_mode)
-        async with plugin_hypervisor(apiserver, tmp_path / f"state-{plugin_dir.name}", plugin_dir):
+        async with plugin_hypervisor(apiserver, short_tmp_path / f"state-{plugin_dir.name}", plugin_dir):
             await eventually(functools.partial(exists, plugin_dir))
             kubelet = FakeKubelet(plugin_dir)
             await kubelet.start()
