@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.unit.allocator_reference import ReferenceAllocator
+from tests.helpers.allocator_reference import ReferenceAllocator
 from tfusion.allocator import AllocRequest, Framework, GpuAllocator, GpuInfo, PoolConfig, Unschedulable
 
 GIB = 1 << 30

@@ -118,16 +118,16 @@ def _step(kind: str, arg: Any, value: Any) -> list[Any]:
     return matched
 
 
-def _meta(key: str) -> Callable[[dict[str, Any]], Any]:
+def _metadata_field(key: str) -> Callable[[dict[str, Any]], Any]:
     return lambda obj: obj.get("metadata", {}).get(key)
 
 
-NAME: Column = ("Name", "string", "Name must be unique within a namespace.", _meta("name"))
+NAME: Column = ("Name", "string", "Name must be unique within a namespace.", _metadata_field("name"))
 AGE: Column = (
     "Age",
     "date",
     "CreationTimestamp is a timestamp representing the server time when this object was created.",
-    _meta("creationTimestamp"),
+    _metadata_field("creationTimestamp"),
 )
 
 
@@ -325,7 +325,7 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
     "coordination.k8s.io/leases": [NAME, ("Holder", "string", "holder", _path(".spec.holderIdentity")), AGE],
     "apiextensions.k8s.io/customresourcedefinitions": [
         NAME,
-        ("Created At", "string", "creation time", _meta("creationTimestamp")),
+        ("Created At", "string", "creation time", _metadata_field("creationTimestamp")),
     ],
     "scheduling.k8s.io/priorityclasses": [
         NAME,
