@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
 
-import anyio
 import grpc
 import grpc.aio
 import httpx
 
 from tests.apiserver_fixture import ApiServerHandle
-from tfusion.hypervisor import role
+from tests.helpers.kube_hypervisor import kube_hypervisor
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.hypervisor.deviceplugin.rpc import (
     Context,
@@ -21,7 +19,6 @@ from tfusion.hypervisor.deviceplugin.rpc import (
     registration_handler,
     unix_target,
 )
-from tfusion.settings import Settings
 
 NODE = "gpu-node-dp"
 
@@ -83,14 +80,7 @@ class FakeKubelet:
         self.devices.clear()
 
 
-@asynccontextmanager
-async def hypervisor(apiserver: ApiServerHandle, state: Path, plugin_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state), "shm_root": str(state / "shm"),
-                              "device_plugin_dir": str(plugin_dir),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(role.run, settings)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            yield http
-        tg.cancel_scope.cancel()
+def hypervisor(apiserver: ApiServerHandle, state: Path,
+               plugin_dir: Path) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    """A hypervisor on this module's node whose device plugins serve in `plugin_dir`."""
+    return kube_hypervisor(apiserver, state, node=NODE, devices=SPEC, plugin_dir=plugin_dir)

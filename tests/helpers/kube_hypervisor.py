@@ -25,10 +25,17 @@ SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
 
 
 @asynccontextmanager
-async def kube_hypervisor(apiserver: ApiServerHandle, state: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
+async def kube_hypervisor(apiserver: ApiServerHandle, state: Path, *, node: str = NODE, devices: str = SPEC,
+                          plugin_dir: Path | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """The hypervisor role on the kubernetes backend in this process, its state (and shared memory)
+    under `state`; with `plugin_dir`, its device plugins serve there. Yields a client of its API."""
+    values: dict[str, object] = {
+        "backend": "kubernetes", "devices": devices, "hypervisor_port": 0, "node_name": node,
+        "kube": apiserver.kubeconfig, "state_dir": str(state), "shm_root": str(state / "shm"),
+        "metrics_output_path": str(state / "metrics.log")}
+    if plugin_dir is not None:
+        values["device_plugin_dir"] = str(plugin_dir)
+    settings = Settings.load(values, env={}, roles=("hypervisor",))
     async with anyio.create_task_group() as tg:
         port = await tg.start(role.run, settings)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

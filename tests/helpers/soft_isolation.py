@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-import anyio
 import httpx
 
 from tests.apiserver_fixture import ApiServerHandle
-from tfusion.hypervisor import role
+from tests.helpers.kube_hypervisor import kube_hypervisor
 from tfusion.kube.client import KubeClient
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, SERVICEACCOUNTS
-from tfusion.settings import Settings
 
 NODE = "gpu-node-soft"
 
@@ -21,16 +18,9 @@ NODE = "gpu-node-soft"
 SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
 
 
-@asynccontextmanager
-async def hypervisor(apiserver: ApiServerHandle, state: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state), "shm_root": str(state / "shm"),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(role.run, settings)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            yield http
-        tg.cancel_scope.cancel()
+def hypervisor(apiserver: ApiServerHandle, state: Path) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    """A hypervisor on this module's node, its shared memory under `state`."""
+    return kube_hypervisor(apiserver, state, node=NODE, devices=SPEC)
 
 
 async def setup_node(kube: KubeClient) -> None:

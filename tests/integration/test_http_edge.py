@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from litestar.testing import AsyncTestClient
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers.controller import controllers, settings_for, start_controller
+from tests.helpers.kube_hypervisor import kube_hypervisor
 from tfusion.api import annotations as tfa
 from tfusion.hypervisor import role as hypervisor_role
 from tfusion.kube.auth import bearer_token
@@ -48,16 +49,8 @@ async def local_hypervisor(state: Path) -> AsyncIterator[httpx.AsyncClient]:
         tg.cancel_scope.cancel()
 
 
-@asynccontextmanager
-async def kube_hypervisor(apiserver: ApiServerHandle, state: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.load({"backend": "kubernetes", "devices": SPEC, "hypervisor_port": 0, "node_name": NODE,
-                              "kube": apiserver.kubeconfig, "state_dir": str(state),
-                              "metrics_output_path": str(state / "metrics.log")}, env={}, roles=("hypervisor",))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(hypervisor_role.run, settings)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield client
-        tg.cancel_scope.cancel()
+def edge_hypervisor(apiserver: ApiServerHandle, state: Path) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    return kube_hypervisor(apiserver, state, node=NODE, devices=SPEC)
 
 
 def assert_error(response: httpx.Response, status: int, *fragments: str) -> dict[str, Any]:
@@ -188,7 +181,7 @@ async def test_hypervisor_openapi_documents_every_body(tmp_path: Path) -> None:
 async def test_local_worker_routes_answer_405_with_allow_in_kubernetes_mode(
         apiserver: ApiServerHandle, tmp_path: Path) -> None:
     await apply_crds(apiserver)
-    async with kube_hypervisor(apiserver, tmp_path) as http:
+    async with edge_hypervisor(apiserver, tmp_path) as http:
         refused = await http.post("/api/v1/workers", json={"name": "w"})
         body = assert_error(refused, 405, "--backend=local")
         # the route does not exist in Kubernetes mode: Allow, `allowed` and the document agree
@@ -217,7 +210,7 @@ async def test_token_routes_accept_the_raw_token(apiserver: ApiServerHandle, tmp
             await client.create(SERVICEACCOUNTS, {"metadata": {"name": "default", "namespace": "default"}})
         except Exception:  # the API server may have created it itself
             pass
-        async with kube_hypervisor(apiserver, tmp_path) as http:
+        async with edge_hypervisor(apiserver, tmp_path) as http:
             device = (await http.get("/api/v1/devices")).json()["data"][0]["UUID"]
             pod = await client.create(PODS, {
                 "metadata": {"name": "infer-0", "namespace": "default",
