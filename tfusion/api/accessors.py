@@ -34,28 +34,31 @@ EMPTY: Mapping[str, Any] = {}
 
 def section(obj: Mapping[str, object] | None, *path: str) -> Mapping[str, Any]:
     """The mapping at `path` inside `obj`, or an empty one when any step is missing or not a map."""
+    # decoded JSON is plain dicts: _walk checks the exact type first, as the ABC check costs ~10x more
+    node = _walk(obj, path)
+    return node if type(node) is dict or isinstance(node, Mapping) else EMPTY
+
+
+def _walk(obj: Mapping[str, object] | None, path: tuple[str, ...]) -> object:
+    """The value at `path` inside `obj` (None when a step is missing or not a map); one loop, no
+    slicing: views call this on every field read."""
     node: object = obj
     for key in path:
-        # decoded JSON is plain dicts: the exact type check first, as the ABC check costs ~10x more
         if type(node) is not dict and not isinstance(node, Mapping):
-            return EMPTY
+            return None
         node = node.get(key)
-    return node if type(node) is dict or isinstance(node, Mapping) else EMPTY
+    return node
 
 
 def items(obj: Mapping[str, object] | None, *path: str) -> list[Any]:
     """The list at `path` inside `obj`, or an empty list when any step is missing or not a list."""
-    if not path:
-        return []
-    value = section(obj, *path[:-1]).get(path[-1])
+    value = _walk(obj, path) if path else None
     return list(value) if isinstance(value, list) else []
 
 
 def text(obj: Mapping[str, object] | None, *path: str) -> str:
     """The string at `path` inside `obj`, or "" when missing or not a string."""
-    if not path:
-        return ""
-    value = section(obj, *path[:-1]).get(path[-1])
+    value = _walk(obj, path) if path else None
     return value if isinstance(value, str) else ""
 
 
