@@ -100,12 +100,33 @@ _CONDITIONS_STATUS: _Schema = {"conditions": _merged_list("type")}
 
 _METADATA_ONLY: _Schema = {"metadata": _nested(_OBJECT_META)}
 
-#: Deployment, ReplicaSet and Job: a pod template in the spec, conditions (merged by type) in the status
+_POD_TEMPLATE: _Field = _nested({"metadata": _nested(_OBJECT_META), "spec": _nested(_POD_SPEC)})
+
+#: Deployment, ReplicaSet, Job, DaemonSet and StatefulSet: a pod template in the spec, conditions
+#: (merged by type) in the status
 _WORKLOAD: _Schema = {
     "metadata": _nested(_OBJECT_META),
-    "spec": _nested({"template": _nested({"metadata": _nested(_OBJECT_META), "spec": _nested(_POD_SPEC)})}),
+    "spec": _nested({"template": _POD_TEMPLATE}),
     "status": _nested(_CONDITIONS_STATUS),
 }
+
+#: a CronJob's pod template sits one Job template deeper; its status lists (active) carry no tag
+_CRON_JOB: _Schema = {
+    "metadata": _nested(_OBJECT_META),
+    "spec": _nested({"jobTemplate": _nested({"metadata": _nested(_OBJECT_META),
+                                             "spec": _nested({"template": _POD_TEMPLATE})})}),
+}
+
+#: both webhook configurations merge their webhooks by name, and each webhook its matchConditions
+_WEBHOOK_CONFIGURATION: _Schema = {
+    "metadata": _nested(_OBJECT_META),
+    "webhooks": _merged_list("name", {"matchConditions": _merged_list("name")}),
+}
+
+#: kinds whose own lists carry no patch tag at all (an RBAC Role's rules, a binding's subjects, a
+#: NetworkPolicy's ingress rules, an EndpointSlice's endpoints, ...): each list is replaced whole
+#: (atomic), only the object metadata merges
+_ATOMIC_LISTS = _METADATA_ONLY
 
 # Transcribed from the patchStrategy/patchMergeKey tags of k8s.io/api for the kinds we serve.
 # Lists not named here (tolerations, taints, containerStatuses, envFrom, ...) carry no tag there
@@ -128,10 +149,8 @@ _KIND_SCHEMAS: Mapping[str, _Schema] = {
     },
     "Namespace": {"metadata": _nested(_OBJECT_META), "status": _nested(_CONDITIONS_STATUS)},
     "ServiceAccount": {"metadata": _nested(_OBJECT_META), "secrets": _merged_list("name")},
-    "MutatingWebhookConfiguration": {
-        "metadata": _nested(_OBJECT_META),
-        "webhooks": _merged_list("name"),
-    },
+    "MutatingWebhookConfiguration": _WEBHOOK_CONFIGURATION,
+    "ValidatingWebhookConfiguration": _WEBHOOK_CONFIGURATION,
     "ValidatingAdmissionPolicy": {
         "metadata": _nested(_OBJECT_META),
         "spec": _nested({"matchConditions": _merged_list("name")}),
@@ -141,6 +160,17 @@ _KIND_SCHEMAS: Mapping[str, _Schema] = {
     "Deployment": _WORKLOAD,
     "ReplicaSet": _WORKLOAD,
     "Job": _WORKLOAD,
+    "DaemonSet": _WORKLOAD,
+    "StatefulSet": _WORKLOAD,
+    "CronJob": _CRON_JOB,
+    "PodDisruptionBudget": {"metadata": _nested(_OBJECT_META), "status": _nested(_CONDITIONS_STATUS)},
+    "NetworkPolicy": _ATOMIC_LISTS,
+    "Endpoints": _ATOMIC_LISTS,
+    "EndpointSlice": _ATOMIC_LISTS,
+    "Role": _ATOMIC_LISTS,
+    "ClusterRole": _ATOMIC_LISTS,
+    "RoleBinding": _ATOMIC_LISTS,
+    "ClusterRoleBinding": _ATOMIC_LISTS,
     "ConfigMap": _METADATA_ONLY,
     "Secret": _METADATA_ONLY,
     "Event": _METADATA_ONLY,
