@@ -88,7 +88,8 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
             kubeconfig = started["apiserver"] = await outer.start(
                 _started, "apiserver", runners.pop("apiserver"), settings, None)
             if settings.kube_mode == "embedded":
-                settings = settings.replace(kube=str(kubeconfig))
+                # no kube-scheduler runs beside the embedded API server: the built-in one places every pod
+                settings = settings.replace(kube=str(kubeconfig), schedule_default_pods=True)
         from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
 
         manager = await _manager_for(settings, runners, embedded)

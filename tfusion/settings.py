@@ -367,6 +367,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("scheduler", "--scheduler", None, "builtin", _choice("builtin", "extender"), "controller",
        "who binds GPU pods: builtin (the leader's own scheduler) or extender (a kube-scheduler profile "
        "calls /scheduler/filter, /prioritize and /bind)"),
+    _o("schedule_default_pods", None, None, False, parse_bool, "controller",
+       "the built-in scheduler also places pods that name default-scheduler (or no scheduler), by the node "
+       "checks alone, without GPUs; no flag or variable: only the embedded API server's wiring (--role=all, "
+       "--kube=embedded) turns it on, since on a real cluster kube-scheduler owns those pods"),
     _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller",
        "run the reconcilers and the drift audit (false: none of them; the allocator, its status write-back and "
        "orphan sweep, the webhook and the scheduler still run)"),
@@ -453,7 +457,11 @@ def _default(attr: str) -> Any:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved configuration of one tfusion process. Build it with `Settings.load`."""
+    """The resolved configuration of one tfusion process. Build it with `Settings.load`.
+
+    Not every field is set by a user: `schedule_default_pods` is False from `load` and set True by
+    roles.py when this process runs the embedded API server (no kube-scheduler is there to place
+    default-scheduler pods)."""
 
     roles: tuple[str, ...] = ("all",)
     kube: str = _default("kube")
@@ -494,6 +502,7 @@ class Settings:
     enable_webhooks: bool = _default("enable_webhooks")
     enable_scheduler: bool = _default("enable_scheduler")
     scheduler: str = _default("scheduler")
+    schedule_default_pods: bool = _default("schedule_default_pods")
     enable_cr_controller: bool = _default("enable_cr_controller")
     progressive_migration: bool = _default("progressive_migration")
     initial_gpu_node_label_selector: str = _default("initial_gpu_node_label_selector")

@@ -2,8 +2,8 @@
 
 Everything is checked from outside over HTTP (and kubectl where installed): the simulated kubelet's
 Node, the GPUNode, the GPU objects the hypervisor reports, the hypervisor's and the controller's
-APIs, a pod going Pending -> Running -> gone, SIGTERM, and a restart on the same state that keeps
-what the user changed.
+APIs, a pod going Pending -> Running -> gone, a `kubectl run` pod scheduled and Running, SIGTERM,
+and a restart on the same state that keeps what the user changed.
 """
 
 from __future__ import annotations
@@ -86,6 +86,19 @@ def check_pod_lifecycle(run: RoleAll) -> None:
     run.wait_for("the pod to be gone", lambda: httpx.get(f"{pods}/hello", timeout=5, **auth).status_code == 404)
 
 
+def check_plain_pod_runs(run: RoleAll) -> None:
+    """`kubectl run` makes a pod naming no scheduler (default-scheduler): the built-in scheduler binds
+    it to the simulated node, which runs it."""
+    if not Path(KUBECTL).exists():
+        return
+    made = kubectl(run, "run", "plain", "--image=busybox", "--", "sleep", "3600")
+    assert made.returncode == 0, made.stderr
+    pod = run.wait_for("the plain pod to run", lambda: (lambda p: p if p["status"].get("phase") == "Running" else None)(
+        run.get("/api/v1/namespaces/default/pods/plain")))
+    assert pod["spec"]["schedulerName"] == "default-scheduler" and pod["spec"]["nodeName"] == NODE
+    assert kubectl(run, "delete", "pod", "plain", "--wait=false").returncode == 0
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -155,6 +168,7 @@ def test_role_all_end_to_end(role_all: RoleAll) -> None:
     names = check_cluster(run)
     check_kubectl(run, names)
     check_pod_lifecycle(run)
+    check_plain_pod_runs(run)
     check_a_manager_per_identity(run)
     check_readme_commands(run)
 

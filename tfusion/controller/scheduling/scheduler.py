@@ -34,6 +34,7 @@ PodScheduled condition) by unschedulable.py.
 The pod index: the webhook assigns it (scheduling/indexes.py); the allocator holds it per node for
 as long as the pod holds GPUs (Filter and Reserve skip a node where another pod holds it), and the
 binding writes `tensor-fusion.ai/index` after a last check of that node-level lock (binder.py).
+With the embedded API server it also places default-scheduler pods, without GPUs (default_pods.py).
 Preemption and gang scheduling are not implemented.
 """
 
@@ -54,8 +55,8 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, Node, Pod
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import default_pool_name
+from tfusion.controller.scheduling import default_pods, progressive
 from tfusion.controller.scheduling import nodes as nc
-from tfusion.controller.scheduling import progressive
 from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
 from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
 from tfusion.controller.scheduling.podcheck import pod_problem
@@ -88,10 +89,7 @@ GPU_REQUEST_KEYS = ("TFLOPS_REQUEST", "TFLOPS_LIMIT", "VRAM_REQUEST", "VRAM_LIMI
 
 def asks_for_gpus(pod: Pod) -> bool:
     """The worker label, or any GPU request annotation (read through tfa: keys follow the domain)."""
-    if is_worker(pod):
-        return True
-    notes = pod.meta.annotations
-    return any(getattr(tfa, k) in notes for k in GPU_REQUEST_KEYS)
+    return is_worker(pod) or any(getattr(tfa, k) in pod.meta.annotations for k in GPU_REQUEST_KEYS)
 
 
 def is_worker(pod: Pod) -> bool:
@@ -147,6 +145,7 @@ class Scheduler:
         self.service = service
         self.settings = runtime.settings
         self.mode = str(getattr(self.settings, "scheduler", BUILTIN))
+        self.serve_default = bool(getattr(self.settings, "schedule_default_pods", False))
         self.usage = nc.NodeUsage()
         self.verdicts = nc.StaticVerdicts()
         self._allocatable: dict[str, tuple[str, nc.Allocatable]] = {}
@@ -203,6 +202,10 @@ class Scheduler:
             self._framework = Framework(allocator)
         return self._framework
 
+    def serves(self, pod: Pod) -> bool:
+        """Ours, or a default-scheduler pod when `Settings.schedule_default_pods` (embedded API server)."""
+        return is_ours(pod) or (self.serve_default and default_pods.is_default(pod))
+
     def pod(self, key: str) -> Pod | None:
         """The cached pod "namespace/name" (every pod, not only ours)."""
         raw = self.pods.get(key)
@@ -220,7 +223,7 @@ class Scheduler:
         pending = nc.is_pending(pod)
         if not pending:
             self._in_flight.pop(pod.uid, None)
-        if is_ours(pod) and pending:
+        if self.serves(pod) and pending:
             if self.queue is not None:
                 self.queue.add(key, priority=priority(pod))
             return
@@ -271,7 +274,7 @@ class Scheduler:
         queue = SchedulingQueue(clock=self.runtime.manager.clock)
         pods = [Pod(raw) for raw in self.pods.list()]
         for pod in pods:
-            if is_ours(pod) and nc.is_pending(pod):
+            if self.serves(pod) and nc.is_pending(pod):
                 queue.add(pod_key(pod), priority=priority(pod))
         self.usage.rebuild(pods)
         self.queue = queue
@@ -303,7 +306,7 @@ class Scheduler:
         assert queue is not None
         pod = self.pod(key)
         fw = self.framework()
-        if pod is None or not is_ours(pod) or not nc.is_pending(pod):
+        if pod is None or not self.serves(pod) or not nc.is_pending(pod):
             queue.delete(key)
             return
         if fw is None:
@@ -367,6 +370,8 @@ class Scheduler:
                 pod, f"0/{len(self.nodes)} nodes are available: the pod cannot be scheduled: {problem}.",
                 Code.UNRESOLVABLE))
         demand = nc.pod_demand(pod)
+        if not is_ours(pod):
+            return default_pods.place(self, pod, demand)
         if not asks_for_gpus(pod):
             native = nc.extended_requests(pod, self.native_resource_names())
             if native:
@@ -407,10 +412,10 @@ class Scheduler:
 
     def _decide_plain(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node]) -> Decision:
         """A pod without GPUs: the node checks alone; the node with the fewest pods (spread)."""
-        return self._place_by_nodes(pod, demand, by_name, lambda name, node: self.node_failure(demand, node))
+        return self.place_by_nodes(pod, demand, by_name, lambda name, node: self.node_failure(demand, node))
 
-    def _place_by_nodes(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node],
-                        check: Callable[[str, Node], nc.NodeFailure | None]) -> Decision:
+    def place_by_nodes(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node],
+                       check: Callable[[str, Node], nc.NodeFailure | None]) -> Decision:
         failures: dict[str, nc.NodeFailure] = {}
         fitting: list[str] = []
         for name, node in by_name.items():
@@ -471,7 +476,7 @@ class Scheduler:
         """A native-GPU pod: the node checks and its native GPU resources, on a node without
         TensorFusion workers; no GPU is taken from the allocator."""
         busy = self.nodes_with_workers()
-        decision = self._place_by_nodes(pod, demand, by_name, self.native_check(demand, native, busy))
+        decision = self.place_by_nodes(pod, demand, by_name, self.native_check(demand, native, busy))
         decision.native = dict(native)
         if decision.why is not None and (note := progressive.busy_note(by_name, sorted(native), busy)):
             decision.why.message += " " + note
