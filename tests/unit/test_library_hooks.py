@@ -100,7 +100,7 @@ EXTENDED = ("connection_made", "connection_lost", "on_message_begin", "on_url", 
             "on_message_complete", "on_response_complete", "data_received")
 #: the helpers it calls as uvicorn's own data_received does
 CALLED = ("_unset_keepalive_if_required", "_should_upgrade", "handle_websocket_upgrade",
-          "_unsupported_upgrade_warning")
+          "_unsupported_upgrade_warning", "_get_upgrade")
 
 
 def test_uvicorn_protocol_has_the_methods_we_extend_and_call() -> None:

@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from tfusion.apiserver import discovery, errors, rbac, tables
+from tfusion.apiserver import discovery, errors, openapi_pb, podstreams, rbac, tables
 from tfusion.apiserver.asgi import (
     BODY_TIMEOUT_S,
     ClientGone,
@@ -82,6 +82,8 @@ class ApiApp:
         kind = scope["type"]
         if kind == "http":
             await self._http(scope, receive, send)
+        elif kind == "websocket":  # kubectl exec/attach/port-forward: refused before the handshake
+            await podstreams.websocket(self._http, scope, receive, send)
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -177,7 +179,7 @@ class ApiApp:
             await respond(send, 200, discovery.VERSION)
             return
         if head == "openapi":
-            await self._openapi(parts, send)
+            await self._openapi(parts, send, openapi_pb.wants_protobuf(request.headers.get("accept", "")))
             return
         registry = self.engine.registry
         if head == "api":
@@ -206,6 +208,9 @@ class ApiApp:
             gv = f"{group}/{version}" if group else version
             await respond(send, 200, discovery.resource_list(gv, infos))
             return
+        stream = podstreams.match(group, version, rest)
+        if stream is not None:  # pods/log, exec, attach, portforward: no container runs to serve them
+            raise podstreams.refusal(self.engine, request.method, stream, request.params)
         target = self._target(group, version, rest, path)
         await self._dispatch(request, target, send)
 
@@ -521,9 +526,10 @@ class ApiApp:
         )
 
     # ------------------------------------------------------------------------------ openapi
-    async def _openapi(self, parts: list[str], send: Send) -> None:
+    async def _openapi(self, parts: list[str], send: Send, protobuf: bool = False) -> None:
         registry = self.engine.registry
-        key = (registry.generation, "/".join(parts))
+        protobuf = protobuf and parts[1:] == ["v2"]  # kubectl's v2 download (openapi_pb.py)
+        key = (registry.generation, "/".join(parts) + (";protobuf" if protobuf else ""))
         cached = self._openapi_cache.get(key)
         if cached is None:
             by_gv: dict[tuple[str, str], list[ResourceInfo]] = {}
@@ -545,11 +551,11 @@ class ApiApp:
                 body = discovery.openapi_v3_group_version(gv[0], gv[1], by_gv[gv])
             else:
                 raise errors.not_found_path("/" + "/".join(parts))
-            cached = orjson.dumps(body)
+            cached = openapi_pb.document(body) if protobuf else orjson.dumps(body)
             if len(self._openapi_cache) > 64:
                 self._openapi_cache.clear()
             self._openapi_cache[key] = cached
-        await send_bytes(send, 200, cached)
+        await send_bytes(send, 200, cached, openapi_pb.CONTENT_TYPE if protobuf else b"application/json")
 
 
 def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:

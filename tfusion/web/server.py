@@ -208,8 +208,9 @@ def _with_head_timeout(seconds: float, refusal: ParserRefusal = error_body_refus
             except httptools.HttpParserUpgrade:
                 if self._should_upgrade():
                     self.handle_websocket_upgrade()
-                else:
+                elif self._get_upgrade() == b"websocket":
                     self._unsupported_upgrade_warning()
+                # another upgrade (SPDY: kubectl's exec fallback) is served as the plain request it also is
                 return False
             return True
 
