@@ -1,8 +1,9 @@
 """Pods that name `default-scheduler` (or no scheduler) on the embedded API server: with
 `schedule_default_pods` (what `--role=all` sets) the built-in scheduler binds a plain pod to a Ready
 node it fits, with no GPU annotation; a pod that fits nowhere gets PodScheduled=False, a
-FailedScheduling event and an answer from `/api/why`; without the setting (a real cluster, where
-kube-scheduler owns them) such a pod is left alone while a GPU pod beside it is bound."""
+FailedScheduling event and an answer from `/api/why`, and so does a pod naming a scheduler that
+does not run; without the setting (a real cluster, where kube-scheduler owns them) such a pod is
+left alone while a GPU pod beside it is bound."""
 
 from __future__ import annotations
 
@@ -85,6 +86,9 @@ async def test_a_plain_pod_that_fits_nowhere_says_why(apiserver: Any, tmp_path: 
             # a resource the node does not list, as kube-scheduler's NodeResourcesFit counts it
             native_condition = await eventually(lambda: scheduled_condition(kube, "native"), what="native's condition")
             assert native_condition["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+            await kube.create(r.PODS, plain_pod("elsewhere", scheduler="my-scheduler"))
+            elsewhere = await eventually(lambda: scheduled_condition(kube, "elsewhere"), what="elsewhere's condition")
+            assert elsewhere["message"].startswith("no scheduler named 'my-scheduler' runs here")
             await ctl.runtime.events.drain()
             events = await eventually(lambda: events_for(kube, "huge", "FailedScheduling"), what="the event")
             assert events[0]["message"] == huge["message"]

@@ -203,8 +203,8 @@ class Scheduler:
         return self._framework
 
     def serves(self, pod: Pod) -> bool:
-        """Ours, or a default-scheduler pod when `Settings.schedule_default_pods` (embedded API server)."""
-        return is_ours(pod) or (self.serve_default and default_pods.is_default(pod))
+        """Ours, or with `Settings.schedule_default_pods` (embedded API server) every pod (default_pods.py)."""
+        return self.serve_default or is_ours(pod)
 
     def pod(self, key: str) -> Pod | None:
         """The cached pod "namespace/name" (every pod, not only ours)."""
