@@ -82,8 +82,6 @@ SAMPLES: dict[str, Callable[[str], dict[str, Any]]] = {
         "spec": {"template": {"spec": {**_POD_SPEC, "restartPolicy": "Never"}}}
     },
     "coordination.k8s.io/leases": lambda n: {},
-    "events.k8s.io/events": lambda n: {"eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "t/x",
-                                       "reportingInstance": "i", "action": "A", "reason": "R", "type": "Normal"},
     "rbac.authorization.k8s.io/clusterrolebindings": lambda n: {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
         "subjects": [{"kind": "User", "name": "eve", "apiGroup": "rbac.authorization.k8s.io"}],
@@ -123,11 +121,13 @@ injected_namespaces = st.one_of(
 
 
 def served(apiserver: ApiServerHandle) -> dict[str, ResourceInfo]:
-    """Every stored (not request-only) resource the server serves, by storage key."""
+    """Every stored (not request-only) resource the server serves, by storage key (events.k8s.io
+    events are the core events, served in another shape: one store, sampled once)."""
     engine = apiserver.server.engine
     assert engine is not None
     infos = apiserver.call(engine.registry.all)
-    return {i.storage_key: i for i in infos if i.storage_key not in VIRTUAL and i.version == i.storage_version}
+    return {i.storage_key: i for i in infos
+            if i.storage_key not in VIRTUAL and i.version == i.storage_version and not i.shares_storage}
 
 
 def collection(info: ResourceInfo, *, everywhere: bool = False) -> str:

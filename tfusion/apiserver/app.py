@@ -35,6 +35,7 @@ from tfusion.apiserver.asgi import (
     send_bytes,
     watch_timeout,
 )
+from tfusion.apiserver.conversion import to_served
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.rbac import ADMIN, Authorizer, UserInfo
@@ -561,6 +562,4 @@ class ApiApp:
 def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:
     if entry.obj.get("apiVersion") == info.api_version:
         return entry.obj
-    obj = dict(entry.obj)
-    obj["apiVersion"] = info.api_version
-    return obj
+    return to_served(info, entry.obj)

@@ -20,6 +20,7 @@ import orjson
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import customresources, errors, limits, policies, shapes, validation
+from tfusion.apiserver.conversion import to_served, to_storage
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.kinds import (
     CRDS,
@@ -190,8 +191,9 @@ class Engine:
             meta = body["metadata"] = {}
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
-        shapes.check(info.storage_key, info.kind, info.version, body)
-        return body
+        stored = to_storage(info, body)
+        shapes.check(info.storage_key, info.kind, info.version, stored)
+        return stored
 
     # ------------------------------------------------------------------------------ update / patch
     async def update(
@@ -241,7 +243,7 @@ class Engine:
         # bytes, or the request's decoder (app.py decodes large bodies off the event loop)
         document = limits.decode_json(patch_body, "patch") if isinstance(patch_body, bytes) else patch_body()
         current = self.get(info, namespace, name)
-        target = current.copy()
+        target = to_served(info, current.copy())
         try:
             if ctype == "application/json-patch+json":
                 patched = patching.json_patch(target, document, max_bytes=limits.MAX_OBJECT_BYTES)
@@ -275,6 +277,7 @@ class Engine:
                 "the namespace of the provided object does not match the namespace sent on the request"
             )
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
+        patched = to_storage(info, patched)
         shapes.check(info.storage_key, info.kind, info.version, patched)
         self._strict(info, patched, field_validation)
         return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run)

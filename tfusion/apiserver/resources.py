@@ -33,6 +33,9 @@ class ResourceInfo:
     crd_name: str = ""  # set for custom resources
     storage_version: str = ""
     preserve_unknown: bool = False
+    #: the storage key of another resource whose store this one serves in its own shape
+    #: (events.k8s.io/v1 events are the core events; conversion.py converts)
+    shares_storage: str = ""
 
     def __post_init__(self) -> None:
         if not self.singular:
@@ -47,7 +50,7 @@ class ResourceInfo:
     @property
     def storage_key(self) -> str:
         """Objects of every served version of a resource share one store."""
-        return f"{self.group}/{self.plural}"
+        return self.shares_storage or f"{self.group}/{self.plural}"
 
     @property
     def status_split(self) -> bool:
@@ -86,7 +89,7 @@ BUILTINS: tuple[ResourceInfo, ...] = (
     _core("secrets", "Secret", True),
     _core("events", "Event", True, short_names=("ev",)),
     _core("serviceaccounts", "ServiceAccount", True, short_names=("sa",), subresources=("token",)),
-    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",)),
+    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, short_names=("ev",), shares_storage="/events"),
     ResourceInfo("coordination.k8s.io", "v1", "leases", "Lease", True),
     ResourceInfo("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=CREATE_ONLY),
     ResourceInfo(
@@ -183,7 +186,7 @@ class Registry:
     def storage_info(self, storage_key: str) -> ResourceInfo | None:
         infos = self.by_storage_key(storage_key)
         for info in infos:
-            if info.version == info.storage_version:
+            if info.version == info.storage_version and not info.shares_storage:
                 return info
         return infos[0] if infos else None
 

@@ -11,6 +11,7 @@ import uuid
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import customresources
+from tfusion.apiserver.conversion import adopt_separate_event_rows
 from tfusion.apiserver.kinds import CRDS, NAMESPACES, PRIORITY_CLASSES, SYSTEM_PRIORITY_CLASSES
 from tfusion.apiserver.objects import Engine
 
@@ -20,7 +21,8 @@ SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease",
 
 def bootstrap(engine: Engine) -> None:
     """The system namespaces (with their default ServiceAccounts) and priority classes when missing,
-    the stored CRDs' kinds registered, then `repair_scopes`."""
+    the stored CRDs' kinds registered, events an earlier version stored apart moved into the core
+    event store (conversion.py), then `repair_scopes`."""
     info = engine.registry.get("", "v1", "namespaces")
     assert info is not None
     for name in SYSTEM_NAMESPACES:
@@ -55,6 +57,7 @@ def bootstrap(engine: Engine) -> None:
             )
     for _, entry in engine.store.items(CRDS):
         customresources.register(engine.registry, entry.obj)
+    adopt_separate_event_rows(engine.store)
     repair_scopes(engine)
 
 

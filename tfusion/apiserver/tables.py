@@ -172,6 +172,7 @@ def _event_last_seen(event: dict[str, Any]) -> str:
     stamp = (
         series.get("lastObservedTime")
         or event.get("lastTimestamp")
+        or event.get("deprecatedLastTimestamp")  # the events.k8s.io/v1 shape
         or event.get("eventTime")
         or (event.get("metadata") or {}).get("creationTimestamp")
     )
@@ -316,11 +317,11 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
             "string",
             "involved object",
             lambda e: (
-                f"{(e.get('involvedObject') or {}).get('kind', '').lower()}/"
-                f"{(e.get('involvedObject') or {}).get('name', '')}"
+                f"{(e.get('involvedObject') or e.get('regarding') or {}).get('kind', '').lower()}/"
+                f"{(e.get('involvedObject') or e.get('regarding') or {}).get('name', '')}"
             ),
         ),
-        ("Message", "string", "message", _path(".message")),
+        ("Message", "string", "message", lambda e: e.get("message", e.get("note"))),
     ],
     "coordination.k8s.io/leases": [NAME, ("Holder", "string", "holder", _path(".spec.holderIdentity")), AGE],
     "apiextensions.k8s.io/customresourcedefinitions": [

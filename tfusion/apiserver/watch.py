@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from tfusion.apiserver import errors, tables
+from tfusion.apiserver.conversion import to_served
 from tfusion.apiserver.resources import ResourceInfo
 from tfusion.apiserver.store import ADDED, DELETED, MODIFIED, Entry, Event, Store
 
@@ -78,9 +79,7 @@ class WatchRequest:
     def _versioned(self, entry: Entry) -> dict[str, Any]:
         if entry.obj.get("apiVersion") == self.info.api_version:
             return entry.obj
-        obj = dict(entry.obj)
-        obj["apiVersion"] = self.info.api_version
-        return obj
+        return to_served(self.info, entry.obj)
 
     def translate(self, event: Event) -> bytes | None:
         """The line this watcher sees for a store event, or None when it sees nothing."""
