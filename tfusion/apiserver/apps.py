@@ -267,8 +267,11 @@ def validate_job(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]
     deadline = spec.get("activeDeadlineSeconds")
     if isinstance(deadline, int) and deadline <= 0:
         causes.append(invalid_value("spec.activeDeadlineSeconds", deadline, "must be greater than 0"))
-    if spec.get("completionMode") not in ("NonIndexed", None):
-        causes.append(not_supported("spec.completionMode", spec.get("completionMode"), ("NonIndexed",)))
+    mode = spec.get("completionMode")
+    if mode not in ("NonIndexed", "Indexed", None):
+        causes.append(not_supported("spec.completionMode", mode, ("NonIndexed", "Indexed")))
+    if mode == "Indexed" and spec.get("completions") is None:
+        causes.append(required("spec.completions", "when completionMode is Indexed"))
     causes += _selector_and_template(spec, "job") + _template_causes(spec, _JOB_RESTART_POLICIES)
     if spec.get("manualSelector") is not True and not causes:
         causes += _generated_selector_causes(obj)

@@ -1,11 +1,12 @@
-"""The Job controller of `--role=all` (NonIndexed Jobs): run pods until enough succeed or it fails.
+"""The Job controller of `--role=all`: run pods until enough succeed or it fails.
 
 Why it exists: batch users try TensorFusion with a Job. It runs up to `parallelism` pods until
 `completions` succeeded; failed pods (and container restarts under restartPolicy OnFailure) count
 against backoffLimit, then the Job fails (conditions FailureTarget and Failed, reason
 BackoffLimitExceeded); activeDeadlineSeconds fails it with DeadlineExceeded; success sets
 SuccessCriteriaMet and Complete. startTime, completionTime, active, ready, succeeded and failed
-are in its status. `suspend` stops its pods.
+are in its status. `suspend` stops its pods. Indexed Jobs (one pod per completion index) are
+described in `indexed`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from tfusion.embedded.workloads.common import (
     set_condition,
     since,
     status_int,
+)
+from tfusion.embedded.workloads.indexed import (
+    completed_indexes,
+    create_indexed_pods,
+    format_indexes,
+    is_indexed,
+    missing_indexes,
 )
 from tfusion.kube import resources as r
 from tfusion.kube.reconciler import Result
@@ -79,6 +87,10 @@ class JobController:
         spec = job.spec
         now = rfc3339()
         succeeded = max(status_int(job, "succeeded"), sum(1 for p in pods if p.phase == "Succeeded"))
+        if is_indexed(job):
+            completed = completed_indexes(job, pods)
+            succeeded = len(completed)
+            status["completedIndexes"] = format_indexes(completed)
         failed = max(status_int(job, "failed"), sum(1 for p in pods if p.phase == "Failed"))
         on_failure = text(spec, "template", "spec", "restartPolicy") == "OnFailure"
         restarts = sum(_restarts(p) for p in active) if on_failure else 0
@@ -133,6 +145,8 @@ class JobController:
         return result
 
     async def _run_pods(self, job: Body, active: list[Pod], succeeded: int) -> Result | None:
+        if is_indexed(job):
+            return await self._run_indexed(job, active)
         spec = job.spec
         parallelism = int(spec.get("parallelism", 1))
         completions = spec.get("completions")
@@ -147,4 +161,12 @@ class JobController:
                 return Result(requeue=True)
         elif len(active) > wanted:
             await self.bench.delete_pods(job, r.JOBS, sorted(active, key=deletion_rank)[:len(active) - wanted])
+        return None
+
+    async def _run_indexed(self, job: Body, active: list[Pod]) -> Result | None:
+        """Start pods for the lowest indexes that have none, up to parallelism running."""
+        room = max(0, int(job.spec.get("parallelism", 1)) - len(active))
+        missing = missing_indexes(job, completed_indexes(job, self.bench.pods_of(job)), active)
+        if room and missing and await create_indexed_pods(self.bench, job, missing[:room]) is not None:
+            return Result(requeue=True)
         return None
