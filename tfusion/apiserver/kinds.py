@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import apps, customresources, errors, rbac, validation
+from tfusion.apiserver import apps, customresources, errors, netpolicy, rbac, validation
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store
 
@@ -131,6 +131,8 @@ class KindRules:
             causes += apps.validate(key, obj, old)
         elif key in rbac.RBAC_KEYS:
             causes += rbac.validate(key, obj, old)
+        elif key in netpolicy.POLICY_KEYS:
+            causes += netpolicy.validate(key, obj)
         elif key in ("admissionregistration.k8s.io/validatingadmissionpolicies",
                      "admissionregistration.k8s.io/validatingadmissionpolicybindings"):
             from tfusion.apiserver import policies  # it reads NAMESPACES from here

@@ -122,6 +122,13 @@ BUILTINS: tuple[ResourceInfo, ...] = (
                  subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",),
                  tracks_generation=True),
+    # the policy and network kinds (netpolicy.py); pods/eviction honours the budgets
+    ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=("netpol",),
+                 tracks_generation=True),
+    ResourceInfo("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, short_names=("pdb",),
+                 subresources=("status",), tracks_generation=True),
+    _core("endpoints", "Endpoints", True, short_names=("ep",)),
+    ResourceInfo("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     # RBAC (rbac.py) and the reviews that ask it (reviews.py)
     ResourceInfo("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     ResourceInfo("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),

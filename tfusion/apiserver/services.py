@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import errors, shapes, validation
+from tfusion.apiserver import errors, netpolicy, shapes, validation
 from tfusion.apiserver.asgi import Request, Target
 from tfusion.apiserver.objects import PODS, Engine
 from tfusion.apiserver.tokens import TokenAuthority
@@ -90,8 +90,32 @@ class Services:
         shapes.check_body(shapes.EVICTION, "Eviction", "policy/v1", body)
         info = self._pod_info()
         options = (body.get("deleteOptions") or {}) if isinstance(body, dict) else {}
+        self._check_budgets(target.namespace or "", target.name, dry_run=request.dry_run)
         self.engine.delete(info, target.namespace or "", target.name, options, dry_run=request.dry_run)
         return 201, _SUCCESS
+
+    def _check_budgets(self, namespace: str, name: str, *, dry_run: bool) -> None:
+        """429 when a PodDisruptionBudget selecting the (healthy) pod allows no disruption (netpolicy.py)."""
+        info = self._pod_info()
+        pod = self.engine.get(info, namespace, name).obj
+        budgets = [e.obj for _, e in self.engine.store.items(netpolicy.PDBS, namespace)
+                   if netpolicy.selects(e.obj, pod)]
+        if not budgets or not netpolicy.healthy(pod):
+            return  # kube lets an unhealthy pod go: evicting it lowers nothing the budget counts
+        pods = [e.obj for _, e in self.engine.store.items(info.storage_key, namespace)]
+        for pdb in budgets:
+            status = netpolicy.budget_status(pdb, [p for p in pods if netpolicy.selects(pdb, p)])
+            self._write_budget_status(pdb, status, dry_run=dry_run)
+            if status["disruptionsAllowed"] < 1:
+                raise netpolicy.refuse(pdb["metadata"]["name"], status)
+
+    def _write_budget_status(self, pdb: dict[str, Any], status: dict[str, Any], *, dry_run: bool) -> None:
+        entry = self.engine.store.get(netpolicy.PDBS, pdb["metadata"].get("namespace", ""), pdb["metadata"]["name"])
+        if dry_run or entry is None or {**(entry.obj.get("status") or {}), **status} == entry.obj.get("status"):
+            return
+        obj = entry.copy()
+        obj["status"] = {**(obj.get("status") or {}), **status}
+        self.engine.store.put(netpolicy.PDBS, obj, entry)
 
     async def token_request(self, request: Request, target: Target) -> tuple[int, Any]:
         body = request.json()

@@ -1,0 +1,186 @@
+"""NetworkPolicy, PodDisruptionBudget, pods/eviction and the Endpoints controller against the embedded
+API server over HTTP: stored and validated (422s naming the field), an eviction a budget forbids is
+answered 429 and the pod stays, an allowed one deletes the pod, and a Service with a selector gets
+Endpoints and an EndpointSlice listing its pods' addresses (the simulated kubelet gives them an IP)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.helpers import eventually
+from tfusion.embedded.devices import DevicePlan
+from tfusion.embedded.endpoints import ENDPOINTS, ENDPOINTSLICES, EndpointsController
+from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.kube import resources as r
+from tfusion.kube.client import Invalid, KubeClient, NotFound
+from tfusion.kube.manager import Manager
+from tfusion.kube.resources import ApiResource
+from tfusion.settings import Settings
+
+pytestmark = pytest.mark.anyio
+NS = "default"
+NODE = "n1"
+NETPOLS = ApiResource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True)
+PDBS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+
+
+def pdb(name: str = "web-pdb", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, **spec}}
+
+
+def netpol(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "deny"},
+            "spec": spec}
+
+
+def pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {"app": "web"}},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "main", "image": "nginx", "ports": [{"name": "http", "containerPort": 8080}]}]}}
+
+
+def fields(exc: Invalid) -> list[str]:
+    return [c["field"] for c in exc.status["details"]["causes"]]
+
+
+@pytest.fixture
+async def cluster(kube: KubeClient) -> AsyncIterator[KubeClient]:
+    """A Manager running the Endpoints controller and a simulated kubelet for node n1."""
+    settings = Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, leader_elect=False)
+    manager = Manager(settings, kube)
+    kubelet = SimulatedKubelet(manager, NODE, DevicePlan("auto", (), "none", "no GPUs in this test"))
+    EndpointsController(manager)
+    async with anyio.create_task_group() as tg:
+        await tg.start(kubelet.run)
+        await tg.start(manager.run)
+        yield kube
+        tg.cancel_scope.cancel()
+
+
+async def test_network_policy_is_stored_and_validated(kube: KubeClient) -> None:
+    created = await kube.create(NETPOLS, netpol(podSelector={}, policyTypes=["Ingress"]), namespace=NS)
+    assert created["spec"]["policyTypes"] == ["Ingress"]
+    got = await kube.get(NETPOLS, "deny", namespace=NS)
+    assert got["metadata"]["uid"] == created["metadata"]["uid"]
+    with pytest.raises(Invalid) as missing:
+        await kube.create(NETPOLS, {**netpol(), "metadata": {"name": "bad"}}, namespace=NS)
+    assert fields(missing.value) == ["spec.podSelector"]
+    with pytest.raises(Invalid) as wrong:
+        await kube.create(NETPOLS, {**netpol(podSelector={}, policyTypes=["Ingress", "Sideways"]),
+                                    "metadata": {"name": "bad"}}, namespace=NS)
+    assert fields(wrong.value) == ["spec.policyTypes[1]"] and "Sideways" in wrong.value.status["message"]
+
+
+async def test_pdb_is_stored_and_validated(kube: KubeClient) -> None:
+    created = await kube.create(PDBS, pdb(minAvailable="50%"), namespace=NS)
+    assert (await kube.get(PDBS, "web-pdb", namespace=NS))["spec"]["minAvailable"] == "50%"
+    assert created["metadata"]["generation"] == 1
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"minAvailable": 1, "maxUnavailable": 1}, "spec"), ({}, "spec.minAvailable"),
+        ({"maxUnavailable": "lots"}, "spec.maxUnavailable"), ({"minAvailable": -1}, "spec.minAvailable")]
+    for spec, field in cases:
+        with pytest.raises(Invalid) as refused:
+            await kube.create(PDBS, pdb("bad", **spec), namespace=NS)
+        assert field in fields(refused.value), spec
+    no_selector = pdb("bad", minAvailable=1)
+    del no_selector["spec"]["selector"]
+    with pytest.raises(Invalid) as refused:
+        await kube.create(PDBS, no_selector, namespace=NS)
+    assert fields(refused.value) == ["spec.selector"]
+
+
+async def _ready_pods(kube: KubeClient, *names: str) -> None:
+    for name in names:
+        await kube.create(r.PODS, pod(name), namespace=NS)
+
+    async def all_ready() -> bool:
+        pods = (await kube.list(r.PODS, namespace=NS, label_selector="app=web")).items
+        return sum(any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+                   for p in pods) == len(names)
+
+    await eventually(all_ready, timeout=20)
+
+
+async def _evict(apiserver: Any, name: str) -> Any:
+    async with apiserver.http(timeout=10) as http:  # a raw POST: the status code and body are what is tested
+        return await http.post(f"/api/v1/namespaces/{NS}/pods/{name}/eviction", json={
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": NS},
+            "deleteOptions": {"gracePeriodSeconds": 0}})
+
+
+async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apiserver: Any) -> None:
+    kube = cluster
+    await _ready_pods(kube, "web-a", "web-b")
+    await kube.create(PDBS, pdb(minAvailable=2), namespace=NS)
+    blocked = await _evict(apiserver, "web-a")
+    assert blocked.status_code == 429, blocked.text
+    body = blocked.json()
+    assert body["reason"] == "TooManyRequests"
+    assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
+    assert "web-pdb" in body["details"]["causes"][0]["message"]
+    assert (await kube.get(r.PODS, "web-a", namespace=NS))["metadata"]["name"] == "web-a"
+    status = (await kube.get(PDBS, "web-pdb", namespace=NS))["status"]
+    assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"],
+            status["expectedPods"]) == (2, 2, 0, 2)
+    await kube.replace(PDBS, {**(await kube.get(PDBS, "web-pdb", namespace=NS)),
+                              "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}})
+    allowed = await _evict(apiserver, "web-a")
+    assert allowed.status_code == 201, allowed.text
+
+    async def gone() -> bool:
+        try:
+            await kube.get(r.PODS, "web-a", namespace=NS)
+        except NotFound:
+            return True
+        return False
+
+    await eventually(gone, timeout=20)
+    await kube.replace(PDBS, {**(await kube.get(PDBS, "web-pdb", namespace=NS)),
+                              "spec": {"selector": {"matchLabels": {"app": "web"}}, "minAvailable": "100%"}})
+    again = await _evict(apiserver, "web-b")  # a percentage of the one pod left
+    assert again.status_code == 429, again.text
+    assert "needs 1 healthy pods and has 1 currently" in again.json()["details"]["causes"][0]["message"]
+
+
+async def test_service_with_a_selector_gets_endpoints(cluster: KubeClient) -> None:
+    kube = cluster
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+    await kube.create(r.SERVICES, service, namespace=NS)
+    await _ready_pods(kube, "web-a", "web-b")
+    await kube.create(r.PODS, pod("other", {"app": "db"}), namespace=NS)
+
+    async def listed() -> dict[str, Any] | None:
+        try:
+            endpoints = await kube.get(ENDPOINTS, "web", namespace=NS)
+        except NotFound:
+            return None
+        subsets = endpoints.get("subsets") or []
+        names = sorted(a["targetRef"]["name"] for s in subsets for a in s.get("addresses") or [])
+        return endpoints if names == ["web-a", "web-b"] else None
+
+    endpoints = await eventually(listed, timeout=20)
+    assert endpoints is not None
+    subset = endpoints["subsets"][0]
+    assert subset["ports"] == [{"port": 8080, "protocol": "TCP", "name": "http"}]
+    pods = {p["metadata"]["name"]: p for p in (await kube.list(r.PODS, namespace=NS)).items}
+    assert {a["ip"] for a in subset["addresses"]} == {pods["web-a"]["status"]["podIP"]}
+    slice_ = await kube.get(ENDPOINTSLICES, "web", namespace=NS)
+    assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "web"
+    assert sorted(e["targetRef"]["name"] for e in slice_["endpoints"] if e["conditions"]["ready"]) == [
+        "web-a", "web-b"]
+    await kube.delete(r.SERVICES, "web", namespace=NS)
+
+    async def removed() -> bool:
+        try:
+            await kube.get(ENDPOINTS, "web", namespace=NS)
+        except NotFound:
+            return True
+        return False
+
+    await eventually(removed, timeout=20)

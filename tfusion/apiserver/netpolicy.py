@@ -1,0 +1,134 @@
+"""Validation of NetworkPolicy and PodDisruptionBudget, and the budget check of pods/eviction.
+
+Why it exists: our install tree ships a NetworkPolicy and users bring PodDisruptionBudgets, so
+the embedded API server stores both, refusing (422, field named) what kube-apiserver would
+refuse. Nothing enforces network policies on the simulated node; budgets are honoured by
+pods/eviction, which counts the Running and Ready pods a budget selects at the moment of the
+eviction (kube's disruption controller keeps the same numbers in the budget's status; here they
+are computed when asked, and written to the status when an eviction reads them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from tfusion.api.selectors import SelectorError, label_selector_from_dict
+from tfusion.apiserver import errors
+from tfusion.apiserver.validation import Cause, invalid_value, required
+
+NETWORK_POLICIES = "networking.k8s.io/networkpolicies"
+PDBS = "policy/poddisruptionbudgets"
+POLICY_KEYS = (NETWORK_POLICIES, PDBS)
+
+_POLICY_TYPES = ("Ingress", "Egress")
+_PERCENT = re.compile(r"[0-9]+%")
+_PERCENT_MSG = "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%' or '93%')"
+VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+def _selector_causes(field: str, selector: Any) -> list[Cause]:
+    if selector is None:
+        return [required(field)]
+    try:
+        label_selector_from_dict(selector, field=field)
+    except SelectorError as exc:
+        return [invalid_value(field, selector, str(exc))]
+    return []
+
+
+def validate_network_policy(obj: dict[str, Any]) -> list[Cause]:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [required("spec.podSelector")]
+    causes = _selector_causes("spec.podSelector", spec.get("podSelector"))
+    types = spec.get("policyTypes") or []
+    if not isinstance(types, list):
+        return [*causes, invalid_value("spec.policyTypes", types, "must be a list")]
+    for index, value in enumerate(types):
+        if value not in _POLICY_TYPES:
+            supported = ", ".join(f'"{t}"' for t in _POLICY_TYPES)
+            causes.append((f"spec.policyTypes[{index}]", "FieldValueNotSupported",
+                           f'Unsupported value: "{value}": supported values: {supported}'))
+    return causes
+
+
+def _int_or_percent(field: str, value: Any) -> list[Cause]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [invalid_value(field, value, "must be greater than or equal to 0")] if value < 0 else []
+    if isinstance(value, str) and _PERCENT.fullmatch(value):
+        return [invalid_value(field, value, "must not be greater than 100%")] if int(value[:-1]) > 100 else []
+    return [invalid_value(field, value, _PERCENT_MSG)]
+
+
+def validate_pdb(obj: dict[str, Any]) -> list[Cause]:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [required("spec.selector")]
+    causes = _selector_causes("spec.selector", spec.get("selector"))
+    given = [key for key in ("minAvailable", "maxUnavailable") if spec.get(key) is not None]
+    if len(given) == 2:
+        causes.append(invalid_value("spec", "", "minAvailable and maxUnavailable cannot be both set"))
+    elif not given:
+        causes.append(required("spec.minAvailable", "one of minAvailable or maxUnavailable must be set"))
+    for key in given:
+        causes += _int_or_percent(f"spec.{key}", spec[key])
+    return causes
+
+
+def validate(storage_key: str, obj: dict[str, Any]) -> list[Cause]:
+    if storage_key == NETWORK_POLICIES:
+        return validate_network_policy(obj)
+    if storage_key == PDBS:
+        return validate_pdb(obj)
+    return []
+
+
+# ------------------------------------------------------------------------------------ budgets
+def healthy(pod: dict[str, Any]) -> bool:
+    """Running, Ready and not being deleted: what a budget counts."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _resolve(value: Any, expected: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        share = int(value[:-1]) * expected / 100
+        return math.ceil(share) if round_up else math.floor(share)
+    return int(value)
+
+
+def budget_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """currentHealthy, desiredHealthy, disruptionsAllowed and expectedPods of `pdb` over the pods it selects."""
+    spec = pdb.get("spec") or {}
+    expected = sum(1 for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+    current = sum(1 for p in pods if healthy(p))
+    if spec.get("maxUnavailable") is not None:
+        desired = max(0, expected - _resolve(spec["maxUnavailable"], expected, round_up=True))
+    else:
+        desired = _resolve(spec.get("minAvailable", 0), expected, round_up=True)
+    return {"currentHealthy": current, "desiredHealthy": desired, "expectedPods": expected,
+            "disruptionsAllowed": max(0, current - desired),
+            "observedGeneration": (pdb.get("metadata") or {}).get("generation", 1)}
+
+
+def selects(pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
+    selector = (pdb.get("spec") or {}).get("selector")
+    if selector is None:
+        return False
+    try:
+        compiled = label_selector_from_dict(selector, field="spec.selector")
+    except SelectorError:
+        return False
+    return not compiled.empty and compiled.matches((pod.get("metadata") or {}).get("labels") or {})
+
+
+def refuse(pdb_name: str, status: dict[str, Any]) -> errors.ApiError:
+    """kube's 429 for an eviction a budget forbids, the budget named in the cause."""
+    why = (f"The disruption budget {pdb_name} needs {status['desiredHealthy']} healthy pods and has "
+           f"{status['currentHealthy']} currently")
+    details = {"causes": [{"reason": "DisruptionBudget", "message": why}]}
+    return errors.ApiError(429, "TooManyRequests", VIOLATION, details=details)
