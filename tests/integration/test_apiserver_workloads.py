@@ -58,7 +58,7 @@ async def test_discovery_lists_the_workload_kinds(apiserver: Any) -> None:
     scale = by_name["deployments/scale"]
     assert (scale["group"], scale["version"], scale["kind"]) == ("autoscaling", "v1", "Scale")
     assert set(scale["verbs"]) == {"get", "patch", "update"}
-    assert {res["name"] for res in batch["resources"]} == {"jobs", "jobs/status"}
+    assert {res["name"] for res in batch["resources"]} == {"jobs", "jobs/status", "cronjobs", "cronjobs/status"}
 
 
 async def test_deployment_defaults(kube: KubeClient) -> None:

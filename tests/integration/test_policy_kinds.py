@@ -5,7 +5,11 @@ Endpoints and an EndpointSlice listing its pods' addresses (the simulated kubele
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,6 +28,7 @@ from tfusion.settings import Settings
 pytestmark = pytest.mark.anyio
 NS = "default"
 NODE = "n1"
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 NETPOLS = ApiResource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True)
 PDBS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
@@ -184,3 +189,23 @@ async def test_service_with_a_selector_gets_endpoints(cluster: KubeClient) -> No
         return False
 
     await eventually(removed, timeout=20)
+
+
+@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+async def test_kubectl_creates_a_pdb_and_a_network_policy(kube: KubeClient, apiserver: Any, tmp_path: Path) -> None:
+    """`kubectl create pdb` sends protobuf; `kubectl apply` of a NetworkPolicy sends JSON."""
+    base = [KUBECTL, "--kubeconfig", str(apiserver.kubeconfig), "--cache-dir", str(tmp_path / "cache")]
+    created = subprocess.run([*base, "create", "pdb", "web-pdb", "--selector", "app=web", "--max-unavailable",
+                              "25%"], capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0, created.stderr
+    spec = (await kube.get(PDBS, "web-pdb", namespace=NS))["spec"]
+    assert spec == {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": "25%"}
+    manifest = tmp_path / "netpol.yaml"
+    manifest.write_text(json.dumps(netpol(podSelector={"matchLabels": {"app": "web"}}, policyTypes=["Egress"])))
+    applied = subprocess.run([*base, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    assert (await kube.get(NETPOLS, "deny", namespace=NS))["spec"]["policyTypes"] == ["Egress"]
+    bad = manifest.with_name("bad.yaml")
+    bad.write_text(json.dumps(netpol(podSelector={}, policyTypes=["Both"])))
+    refused = subprocess.run([*base, "apply", "-f", str(bad)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "spec.policyTypes[0]" in refused.stderr, refused.stderr

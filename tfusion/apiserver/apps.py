@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tfusion.api import cron
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.apiserver import validation
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
@@ -19,7 +20,8 @@ from tfusion.apiserver.validation import Cause, forbidden, invalid_value, requir
 DEPLOYMENTS = "apps/deployments"
 REPLICASETS = "apps/replicasets"
 JOBS = "batch/jobs"
-WORKLOAD_KEYS = (DEPLOYMENTS, REPLICASETS, JOBS)
+CRONJOBS = "batch/cronjobs"
+WORKLOAD_KEYS = (DEPLOYMENTS, REPLICASETS, JOBS, CRONJOBS)
 
 #: labels kube-apiserver puts on a Job's pod template (both spellings, as kube 1.27+ does)
 JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
@@ -34,6 +36,7 @@ _PERCENT_MSG = (
 )
 _SUPPORTED_STRATEGIES = ("Recreate", "RollingUpdate")
 _JOB_RESTART_POLICIES = ("OnFailure", "Never")
+_CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
 
 
 def not_supported(field: str, value: Any, allowed: tuple[str, ...]) -> Cause:
@@ -293,6 +296,40 @@ def _generated_selector_causes(job: dict[str, Any]) -> list[Cause]:
     return []
 
 
+def default_cronjob(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    if isinstance(spec, dict):
+        for key, value in (("concurrencyPolicy", "Allow"), ("suspend", False), ("successfulJobsHistoryLimit", 3),
+                           ("failedJobsHistoryLimit", 1)):
+            spec.setdefault(key, value)
+
+
+def validate_cronjob(obj: dict[str, Any]) -> list[Cause]:
+    spec = _spec(obj)
+    if spec is None:
+        return [required("spec")]
+    schedule = spec.get("schedule")
+    causes: list[Cause] = []
+    if not isinstance(schedule, str) or not schedule.strip():
+        causes.append(required("spec.schedule"))
+    else:
+        try:
+            cron.parse(schedule)
+        except cron.CronError as exc:
+            causes.append(invalid_value("spec.schedule", schedule, str(exc)))
+    if spec.get("timeZone") not in (None, "UTC", "Etc/UTC"):
+        causes.append(not_supported("spec.timeZone", spec.get("timeZone"), ("UTC", "Etc/UTC")))
+    if spec.get("concurrencyPolicy") not in _CONCURRENCY_POLICIES:
+        causes.append(not_supported("spec.concurrencyPolicy", spec.get("concurrencyPolicy"), _CONCURRENCY_POLICIES))
+    for key in ("startingDeadlineSeconds", "successfulJobsHistoryLimit", "failedJobsHistoryLimit"):
+        causes += _non_negative(spec, key)
+    template = spec.get("jobTemplate")
+    job_spec = template.get("spec") if isinstance(template, dict) else None
+    if not isinstance(job_spec, dict) or not isinstance(job_spec.get("template"), dict):
+        causes.append(required("spec.jobTemplate.spec.template"))
+    return causes
+
+
 def defaults(storage_key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     if storage_key == DEPLOYMENTS:
         default_deployment(obj)
@@ -300,6 +337,8 @@ def defaults(storage_key: str, obj: dict[str, Any], old: dict[str, Any] | None) 
         default_replicaset(obj)
     elif storage_key == JOBS:
         default_job(obj, creating=old is None)
+    elif storage_key == CRONJOBS:
+        default_cronjob(obj)
 
 
 def validate(storage_key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
@@ -309,6 +348,8 @@ def validate(storage_key: str, obj: dict[str, Any], old: dict[str, Any] | None) 
         return validate_replicaset(obj, old)
     if storage_key == JOBS:
         return validate_job(obj, old)
+    if storage_key == CRONJOBS:
+        return validate_cronjob(obj)
     return []
 
 

@@ -184,6 +184,15 @@ KINDS: dict[tuple[str, str], Schema] = {
             10: ("suspend", "bool", None),
         }),
     },
+    ("policy/v1", "PodDisruptionBudget"): {  # `kubectl create pdb`
+        1: ("metadata", "message", _OBJECT_META),
+        2: ("spec", "message", {
+            1: ("minAvailable", "int_or_string", None),
+            2: ("selector", "message", _LABEL_SELECTOR),
+            3: ("maxUnavailable", "int_or_string", None),
+            4: ("unhealthyPodEvictionPolicy", "string", None),
+        }),
+    },
     ("v1", "Namespace"): {
         1: ("metadata", "message", _OBJECT_META),
         2: ("spec", "message", {1: ("finalizers", "repeated_string", None)}),

@@ -122,6 +122,8 @@ BUILTINS: tuple[ResourceInfo, ...] = (
                  subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",),
                  tracks_generation=True),
+    ResourceInfo("batch", "v1", "cronjobs", "CronJob", True, short_names=("cj",), categories=("all",),
+                 subresources=("status",), tracks_generation=True),
     # the policy and network kinds (netpolicy.py); pods/eviction honours the budgets
     ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=("netpol",),
                  tracks_generation=True),

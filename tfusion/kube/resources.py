@@ -49,6 +49,7 @@ TOKENREVIEWS = ApiResource("authentication.k8s.io", "v1", "tokenreviews", "Token
 DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment", True)
 REPLICASETS = ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
 JOBS = ApiResource("batch", "v1", "jobs", "Job", True)
+CRONJOBS = ApiResource("batch", "v1", "cronjobs", "CronJob", True)
 CUSTOMRESOURCEDEFINITIONS = ApiResource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                      "CustomResourceDefinition", False)
 

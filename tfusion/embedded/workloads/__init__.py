@@ -13,8 +13,12 @@ before it acts again — kube's "expectations" — so a lagging cache never doub
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from tfusion.apiserver.apps import JOB_CONTROLLER_UID
 from tfusion.embedded.workloads.common import Workbench, deletion_rank, set_condition
+from tfusion.embedded.workloads.cronjob import CronJobController
 from tfusion.embedded.workloads.deployment import (
     POD_TEMPLATE_HASH,
     REVISION,
@@ -30,11 +34,12 @@ from tfusion.kube.manager import Manager
 class WorkloadControllers:
     """Registers the three controllers with `manager` (leader-only); see the module docstring."""
 
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, *, wall: Callable[[], float] = time.time) -> None:
         self.bench = Workbench(manager)
         self.deployments = DeploymentController(self.bench)
         self.replicasets = ReplicaSetController(self.bench)
         self.jobs = JobController(self.bench)
+        self.cronjobs = CronJobController(self.bench, wall=wall)  # wall: epoch seconds (tests move it)
 
 
 __all__ = ["JOB_CONTROLLER_UID", "POD_TEMPLATE_HASH", "REVISION", "WorkloadControllers", "deletion_rank",
