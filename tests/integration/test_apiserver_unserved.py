@@ -27,14 +27,12 @@ KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 PODS = "/api/v1/namespaces/default/pods"
 NO_CONTAINERS = "runs no containers"
-DAEMONSET = """apiVersion: apps/v1
-kind: DaemonSet
+UNSERVED = """apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
 metadata: {name: agent}
 spec:
-  selector: {matchLabels: {app: agent}}
-  template:
-    metadata: {labels: {app: agent}}
-    spec: {containers: [{name: agent, image: busybox}]}
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: agent}
+  maxReplicas: 3
 """
 
 
@@ -213,11 +211,13 @@ def test_kubectl_logs_exec_and_port_forward_print_why(
 def test_kubectl_meets_an_unserved_kind_as_kube_would_and_still_explains(
         apiserver: ApiServerHandle, tmp_path: Path) -> None:
     kubectl = Kubectl(apiserver, tmp_path / "cache")
-    listed = kubectl("get", "daemonsets")
-    assert listed.returncode != 0 and 'the server doesn\'t have a resource type "daemonsets"' in listed.stderr
-    applied = kubectl("apply", "-f", "-", stdin=DAEMONSET)
+    listed = kubectl("get", "horizontalpodautoscalers")
+    assert listed.returncode != 0
+    assert 'the server doesn\'t have a resource type "horizontalpodautoscalers"' in listed.stderr, listed.stderr
+    applied = kubectl("apply", "-f", "-", stdin=UNSERVED)
     assert applied.returncode != 0
-    assert 'no matches for kind "DaemonSet" in version "apps/v1"' in applied.stderr, applied.stderr
+    assert 'no matches for kind "HorizontalPodAutoscaler" in version "autoscaling/v2"' in applied.stderr, \
+        applied.stderr
     assert "openapi" not in applied.stderr
     v2 = kubectl("explain", "pods", "--output=plaintext-openapiv2")  # parses the protobuf document
     assert v2.returncode == 0 and "Pod" in v2.stdout, v2.stderr

@@ -58,6 +58,9 @@ class KindRules:
             customresources.default_crd(obj)
         elif key in apps.WORKLOAD_KEYS:
             apps.defaults(key, obj, old)
+        elif key in ("apps/daemonsets", "apps/statefulsets"):
+            from tfusion.apiserver import appsets  # DaemonSet and StatefulSet rules
+            appsets.defaults(key, obj)
         elif info.is_custom:
             customresources.default_custom(info, obj)
 
@@ -129,6 +132,9 @@ class KindRules:
             causes += customresources.validate_crd(obj, old, self.registry)
         elif key in apps.WORKLOAD_KEYS:
             causes += apps.validate(key, obj, old)
+        elif key in ("apps/daemonsets", "apps/statefulsets"):
+            from tfusion.apiserver import appsets  # DaemonSet and StatefulSet rules
+            causes += appsets.validate(key, obj, old)
         elif key in rbac.RBAC_KEYS:
             causes += rbac.validate(key, obj, old)
         elif key in netpolicy.POLICY_KEYS:

@@ -122,6 +122,10 @@ BUILTINS: tuple[ResourceInfo, ...] = (
                  subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",),
                  tracks_generation=True),
+    ResourceInfo("apps", "v1", "daemonsets", "DaemonSet", True, short_names=("ds",), categories=("all",),
+                 subresources=("status",), tracks_generation=True),
+    ResourceInfo("apps", "v1", "statefulsets", "StatefulSet", True, short_names=("sts",), categories=("all",),
+                 subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "cronjobs", "CronJob", True, short_names=("cj",), categories=("all",),
                  subresources=("status",), tracks_generation=True),
     # the policy and network kinds (netpolicy.py); pods/eviction honours the budgets

@@ -211,6 +211,11 @@ def _deployment_ready(obj: dict[str, Any]) -> str:
     return f"{(obj.get('status') or {}).get('readyReplicas') or 0}/{(obj.get('spec') or {}).get('replicas', 0)}"
 
 
+def _node_selector(obj: dict[str, Any]) -> str:
+    selector = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "<none>"
+
+
 def _job_condition(job: dict[str, Any], kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in (job.get("status") or {}).get("conditions") or [])
@@ -269,6 +274,19 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
         AGE,
         *_WORKLOAD_WIDE,
     ],
+    "apps/daemonsets": [
+        NAME,
+        ("Desired", "integer", "nodes that should run the pod", _status_int("desiredNumberScheduled")),
+        ("Current", "integer", "nodes that run the pod", _status_int("currentNumberScheduled")),
+        ("Ready", "integer", "nodes whose pod is ready", _status_int("numberReady")),
+        ("Up-to-date", "integer", "nodes running the current template", _status_int("updatedNumberScheduled")),
+        ("Available", "integer", "nodes whose pod is available", _status_int("numberAvailable")),
+        ("Node Selector", "string", "the template's node selector", _node_selector),
+        AGE,
+        *_WORKLOAD_WIDE,
+    ],
+    "apps/statefulsets": [NAME, ("Ready", "string", "ready pods of the desired", _deployment_ready), AGE,
+                          *_WORKLOAD_WIDE[:2]],
     "batch/jobs": [
         NAME,
         ("Status", "string", "the job's state", _job_status),
@@ -370,7 +388,8 @@ def _priority(name: str, info: ResourceInfo) -> int:
         declared = next((c for c in info.printer_columns if c.get("name") == name), None)
         return int(declared.get("priority", 0)) if declared else 0
     wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",)}.get(info.storage_key, ())
-    if info.storage_key in ("apps/deployments", "apps/replicasets", "batch/jobs"):
+    if info.storage_key in ("apps/deployments", "apps/replicasets", "batch/jobs", "apps/daemonsets",
+                            "apps/statefulsets"):
         wide = ("Containers", "Images", "Selector")
     return 1 if name in wide else 0
 
