@@ -4,14 +4,17 @@ controller reads a test clock (`Wall`), moved by hand, so no test waits for real
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.helpers import eventually
+from tests.integration.test_kubectl import KUBECTL, Kubectl
 from tfusion.embedded.devices import DevicePlan
 from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.embedded.workloads import WorkloadControllers
@@ -21,6 +24,7 @@ from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
+needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 NODE = "n1"
 NS = "default"
 EXIT = "tfusion.dev/simulate-exit-after"
@@ -225,3 +229,18 @@ async def test_a_bad_concurrency_policy_is_refused(kube: KubeClient) -> None:
     with pytest.raises(KubeError) as refused:
         await kube.create(r.CRONJOBS, cronjob("bad", concurrencyPolicy="Sometimes"), namespace=NS)
     assert refused.value.code == 422 and "spec.concurrencyPolicy" in refused.value.message
+
+
+@needs_kubectl
+async def test_kubectl_creates_and_lists_cronjobs(apiserver: Any, tmp_path: Path) -> None:
+    kubectl = Kubectl(apiserver.kubeconfig, tmp_path / "kubectl-cache")
+
+    async def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return await anyio.to_thread.run_sync(lambda: kubectl(*args, check=check))
+
+    await run("create", "cronjob", "nightly", "--image=busybox", "--schedule=0 3 * * *")
+    listed = (await run("get", "cj")).stdout.splitlines()
+    assert listed[0].split()[:5] == ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE"]
+    assert listed[1].split()[:9] == ["nightly", "0", "3", "*", "*", "*", "<none>", "False", "0"]
+    refused = await run("create", "cronjob", "never", "--image=busybox", "--schedule=0 25 * * *", check=False)
+    assert refused.returncode != 0 and "spec.schedule" in refused.stderr

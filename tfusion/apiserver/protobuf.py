@@ -153,6 +153,19 @@ _SUBJECT_ACCESS_REVIEW: Schema = {
                             6: ("uid", "string", None)}),
 }
 
+_JOB_SPEC: Schema = {
+    1: ("parallelism", "int", None),
+    2: ("completions", "int", None),
+    3: ("activeDeadlineSeconds", "int", None),
+    4: ("selector", "message", _LABEL_SELECTOR),
+    5: ("manualSelector", "bool", None),
+    6: ("template", "message", _POD_TEMPLATE),
+    7: ("backoffLimit", "int", None),
+    8: ("ttlSecondsAfterFinished", "int", None),
+    9: ("completionMode", "string", None),
+    10: ("suspend", "bool", None),
+}
+
 KINDS: dict[tuple[str, str], Schema] = {
     ("apps/v1", "Deployment"): {
         1: ("metadata", "message", _OBJECT_META),
@@ -169,19 +182,19 @@ KINDS: dict[tuple[str, str], Schema] = {
             9: ("progressDeadlineSeconds", "int", None),
         }),
     },
-    ("batch/v1", "Job"): {
+    ("batch/v1", "Job"): {1: ("metadata", "message", _OBJECT_META), 2: ("spec", "message", _JOB_SPEC)},
+    ("batch/v1", "CronJob"): {  # `kubectl create cronjob`
         1: ("metadata", "message", _OBJECT_META),
         2: ("spec", "message", {
-            1: ("parallelism", "int", None),
-            2: ("completions", "int", None),
-            3: ("activeDeadlineSeconds", "int", None),
-            4: ("selector", "message", _LABEL_SELECTOR),
-            5: ("manualSelector", "bool", None),
-            6: ("template", "message", _POD_TEMPLATE),
-            7: ("backoffLimit", "int", None),
-            8: ("ttlSecondsAfterFinished", "int", None),
-            9: ("completionMode", "string", None),
-            10: ("suspend", "bool", None),
+            1: ("schedule", "string", None),
+            2: ("startingDeadlineSeconds", "int", None),
+            3: ("concurrencyPolicy", "string", None),
+            4: ("suspend", "bool", None),
+            5: ("jobTemplate", "message", {1: ("metadata", "message", _OBJECT_META),
+                                           2: ("spec", "message", _JOB_SPEC)}),
+            6: ("successfulJobsHistoryLimit", "int", None),
+            7: ("failedJobsHistoryLimit", "int", None),
+            8: ("timeZone", "string", None),
         }),
     },
     ("policy/v1", "PodDisruptionBudget"): {  # `kubectl create pdb`

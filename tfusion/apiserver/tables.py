@@ -241,6 +241,11 @@ def _job_completions(job: dict[str, Any]) -> str:
     return f"{succeeded}/1 of {parallelism}" if parallelism > 1 else f"{succeeded}/1"
 
 
+def _last_schedule(cronjob: dict[str, Any]) -> str:
+    stamp = (cronjob.get("status") or {}).get("lastScheduleTime")
+    return human_age(stamp) if stamp else "<none>"
+
+
 def _job_duration(job: dict[str, Any]) -> str:
     status = job.get("status") or {}
     try:
@@ -294,6 +299,15 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
         ("Duration", "string", "time the job ran", _job_duration),
         AGE,
         *_WORKLOAD_WIDE,
+    ],
+    "batch/cronjobs": [
+        NAME,
+        ("Schedule", "string", "the cron schedule", lambda o: (o.get("spec") or {}).get("schedule", "")),
+        ("Timezone", "string", "the schedule's time zone", lambda o: (o.get("spec") or {}).get("timeZone") or "<none>"),
+        ("Suspend", "boolean", "whether new runs are held", lambda o: str(bool((o.get("spec") or {}).get("suspend")))),
+        ("Active", "integer", "Jobs still running", lambda o: len((o.get("status") or {}).get("active") or [])),
+        ("Last Schedule", "string", "since the last scheduled run", _last_schedule),
+        AGE,
     ],
     "/pods": [
         NAME,
