@@ -4,7 +4,9 @@ Why it exists: users try TensorFusion with a Deployment or a Job, not a bare pod
 webhook names a TensorFusionWorkload after the pod's owner chain (ReplicaSet -> Deployment), so
 the embedded cluster needs real owners. These are small, level-triggered versions of kube's
 controllers, on the Manager's reconciler builder, leader-only as in kube-controller-manager; one
-module per kind (`replicaset`, `deployment`, `job`, `daemonset`, `statefulset`) and what they share in `common`.
+module per kind (`replicaset`, `deployment`, `job` with `indexed`, `cronjob`, `daemonset`,
+`statefulset`) and what they share in `common`. The CronJob controller reads an injectable `wall`
+clock (epoch seconds), so tests move time by hand.
 
 Pods are created through the API, so the pod webhook (when registered) mutates them like any pod.
 Each controller waits until the pods it created (or deleted) show up in (or leave) its cache
