@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers import eventually
 from tfusion.embedded.devices import DevicePlan
+from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import ENDPOINTS, ENDPOINTSLICES, EndpointsController
 from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.kube import resources as r
@@ -60,6 +61,7 @@ async def cluster(kube: KubeClient) -> AsyncIterator[KubeClient]:
     manager = Manager(settings, kube)
     kubelet = SimulatedKubelet(manager, NODE, DevicePlan("auto", (), "none", "no GPUs in this test"))
     EndpointsController(manager)
+    DisruptionController(manager)
     async with anyio.create_task_group() as tg:
         await tg.start(kubelet.run)
         await tg.start(manager.run)
@@ -152,6 +154,27 @@ async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apise
     assert "needs 1 healthy pods and has 1 currently" in again.json()["details"]["causes"][0]["message"]
 
 
+async def test_the_disruption_controller_keeps_the_budget_status(cluster: KubeClient) -> None:
+    kube = cluster
+    await kube.create(PDBS, pdb(minAvailable="50%"), namespace=NS)
+    await _ready_pods(kube, "web-a", "web-b", "web-c")
+
+    async def counted() -> dict[str, Any] | None:
+        status = (await kube.get(PDBS, "web-pdb", namespace=NS)).get("status") or {}
+        return status if status.get("currentHealthy") == 3 else None
+
+    status = await eventually(counted, timeout=20)
+    assert (status["desiredHealthy"], status["disruptionsAllowed"], status["expectedPods"]) == (2, 1, 3)
+    await kube.delete(r.PODS, "web-c", namespace=NS, grace_period_seconds=0)
+
+    async def recounted() -> dict[str, Any] | None:
+        status = (await kube.get(PDBS, "web-pdb", namespace=NS)).get("status") or {}
+        return status if status.get("expectedPods") == 2 else None
+
+    status = await eventually(recounted, timeout=20)
+    assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"]) == (2, 1, 1)
+
+
 async def test_service_with_a_selector_gets_endpoints(cluster: KubeClient) -> None:
     kube = cluster
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
@@ -204,6 +227,10 @@ async def test_kubectl_creates_a_pdb_and_a_network_policy(kube: KubeClient, apis
     manifest.write_text(json.dumps(netpol(podSelector={"matchLabels": {"app": "web"}}, policyTypes=["Egress"])))
     applied = subprocess.run([*base, "apply", "-f", str(manifest)], capture_output=True, text=True, timeout=60)
     assert applied.returncode == 0, applied.stderr
+    table = subprocess.run([*base, "get", "pdb", "web-pdb"], capture_output=True, text=True, timeout=60)
+    assert table.stdout.split()[:9] == ["NAME", "MIN", "AVAILABLE", "MAX", "UNAVAILABLE", "ALLOWED", "DISRUPTIONS",
+                                        "AGE", "web-pdb"], table.stdout
+    assert table.stdout.split()[9:12] == ["N/A", "25%", "0"], table.stdout
     assert (await kube.get(NETPOLS, "deny", namespace=NS))["spec"]["policyTypes"] == ["Egress"]
     bad = manifest.with_name("bad.yaml")
     bad.write_text(json.dumps(netpol(podSelector={}, policyTypes=["Both"])))

@@ -132,3 +132,51 @@ def refuse(pdb_name: str, status: dict[str, Any]) -> errors.ApiError:
            f"{status['currentHealthy']} currently")
     details = {"causes": [{"reason": "DisruptionBudget", "message": why}]}
     return errors.ApiError(429, "TooManyRequests", VIOLATION, details=details)
+
+
+# ------------------------------------------------------------------------------------ tables
+def _or_na(key: str) -> Any:
+    return lambda obj: str((obj.get("spec") or {}).get(key, "N/A"))
+
+
+def _pod_selector(obj: dict[str, Any]) -> str:
+    from tfusion.apiserver.apps import format_selector
+
+    return format_selector((obj.get("spec") or {}).get("podSelector"))
+
+
+def _shorten(items: list[str]) -> str:
+    """kube prints at most three endpoints, then how many more."""
+    if not items:
+        return "<none>"
+    shown = ",".join(items[:3])
+    return shown + (f" + {len(items) - 3} more..." if len(items) > 3 else "")
+
+
+def _endpoints(obj: dict[str, Any]) -> str:
+    pairs = [f"{a.get('ip')}:{p.get('port')}" for s in obj.get("subsets") or []
+             for a in s.get("addresses") or [] for p in s.get("ports") or [{}]]
+    return _shorten(pairs)
+
+
+def _slice_ports(obj: dict[str, Any]) -> str:
+    return ",".join(str(p.get("port")) for p in obj.get("ports") or []) or "<unset>"
+
+
+def _slice_endpoints(obj: dict[str, Any]) -> str:
+    return _shorten([str(a) for e in obj.get("endpoints") or [] for a in e.get("addresses") or []])
+
+
+def table_columns(name: Any, age: Any) -> dict[str, list[Any]]:
+    """`kubectl get` columns of these kinds, as kube prints them (tables.py merges them in)."""
+    return {
+        PDBS: [name, ("Min Available", "string", "spec.minAvailable", _or_na("minAvailable")),
+               ("Max Unavailable", "string", "spec.maxUnavailable", _or_na("maxUnavailable")),
+               ("Allowed Disruptions", "integer", "status.disruptionsAllowed",
+                lambda o: int((o.get("status") or {}).get("disruptionsAllowed") or 0)), age],
+        NETWORK_POLICIES: [name, ("Pod-Selector", "string", "spec.podSelector", _pod_selector), age],
+        "/endpoints": [name, ("Endpoints", "string", "the ready addresses", _endpoints), age],
+        "discovery.k8s.io/endpointslices": [
+            name, ("AddressType", "string", "address type", lambda o: o.get("addressType")),
+            ("Ports", "string", "ports", _slice_ports), ("Endpoints", "string", "addresses", _slice_endpoints), age],
+    }

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from tfusion.api.timestamps import parse_rfc3339
+from tfusion.apiserver.netpolicy import table_columns
 from tfusion.apiserver.resources import ResourceInfo
 
 Column = tuple[str, str, str, Callable[[dict[str, Any]], Any]]  # name, type, description, cell getter
@@ -367,6 +368,8 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
         AGE,
     ],
 }
+
+_BUILTIN_COLUMNS.update(table_columns(NAME, AGE))  # NetworkPolicy, PDB, Endpoints, EndpointSlice
 
 
 def columns_for(info: ResourceInfo) -> list[Column]:

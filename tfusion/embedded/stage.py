@@ -24,6 +24,7 @@ from tfusion.embedded.bootstrap import BootstrapReport, bootstrap
 from tfusion.embedded.crd_install import CrdInstallError
 from tfusion.embedded.defaults import DefaultsError
 from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
+from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import EndpointsController
 from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.embedded.workloads import WorkloadControllers
@@ -62,6 +63,7 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
         INDEX_DEVICES_PER_RESOURCE if settings.has_role("hypervisor") else 0))  # its device plugins' resources
     WorkloadControllers(manager)  # Deployments, ReplicaSets and Jobs get their pods (workloads/)
     EndpointsController(manager)  # Services with selectors get Endpoints and an EndpointSlice (endpoints.py)
+    DisruptionController(manager)  # PodDisruptionBudgets count their healthy pods (disruption.py)
     async with anyio.create_task_group() as tg:
         try:
             node = await tg.start(kubelet.run)
