@@ -61,7 +61,7 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
         await anyio.sleep_forever()
     kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, index_devices=(
         INDEX_DEVICES_PER_RESOURCE if settings.has_role("hypervisor") else 0))  # its device plugins' resources
-    WorkloadControllers(manager)  # Deployments, ReplicaSets and Jobs get their pods (workloads/)
+    WorkloadControllers(manager)  # Deployments, ReplicaSets, Jobs, CronJobs, DaemonSets, StatefulSets (workloads/)
     EndpointsController(manager)  # Services with selectors get Endpoints and an EndpointSlice (endpoints.py)
     DisruptionController(manager)  # PodDisruptionBudgets count their healthy pods (disruption.py)
     async with anyio.create_task_group() as tg:
