@@ -78,6 +78,15 @@ SAMPLES: dict[str, Callable[[str], dict[str, Any]]] = {
     },
     "apps/deployments": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE}},
     "apps/replicasets": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE}},
+    "apps/daemonsets": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE}},
+    "apps/statefulsets": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE,
+                                             "serviceName": "s", "replicas": 0}},
+    "batch/cronjobs": lambda n: {"spec": {"schedule": "0 0 1 1 *", "suspend": True, "jobTemplate": {
+        "spec": {"template": {"spec": {**_POD_SPEC, "restartPolicy": "Never"}}}}}},
+    "/endpoints": lambda n: {"subsets": []},
+    "discovery.k8s.io/endpointslices": lambda n: {"addressType": "IPv4", "endpoints": []},
+    "networking.k8s.io/networkpolicies": lambda n: {"spec": {"podSelector": {}}},
+    "policy/poddisruptionbudgets": lambda n: {"spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "a"}}}},
     "batch/jobs": lambda n: {
         "spec": {"template": {"spec": {**_POD_SPEC, "restartPolicy": "Never"}}}
     },
