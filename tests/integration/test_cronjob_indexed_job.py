@@ -14,14 +14,11 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.one_box import simulated_node
 from tests.integration.test_kubectl import KUBECTL, Kubectl
-from tfusion.embedded.devices import DevicePlan
-from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
-from tfusion.kube.manager import Manager
-from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
 needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
@@ -49,15 +46,8 @@ def wall() -> Wall:
 @pytest.fixture
 async def cluster(kube: KubeClient, wall: Wall) -> AsyncIterator[KubeClient]:
     """A Manager running the workload controllers and a simulated kubelet for node n1."""
-    settings = Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, leader_elect=False)
-    manager = Manager(settings, kube)
-    kubelet = SimulatedKubelet(manager, NODE, DevicePlan("auto", (), "none", "no GPUs in this test"))
-    WorkloadControllers(manager, wall=wall)
-    async with anyio.create_task_group() as tg:
-        await tg.start(kubelet.run)
-        await tg.start(manager.run)
-        yield kube
-        tg.cancel_scope.cancel()
+    async with simulated_node(kube, NODE, lambda manager: WorkloadControllers(manager, wall=wall)) as client:
+        yield client
 
 
 def indexed_job(name: str, exit_after: str | None = None, **spec: Any) -> dict[str, Any]:

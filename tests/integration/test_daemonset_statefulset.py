@@ -13,15 +13,12 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
-from tfusion.embedded.devices import DevicePlan
-from tfusion.embedded.kubelet import SimulatedKubelet
+from tests.helpers.one_box import simulated_node
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.embedded.workloads.daemonset import DAEMONSETS, REVISION_HASH
 from tfusion.embedded.workloads.statefulset import POD_NAME, STATEFULSETS
 from tfusion.kube import resources as r
 from tfusion.kube.client import Invalid, KubeClient
-from tfusion.kube.manager import Manager
-from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
 NODE = "n1"
@@ -31,15 +28,8 @@ NS = "default"
 @pytest.fixture
 async def cluster(kube: KubeClient) -> AsyncIterator[KubeClient]:
     """A Manager running the workload controllers and a simulated kubelet for node n1."""
-    settings = Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, leader_elect=False)
-    manager = Manager(settings, kube)
-    kubelet = SimulatedKubelet(manager, NODE, DevicePlan("auto", (), "none", "no GPUs in this test"))
-    WorkloadControllers(manager)
-    async with anyio.create_task_group() as tg:
-        await tg.start(kubelet.run)
-        await tg.start(manager.run)
-        yield kube
-        tg.cancel_scope.cancel()
+    async with simulated_node(kube, NODE, WorkloadControllers) as client:
+        yield client
 
 
 def template(app: str, image: str = "busybox:1.36", **spec: Any) -> dict[str, Any]:

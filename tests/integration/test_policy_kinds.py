@@ -12,19 +12,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from tests.helpers import eventually
-from tfusion.embedded.devices import DevicePlan
+from tests.helpers.one_box import simulated_node
 from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import ENDPOINTS, ENDPOINTSLICES, EndpointsController
-from tfusion.embedded.kubelet import SimulatedKubelet
 from tfusion.kube import resources as r
 from tfusion.kube.client import Invalid, KubeClient, NotFound
 from tfusion.kube.manager import Manager
 from tfusion.kube.resources import ApiResource
-from tfusion.settings import Settings
 
 pytestmark = pytest.mark.anyio
 NS = "default"
@@ -57,16 +54,12 @@ def fields(exc: Invalid) -> list[str]:
 @pytest.fixture
 async def cluster(kube: KubeClient) -> AsyncIterator[KubeClient]:
     """A Manager running the Endpoints controller and a simulated kubelet for node n1."""
-    settings = Settings.load({}, env={}, roles=("all",)).replace(node_name=NODE, leader_elect=False)
-    manager = Manager(settings, kube)
-    kubelet = SimulatedKubelet(manager, NODE, DevicePlan("auto", (), "none", "no GPUs in this test"))
-    EndpointsController(manager)
-    DisruptionController(manager)
-    async with anyio.create_task_group() as tg:
-        await tg.start(kubelet.run)
-        await tg.start(manager.run)
-        yield kube
-        tg.cancel_scope.cancel()
+    def register(manager: Manager) -> None:
+        EndpointsController(manager)
+        DisruptionController(manager)
+
+    async with simulated_node(kube, NODE, register) as client:
+        yield client
 
 
 async def test_network_policy_is_stored_and_validated(kube: KubeClient) -> None:
