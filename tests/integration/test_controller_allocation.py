@@ -28,6 +28,7 @@ from tests.helpers.controller import (
     start_controller,
     worker,
 )
+from tests.helpers.leases import steal_lease
 from tfusion.allocator import request_from_pod
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
@@ -35,7 +36,7 @@ from tfusion.controller.allocation import AllocatorService
 from tfusion.controller.role import ControllerRole, configure
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
-from tfusion.kube.leader import LEASE_NAME, micro_time
+from tfusion.kube.leader import LEASE_NAME
 
 pytestmark = pytest.mark.anyio
 
@@ -366,9 +367,7 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             assert follower.service.allocator.dirty_gpus() == set(), "nothing to rewrite after a clean hand-over"
 
             # another holder takes the Lease: the replica stops leading and drops its state
-            lease = await kube.get(r.LEASES, LEASE_NAME, namespace="tf-ops")
-            lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=60, renewTime=micro_time())
-            await kube.replace(r.LEASES, lease, namespace="tf-ops")
+            await steal_lease(kube, LEASE_NAME, "intruder", namespace="tf-ops", duration_s=60)
 
             async def dropped() -> bool:
                 return follower.service.allocator is None and not follower.runtime.is_leader

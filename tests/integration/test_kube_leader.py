@@ -15,8 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import eventually
+from tests.helpers.leases import steal_lease
 from tfusion.kube import resources as r
-from tfusion.kube.client import Conflict, KubeClient, NotFound, TokenBucket
+from tfusion.kube.client import KubeClient, NotFound, TokenBucket
 from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEASE_NAME, LeaderElector, micro_time
 
 pytestmark = pytest.mark.anyio
@@ -166,26 +167,12 @@ async def test_stalled_leader_steps_down_before_the_renew_deadline(clients: list
         tg.cancel_scope.cancel()
 
 
-async def steal(client: KubeClient, identity: str) -> None:
-    """Take the Lease as another replica would: read, write, and read again when the holder's renewal
-    landed in between (409), which it does every retry period."""
-    while True:
-        current = await lease(client)
-        current["spec"]["holderIdentity"] = identity
-        current["spec"]["renewTime"] = micro_time()
-        try:
-            await client.replace(r.LEASES, current)
-            return
-        except Conflict:
-            continue
-
-
 async def test_stolen_lease_stops_leading_at_once(clients: list[KubeClient]) -> None:
     leader = Candidate(clients[0], "victim", lease_duration=10.0, renew_deadline=8.0, retry_period=0.2)
     async with anyio.create_task_group() as tg:
         tg.start_soon(leader.elector.run)
         await eventually(lambda: leader.elector.is_leader)
-        await steal(clients[1], "intruder")
+        await steal_lease(clients[1], LEASE_NAME, "intruder", namespace=NS)
         stolen_at = time.monotonic()
         # at its next retry (0.2 s), long before its renew deadline (8 s) would have stopped it
         await eventually(lambda: not leader.elector.is_leader, timeout=5)

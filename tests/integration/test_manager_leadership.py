@@ -22,8 +22,9 @@ from tests.helpers.controller import (
     start_controller,
     worker,
 )
+from tests.helpers.leases import steal_lease
 from tfusion.kube import resources as r
-from tfusion.kube.leader import LEASE_NAME, micro_time
+from tfusion.kube.leader import LEASE_NAME
 
 pytestmark = pytest.mark.anyio
 
@@ -53,9 +54,7 @@ async def test_leader_work_stops_with_the_lease_and_runs_again_when_it_leads_aga
                          what="hand-edited status rewritten in the first term")
 
         # another holder takes the Lease for 3 s: this replica stops leading and drops its state
-        lease = await kube.get(r.LEASES, LEASE_NAME, namespace="tf-ops")
-        lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=3, renewTime=micro_time())
-        await kube.replace(r.LEASES, lease, namespace="tf-ops")
+        await steal_lease(kube, LEASE_NAME, "intruder", namespace="tf-ops", duration_s=3)
 
         async def follower() -> bool:
             return not manager.is_leader and ctl.service.allocator is None

@@ -18,12 +18,13 @@ import yaml
 from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
+from tests.helpers.leases import steal_lease
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.api.timestamps import rfc3339
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
-from tfusion.kube.leader import LEASE_NAME, micro_time
+from tfusion.kube.leader import LEASE_NAME
 
 pytestmark = pytest.mark.anyio
 
@@ -532,9 +533,7 @@ async def test_reconcilers_work_again_after_the_lease_is_lost_and_regained(apise
         await eventually(lambda: get(kube, r.GPUNODES, "gpu-1"), what="the first GPUNode, first term")
         await eventually(lambda: has_finalizer("w1"), what="the worker's finalizer, first term")
 
-        lease = await kube.get(r.LEASES, LEASE_NAME, namespace="tf-ops")
-        lease["spec"].update(holderIdentity="intruder", leaseDurationSeconds=3, renewTime=micro_time())
-        await kube.replace(r.LEASES, lease, namespace="tf-ops")
+        await steal_lease(kube, LEASE_NAME, "intruder", namespace="tf-ops", duration_s=3)
         await eventually(lambda: _not_leading(manager), what="the replica following")
 
         # while it follows: a new GPU node, a deleted worker, a hand edit; nothing happens to them
