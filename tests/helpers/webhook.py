@@ -32,15 +32,20 @@ PRIORITY_CLASSES = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "
 BARE = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
 
 
+async def create_pool_and_provider(client: KubeClient) -> None:
+    """The operator namespace, the default pool POOL and an NVIDIA ProviderConfig: what the webhook reads."""
+    await client.create(r.NAMESPACES, {"metadata": {"name": OPS}})
+    await client.create(r.GPUPOOLS, {"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
+                                     "spec": {"nodeManagerConfig": {}}})
+    await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
+        "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
+
+
 @pytest.fixture(name="kube")
 async def kube_with_webhook_objects(apiserver: Any) -> AsyncIterator[KubeClient]:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as client:
-        await client.create(r.NAMESPACES, {"metadata": {"name": OPS}})
-        await client.create(r.GPUPOOLS, {"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
-                                         "spec": {"nodeManagerConfig": {}}})
-        await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
-            "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
+        await create_pool_and_provider(client)
         for name, value in (("high", 10000), ("critical", 100000)):
             await client.create(PRIORITY_CLASSES, {"metadata": {"name": f"tensor-fusion-{name}"}, "value": value})
         yield client

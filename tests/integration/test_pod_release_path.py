@@ -29,12 +29,13 @@ from tests.helpers.controller import (
     start_controller,
     worker,
 )
+from tests.helpers.scheduler_index import gone
 from tfusion.allocator import GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api import podindex
 from tfusion.controller.scheduling.assignments import Assignments
 from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient, NotFound
+from tfusion.kube.client import KubeClient
 
 pytestmark = pytest.mark.anyio
 
@@ -94,14 +95,6 @@ async def create_held(kube: KubeClient, ctl: Controller, name: str) -> str:
 
     await eventually(all_held, what=f"{name}'s GPUs, index and port held, and our finalizer on it")
     return uid
-
-
-async def gone(kube: KubeClient, name: str) -> bool:
-    try:
-        await kube.get(r.PODS, name, namespace="default")
-    except NotFound:
-        return True
-    return False
 
 
 async def setup(kube: KubeClient) -> None:

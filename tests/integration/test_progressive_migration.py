@@ -18,7 +18,7 @@ from tests.helpers import eventually
 from tests.helpers.controller import controllers, kube_client
 from tests.helpers.progressive import NATIVE_GPUS, running_worker
 from tests.helpers.scheduler import create_node
-from tests.helpers.webhook import OPS, POOL, serve_webhook, webhook_settings
+from tests.helpers.webhook import create_pool_and_provider, serve_webhook, webhook_settings
 from tfusion.api import annotations as tfa
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.kube import resources as r
@@ -35,11 +35,7 @@ OTHER_TAINT = {"key": "team", "value": "ml", "effect": "PreferNoSchedule"}
 async def kube(apiserver: Any) -> AsyncIterator[KubeClient]:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as client:
-        await client.create(r.NAMESPACES, {"metadata": {"name": OPS}})
-        await client.create(r.GPUPOOLS, {"metadata": {"name": POOL, "annotations": {tfa.IS_DEFAULT_POOL: "true"}},
-                                         "spec": {"nodeManagerConfig": {}}})
-        await client.create(r.PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
-            "vendor": "NVIDIA", "images": {"middleware": "mw:1"}, "inUseResourceNames": ["nvidia.com/gpu"]}})
+        await create_pool_and_provider(client)
         await create_node(client, "node-a", taints=[OTHER_TAINT], allocatable=NATIVE_GPUS)
         await create_node(client, "node-b", allocatable=NATIVE_GPUS)
         yield client

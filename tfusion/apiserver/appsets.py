@@ -29,18 +29,23 @@ def _spec(obj: dict[str, Any]) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
+def _default_update_strategy(spec: dict[str, Any], **rolling_defaults: int) -> None:
+    """`updateStrategy` defaults to RollingUpdate, whose `rollingUpdate` block gets the kind's defaults."""
+    strategy = spec.setdefault("updateStrategy", {})
+    if not isinstance(strategy, dict):
+        return
+    strategy.setdefault("type", "RollingUpdate")
+    rolling = strategy.setdefault("rollingUpdate", {}) if strategy["type"] == "RollingUpdate" else None
+    if isinstance(rolling, dict):
+        for key, value in rolling_defaults.items():
+            rolling.setdefault(key, value)
+
+
 def default_daemonset(obj: dict[str, Any]) -> None:
     spec = _spec(obj)
     if spec is None:
         return
-    strategy = spec.setdefault("updateStrategy", {})
-    if isinstance(strategy, dict):
-        strategy.setdefault("type", "RollingUpdate")
-        if strategy["type"] == "RollingUpdate":
-            rolling = strategy.setdefault("rollingUpdate", {})
-            if isinstance(rolling, dict):
-                rolling.setdefault("maxUnavailable", 1)
-                rolling.setdefault("maxSurge", 0)
+    _default_update_strategy(spec, maxUnavailable=1, maxSurge=0)
     spec.setdefault("revisionHistoryLimit", 10)
     apps.default_template(obj)
 
@@ -51,13 +56,7 @@ def default_statefulset(obj: dict[str, Any]) -> None:
         return
     spec.setdefault("replicas", 1)
     spec.setdefault("podManagementPolicy", "OrderedReady")
-    strategy = spec.setdefault("updateStrategy", {})
-    if isinstance(strategy, dict):
-        strategy.setdefault("type", "RollingUpdate")
-        if strategy["type"] == "RollingUpdate":
-            rolling = strategy.setdefault("rollingUpdate", {})
-            if isinstance(rolling, dict):
-                rolling.setdefault("partition", 0)
+    _default_update_strategy(spec, partition=0)
     spec.setdefault("revisionHistoryLimit", 10)
     spec.setdefault("persistentVolumeClaimRetentionPolicy", {"whenDeleted": "Retain", "whenScaled": "Retain"})
     apps.default_template(obj)
