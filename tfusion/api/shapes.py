@@ -14,6 +14,7 @@ webhook, which reads pods that any caller may send.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -304,6 +305,20 @@ def not_an_object(value: Any) -> str:
 _Problem = tuple[list[str], str, Any]
 
 
+def _first_mismatch(entries: Iterable[tuple[object, Any]], scalar: tuple[type, ...] | None,
+                    item_shape: Shape) -> _Problem | None:
+    """The first entry of a list or map (by index or key) that does not fit, its path ending `[key]`."""
+    for key, item in entries:
+        if scalar is not None and item is not None:
+            problem = _scalar_mismatch(scalar, item)
+        else:
+            problem = _mismatch(item_shape, item)
+        if problem is not None:
+            problem[0].append(f"[{key}]")
+            return problem
+    return None
+
+
 def _mismatch(shape: Shape, value: Any) -> _Problem | None:
     # Hot on every write: it walks only the keys the value has, and builds a path only on failure.
     if value is None:
@@ -331,29 +346,11 @@ def _mismatch(shape: Shape, value: Any) -> _Problem | None:
     if isinstance(shape, ListOf):
         if not isinstance(value, list):
             return [], "a list", value
-        item_types = shape.scalar
-        for index, item in enumerate(value):
-            if item_types is not None and item is not None:
-                problem = _scalar_mismatch(item_types, item)
-            else:
-                problem = _mismatch(shape.item, item)
-            if problem is not None:
-                problem[0].append(f"[{index}]")
-                return problem
-        return None
+        return _first_mismatch(enumerate(value), shape.scalar, shape.item)
     if isinstance(shape, MapOf):
         if not isinstance(value, dict):
             return [], "an object", value
-        value_types = shape.scalar
-        for key, item in value.items():
-            if value_types is not None and item is not None:
-                problem = _scalar_mismatch(value_types, item)
-            else:
-                problem = _mismatch(shape.value, item)
-            if problem is not None:
-                problem[0].append(f"[{key}]")
-                return problem
-        return None
+        return _first_mismatch(value.items(), shape.scalar, shape.value)
     if isinstance(shape, Either):
         problems = [_mismatch(option, value) for option in shape.options]
         return None if any(p is None for p in problems) else problems[0]
