@@ -77,7 +77,7 @@ class ApiApp:
         self._decode_limiter: anyio.CapacityLimiter | None = None
         #: (storage key, subresource or "create") -> handler, for binding/eviction/token/tokenreview
         self.special = special or {}
-        self._openapi_cache: dict[tuple[int, str], bytes] = {}
+        self._openapi_documents = discovery.OpenApiDocuments()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -528,35 +528,20 @@ class ApiApp:
 
     # ------------------------------------------------------------------------------ openapi
     async def _openapi(self, parts: list[str], send: Send, protobuf: bool = False) -> None:
-        registry = self.engine.registry
+        registry, documents = self.engine.registry, self._openapi_documents
         protobuf = protobuf and parts[1:] == ["v2"]  # kubectl's v2 download (openapi_pb.py)
-        key = (registry.generation, "/".join(parts) + (";protobuf" if protobuf else ""))
-        cached = self._openapi_cache.get(key)
-        if cached is None:
-            by_gv: dict[tuple[str, str], list[ResourceInfo]] = {}
-            for info in registry.all():
-                by_gv.setdefault((info.group, info.version), []).append(info)
-            if parts[1:] == ["v2"]:
-                body: Any = discovery.openapi_v2(registry.all())
-            elif parts[1:] == ["v3"]:
-                body = discovery.openapi_v3_root(by_gv, registry.generation)
-            elif len(parts) >= 4 and parts[1] == "v3":
-                if parts[2] == "api" and len(parts) == 4:
-                    gv = ("", parts[3])
-                elif parts[2] == "apis" and len(parts) == 5:
-                    gv = (parts[3], parts[4])
-                else:
-                    raise errors.not_found_path("/" + "/".join(parts))
-                if gv not in by_gv:
-                    raise errors.not_found_path("/" + "/".join(parts))
-                body = discovery.openapi_v3_group_version(gv[0], gv[1], by_gv[gv])
-            else:
-                raise errors.not_found_path("/" + "/".join(parts))
-            cached = openapi_pb.document(body) if protobuf else orjson.dumps(body)
-            if len(self._openapi_cache) > 64:
-                self._openapi_cache.clear()
-            self._openapi_cache[key] = cached
-        await send_bytes(send, 200, cached, openapi_pb.CONTENT_TYPE if protobuf else b"application/json")
+        body: bytes | None = None
+        if parts[1:] == ["v2"]:
+            body = documents.v2(registry, protobuf=protobuf)
+        elif parts[1:] == ["v3"]:
+            body = documents.v3_root(registry)
+        elif parts[1:3] == ["v3", "api"] and len(parts) == 4:
+            body = documents.v3_group_version(registry, "", parts[3])
+        elif parts[1:3] == ["v3", "apis"] and len(parts) == 5:
+            body = documents.v3_group_version(registry, parts[3], parts[4])
+        if body is None:
+            raise errors.not_found_path("/" + "/".join(parts))
+        await send_bytes(send, 200, body, openapi_pb.CONTENT_TYPE if protobuf else b"application/json")
 
 
 def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:

@@ -1,22 +1,32 @@
-"""Discovery documents (/version, /api, /apis, per group-version lists) and the minimal OpenAPI kubectl needs.
+"""Discovery documents (/version, /api, /apis, per group-version lists) and the OpenAPI documents.
 
-kubectl 1.32 validates manifests by asking the server whether it supports the `fieldValidation`
-query parameter, which it reads from /openapi/v3: each group-version document below declares a
-PATCH operation per kind with that parameter, so kubectl leaves validation to the server (which
-validates custom resources against their schemas) instead of failing to download a full spec.
+kubectl reads OpenAPI for three things: `kubectl explain` (every field's type and description),
+the strategic-merge keys of client-side `kubectl apply`, and whether the server takes the
+`fieldValidation` query parameter, which it finds on the PATCH operation of a kind in /openapi/v3
+and which makes it leave validation to the server. So each group-version document holds, as
+kube-apiserver's does, the definitions of the kinds served there as Kubernetes publishes them
+(kubeschemas.py: the release /version reports, with everything they refer to), the schemas of the
+custom resources (from their CRDs) and a POST and PATCH per kind declaring that parameter.
+/openapi/v2 holds every definition in one Swagger document, JSON or protobuf (openapi_pb.py).
+Documents are built on first request and kept, encoded, until the kinds they describe change.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from tfusion.apiserver.resources import ResourceInfo
+import orjson
+
+from tfusion.apiserver import kubeschemas, openapi_pb
+from tfusion.apiserver.kubeschemas import KubeSchemas
+from tfusion.apiserver.resources import Registry, ResourceInfo
 
 VERSION = {
     "major": "1",
-    "minor": "32",
-    "gitVersion": "v1.32.0-tfusion",
+    "minor": kubeschemas.SERVED_MINOR,
+    "gitVersion": f"v1.{kubeschemas.SERVED_MINOR}.0-tfusion",
     "gitCommit": "tfusion",
     "gitTreeState": "clean",
     "buildDate": "2026-01-01T00:00:00Z",
@@ -105,67 +115,179 @@ def _gv_path(group: str, version: str) -> str:
     return f"apis/{group}/{version}" if group else f"api/{version}"
 
 
-def openapi_v3_root(groups: dict[tuple[str, str], list[ResourceInfo]], generation: int) -> dict[str, Any]:
+def _custom_name(info: ResourceInfo) -> str:
+    """The definition name of a kind the Kubernetes release does not define (a custom resource)."""
+    prefix = ".".join(reversed(info.group.split("."))) if info.group else "io.k8s.api.core"
+    return f"{prefix}.{info.version}.{info.kind}"
+
+
+def _gvk(info: ResourceInfo) -> dict[str, str]:
+    return {"group": info.group, "version": info.version, "kind": info.kind}
+
+
+def _custom_schema(info: ResourceInfo) -> dict[str, Any]:
+    schema = dict(info.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    schema["x-kubernetes-group-version-kind"] = [_gvk(info)]
+    return schema
+
+
+def _documented_kinds(info: ResourceInfo) -> Iterator[tuple[str, str, str]]:
+    """The kinds a resource's paths read or write: its own, its list, and those of its subresources."""
+    yield info.group, info.version, info.kind
+    yield info.group, info.version, info.list_kind
+    for sub in info.subresources:
+        if sub in _SUBRESOURCE_KINDS:
+            group, version, kind, _ = _SUBRESOURCE_KINDS[sub]
+            yield group, version, kind
+
+
+def _kube_definitions(schemas: KubeSchemas, infos: Iterable[ResourceInfo]) -> list[str]:
+    """The definitions of a document serving `infos`: their kinds, the meta kinds, and all these refer to."""
+    roots = list(kubeschemas.COMMON)
+    for info in infos:
+        if not info.is_custom:
+            roots += [name for gvk in _documented_kinds(info) if (name := schemas.name_for(*gvk))]
+    return schemas.closure(roots)
+
+
+def _kind_name(schemas: KubeSchemas, info: ResourceInfo) -> str | None:
+    """The release's definition of a built-in kind (None: a custom resource, or a kind the release lacks)."""
+    return None if info.is_custom else schemas.name_for(info.group, info.version, info.kind)
+
+
+_FIELD_VALIDATION = {
+    "name": "fieldValidation",
+    "in": "query",
+    "schema": {"type": "string"},
+    "description": "Strict, Warn or Ignore",
+}
+
+
+_PATCH_TYPES = ("application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json")
+_PATCH_REF = {"$ref": kubeschemas.V3_REF + "io.k8s.apimachinery.pkg.apis.meta.v1.Patch"}
+
+
+def _patch_body(info: ResourceInfo) -> dict[str, Any]:
+    """The patch types a kind takes; client-side `kubectl apply` merges by the schema only where SMP is listed."""
+    types = _PATCH_TYPES if info.is_custom else (*_PATCH_TYPES, "application/strategic-merge-patch+json")
+    return {"content": {t: {"schema": _PATCH_REF} for t in types}, "required": True}
+
+
+def _operations(prefix: str, info: ResourceInfo) -> dict[str, Any]:
+    """POST and PATCH declaring `fieldValidation` (what kubectl looks for before leaving validation to us)."""
+    gvk = _gvk(info)
+    base = f"{prefix}/namespaces/{{namespace}}/{info.plural}" if info.namespaced else f"{prefix}/{info.plural}"
+    create = {
+        "operationId": f"create{info.kind}",
+        "parameters": [_FIELD_VALIDATION],
+        "x-kubernetes-action": "post",
+        "x-kubernetes-group-version-kind": gvk,
+        "responses": {"201": {"description": "Created"}},
+    }
+    patch = {
+        "operationId": f"patch{info.kind}",
+        "parameters": [_FIELD_VALIDATION],
+        "requestBody": _patch_body(info),
+        "x-kubernetes-action": "patch",
+        "x-kubernetes-group-version-kind": gvk,
+        "responses": {"200": {"description": "OK"}},
+    }
+    return {base: {"post": create}, f"{base}/{{name}}": {"patch": patch}}
+
+
+def _info() -> dict[str, str]:
+    return {"title": "Kubernetes", "version": VERSION["gitVersion"].split("-")[0]}
+
+
+def openapi_v3_root(hashes: Mapping[tuple[str, str], str]) -> dict[str, Any]:
+    """The index of group-version documents; each URL carries the hash of its document's content."""
     paths = {}
-    for (group, version), _ in sorted(groups.items()):
+    for (group, version), digest in sorted(hashes.items()):
         path = _gv_path(group, version)
-        paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={generation:016X}"}
+        paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}
     return {"paths": paths}
 
 
-def openapi_v3_group_version(group: str, version: str, infos: list[ResourceInfo]) -> dict[str, Any]:
-    field_validation = {
-        "name": "fieldValidation",
-        "in": "query",
-        "schema": {"type": "string"},
-        "description": "Strict, Warn or Ignore",
+def openapi_v3_group_version(
+    group: str, version: str, infos: list[ResourceInfo], schemas: KubeSchemas | None = None
+) -> dict[str, Any]:
+    """One group-version's OpenAPI 3.0 document: the release's definitions of its built-in kinds, its CRD schemas."""
+    schemas = schemas or kubeschemas.load()
+    components = {
+        name: kubeschemas.openapi_v3(schemas.definitions[name]) for name in _kube_definitions(schemas, infos)
     }
     paths: dict[str, Any] = {}
-    schemas: dict[str, Any] = {}
     prefix = "/" + _gv_path(group, version)
     for info in infos:
-        gvk = {"group": group, "version": version, "kind": info.kind}
-        ref_name = f"{'.'.join(reversed(group.split('.'))) if group else 'io.k8s.api.core'}.{version}.{info.kind}"
-        schemas[ref_name] = dict(info.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
-        schemas[ref_name]["x-kubernetes-group-version-kind"] = [gvk]
-        base = f"{prefix}/namespaces/{{namespace}}/{info.plural}" if info.namespaced else f"{prefix}/{info.plural}"
-        operation = {
-            "operationId": f"patch{info.kind}",
-            "parameters": [field_validation],
-            "x-kubernetes-action": "patch",
-            "x-kubernetes-group-version-kind": gvk,
-            "responses": {"200": {"description": "OK"}},
-        }
-        create = {
-            "operationId": f"create{info.kind}",
-            "parameters": [field_validation],
-            "x-kubernetes-action": "post",
-            "x-kubernetes-group-version-kind": gvk,
-            "responses": {"201": {"description": "Created"}},
-        }
-        paths[base] = {"post": create}
-        paths[f"{base}/{{name}}"] = {"patch": operation}
-    return {
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0"},
-        "paths": paths,
-        "components": {"schemas": schemas},
-    }
+        if _kind_name(schemas, info) is None:
+            components[_custom_name(info)] = _custom_schema(info)
+        paths.update(_operations(prefix, info))
+    return {"openapi": "3.0.0", "info": _info(), "paths": paths, "components": {"schemas": components}}
 
 
-def openapi_v2(infos: list[ResourceInfo]) -> dict[str, Any]:
-    """A Swagger 2.0 document naming every kind (kubectl's v2 fallback reads kinds from it)."""
-    definitions = {}
+def openapi_v2(infos: list[ResourceInfo], schemas: KubeSchemas | None = None) -> dict[str, Any]:
+    """The Swagger 2.0 document: every served kind's definition (kubectl's v2 fallback reads kinds from it)."""
+    schemas = schemas or kubeschemas.load()
+    names = _kube_definitions(schemas, infos)
+    definitions = {name: kubeschemas.swagger_v2(schemas.definitions[name]) for name in names}
     for info in infos:
-        group = info.group
-        name = f"{'.'.join(reversed(group.split('.'))) if group else 'io.k8s.api.core'}.{info.version}.{info.kind}"
-        definitions[name] = {
-            "type": "object",
-            "x-kubernetes-group-version-kind": [{"group": group, "version": info.version, "kind": info.kind}],
-        }
-    return {
-        "swagger": "2.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0"},
-        "paths": {},
-        "definitions": definitions,
-    }
+        if _kind_name(schemas, info) is None:
+            # a CRD's schema may use what Swagger 2.0 cannot say (anyOf, int-or-string): its kind alone is named
+            definitions[_custom_name(info)] = {"type": "object", "x-kubernetes-group-version-kind": [_gvk(info)]}
+    return {"swagger": "2.0", "info": _info(), "paths": {}, "definitions": definitions}
+
+
+class OpenApiDocuments:
+    """The encoded OpenAPI documents of a registry, each built on first request and kept while its kinds stay.
+
+    A document is rebuilt only when the resources it describes change (a CRD of its group added,
+    changed or removed): the registry hands out new `ResourceInfo` objects then, so the cache
+    compares the objects a document was built from, by identity, with those served now.
+    """
+
+    def __init__(self, schemas: Callable[[], KubeSchemas] = kubeschemas.load) -> None:
+        self._schemas = schemas
+        self._built: dict[str, tuple[tuple[ResourceInfo, ...], bytes]] = {}
+
+    def _cached(self, key: str, infos: list[ResourceInfo], build: Callable[[], bytes]) -> bytes:
+        entry = self._built.get(key)
+        if entry and len(entry[0]) == len(infos) and all(a is b for a, b in zip(entry[0], infos, strict=True)):
+            return entry[1]
+        data = build()
+        self._built[key] = (tuple(infos), data)
+        return data
+
+    @staticmethod
+    def _served(registry: Registry) -> dict[tuple[str, str], list[ResourceInfo]]:
+        by_gv: dict[tuple[str, str], list[ResourceInfo]] = {}
+        for info in sorted(registry.all(), key=lambda i: (i.group, i.version, i.plural)):
+            by_gv.setdefault((info.group, info.version), []).append(info)
+        return by_gv
+
+    def v3_group_version(self, registry: Registry, group: str, version: str) -> bytes | None:
+        """The encoded document of a served group-version (None: nothing served there)."""
+        infos = self._served(registry).get((group, version))
+        if not infos:
+            return None
+        return self._cached(
+            f"v3/{group}/{version}",
+            infos,
+            lambda: orjson.dumps(openapi_v3_group_version(group, version, infos, self._schemas())),
+        )
+
+    def v3_root(self, registry: Registry) -> bytes:
+        served = self._served(registry)
+        hashes = {}
+        for group, version in served:
+            document = self.v3_group_version(registry, group, version)
+            assert document is not None  # served holds only group-versions with resources
+            hashes[group, version] = hashlib.sha512(document).hexdigest().upper()
+        every = [info for infos in served.values() for info in infos]
+        return self._cached("v3", every, lambda: orjson.dumps(openapi_v3_root(hashes)))
+
+    def v2(self, registry: Registry, *, protobuf: bool) -> bytes:
+        every = [info for infos in self._served(registry).values() for info in infos]
+        swagger = self._cached("v2", every, lambda: orjson.dumps(openapi_v2(every, self._schemas())))
+        if not protobuf:
+            return swagger
+        return self._cached("v2;protobuf", every, lambda: openapi_pb.document(orjson.loads(swagger)))
