@@ -88,7 +88,12 @@ GPU_REQUEST_KEYS = ("TFLOPS_REQUEST", "TFLOPS_LIMIT", "VRAM_REQUEST", "VRAM_LIMI
 
 
 def asks_for_gpus(pod: Pod) -> bool:
-    """The worker label, or any GPU request annotation (read through tfa: keys follow the domain)."""
+    """The worker label, or any GPU request annotation (read through tfa: keys follow the domain).
+    A remote vGPU client keeps its request annotations but holds no GPU (its workers do), so it is
+    placed as a plain pod even when it names tensor-fusion-scheduler, as the original's GPU plugins
+    skip every pod that is not a worker."""
+    if pod.is_client:
+        return False
     return is_worker(pod) or any(getattr(tfa, k) in pod.meta.annotations for k in GPU_REQUEST_KEYS)
 
 
