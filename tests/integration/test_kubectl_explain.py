@@ -1,7 +1,11 @@
-"""The real kubectl explains the tensor-fusion.ai/v1 kinds from the embedded API server's OpenAPI.
+"""The real kubectl explains the built-in and the tensor-fusion.ai/v1 kinds from the embedded API server's OpenAPI.
 
-`kubectl explain` reads /openapi/v3 (built from the stored CRDs), so this checks the whole path:
-attribute docstrings in the models -> generated CRD -> API server -> what a user reads.
+`kubectl explain` reads /openapi/v3, so this checks the whole path: for our kinds, attribute
+docstrings in the models -> generated CRD -> API server -> what a user reads; for the built-in
+kinds, Kubernetes' own definitions (tfusion/apiserver/kubeschemas.py) -> API server -> kubectl.
+kubectl also reads OpenAPI to merge client-side `kubectl apply` by the schema's merge keys and to
+learn that the server validates fields, and falls back to the protobuf /openapi/v2 in some paths:
+those uses are checked here too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import pytest
 
 from tfusion.api import crds
+from tfusion.apiserver import kubeschemas
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 REPO = Path(__file__).resolve().parents[2]
@@ -26,9 +31,12 @@ class Kubectl:
         self.base = [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(cache)]
 
     def __call__(self, *args: str) -> str:
-        result = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=60)
+        result = self.run(*args)
         assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
         return result.stdout
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -71,3 +79,101 @@ def test_workload_spec_recursive_and_every_object_below_it(kubectl: Kubectl) -> 
         assert "<empty>" not in out, f"kubectl explain {path} shows a field without description:\n{out}"
     tflops = kubectl("explain", "tensorfusionworkload.spec.resources.requests.tflops")
     assert "Kubernetes quantity such as 20 or 1500m" in tflops
+
+
+def words(text: str) -> str:
+    """`text` with its line breaks and indentation gone, as kubectl's wrapping is undone."""
+    return " ".join(text.split())
+
+
+def described(schema: dict[str, Any]) -> str:
+    """The opening of a description as kubectl prints it (its start is enough to recognise it)."""
+    return words(schema["description"])[:70]
+
+
+def kube_field(group: str, version: str, kind: str, *path: str) -> dict[str, Any]:
+    """The definition of a field of a built-in kind, following references, from the Kubernetes release served."""
+    release = kubeschemas.load()
+    schema = release.schema_for(group, version, kind)
+    assert schema is not None
+    for name in path:
+        schema = release.resolve(schema.get("items", schema))["properties"][name]
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("path", "gvk", "fields", "header"),
+    [
+        ("pod.spec.containers", ("", "v1", "Pod", "spec", "containers"), ("image", "ports"),
+         "FIELD: containers <[]Container>"),
+        ("deployment.spec.strategy", ("apps", "v1", "Deployment", "spec", "strategy"), ("rollingUpdate", "type"),
+         "FIELD: strategy <DeploymentStrategy>"),
+        ("daemonset", ("apps", "v1", "DaemonSet"), ("spec", "status"), "KIND:       DaemonSet"),
+        ("cronjob.spec", ("batch", "v1", "CronJob", "spec"), ("schedule", "jobTemplate"), "FIELD: spec <CronJobSpec>"),
+        ("pdb.spec.maxUnavailable", ("policy", "v1", "PodDisruptionBudget", "spec", "maxUnavailable"), (),
+         "FIELD: maxUnavailable <IntOrString>"),
+    ],
+)
+def test_builtin_kinds_are_explained_from_the_kubernetes_definitions(
+    kubectl: Kubectl, path: str, gvk: tuple[str, ...], fields: tuple[str, ...], header: str
+) -> None:
+    out = kubectl("explain", path)
+    assert header in out and "<empty>" not in out, out
+    schema = kube_field(*gvk)
+    assert described(schema) in words(out), f"the description of {path} is missing:\n{out}"
+    release = kubeschemas.load()
+    below = release.resolve(schema.get("items", schema))
+    for field in fields:
+        assert f"  {field}\t<" in out, f"{field} is not listed under {path}"
+        assert described(below["properties"][field]) in words(out)
+
+
+def test_a_kind_nobody_serves_is_refused_as_kubectl_refuses_it(kubectl: Kubectl, tmp_path: Path) -> None:
+    result = kubectl.run("explain", "nosuchkind")
+    assert result.returncode != 0
+    assert 'the server doesn\'t have a resource type "nosuchkind"' in result.stderr
+    manifest = tmp_path / "storageclass.yaml"
+    manifest.write_text("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: fast}\nprovisioner: x\n")
+    applied = kubectl.run("apply", "--validate=true", "-f", str(manifest))
+    assert applied.returncode != 0
+    assert 'no matches for kind "StorageClass" in version "storage.k8s.io/v1"' in applied.stderr, applied.stderr
+
+
+def test_the_protobuf_v2_document_parses_and_explains(kubectl: Kubectl) -> None:
+    # kubectl's own parser refuses the whole document on one dangling reference or a two-typed schema
+    out = kubectl("explain", "pod.spec.containers", "--output=plaintext-openapiv2")
+    assert "RESOURCE: containers <[]Object>" in out
+    assert described(kube_field("", "v1", "Pod", "spec", "containers")) in words(out)
+    out = kubectl("explain", "crd.spec.versions.schema.openAPIV3Schema", "--output=plaintext-openapiv2")
+    assert "RESOURCE: openAPIV3Schema <Object>" in out
+
+
+DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - {name: main, image: nginx, env: [{name: MODE, value: "%s"}]}
+      - {name: side, image: busybox}
+"""
+
+
+def test_client_side_apply_merges_by_the_v3_schema(kubectl: Kubectl, tmp_path: Path) -> None:
+    manifest = tmp_path / "deployment.yaml"
+    manifest.write_text(DEPLOYMENT % "first")
+    kubectl("apply", "-f", str(manifest))
+    manifest.write_text(DEPLOYMENT % "second")
+    # -v=8 logs each request with its headers, and why kubectl would leave the v3 document for the v2 one
+    applied = kubectl.run("-v=8", "apply", "-f", str(manifest))
+    assert applied.returncode == 0, applied.stderr
+    assert "does not support strategic merge patch" not in applied.stderr
+    assert "/openapi/v2" not in applied.stderr, "kubectl fell back to /openapi/v2 to build its patch"
+    assert "Content-Type: application/strategic-merge-patch+json" in applied.stderr
+    assert '$setElementOrder/containers' in applied.stderr, "the patch was not built from the merge keys"
+    containers = kubectl("get", "deployment", "web", "-o", "jsonpath={.spec.template.spec.containers[*].env}")
+    assert "second" in containers and "first" not in containers

@@ -9,7 +9,7 @@ module reads the file of the release /version reports, once and only when first 
 neutral form others can read list types and merge keys from:
 
 - JSON Schema's nullable types (`["object", "null"]`) become the single type kube publishes;
-- the one-value `apiVersion`/`kind` enums the JSON Schema converter added to each kind are dropped;
+- the `apiVersion`/`kind` enums the JSON Schema converter added to each kind are dropped;
 - references stay `#/$defs/<name>`; `openapi_v3` and `swagger_v2` rewrite them into the form and
   the prefix of each OpenAPI document (`#/components/schemas/...`, `#/definitions/...`).
 """
@@ -85,7 +85,7 @@ def _neutral_definition(node: Schema) -> Schema:
     if out.get("x-kubernetes-group-version-kind") and isinstance(properties, dict):
         for name in ("apiVersion", "kind"):
             field = properties.get(name)
-            if isinstance(field, dict) and len(field.get("enum", ())) == 1:
+            if isinstance(field, dict) and "enum" in field:
                 properties[name] = {k: v for k, v in field.items() if k != "enum"}
     return out
 
@@ -175,6 +175,49 @@ class KubeSchemas:
             seen.add(name)
             pending.extend(r for r in references(self.definitions[name]) if r in self.definitions and r not in seen)
         return sorted(seen)
+
+    def resolve(self, schema: Schema) -> Schema:
+        """The schema a `$ref` names (`schema` itself when it names none, {} when the name is unknown)."""
+        for _ in range(len(self.definitions) + 1):  # a reference that names itself stops here
+            ref = schema.get("$ref")
+            if not isinstance(ref, str):
+                return schema
+            schema = self.definitions.get(ref.removeprefix(DEFS_REF), {})
+        return {}
+
+    def unknown_fields(self, group: str, version: str, kind: str, obj: object) -> list[str]:
+        """Paths of the fields of `obj` its kind does not declare, as kube's strict decoding names them.
+
+        `spec.template.spec.containers[0].bogus`: what fieldValidation=Strict refuses and =Warn warns
+        about. Maps (`labels`, `resources.limits`) take any key; untyped objects (RawExtension,
+        FieldsV1) take anything; a kind the release does not define has none.
+        """
+        name = self.name_for(group, version, kind)
+        found: list[str] = []
+        if name is not None:
+            self._collect_unknown(self.definitions[name], obj, "", found)
+        return found
+
+    def _collect_unknown(self, schema: Schema, value: object, path: str, found: list[str]) -> None:
+        schema = self.resolve(schema)
+        if isinstance(value, list):
+            items = schema.get("items")
+            if isinstance(items, dict):
+                for index, item in enumerate(value):
+                    self._collect_unknown(items, item, f"{path}[{index}]", found)
+            return
+        if not isinstance(value, dict):
+            return
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, sub in value.items():
+            field = f"{path}.{key}" if path else str(key)
+            if isinstance(properties, dict) and key in properties:
+                self._collect_unknown(properties[key], sub, field, found)
+            elif isinstance(extra, dict):
+                self._collect_unknown(extra, sub, field, found)
+            elif isinstance(properties, dict):
+                found.append(field)
 
 
 @functools.cache
