@@ -555,7 +555,16 @@ async def test_builtin_kinds_are_served(http: httpx.AsyncClient) -> None:
             "message": "m",
             "involvedObject": {"kind": "Pod", "name": "p"},
         },
-        "/apis/events.k8s.io/v1/namespaces/default/events": {"metadata": {"name": "e2"}, "reason": "R"},
+        "/apis/events.k8s.io/v1/namespaces/default/events": {  # the newer API's required fields
+            "metadata": {"name": "e2"},
+            "reason": "R",
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "example.com/c",
+            "reportingInstance": "c-0",
+            "action": "Act",
+            "type": "Normal",
+            "regarding": {"kind": "Pod", "name": "p", "namespace": "default"},
+        },
         "/api/v1/namespaces/default/serviceaccounts": {"metadata": {"name": "sa"}},
         "/apis/scheduling.k8s.io/v1/priorityclasses": {"metadata": {"name": "high"}, "value": 1000},
         "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations": {

@@ -1,19 +1,24 @@
 """Events through both APIs: `core/v1` and `events.k8s.io/v1` are one store in two shapes, so an
 event written through either is listed, read, watched and patched through the other, with the newer
-API's field names (note, regarding, reportingController, deprecated*)."""
+API's field names (note, regarding, reportingController, deprecated*). The newer API selects on its
+own field names and refuses incomplete writes as kube does; kubectl and the official client use both."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
 
 from tests.apiserver_fixture import ApiServerHandle
+from tests.integration.test_kubectl import KUBECTL, Kubectl
 
 CORE = "/api/v1/namespaces/default/events"
 NEW = "/apis/events.k8s.io/v1/namespaces/default/events"
@@ -86,10 +91,22 @@ def test_both_lists_hold_the_same_events(http: httpx.Client) -> None:
 
 def test_a_patch_through_the_new_api_changes_the_core_event(http: httpx.Client) -> None:
     created(http, CORE, core_event("patched"))
-    response = http.patch(f"{NEW}/patched", content=json.dumps({"note": "moved to node-b"}), headers=MERGE)
+    series = {"series": {"count": 4, "lastObservedTime": "2026-01-01T00:09:00.000000Z"}}
+    response = http.patch(f"{NEW}/patched", content=json.dumps(series), headers=MERGE)
     assert response.status_code == 200, response.text
-    assert response.json()["note"] == "moved to node-b"
-    assert http.get(f"{CORE}/patched").json()["message"] == "moved to node-b"
+    assert response.json()["series"]["count"] == 4
+    assert http.get(f"{CORE}/patched").json()["series"]["count"] == 4
+
+
+def test_the_new_api_keeps_what_an_event_says_but_core_may_change_it(http: httpx.Client) -> None:
+    created(http, NEW, new_event("fixed"))
+    refused = http.patch(f"{NEW}/fixed", content=json.dumps({"note": "rewritten"}), headers=MERGE)
+    assert refused.status_code == 422, refused.text
+    [cause] = refused.json()["details"]["causes"]
+    assert cause["field"] == "note" and "immutable" in cause["message"]
+    changed = http.patch(f"{CORE}/fixed", content=json.dumps({"message": "rewritten"}), headers=MERGE)
+    assert changed.status_code == 200, changed.text
+    assert http.get(f"{NEW}/fixed").json()["note"] == "rewritten"
 
 
 def test_deleting_through_one_api_deletes_from_the_other(http: httpx.Client) -> None:
@@ -155,3 +172,159 @@ def test_events_stored_apart_by_an_earlier_version_join_the_core_store(tmp_path:
     with closing(sqlite3.connect(state)) as db:
         left = db.execute("SELECT COUNT(*) FROM objects WHERE skey = 'events.k8s.io/events'").fetchone()
     assert left == (0,)
+
+
+# ------------------------------------------------------------------------------ field selectors
+def about(name: str, pod: str, *, kind: str = "Pod", reason: str = "Allocated", kind_of_event: str = "Normal",
+          controller: str = "tfusion/controller") -> dict[str, Any]:
+    """An events.k8s.io/v1 event about `pod` (or another kind of object)."""
+    regarding = {"apiVersion": "v1", "kind": kind, "name": pod, "namespace": "default"}  # kubectl events --for asks
+    return {**new_event(name), "regarding": regarding,
+            "reason": reason, "type": kind_of_event, "reportingController": controller}
+
+
+def names(listing: httpx.Response) -> set[str]:
+    assert listing.status_code == 200, listing.text
+    return {e["metadata"]["name"] for e in listing.json()["items"]}
+
+
+@pytest.fixture
+def selectable(http: httpx.Client) -> httpx.Client:
+    created(http, NEW, about("sel-a", "alpha"))
+    created(http, NEW, about("sel-b", "beta", reason="Evicted", kind_of_event="Warning", controller="tfusion/kubelet"))
+    created(http, NEW, about("sel-c", "alpha", kind="Node"))
+    created(http, CORE, {**core_event("sel-d"), "involvedObject": {"kind": "Pod", "name": "alpha",
+                                                                     "namespace": "default"}})
+    return http
+
+
+@pytest.mark.parametrize(("selector", "expected"), [
+    ("regarding.name=alpha", {"sel-a", "sel-c", "sel-d"}),
+    ("regarding.name=alpha,regarding.kind=Pod", {"sel-a", "sel-d"}),
+    ("regarding.kind!=Pod,regarding.namespace=default", {"sel-c"}),
+    ("reportingController=tfusion/kubelet", {"sel-b"}),
+    ("reportingController=tfusion/scheduler", {"sel-d"}),
+    ("reason=Evicted", {"sel-b"}),
+    ("type=Warning", {"sel-b"}),
+    ("metadata.name=sel-c", {"sel-c"}),
+])
+def test_the_new_api_selects_on_its_own_field_names(selectable: httpx.Client, selector: str,
+                                                     expected: set[str]) -> None:
+    listed = names(selectable.get(NEW, params={"fieldSelector": selector}))
+    assert {n for n in listed if n.startswith("sel-")} == expected
+
+
+def test_the_core_api_selects_the_same_events_on_its_names(selectable: httpx.Client) -> None:
+    by_core = names(selectable.get(CORE, params={"fieldSelector": "involvedObject.name=alpha,involvedObject.kind=Pod"}))
+    by_new = names(selectable.get(NEW, params={"fieldSelector": "regarding.name=alpha,regarding.kind=Pod"}))
+    assert by_core == by_new == {"sel-a", "sel-d"}
+    assert names(selectable.get(CORE, params={"fieldSelector": "source=tfusion-scheduler"})) >= {"sel-d"}
+
+
+@pytest.mark.parametrize("label", ["note", "involvedObject.name", "regarding.labels", "deprecatedCount"])
+def test_the_new_api_refuses_a_field_label_kube_does_not_support(http: httpx.Client, label: str) -> None:
+    refused = http.get(NEW, params={"fieldSelector": f"{label}=x"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["message"].startswith(f"field label not supported: {label}")
+
+
+def test_a_watch_on_the_new_api_selects_on_regarding_name(apiserver: Any, http: httpx.Client) -> None:
+    rv = http.get(NEW).json()["metadata"]["resourceVersion"]
+    params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "20", "fieldSelector": "regarding.name=wanted"}
+    with apiserver.sync_http(timeout=30) as watcher, watcher.stream("GET", NEW, params=params) as stream:
+        created(http, NEW, about("w-other", "other"))
+        created(http, NEW, about("w-wanted", "wanted"))
+        event = json.loads(next(stream.iter_lines()))
+    assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "w-wanted"
+
+
+# ------------------------------------------------------------------------------ validation of writes
+def without(*fields: str) -> dict[str, Any]:
+    return {k: v for k, v in new_event("checked").items() if k not in fields}
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    (without("eventTime"), "eventTime", "Required value"),
+    (without("reportingController"), "reportingController", "Required value"),
+    (without("reportingInstance"), "reportingInstance", "Required value"),
+    (without("action"), "action", "Required value"),
+    (without("reason"), "reason", "Required value"),
+    ({**new_event("checked"), "type": "Info"}, "type", '"Info"'),
+    ({**new_event("checked"), "reportingController": "Not A/Name!"}, "reportingController", "prefix"),
+    ({**new_event("checked"), "action": "a" * 129}, "action", "at most 128 characters"),
+    ({**new_event("checked"), "note": "n" * 1025}, "note", "at most 1024 characters"),
+    ({**new_event("checked"), "deprecatedCount": 3}, "deprecatedCount", "needs to be unset"),
+    ({**new_event("checked"), "deprecatedSource": {"component": "x"}}, "deprecatedSource", "needs to be unset"),
+    ({**new_event("checked"), "series": {"count": 1, "lastObservedTime": "2026-01-01T00:00:00.000000Z"}},
+     "series.count", "at least 2"),
+    ({**new_event("checked"), "series": {"count": 2}}, "series.lastObservedTime", "Required value"),
+    ({**new_event("checked"), "regarding": {"kind": "Node", "name": "n1"}, "metadata": {"name": "checked",
+                                                                                        "namespace": "team"}},
+     "regarding.namespace", "does not match"),
+    ({**new_event("checked"), "metadata": {"name": "Not_A_Subdomain"}}, "metadata.name", "RFC 1123"),
+])
+def test_an_incomplete_new_api_event_is_refused_naming_the_field(http: httpx.Client, body: dict[str, Any],
+                                                                 field: str, words: str) -> None:
+    namespace = body["metadata"].get("namespace", "default")
+    if namespace != "default":
+        http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+    refused = http.post(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", json=body)
+    assert refused.status_code == 422, refused.text
+    causes = refused.json()["details"]["causes"]
+    assert any(c["field"] == field and words in c["message"] for c in causes), causes
+
+
+def test_all_missing_fields_are_named_at_once(http: httpx.Client) -> None:
+    body = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "bare"},
+            "eventTime": "2026-01-01T00:00:00.000000Z", "regarding": {"kind": "Pod", "name": "p",
+                                                                      "namespace": "default"}}
+    refused = http.post(NEW, json=body)
+    assert refused.status_code == 422
+    fields = {c["field"] for c in refused.json()["details"]["causes"]}
+    assert fields == {"reportingController", "reportingInstance", "action", "reason", "type"}
+
+
+def test_a_lenient_core_write_is_still_accepted(http: httpx.Client) -> None:
+    body = {"metadata": {"name": "loose"}, "reason": "R", "involvedObject": {"kind": "Pod", "name": "p"}}
+    assert http.post(CORE, json=body).status_code == 201
+
+
+# ------------------------------------------------------------------------------ real clients
+needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+
+
+@needs_kubectl
+def test_kubectl_selects_and_lists_events_of_both_apis(apiserver: Any, http: httpx.Client, tmp_path: Path) -> None:
+    kubectl = Kubectl(apiserver.kubeconfig, tmp_path / "kubectl-cache")
+    created(http, NEW, about("k-web", "web-7", reason="Allocated"))
+    created(http, NEW, about("k-other", "db-1", reason="Evicted", kind_of_event="Warning"))
+    shown = kubectl("get", "events.events.k8s.io", "--field-selector", "regarding.name=web-7",
+                    "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+    assert shown == ["k-web"]
+    table = kubectl("get", "events.events.k8s.io", "--field-selector", "reason=Evicted").stdout
+    assert "pod/db-1" in table and "pod/web-7" not in table
+    refused = kubectl("get", "events.events.k8s.io", "--field-selector", "note=x", check=False)
+    assert refused.returncode != 0 and "field label not supported: note" in refused.stderr
+    events = kubectl("events", "--for", "pod/web-7").stdout.splitlines()
+    assert len(events) == 2 and "Allocated" in events[1] and "one vGPU" in events[1], events
+    warnings = kubectl("events", "--types", "Warning").stdout
+    assert "Evicted" in warnings and "Allocated" not in warnings
+
+
+def test_the_official_client_writes_and_selects_new_api_events(apiserver: Any) -> None:
+    config = kube_config.new_client_from_config(config_file=str(apiserver.kubeconfig))  # type: ignore[no-untyped-call]
+    api = kube_client.EventsV1Api(config)
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    body = kube_client.EventsV1Event(
+        metadata=kube_client.V1ObjectMeta(name="py-made"), event_time=when,
+        reporting_controller="example.com/trainer", reporting_instance="trainer-0", action="Checkpoint",
+        reason="Saved", type="Normal", note="epoch 3 saved",
+        regarding=kube_client.V1ObjectReference(kind="Pod", name="trainer-0", namespace="default"))
+    api.create_namespaced_event("default", body)
+    found = api.list_namespaced_event("default", field_selector="regarding.name=trainer-0").items
+    assert [(e.metadata and e.metadata.name, e.note, e.reporting_controller) for e in found] == [
+        ("py-made", "epoch 3 saved", "example.com/trainer")]
+    incomplete = kube_client.EventsV1Event(metadata=kube_client.V1ObjectMeta(name="py-bare"), event_time=when)
+    with pytest.raises(kube_client.ApiException) as refused:
+        api.create_namespaced_event("default", incomplete)
+    assert refused.value.status == 422 and "reportingController" in str(refused.value.body)

@@ -35,7 +35,7 @@ from tfusion.apiserver.asgi import (
     send_bytes,
     watch_timeout,
 )
-from tfusion.apiserver.conversion import to_served
+from tfusion.apiserver.conversion import stored_field_selector, to_served
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.rbac import ADMIN, Authorizer, UserInfo
@@ -390,7 +390,7 @@ class ApiApp:
         return options
 
     # ------------------------------------------------------------------------------ reads
-    def _selectors(self, request: Request) -> tuple[Any, Any]:
+    def _selectors(self, request: Request, info: ResourceInfo) -> tuple[Any, Any]:
         from tfusion.api.selectors import SelectorError, parse_field_selector, parse_label_selector
 
         label_text = request.params.get("labelSelector", "")
@@ -400,11 +400,11 @@ class ApiApp:
             fields = parse_field_selector(field_text) if field_text else None
         except SelectorError as exc:
             raise errors.bad_request(f"unable to parse requirement: {exc}") from None
-        return labels, fields
+        return labels, stored_field_selector(info, fields)  # a served shape's field names, as stored
 
     async def _list(self, request: Request, target: Target, send: Send) -> None:
         info = target.info
-        labels, fields = self._selectors(request)
+        labels, fields = self._selectors(request, target.info)
         limit = list_options(request.params)
         rv = self.engine.store.rv
         entries, token, remaining = self.engine.list(
@@ -438,7 +438,7 @@ class ApiApp:
     async def _watch(self, request: Request, target: Target, send: Send) -> None:
         info = target.info
         self._check_verb(info, "watch", request.method)
-        labels, fields = self._selectors(request)
+        labels, fields = self._selectors(request, target.info)
         if target.name:  # legacy /watch/<resource>/<name>
             from tfusion.api.selectors import parse_field_selector
 
@@ -497,7 +497,7 @@ class ApiApp:
 
     async def _delete_collection(self, request: Request, target: Target, options: dict[str, Any], send: Send) -> None:
         info = target.info
-        labels, fields = self._selectors(request)
+        labels, fields = self._selectors(request, target.info)
         list_options(request.params)
         entries, _, _ = self.engine.list(
             info, target.namespace if info.namespaced else None, label_selector=labels, field_selector=fields

@@ -6,16 +6,24 @@ and marks the fields of the older API deprecated, so a read through either API s
 whichever API created it. Here the stored shape is core/v1; `to_served` renames on the way out and
 `to_storage` on the way in. A custom resource's versions differ only in apiVersion (kube's "None"
 conversion strategy), which is what both functions do for any resource not named below.
+
+Field selectors are converted the same way (`stored_field_selector`): events.k8s.io/v1 selects on
+its own names (`regarding.name`, `reportingController`, ...) and only on the ones kube lets it
+(any other is a 400 "field label not supported"), and they are matched against the stored fields
+they were renamed from. A core/v1 `source` selects the reporting component, as in kube.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from tfusion.api.selectors import FieldSelector
+from tfusion.apiserver import errors
 from tfusion.apiserver.resources import ResourceInfo
 from tfusion.apiserver.store import Store
 
-__all__ = ["EVENTS_V1", "adopt_separate_event_rows", "to_served", "to_storage"]
+__all__ = ["EVENTS_V1", "adopt_separate_event_rows", "stored_field_selector", "to_served", "to_storage"]
 
 EVENTS_V1 = "events.k8s.io/v1"
 CORE_EVENTS = "/events"
@@ -33,6 +41,20 @@ _EVENT_RENAMES: tuple[tuple[str, str], ...] = (
     ("lastTimestamp", "deprecatedLastTimestamp"),
     ("count", "deprecatedCount"),
 )
+
+
+#: the field selector labels events.k8s.io/v1 accepts -> the stored (core/v1) field each reads
+_EVENT_FIELD_LABELS = {
+    "metadata.name": "metadata.name",
+    "metadata.namespace": "metadata.namespace",
+    "reason": "reason",
+    "type": "type",
+    "reportingController": "reportingComponent",
+    **{f"regarding.{part}": f"involvedObject.{part}"
+       for part in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
+}
+#: core/v1 Event field selector labels that are not the path of the field they read
+_CORE_EVENT_FIELD_PATHS = {"source": "source.component"}
 
 
 def _renamed(obj: dict[str, Any], renames: tuple[tuple[str, str], ...], api_version: str) -> dict[str, Any]:
@@ -60,6 +82,24 @@ def to_storage(info: ResourceInfo, obj: dict[str, Any]) -> dict[str, Any]:
     if info.api_version == EVENTS_V1:
         return _event_to_core(obj)
     return obj
+
+
+def stored_field_selector(info: ResourceInfo, selector: FieldSelector | None) -> FieldSelector | None:
+    """`selector` as written against `info`'s served shape, over the stored fields; an
+    events.k8s.io/v1 label kube does not support is refused (400) naming it."""
+    if selector is None:
+        return None
+    if info.api_version == EVENTS_V1:
+        unsupported = sorted(selector.paths - set(_EVENT_FIELD_LABELS))
+        if unsupported:
+            raise errors.bad_request(f"field label not supported: {unsupported[0]} (events.k8s.io/v1 events select "
+                                     f"on {', '.join(sorted(_EVENT_FIELD_LABELS))})")
+        renames = _EVENT_FIELD_LABELS
+    elif info.storage_key == CORE_EVENTS:
+        renames = _CORE_EVENT_FIELD_PATHS
+    else:
+        return selector
+    return FieldSelector(tuple(replace(r, path=renames.get(r.path, r.path)) for r in selector.requirements))
 
 
 def _event_to_core(obj: dict[str, Any]) -> dict[str, Any]:

@@ -146,6 +146,10 @@ class KindRules:
             causes += policies.validate(key, obj)
         elif info.is_custom:
             causes += customresources.validate_custom(info, obj, old)
+        if info.group == "events.k8s.io":  # the newer Event API's stricter rules (core/v1 keeps its own)
+            from tfusion.apiserver import event_rules
+
+            causes += event_rules.validate(obj, old)
         if causes:
             raise errors.invalid(info.kind, info.group, meta.get("name", ""), causes)
 
