@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from tfusion.apiserver import discovery, errors, openapi_pb, podstreams, rbac, tables
+from tfusion.apiserver import discovery, errors, managedfields, openapi_pb, podstreams, rbac, tables
 from tfusion.apiserver.asgi import (
     BODY_TIMEOUT_S,
     ClientGone,
@@ -281,7 +281,8 @@ class ApiApp:
                 await respond(send, code, body)
                 return
             entry = await engine.create(
-                info, ns, request.json(), dry_run=request.dry_run, field_validation=params.get("fieldValidation", "")
+                info, ns, request.json(), dry_run=request.dry_run, field_validation=params.get("fieldValidation", ""),
+                tracking=self._tracking(request, target, "CreateOptions"),
             )
             await self._send_object(request, send, info, entry, 201)
             return
@@ -298,6 +299,7 @@ class ApiApp:
                 subresource=target.subresource,
                 dry_run=request.dry_run,
                 field_validation=params.get("fieldValidation", ""),
+                tracking=self._tracking(request, target, "UpdateOptions"),
             )
             await self._send_object(request, send, info, entry, 200)
             return
@@ -307,15 +309,16 @@ class ApiApp:
             self._check_verb(info, "patch", method)
             await request.read_body(self.body_timeout, self._large_decodes())
             ctype = request.headers.get("content-type", "")
-            if ctype.split(";")[0].strip() == "application/apply-patch+yaml":
-                raise errors.unsupported_media_type(
-                    ctype,
-                    [
-                        "application/json-patch+json",
-                        "application/merge-patch+json",
-                        "application/strategic-merge-patch+json",
-                    ],
+            applying = ctype.split(";")[0].strip().lower() == "application/apply-patch+yaml"
+            tracking = self._tracking(request, target, "PatchOptions", apply=applying)
+            if applying:  # server-side apply (serverside.py); the body is YAML or JSON
+                entry, created = await engine.apply(
+                    info, ns, target.name, request.json, tracking, force=params.get("force") == "true",
+                    subresource=target.subresource, dry_run=request.dry_run,
+                    field_validation=params.get("fieldValidation", ""),
                 )
+                await self._send_object(request, send, info, entry, 201 if created else 200)
+                return
             entry = await engine.patch(
                 info,
                 ns,
@@ -325,6 +328,7 @@ class ApiApp:
                 subresource=target.subresource,
                 dry_run=request.dry_run,
                 field_validation=params.get("fieldValidation", ""),
+                tracking=tracking,
             )
             await self._send_object(request, send, info, entry, 200)
             return
@@ -363,6 +367,14 @@ class ApiApp:
         else:
             raise errors.method_not_allowed(method)
         await respond(send, 200, body)
+
+    @staticmethod
+    def _tracking(
+        request: Request, target: Target, options_kind: str, *, apply: bool = False
+    ) -> managedfields.Tracking:
+        """Whose write this is, for metadata.managedFields (fieldManager, else the User-Agent)."""
+        return managedfields.for_request(request.params, request.headers.get("user-agent", ""),
+                                         target.info.api_version, target.subresource, options_kind, apply=apply)
 
     @staticmethod
     def _check_verb(info: ResourceInfo, verb: str, method: str) -> None:

@@ -18,16 +18,19 @@ from typing import Any
 
 import orjson
 
+from tfusion.api.merge import clone
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import customresources, errors, limits, policies, shapes, validation
+from tfusion.apiserver import customresources, errors, limits, managedfields, policies, serverside, shapes, validation
 from tfusion.apiserver.conversion import to_served, to_storage
 from tfusion.apiserver.errors import ApiError
+from tfusion.apiserver.fieldsets import Shape, shape_for
 from tfusion.apiserver.kinds import (
     CRDS,
     NAMESPACES,
     PODS,
     KindRules,
 )
+from tfusion.apiserver.managedfields import Tracking
 from tfusion.apiserver.resources import Registry, ResourceInfo
 from tfusion.apiserver.store import Entry, Store, encode_object
 
@@ -93,11 +96,13 @@ class Engine:
 
     # ------------------------------------------------------------------------------ create
     async def create(
-        self, info: ResourceInfo, namespace: str, body: Any, *, dry_run: bool = False, field_validation: str = ""
+        self, info: ResourceInfo, namespace: str, body: Any, *, dry_run: bool = False, field_validation: str = "",
+        tracking: Tracking | None = None,
     ) -> Entry:
         obj = self._check_body(info, body)
         self._strict(info, obj, field_validation)
         meta = obj["metadata"]
+        self._take_sent_entries(info, meta, tracking, None)
         if info.namespaced:
             body_ns = meta.get("namespace")
             if body_ns and body_ns != namespace:
@@ -152,6 +157,8 @@ class Engine:
         self.kinds.defaults(info, obj, None)
         self.kinds.validate(info, obj, None)
         policies.admit(self.store, "CREATE", info, "", obj, None, dry_run=dry_run)
+        if tracking is not None:
+            managedfields.record(None, obj, self.shape(info), tracking)
         if dry_run:
             return Entry(obj, encode_object(obj), self.store.rv)
         entry = self.store.put(info.storage_key, obj, None)
@@ -170,6 +177,25 @@ class Engine:
                 f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: '
                 f"strict decoding error: {fields}"
             )
+
+    @staticmethod
+    def shape(info: ResourceInfo) -> Shape:
+        """The schema field ownership walks objects of this resource by (fieldsets.py)."""
+        return shape_for(info.kind, info.schema)
+
+    @staticmethod
+    def _take_sent_entries(
+        info: ResourceInfo, meta: dict[str, Any], tracking: Tracking | None, previous: Any
+    ) -> None:
+        """Hand the managedFields a client sent to `tracking` (checked: a malformed one is a 422);
+        the same entries as `previous` (a patch that left them alone) count as none sent."""
+        sent = meta.pop("managedFields", None)
+        if tracking is None or sent is None or sent == [] or sent == previous:
+            return
+        causes = managedfields.check_sent(sent)
+        if causes:
+            raise errors.invalid(info.kind, info.group, meta.get("name") or "", causes)
+        tracking.sent = sent
 
     def _check_body(self, info: ResourceInfo, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -206,10 +232,12 @@ class Engine:
         subresource: str = "",
         dry_run: bool = False,
         field_validation: str = "",
+        tracking: Tracking | None = None,
     ) -> Entry:
         obj = self._check_body(info, body)
         self._strict(info, obj, field_validation)
         meta = obj["metadata"]
+        self._take_sent_entries(info, meta, tracking, None)
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
@@ -218,7 +246,8 @@ class Engine:
             raise errors.bad_request(
                 "the namespace of the provided object does not match the namespace sent on the request"
             )
-        return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run)
+        return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
+                                   tracking=tracking)
 
     async def patch(
         self,
@@ -231,6 +260,7 @@ class Engine:
         subresource: str = "",
         dry_run: bool = False,
         field_validation: str = "",
+        tracking: Tracking | None = None,
     ) -> Entry:
         from tfusion.apiserver import patch as patching
 
@@ -268,6 +298,7 @@ class Engine:
                 [("metadata", "FieldValueRequired", "Required value: a patch may not remove metadata")],
             )
         meta = patched["metadata"]
+        self._take_sent_entries(info, meta, tracking, target["metadata"].get("managedFields"))
         if meta.get("name") != name:
             raise errors.bad_request(
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
@@ -280,10 +311,93 @@ class Engine:
         patched = to_storage(info, patched)
         shapes.check(info.storage_key, info.kind, info.version, patched)
         self._strict(info, patched, field_validation)
-        return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run)
+        return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run,
+                                   tracking=tracking)
+
+    async def apply(
+        self,
+        info: ResourceInfo,
+        namespace: str,
+        name: str,
+        document: Callable[[], Any],
+        tracking: Tracking,
+        *,
+        force: bool = False,
+        subresource: str = "",
+        dry_run: bool = False,
+        field_validation: str = "",
+    ) -> tuple[Entry, bool]:
+        """Server-side apply (serverside.py): the stored object and whether the apply created it."""
+        config = self._apply_config(info, namespace, name, document(), subresource)
+        shape = self.shape(info)
+        for _ in range(8):  # another write may land while admission runs: apply again to the newer object
+            current = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
+            if current is None:
+                if subresource:
+                    raise errors.not_found(info.plural, info.group, name)
+                entries = serverside.created(config, shape, tracking.manager, tracking.api_version)
+                created = Tracking(tracking.manager, tracking.api_version, applied=entries)
+                obj = clone(config)
+                return await self.create(info, namespace, obj, dry_run=dry_run, field_validation=field_validation,
+                                         tracking=created), True
+            applied = serverside.apply(to_served(info, current.copy()), config, shape, manager=tracking.manager,
+                                       api_version=tracking.api_version, subresource=subresource, force=force)
+            obj = to_storage(info, applied.obj)
+            shapes.check(info.storage_key, info.kind, info.version, obj)
+            self._strict(info, obj, field_validation)
+            precondition = config["metadata"].get("resourceVersion")
+            obj["metadata"]["resourceVersion"] = precondition or str(current.rv)
+            decided = Tracking(tracking.manager, tracking.api_version, subresource, applied=applied.entries)
+            try:
+                entry = await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
+                                            tracking=decided)
+            except ApiError as exc:
+                latest = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
+                if precondition or exc.code != 409 or exc.reason != "Conflict" or latest is current:
+                    raise
+                continue
+            return entry, False
+        raise errors.conflict(info.plural, info.group, name)
+
+    def _apply_config(
+        self, info: ResourceInfo, namespace: str, name: str, config: Any, subresource: str
+    ) -> dict[str, Any]:
+        """The applied configuration, checked as kube checks it: a whole typed object for this URL."""
+        if not isinstance(config, dict):
+            raise errors.bad_request(f"the applied configuration must be an object describing a {info.kind}")
+        for key in ("apiVersion", "kind"):
+            if not isinstance(config.get(key), str) or not config[key]:
+                raise errors.bad_request(f"{key} must be set in an applied configuration")
+        checked = self._check_body(info, serverside.drop_nulls(config))
+        meta = checked["metadata"]
+        if meta.get("managedFields") is not None:
+            raise errors.bad_request("metadata.managedFields must be nil")
+        if meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        meta["name"] = name
+        if info.namespaced:
+            if meta.get("namespace", namespace) != namespace:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        served = to_served(info, checked)
+        if info.status_split:
+            # the main resource ignores status and the status subresource everything else, as on update
+            if subresource == "status":
+                return {"apiVersion": served["apiVersion"], "kind": served["kind"],
+                        "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace")},
+                        **({"status": served["status"]} if "status" in served else {})}
+            served.pop("status", None)
+        return served
 
     async def _replace(
-        self, info: ResourceInfo, namespace: str, name: str, obj: dict[str, Any], *, subresource: str, dry_run: bool
+        self, info: ResourceInfo, namespace: str, name: str, obj: dict[str, Any], *, subresource: str, dry_run: bool,
+        tracking: Tracking | None = None,
     ) -> Entry:
         ns = namespace if info.namespaced else ""
         self.namespace_check(info, ns, creating=False)
@@ -308,8 +422,9 @@ class Engine:
             if latest is not old:
                 if wanted_rv:
                     raise errors.conflict(info.plural, info.group, name)
-                return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run)
-        return self.commit_update(info, old, obj, dry_run=dry_run, subresource=subresource)
+                return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
+                                           tracking=tracking)
+        return self.commit_update(info, old, obj, dry_run=dry_run, subresource=subresource, tracking=tracking)
 
     def _merge_system_fields(
         self, info: ResourceInfo, old: dict[str, Any], new: dict[str, Any], subresource: str
@@ -345,7 +460,7 @@ class Engine:
         return new
 
     def commit_update(self, info: ResourceInfo, old: Entry, obj: dict[str, Any], *, dry_run: bool = False,
-                      subresource: str = "") -> Entry:
+                      subresource: str = "", tracking: Tracking | None = None) -> Entry:
         """Validate and store `obj` as the next version of `old` (no await: atomic)."""
         meta, old_meta = obj["metadata"], old.obj["metadata"]
         if old_meta.get("deletionTimestamp"):
@@ -366,6 +481,10 @@ class Engine:
         self.kinds.defaults(info, obj, old.obj)
         self.kinds.validate(info, obj, old.obj)
         policies.admit(self.store, "UPDATE", info, subresource, obj, old.obj, dry_run=dry_run)
+        if tracking is not None:
+            managedfields.record(old.obj, obj, self.shape(info), tracking)
+        elif "managedFields" in old_meta:  # a write of the server's own keeps who owns what
+            meta["managedFields"] = old_meta["managedFields"]
         if info.tracks_generation:
             generation = old_meta.get("generation", 1)
             if spec_part(obj, info.status_split) != spec_part(old.obj, info.status_split):
