@@ -81,6 +81,9 @@ SAMPLES: dict[str, Callable[[str], dict[str, Any]]] = {
     "apps/daemonsets": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE}},
     "apps/statefulsets": lambda n: {"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": _TEMPLATE,
                                              "serviceName": "s", "replicas": 0}},
+    "apps/controllerrevisions": lambda n: {"data": {"spec": {}}, "revision": 1},
+    "/persistentvolumeclaims": lambda n: {"spec": {"accessModes": ["ReadWriteOnce"],
+                                                   "resources": {"requests": {"storage": "1Gi"}}}},
     "batch/cronjobs": lambda n: {"spec": {"schedule": "0 0 1 1 *", "suspend": True, "jobTemplate": {
         "spec": {"template": {"spec": {**_POD_SPEC, "restartPolicy": "Never"}}}}}},
     "/endpoints": lambda n: {"subsets": []},

@@ -163,6 +163,8 @@ _KIND_SCHEMAS: Mapping[str, _Schema] = {
     "DaemonSet": _WORKLOAD,
     "StatefulSet": _WORKLOAD,
     "CronJob": _CRON_JOB,
+    "ControllerRevision": _METADATA_ONLY,
+    "PersistentVolumeClaim": {"metadata": _nested(_OBJECT_META), "status": _nested(_CONDITIONS_STATUS)},
     "PodDisruptionBudget": {"metadata": _nested(_OBJECT_META), "status": _nested(_CONDITIONS_STATUS)},
     "NetworkPolicy": _ATOMIC_LISTS,
     "Endpoints": _ATOMIC_LISTS,

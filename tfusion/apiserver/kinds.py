@@ -61,6 +61,9 @@ class KindRules:
         elif key in ("apps/daemonsets", "apps/statefulsets"):
             from tfusion.apiserver import appsets  # DaemonSet and StatefulSet rules
             appsets.defaults(key, obj)
+        elif key == "/persistentvolumeclaims":
+            from tfusion.apiserver import volumeclaims
+            volumeclaims.default_claim(obj, old)
         elif info.is_custom:
             customresources.default_custom(info, obj)
 
@@ -132,9 +135,12 @@ class KindRules:
             causes += customresources.validate_crd(obj, old, self.registry)
         elif key in apps.WORKLOAD_KEYS:
             causes += apps.validate(key, obj, old)
-        elif key in ("apps/daemonsets", "apps/statefulsets"):
-            from tfusion.apiserver import appsets  # DaemonSet and StatefulSet rules
+        elif key in ("apps/daemonsets", "apps/statefulsets", "apps/controllerrevisions"):
+            from tfusion.apiserver import appsets  # DaemonSet and StatefulSet rules, their revisions
             causes += appsets.validate(key, obj, old)
+        elif key == "/persistentvolumeclaims":
+            from tfusion.apiserver import volumeclaims
+            causes += volumeclaims.validate_claim(obj, old)
         elif key in rbac.RBAC_KEYS:
             causes += rbac.validate(key, obj, old)
         elif key in netpolicy.POLICY_KEYS:

@@ -128,6 +128,10 @@ BUILTINS: tuple[ResourceInfo, ...] = (
                  subresources=("status", "scale"), tracks_generation=True),
     ResourceInfo("batch", "v1", "cronjobs", "CronJob", True, short_names=("cj",), categories=("all",),
                  subresources=("status",), tracks_generation=True),
+    # the template history of DaemonSets and StatefulSets (workloads/revisions.py; rollout history/undo)
+    ResourceInfo("apps", "v1", "controllerrevisions", "ControllerRevision", True),
+    # claims a StatefulSet's volumeClaimTemplates make; bound at once on the simulated node (volumeclaims.py)
+    _core("persistentvolumeclaims", "PersistentVolumeClaim", True, short_names=("pvc",), subresources=("status",)),
     # the policy and network kinds (netpolicy.py); pods/eviction honours the budgets
     ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=("netpol",),
                  tracks_generation=True),

@@ -27,6 +27,7 @@ from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import EndpointsController
 from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.embedded.volumes import VolumeBinder
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
@@ -64,6 +65,7 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
     WorkloadControllers(manager)  # Deployments, ReplicaSets, Jobs, CronJobs, DaemonSets, StatefulSets (workloads/)
     EndpointsController(manager)  # Services with selectors get Endpoints and an EndpointSlice (endpoints.py)
     DisruptionController(manager)  # PodDisruptionBudgets count their healthy pods (disruption.py)
+    VolumeBinder(manager)  # PersistentVolumeClaims are Bound at once: no storage to provision (volumes.py)
     async with anyio.create_task_group() as tg:
         try:
             node = await tg.start(kubelet.run)

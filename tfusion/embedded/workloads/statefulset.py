@@ -3,12 +3,14 @@
 Why it exists: distributed training and inference servers are often StatefulSets (stable names,
 ordered start), and the pod webhook already names a workload after a StatefulSet owner. Pods are
 named `<set>-0` .. `<set>-N-1`, with hostname and subdomain (`spec.serviceName`) set and the labels
-`statefulset.kubernetes.io/pod-name`, `apps.kubernetes.io/pod-index` and `controller-revision-hash`.
+`statefulset.kubernetes.io/pod-name`, `apps.kubernetes.io/pod-index` and `controller-revision-hash`
+(the name of the template's ControllerRevision, revisions.py: `status.updateRevision`, and
+`status.currentRevision` until every pod runs it, so `kubectl rollout history`/`undo` work).
 Under the default `podManagementPolicy: OrderedReady` the next ordinal is created only when every
 lower one is Running and Ready, scale-down deletes the highest ordinal first and waits for it to be
 gone, and a template change replaces pods from the highest ordinal down, one at a time
 (`Parallel` creates and deletes without waiting). A failed or succeeded pod is deleted and made
-again under the same name.
+again under the same name. Each pod's `volumeClaimTemplates` claims are made before it (claims.py).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import re
 
 from tfusion.api.accessors import Body, Pod, section
 from tfusion.api.jsontypes import JsonObject, json_copy, json_object
+from tfusion.embedded.workloads.claims import SetClaims, mount_claims
 from tfusion.embedded.workloads.common import Workbench, expectation_key, is_ready, pod_from_template, replicas_of
-from tfusion.embedded.workloads.daemonset import REVISION_HASH
 from tfusion.embedded.workloads.deployment import template_hash
+from tfusion.embedded.workloads.revisions import CONTROLLER_REVISIONS, REVISION_HASH, History
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeError
 from tfusion.kube.reconciler import Result
@@ -50,6 +53,7 @@ def stateful_pod(sts: Body, revision: str, ordinal: int) -> JsonObject:
     service = sts.spec.get("serviceName")
     if service:
         spec["subdomain"] = json_copy(service)
+    mount_claims(sts, ordinal, spec)
     pod["spec"] = spec
     return pod
 
@@ -60,7 +64,10 @@ class StatefulSetController:
     def __init__(self, bench: Workbench) -> None:
         self.bench = bench
         self.statefulsets = bench.manager.cache.informer(STATEFULSETS)
-        bench.manager.controller("statefulset").for_(STATEFULSETS).owns(r.PODS).complete(self.reconcile)
+        self.history = History(bench)
+        self.claims = SetClaims(bench, STATEFULSETS)
+        bench.manager.controller("statefulset").for_(STATEFULSETS).owns(r.PODS).owns(CONTROLLER_REVISIONS) \
+            .complete(self.reconcile)
 
     async def reconcile(self, key: str) -> Result | None:
         bench = self.bench
@@ -72,12 +79,16 @@ class StatefulSetController:
         sts = Body(raw)
         if sts.meta.deleting:
             return None
-        revision = template_hash(section(sts.spec, "template"))
+        name = f"{sts.name}-{template_hash(section(sts.spec, 'template'))}"
+        revision = await self.history.record(sts, STATEFULSETS, name, name)
         pods = bench.pods_of(sts)
         failure = None
         if bench.expectations.satisfied(wait_key, {p.name for p in pods}):
             failure = await self._sync(sts, revision, pods)
-        await bench.write_status(STATEFULSETS, sts, statefulset_status(sts, revision, pods))
+        status = statefulset_status(sts, revision, pods)
+        in_use = {revision, str(status["currentRevision"])} | {p.meta.labels.get(REVISION_HASH, "") for p in pods}
+        await self.history.prune(sts, in_use)
+        await bench.write_status(STATEFULSETS, sts, status)
         return Result(requeue=True) if failure is not None else None
 
     async def _sync(self, sts: Body, revision: str, pods: list[Pod]) -> str | None:
@@ -89,6 +100,7 @@ class StatefulSetController:
             await self.bench.delete_pods(sts, STATEFULSETS, finished)
             return None
         replicas = replicas_of(sts)
+        await self.claims.keep_owners(sts, by_ordinal.items(), replicas)
         for ordinal in range(replicas):
             pod = by_ordinal.get(ordinal)
             if pod is None:
@@ -118,6 +130,9 @@ class StatefulSetController:
                 if partition <= n < replicas and by_ordinal[n].meta.labels.get(REVISION_HASH) != revision][:1]
 
     async def _create(self, sts: Body, revision: str, ordinal: int) -> str | None:
+        failure = await self.claims.create(sts, ordinal)
+        if failure is not None:
+            return failure
         try:
             pod = Body(await self.bench.client.create(r.PODS, stateful_pod(sts, revision, ordinal),
                                                       namespace=sts.namespace or None))
@@ -135,16 +150,15 @@ class StatefulSetController:
 def statefulset_status(sts: Body, revision: str, pods: list[Pod]) -> JsonObject:
     """replicas (pods that exist), ready, current and updated replicas, and the two revisions."""
     live = [p for p in pods if ordinal_of(sts.name, p) is not None and not p.meta.deleting]
-    update_revision = f"{sts.name}-{revision}"
+    update_revision = revision
     updated = [p for p in live if p.meta.labels.get(REVISION_HASH) == revision]
     current_revision = str(sts.status.get("currentRevision") or update_revision)
     if len(updated) == len(live) == replicas_of(sts):
         current_revision = update_revision
-    current_hash = current_revision.removeprefix(f"{sts.name}-")
     ready = sum(1 for p in live if is_ready(p))
     generation = json_copy(sts.meta.raw.get("generation", sts.status.get("observedGeneration", 0)))
     return {"replicas": len(live), "readyReplicas": ready, "availableReplicas": ready,
-            "currentReplicas": sum(1 for p in live if p.meta.labels.get(REVISION_HASH) == current_hash),
+            "currentReplicas": sum(1 for p in live if p.meta.labels.get(REVISION_HASH) == current_revision),
             "updatedReplicas": len(updated), "currentRevision": current_revision,
             "updateRevision": update_revision, "observedGeneration": generation,
             "collisionCount": json_copy(sts.status.get("collisionCount", 0))}
