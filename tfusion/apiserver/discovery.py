@@ -264,26 +264,29 @@ class OpenApiDocuments:
             by_gv.setdefault((info.group, info.version), []).append(info)
         return by_gv
 
-    def v3_group_version(self, registry: Registry, group: str, version: str) -> bytes | None:
-        """The encoded document of a served group-version (None: nothing served there)."""
-        infos = self._served(registry).get((group, version))
-        if not infos:
-            return None
+    def _group_version(self, group: str, version: str, infos: list[ResourceInfo]) -> bytes:
         return self._cached(
             f"v3/{group}/{version}",
             infos,
             lambda: orjson.dumps(openapi_v3_group_version(group, version, infos, self._schemas())),
         )
 
+    def v3_group_version(self, registry: Registry, group: str, version: str) -> bytes | None:
+        """The encoded document of a served group-version (None: nothing served there)."""
+        infos = self._served(registry).get((group, version))
+        return self._group_version(group, version, infos) if infos else None
+
     def v3_root(self, registry: Registry) -> bytes:
+        """The index; building it builds every group-version document, since it names their hashes."""
         served = self._served(registry)
-        hashes = {}
-        for group, version in served:
-            document = self.v3_group_version(registry, group, version)
-            assert document is not None  # served holds only group-versions with resources
-            hashes[group, version] = hashlib.sha512(document).hexdigest().upper()
-        every = [info for infos in served.values() for info in infos]
-        return self._cached("v3", every, lambda: orjson.dumps(openapi_v3_root(hashes)))
+
+        def build() -> bytes:
+            hashes = {
+                gv: hashlib.sha512(self._group_version(*gv, infos)).hexdigest().upper() for gv, infos in served.items()
+            }
+            return orjson.dumps(openapi_v3_root(hashes))
+
+        return self._cached("v3", [info for infos in served.values() for info in infos], build)
 
     def v2(self, registry: Registry, *, protobuf: bool) -> bytes:
         every = [info for infos in self._served(registry).values() for info in infos]
