@@ -19,6 +19,7 @@ import pytest
 import yaml
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
 
 from tests.helpers.role_all import KUBECTL, NODE, RoleAll
 
@@ -178,6 +179,9 @@ def hypervisor_pod(box: RoleAll) -> dict[str, Any] | None:
 
 def test_kubectl_apply_k_of_the_builtin_scheduler_overlay_succeeds(box: RoleAll) -> None:
     overlay = str(REPO / "deploy/overlays/builtin-scheduler")
+    tried = ok(kubectl(box, "apply", "-k", overlay, "--dry-run=server"))
+    assert "daemonset.apps/tensor-fusion-hypervisor created (server dry run)" in tried, tried
+    assert kubectl(box, "get", "daemonset", "tensor-fusion-hypervisor", "-n", "tensor-fusion-sys").returncode != 0
     applied = ok(kubectl(box, "apply", "-k", overlay))
     for line in ("daemonset.apps/tensor-fusion-hypervisor created",
                  "networkpolicy.networking.k8s.io/tensor-fusion-controller created",
@@ -196,15 +200,34 @@ def test_kubectl_apply_k_of_the_builtin_scheduler_overlay_succeeds(box: RoleAll)
     assert jsonpath(box, "pod", "my-pod", "{.metadata.annotations.tensor-fusion\\.ai/gpu-ids}")
 
 
+NO_LOGS = 'Error from server (BadRequest): container "quiet" in pod "quiet" has no logs'
+
+
 @pytest.mark.parametrize(("command", "said"), [
-    (("logs", "quiet"), 'container "quiet" in pod "quiet" has no logs'),
-    (("exec", "quiet", "--", "true"), 'container "quiet" in pod "quiet" cannot run a command'),
+    (("logs", "quiet"), NO_LOGS),
+    (("logs", "-f", "quiet", "--tail=1"), NO_LOGS),
+    (("exec", "quiet", "--", "true"),
+     'Error from server (BadRequest): container "quiet" in pod "quiet" cannot run a command'),
+    (("attach", "quiet"), 'Error from server (BadRequest): container "quiet" in pod "quiet" cannot be attached to'),
+    (("port-forward", "pod/quiet", ":80"), 'error: error upgrading connection: pod "quiet" cannot forward ports'),
 ])
-def test_kubectl_logs_and_exec_give_the_documented_error(box: RoleAll, command: tuple[str, ...], said: str) -> None:
+def test_kubectl_logs_exec_attach_port_forward_give_the_documented_error(
+        box: RoleAll, command: tuple[str, ...], said: str) -> None:
+    """The README's answer, at once and with a non-zero exit (kubectl's own timeout would show a hang)."""
     if kubectl(box, "get", "pod", "quiet").returncode != 0:
         ok(kubectl(box, "run", "quiet", "--image=busybox", "--", "sleep", "3600"))
     box.wait_for("pod quiet Running", lambda: scheduled_running(box, "quiet"))
     result = kubectl(box, *command)
     assert result.returncode != 0
-    assert re.sub(r"\s+", " ", result.stderr).strip() == f"Error from server (BadRequest): {said}: {NO_CONTAINERS}"
+    assert f"{said}: {NO_CONTAINERS}" in re.sub(r"\s+", " ", result.stderr), result.stderr
     assert "ASGI" not in box.output()
+
+
+def test_the_python_client_gets_the_same_error_for_logs(box: RoleAll, core: Any) -> None:
+    ok(kubectl(box, "run", "chatty", "--image=busybox", "--", "echo", "hi"))
+    box.wait_for("pod chatty Running", lambda: scheduled_running(box, "chatty"))
+    with pytest.raises(ApiException) as refused:
+        core.read_namespaced_pod_log("chatty", "default")
+    status = json.loads(str(refused.value.body))
+    assert (refused.value.status, status["reason"]) == (400, "BadRequest")
+    assert status["message"] == f'container "chatty" in pod "chatty" has no logs: {NO_CONTAINERS}'
