@@ -4,14 +4,19 @@ macros @yearly/@annually/@monthly/@weekly/@daily/@midnight/@hourly.
 
 Why it exists here: the API server refuses a bad schedule (422 naming spec.schedule) and the
 CronJob controller computes the next run from the same parse, so both agree on what is valid.
-Times are UTC unless the CronJob names a timeZone (only UTC/Etc/UTC are known here).
+A schedule is read in the wall-clock time of a zone (`zone`: an IANA name through zoneinfo; UTC
+when the CronJob names none). A run is every instant whose local time matches: across a
+daylight-saving change a time the clocks skip has no run, and a time they repeat matches twice.
+`split_zone` reads the `CRON_TZ=`/`TZ=` prefix older CronJobs may carry.
 """
 
 from __future__ import annotations
 
 import calendar
+import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
           "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
@@ -21,6 +26,9 @@ _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}), ("month", 1, 12, _MONTHS),
     ("day of week", 0, 7, _DAYS))
+#: what one part of a zone name may hold (as kube checks before looking a zone up)
+_ZONE_PART = re.compile(r"^[A-Za-z.\-_0-9+]{1,14}$")
+_ZONE_PREFIX = re.compile(r"^(CRON_TZ|TZ)=(\S*)\s+")
 
 
 class CronError(ValueError):
@@ -45,19 +53,65 @@ class Schedule:
             return day_ok and weekday_ok
         return day_ok or weekday_ok  # cron: both restricted means either matches
 
-    def next_after(self, epoch_s: float) -> float:
-        """The first scheduled minute strictly after `epoch_s` (within about five years, else inf)."""
+    def next_after(self, epoch_s: float, zone: tzinfo = UTC) -> float:
+        """The first scheduled instant strictly after `epoch_s`, reading the schedule in `zone`'s
+        wall-clock time (within about five years, else inf)."""
         at = datetime.fromtimestamp(epoch_s, UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        for _ in range(5 * 366 * 24):
-            if at.month in self.months and self._day_ok(at) and at.hour in self.hours:
-                for minute in sorted(self.minutes):
-                    if minute >= at.minute:
-                        return at.replace(minute=minute).timestamp()
-            at = at.replace(minute=0) + timedelta(hours=1)
+        end = at + timedelta(days=5 * 366)
+        while at < end:
+            local = at.astimezone(zone)
+            if not (local.month in self.months and self._day_ok(local)):
+                at = _next_local_midnight(local, zone)
+                continue
+            if local.hour in self.hours:
+                for minute in sorted(m for m in self.minutes if m >= local.minute):
+                    found = at + timedelta(minutes=minute - local.minute)
+                    if self.matches(found.astimezone(zone)):  # the offset did not change on the way
+                        return found.timestamp()
+            at += timedelta(minutes=60 - local.minute)
         return float("inf")
 
     def _day_ok(self, at: datetime) -> bool:
         return self.matches(at.replace(minute=min(self.minutes), hour=min(self.hours)))
+
+
+def _next_local_midnight(local: datetime, zone: tzinfo) -> datetime:
+    """The first instant of the next local day (a midnight the clocks skip maps past the gap)."""
+    midnight = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=zone)
+    return midnight.astimezone(UTC)
+
+
+class ZoneError(CronError):
+    """A time zone name that is not an IANA zone known here."""
+
+
+def zone(name: str | None) -> tzinfo:
+    """The zone `name` names (UTC for None); ZoneError says why a name is refused."""
+    if name is None:
+        return UTC
+    if not name:
+        raise ZoneError("timeZone must be nil or non-empty string")
+    if any(part in (".", "..") or part.startswith("-") or not _ZONE_PART.match(part) for part in name.split("/")):
+        raise ZoneError(f"unknown time zone {name}")
+    if name.lower() == "local":
+        raise ZoneError("timeZone must be an explicit time zone as defined in https://www.iana.org/time-zones")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ZoneError(f"unknown time zone {name}") from None
+
+
+def split_zone(text: str) -> tuple[str | None, str]:
+    """(zone name, the rest) of a schedule with a `CRON_TZ=`/`TZ=` prefix; (None, text) without one."""
+    found = _ZONE_PREFIX.match(text.strip())
+    if found is None:
+        return None, text
+    return found.group(2), text.strip()[found.end():]
+
+
+def names_zone(text: str) -> bool:
+    """Whether a schedule mentions TZ (kube refuses that in new schedules: timeZone replaces it)."""
+    return "TZ" in text
 
 
 def parse(text: str) -> Schedule:

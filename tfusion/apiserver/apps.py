@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tfusion.api import cron
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
-from tfusion.apiserver import validation
+from tfusion.apiserver import batch_rules, validation
 from tfusion.apiserver.validation import Cause, forbidden, invalid_value, required
 
 DEPLOYMENTS = "apps/deployments"
@@ -95,7 +94,8 @@ def default_job(obj: dict[str, Any], *, creating: bool) -> None:
     if spec.get("completions") is None and spec.get("parallelism") is None:
         spec["completions"] = 1
     spec.setdefault("parallelism", 1)
-    spec.setdefault("backoffLimit", 6)
+    # with per-index retries the Job-wide limit steps aside (kube defaults it to the int32 maximum)
+    spec.setdefault("backoffLimit", 2147483647 if spec.get("backoffLimitPerIndex") is not None else 6)
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
     spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
@@ -278,7 +278,8 @@ def validate_job(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]
     causes += _selector_and_template(spec, "job") + _template_causes(spec, _JOB_RESTART_POLICIES)
     if spec.get("manualSelector") is not True and not causes:
         causes += _generated_selector_causes(obj)
-    return causes + _immutable(old, obj, "selector", "template", "completions", "manualSelector")
+    causes += batch_rules.job_causes(spec, _spec(old) if old is not None else None)
+    return causes + _immutable(old, obj, "selector", "template", "manualSelector")
 
 
 def _generated_selector_causes(job: dict[str, Any]) -> list[Cause]:
@@ -304,21 +305,11 @@ def default_cronjob(obj: dict[str, Any]) -> None:
             spec.setdefault(key, value)
 
 
-def validate_cronjob(obj: dict[str, Any]) -> list[Cause]:
+def validate_cronjob(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[Cause]:
     spec = _spec(obj)
     if spec is None:
         return [required("spec")]
-    schedule = spec.get("schedule")
-    causes: list[Cause] = []
-    if not isinstance(schedule, str) or not schedule.strip():
-        causes.append(required("spec.schedule"))
-    else:
-        try:
-            cron.parse(schedule)
-        except cron.CronError as exc:
-            causes.append(invalid_value("spec.schedule", schedule, str(exc)))
-    if spec.get("timeZone") not in (None, "UTC", "Etc/UTC"):
-        causes.append(not_supported("spec.timeZone", spec.get("timeZone"), ("UTC", "Etc/UTC")))
+    causes = batch_rules.schedule_causes(spec, _spec(old) if old is not None else None)
     if spec.get("concurrencyPolicy") not in _CONCURRENCY_POLICIES:
         causes.append(not_supported("spec.concurrencyPolicy", spec.get("concurrencyPolicy"), _CONCURRENCY_POLICIES))
     for key in ("startingDeadlineSeconds", "successfulJobsHistoryLimit", "failedJobsHistoryLimit"):
@@ -349,7 +340,7 @@ def validate(storage_key: str, obj: dict[str, Any], old: dict[str, Any] | None) 
     if storage_key == JOBS:
         return validate_job(obj, old)
     if storage_key == CRONJOBS:
-        return validate_cronjob(obj)
+        return validate_cronjob(obj, old)
     return []
 
 

@@ -7,12 +7,19 @@ owned by the CronJob; concurrencyPolicy decides what happens while an earlier Jo
 beyond successfulJobsHistoryLimit / failedJobsHistoryLimit are deleted, oldest first; `suspend`
 stops new runs. status.active, lastScheduleTime and lastSuccessfulTime follow. Time is read
 through an injected `wall` (epoch seconds) so tests move it by hand instead of waiting minutes.
+
+The schedule is read in spec.timeZone (UTC without one). Only the latest missed time runs: with
+startingDeadlineSeconds, times older than the deadline are never started; when the latest one is
+past it a MissSchedule warning says so once; over 100 missed times give a TooManyMissedTimes
+warning, as kube-controller-manager writes them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, tzinfo
+from email.utils import format_datetime
 
 from tfusion.api import cron
 from tfusion.api.accessors import Body, section
@@ -38,14 +45,36 @@ def _finished(job: Body) -> str | None:
     return None
 
 
-def due_time(schedule: cron.Schedule, last: float, now: float) -> float | None:
+def due_time(schedule: cron.Schedule, last: float, now: float, zone: tzinfo = UTC) -> float | None:
     """The latest scheduled time after `last` and not after `now`, None when there is none."""
-    due, upcoming = None, schedule.next_after(last)
-    for _ in range(MAX_MISSED):
-        if upcoming > now:
-            break
-        due, upcoming = upcoming, schedule.next_after(upcoming)
+    due, upcoming = None, schedule.next_after(last, zone)
+    while upcoming <= now:
+        due, upcoming = upcoming, schedule.next_after(upcoming, zone)
     return due
+
+
+def missed_count(schedule: cron.Schedule, last: float, now: float, zone: tzinfo) -> int:
+    """How many scheduled times lie after `last` and not after `now`, counted up to MAX_MISSED + 1."""
+    count, upcoming = 0, schedule.next_after(last, zone)
+    while upcoming <= now and count <= MAX_MISSED:
+        count, upcoming = count + 1, schedule.next_after(upcoming, zone)
+    return count
+
+
+def latest_due(schedule: cron.Schedule, last: float, now: float, zone: tzinfo) -> float | None:
+    """due_time without walking every missed time: the search starts from ever earlier points
+    (an hour, a day, a month, a year back), so a long outage costs a few steps, not thousands."""
+    for back in (3600, 86400, 32 * 86400, 367 * 86400):
+        start = max(last, now - back)
+        found = due_time(schedule, start, now, zone)
+        if found is not None or start == last:
+            return found
+    return due_time(schedule, last, now, zone)
+
+
+def rfc1123z(epoch_s: float) -> str:
+    """The time as kube's events print it ("Mon, 02 Jan 2006 15:04:05 +0000")."""
+    return format_datetime(datetime.fromtimestamp(epoch_s, UTC)).replace("-0000", "+0000")
 
 
 def _note_last_run(status: JsonObject, jobs: list[Body]) -> None:
@@ -67,6 +96,8 @@ class CronJobController:
 
     def __init__(self, bench: Workbench, *, wall: Callable[[], float] = time.time) -> None:
         self.bench, self.wall = bench, wall
+        #: per CronJob uid, the missed time a MissSchedule event was written for (written once)
+        self._missed: dict[str, float] = {}
         self.cronjobs = bench.manager.cache.informer(r.CRONJOBS)
         bench.manager.controller("cronjob").for_(r.CRONJOBS).owns(r.JOBS).complete(self.reconcile)
 
@@ -87,28 +118,42 @@ class CronJobController:
         done = [since(j.status.get("completionTime")) for j in jobs if _finished(j) == "Complete"]
         if any(t is not None for t in done):
             status["lastSuccessfulTime"] = rfc3339(max(t for t in done if t is not None))
-        try:
-            schedule = cron.parse(str(cronjob.spec.get("schedule", "")))
-        except cron.CronError as exc:
-            self.bench.event(cronjob, "UnparseableSchedule", str(exc), warning=True)
+        parsed = self._schedule(cronjob)
+        if parsed is None:
             return None
+        schedule, zone = parsed
         now = self.wall()
         _note_last_run(status, jobs)
         if not cronjob.spec.get("suspend"):
-            active = await self._maybe_run(cronjob, schedule, status, active, now)
+            active = await self._maybe_run(cronjob, schedule, zone, status, active, now)
         status["active"] = [self._reference(j) for j in active]
         if not status["active"]:
             del status["active"]
         await self.bench.write_status(r.CRONJOBS, cronjob, status)
-        return Result(requeue_after=max(0.1, schedule.next_after(now) - now))
+        return Result(requeue_after=max(0.1, schedule.next_after(now, zone) - now))
 
-    async def _maybe_run(self, cronjob: Body, schedule: cron.Schedule, status: JsonObject, active: list[Body],
-                         now: float) -> list[Body]:
+    def _schedule(self, cronjob: Body) -> tuple[cron.Schedule, tzinfo] | None:
+        """The parsed schedule and its zone (spec.timeZone, else a CRON_TZ= prefix, else UTC); None
+        with a warning event when either cannot be used (stored before the rules refused it)."""
+        prefix_zone, text = cron.split_zone(str(cronjob.spec.get("schedule", "")))
+        named = cronjob.spec.get("timeZone")
+        name = prefix_zone if named is None else str(named)
+        try:
+            zone = cron.zone(name)
+        except cron.ZoneError as exc:
+            self.bench.event(cronjob, "UnknownTimeZone", f"invalid timeZone {name!r}: {exc}", warning=True)
+            return None
+        try:
+            return cron.parse(text), zone
+        except cron.CronError as exc:
+            self.bench.event(cronjob, "UnparseableSchedule", str(exc), warning=True)
+            return None
+
+    async def _maybe_run(self, cronjob: Body, schedule: cron.Schedule, zone: tzinfo, status: JsonObject,
+                         active: list[Body], now: float) -> list[Body]:
         """Start the Job of the latest due time, as concurrencyPolicy allows; the active Jobs after it."""
-        last = since(status.get("lastScheduleTime")) or created_at(cronjob)
-        due = due_time(schedule, last, now)
-        deadline = cronjob.spec.get("startingDeadlineSeconds")
-        if due is None or (deadline is not None and now - due > int(deadline)):
+        due = self._due(cronjob, schedule, zone, since(status.get("lastScheduleTime")) or created_at(cronjob), now)
+        if due is None:
             return active
         policy = cronjob.spec.get("concurrencyPolicy") or "Allow"
         if active and policy == "Forbid":
@@ -122,6 +167,25 @@ class CronJobController:
         created = await self._create(cronjob, due)
         status["lastScheduleTime"] = rfc3339(due)
         return active + ([created] if created is not None else [])
+
+    def _due(self, cronjob: Body, schedule: cron.Schedule, zone: tzinfo, last: float, now: float) -> float | None:
+        """The time to start now: the latest missed one within startingDeadlineSeconds (all of them
+        without a deadline); a MissSchedule warning, once, for a latest one past the deadline."""
+        deadline = cronjob.spec.get("startingDeadlineSeconds")
+        earliest = last if deadline is None else max(last, now - int(deadline))
+        if missed_count(schedule, earliest, now, zone) > MAX_MISSED:
+            self.bench.event(cronjob, "TooManyMissedTimes",
+                             f"More than {MAX_MISSED} start times were missed: set or lower "
+                             "spec.startingDeadlineSeconds, or check the clock", warning=True)
+        due = latest_due(schedule, earliest, now, zone)
+        if due is None and earliest > last:
+            missed = latest_due(schedule, last, now, zone)
+            if missed is not None and self._missed.get(cronjob.uid) != missed:
+                self._missed[cronjob.uid] = missed
+                self.bench.event(cronjob, "MissSchedule",
+                                 f"Missed scheduled time to start a job: {rfc1123z(missed)} (more than "
+                                 f"startingDeadlineSeconds={deadline} ago)", warning=True)
+        return due
 
     async def _create(self, cronjob: Body, scheduled: float) -> Body | None:
         template = section(cronjob.spec, "jobTemplate")

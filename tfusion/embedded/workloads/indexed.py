@@ -6,6 +6,15 @@ completion index. A pod of an Indexed Job carries the index as the
 and its containers see it as JOB_COMPLETION_INDEX. The Job is done when every index has had a
 pod succeed; the succeeded indexes are kept in status.completedIndexes as kube writes them, an
 interval list such as "0-2,5".
+
+With spec.backoffLimitPerIndex each index has its own failure budget: a failed pod is replaced
+(the new pod's `batch.kubernetes.io/job-index-failure-count` says how often its index failed)
+until its index failed more often than the limit; then the index is in status.failedIndexes and
+gets no more pods. The Job fails once more indexes failed than spec.maxFailedIndexes allows
+(MaxFailedIndexesExceeded), or when every index has finished and some failed (FailedIndexes).
+spec.successPolicy ends the Job early, as a success, once one of its rules holds (reason
+SuccessPolicy): a rule names indexes that must all have succeeded (succeededIndexes), a number
+of indexes that must have succeeded (succeededCount), or both (that many among those indexes).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from tfusion.kube.client import KubeError
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
+FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
 
 
 def is_indexed(job: Body) -> bool:
@@ -60,19 +70,76 @@ def completed_indexes(job: Body, pods: list[Pod]) -> set[int]:
     return {i for i in done if i < completions}
 
 
-def missing_indexes(job: Body, completed: set[int], active: list[Pod]) -> list[int]:
-    """Indexes with neither a success nor a running pod, lowest first."""
+def index_failures(pods: list[Pod]) -> dict[int, int]:
+    """How often each index failed: a pod carries its index's earlier failures, plus its own."""
+    failures: dict[int, int] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is None:
+            continue
+        earlier = pod.meta.annotations.get(FAILURE_COUNT) or "0"
+        count = (int(earlier) if earlier.isdigit() else 0) + (pod.phase == "Failed")
+        failures[index] = max(failures.get(index, 0), count, sum(
+            1 for p in pods if p.phase == "Failed" and pod_index(p) == index))
+    return failures
+
+
+def failed_indexes(job: Body, pods: list[Pod], completed: set[int]) -> set[int]:
+    """Indexes out of retries under backoffLimitPerIndex (none without it), those recorded included."""
+    limit = job.spec.get("backoffLimitPerIndex")
+    if limit is None:
+        return set()
+    completions = int(job.spec.get("completions") or 0)
+    failed = parse_indexes(job.status.get("failedIndexes"))
+    failed.update(i for i, count in index_failures(pods).items() if count > int(limit))
+    return {i for i in failed if i < completions and i not in completed}
+
+
+def missing_indexes(job: Body, completed: set[int], active: list[Pod], failed: set[int] | None = None) -> list[int]:
+    """Indexes with neither a success, a running pod nor retries used up, lowest first."""
     running = {pod_index(p) for p in active}
-    return [i for i in range(int(job.spec.get("completions") or 0)) if i not in completed and i not in running]
+    return [i for i in range(int(job.spec.get("completions") or 0))
+            if i not in completed and i not in running and i not in (failed or set())]
 
 
-def indexed_pod(job: Body, index: int) -> JsonObject:
-    """The pod of `index`, from the Job's template."""
+def matched_success_rule(job: Body, completed: set[int]) -> int | None:
+    """The position of the first successPolicy rule the succeeded indexes satisfy, None if none."""
+    rules = sequence_of_maps(section(job.spec, "successPolicy").get("rules"))
+    for position, rule in enumerate(rules):
+        named, count = rule.get("succeededIndexes"), rule.get("succeededCount")
+        among = completed if named is None else completed & parse_indexes(named)
+        if named is not None and count is None and among != parse_indexes(named):
+            continue
+        if isinstance(count, int) and len(among) < count:
+            continue
+        if named is not None or count is not None:
+            return position
+    return None
+
+
+def indexed_verdict(job: Body, completed: set[int], failed: set[int]) -> tuple[str, str, str] | None:
+    """(Complete or Failed, reason, message) once the indexes decide the Job's end, else None."""
+    completions = int(job.spec.get("completions") or 0)
+    most = job.spec.get("maxFailedIndexes")
+    if most is not None and len(failed) > int(most):
+        return "Failed", "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
+    rule = matched_success_rule(job, completed)
+    if rule is not None:
+        return "Complete", "SuccessPolicy", f"Matched rules at index {rule}"
+    if failed and len(completed | failed) >= completions:
+        return "Failed", "FailedIndexes", "Job has failed indexes"
+    return None
+
+
+def indexed_pod(job: Body, index: int, failures: int = 0) -> JsonObject:
+    """The pod of `index`, from the Job's template (`failures`: how often the index failed so far)."""
     pod = pod_from_template(job, r.JOBS)
     meta = json_object(section(pod, "metadata"))
     meta["generateName"] = f"{job.name}-{index}-"
     meta["labels"] = {**json_object(section(meta, "labels")), COMPLETION_INDEX: str(index)}
     meta["annotations"] = {**json_object(section(meta, "annotations")), COMPLETION_INDEX: str(index)}
+    if job.spec.get("backoffLimitPerIndex") is not None:
+        meta["annotations"] = {**json_object(section(meta, "annotations")), FAILURE_COUNT: str(failures)}
     spec = json_object(section(pod, "spec"))
     spec.setdefault("hostname", f"{job.name}-{index}")
     spec["containers"] = [_with_index(container, index) for container in sequence_of_maps(spec.get("containers"))]
@@ -87,13 +154,15 @@ def _with_index(container: JsonMapping, index: int) -> JsonObject:
     return body
 
 
-async def create_indexed_pods(bench: Workbench, job: Body, indexes: list[int]) -> str | None:
+async def create_indexed_pods(bench: Workbench, job: Body, indexes: list[int],
+                              failures: dict[int, int] | None = None) -> str | None:
     """Create one pod per index; the error of the first failed create (then it stops)."""
     created: list[str] = []
     failure = None
     for index in indexes:
+        body = indexed_pod(job, index, (failures or {}).get(index, 0))
         try:
-            pod = Body(await bench.client.create(r.PODS, indexed_pod(job, index), namespace=job.namespace or None))
+            pod = Body(await bench.client.create(r.PODS, body, namespace=job.namespace or None))
         except KubeError as exc:
             failure = f"Error creating: {exc}"
             bench.event(job, "FailedCreate", failure, warning=True)

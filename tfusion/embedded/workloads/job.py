@@ -5,8 +5,8 @@ Why it exists: batch users try TensorFusion with a Job. It runs up to `paralleli
 against backoffLimit, then the Job fails (conditions FailureTarget and Failed, reason
 BackoffLimitExceeded); activeDeadlineSeconds fails it with DeadlineExceeded; success sets
 SuccessCriteriaMet and Complete. startTime, completionTime, active, ready, succeeded and failed
-are in its status. `suspend` stops its pods. Indexed Jobs (one pod per completion index) are
-described in `indexed`.
+are in its status. `suspend` stops its pods. Indexed Jobs (one pod per completion index, with
+per-index retries and success policies) are described in `indexed`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from tfusion.embedded.workloads.common import (
 from tfusion.embedded.workloads.indexed import (
     completed_indexes,
     create_indexed_pods,
+    failed_indexes,
     format_indexes,
+    index_failures,
+    indexed_verdict,
     is_indexed,
     missing_indexes,
+    parse_indexes,
 )
 from tfusion.kube import resources as r
 from tfusion.kube.reconciler import Result
@@ -91,6 +95,8 @@ class JobController:
             completed = completed_indexes(job, pods)
             succeeded = len(completed)
             status["completedIndexes"] = format_indexes(completed)
+            if spec.get("backoffLimitPerIndex") is not None:
+                status["failedIndexes"] = format_indexes(failed_indexes(job, pods, completed))
         failed = max(status_int(job, "failed"), sum(1 for p in pods if p.phase == "Failed"))
         on_failure = text(spec, "template", "spec", "restartPolicy") == "OnFailure"
         restarts = sum(_restarts(p) for p in active) if on_failure else 0
@@ -123,6 +129,12 @@ class JobController:
         failure = job_failure(job, since(status.get("startTime")), failures, now_s)
         completions = spec.get("completions")
         done = succeeded >= completions if completions is not None else succeeded > 0 and not active
+        success = "CompletionsReached", "Reached expected number of succeeded pods"
+        verdict = self._indexed_verdict(job, status) if failure is None else None
+        if verdict is not None:
+            kind, reason, message = verdict
+            failure, done = ((reason, message), False) if kind == "Failed" else (None, True)
+            success = (reason, message) if kind == "Complete" else success
         result: Result | None = None
         if failure is not None:
             reason, message = failure
@@ -131,8 +143,7 @@ class JobController:
             await bench.delete_pods(job, r.JOBS, active)
             bench.event(job, reason, message, warning=True)
         elif done:
-            status["conditions"] = list(_finish(_conditions(status), "SuccessCriteriaMet", "Complete",
-                                                "CompletionsReached", "Reached expected number of succeeded pods", now))
+            status["conditions"] = list(_finish(_conditions(status), "SuccessCriteriaMet", "Complete", *success, now))
             status["completionTime"] = now
             await bench.delete_pods(job, r.JOBS, active)
             bench.event(job, "Completed", "Job completed")
@@ -143,6 +154,14 @@ class JobController:
             started = since(status.get("startTime")) or now_s
             result = Result(requeue_after=max(0.1, started + int(deadline) - now_s))
         return result
+
+    @staticmethod
+    def _indexed_verdict(job: Body, status: JsonObject) -> tuple[str, str, str] | None:
+        """How an Indexed Job's indexes end it (failed indexes, a success policy), None otherwise."""
+        if not is_indexed(job):
+            return None
+        return indexed_verdict(job, parse_indexes(status.get("completedIndexes")),
+                               parse_indexes(status.get("failedIndexes")))
 
     async def _run_pods(self, job: Body, active: list[Pod], succeeded: int) -> Result | None:
         if is_indexed(job):
@@ -166,7 +185,10 @@ class JobController:
     async def _run_indexed(self, job: Body, active: list[Pod]) -> Result | None:
         """Start pods for the lowest indexes that have none, up to parallelism running."""
         room = max(0, int(job.spec.get("parallelism", 1)) - len(active))
-        missing = missing_indexes(job, completed_indexes(job, self.bench.pods_of(job)), active)
-        if room and missing and await create_indexed_pods(self.bench, job, missing[:room]) is not None:
+        pods = self.bench.pods_of(job)
+        completed = completed_indexes(job, pods)
+        missing = missing_indexes(job, completed, active, failed_indexes(job, pods, completed))
+        if room and missing and await create_indexed_pods(self.bench, job, missing[:room],
+                                                          index_failures(pods)) is not None:
             return Result(requeue=True)
         return None
