@@ -1,6 +1,8 @@
 """NetworkPolicy, PodDisruptionBudget, pods/eviction and the Endpoints controller against the embedded
 API server over HTTP: stored and validated (422s naming the field), an eviction a budget forbids is
-answered 429 and the pod stays, an allowed one deletes the pod, and a Service with a selector gets
+answered 429 and the pod stays, an allowed one deletes the pod, a budget's status is counted as kube's
+disruption controller counts it (a percentage or maxUnavailable of the pods' controllers' scale,
+unmanaged pods left out, an unscaled controller a SyncFailed condition), and a Service with a selector gets
 Endpoints and an EndpointSlice listing its pods' addresses (the simulated kubelet gives them an IP)."""
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from tests.helpers import eventually
 from tests.helpers.one_box import simulated_node
 from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import ENDPOINTS, ENDPOINTSLICES, EndpointsController
+from tfusion.embedded.workloads.daemonset import DAEMONSETS
+from tfusion.embedded.workloads.statefulset import STATEFULSETS
 from tfusion.kube import resources as r
 from tfusion.kube.client import Invalid, KubeClient, NotFound
 from tfusion.kube.manager import Manager
@@ -29,6 +33,7 @@ NODE = "n1"
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 NETPOLS = ApiResource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True)
 PDBS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+DEPLOYMENTS, REPLICASETS = r.DEPLOYMENTS, r.REPLICASETS
 
 
 def pdb(name: str = "web-pdb", **spec: Any) -> dict[str, Any]:
@@ -41,10 +46,33 @@ def netpol(**spec: Any) -> dict[str, Any]:
             "spec": spec}
 
 
-def pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {"app": "web"}},
+def pod(name: str, labels: dict[str, str] | None = None, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pod bound to the simulated node; `owner` (a stored object) becomes its controller."""
+    meta: dict[str, Any] = {"name": name, "labels": labels or {"app": "web"}}
+    if owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "controller": True,
+                                    "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"nodeName": NODE, "containers": [
                 {"name": "main", "image": "nginx", "ports": [{"name": "http", "containerPort": 8080}]}]}}
+
+
+async def controller(kube: KubeClient, resource: ApiResource, name: str, replicas: int,
+                     owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A stored workload object whose scale a budget reads (no workload controller runs in these tests,
+    so nothing acts on it); `owner` (a Deployment) controls it."""
+    body: dict[str, Any] = {"apiVersion": resource.api_version, "kind": resource.kind, "metadata": {"name": name},
+                            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                                     "template": {"metadata": {"labels": {"app": "web"}},
+                                                  "spec": {"containers": [{"name": "main", "image": "nginx"}]}}}}
+    if resource is STATEFULSETS:
+        body["spec"]["serviceName"] = name
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = pod("x", owner=owner)["metadata"]["ownerReferences"]
+    if resource is DAEMONSETS:
+        del body["spec"]["replicas"]
+    created: dict[str, Any] = await kube.create(resource, body, namespace=NS)
+    return created
 
 
 def fields(exc: Invalid) -> list[str]:
@@ -94,9 +122,9 @@ async def test_pdb_is_stored_and_validated(kube: KubeClient) -> None:
     assert fields(refused.value) == ["spec.selector"]
 
 
-async def _ready_pods(kube: KubeClient, *names: str) -> None:
+async def _ready_pods(kube: KubeClient, *names: str, owner: dict[str, Any] | None = None) -> None:
     for name in names:
-        await kube.create(r.PODS, pod(name), namespace=NS)
+        await kube.create(r.PODS, pod(name, owner=owner), namespace=NS)
 
     async def all_ready() -> bool:
         pods = (await kube.list(r.PODS, namespace=NS, label_selector="app=web")).items
@@ -115,7 +143,8 @@ async def _evict(apiserver: Any, name: str) -> Any:
 
 async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apiserver: Any) -> None:
     kube = cluster
-    await _ready_pods(kube, "web-a", "web-b")
+    owner = await controller(kube, STATEFULSETS, "web", 2)
+    await _ready_pods(kube, "web-a", "web-b", owner=owner)
     await kube.create(PDBS, pdb(minAvailable=2), namespace=NS)
     blocked = await _evict(apiserver, "web-a")
     assert blocked.status_code == 429, blocked.text
@@ -142,30 +171,71 @@ async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apise
     await eventually(gone, timeout=20)
     await kube.replace(PDBS, {**(await kube.get(PDBS, "web-pdb", namespace=NS)),
                               "spec": {"selector": {"matchLabels": {"app": "web"}}, "minAvailable": "100%"}})
-    again = await _evict(apiserver, "web-b")  # a percentage of the one pod left
+    again = await _evict(apiserver, "web-b")  # a percentage of the StatefulSet's 2 replicas, not of the pod left
     assert again.status_code == 429, again.text
-    assert "needs 1 healthy pods and has 1 currently" in again.json()["details"]["causes"][0]["message"]
+    assert "needs 2 healthy pods and has 1 currently" in again.json()["details"]["causes"][0]["message"]
 
 
-async def test_the_disruption_controller_keeps_the_budget_status(cluster: KubeClient) -> None:
+async def _budget(kube: KubeClient, **wanted: int) -> dict[str, Any] | None:
+    """The budget's status once it shows `wanted` (None before)."""
+    status: dict[str, Any] = (await kube.get(PDBS, "web-pdb", namespace=NS)).get("status") or {}
+    return status if all(status.get(k) == v for k, v in wanted.items()) else None
+
+
+async def test_the_disruption_controller_counts_a_percentage_of_the_controllers_scale(cluster: KubeClient) -> None:
     kube = cluster
     await kube.create(PDBS, pdb(minAvailable="50%"), namespace=NS)
-    await _ready_pods(kube, "web-a", "web-b", "web-c")
+    deployment = await controller(kube, DEPLOYMENTS, "web", 4)
+    replicaset = await controller(kube, REPLICASETS, "web-5d8f", 3, owner=deployment)
+    await _ready_pods(kube, "web-a", "web-b", "web-c", owner=replicaset)
 
-    async def counted() -> dict[str, Any] | None:
-        status = (await kube.get(PDBS, "web-pdb", namespace=NS)).get("status") or {}
-        return status if status.get("currentHealthy") == 3 else None
-
-    status = await eventually(counted, timeout=20)
-    assert (status["desiredHealthy"], status["disruptionsAllowed"], status["expectedPods"]) == (2, 1, 3)
+    # the Deployment's 4 replicas are expected, not the 3 pods there are (nor the ReplicaSet's 3)
+    status = await eventually(lambda: _budget(kube, currentHealthy=3), timeout=20)
+    assert (status["desiredHealthy"], status["disruptionsAllowed"], status["expectedPods"]) == (2, 1, 4)
+    assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == \
+        [("DisruptionAllowed", "True", "SufficientPods")]
     await kube.delete(r.PODS, "web-c", namespace=NS, grace_period_seconds=0)
-
-    async def recounted() -> dict[str, Any] | None:
-        status = (await kube.get(PDBS, "web-pdb", namespace=NS)).get("status") or {}
-        return status if status.get("expectedPods") == 2 else None
-
-    status = await eventually(recounted, timeout=20)
+    status = await eventually(lambda: _budget(kube, currentHealthy=2), timeout=20)
+    assert (status["expectedPods"], status["desiredHealthy"], status["disruptionsAllowed"]) == (4, 2, 0)
+    assert status["conditions"][0]["reason"] == "InsufficientPods"
+    # scaling the Deployment down recounts the budget
+    await kube.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 2}}, namespace=NS)
+    status = await eventually(lambda: _budget(kube, expectedPods=2), timeout=20)
     assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"]) == (2, 1, 1)
+
+
+async def test_an_integer_min_available_counts_the_pods_and_unmanaged_pods_are_left_out(
+        cluster: KubeClient) -> None:
+    kube = cluster
+    await _ready_pods(kube, "web-a", "web-b", "web-c")
+    await kube.create(PDBS, pdb(minAvailable=2), namespace=NS)
+    status = await eventually(lambda: _budget(kube, currentHealthy=3), timeout=20)
+    assert (status["expectedPods"], status["desiredHealthy"], status["disruptionsAllowed"]) == (3, 2, 1)
+    # a maxUnavailable budget counts controllers' scales: pods without a controller are not expected
+    await kube.patch(PDBS, "web-pdb", {"spec": {"minAvailable": None, "maxUnavailable": 1}}, namespace=NS)
+    status = await eventually(lambda: _budget(kube, expectedPods=0), timeout=20)
+    assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"]) == (3, 0, 3)
+
+    async def warned() -> bool:
+        events = (await kube.list(r.EVENTS, namespace=NS)).items
+        return any(e.get("reason") == "UnmanagedPods" and e["involvedObject"]["name"] == "web-pdb" for e in events)
+
+    await eventually(warned, timeout=20, what="the UnmanagedPods event")
+
+
+async def test_a_budget_over_pods_of_an_unscaled_controller_allows_no_disruption(
+        cluster: KubeClient, apiserver: Any) -> None:
+    kube = cluster
+    owner = await controller(kube, DAEMONSETS, "web", 0)
+    await _ready_pods(kube, "web-a", "web-b", owner=owner)
+    await kube.create(PDBS, pdb(maxUnavailable=1), namespace=NS)
+    status = await eventually(lambda: _budget(kube, currentHealthy=2), timeout=20)
+    assert status["disruptionsAllowed"] == 0
+    condition = status["conditions"][0]
+    assert (condition["status"], condition["reason"]) == ("False", "SyncFailed")
+    assert condition["message"] == 'found no controllers for pod "web-a"'
+    refused = await _evict(apiserver, "web-a")
+    assert refused.status_code == 429, refused.text
 
 
 async def test_service_with_a_selector_gets_endpoints(cluster: KubeClient) -> None:

@@ -4,13 +4,12 @@ Why it exists: our install tree ships a NetworkPolicy and users bring PodDisrupt
 the embedded API server stores both, refusing (422, field named) what kube-apiserver would
 refuse. Nothing enforces network policies on the simulated node; budgets are honoured by
 pods/eviction, which counts the Running and Ready pods a budget selects at the moment of the
-eviction (kube's disruption controller keeps the same numbers in the budget's status; here they
-are computed when asked, and written to the status when an eviction reads them).
+eviction (with budgets.py, the arithmetic kube's disruption controller keeps in the budget's
+status; here it is also computed when asked, and written to the status when an eviction reads it).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -92,27 +91,6 @@ def healthy(pod: dict[str, Any]) -> bool:
     if status.get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def _resolve(value: Any, expected: int, round_up: bool) -> int:
-    if isinstance(value, str) and value.endswith("%"):
-        share = int(value[:-1]) * expected / 100
-        return math.ceil(share) if round_up else math.floor(share)
-    return int(value)
-
-
-def budget_status(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """currentHealthy, desiredHealthy, disruptionsAllowed and expectedPods of `pdb` over the pods it selects."""
-    spec = pdb.get("spec") or {}
-    expected = sum(1 for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
-    current = sum(1 for p in pods if healthy(p))
-    if spec.get("maxUnavailable") is not None:
-        desired = max(0, expected - _resolve(spec["maxUnavailable"], expected, round_up=True))
-    else:
-        desired = _resolve(spec.get("minAvailable", 0), expected, round_up=True)
-    return {"currentHealthy": current, "desiredHealthy": desired, "expectedPods": expected,
-            "disruptionsAllowed": max(0, current - desired),
-            "observedGeneration": (pdb.get("metadata") or {}).get("generation", 1)}
 
 
 def selects(pdb: dict[str, Any], pod: dict[str, Any]) -> bool:

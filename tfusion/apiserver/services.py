@@ -7,12 +7,13 @@ checking to tokens.TokenAuthority.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import errors, netpolicy, shapes, validation
 from tfusion.apiserver.asgi import Request, Target
+from tfusion.apiserver.budgets import budget_status, scale_from
 from tfusion.apiserver.objects import PODS, Engine
 from tfusion.apiserver.tokens import TokenAuthority
 
@@ -23,6 +24,8 @@ _SUCCESS = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Suc
 MIN_TOKEN_SECONDS = 600
 #: and refuses longer ones than this
 MAX_TOKEN_SECONDS = 2**32
+#: where the controllers whose scale a budget counts are stored, by kind (budgets.py)
+_SCALED = {"Deployment": "apps/deployments", "ReplicaSet": "apps/replicasets", "StatefulSet": "apps/statefulsets"}
 
 
 class Services:
@@ -104,10 +107,17 @@ class Services:
             return  # kube lets an unhealthy pod go: evicting it lowers nothing the budget counts
         pods = [e.obj for _, e in self.engine.store.items(info.storage_key, namespace)]
         for pdb in budgets:
-            status = netpolicy.budget_status(pdb, [p for p in pods if netpolicy.selects(pdb, p)])
+            status = budget_status(pdb, [p for p in pods if netpolicy.selects(pdb, p)], self._scale_of)
             self._write_budget_status(pdb, status, dry_run=dry_run)
             if status["disruptionsAllowed"] < 1:
                 raise netpolicy.refuse(pdb["metadata"]["name"], status)
+
+    def _scale_of(self, ref: Mapping[str, Any], namespace: str) -> tuple[str, int] | None:
+        """The scale of a pod's controller as the disruption controller reads it (budgets.py)."""
+        def stored(kind: str, ns: str, name: str) -> dict[str, Any] | None:
+            entry = self.engine.store.get(_SCALED.get(kind, ""), ns, name)
+            return entry.obj if entry is not None else None
+        return scale_from(stored)(ref, namespace)
 
     def _write_budget_status(self, pdb: dict[str, Any], status: dict[str, Any], *, dry_run: bool) -> None:
         entry = self.engine.store.get(netpolicy.PDBS, pdb["metadata"].get("namespace", ""), pdb["metadata"]["name"])
