@@ -128,6 +128,16 @@ def test_builtin_kinds_are_explained_from_the_kubernetes_definitions(
         assert described(below["properties"][field]) in words(out)
 
 
+def test_custom_resource_metadata_is_explained_as_object_meta(kubectl: Kubectl) -> None:
+    out = kubectl("explain", "gpupool.metadata")
+    assert "FIELD: metadata <ObjectMeta>" in out
+    assert "Standard Kubernetes object metadata" in words(out), "the CRD's own description is kept"
+    for field in ("labels", "annotations", "ownerReferences"):
+        assert f"  {field}\t<" in out, f"{field} is not listed under gpupool.metadata"
+    out = kubectl("explain", "gpupool.metadata.ownerReferences")
+    assert described(kube_field("", "v1", "Pod", "metadata", "ownerReferences")) in words(out)
+
+
 def test_a_kind_nobody_serves_is_refused_as_kubectl_refuses_it(kubectl: Kubectl, tmp_path: Path) -> None:
     result = kubectl.run("explain", "nosuchkind")
     assert result.returncode != 0

@@ -111,7 +111,14 @@ def test_patch_operations_declare_field_validation_and_their_patch_types(registr
     # a custom resource has no strategic merge: kube lists the other patch types only
     assert "application/strategic-merge-patch+json" not in widgets["requestBody"]["content"]
     assert "application/merge-patch+json" in widgets["requestBody"]["content"]
-    assert by_gvk(custom["components"]["schemas"], "example.com", "v1", "Widget")["description"] == "A widget."
+    schema = by_gvk(custom["components"]["schemas"], "example.com", "v1", "Widget")
+    assert schema["description"] == "A widget." and schema["properties"]["spec"] == {"type": "object"}
+    # as kube publishes a custom resource, its metadata is the ObjectMeta the document defines
+    assert schema["properties"]["metadata"] == {"allOf": [{"$ref": f"{kubeschemas.V3_REF}{META}ObjectMeta"}]}
+    assert f"{META}ObjectMeta" in custom["components"]["schemas"]
+    stored = registry.get("example.com", "v1", "widgets")
+    assert stored is not None and stored.schema is not None
+    assert "metadata" not in stored.schema["properties"], "the served document must not change the CRD's schema"
 
 
 def test_the_index_hashes_the_content_of_each_document(registry: Registry) -> None:

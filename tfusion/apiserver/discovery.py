@@ -125,9 +125,17 @@ def _gvk(info: ResourceInfo) -> dict[str, str]:
     return {"group": info.group, "version": info.version, "kind": info.kind}
 
 
-def _custom_schema(info: ResourceInfo) -> dict[str, Any]:
+def _custom_schema(info: ResourceInfo, object_meta: bool) -> dict[str, Any]:
+    """A CRD's schema; its metadata made an ObjectMeta (as kube publishes it) when the document defines one."""
     schema = dict(info.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
     schema["x-kubernetes-group-version-kind"] = [_gvk(info)]
+    properties = schema.get("properties")
+    if object_meta and isinstance(properties, dict):
+        metadata = properties.get("metadata")
+        typed: dict[str, Any] = {"allOf": [{"$ref": kubeschemas.V3_REF + kubeschemas.OBJECT_META}]}
+        if isinstance(metadata, dict) and "description" in metadata:
+            typed["description"] = metadata["description"]
+        schema["properties"] = {**properties, "metadata": typed}
     return schema
 
 
@@ -143,7 +151,7 @@ def _documented_kinds(info: ResourceInfo) -> Iterator[tuple[str, str, str]]:
 
 def _kube_definitions(schemas: KubeSchemas, infos: Iterable[ResourceInfo]) -> list[str]:
     """The definitions of a document serving `infos`: their kinds, the meta kinds, and all these refer to."""
-    roots = list(kubeschemas.COMMON)
+    roots = [*kubeschemas.COMMON, kubeschemas.OBJECT_META]  # the custom resources' metadata refers to it
     for info in infos:
         if not info.is_custom:
             roots += [name for gvk in _documented_kinds(info) if (name := schemas.name_for(*gvk))]
@@ -220,7 +228,7 @@ def openapi_v3_group_version(
     prefix = "/" + _gv_path(group, version)
     for info in infos:
         if _kind_name(schemas, info) is None:
-            components[_custom_name(info)] = _custom_schema(info)
+            components[_custom_name(info)] = _custom_schema(info, kubeschemas.OBJECT_META in components)
         paths.update(_operations(prefix, info))
     return {"openapi": "3.0.0", "info": _info(), "paths": paths, "components": {"schemas": components}}
 

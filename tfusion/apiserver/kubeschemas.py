@@ -34,6 +34,7 @@ V3_REF = "#/components/schemas/"
 V2_REF = "#/definitions/"
 
 Schema = dict[str, Any]
+OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 #: the meta kinds kube-apiserver puts in every group-version document, whatever that group serves
 COMMON = (
     "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceList",
