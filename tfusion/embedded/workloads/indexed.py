@@ -71,17 +71,19 @@ def completed_indexes(job: Body, pods: list[Pod]) -> set[int]:
 
 
 def index_failures(pods: list[Pod]) -> dict[int, int]:
-    """How often each index failed: a pod carries its index's earlier failures, plus its own."""
-    failures: dict[int, int] = {}
+    """How often each index failed: a pod carries its index's earlier failures, plus its own (the
+    failed pods still there are counted too, for pods made without the annotation)."""
+    carried: dict[int, int] = {}
+    failed_pods: dict[int, int] = {}
     for pod in pods:
         index = pod_index(pod)
         if index is None:
             continue
         earlier = pod.meta.annotations.get(FAILURE_COUNT) or "0"
-        count = (int(earlier) if earlier.isdigit() else 0) + (pod.phase == "Failed")
-        failures[index] = max(failures.get(index, 0), count, sum(
-            1 for p in pods if p.phase == "Failed" and pod_index(p) == index))
-    return failures
+        failed = pod.phase == "Failed"
+        carried[index] = max(carried.get(index, 0), (int(earlier) if earlier.isdigit() else 0) + failed)
+        failed_pods[index] = failed_pods.get(index, 0) + failed
+    return {index: max(count, failed_pods[index]) for index, count in carried.items()}
 
 
 def failed_indexes(job: Body, pods: list[Pod], completed: set[int]) -> set[int]:
