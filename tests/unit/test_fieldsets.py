@@ -11,7 +11,18 @@ from hypothesis import strategies as st
 
 from tfusion.apiserver import managedfields, serverside
 from tfusion.apiserver.errors import ApiError
-from tfusion.apiserver.fieldsets import FieldsError, FieldSet, Shape, compare, fields_of, path_text, shape_for
+from tfusion.apiserver.fieldsets import (
+    FieldsError,
+    FieldSet,
+    Shape,
+    compare,
+    encoded_has,
+    encoded_with,
+    encoded_without,
+    fields_of,
+    path_text,
+    shape_for,
+)
 
 CRD_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -183,4 +194,19 @@ def test_decode_of_encode_is_identity(obj: dict[str, Any]) -> None:
 @given(_objects, _objects)
 def test_an_applied_object_holds_every_field_applied(live: dict[str, Any], config: dict[str, Any]) -> None:
     merged = serverside.merge(live, config, SHAPE)
-    assert fields_of(merged, SHAPE) >= fields_of(config, SHAPE)
+    # every applied field is there (an applied empty map may have gained members below it from live)
+    assert fields_of(config, SHAPE) <= FieldSet(fields_of(merged, SHAPE)).prefixes()
+
+
+_paths = st.lists(st.sampled_from(["f:a", "f:b", 'k:{"n":1}', 'v:"x"']), min_size=1, max_size=4).map(tuple)
+_sets = st.sets(_paths, max_size=8).map(FieldSet)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_sets, _sets)
+def test_editing_an_encoded_set_agrees_with_the_set_algebra(a: FieldSet, b: FieldSet) -> None:
+    encoded = a.encode()
+    assert FieldSet.decode(encoded_without(encoded, b)) == a.difference(b)
+    assert FieldSet.decode(encoded_with(encoded, b)) == a.union(b)
+    assert encoded == a.encode()  # the edits copy, never change their input
+    assert all(encoded_has(encoded, p) == (p in a) for p in b)

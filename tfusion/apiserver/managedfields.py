@@ -19,7 +19,18 @@ from typing import Any
 
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import errors, validation
-from tfusion.apiserver.fieldsets import Comparison, FieldsError, FieldSet, Path, Shape, compare, fields_of
+from tfusion.apiserver.fieldsets import (
+    Comparison,
+    FieldsError,
+    FieldSet,
+    Path,
+    Shape,
+    compare,
+    encoded_has,
+    encoded_with,
+    encoded_without,
+    fields_of,
+)
 
 __all__ = [
     "APPLY",
@@ -190,21 +201,9 @@ def _normalized(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- recording
 
 
-def _member(fields_v1: Any, path: Path) -> bool:
-    """Is `path` in an encoded set? Answered without decoding it."""
-    node = fields_v1
-    for step in path:
-        if not isinstance(node, dict):
-            return False
-        node = node.get(step)
-        if node is None:
-            return False
-    return isinstance(node, dict) and (not node or "." in node)
-
-
 def _owns_any(entry: dict[str, Any], paths: set[Path]) -> bool:
     fields_v1 = entry.get("fieldsV1") or {}
-    return any(_member(fields_v1, p) for p in paths)
+    return any(encoded_has(fields_v1, p) for p in paths)
 
 
 def record(old: dict[str, Any] | None, new: dict[str, Any], shape: Shape, tracking: Tracking) -> None:
@@ -213,11 +212,12 @@ def record(old: dict[str, Any] | None, new: dict[str, Any], shape: Shape, tracki
     if tracking.applied is not None:
         _store(meta, tracking.applied)
         return
-    base: list[dict[str, Any]]
-    if tracking.sent is not None and not tracking.subresource:
+    stored: list[dict[str, Any]] = (old or {}).get("metadata", {}).get("managedFields") or []
+    # a read-modify-write sends back the entries it read: the same as keeping the stored ones
+    if tracking.sent is not None and not tracking.subresource and tracking.sent != stored:
         base = [] if is_reset(tracking.sent) else _normalized(tracking.sent)
     else:
-        base = list((old or {}).get("metadata", {}).get("managedFields") or [])
+        base = list(stored)
     comparison = compare(_without_entries(old) if old is not None else {}, _without_entries(new), shape)
     _store(meta, update_entries(base, comparison, tracking))
 
@@ -251,20 +251,19 @@ def update_entries(entries: list[dict[str, Any]], comparison: Comparison, tracki
         if identity(entry) == me:
             mine = entry
         elif _owns_any(entry, touched):
-            kept = decode(entry).difference(FieldSet(touched))
+            kept = encoded_without(entry.get("fieldsV1") or {}, touched)
             if kept:
-                out.append({**entry, "fieldsV1": kept.encode()})
+                out.append({**entry, "fieldsV1": kept})
         else:
             out.append(entry)
     now = rfc3339()
-    if mine is not None and all(_member(mine.get("fieldsV1") or {}, p) for p in changed) \
-            and not _owns_any(mine, removed):
-        out.append({**mine, "time": now})
-    else:
-        previous = decode(mine) if mine is not None else FieldSet()
-        fields = previous.difference(FieldSet(removed)).union(FieldSet(changed))
-        if fields:
-            out.append(encode(tracking.manager, UPDATE, tracking.api_version, tracking.subresource, now, fields))
+    if mine is not None:
+        fields_v1 = encoded_with(encoded_without(mine.get("fieldsV1") or {}, removed), changed)
+        if fields_v1:
+            out.append({**mine, "time": now, "fieldsV1": fields_v1})
+    elif changed:
+        out.append(encode(tracking.manager, UPDATE, tracking.api_version, tracking.subresource, now,
+                          FieldSet(changed)))
     return sort(out)
 
 
