@@ -40,7 +40,7 @@ def refs(node: Any) -> Iterator[str]:
 
 
 def gv_document(documents: OpenApiDocuments, registry: Registry, group: str, version: str) -> dict[str, Any]:
-    encoded = documents.v3_group_version(registry, group, version)
+    encoded = documents.v3_group_version(registry.all(), group, version)
     assert encoded is not None, f"{group}/{version} is not served"
     document: dict[str, Any] = orjson.loads(encoded)
     return document
@@ -86,7 +86,7 @@ def test_every_served_kind_is_documented_with_its_descriptions(registry: Registr
 def test_references_resolve_inside_each_document(registry: Registry) -> None:
     registry.add(widget())
     documents = OpenApiDocuments()
-    root = orjson.loads(documents.v3_root(registry))
+    root = orjson.loads(documents.v3_root(registry.all()))
     assert root["paths"], "no group-version listed"
     for path in root["paths"]:
         group, version = ("", path.split("/")[1]) if path.startswith("api/") else tuple(path.split("/")[1:3])
@@ -94,7 +94,7 @@ def test_references_resolve_inside_each_document(registry: Registry) -> None:
         schemas = document["components"]["schemas"]
         for ref in refs(document):
             assert ref.startswith(kubeschemas.V3_REF) and ref.removeprefix(kubeschemas.V3_REF) in schemas, (path, ref)
-    swagger = orjson.loads(documents.v2(registry, protobuf=False))
+    swagger = orjson.loads(documents.v2(registry.all(), protobuf=False))
     for ref in refs(swagger["definitions"]):
         assert ref.startswith(kubeschemas.V2_REF) and ref.removeprefix(kubeschemas.V2_REF) in swagger["definitions"]
 
@@ -123,46 +123,60 @@ def test_patch_operations_declare_field_validation_and_their_patch_types(registr
 
 def test_the_index_hashes_the_content_of_each_document(registry: Registry) -> None:
     documents = OpenApiDocuments()
-    root = orjson.loads(documents.v3_root(registry))
-    apps = documents.v3_group_version(registry, "apps", "v1")
+    root = orjson.loads(documents.v3_root(registry.all()))
+    apps = documents.v3_group_version(registry.all(), "apps", "v1")
     assert apps is not None
     digest = hashlib.sha512(apps).hexdigest().upper()
     assert root["paths"]["apis/apps/v1"]["serverRelativeURL"] == f"/openapi/v3/apis/apps/v1?hash={digest}"
-    assert documents.v3_group_version(registry, "example.com", "v1") is None
+    assert documents.v3_group_version(registry.all(), "example.com", "v1") is None
     registry.add(widget())
-    grown = orjson.loads(documents.v3_root(registry))
+    grown = orjson.loads(documents.v3_root(registry.all()))
     assert "apis/example.com/v1" in grown["paths"] and "apis/example.com/v1" not in root["paths"]
     before = grown["paths"]["apis/example.com/v1"]["serverRelativeURL"]
     registry.add(widget("A changed widget."))
-    after = orjson.loads(documents.v3_root(registry))["paths"]["apis/example.com/v1"]["serverRelativeURL"]
+    after = orjson.loads(documents.v3_root(registry.all()))["paths"]["apis/example.com/v1"]["serverRelativeURL"]
     assert before != after, "a changed CRD schema must change its document's hash"
     assert grown["paths"]["apis/apps/v1"] == root["paths"]["apis/apps/v1"]
 
 
 def test_documents_are_built_once_and_rebuilt_when_their_kinds_change(registry: Registry) -> None:
     documents = OpenApiDocuments()
-    apps, core = documents.v3_group_version(registry, "apps", "v1"), documents.v3_group_version(registry, "", "v1")
-    swagger = documents.v2(registry, protobuf=True)
+    apps = documents.v3_group_version(registry.all(), "apps", "v1")
+    core = documents.v3_group_version(registry.all(), "", "v1")
+    swagger = documents.v2(registry.all(), protobuf=True)
     registry.add(widget())  # another group: the built-in documents stay as they are
-    assert documents.v3_group_version(registry, "apps", "v1") is apps
-    assert documents.v3_group_version(registry, "", "v1") is core
-    first = documents.v3_group_version(registry, "example.com", "v1")
-    assert first is not None and documents.v3_group_version(registry, "example.com", "v1") is first
-    assert documents.v2(registry, protobuf=True) is not swagger, "v2 holds every kind: a new one changes it"
+    assert documents.v3_group_version(registry.all(), "apps", "v1") is apps
+    assert documents.v3_group_version(registry.all(), "", "v1") is core
+    first = documents.v3_group_version(registry.all(), "example.com", "v1")
+    assert first is not None and documents.v3_group_version(registry.all(), "example.com", "v1") is first
+    assert documents.v2(registry.all(), protobuf=True) is not swagger, "v2 holds every kind: a new one changes it"
     registry.remove_crd("widgets.example.com")
-    assert documents.v3_group_version(registry, "example.com", "v1") is None
+    assert documents.v3_group_version(registry.all(), "example.com", "v1") is None
 
 
 def test_v2_is_one_document_of_every_kind_in_json_and_protobuf(registry: Registry) -> None:
     registry.add(widget())
     documents = OpenApiDocuments()
-    swagger = orjson.loads(documents.v2(registry, protobuf=False))
+    swagger = orjson.loads(documents.v2(registry.all(), protobuf=False))
     definitions = swagger["definitions"]
     for info in BUILTINS:
         by_gvk(definitions, info.group, info.version, info.kind)
     assert by_gvk(definitions, "example.com", "v1", "Widget")["type"] == "object"
     assert definitions["io.k8s.apimachinery.pkg.util.intstr.IntOrString"]["format"] == "int-or-string"
-    encoded = documents.v2(registry, protobuf=True)
+    encoded = documents.v2(registry.all(), protobuf=True)
     assert encoded == openapi_pb.document(swagger)
     assert b"io.k8s.api.core.v1.PodSpec" in encoded and b"io.example.com.v1.Widget" not in encoded
     assert b"com.example.v1.Widget" in encoded
+
+
+def test_answer_routes_the_openapi_paths(registry: Registry) -> None:
+    documents, served = OpenApiDocuments(), registry.all()
+    assert documents.answer(["v3", "api", "v1"], served, False) == documents.v3_group_version(served, "", "v1")
+    assert documents.answer(["v3", "apis", "apps", "v1"], served, False) == documents.v3_group_version(
+        served, "apps", "v1"
+    )
+    assert documents.answer(["v3"], served, False) == documents.v3_root(served)
+    assert documents.answer(["v2"], served, True) == documents.v2(served, protobuf=True)
+    assert documents.answer(["v2"], served, False) == documents.v2(served, protobuf=False)
+    for path in (["v3", "api", "v2"], ["v3", "apis", "apps"], ["v3", "apis", "apps", "v1", "x"], ["v4"], []):
+        assert documents.answer(path, served, False) is None, path

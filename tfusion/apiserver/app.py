@@ -540,17 +540,10 @@ class ApiApp:
 
     # ------------------------------------------------------------------------------ openapi
     async def _openapi(self, parts: list[str], send: Send, protobuf: bool = False) -> None:
-        registry, documents = self.engine.registry, self._openapi_documents
         protobuf = protobuf and parts[1:] == ["v2"]  # kubectl's v2 download (openapi_pb.py)
-        body: bytes | None = None
-        if parts[1:] == ["v2"]:
-            body = documents.v2(registry, protobuf=protobuf)
-        elif parts[1:] == ["v3"]:
-            body = documents.v3_root(registry)
-        elif parts[1:3] == ["v3", "api"] and len(parts) == 4:
-            body = documents.v3_group_version(registry, "", parts[3])
-        elif parts[1:3] == ["v3", "apis"] and len(parts) == 5:
-            body = documents.v3_group_version(registry, parts[3], parts[4])
+        served = self.engine.registry.all()
+        # off the event loop: a first request reads the Kubernetes definitions and builds the documents
+        body = await anyio.to_thread.run_sync(self._openapi_documents.answer, parts[1:], served, protobuf)
         if body is None:
             raise errors.not_found_path("/" + "/".join(parts))
         await send_bytes(send, 200, body, openapi_pb.CONTENT_TYPE if protobuf else b"application/json")

@@ -21,7 +21,7 @@ import orjson
 
 from tfusion.apiserver import kubeschemas, openapi_pb
 from tfusion.apiserver.kubeschemas import KubeSchemas
-from tfusion.apiserver.resources import Registry, ResourceInfo
+from tfusion.apiserver.resources import ResourceInfo
 
 VERSION = {
     "major": "1",
@@ -266,9 +266,9 @@ class OpenApiDocuments:
         return data
 
     @staticmethod
-    def _served(registry: Registry) -> dict[tuple[str, str], list[ResourceInfo]]:
+    def _by_group_version(served: Iterable[ResourceInfo]) -> dict[tuple[str, str], list[ResourceInfo]]:
         by_gv: dict[tuple[str, str], list[ResourceInfo]] = {}
-        for info in sorted(registry.all(), key=lambda i: (i.group, i.version, i.plural)):
+        for info in sorted(served, key=lambda i: (i.group, i.version, i.plural)):
             by_gv.setdefault((info.group, info.version), []).append(info)
         return by_gv
 
@@ -279,26 +279,42 @@ class OpenApiDocuments:
             lambda: orjson.dumps(openapi_v3_group_version(group, version, infos, self._schemas())),
         )
 
-    def v3_group_version(self, registry: Registry, group: str, version: str) -> bytes | None:
-        """The encoded document of a served group-version (None: nothing served there)."""
-        infos = self._served(registry).get((group, version))
+    def v3_group_version(self, served: Iterable[ResourceInfo], group: str, version: str) -> bytes | None:
+        """The encoded document of a group-version (None: nothing of `served` is there)."""
+        infos = self._by_group_version(served).get((group, version))
         return self._group_version(group, version, infos) if infos else None
 
-    def v3_root(self, registry: Registry) -> bytes:
+    def v3_root(self, served: Iterable[ResourceInfo]) -> bytes:
         """The index; building it builds every group-version document, since it names their hashes."""
-        served = self._served(registry)
+        by_gv = self._by_group_version(served)
 
         def build() -> bytes:
             hashes = {
-                gv: hashlib.sha512(self._group_version(*gv, infos)).hexdigest().upper() for gv, infos in served.items()
+                gv: hashlib.sha512(self._group_version(*gv, infos)).hexdigest().upper() for gv, infos in by_gv.items()
             }
             return orjson.dumps(openapi_v3_root(hashes))
 
-        return self._cached("v3", [info for infos in served.values() for info in infos], build)
+        return self._cached("v3", [info for infos in by_gv.values() for info in infos], build)
 
-    def v2(self, registry: Registry, *, protobuf: bool) -> bytes:
-        every = [info for infos in self._served(registry).values() for info in infos]
+    def v2(self, served: Iterable[ResourceInfo], *, protobuf: bool) -> bytes:
+        every = [info for infos in self._by_group_version(served).values() for info in infos]
         swagger = self._cached("v2", every, lambda: orjson.dumps(openapi_v2(every, self._schemas())))
         if not protobuf:
             return swagger
         return self._cached("v2;protobuf", every, lambda: openapi_pb.document(orjson.loads(swagger)))
+
+    def answer(self, path: list[str], served: list[ResourceInfo], protobuf: bool) -> bytes | None:
+        """The encoded document at /openapi/<path> for the resources `served` (None: no document there).
+
+        Safe in a worker thread: `served` is the caller's snapshot, and two threads building one
+        document at once both build it and one result is kept.
+        """
+        if path == ["v2"]:
+            return self.v2(served, protobuf=protobuf)
+        if path == ["v3"]:
+            return self.v3_root(served)
+        if path[:2] == ["v3", "api"] and len(path) == 3:
+            return self.v3_group_version(served, "", path[2])
+        if path[:2] == ["v3", "apis"] and len(path) == 4:
+            return self.v3_group_version(served, path[2], path[3])
+        return None
