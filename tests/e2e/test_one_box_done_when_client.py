@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -35,13 +35,9 @@ INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleAll]:
-    run = RoleAll(tmp_path_factory.mktemp("one-box"))
-    run.start()
-    run.wait_for("the controller and hypervisor to be ready", run.ready, timeout=60)
-    yield run
-    run.shut_down()
-    assert run.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
+def box(role_all_ready: RoleAll) -> RoleAll:
+    """The module's one --role=all process (tests/helpers/role_all.py)."""
+    return role_all_ready
 
 
 @pytest.fixture(scope="module")

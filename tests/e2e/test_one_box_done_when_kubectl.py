@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,9 @@ NO_CONTAINERS = "tfusion's embedded API server has no kubelet to ask, and the no
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleAll]:
-    run = RoleAll(tmp_path_factory.mktemp("one-box"))
-    run.start()
-    run.wait_for("the controller and hypervisor to be ready", run.ready, timeout=60)
-    yield run
-    run.shut_down()
-    assert "ASGI" not in run.output(), "the API server logged an ASGI error"
-    assert run.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
+def box(role_all_ready: RoleAll) -> RoleAll:
+    """The module's one --role=all process (tests/helpers/role_all.py)."""
+    return role_all_ready
 
 
 def official_client(kubeconfig: Path) -> Any:

@@ -169,6 +169,19 @@ def role_all(tmp_path: Path) -> Iterator[RoleAll]:
     assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 
+@pytest.fixture(scope="module")
+def role_all_ready(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleAll]:
+    """One started and ready --role=all process for a whole module (its tests use names of their own),
+    so a module of end-to-end checks pays for one start. Its log must show no ASGI error."""
+    process = RoleAll(tmp_path_factory.mktemp("role-all"))
+    process.start()
+    process.wait_for("the controller and hypervisor to be ready", process.ready, timeout=60)
+    yield process
+    process.shut_down()
+    assert "ASGI" not in process.output(), "the API server logged an ASGI error"
+    assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
+
+
 def reported_gpus(run: RoleAll) -> list[dict[str, Any]] | None:
     gpus = run.node_gpus()
     done = len(gpus) == 3 and all((g.get("status") or {}).get("phase") == "Running"
