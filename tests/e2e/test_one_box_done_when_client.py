@@ -25,6 +25,7 @@ from tests.e2e.test_one_box_done_when_kubectl import official_client
 from tests.helpers import eventually
 from tests.helpers.one_box import simulated_node
 from tests.helpers.role_all import NODE, RoleAll
+from tests.integration.test_cronjob_indexed_job import Wall
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.kube.client import KubeClient
 
@@ -188,16 +189,6 @@ def test_an_eviction_is_refused_with_429_while_a_budget_forbids_it(box: RoleAll,
 # --- the CronJob, on a clock the test moves ----------------------------------------------------------
 
 
-class Wall:
-    """Epoch seconds that move only when the test says so (the CronJob controller's clock)."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def in_thread(call: Callable[[], T]) -> T:
     """The official client blocks: its calls run in a thread so the controllers' loop keeps going."""
     return await anyio.to_thread.run_sync(call)
@@ -205,6 +196,7 @@ async def in_thread(call: Callable[[], T]) -> T:
 
 @pytest.fixture
 async def clocked(kube: KubeClient) -> AsyncIterator[Wall]:
+    """The CronJob controller and a simulated kubelet on the test's API server, on a clock moved by hand."""
     wall = Wall()
     async with simulated_node(kube, NODE, lambda manager: WorkloadControllers(manager, wall=wall)):
         yield wall
