@@ -356,3 +356,28 @@ def test_managed_fields_survive_a_restart_and_a_no_op_apply_emits_no_watch_event
                                                      "timeoutSeconds": "1"}) as events:
             lines = [line for line in events.iter_lines() if line]
     assert lines == []
+
+
+@needs_kubectl
+def test_kubectl_moves_its_client_side_fields_to_server_side_apply(kubectl: Kubectl, apiserver: Any) -> None:
+    kubectl.ok("apply", "-f", "-", document=deployment(2))
+    # kubectl's own upgrade: its client-side fields become its server-side apply entry, no conflict
+    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment(6))
+    stored = read(apiserver, f"{DEPLOYMENTS}/web")
+    assert stored["spec"]["replicas"] == 6
+    assert owns(managers(stored)["kubectl", "Apply"], "f:spec", "f:replicas")
+
+
+def test_apply_to_the_status_subresource_owns_status_fields_only(apiserver: Any) -> None:
+    with apiserver.sync_http() as http:
+        http.patch(f"{DEPLOYMENTS}/web", params={"fieldManager": "m"}, headers=APPLY, content=json.dumps(deployment()))
+        status = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                  "spec": {"replicas": 50}, "status": {"observedGeneration": 1, "replicas": 2}}
+        applied = http.patch(f"{DEPLOYMENTS}/web/status", params={"fieldManager": "ctl"}, headers=APPLY,
+                             content=json.dumps(status))
+        assert applied.status_code == 200, applied.text
+    body = applied.json()
+    assert body["status"]["replicas"] == 2 and body["spec"]["replicas"] == 2  # spec is not the status's to apply
+    entry = next(e for e in body["metadata"]["managedFields"] if e["manager"] == "ctl")
+    assert (entry["operation"], entry["subresource"]) == ("Apply", "status")
+    assert owns(entry["fieldsV1"], "f:status", "f:replicas") and "f:spec" not in entry["fieldsV1"]

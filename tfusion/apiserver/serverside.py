@@ -17,11 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tfusion.api.merge import clone
 from tfusion.api.timestamps import rfc3339
 from tfusion.apiserver import managedfields
 from tfusion.apiserver.errors import ApiError
-from tfusion.apiserver.fieldsets import FieldSet, Path, Shape, compare, item_steps, names_item, path_text
+from tfusion.apiserver.fieldsets import FieldSet, Path, Shape, compare, fields_of, item_steps, names_item, path_text
 from tfusion.apiserver.managedfields import APPLY, UPDATE
 
 __all__ = ["Applied", "apply", "conflict_error", "created", "drop_nulls"]
@@ -77,7 +79,10 @@ def apply(live: dict[str, Any], config: dict[str, Any], shape: Shape, *, manager
     conflicts = [(e, sorted(fields.intersection(changed))) for e, fields in zip(others, others_sets, strict=True)]
     conflicts = [(e, paths) for e, paths in conflicts if paths]
     if conflicts and not force:
-        raise conflict_error(conflicts)
+        if manager == KUBECTL:
+            conflicts = _beyond_last_applied(current, conflicts, shape)
+        if conflicts:
+            raise conflict_error(conflicts)
     out: list[dict[str, Any]] = []
     for entry, fields in zip(others, others_sets, strict=True):
         kept = fields.difference(changed).difference(removed)
@@ -90,6 +95,34 @@ def apply(live: dict[str, Any], config: dict[str, Any], shape: Shape, *, manager
         time = mine.get("time", "") if unchanged and mine is not None else rfc3339()
         out.append(managedfields.encode(manager, APPLY, api_version, subresource, time, wanted))
     return Applied(merged, managedfields.sort(out))
+
+
+# ---------------------------------------------------------------------------------------------- kubectl's upgrade
+
+#: the manager kubectl's server-side apply uses by default; kube lets it take over what its own
+#: client-side apply set (the last-applied annotation), so switching to --server-side does not conflict
+KUBECTL = "kubectl"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _beyond_last_applied(
+    live: dict[str, Any], conflicts: list[tuple[dict[str, Any], list[Path]]], shape: Shape
+) -> list[tuple[dict[str, Any], list[Path]]]:
+    """The conflicts left once those on fields the last client-side apply set, and nobody changed
+    since, are allowed (kube's upgrade path from client-side to server-side apply)."""
+    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    if not isinstance(text, str) or not text:
+        return conflicts
+    try:
+        last = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return conflicts
+    if not isinstance(last, dict):
+        return conflicts
+    changed_since = compare(last, live, shape)
+    allowed = fields_of(last, shape) - changed_since.modified
+    left = [(entry, [p for p in paths if p not in allowed]) for entry, paths in conflicts]
+    return [(entry, paths) for entry, paths in left if paths]
 
 
 # ---------------------------------------------------------------------------------------------- merge
