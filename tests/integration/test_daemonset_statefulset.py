@@ -462,3 +462,36 @@ async def test_the_api_server_refuses_bad_claim_templates_and_retention(kube: Ku
     message = str(refused.value)
     assert "spec.persistentVolumeClaimRetentionPolicy.whenDeleted" in message
     assert "spec.volumeClaimTemplates[1].spec.accessModes" in message
+
+
+@needs_kubectl
+async def test_kubectl_undoes_a_statefulset_and_lists_its_revisions_and_claims(cluster: KubeClient, apiserver: Any,
+                                                                              tmp_path: Path) -> None:
+    kube = cluster
+    cache = tmp_path / "kubectl-cache"
+    await kube.create(STATEFULSETS, claimed_statefulset(1), namespace=NS)
+    first = await eventually(lambda: _sts_status(kube, ready=1), 20, what="readyReplicas 1")
+    generation = await set_image(kube, STATEFULSETS, "db", "busybox:1.37")
+
+    async def on(revision: str | None, generation: int) -> dict[str, Any] | None:
+        status = await _sts_status(kube, ready=1)
+        if not status or status["observedGeneration"] != generation or status["updatedReplicas"] != 1:
+            return None
+        return status if revision is None or status["updateRevision"] == revision else None
+
+    second = await eventually(lambda: on(None, generation), 30, what="the pod on the new template")
+    table = (await kubectl(apiserver, cache, "get", "controllerrevisions", "-n", NS)).splitlines()
+    assert table[0].split() == ["NAME", "CONTROLLER", "REVISION", "AGE"]
+    assert sorted(line.split()[:3] for line in table[1:]) == sorted(
+        [[first["updateRevision"], "statefulset.apps/db", "1"], [second["updateRevision"], "statefulset.apps/db", "2"]])
+
+    assert "rolled back" in await kubectl(apiserver, cache, "rollout", "undo", "sts/db", "-n", NS)
+    generation = int((await kube.get(STATEFULSETS, "db", namespace=NS))["metadata"]["generation"])
+    await eventually(lambda: on(first["updateRevision"], generation), 30, what="the pod back on revision 1's template")
+    pods = await live_pods(kube, "db")
+    assert [p["spec"]["containers"][0]["image"] for p in pods] == ["busybox:1.36"]
+
+    claims = (await kubectl(apiserver, cache, "get", "pvc", "-n", NS)).splitlines()
+    assert claims[0].split() == ["NAME", "STATUS", "VOLUME", "CAPACITY", "ACCESS", "MODES", "STORAGECLASS",
+                                 "VOLUMEATTRIBUTESCLASS", "AGE"]
+    assert claims[1].split()[:4] == ["data-db-0", "Bound", "1Gi", "RWO"]

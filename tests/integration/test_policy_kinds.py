@@ -156,8 +156,8 @@ async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apise
     status = (await kube.get(PDBS, "web-pdb", namespace=NS))["status"]
     assert (status["currentHealthy"], status["desiredHealthy"], status["disruptionsAllowed"],
             status["expectedPods"]) == (2, 2, 0, 2)
-    await kube.replace(PDBS, {**(await kube.get(PDBS, "web-pdb", namespace=NS)),
-                              "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}})
+    # patches, not read-then-replace: the disruption controller writes the status meanwhile
+    await kube.patch(PDBS, "web-pdb", {"spec": {"minAvailable": None, "maxUnavailable": 1}}, namespace=NS)
     allowed = await _evict(apiserver, "web-a")
     assert allowed.status_code == 201, allowed.text
 
@@ -169,8 +169,7 @@ async def test_eviction_honours_the_disruption_budget(cluster: KubeClient, apise
         return False
 
     await eventually(gone, timeout=20)
-    await kube.replace(PDBS, {**(await kube.get(PDBS, "web-pdb", namespace=NS)),
-                              "spec": {"selector": {"matchLabels": {"app": "web"}}, "minAvailable": "100%"}})
+    await kube.patch(PDBS, "web-pdb", {"spec": {"minAvailable": "100%", "maxUnavailable": None}}, namespace=NS)
     again = await _evict(apiserver, "web-b")  # a percentage of the StatefulSet's 2 replicas, not of the pod left
     assert again.status_code == 429, again.text
     assert "needs 2 healthy pods and has 1 currently" in again.json()["details"]["causes"][0]["message"]

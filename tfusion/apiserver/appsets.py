@@ -170,6 +170,22 @@ def validate_revision(obj: dict[str, Any], old: dict[str, Any] | None) -> list[C
     return causes
 
 
+def _controller(revision: dict[str, Any]) -> str:
+    """`<kind>.<group>/<name>` of the revision's controller, as `kubectl get controllerrevisions` shows it."""
+    refs = (revision.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if isinstance(r, dict) and r.get("controller")), None)
+    if ref is None:
+        return "<none>"
+    group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+    return f"{str(ref.get('kind', '')).lower()}{'.' + group if group else ''}/{ref.get('name', '')}"
+
+
+def table_columns(name: Any, age: Any) -> dict[str, list[Any]]:
+    """`kubectl get controllerrevisions` columns as kube prints them (tables.py merges them in)."""
+    return {REVISIONS: [name, ("Controller", "string", "the revision's controller", _controller),
+                        ("Revision", "integer", "revision", lambda o: o.get("revision", 0)), age]}
+
+
 def defaults(storage_key: str, obj: dict[str, Any]) -> None:
     if storage_key == DAEMONSETS:
         default_daemonset(obj)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from tfusion.api.timestamps import parse_rfc3339
+from tfusion.apiserver import appsets, volumeclaims
 from tfusion.apiserver.netpolicy import table_columns
 from tfusion.apiserver.resources import ResourceInfo
 
@@ -370,6 +371,8 @@ _BUILTIN_COLUMNS: dict[str, list[Column]] = {
 }
 
 _BUILTIN_COLUMNS.update(table_columns(NAME, AGE))  # NetworkPolicy, PDB, Endpoints, EndpointSlice
+_BUILTIN_COLUMNS.update(volumeclaims.table_columns(NAME, AGE))  # PersistentVolumeClaim
+_BUILTIN_COLUMNS.update(appsets.table_columns(NAME, AGE))  # ControllerRevision
 
 
 def columns_for(info: ResourceInfo) -> list[Column]:
@@ -404,7 +407,8 @@ def _priority(name: str, info: ResourceInfo) -> int:
     if info.is_custom:  # a CRD column with priority > 0 shows only with -o wide
         declared = next((c for c in info.printer_columns if c.get("name") == name), None)
         return int(declared.get("priority", 0)) if declared else 0
-    wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",)}.get(info.storage_key, ())
+    wide = {"/pods": ("IP", "Node"), "/nodes": ("Version",),
+            "/persistentvolumeclaims": ("VolumeMode",)}.get(info.storage_key, ())
     if info.storage_key in ("apps/deployments", "apps/replicasets", "batch/jobs", "apps/daemonsets",
                             "apps/statefulsets"):
         wide = ("Containers", "Images", "Selector")

@@ -84,4 +84,36 @@ def _update_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     return []
 
 
-__all__ = ["ACCESS_MODES", "PVCS", "VOLUME_MODES", "claim_spec_causes", "default_claim", "validate_claim"]
+
+
+
+_MODE_ABBREVIATIONS = {"ReadWriteOnce": "RWO", "ReadOnlyMany": "ROX", "ReadWriteMany": "RWX",
+                       "ReadWriteOncePod": "RWOP"}
+
+
+def _access_modes(claim: dict[str, Any]) -> str:
+    modes = (claim.get("status") or {}).get("accessModes") or []
+    return ",".join(_MODE_ABBREVIATIONS.get(str(m), str(m)) for m in modes)
+
+
+def _capacity(claim: dict[str, Any]) -> str:
+    return str(((claim.get("status") or {}).get("capacity") or {}).get("storage", ""))
+
+
+def table_columns(name: Any, age: Any) -> dict[str, list[Any]]:
+    """`kubectl get pvc` columns as kube prints them (tables.py merges them in)."""
+    def spec(key: str, default: str) -> Any:
+        return lambda o: str((o.get("spec") or {}).get(key) or default)
+
+    return {PVCS: [name, ("Status", "string", "status.phase", lambda o: (o.get("status") or {}).get("phase", "")),
+                   ("Volume", "string", "spec.volumeName", spec("volumeName", "")),
+                   ("Capacity", "string", "status.capacity.storage", _capacity),
+                   ("Access Modes", "string", "status.accessModes", _access_modes),
+                   ("StorageClass", "string", "spec.storageClassName", spec("storageClassName", "")),
+                   ("VolumeAttributesClass", "string", "spec.volumeAttributesClassName",
+                    spec("volumeAttributesClassName", "<unset>")), age,
+                   ("VolumeMode", "string", "spec.volumeMode", spec("volumeMode", ""))]}
+
+
+__all__ = ["ACCESS_MODES", "PVCS", "VOLUME_MODES", "claim_spec_causes", "default_claim", "table_columns",
+           "validate_claim"]
