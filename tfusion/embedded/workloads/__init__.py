@@ -5,7 +5,8 @@ webhook names a TensorFusionWorkload after the pod's owner chain (ReplicaSet -> 
 the embedded cluster needs real owners. These are small, level-triggered versions of kube's
 controllers, on the Manager's reconciler builder, leader-only as in kube-controller-manager; one
 module per kind (`replicaset`, `deployment`, `job` with `indexed`, `cronjob`, `daemonset`,
-`statefulset`) and what they share in `common`. The CronJob controller reads an injectable `wall`
+`statefulset`, with the sets' ControllerRevisions in `revisions` and a StatefulSet's claims in
+`claims`) and what they share in `common`. The CronJob controller reads an injectable `wall`
 clock (epoch seconds), so tests move time by hand.
 
 Pods are created through the API, so the pod webhook (when registered) mutates them like any pod.
