@@ -68,11 +68,9 @@ def apply(live: dict[str, Any], config: dict[str, Any], shape: Shape, *, manager
     last = managedfields.decode(mine) if mine is not None else FieldSet()
     wanted = managedfields.fields_applied(config, shape)
     others_sets = [managedfields.decode(e) for e in others]
-    kept_by_others = FieldSet().union(wanted)
-    for fields in others_sets:
-        kept_by_others = kept_by_others.union(fields)
+    still_owned = FieldSet(wanted.paths.union(*(fields.paths for fields in others_sets)))
     merged = merge(clone(current), config, shape)  # pruning below edits it in place: share nothing with live
-    _prune(merged, last.difference(kept_by_others), kept_by_others.prefixes(), shape)
+    _prune(merged, last.difference(still_owned), still_owned.prefixes())
     comparison = compare(current, merged, shape)
     changed = FieldSet(managedfields.owned_paths(comparison.changed()))
     removed = FieldSet(managedfields.owned_paths(comparison.removed))
@@ -157,7 +155,7 @@ def merge(live: Any, config: Any, shape: Shape) -> Any:
     return clone(config)
 
 
-def _prune(obj: dict[str, Any], doomed: FieldSet, kept: frozenset[Path], shape: Shape) -> None:
+def _prune(obj: dict[str, Any], doomed: FieldSet, kept: frozenset[Path]) -> None:
     """Remove from `obj` the fields in `doomed` that nobody keeps (no member at or below them)."""
     for path in sorted(doomed, key=len):
         if path in kept:
