@@ -237,7 +237,9 @@ class Engine:
         obj = self._check_body(info, body)
         self._strict(info, obj, field_validation)
         meta = obj["metadata"]
-        self._take_sent_entries(info, meta, tracking, None)
+        # a read-modify-write sends back the entries it read: no need to check them again
+        stored = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
+        self._take_sent_entries(info, meta, tracking, stored.obj["metadata"].get("managedFields") if stored else None)
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
