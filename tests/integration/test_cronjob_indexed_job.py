@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,20 @@ async def finished_job(kube: KubeClient, name: str) -> dict[str, Any]:
     return result
 
 
+async def condition_history(kube: KubeClient, name: str, since: str, seen: list[set[str]]) -> None:
+    """Append the set of true conditions of each version of Job `name` after resourceVersion
+    `since` to `seen`, until it is Complete or Failed."""
+    async with aclosing(kube.watch(r.JOBS, namespace=NS, field_selector=f"metadata.name={name}",
+                                   resource_version=since, timeout_seconds=30)) as events:
+        async for kind, obj in events:
+            if kind == "BOOKMARK":
+                continue
+            seen.append({c["type"] for c in (obj.get("status") or {}).get("conditions") or []
+                         if c["status"] == "True"})
+            if seen[-1] & {"Complete", "Failed"}:
+                return
+
+
 def conditions(job: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c.get("reason", "")) for c in job["status"].get("conditions") or []}
 
@@ -411,8 +426,13 @@ async def test_more_failed_indexes_than_allowed_fail_the_job_at_once(cluster: Ku
     await kube.create(r.JOBS, indexed_job("strict", completions=3, parallelism=3, backoffLimitPerIndex=0,
                                           maxFailedIndexes=0), namespace=NS)
     pods = await pods_by_index(kube, "strict", 3)
-    await exit_pod(kube, pods["2"]["metadata"]["name"], 1)
-    job = await finished_job(kube, "strict")
+    seen: list[set[str]] = []
+    async with anyio.create_task_group() as tg:
+        since = (await kube.get(r.JOBS, "strict", namespace=NS))["metadata"]["resourceVersion"]
+        tg.start_soon(condition_history, kube, "strict", since, seen)
+        await exit_pod(kube, pods["2"]["metadata"]["name"], 1)
+        job = await finished_job(kube, "strict")
+    assert {"FailureTarget"} in seen, seen  # announced while the other indexes were still running
     assert conditions(job)["Failed"] == ("True", "MaxFailedIndexesExceeded")
     assert job["status"]["failedIndexes"] == "2"
 
@@ -435,9 +455,15 @@ async def test_a_success_policy_completes_the_job_early(cluster: KubeClient, rul
     await kube.create(r.JOBS, indexed_job("early", completions=4, parallelism=4,
                                           successPolicy={"rules": [{"succeededCount": 4}, rule]}), namespace=NS)
     pods = await pods_by_index(kube, "early", 4)
-    for index in succeed:
-        await exit_pod(kube, pods[index]["metadata"]["name"], 0)
-    job = await finished_job(kube, "early")
+    seen: list[set[str]] = []
+    async with anyio.create_task_group() as tg:
+        since = (await kube.get(r.JOBS, "early", namespace=NS))["metadata"]["resourceVersion"]
+        tg.start_soon(condition_history, kube, "early", since, seen)
+        for index in succeed:
+            await exit_pod(kube, pods[index]["metadata"]["name"], 0)
+        job = await finished_job(kube, "early")
+    # the criteria are met while other indexes still run; Complete follows once they are stopped
+    assert {"SuccessCriteriaMet"} in seen and seen[-1] == {"SuccessCriteriaMet", "Complete"}, seen
     met = next(c for c in job["status"]["conditions"] if c["type"] == "SuccessCriteriaMet")
     assert (met["status"], met["reason"], met["message"]) == ("True", "SuccessPolicy", "Matched rules at index 1")
     assert conditions(job)["Complete"] == ("True", "SuccessPolicy")

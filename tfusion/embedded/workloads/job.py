@@ -4,9 +4,12 @@ Why it exists: batch users try TensorFusion with a Job. It runs up to `paralleli
 `completions` succeeded; failed pods (and container restarts under restartPolicy OnFailure) count
 against backoffLimit, then the Job fails (conditions FailureTarget and Failed, reason
 BackoffLimitExceeded); activeDeadlineSeconds fails it with DeadlineExceeded; success sets
-SuccessCriteriaMet and Complete. startTime, completionTime, active, ready, succeeded and failed
-are in its status. `suspend` stops its pods. Indexed Jobs (one pod per completion index, with
-per-index retries and success policies) are described in `indexed`.
+SuccessCriteriaMet and Complete. As in kube, the first condition (FailureTarget,
+SuccessCriteriaMet) comes as soon as the outcome is known and its remaining pods are stopped; the
+terminal one (Failed, Complete, with the same reason) once none of them is running.
+startTime, completionTime, active, ready, succeeded and failed are in its status. `suspend` stops
+its pods. Indexed Jobs (one pod per completion index, with per-index retries and success policies)
+are described in `indexed`.
 """
 
 from __future__ import annotations
@@ -45,15 +48,27 @@ def _restarts(pod: Pod) -> int:
     return sum(int(c.get("restartCount") or 0) for c in pod.container_statuses)
 
 
-def _finish(conditions: Sequence[JsonMapping], target: str, final: str, reason: str, message: str,
-            now: str) -> list[JsonObject]:
-    targeted = set_condition(conditions, target, "True", reason, message, now)
-    return set_condition(targeted, final, "True", reason, message, now)
+#: the condition that announces an outcome -> the terminal condition that follows it
+_TERMINAL = {"FailureTarget": "Failed", "SuccessCriteriaMet": "Complete"}
 
 
 def _conditions(status: JsonObject) -> Sequence[JsonMapping]:
     """The conditions of the status being built (it starts as a copy of the Job's)."""
     return sequence_of_maps(status.get("conditions"))
+
+
+def _ending(job: Body) -> str | None:
+    """FailureTarget or SuccessCriteriaMet when the Job's outcome is known but not yet final."""
+    for target in _TERMINAL:
+        condition = job.condition(target)
+        if condition is not None and condition.get("status") == "True":
+            return target
+    return None
+
+
+def _announced(status: JsonObject) -> bool:
+    """Whether the status being written announces an outcome (FailureTarget or SuccessCriteriaMet)."""
+    return any(c.get("type") in _TERMINAL and c.get("status") == "True" for c in _conditions(status))
 
 
 def job_failure(job: Body, started: float | None, failures: int, now_s: float) -> tuple[str, str] | None:
@@ -101,9 +116,12 @@ class JobController:
         on_failure = text(spec, "template", "spec", "restartPolicy") == "OnFailure"
         restarts = sum(_restarts(p) for p in active) if on_failure else 0
         result: Result | None = None
+        ending = _ending(job)
         if finished is not None and finished.get("status") == "True":
             if active:
                 await bench.delete_pods(job, r.JOBS, active)
+        elif ending is not None:
+            self._conclude(job, status, pods, ending, now)
         elif spec.get("suspend"):
             status["conditions"] = list(set_condition(_conditions(status), "Suspended", "True",
                                                       "JobSuspended", "Job suspended", now))
@@ -115,6 +133,9 @@ class JobController:
                       failed=failed)
         status.setdefault("uncountedTerminatedPods", {})
         await bench.write_status(r.JOBS, job, status)
+        if active and (finished is None or finished.get("status") != "True") and _announced(status):
+            # stopped only once the outcome is written: a write that fails (a stale read) stops nothing
+            await bench.delete_pods(job, r.JOBS, active)
         return result
 
     async def _run(self, job: Body, expectation_key: str, status: JsonObject, pods: list[Pod],
@@ -138,15 +159,14 @@ class JobController:
         result: Result | None = None
         if failure is not None:
             reason, message = failure
-            status["conditions"] = list(_finish(_conditions(status), "FailureTarget", "Failed", reason,
-                                                message, now))
-            await bench.delete_pods(job, r.JOBS, active)
+            status["conditions"] = list(set_condition(_conditions(status), "FailureTarget", "True", reason, message,
+                                                      now))
             bench.event(job, reason, message, warning=True)
+            self._conclude(job, status, pods, "FailureTarget", now)
         elif done:
-            status["conditions"] = list(_finish(_conditions(status), "SuccessCriteriaMet", "Complete", *success, now))
-            status["completionTime"] = now
-            await bench.delete_pods(job, r.JOBS, active)
-            bench.event(job, "Completed", "Job completed")
+            status["conditions"] = list(set_condition(_conditions(status), "SuccessCriteriaMet", "True", *success,
+                                                      now))
+            self._conclude(job, status, pods, "SuccessCriteriaMet", now)
         elif bench.expectations.satisfied(expectation_key, {p.name for p in pods}):
             result = await self._run_pods(job, active, succeeded)
         deadline = spec.get("activeDeadlineSeconds")
@@ -154,6 +174,21 @@ class JobController:
             started = since(status.get("startTime")) or now_s
             result = Result(requeue_after=max(0.1, started + int(deadline) - now_s))
         return result
+
+    def _conclude(self, job: Body, status: JsonObject, pods: list[Pod], target: str, now: str) -> None:
+        """The outcome `target` is known (reconcile stops the pods still running once that is
+        written): with every pod finished (those being deleted too, as kube waits for terminating
+        pods) add the terminal condition with the target's reason and message (and completionTime
+        on success)."""
+        if any(not p.finished for p in pods):
+            return  # each pod's end brings the Job back here
+        marked = next(c for c in _conditions(status) if c.get("type") == target)
+        final = _TERMINAL[target]
+        status["conditions"] = list(set_condition(_conditions(status), final, "True", str(marked.get("reason", "")),
+                                                  str(marked.get("message", "")), now))
+        if final == "Complete":
+            status.setdefault("completionTime", now)
+            self.bench.event(job, "Completed", "Job completed")
 
     @staticmethod
     def _indexed_verdict(job: Body, status: JsonObject) -> tuple[str, str, str] | None:
