@@ -14,6 +14,7 @@ manager of a request as kube does, and recording an Update.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,8 +219,22 @@ def record(old: dict[str, Any] | None, new: dict[str, Any], shape: Shape, tracki
         base = [] if is_reset(tracking.sent) else _normalized(tracking.sent)
     else:
         base = list(stored)
-    comparison = compare(_without_entries(old) if old is not None else {}, _without_entries(new), shape)
+    if old is None:  # a create: everything the object sets is new
+        comparison = Comparison(added=fields_of(_without_entries(new), shape))
+    else:
+        comparison = compare(_without_entries(old), _without_entries(new), shape)
     _store(meta, update_entries(base, comparison, tracking))
+
+
+_clock: list[Any] = [0, ""]
+
+
+def _now() -> str:
+    """rfc3339() of now, formatted once a second: every tracked write stamps its entry."""
+    second = int(time.time())
+    if _clock[0] != second:
+        _clock[0], _clock[1] = second, rfc3339(second)
+    return str(_clock[1])
 
 
 def _without_entries(obj: dict[str, Any]) -> dict[str, Any]:
@@ -256,7 +271,7 @@ def update_entries(entries: list[dict[str, Any]], comparison: Comparison, tracki
                 out.append({**entry, "fieldsV1": kept})
         else:
             out.append(entry)
-    now = rfc3339()
+    now = _now()
     if mine is not None:
         fields_v1 = encoded_with(encoded_without(mine.get("fieldsV1") or {}, removed), changed)
         if fields_v1:
