@@ -4,6 +4,7 @@ refuses, CRON_TZ prefixes, and missed runs with and without a starting deadline.
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -100,3 +101,42 @@ def test_a_long_outage_is_counted_only_up_to_the_limit_and_the_latest_run_found_
 
 def test_a_missed_time_is_printed_as_kube_prints_event_times() -> None:
     assert rfc1123z(at(2026, 3, 8, 9, zone=ZoneInfo("UTC"))) == "Sun, 08 Mar 2026 09:00:00 +0000"
+
+
+#: zones with odd offsets or changes: 30-minute DST (Lord Howe), 45-minute offsets (Chatham),
+#: half-hour offsets, southern-hemisphere DST, and changes at midnight (Santiago)
+ODD_ZONES = ("America/New_York", "Australia/Lord_Howe", "Pacific/Chatham", "Asia/Kolkata", "America/Santiago",
+             "Europe/London", "UTC")
+FREQUENT = ("*/15 * * * *", "30 2 * * *", "0,30 1-3 * * *", "45 * * * *", "0 0 * * *", "59 23 * * *",
+            "0 */2 * * *", "*/7 0-4 * * *")
+
+
+def first_match_by_minutes(schedule: cron.Schedule, start: float, zone: ZoneInfo) -> float:
+    """The slow, obvious answer: try every minute after `start` (within three days)."""
+    at = datetime.fromtimestamp(start, UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    for _ in range(3 * 24 * 60):
+        if schedule.matches(at.astimezone(zone)):
+            return at.timestamp()
+        at += timedelta(minutes=1)
+    raise AssertionError("no match within three days")
+
+
+def offset_changes(zone: ZoneInfo) -> list[float]:
+    """The instants of 2026 at which `zone`'s offset changes (to within a quarter hour)."""
+    at, found = datetime(2026, 1, 1, tzinfo=UTC), []
+    while at.year == 2026:
+        after = at + timedelta(minutes=15)
+        if at.astimezone(zone).utcoffset() != after.astimezone(zone).utcoffset():
+            found.append(after.timestamp())
+        at = after
+    return found
+
+
+@pytest.mark.parametrize("zone_name", ODD_ZONES)
+def test_the_next_run_is_the_first_minute_whose_local_time_matches(zone_name: str) -> None:
+    zone, rng = ZoneInfo(zone_name), random.Random(zone_name)
+    near = offset_changes(zone) or [datetime(2026, 6, 1, tzinfo=UTC).timestamp()]
+    for _ in range(60):  # starts within three hours of a change, where a wrong step would show
+        schedule = cron.parse(rng.choice(FREQUENT))
+        start = rng.choice(near) + rng.uniform(-3 * 3600, 3 * 3600)
+        assert schedule.next_after(start, zone) == first_match_by_minutes(schedule, start, zone), start
