@@ -339,9 +339,13 @@ class Engine:
                     raise errors.not_found(info.plural, info.group, name)
                 entries = serverside.created(config, shape, tracking.manager, tracking.api_version)
                 created = Tracking(tracking.manager, tracking.api_version, applied=entries)
-                obj = clone(config)
-                return await self.create(info, namespace, obj, dry_run=dry_run, field_validation=field_validation,
-                                         tracking=created), True
+                try:
+                    return await self.create(info, namespace, clone(config), dry_run=dry_run,
+                                             field_validation=field_validation, tracking=created), True
+                except ApiError as exc:
+                    if exc.reason != "AlreadyExists":
+                        raise
+                    continue  # created by someone else meanwhile (admission awaits): apply to theirs
             applied = serverside.apply(to_served(info, current.copy()), config, shape, manager=tracking.manager,
                                        api_version=tracking.api_version, subresource=subresource, force=force)
             obj = to_storage(info, applied.obj)
