@@ -20,6 +20,7 @@ from tfusion.apiserver.fieldsets import (
     encoded_with,
     encoded_without,
     fields_of,
+    fields_v1_of,
     path_text,
     shape_for,
 )
@@ -210,3 +211,10 @@ def test_editing_an_encoded_set_agrees_with_the_set_algebra(a: FieldSet, b: Fiel
     assert FieldSet.decode(encoded_with(encoded, b)) == a.union(b)
     assert encoded == a.encode()  # the edits copy, never change their input
     assert all(encoded_has(encoded, p) == (p in a) for p in b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_objects)
+def test_the_one_walk_encoding_agrees_with_the_set(obj: dict[str, Any]) -> None:
+    for shape in (SHAPE, shape_for("Pod"), Shape()):
+        assert FieldSet.decode(fields_v1_of(obj, shape)) == FieldSet(fields_of(obj, shape))

@@ -31,6 +31,7 @@ from tfusion.apiserver.fieldsets import (
     encoded_with,
     encoded_without,
     fields_of,
+    fields_v1_of,
 )
 
 __all__ = [
@@ -219,11 +220,30 @@ def record(old: dict[str, Any] | None, new: dict[str, Any], shape: Shape, tracki
         base = [] if is_reset(tracking.sent) else _normalized(tracking.sent)
     else:
         base = list(stored)
-    if old is None:  # a create: everything the object sets is new
+    if old is None and not base:  # a plain create: the writer owns everything the object sets
+        _store(meta, _created(new, shape, tracking))
+        return
+    if old is None:
         comparison = Comparison(added=fields_of(_without_entries(new), shape))
     else:
         comparison = compare(_without_entries(old), _without_entries(new), shape)
     _store(meta, update_entries(base, comparison, tracking))
+
+
+def _created(new: dict[str, Any], shape: Shape, tracking: Tracking) -> list[dict[str, Any]]:
+    fields_v1 = fields_v1_of(_without_entries(new), shape)
+    fields_v1.pop("f:apiVersion", None)
+    fields_v1.pop("f:kind", None)
+    meta = fields_v1.pop("f:metadata", None)
+    if meta is not None:
+        meta = {k: v for k, v in meta.items() if k not in _SERVER_METADATA and k != "."}
+        if meta:
+            fields_v1["f:metadata"] = meta
+    if not fields_v1:
+        return []
+    return [{"manager": tracking.manager, "operation": UPDATE, "apiVersion": tracking.api_version, "time": _now(),
+             "fieldsType": "FieldsV1", "fieldsV1": fields_v1, **({"subresource": tracking.subresource}
+                                                                   if tracking.subresource else {})}]
 
 
 _clock: list[Any] = [0, ""]
