@@ -21,11 +21,11 @@ from kubernetes import client as kube_client
 from kubernetes import watch as kube_watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.test_one_box_done_when_kubectl import official_client
 from tests.helpers import eventually
+from tests.helpers.clock import Wall
+from tests.helpers.official_client import official_client
 from tests.helpers.one_box import simulated_node
 from tests.helpers.role_all import NODE, RoleAll
-from tests.integration.test_cronjob_indexed_job import Wall
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.kube.client import KubeClient
 

@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.helpers.role_all import KUBECTL, NODE, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.official_client import official_client
+from tests.helpers.role_all import NODE, RoleAll
 
 REPO = Path(__file__).resolve().parents[2]
 CURL = shutil.which("curl") or ""
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+pytestmark = needs_kubectl
 NO_CONTAINERS = "tfusion's embedded API server has no kubelet to ask, and the node it simulates runs no containers"
 
 
@@ -32,12 +33,6 @@ NO_CONTAINERS = "tfusion's embedded API server has no kubelet to ask, and the no
 def box(role_all_ready: RoleAll) -> RoleAll:
     """The module's one --role=all process (tests/helpers/role_all.py)."""
     return role_all_ready
-
-
-def official_client(kubeconfig: Path) -> Any:
-    """An ApiClient of the official `kubernetes` package, configured from `kubeconfig` (the package
-    has no type hints: its objects are Any here)."""
-    return kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(scope="module")

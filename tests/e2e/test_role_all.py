@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.role_all import KUBECTL, NODE, POOL, TF, RoleAll, reported_gpus
+from tests.helpers.kubectl import KUBECTL
+from tests.helpers.role_all import NODE, POOL, TF, RoleAll, reported_gpus
 
 EXPECTED_MODELS = ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]
 

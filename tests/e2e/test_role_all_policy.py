@@ -4,13 +4,11 @@ through the policy, and with the hypervisor's own kubeconfig kubectl is refused 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.helpers.role_all import KUBECTL, NODE, RoleAll, reported_gpus
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import NODE, RoleAll, reported_gpus
 
 POLICY = "tensor-fusion-hypervisor-own-node"
 
@@ -20,7 +18,7 @@ def kubectl(run: RoleAll, kubeconfig: Path, *args: str, stdin: str | None = None
                           timeout=30, input=stdin, check=False)
 
 
-@pytest.mark.skipif(not shutil.which(KUBECTL), reason="kubectl is not installed")
+@needs_kubectl
 def test_the_hypervisor_of_role_all_may_write_only_its_own_node(role_all: RoleAll) -> None:
     role_all.start()
     gpus = role_all.wait_for("3 GPU objects, Running, with capacity", lambda: reported_gpus(role_all), timeout=40)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers.role_all import KUBECTL, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import RoleAll
 
 CURL = shutil.which("curl") or "curl"
 
@@ -58,7 +59,8 @@ def worker_other_than(run: RoleAll, name: str, old_uid: str) -> dict[str, Any] |
     return pod if pod and pod["metadata"]["uid"] != old_uid else None
 
 
-@pytest.mark.skipif(not shutil.which(KUBECTL) or not shutil.which(CURL), reason="kubectl or curl is not installed")
+@needs_kubectl
+@pytest.mark.skipif(not shutil.which(CURL), reason="curl is not installed")
 def test_a_remote_client_gets_its_worker_url_with_its_own_token(role_all: RoleAll) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor ready", role_all.ready, timeout=40)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.helpers.role_all import KUBECTL, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import RoleAll
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy/overlays/builtin-scheduler"
@@ -24,7 +23,7 @@ def apply_server_side(run: RoleAll) -> str:
     return result.stdout
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+@needs_kubectl
 def test_the_readme_install_command_applies_server_side_twice(role_all: RoleAll) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor to be ready", role_all.ready, timeout=60)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import NODE, RoleAll
 
-from tests.helpers.role_all import KUBECTL, NODE, RoleAll
-
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+pytestmark = needs_kubectl
 MANIFESTS = """
 apiVersion: apps/v1
 kind: DaemonSet

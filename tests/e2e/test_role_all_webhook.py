@@ -6,7 +6,6 @@ after; a caller without the API server's client certificate is refused in the TL
 from __future__ import annotations
 
 import base64
-import shutil
 import ssl
 import subprocess
 from pathlib import Path
@@ -16,7 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers.role_all import KUBECTL, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import RoleAll
 
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
@@ -42,7 +42,7 @@ def registered(run: RoleAll) -> Any:
             and w["clientConfig"].get("caBundle")]
 
 
-@pytest.mark.skipif(not shutil.which(KUBECTL), reason="kubectl is not installed")
+@needs_kubectl
 def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll, tmp_path: Path) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor ready", role_all.ready, timeout=40)

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers.role_all import KUBECTL, POOL, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import POOL, RoleAll
 
 SAMPLE = Path("/work/shared/conformance/upstream-samples/pytorch.yaml")
 NAMESPACE = "tensor-fusion"
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+pytestmark = needs_kubectl
 
 
 def sample() -> dict[str, Any]:

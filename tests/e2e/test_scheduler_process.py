@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.apiserver_fixture import apply_crds_sync
 from tests.helpers import wait_until
 from tests.helpers.controller_process import ControllerProcess
-from tests.helpers.role_all import KUBECTL, RoleAll
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.role_all import RoleAll
 from tfusion.api import annotations as tfa
 
+pytestmark = needs_kubectl
 POOL = "pool-a"
 GPUS_PER_NODE = 4
 NODES = 10
@@ -157,6 +158,3 @@ def test_role_all_kubectl_create_of_an_annotated_pod_runs_with_gpu_ids(role_all:
     assert pod["metadata"]["uid"] in view["allocation"]
     assert view["allocation"][pod["metadata"]["uid"]]["GPUNames"] == [ids]
 
-
-if not Path(KUBECTL).exists():  # pragma: no cover - the container image has kubectl
-    pytestmark = pytest.mark.skip(reason="kubectl is not installed")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.helpers.kubectl import KUBECTL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -16,15 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 
 
-KUBECTL = shutil.which("kubectl")
-
-
 Doc = dict[str, Any]
 
 
 @functools.cache
 def rendered(overlay: str) -> tuple[Doc, ...]:
-    assert KUBECTL is not None
     out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "overlays" / overlay)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -27,9 +27,6 @@ POOL = "tensor-fusion-shared"
 TF = "/apis/tensor-fusion.ai/v1"
 
 
-KUBECTL = "/usr/bin/kubectl"
-
-
 def free_ports(count: int) -> list[int]:
     """`count` distinct free ports (all held open while choosing, so none repeats)."""
     socks = [socket.socket() for _ in range(count)]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.embedded.identities import shipped_rbac
 
 REPO = Path(__file__).resolve().parents[2]
@@ -375,10 +376,10 @@ def test_a_policy_with_too_much_cel_is_refused_before_it_is_parsed(admin: httpx.
     assert cause["field"] == "spec" and cause["message"].startswith("Too long: the CEL expressions of a policy may ")
 
 
-@pytest.mark.skipif(not Path("/usr/bin/kubectl").exists(), reason="kubectl is not installed")
+@needs_kubectl
 def test_kubectl_applies_the_shipped_policy_twice(apiserver: ApiServerHandle, tmp_path: Path) -> None:
     def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["/usr/bin/kubectl", "--kubeconfig", apiserver.kubeconfig, "--cache-dir",
+        return subprocess.run([KUBECTL, "--kubeconfig", apiserver.kubeconfig, "--cache-dir",
                                str(tmp_path / "cache"), *args], capture_output=True, text=True, timeout=60)
 
     first = kubectl("apply", "-f", str(SHIPPED_POLICY))

@@ -15,12 +15,11 @@ import pytest
 import yaml
 
 from tests.apiserver_fixture import ApiServerHandle
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.apiserver import security
 
 REPO = Path(__file__).resolve().parents[2]
-KUBECTL = "/usr/bin/kubectl"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
 
 def kubectl(apiserver: ApiServerHandle, tmp: Path, *args: str, stdin: str | None = None,

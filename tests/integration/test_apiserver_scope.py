@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.apiserver.resources import VIRTUAL, ResourceInfo
 
 MERGE = "application/merge-patch+json"
@@ -34,7 +34,6 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 GPUS = "/apis/tensor-fusion.ai/v1/gpus"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 VERBS = ("create", "put", "merge", "json-add", "strategic", "status-merge", "status-put")
 
 FUZZ = settings(
@@ -387,7 +386,7 @@ def _ghost_eve_admin(handle: ApiServerHandle) -> None:
         assert _eve_may(http, "delete", "secrets")
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+@needs_kubectl
 def test_probe_with_kubectl(apiserver: ApiServerHandle, client: httpx.Client, tmp_path: Path) -> None:
     """The probe as an operator would run it: kubectl patches the binding, deletes it, asks can-i."""
     base = [KUBECTL, "--kubeconfig", apiserver.kubeconfig, "--cache-dir", str(tmp_path / "cache")]

@@ -10,9 +10,7 @@ gets kubectl's "no matches for kind" (its /openapi/v2 download is answered in pr
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -22,9 +20,8 @@ import orjson
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds_sync
+from tests.helpers.kubectl import Kubectl, needs_kubectl
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 PODS = "/api/v1/namespaces/default/pods"
 NO_CONTAINERS = "runs no containers"
 UNSERVED = """apiVersion: autoscaling/v2
@@ -179,30 +176,22 @@ def test_openapi_v2_is_protobuf_only_when_asked_for(apiserver: ApiServerHandle) 
         assert v3.headers["content-type"] == "application/json"
 
 
-class Kubectl:
-    def __init__(self, apiserver: ApiServerHandle, cache: Path) -> None:
-        self.base = [KUBECTL, "--kubeconfig", apiserver.kubeconfig, "--cache-dir", str(cache)]
-
-    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.base, *args], capture_output=True, text=True, input=stdin, timeout=60)
-
-
 @needs_kubectl
 def test_kubectl_logs_exec_and_port_forward_print_why(
         apiserver: ApiServerHandle, tmp_path: Path, uvicorn_records: list[logging.LogRecord]) -> None:
-    kubectl = Kubectl(apiserver, tmp_path / "cache")
-    assert kubectl("run", "plain", "--image=busybox", "--", "sleep", "3600").returncode == 0
+    kubectl = Kubectl(apiserver.kubeconfig, tmp_path / "cache")
+    assert kubectl("run", "plain", "--image=busybox", "--", "sleep", "3600", check=False).returncode == 0
     for args in (("logs", "plain"), ("exec", "plain", "--", "true")):
-        result = kubectl(*args)
+        result = kubectl(*args, check=False)
         assert result.returncode != 0
         assert "Error from server (BadRequest)" in result.stderr and NO_CONTAINERS in result.stderr, result.stderr
         assert '"plain"' in result.stderr
     running = kubectl("patch", "pod", "plain", "--subresource=status", "--type=merge",
-                      "-p", '{"status":{"phase":"Running"}}')
+                      "-p", '{"status":{"phase":"Running"}}', check=False)
     assert running.returncode == 0, running.stderr
-    forward = kubectl("port-forward", "pod/plain", ":80")
+    forward = kubectl("port-forward", "pod/plain", ":80", check=False)
     assert forward.returncode != 0 and NO_CONTAINERS in forward.stderr, forward.stderr
-    missing = kubectl("logs", "nobody")
+    missing = kubectl("logs", "nobody", check=False)
     assert missing.returncode != 0 and 'pods "nobody" not found' in missing.stderr
     assert _warnings(uvicorn_records) == []
 
@@ -210,17 +199,17 @@ def test_kubectl_logs_exec_and_port_forward_print_why(
 @needs_kubectl
 def test_kubectl_meets_an_unserved_kind_as_kube_would_and_still_explains(
         apiserver: ApiServerHandle, tmp_path: Path) -> None:
-    kubectl = Kubectl(apiserver, tmp_path / "cache")
-    listed = kubectl("get", "horizontalpodautoscalers")
+    kubectl = Kubectl(apiserver.kubeconfig, tmp_path / "cache")
+    listed = kubectl("get", "horizontalpodautoscalers", check=False)
     assert listed.returncode != 0
     assert 'the server doesn\'t have a resource type "horizontalpodautoscalers"' in listed.stderr, listed.stderr
-    applied = kubectl("apply", "-f", "-", stdin=UNSERVED)
+    applied = kubectl("apply", "-f", "-", input=UNSERVED, check=False)
     assert applied.returncode != 0
     assert 'no matches for kind "HorizontalPodAutoscaler" in version "autoscaling/v2"' in applied.stderr, \
         applied.stderr
     assert "openapi" not in applied.stderr
-    v2 = kubectl("explain", "pods", "--output=plaintext-openapiv2")  # parses the protobuf document
+    v2 = kubectl("explain", "pods", "--output=plaintext-openapiv2", check=False)  # parses the protobuf document
     assert v2.returncode == 0 and "Pod" in v2.stdout, v2.stderr
     apply_crds_sync(apiserver)
-    explained = kubectl("explain", "gpupool.spec")
+    explained = kubectl("explain", "gpupool.spec", check=False)
     assert explained.returncode == 0 and "GPUPool" in explained.stdout, explained.stderr

@@ -5,7 +5,6 @@ and the real kubectl (apply, scale, get columns)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.kube import resources as r
 from tfusion.kube.client import BadRequest, Invalid, KubeClient, NotFound
 
 pytestmark = pytest.mark.anyio
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 LABELS = {"app": "web"}
 
 
@@ -269,7 +268,7 @@ def kubectl(apiserver: Any, tmp: Path, *args: str, stdin: str | None = None) -> 
     return result.stdout
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+@needs_kubectl
 def test_kubectl_apply_scale_get(apiserver: Any, tmp_path: Path) -> None:
     manifest = json.dumps(deployment())
     assert "deployment.apps/web created" in kubectl(apiserver, tmp_path, "apply", "-f", "-", stdin=manifest)

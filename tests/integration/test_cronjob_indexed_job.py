@@ -19,14 +19,14 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.clock import Wall
+from tests.helpers.kubectl import Kubectl, needs_kubectl
 from tests.helpers.one_box import simulated_node
-from tests.integration.test_kubectl import KUBECTL, Kubectl
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
 
 pytestmark = pytest.mark.anyio
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 NODE = "n1"
 NS = "default"
 EXIT = "tfusion.dev/simulate-exit-after"
@@ -34,16 +34,6 @@ EXIT_CODE = "tfusion.dev/simulate-exit-code"
 INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
 SCHEDULED = "batch.kubernetes.io/cronjob-scheduled-timestamp"
-
-
-class Wall:
-    """Epoch seconds that move only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.one_box import simulated_node
 from tfusion.embedded.volumes import PVCS, VolumeBinder
 from tfusion.embedded.workloads import WorkloadControllers
@@ -29,8 +30,6 @@ from tfusion.kube.resources import ApiResource
 pytestmark = pytest.mark.anyio
 NODE = "n1"
 NS = "default"
-KUBECTL = "/usr/bin/kubectl"
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
 
 def controllers(manager: Manager) -> None:

@@ -4,7 +4,6 @@ simulated kubelet, against the embedded API server over HTTP."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +12,7 @@ import anyio
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.one_box import simulated_node
 from tfusion.embedded.workloads import POD_TEMPLATE_HASH, REVISION, WorkloadControllers, template_hash
 from tfusion.kube import resources as r
@@ -24,7 +24,6 @@ NODE = "n1"
 NS = "default"
 EXIT = "tfusion.dev/simulate-exit-after"
 EXIT_CODE = "tfusion.dev/simulate-exit-code"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
 
 @pytest.fixture
@@ -238,7 +237,7 @@ async def test_job_pods_without_the_annotation_keep_running(cluster: KubeClient)
     assert not any(c["status"] == "True" for c in running["status"].get("conditions") or [])
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+@needs_kubectl
 async def test_kubectl_apply_rollout_status_scale_get(cluster: KubeClient, apiserver: Any, tmp_path: Path) -> None:
     async def kubectl(*args: str, stdin: str | None = None) -> str:
         result = await anyio.run_process(

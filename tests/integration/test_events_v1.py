@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 
 from tests.apiserver_fixture import ApiServerHandle
-from tests.integration.test_kubectl import KUBECTL, Kubectl
+from tests.helpers.kubectl import Kubectl, needs_kubectl
+from tests.helpers.official_client import official_client
 
 CORE = "/api/v1/namespaces/default/events"
 NEW = "/apis/events.k8s.io/v1/namespaces/default/events"
@@ -290,7 +290,6 @@ def test_a_lenient_core_write_is_still_accepted(http: httpx.Client) -> None:
 
 
 # ------------------------------------------------------------------------------ real clients
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
 
 @needs_kubectl
@@ -312,7 +311,7 @@ def test_kubectl_selects_and_lists_events_of_both_apis(apiserver: Any, http: htt
 
 
 def test_the_official_client_writes_and_selects_new_api_events(apiserver: Any) -> None:
-    config = kube_config.new_client_from_config(config_file=str(apiserver.kubeconfig))  # type: ignore[no-untyped-call]
+    config = official_client(apiserver.kubeconfig)
     api = kube_client.EventsV1Api(config)
     when = datetime(2026, 1, 1, tzinfo=UTC)
     body = kube_client.EventsV1Event(

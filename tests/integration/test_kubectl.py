@@ -4,7 +4,6 @@ patches, deletion with a finalizer, and watching."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,23 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+from tests.helpers.kubectl import Kubectl, needs_kubectl
+
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
-
-
-class Kubectl:
-    def __init__(self, kubeconfig: str, cache: Path) -> None:
-        self.base = [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(cache)]
-
-    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([*self.base, *args], capture_output=True, text=True, input=input, timeout=60)
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-            )
-        return result
+pytestmark = needs_kubectl
 
 
 @pytest.fixture

@@ -10,33 +10,18 @@ those uses are checked here too.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.kubectl import Kubectl, needs_kubectl
 from tfusion.api import crds
 from tfusion.apiserver import kubeschemas
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
-
-
-class Kubectl:
-    def __init__(self, kubeconfig: str, cache: Path) -> None:
-        self.base = [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(cache)]
-
-    def __call__(self, *args: str) -> str:
-        result = self.run(*args)
-        assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=60)
+pytestmark = needs_kubectl
 
 
 @pytest.fixture
@@ -56,18 +41,18 @@ def object_paths(schema: dict[str, Any], path: str) -> list[str]:
 
 
 def test_capacity_config_fields_are_described(kubectl: Kubectl) -> None:
-    out = kubectl("explain", "gpupool.spec.capacityConfig")
+    out = kubectl.out("explain", "gpupool.spec.capacityConfig")
     assert "<empty>" not in out
     assert "FIELD: capacityConfig <Object>" in out
     assert "Capacity bounds, warm capacity and oversubscription." in out
     for field in ("maxResources", "minResources", "oversubscription", "warmResources"):
         assert f"  {field}\t<Object>" in out
-    out = kubectl("explain", "gpupool.spec.capacityConfig.oversubscription.tflopsOversellRatio")
+    out = kubectl.out("explain", "gpupool.spec.capacityConfig.oversubscription.tflopsOversellRatio")
     assert "Default 500" in out and "<empty>" not in out
 
 
 def test_workload_spec_recursive_and_every_object_below_it(kubectl: Kubectl) -> None:
-    out = kubectl("explain", "tensorfusionworkload.spec", "--recursive")
+    out = kubectl.out("explain", "tensorfusionworkload.spec", "--recursive")
     assert "<empty>" not in out
     assert "The GPU request; written by a user or by the webhook" in out
     for field in ("gangScheduling", "minMembers", "resources", "requests", "tflops", "vram", "nodeAffinity"):
@@ -75,9 +60,9 @@ def test_workload_spec_recursive_and_every_object_below_it(kubectl: Kubectl) -> 
     schema: Any = crds.openapi_schema_view("TensorFusionWorkload")
     spec = schema["properties"]["spec"]
     for path in object_paths(spec, "tensorfusionworkload.spec"):
-        out = kubectl("explain", path)
+        out = kubectl.out("explain", path)
         assert "<empty>" not in out, f"kubectl explain {path} shows a field without description:\n{out}"
-    tflops = kubectl("explain", "tensorfusionworkload.spec.resources.requests.tflops")
+    tflops = kubectl.out("explain", "tensorfusionworkload.spec.resources.requests.tflops")
     assert "Kubernetes quantity such as 20 or 1500m" in tflops
 
 
@@ -117,7 +102,7 @@ def kube_field(group: str, version: str, kind: str, *path: str) -> dict[str, Any
 def test_builtin_kinds_are_explained_from_the_kubernetes_definitions(
     kubectl: Kubectl, path: str, gvk: tuple[str, ...], fields: tuple[str, ...], header: str
 ) -> None:
-    out = kubectl("explain", path)
+    out = kubectl.out("explain", path)
     assert header in out and "<empty>" not in out, out
     schema = kube_field(*gvk)
     assert described(schema) in words(out), f"the description of {path} is missing:\n{out}"
@@ -129,32 +114,32 @@ def test_builtin_kinds_are_explained_from_the_kubernetes_definitions(
 
 
 def test_custom_resource_metadata_is_explained_as_object_meta(kubectl: Kubectl) -> None:
-    out = kubectl("explain", "gpupool.metadata")
+    out = kubectl.out("explain", "gpupool.metadata")
     assert "FIELD: metadata <ObjectMeta>" in out
     assert "Standard Kubernetes object metadata" in words(out), "the CRD's own description is kept"
     for field in ("labels", "annotations", "ownerReferences"):
         assert f"  {field}\t<" in out, f"{field} is not listed under gpupool.metadata"
-    out = kubectl("explain", "gpupool.metadata.ownerReferences")
+    out = kubectl.out("explain", "gpupool.metadata.ownerReferences")
     assert described(kube_field("", "v1", "Pod", "metadata", "ownerReferences")) in words(out)
 
 
 def test_a_kind_nobody_serves_is_refused_as_kubectl_refuses_it(kubectl: Kubectl, tmp_path: Path) -> None:
-    result = kubectl.run("explain", "nosuchkind")
+    result = kubectl("explain", "nosuchkind", check=False)
     assert result.returncode != 0
     assert 'the server doesn\'t have a resource type "nosuchkind"' in result.stderr
     manifest = tmp_path / "storageclass.yaml"
     manifest.write_text("apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: fast}\nprovisioner: x\n")
-    applied = kubectl.run("apply", "--validate=true", "-f", str(manifest))
+    applied = kubectl("apply", "--validate=true", "-f", str(manifest), check=False)
     assert applied.returncode != 0
     assert 'no matches for kind "StorageClass" in version "storage.k8s.io/v1"' in applied.stderr, applied.stderr
 
 
 def test_the_protobuf_v2_document_parses_and_explains(kubectl: Kubectl) -> None:
     # kubectl's own parser refuses the whole document on one dangling reference or a two-typed schema
-    out = kubectl("explain", "pod.spec.containers", "--output=plaintext-openapiv2")
+    out = kubectl.out("explain", "pod.spec.containers", "--output=plaintext-openapiv2")
     assert "RESOURCE: containers <[]Object>" in out
     assert described(kube_field("", "v1", "Pod", "spec", "containers")) in words(out)
-    out = kubectl("explain", "crd.spec.versions.schema.openAPIV3Schema", "--output=plaintext-openapiv2")
+    out = kubectl.out("explain", "crd.spec.versions.schema.openAPIV3Schema", "--output=plaintext-openapiv2")
     assert "RESOURCE: openAPIV3Schema <Object>" in out
 
 
@@ -176,14 +161,14 @@ spec:
 def test_client_side_apply_merges_by_the_v3_schema(kubectl: Kubectl, tmp_path: Path) -> None:
     manifest = tmp_path / "deployment.yaml"
     manifest.write_text(DEPLOYMENT % "first")
-    kubectl("apply", "-f", str(manifest))
+    kubectl.out("apply", "-f", str(manifest))
     manifest.write_text(DEPLOYMENT % "second")
     # -v=8 logs each request with its headers, and why kubectl would leave the v3 document for the v2 one
-    applied = kubectl.run("-v=8", "apply", "-f", str(manifest))
+    applied = kubectl("-v=8", "apply", "-f", str(manifest), check=False)
     assert applied.returncode == 0, applied.stderr
     assert "does not support strategic merge patch" not in applied.stderr
     assert "/openapi/v2" not in applied.stderr, "kubectl fell back to /openapi/v2 to build its patch"
     assert "Content-Type: application/strategic-merge-patch+json" in applied.stderr
     assert '$setElementOrder/containers' in applied.stderr, "the patch was not built from the merge keys"
-    containers = kubectl("get", "deployment", "web", "-o", "jsonpath={.spec.template.spec.containers[*].env}")
+    containers = kubectl.out("get", "deployment", "web", "-o", "jsonpath={.spec.template.spec.containers[*].env}")
     assert "second" in containers and "first" not in containers

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import shutil
 import ssl
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from cryptography import x509
 
 from tests.helpers import eventually
 from tests.helpers.controller import Controller, controllers, start_controller
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.scheduler_index import gone
 from tests.helpers.webhook import (
     BARE,
@@ -149,7 +149,7 @@ INVALID = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@needs_kubectl
 async def test_invalid_annotations_are_denied_through_kubectl(apiserver: Any, kube: KubeClient,
                                                               tmp_path: Path) -> None:
     async with controllers() as tg:
@@ -157,7 +157,7 @@ async def test_invalid_annotations_are_denied_through_kubectl(apiserver: Any, ku
         for i, (notes, expected) in enumerate(INVALID):
             manifest = tmp_path / f"bad{i}.yaml"
             manifest.write_text(yaml.safe_dump(pod(f"bad{i}", {**BARE, **notes})))
-            result = await anyio.run_process(["kubectl", "--kubeconfig", apiserver.kubeconfig, "create", "-f",
+            result = await anyio.run_process([KUBECTL, "--kubeconfig", apiserver.kubeconfig, "create", "-f",
                                               str(manifest)], check=False)
             stderr = result.stderr.decode()
             assert result.returncode == 1

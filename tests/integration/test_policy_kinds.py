@@ -8,7 +8,6 @@ Endpoints and an EndpointSlice listing its pods' addresses (the simulated kubele
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import eventually
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.one_box import simulated_node
 from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import ENDPOINTS, ENDPOINTSLICES, EndpointsController
@@ -30,7 +30,6 @@ from tfusion.kube.resources import ApiResource
 pytestmark = pytest.mark.anyio
 NS = "default"
 NODE = "n1"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 NETPOLS = ApiResource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True)
 PDBS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 DEPLOYMENTS, REPLICASETS = r.DEPLOYMENTS, r.REPLICASETS
@@ -276,7 +275,7 @@ async def test_service_with_a_selector_gets_endpoints(cluster: KubeClient) -> No
     await eventually(removed, timeout=20)
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+@needs_kubectl
 async def test_kubectl_creates_a_pdb_and_a_network_policy(kube: KubeClient, apiserver: Any, tmp_path: Path) -> None:
     """`kubectl create pdb` sends protobuf; `kubectl apply` of a NetworkPolicy sends JSON."""
     base = [KUBECTL, "--kubeconfig", str(apiserver.kubeconfig), "--cache-dir", str(tmp_path / "cache")]

@@ -5,21 +5,17 @@ binding's subjects) are replaced whole, tagged lists (a Service's ports, webhook
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.api.merge import STRATEGIC_MERGE_KINDS
 from tfusion.apiserver.resources import BUILTINS
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 STRATEGIC = {"content-type": "application/strategic-merge-patch+json"}
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
 
 def apply(apiserver: Any, tmp_path: Path, document: dict[str, Any]) -> str:

@@ -11,7 +11,8 @@ import copy
 import pytest
 import yaml
 
-from tests.helpers.deploy import DEPLOY, KUBECTL, REPO, Doc, by_key, rendered
+from tests.helpers.deploy import DEPLOY, REPO, Doc, by_key, rendered
+from tests.helpers.kubectl import needs_kubectl
 from tfusion.api import crds
 from tfusion.api.annotations import priority_class_name
 from tfusion.api.schema import apply_defaults, prune, unknown_fields, validate
@@ -23,7 +24,7 @@ CONTROLLER_SA = rbac.service_account_user(NAMESPACE, "tensor-fusion-operator")
 HYPERVISOR_SA = rbac.service_account_user(NAMESPACE, "tensor-fusion-hypervisor-sa")
 RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+pytestmark = needs_kubectl
 
 
 def is_ours(doc: Doc) -> bool:

@@ -5,7 +5,6 @@ needs (the authentication reader binding in kube-system)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,17 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.controller.scheduling.scheduler import SCHEDULER_NAME
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / "kube-scheduler"
-KUBECTL = shutil.which("kubectl")
 
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+pytestmark = needs_kubectl
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[tuple[str, str], dict[str, Any]]:
-    assert KUBECTL is not None
     out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.kubectl import KUBECTL
 from tfusion.controller.webhook.certs import SECRET_NAME
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, client_config, desired_configuration
 
-KUBECTL = "/usr/bin/kubectl"
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / "builtin-scheduler"
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 
-import pytest
+from tests.helpers.deploy import by_key
+from tests.helpers.kubectl import needs_kubectl
 
-from tests.helpers.deploy import KUBECTL, by_key
-
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+pytestmark = needs_kubectl
 
 
 def test_only_address_blocks_reach_the_webhook_port() -> None:

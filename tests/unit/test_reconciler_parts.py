@@ -4,7 +4,6 @@ DaemonSet under deploy/base/hypervisor as `kubectl kustomize` renders it."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Node
 from tfusion.api.jsontypes import JsonMapping, json_object
@@ -155,12 +155,10 @@ def test_last_report_is_the_newest_readable_stamp() -> None:
     assert is_missing(gpu(**{tfa.GPU_MISSING_SINCE: "2026-01-01T00:00:00Z"})) and not is_missing(gpu())
 
 
-KUBECTL = shutil.which("kubectl")
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+@needs_kubectl
 def test_hypervisor_daemonset_renders() -> None:
-    assert KUBECTL is not None
     out = subprocess.run([KUBECTL, "kustomize", str(REPO / "deploy/overlays/builtin-scheduler")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
