@@ -439,6 +439,13 @@ class Informer:
     # --- store and indexes ----------------------------------------------------------------------
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
+        # Who owns which field is the API server's business; no reader here looks at it, and keeping
+        # it would roughly double what the cache holds and what the garbage collector walks (the
+        # transform controller-runtime users apply for the same reason). A write built from a cached
+        # object therefore sends no managedFields, which the API server reads as "keep them".
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            meta.pop("managedFields", None)
         old = self._store.get(key)
         if old is None or _beyond_status(Body(old), Body(obj)):
             self.generation += 1
