@@ -233,3 +233,22 @@ def test_apply_rejects_unknown_fields_like_kube(kubectl: Kubectl) -> None:
     bad = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}, "spec": {"sizee": 1}}
     result = kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
     assert result.returncode != 0 and 'unknown field "spec.sizee"' in result.stderr
+
+
+def test_apply_rejects_unknown_fields_of_built_in_kinds(kubectl: Kubectl) -> None:
+    """kubectl asks for fieldValidation=Strict; a built-in kind's undeclared fields are named as kube
+    names them (from the Kubernetes definitions), on create and on a later patch alike."""
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "c", "image": "nginx", "bogus": 1}]}}},
+    }
+    refused = kubectl("apply", "-f", "-", input=json.dumps(deployment), check=False)
+    assert refused.returncode != 0
+    assert 'unknown field "spec.template.spec.containers[0].bogus"' in refused.stderr, refused.stderr
+    del deployment["spec"]["template"]["spec"]["containers"][0]["bogus"]
+    kubectl("apply", "-f", "-", input=json.dumps(deployment))
+    deployment["spec"]["replicass"] = 2
+    again = kubectl("apply", "-f", "-", input=json.dumps(deployment), check=False)
+    assert again.returncode != 0 and 'unknown field "spec.replicass"' in again.stderr, again.stderr

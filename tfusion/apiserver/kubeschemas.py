@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import orjson
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,17 @@ def load(minor: str = SERVED_MINOR) -> KubeSchemas:
         return KubeSchemas({}, f"1.{minor}")
     raw = orjson.loads(path.read_bytes()).get("$defs", {})
     return KubeSchemas({name: _neutral_definition(schema) for name, schema in raw.items()}, f"1.{minor}")
+
+
+_loaded: dict[str, KubeSchemas] = {}
+
+
+async def loaded(minor: str = SERVED_MINOR) -> KubeSchemas:
+    """Release 1.`minor`'s definitions, read once per process in a worker thread (parsing 1.3 MB
+    would hold the event loop for a tenth of a second) and kept for every later request."""
+    if minor not in _loaded:
+        _loaded[minor] = await anyio.to_thread.run_sync(load, minor)
+    return _loaded[minor]
 
 
 def schema_for(group: str, version: str, kind: str) -> Schema | None:

@@ -20,7 +20,17 @@ import orjson
 
 from tfusion.api.merge import clone
 from tfusion.api.timestamps import rfc3339
-from tfusion.apiserver import customresources, errors, limits, managedfields, policies, serverside, shapes, validation
+from tfusion.apiserver import (
+    customresources,
+    errors,
+    kubeschemas,
+    limits,
+    managedfields,
+    policies,
+    serverside,
+    shapes,
+    validation,
+)
 from tfusion.apiserver.conversion import to_served, to_storage
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.fieldsets import Shape, shape_for
@@ -100,7 +110,7 @@ class Engine:
         tracking: Tracking | None = None,
     ) -> Entry:
         obj = self._check_body(info, body)
-        self._strict(info, obj, field_validation)
+        await self._strict(info, obj, field_validation)
         meta = obj["metadata"]
         self._take_sent_entries(info, meta, tracking, None)
         if info.namespaced:
@@ -166,11 +176,15 @@ class Engine:
         return entry
 
     @staticmethod
-    def _strict(info: ResourceInfo, obj: dict[str, Any], field_validation: str) -> None:
-        """fieldValidation=Strict (kubectl's default): unknown fields of a custom resource are an error."""
-        if field_validation != "Strict" or not info.is_custom:
+    async def _strict(info: ResourceInfo, obj: dict[str, Any], field_validation: str) -> None:
+        """fieldValidation=Strict (kubectl's default): fields the kind's schema does not declare are an error."""
+        if field_validation != "Strict":
             return
-        unknown = customresources.unknown_fields(info, obj)
+        if info.is_custom:
+            unknown = customresources.unknown_fields(info, obj)
+        else:  # the fields of the version the client wrote, not of the stored one (events.k8s.io/v1 Events)
+            served = to_served(info, clone(obj))
+            unknown = (await kubeschemas.loaded()).unknown_fields(info.group, info.version, info.kind, served)
         if unknown:
             fields = ", ".join(f'unknown field "{path}"' for path in unknown)
             raise errors.bad_request(
@@ -235,7 +249,7 @@ class Engine:
         tracking: Tracking | None = None,
     ) -> Entry:
         obj = self._check_body(info, body)
-        self._strict(info, obj, field_validation)
+        await self._strict(info, obj, field_validation)
         meta = obj["metadata"]
         # a read-modify-write sends back the entries it read: no need to check them again
         stored = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
@@ -312,7 +326,7 @@ class Engine:
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
         patched = to_storage(info, patched)
         shapes.check(info.storage_key, info.kind, info.version, patched)
-        self._strict(info, patched, field_validation)
+        await self._strict(info, patched, field_validation)
         return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run,
                                    tracking=tracking)
 
@@ -350,7 +364,7 @@ class Engine:
                                        api_version=tracking.api_version, subresource=subresource, force=force)
             obj = to_storage(info, applied.obj)
             shapes.check(info.storage_key, info.kind, info.version, obj)
-            self._strict(info, obj, field_validation)
+            await self._strict(info, obj, field_validation)
             precondition = config["metadata"].get("resourceVersion")
             obj["metadata"]["resourceVersion"] = precondition or str(current.rv)
             decided = Tracking(tracking.manager, tracking.api_version, subresource, applied=applied.entries)
