@@ -33,6 +33,6 @@ class Kubectl:
             )
         return result
 
-    def out(self, *args: str) -> str:
+    def out(self, *args: str, input: str | None = None) -> str:
         """The stdout of a command that must succeed."""
-        return self(*args).stdout
+        return self(*args, input=input).stdout

@@ -6,37 +6,22 @@ the same status codes, the conflict message naming manager and field, managedFie
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+from tests.helpers.kubectl import Kubectl, needs_kubectl
+from tests.helpers.official_client import official_client
+
 APPLY = {"content-type": "application/apply-patch+yaml"}
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
-needs_kubectl = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
-
-
-class Kubectl:
-    def __init__(self, apiserver: Any, tmp_path: Path) -> None:
-        self.base = [KUBECTL, "--kubeconfig", apiserver.kubeconfig, "--cache-dir", str(tmp_path / "cache")]
-
-    def __call__(self, *args: str, document: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-        stdin = json.dumps(document) if document is not None else None
-        return subprocess.run([*self.base, *args], input=stdin, capture_output=True, text=True, timeout=60)
-
-    def ok(self, *args: str, document: dict[str, Any] | None = None) -> str:
-        result = self(*args, document=document)
-        assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
 
 
 @pytest.fixture
 def kubectl(apiserver: Any, tmp_path: Path) -> Kubectl:
-    return Kubectl(apiserver, tmp_path)
+    return Kubectl(apiserver.kubeconfig, tmp_path / "cache")
 
 
 def deployment(replicas: int = 2, *, image: str = "nginx:1.27", labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -82,7 +67,7 @@ def owns(fields_v1: dict[str, Any], *steps: str) -> bool:
 
 @needs_kubectl
 def test_kubectl_server_side_apply_twice_conflict_and_force(kubectl: Kubectl, apiserver: Any) -> None:
-    out = kubectl.ok("apply", "--server-side", "-f", "-", document=deployment())
+    out = kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment()))
     assert "serverside-applied" in out
     first = read(apiserver, f"{DEPLOYMENTS}/web")
     entries = managers(first)
@@ -92,17 +77,18 @@ def test_kubectl_server_side_apply_twice_conflict_and_force(kubectl: Kubectl, ap
     entry = first["metadata"]["managedFields"][0]
     assert entry["fieldsType"] == "FieldsV1" and entry["apiVersion"] == "apps/v1" and entry["time"]
 
-    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment())
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment()))
     again = read(apiserver, f"{DEPLOYMENTS}/web")
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
 
-    conflict = kubectl("apply", "--server-side", "--field-manager=scaler", "-f", "-", document=deployment(5))
+    conflict = kubectl("apply", "--server-side", "--field-manager=scaler", "-f", "-", input=json.dumps(deployment(5)),
+                       check=False)
     assert conflict.returncode != 0
     assert 'conflict with "kubectl": .spec.replicas' in conflict.stderr, conflict.stderr
     assert read(apiserver, f"{DEPLOYMENTS}/web")["spec"]["replicas"] == 2
 
-    kubectl.ok("apply", "--server-side", "--field-manager=scaler", "--force-conflicts", "-f", "-",
-               document=deployment(5))
+    kubectl.out("apply", "--server-side", "--field-manager=scaler", "--force-conflicts", "-f", "-",
+               input=json.dumps(deployment(5)))
     taken = read(apiserver, f"{DEPLOYMENTS}/web")
     assert taken["spec"]["replicas"] == 5
     entries = managers(taken)
@@ -117,40 +103,41 @@ def test_kubectl_server_side_apply_twice_conflict_and_force(kubectl: Kubectl, ap
 def test_a_field_dropped_from_the_manifest_is_removed_unless_another_manager_owns_it(
     kubectl: Kubectl, apiserver: Any
 ) -> None:
-    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment(labels={"team": "a", "tier": "web"}))
-    kubectl.ok("apply", "--server-side", "--field-manager=other", "-f", "-",
-               document={"apiVersion": "apps/v1", "kind": "Deployment",
-                         "metadata": {"name": "web", "labels": {"tier": "web"}}})
-    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment())
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment(labels={"team": "a", "tier": "web"})))
+    kubectl.out("apply", "--server-side", "--field-manager=other", "-f", "-",
+               input=json.dumps({"apiVersion": "apps/v1", "kind": "Deployment",
+                         "metadata": {"name": "web", "labels": {"tier": "web"}}}))
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment()))
     labels = read(apiserver, f"{DEPLOYMENTS}/web")["metadata"].get("labels", {})
     assert labels == {"tier": "web"}  # team went with its only owner; tier stays with "other"
 
     two = deployment()
     two["spec"]["template"]["spec"]["containers"].append({"name": "side", "image": "busybox"})
-    kubectl.ok("apply", "--server-side", "-f", "-", document=two)
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(two))
     assert len(read(apiserver, f"{DEPLOYMENTS}/web")["spec"]["template"]["spec"]["containers"]) == 2
-    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment())
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment()))
     containers = read(apiserver, f"{DEPLOYMENTS}/web")["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["web"]
 
 
 @needs_kubectl
 def test_client_side_apply_then_server_side_apply_conflicts_as_in_kube(kubectl: Kubectl, apiserver: Any) -> None:
-    kubectl.ok("apply", "-f", "-", document=deployment(2))
+    kubectl.out("apply", "-f", "-", input=json.dumps(deployment(2)))
     created = read(apiserver, f"{DEPLOYMENTS}/web")
     entries = managers(created)
     assert owns(entries["kubectl-client-side-apply", "Update"], "f:spec", "f:replicas")
     # an edit-style update (kubectl scale / edit / replace send their own manager) takes the field
-    kubectl.ok("patch", "deployment", "web", "--type=merge", "-p", '{"spec":{"replicas":3}}')
+    kubectl.out("patch", "deployment", "web", "--type=merge", "-p", '{"spec":{"replicas":3}}')
     patched = managers(read(apiserver, f"{DEPLOYMENTS}/web"))
     assert owns(patched["kubectl-patch", "Update"], "f:spec", "f:replicas")
     assert not owns(patched["kubectl-client-side-apply", "Update"], "f:spec", "f:replicas")
 
-    conflict = kubectl("apply", "--server-side", "--field-manager=gitops", "-f", "-", document=deployment(4))
+    conflict = kubectl("apply", "--server-side", "--field-manager=gitops", "-f", "-", input=json.dumps(deployment(4)),
+                       check=False)
     assert conflict.returncode != 0
     assert 'conflict with "kubectl-patch" using apps/v1: .spec.replicas' in conflict.stderr, conflict.stderr
     # the same value as live is shared ownership, not a conflict
-    kubectl.ok("apply", "--server-side", "--field-manager=gitops", "-f", "-", document=deployment(3))
+    kubectl.out("apply", "--server-side", "--field-manager=gitops", "-f", "-", input=json.dumps(deployment(3)))
 
 
 def widget_crd() -> dict[str, Any]:
@@ -191,13 +178,13 @@ def widget(ports: list[dict[str, Any]], tags: list[str], selector: dict[str, str
 def test_custom_resource_list_maps_sets_and_atomic_maps_follow_the_crd_schema(
     kubectl: Kubectl, apiserver: Any
 ) -> None:
-    kubectl.ok("apply", "--server-side", "-f", "-", document=widget_crd())
-    kubectl.ok("wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s")
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(widget_crd()))
+    kubectl.out("wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s")
     path = "/apis/example.com/v1/namespaces/default/widgets/w"
-    kubectl.ok("apply", "--server-side", "--field-manager=a", "-f", "-",
-               document=widget([{"name": "http", "port": 80}], ["x"], {"app": "w"}))
-    kubectl.ok("apply", "--server-side", "--field-manager=b", "-f", "-",
-               document=widget([{"name": "grpc", "port": 9090}], ["y"]))
+    kubectl.out("apply", "--server-side", "--field-manager=a", "-f", "-",
+               input=json.dumps(widget([{"name": "http", "port": 80}], ["x"], {"app": "w"})))
+    kubectl.out("apply", "--server-side", "--field-manager=b", "-f", "-",
+               input=json.dumps(widget([{"name": "grpc", "port": 9090}], ["y"])))
     stored = read(apiserver, path)
     assert sorted(p["name"] for p in stored["spec"]["ports"]) == ["grpc", "http"]
     assert sorted(stored["spec"]["tags"]) == ["x", "y"]
@@ -208,23 +195,24 @@ def test_custom_resource_list_maps_sets_and_atomic_maps_follow_the_crd_schema(
     assert not owns(entries["a", "Apply"], "f:spec", "f:selector", "f:app")
 
     conflict = kubectl("apply", "--server-side", "--field-manager=b", "-f", "-",
-                       document=widget([{"name": "grpc", "port": 9090}, {"name": "http", "port": 81}], ["y"]))
+                       input=json.dumps(widget([{"name": "grpc", "port": 9090}, {"name": "http", "port": 81}], ["y"])),
+                       check=False)
     assert conflict.returncode != 0
     assert '.spec.ports[name="http"].port' in conflict.stderr, conflict.stderr
 
     # a drops its item and tag: they go; b's stay
-    kubectl.ok("apply", "--server-side", "--field-manager=a", "-f", "-", document=widget([], [], {"app": "w"}))
+    kubectl.out("apply", "--server-side", "--field-manager=a", "-f", "-",
+                input=json.dumps(widget([], [], {"app": "w"})))
     stored = read(apiserver, path)
     assert [p["name"] for p in stored["spec"]["ports"]] == ["grpc"]
     assert stored["spec"]["tags"] == ["y"]
 
 
 def test_official_python_client_server_side_apply(apiserver: Any) -> None:
-    from kubernetes import config, dynamic
+    from kubernetes import dynamic
     from kubernetes.client.exceptions import ApiException
 
-    api_client = config.new_client_from_config(config_file=str(apiserver.kubeconfig))  # type: ignore[no-untyped-call]
-    api = dynamic.DynamicClient(api_client)  # type: ignore[no-untyped-call]
+    api = dynamic.DynamicClient(official_client(apiserver.kubeconfig))  # type: ignore[no-untyped-call]
     deployments = api.resources.get(api_version="apps/v1", kind="Deployment")
     created = deployments.server_side_apply(body=deployment(1), namespace="default", field_manager="py")
     assert created.spec.replicas == 1
@@ -360,9 +348,9 @@ def test_managed_fields_survive_a_restart_and_a_no_op_apply_emits_no_watch_event
 
 @needs_kubectl
 def test_kubectl_moves_its_client_side_fields_to_server_side_apply(kubectl: Kubectl, apiserver: Any) -> None:
-    kubectl.ok("apply", "-f", "-", document=deployment(2))
+    kubectl.out("apply", "-f", "-", input=json.dumps(deployment(2)))
     # kubectl's own upgrade: its client-side fields become its server-side apply entry, no conflict
-    kubectl.ok("apply", "--server-side", "-f", "-", document=deployment(6))
+    kubectl.out("apply", "--server-side", "-f", "-", input=json.dumps(deployment(6)))
     stored = read(apiserver, f"{DEPLOYMENTS}/web")
     assert stored["spec"]["replicas"] == 6
     assert owns(managers(stored)["kubectl", "Apply"], "f:spec", "f:replicas")
