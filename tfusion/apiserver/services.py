@@ -74,13 +74,16 @@ class Services:
             raise errors.conflict(
                 "pods/binding", "", target.name, f"pod {target.name} is being deleted, cannot be assigned to a host"
             )
-        obj = pod.copy()
-        obj["spec"]["nodeName"] = node
-        for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
-            obj["metadata"].setdefault("annotations", {})[key] = value
-        conditions = [
-            c for c in obj.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"
-        ]
+        # Stored objects are never mutated, so the new pod shares every part a binding leaves alone
+        # with the old one and copies only the three maps it changes: decoding the whole pod (its
+        # managedFields included) was the largest single cost of a bind.
+        old = pod.obj
+        obj = {**old, "spec": {**old["spec"], "nodeName": node}, "metadata": dict(old["metadata"]),
+               "status": dict(old.get("status") or {})}
+        added = (body.get("metadata") or {}).get("annotations") or {}
+        if added:
+            obj["metadata"]["annotations"] = {**(old["metadata"].get("annotations") or {}), **added}
+        conditions = [c for c in obj["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
         conditions.append(
             {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": rfc3339()}
         )
