@@ -238,7 +238,7 @@ def test_apply_rejects_unknown_fields_like_kube(kubectl: Kubectl) -> None:
 def test_apply_rejects_unknown_fields_of_built_in_kinds(kubectl: Kubectl) -> None:
     """kubectl asks for fieldValidation=Strict; a built-in kind's undeclared fields are named as kube
     names them (from the Kubernetes definitions), on create and on a later patch alike."""
-    deployment = {
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"selector": {"matchLabels": {"app": "web"}},
                  "template": {"metadata": {"labels": {"app": "web"}},
