@@ -83,6 +83,42 @@ async def test_a_bare_pod_comes_back_mutated_with_its_workload(apiserver: Any, k
         assert [o["uid"] for o in kept["metadata"]["ownerReferences"]] == [again["metadata"]["uid"]]
 
 
+async def test_a_bare_pod_waits_for_its_terminating_workload_and_gets_a_new_one(
+        apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
+    """The race the test above can lose under load, made certain: the old pod's workload is still
+    being deleted (its finalizer's cleanup not done) when the new pod is admitted. Patching it
+    would leave the new pod with a workload about to vanish; the webhook waits for it to go and
+    creates the new pod's own."""
+    hold = "example.com/hold"
+    async with controllers() as tg:
+        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+        old = await kube.create(r.PODS, pod("bare", BARE), namespace="default")
+        await eventually(lambda: _owned_by(ctl, "default/bare", old["metadata"]["uid"]), what="the first owner")
+        await kube.patch(r.TENSORFUSIONWORKLOADS, "bare", {"metadata": {"finalizers": [hold]}}, namespace="default")
+        await kube.delete(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
+        await kube.delete(r.PODS, "bare", namespace="default")
+        with anyio.fail_after(10):
+            while not await gone(kube, "bare"):
+                await anyio.sleep(0)
+        terminating = await kube.get(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
+        assert terminating["metadata"].get("deletionTimestamp")
+
+        async def release_later() -> None:
+            await anyio.sleep(0.5)
+            current = await kube.get(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
+            left = [f for f in current["metadata"].get("finalizers") or [] if f != hold]
+            await kube.patch(r.TENSORFUSIONWORKLOADS, "bare", {"metadata": {"finalizers": left or None}},
+                             namespace="default")
+
+        tg.start_soon(release_later)
+        again = await kube.create(r.PODS, pod("bare", BARE), namespace="default")
+        fresh = await kube.get(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
+        assert fresh["metadata"]["uid"] != terminating["metadata"]["uid"]
+        assert not fresh["metadata"].get("deletionTimestamp")
+        await eventually(lambda: _owned_by(ctl, "default/bare", again["metadata"]["uid"]),
+                         what="the new workload owned by the new pod")
+
+
 async def _owned_by(ctl: Controller, key: str, pod_uid: str) -> dict[str, Any] | None:
     cached = ctl.runtime.informer(r.TENSORFUSIONWORKLOADS).get(key)
     owners = [(o.get("kind"), o.get("uid"), o.get("controller")) for o in

@@ -32,6 +32,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
 
+import anyio
 import orjson
 
 from tfusion.api import annotations as tfa
@@ -45,6 +46,10 @@ from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
 from tfusion.kube.informer import Informer
 from tfusion.kube.ownership import controller_reference_to
+
+#: how long admission waits for a terminating workload of the same name to be removed, and how often it looks
+TERMINATING_WAIT_S = 5.0
+TERMINATING_POLL_S = 0.05
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +252,8 @@ class WorkloadWriter:
         if found is None:
             return await self._create(desired)
         cached = Body(found)
+        if cached.meta.deleting:
+            return await self._after_deletion(desired)
         released = await self._released_pod(cached, desired)
         if released is None and self._known_match(key, cached, desired):
             return "unchanged"
@@ -261,6 +268,8 @@ class WorkloadWriter:
         except AlreadyExists:
             self.writes += 1
             current = Body(await self.client.get(r.TENSORFUSIONWORKLOADS, wanted.name, namespace=wanted.namespace))
+        if current.meta.deleting:
+            return await self._after_deletion(desired)
         released = await self._released_pod(current, desired)
         if released is None and workload_matches(current, wanted):
             return "unchanged"
@@ -270,13 +279,34 @@ class WorkloadWriter:
         wanted = Body(desired)
         self.writes += 1
         try:
-            await self.client.patch(r.TENSORFUSIONWORKLOADS, wanted.name, _patch_for(current, desired, released),
-                                    namespace=wanted.namespace)
+            patched = await self.client.patch(r.TENSORFUSIONWORKLOADS, wanted.name,
+                                              _patch_for(current, desired, released), namespace=wanted.namespace)
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
             self.writes += 1
             await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
             return "created"
+        if Body(patched).meta.deleting:  # the cache was behind: it is going all the same
+            return await self._after_deletion(desired)
         return "patched"
+
+    async def _after_deletion(self, desired: JsonObject) -> str:
+        """A workload of this name that is being deleted (collected with the old pod of a bare pod
+        deleted and created again under its name) cannot serve the new pod, however it is patched:
+        its finalizer's cleanup ends in its removal. Wait for that, then create the new pod's own."""
+        wanted = Body(desired)
+        with anyio.move_on_after(TERMINATING_WAIT_S):
+            while True:
+                self.writes += 1
+                try:
+                    current = Body(await self.client.get(r.TENSORFUSIONWORKLOADS, wanted.name,
+                                                         namespace=wanted.namespace))
+                except NotFound:
+                    return await self._create(desired)
+                if not current.meta.deleting:  # another pod's admission made it again meanwhile
+                    return await self._patch(current, desired, await self._released_pod(current, desired))
+                await anyio.sleep(TERMINATING_POLL_S)
+        raise Conflict({"message": f"TensorFusionWorkload {wanted.namespace}/{wanted.name} is still being "
+                                   f"deleted after {TERMINATING_WAIT_S:.0f} s; create the pod again"}, 409)
 
     async def _released_pod(self, current: Body, desired: JsonObject) -> str | None:
         """The UID of the deleted pod that still controls the workload a bare pod of the same name
