@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from tfusion.apiserver import discovery, errors, managedfields, openapi_pb, podstreams, rbac, tables
+from tfusion.apiserver import applying, discovery, errors, managedfields, openapi_pb, podstreams, rbac, tables
 from tfusion.apiserver.asgi import (
     BODY_TIMEOUT_S,
     ClientGone,
@@ -309,11 +309,11 @@ class ApiApp:
             self._check_verb(info, "patch", method)
             await request.read_body(self.body_timeout, self._large_decodes())
             ctype = request.headers.get("content-type", "")
-            applying = ctype.split(";")[0].strip().lower() == "application/apply-patch+yaml"
-            tracking = self._tracking(request, target, "PatchOptions", apply=applying)
-            if applying:  # server-side apply (serverside.py); the body is YAML or JSON
-                entry, created = await engine.apply(
-                    info, ns, target.name, request.json, tracking, force=params.get("force") == "true",
+            is_apply = ctype.split(";")[0].strip().lower() == "application/apply-patch+yaml"
+            tracking = self._tracking(request, target, "PatchOptions", apply=is_apply)
+            if is_apply:  # server-side apply (applying.py); the body is YAML or JSON
+                entry, created = await applying.apply(
+                    engine, info, ns, target.name, request.json, tracking, force=params.get("force") == "true",
                     subresource=target.subresource, dry_run=request.dry_run,
                     field_validation=params.get("fieldValidation", ""),
                 )

@@ -157,6 +157,18 @@ def is_reset(sent: Any) -> bool:
     return isinstance(sent, list) and len(sent) == 1 and sent[0] == {}
 
 
+def take_sent(kind: str, group: str, meta: dict[str, Any], tracking: Tracking | None, previous: Any) -> None:
+    """Hand the managedFields a client sent (popped from `meta`) to `tracking`, checked (a malformed
+    list is a 422); the same entries as `previous` (a patch that left them alone) count as none sent."""
+    sent = meta.pop("managedFields", None)
+    if tracking is None or sent is None or sent == [] or sent == previous:
+        return
+    causes = check_sent(sent)
+    if causes:
+        raise errors.invalid(kind, group, meta.get("name") or "", causes)
+    tracking.sent = sent
+
+
 def check_sent(sent: Any) -> list[_Cause]:
     """The problems of a managedFields list a client sent, as 422 causes (none: it can be stored)."""
     where = "metadata.managedFields"

@@ -27,7 +27,6 @@ from tfusion.apiserver import (
     limits,
     managedfields,
     policies,
-    serverside,
     shapes,
     validation,
 )
@@ -109,10 +108,10 @@ class Engine:
         self, info: ResourceInfo, namespace: str, body: Any, *, dry_run: bool = False, field_validation: str = "",
         tracking: Tracking | None = None,
     ) -> Entry:
-        obj = self._check_body(info, body)
-        await self._strict(info, obj, field_validation)
+        obj = self.check_body(info, body)
+        await self.strict(info, obj, field_validation)
         meta = obj["metadata"]
-        self._take_sent_entries(info, meta, tracking, None)
+        managedfields.take_sent(info.kind, info.group, meta, tracking, None)
         if info.namespaced:
             body_ns = meta.get("namespace")
             if body_ns and body_ns != namespace:
@@ -176,7 +175,7 @@ class Engine:
         return entry
 
     @staticmethod
-    async def _strict(info: ResourceInfo, obj: dict[str, Any], field_validation: str) -> None:
+    async def strict(info: ResourceInfo, obj: dict[str, Any], field_validation: str) -> None:
         """fieldValidation=Strict (kubectl's default): fields the kind's schema does not declare are an error."""
         if field_validation != "Strict":
             return
@@ -197,21 +196,7 @@ class Engine:
         """The schema field ownership walks objects of this resource by (fieldsets.py)."""
         return shape_for(info.kind, info.schema)
 
-    @staticmethod
-    def _take_sent_entries(
-        info: ResourceInfo, meta: dict[str, Any], tracking: Tracking | None, previous: Any
-    ) -> None:
-        """Hand the managedFields a client sent to `tracking` (checked: a malformed one is a 422);
-        the same entries as `previous` (a patch that left them alone) count as none sent."""
-        sent = meta.pop("managedFields", None)
-        if tracking is None or sent is None or sent == [] or sent == previous:
-            return
-        causes = managedfields.check_sent(sent)
-        if causes:
-            raise errors.invalid(info.kind, info.group, meta.get("name") or "", causes)
-        tracking.sent = sent
-
-    def _check_body(self, info: ResourceInfo, body: Any) -> dict[str, Any]:
+    def check_body(self, info: ResourceInfo, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of the request must be a JSON object describing a {info.kind}")
         kind = body.get("kind")
@@ -248,21 +233,15 @@ class Engine:
         field_validation: str = "",
         tracking: Tracking | None = None,
     ) -> Entry:
-        obj = self._check_body(info, body)
-        await self._strict(info, obj, field_validation)
+        obj = self.check_body(info, body)
+        await self.strict(info, obj, field_validation)
         meta = obj["metadata"]
         # a read-modify-write sends back the entries it read: no need to check them again
         stored = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
-        self._take_sent_entries(info, meta, tracking, stored.obj["metadata"].get("managedFields") if stored else None)
-        if meta.get("name") and meta["name"] != name:
-            raise errors.bad_request(
-                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
-            )
-        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
-            raise errors.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
-            )
-        return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
+        previous = stored.obj["metadata"].get("managedFields") if stored else None
+        managedfields.take_sent(info.kind, info.group, meta, tracking, previous)
+        check_url_identity(info, meta, name, namespace)
+        return await self.replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
                                    tracking=tracking)
 
     async def patch(
@@ -314,108 +293,16 @@ class Engine:
                 [("metadata", "FieldValueRequired", "Required value: a patch may not remove metadata")],
             )
         meta = patched["metadata"]
-        self._take_sent_entries(info, meta, tracking, target["metadata"].get("managedFields"))
-        if meta.get("name") != name:
-            raise errors.bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )
-        if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
-            raise errors.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
-            )
+        managedfields.take_sent(info.kind, info.group, meta, tracking, target["metadata"].get("managedFields"))
+        check_url_identity(info, meta, name, namespace, name_required=True)
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
         patched = to_storage(info, patched)
         shapes.check(info.storage_key, info.kind, info.version, patched)
-        await self._strict(info, patched, field_validation)
-        return await self._replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run,
+        await self.strict(info, patched, field_validation)
+        return await self.replace(info, namespace, name, patched, subresource=subresource, dry_run=dry_run,
                                    tracking=tracking)
 
-    async def apply(
-        self,
-        info: ResourceInfo,
-        namespace: str,
-        name: str,
-        document: Callable[[], Any],
-        tracking: Tracking,
-        *,
-        force: bool = False,
-        subresource: str = "",
-        dry_run: bool = False,
-        field_validation: str = "",
-    ) -> tuple[Entry, bool]:
-        """Server-side apply (serverside.py): the stored object and whether the apply created it."""
-        config = self._apply_config(info, namespace, name, document(), subresource)
-        shape = self.shape(info)
-        for _ in range(8):  # another write may land while admission runs: apply again to the newer object
-            current = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
-            if current is None:
-                if subresource:
-                    raise errors.not_found(info.plural, info.group, name)
-                entries = serverside.created(config, shape, tracking.manager, tracking.api_version)
-                created = Tracking(tracking.manager, tracking.api_version, applied=entries)
-                try:
-                    return await self.create(info, namespace, clone(config), dry_run=dry_run,
-                                             field_validation=field_validation, tracking=created), True
-                except ApiError as exc:
-                    if exc.reason != "AlreadyExists":
-                        raise
-                    continue  # created by someone else meanwhile (admission awaits): apply to theirs
-            applied = serverside.apply(to_served(info, current.copy()), config, shape, manager=tracking.manager,
-                                       api_version=tracking.api_version, subresource=subresource, force=force)
-            obj = to_storage(info, applied.obj)
-            shapes.check(info.storage_key, info.kind, info.version, obj)
-            await self._strict(info, obj, field_validation)
-            precondition = config["metadata"].get("resourceVersion")
-            obj["metadata"]["resourceVersion"] = precondition or str(current.rv)
-            decided = Tracking(tracking.manager, tracking.api_version, subresource, applied=applied.entries)
-            try:
-                entry = await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
-                                            tracking=decided)
-            except ApiError as exc:
-                latest = self.store.get(info.storage_key, namespace if info.namespaced else "", name)
-                if precondition or exc.code != 409 or exc.reason != "Conflict" or latest is current:
-                    raise
-                continue
-            return entry, False
-        raise errors.conflict(info.plural, info.group, name)
-
-    def _apply_config(
-        self, info: ResourceInfo, namespace: str, name: str, config: Any, subresource: str
-    ) -> dict[str, Any]:
-        """The applied configuration, checked as kube checks it: a whole typed object for this URL."""
-        if not isinstance(config, dict):
-            raise errors.bad_request(f"the applied configuration must be an object describing a {info.kind}")
-        for key in ("apiVersion", "kind"):
-            if not isinstance(config.get(key), str) or not config[key]:
-                raise errors.bad_request(f"{key} must be set in an applied configuration")
-        checked = self._check_body(info, serverside.drop_nulls(config))
-        meta = checked["metadata"]
-        if meta.get("managedFields") is not None:
-            raise errors.bad_request("metadata.managedFields must be nil")
-        if meta.get("name", name) != name:
-            raise errors.bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )
-        meta["name"] = name
-        if info.namespaced:
-            if meta.get("namespace", namespace) != namespace:
-                raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        served = to_served(info, checked)
-        if info.status_split:
-            # the main resource ignores status and the status subresource everything else, as on update
-            if subresource == "status":
-                return {"apiVersion": served["apiVersion"], "kind": served["kind"],
-                        "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace")},
-                        **({"status": served["status"]} if "status" in served else {})}
-            served.pop("status", None)
-        return served
-
-    async def _replace(
+    async def replace(
         self, info: ResourceInfo, namespace: str, name: str, obj: dict[str, Any], *, subresource: str, dry_run: bool,
         tracking: Tracking | None = None,
     ) -> Entry:
@@ -442,7 +329,7 @@ class Engine:
             if latest is not old:
                 if wanted_rv:
                     raise errors.conflict(info.plural, info.group, name)
-                return await self._replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
+                return await self.replace(info, namespace, name, obj, subresource=subresource, dry_run=dry_run,
                                            tracking=tracking)
         return self.commit_update(info, old, obj, dry_run=dry_run, subresource=subresource, tracking=tracking)
 
@@ -679,6 +566,21 @@ class Engine:
                 break
             out.append(entry)
         return out, token, remaining
+
+
+def check_url_identity(
+    info: ResourceInfo, meta: dict[str, Any], name: str, namespace: str, *, name_required: bool = False
+) -> None:
+    """A body may not name another object than its URL does (kube's 400s); an unset name or
+    namespace takes the URL's, unless `name_required` (a patch may not remove the name)."""
+    if (name_required or meta.get("name")) and meta.get("name") != name:
+        raise errors.bad_request(
+            f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+        )
+    if info.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+        raise errors.bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
 
 
 def encode_continue(rv: int, meta: dict[str, Any]) -> str:

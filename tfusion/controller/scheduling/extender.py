@@ -53,7 +53,6 @@ from tfusion.controller.scheduling.scheduler import (
     Decision,
     Scheduler,
     asks_for_gpus,
-    is_worker,
     pod_key,
 )
 from tfusion.kube import resources as r
@@ -199,7 +198,7 @@ class Extender:
         if not asks_for_gpus(pod):
             native = self.native_request(pod)
             return self._filter_native(call, pod, names, native) if native else _answer(call, names, {}, {})
-        if not is_worker(pod):
+        if not pod.is_worker:
             return self._refuse_all(call, names, f"the pod asks for GPUs but lacks the label "
                                                  f"{tfa.COMPONENT}={WORKER}", True)
         try:
@@ -254,7 +253,7 @@ class Extender:
     def prioritize(self, call: ExtenderCall, fw: Framework) -> list[HostPriority]:
         names = call.names
         pod = Pod(call.args.Pod)
-        if not asks_for_gpus(pod) or not is_worker(pod):
+        if not asks_for_gpus(pod) or not pod.is_worker:
             return [HostPriority(n, 0) for n in names]
         try:
             req = self.scheduler.request_of(pod)
@@ -287,7 +286,7 @@ class Extender:
                                              f"progressive migration a native GPU pod goes only to a node without "
                                              f"them")
         elif asks_for_gpus(pod):
-            if not is_worker(pod):
+            if not pod.is_worker:
                 return ExtenderBindingResult(f"pod {key} asks for GPUs but lacks the label {tfa.COMPONENT}={WORKER}")
             try:
                 req = scheduler.request_of(pod)

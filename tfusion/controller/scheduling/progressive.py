@@ -40,15 +40,11 @@ EVERY_GPU_NODE_BUSY = ("Every node with {resources} runs TensorFusion workers: i
 TAINT_EFFECT = "PreferNoSchedule"
 
 
-def is_worker(pod: Pod) -> bool:
-    return pod.is_worker
-
-
 def worker_node_index(raw: JsonMapping) -> list[str]:
     """[node] for a TensorFusion worker bound there and not finished; [] for any other pod (an
     informer index function: it gets the cached object as it is)."""
     pod = Pod(raw)
-    if not pod.node_name or not is_worker(pod) or pod.finished:
+    if not pod.node_name or not pod.is_worker or pod.finished:
         return []
     return [pod.node_name]
 

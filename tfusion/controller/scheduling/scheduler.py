@@ -94,11 +94,7 @@ def asks_for_gpus(pod: Pod) -> bool:
     skip every pod that is not a worker."""
     if pod.is_client:
         return False
-    return is_worker(pod) or any(getattr(tfa, k) in pod.meta.annotations for k in GPU_REQUEST_KEYS)
-
-
-def is_worker(pod: Pod) -> bool:
-    return pod.is_worker
+    return pod.is_worker or any(getattr(tfa, k) in pod.meta.annotations for k in GPU_REQUEST_KEYS)
 
 
 def viewed(view: type[Body], handler: Callable[..., None]) -> Callable[..., None]:
@@ -340,7 +336,7 @@ class Scheduler:
         calls this too, so both paths see a pod whose bind is in flight."""
         demand = decision.demand or nc.pod_demand(pod)
         self.usage.assume(pod.uid, decision.node, demand.cpu_milli, demand.memory)
-        self._in_flight[pod.uid] = (decision.node, decision.req is not None or is_worker(pod), decision.native)
+        self._in_flight[pod.uid] = (decision.node, decision.req is not None or pod.is_worker, decision.native)
 
     # --- deciding (synchronous: one consistent view) ---------------------------------------------
 
@@ -382,7 +378,7 @@ class Scheduler:
             if native:
                 return self._decide_native(pod, demand, native, self.nodes_by_name())
             return self._decide_plain(pod, demand, self.nodes_by_name())
-        if not is_worker(pod):
+        if not pod.is_worker:
             return Decision(demand=demand, why=why_text(
                 pod, f"0/{len(self.nodes)} nodes are available: the pod asks for GPUs but lacks the label "
                      f"{tfa.COMPONENT}={WORKER} (the pod webhook sets it).", Code.UNRESOLVABLE))
