@@ -96,11 +96,20 @@ def server_url(host: str, port: int, tls: bool) -> str:
 
 
 def write_private(path: Path, data: bytes) -> None:
+    """`data` at `path`, readable by its owner only, and whole: it is written beside the target and
+    renamed over it, so a reader that polls for the file (kubectl, a test, a script waiting for the
+    kubeconfig) never finds it empty or half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # O_CREAT's mode applies only to a new file; an old one may be wider
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode applies only to a new file; a leftover may be wider
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def kubeconfig(url: str, *, token: str | None, ca_pem: bytes | None, namespace: str = "default") -> dict[str, Any]:
