@@ -131,6 +131,30 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         await eventually(back, 10, retry_on=NOT_YET)
 
 
+async def test_gpu_status_reports_the_sim_topology(apiserver: ApiServerHandle, kube: KubeClient,
+                                                  tmp_path: Path) -> None:
+    spec = "sim:4xA100-SXM4-80GB;nvlink=0-1,2-3;pcie-switch=0-1-2-3"
+    async with kube_hypervisor(apiserver, tmp_path, devices=spec) as http:
+        await create_pool_and_node(kube)
+
+        async def four_gpus() -> list[dict[str, Any]]:
+            gpus = sorted((await kube.list(GPUS)).items, key=lambda g: (g.get("status") or {}).get("index", -1))
+            assert len(gpus) == 4 and all("topology" in (g.get("status") or {}) for g in gpus)
+            return gpus
+
+        gpus = await eventually(four_gpus, 10, retry_on=NOT_YET)
+        uuids = [g["metadata"]["name"] for g in gpus]
+        assert uuids == [d["UUID"] for d in (await http.get("/api/v1/devices")).json()["data"]]
+        peers = {g["status"]["index"]: g["status"]["topology"]["peers"] for g in gpus}
+        assert sorted(peers[0], key=lambda p: str(p["peerGPUUUID"])) == sorted([
+            {"peerGPUUUID": uuids[1], "tier": 0, "linkType": "NVLink"},
+            {"peerGPUUUID": uuids[2], "tier": 1, "linkType": "PCIeSwitch"},
+            {"peerGPUUUID": uuids[3], "tier": 1, "linkType": "PCIeSwitch"}], key=lambda p: str(p["peerGPUUUID"]))
+        nvlink_peer = {i: [p["peerGPUUUID"] for p in ps if p["tier"] == 0] for i, ps in peers.items()}
+        assert nvlink_peer == {0: [uuids[1]], 1: [uuids[0]], 2: [uuids[3]], 3: [uuids[2]]}
+        assert {g["status"]["numaNode"] for g in gpus} == {0}
+
+
 async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path) -> None:
     await create_pool_and_node(kube)
     try:

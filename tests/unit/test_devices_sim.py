@@ -12,7 +12,7 @@ from tfusion.hypervisor.devices.backend import DeviceBackend, DeviceBackendError
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable
 from tfusion.hypervisor.devices.model import DeviceInfo, GpuProcess
 from tfusion.hypervisor.devices.registry import DeviceRegistry
-from tfusion.hypervisor.devices.sim import SimBackend, parse_sim_spec, sim_uuid
+from tfusion.hypervisor.devices.sim import SimBackend, parse_sim_spec, parse_sim_topology, sim_uuid
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation, compute_up_limit
 from tfusion.hypervisor.workers.model import WorkerAmounts, WorkerInfo
 
@@ -48,6 +48,35 @@ async def test_sim_devices_are_realistic_and_stable_per_node() -> None:
 def test_bad_sim_specs_say_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(DeviceBackendError, match=message):
         parse_sim_spec(spec)
+
+
+TOPOLOGY_SPEC = "sim:4xA100-SXM4-80GB;nvlink=0-1,2-3;pcie-switch=0-1-2-3"
+
+
+async def test_sim_topology_two_nvlink_pairs_under_one_pcie_switch() -> None:
+    devices = await SimBackend(TOPOLOGY_SPEC, "node-a").discover()
+    uuids = [d.uuid for d in devices]
+    assert [d.numa_node for d in devices] == [0, 0, 0, 0]  # one switch: one NUMA node
+    links = {d.index: {(link.peer_uuid, link.tier, link.link_type) for link in d.topology} for d in devices}
+    assert links[0] == {(uuids[1], 0, "NVLink"), (uuids[2], 1, "PCIeSwitch"), (uuids[3], 1, "PCIeSwitch")}
+    assert links[3] == {(uuids[2], 0, "NVLink"), (uuids[0], 1, "PCIeSwitch"), (uuids[1], 1, "PCIeSwitch")}
+    # without a switch, pairs across the two simulated NUMA nodes are tier 2
+    split = await SimBackend("sim:4xA100-SXM4-80GB;nvlink=0-1", "node-a").discover()
+    tiers = {(link.peer_uuid, link.tier, link.link_type) for link in split[1].topology}
+    assert tiers == {(split[0].uuid, 0, "NVLink"), (split[2].uuid, 2, "System"), (split[3].uuid, 2, "System")}
+    # no topology part: none reported
+    assert all(d.topology == () for d in await SimBackend(SPEC, "node-a").discover())
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("sim:4xA100;nvlink=0-4", "from 0 to 3"),
+    ("sim:4xA100;nvlink=0", "at least two"),
+    ("sim:4xA100;nvlink=a-b", "indices joined by '-'"),
+    ("sim:4xA100;mesh=0-1", "expected nvlink="),
+])
+def test_bad_sim_topologies_say_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(DeviceBackendError, match=message):
+        parse_sim_topology(spec, 4)
 
 
 async def test_sim_load_processes_health_and_presence_are_scriptable() -> None:

@@ -204,6 +204,8 @@ class GpuReporter:
             "isolationPolicy": self.isolation_policy, "nodeSelector": {"kubernetes.io/hostname": self.node},
             "message": "managed" if device.healthy else f"unhealthy: {device.health_message}",
         }
+        if device.topology:
+            status["topology"] = {"peers": [link.to_status() for link in device.topology]}
         if not old.get("usedBy"):
             status["usedBy"] = USED_BY_TENSOR_FUSION
         if not device.healthy:

@@ -95,6 +95,38 @@ class VirtualizationCapabilities:
             max_workers_per_device=int(raw.get("MaxWorkersPerDevice", 16)))
 
 
+#: closeness tiers of two GPUs on one node, numbered as the original's topology plugin numbers them
+TIER_NVLINK = 0
+TIER_SAME_NUMA = 1
+TIER_CROSS_NUMA = 2
+TIER_UNKNOWN = 3
+
+#: link types written to a GPU's status.topology
+LINK_NVLINK = "NVLink"
+LINK_PCIE_SWITCH = "PCIeSwitch"
+LINK_HOST_BRIDGE = "HostBridge"
+LINK_NUMA_NODE = "NUMANode"
+LINK_SYSTEM = "System"
+
+
+@dataclass(frozen=True)
+class TopologyLink:
+    """How this device reaches one other device of the node: the peer's UUID (lowercase, as GPU objects
+    are named), the closeness tier (TIER_*) and the kind of path (LINK_*); bandwidth in MB/s, 0 when unknown."""
+
+    peer_uuid: str
+    tier: int
+    link_type: str
+    bandwidth_mbps: int = 0
+
+    def to_status(self) -> dict[str, Any]:
+        """One entry of the GPU's `status.topology.peers`."""
+        entry: dict[str, Any] = {"peerGPUUUID": self.peer_uuid, "tier": self.tier, "linkType": self.link_type}
+        if self.bandwidth_mbps:
+            entry["bandwidth"] = self.bandwidth_mbps
+        return entry
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """One accelerator as discovered. `uuid` is lowercase; `native_uuid` keeps the driver's casing."""
@@ -115,6 +147,8 @@ class DeviceInfo:
     capabilities: VirtualizationCapabilities = field(default_factory=VirtualizationCapabilities)
     extra_properties: tuple[tuple[str, str], ...] = ()
     device_nodes: tuple[str, ...] = ()
+    topology: tuple[TopologyLink, ...] = ()
+    """Paths to the node's other devices; empty when the backend does not know them."""
 
     @property
     def uuid(self) -> str:

@@ -12,6 +12,12 @@ through a JSON load file that is re-read when it changes:
 
 Device keys are indices or UUIDs.
 
+A topology may follow the models, after `;`: `sim:4xA100-SXM4-80GB;nvlink=0-1,2-3;pcie-switch=0-1-2-3`
+gives two NVLink pairs under one PCIe switch. Each group (indices joined by `-`, groups separated by `,`)
+is fully connected: `nvlink` groups are tier 0, `pcie-switch` groups tier 1 (and share the NUMA node of
+their first member); other pairs are tier 1 on the same NUMA node, tier 2 across NUMA nodes. Without a
+topology part the devices report none (the allocator treats that as unknown).
+
 A workload behind the soft limiter can be simulated too (`attach_limited_load`): it wants some
 percent of the device and runs only on the tokens it gets, by the device mock's rule that one
 kernel launch a second is one percent and costs one token (100 launches/s = 100 %). Each metrics
@@ -36,7 +42,20 @@ import orjson
 from tfusion.api.accessors import section
 from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, GpuModel
-from tfusion.hypervisor.devices.model import DeviceInfo, DeviceMetrics, GpuProcess
+from tfusion.hypervisor.devices.model import (
+    LINK_NUMA_NODE,
+    LINK_NVLINK,
+    LINK_PCIE_SWITCH,
+    LINK_SYSTEM,
+    TIER_CROSS_NUMA,
+    TIER_NVLINK,
+    TIER_SAME_NUMA,
+    DeviceInfo,
+    DeviceMetrics,
+    GpuProcess,
+    TopologyLink,
+    wire_uuid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +70,73 @@ class SimDeviceSpec:
     count: int
 
 
+@dataclass(frozen=True)
+class SimTopology:
+    """The `;nvlink=…;pcie-switch=…` part of a sim spec: groups of device indices."""
+
+    nvlink: tuple[frozenset[int], ...] = ()
+    pcie_switch: tuple[frozenset[int], ...] = ()
+
+    def same(self, groups: tuple[frozenset[int], ...], a: int, b: int) -> bool:
+        return any(a in g and b in g for g in groups)
+
+
+_TOPOLOGY_KEYS = ("nvlink", "pcie-switch")
+
+
+def _body(spec: str) -> str:
+    return spec[4:] if spec.startswith("sim:") else spec
+
+
+def parse_sim_topology(spec: str, total: int) -> SimTopology | None:
+    """The topology part of a sim spec (None when there is none); indices must be below `total`."""
+    parts = [p.strip() for p in _body(spec).split(";")[1:] if p.strip()]
+    if not parts:
+        return None
+    found: dict[str, tuple[frozenset[int], ...]] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _TOPOLOGY_KEYS:
+            raise DeviceBackendError(f"--devices: {part!r}: expected nvlink=<i-j,...> or pcie-switch=<i-j-k,...>")
+        groups: list[frozenset[int]] = []
+        for text in (g.strip() for g in value.split(",") if g.strip()):
+            try:
+                members = frozenset(int(i) for i in text.split("-"))
+            except ValueError:
+                raise DeviceBackendError(f"--devices: {key} group {text!r}: indices joined by '-', "
+                                         "e.g. 0-1") from None
+            if len(members) < 2 or any(not 0 <= i < total for i in members):
+                raise DeviceBackendError(f"--devices: {key} group {text!r}: at least two indices "
+                                         f"from 0 to {total - 1}")
+            groups.append(members)
+        found[key] = tuple(groups)
+    return SimTopology(nvlink=found.get("nvlink", ()), pcie_switch=found.get("pcie-switch", ()))
+
+
+def sim_topology_links(topology: SimTopology, index: int, numa: list[int],
+                       uuids: list[str]) -> tuple[TopologyLink, ...]:
+    """Device `index`'s links to every other simulated device."""
+    links: list[TopologyLink] = []
+    for peer, peer_uuid in enumerate(uuids):
+        if peer == index:
+            continue
+        if topology.same(topology.nvlink, index, peer):
+            links.append(TopologyLink(peer_uuid, TIER_NVLINK, LINK_NVLINK))
+        elif topology.same(topology.pcie_switch, index, peer):
+            links.append(TopologyLink(peer_uuid, TIER_SAME_NUMA, LINK_PCIE_SWITCH))
+        elif numa[index] == numa[peer]:
+            links.append(TopologyLink(peer_uuid, TIER_SAME_NUMA, LINK_NUMA_NODE))
+        else:
+            links.append(TopologyLink(peer_uuid, TIER_CROSS_NUMA, LINK_SYSTEM))
+    return tuple(links)
+
+
 def parse_sim_spec(spec: str, table: GpuInfoTable | None = None) -> list[SimDeviceSpec]:
-    """`2xA100-SXM4-80GB,1xH100-SXM5-80GB` (the `sim:` prefix is optional) to model rows."""
+    """`2xA100-SXM4-80GB,1xH100-SXM5-80GB` (the `sim:` prefix is optional) to model rows; a topology
+    part after `;` is read by `parse_sim_topology`."""
     table = table or GpuInfoTable()
-    body = spec[4:] if spec.startswith("sim:") else spec
+    body = _body(spec).split(";")[0]
     parts = [p.strip() for p in body.split(",") if p.strip()]
     if not parts:
         raise DeviceBackendError(f"--devices={spec!r}: expected sim:<count>x<model>[,...], "
@@ -133,12 +215,19 @@ class SimBackend:
         index = 0
         specs = parse_sim_spec(spec, table)
         total = sum(s.count for s in specs)
+        topology = parse_sim_topology(spec, total)
+        numa = [i * 2 // total for i in range(total)]
+        for group in topology.pcie_switch if topology else ():
+            for member in group:
+                numa[member] = numa[min(group)]
+        uuids = [wire_uuid(sim_uuid(node_name, i)) for i in range(total)]
         for item in specs:
             for _ in range(item.count):
                 row = item.model
                 self._devices.append(_SimDevice(DeviceInfo(
                     native_uuid=sim_uuid(node_name, index), vendor=row.vendor, model=row.full_model_name,
-                    index=index, numa_node=index * 2 // total,
+                    index=index, numa_node=numa[index],
+                    topology=sim_topology_links(topology, index, numa, uuids) if topology else (),
                     total_memory_bytes=row.memory_mib * 1024 * 1024,
                     pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0",
                     compute_capability=row.compute_capability, sm_count=row.sm_count,
