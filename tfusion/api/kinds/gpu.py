@@ -102,16 +102,20 @@ class NVLinkInfo(Model):
 
 class GPUTopologyPeer(Model):
     peer_gpu_uuid: str = msgspec.field(name="peerGPUUUID")
-    """UUID of the other GPU."""
+    """UUID of the other GPU (the name of its GPU object)."""
     tier: Int32
-    """Closeness tier; lower is closer (0 is the fastest path)."""
+    """How close the two GPUs are, lower is closer: 0 a direct interconnect (NVLink), 1 the same NUMA node (PCIe
+    switch, host bridge), 2 across NUMA nodes, 3 unknown. Multi-GPU placement by topology compares these."""
     link_type: str = ""
-    """How the two GPUs are connected (for example NVLink, PCIe switch, host bridge)."""
+    """The path between the two GPUs as the hypervisor found it: NVLink, PCIeSwitch, HostBridge, NUMANode or
+    System."""
     bandwidth: Int64 = 0
     """Bandwidth between the two GPUs in MB/s; 0 when unknown."""
 
 
 class GPUTopology(Model):
+    """The GPU's paths to the other GPUs of its node; its NUMA node is status.numaNode."""
+
     peers: list[GPUTopologyPeer] = msgspec.field(default_factory=list)
     """Every other GPU on the node with its connection."""
 
