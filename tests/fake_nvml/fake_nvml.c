@@ -10,6 +10,9 @@
  *   FAKE_NVML_GONE_INDEX  that GPU has no handle at all (GPU_IS_LOST from nvmlDeviceGetHandleByIndex)
  *   FAKE_NVML_XID         "index:xid": one XID critical event, delivered once per distinct value
  *   FAKE_NVML_NO_EVENTS   event registration is NOT_SUPPORTED
+ *   FAKE_NVML_NVLINKS     number of active NVLink links (of 4) joining the two GPUs (default 0)
+ *   FAKE_NVML_TOPOLOGY    common ancestor level of the two GPUs (NVML_TOPOLOGY_*, default 50 = SYSTEM);
+ *                         -1: the call is NOT_SUPPORTED
  */
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +292,44 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
         samples[i].smUtil = d->proc_sm[i];
     }
     *count = n;
+    return NVML_SUCCESS;
+}
+
+#define FAKE_NVLINK_LINKS 4
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    nvmlReturn_t r = check(a);
+    if (r || (r = check(b))) return r;
+    if (!level) return NVML_ERROR_INVALID_ARGUMENT;
+    int value = env_int("FAKE_NVML_TOPOLOGY", 50);
+    if (value < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *level = a == b ? 0 : value;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned link, int *active) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    if (link >= FAKE_NVLINK_LINKS || !active) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = (int)link < env_int("FAKE_NVML_NVLINKS", 0) && gpu_count() == 2;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned link, nvmlPciInfo_t *pci) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    if (link >= FAKE_NVLINK_LINKS || !pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)link >= env_int("FAKE_NVML_NVLINKS", 0) || gpu_count() != 2) return NVML_ERROR_NOT_SUPPORTED;
+    fake_device *peer = &devices[1 - index_of(d)];
+    memset(pci, 0, sizeof(*pci));
+    strncpy(pci->busId, peer->bus_id, sizeof(pci->busId) - 1);
+    pci->domain = peer->domain;
+    pci->bus = peer->bus;
     return NVML_SUCCESS;
 }
 

@@ -15,7 +15,7 @@ from tests import fake_nvml
 from tfusion.hypervisor.devices import NoDevicesBackend, open_backend
 from tfusion.hypervisor.devices.backend import DeviceBackendError
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable
-from tfusion.hypervisor.devices.nvml import NvmlBackend, cores_per_sm, sysfs_numa_node
+from tfusion.hypervisor.devices.nvml import NvmlBackend, cores_per_sm, pci_key, sysfs_numa_node, topology_tier
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,7 @@ def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def nvml(fake_lib: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """pynvml bound to the fake library for one test (its knobs reset)."""
     for knob in ("FAKE_NVML_GPU_COUNT", "FAKE_NVML_INIT_ERROR", "FAKE_NVML_LOST_INDEX", "FAKE_NVML_XID",
-                 "FAKE_NVML_NO_EVENTS", "FAKE_NVML_GONE_INDEX"):
+                 "FAKE_NVML_NO_EVENTS", "FAKE_NVML_GONE_INDEX", "FAKE_NVML_NVLINKS", "FAKE_NVML_TOPOLOGY"):
         monkeypatch.delenv(knob, raising=False)
     saved = fake_nvml.use_in_process(fake_lib)
     try:
@@ -74,6 +74,46 @@ async def test_discovery_reads_every_field(nvml: Path, sys_root: Path) -> None:
     assert (a100.max_tflops, h100.max_tflops) == (312, 989)
     assert a100.healthy and h100.healthy
     assert a100.to_wire()["UUID"] == A100 and a100.to_wire()["Healthy"] is True
+
+
+@pytest.mark.parametrize(("knobs", "tier", "link_type"), [
+    ({}, 2, "System"),  # the fake's two GPUs hang off different CPUs
+    ({"FAKE_NVML_TOPOLOGY": "10"}, 1, "PCIeSwitch"),
+    ({"FAKE_NVML_TOPOLOGY": "30"}, 1, "HostBridge"),
+    ({"FAKE_NVML_TOPOLOGY": "40"}, 1, "NUMANode"),
+    ({"FAKE_NVML_TOPOLOGY": "-1"}, 3, "Unknown"),  # the driver does not answer: unknown, still healthy
+    ({"FAKE_NVML_NVLINKS": "2", "FAKE_NVML_TOPOLOGY": "50"}, 0, "NVLink"),  # NVLink wins over the PCIe path
+])
+async def test_discovery_reads_the_topology(nvml: Path, sys_root: Path, monkeypatch: pytest.MonkeyPatch,
+                                            knobs: dict[str, str], tier: int, link_type: str) -> None:
+    for knob, value in knobs.items():
+        monkeypatch.setenv(knob, value)
+    backend = NvmlBackend(sys_root=sys_root)
+    await backend.open()
+    try:
+        a100, h100 = await backend.discover()
+    finally:
+        await backend.close()
+    assert [(link.peer_uuid, link.tier, link.link_type) for link in a100.topology] == [(H100, tier, link_type)]
+    assert [(link.peer_uuid, link.tier, link.link_type) for link in h100.topology] == [(A100, tier, link_type)]
+    assert a100.healthy and h100.healthy
+    assert (a100.numa_node, h100.numa_node) == (0, 1)
+
+
+async def test_one_gpu_has_no_topology(nvml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_NVML_GPU_COUNT", "1")
+    backend = NvmlBackend()
+    await backend.open()
+    try:
+        (only,) = await backend.discover()
+    finally:
+        await backend.close()
+    assert only.topology == ()
+
+
+def test_pci_addresses_compare_in_one_spelling() -> None:
+    assert pci_key("00000000:3B:00.0") == pci_key("0000:3b:00.0") == "0000:3b:00.0"
+    assert topology_tier(None) == (3, "Unknown") and topology_tier(77) == (3, "Unknown")
 
 
 async def test_metrics_and_processes(nvml: Path) -> None:

@@ -107,8 +107,8 @@ class GPUTopologyPeer(Model):
     """How close the two GPUs are, lower is closer: 0 a direct interconnect (NVLink), 1 the same NUMA node (PCIe
     switch, host bridge), 2 across NUMA nodes, 3 unknown. Multi-GPU placement by topology compares these."""
     link_type: str = ""
-    """The path between the two GPUs as the hypervisor found it: NVLink, PCIeSwitch, HostBridge, NUMANode or
-    System."""
+    """The path between the two GPUs as the hypervisor found it: NVLink, Internal (one board), PCIeSwitch,
+    HostBridge, NUMANode, System, or Unknown."""
     bandwidth: Int64 = 0
     """Bandwidth between the two GPUs in MB/s; 0 when unknown."""
 

@@ -103,10 +103,12 @@ TIER_UNKNOWN = 3
 
 #: link types written to a GPU's status.topology
 LINK_NVLINK = "NVLink"
+LINK_INTERNAL = "Internal"
 LINK_PCIE_SWITCH = "PCIeSwitch"
 LINK_HOST_BRIDGE = "HostBridge"
 LINK_NUMA_NODE = "NUMANode"
 LINK_SYSTEM = "System"
+LINK_UNKNOWN = "Unknown"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,7 +19,25 @@ import anyio
 import pynvml
 
 from tfusion.hypervisor.devices.backend import DeviceBackendError, HealthChanged
-from tfusion.hypervisor.devices.model import NVIDIA, DeviceInfo, DeviceMetrics, GpuProcess, wire_uuid
+from tfusion.hypervisor.devices.model import (
+    LINK_HOST_BRIDGE,
+    LINK_INTERNAL,
+    LINK_NUMA_NODE,
+    LINK_NVLINK,
+    LINK_PCIE_SWITCH,
+    LINK_SYSTEM,
+    LINK_UNKNOWN,
+    NVIDIA,
+    TIER_CROSS_NUMA,
+    TIER_NVLINK,
+    TIER_SAME_NUMA,
+    TIER_UNKNOWN,
+    DeviceInfo,
+    DeviceMetrics,
+    GpuProcess,
+    TopologyLink,
+    wire_uuid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +57,42 @@ _XID_WAIT_MS = 200
 #: CUDA cores per SM by compute capability (NVML reports cores, not SMs)
 _CORES_PER_SM = {(2, 0): 32, (2, 1): 48, (3, -1): 192, (5, -1): 128, (6, 0): 64, (6, -1): 128, (7, -1): 64,
                  (8, 0): 64, (8, -1): 128, (9, -1): 128, (10, -1): 128, (11, -1): 128, (12, -1): 128}
+
+
+#: NVML's common-ancestor level of two GPUs -> (tier, link type); NVLink is found separately
+_TOPOLOGY_LEVELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: (TIER_NVLINK, LINK_INTERNAL),
+    pynvml.NVML_TOPOLOGY_SINGLE: (TIER_SAME_NUMA, LINK_PCIE_SWITCH),
+    pynvml.NVML_TOPOLOGY_MULTIPLE: (TIER_SAME_NUMA, LINK_PCIE_SWITCH),
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: (TIER_SAME_NUMA, LINK_HOST_BRIDGE),
+    pynvml.NVML_TOPOLOGY_NODE: (TIER_SAME_NUMA, LINK_NUMA_NODE),
+    pynvml.NVML_TOPOLOGY_SYSTEM: (TIER_CROSS_NUMA, LINK_SYSTEM),
+}
+
+
+def topology_tier(level: int | None) -> tuple[int, str]:
+    """Tier and link type for an NVML common-ancestor level (None: the driver did not say)."""
+    return _TOPOLOGY_LEVELS.get(level, (TIER_UNKNOWN, LINK_UNKNOWN)) if level is not None else (
+        TIER_UNKNOWN, LINK_UNKNOWN)
+
+
+def pci_key(bus_id: str) -> str:
+    """A PCI address in one spelling: NVML writes an 8-digit domain in some places, 4 in others."""
+    domain, sep, rest = bus_id.strip().lower().partition(":")
+    if not sep:
+        return bus_id.strip().lower()
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+def _remote_bus_id(handle: Any, link: int) -> str:
+    return _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+
+
+def _common_ancestor(handle: Any, peer: Any) -> int:
+    return int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handle, peer))
 
 
 def cores_per_sm(major: int, minor: int) -> int:
@@ -118,13 +173,54 @@ class NvmlBackend:
 
     def _discover_sync(self) -> list[DeviceInfo]:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        devices = []
+        found: list[tuple[Any, DeviceInfo]] = []
         for position in range(pynvml.nvmlDeviceGetCount()):
             try:
-                devices.append(self._describe(position, driver))
+                found.append((pynvml.nvmlDeviceGetHandleByIndex(position), self._describe(position, driver)))
             except pynvml.NVMLError as exc:  # no handle or UUID: the device cannot be reported at all
                 log.error("NVML device at position %d is unusable (%s); leaving it out", position, exc)
-        return devices
+        return self._with_topology(found)
+
+    @staticmethod
+    def _nvlink_peers(handle: Any, by_bus: dict[str, str]) -> dict[str, int]:
+        """UUIDs of the GPUs this one reaches over active NVLink links, with the link count of each
+        (links to an NVSwitch or to a device that is not one of ours are left out)."""
+        probe = _DeviceProbe()
+        peers: dict[str, int] = {}
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                active = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError:
+                break  # past the device's last link, or no NVLink at all
+            if not active:
+                continue
+            remote = probe.get("nvlink remote", partial(_remote_bus_id, handle, link), "")
+            peer = by_bus.get(pci_key(remote)) if remote else None
+            if peer is not None:
+                peers[peer] = peers.get(peer, 0) + 1
+        return peers
+
+    def _with_topology(self, found: list[tuple[Any, DeviceInfo]]) -> list[DeviceInfo]:
+        """Each device with its paths to the others: NVLink where an active link reaches the peer,
+        otherwise the tier of their common PCIe ancestor (`nvmlDeviceGetTopologyCommonAncestor`)."""
+        if len(found) < 2:
+            return [info for _, info in found]
+        by_bus = {pci_key(info.pci_bus_id): info.uuid for _, info in found if info.pci_bus_id}
+        nvlinks = {info.uuid: self._nvlink_peers(handle, by_bus) for handle, info in found}
+        probe = _DeviceProbe()  # a failing topology call says nothing about the GPU's health
+        result: list[DeviceInfo] = []
+        for handle, info in found:
+            links: list[TopologyLink] = []
+            for peer_handle, peer in found:
+                if peer.uuid == info.uuid:
+                    continue
+                if nvlinks[info.uuid].get(peer.uuid) or nvlinks[peer.uuid].get(info.uuid):
+                    links.append(TopologyLink(peer.uuid, TIER_NVLINK, LINK_NVLINK))
+                    continue
+                level: int | None = probe.get("topology", partial(_common_ancestor, handle, peer_handle), None)
+                links.append(TopologyLink(peer.uuid, *topology_tier(level)))
+            result.append(info.replace(topology=tuple(links)))
+        return result
 
     def _describe(self, position: int, driver: str) -> DeviceInfo:
         handle = pynvml.nvmlDeviceGetHandleByIndex(position)
