@@ -153,6 +153,15 @@ async def test_gpu_status_reports_the_sim_topology(apiserver: ApiServerHandle, k
         nvlink_peer = {i: [p["peerGPUUUID"] for p in ps if p["tier"] == 0] for i, ps in peers.items()}
         assert nvlink_peer == {0: [uuids[1]], 1: [uuids[0]], 2: [uuids[3]], 3: [uuids[2]]}
         assert {g["status"]["numaNode"] for g in gpus} == {0}
+    # the same node without a topology in its spec: what was reported goes away
+    async with kube_hypervisor(apiserver, tmp_path / "again", devices="sim:4xA100-SXM4-80GB"):
+
+        async def no_topology() -> bool:
+            statuses = [g.get("status") or {} for g in (await kube.list(GPUS)).items]
+            assert len(statuses) == 4 and not any("topology" in s for s in statuses)
+            return True
+
+        await eventually(no_topology, 10, retry_on=NOT_YET)
 
 
 async def test_worker_pods_and_token_review(apiserver: ApiServerHandle, kube: KubeClient, tmp_path: Path) -> None:

@@ -206,6 +206,8 @@ class GpuReporter:
         }
         if device.topology:
             status["topology"] = {"peers": [link.to_status() for link in device.topology]}
+        elif old.get("topology") is not None:
+            status["topology"] = None  # the backend no longer knows it: a merge patch removes it
         if not old.get("usedBy"):
             status["usedBy"] = USED_BY_TENSOR_FUSION
         if not device.healthy:
