@@ -49,6 +49,16 @@ def test_a_gpu_view_parses_to_its_info() -> None:
     assert (info.node, info.pool, info.model, info.index, info.capacity_tflops, info.capacity_vram) == \
         ("n1", "pool", "H100", 3, 989_000, 80 * GIB)
     assert info.virtualization is not None and "hard" in info.virtualization
+    assert info.peer_tiers == ()  # no status.topology: unknown
+
+
+def test_a_gpu_view_parses_its_topology() -> None:
+    raw = gpu_object()
+    raw["status"]["topology"] = {"peers": [
+        {"peerGPUUUID": "GPU-B", "tier": 1, "linkType": "PCIeSwitch"},
+        {"peerGPUUUID": "gpu-a", "tier": 0, "linkType": "NVLink"},
+        {"peerGPUUUID": "gpu-c", "tier": "0"}, {"tier": 2}, "junk"]}
+    assert gpu_from_object(Gpu(raw)).peer_tiers == (("gpu-a", 0), ("gpu-b", 1))
 
 
 def test_a_quota_view_parses_to_its_spec() -> None:

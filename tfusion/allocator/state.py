@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Gpu, text
+from tfusion.api.accessors import Gpu, items, text
 from tfusion.api.quantity import Quantity, QuantityError
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -61,6 +61,21 @@ class GpuInfo:
     isolation_mode: str = ""
     isolation_policy: str = ""
     virtualization: frozenset[str] | None = None
+    peer_tiers: tuple[tuple[str, int], ...] = ()
+    """(peer GPU name, tier) from `status.topology.peers`, sorted; empty when the topology is unknown."""
+
+
+def parse_peer_tiers(status: Any) -> tuple[tuple[str, int], ...]:
+    """`status.topology.peers` as sorted (peer name, tier) pairs; entries without a peer or an integer
+    tier are left out. Peer UUIDs are lowercased, as GPU objects are named."""
+    pairs: dict[str, int] = {}
+    for peer in items(status, "topology", "peers"):
+        if not isinstance(peer, dict):
+            continue
+        uuid, tier = peer.get("peerGPUUUID"), peer.get("tier")
+        if isinstance(uuid, str) and uuid and isinstance(tier, int) and not isinstance(tier, bool):
+            pairs[uuid.lower()] = tier
+    return tuple(sorted(pairs.items()))
 
 
 def _quantity(gpu: str, path: str, value: Any, *, milli: bool) -> int:
@@ -129,6 +144,7 @@ def gpu_from_object(gpu: Gpu) -> GpuInfo:
         isolation_mode=text(status, "isolationMode"),
         isolation_policy=text(status, "isolationPolicy"),
         virtualization=parse_virtualization(meta.annotation(tfa.VIRTUALIZATION_CAPABILITIES)),
+        peer_tiers=parse_peer_tiers(status),
     )
 
 
