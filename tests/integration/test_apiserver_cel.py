@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
+from tests.helpers.widgets import widget_crd as shared_widget_crd
 
 pytestmark = pytest.mark.anyio
 
@@ -47,25 +48,7 @@ WIDGET_SCHEMA: dict[str, Any] = {
 
 
 def widget_crd(schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                }
-            ],
-        },
-    }
+    return shared_widget_crd(schema, subresources={"status": {}})
 
 
 def widget(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import yaml
 
 from tests.helpers.kubectl import Kubectl, needs_kubectl
 from tests.helpers.official_client import official_client
+from tests.helpers.widgets import widget_crd as shared_widget_crd
 
 APPLY = {"content-type": "application/apply-patch+yaml"}
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -145,26 +146,13 @@ def widget_crd() -> dict[str, Any]:
              "items": {"type": "object", "required": ["name"],
                        "properties": {"name": {"type": "string"}, "port": {"type": "integer"}}}}
     tags = {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "ports": ports, "tags": tags,
-                        "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
-                                     "additionalProperties": {"type": "string"}},
-                    }},
-                }}},
-            }],
-        },
-    }
+    return shared_widget_crd({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "ports": ports, "tags": tags,
+            "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
+                         "additionalProperties": {"type": "string"}},
+        }},
+    }})
 
 
 def widget(ports: list[dict[str, Any]], tags: list[str], selector: dict[str, str] | None = None) -> dict[str, Any]:
