@@ -86,3 +86,27 @@ def test_pool_required_unless_defaulted() -> None:
     with pytest.raises(RequestError, match="gpupool"):
         request_from_pod(Pod(bare))
     assert request_from_pod(Pod(bare), default_pool="fallback").pool == "fallback"
+
+
+def test_topology_overrides_are_kept_as_given_and_absent_ones_stay_unset() -> None:
+    r = request_from_pod(Pod(pod({P + "gpu-count": "2", P + "require-gpu-topology": "true",
+                                  P + "gpu-topology-max-tier": "0", P + "gpu-topology-source": "numa"})))
+    assert (r.topology_required, r.topology_max_tier, r.topology_source) == (True, 0, "numa")
+    bare = request_from_pod(Pod(pod({P + "gpu-count": "2"})))
+    assert (bare.topology_required, bare.topology_max_tier, bare.topology_source) == (None, None, "")
+    soft = request_from_pod(Pod(pod({P + "require-gpu-topology": "false"})))
+    assert soft.topology_required is False
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("require-gpu-topology", "maybe", '"true" or "false"'),
+    ("gpu-topology-max-tier", "-1", "an integer from 0 to 3"),
+    ("gpu-topology-max-tier", "nvlink", "an integer from 0 to 3"),
+    ("gpu-topology-source", "pci", "auto|numa|vendor"),
+])
+def test_a_bad_topology_annotation_names_itself_its_value_and_what_is_allowed(key: str, value: str,
+                                                                               allowed: str) -> None:
+    with pytest.raises(RequestError) as info:
+        request_from_pod(Pod(pod({P + key: value})))
+    assert (info.value.key, info.value.value) == (P + key, value)
+    assert allowed in str(info.value)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tfusion.allocator.scoring import Weights
+from tfusion.allocator.topology import TopologyArgs
 from tfusion.controller.scheduling import config
 from tfusion.controller.scheduling.config import SchedulerConfigError, load_scheduler_args, parse_scheduler_args
-from tfusion.settings import NotImplementedSettingError
 
 #: the shape the original ships (its profile, both plugins' args, kube-scheduler's own parts)
 SHIPPED = """
@@ -32,10 +32,10 @@ profiles:
 """
 
 
-def test_the_shipped_shape_gives_its_gpu_plugin_args(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_shipped_shape_gives_its_gpu_plugin_args() -> None:
     args = parse_scheduler_args(SHIPPED, source="cfg.yaml")
     assert (args.max_workers_per_node, args.weights, args.source) == (64, Weights(vram=0.5, tflops=0.5), "cfg.yaml")
-    assert "GPUNetworkTopologyAware (soft) is a placement preference tfusion does not apply yet" in caplog.text
+    assert args.topology == TopologyArgs(mode="soft", source="auto", max_tier=1)
 
 
 def test_defaults_without_gpu_plugin_args_or_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,6 +65,9 @@ profiles:
     assert parse_scheduler_args(one, source="f").max_workers_per_node == 9
 
 
+TOPOLOGY_HEAD = "kind: KubeSchedulerConfiguration\nprofiles: [{pluginConfig: [{name: GPUNetworkTopologyAware, args: "
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("{", "f: not YAML"),
     ("kind: Deployment", "kind 'Deployment'; expected a KubeSchedulerConfiguration"),
@@ -84,14 +87,26 @@ profiles:
      "{maxWorkerPerNode: 0}}]}]", "maxWorkerPerNode 0; expected an integer of 1 or more"),
     ("kind: KubeSchedulerConfiguration\nprofiles: [{pluginConfig: [{name: GPUNetworkTopologyAware, args: "
      "{mode: strict}}]}]", "GPUNetworkTopologyAware mode 'strict'; allowed: soft, hard"),
+    (f"{TOPOLOGY_HEAD}{{topologySource: pci}}}}]}}]", "topologySource 'pci'; allowed: auto, numa, vendor"),
+    (f"{TOPOLOGY_HEAD}{{maxAllowedTier: 4}}}}]}}]", "maxAllowedTier 4; allowed: an integer from 0 to 3"),
+    (f"{TOPOLOGY_HEAD}{{maxAllowedTier: '1'}}}}]}}]", "maxAllowedTier '1'; allowed: an integer from 0 to 3"),
+    (f"{TOPOLOGY_HEAD}{{unknownTopologyPolicy: drop}}}}]}}]",
+     "unknownTopologyPolicy 'drop'; allowed: treat-as-worst, reject"),
+    (f"{TOPOLOGY_HEAD}{{preferLeastDamage: 'yes'}}}}]}}]", "preferLeastDamage 'yes'; allowed: true, false"),
+    (f"{TOPOLOGY_HEAD}{{maxTier: 1}}}}]}}]", "GPUNetworkTopologyAware args maxTier: unknown; allowed: mode, "
+                                           "topologySource, maxAllowedTier, unknownTopologyPolicy, preferLeastDamage"),
 ])
 def test_a_bad_file_says_which_field_and_what_is_allowed(text: str, says: str) -> None:
     with pytest.raises(SchedulerConfigError, match=says):
         parse_scheduler_args(text, source="f")
 
 
-def test_hard_topology_placement_is_refused_as_not_implemented() -> None:
-    text = "kind: KubeSchedulerConfiguration\nprofiles: [{pluginConfig: [{name: GPUNetworkTopologyAware, " \
-           "args: {mode: hard}}]}]"
-    with pytest.raises(NotImplementedSettingError, match=r"TopologyAware mode hard .* is not implemented yet"):
-        parse_scheduler_args(text, source="f")
+def test_every_topology_argument_is_read_and_hard_mode_is_taken() -> None:
+    text = f"{TOPOLOGY_HEAD}{{mode: hard, topologySource: vendor, maxAllowedTier: 0, " \
+           "unknownTopologyPolicy: reject, preferLeastDamage: false}}]}]"
+    args = parse_scheduler_args(text, source="f").topology
+    assert args == TopologyArgs(mode="hard", source="vendor", max_tier=0, unknown_policy="reject",
+                                prefer_least_damage=False)
+    policy = args.policy()
+    assert (policy.hard, policy.gates, policy.reject_unknown, policy.least_damage) == (True, True, True, False)
+    assert parse_scheduler_args("kind: KubeSchedulerConfiguration\n", source="f").topology == TopologyArgs()

@@ -48,6 +48,7 @@ from tfusion.allocator.quota import QuotaSpec, Usage
 from tfusion.allocator.request import AllocRequest, Resources
 from tfusion.allocator.scoring import DEFAULT_MODE, Weights
 from tfusion.allocator.state import GpuInfo, GpuSlot
+from tfusion.allocator.topology import Policy, TopologyArgs, best_set, in_play, outcome, policy_for
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
@@ -79,7 +80,8 @@ class GpuAllocator:
     """The allocator. Construct once per leader term; feed GPUs, quotas and pool configs, then place.
 
     `clock` gives the time used for the assume TTL (injectable for tests); `weights` are
-    GPUResourcesFit's vramWeight/tflopsWeight; `max_workers_per_node` caps pods per node.
+    GPUResourcesFit's vramWeight/tflopsWeight; `max_workers_per_node` caps pods per node; `topology`
+    is GPUNetworkTopologyAware's arguments (topology.py).
     `indexes` and `ledger` are the state's parts (see the module docstring): the package's own
     modules and its tests may read them; everyone else uses the methods.
     """
@@ -90,6 +92,7 @@ class GpuAllocator:
         max_workers_per_node: int = DEFAULT_MAX_WORKERS_PER_NODE,
         weights: Weights | None = None,
         assume_ttl: float = DEFAULT_ASSUME_TTL,
+        topology: TopologyArgs | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_workers_per_node < 1:
@@ -100,7 +103,7 @@ class GpuAllocator:
         self._clock = clock
         #: which pod holds which device-plugin index on which node, for as long as its allocation lives
         self.index_lock = NodeIndexLock()
-        self.indexes = GpuIndexes(max_workers_per_node, self.weights)
+        self.indexes = GpuIndexes(max_workers_per_node, self.weights, topology)
         self.ledger = Ledger(self.indexes, self.index_lock)
         #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only
         self.static_facts = self.indexes.static_facts
@@ -132,6 +135,7 @@ class GpuAllocator:
         if old.model != info.model:
             indexes.regroup(slot, info)
         slot.info = info
+        indexes.note_topology(slot)
         indexes.bump_static(info.node)
         if old.capacity_tflops != info.capacity_tflops:
             self.ledger.recharge_percent(slot)
@@ -245,6 +249,30 @@ class GpuAllocator:
         """The GPUs of `node` that `req` would get, best first (`req.count` of them); None when it does not fit."""
         return self.indexes.fitting_gpus(node, req)
 
+    def topology_policy(self, req: AllocRequest) -> Policy:
+        """GPUNetworkTopologyAware's arguments with `req`'s annotations over them (topology.py)."""
+        return policy_for(self.indexes.topology, req)
+
+    def topology_reported(self) -> bool:
+        """Whether any GPU reports a topology (peers or a NUMA node)."""
+        return bool(self.indexes.topology_gpus)
+
+    def best_tier(self, node: str, req: AllocRequest) -> int | None:
+        """The tier of the GPU set `req` would get on `node` now; None where `req` does not fit there
+        or the topology is not in play (one GPU, nothing reported). Memoized per shape and node version."""
+        return self.indexes.best_tier(node, req)
+
+    def topology_outcome(self, req: AllocRequest, gpu_names: Sequence[str] = (), *, refused: bool = False) -> str:
+        """How a multi-GPU pod fared (topology.OUTCOMES): "unsatisfied" when `refused` for its
+        topology, else by the tier of `gpu_names`; "" when the topology was not in play."""
+        if refused:
+            return "unsatisfied"
+        policy = self.topology_policy(req)
+        slots = [self.indexes.gpus[n] for n in gpu_names if n in self.indexes.gpus]
+        if len(slots) < 2 or not in_play(slots, req, policy):
+            return ""
+        return outcome(best_set(slots, len(slots), policy).tier, policy)
+
     def live_by_qos(self) -> Mapping[str, int]:
         """How many live allocations (assumed or committed) there are of each QoS level."""
         return self.ledger.qos_live
@@ -297,7 +325,7 @@ class GpuAllocator:
                 raise Unschedulable(f"0/{len(index)} nodes of pool {req.pool} can take the request")
             raise queries.diagnose(indexes, self.ledger, req, nodes)
         node, slots = found
-        chosen = indexes.gpu_order(slots, req.pool)[: req.count]
+        chosen = indexes.choose(slots, req)
         return GpuPlacement(node.name, tuple(s.name for s in chosen), index.score(node.name))
 
     def _search(self, index: PoolIndex, key: GroupKey, req: AllocRequest, busy: Collection[str],

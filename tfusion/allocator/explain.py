@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tfusion.allocator import filters
+from tfusion.allocator import filters, topology
 from tfusion.allocator.indexes import NodeEntry
 from tfusion.allocator.reasons import (
     FILTER,
@@ -41,6 +41,8 @@ from tfusion.allocator.reasons import (
     TFLOPS_TOO_SMALL,
     TOO_FEW_GPUS,
     TOO_MANY_WORKERS,
+    TOPOLOGY_TIER,
+    TOPOLOGY_UNKNOWN,
     VENDOR_MISMATCH,
     VRAM_TOO_SMALL,
     Code,
@@ -179,6 +181,8 @@ def node_statuses(alloc: GpuAllocator, req: AllocRequest, names: Iterable[str]) 
                     facts = _judge_plain(alloc, req, node, members, plain[1])
         if facts is None:
             facts = _judge_node_slow(alloc, req, name)
+        if facts.ok and req.count > 1:
+            facts = _topology_gate(alloc, req, name, facts)
         facts.version = version
         memo[name] = facts
         out[name] = facts.status
@@ -193,9 +197,36 @@ def node_facts(alloc: GpuAllocator, req: AllocRequest, name: str,
     if hit is not None and hit.version == version:
         return hit
     facts = _judge_node(alloc, req, name)
+    if facts.ok and req.count > 1:
+        facts = _topology_gate(alloc, req, name, facts)
     facts.version = version
     memo[name] = facts
     return facts
+
+
+def _topology_gate(alloc: GpuAllocator, req: AllocRequest, name: str, facts: NodeFacts) -> NodeFacts:
+    """`facts` of a node whose GPUs fit, or its refusal when hard topology (or reject of unknown
+    topology) rules out every set of them: Unresolvable when even its idle GPUs could not do
+    better (a pod leaving cannot help), else Unschedulable."""
+    policy = alloc.topology_policy(req)
+    node = alloc.node_entry(name)
+    if not policy.gates or node is None:
+        return facts
+    members = node.groups[(req.pool, req.gpu_model)]
+    fitting = [s for s in members if filters.gpu_fits(s, req)]
+    choice = topology.best_set(fitting, req.count, policy)
+    if not topology.refusal(choice, policy):
+        return facts
+    usable = [s for s in members if s.schedulable]
+    whole = topology.best_set(usable, req.count, policy) if len(usable) >= req.count else choice
+    code = Code.UNRESOLVABLE if topology.refusal(whole, policy) else Code.UNSCHEDULABLE
+    detail = topology.refusal_detail(req.count, name, choice, policy)
+    if choice.tier is None:
+        reason = Reason(TOPOLOGY_UNKNOWN, topology.STAGE, name, detail=detail)
+    else:
+        reason = Reason(TOPOLOGY_TIER.format(found=choice.tier, allowed=policy.max_tier), topology.STAGE, name,
+                        resource="tier", requested=policy.max_tier, available=choice.tier, detail=detail)
+    return NodeFacts(code, (reason,), facts.fitting, facts.loaded)
 
 
 def _plain_group(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str]) -> tuple[str, int] | None:

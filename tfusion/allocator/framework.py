@@ -43,6 +43,7 @@ from collections.abc import Set as AbstractSet
 
 from tfusion.allocator import explain as _explain
 from tfusion.allocator import suggest as _suggest
+from tfusion.allocator import topology
 from tfusion.allocator.allocator import NODE_INDEX_LOCK, GpuAllocator, GpuPlacement
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, QuotaExceeded, Unschedulable
 from tfusion.allocator.reasons import (
@@ -210,12 +211,17 @@ class Framework:
 
     def score(self, req: AllocRequest, nodes: Iterable[str]) -> dict[str, int]:
         """Node score 0..100 under the pool's placement mode (higher is better; 0 for a node without
-        GPUs of the pool). It does not depend on the request's size, only on the nodes' load. Map it
+        GPUs of the pool). It does not depend on the request's size, only on the nodes' load, except
+        for a multi-GPU request once GPUs report a topology: then the tier of the node's best GPU set
+        comes first (topology.band_score: 25 points per tier, the load score within a band). Map it
         to a consumer's range in the caller (the extender: `score * 10 // 100`, 0..10)."""
         alloc = self.allocator
         if not alloc.has_pool(req.pool):
             return dict.fromkeys(nodes, 0)
         get = alloc.group_index(req.pool, req.gpu_model).scores.get
+        if req.count > 1 and alloc.topology_reported():  # soft preference for better-joined GPU sets
+            band, tier_of, worst = topology.band_score, alloc.best_tier, topology.TIER_UNKNOWN
+            return {n: band(get(n, 0), worst if (t := tier_of(n, req)) is None else t) for n in nodes}
         return {n: get(n, 0) for n in nodes}
 
     # ------------------------------------------------------------------ Reserve / Unreserve

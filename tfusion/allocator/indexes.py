@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfusion.allocator import filters
+from tfusion.allocator import filters, topology
 from tfusion.allocator.index import PoolIndex
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.scoring import DEFAULT_MODE, FREE, USED, Weights, gpu_score, mode_variants
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 GroupKey = tuple[str, str]  # (pool, model); model "" = every model of the pool
 #: everything in a request that decides whether one node can take it (see `feasible_nodes`)
-ShapeKey = tuple[str, str, int, int, int, int, str, tuple[int, ...], str]
+ShapeKey = tuple[str, str, int, int, int, int, str, tuple[int, ...], str, bool | None, int | None, str]
 MAX_SHAPES = 32  # request shapes whose feasible-node sets are kept
 MAX_EXPLAINED_SHAPES = 8  # request shapes whose per-node explanations are kept (a few hundred bytes per node)
 
@@ -55,7 +55,8 @@ class PoolConfig:
 
 def shape_of(req: AllocRequest) -> ShapeKey:
     return (req.pool, req.gpu_model, req.tflops_request, req.percent_request, req.vram_request, req.count,
-            req.isolation, req.indices, req.vendor)
+            req.isolation, req.indices, req.vendor, req.topology_required, req.topology_max_tier,
+            req.topology_source)
 
 
 def group_keys(info: GpuInfo) -> tuple[GroupKey, ...]:
@@ -94,9 +95,16 @@ class NodeEntry:
 class GpuIndexes:
     """The GPU slots by name, node and pool, the score-ordered group indexes and the shape caches."""
 
-    def __init__(self, max_workers_per_node: int, weights: Weights) -> None:
+    def __init__(self, max_workers_per_node: int, weights: Weights,
+                 topology_args: topology.TopologyArgs | None = None) -> None:
         self.max_workers_per_node = max_workers_per_node
         self.weights = weights
+        #: GPUNetworkTopologyAware's arguments as a policy; a pod's annotations may override it
+        self.topology = (topology_args or topology.TopologyArgs()).policy()
+        #: GPUs reporting a topology (peers or NUMA node): while none does, soft mode costs nothing
+        self.topology_gpus: set[str] = set()
+        #: (shape, node) -> (node version, tier of the best set) for soft mode's node preference
+        self.tiers: OrderedDict[ShapeKey, dict[str, tuple[int, int | None]]] = OrderedDict()
         self.gpus: dict[str, GpuSlot] = {}
         self.nodes: dict[str, NodeEntry] = {}
         self.pools: dict[str, dict[str, GpuSlot]] = {}
@@ -128,6 +136,7 @@ class GpuIndexes:
         """Register a new slot under its name, pool and node, and rank its node again."""
         self.gpus[slot.name] = slot
         self.pools.setdefault(slot.pool, {})[slot.name] = slot
+        self.note_topology(slot)
         node = self.node(slot.node)
         node.gpus[slot.name] = slot
         self.group(node, slot)
@@ -144,6 +153,7 @@ class GpuIndexes:
             del self.pools[slot.pool]
             self.drop_indexes(slot.pool)
         del self.gpus[slot.name]
+        self.topology_gpus.discard(slot.name)
         if not node.gpus and not node.workers:
             del self.nodes[node.name]
         else:
@@ -155,6 +165,13 @@ class GpuIndexes:
         self.ungroup(node, slot, slot.info)
         slot.info = info
         self.group(node, slot)
+
+    def note_topology(self, slot: GpuSlot) -> None:
+        """Keep `topology_gpus` right after `slot` was added or its reported facts changed."""
+        if slot.info.peer_tiers or slot.info.numa is not None:
+            self.topology_gpus.add(slot.name)
+        else:
+            self.topology_gpus.discard(slot.name)
 
     def bump_static(self, node: str) -> None:
         self.static_gen[node] = self.static_gen.get(node, 0) + 1
@@ -272,7 +289,50 @@ class GpuIndexes:
             return None
         fits = filters.gpu_fits
         found = [slot for slot in members if fits(slot, req)]
-        return found if len(found) >= req.count else None
+        if len(found) < req.count:
+            return None
+        if req.count > 1:
+            policy = topology.policy_for(self.topology, req)
+            if policy.gates and topology.refusal(topology.best_set(found, req.count, policy), policy):
+                return None
+        return found
+
+    def choose(self, slots: list[GpuSlot], req: AllocRequest) -> list[GpuSlot]:
+        """The `req.count` GPUs of `slots` (a node's fitting ones) that `req` gets, best first: by the
+        pool's GPU-level load order, or for a multi-GPU request whose topology is in play the best
+        set of topology.py (in that order)."""
+        ordered = self.gpu_order(slots, req.pool)
+        if req.count > 1 and (self.topology_gpus or self.topology.gates or req.topology_required is not None
+                              or req.topology_max_tier is not None):
+            policy = topology.policy_for(self.topology, req)
+            if topology.in_play(ordered, req, policy):
+                choice = topology.best_set(ordered, req.count, policy)
+                if choice.tier is not None:
+                    return [ordered[i] for i in choice.picks]
+        return ordered[: req.count]
+
+    def best_tier(self, node: str, req: AllocRequest) -> int | None:
+        """The tier of the best set `req` would get on `node` now (None: the topology is not in play
+        there, or no set fits), memoized per request shape until the node changes."""
+        key = shape_of(req)
+        memo = self.tiers.get(key)
+        if memo is None:
+            memo = self.tiers[key] = {}
+            if len(self.tiers) > MAX_SHAPES:
+                self.tiers.popitem(last=False)
+        version = self.versions.get(node, 0)
+        hit = memo.get(node)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        entry = self.nodes.get(node)
+        slots = None if entry is None else self.node_fit(entry, (req.pool, req.gpu_model), req)
+        tier = None
+        if slots is not None:
+            policy = topology.policy_for(self.topology, req)
+            if topology.in_play(slots, req, policy):
+                tier = topology.best_set(slots, req.count, policy).tier
+        memo[node] = (version, tier)
+        return tier
 
     def mark_stale(self, node: str) -> None:
         self.versions[node] = self.versions.get(node, 0) + 1
@@ -328,4 +388,4 @@ class GpuIndexes:
         slots = None if found is None else self.node_fit(found, (req.pool, req.gpu_model), req)
         if slots is None:
             return None
-        return tuple(s.name for s in self.gpu_order(slots, req.pool)[: req.count])
+        return tuple(s.name for s in self.choose(slots, req))

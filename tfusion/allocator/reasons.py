@@ -49,6 +49,9 @@ MODEL_MISMATCH = "GPU model mismatch"
 VENDOR_MISMATCH = "GPU vendor mismatch"
 INDEX_BUSY = "pod index held by another pod on the node"
 MAX_WORKERS_DETAIL = "node {node} has {workers} workers, limit {limit}"
+#: GPUNetworkTopologyAware (hard mode): the tiers stay in the short text, so the pod's message shows them
+TOPOLOGY_TIER = "best GPU set at topology tier {found}, at most {allowed} allowed"
+TOPOLOGY_UNKNOWN = "GPU topology unknown"
 
 #: per-GPU reasons that a change of load (a pod leaving) can cure; the others are static mismatches
 RESOLVABLE = frozenset({VRAM_TOO_SMALL, TFLOPS_TOO_SMALL, HELD_WHOLE, NOT_IDLE})
@@ -219,7 +222,8 @@ class Suggestion:
 
     kind: "smaller-request" (the largest amount or GPU count that fits now), "other-model",
     "other-pool", "quota" (the headroom that is missing), "preempt-lower-qos" (lower-QoS pods whose
-    departure frees the room). `target` says what `changes` applies to: "annotations" (pod annotation
+    departure frees the room), "looser-topology" (a gpu-topology-max-tier that fits). `target` says
+    what `changes` applies to: "annotations" (pod annotation
     key -> new value; "" means remove the annotation), "quota" (the namespace's GPUResourceQuota:
     spec field path such as "spec.total.requests.vram" -> new value) or "pods" (no changes: delete
     the pods in `pods`, "namespace/name"). `node` is where it would then go, when known.

@@ -16,6 +16,8 @@ parses a string. Rules (reference §2.1, §3.1):
 - TFLOPS and VRAM fit in 64 bits in allocator units (as the original's int64 does);
 - gpu-count is 1..128 (default 1; `gpu-indices` sets it to their number);
 - qos defaults to medium, isolation to soft; the workload is the `workload` label, else the pod;
+- topology overrides (`require-gpu-topology`, `gpu-topology-max-tier` 0..3, `gpu-topology-source`)
+  are kept as given, None / "" when absent (topology.py merges them with the scheduler config);
 - the pod index (the device-plugin handshake, 1..128) is read from the pod's containers: the first
   `<domain>/index_<k>` resource limit (n = 8k + count); 0 when there is none or it is unreadable.
 Errors are `RequestError` naming the annotation, the value and what is allowed.
@@ -157,6 +159,11 @@ class AllocRequest:
     gpu_names: tuple[str, ...] = ()
     pod_index: int = 0
     node_affinity: Any = field(default=None, compare=False)
+    #: the pod's topology overrides (None / "" = the scheduler config's): require-gpu-topology,
+    #: gpu-topology-max-tier (0..3), gpu-topology-source (auto|numa|vendor); see topology.py
+    topology_required: bool | None = None
+    topology_max_tier: int | None = None
+    topology_source: str = ""
 
     @property
     def request(self) -> Resources:
@@ -287,6 +294,7 @@ def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
     isolation = tfa.DEFAULT_ISOLATION
     if notes.get(tfa.ISOLATION):
         isolation = tfa.parse_isolation(notes[tfa.ISOLATION], key=tfa.ISOLATION)
+    required, max_tier, source = tfa.parse_topology_overrides(notes)
     gpu_names: tuple[str, ...] = ()
     if notes.get(tfa.GPU_IDS):
         gpu_names = tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)
@@ -303,4 +311,5 @@ def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
         indices=indices, qos=qos, isolation=isolation,
         partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
         pod_index=_pod_index(pod),
+        topology_required=required, topology_max_tier=max_tier, topology_source=source,
     )

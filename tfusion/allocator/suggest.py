@@ -5,6 +5,7 @@ to change. `suggestions` searches, against the allocator's current state and wit
 for
 - smaller-request: the largest VRAM, TFLOPS (or compute percent) or GPU count that fits now;
 - other-model / other-pool: a GPU model of the pool, or another pool, where the request fits as is;
+- looser-topology: the lowest gpu-topology-max-tier that fits, when a hard topology refused nodes;
 - quota: the GPUResourceQuota values that would admit it (when the GPUs have room);
 - preempt-lower-qos: the fewest lower-QoS pods on one node whose departure frees the room.
 Every suggestion is checked with the same rules the placement uses (`GpuAllocator.select`) before it
@@ -18,13 +19,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tfusion.allocator import filters
+from tfusion.allocator import filters, topology
 from tfusion.allocator.errors import QuotaExceeded, Unschedulable
 from tfusion.allocator.explain import NodeFacts, node_facts
 from tfusion.allocator.indexes import NodeEntry
 from tfusion.allocator.quota import Usage, check_single, check_total
 from tfusion.allocator.reasons import Code, Reason, Status, Suggestion
 from tfusion.allocator.request import QOS_LEVELS, AllocRequest
+from tfusion.allocator.state import GpuSlot
 from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
@@ -39,6 +41,7 @@ SMALLER = "smaller-request"
 OTHER_MODEL = "other-model"
 OTHER_POOL = "other-pool"
 QUOTA = "quota"
+TOPOLOGY = "looser-topology"
 PREEMPT = "preempt-lower-qos"
 
 
@@ -57,6 +60,7 @@ def suggestions(fw: Framework, req: AllocRequest, pre: Status,
     elif pre.ok:
         found.extend(_smaller_requests(alloc, req, per_node))
         found.extend(_other_models(alloc, req))
+        found.extend(_looser_topology(alloc, req, per_node))
     if pre.ok or quota is None:
         found.extend(_other_pools(alloc, req))
     if pre.ok:
@@ -207,6 +211,21 @@ def _smaller_requests(alloc: GpuAllocator, req: AllocRequest, per_node: Mapping[
             if hit is not None:
                 out.append(hit)
     return out
+
+
+# ---------------------------------------------------------------------- looser-topology
+
+def _looser_topology(alloc: GpuAllocator, req: AllocRequest, per_node: Mapping[str, Status]) -> list[Suggestion]:
+    """The smallest gpu-topology-max-tier that fits now, when nodes refused the pod for its tier only."""
+    found = sorted({r.available for status in per_node.values() if not status.ok for r in status.reasons
+                    if r.stage == topology.STAGE and r.available is not None})
+    for tier in found:
+        text = str(tier)
+        hit = _offer(alloc, replace(req, topology_max_tier=tier), TOPOLOGY, {tfa.GPU_TOPOLOGY_MAX_TIER: text},
+                     f"{_short(tfa.GPU_TOPOLOGY_MAX_TIER)} {text} ({topology.tier_name(tier)})")
+        if hit is not None:
+            return [hit]
+    return []
 
 
 # ---------------------------------------------------------------------- other-model, other-pool
@@ -388,7 +407,7 @@ def _fits_without(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], re
     """Whether `req` would fit on `node` if the pods `gone` released their GPUs."""
     if len(node.workers) - len(gone & node.workers.keys()) >= alloc.max_workers_per_node:
         return False
-    fitting = 0
+    fitting: list[GpuSlot] = []
     for slot in node.groups[key]:
         if slot.shared_by is not None and slot.shared_by not in gone:
             continue
@@ -406,5 +425,10 @@ def _fits_without(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], re
         used_v = 0 if shared_left else sum(slot.allocs[uid][1] for uid in staying)
         if info.capacity_tflops - used_t >= req.tflops_need(info.capacity_tflops) and \
                 info.capacity_vram - used_v >= req.vram_request:
-            fitting += 1
-    return fitting >= req.count
+            fitting.append(slot)
+    if len(fitting) < req.count:
+        return False
+    policy = alloc.topology_policy(req)
+    # a hard topology must hold for the GPUs freed too, else no victim would help
+    return req.count < 2 or not policy.gates or \
+        not topology.refusal(topology.best_set(fitting, req.count, policy), policy)

@@ -164,6 +164,10 @@ ISOLATION_SOFT: Final = "soft"
 ISOLATION_HARD: Final = "hard"
 ISOLATION_PARTITIONED: Final = "partitioned"
 ISOLATION_MODES: Final = (ISOLATION_SHARED, ISOLATION_SOFT, ISOLATION_HARD, ISOLATION_PARTITIONED)
+#: gpu-topology-source (and GPUNetworkTopologyAware topologySource): where a GPU pair's tier comes from
+TOPOLOGY_SOURCES: Final = ("auto", "numa", "vendor")
+#: tiers of a GPU pair: 0 NVLink, 1 PCIe switch / same NUMA node, 2 across NUMA nodes, 3 unknown
+TOPOLOGY_TIER_MAX: Final = 3
 DEFAULT_ISOLATION: Final = ISOLATION_SOFT
 AUTOSCALE_TARGETS: Final = ("compute", "vram", "all")
 WORKLOAD_MODES: Final = (WORKLOAD_MODE_DYNAMIC, WORKLOAD_MODE_FIXED)
@@ -361,6 +365,27 @@ def parse_qos(value: str, *, key: str | None = None) -> str:
 def parse_isolation(value: str, *, key: str | None = None) -> str:
     """``isolation``: shared|soft|hard|partitioned."""
     return parse_choice(value, ISOLATION_MODES, key=key or ISOLATION)
+
+
+def parse_topology_max_tier(value: str, *, key: str | None = None) -> int:
+    """``gpu-topology-max-tier``: the worst tier a pod's GPU set may have, 0..3."""
+    return parse_int(value, key=key or GPU_TOPOLOGY_MAX_TIER, minimum=0, maximum=TOPOLOGY_TIER_MAX)
+
+
+def parse_topology_source(value: str, *, key: str | None = None) -> str:
+    """``gpu-topology-source``: auto|numa|vendor."""
+    return parse_choice(value, TOPOLOGY_SOURCES, key=key or GPU_TOPOLOGY_SOURCE)
+
+
+def parse_topology_overrides(notes: Mapping[str, str]) -> tuple[bool | None, int | None, str]:
+    """A pod's topology overrides: (require-gpu-topology, gpu-topology-max-tier, gpu-topology-source),
+    None / "" where the pod does not say. The one reading both the webhook and the allocator use."""
+    raw = notes.get(REQUIRE_GPU_TOPOLOGY)
+    required = parse_bool(raw, key=REQUIRE_GPU_TOPOLOGY) if raw else None
+    raw = notes.get(GPU_TOPOLOGY_MAX_TIER)
+    tier = parse_topology_max_tier(raw) if raw else None
+    raw = notes.get(GPU_TOPOLOGY_SOURCE)
+    return required, tier, parse_topology_source(raw) if raw else ""
 
 
 def parse_workload_mode(value: str, *, key: str | None = None) -> str:

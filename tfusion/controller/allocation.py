@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -62,6 +62,7 @@ from tfusion.allocator import (
     quota_from_object,
 )
 from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL, DEFAULT_MAX_WORKERS_PER_NODE
+from tfusion.allocator.topology import STAGE as TOPOLOGY_STAGE
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section, text
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller.reconcilers.gpu_status import GpuStatusReconciler
@@ -77,6 +78,7 @@ from tfusion.settings import NotImplementedSettingError
 if TYPE_CHECKING:
     from tfusion.controller.reconcilers.drift import DriftReport
     from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.scheduling.explain import Why
     from tfusion.controller.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,10 @@ class AllocatorMetrics:
             "tfusion_allocator_allocations", "allocations recorded by the leader, by result "
             "(restored at recovery, adopted from a bound pod, scheduled; failed = refused)",
             ["result"], registry=registry)
+        self.topology = Counter(
+            "tfusion_allocator_topology_placements", "multi-GPU placements judged by GPU topology, by outcome "
+            "(satisfied: within the allowed tier; fallback: placed worse under soft mode; unsatisfied: "
+            "refused under hard mode)", ["outcome"], registry=registry)
         self.releases = Counter(
             "tfusion_allocator_releases", "allocations released, by reason", ["reason"], registry=registry)
         self.writes = Counter(
@@ -153,6 +159,8 @@ class AllocatorService:
         self.last_drift: DriftReport | None = None
         #: (pool, succeeded) -> placements counted by `count_allocation` since the process started
         self.allocation_tally: dict[tuple[str, bool], int] = {}
+        #: (pool, outcome) -> multi-GPU placements counted by `count_topology` (topology.OUTCOMES)
+        self.topology_tally: dict[tuple[str, str], int] = {}
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -207,6 +215,22 @@ class AllocatorService:
         """For the scheduler: one placement recorded (ok) or refused, in `pool` (tf_system_metrics)."""
         self.metrics.allocations.labels("scheduled" if ok else "failed").inc()
         self.allocation_tally[(pool, ok)] = self.allocation_tally.get((pool, ok), 0) + 1
+
+    def count_topology(self, req: AllocRequest, gpus: Sequence[str] = (), why: Why | None = None) -> None:
+        """For the scheduler: how a multi-GPU pod fared with topology in play (placed on `gpus`, or
+        not placed, `why`, where a node refused it for its GPU topology); nothing for other pods."""
+        allocator = self._allocator
+        if allocator is None or req.count < 2:
+            return
+        refused = why is not None and any(reason["stage"] == TOPOLOGY_STAGE for status in why.nodes.values()
+                                          for reason in status["reasons"])
+        if why is not None and not refused:
+            return
+        found = allocator.topology_outcome(req, gpus, refused=refused)
+        if found:
+            self.metrics.topology.labels(found).inc()
+            key = (req.pool, found)
+            self.topology_tally[key] = self.topology_tally.get(key, 0) + 1
 
     async def wait_ready(self, timeout: float | None = None) -> GpuAllocator | None:
         """The allocator once recovered; None when this replica is not the leader.
@@ -277,7 +301,7 @@ class AllocatorService:
         args = self.scheduler_args
         allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node
                                  or args.max_workers_per_node or DEFAULT_MAX_WORKERS_PER_NODE,
-                                 weights=args.weights, assume_ttl=self.assume_ttl)
+                                 weights=args.weights, assume_ttl=self.assume_ttl, topology=args.topology)
         self._quota_names.clear()
         for pool in rt.informer(r.GPUPOOLS).list():
             self._apply_pool(allocator, GpuPool(pool))

@@ -468,6 +468,7 @@ class ControllerRecorder:
     def _system_points(self, ts: int, pools: Mapping[str, GpuPool]) -> list[Point]:
         service = self.allocation
         tally = service.allocation_tally if service is not None else {}
+        topo = service.topology_tally if service is not None else {}
         nodes: dict[str, int] = {}
         for node in map(Body, self.runtime.informer(r.GPUNODES).list()):
             pool = node.meta.label(tfa.MANAGED_BY) or ""
@@ -480,9 +481,11 @@ class ControllerRecorder:
             "total_workers_cnt": workers.get(name, 0), "total_nodes_cnt": nodes.get(name, 0),
             "total_allocation_fail_cnt": tally.get((name, False), 0),
             "total_allocation_success_cnt": tally.get((name, True), 0),
-            # tfusion has no autoscaler or topology-aware placement yet: these stay 0, kept for the schema
-            "total_scale_up_cnt": 0, "total_scale_down_cnt": 0, "total_topo_satisfied_cnt": 0,
-            "total_topo_unsatisfied_cnt": 0, "total_topo_fallback_cnt": 0, "total_topo_search_degraded_cnt": 0,
+            # tfusion has no autoscaler yet, and its topology search never degrades: these stay 0
+            "total_scale_up_cnt": 0, "total_scale_down_cnt": 0,
+            "total_topo_satisfied_cnt": topo.get((name, "satisfied"), 0),
+            "total_topo_unsatisfied_cnt": topo.get((name, "unsatisfied"), 0),
+            "total_topo_fallback_cnt": topo.get((name, "fallback"), 0), "total_topo_search_degraded_cnt": 0,
         }, ts) for name in sorted(pools)]
 
     def _worker_cost_labels(self) -> dict[tuple[str, str, str, str, str], float]:

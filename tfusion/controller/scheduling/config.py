@@ -6,9 +6,11 @@ so tfusion reads the same arguments from it rather than asking for them again:
 
 - `GPUResourcesFit`: `maxWorkerPerNode` (pods with GPUs one node may hold; `--max-workers-per-node`
   wins when given), `vramWeight` and `tflopsWeight` (how a GPU's free or used share is scored);
-- `GPUNetworkTopologyAware`: tfusion does not place by network topology yet. In `soft` mode (the
-  original's default) it is only a preference, so the file is taken and a warning says the
-  preference is not applied; `hard` mode would refuse placements and is refused here (exit 1).
+- `GPUNetworkTopologyAware`: `mode` soft|hard (default soft), `topologySource` auto|numa|vendor
+  (default auto), `maxAllowedTier` 0..3 (default 1), `unknownTopologyPolicy` treat-as-worst|reject
+  (default treat-as-worst), `preferLeastDamage` (default true): how multi-GPU pods get their GPUs
+  (tfusion/allocator/topology.py). A wrong value stops the start with the field, the value and
+  what is allowed.
 
 The profile read is the one whose `schedulerName` is tensor-fusion-scheduler, else the only one
 with GPU plugin arguments. The rest of the file (kube-scheduler's own plugins, extenders, client
@@ -27,9 +29,10 @@ from pathlib import Path
 import yaml
 
 from tfusion.allocator.scoring import Weights
+from tfusion.allocator.topology import MODES, UNKNOWN_POLICIES, TopologyArgs
+from tfusion.api import annotations as tfa
 from tfusion.api.accessors import items
 from tfusion.api.annotations import SCHEDULER_NAME
-from tfusion.settings import NOT_IMPLEMENTED, NotImplementedSettingError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ DEFAULT_PATH = Path("/etc/tensor-fusion/scheduler-config.yaml")
 RESOURCES_FIT = "GPUResourcesFit"
 TOPOLOGY_AWARE = "GPUNetworkTopologyAware"
 RESOURCES_FIT_ARGS = ("maxWorkerPerNode", "vramWeight", "tflopsWeight")
+TOPOLOGY_ARGS = ("mode", "topologySource", "maxAllowedTier", "unknownTopologyPolicy", "preferLeastDamage")
 MAX_BYTES = 1 << 20
 
 
@@ -51,6 +55,7 @@ class SchedulerArgs:
     max_workers_per_node: int | None = None
     weights: Weights = field(default_factory=Weights)
     source: str = ""  # the file read, "" for none
+    topology: TopologyArgs = field(default_factory=TopologyArgs)
 
 
 def load_scheduler_args(setting: str) -> SchedulerArgs:
@@ -80,9 +85,7 @@ def parse_scheduler_args(text: str, *, source: str) -> SchedulerArgs:
         raise SchedulerConfigError(f"{source}: kind {kind!r}; expected a KubeSchedulerConfiguration")
     profile = _profile(document.get("profiles"), source)
     plugins = _plugin_args(profile, source)
-    topology = plugins.get(TOPOLOGY_AWARE)
-    if topology is not None:
-        _check_topology(topology, source)
+    topology = _topology(plugins.get(TOPOLOGY_AWARE) or {}, source)
     fit = plugins.get(RESOURCES_FIT) or {}
     unknown = sorted(set(fit) - set(RESOURCES_FIT_ARGS))
     if unknown:
@@ -91,7 +94,8 @@ def parse_scheduler_args(text: str, *, source: str) -> SchedulerArgs:
     defaults = Weights()
     weights = Weights(vram=_weight(fit, "vramWeight", defaults.vram, source),
                       tflops=_weight(fit, "tflopsWeight", defaults.tflops, source))
-    return SchedulerArgs(max_workers_per_node=_max_workers(fit, source), weights=weights, source=source)
+    return SchedulerArgs(max_workers_per_node=_max_workers(fit, source), weights=weights, source=source,
+                         topology=topology)
 
 
 def _profile(profiles: object, source: str) -> Mapping[str, object]:
@@ -127,15 +131,32 @@ def _plugin_args(profile: Mapping[str, object], source: str) -> dict[str, Mappin
     return found
 
 
-def _check_topology(args: Mapping[str, object], source: str) -> None:
-    mode = args.get("mode", "soft")
-    if mode == "hard":
-        raise NotImplementedSettingError(f"{source}: {TOPOLOGY_AWARE} mode hard (placement by network topology) "
-                                         f"{NOT_IMPLEMENTED}; use mode soft or leave the plugin's args out")
-    if mode != "soft":
-        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} mode {mode!r}; allowed: soft, hard")
-    log.warning("%s: %s (soft) is a placement preference tfusion does not apply yet; GPUs are placed without it",
-                source, TOPOLOGY_AWARE)
+def _topology(args: Mapping[str, object], source: str) -> TopologyArgs:
+    unknown = sorted(str(k) for k in set(args) - set(TOPOLOGY_ARGS))
+    if unknown:
+        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} args {', '.join(unknown)}: unknown; allowed: "
+                                   f"{', '.join(TOPOLOGY_ARGS)}")
+    defaults = TopologyArgs()
+    tier = args.get("maxAllowedTier", defaults.max_tier)
+    if isinstance(tier, bool) or not isinstance(tier, int) or not 0 <= tier <= tfa.TOPOLOGY_TIER_MAX:
+        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} maxAllowedTier {tier!r}; allowed: an integer "
+                                   f"from 0 to {tfa.TOPOLOGY_TIER_MAX}")
+    least = args.get("preferLeastDamage", defaults.prefer_least_damage)
+    if not isinstance(least, bool):
+        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} preferLeastDamage {least!r}; allowed: true, false")
+    return TopologyArgs(mode=_choice(args, "mode", defaults.mode, MODES, source),
+                        source=_choice(args, "topologySource", defaults.source, tfa.TOPOLOGY_SOURCES, source),
+                        max_tier=tier,
+                        unknown_policy=_choice(args, "unknownTopologyPolicy", defaults.unknown_policy,
+                                               UNKNOWN_POLICIES, source),
+                        prefer_least_damage=least)
+
+
+def _choice(args: Mapping[str, object], key: str, default: str, allowed: tuple[str, ...], source: str) -> str:
+    value = args.get(key, default)
+    if value not in allowed:
+        raise SchedulerConfigError(f"{source}: {TOPOLOGY_AWARE} {key} {value!r}; allowed: {', '.join(allowed)}")
+    return str(value)
 
 
 def _weight(args: Mapping[str, object], key: str, default: float, source: str) -> float:

@@ -326,6 +326,7 @@ class Scheduler:
             self.reports.report(pod, decision.why, tg)
             if decision.req is not None:
                 self.service.count_allocation(False, decision.req.pool)
+                self.service.count_topology(decision.req, why=decision.why)
             return
         self.assume(pod, decision)
         tg.start_soon(self._bind, key, pod, decision, fw)
@@ -540,6 +541,7 @@ class Scheduler:
                 # released meanwhile (deleted): nothing is held; a restart would restore from gpu-ids
                 log.info("pod %s bound but not committed: %s", pod_key(pod), status.details())
             self.service.count_allocation(True, decision.req.pool)
+            self.service.count_topology(decision.req, gpus)
             self.service.flush()
         self.reports.forget(pod_key(pod))
         where = f" (GPUs {tfa.format_gpu_ids(gpus)})" if gpus else ""

@@ -337,10 +337,7 @@ def _check_misc(notes: Mapping[str, str]) -> None:
     """Annotations read later (scheduler, autoscaler): checked now, so a typo is refused at once."""
     if notes.get(tfa.EVICTION_PROTECTION):
         tfa.parse_duration(notes[tfa.EVICTION_PROTECTION], key=tfa.EVICTION_PROTECTION)
-    if notes.get(tfa.REQUIRE_GPU_TOPOLOGY):
-        tfa.parse_bool(notes[tfa.REQUIRE_GPU_TOPOLOGY], key=tfa.REQUIRE_GPU_TOPOLOGY)
-    if notes.get(tfa.GPU_TOPOLOGY_MAX_TIER):
-        tfa.parse_int(notes[tfa.GPU_TOPOLOGY_MAX_TIER], key=tfa.GPU_TOPOLOGY_MAX_TIER, minimum=0)
+    tfa.parse_topology_overrides(notes)
     if notes.get(tfa.AUTOSCALE):
         tfa.parse_bool(notes[tfa.AUTOSCALE], key=tfa.AUTOSCALE)
     if notes.get(tfa.AUTOSCALE_TARGET):
