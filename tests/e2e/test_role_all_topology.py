@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,9 @@ def test_an_nvlink_pair_is_chosen_and_a_tier_0_pod_waits_when_none_is_free(run: 
 
     run.wait_for("the pair pod gone", absent, timeout=30)
     for index in (0, 2):  # one GPU of each NVLink pair nearly full
-        create(run, f"one-{index}", {"gpu-indices": str(index), "vram-request": "75Gi"})
-        assert run.wait_for(f"one-{index} bound", lambda index=index: gpu_ids(run, f"one-{index}"),
-                            timeout=30) == {uuids[index]}
+        name = f"one-{index}"
+        create(run, name, {"gpu-indices": str(index), "vram-request": "75Gi"})
+        assert run.wait_for(f"{name} bound", partial(gpu_ids, run, name), timeout=30) == {uuids[index]}
 
     create(run, "tier0", {"gpu-count": "2", "vram-request": "10Gi", "gpu-topology-max-tier": "0"})
     message = run.wait_for("the tier-0 pod refused", lambda: refusal(run, "tier0"), timeout=30)

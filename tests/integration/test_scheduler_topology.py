@@ -5,6 +5,7 @@ places it on the NVLink pair once one is free; the outcome counters count both."
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ async def test_hard_topology_waits_for_an_nvlink_pair_and_says_the_tier(apiserve
             for index in (0, 2):  # one GPU of each NVLink pair taken
                 await kube.create(r.PODS, gpu_pod(f"one-{index}", vram="30Gi",
                                                   extra={tfa.GPU_INDICES: str(index)}))
-                await eventually(lambda index=index: bound(kube, f"one-{index}"), what=f"one-{index} bound")
+                name = f"one-{index}"
+                await eventually(partial(bound, kube, name), what=f"{name} bound")
             await kube.create(r.PODS, gpu_pod("pair", vram="20Gi", extra={tfa.GPU_COUNT: "2"}))
             condition = await eventually(lambda: scheduled_condition(kube, "pair"), what="pair refused")
             assert condition["message"] == \
