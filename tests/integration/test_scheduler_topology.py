@@ -5,6 +5,7 @@ places it on the NVLink pair once one is free; the outcome counters count both."
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,13 @@ async def test_hard_topology_waits_for_an_nvlink_pair_and_says_the_tier(apiserve
             assert reason["detail"] == ("best 2 GPUs on node node-a are joined at tier 1 (PCIe switch or host "
                                         "bridge); at most tier 0 allowed")
             assert {tfa.GPU_TOPOLOGY_MAX_TIER: "1"} in [s["changes"] for s in why["suggestions"]]
+            probe = gpu_pod("probe", vram="20Gi", extra={tfa.GPU_COUNT: "2"})
+            simulated = (await ctl.http.post("/api/simulate-schedule", content=json.dumps(probe))).json()
+            stage = next(s for s in simulated["filterDetail"]["FilterStageDetails"]
+                         if s["FilterName"] == "GPUNetworkTopologyAware")
+            assert stage["After"] == [] and sorted(stage["Before"]) == ["gpu-a1", "gpu-a3"]
+            explained = simulated["error"]["explanation"]["nodes"]["node-a"]["reasons"][0]
+            assert explained["detail"] == reason["detail"]
 
             await kube.delete(r.PODS, "one-2", namespace="default")  # the 2-3 pair frees
             pod = await eventually(lambda: bound(kube, "pair"), what="pair bound on the freed NVLink pair")

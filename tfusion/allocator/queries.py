@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from tfusion.allocator import filters
+from tfusion.allocator import filters, topology
 from tfusion.allocator.errors import FilterStage, QuotaExceeded, Removal, Unschedulable
 from tfusion.allocator.indexes import GpuIndexes
 from tfusion.allocator.ledger import Charges, Ledger
@@ -81,6 +81,10 @@ def run_filter(indexes: GpuIndexes, ledger: Ledger, req: AllocRequest, nodes: Co
         slots = _node_stage(result, filters.SAME_NODE, by_node, explain,
                             lambda n, g: None if len(g) >= req.count else
                             f"node {n} has {len(g)} matching GPU(s), {req.count} requested")
+    policy = topology.policy_for(indexes.topology, req)
+    if slots and req.count > 1 and policy.gates:
+        slots = _node_stage(result, topology.STAGE, by_node, explain,
+                            lambda n, g: _topology_refusal(n, g, req, policy))
     if slots:
         limit = indexes.max_workers_per_node
         all_nodes = indexes.nodes
@@ -89,6 +93,11 @@ def run_filter(indexes: GpuIndexes, ledger: Ledger, req: AllocRequest, nodes: Co
                             f"node {n} has {len(all_nodes[n].workers)} workers, limit {limit}")
     result.nodes = {n: [s.name for s in g] for n, g in sorted(by_node.items())}
     return result
+
+
+def _topology_refusal(node: str, slots: list[GpuSlot], req: AllocRequest, policy: topology.Policy) -> str | None:
+    choice = topology.best_set(slots, req.count, policy)
+    return topology.refusal_detail(req.count, node, choice, policy) if topology.refusal(choice, policy) else None
 
 
 def _node_stage(result: FilterResult, name: str, by_node: dict[str, list[GpuSlot]], explain: bool,
