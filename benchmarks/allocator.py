@@ -19,7 +19,11 @@ the run's own misfits and `--unfit` probes no node can take (160Gi, 2500 TFLOPS,
 first probe of each shape included (a new shape has no cached per-node judgement; `failure_cold`
 repeats those first probes alone).
 
+`--topology soft|hard` gives each node's GPUs NVLink pairs (index 0-1, 2-3, ...), a PCIe switch per 4
+and NUMA crossings beyond, and places the 2-GPU shapes by GPUNetworkTopologyAware in that mode.
+
     python benchmarks/allocator.py [--path default|extender|churn] [--nodes 500 --gpus 3000 --pods 10000]
+                                   [--topology off|soft|hard]
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import time
 from typing import Any
 
 from tfusion.allocator import AllocRequest, Framework, GpuAllocator, GpuInfo, Unschedulable, request_from_pod
+from tfusion.allocator.topology import TopologyArgs
 from tfusion.api.accessors import Pod
 
 GIB = 1 << 30
@@ -45,15 +50,28 @@ UNFIT_SHAPES = (("100", "160Gi", 1), ("2500", "8Gi", 1), ("20", "4Gi", 8))
 POOL = "default-pool"
 
 
-def build_cluster(nodes: int, gpus: int) -> GpuAllocator:
-    allocator = GpuAllocator()
+def build_cluster(nodes: int, gpus: int, topology: str = "off") -> GpuAllocator:
+    allocator = GpuAllocator(topology=None if topology == "off" else TopologyArgs(mode=topology))
+    per_node = -(-gpus // nodes)
     for i in range(gpus):
         node = i % nodes
         model, tflops, vram = MODELS[node % len(MODELS)]
         allocator.upsert_gpu(GpuInfo(
             name=f"gpu-{i:06d}", node=f"node-{node:05d}", pool=POOL, model=model, index=i // nodes,
-            capacity_tflops=tflops * 1000, capacity_vram=vram * GIB))
+            capacity_tflops=tflops * 1000, capacity_vram=vram * GIB,
+            peer_tiers=() if topology == "off" else peers(i, nodes, gpus, per_node)))
     return allocator
+
+
+def peers(i: int, nodes: int, gpus: int, per_node: int) -> tuple[tuple[str, int], ...]:
+    """GPU i's peers on its node: NVLink pairs (index 0-1, 2-3, ...), a PCIe switch per 4, else across NUMA."""
+    mine = i // nodes
+    out = []
+    for k in range(per_node):
+        j = i % nodes + k * nodes
+        if k != mine and j < gpus:
+            out.append((f"gpu-{j:06d}", 0 if k // 2 == mine // 2 else 1 if k // 4 == mine // 4 else 2))
+    return tuple(sorted(out))
 
 
 def pod(i: int, shapes: tuple[tuple[str, str, int], ...] = SHAPES, prefix: str = "") -> dict[str, Any]:
@@ -122,8 +140,8 @@ def fill(allocator: GpuAllocator, share: float) -> tuple[list[str], int, float]:
     return live, i, used / total
 
 
-def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> dict[str, Any]:
-    allocator = build_cluster(nodes, gpus)
+def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int, topology: str = "off") -> dict[str, Any]:
+    allocator = build_cluster(nodes, gpus, topology)
     fw = Framework(allocator)
     names = allocator.nodes()
     requests = [request_from_pod(Pod(pod(i))) for i in range(pods)] if path != "churn" else []  # pre-parsed
@@ -185,7 +203,7 @@ def run(path: str, nodes: int, gpus: int, pods: int, ops: int, unfit: int) -> di
     placed = stats(placed_ns)
     out: dict[str, Any] = {
         "benchmark": "allocator", "path": path,
-        "nodes": nodes, "gpus": gpus, "pods": pods if path != "churn" else ops,
+        "nodes": nodes, "gpus": gpus, "pods": pods if path != "churn" else ops, "topology": topology,
         "timed": what + "; requests pre-parsed; GC on",
         "median_us": placed.get("median_us"), "p99_us": placed.get("p99_us"), "max_us": placed.get("max_us"),
         "ops_per_s": round(timed / (elapsed / 1e9), 1),
@@ -214,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", choices=("default", "extender", "churn"), default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
     parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill")
+    parser.add_argument("--topology", choices=("off", "soft", "hard"), default="off",
+                        help="give each node's GPUs a topology (NVLink pairs, a PCIe switch per 4) and place "
+                             "multi-GPU pods by it in this GPUNetworkTopologyAware mode")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1 or args.ops < 1 or args.unfit < 0:
         parser.error("need nodes >= 1, gpus >= nodes, pods >= 1, ops >= 1 and unfit >= 0")
-    print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit)))
+    print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit, args.topology)))
     return 0
 
 
