@@ -105,11 +105,17 @@ class SearchStats:
     """What a search looked at (for the explanation when nothing helps, and the benchmark)."""
 
     bounded: int = 0
+    #: nodes holding lower-priority allocations at all (whether or not their going would make room)
+    lower: int = 0
     examined: int = 0
     #: examined nodes where no lower-priority allocation was eligible
     no_eligible: list[str] = field(default_factory=list)
     #: examined nodes where even every eligible victim gone did not make room
     not_enough: list[str] = field(default_factory=list)
+
+
+#: the bound of a node holding no lower-priority allocation (it cannot help, and is not counted)
+NO_LOWER = Damage(-1, 0, 0, 0, "")
 
 
 class _FreedGpu:
@@ -297,9 +303,9 @@ class PreemptionSearch:
             return None
         index = alloc.group_index(req.pool, req.gpu_model)
         names: Iterable[str] = index.scores.keys() if nodes is None else (n for n in nodes if n in index)
-        heap = self._bounded(req, priority, names)
+        heap, lower = self._bounded(req, priority, names)
         if stats is not None:
-            stats.bounded = len(heap)
+            stats.bounded, stats.lower = len(heap), lower
         heapq.heapify(heap)
         memo, budgets = _Memo(eligible), allowed or {}
         best: Candidate | None = None
@@ -317,9 +323,9 @@ class PreemptionSearch:
                 best = found
         return best
 
-    def _bounded(self, req: AllocRequest, priority: int, names: Iterable[str]) -> list[Damage]:
+    def _bounded(self, req: AllocRequest, priority: int, names: Iterable[str]) -> tuple[list[Damage], int]:
         """The optimistic damage of each node where `req` fits once every lower-priority allocation
-        went (kept per node version)."""
+        went (kept per node version), and how many nodes hold lower-priority allocations at all."""
         key = (shape_of(req), priority, req.pod_index)
         cached = self._bounds.get(key)
         if cached is None:
@@ -331,20 +337,27 @@ class PreemptionSearch:
         alloc = self.allocator
         versions, entries = alloc.node_versions(), alloc.node_entries()
         out: list[Damage] = []
+        lower = 0
         for name in names:
             version = versions.get(name, 0)
             hit = cached.get(name)
             if hit is None or hit[0] != version:
                 hit = cached[name] = (version, self._bound(entries[name], req, priority))
-            if hit[1] is not None:
-                out.append(hit[1])
-        return out
+            if hit[1] is not NO_LOWER:
+                lower += 1
+                if hit[1] is not None:
+                    out.append(hit[1])
+        return out, lower
 
     def _bound(self, entry: NodeEntry, req: AllocRequest, priority: int) -> Damage | None:
+        """The node's optimistic damage; None when it cannot help, NO_LOWER when it holds nothing of
+        lower priority."""
         allocs = self.allocator.ledger.allocs
         lower = {uid: held.req.priority for uid in entry.workers
                  if (held := allocs.get(uid)) is not None and held.req.priority < priority}
-        if not lower or not self._fits(entry, req, lower.keys()):
+        if not lower:
+            return NO_LOWER
+        if not self._fits(entry, req, lower.keys()):
             return None
         least = min(lower.values())
         return Damage(0, least, least if least >= 0 else _NO_SUM_BOUND, 1, entry.name)
