@@ -62,7 +62,8 @@ def test_effective_priority_takes_spec_priority_else_the_qos_class() -> None:
     assert effective_priority(None, "high") == 10_000
     assert effective_priority(None, "low") == effective_priority(None, "medium") == 0
     assert effective_priority(True, "low") == 0  # a bool is not a priority
-    meta: dict[str, Any] = {"name": "w", "uid": "u", "namespace": "d", "annotations": {tfa.GPU_POOL: "p", tfa.QOS: "critical"}}
+    notes = {tfa.GPU_POOL: "p", tfa.QOS: "critical"}
+    meta: dict[str, Any] = {"name": "w", "uid": "u", "namespace": "d", "annotations": notes}
     assert request_from_pod(Pod({"metadata": meta, "spec": {}})).priority == CRITICAL
     assert request_from_pod(Pod({"metadata": meta, "spec": {"priority": 5}})).priority == 5
 
