@@ -19,7 +19,9 @@ the run's own misfits and `--unfit` probes no node can take (160Gi, 2500 TFLOPS,
 first probe of each shape included (a new shape has no cached per-node judgement; `failure_cold`
 repeats those first probes alone).
 
-    python benchmarks/allocator.py [--path default|extender|churn] [--nodes 500 --gpus 3000 --pods 10000]
+- preempt: a cluster full of low pods, critical pods arriving (benchmarks/_preempt.py).
+
+    python benchmarks/allocator.py [--path default|extender|churn|preempt] [--nodes 500 --gpus 3000 --pods 10000]
 """
 
 from __future__ import annotations
@@ -211,13 +213,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--gpus", type=int, default=3000)
     parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--path", choices=("default", "extender", "churn"), default="default")
+    parser.add_argument("--path", choices=("default", "extender", "churn", "preempt"), default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
     parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill")
+    parser.add_argument("--protected", type=float, default=0.2, help="preempt: share of low pods protected")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1 or args.ops < 1 or args.unfit < 0:
         parser.error("need nodes >= 1, gpus >= nodes, pods >= 1, ops >= 1 and unfit >= 0")
+    if args.path == "preempt":  # _preempt.py: a full cluster of low pods, critical pods arriving
+        import _preempt
+        print(json.dumps(_preempt.run(build_cluster(args.nodes, args.gpus), pod, nodes=args.nodes, gpus=args.gpus,
+                                      ops=min(args.ops, 2000), protected=args.protected)))
+        return 0
     print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit)))
     return 0
 

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from tfusion.allocator import filters
 from tfusion.allocator.errors import QuotaExceeded
@@ -39,6 +39,7 @@ from tfusion.allocator.indexes import NodeEntry, ShapeKey, shape_of
 from tfusion.allocator.quota import Usage, check_single, check_total
 from tfusion.allocator.request import QOS_PRIORITY, AllocRequest, effective_priority
 from tfusion.allocator.state import GpuInfo, GpuSlot
+from tfusion.api import annotations as tfa
 
 if TYPE_CHECKING:
     from tfusion.allocator.allocator import GpuAllocator
@@ -148,13 +149,39 @@ class _FreedGpu:
         self.avail_v = max(0, info.capacity_vram - used_v)
 
 
+def _fewest_on(slot: GpuSlot, req: AllocRequest, lower: AbstractSet[str]) -> int:
+    """The fewest lower-priority allocations of `slot` whose going could give `req` room there."""
+    if filters.gpu_fits(slot, req):
+        return 0
+    if slot.shared_by is not None or req.isolation == tfa.ISOLATION_SHARED:
+        return len(slot.allocs)  # a whole GPU: everything on it goes
+    info = slot.info
+    short_t = req.tflops_need(info.capacity_tflops) - (info.capacity_tflops - slot.used_t)
+    short_v = req.vram_request - (info.capacity_vram - slot.used_v)
+    charges = [slot.allocs[uid] for uid in slot.allocs if uid in lower]
+    return max(_fewest_covering(sorted((c[0] for c in charges), reverse=True), short_t),
+               _fewest_covering(sorted((c[1] for c in charges), reverse=True), short_v))
+
+
+def _fewest_covering(largest_first: list[int], short: int) -> int:
+    covered = 0
+    for taken, amount in enumerate(largest_first):
+        if covered >= short:
+            return taken
+        covered += amount
+    return len(largest_first)
+
+
 class PreemptionSearch:
     """Preemption questions over one GpuAllocator; keeps per-node bounds between calls (see the
     module docstring). Construct one per allocator; cheap when nothing is asked."""
 
     def __init__(self, allocator: GpuAllocator) -> None:
         self.allocator = allocator
-        self._bounds: OrderedDict[tuple[ShapeKey, int, int], dict[str, tuple[int, Damage | None]]] = OrderedDict()
+        #: per (shape, priority): node -> (node version, its optimistic damage)
+        self._bounds: OrderedDict[tuple[ShapeKey, int], dict[str, tuple[int, Damage | None]]] = OrderedDict()
+        #: per (shape, priority): node -> ((node version, generation), its candidate or why none)
+        self._examined: OrderedDict[tuple[ShapeKey, int], dict[str, tuple[Any, Candidate | str]]] = OrderedDict()
 
     # ------------------------------------------------------------------ fit without some allocations
 
@@ -217,21 +244,23 @@ class PreemptionSearch:
         entry = self.allocator.node_entry(node)
         if entry is None:
             return None
-        return self._victims(entry, req, priority, _Memo(eligible), allowed or {}, stats)
+        found = self._victims(entry, req, priority, _Memo(eligible), allowed or {})
+        if isinstance(found, str):
+            _count_failure(stats, node, found)
+            return None
+        return found
 
     def _victims(self, entry: NodeEntry, req: AllocRequest, priority: int, memo: _Memo,
-                 allowed: Mapping[str, int], stats: SearchStats | None) -> Candidate | None:
+                 allowed: Mapping[str, int]) -> Candidate | str:
+        """The node's candidate, or why it has none (NO_ELIGIBLE, NOT_ENOUGH, or "" when the pod
+        fits there without victims)."""
         units = self._units(entry, priority, memo)
         if not units:
-            if stats is not None:
-                stats.no_eligible.append(entry.name)
-            return None
+            return NO_ELIGIBLE
         gone = set().union(*(u.local for u in units))
         every = set().union(*(u.uids for u in units))
         if not (self._fits(entry, req, gone) and self.quota_allows(req, every)):
-            if stats is not None:
-                stats.not_enough.append(entry.name)
-            return None
+            return NOT_ENOUGH
         units.sort(key=lambda u: (-u.priority, u.key))
         _mark_violations(units, allowed)
         victims: list[_Unit] = []
@@ -242,7 +271,7 @@ class PreemptionSearch:
             else:
                 victims.append(unit)
         if not victims:
-            return None
+            return ""
         uids = tuple(sorted(uid for u in victims for uid in u.uids))
         damage = Damage(sum(len(u.uids) for u in victims if u.violating), max(u.priority for u in victims),
                         sum(u.priorities for u in victims), len(uids), entry.name)
@@ -294,55 +323,78 @@ class PreemptionSearch:
 
     def best(self, req: AllocRequest, priority: int, eligible: Eligible, *,
              allowed: Mapping[str, int] | None = None, node_ok: Callable[[str], bool] | None = None,
-             nodes: Collection[str] | None = None, stats: SearchStats | None = None) -> Candidate | None:
+             nodes: Collection[str] | None = None, stats: SearchStats | None = None,
+             generation: Callable[[str], Hashable] | None = None) -> Candidate | None:
         """The least damaging candidate over the nodes of `req`'s pool (and model), or of `nodes`;
         `node_ok` rejects nodes for reasons outside the allocator (taints, CPU, ...). None when no
-        node can be made to fit by evicting eligible lower-priority pods."""
+        node can be made to fit by evicting eligible lower-priority pods.
+
+        `generation(node)`: a value that changes whenever an answer of `eligible` (or `allowed`)
+        for a pod of that node (or of its gangs) may change; with it, a node's examination is kept
+        until the node or its generation changes (None: every candidate node is examined each time)."""
         alloc = self.allocator
         if not alloc.has_pool(req.pool):
             return None
         index = alloc.group_index(req.pool, req.gpu_model)
         names: Iterable[str] = index.scores.keys() if nodes is None else (n for n in nodes if n in index)
+        # bounds and results are kept without the pod index lock: nodes where another pod holds the
+        # pod's index are judged afresh (index_busy), the others are not touched by that lock
+        busy = alloc.index_lock.busy_nodes(req.pod_index, req.pod_uid) if req.pod_index else frozenset()
         heap, lower = self._bounded(req, priority, names)
         if stats is not None:
             stats.bounded, stats.lower = len(heap), lower
         heapq.heapify(heap)
         memo, budgets = _Memo(eligible), allowed or {}
         best: Candidate | None = None
-        entries = alloc.node_entries()
+        entries, versions = alloc.node_entries(), alloc.node_versions()
+        # the namespace quota changes with allocations anywhere: results are kept only without one
+        results = self._results(req, priority, generation) if req.namespace not in alloc.ledger.quota else None
         while heap:
             bound = heapq.heappop(heap)
+            name = bound.node
             if best is not None and not bound < best.damage:
                 break
-            if node_ok is not None and not node_ok(bound.node):
+            if node_ok is not None and not node_ok(name):
                 continue
-            if stats is not None:
-                stats.examined += 1
-            found = self._victims(entries[bound.node], req, priority, memo, budgets, stats)
-            if found is not None and (best is None or found.damage < best.damage):
+            keep = results is not None and generation is not None and name not in busy
+            stamp = (versions.get(name, 0), generation(name) if keep and generation is not None else None)
+            known = results.get(name) if keep and results is not None else None
+            if known is not None and known[0] == stamp:
+                found = known[1]
+            else:
+                if stats is not None:
+                    stats.examined += 1
+                found = self._victims(entries[name], req, priority, memo, budgets)
+                if keep and results is not None:
+                    results[name] = (stamp, found)
+            if isinstance(found, str):
+                _count_failure(stats, name, found)
+            elif best is None or found.damage < best.damage:
                 best = found
         return best
+
+    def _results(self, req: AllocRequest, priority: int,
+                 generation: Callable[[str], Hashable] | None) -> dict[str, tuple[Any, Candidate | str]] | None:
+        """Per node, the last examination's answer for this shape and priority, with the node's
+        version and generation it was found at."""
+        if generation is None:
+            return None
+        return _kept(self._examined, (shape_of(req), priority))
 
     def _bounded(self, req: AllocRequest, priority: int, names: Iterable[str]) -> tuple[list[Damage], int]:
         """The optimistic damage of each node where `req` fits once every lower-priority allocation
         went (kept per node version), and how many nodes hold lower-priority allocations at all."""
-        key = (shape_of(req), priority, req.pod_index)
-        cached = self._bounds.get(key)
-        if cached is None:
-            cached = self._bounds[key] = {}
-            if len(self._bounds) > MAX_BOUND_KEYS:
-                self._bounds.popitem(last=False)
-        else:
-            self._bounds.move_to_end(key)
+        cached = _kept(self._bounds, (shape_of(req), priority))
         alloc = self.allocator
         versions, entries = alloc.node_versions(), alloc.node_entries()
+        plain = replace(req, pod_index=0) if req.pod_index else req
         out: list[Damage] = []
         lower = 0
         for name in names:
             version = versions.get(name, 0)
             hit = cached.get(name)
             if hit is None or hit[0] != version:
-                hit = cached[name] = (version, self._bound(entries[name], req, priority))
+                hit = cached[name] = (version, self._bound(entries[name], plain, priority))
             if hit[1] is not NO_LOWER:
                 lower += 1
                 if hit[1] is not None:
@@ -351,16 +403,44 @@ class PreemptionSearch:
 
     def _bound(self, entry: NodeEntry, req: AllocRequest, priority: int) -> Damage | None:
         """The node's optimistic damage; None when it cannot help, NO_LOWER when it holds nothing of
-        lower priority."""
+        lower priority. One pass over its GPUs: each one's view with every lower-priority
+        allocation gone must fit, and the fewest of its lower-priority charges (largest first) that
+        cover what it lacks bound the victims it needs; the pod needs `count` GPUs, so at least the
+        count-th smallest of those."""
         allocs = self.allocator.ledger.allocs
         lower = {uid: held.req.priority for uid in entry.workers
                  if (held := allocs.get(uid)) is not None and held.req.priority < priority}
         if not lower:
             return NO_LOWER
-        if not self._fits(entry, req, lower.keys()):
+        if len(entry.workers) - len(lower) >= self.allocator.max_workers_per_node:
             return None
+        gone = lower.keys()
+        fits = filters.gpu_fits
+        needs: list[int] = []
+        for slot in entry.groups.get((req.pool, req.gpu_model), ()):
+            if not slot.allocs:
+                if fits(slot, req):
+                    needs.append(0)
+            elif fits(cast(GpuSlot, _FreedGpu(slot, gone)), req):
+                needs.append(_fewest_on(slot, req, gone))
+        if len(needs) < req.count:
+            return None
+        needs.sort()
+        fewest = max(1, needs[req.count - 1])
         least = min(lower.values())
-        return Damage(0, least, least if least >= 0 else _NO_SUM_BOUND, 1, entry.name)
+        return Damage(0, least, least * fewest if least >= 0 else _NO_SUM_BOUND, fewest, entry.name)
+
+
+def _kept(store: OrderedDict[Any, dict[str, Any]], key: Any) -> dict[str, Any]:
+    """The per-node memo of `key` in `store`, the last MAX_BOUND_KEYS keys kept."""
+    found = store.get(key)
+    if found is None:
+        found = store[key] = {}
+        if len(store) > MAX_BOUND_KEYS:
+            store.popitem(last=False)
+    else:
+        store.move_to_end(key)
+    return found
 
 
 class _Memo:
@@ -378,6 +458,18 @@ class _Memo:
         except KeyError:
             found = self.answers[uid] = self.eligible(uid)
             return found
+
+
+NO_ELIGIBLE, NOT_ENOUGH = "no-eligible", "not-enough"
+
+
+def _count_failure(stats: SearchStats | None, node: str, why: str) -> None:
+    if stats is None:
+        return
+    if why == NO_ELIGIBLE:
+        stats.no_eligible.append(node)
+    elif why == NOT_ENOUGH:
+        stats.not_enough.append(node)
 
 
 def _mark_violations(units: list[_Unit], allowed: Mapping[str, int]) -> None:

@@ -47,7 +47,7 @@ from prometheus_client import Counter
 
 from tfusion.allocator import AllocationInfo, AllocRequest
 from tfusion.allocator.framework import Code, Framework
-from tfusion.allocator.preemption import Candidate, PreemptionSearch, SearchStats, VictimFacts
+from tfusion.allocator.preemption import Candidate, Eligible, PreemptionSearch, SearchStats, VictimFacts
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Node, Pod
 from tfusion.api.annotations import AnnotationError
@@ -74,6 +74,9 @@ VICTIM_POLL_S = 0.05
 GANG_INDEX = "preemption-gang"
 #: nodes named in a "preemption: ..." note at most
 NOTE_NODES = 3
+#: a node found unable to help is looked at again at least this often (an eviction protection may
+#: have run out meanwhile)
+PROTECTION_STEP_S = 10.0
 
 
 def gang_index(obj: Any) -> list[str]:
@@ -127,11 +130,22 @@ class Preemption:
         self.metrics = PreemptionMetrics(self.runtime.registry)
         self.budgets: Informer | None = None
         self._search: PreemptionSearch | None = None
+        #: victims of the attempts under way (not chosen again by another preemptor meanwhile)
+        self._evicting: set[str] = set()
+        #: changes with every pod or budget event: the allocator's memo of nodes that cannot help is
+        #: valid for one value of it (and one PROTECTION_STEP_S, as protections run out)
+        self._epoch = 0
+        self._node_refusals: dict[str, tuple[dict[str, list[str]], datetime | None]] = {}
 
     def attach(self) -> Preemption:
         self.budgets = self.runtime.manager.cache.informer(PDBS)
         self.scheduler.pods.add_index(GANG_INDEX, gang_index)
+        for informer in (self.budgets, self.scheduler.pods):
+            informer.add_handler(on_add=self._changed, on_update=self._changed, on_delete=self._changed)
         return self
+
+    def _changed(self, *_: object) -> None:
+        self._epoch += 1
 
     def search(self) -> PreemptionSearch | None:
         allocator = self.scheduler.service.allocator
@@ -187,11 +201,23 @@ class Preemption:
             raw = self.scheduler.nodes.get(name)
             return raw is not None and self.scheduler.node_failure(demand, Node(raw)) is None
 
-        found = search.best(req, req.priority, eligible, allowed=allowed, node_ok=node_ok, stats=stats)
+        scope = "" if self.cluster_wide else (pod.namespace or "default")
+        generation = (scope, self._epoch, int(datetime.now(UTC).timestamp() // PROTECTION_STEP_S))
+        found = search.best(req, req.priority, eligible, allowed=allowed, node_ok=node_ok, stats=stats,
+                            generation=generation)
+        # nodes skipped as known unable to help keep the reasons their last examination found
+        for node, reasons in refusals.by_node.items():
+            self._node_refusals[node] = (reasons, refusals.protected_until.get(node))
+        for node in (*stats.no_eligible, *stats.not_enough):
+            if node not in refusals.by_node and node in self._node_refusals:
+                reasons, until = self._node_refusals[node]
+                refusals.by_node[node] = reasons
+                if until is not None:
+                    refusals.protected_until[node] = until
         return found, refusals, stats
 
     def _eligibility(self, preemptor: Pod, req: AllocRequest, refusals: Refusals,
-                     allowed: dict[str, int]) -> Any:
+                     allowed: dict[str, int]) -> Eligible:
         allocator = self.scheduler.service.allocator
         assert allocator is not None
         now = datetime.now(UTC)
@@ -224,7 +250,7 @@ class Preemption:
 
     def _refusal(self, pod: Pod, preemptor: Pod, now: datetime, refusals: Refusals) -> str:
         """Why `pod` may not be a victim of `preemptor` whatever its priority, or ""."""
-        if pod.meta.deleting:
+        if pod.meta.deleting or pod.uid in self._evicting:
             return "are terminating already"
         if not self.cluster_wide and (pod.namespace or "default") != (preemptor.namespace or "default"):
             return "are in another namespace (TF_SCHEDULER_PREEMPT_CLUSTER_WIDE=false)"
@@ -281,6 +307,13 @@ class Preemption:
     # --- the attempt (asynchronous) --------------------------------------------------------------
 
     async def _run(self, attempt: Attempt, fw: Framework, tg: TaskGroup) -> None:
+        self._evicting.update(attempt.candidate.victims)
+        try:
+            await self._attempt(attempt, fw, tg)
+        finally:
+            self._evicting.difference_update(attempt.candidate.victims)
+
+    async def _attempt(self, attempt: Attempt, fw: Framework, tg: TaskGroup) -> None:
         sched, queue = self.scheduler, self.scheduler.queue
         try:
             ok = await self._evict_all(attempt, tg)
