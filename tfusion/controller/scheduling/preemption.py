@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -132,20 +132,44 @@ class Preemption:
         self._search: PreemptionSearch | None = None
         #: victims of the attempts under way (not chosen again by another preemptor meanwhile)
         self._evicting: set[str] = set()
-        #: changes with every pod or budget event: the allocator's memo of nodes that cannot help is
-        #: valid for one value of it (and one PROTECTION_STEP_S, as protections run out)
+        #: what may be preempted changed everywhere (a budget, a gang) / on one node (its pods): the
+        #: allocator keeps a node's examination while both (and the PROTECTION_STEP_S) stay
         self._epoch = 0
+        self._node_epochs: dict[str, int] = {}
         self._node_refusals: dict[str, tuple[dict[str, list[str]], datetime | None]] = {}
 
     def attach(self) -> Preemption:
         self.budgets = self.runtime.manager.cache.informer(PDBS)
         self.scheduler.pods.add_index(GANG_INDEX, gang_index)
-        for informer in (self.budgets, self.scheduler.pods):
-            informer.add_handler(on_add=self._changed, on_update=self._changed, on_delete=self._changed)
+        self.budgets.add_handler(on_add=self._changed, on_update=self._changed, on_delete=self._changed)
+        self.scheduler.pods.add_handler(on_add=self._pod_changed, on_update=self._pod_updated,
+                                        on_delete=self._pod_changed)
         return self
 
     def _changed(self, *_: object) -> None:
         self._epoch += 1
+
+    def _pod_changed(self, raw: Any) -> None:
+        """A pod came or went: what may be preempted on its node changed (on every node, for a gang)."""
+        pod = Pod(raw)
+        if pod.meta.annotation(tfa.GANG_GROUP_KEY):
+            self._epoch += 1
+        elif pod.node_name:
+            self._node_epochs[pod.node_name] = self._node_epochs.get(pod.node_name, 0) + 1
+
+    def _pod_updated(self, old: Any, new: Any) -> None:
+        if old is None or _eligibility_facts(Pod(old)) != _eligibility_facts(Pod(new)):
+            if old is not None:
+                self._pod_changed(old)
+            self._pod_changed(new)
+
+    def generation(self, scope: str) -> Callable[[str], Hashable]:
+        """The allocator's per-node generation for one preemptor (see PreemptionSearch.best): what
+        may be preempted on a node changes with its pods, the budgets, gangs, the preemptor's
+        namespace scope and, as protections run out, the time."""
+        shared = (scope, self._epoch, int(datetime.now(UTC).timestamp() // PROTECTION_STEP_S))
+        epochs = self._node_epochs
+        return lambda node: (shared, epochs.get(node, 0))
 
     def search(self) -> PreemptionSearch | None:
         allocator = self.scheduler.service.allocator
@@ -202,9 +226,8 @@ class Preemption:
             return raw is not None and self.scheduler.node_failure(demand, Node(raw)) is None
 
         scope = "" if self.cluster_wide else (pod.namespace or "default")
-        generation = (scope, self._epoch, int(datetime.now(UTC).timestamp() // PROTECTION_STEP_S))
         found = search.best(req, req.priority, eligible, allowed=allowed, node_ok=node_ok, stats=stats,
-                            generation=generation)
+                            generation=self.generation(scope))
         # nodes skipped as known unable to help keep the reasons their last examination found
         for node, reasons in refusals.by_node.items():
             self._node_refusals[node] = (reasons, refusals.protected_until.get(node))
@@ -308,6 +331,7 @@ class Preemption:
 
     async def _run(self, attempt: Attempt, fw: Framework, tg: TaskGroup) -> None:
         self._evicting.update(attempt.candidate.victims)
+        self._epoch += 1  # no other preemptor takes these victims from a kept examination
         try:
             await self._attempt(attempt, fw, tg)
         finally:
@@ -456,6 +480,13 @@ class Preemption:
         """The preemptor's explanation: its unschedulable one with the preemption's note."""
         why = replace(attempt.base, message=f"{attempt.base.message} {note}", updated=rfc3339())
         self.scheduler.reports.report(attempt.pod, why, tg)
+
+
+def _eligibility_facts(pod: Pod) -> tuple[Any, ...]:
+    """What of a pod the eligibility of it (or of its node's pods) reads."""
+    meta = pod.meta
+    return (pod.uid, pod.node_name, meta.deleting, pod.finished, meta.labels, meta.annotations,
+            pod.spec.get("priority"))
 
 
 def protected_until(pod: Pod) -> datetime | None:
