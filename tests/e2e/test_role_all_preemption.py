@@ -86,8 +86,11 @@ def test_critical_pods_preempt_unprotected_low_pods_and_never_protected_ones(rol
     spec = pods(role_all)["crit-0"]["spec"]
     assert (spec["priority"], spec["priorityClassName"]) == (100000, "tensor-fusion-critical")
 
-    left = role_all.wait_for("the victims gone", lambda: (names := set(pods(role_all))) >= protected
-                             and not (set(lows) - protected) & names and names, timeout=60)
+    def victims_gone() -> set[str] | None:
+        names = set(pods(role_all))
+        return names if not (set(lows) - protected) & names else None
+
+    left = role_all.wait_for("the victims gone", victims_gone, timeout=60)
     assert protected <= left
     preempted = events(role_all, "Preempted")
     victims = {e["involvedObject"]["name"] for e in preempted}
@@ -99,9 +102,11 @@ def test_critical_pods_preempt_unprotected_low_pods_and_never_protected_ones(rol
     assert all("(priority 0)" in e["message"] for e in preempting)
 
     kubectl(role_all, "apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("crit-last", "critical", half)))
-    message = role_all.wait_for("crit-last explains why it waits",
-                                lambda: (text := condition(role_all, "crit-last")) and "preemption:" in text and text,
-                                timeout=60)
+    def explained() -> str | None:
+        text = condition(role_all, "crit-last")
+        return text if "preemption:" in text else None
+
+    message = role_all.wait_for("crit-last explains why it waits", explained, timeout=60)
     assert f"preemption: {len(protected)} pod(s) on {NODE} are protected until " in message
     assert protected <= set(pods(role_all))
     assert pods(role_all)["crit-last"]["spec"].get("nodeName") is None
