@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def test_critical_pods_preempt_unprotected_low_pods_and_never_protected_ones(rol
     crits = [f"crit-{i}" for i in range(len(lows) - len(protected))]
     for name in crits:  # one at a time: each takes the place of one unprotected low pod
         kubectl(role_all, "apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod(name, "critical", half)))
-        role_all.wait_for(f"{name} running", lambda name=name: running(role_all, [name]), timeout=60)
+        role_all.wait_for(f"{name} running", partial(running, role_all, [name]), timeout=60)
     spec = pods(role_all)["crit-0"]["spec"]
     assert (spec["priority"], spec["priorityClassName"]) == (100000, "tensor-fusion-critical")
 
