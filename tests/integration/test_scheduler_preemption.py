@@ -224,3 +224,50 @@ async def test_quota_is_judged_with_the_victims_usage_subtracted(apiserver: Any,
             assert await eventually(lambda: node_of(kube, "crit"), what="crit bound") == "node-a"
             assert "mine" not in await pod_names(kube)
             assert "theirs" in await pod_names(kube, "other")
+
+
+async def test_the_extender_preempt_verb_answers_gpu_aware_victims(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await apply_priority_and_pool(kube)
+        for node in ("node-a", "node-b"):
+            await create_node(kube, node)
+            await create_gpu(kube, f"gpu-{node}", node, vram="16Gi")
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path, scheduler="extender"))
+            uids: dict[str, str] = {}
+            for name, node, notes in (("low-a1", "node-a", {}), ("low-a2", "node-a", {tfa.EVICTION_PROTECTION: "1h"}),
+                                      ("low-b", "node-b", {tfa.EVICTION_PROTECTION: "1h"})):
+                size = "16Gi" if node == "node-b" else "8Gi"
+                pod = qos_pod(name, "low", vram=size, extra=notes)
+                pod["spec"]["schedulerName"] = "default-scheduler"
+                created = await kube.create(r.PODS, pod)
+                uids[name] = created["metadata"]["uid"]
+
+                async def bound_by_extender(name: str = name, node: str = node) -> bool:
+                    args = {"PodName": name, "PodNamespace": "default", "PodUID": uids[name], "Node": node}
+                    answer: Any = (await ctl.http.post("/scheduler/bind", json=args)).json()
+                    return bool(answer == {"Error": ""})
+
+                await eventually(bound_by_extender, what=f"{name} bound through the extender")
+            crit = qos_pod("crit", "critical", vram="8Gi")
+            crit["spec"]["schedulerName"] = "default-scheduler"
+            crit = await kube.create(r.PODS, crit)
+            empty = {"Pods": [], "NumPDBViolations": 0}
+            meta = {"Pod": crit, "NodeNameToMetaVictims": {"node-a": empty, "node-b": empty}}
+            answer = (await ctl.http.post("/scheduler/preempt", json=meta)).json()
+            # node-b's only pod is protected: dropped; on node-a the unprotected half goes
+            assert answer == {"NodeNameToMetaVictims": {"node-a": {"Pods": [{"UID": uids["low-a1"]}],
+                                                                   "NumPDBViolations": 0}}}
+            kept = await kube.get(r.PODS, "low-a1", namespace="default")  # kube's own pick is kept
+            full = {"Pod": crit, "NodeNameToVictims": {"node-a": {"Pods": [kept], "NumPDBViolations": 1}}}
+            answer = (await ctl.http.post("/scheduler/preempt", json=full)).json()
+            assert answer == {"NodeNameToMetaVictims": {"node-a": {"Pods": [{"UID": uids["low-a1"]}],
+                                                                   "NumPDBViolations": 1}}}
+            guarded = await kube.get(r.PODS, "low-a2", namespace="default")  # kube knows no protection
+            full = {"Pod": crit, "NodeNameToVictims": {"node-a": {"Pods": [guarded], "NumPDBViolations": 0}}}
+            assert (await ctl.http.post("/scheduler/preempt", json=full)).json() == {"NodeNameToMetaVictims": {}}
+            low = await kube.get(r.PODS, "low-b", namespace="default")
+            answer = (await ctl.http.post("/scheduler/preempt", json={**meta, "Pod": low})).json()
+            assert answer == {"NodeNameToMetaVictims": {}}  # a low pod preempts nothing
+            assert (await ctl.http.post("/scheduler/preempt", json={"NodeNameToMetaVictims": {}})).status_code == 400

@@ -218,7 +218,7 @@ class Preemption:
         if search is None:
             return None, refusals, stats
         allowed: dict[str, int] = {}
-        eligible = self._eligibility(pod, req, refusals, allowed)
+        eligible = self.eligibility(pod, req, refusals, allowed)
         demand = nc.pod_demand(pod)
 
         def node_ok(name: str) -> bool:
@@ -239,8 +239,10 @@ class Preemption:
                     refusals.protected_until[node] = until
         return found, refusals, stats
 
-    def _eligibility(self, preemptor: Pod, req: AllocRequest, refusals: Refusals,
-                     allowed: dict[str, int]) -> Eligible:
+    def eligibility(self, preemptor: Pod, req: AllocRequest, refusals: Refusals,
+                    allowed: dict[str, int]) -> Eligible:
+        """Who may be a victim of `preemptor` (see the module docstring); fills `refusals` with why
+        others may not and `allowed` with the disruptions each budget of an eligible pod allows."""
         allocator = self.scheduler.service.allocator
         assert allocator is not None
         now = datetime.now(UTC)

@@ -185,8 +185,8 @@ class Scheduler:
         from tfusion.controller.scheduling.http import scheduler_handlers
 
         rt.routes.extend(scheduler_handlers(self))
+        self.preemption = Preemption(self).attach()  # the built-in PostFilter, the extender's preempt verb
         if self.mode == BUILTIN:
-            self.preemption = Preemption(self).attach()
             rt.add_leader_task(self.run_leader)
         return self
 
