@@ -121,7 +121,8 @@ class Attempt:
 
 
 class Preemption:
-    """The scheduler's PostFilter; `attach()` it to a Scheduler (the built-in scheduler only)."""
+    """The built-in scheduler's PostFilter, and the eligibility rules the extender's preempt verb
+    (extender_preempt.py) uses too; `attach()` it to a Scheduler."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
