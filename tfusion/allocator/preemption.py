@@ -19,8 +19,13 @@ Nothing is changed: a fit "without" some allocations is judged on a read-only vi
 the freed charges given back (the allocator's filter `gpu_fits` itself decides), so no cache of the
 allocator is touched. Speed (issue 26: a decision p99 <= 10 ms on 500 nodes): each node first gets a
 cheap optimistic bound (the pod fits once every lower-priority allocation went; the best damage it
-could have), kept per node version, and nodes are examined best bound first until no remaining
-bound can beat the best candidate found, so a full cluster of equal pods examines one node.
+could have: the lowest such priority, and the fewest victims its GPUs' shortfall needs), kept per
+node version, and nodes are examined best bound first until no remaining bound can beat the best
+candidate found, so a full cluster of equal pods examines one node. An examination is kept per node
+too, while neither the node nor the caller's per-node eligibility generation changes (the controller
+bumps it when a pod of the node, a budget or a gang changes), so nodes whose pods may not go are not
+looked at again and again. Bounds and kept examinations ignore the pod index lock; the few nodes
+where another pod holds the pod's index are examined afresh each time.
 Pure like the rest of the package: no I/O, no await.
 """
 
