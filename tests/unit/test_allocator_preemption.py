@@ -267,3 +267,45 @@ def test_the_chosen_node_is_no_more_damaging_than_any_other(nodes: list[tuple[li
         return
     assert all(best.damage <= c.damage for c in possible)
     assert _damage_of(best) == _damage_of(each[best.node])
+
+
+def test_kept_examinations_last_while_the_node_and_its_generation_do() -> None:
+    a = GpuAllocator()
+    for node in ("n1", "n2"):
+        a.upsert_gpu(gpu(f"g-{node}", node))
+        full_node(a, node, f"g-{node}", [16], [0])
+    protected = {"n1-v0"}
+    generations = {"n1": 0, "n2": 0}
+    search = PreemptionSearch(a)
+
+    def best() -> tuple[Candidate | None, SearchStats]:
+        stats = SearchStats()
+        found = search.best(req("crit", 8, priority=CRITICAL), CRITICAL,
+                            lambda uid: None if uid in protected else VictimFacts(), stats=stats,
+                            generation=generations.__getitem__)
+        return found, stats
+
+    found, stats = best()
+    assert found is not None and found.node == "n2" and stats.examined == 2 and stats.no_eligible == ["n1"]
+    found, stats = best()
+    assert found is not None and found.node == "n2" and stats.examined == 0 and stats.no_eligible == ["n1"]
+    protected.clear()  # the controller bumps the node's generation when its pod changes
+    generations["n1"] += 1
+    found, stats = best()
+    assert found is not None and found.node == "n1" and stats.examined == 1
+
+
+def test_a_node_holding_the_pods_index_is_examined_afresh() -> None:
+    a = GpuAllocator()
+    a.upsert_gpu(gpu("g1", "n1"))
+    place(a, req("holder", 8, pod_index=3, priority=CRITICAL), "g1")
+    place(a, req("low", 8), "g1")
+    search = PreemptionSearch(a)
+    preemptor = req("crit", 8, priority=CRITICAL, pod_index=3)
+    # the index is held by a pod that may not go: no candidate, however often asked
+    for _ in range(2):
+        stats = SearchStats()
+        assert search.best(preemptor, CRITICAL, everyone, stats=stats, generation=lambda node: 0) is None
+        assert stats.examined == 1
+    assert search.best(req("other", 8, priority=CRITICAL, pod_index=4), CRITICAL, everyone,
+                       generation=lambda node: 0) is not None
