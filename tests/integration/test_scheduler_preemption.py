@@ -271,3 +271,58 @@ async def test_the_extender_preempt_verb_answers_gpu_aware_victims(apiserver: An
             answer = (await ctl.http.post("/scheduler/preempt", json={**meta, "Pod": low})).json()
             assert answer == {"NodeNameToMetaVictims": {}}  # a low pod preempts nothing
             assert (await ctl.http.post("/scheduler/preempt", json={"NodeNameToMetaVictims": {}})).status_code == 400
+
+
+async def test_an_eviction_the_api_server_refuses_ends_the_attempt_and_says_so(apiserver: Any,
+                                                                                tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await one_gpu(kube)
+        await kube.create(PDBS, {"metadata": {"name": "keep-train", "namespace": "default"},
+                                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}})
+        # a stale status: the budget seems to allow one, but the pod is its only healthy one
+        await kube.patch(PDBS, "keep-train", {"status": {"disruptionsAllowed": 1}}, namespace="default",
+                         subresource="status")
+        async with controllers() as tg:
+            await start_controller(tg, settings_for(apiserver, tmp_path))
+            await kube.create(r.PODS, qos_pod("train", "low", vram="16Gi", labels={"app": "train"}))
+            await eventually(lambda: all_bound(kube, ["train"]), what="train bound")
+            await kube.patch(r.PODS, "train", {"status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True"}]}}, namespace="default", subresource="status")
+            await kube.create(r.PODS, qos_pod("crit", "critical", vram="8Gi"))
+            refused = await eventually(lambda: waiting_note(kube, "crit", "could not be evicted"), what="the 429")
+            assert "preemption: pod default/train on node node-a could not be evicted (a PodDisruptionBudget " \
+                   "forbids it); trying again later." in refused["message"]
+            # the eviction wrote the budget's true status: the next attempt does not even try
+            await eventually(lambda: waiting_note(kube, "crit", "allows no disruption (keep-train)"),
+                             what="the budget's note")
+            assert "train" in await pod_names(kube)
+            assert not await events_for(kube, "train", "Preempted")
+
+
+async def test_a_victim_that_does_not_go_in_time_gets_its_gpus_back(apiserver: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfusion.controller.scheduling import preemption
+
+    monkeypatch.setattr(preemption, "VICTIM_WAIT_MARGIN_S", 0.5)
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await one_gpu(kube)
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
+            low = qos_pod("slow", "low", vram="16Gi")
+            low["spec"]["terminationGracePeriodSeconds"] = 0
+            low["metadata"]["finalizers"] = [HOLD]
+            created = await kube.create(r.PODS, low)
+            await eventually(lambda: all_bound(kube, ["slow"]), what="slow bound")
+            await kube.create(r.PODS, qos_pod("crit", "critical", vram="8Gi"))
+            condition = await eventually(lambda: waiting_note(kube, "crit", "did not leave"), what="the timeout")
+            assert "preemption: pod(s) default/slow did not leave node node-a in time; trying again later." \
+                in condition["message"]
+            allocator = ctl.service.allocator
+            assert allocator is not None
+            held = allocator.allocation(created["metadata"]["uid"])  # still there, so still holding its GPU
+            assert held is not None and held.gpu_names == ("gpu-a1",)
+            assert await node_of(kube, "crit") is None
+            await kube.patch(r.PODS, "slow", {"metadata": {"finalizers": []}}, namespace="default")
+            assert await eventually(lambda: node_of(kube, "crit"), what="crit bound once slow is gone") == "node-a"
