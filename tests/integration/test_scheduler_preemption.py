@@ -326,3 +326,20 @@ async def test_a_victim_that_does_not_go_in_time_gets_its_gpus_back(apiserver: A
             assert await node_of(kube, "crit") is None
             await kube.patch(r.PODS, "slow", {"metadata": {"finalizers": []}}, namespace="default")
             assert await eventually(lambda: node_of(kube, "crit"), what="crit bound once slow is gone") == "node-a"
+
+
+async def test_no_preemption_onto_a_node_the_pod_may_not_use(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await one_gpu(kube)
+        async with controllers() as tg:
+            await start_controller(tg, settings_for(apiserver, tmp_path))
+            await kube.create(r.PODS, qos_pod("low", "low", vram="16Gi"))
+            await eventually(lambda: all_bound(kube, ["low"]), what="low bound")
+            taint = {"key": "dedicated", "value": "batch", "effect": "NoSchedule"}
+            await kube.patch(r.NODES, "node-a", {"spec": {"taints": [taint]}})
+            await kube.create(r.PODS, qos_pod("crit", "critical", vram="8Gi"))
+            condition = await eventually(lambda: waiting_note(kube, "crit", "preemption:"), what="the note")
+            assert condition["message"].endswith("preemption: the 1 node(s) where evictions would make GPU room "
+                                                 "fail the pod's node checks.")
+            assert "low" in await pod_names(kube)

@@ -114,6 +114,8 @@ class SearchStats:
     #: nodes holding lower-priority allocations at all (whether or not their going would make room)
     lower: int = 0
     examined: int = 0
+    #: candidate nodes the caller's node check (taints, CPU, ...) refused
+    node_refused: int = 0
     #: examined nodes where no lower-priority allocation was eligible
     no_eligible: list[str] = field(default_factory=list)
     #: examined nodes where even every eligible victim gone did not make room
@@ -360,6 +362,8 @@ class PreemptionSearch:
             if best is not None and not bound < best.damage:
                 break
             if node_ok is not None and not node_ok(name):
+                if stats is not None:
+                    stats.node_refused += 1
                 continue
             keep = results is not None and generation is not None and name not in busy
             stamp = (versions.get(name, 0), generation(name) if keep and generation is not None else None)

@@ -326,6 +326,9 @@ class Preemption:
         if stats.not_enough:
             parts.append(f"evicting every eligible lower-priority pod would not make room on "
                          f"{', '.join(sorted(stats.not_enough)[:NOTE_NODES])}")
+        if not parts and stats.node_refused:
+            return (f"the {stats.node_refused} node(s) where evictions would make GPU room fail the pod's node "
+                    "checks.")
         if not parts:
             return "no lower-priority pod may be evicted where the pod would fit."
         return "; ".join(parts) + "."
