@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=10000)
     parser.add_argument("--path", choices=("default", "extender", "churn", "preempt"), default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
-    parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill")
+    parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill; "
+                        "preempt: critical pods arriving (at most 2000)")
     parser.add_argument("--protected", type=float, default=0.2, help="preempt: share of low pods protected")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)

@@ -368,8 +368,8 @@ OPTIONS: tuple[Option, ...] = (
        "who binds GPU pods: builtin (the leader's own scheduler) or extender (a kube-scheduler profile "
        "calls /scheduler/filter, /prioritize and /bind)"),
     _o("preempt_cluster_wide", None, "TF_SCHEDULER_PREEMPT_CLUSTER_WIDE", True, parse_bool,
-       "controller", "the built-in scheduler may preempt lower-priority GPU pods of every namespace (false: only "
-       "of the preempting pod's own namespace)"),
+       "controller", "preemption (the built-in scheduler's, and the extender's preempt verb) may take lower-priority "
+       "GPU pods of every namespace (false: only of the preempting pod's own namespace)"),
     _o("schedule_default_pods", None, None, False, parse_bool, "controller",
        "the built-in scheduler also places pods that name default-scheduler (or no scheduler), by the node "
        "checks alone, without GPUs; no flag or variable: only the embedded API server's wiring (--role=all, "
