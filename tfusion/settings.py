@@ -367,6 +367,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("scheduler", "--scheduler", None, "builtin", _choice("builtin", "extender"), "controller",
        "who binds GPU pods: builtin (the leader's own scheduler) or extender (a kube-scheduler profile "
        "calls /scheduler/filter, /prioritize and /bind)"),
+    _o("preempt_cluster_wide", None, "TF_SCHEDULER_PREEMPT_CLUSTER_WIDE", True, parse_bool,
+       "controller", "preemption (the built-in scheduler's, and the extender's preempt verb) may take lower-priority "
+       "GPU pods of every namespace (false: only of the preempting pod's own namespace)"),
     _o("schedule_default_pods", None, None, False, parse_bool, "controller",
        "the built-in scheduler also places pods that name default-scheduler (or no scheduler), by the node "
        "checks alone, without GPUs; no flag or variable: only the embedded API server's wiring (--role=all, "
@@ -502,6 +505,7 @@ class Settings:
     enable_webhooks: bool = _default("enable_webhooks")
     enable_scheduler: bool = _default("enable_scheduler")
     scheduler: str = _default("scheduler")
+    preempt_cluster_wide: bool = _default("preempt_cluster_wide")
     schedule_default_pods: bool = _default("schedule_default_pods")
     enable_cr_controller: bool = _default("enable_cr_controller")
     progressive_migration: bool = _default("progressive_migration")

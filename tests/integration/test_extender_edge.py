@@ -60,7 +60,7 @@ async def test_builtin_mode_refuses_before_reading_the_body(apiserver: ApiServer
     async with controllers() as tg:
         ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
         port = ctl.runtime.address[1] if ctl.runtime.address else 0
-        for path in ("/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind"):
+        for path in ("/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind", "/scheduler/preempt"):
             answer = await anyio.to_thread.run_sync(send_head_only, port, path, 30 * MiB, b'{"Pod": {')
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 409"), answer[:300]

@@ -264,7 +264,7 @@ async def test_controller_errors_and_openapi(apiserver: ApiServerHandle, tmp_pat
         await ctl.stop()
     check_openapi(doc, bodies={"/api/simulate-schedule": ("application/json", "application/yaml"),
                                **{f"/scheduler/{verb}": ("application/json",)
-                                  for verb in ("filter", "prioritize", "bind")}},
+                                  for verb in ("filter", "prioritize", "bind", "preempt")}},
                   text_plain=frozenset({"/api/assign-index", "/api/assign-host-port"}),
                   text_success=frozenset({"/api/connection"}))
     schemas = doc["components"]["schemas"]

@@ -190,6 +190,8 @@ def can(index: rbac.PolicyIndex, user: str, verb: str, resource: str, *, group: 
 @pytest.mark.parametrize(("verb", "resource", "group", "namespace", "name"), [
     ("create", "pods/binding", "", "ml", "p"),
     ("patch", "pods/status", "", "ml", "p"),
+    ("create", "pods/eviction", "", "ml", "p"),
+    ("watch", "poddisruptionbudgets", "policy", "ml", ""),
     ("delete", "pods", "", "ml", "worker"),
     ("patch", "nodes", "", "", "n1"),
     ("create", "events", "", "ml", ""),

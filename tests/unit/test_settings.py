@@ -53,6 +53,7 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "metrics_extra_labels": ('{"team": "team"}', '{"team": "team"}', None),
     "enable_webhooks": ("false", False, "maybe"),
     "enable_scheduler": ("false", False, "maybe"),
+    "preempt_cluster_wide": ("false", False, "everywhere"),
     "enable_cr_controller": ("false", False, "nope"),
     "detect_in_used_gpus": ("true", True, "sometimes"),
     "initial_gpu_node_label_selector": (" nvidia.com/gpu.present=true ", "nvidia.com/gpu.present=true",

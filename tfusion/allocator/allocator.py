@@ -453,6 +453,10 @@ class GpuAllocator:
         self.ledger.unapply(alloc)
         return True
 
+    def was_released(self, pod_uid: str) -> bool:
+        """Whether `release` freed this pod's allocation (recently): it must not be adopted again."""
+        return pod_uid in self.ledger.released
+
     def expire_assumed(self, now: float | None = None) -> list[str]:
         """Forget assumed allocations older than the TTL; returns their pod UIDs."""
         now = self._clock() if now is None else now

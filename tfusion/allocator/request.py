@@ -40,6 +40,9 @@ from tfusion.api.quantity import INT64_MAX, Quantity
 
 MAX_GPU_COUNT = 128
 QOS_LEVELS = ("low", "medium", "high", "critical")
+#: a pod's priority when it has no spec.priority: the value of the PriorityClass we ship for its QoS
+#: (deploy/base/priorityclasses.yaml); `low` has none, so it is kube's default 0 like `medium`
+QOS_PRIORITY: Mapping[str, int] = {"low": 0, "medium": 0, "high": 10_000, "critical": 100_000}
 ISOLATION_MODES = tfa.ISOLATION_MODES
 
 
@@ -117,6 +120,13 @@ def annotated_amounts(notes: Mapping[str, str]) -> dict[str, Quantity]:
     return amounts
 
 
+def effective_priority(spec_priority: object, qos: str) -> int:
+    """spec.priority when it is an integer, else the priority of the QoS level's PriorityClass."""
+    if isinstance(spec_priority, int) and not isinstance(spec_priority, bool):
+        return spec_priority
+    return QOS_PRIORITY.get(qos, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     """A per-GPU amount: TFLOPS (milli) or compute percent (milli-percent), and VRAM (bytes)."""
@@ -164,6 +174,8 @@ class AllocRequest:
     topology_required: bool | None = None
     topology_max_tier: int | None = None
     topology_source: str = ""
+    #: the pod's scheduling priority (spec.priority, else its QoS's PriorityClass value): preemption
+    priority: int = 0
 
     @property
     def request(self) -> Resources:
@@ -312,4 +324,5 @@ def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
         partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
         pod_index=_pod_index(pod),
         topology_required=required, topology_max_tier=max_tier, topology_source=source,
+        priority=effective_priority(pod.spec.get("priority"), qos),
     )

@@ -26,7 +26,6 @@ from tfusion.allocator.indexes import NodeEntry
 from tfusion.allocator.quota import Usage, check_single, check_total
 from tfusion.allocator.reasons import Code, Reason, Status, Suggestion
 from tfusion.allocator.request import QOS_LEVELS, AllocRequest
-from tfusion.allocator.state import GpuSlot
 from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
@@ -399,36 +398,10 @@ def _fewest_victims(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], 
     return chosen
 
 
-_AMOUNT_STAGES = ("SharedWholeGPUFilter", "ResourceFilter")
-
-
 def _fits_without(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], req: AllocRequest,
                   gone: set[str]) -> bool:
-    """Whether `req` would fit on `node` if the pods `gone` released their GPUs."""
-    if len(node.workers) - len(gone & node.workers.keys()) >= alloc.max_workers_per_node:
-        return False
-    fitting: list[GpuSlot] = []
-    for slot in node.groups[key]:
-        if slot.shared_by is not None and slot.shared_by not in gone:
-            continue
-        staying = [uid for uid in slot.allocs if uid not in gone]
-        if req.isolation == tfa.ISOLATION_SHARED and staying:
-            continue
-        if req.isolation == tfa.ISOLATION_PARTITIONED:
-            return False
-        if any(stage.name not in _AMOUNT_STAGES and stage.applies(req) and stage.check(slot, req) is not None
-               for stage in filters.STAGES):
-            continue
-        info = slot.info
-        shared_left = slot.shared_by is not None
-        used_t = 0 if shared_left else sum(slot.allocs[uid][0] for uid in staying)
-        used_v = 0 if shared_left else sum(slot.allocs[uid][1] for uid in staying)
-        if info.capacity_tflops - used_t >= req.tflops_need(info.capacity_tflops) and \
-                info.capacity_vram - used_v >= req.vram_request:
-            fitting.append(slot)
-    if len(fitting) < req.count:
-        return False
-    policy = alloc.topology_policy(req)
-    # a hard topology must hold for the GPUs freed too, else no victim would help
-    return req.count < 2 or not policy.gates or \
-        not topology.refusal(topology.best_set(fitting, req.count, policy), policy)
+    """Whether `req` would fit on `node` if the pods `gone` released their GPUs (preemption.py's
+    read-only judgement, the one the scheduler's preemption uses)."""
+    from tfusion.allocator.preemption import PreemptionSearch
+
+    return PreemptionSearch(alloc).fits_without(node.name, req, gone)

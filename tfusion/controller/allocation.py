@@ -457,7 +457,8 @@ class AllocatorService:
 
     def _on_pod(self, pod: Pod) -> None:
         allocator = self._allocator
-        if allocator is not None and pod.uid and pod.holds_gpus and not allocator.has_allocation(pod.uid):
+        if allocator is not None and pod.uid and pod.holds_gpus and not allocator.has_allocation(pod.uid) \
+                and not allocator.was_released(pod.uid):  # e.g. a preempted pod still terminating
             self._adopt(allocator, pod)
 
     def _adopt(self, allocator: GpuAllocator, pod: Pod) -> None:

@@ -1,7 +1,7 @@
 """The scheduler's routes on the controller port (:8080).
 
-- `POST /scheduler/filter`, `/scheduler/prioritize`, `/scheduler/bind`: the kube-scheduler
-  extender (extender.py), in the extender v1 wire format. Served only with
+- `POST /scheduler/filter`, `/scheduler/prioritize`, `/scheduler/bind`, `/scheduler/preempt`: the
+  kube-scheduler extender (extender.py, extender_preempt.py), in the extender v1 wire format. Served only with
   `--scheduler=extender` (409 otherwise: the built-in scheduler binds, and two binders must not
   both run) and only by the leader (503 on a follower: only the leader holds the GPU state). Both
   refusals come from a guard, before a byte of the body is read: the routes are unauthenticated,
@@ -32,6 +32,12 @@ from tfusion.controller.scheduling.extender import (
     ExtenderFilterResult,
     HostPriority,
     decode_extender_call,
+)
+from tfusion.controller.scheduling.extender_preempt import (
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    decode_preemption_args,
+    preempt,
 )
 from tfusion.controller.scheduling.extender_sizing import SIZED_FOR_NODES
 from tfusion.controller.scheduling.nodes import is_pending
@@ -123,6 +129,13 @@ def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
     async def scheduler_bind(data: ExtenderBindingArgs) -> ExtenderBindingResult:
         return await extender.bind(data, _extender_framework(scheduler))
 
+    @post("/scheduler/preempt", summary="kube-scheduler extender: GPU-aware preemption victims", status_code=200,
+          request_max_body_size=EXTENDER_MAX_BODY_BYTES, responses=refusals, guards=[serving],
+          **raw_body(ExtenderPreemptionArgs, description="ExtenderPreemptionArgs (extender v1)"))
+    async def scheduler_preempt(request: Request[Any, Any, Any]) -> ExtenderPreemptionResult:
+        args = await decode_json_body(request, decode_preemption_args)
+        return preempt(scheduler, args, _extender_framework(scheduler))
+
     @get("/api/why", summary="Why a pod is not scheduled (leader)", responses=error_responses({
         404: "No such pod", 503: "This replica is not the leader"}))
     async def api_why(name: Annotated[str, Parameter(min_length=1, max_length=253, description="the pod's name")],
@@ -145,4 +158,4 @@ def scheduler_handlers(scheduler: Scheduler) -> list[Any]:
             nodes=why.nodes if why else {}, suggestions=why.suggestions if why else [],
             attempts=why.attempts if why else 0, updated=why.updated if why else "")
 
-    return [scheduler_filter, scheduler_prioritize, scheduler_bind, api_why]
+    return [scheduler_filter, scheduler_prioritize, scheduler_bind, scheduler_preempt, api_why]

@@ -35,7 +35,8 @@ The pod index: the webhook assigns it (scheduling/indexes.py); the allocator hol
 as long as the pod holds GPUs (Filter and Reserve skip a node where another pod holds it), and the
 binding writes `tensor-fusion.ai/index` after a last check of that node-level lock (binder.py).
 With the embedded API server it also places default-scheduler pods, without GPUs (default_pods.py).
-Preemption and gang scheduling are not implemented.
+Preemption (preemption.py) is the PostFilter: a GPU worker that fits nowhere may evict pods of
+lower priority and binds once they are gone. Gang scheduling is not implemented.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
 from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
 from tfusion.controller.scheduling.podcheck import pod_problem
+from tfusion.controller.scheduling.preemption import Preemption
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
 from tfusion.controller.scheduling.unschedulable import Reports, as_pod, pod_key
 from tfusion.kube import resources as r
@@ -158,6 +160,7 @@ class Scheduler:
         #: pods decided but not yet seen bound: uid -> (node, is a TensorFusion worker, native GPUs)
         self._in_flight: dict[str, tuple[str, bool, Mapping[str, int]]] = {}
         self.metrics = SchedulerMetrics(runtime.registry)
+        self.preemption: Preemption | None = None
         self.pods: Informer
         self.nodes: Informer
 
@@ -182,6 +185,7 @@ class Scheduler:
         from tfusion.controller.scheduling.http import scheduler_handlers
 
         rt.routes.extend(scheduler_handlers(self))
+        self.preemption = Preemption(self).attach()  # the built-in PostFilter, the extender's preempt verb
         if self.mode == BUILTIN:
             rt.add_leader_task(self.run_leader)
         return self
@@ -321,6 +325,8 @@ class Scheduler:
             return
         if decision.why is not None:
             self.metrics.attempts.labels("unschedulable").inc()
+            if self.preemption is not None and self.preemption.post_filter(key, pod, decision, fw, tg):
+                return  # PostFilter: victims are being evicted; the pod binds when they are gone
             queue.unschedulable(key)
             decision.why.attempts = queue.attempts(key)
             self.reports.report(pod, decision.why, tg)
