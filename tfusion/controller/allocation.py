@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 import anyio
@@ -153,6 +153,9 @@ class AllocatorService:
         self.last_drift: DriftReport | None = None
         #: (pool, succeeded) -> placements counted by `count_allocation` since the process started
         self.allocation_tally: dict[tuple[str, bool], int] = {}
+        #: pods whose assumed reservation the sweep must keep: gang members waiting at Permit
+        #: (set by the scheduler's gang coordinator, scheduling/gang_runtime.py)
+        self.keep_assumed: Callable[[], Collection[str]] = frozenset
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -561,7 +564,7 @@ class AllocatorService:
             if (found is None or not pod_alive(Pod(found), uid)) and await self.release(uid, "orphan"):
                 log.info("orphan sweep: released pod %s/%s (%s)", req.namespace, req.pod_name, uid)
                 gone.append(uid)
-        for uid in allocator.expire_assumed():
+        for uid in allocator.expire_assumed(keep=set(self.keep_assumed())):
             self.metrics.releases.labels("expired").inc()
             log.info("orphan sweep: assumed allocation of pod %s expired", uid)
             gone.append(uid)

@@ -175,6 +175,14 @@ class SchedulingQueue:
         entry.backoff_until = self.clock.now() + backoff_for(entry.attempts)
         self._back_off(entry)
 
+    def hold_until(self, key: str, due: float) -> None:
+        """Not before `due`, whatever its attempts (a gang backing off after a timeout)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.backoff_until = max(entry.backoff_until, due)
+        self._back_off(entry)
+
     def move_all(self) -> int:
         """An event that can make parked pods fit: every parked pod goes to backoff or active.
         Returns how many were moved."""
