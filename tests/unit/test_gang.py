@@ -66,14 +66,14 @@ def test_members_wait_until_the_required_count_then_all_are_released() -> None:
     assert group.waiting_message() == "waiting for 1 more member(s) of gang default/train (2/3 reserved)"
     third = book.permit(SPEC, "u3", "default/p3", 2.0, [], "three")
     assert [m.payload for m in third.release] == ["one", "two", "three"]
-    assert book.waiting_uids() == set() and group.phase == "Scheduling" and group.satisfied
+    assert book.waiting_uids() == set() and book.groups["default/train"].phase == "Scheduling" and group.satisfied
     # once satisfied, a later member (a replacement) passes at once
     assert [m.uid for m in book.permit(SPEC, "u4", "default/p4", 3.0, ["u1", "u2", "u3"]).release] == ["u4"]
 
 
 def test_members_already_bound_count_towards_the_gang() -> None:
     book = GangBook()
-    assert book.permit(SPEC, "u3", "default/p3", 0.0, ["u1"]).waits
+    assert book.permit(SPEC, "u3", "default/p3", 0.0, ["u1", "u3"]).waits  # never counts itself bound
     assert len(book.permit(SPEC, "u4", "default/p4", 0.0, ["u1"]).release) == 2
 
 

@@ -192,7 +192,7 @@ class GangBook:
         """A member passed Reserve. `bound` are the group's members bound already (the caller's
         view of the cluster). Released members leave the book; the group is then satisfied."""
         group = self.group(spec)
-        group.bound = set(bound) - group.waiting.keys()
+        group.bound = set(bound) - group.waiting.keys() - {uid}
         member = Waiting(uid, pod_key, now, payload)
         if group.satisfied:
             group.bound.add(uid)
