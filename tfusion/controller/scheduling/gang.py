@@ -32,6 +32,7 @@ from tfusion.api import annotations as tfa
 GANG_BACKOFF_S = 10.0
 
 Phase = Literal["Pending", "Waiting", "Scheduling", "Running", "TimedOut", "Failed"]
+GANG_PHASES: tuple[Phase, ...] = ("Pending", "Waiting", "Scheduling", "Running", "TimedOut", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
