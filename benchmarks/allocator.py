@@ -19,7 +19,9 @@ the run's own misfits and `--unfit` probes no node can take (160Gi, 2500 TFLOPS,
 first probe of each shape included (a new shape has no cached per-node judgement; `failure_cold`
 repeats those first probes alone).
 
-    python benchmarks/allocator.py [--path default|extender|churn] [--nodes 500 --gpus 3000 --pods 10000]
+- gang: groups of 4 and 8 members placed all or none (gang_bench.py), per member.
+
+    python benchmarks/allocator.py [--path default|extender|churn|gang] [--nodes 500 --gpus 3000 --pods 10000]
 """
 
 from __future__ import annotations
@@ -211,13 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--gpus", type=int, default=3000)
     parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--path", choices=("default", "extender", "churn"), default="default")
+    parser.add_argument("--path", choices=("default", "extender", "churn", "gang"), default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
     parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1 or args.ops < 1 or args.unfit < 0:
         parser.error("need nodes >= 1, gpus >= nodes, pods >= 1, ops >= 1 and unfit >= 0")
+    if args.path == "gang":  # groups of 4 and 8 (gang_bench.py)
+        from gang_bench import run_gang
+
+        result = {"benchmark": "allocator", "path": "gang", "nodes": args.nodes, "gpus": args.gpus,
+                  **run_gang(build_cluster(args.nodes, args.gpus), pod, args.pods)}
+        print(json.dumps(result))
+        return 0
     print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit)))
     return 0
 

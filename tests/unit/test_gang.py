@@ -172,6 +172,15 @@ def test_pool_could_hold_counts_capacity_not_load() -> None:
                                                     "at most 4 at this request even when empty")
 
 
+def test_pool_could_hold_follows_a_capacity_change() -> None:
+    alloc = allocator_with(1)
+    assert pool_could_hold(alloc, request()) == 1
+    alloc.upsert_gpu(GpuInfo("gpu-0-0", "node-0", "pool", 200_000, 40 * GIB))  # a bigger GPU reported
+    assert pool_could_hold(alloc, request()) == 3
+    alloc.upsert_gpu(GpuInfo("gpu-0-1", "node-0", "pool", 100_000, 40 * GIB))
+    assert pool_could_hold(alloc, request()) == 4
+
+
 def test_quota_totals_that_cannot_hold_the_gang() -> None:
     spec = QuotaSpec(requests_tflops=100_000, requests_vram=100 * GIB)
     assert quota_could_hold(spec, request(tflops=50_000), 2) == ""

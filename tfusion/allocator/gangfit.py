@@ -9,9 +9,10 @@ answer changes only when GPUs, pools or quotas do. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from weakref import WeakKeyDictionary
 
-from tfusion.allocator.allocator import GpuAllocator
+from tfusion.allocator.allocator import GpuAllocator, shape_of
 from tfusion.allocator.quota import QuotaSpec
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.units import tflops_str, vram_str
@@ -46,10 +47,33 @@ def members_on_node(per_gpu: Sequence[int], count: int, max_workers: int) -> int
     return low
 
 
+#: per allocator: (request shape, capacity fingerprint) -> pool_could_hold, the last few shapes
+_memo: WeakKeyDictionary[GpuAllocator, dict[tuple[Hashable, ...], int]] = WeakKeyDictionary()
+MEMO_SHAPES = 64
+
+
+def _fingerprint(allocator: GpuAllocator) -> tuple[int, int, int]:
+    """Changes whenever a GPU's reported facts do (per-node counters only grow)."""
+    gens = allocator.indexes.static_gen
+    return len(allocator.indexes.gpus), len(gens), sum(gens.values())
+
+
 def pool_could_hold(allocator: GpuAllocator, req: AllocRequest) -> int:
-    """How many pods of `req` the GPUs of its pool (and model) could hold if they were empty."""
+    """How many pods of `req` the GPUs of its pool (and model) could hold if they were empty.
+    Remembered per request shape until a GPU's reported facts change."""
     if not allocator.has_pool(req.pool):
         return 0
+    memo = _memo.setdefault(allocator, {})
+    key = (shape_of(req), _fingerprint(allocator))
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _could_hold(allocator, req)
+        while len(memo) > MEMO_SHAPES:
+            memo.pop(next(iter(memo)))
+    return found
+
+
+def _could_hold(allocator: GpuAllocator, req: AllocRequest) -> int:
     key = (req.pool, req.gpu_model)
     total = 0
     for node in allocator.node_entries().values():
