@@ -145,6 +145,27 @@ async def test_room_for_one_of_two_binds_nothing_then_times_out_and_backs_off(
             await all_bound(kube, "m1", "m2", timeout=15)
 
 
+async def test_a_deleted_waiting_member_gives_its_reservation_back(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await cluster(kube)
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings_for(apiserver, tmp_path))
+            scheduler = scheduler_of(ctl)
+            await blocker(kube)  # room for one member of two; no timeout: it would wait forever
+            pods = {n: await kube.create(r.PODS, member(n)) for n in ("m1", "m2")}
+            book = scheduler.gangs.book
+            waiting = await eventually(lambda: book.waiting_uids(), what="a member waiting at Permit")
+            [name] = [n for n, p in pods.items() if p["metadata"]["uid"] in waiting]
+            allocator = ctl.service.allocator
+            assert allocator is not None and allocator.allocation(pods[name]["metadata"]["uid"]) is not None
+            await kube.delete(r.PODS, name, namespace="default")
+            await eventually(lambda: not book.waiting_uids(), what="the deleted member gone from Permit")
+            assert allocator.allocation(pods[name]["metadata"]["uid"]) is None
+            [other] = [n for n in pods if n != name]
+            assert await bound(kube, other) is None
+
+
 async def test_satisfied_gang_lets_a_replacement_pass_at_once(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:

@@ -172,6 +172,12 @@ def test_pool_could_hold_counts_capacity_not_load() -> None:
                                                     "at most 4 at this request even when empty")
 
 
+def test_pool_could_hold_stops_once_it_has_enough() -> None:
+    alloc = allocator_with(1, nodes=10)
+    assert pool_could_hold(alloc, request()) == 10
+    assert pool_could_hold(alloc, request(), enough=3) == 3
+
+
 def test_pool_could_hold_follows_a_capacity_change() -> None:
     alloc = allocator_with(1)
     assert pool_could_hold(alloc, request()) == 1

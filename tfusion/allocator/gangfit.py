@@ -4,15 +4,15 @@ Why: a gang that needs more members than the pool could hold at that request, ev
 other pod gone, or more than the namespace quota's totals allow, would otherwise wait for its
 timeout over and over, holding the GPUs of the members that did fit. The scheduler asks this once
 per attempt round and explains such a gang at once. Capacities only, never the current load, so the
-answer changes only when GPUs, pools or quotas do. Pure: no I/O.
+answer changes only when GPUs, pools or quotas do. The count stops once it reaches the gang's size,
+so a gang that fits costs a few nodes' GPUs. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from weakref import WeakKeyDictionary
+from collections.abc import Sequence
 
-from tfusion.allocator.allocator import GpuAllocator, shape_of
+from tfusion.allocator.allocator import GpuAllocator
 from tfusion.allocator.quota import QuotaSpec
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.units import tflops_str, vram_str
@@ -37,6 +37,8 @@ def members_on_node(per_gpu: Sequence[int], count: int, max_workers: int) -> int
     the largest k with sum(min(share, k)) ≥ k x count (a pod uses a GPU once), at most `max_workers`."""
     if count < 1 or len(per_gpu) < count:
         return 0
+    if count == 1:
+        return min(max_workers, sum(per_gpu))
     low, high = 0, min(max_workers, sum(per_gpu) // count)
     while low < high:
         mid = (low + high + 1) // 2
@@ -47,42 +49,23 @@ def members_on_node(per_gpu: Sequence[int], count: int, max_workers: int) -> int
     return low
 
 
-#: per allocator: (request shape, capacity fingerprint) -> pool_could_hold, the last few shapes
-_memo: WeakKeyDictionary[GpuAllocator, dict[tuple[Hashable, ...], int]] = WeakKeyDictionary()
-MEMO_SHAPES = 64
-
-
-def _fingerprint(allocator: GpuAllocator) -> tuple[int, int, int]:
-    """Changes whenever a GPU's reported facts do (per-node counters only grow)."""
-    gens = allocator.indexes.static_gen
-    return len(allocator.indexes.gpus), len(gens), sum(gens.values())
-
-
-def pool_could_hold(allocator: GpuAllocator, req: AllocRequest) -> int:
-    """How many pods of `req` the GPUs of its pool (and model) could hold if they were empty.
-    Remembered per request shape until a GPU's reported facts change."""
+def pool_could_hold(allocator: GpuAllocator, req: AllocRequest, enough: int | None = None) -> int:
+    """How many pods of `req` the GPUs of its pool (and model) could hold if they were empty. With
+    `enough`, the count stops once it reaches that many (a gang that fits is known after a few
+    nodes; only one that does not pays for every GPU of the pool)."""
     if not allocator.has_pool(req.pool):
         return 0
-    memo = _memo.setdefault(allocator, {})
-    key = (shape_of(req), _fingerprint(allocator))
-    found = memo.get(key)
-    if found is None:
-        found = memo[key] = _could_hold(allocator, req)
-        while len(memo) > MEMO_SHAPES:
-            memo.pop(next(iter(memo)))
-    return found
-
-
-def _could_hold(allocator: GpuAllocator, req: AllocRequest) -> int:
     key = (req.pool, req.gpu_model)
     total = 0
     for node in allocator.node_entries().values():
         slots = node.groups.get(key)
         if not slots:
             continue
-        shares = [members_per_gpu(req, s.info.capacity_tflops, s.info.capacity_vram) for s in slots
-                  if not req.vendor or s.info.vendor.lower() == req.vendor.lower()]
-        total += members_on_node([s for s in shares if s > 0], req.count, allocator.max_workers_per_node)
+        shares = [share for s in slots if not req.vendor or s.info.vendor.lower() == req.vendor.lower()
+                  if (share := members_per_gpu(req, s.info.capacity_tflops, s.info.capacity_vram)) > 0]
+        total += members_on_node(shares, req.count, allocator.max_workers_per_node)
+        if enough is not None and total >= enough:
+            break
     return total
 
 
@@ -104,7 +87,7 @@ def quota_could_hold(spec: QuotaSpec | None, req: AllocRequest, members: int) ->
 
 def gang_never_fits(allocator: GpuAllocator, req: AllocRequest, required: int) -> str:
     """Why `required` pods of `req` can never be placed together ("" when they could)."""
-    could = pool_could_hold(allocator, req)
+    could = pool_could_hold(allocator, req, enough=required)
     if could < required:
         model = f" {req.gpu_model}" if req.gpu_model else ""
         return (f"the gang needs {required} members but the{model} GPUs of pool {req.pool} could hold at most "

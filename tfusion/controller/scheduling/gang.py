@@ -261,6 +261,12 @@ class GangBook:
         group.deadline = None
         self._set(group, "Failed", now, "GangUnsatisfiable", message)
 
+    def clear(self) -> None:
+        """A new leadership term: the allocator is rebuilt, so no reservation of the last term is held."""
+        self.groups.clear()
+        self._member_of.clear()
+        self.changed.clear()
+
     def forget(self, key: str) -> None:
         """The group has no pod left."""
         group = self.groups.pop(key, None)
@@ -276,6 +282,8 @@ class GangBook:
         group.waiting.clear()
 
     def _set(self, group: Group, phase: Phase, now: float, reason: str, message: str) -> None:
+        if (group.phase, group.reason, group.message) == (phase, reason, message):
+            return
         if group.phase != phase:
             group.changed_at = now
         group.phase, group.reason, group.message = phase, reason, message

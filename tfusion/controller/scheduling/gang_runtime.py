@@ -74,6 +74,8 @@ EXTENDER_MARGIN_S = 5.0
 EXTENDER_WAIT_CAP_S = EXTENDER_HTTP_TIMEOUT_S - EXTENDER_MARGIN_S
 #: status.gang writes are coalesced per workload this long
 STATUS_FLUSH_S = 0.5
+#: a waiting member's PodScheduled condition and event are written once its gang has waited this long
+TELL_AFTER_S = 1.0
 
 
 def gang_group_index(obj: JsonMapping) -> list[str]:
@@ -103,6 +105,8 @@ class GangCoordinator:
         self.book = GangBook(wait_cap=EXTENDER_WAIT_CAP_S if extender else None)
         self._wake = anyio.Event()
         self._capped_noted: set[str] = set()
+        self._writes: TaskGroup | None = None  # the leader's: condition writes of waiting members
+        self._untold: set[str] = set()  # gangs whose waiting members' conditions are not written yet
         self.status_writes = 0
 
     def attach(self) -> GangCoordinator:
@@ -155,16 +159,23 @@ class GangCoordinator:
         if blocked:
             group = self.book.group(spec)
             queue = self.scheduler.queue
+            why = why_text(pod, blocked, Code.UNSCHEDULABLE)
             if group.backoff_until > now and queue is not None:
-                self.scheduler.reports.report(pod, why_text(pod, blocked, Code.UNSCHEDULABLE),
-                                              tg or self.scheduler._binds)
+                self.scheduler.reports.report(pod, why, tg or self.scheduler._binds)
                 queue.hold_until(key, group.backoff_until)
                 return True
-            return self._park(key, pod, blocked, Code.UNSCHEDULABLE, tg)
+            # its peers are still being created (a Deployment's pods come one by one): kept for
+            # GET /api/why, no condition or event, as kube writes none for a pod PreEnqueue holds
+            self.scheduler.reports.remember(key, why)
+            if queue is not None:
+                queue.park(key)
+            return True
         never = self.never_fits(pod, spec)
         if never:
-            self.book.fail(spec, now, never)
-            self.scheduler.runtime.events.warning(as_pod(pod), "GangUnsatisfiable", never)
+            if self.book.group(spec).message != never:  # said once per pod and cause, not per attempt
+                self.book.fail(spec, now, never)
+                for member in self.live_members(spec.key):
+                    self.scheduler.runtime.events.warning(as_pod(member), "GangUnsatisfiable", never)
             return self._park(key, pod, f"gang {spec.key} can never be placed: {never}", Code.UNRESOLVABLE, tg)
         return False
 
@@ -223,8 +234,7 @@ class GangCoordinator:
         answer = self.book.permit(spec, pod.uid, key, self.clock_now, self.bound_uids(spec.key), member)
         self._wake.set()
         if answer.waits:
-            group = self.book.group(spec)
-            self._tell_waiting(group, tg)
+            self._tell_waiting(self.book.group(spec), None)
             return []
         released = [m.payload for m in answer.release]
         for waiting in released:
@@ -233,11 +243,21 @@ class GangCoordinator:
         return released
 
     def _tell_waiting(self, group: Group, tg: TaskGroup | None) -> None:
+        """Every waiting member's explanation says how many more the gang needs: kept at once (GET
+        /api/why); the condition and event follow once the gang has waited `TELL_AFTER_S` (`tg` given:
+        now), so a gang that completes within it writes none (n members would otherwise cost n²/2
+        condition writes and n events)."""
         message = group.waiting_message()
         reports = self.scheduler.reports
         for waiting in group.waiting.values():
             pod = waiting.payload.pod
-            reports.report(pod, why_text(pod, message, Code.UNSCHEDULABLE), tg or self.scheduler._binds)
+            why = why_text(pod, message, Code.UNSCHEDULABLE)
+            if tg is None:
+                reports.remember(waiting.pod_key, why)
+            else:
+                reports.report(pod, why, tg)
+        if tg is None:
+            self._untold.add(group.key)
 
     def _note_capped(self, spec: GangSpec) -> None:
         cap = self.book.wait_cap
@@ -326,13 +346,19 @@ class GangCoordinator:
         queue = self.scheduler.queue
         if waiting is not None and queue is not None:
             queue.delete(waiting.pod_key)
+        if waiting is not None:
+            self._tell_waiting(self.book.groups[waiting.payload.spec.key], None)  # written at the next flush
 
     # --- the leader's loops ---------------------------------------------------------------------------
 
     async def run_leader(self) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._timer)
-            tg.start_soon(self._status_loop)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._writes = tg
+                tg.start_soon(self._timer)
+                tg.start_soon(self._status_loop)
+        finally:
+            self.book.clear()  # the next term rebuilds the allocator: nothing of this term stays reserved
 
     async def _timer(self) -> None:
         clock = self.scheduler.runtime.manager.clock
@@ -379,8 +405,20 @@ class GangCoordinator:
                 "message": group.message,
                 "backoffUntil": self._wall(group.backoff_until) if group.backoff_until > now else ""}
 
+    def tell_waiting_members(self) -> None:
+        """Write the conditions (and events) of the members of gangs waiting `TELL_AFTER_S` or more."""
+        told_before = self.clock_now - TELL_AFTER_S
+        for key in list(self._untold):
+            group = self.book.groups.get(key)
+            if group is None or not group.waiting:
+                self._untold.discard(key)
+            elif min(w.since for w in group.waiting.values()) <= told_before:
+                self._untold.discard(key)
+                self._tell_waiting(group, self._writes or self.scheduler._binds)
+
     async def write_statuses(self) -> None:
         """Write status.gang of every workload whose gang changed since the last call."""
+        self.tell_waiting_members()
         changed, self.book.changed = self.book.changed, set()
         workloads = self.scheduler.runtime.informer(r.TENSORFUSIONWORKLOADS)
         for key in sorted(changed):
