@@ -99,8 +99,9 @@ async def test_room_for_one_of_two_binds_nothing_then_times_out_and_backs_off(
             scheduler = scheduler_of(ctl)
             scheduler.gangs.book.backoff_s = 5.0  # the original's 10 s, shortened for the test
             await blocker(kube)  # 60 of 100 TFLOPS left: one member of 40 fits, not two
-            first = await kube.create(r.PODS, member("m1", timeout="2s"))
-            second = await kube.create(r.PODS, member("m2", timeout="2s"))
+            # the waiting member's condition is written once its gang waited 1 s; the timeout comes later
+            first = await kube.create(r.PODS, member("m1", timeout="4s"))
+            second = await kube.create(r.PODS, member("m2", timeout="4s"))
             waiting = "waiting for 1 more member(s) of gang default/train (1/2 reserved)"
 
             async def says_waiting() -> dict[str, Any] | None:

@@ -4,6 +4,8 @@ backing off; required members as the original computes them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tfusion.allocator import AllocRequest, GpuAllocator
@@ -11,7 +13,17 @@ from tfusion.allocator.gangfit import gang_never_fits, members_on_node, pool_cou
 from tfusion.allocator.quota import QuotaSpec
 from tfusion.allocator.state import GpuInfo
 from tfusion.api import annotations as tfa
-from tfusion.controller.scheduling.gang import GANG_BACKOFF_S, GangBook, GangSpec, controller_phase, gang_spec
+from tfusion.controller.scheduling.gang import (
+    GANG_BACKOFF_S,
+    MEMBER_FAILED,
+    GangBook,
+    GangSpec,
+    controller_phase,
+    gang_spec,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEDULER_CONFIG = REPO / "deploy" / "overlays" / "kube-scheduler" / "scheduler" / "scheduler-config.yaml"
 
 GIB = 1024**3
 
@@ -131,10 +143,13 @@ def test_failed_gang_and_changed_keys() -> None:
 
 
 def test_controller_owns_running_and_failed() -> None:
-    assert controller_phase("Scheduling", ready=3, failed=0, required=3) == "Running"
-    assert controller_phase("Scheduling", ready=1, failed=1, required=3) == "Failed"
-    assert controller_phase("Waiting", ready=0, failed=0, required=3) == "Waiting"
-    assert controller_phase("Running", ready=2, failed=0, required=3) == "Pending"
+    assert controller_phase("Scheduling", "GangComplete", ready=3, failed=0, required=3) == "Running"
+    assert controller_phase("Scheduling", "GangComplete", ready=1, failed=1, required=3) == "Failed"
+    assert controller_phase("Waiting", "WaitingForMembers", ready=0, failed=0, required=3) == "Waiting"
+    assert controller_phase("Running", "MembersReady", ready=2, failed=0, required=3) == "Pending"
+    assert controller_phase("Failed", MEMBER_FAILED, ready=2, failed=0, required=3) == "Pending"
+    # the scheduler's Failed (can never fit) is not the controller's to undo
+    assert controller_phase("Failed", "GangUnsatisfiable", ready=0, failed=0, required=3) == "Failed"
 
 
 # --- could it ever fit ----------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from tfusion.controller.reconcilers.common import (
 )
 from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
 from tfusion.controller.runtime import component_selector
-from tfusion.controller.scheduling.gang import GANG_PHASES, Phase, controller_phase, gang_spec
+from tfusion.controller.scheduling.gang import GANG_PHASES, MEMBER_FAILED, Phase, controller_phase, gang_spec
 from tfusion.controller.webhook.workloads import AWAITING_POD, awaiting_pod_since
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, NotFound
@@ -118,14 +118,16 @@ def gang_status(workload: Workload, workers: list[Pod]) -> JsonObject | None:
     ready = sum(1 for p in members if is_ready(p))
     failed = sum(1 for p in members if p.phase == FAILED)
     before: Phase = next((p for p in GANG_PHASES if p == current.get("phase")), "Pending")
-    phase = controller_phase(before, ready, failed, spec.required if spec is not None else 0)
+    reason = current.get("reason")
+    phase = controller_phase(before, reason if isinstance(reason, str) else "", ready, failed,
+                             spec.required if spec is not None else 0)
     wanted: JsonObject = {**current, "readyMembers": ready, "phase": phase}
     if phase != before:
         wanted["lastTransitionTime"] = rfc3339()
         if phase == RUNNING:
             wanted["reason"], wanted["message"] = "MembersReady", f"{ready} member(s) ready"
         elif phase == FAILED:
-            wanted["reason"], wanted["message"] = "MemberFailed", f"{failed} member(s) failed"
+            wanted["reason"], wanted["message"] = MEMBER_FAILED, f"{failed} member(s) failed"
         else:
             wanted["reason"], wanted["message"] = "MembersNotReady", f"{ready} member(s) ready"
     return wanted

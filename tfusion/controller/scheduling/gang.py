@@ -290,11 +290,18 @@ class GangBook:
         self.changed.add(group.key)
 
 
-def controller_phase(current: Phase, ready: int, failed: int, required: int) -> Phase:
+#: the reason the workload controller gives its own Failed (a member failed)
+MEMBER_FAILED = "MemberFailed"
+
+
+def controller_phase(current: Phase, reason: str, ready: int, failed: int, required: int) -> Phase:
     """The phases the workload controller owns: Running once `required` members are ready, Failed
-    when a member failed; otherwise the scheduler's phase stays."""
+    (reason MEMBER_FAILED) when a member failed; when neither holds any more, its own phase goes back
+    to Pending. The scheduler's phases (Failed for a gang that can never fit among them) stay."""
     if failed:
         return "Failed"
     if required and ready >= required:
         return "Running"
-    return "Pending" if current in ("Running", "Failed") else current
+    if current == "Running" or (current == "Failed" and reason == MEMBER_FAILED):
+        return "Pending"
+    return current
