@@ -152,6 +152,14 @@ def test_controller_owns_running_and_failed() -> None:
     assert controller_phase("Failed", "GangUnsatisfiable", ready=0, failed=0, required=3) == "Failed"
 
 
+def test_extender_wait_stays_inside_the_shipped_http_timeout() -> None:
+    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    [extender] = config["extenders"]
+    assert extender["httpTimeout"] == f"{EXTENDER_HTTP_TIMEOUT_S:.0f}s"
+    assert 0 < EXTENDER_WAIT_CAP_S < EXTENDER_HTTP_TIMEOUT_S
+    assert GangBook(wait_cap=EXTENDER_WAIT_CAP_S).effective_timeout(GangSpec("k", 2, 2, 300.0)) == EXTENDER_WAIT_CAP_S
+
+
 # --- could it ever fit ----------------------------------------------------------------------------
 
 
