@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tfusion.allocator import AllocRequest, GpuAllocator
 from tfusion.allocator.gangfit import gang_never_fits, members_on_node, pool_could_hold, quota_could_hold
@@ -21,6 +22,7 @@ from tfusion.controller.scheduling.gang import (
     controller_phase,
     gang_spec,
 )
+from tfusion.controller.scheduling.gang_runtime import EXTENDER_HTTP_TIMEOUT_S, EXTENDER_WAIT_CAP_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "overlays" / "kube-scheduler" / "scheduler" / "scheduler-config.yaml"
