@@ -7,6 +7,8 @@ status.gang follows; the extender's bind answers only when the gang is complete.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,17 @@ async def test_a_deleted_waiting_member_gives_its_reservation_back(apiserver: An
             [name] = [n for n, p in pods.items() if p["metadata"]["uid"] in waiting]
             allocator = ctl.service.allocator
             assert allocator is not None and allocator.allocation(pods[name]["metadata"]["uid"]) is not None
+            # `tfusion why` says what the condition says (it waits forever: no timeout changes it)
+            says = "waiting for 1 more member(s) of gang default/train (1/2 reserved)"
+            condition = await eventually(lambda: scheduled_condition(kube, name), what="the waiting condition")
+            assert condition["message"] == says
+            assert ctl.runtime.address is not None
+            url = f"http://127.0.0.1:{ctl.runtime.address[1]}"
+            told = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                [sys.executable, "-m", "tfusion", "why", "--kube", str(apiserver.kubeconfig), "--controller", url,
+                 "-n", "default", name], capture_output=True, text=True, timeout=60))
+            assert told.returncode == 0, told.stderr
+            assert f"Why: {says}" in told.stdout, told.stdout
             await kube.delete(r.PODS, name, namespace="default")
             await eventually(lambda: not book.waiting_uids(), what="the deleted member gone from Permit")
             assert allocator.allocation(pods[name]["metadata"]["uid"]) is None
