@@ -38,16 +38,16 @@ GROUP = "default/train"
 
 
 def member(name: str, *, required: int = 2, timeout: str = "0", tflops: str = "40",
-           scheduler: str = "tensor-fusion-scheduler") -> dict[str, Any]:
-    return gpu_pod(name, tflops=tflops, scheduler=scheduler, extra={
+           scheduler: str = "tensor-fusion-scheduler", cpu: str | None = None) -> dict[str, Any]:
+    return gpu_pod(name, tflops=tflops, scheduler=scheduler, cpu=cpu, extra={
         tfa.GANG_GROUP_KEY: GROUP, tfa.GANG_REQUIRED_MEMBERS: str(required),
         tfa.GANG_DESIRED_MEMBERS: str(required), tfa.GANG_TIMEOUT: timeout})
 
 
-async def cluster(kube: KubeClient, *, gpus: int = 1) -> None:
+async def cluster(kube: KubeClient, *, gpus: int = 1, cpu: str = "8") -> None:
     """The pool and node-a with `gpus` GPUs of 100 TFLOPS, and the workload the gang belongs to."""
     await create_pool(kube)
-    await create_node(kube, "node-a")
+    await create_node(kube, "node-a", cpu=cpu)
     for index in range(gpus):
         await create_gpu(kube, f"gpu-a{index + 1}", "node-a", index=index)
     await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {"name": "train", "namespace": "default"},
@@ -178,6 +178,23 @@ async def test_a_deleted_waiting_member_gives_its_reservation_back(apiserver: An
             assert allocator.allocation(pods[name]["metadata"]["uid"]) is None
             [other] = [n for n in pods if n != name]
             assert await bound(kube, other) is None
+
+
+async def test_a_waiting_member_keeps_its_cpu_on_the_node(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await cluster(kube, cpu="1")
+        async with controllers() as tg:
+            await start_controller(tg, settings_for(apiserver, tmp_path))
+            await blocker(kube)  # room for one member of two
+            for name in ("m1", "m2"):
+                await kube.create(r.PODS, member(name, cpu="600m"))
+            # its condition written (an update of the pod the scheduler sees) it still holds 600m of the 1 CPU
+            await eventually(lambda: scheduled_condition(kube, "m1"), what="m1's condition")
+            await eventually(lambda: scheduled_condition(kube, "m2"), what="m2's condition")
+            await kube.create(r.PODS, gpu_pod("hog", tflops="10", cpu="600m"))
+            condition = await eventually(lambda: scheduled_condition(kube, "hog"), what="hog refused")
+            assert condition["message"] == "0/1 nodes are available: 1 Insufficient cpu."
 
 
 async def test_satisfied_gang_lets_a_replacement_pass_at_once(apiserver: Any, tmp_path: Path) -> None:

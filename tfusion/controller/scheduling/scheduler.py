@@ -225,9 +225,10 @@ class Scheduler:
             self.queue.move_all()
 
     def _on_pod(self, pod: Pod) -> None:
-        self.usage.observe(pod)
         key = pod_key(pod)
         pending = nc.is_pending(pod)
+        if not (pending and pod.uid in self._in_flight):  # a pod being bound (or a gang member held at
+            self.usage.observe(pod)                       # Permit) keeps its assumed CPU and memory
         if not pending:
             self._in_flight.pop(pod.uid, None)
         if self.serves(pod) and pending:
