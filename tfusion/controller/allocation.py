@@ -17,7 +17,8 @@ pieces registered with the process's Manager:
   present, not finished, and not (deleting with our finalizer gone)) through `restore`. Until
   then every allocation request waits on a gate (`wait_ready`). Then the orphan sweep runs every
   3 minutes: allocations whose pod is gone (confirmed with a GET), replaced or finished are
-  released, assumed allocations older than the assume TTL (30 minutes) expire.
+  released, assumed allocations older than the assume TTL (30 minutes) expire, except those of gang
+  members held at Permit (`keep_assumed`, set by the scheduler: a gang may wait longer).
 - **Status reconcilers** `gpu-status` and `quota-status` (reconcilers/gpu_status.py and
   reconcilers/quota_status.py) write the ledger back into the GPU and quota statuses.
 - **Release**: `release(uid, reason)` is the one release of what a pod holds: its GPUs in the ledger
