@@ -22,9 +22,10 @@ repeats those first probes alone).
 `--topology soft|hard` gives each node's GPUs NVLink pairs (index 0-1, 2-3, ...), a PCIe switch per 4
 and NUMA crossings beyond, and places the 2-GPU shapes by GPUNetworkTopologyAware in that mode.
 
-- preempt: a cluster full of low pods, critical pods arriving (benchmarks/_preempt.py).
+- preempt: a cluster full of low pods, critical pods arriving (benchmarks/preempt_bench.py).
+- gang: groups of 4 and 8 members placed all or none (benchmarks/gang_bench.py), per member.
 
-    python benchmarks/allocator.py [--path default|extender|churn|preempt] [--nodes 500 --gpus 3000 --pods 10000]
+    python benchmarks/allocator.py [--path default|extender|churn|preempt|gang] [--nodes 500 --gpus 3000 --pods 10000]
                                    [--topology off|soft|hard]
 """
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--gpus", type=int, default=3000)
     parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--path", choices=("default", "extender", "churn", "preempt"), default="default")
+    parser.add_argument("--path", choices=("default", "extender", "churn", "preempt", "gang"), default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
     parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill; "
                         "preempt: critical pods arriving (at most 2000)")
@@ -243,10 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < args.nodes or args.pods < 1 or args.ops < 1 or args.unfit < 0:
         parser.error("need nodes >= 1, gpus >= nodes, pods >= 1, ops >= 1 and unfit >= 0")
-    if args.path == "preempt":  # _preempt.py: a full cluster of low pods, critical pods arriving
-        import _preempt
-        print(json.dumps(_preempt.run(build_cluster(args.nodes, args.gpus), pod, nodes=args.nodes, gpus=args.gpus,
-                                      ops=min(args.ops, 2000), protected=args.protected)))
+    if args.path == "preempt":  # preempt_bench.py: a full cluster of low pods, critical pods arriving
+        import preempt_bench
+        print(json.dumps(preempt_bench.run(build_cluster(args.nodes, args.gpus), pod, nodes=args.nodes,
+                                           gpus=args.gpus, ops=min(args.ops, 2000), protected=args.protected)))
+        return 0
+    if args.path == "gang":  # groups of 4 and 8 (gang_bench.py)
+        from gang_bench import run_gang
+
+        result = {"benchmark": "allocator", "path": "gang", "nodes": args.nodes, "gpus": args.gpus,
+                  **run_gang(build_cluster(args.nodes, args.gpus), pod, args.pods)}
+        print(json.dumps(result))
         return 0
     print(json.dumps(run(args.path, args.nodes, args.gpus, args.pods, args.ops, args.unfit, args.topology)))
     return 0

@@ -19,7 +19,13 @@ A watch on pods records when each pod is first seen bound. Reported:
   each GPU's capacity: GPUs whose summed TFLOPS or VRAM exceeds capacity, plus pods that name a
   GPU on another node than the one they are bound to.
 
-Usage: python benchmarks/scheduling.py [--nodes 1000] [--gpus 4000] [--pods 10000] [--clients 32]
+With `--gangs` the pods are gang members (groups of 4 and 8 alternating, created already mutated:
+the webhook stamps gang annotations only on pods of a controller with replicas), each group
+placed all or none by the built-in scheduler; also reported: `groups_per_s` (complete groups /
+(last bind - first create)), `groups`, `complete_groups` and `partial_gangs` (groups with some but
+not all members bound at the end: 0 expected).
+
+Usage: python benchmarks/scheduling.py [--nodes 1000] [--gpus 4000] [--pods 10000] [--clients 32] [--gangs]
 """
 
 from __future__ import annotations
@@ -149,6 +155,42 @@ def webhook_pod(i: int) -> dict[str, Any]:
                                      "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
 
 
+GANG_SIZES = (4, 8)
+
+
+def gang_groups(pods: int) -> list[tuple[int, int]]:
+    """Each pod's (group number, group size): groups of 4 and 8 alternating (the last one takes what
+    is left)."""
+    groups: list[tuple[int, int]] = []
+    number = 0
+    while len(groups) < pods:
+        size = min(GANG_SIZES[number % len(GANG_SIZES)], pods - len(groups))
+        groups.extend([(number, size)] * size)
+        number += 1
+    return groups
+
+
+def gang_member(i: int, groups: list[tuple[int, int]]) -> dict[str, Any]:
+    """worker_pod with the gang annotations the webhook stamps."""
+    pod = worker_pod(i)
+    number, size = groups[i]
+    pod["metadata"]["annotations"].update({tfa.GANG_GROUP_KEY: f"default/gang-{number}",
+                                           tfa.GANG_REQUIRED_MEMBERS: str(size), tfa.GANG_DESIRED_MEMBERS: str(size)})
+    return pod
+
+
+def gang_counts(pods: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(groups, complete groups, partial groups) from the pods' gang keys and nodes."""
+    members: dict[str, list[bool]] = {}
+    for pod in pods:
+        key = (pod["metadata"].get("annotations") or {}).get(tfa.GANG_GROUP_KEY)
+        if key:
+            members.setdefault(key, []).append(bool(pod["spec"].get("nodeName")))
+    complete = sum(1 for bound in members.values() if all(bound))
+    partial = sum(1 for bound in members.values() if any(bound) and not all(bound))
+    return len(members), complete, partial
+
+
 def worker_pod(i: int) -> dict[str, Any]:
     name = f"w-{i:05d}"
     return {"metadata": {"name": name, "namespace": "default",
@@ -247,10 +289,11 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         server = raw_server(kubeconfig)
         connections = [await apibench.Connection(server).open() for _ in range(args.clients)]
         numbers = iter(range(args.pods))
+        groups = gang_groups(args.pods) if args.gangs else []
 
         async def creator(conn: Any) -> None:
             for i in numbers:
-                pod = webhook_pod(i) if args.webhook else worker_pod(i)
+                pod = gang_member(i, groups) if args.gangs else webhook_pod(i) if args.webhook else worker_pod(i)
                 status, body = await conn.request("POST", "/api/v1/namespaces/default/pods", json.dumps(pod).encode())
                 if status != 201:
                     raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
@@ -274,6 +317,11 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         pods = list(await kube.list(r.PODS, namespace="default"))
         gpus = list(await kube.list(r.GPUS))
         unscheduled = sum(1 for p in pods if not p["spec"].get("nodeName"))
+        gangs: dict[str, Any] = {}
+        if args.gangs:
+            total, complete, partial = gang_counts(pods)
+            gangs = {"gangs": True, "group_sizes": list(GANG_SIZES), "groups": total, "complete_groups": complete,
+                     "partial_gangs": partial, "groups_per_s": round(complete / max(1e-9, last - first), 1)}
         return {
             "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "clients": args.clients,
             "webhook": args.webhook,
@@ -284,6 +332,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             "creates_per_s": round(args.pods / max(1e-9, created - first), 1),
             "unscheduled": unscheduled,
             "double_allocations": count_double_allocations(pods, gpus),
+            **gangs,
         }
     finally:
         await kube.close()
@@ -299,7 +348,12 @@ def main() -> None:
     parser.add_argument("--webhook", action=argparse.BooleanOptionalAction, default=True,
                         help="create the pods as users write them and let the controller's pod webhook mutate "
                              "them (default); --no-webhook creates them already mutated")
+    parser.add_argument("--gangs", action="store_true",
+                        help="gang members in groups of 4 and 8 (implies --no-webhook); reports groups/s and "
+                             "partial_gangs")
     args = parser.parse_args()
+    if args.gangs:
+        args.webhook = False
     with tempfile.TemporaryDirectory(prefix="tfusion-sched-bench-") as tmp:
         work = Path(tmp)
         kubeconfig = work / "kubeconfig"

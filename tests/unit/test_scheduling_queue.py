@@ -156,3 +156,25 @@ async def test_close_wakes_a_waiting_pop() -> None:
         await anyio.wait_all_tasks_blocked()
         queue.close()
     assert len(raised) == 1
+
+
+async def test_park_counts_no_attempt_and_hold_until_ignores_attempts() -> None:
+    clock = ManualClock()
+    queue = SchedulingQueue(clock=clock)
+    queue.add("ns/member")
+    for _ in range(5):  # a gang member whose peers are still being created, parked again and again
+        assert await queue.pop() == "ns/member"
+        queue.park("ns/member")
+        assert queue.where("ns/member") == UNSCHEDULABLE
+        queue.add("ns/member")  # a peer appeared: tried at once, no backoff grew
+        assert queue.where("ns/member") == ACTIVE
+    assert queue.attempts("ns/member") == 0
+    assert await queue.pop() == "ns/member"
+    queue.hold_until("ns/member", clock.now() + 10)  # its gang backs off 10 s after a timeout
+    assert queue.where("ns/member") == BACKOFF
+    await clock.advance(9.5)
+    queue.flush()
+    assert queue.where("ns/member") == BACKOFF
+    await clock.advance(0.5)
+    queue.flush()
+    assert queue.where("ns/member") == ACTIVE

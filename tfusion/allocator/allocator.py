@@ -23,7 +23,7 @@ placement fails.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -457,11 +457,12 @@ class GpuAllocator:
         """Whether `release` freed this pod's allocation (recently): it must not be adopted again."""
         return pod_uid in self.ledger.released
 
-    def expire_assumed(self, now: float | None = None) -> list[str]:
-        """Forget assumed allocations older than the TTL; returns their pod UIDs."""
+    def expire_assumed(self, now: float | None = None, keep: Container[str] = ()) -> list[str]:
+        """Forget assumed allocations older than the TTL, except those of `keep` (gang members
+        waiting at Permit); returns their pod UIDs."""
         now = self._clock() if now is None else now
         ledger = self.ledger
-        expired = [uid for uid, at in ledger.assumed.items() if now - at >= self.assume_ttl]
+        expired = [uid for uid, at in ledger.assumed.items() if now - at >= self.assume_ttl and uid not in keep]
         for uid in expired:
             ledger.unapply(ledger.allocs[uid])
         return expired

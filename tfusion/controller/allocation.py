@@ -17,7 +17,8 @@ pieces registered with the process's Manager:
   present, not finished, and not (deleting with our finalizer gone)) through `restore`. Until
   then every allocation request waits on a gate (`wait_ready`). Then the orphan sweep runs every
   3 minutes: allocations whose pod is gone (confirmed with a GET), replaced or finished are
-  released, assumed allocations older than the assume TTL (30 minutes) expire.
+  released, assumed allocations older than the assume TTL (30 minutes) expire, except those of gang
+  members held at Permit (`keep_assumed`, set by the scheduler: a gang may wait longer).
 - **Status reconcilers** `gpu-status` and `quota-status` (reconcilers/gpu_status.py and
   reconcilers/quota_status.py) write the ledger back into the GPU and quota statuses.
 - **Release**: `release(uid, reason)` is the one release of what a pod holds: its GPUs in the ledger
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -161,6 +162,9 @@ class AllocatorService:
         self.allocation_tally: dict[tuple[str, bool], int] = {}
         #: (pool, outcome) -> multi-GPU placements counted by `count_topology` (topology.OUTCOMES)
         self.topology_tally: dict[tuple[str, str], int] = {}
+        #: pods whose assumed reservation the sweep must keep: gang members waiting at Permit
+        #: (set by the scheduler's gang coordinator, scheduling/gang_runtime.py)
+        self.keep_assumed: Callable[[], Collection[str]] = frozenset
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -586,7 +590,7 @@ class AllocatorService:
             if (found is None or not pod_alive(Pod(found), uid)) and await self.release(uid, "orphan"):
                 log.info("orphan sweep: released pod %s/%s (%s)", req.namespace, req.pod_name, uid)
                 gone.append(uid)
-        for uid in allocator.expire_assumed():
+        for uid in allocator.expire_assumed(keep=set(self.keep_assumed())):
             self.metrics.releases.labels("expired").inc()
             log.info("orphan sweep: assumed allocation of pod %s expired", uid)
             gone.append(uid)

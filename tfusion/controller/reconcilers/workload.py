@@ -18,6 +18,8 @@
 - Status: workerCount (workers not being deleted), readyWorkers (Running and Ready), phase Failed
   when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
   ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
+  Of `status.gang` (the scheduler writes it, scheduling/gang_runtime.py) this controller owns
+  readyMembers and the phases Running (the required members are ready) and Failed (one failed).
 - A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
   pod of it exists (a worker labelled with it, or a remote client that selected it) and, for a bare
   pod, has become its owner (its pending-owned-workload annotation gone; until then the workload is
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Pod, Workload
 from tfusion.api.jsontypes import JsonObject
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller.reconcilers.common import (
     FAILED,
     FINALIZER,
@@ -48,6 +51,7 @@ from tfusion.controller.reconcilers.common import (
 )
 from tfusion.controller.reconcilers.workers import TemplateError, template_hash, worker_pod
 from tfusion.controller.runtime import component_selector
+from tfusion.controller.scheduling.gang import GANG_PHASES, MEMBER_FAILED, Phase, controller_phase, gang_spec
 from tfusion.controller.webhook.workloads import AWAITING_POD, awaiting_pod_since
 from tfusion.kube import resources as r
 from tfusion.kube.client import Conflict, NotFound
@@ -97,6 +101,36 @@ def admitted_key(pod: Pod) -> list[str]:
 def is_ready(pod: Pod) -> bool:
     ready = pod.condition("Ready")
     return pod.phase == RUNNING and ready is not None and ready.get("status") == "True"
+
+
+def gang_status(workload: Workload, workers: list[Pod]) -> JsonObject | None:
+    """status.gang with the parts the workload controller owns: readyMembers, and the phases
+    Running (the required members are ready) and Failed (a member failed). The scheduler writes the
+    rest (scheduling/gang_runtime.py); None until it has written some."""
+    current = workload.status.get("gang")
+    if not isinstance(current, dict):
+        return None
+    members = [p for p in workers if p.meta.annotations.get(tfa.GANG_GROUP_KEY)]
+    try:
+        spec = gang_spec(members[0].meta.annotations, workload.spec) if members else None
+    except tfa.AnnotationError:
+        spec = None
+    ready = sum(1 for p in members if is_ready(p))
+    failed = sum(1 for p in members if p.phase == FAILED)
+    before: Phase = next((p for p in GANG_PHASES if p == current.get("phase")), "Pending")
+    reason = current.get("reason")
+    phase = controller_phase(before, reason if isinstance(reason, str) else "", ready, failed,
+                             spec.required if spec is not None else 0)
+    wanted: JsonObject = {**current, "readyMembers": ready, "phase": phase}
+    if phase != before:
+        wanted["lastTransitionTime"] = rfc3339()
+        if phase == RUNNING:
+            wanted["reason"], wanted["message"] = "MembersReady", f"{ready} member(s) ready"
+        elif phase == FAILED:
+            wanted["reason"], wanted["message"] = MEMBER_FAILED, f"{failed} member(s) failed"
+        else:
+            wanted["reason"], wanted["message"] = "MembersNotReady", f"{ready} member(s) ready"
+    return wanted
 
 
 def is_dynamic(workload: Workload) -> bool:
@@ -216,6 +250,9 @@ class WorkloadReconciler:
             phase, reason, message = PENDING, "WaitingForWorkers", \
                 f"{ready} of {desired if desired is not None else len(workers)} worker(s) ready"
         old = workload.conditions
+        gang = gang_status(workload, workers)
+        if gang is not None:
+            extra = {**extra, "gang": gang}
         wanted: JsonObject = {
             **extra, "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
             "conditions": merge_conditions(old, [condition(old, "Ready", phase == RUNNING, reason, message,

@@ -15,7 +15,9 @@ its node filters, so the extender judges GPUs only; it answers in the extender v
 - prioritize: the same args -> `[{Host, Score}]`, the framework's 0..100 mapped to 0..10;
 - bind: `ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}` -> `ExtenderBindingResult
   {Error}`: Reserve on that node, then the built-in scheduler's binding (annotations and Binding in
-  one write, commit), rolled back on any failure.
+  one write, commit), rolled back on any failure. A gang member's bind call waits for the rest of
+  its gang (gang_runtime.py: at most the extender's httpTimeout minus a margin) and binds only when
+  the gang is complete; otherwise it answers an error and holds nothing.
 
 Filter reserves nothing: the GPUs are chosen and held only in bind, which kube-scheduler calls
 for the node it picked; so a filter result that is never bound holds nothing and needs no
@@ -47,7 +49,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling import progressive
-from tfusion.controller.scheduling.explain import node_failure_status, why_of
+from tfusion.controller.scheduling.explain import node_failure_status, why_of, why_text
 from tfusion.controller.scheduling.scheduler import (
     WORKER,
     Decision,
@@ -205,6 +207,10 @@ class Extender:
             req = self.scheduler.request_of(pod)
         except RequestError as exc:
             return self._refuse_all(call, names, str(exc), True)
+        refusal = self.scheduler.gangs.refusal(pod)  # PreEnqueue of gang members (gang_runtime.py)
+        if refusal:
+            self.scheduler.reports.remember(pod_key(pod), why_text(pod, refusal, Code.UNSCHEDULABLE))
+            return self._refuse_all(call, names, refusal, False)
         pre = fw.pre_filter(req)
         if not pre.ok:
             self._remember(pod, req, fw, names)
@@ -297,7 +303,12 @@ class Extender:
                 return ExtenderBindingResult(f"cannot reserve GPUs on node {args.Node}: {status.details()}")
             decision = Decision(args.Node, placement, req, demand)
         scheduler.assume(pod, decision)
+        not_permitted = await scheduler.gangs.extender_permit(key, pod, decision)  # a gang member waits
+        if not_permitted:
+            return ExtenderBindingResult(not_permitted)
         result = await scheduler.bind(pod, decision, fw)
+        if not result.bound:
+            scheduler.gangs.bind_failed(pod)
         return ExtenderBindingResult("" if result.bound else result.error)
 
 

@@ -175,6 +175,27 @@ class SchedulingQueue:
         entry.backoff_until = self.clock.now() + backoff_for(entry.attempts)
         self._back_off(entry)
 
+    def park(self, key: str) -> None:
+        """Parked until an event moves it, without counting a failed attempt (a gang member whose
+        peers are still being created: no backoff grows while they come)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        now = self.clock.now()
+        if entry.popped_at_move < self._moves:
+            self._activate(entry)
+            return
+        entry.parked_at = now
+        self._wait_until(entry, UNSCHEDULABLE, now + UNSCHEDULABLE_FLUSH_S)
+
+    def hold_until(self, key: str, due: float) -> None:
+        """Not before `due`, whatever its attempts (a gang backing off after a timeout)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.backoff_until = max(entry.backoff_until, due)
+        self._back_off(entry)
+
     def move_all(self) -> int:
         """An event that can make parked pods fit: every parked pod goes to backoff or active.
         Returns how many were moved."""

@@ -35,8 +35,11 @@ The pod index: the webhook assigns it (scheduling/indexes.py); the allocator hol
 as long as the pod holds GPUs (Filter and Reserve skip a node where another pod holds it), and the
 binding writes `tensor-fusion.ai/index` after a last check of that node-level lock (binder.py).
 With the embedded API server it also places default-scheduler pods, without GPUs (default_pods.py).
-Preemption (preemption.py) is the PostFilter: a GPU worker that fits nowhere may evict pods of
-lower priority and binds once they are gone. Gang scheduling is not implemented.
+Gang scheduling (gang.py, gang_runtime.py) hooks in before Filter (PreEnqueue) and after Reserve
+(Permit: a member waits, reserved and unbound, until its gang is complete; then every member binds;
+a bind that fails after that does not stop the others, as in the original). Preemption
+(preemption.py) is the PostFilter: a GPU worker that fits nowhere may evict pods of lower priority
+and binds once they are gone.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from tfusion.controller.scheduling import default_pods, progressive
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
 from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
+from tfusion.controller.scheduling.gang_runtime import GangCoordinator
 from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.preemption import Preemption
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
@@ -163,6 +167,7 @@ class Scheduler:
         self.preemption: Preemption | None = None
         self.pods: Informer
         self.nodes: Informer
+        self.gangs: GangCoordinator
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -185,6 +190,7 @@ class Scheduler:
         from tfusion.controller.scheduling.http import scheduler_handlers
 
         rt.routes.extend(scheduler_handlers(self))
+        self.gangs = GangCoordinator(self).attach()
         self.preemption = Preemption(self).attach()  # the built-in PostFilter, the extender's preempt verb
         if self.mode == BUILTIN:
             rt.add_leader_task(self.run_leader)
@@ -223,9 +229,10 @@ class Scheduler:
             self.queue.move_all()
 
     def _on_pod(self, pod: Pod) -> None:
-        self.usage.observe(pod)
         key = pod_key(pod)
         pending = nc.is_pending(pod)
+        if not (pending and pod.uid in self._in_flight):  # a pod being bound (or a gang member held at
+            self.usage.observe(pod)                       # Permit) keeps its assumed CPU and memory
         if not pending:
             self._in_flight.pop(pod.uid, None)
         if self.serves(pod) and pending:
@@ -317,6 +324,8 @@ class Scheduler:
         if fw is None:
             queue.error(key)
             return
+        if self.gangs.holds_back(key, pod, tg):  # PreEnqueue of gang members (gang_runtime.py)
+            return
         decision = self.decide(pod, fw)
         if decision.error:
             self.metrics.attempts.labels("error").inc()
@@ -335,7 +344,9 @@ class Scheduler:
                 self.service.count_topology(decision.req, why=decision.why)
             return
         self.assume(pod, decision)
-        tg.start_soon(self._bind, key, pod, decision, fw)
+        # Permit: a gang member waits (reserved, unbound) until its gang is complete; then all bind
+        for member in self.gangs.permit(key, pod, decision, tg):
+            tg.start_soon(self._bind, member.key, member.pod, member.decision, fw)
 
     def assume(self, pod: Pod, decision: Decision) -> None:
         """Count the pod on its node (CPU, memory, and as a worker or native-GPU pod) from now until
@@ -523,6 +534,7 @@ class Scheduler:
             return
         self.metrics.attempts.labels("error").inc()
         log.warning("pod %s: %s", key, result.error)
+        self.gangs.bind_failed(pod)
         if queue is None:
             return
         if result.conflict:
