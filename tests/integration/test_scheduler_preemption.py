@@ -343,3 +343,41 @@ async def test_no_preemption_onto_a_node_the_pod_may_not_use(apiserver: Any, tmp
             assert condition["message"].endswith("preemption: the 1 node(s) where evictions would make GPU room "
                                                  "fail the pod's node checks.")
             assert "low" in await pod_names(kube)
+
+
+async def test_a_critical_gang_member_that_preempted_still_waits_for_its_gang(apiserver: Any,
+                                                                              tmp_path: Path) -> None:
+    """Preemption reserves the freed share, then Permit holds the member until its gang is complete:
+    one member preempts the only unprotected low pod and waits unbound while the other finds no
+    victim; when room appears for the other, both bind."""
+    await apply_crds(apiserver)
+    gang = {tfa.GANG_GROUP_KEY: "default/train", tfa.GANG_REQUIRED_MEMBERS: "2",
+            tfa.GANG_DESIRED_MEMBERS: "2", tfa.GANG_TIMEOUT: "0"}
+    async with kube_client(apiserver) as kube:
+        await one_gpu(kube)
+        async with controllers() as tg:
+            await start_controller(tg, settings_for(apiserver, tmp_path))
+            lows = [f"low-{i}" for i in range(4)]
+            for name in lows:  # 4 x 4Gi: the 16Gi GPU is full; only low-0 may be preempted
+                extra = {} if name == "low-0" else {tfa.EVICTION_PROTECTION: "1h"}
+                await kube.create(r.PODS, qos_pod(name, "low", vram="4Gi", extra=extra))
+            await eventually(lambda: all_bound(kube, lows), what="the low pods bound")
+            for name in ("crit-1", "crit-2"):
+                await kube.create(r.PODS, qos_pod(name, "critical", vram="4Gi", extra=gang))
+            await eventually(lambda: _gone(kube, "low-0"), what="low-0 preempted")
+            held = await eventually(lambda: _one_waiting(kube), what="a member held at Permit")
+            assert await node_of(kube, "crit-1") is None and await node_of(kube, "crit-2") is None
+            assert "1 more member" in held
+            await kube.delete(r.PODS, "low-1", namespace="default")  # room for the other member
+            await eventually(lambda: all_bound(kube, ["crit-1", "crit-2"]), what="the gang bound together")
+
+
+async def _gone(kube: KubeClient, name: str) -> bool:
+    return name not in await pod_names(kube)
+
+
+async def _one_waiting(kube: KubeClient) -> str | None:
+    """The message of the one member told it waits for its gang, when exactly one is."""
+    found = [c["message"] for n in ("crit-1", "crit-2")
+             if (c := await scheduled_condition(kube, n)) is not None and "more member" in c["message"]]
+    return found[0] if len(found) == 1 else None
