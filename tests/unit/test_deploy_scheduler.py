@@ -46,8 +46,8 @@ def test_the_profile_calls_the_controller_extender(rendered: dict[tuple[str, str
     assert extender["urlPrefix"] == \
         f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:{port}/scheduler"
     # the verbs are the controller's routes /scheduler/<verb>
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == \
-        ("filter", "prioritize", "bind")
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"], extender["preemptVerb"]) == \
+        ("filter", "prioritize", "bind", "preempt")
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
 
 
