@@ -23,6 +23,7 @@ Upstream abbreviates the domain as ``tf/`` in its docs; here every key is spelle
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
@@ -521,6 +522,20 @@ def parse_duration(value: str, *, key: str) -> float:
         return durations.parse_duration(value)
     except durations.DurationError:
         raise AnnotationError(key, value, 'a duration such as "30s", "5m", "1h30m" or "0"') from None
+
+
+def protection_end(notes: Mapping[str, str], created: str) -> float | None:
+    """When a pod's ``eviction-protection`` ends, in wall seconds: its creation time plus the
+    duration; None when it has none; infinity when the duration or the creation time is unreadable
+    (evicting is not undone, so such a pod is protected for good). Preemption (which never picks a
+    protected victim) and billing (which charges the protected price until then) read this one rule."""
+    raw = notes.get(EVICTION_PROTECTION)
+    if not raw:
+        return None
+    try:
+        return timestamps.parse_rfc3339(created).timestamp() + parse_duration(raw, key=EVICTION_PROTECTION)
+    except (AnnotationError, ValueError):
+        return math.inf
 
 
 def parse_gang_timeout(value: str, *, key: str | None = None) -> float | None:

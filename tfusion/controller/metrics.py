@@ -27,7 +27,6 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
-from tfusion.api.timestamps import parse_rfc3339
 from tfusion.kube import resources as r
 from tfusion.metrics import cost as billing
 from tfusion.metrics.points import Point
@@ -89,15 +88,8 @@ def _pod_ready(pod: Pod) -> bool:
 
 
 def _protected_until(pod: Pod) -> float | None:
-    """Creation time + the eviction-protection annotation's duration (None when absent or unreadable)."""
-    raw = pod.meta.annotation(tfa.EVICTION_PROTECTION)
-    created = pod.meta.creation_timestamp
-    if not raw or not created:
-        return None
-    try:
-        return parse_rfc3339(created).timestamp() + tfa.parse_duration(raw, key=tfa.EVICTION_PROTECTION)
-    except (AnnotationError, ValueError):
-        return None
+    """The end of the pod's eviction protection in wall seconds (tfa.protection_end)."""
+    return tfa.protection_end(pod.meta.annotations, pod.meta.creation_timestamp)
 
 
 def is_billable(pod: Pod) -> bool:

@@ -36,10 +36,9 @@ node checks as it is), and victims of the same node are evicted one after anothe
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from anyio.abc import TaskGroup
@@ -50,9 +49,8 @@ from tfusion.allocator.framework import Code, Framework
 from tfusion.allocator.preemption import Candidate, Eligible, PreemptionSearch, SearchStats, VictimFacts
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Node, Pod
-from tfusion.api.annotations import AnnotationError
 from tfusion.api.selectors import SelectorError, label_selector_from_dict
-from tfusion.api.timestamps import parse_rfc3339, rfc3339
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.explain import Why
 from tfusion.controller.scheduling.unschedulable import as_pod, pod_key
@@ -77,6 +75,8 @@ NOTE_NODES = 3
 #: a node found unable to help is looked at again at least this often (an eviction protection may
 #: have run out meanwhile)
 PROTECTION_STEP_S = 10.0
+#: the end of a protection that never ends (tfa.protection_end's infinity)
+FOREVER = datetime.max.replace(tzinfo=UTC)
 
 
 def gang_index(obj: Any) -> list[str]:
@@ -498,19 +498,13 @@ def _eligibility_facts(pod: Pod) -> tuple[Any, ...]:
 
 
 def protected_until(pod: Pod) -> datetime | None:
-    """When the pod's eviction protection ends (creation + `eviction-protection`); None when it has
-    none. An unreadable duration protects the pod for good (evicting it is not undone)."""
-    raw = pod.meta.annotation(tfa.EVICTION_PROTECTION)
-    if not raw:
+    """When the pod's eviction protection ends (tfa.protection_end); None when it has none."""
+    end = tfa.protection_end(pod.meta.annotations, pod.meta.creation_timestamp)
+    if end is None:
         return None
-    try:
-        seconds = tfa.parse_duration(raw, key=tfa.EVICTION_PROTECTION)
-        created = parse_rfc3339(pod.meta.creation_timestamp)
-    except (AnnotationError, ValueError):
-        return datetime.max.replace(tzinfo=UTC)
-    if math.isinf(seconds) or seconds > timedelta.max.total_seconds() / 2:
-        return datetime.max.replace(tzinfo=UTC)
-    return created + timedelta(seconds=seconds)
+    if end >= FOREVER.timestamp():
+        return FOREVER
+    return datetime.fromtimestamp(end, UTC)
 
 
 def _selects(budget: Mapping[str, Any], pod: Pod) -> bool:
