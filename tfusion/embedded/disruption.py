@@ -25,9 +25,8 @@ from tfusion.kube.client import NotFound
 from tfusion.kube.informer import Informer
 from tfusion.kube.manager import Manager
 from tfusion.kube.reconciler import Result
-from tfusion.kube.resources import ApiResource
 
-PDBS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+PDBS = r.PODDISRUPTIONBUDGETS
 UNMANAGED = ("Pods selected by this PodDisruptionBudget (selector: {selector}) were found to be unmanaged. As a "
              "result, the status of the PDB cannot be calculated correctly, which may result in undefined "
              "behavior. To account for these pods please set \".spec.minAvailable\" field of the PDB to an "

@@ -50,6 +50,7 @@ DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment", True)
 REPLICASETS = ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
 JOBS = ApiResource("batch", "v1", "jobs", "Job", True)
 CRONJOBS = ApiResource("batch", "v1", "cronjobs", "CronJob", True)
+PODDISRUPTIONBUDGETS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 CUSTOMRESOURCEDEFINITIONS = ApiResource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                      "CustomResourceDefinition", False)
 

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PDBS = r.ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+PDBS = r.PODDISRUPTIONBUDGETS
 #: a victim may take its grace period to go; after that and this margin the attempt ends
 VICTIM_WAIT_MARGIN_S = 30.0
 DEFAULT_GRACE_S = 30.0
