@@ -205,7 +205,8 @@ def test_hard_mode_refuses_a_node_without_a_free_nvlink_pair_and_says_the_tier()
 
 def test_preemption_suggestion_frees_a_whole_nvlink_pair() -> None:
     alloc = cluster(matrix_node(PAIRS))
-    alloc.assume(replace(req("low", count=1, vram=75 * GIB), qos="low"), ["g0"])
+    alloc.assume(replace(req("low", count=1, vram=75 * GIB), qos="low", priority=-1), ["g0"])
+    alloc.commit("low")
     occupy(alloc, "b", "g2")
     expl = Framework(alloc).explain(replace(req("h", topology_max_tier=0), qos="high"))
     preempt = [s for s in expl.suggestions if s.kind == "preempt-lower-qos"]

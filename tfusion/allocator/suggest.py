@@ -7,7 +7,8 @@ for
 - other-model / other-pool: a GPU model of the pool, or another pool, where the request fits as is;
 - looser-topology: the lowest gpu-topology-max-tier that fits, when a hard topology refused nodes;
 - quota: the GPUResourceQuota values that would admit it (when the GPUs have room);
-- preempt-lower-qos: the fewest lower-QoS pods on one node whose departure frees the room.
+- preempt-lower-qos: the fewest lower-priority pods on one node whose departure frees the room (the
+  preemption search, preemption.py).
 Every suggestion is checked with the same rules the placement uses (`GpuAllocator.select`) before it
 is offered. The per-node numbers come from explain.py's `NodeFacts`; the allocator is read through
 its public methods only.
@@ -22,10 +23,10 @@ from typing import TYPE_CHECKING
 from tfusion.allocator import filters, topology
 from tfusion.allocator.errors import QuotaExceeded, Unschedulable
 from tfusion.allocator.explain import NodeFacts, node_facts
-from tfusion.allocator.indexes import NodeEntry
+from tfusion.allocator.preemption import PreemptionSearch, VictimFacts
 from tfusion.allocator.quota import Usage, check_single, check_total
 from tfusion.allocator.reasons import Code, Reason, Status, Suggestion
-from tfusion.allocator.request import QOS_LEVELS, AllocRequest
+from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
@@ -344,64 +345,23 @@ def _within_quota(alloc: GpuAllocator, req: AllocRequest, reason: Reason) -> Sug
 
 # ---------------------------------------------------------------------- preempt-lower-qos
 
-def _qos_rank(qos: str) -> int:
-    return QOS_LEVELS.index(qos) if qos in QOS_LEVELS else 1
-
-
 def _preemption(alloc: GpuAllocator, req: AllocRequest, per_node: Mapping[str, Status]) -> Suggestion | None:
-    """The fewest lower-QoS pods on one node whose departure lets `req` fit there."""
-    rank = _qos_rank(req.qos)
-    if not any(n for qos, n in alloc.live_by_qos().items() if _qos_rank(qos) < rank):
+    """The fewest lower-priority pods on one node whose departure lets `req` fit there: the victims
+    the scheduler's preemption (preemption.py, one search) picks when every lower-priority pod may
+    go. Eviction protection, namespaces and budgets are the scheduler's to judge; its
+    "preemption: ..." note says which of them kept it from acting."""
+    nodes = [n for n, status in per_node.items() if not status.ok and status.code is Code.UNSCHEDULABLE]
+    if not nodes:
         return None
-    key = (req.pool, req.gpu_model)
-    best: tuple[int, int, str, list[str]] | None = None
-    for name, status in per_node.items():
-        node = alloc.node_entry(name)
-        if status.ok or status.code is not Code.UNSCHEDULABLE or node is None or key not in node.groups:
-            continue
-        held = {uid: info for uid in node.workers if (info := alloc.allocation(uid)) is not None}
-        lower = [uid for uid, info in held.items() if _qos_rank(info.request.qos) < rank]
-        if not lower:
-            continue
-        lower.sort(key=lambda uid: (_qos_rank(held[uid].request.qos), -sum(c[1] for c in held[uid].charges), uid))
-        victims = _fewest_victims(alloc, node, key, req, lower)
-        if victims is None:
-            continue
-        freed = sum(c[1] for uid in victims for c in held[uid].charges)
-        candidate = (len(victims), freed, name, victims)
-        if best is None or candidate[:3] < best[:3]:
-            best = candidate
-    if best is None:
+    found = PreemptionSearch(alloc).best(req, req.priority, _every_lower, nodes=nodes)
+    entry = alloc.node_entry(found.node) if found is not None else None
+    if found is None or entry is None:
         return None
-    count, _, name, victims = best
-    entry = alloc.node_entry(name)
-    assert entry is not None  # judged above, and nothing changed since
-    pods = tuple(sorted(entry.workers[uid] for uid in victims))
-    return Suggestion(PREEMPT, f"{count} lower-QoS pod(s) leaving {name} would free room: {', '.join(pods)}",
-                      {}, target="pods", pods=pods, node=name)
+    pods = tuple(sorted(entry.workers[uid] for uid in found.local if uid in entry.workers))
+    return Suggestion(PREEMPT, f"{len(pods)} lower-priority pod(s) leaving {found.node} would free room: "
+                               f"{', '.join(pods)}", {}, target="pods", pods=pods, node=found.node)
 
 
-def _fewest_victims(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], req: AllocRequest,
-                    ordered: list[str]) -> list[str] | None:
-    """Add victims in order until `req` fits, then drop the ones it fits without."""
-    chosen: list[str] = []
-    for uid in ordered:
-        chosen.append(uid)
-        if _fits_without(alloc, node, key, req, set(chosen)):
-            break
-    else:
-        return None
-    for uid in reversed(chosen[:-1]):
-        trial = set(chosen) - {uid}
-        if _fits_without(alloc, node, key, req, trial):
-            chosen.remove(uid)
-    return chosen
-
-
-def _fits_without(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str], req: AllocRequest,
-                  gone: set[str]) -> bool:
-    """Whether `req` would fit on `node` if the pods `gone` released their GPUs (preemption.py's
-    read-only judgement, the one the scheduler's preemption uses)."""
-    from tfusion.allocator.preemption import PreemptionSearch
-
-    return PreemptionSearch(alloc).fits_without(node.name, req, gone)
+def _every_lower(uid: str) -> VictimFacts:
+    """Every lower-priority allocation may go, alone (the search compares priorities itself)."""
+    return VictimFacts()
