@@ -43,6 +43,7 @@ from tfusion.allocator.indexes import (
 )
 from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.allocator.ledger import RELEASED_MEMORY, Allocation, AllocationInfo, Ledger, charges_on
+from tfusion.allocator.preemption import PreemptionSearch
 from tfusion.allocator.queries import FilterResult
 from tfusion.allocator.quota import QuotaSpec, Usage
 from tfusion.allocator.request import AllocRequest, Resources
@@ -101,6 +102,7 @@ class GpuAllocator:
         self.weights = weights or Weights()
         self.assume_ttl = assume_ttl
         self._clock = clock
+        self._preemption: PreemptionSearch | None = None
         #: which pod holds which device-plugin index on which node, for as long as its allocation lives
         self.index_lock = NodeIndexLock()
         self.indexes = GpuIndexes(max_workers_per_node, self.weights, topology)
@@ -249,6 +251,14 @@ class GpuAllocator:
         """The GPUs of `node` that `req` would get, best first (`req.count` of them); None when it does not fit."""
         return self.indexes.fitting_gpus(node, req)
 
+    @property
+    def preemption(self) -> PreemptionSearch:
+        """The one preemption search over this allocator (preemption.py): the scheduler's PostFilter
+        and the preempt-lower-qos suggestion share its per-node bounds, kept between calls."""
+        if self._preemption is None:
+            self._preemption = PreemptionSearch(self)
+        return self._preemption
+
     def topology_policy(self, req: AllocRequest) -> Policy:
         """GPUNetworkTopologyAware's arguments with `req`'s annotations over them (topology.py)."""
         return policy_for(self.indexes.topology, req)
@@ -273,9 +283,9 @@ class GpuAllocator:
             return ""
         return outcome(best_set(slots, len(slots), policy).tier, policy)
 
-    def live_by_qos(self) -> Mapping[str, int]:
-        """How many live allocations (assumed or committed) there are of each QoS level."""
-        return self.ledger.qos_live
+    def holds_below(self, priority: int) -> bool:
+        """Whether any live allocation (assumed or committed) has a priority below `priority`."""
+        return any(p < priority for p in self.ledger.priority_live)
 
     def index_conflict(self, req: AllocRequest, node: str) -> str:
         """Why `req` cannot hold its pod index on `node` (another pod holds it there), or ""."""

@@ -102,7 +102,7 @@ class Ledger:
         self.dirty: set[str] = set()  # GPUs whose status must be written
         self.dirty_quota: set[str] = set()  # namespaces whose quota status must be written
         self.released: OrderedDict[str, None] = OrderedDict()
-        self.qos_live: dict[str, int] = {}  # live allocations per QoS level (preemption hints)
+        self.priority_live: dict[int, int] = {}  # live allocations per priority (preemption's quick exit)
 
     # ------------------------------------------------------------------ quota
 
@@ -204,7 +204,7 @@ class Ledger:
         node.workers[uid] = f"{alloc.req.namespace}/{alloc.req.pod_name}"
         if alloc.req.pod_index:
             self.index_lock.occupy(alloc.node, alloc.req.pod_index, uid)
-        self.qos_live[alloc.req.qos] = self.qos_live.get(alloc.req.qos, 0) + 1
+        self.priority_live[alloc.req.priority] = self.priority_live.get(alloc.req.priority, 0) + 1
         self.allocs[uid] = alloc
         if alloc.assumed_at is not None:
             self.assumed[uid] = alloc.assumed_at
@@ -235,7 +235,11 @@ class Ledger:
         del node.workers[uid]
         if alloc.req.pod_index:
             self.index_lock.release(alloc.node, alloc.req.pod_index, uid)
-        self.qos_live[alloc.req.qos] -= 1
+        left = self.priority_live[alloc.req.priority] - 1
+        if left:
+            self.priority_live[alloc.req.priority] = left
+        else:
+            del self.priority_live[alloc.req.priority]
         del self.allocs[uid]
         self.assumed.pop(uid, None)
         self.usage_bucket(alloc).add(alloc.usage, -1)

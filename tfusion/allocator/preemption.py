@@ -345,7 +345,7 @@ class PreemptionSearch:
         for a pod of that node (or of its gangs) may change; with it, a node's examination is kept
         until the node or its generation changes (None: every candidate node is examined each time)."""
         alloc = self.allocator
-        if not alloc.has_pool(req.pool):
+        if not alloc.has_pool(req.pool) or not alloc.holds_below(priority):
             return None
         index = alloc.group_index(req.pool, req.gpu_model)
         names: Iterable[str] = index.scores.keys() if nodes is None else (n for n in nodes if n in index)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from tfusion.allocator import filters, topology
 from tfusion.allocator.errors import QuotaExceeded, Unschedulable
 from tfusion.allocator.explain import NodeFacts, node_facts
-from tfusion.allocator.preemption import PreemptionSearch, VictimFacts
+from tfusion.allocator.preemption import VictimFacts
 from tfusion.allocator.quota import Usage, check_single, check_total
 from tfusion.allocator.reasons import Code, Reason, Status, Suggestion
 from tfusion.allocator.request import AllocRequest
@@ -353,7 +353,7 @@ def _preemption(alloc: GpuAllocator, req: AllocRequest, per_node: Mapping[str, S
     nodes = [n for n, status in per_node.items() if not status.ok and status.code is Code.UNSCHEDULABLE]
     if not nodes:
         return None
-    found = PreemptionSearch(alloc).best(req, req.priority, _every_lower, nodes=nodes)
+    found = alloc.preemption.best(req, req.priority, _every_lower, nodes=nodes)
     entry = alloc.node_entry(found.node) if found is not None else None
     if found is None or entry is None:
         return None

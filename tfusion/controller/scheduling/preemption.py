@@ -130,7 +130,6 @@ class Preemption:
         self.cluster_wide = bool(getattr(self.runtime.settings, "preempt_cluster_wide", True))
         self.metrics = PreemptionMetrics(self.runtime.registry)
         self.budgets: Informer | None = None
-        self._search: PreemptionSearch | None = None
         #: victims of the attempts under way (not chosen again by another preemptor meanwhile)
         self._evicting: set[str] = set()
         #: what may be preempted changed everywhere (a budget, a gang) / on one node (its pods): the
@@ -176,9 +175,7 @@ class Preemption:
         allocator = self.scheduler.service.allocator
         if allocator is None:
             return None
-        if self._search is None or self._search.allocator is not allocator:
-            self._search = PreemptionSearch(allocator)
-        return self._search
+        return allocator.preemption
 
     # --- the decision (synchronous) --------------------------------------------------------------
 
