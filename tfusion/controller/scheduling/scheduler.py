@@ -57,9 +57,8 @@ from tfusion.allocator import AllocRequest, GpuAllocator, GpuPlacement, RequestE
 from tfusion.allocator.framework import Code, Explanation, Framework, Status
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, Node, Pod
-from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import default_pool_name
-from tfusion.controller.scheduling import default_pods, progressive
+from tfusion.controller.scheduling import default_pods, hints, progressive
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
 from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
@@ -260,11 +259,11 @@ class Scheduler:
             self.queue.delete(key)
 
     def _on_node_update(self, old: Node | None, new: Node) -> None:
-        if old is None or _node_signature(old) != _node_signature(new):
+        if hints.node_changed(old, new):
             self._move()
 
     def _on_gpu_update(self, old: Gpu | None, new: Gpu) -> None:
-        if old is None or _gpu_grew(old, new):
+        if hints.gpu_grew(old, new):
             self._move()
 
     def _on_quota_update(self, old: Body | None, new: Body) -> None:
@@ -583,28 +582,6 @@ class Scheduler:
 def _add(totals: dict[str, int], amounts: Iterable[tuple[str, int]]) -> None:
     for name, amount in amounts:
         totals[name] = totals.get(name, 0) + amount
-
-
-def _node_signature(node: Node) -> tuple[Any, ...]:
-    """What a node check reads (heartbeats excluded)."""
-    return (node.meta.labels, node.spec, node.allocatable, node.ready)
-
-
-def _amount(value: Any) -> int:
-    try:
-        return Quantity.parse(value).milli_value() if value is not None else 0
-    except QuantityError:
-        return 0
-
-
-def _gpu_grew(old: Gpu, new: Gpu) -> bool:
-    """More room on a GPU: available or capacity grew, or it became Running."""
-    if old.phase != new.phase:
-        return True
-    for before, after in ((old.available, new.available), (old.capacity, new.capacity)):
-        if any(_amount(after.get(k)) > _amount(before.get(k)) for k in ("tflops", "vram")):
-            return True
-    return False
 
 
 def attach_scheduler(runtime: ControllerRuntime, service: AllocatorService) -> Scheduler | None:
