@@ -26,7 +26,9 @@ import yaml
 from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.role_all import NODE, POOL, TF, RoleAll
 
-SAMPLE = Path("/work/shared/conformance/upstream-samples/gang-scheduling-workloads.yaml")
+#: the original's published sample, beside the repository as test_samples.py reads it
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "upstream-samples" / \
+    "gang-scheduling-workloads.yaml"
 PODS = "/api/v1/namespaces/default/pods"
 STRICT = "tf-deploy-gang-strict"
 JOB = "tf-job-gang-min-members-override"

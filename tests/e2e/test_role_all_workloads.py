@@ -16,7 +16,7 @@ import yaml
 from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.role_all import POOL, RoleAll
 
-SAMPLE = Path("/work/shared/conformance/upstream-samples/pytorch.yaml")
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "upstream-samples" / "pytorch.yaml"
 NAMESPACE = "tensor-fusion"
 
 pytestmark = needs_kubectl
