@@ -13,6 +13,10 @@
  *   FAKE_NVML_NVLINKS     number of active NVLink links (of 4) joining the two GPUs (default 0)
  *   FAKE_NVML_TOPOLOGY    common ancestor level of the two GPUs (NVML_TOPOLOGY_*, default 50 = SYSTEM);
  *                         -1: the call is NOT_SUPPORTED
+ *   FAKE_NVML_MIG         comma-separated indices of the GPUs whose MIG mode is on (default: none). Both
+ *                         GPUs have the seven-slice 80 GB layout (profiles 19 1g.10gb, 15 1g.20gb,
+ *                         14 2g.20gb, 9 3g.40gb, 5 4g.40gb, 0 7g.80gb with NVIDIA's placements);
+ *                         GPU instances refuse misplaced or overlapping slots as the driver does
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +27,13 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
 #define NVML_ERROR_UNKNOWN 999
 
 #define XID_CRITICAL_ERROR 0x8ULL
@@ -47,15 +54,16 @@ typedef struct {
     unsigned pids[4];
     unsigned long long proc_mem[4];
     unsigned proc_sm[4];
+    int mig_of; /* a MIG device handle: 1 + the index of its GPU (0 on a whole GPU) */
 } fake_device;
 
 static fake_device devices[2] = {
     {"GPU-5f3a1c2e-0000-4000-8000-000000000a00", "NVIDIA A100-SXM4-80GB", 85899345920ULL, 1073741824ULL,
      "00000000:3B:00.0", 0, 0x3b, 8, 0, 0, 6912, 42, 10, 250123, 51, 1000, 500,
-     1, {4242}, {1073741824ULL}, {37}},
+     1, {4242}, {1073741824ULL}, {37}, 0},
     {"GPU-9b1d7e44-1111-4111-8111-000000000b01", "NVIDIA H100 80GB HBM3", 85520809984ULL, 2684354560ULL,
      "00000000:86:00.0", 0, 0x86, 9, 0, -2, 16896, 7, 3, 110500, 38, 0, 0,
-     2, {5151, 5252}, {2147483648ULL, 536870912ULL}, {5, 2}},
+     2, {5151, 5252}, {2147483648ULL, 536870912ULL}, {5, 2}, 0},
 };
 
 static int initialised = 0;
@@ -138,6 +146,10 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient Resources";
     default: return "Fake NVML error";
     }
 }
@@ -162,7 +174,10 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *device)
     return NVML_SUCCESS;
 }
 
+static int is_mig_handle(nvmlDevice_t d);
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned len) {
+    if (initialised && is_mig_handle(d)) return copy_string(uuid, len, d->uuid);
     nvmlReturn_t r = check(d);
     return r ? r : copy_string(uuid, len, d->uuid);
 }
@@ -368,5 +383,356 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     free(set);
+    return NVML_SUCCESS;
+}
+
+/* --- MIG ------------------------------------------------------------------------------------------ */
+
+#define MIG_MAX_INSTANCES 7
+#define NAME_V2 96
+#define NVML_DEVICE_MIG_ENABLE 1
+#define GI_PROFILE_COUNT 0x12
+#define CI_PROFILE_COUNT 0x9
+
+typedef struct { unsigned start, size; } nvmlGpuInstancePlacement_t;
+typedef struct {
+    unsigned version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NAME_V2];
+} nvmlGpuInstanceProfileInfo_v2_t;
+typedef struct {
+    unsigned version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[NAME_V2];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
+    int index;            /* NVML_GPU_INSTANCE_PROFILE_* this profile answers */
+    unsigned id;          /* GPU-instance profile ID */
+    const char *name;
+    unsigned slices;      /* compute slices */
+    unsigned size;        /* memory slots a placement covers */
+    unsigned starts_mask; /* bit s: the profile may start at slot s */
+    unsigned long long memory_mb;
+    unsigned instances;
+} gi_profile;
+
+static const gi_profile profiles[] = {
+    {0x0, 19, "MIG 1g.10gb", 1, 1, 0x7F, 9856, 7},
+    {0x9, 15, "MIG 1g.20gb", 1, 2, 0x55, 19968, 4},
+    {0x1, 14, "MIG 2g.20gb", 2, 2, 0x15, 19968, 3},
+    {0x2, 9, "MIG 3g.40gb", 3, 4, 0x11, 40192, 2},
+    {0x3, 5, "MIG 4g.40gb", 4, 4, 0x01, 40192, 1},
+    {0x4, 0, "MIG 7g.80gb", 7, 8, 0x01, 80384, 1},
+};
+#define PROFILE_TOTAL (sizeof(profiles) / sizeof(profiles[0]))
+
+/* compute-instance profile index -> compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*) */
+static const unsigned ci_slices[CI_PROFILE_COUNT] = {1, 2, 3, 4, 7, 8, 6, 1, 7};
+
+struct fake_gi;
+typedef struct fake_ci {
+    struct fake_gi *gi;
+    int used;
+    unsigned id, profile_id;
+} fake_ci;
+
+typedef struct fake_gi {
+    int used;
+    int gpu;
+    unsigned id;
+    const gi_profile *profile;
+    unsigned start;
+    fake_ci ci;
+    char mig_uuid[64];
+    fake_device mig; /* the MIG device handle of this instance's compute instance */
+} fake_gi;
+
+typedef fake_gi *nvmlGpuInstance_t;
+typedef fake_ci *nvmlComputeInstance_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+typedef struct { unsigned start, size; } nvmlComputeInstancePlacement_t;
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned id, profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+static fake_gi instances[2][MIG_MAX_INSTANCES];
+static unsigned next_gi_id = 1;
+
+static int is_mig_handle(nvmlDevice_t d) {
+    return d != NULL && d->mig_of > 0;
+}
+
+static int mig_enabled(int gpu) {
+    const char *v = getenv("FAKE_NVML_MIG");
+    if (!v) return 0;
+    for (const char *p = v; *p; p++) {
+        if (*p >= '0' && *p <= '9' && (p == v || p[-1] == ',') && atoi(p) == gpu) return 1;
+    }
+    return 0;
+}
+
+static nvmlReturn_t check_mig(nvmlDevice_t d) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    return mig_enabled(index_of(d)) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+static const gi_profile *profile_by_id(unsigned id) {
+    for (unsigned i = 0; i < PROFILE_TOTAL; i++)
+        if (profiles[i].id == id) return &profiles[i];
+    return NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = (unsigned)mig_enabled(index_of(d));
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned profile,
+                                                  nvmlGpuInstanceProfileInfo_v2_t *info) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < PROFILE_TOTAL; i++) {
+        if (profiles[i].index != (int)profile) continue;
+        unsigned version = info->version;
+        memset(info, 0, sizeof(*info));
+        info->version = version;
+        info->id = profiles[i].id;
+        info->sliceCount = profiles[i].slices;
+        info->instanceCount = profiles[i].instances;
+        info->multiprocessorCount = 14 * profiles[i].slices;
+        info->memorySizeMB = profiles[i].memory_mb;
+        strncpy(info->name, profiles[i].name, sizeof(info->name) - 1);
+        return NVML_SUCCESS;
+    }
+    return profile < GI_PROFILE_COUNT ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned profileId,
+                                                           nvmlGpuInstancePlacement_t *placements, unsigned *count) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    const gi_profile *p = profile_by_id(profileId);
+    if (!p || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0;
+    for (unsigned s = 0; s < 8; s++) {
+        if (!(p->starts_mask & (1u << s))) continue;
+        if (placements) {
+            if (n >= *count) return NVML_ERROR_INSUFFICIENT_SIZE;
+            placements[n].start = s;
+            placements[n].size = p->size;
+        }
+        n++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static int overlaps(int gpu, unsigned start, unsigned size) {
+    for (int i = 0; i < MIG_MAX_INSTANCES; i++) {
+        const fake_gi *g = &instances[gpu][i];
+        if (g->used && start < g->start + g->profile->size && g->start < start + size) return 1;
+    }
+    return 0;
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned profileId, int start, nvmlGpuInstance_t *out) {
+    nvmlReturn_t r = check_mig(d);
+    if (r) return r;
+    const gi_profile *p = profile_by_id(profileId);
+    if (!p || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    int gpu = index_of(d);
+    if (start >= 0) {
+        if (start > 7 || !(p->starts_mask & (1u << start))) return NVML_ERROR_INVALID_ARGUMENT;
+        if (overlaps(gpu, (unsigned)start, p->size)) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    } else {
+        for (int s = 0; s < 8 && start < 0; s++)
+            if ((p->starts_mask & (1u << s)) && !overlaps(gpu, (unsigned)s, p->size)) start = s;
+        if (start < 0) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    for (int i = 0; i < MIG_MAX_INSTANCES; i++) {
+        fake_gi *g = &instances[gpu][i];
+        if (g->used) continue;
+        memset(g, 0, sizeof(*g));
+        g->used = 1;
+        g->gpu = gpu;
+        g->id = next_gi_id++;
+        g->profile = p;
+        g->start = (unsigned)start;
+        *out = g;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t d, unsigned profileId, nvmlGpuInstance_t *out) {
+    return create_gi(d, profileId, -1, out);
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned profileId,
+                                                      const nvmlGpuInstancePlacement_t *placement,
+                                                      nvmlGpuInstance_t *out) {
+    if (!placement) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(d, profileId, (int)placement->start, out);
+}
+
+static nvmlReturn_t check_gi(nvmlGpuInstance_t gi) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int i = 0; i < MIG_MAX_INSTANCES; i++)
+            if (gi == &instances[gpu][i] && gi->used) return NVML_SUCCESS;
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (gi->ci.used) return NVML_ERROR_IN_USE;
+    gi->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned id, nvmlGpuInstance_t *out) {
+    nvmlReturn_t r = check_mig(d);
+    if (r) return r;
+    for (int i = 0; i < MIG_MAX_INSTANCES; i++) {
+        fake_gi *g = &instances[index_of(d)][i];
+        if (g->used && g->id == id) {
+            *out = g;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    info->device = &devices[gi->gpu];
+    info->id = gi->id;
+    info->profileId = gi->profile->id;
+    info->placement.start = gi->start;
+    info->placement.size = gi->profile->size;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gi, unsigned profile,
+                                                           unsigned engProfile,
+                                                           nvmlComputeInstanceProfileInfo_v2_t *info) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (engProfile != 0 || profile >= CI_PROFILE_COUNT || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_slices[profile] > gi->profile->slices || profile > 6) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned version = info->version;
+    memset(info, 0, sizeof(*info));
+    info->version = version;
+    info->id = profile;
+    info->sliceCount = ci_slices[profile];
+    info->instanceCount = gi->profile->slices / ci_slices[profile];
+    info->multiprocessorCount = 14 * ci_slices[profile];
+    snprintf(info->name, sizeof(info->name), "MIG %uc.%s", ci_slices[profile], gi->profile->name + 4);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned profileId,
+                                                  nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (profileId >= CI_PROFILE_COUNT || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_slices[profileId] > gi->profile->slices) return NVML_ERROR_NOT_SUPPORTED;
+    if (gi->ci.used) return NVML_ERROR_INSUFFICIENT_RESOURCES; /* one compute instance per GPU instance here */
+    gi->ci.gi = gi;
+    gi->ci.used = 1;
+    gi->ci.id = 0;
+    gi->ci.profile_id = profileId;
+    snprintf(gi->mig_uuid, sizeof(gi->mig_uuid), "MIG-%08x-aaaa-4bbb-8ccc-%012x", 0xfa4e0000u + gi->id,
+             (unsigned)gi->gpu * 16u + gi->start);
+    memset(&gi->mig, 0, sizeof(gi->mig));
+    gi->mig.uuid = gi->mig_uuid;
+    gi->mig.name = gi->profile->name;
+    gi->mig.total = gi->profile->memory_mb * 1024ULL * 1024ULL;
+    gi->mig.mig_of = gi->gpu + 1;
+    *out = &gi->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!ci || !ci->used || check_gi(ci->gi)) return NVML_ERROR_INVALID_ARGUMENT;
+    ci->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gi, unsigned id, nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (!gi->ci.used || gi->ci.id != id) return NVML_ERROR_NOT_FOUND;
+    *out = &gi->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *info) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!ci || !ci->used || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    info->device = &devices[ci->gi->gpu];
+    info->gpuInstance = ci->gi;
+    info->id = ci->id;
+    info->profileId = ci->profile_id;
+    info->placement.start = 0;
+    info->placement.size = ci_slices[ci->profile_id];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned *count) {
+    nvmlReturn_t r = check(d);
+    if (r) return r;
+    *count = mig_enabled(index_of(d)) ? MIG_MAX_INSTANCES : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned index, nvmlDevice_t *mig) {
+    nvmlReturn_t r = check_mig(d);
+    if (r) return r;
+    if (index >= MIG_MAX_INSTANCES || !mig) return NVML_ERROR_INVALID_ARGUMENT;
+    fake_gi *g = &instances[index_of(d)][index];
+    if (!g->used || !g->ci.used) return NVML_ERROR_NOT_FOUND;
+    *mig = &g->mig;
+    return NVML_SUCCESS;
+}
+
+static fake_gi *gi_of_mig(nvmlDevice_t d) {
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int i = 0; i < MIG_MAX_INSTANCES; i++)
+            if (d == &instances[gpu][i].mig && instances[gpu][i].used && instances[gpu][i].ci.used)
+                return &instances[gpu][i];
+    return NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned *id) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    fake_gi *g = gi_of_mig(d);
+    if (!g) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = g->id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned *id) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    fake_gi *g = gi_of_mig(d);
+    if (!g) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = g->ci.id;
     return NVML_SUCCESS;
 }

@@ -8,11 +8,14 @@ registry fills in TFLOPS from the gpu-info table.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 
 from tfusion.hypervisor.devices.model import DeviceInfo, DeviceMetrics, GpuProcess
+
+if TYPE_CHECKING:
+    from tfusion.hypervisor.devices.partitions import Partition, PartitionProfile
 
 #: called by a backend's health watch when a device's health changed
 HealthChanged = Callable[[], Awaitable[None]]
@@ -52,6 +55,19 @@ class DeviceBackend(Protocol):
         Returns at once when the backend has no event source."""
         ...
 
+    async def create_partition(self, gpu_uuid: str, profile: PartitionProfile, slot_start: int | None) -> Partition:
+        """A new hardware partition (MIG GPU instance + compute instance) of `profile` on the GPU, at
+        `slot_start` when given, else where the driver places it. Raises PartitionError saying why not."""
+        ...
+
+    async def remove_partition(self, gpu_uuid: str, partition_uuid: str) -> None:
+        """Destroy a partition; one that is not there is already removed (no error)."""
+        ...
+
+    async def list_partitions(self, gpu_uuid: str) -> list[Partition]:
+        """The GPU's partitions now present."""
+        ...
+
 
 class NoDevicesBackend:
     """The node has no usable driver: no devices, and a reason that /readyz and the log show."""
@@ -78,3 +94,14 @@ class NoDevicesBackend:
 
     async def watch_health(self, changed: HealthChanged) -> None:
         await anyio.lowlevel.checkpoint()
+
+    async def create_partition(self, gpu_uuid: str, profile: PartitionProfile, slot_start: int | None) -> Partition:
+        from tfusion.hypervisor.devices.partitions import PartitionError
+
+        raise PartitionError(f"cannot create a {profile.name} partition on GPU {gpu_uuid}: {self.unavailable_reason}")
+
+    async def remove_partition(self, gpu_uuid: str, partition_uuid: str) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def list_partitions(self, gpu_uuid: str) -> list[Partition]:
+        return []

@@ -151,10 +151,13 @@ class DeviceInfo:
     device_nodes: tuple[str, ...] = ()
     topology: tuple[TopologyLink, ...] = ()
     """Paths to the node's other devices; empty when the backend does not know them."""
+    parent_uuid: str = ""
+    """Set on a partition (MIG) device only: its GPU's lowercase UUID."""
 
     @property
     def uuid(self) -> str:
-        return wire_uuid(self.native_uuid)
+        """Lowercase, as GPU objects are named; a partition keeps the driver's UUID as it is."""
+        return self.native_uuid if self.parent_uuid else wire_uuid(self.native_uuid)
 
     def replace(self, **changes: Any) -> DeviceInfo:
         return dataclasses.replace(self, **changes)
@@ -184,7 +187,7 @@ class DeviceInfo:
             "VirtualizationCapabilities": self.capabilities.to_wire(),
             "Properties": self.properties(),
             "Healthy": self.healthy,
-            "ParentUUID": "",
+            "ParentUUID": self.parent_uuid,
             "DeviceNode": {node: node for node in self.device_nodes},
             "DeviceEnv": {},
             "IsolationMode": isolation_mode,
@@ -207,7 +210,8 @@ class DeviceInfo:
             healthy=bool(raw.get("Healthy", True)), health_message=str(props.get("healthMessage", "")),
             capabilities=VirtualizationCapabilities.from_wire(raw.get("VirtualizationCapabilities")),
             extra_properties=tuple(sorted((k, str(v)) for k, v in props.items() if k not in known)),
-            device_nodes=tuple(sorted(wire_map(raw.get("DeviceNode")).keys())))
+            device_nodes=tuple(sorted(wire_map(raw.get("DeviceNode")).keys())),
+            parent_uuid=str(raw.get("ParentUUID") or ""))
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,17 @@ Every NVML call is a blocking ctypes call, so each pass runs in a worker thread,
 have (FunctionNotFound) or a device may not support (NotSupported) fall back or give "unknown";
 errors that mean the GPU is in trouble (lost, needs reset, unknown error) mark it unhealthy, and so
 do critical XID events when the driver can deliver them.
+
+MIG partitions are made as `nvidia-smi mig -cgi <profile> -C` makes them: a GPU instance of the
+profile (at the asked placement when a slot is given, `nvmlDeviceCreateGpuInstanceWithPlacement`),
+then one compute instance spanning it, then the MIG device whose UUID the container gets; removal
+destroys the compute instance, then the GPU instance. MIG mode itself is left as the operator set it
+(turning it on needs a GPU reset), and every NVML failure becomes a PartitionError naming the GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -38,6 +45,7 @@ from tfusion.hypervisor.devices.model import (
     TopologyLink,
     wire_uuid,
 )
+from tfusion.hypervisor.devices.partitions import Partition, PartitionError, PartitionProfile, canonical
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,12 @@ _UNAVAILABLE_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTIO
 #: XIDs caused by applications, not the GPU (the same list NVIDIA's device plugin skips)
 _APPLICATION_XIDS = {13, 31, 43, 45, 68, 109}
 _XID_WAIT_MS = 200
+_MIB = 1024 * 1024
+#: a GPU instance's compute slices -> the compute-instance profile spanning all of them
+_FULL_CI_PROFILE = {1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+                    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+                    6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+                    8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE}
 
 #: CUDA cores per SM by compute capability (NVML reports cores, not SMs)
 _CORES_PER_SM = {(2, 0): 32, (2, 1): 48, (3, -1): 192, (5, -1): 128, (6, 0): 64, (6, -1): 128, (7, -1): 64,
@@ -311,6 +325,36 @@ class NvmlBackend:
         return [GpuProcess(pid=int(proc.pid), device_uuid=uuid, used_memory_bytes=int(proc.usedGpuMemory or 0),
                            compute_percent=sm_util.get(int(proc.pid), 0.0)) for proc in procs]
 
+    # --- partitions (MIG) -------------------------------------------------------------------------
+
+    def _mig(self, gpu_uuid: str) -> _Mig:
+        wanted = gpu_uuid.lower()
+        for position in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(position)
+            if wire_uuid(_text(pynvml.nvmlDeviceGetUUID(handle))) == wanted:
+                return _Mig(handle, wanted)
+        raise PartitionError(f"no NVIDIA GPU {gpu_uuid} on this node")
+
+    async def _mig_call(self, what: str, gpu_uuid: str, call: Callable[[_Mig], T]) -> T:
+        def run() -> T:
+            return call(self._mig(gpu_uuid))
+
+        try:
+            return await self._run(run)
+        except pynvml.NVMLError as exc:
+            raise PartitionError(f"GPU {gpu_uuid}: {what} failed: NVML says {exc}") from exc
+
+    async def create_partition(self, gpu_uuid: str, profile: PartitionProfile, slot_start: int | None) -> Partition:
+        where = f" at slot {slot_start}" if slot_start is not None else ""
+        return await self._mig_call(f"creating MIG {profile.describe()}{where}", gpu_uuid,
+                                    lambda mig: mig.create(profile, slot_start))
+
+    async def remove_partition(self, gpu_uuid: str, partition_uuid: str) -> None:
+        await self._mig_call(f"removing MIG device {partition_uuid}", gpu_uuid, lambda mig: mig.remove(partition_uuid))
+
+    async def list_partitions(self, gpu_uuid: str) -> list[Partition]:
+        return await self._mig_call("listing MIG devices", gpu_uuid, lambda mig: mig.list())
+
     # --- XID events --------------------------------------------------------------------------------
 
     async def watch_health(self, changed: HealthChanged) -> None:
@@ -374,6 +418,136 @@ class NvmlBackend:
         log.warning("XID %d on %s: marking the device unhealthy", xid, uuid)
         self._xid_problems[uuid] = f"XID {xid}"
         return True
+
+
+def _profile_name(info: Any) -> str:
+    """`MIG 1g.10gb` (the v2 profile info's name) as `1g.10gb`."""
+    name = _text(info.name).strip()
+    return name[4:] if name.upper().startswith("MIG ") else name
+
+
+def _gi_profiles(handle: Any) -> list[Any]:
+    """Every GPU-instance profile the GPU offers (v2 infos: id, slices, memory, name)."""
+    found = []
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            found.append(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index))
+        except pynvml.NVMLError as exc:
+            if exc.value not in _UNAVAILABLE_CODES:
+                raise
+    return found
+
+
+def _placements(handle: Any, profile_id: int) -> list[tuple[int, int]]:
+    """(start, size) of every placement NVML allows for the profile."""
+    room = 16
+    array = (pynvml.c_nvmlGpuInstancePlacement_t * room)()
+    count = ctypes.c_uint(room)
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+    return [(int(array[i].start), int(array[i].size)) for i in range(count.value)]
+
+
+def _mig_handles(handle: Any) -> list[Any]:
+    handles = []
+    for index in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+    return handles
+
+
+class _Mig:
+    """The MIG calls of one GPU, run in the backend's NVML thread."""
+
+    def __init__(self, handle: Any, gpu: str) -> None:
+        self.handle = handle
+        self.gpu = gpu
+
+    def require_mig_mode(self) -> None:
+        current, pending = pynvml.nvmlDeviceGetMigMode(self.handle)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            after = " (pending: on after the next GPU reset)" if pending == pynvml.NVML_DEVICE_MIG_ENABLE else ""
+            raise PartitionError(f"GPU {self.gpu}: MIG mode is off{after}; turn it on first "
+                                 "(nvidia-smi -i <index> -mig 1, then reset the GPU)")
+
+    def profile(self, wanted: PartitionProfile) -> Any:
+        offered = _gi_profiles(self.handle)
+        match = next((p for p in offered if wanted.nvml_profile_id is not None
+                      and int(p.id) == wanted.nvml_profile_id), None) or next(
+            (p for p in offered if canonical(_profile_name(p)) == canonical(wanted.name)), None)
+        if match is None:
+            names = ", ".join(f"{_profile_name(p)} (id {int(p.id)})" for p in offered) or "none"
+            raise PartitionError(f"GPU {self.gpu} has no MIG profile {wanted.describe()}; it offers: {names}")
+        return match
+
+    def create(self, wanted: PartitionProfile, slot_start: int | None) -> Partition:
+        self.require_mig_mode()
+        info = self.profile(wanted)
+        if slot_start is None:
+            gpu_instance = pynvml.nvmlDeviceCreateGpuInstance(self.handle, info.id)
+        else:
+            allowed = _placements(self.handle, int(info.id))
+            size = next((sz for start, sz in allowed if start == slot_start), None)
+            if size is None:
+                raise PartitionError(f"GPU {self.gpu}: profile {_profile_name(info)} cannot start at slot "
+                                     f"{slot_start}; allowed start slots: {', '.join(str(a) for a, _ in allowed)}")
+            placement = pynvml.c_nvmlGpuInstancePlacement_t(slot_start, size)
+            gpu_instance = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                self.handle, info.id, ctypes.byref(placement))
+        try:
+            ci_info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gpu_instance, _FULL_CI_PROFILE[int(info.sliceCount)],
+                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            compute = pynvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_info.id)
+        except (pynvml.NVMLError, KeyError):
+            pynvml.nvmlGpuInstanceDestroy(gpu_instance)  # leave no GPU instance without its compute instance
+            raise
+        gi = pynvml.nvmlGpuInstanceGetInfo(gpu_instance)
+        ci_id = int(pynvml.nvmlComputeInstanceGetInfo(compute).id)
+        for mig in _mig_handles(self.handle):
+            if (pynvml.nvmlDeviceGetGpuInstanceId(mig), pynvml.nvmlDeviceGetComputeInstanceId(mig)) == (gi.id, ci_id):
+                return self._partition(mig, gi, info)
+        pynvml.nvmlComputeInstanceDestroy(compute)
+        pynvml.nvmlGpuInstanceDestroy(gpu_instance)
+        raise PartitionError(f"GPU {self.gpu}: the driver created GPU instance {gi.id} but shows no MIG device for it")
+
+    def _partition(self, mig: Any, gi: Any, info: Any) -> Partition:
+        start = int(gi.placement.start)
+        return Partition(uuid=_text(pynvml.nvmlDeviceGetUUID(mig)), parent_uuid=self.gpu,
+                         profile_name=_profile_name(info), profile_id=int(info.id), slot_start=start,
+                         slot_end=start + int(gi.placement.size), memory_bytes=int(info.memorySizeMB) * _MIB,
+                         gpu_instance_id=int(gi.id),
+                         compute_instance_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)))
+
+    def list(self) -> list[Partition]:
+        current, _ = pynvml.nvmlDeviceGetMigMode(self.handle)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        by_id = {int(p.id): p for p in _gi_profiles(self.handle)}
+        found = []
+        for mig in _mig_handles(self.handle):
+            gi = pynvml.nvmlGpuInstanceGetInfo(
+                pynvml.nvmlDeviceGetGpuInstanceById(self.handle, pynvml.nvmlDeviceGetGpuInstanceId(mig)))
+            info = by_id.get(int(gi.profileId))
+            if info is not None:
+                found.append(self._partition(mig, gi, info))
+        return sorted(found, key=lambda p: p.slot_start)
+
+    def remove(self, partition_uuid: str) -> None:
+        current, _ = pynvml.nvmlDeviceGetMigMode(self.handle)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return
+        for mig in _mig_handles(self.handle):
+            if _text(pynvml.nvmlDeviceGetUUID(mig)) != partition_uuid:
+                continue
+            gpu_instance = pynvml.nvmlDeviceGetGpuInstanceById(self.handle, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+            compute = pynvml.nvmlGpuInstanceGetComputeInstanceById(
+                gpu_instance, pynvml.nvmlDeviceGetComputeInstanceId(mig))
+            pynvml.nvmlComputeInstanceDestroy(compute)
+            pynvml.nvmlGpuInstanceDestroy(gpu_instance)
+            return
 
 
 def _running_processes(handle: Any) -> list[Any]:

@@ -23,6 +23,11 @@ percent of the device and runs only on the tokens it gets, by the device mock's 
 kernel launch a second is one percent and costs one token (100 launches/s = 100 %). Each metrics
 read lets it spend what it got since the last read, so the device's utilisation follows the
 limiter's refill rate — which is what the rate limiter's closed-loop test needs.
+
+A100 (80 and 40 GB) and H100 80 GB devices can be partitioned (`create_partition`) as MIG partitions
+are: the profiles of NVIDIA's tables with their slot geometry (`partitions.MIG_MODELS`), overlapping
+or misplaced slots refused, and partition UUIDs derived from the GPU, the profile and the start slot,
+so the same partition gets the same UUID again.
 """
 
 from __future__ import annotations
@@ -54,7 +59,17 @@ from tfusion.hypervisor.devices.model import (
     DeviceMetrics,
     GpuProcess,
     TopologyLink,
+    VirtualizationCapabilities,
     wire_uuid,
+)
+from tfusion.hypervisor.devices.partitions import (
+    MIG_MODELS,
+    MigLayout,
+    Partition,
+    PartitionError,
+    PartitionProfile,
+    find_shape,
+    mig_family,
 )
 
 log = logging.getLogger(__name__)
@@ -170,6 +185,11 @@ def sim_uuid(node_name: str, index: int) -> str:
     return f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+def sim_partition_uuid(gpu_uuid: str, profile_id: int, start: int) -> str:
+    digest = hashlib.sha256(f"tfusion-sim-mig/{gpu_uuid}/{profile_id}/{start}".encode()).hexdigest()
+    return f"MIG-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
 @dataclass
 class SimLoad:
     utilization: float = 0.0
@@ -198,6 +218,8 @@ class _SimDevice:
     load: SimLoad = field(default_factory=SimLoad)
     limited: list[LimitedLoad] = field(default_factory=list)
     limited_percent: float = 0.0  # what the limited loads used over the last interval
+    mig: MigLayout | None = None  # None: the model cannot be partitioned
+    partitions: dict[str, Partition] = field(default_factory=dict)  # uuid -> partition
 
 
 class SimBackend:
@@ -232,6 +254,12 @@ class SimBackend:
                     pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0",
                     compute_capability=row.compute_capability, sm_count=row.sm_count,
                     driver_version=SIM_DRIVER_VERSION, device_nodes=(f"/dev/nvidia{index}",))))
+                family = mig_family(row.full_model_name)
+                if family is not None:
+                    dev = self._devices[-1]
+                    dev.mig = MigLayout(dev.info.uuid, MIG_MODELS[family])
+                    dev.info = dev.info.replace(capabilities=VirtualizationCapabilities(
+                        supports_partitioning=True, max_partitions=7))
                 index += 1
         self._processes: list[GpuProcess] = []
         self._load_file = load_file
@@ -379,6 +407,45 @@ class SimBackend:
         self._refresh_from_file()
         present = {d.info.uuid for d in self._devices if d.load.present}
         return [p for p in self._processes if p.device_uuid in present]
+
+    async def create_partition(self, gpu_uuid: str, profile: PartitionProfile, slot_start: int | None) -> Partition:
+        await anyio.lowlevel.checkpoint()
+        dev = self._partitionable(gpu_uuid)
+        assert dev.mig is not None
+        shape = find_shape(dev.mig.shapes, profile)
+        if shape is None:
+            raise PartitionError(f"GPU {dev.info.uuid} ({dev.info.model}) has no MIG profile {profile.describe()}; "
+                                 f"its profiles: {', '.join(s.name for s in dev.mig.shapes)}")
+        start = dev.mig.place(shape, slot_start)
+        dev.mig.used[start] = shape
+        part = Partition(uuid=sim_partition_uuid(dev.info.uuid, shape.profile_id, start), parent_uuid=dev.info.uuid,
+                         profile_name=shape.name, profile_id=shape.profile_id, slot_start=start,
+                         slot_end=start + shape.size, memory_bytes=shape.memory_mib * 1024 * 1024,
+                         gpu_instance_id=start + 1, compute_instance_id=0)
+        dev.partitions[part.uuid] = part
+        return part
+
+    async def remove_partition(self, gpu_uuid: str, partition_uuid: str) -> None:
+        await anyio.lowlevel.checkpoint()
+        dev = self._partitionable(gpu_uuid)
+        part = dev.partitions.pop(partition_uuid, None)
+        if part is not None and dev.mig is not None:
+            dev.mig.used.pop(part.slot_start, None)
+
+    async def list_partitions(self, gpu_uuid: str) -> list[Partition]:
+        await anyio.lowlevel.checkpoint()
+        dev = self._partitionable(gpu_uuid)
+        return sorted(dev.partitions.values(), key=lambda p: p.slot_start)
+
+    def _partitionable(self, gpu_uuid: str) -> _SimDevice:
+        try:
+            dev = self._find(gpu_uuid)
+        except KeyError:
+            raise PartitionError(f"no simulated GPU {gpu_uuid!r} on this node") from None
+        if dev.mig is None:
+            raise PartitionError(f"GPU {dev.info.uuid} ({dev.info.model}) does not support MIG partitions; "
+                                 "simulated models that do: A100 (40 and 80 GB), H100 80 GB")
+        return dev
 
     async def watch_health(self, changed: HealthChanged) -> None:
         """Poll the load file so health changes written there reach the registry without waiting
