@@ -66,8 +66,9 @@ async def test_gpu_objects_follow_the_devices(apiserver: ApiServerHandle, kube: 
         assert meta["labels"] == {tfa.MANAGED_BY: NODE, tfa.GPU_POOL: "pool-a"}
         assert set(meta["annotations"]) == {tfa.LAST_SYNC, tfa.VIRTUALIZATION_CAPABILITIES}
         assert json.loads(meta["annotations"][tfa.VIRTUALIZATION_CAPABILITIES])["SupportsSoftIsolation"]
-        # the allocator reads back what the reporter wrote (PascalCase keys): soft and hard allowed
-        assert gpu_from_object(Gpu(h100)).virtualization == frozenset({"shared", "soft", "hard"})
+        # the allocator reads back what the reporter wrote (PascalCase keys): soft and hard allowed, and
+        # partitioned since the sim's H100 has the MIG model
+        assert gpu_from_object(Gpu(h100)).virtualization == frozenset({"shared", "soft", "hard", "partitioned"})
         assert meta["ownerReferences"] == [{"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUNode", "name": NODE,
                                             "uid": gpunode["metadata"]["uid"], "controller": True,
                                             "blockOwnerDeletion": True}]

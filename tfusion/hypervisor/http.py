@@ -112,10 +112,16 @@ class HypervisorContext:
     pods_by_uid: Any = None  # Kubernetes mode: uid -> pod name/namespace, for messages
     soft: Any = None  # tfusion.hypervisor.limiter.soft.SoftIsolation: the soft workers' shared memory
     scheduling: Any = None  # tfusion.hypervisor.limiter.config.SchedulingConfig: env over the pool's template
+    partitioner: Any = None  # tfusion.hypervisor.partitions.Partitioner (Kubernetes mode): partition devices
 
     @property
     def isolation_policy(self) -> str:
         return self.settings.isolation_policy
+
+    def devices(self) -> list[DeviceInfo]:
+        """The node's GPUs, then the partitions (MIG devices) made on them, each naming its parent."""
+        partitions = self.partitioner.devices() if self.partitioner is not None else []
+        return [*self.registry.devices(), *partitions]
 
     def device_wire(self, device: DeviceInfo) -> DeviceWire:
         return device.to_wire(self.settings.isolation_mode, self.settings.isolation_policy)
@@ -212,12 +218,13 @@ def _options_handler(path: str, allow: str) -> Any:
 def _device_handlers(ctx: HypervisorContext) -> list[Any]:
     @get("/api/v1/devices", sync_to_thread=False, summary="Every device of this node")
     def list_devices() -> bodies.DeviceList:
-        return bodies.DeviceList(data=[ctx.device_body(d) for d in ctx.registry.devices()])
+        return bodies.DeviceList(data=[ctx.device_body(d) for d in ctx.devices()])
 
     @get("/api/v1/devices/{uuid:str}", sync_to_thread=False, summary="One device by its lowercase UUID",
          responses=error_responses({404: "Device not found"}))
     def get_device(uuid: str) -> bodies.DeviceAnswer:
-        device = ctx.registry.get(uuid)
+        device = next((d for d in ctx.devices() if d.uuid == uuid), None) if uuid.upper().startswith(
+            "MIG-") else ctx.registry.get(uuid)
         if device is None:
             raise HttpError(404, "Device not found")
         return bodies.DeviceAnswer(data=ctx.device_body(device))

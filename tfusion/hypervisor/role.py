@@ -107,7 +107,8 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
                                  readiness=readiness, synced=_workers_synced(workers))
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
                                     metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
-                                    api_token=api_token, soft=soft, scheduling=scheduling)
+                                    api_token=api_token, soft=soft, scheduling=scheduling,
+                                    partitioner=extra.get("partitioner"))
             app = build_app(ctx)
             tg.start_soon(registry.run_discovery_loop, settings.discovery_interval)
             tg.start_soon(registry.run_health_watch)
@@ -126,7 +127,10 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             if plugin_dir is not None and settings.backend == "kubernetes":
                 from tfusion.hypervisor.deviceplugin.plugins import DevicePlugins
 
-                tg.start_soon(DevicePlugins(plugin_dir, workers, registry, readiness=readiness).run)
+                tg.start_soon(DevicePlugins(plugin_dir, workers, registry, readiness=readiness,
+                                            partitioner=extra.get("partitioner")).run)
+            if extra.get("partitioner") is not None:
+                tg.start_soon(extra["partitioner"].run)
             tg.start_soon(_sample_loop, registry, min(SAMPLE_INTERVAL_S, settings.metrics_interval))
             tg.start_soon(usage.run, settings.metrics_interval)
             await tg.start(serve, app, sock)

@@ -27,7 +27,9 @@ the kubelet allocates is the only thing that tells the plugin which pod it is se
   variables (`TF_ISOLATION_MODE`; for soft and hard `TF_GPU_MEMORY_LIMIT`, `TF_CUDA_MEMORY_LIMIT`,
   `TF_CUDA_SM_PERCENT_LIMIT`), its device nodes (`rwm`), and no mounts or CDI devices (the soft
   limiter's shared memory reaches the pod through the webhook's hostPath volume; the NVML backend
-  has no vendor libraries to mount).
+  has no vendor libraries to mount). A pod annotated `isolation: partitioned` first gets its MIG
+  partition made (`tfusion.hypervisor.partitions.Partitioner`), and the container is given the MIG
+  device (`NVIDIA_VISIBLE_DEVICES=MIG-...`) instead of the whole GPU.
 
 Readiness: `device-plugins` is true once all 16 are registered with the current kubelet.
 """
@@ -56,7 +58,9 @@ from tfusion.hypervisor.deviceplugin.rpc import (
     device_plugin_handler,
     unix_target,
 )
+from tfusion.hypervisor.devices.model import DeviceInfo
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
+from tfusion.hypervisor.partitions import Partitioner
 from tfusion.hypervisor.private import private_directory, private_socket
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation
 from tfusion.hypervisor.workers.model import WorkerAllocation, WorkerInfo
@@ -184,7 +188,8 @@ class DevicePlugins:
     def __init__(self, directory: Path, pods: IndexedPods, registry: DeviceRegistry, *,
                  readiness: Readiness | None = None, allocate_wait: float = ALLOCATE_WAIT_S,
                  watch_interval: float = WATCH_INTERVAL_S, poll: float = 0.1,
-                 bare_process_env: bool = True, clock: Callable[[], float] = anyio.current_time) -> None:
+                 bare_process_env: bool = True, clock: Callable[[], float] = anyio.current_time,
+                 partitioner: Partitioner | None = None) -> None:
         self.directory = directory
         self.pods = pods
         self.registry = registry
@@ -194,6 +199,7 @@ class DevicePlugins:
         self.poll = poll
         self.bare_process_env = bare_process_env
         self.clock = clock
+        self.partitioner = partitioner
         self.plugins = [IndexPlugin(k, directory, self) for k in range(keys.INDEX_RESOURCES)]
         self.health_changed = anyio.Event()
         self._healthy = False
@@ -222,8 +228,14 @@ class DevicePlugins:
             worker = self.pods.worker_with_index(index)
             if worker is not None:
                 known = {d.uuid: d for d in self.registry.devices()}
+                partitions: tuple[DeviceInfo, ...] = ()
+                if worker.isolation == keys.ISOLATION_PARTITIONED and self.partitioner is not None:
+                    made = await self.partitioner.ensure(worker)
+                    if isinstance(made, str):
+                        return made
+                    partitions = made
                 try:
-                    return build_allocation(worker, known, bare_process=self.bare_process_env)
+                    return build_allocation(worker, known, bare_process=self.bare_process_env, partitions=partitions)
                 except AllocationError as exc:
                     return str(exc)
             if self.clock() >= deadline:

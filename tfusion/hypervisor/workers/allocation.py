@@ -64,17 +64,22 @@ def hard_sm_percent(worker: WorkerInfo, first_device: DeviceInfo) -> int:
 
 
 def build_allocation(worker: WorkerInfo, known: Mapping[str, DeviceInfo], *,
-                     bare_process: bool = False, extra_env: Mapping[str, str] | None = None) -> WorkerAllocation:
-    """The allocation for `worker.allocated_devices` (lowercase UUIDs) on this node's devices."""
+                     bare_process: bool = False, extra_env: Mapping[str, str] | None = None,
+                     partitions: Sequence[DeviceInfo] = ()) -> WorkerAllocation:
+    """The allocation for `worker.allocated_devices` (lowercase UUIDs) on this node's devices. A
+    partitioned worker whose `partitions` (MIG devices) were made gets those instead of their GPUs,
+    pinned by their own UUIDs (`NVIDIA_VISIBLE_DEVICES=MIG-...`, as the original's partitioned rule)."""
     missing = [u for u in worker.allocated_devices if u.lower() not in known]
     if missing:
         raise AllocationError(f"worker {worker.namespace}/{worker.name}: devices not on this node: "
                               f"{', '.join(missing)}")
     devices = tuple(sorted((known[u.lower()] for u in dict.fromkeys(worker.allocated_devices)),
                            key=lambda d: (d.index, d.uuid)))
+    if partitions:
+        devices = tuple(partitions)
     vendor = devices[0].vendor if devices else ""
     envs: dict[str, str] = {}
-    if worker.isolation != keys.ISOLATION_PARTITIONED:
+    if worker.isolation != keys.ISOLATION_PARTITIONED or partitions:
         envs.update(visible_devices_env(vendor, devices, bare_process=bare_process))
     if devices and worker.isolation == keys.ISOLATION_HARD:
         envs["TF_CUDA_SM_PERCENT_LIMIT"] = str(hard_sm_percent(worker, devices[0]))

@@ -14,7 +14,7 @@ only reads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfusion.allocator.request import RequestError, request_from_pod
@@ -23,6 +23,7 @@ from tfusion.api.accessors import Pod, section
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.gpu_report import GpuReporter
+from tfusion.hypervisor.partitions import Partitioner, slot_from_gpu
 from tfusion.hypervisor.workers.allocation import AllocationError, build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_ALLOCATING,
@@ -35,10 +36,10 @@ from tfusion.hypervisor.workers.model import (
     WorkerInfo,
 )
 from tfusion.hypervisor.workers.procfs import ProcFS
-from tfusion.kube.client import object_key
+from tfusion.kube.client import KubeError, NotFound, object_key
 from tfusion.kube.informer import Informer, node_name_index
 from tfusion.kube.manager import Manager
-from tfusion.kube.resources import PODS
+from tfusion.kube.resources import GPUS, PODS, PROVIDERCONFIGS
 from tfusion.settings import Settings
 from tfusion.web import Readiness
 
@@ -127,12 +128,14 @@ class KubernetesWorkers:
     kind = "kubernetes"
 
     def __init__(self, informer: Informer, registry: DeviceRegistry, node: str, procfs: ProcFS | None = None,
-                 on_gone: Callable[[str], object] | None = None) -> None:
+                 on_gone: Callable[[str], object] | None = None,
+                 on_finished: Callable[[str], object] | None = None) -> None:
         self.informer = informer
         self.registry = registry
         self.node = node
         self.procfs = procfs or ProcFS()
         self.on_gone = on_gone  # called with a pod UID when it is deleted or leaves the node
+        self.on_finished = on_finished  # called with a pod UID when it has finished (Succeeded or Failed)
         self._workers: dict[str, WorkerInfo] = {}  # pod key -> parsed worker
         informer.add_index("node", node_name_index)
         informer.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
@@ -144,7 +147,9 @@ class KubernetesWorkers:
         pod = Pod(raw)
         key = object_key(raw)
         if self._is_ours(pod):
-            self._workers[key] = worker_from_pod(pod)
+            worker = self._workers[key] = worker_from_pod(pod)
+            if worker.status == STATUS_TERMINATED and self.on_finished is not None:
+                self.on_finished(worker.uid)
         else:
             self._forget(key)
 
@@ -225,8 +230,13 @@ def register_kubernetes_workers(settings: Settings, manager: Manager, registry: 
     informer = manager.cache.informer(PODS, label_selector=f"{keys.COMPONENT}={keys.COMPONENT_WORKER}",
                                       field_selector=f"spec.nodeName={node}")
     reviewer = TokenReviewer(manager.client)
-    # a cached token review ends with its pod: deleted, or no longer on this node
-    workers = KubernetesWorkers(informer, registry, node, on_gone=reviewer.forget_pod)
+    partitioner = kubernetes_partitioner(manager, registry)
+
+    def pod_gone(uid: str) -> None:
+        reviewer.forget_pod(uid)  # a cached token review ends with its pod: deleted, or no longer on this node
+        partitioner.gone(uid)
+
+    workers = KubernetesWorkers(informer, registry, node, on_gone=pod_gone, on_finished=partitioner.gone)
     readiness.set("pod-informer", False, f"listing worker pods on node {node}")
 
     def count_pods(*_: Any) -> None:
@@ -242,4 +252,25 @@ def register_kubernetes_workers(settings: Settings, manager: Manager, registry: 
     reporter = GpuReporter(manager, registry, readiness, node=node, isolation_mode=settings.isolation_mode,
                            isolation_policy=settings.isolation_policy)
     manager.add(reporter.run, leader_only=False, name="hypervisor GPU reporter")
-    return workers, {"reviewer": reviewer, "reporter": reporter}
+    return workers, {"reviewer": reviewer, "reporter": reporter, "partitioner": partitioner}
+
+
+def kubernetes_partitioner(manager: Manager, registry: DeviceRegistry) -> Partitioner:
+    """The partitioner with the pod's slot from its GPU object and the templates of the ProviderConfigs."""
+    client = manager.client
+
+    async def slot_of(pod_uid: str, gpu_uuid: str) -> int | None:
+        try:
+            return slot_from_gpu(await client.get(GPUS, gpu_uuid), pod_uid)
+        except NotFound:
+            return None
+
+    async def templates() -> list[Mapping[str, Any]]:
+        try:
+            return [section(config, "spec") for config in await client.list(PROVIDERCONFIGS)]
+        except KubeError as exc:
+            log.warning("cannot list ProviderConfigs for partition templates (%s); using partition-id as the "
+                        "profile name", exc)
+            return []
+
+    return Partitioner(registry.backend, registry, slot_of=slot_of, templates=templates)
