@@ -95,7 +95,7 @@ def mig_family(model: str) -> str | None:
     text = model.lower()
     if "a100" in text:
         return "a100-80gb" if "80" in text else "a100-40gb"
-    if "h100" in text and "80" in text:
+    if "h100" in text and ("80" in text or "pcie" in text):
         return "h100-80gb"
     return None
 
