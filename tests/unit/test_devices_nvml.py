@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -16,6 +16,7 @@ from tfusion.hypervisor.devices import NoDevicesBackend, open_backend
 from tfusion.hypervisor.devices.backend import DeviceBackendError
 from tfusion.hypervisor.devices.gpu_info import GpuInfoTable
 from tfusion.hypervisor.devices.nvml import NvmlBackend, cores_per_sm, pci_key, sysfs_numa_node, topology_tier
+from tfusion.hypervisor.devices.partitions import PartitionError, PartitionProfile
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +36,8 @@ def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def nvml(fake_lib: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """pynvml bound to the fake library for one test (its knobs reset)."""
     for knob in ("FAKE_NVML_GPU_COUNT", "FAKE_NVML_INIT_ERROR", "FAKE_NVML_LOST_INDEX", "FAKE_NVML_XID",
-                 "FAKE_NVML_NO_EVENTS", "FAKE_NVML_GONE_INDEX", "FAKE_NVML_NVLINKS", "FAKE_NVML_TOPOLOGY"):
+                 "FAKE_NVML_NO_EVENTS", "FAKE_NVML_GONE_INDEX", "FAKE_NVML_NVLINKS", "FAKE_NVML_TOPOLOGY",
+                 "FAKE_NVML_MIG"):
         monkeypatch.delenv(knob, raising=False)
     saved = fake_nvml.use_in_process(fake_lib)
     try:
@@ -245,3 +247,51 @@ def test_cores_per_sm_and_sysfs_fallback(tmp_path: Path) -> None:
     assert cores_per_sm(1, 0) == 0
     assert sysfs_numa_node("00000000:AF:00.0", tmp_path) == -1
     assert sysfs_numa_node("", tmp_path) == -1
+
+
+@pytest.fixture
+async def mig_backend(nvml: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[NvmlBackend]:
+    """The NVML backend on the fake with MIG mode on for the A100 (GPU 0) only; whatever a test leaves
+    on the fake's GPU is destroyed afterwards (the library's state lives as long as the process)."""
+    monkeypatch.setenv("FAKE_NVML_MIG", "0")
+    backend = NvmlBackend()
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        for part in await backend.list_partitions(A100):
+            await backend.remove_partition(A100, part.uuid)
+        await backend.close()
+
+
+async def test_mig_partitions_through_the_real_binding(mig_backend: NvmlBackend) -> None:
+    placed = await mig_backend.create_partition(A100, PartitionProfile("1g.10gb", 19), 3)
+    assert placed.uuid.startswith("MIG-") and placed.parent_uuid == A100
+    assert (placed.profile_name, placed.profile_id, placed.slot_start, placed.slot_end) == ("1g.10gb", 19, 3, 4)
+    assert placed.memory_bytes == 9856 * 1024 * 1024  # the profile's memorySizeMB
+    # by name only (canonical form, mig- prefix): NVML places it; 3g.40gb can only go to slot 4 now
+    anywhere = await mig_backend.create_partition(A100, PartitionProfile("mig-3g-40gb"), None)
+    assert (anywhere.profile_id, anywhere.slot_start, anywhere.slot_end) == (9, 4, 8)
+    assert anywhere.gpu_instance_id != placed.gpu_instance_id
+    assert [p.uuid for p in await mig_backend.list_partitions(A100)] == [placed.uuid, anywhere.uuid]
+    await mig_backend.remove_partition(A100, placed.uuid)
+    await mig_backend.remove_partition(A100, placed.uuid)  # already gone: nothing to do, no error
+    assert [p.uuid for p in await mig_backend.list_partitions(A100)] == [anywhere.uuid]
+    again = await mig_backend.create_partition(A100, PartitionProfile("2g.20gb", 14), 2)  # the freed slots
+    assert (again.slot_start, again.slot_end) == (2, 4)
+
+
+async def test_mig_failures_are_clear_errors(mig_backend: NvmlBackend) -> None:
+    await mig_backend.create_partition(A100, PartitionProfile("1g.10gb", 19), 3)
+    with pytest.raises(PartitionError, match=r"creating MIG 2g\.20gb at slot 2 failed: NVML says Insufficient"):
+        await mig_backend.create_partition(A100, PartitionProfile("2g.20gb"), 2)  # overlaps slot 3
+    with pytest.raises(PartitionError, match=r"2g\.20gb cannot start at slot 1; allowed start slots: 0, 2, 4"):
+        await mig_backend.create_partition(A100, PartitionProfile("2g.20gb"), 1)
+    with pytest.raises(PartitionError, match=r"no MIG profile 9g\.1gb; it offers: 1g\.10gb \(id 19\)"):
+        await mig_backend.create_partition(A100, PartitionProfile("9g.1gb"), None)
+    with pytest.raises(PartitionError, match=r"GPU gpu-9b1d.*: MIG mode is off; turn it on first"):
+        await mig_backend.create_partition(H100, PartitionProfile("1g.10gb"), None)
+    with pytest.raises(PartitionError, match="no NVIDIA GPU GPU-nope on this node"):
+        await mig_backend.create_partition("GPU-nope", PartitionProfile("1g.10gb"), None)
+    assert await mig_backend.list_partitions(H100) == []  # MIG off: no partitions
+    assert len(await mig_backend.list_partitions(A100)) == 1  # the refused ones left nothing behind
