@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
+from tests.helpers import eventually
 from tfusion.hypervisor.devices.partitions import (
     MIG_MODELS,
     PartitionError,
@@ -207,3 +209,30 @@ async def test_a_failure_on_a_later_gpu_removes_what_the_call_made(sim: SimBacke
     refused = await parts.ensure(two_gpus)
     assert isinstance(refused, str) and "does not support MIG partitions" in refused
     assert await sim.list_partitions(a100) == [] and parts.devices() == []
+
+
+async def test_a_pod_running_before_a_restart_is_adopted_and_its_partition_removed_when_it_goes(
+        sim: SimBackend) -> None:
+    registry = DeviceRegistry(sim)
+    await registry.discover()
+    gpu = sim.uuids()[0]
+    before = await sim.create_partition(gpu, PartitionProfile("1g.10gb", 19), 5)
+    other = await sim.create_partition(gpu, PartitionProfile("1g.10gb", 19), 6)  # another pod's, untouched
+
+    async def slot_of(uid: str, gpu_uuid: str) -> int | None:
+        return 5 if uid == "a" else None
+
+    parts = Partitioner(sim, registry, slot_of=slot_of)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(parts.run)
+        parts.adopt(worker("a", gpu, "1g.10gb"))
+        parts.adopt(worker("b", gpu, "1g.10gb"))  # no slot recorded: nothing to take over
+        await eventually(lambda: [d.uuid for d in parts.devices()] == [before.uuid], 5)
+        parts.gone("a")
+
+        async def only_other_left() -> bool:
+            return [p.uuid for p in await sim.list_partitions(gpu)] == [other.uuid]
+
+        await eventually(only_other_left, 5)
+        assert parts.devices() == []
+        tg.cancel_scope.cancel()

@@ -18,7 +18,10 @@ for a pod annotated `isolation: partitioned` asks `Partitioner.ensure`, which, p
 
 A failure rolls back what this call created and comes back as a message, so `Allocate` refuses the
 container with the reason (never a hypervisor crash). `gone(uid)` (the pod was deleted, left the
-node or finished) queues the removal, which `run` carries out.
+node or finished) queues the removal, which `run` carries out. A pod already running when the
+hypervisor starts never reaches `Allocate` again, so `adopt(worker)` (queued the same way) records the
+partition found at its slot as its own, which is what lets its removal happen later (the original's
+RecoverPartitionedWorker).
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class Partitioner:
         self._owned: dict[str, tuple[Partition, ...]] = {}  # pod UID -> its partitions
         self._lock = anyio.Lock()
         self._gone: set[str] = set()
+        self._adopt: dict[str, WorkerInfo] = {}
         self._wake = anyio.Event()
 
     # --- reads -------------------------------------------------------------------------------------
@@ -176,9 +180,34 @@ class Partitioner:
 
     def gone(self, pod_uid: str) -> None:
         """The pod is deleted, off this node or finished: its partitions are removed by `run`."""
-        if pod_uid in self._owned:
+        if self._adopt.pop(pod_uid, None) is not None or pod_uid in self._owned:
             self._gone.add(pod_uid)
             self._wake.set()
+
+    def adopt(self, worker: WorkerInfo) -> None:
+        """A running partitioned pod this hypervisor has not allocated: `run` takes over its partitions."""
+        if worker.uid not in self._owned and worker.uid not in self._adopt:
+            self._adopt[worker.uid] = worker
+            self._wake.set()
+
+    async def _take_over(self, worker: WorkerInfo) -> None:
+        async with self._lock:
+            if worker.uid in self._owned:
+                return
+            found: list[Partition] = []
+            for gpu in dict.fromkeys(u.lower() for u in worker.allocated_devices):
+                try:
+                    part = await self._taken_over(gpu, await self.slot_of(worker.uid, gpu))
+                except DeviceBackendError as exc:
+                    log.warning("pod %s/%s: cannot look for its partition on GPU %s: %s", worker.namespace,
+                                worker.name, gpu, exc)
+                    continue
+                if part is not None:
+                    found.append(part)
+            if found:
+                self._owned[worker.uid] = tuple(found)
+                log.info("pod %s/%s: took over partition(s) %s", worker.namespace, worker.name,
+                         ", ".join(p.uuid for p in found))
 
     async def release(self, pod_uid: str) -> None:
         async with self._lock:
@@ -195,5 +224,8 @@ class Partitioner:
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
+            adopt, self._adopt = self._adopt, {}
+            for worker in adopt.values():
+                await self._take_over(worker)
             for uid in sorted(self._gone):
                 await self.release(uid)

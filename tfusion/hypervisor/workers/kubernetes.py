@@ -129,13 +129,15 @@ class KubernetesWorkers:
 
     def __init__(self, informer: Informer, registry: DeviceRegistry, node: str, procfs: ProcFS | None = None,
                  on_gone: Callable[[str], object] | None = None,
-                 on_finished: Callable[[str], object] | None = None) -> None:
+                 on_finished: Callable[[str], object] | None = None,
+                 on_running_partitioned: Callable[[WorkerInfo], object] | None = None) -> None:
         self.informer = informer
         self.registry = registry
         self.node = node
         self.procfs = procfs or ProcFS()
         self.on_gone = on_gone  # called with a pod UID when it is deleted or leaves the node
         self.on_finished = on_finished  # called with a pod UID when it has finished (Succeeded or Failed)
+        self.on_running_partitioned = on_running_partitioned  # a running pod that holds a partition
         self._workers: dict[str, WorkerInfo] = {}  # pod key -> parsed worker
         informer.add_index("node", node_name_index)
         informer.add_handler(on_add=self._on_pod, on_update=self._on_pod_update, on_delete=self._on_pod_delete)
@@ -150,6 +152,9 @@ class KubernetesWorkers:
             worker = self._workers[key] = worker_from_pod(pod)
             if worker.status == STATUS_TERMINATED and self.on_finished is not None:
                 self.on_finished(worker.uid)
+            elif (worker.status == STATUS_RUNNING and worker.isolation == keys.ISOLATION_PARTITIONED
+                  and self.on_running_partitioned is not None):
+                self.on_running_partitioned(worker)
         else:
             self._forget(key)
 
@@ -236,7 +241,8 @@ def register_kubernetes_workers(settings: Settings, manager: Manager, registry: 
         reviewer.forget_pod(uid)  # a cached token review ends with its pod: deleted, or no longer on this node
         partitioner.gone(uid)
 
-    workers = KubernetesWorkers(informer, registry, node, on_gone=pod_gone, on_finished=partitioner.gone)
+    workers = KubernetesWorkers(informer, registry, node, on_gone=pod_gone, on_finished=partitioner.gone,
+                                on_running_partitioned=partitioner.adopt)
     readiness.set("pod-informer", False, f"listing worker pods on node {node}")
 
     def count_pods(*_: Any) -> None:
