@@ -223,8 +223,7 @@ def _device_handlers(ctx: HypervisorContext) -> list[Any]:
     @get("/api/v1/devices/{uuid:str}", sync_to_thread=False, summary="One device by its lowercase UUID",
          responses=error_responses({404: "Device not found"}))
     def get_device(uuid: str) -> bodies.DeviceAnswer:
-        device = next((d for d in ctx.devices() if d.uuid == uuid), None) if uuid.upper().startswith(
-            "MIG-") else ctx.registry.get(uuid)
+        device = ctx.registry.get(uuid) or next((d for d in ctx.devices() if d.uuid == uuid), None)
         if device is None:
             raise HttpError(404, "Device not found")
         return bodies.DeviceAnswer(data=ctx.device_body(device))
