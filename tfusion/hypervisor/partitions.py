@@ -109,6 +109,7 @@ class Partitioner:
         self._lock = anyio.Lock()
         self._gone: set[str] = set()
         self._adopt: dict[str, WorkerInfo] = {}
+        self._looked: set[str] = set()  # pods adopt() already looked for (pod events repeat)
         self._wake = anyio.Event()
 
     # --- reads -------------------------------------------------------------------------------------
@@ -180,13 +181,15 @@ class Partitioner:
 
     def gone(self, pod_uid: str) -> None:
         """The pod is deleted, off this node or finished: its partitions are removed by `run`."""
+        self._looked.discard(pod_uid)
         if self._adopt.pop(pod_uid, None) is not None or pod_uid in self._owned:
             self._gone.add(pod_uid)
             self._wake.set()
 
     def adopt(self, worker: WorkerInfo) -> None:
         """A running partitioned pod this hypervisor has not allocated: `run` takes over its partitions."""
-        if worker.uid not in self._owned and worker.uid not in self._adopt:
+        if worker.uid not in self._owned and worker.uid not in self._adopt and worker.uid not in self._looked:
+            self._looked.add(worker.uid)
             self._adopt[worker.uid] = worker
             self._wake.set()
 
