@@ -555,6 +555,12 @@ class GpuAllocator:
         dirty, self.ledger.dirty_quota = self.ledger.dirty_quota, set()
         return {ns for ns in dirty if ns in self.ledger.quota}
 
+    def mode_conflicts(self) -> dict[str, list[str]]:
+        """GPU -> the isolation modes its pods hold, for each GPU flagged dynamicIsolationConflict."""
+        allocs = self.ledger.allocs
+        return {name: sorted({allocs[uid].req.isolation for uid in slot.allocs if uid in allocs})
+                for name, slot in sorted(self.indexes.gpus.items()) if slot.mode_conflict}
+
     def gpu_names(self) -> list[str]:
         return sorted(self.indexes.gpus)
 

@@ -14,7 +14,7 @@ filters keep their static rules (filters.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from tfusion.allocator.request import AllocRequest
@@ -83,14 +83,17 @@ def refusal(g: GpuSlot, req: AllocRequest) -> str | None:
     return None
 
 
-def settle(slot: GpuSlot, allocs: Mapping[str, _Held]) -> None:
-    """Recompute `slot`'s active mode and conflict flag from the allocations it holds: no allocation,
-    no mode; one mode, that mode; several (only recovered pods can disagree), the conflict flag and
-    the mode most of them hold (ties: alphabetical)."""
+def committed_mode(requests: Iterable[AllocRequest]) -> tuple[str, bool]:
+    """(active mode, conflict) of a GPU holding these requests: no request, no mode; one mode, that
+    mode; several (only recovered pods can disagree), the conflict flag and the mode most of them
+    hold (ties: alphabetical)."""
     counts: dict[str, int] = {}
-    for uid in slot.allocs:
-        held = allocs.get(uid)
-        if held is not None:
-            counts[held.req.isolation] = counts.get(held.req.isolation, 0) + 1
-    slot.mode_conflict = len(counts) > 1
-    slot.active_mode = max(sorted(counts), key=counts.__getitem__) if counts else ""
+    for req in requests:
+        counts[req.isolation] = counts.get(req.isolation, 0) + 1
+    return (max(sorted(counts), key=counts.__getitem__) if counts else ""), len(counts) > 1
+
+
+def settle(slot: GpuSlot, allocs: Mapping[str, _Held]) -> None:
+    """Recompute `slot`'s active mode and conflict flag from the allocations it holds (assumed included)."""
+    held = (allocs[uid].req for uid in slot.allocs if uid in allocs)
+    slot.active_mode, slot.mode_conflict = committed_mode(held)

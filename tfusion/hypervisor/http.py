@@ -115,14 +115,14 @@ class HypervisorContext:
 
     @property
     def isolation_policy(self) -> str:
-        return self.settings.isolation_policy
+        return self.settings.resolved_hypervisor_isolation_policy
 
     def device_wire(self, device: DeviceInfo) -> DeviceWire:
-        return device.to_wire(self.settings.isolation_mode, self.settings.isolation_policy)
+        return device.to_wire(self.settings.isolation_mode, self.settings.resolved_hypervisor_isolation_policy)
 
     def allocation_wire(self, allocation: WorkerAllocation) -> AllocationWire:
         return allocation.to_wire(isolation_mode=self.settings.isolation_mode,
-                                  isolation_policy=self.settings.isolation_policy,
+                                  isolation_policy=self.settings.resolved_hypervisor_isolation_policy,
                                   running=self.workers.running_info(allocation.worker.uid))
 
     def device_body(self, device: DeviceInfo) -> bodies.Device:
