@@ -7,6 +7,7 @@ event) and it takes no new pod until they agree."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,12 @@ async def test_mode_refused_with_reason_kept_across_a_restart_and_cleared_when_e
             why = (await ctl.http.get("/api/why", params={"namespace": "default", "name": "shared-1"})).json()
             detail = why["nodes"]["node-a"]["reasons"][0]["detail"]
             assert "gpu-a1: active isolation mode soft (dynamic policy); the pod asks shared" in detail
+            probe = mode_pod("probe", tfa.ISOLATION_SHARED)
+            answer = await ctl.http.post("/api/simulate-schedule", content=json.dumps(probe))
+            assert answer.status_code == 200, answer.text
+            simulated = answer.json()
+            assert simulated["error"]["stage"] == "IsolationPolicy"
+            assert "active isolation mode soft (dynamic policy); the pod asks shared" in json.dumps(simulated)
             await ctl.stop()
 
         async with controllers() as tg:  # a new leader term: the mode comes back from the bound pod
