@@ -173,3 +173,30 @@ async def test_recovered_pods_that_disagree_flag_the_gpu_until_they_agree(apiser
                 return status.get("dynamicIsolationConflict") is False and status.get("activeIsolationMode") == "soft"
 
             await eventually(agreed, what="conflict flag cleared")
+
+
+async def test_an_adopted_pod_of_another_mode_flags_the_gpu(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube:
+        await create_pool(kube)
+        await create_node(kube, "node-a")
+        await dynamic_gpu(kube, "gpu-a1", "node-a")
+        async with controllers() as tg:
+            await start_controller(tg, settings_for(apiserver, tmp_path, isolation_mode_policy="dynamic"))
+            await kube.create(r.PODS, mode_pod("soft-1", tfa.ISOLATION_SOFT))
+            await eventually(lambda: bound(kube, "soft-1"), what="soft-1 bound")
+            stray = worker("stray-hard", "node-a", ["gpu-a1"], tflops="10", vram="4Gi")  # bound by someone else
+            stray["metadata"]["annotations"][tfa.ISOLATION] = tfa.ISOLATION_HARD
+            await kube.create(r.PODS, stray)
+
+            async def flagged() -> bool:
+                return (await gpu_status(kube, "gpu-a1")).get("dynamicIsolationConflict") is True
+
+            await eventually(flagged, what="conflict flag written after adoption")
+
+            async def conflict_event() -> list[dict[str, Any]]:
+                events = await kube.list(r.EVENTS, namespace="default")
+                return [e for e in events if e["involvedObject"].get("name") == "gpu-a1"
+                        and e.get("reason") == "DynamicIsolationConflict"]
+
+            await eventually(conflict_event, what="conflict event after adoption")

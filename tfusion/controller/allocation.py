@@ -331,9 +331,12 @@ class AllocatorService:
         allocator.take_dirty_quotas()
         return allocator
 
-    def _report_mode_conflicts(self, allocator: GpuAllocator) -> None:
-        """A Warning event on each GPU whose recovered pods disagree on the isolation mode (dynamic policy)."""
+    def _report_mode_conflicts(self, allocator: GpuAllocator, among: Sequence[str] | None = None) -> None:
+        """A Warning event on each GPU (of `among`, else all) whose recovered or adopted pods disagree
+        on the isolation mode (dynamic policy)."""
         for name, modes in allocator.mode_conflicts().items():
+            if among is not None and name not in among:
+                continue
             gpu = self.runtime.informer(r.GPUS).get(name)
             message = (f"the pods on this GPU ask isolation modes {', '.join(modes)} under the dynamic isolation "
                        "policy; it takes no new pod until they agree (dynamicIsolationConflict)")
@@ -502,6 +505,7 @@ class AllocatorService:
         else:
             log.info("adopted the allocation of pod %s on %s", pod_ref(pod), ",".join(names))
             self.metrics.allocations.labels("adopted").inc()
+            self._report_mode_conflicts(allocator, names)
 
     # --- the one release ------------------------------------------------------------------------
 
