@@ -113,7 +113,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 def parse_isolation_policy(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in ("static", "dynamic"):
-        raise ValueError(f"expected static or dynamic, got {text!r}")
+        raise ValueError(f"expected static or dynamic (case-insensitive), got {text!r}")
     return lowered
 
 
@@ -358,8 +358,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("cluster_host_port_range", "--cluster-host-port-range", None, (42000, 62000), parse_port_range,
        "controller", "cluster-level host port range START-END (END excluded) for pods labelled "
        "tensor-fusion.ai/host-port=auto"),
-    _o("isolation_mode_policy", None, "TF_ISOLATION_MODE_POLICY", "static", parse_isolation_policy, "controller",
-       "static or dynamic isolation-mode policy", implemented=False),
+    _o("isolation_mode_policy", "--isolation-mode-policy", "TF_ISOLATION_MODE_POLICY", "static",
+       parse_isolation_policy, "controller",
+       "isolation-mode policy, case-insensitive: static (a GPU's mode is the one its hypervisor reports) or "
+       "dynamic (the first pod on a GPU sets its mode until the GPU is empty; the hypervisor of --role=all "
+       "follows it)"),
     _o("enable_webhooks", None, "ENABLE_WEBHOOKS", True, parse_bool, "controller",
        "serve and register the pod webhook (false: neither)"),
     _o("enable_scheduler", None, "ENABLE_SCHEDULER", True, parse_bool, "controller",
@@ -648,6 +651,12 @@ class Settings:
     def resolved_health_probe_listen(self) -> str:
         """--health-probe-bind-address as bound: without a host, loopback with --role=all."""
         return self._role_listen(self.health_probe_listen, "all" in self.roles)
+
+    @property
+    def resolved_hypervisor_isolation_policy(self) -> str:
+        """The hypervisor's --isolation-policy; with --role=all the controller's TF_ISOLATION_MODE_POLICY,
+        as the original's operator passes its policy to the hypervisors it runs."""
+        return self.isolation_mode_policy if "all" in self.roles else self.isolation_policy
 
     @property
     def resolved_hypervisor_host(self) -> str:

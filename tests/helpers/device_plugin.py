@@ -80,7 +80,7 @@ class FakeKubelet:
         self.devices.clear()
 
 
-def hypervisor(apiserver: ApiServerHandle, state: Path,
-               plugin_dir: Path) -> AbstractAsyncContextManager[httpx.AsyncClient]:
-    """A hypervisor on this module's node whose device plugins serve in `plugin_dir`."""
-    return kube_hypervisor(apiserver, state, node=NODE, devices=SPEC, plugin_dir=plugin_dir)
+def hypervisor(apiserver: ApiServerHandle, state: Path, plugin_dir: Path,
+               extra: dict[str, object] | None = None) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    """A hypervisor on this module's node whose device plugins serve in `plugin_dir` (`extra`: more settings)."""
+    return kube_hypervisor(apiserver, state, node=NODE, devices=SPEC, plugin_dir=plugin_dir, extra=extra)

@@ -26,15 +26,18 @@ SPEC = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
 
 @asynccontextmanager
 async def kube_hypervisor(apiserver: ApiServerHandle, state: Path, *, node: str = NODE, devices: str = SPEC,
-                          plugin_dir: Path | None = None) -> AsyncIterator[httpx.AsyncClient]:
+                          plugin_dir: Path | None = None,
+                          extra: dict[str, object] | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """The hypervisor role on the kubernetes backend in this process, its state (and shared memory)
-    under `state`; with `plugin_dir`, its device plugins serve there. Yields a client of its API."""
+    under `state`; with `plugin_dir`, its device plugins serve there; `extra` adds settings (flag
+    values by attribute). Yields a client of its API."""
     values: dict[str, object] = {
         "backend": "kubernetes", "devices": devices, "hypervisor_port": 0, "node_name": node,
         "kube": apiserver.kubeconfig, "state_dir": str(state), "shm_root": str(state / "shm"),
         "metrics_output_path": str(state / "metrics.log")}
     if plugin_dir is not None:
         values["device_plugin_dir"] = str(plugin_dir)
+    values.update(extra or {})
     settings = Settings.load(values, env={}, roles=("hypervisor",))
     async with anyio.create_task_group() as tg:
         port = await tg.start(role.run, settings)

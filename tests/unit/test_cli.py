@@ -257,7 +257,7 @@ UNIMPLEMENTED_FLAGS = [opt for opt in UNIMPLEMENTED if opt.flag]
 UNIMPLEMENTED_ENV = [opt for opt in UNIMPLEMENTED if opt.env]
 #: the ones found accepted and ignored when they were marked (see test_settings.NOT_IMPLEMENTED_FOUND)
 FOUND_FLAGS: set[str] = set()
-FOUND_ENV = {"GO_TESTING", "TF_ISOLATION_MODE_POLICY"}
+FOUND_ENV = {"GO_TESTING"}
 
 
 def _role_arg(opt: Option) -> str:
@@ -302,10 +302,10 @@ def test_help_marks_what_is_not_implemented(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_real_entry_point_exits_1_on_an_unimplemented_variable() -> None:
-    result = _tfusion("--role=controller", "--kube=in-cluster", env={"TF_ISOLATION_MODE_POLICY": "dynamic"})
+    result = _tfusion("--role=controller", "--kube=in-cluster", env={"GO_TESTING": "true"})
     assert result.returncode == 1
     assert result.stderr.strip() == \
-        f"tfusion: error: environment variable TF_ISOLATION_MODE_POLICY {NOT_IMPLEMENTED}; unset it"
+        f"tfusion: error: environment variable GO_TESTING {NOT_IMPLEMENTED}; unset it"
 
 
 def test_health_probe_bind_address_reaches_settings() -> None:

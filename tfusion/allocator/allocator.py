@@ -28,7 +28,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfusion.allocator import filters, queries
+from tfusion.allocator import filters, isolation, queries
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, Unschedulable
 from tfusion.allocator.index import PoolIndex
 from tfusion.allocator.indexes import (
@@ -82,7 +82,8 @@ class GpuAllocator:
 
     `clock` gives the time used for the assume TTL (injectable for tests); `weights` are
     GPUResourcesFit's vramWeight/tflopsWeight; `max_workers_per_node` caps pods per node; `topology`
-    is GPUNetworkTopologyAware's arguments (topology.py).
+    is GPUNetworkTopologyAware's arguments (topology.py); `isolation_policy` is static or dynamic
+    (isolation.py).
     `indexes` and `ledger` are the state's parts (see the module docstring): the package's own
     modules and its tests may read them; everyone else uses the methods.
     """
@@ -95,9 +96,12 @@ class GpuAllocator:
         assume_ttl: float = DEFAULT_ASSUME_TTL,
         topology: TopologyArgs | None = None,
         clock: Callable[[], float] = time.monotonic,
+        isolation_policy: str = isolation.STATIC,
     ) -> None:
         if max_workers_per_node < 1:
             raise ValueError(f"max_workers_per_node must be at least 1, got {max_workers_per_node}")
+        #: TF_ISOLATION_MODE_POLICY: static (modes as reported) or dynamic (isolation.py)
+        self.isolation_policy = isolation.parse_policy(isolation_policy)
         self.max_workers_per_node = max_workers_per_node
         self.weights = weights or Weights()
         self.assume_ttl = assume_ttl
@@ -156,6 +160,7 @@ class GpuAllocator:
 
     def _add_gpu(self, info: GpuInfo) -> None:
         slot = GpuSlot(info)
+        slot.dynamic = self.isolation_policy == isolation.DYNAMIC
         self.ledger.reattach(slot)
         self.ledger.dirty.add(info.name)
         self.indexes.add(slot)
@@ -396,6 +401,9 @@ class GpuAllocator:
             raise Unschedulable(busy, stage=NODE_INDEX_LOCK, nodes={node.name: [busy]})
         charges, limits = charges_on(req, [s.info.capacity_tflops for s in slots])
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
+            if slot.dynamic and not isolation.fits(slot, req):
+                why = isolation.refusal(slot, req) or ""
+                raise Unschedulable(f"cannot assume: {why}", stage="IsolationPolicy", nodes={node.name: [why]})
             reason = filters.shared_whole(slot, req) if req.isolation == tfa.ISOLATION_SHARED else None
             if reason is None and (slot.shared_by is not None or slot.avail_t < need_t or slot.avail_v < need_v):
                 reason = filters.resource(slot, req)
@@ -546,6 +554,12 @@ class GpuAllocator:
         """Namespaces whose quota status changed since the last call."""
         dirty, self.ledger.dirty_quota = self.ledger.dirty_quota, set()
         return {ns for ns in dirty if ns in self.ledger.quota}
+
+    def mode_conflicts(self) -> dict[str, list[str]]:
+        """GPU -> the isolation modes its pods hold, for each GPU flagged dynamicIsolationConflict."""
+        allocs = self.ledger.allocs
+        return {name: sorted({allocs[uid].req.isolation for uid in slot.allocs if uid in allocs})
+                for name, slot in sorted(self.indexes.gpus.items()) if slot.mode_conflict}
 
     def gpu_names(self) -> list[str]:
         return sorted(self.indexes.gpus)

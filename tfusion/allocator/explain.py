@@ -19,13 +19,16 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tfusion.allocator import filters, topology
+from tfusion.allocator import filters, isolation, topology
 from tfusion.allocator.indexes import NodeEntry
 from tfusion.allocator.reasons import (
+    ACTIVE_MODE_MISMATCH,
+    DYNAMIC_PARTITIONED,
     FILTER,
     HELD_WHOLE,
     INDEX_MISMATCH,
     MAX_WORKERS_DETAIL,
+    MODE_CONFLICT,
     MODE_MISMATCH,
     MODEL_MISMATCH,
     NO_GROUP_GPUS,
@@ -63,9 +66,13 @@ def gpu_label(g: GpuSlot, req: AllocRequest) -> str | None:
     for `req`; None when it passes them all. Fused like `filters.gpu_fits`: no text is built."""
     info = g.info
     iso = req.isolation
-    if info.isolation_policy and info.isolation_policy.lower() not in filters.STATIC_POLICIES:
+    if g.dynamic:
+        dynamic = isolation.label(g, req)
+        if dynamic is not None:
+            return dynamic
+    elif info.isolation_policy and info.isolation_policy.lower() not in filters.STATIC_POLICIES:
         return POLICY
-    if iso != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != iso:
+    elif iso != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != iso:
         return MODE_MISMATCH
     if info.phase != PHASE_RUNNING:
         return NOT_RUNNING
@@ -95,6 +102,8 @@ def gpu_label(g: GpuSlot, req: AllocRequest) -> str | None:
 #: reason message -> (filter stage, resource whose free amount picks the GPU closest to fitting)
 LABEL_STAGES: dict[str, tuple[str, str | None]] = {
     POLICY: ("IsolationPolicy", None), MODE_MISMATCH: ("IsolationPolicy", None),
+    ACTIVE_MODE_MISMATCH: ("IsolationPolicy", None), MODE_CONFLICT: ("IsolationPolicy", None),
+    DYNAMIC_PARTITIONED: ("IsolationPolicy", None),
     NOT_RUNNING: ("PhaseFilter", None), OTHER_USER: ("PhaseFilter", None),
     INDEX_MISMATCH: ("GPUIndexFilter", None), NO_MODE_SUPPORT: ("GPUIsolationModeFilter", None),
     NOT_IDLE: ("SharedWholeGPUFilter", None), PARTITIONED: ("PartitionTemplateFilter", None),
@@ -244,7 +253,7 @@ def _plain_group(alloc: GpuAllocator, node: NodeEntry, key: tuple[str, str]) -> 
     plain: tuple[str, int] | None = (first.vendor, first.capacity_tflops)
     for slot in members:
         info = slot.info
-        if not slot.schedulable or info.isolation_mode or info.virtualization is not None or \
+        if not slot.schedulable or slot.dynamic or info.isolation_mode or info.virtualization is not None or \
                 (info.isolation_policy and info.isolation_policy.lower() not in filters.STATIC_POLICIES) or \
                 info.vendor != first.vendor or info.capacity_tflops != first.capacity_tflops:
             plain = None

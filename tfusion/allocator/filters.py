@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tfusion.allocator import isolation
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import PHASE_RUNNING, USED_BY_TENSOR_FUSION, GpuSlot
 from tfusion.allocator.units import tflops_str, vram_str
@@ -31,9 +32,11 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
         return False
     info = g.info
     iso = req.isolation
-    if info.isolation_policy and info.isolation_policy.lower() not in STATIC_POLICIES:
-        return False
-    if iso != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != iso:
+    if g.dynamic:
+        if not isolation.fits(g, req):
+            return False
+    elif (info.isolation_policy and info.isolation_policy.lower() not in STATIC_POLICIES) or \
+            (iso != tfa.ISOLATION_SHARED and info.isolation_mode and info.isolation_mode != iso):
         return False
     if req.indices and info.index not in req.indices:
         return False
@@ -57,6 +60,8 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
 
 
 def _isolation_policy(g: GpuSlot, req: AllocRequest) -> str | None:
+    if g.dynamic:
+        return isolation.refusal(g, req)
     info = g.info
     if info.isolation_policy and info.isolation_policy.lower() not in STATIC_POLICIES:
         return f"{g.name}: isolation policy {info.isolation_policy} is not supported (Static only)"

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tfusion.allocator import isolation
 from tfusion.allocator.indexes import GpuIndexes
 from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total
@@ -209,6 +210,7 @@ class Ledger:
         if alloc.assumed_at is not None:
             self.assumed[uid] = alloc.assumed_at
         self.usage_bucket(alloc).add(alloc.usage)
+        self.settle_modes(alloc)
         self.touch(alloc)
 
     def unapply(self, alloc: Allocation) -> None:
@@ -243,8 +245,17 @@ class Ledger:
         del self.allocs[uid]
         self.assumed.pop(uid, None)
         self.usage_bucket(alloc).add(alloc.usage, -1)
+        self.settle_modes(alloc)
         self.touch(alloc)
         self.indexes.drop_node_if_empty(node)
+
+    def settle_modes(self, alloc: Allocation) -> None:
+        """Under the dynamic isolation policy, re-derive the active mode of the allocation's GPUs."""
+        gpus = self.indexes.gpus
+        for name in alloc.gpus:
+            slot = gpus.get(name)
+            if slot is not None and slot.dynamic:
+                isolation.settle(slot, self.allocs)
 
     def touch(self, alloc: Allocation) -> None:
         """Re-score the allocation's node and mark what status must be rewritten."""
@@ -304,6 +315,8 @@ class Ledger:
             alloc = self.allocs.get(uid)
             if alloc is not None:
                 charge_slot(slot, uid, charge, alloc.shared)
+        if slot.dynamic:
+            isolation.settle(slot, self.allocs)
         slot.refresh()
         self.recharge_percent(slot)
 

@@ -130,7 +130,8 @@ class _FreedGpu:
     """A read-only view of a GPU as it would be with some allocations gone, in the shape
     `filters.gpu_fits` reads (so the one filter decides, never a copy of it)."""
 
-    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "schedulable", "shared_by")
+    __slots__ = ("active_mode", "allocs", "avail_t", "avail_v", "dynamic", "info", "mode_conflict", "name",
+                 "schedulable", "shared_by")
 
     def __init__(self, slot: GpuSlot, gone: AbstractSet[str]) -> None:
         info: GpuInfo = slot.info
@@ -139,6 +140,10 @@ class _FreedGpu:
         self.schedulable = slot.schedulable
         staying = [uid for uid in slot.allocs if uid not in gone]
         self.allocs = staying
+        # dynamic isolation policy: the staying pods keep the GPU's mode; with none left it has none
+        self.dynamic = slot.dynamic
+        self.active_mode = slot.active_mode if staying else ""
+        self.mode_conflict = slot.mode_conflict and bool(staying)
         if slot.shared_by is not None and slot.shared_by not in gone:
             self.shared_by: str | None = slot.shared_by
             self.avail_t = self.avail_v = 0

@@ -16,6 +16,10 @@ from enum import StrEnum
 
 from tfusion.allocator import filters
 from tfusion.allocator.errors import QuotaExceeded
+from tfusion.allocator.isolation import ACTIVE_MODE_MISMATCH as ACTIVE_MODE_MISMATCH
+from tfusion.allocator.isolation import DYNAMIC_PARTITIONED as DYNAMIC_PARTITIONED
+from tfusion.allocator.isolation import MODE_CONFLICT as MODE_CONFLICT
+from tfusion.allocator.isolation import POLICY as POLICY
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.units import amount, percent_str, tflops_str, vram_str
 
@@ -40,7 +44,6 @@ HELD_WHOLE = "GPU held whole by a shared pod"
 NOT_IDLE = "GPU not idle for shared isolation"
 NOT_RUNNING = "GPU not Running"
 OTHER_USER = "GPU used by another device plugin"
-POLICY = "GPU isolation policy not supported"
 MODE_MISMATCH = "GPU isolation mode mismatch"
 INDEX_MISMATCH = "GPU index not requested"
 NO_MODE_SUPPORT = "GPU does not support the isolation mode"

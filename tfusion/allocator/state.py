@@ -153,11 +153,12 @@ class GpuSlot:
 
     `used_*` is the sum of the request charges of live allocations (assumed and committed) on it;
     `shared_by` is the pod holding it whole under shared isolation. Available is derived:
-    0 while shared, else capacity minus used, never below 0.
+    0 while shared, else capacity minus used, never below 0. Under the dynamic isolation policy
+    (`dynamic`), `active_mode`/`mode_conflict` follow from the pods on it (isolation.py).
     """
 
-    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "pool", "schedulable",
-                 "shared_by", "used_t", "used_v")
+    __slots__ = ("active_mode", "allocs", "avail_t", "avail_v", "dynamic", "info", "mode_conflict", "name", "node",
+                 "pool", "schedulable", "shared_by", "used_t", "used_v")
 
     def __init__(self, info: GpuInfo) -> None:
         self.info = info
@@ -171,6 +172,10 @@ class GpuSlot:
         self.avail_t = info.capacity_tflops
         self.avail_v = info.capacity_vram
         self.schedulable = True
+        #: the dynamic isolation policy (isolation.py): on, the mode the GPU's pods hold, their disagreement
+        self.dynamic = False
+        self.active_mode = ""
+        self.mode_conflict = False
         self.refresh()
 
     def refresh(self) -> None:

@@ -305,7 +305,8 @@ class AllocatorService:
         args = self.scheduler_args
         allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node
                                  or args.max_workers_per_node or DEFAULT_MAX_WORKERS_PER_NODE,
-                                 weights=args.weights, assume_ttl=self.assume_ttl, topology=args.topology)
+                                 weights=args.weights, assume_ttl=self.assume_ttl, topology=args.topology,
+                                 isolation_policy=self.settings.isolation_mode_policy)
         self._quota_names.clear()
         for pool in rt.informer(r.GPUPOOLS).list():
             self._apply_pool(allocator, GpuPool(pool))
@@ -321,6 +322,7 @@ class AllocatorService:
             self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
         for ref, reason in skipped:
             log.warning("recovery: cannot restore the allocation of pod %s: %s", ref, reason)
+        self._report_mode_conflicts(allocator)
         self.recovered = sorted(uid for uid in names if allocator.has_allocation(uid))
         self.skipped = skipped
         self.metrics.allocations.labels("restored").inc(len(self.recovered))
@@ -328,6 +330,19 @@ class AllocatorService:
         allocator.take_dirty()  # the reconcilers compare every GPU with the ledger when the term starts
         allocator.take_dirty_quotas()
         return allocator
+
+    def _report_mode_conflicts(self, allocator: GpuAllocator, among: Sequence[str] | None = None) -> None:
+        """A Warning event on each GPU (of `among`, else all) whose recovered or adopted pods disagree
+        on the isolation mode (dynamic policy)."""
+        for name, modes in allocator.mode_conflicts().items():
+            if among is not None and name not in among:
+                continue
+            gpu = self.runtime.informer(r.GPUS).get(name)
+            message = (f"the pods on this GPU ask isolation modes {', '.join(modes)} under the dynamic isolation "
+                       "policy; it takes no new pod until they agree (dynamicIsolationConflict)")
+            log.warning("recovery: GPU %s: %s", name, message)
+            if gpu is not None:
+                self.runtime.events.warning(Gpu(gpu), "DynamicIsolationConflict", message)
 
     def _recoverable(self, allocator: GpuAllocator) -> tuple[list[tuple[AllocRequest, tuple[str, ...]]],
                                                              dict[str, Pod], list[tuple[str, str]]]:
@@ -490,6 +505,7 @@ class AllocatorService:
         else:
             log.info("adopted the allocation of pod %s on %s", pod_ref(pod), ",".join(names))
             self.metrics.allocations.labels("adopted").inc()
+            self._report_mode_conflicts(allocator, names)
 
     # --- the one release ------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ and keeps them for the Prometheus collector (`tfusion/metrics/prometheus.py`). I
 controller package because it reads the controller's runtime and allocator service; `metrics/`
 holds what both roles use (points, sinks, families, cost).
 
+A worker holding a hardware partition carries its template and slots and is billed for its slice
+(metrics/partition.py).
+
 Billing is exact: a worker is billed from when this leader first saw it live, for the time since its
 last row, and a worker that goes (finished, deleted, vanished: the pod informer's events and the pod
 reconciler's release hook say when) gets one last row billed up to that moment, then is forgotten.
@@ -20,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
@@ -29,6 +32,7 @@ from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.kube import resources as r
 from tfusion.metrics import cost as billing
+from tfusion.metrics.partition import GpuStatusLookup, PartitionHeld, partition_held, partition_share
 from tfusion.metrics.points import Point
 from tfusion.metrics.prometheus import Snapshot, register_controller_metrics
 from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
@@ -81,6 +85,7 @@ class WorkerRow:
     ready: bool
     labels: dict[str, str] = field(default_factory=dict)
     protected_until: float | None = None  # wall seconds; eviction protection raises the price until then
+    partition: PartitionHeld | None = None  # the hardware slice it holds (metrics/partition.py)
 
 
 def _pod_ready(pod: Pod) -> bool:
@@ -98,8 +103,10 @@ def is_billable(pod: Pod) -> bool:
     return pod.holds_gpus and not pod.meta.deleting
 
 
-def worker_row(pod: Pod, allocator: GpuAllocator | None) -> WorkerRow | None:
-    """The row of a live worker pod; None when its annotations cannot be read."""
+def worker_row(pod: Pod, allocator: GpuAllocator | None,
+               gpu_status: GpuStatusLookup | None = None) -> WorkerRow | None:
+    """The row of a live worker pod; None when its annotations cannot be read. `gpu_status` (the GPU
+    objects' status by name) tells which partition it holds, if any."""
     uid = pod.uid
     try:
         gpus = tfa.parse_gpu_ids(pod.meta.annotation(tfa.GPU_IDS) or "", key=tfa.GPU_IDS)
@@ -128,10 +135,13 @@ def worker_row(pod: Pod, allocator: GpuAllocator | None) -> WorkerRow | None:
     t_lim, v_lim = t_lim or max(capacity[0], t_req), v_lim or max(capacity[1], v_req)
     share = billing.WorkerShare(tflops_request=t_req / MILLI, tflops_limit=t_lim / MILLI, vram_request=v_req,
                                 vram_limit=v_lim, gpu_count=len(gpus) or req.count, qos=req.qos)
+    partition = partition_held(pod, gpus, gpu_status) if gpu_status is not None else None
+    if partition is not None:
+        share = partition_share(share)
     return WorkerRow(uid=uid, namespace=req.namespace, pod=req.pod_name, pool=req.pool, qos=req.qos,
                      workload=req.workload[1], node=pod.node_name,
                      gpus=gpus, share=share, ready=_pod_ready(pod), labels=dict(pod.meta.labels),
-                     protected_until=_protected_until(pod))
+                     protected_until=_protected_until(pod), partition=partition)
 
 
 @dataclass
@@ -259,11 +269,15 @@ class ControllerRecorder:
         uid = pod.uid
         if not uid or self.ledger.is_ended(uid):
             return
-        row = worker_row(pod, self._allocator())
+        row = worker_row(pod, self._allocator(), self._gpu_status)
         if row is None:
             return
         self.ledger.seen(uid, now)
         self.workers[uid] = row
+
+    def _gpu_status(self, name: str) -> Mapping[str, Any] | None:
+        gpu = self.runtime.informer(r.GPUS).get(name)
+        return Gpu(gpu).status if gpu is not None else None
 
     def _end(self, uid: str, now: float) -> None:
         if uid:
@@ -362,7 +376,8 @@ class ControllerRecorder:
                 "gpu_count": share.gpu_count, "tflops_limit": share.tflops_limit,
                 "tflops_request": share.tflops_request, "raw_cost": raw_cost,
                 "vram_bytes_limit": share.vram_limit, "vram_bytes_request": share.vram_request,
-                "ready": row.ready and not self.ledger.is_ended(uid)}, ts, extra={"uid": uid}))
+                "ready": row.ready and not self.ledger.is_ended(uid),
+                **(row.partition.fields() if row.partition is not None else {})}, ts, extra={"uid": uid}))
         return points
 
     def _node_points(self, now: float, ts: int, gpus: Mapping[str, GpuView]) -> list[Point]:
@@ -454,7 +469,8 @@ class ControllerRecorder:
                                    if g in gpus else f":{g}" for g in row.gpus)
             points.append(Point(ALLOCATION_TABLE, {
                 "pod": row.pod, "namespace": row.namespace, "pod_uuid": uid, "node": row.node,
-                "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)}, {"gpu_count": len(row.gpus)}, ts))
+                "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)},
+                {"gpu_count": len(row.gpus), **(row.partition.fields() if row.partition is not None else {})}, ts))
         return points
 
     def _system_points(self, ts: int, pools: Mapping[str, GpuPool]) -> list[Point]:

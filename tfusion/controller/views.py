@@ -6,7 +6,8 @@ never touches the allocator, and the status writers, `/api/allocation` and the G
 render the same thing the same way.
 
 - `gpu_status(allocator, name)`: a GPU's `status.available` and `status.runningApps` (committed
-  allocations only, grouped by workload, pods sorted by name then uid).
+  allocations only, grouped by workload, pods sorted by name then uid), and under the dynamic
+  isolation policy `activeIsolationMode`/`dynamicIsolationConflict`.
 - `quota_status(allocator, namespace)` / `quota_status_of(spec, used)`: a GPUResourceQuota's
   `status.used`, `availablePercent` and Ready condition (without timestamps: the writer knows the clock).
 - `build(allocator, gpu_object=..., pod_object=...)`: the `/api/allocation` body
@@ -33,9 +34,9 @@ render the same thing the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeAlias, TypedDict
+from typing import NotRequired, TypeAlias, TypedDict
 
-from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage
+from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage, isolation
 from tfusion.allocator.quota import READY_MESSAGE
 from tfusion.allocator.units import percent_str, ratio_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
@@ -72,9 +73,12 @@ class RunningApp(TypedDict):
 
 
 class GpuLiveStatus(TypedDict):
-    """The part of a GPU's status the allocator's ledger says."""
+    """The part of a GPU's status the allocator's ledger says. Under the dynamic isolation policy
+    also the active mode (None: no mode, the field is removed) and the conflict flag."""
     available: dict[str, str]
     runningApps: list[RunningApp]
+    activeIsolationMode: NotRequired[str | None]
+    dynamicIsolationConflict: NotRequired[bool]
 
 
 class QuotaUsed(TypedDict):
@@ -116,7 +120,13 @@ def gpu_status(allocator: GpuAllocator, name: str) -> GpuLiveStatus:
     running: list[RunningApp] = [{"name": wl_name, "namespace": ns, "count": len(pods),
                                   "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
                                  for (ns, wl_name), pods in sorted(apps.items())]
-    return {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)}, "runningApps": running}
+    live: GpuLiveStatus = {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)},
+                           "runningApps": running}
+    if allocator.isolation_policy == isolation.DYNAMIC:
+        mode, conflict = isolation.committed_mode([a.request for a in allocator.gpu_allocations(name)])
+        live["activeIsolationMode"] = mode or None
+        live["dynamicIsolationConflict"] = conflict
+    return live
 
 
 def quota_status(allocator: GpuAllocator, namespace: str) -> QuotaStatus:

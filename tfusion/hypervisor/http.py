@@ -116,7 +116,7 @@ class HypervisorContext:
 
     @property
     def isolation_policy(self) -> str:
-        return self.settings.isolation_policy
+        return self.settings.resolved_hypervisor_isolation_policy
 
     def devices(self) -> list[DeviceInfo]:
         """The node's GPUs, then the partitions (MIG devices) made on them, each naming its parent."""
@@ -124,11 +124,11 @@ class HypervisorContext:
         return [*self.registry.devices(), *partitions]
 
     def device_wire(self, device: DeviceInfo) -> DeviceWire:
-        return device.to_wire(self.settings.isolation_mode, self.settings.isolation_policy)
+        return device.to_wire(self.settings.isolation_mode, self.settings.resolved_hypervisor_isolation_policy)
 
     def allocation_wire(self, allocation: WorkerAllocation) -> AllocationWire:
         return allocation.to_wire(isolation_mode=self.settings.isolation_mode,
-                                  isolation_policy=self.settings.isolation_policy,
+                                  isolation_policy=self.settings.resolved_hypervisor_isolation_policy,
                                   running=self.workers.running_info(allocation.worker.uid))
 
     def device_body(self, device: DeviceInfo) -> bodies.Device:

@@ -126,9 +126,12 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
                 attach_detector(manager, node=node, device_plugin_dir=plugin_dir)
             if plugin_dir is not None and settings.backend == "kubernetes":
                 from tfusion.hypervisor.deviceplugin.plugins import DevicePlugins
+                from tfusion.hypervisor.workers import dynamic_policy
 
+                admit = dynamic_policy.checker(workers.allocations) \
+                    if settings.resolved_hypervisor_isolation_policy == "dynamic" else None
                 tg.start_soon(DevicePlugins(plugin_dir, workers, registry, readiness=readiness,
-                                            partitioner=extra.get("partitioner")).run)
+                                            partitioner=extra.get("partitioner"), admit=admit).run)
             if extra.get("partitioner") is not None:
                 tg.start_soon(extra["partitioner"].run)
             tg.start_soon(_sample_loop, registry, min(SAMPLE_INTERVAL_S, settings.metrics_interval))

@@ -6,7 +6,8 @@ this loop writes the allocator's output back. Level-triggered, key = GPU name:
 - applies the cached GPU to the allocator (`upsert_gpu`/`remove_gpu`; a capacity change moves
   available by the same delta; `status.available`, `runningApps` and `allocatedPartitions` are the
   allocator's output and never read back);
-- writes `status.available`/`runningApps` from the ledger when the object says otherwise (GET + PUT
+- writes `status.available`/`runningApps` (and under the dynamic isolation policy
+  `activeIsolationMode`/`dynamicIsolationConflict`) from the ledger when the object says otherwise (GET + PUT
   on the status subresource on the read resourceVersion; a 409 re-reads and retries), and stamps the
   GPUNode's `<domain>/last-sync` (at most every `LAST_SYNC_MIN_INTERVAL_S`).
 
@@ -92,7 +93,7 @@ class GpuStatusReconciler:
             wanted = views.gpu_status(allocator, name)
             if status_matches(gpu, wanted):
                 return None
-            obj["status"] = {**gpu.status, **wanted}
+            obj["status"] = {k: v for k, v in {**gpu.status, **wanted}.items() if v is not None}  # None: remove
             try:
                 await client.replace(r.GPUS, obj, subresource="status")
             except Conflict:
@@ -123,6 +124,11 @@ class GpuStatusReconciler:
 
 
 def status_matches(gpu: Gpu, wanted: views.GpuLiveStatus) -> bool:
-    """The GPU's status already says the ledger's `available` and `runningApps`."""
+    """The GPU's status already says the ledger's `available` and `runningApps` (and, under the
+    dynamic isolation policy, `activeIsolationMode` and `dynamicIsolationConflict`)."""
+    if "activeIsolationMode" in wanted and (
+            gpu.status.get("activeIsolationMode") != wanted["activeIsolationMode"]
+            or bool(gpu.status.get("dynamicIsolationConflict")) != wanted.get("dynamicIsolationConflict")):
+        return False
     return bool(gpu.available == wanted["available"]
                 and items(gpu.status, "runningApps") == wanted["runningApps"])

@@ -189,8 +189,11 @@ class DevicePlugins:
                  readiness: Readiness | None = None, allocate_wait: float = ALLOCATE_WAIT_S,
                  watch_interval: float = WATCH_INTERVAL_S, poll: float = 0.1,
                  bare_process_env: bool = True, clock: Callable[[], float] = anyio.current_time,
-                 partitioner: Partitioner | None = None) -> None:
+                 partitioner: Partitioner | None = None,
+                 admit: Callable[[WorkerInfo], str | None] | None = None) -> None:
         self.directory = directory
+        #: a last check of a worker before its devices are handed out (the dynamic isolation policy's)
+        self.admit = admit
         self.pods = pods
         self.registry = registry
         self.readiness = readiness
@@ -227,6 +230,9 @@ class DevicePlugins:
         while True:
             worker = self.pods.worker_with_index(index)
             if worker is not None:
+                refused = self.admit(worker) if self.admit is not None else None
+                if refused:
+                    return refused
                 known = {d.uuid: d for d in self.registry.devices()}
                 partitions: tuple[DeviceInfo, ...] = ()
                 if worker.isolation == keys.ISOLATION_PARTITIONED and self.partitioner is not None:

@@ -256,7 +256,7 @@ def register_kubernetes_workers(settings: Settings, manager: Manager, registry: 
     informer.add_handler(on_add=count_pods, on_delete=count_pods)
     manager.add(mark_synced, leader_only=False, name="hypervisor pod-informer readiness")
     reporter = GpuReporter(manager, registry, readiness, node=node, isolation_mode=settings.isolation_mode,
-                           isolation_policy=settings.isolation_policy)
+                           isolation_policy=settings.resolved_hypervisor_isolation_policy)
     manager.add(reporter.run, leader_only=False, name="hypervisor GPU reporter")
     return workers, {"reviewer": reviewer, "reporter": reporter, "partitioner": partitioner}
 
