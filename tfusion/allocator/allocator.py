@@ -28,7 +28,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfusion.allocator import filters, queries
+from tfusion.allocator import filters, partitions, queries
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, Unschedulable
 from tfusion.allocator.index import PoolIndex
 from tfusion.allocator.indexes import (
@@ -109,6 +109,8 @@ class GpuAllocator:
         self.ledger = Ledger(self.indexes, self.index_lock)
         #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only
         self.static_facts = self.indexes.static_facts
+        #: partition templates per GPU model, from the ProviderConfigs (partitions.py)
+        self.partition_catalog = partitions.PartitionCatalog()
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -136,6 +138,7 @@ class GpuAllocator:
             return
         if old.model != info.model:
             indexes.regroup(slot, info)
+            slot.templates = self.partition_catalog.for_model(info.model)
         slot.info = info
         indexes.note_topology(slot)
         indexes.bump_static(info.node)
@@ -156,6 +159,7 @@ class GpuAllocator:
 
     def _add_gpu(self, info: GpuInfo) -> None:
         slot = GpuSlot(info)
+        slot.templates = self.partition_catalog.for_model(info.model)
         self.ledger.reattach(slot)
         self.ledger.dirty.add(info.name)
         self.indexes.add(slot)
@@ -175,6 +179,22 @@ class GpuAllocator:
 
     def pool_config(self, pool: str) -> PoolConfig:
         return self.indexes.pool_config(pool)
+
+    def set_partition_catalog(self, catalog: partitions.PartitionCatalog) -> None:
+        """Set the partition templates per GPU model (from the ProviderConfigs). Live partitions keep
+        their charges; every node is judged again for the next placement."""
+        if catalog == self.partition_catalog:
+            return
+        self.partition_catalog = catalog
+        for slot in self.indexes.gpus.values():
+            slot.templates = catalog.for_model(slot.info.model)
+        for node in self.indexes.nodes:
+            self.indexes.mark_stale(node)
+        self.indexes.explained.clear()
+
+    def partition_templates(self, model: str) -> partitions.ModelPartitions | None:
+        """The partition templates of GPU model `model`; None when no ProviderConfig lists any."""
+        return self.partition_catalog.for_model(model)
 
     def set_quota(self, namespace: str, spec: QuotaSpec) -> None:
         self.ledger.set_quota(namespace, spec)
@@ -395,6 +415,14 @@ class GpuAllocator:
         if busy:
             raise Unschedulable(busy, stage=NODE_INDEX_LOCK, nodes={node.name: [busy]})
         charges, limits = charges_on(req, [s.info.capacity_tflops for s in slots])
+        parts: tuple[partitions.Partition | None, ...] = ()
+        if req.isolation == tfa.ISOLATION_PARTITIONED:
+            planned = partitions.plan(slots, req)
+            if isinstance(planned, partitions.Refusal):
+                raise Unschedulable(f"cannot assume: {planned}", stage="PartitionTemplateFilter",
+                                    nodes={node.name: [str(planned)]})
+            parts, charges = planned
+            limits = charges
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
             reason = filters.shared_whole(slot, req) if req.isolation == tfa.ISOLATION_SHARED else None
             if reason is None and (slot.shared_by is not None or slot.avail_t < need_t or slot.avail_v < need_v):
@@ -404,7 +432,8 @@ class GpuAllocator:
                                     nodes={node.name: [reason]})
         self.ledger.quota_exact(req, charges, limits)
         names = tuple(s.name for s in slots)
-        self.ledger.apply(Allocation(req, node.name, names, charges, limits, self._clock() if now is None else now))
+        self.ledger.apply(Allocation(req, node.name, names, charges, limits, self._clock() if now is None else now,
+                                     parts))
         return GpuPlacement(node.name, names, self.node_score(node.name, req.pool))
 
     def _assumable(self, req: AllocRequest, names: tuple[str, ...]) -> list[GpuSlot]:
@@ -507,13 +536,16 @@ class GpuAllocator:
             self.ledger.resize(alloc, req, charges, limits)
         return req
 
-    def restore(self, allocations: Iterable[tuple[AllocRequest, Sequence[str]]]) -> list[tuple[str, str]]:
+    def restore(self, allocations: Iterable[tuple[AllocRequest, Sequence[str]]],
+                reported: Mapping[tuple[str, str], partitions.Partition] | None = None) -> list[tuple[str, str]]:
         """Rebuild committed allocations (leader recovery from worker pods' gpu-ids annotations).
 
         No capacity, quota or worker checks: these pods already run. A GPU that is not known (yet)
         is charged when it appears, like a GPU removed and re-added (a compute-percent charge on it
         is 0 until its capacity is known). Returns (pod uid, reason) for each entry that could not
         be restored: duplicate pod, empty or repeated GPU list, no known GPU, GPUs on several nodes.
+        A partitioned pod gets back its partition: `reported` (pod uid, GPU) -> the partition the GPU's
+        status.allocatedPartitions records, else its partition-id placed anew (partitions.recovered).
         """
         skipped: list[tuple[str, str]] = []
         gpus = self.indexes.gpus
@@ -525,8 +557,24 @@ class GpuAllocator:
                 skipped.append((req.pod_uid, reason))
                 continue
             charges, limits = charges_on(req, [gpus[n].info.capacity_tflops if n in gpus else 0 for n in names])
-            self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None))
+            parts: tuple[partitions.Partition | None, ...] = ()
+            if req.isolation == tfa.ISOLATION_PARTITIONED:
+                parts, charges, limits = self._recovered_parts(req, names, charges, limits, reported or {})
+            self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None, parts))
         return skipped
+
+    def _recovered_parts(self, req: AllocRequest, names: tuple[str, ...], charges: tuple[tuple[int, int], ...],
+                         limits: tuple[tuple[int, int], ...], reported: Mapping[tuple[str, str], partitions.Partition],
+                         ) -> tuple[tuple[partitions.Partition | None, ...], tuple[tuple[int, int], ...],
+                                    tuple[tuple[int, int], ...]]:
+        parts: list[partitions.Partition | None] = []
+        new_charges, new_limits = list(charges), list(limits)
+        for i, name in enumerate(names):
+            found = partitions.recovered(self.indexes.gpus.get(name), req, reported.get((req.pod_uid, name)))
+            parts.append(None if found is None else found[0])
+            if found is not None:
+                new_charges[i] = new_limits[i] = found[1]
+        return tuple(parts), tuple(new_charges), tuple(new_limits)
 
     # ------------------------------------------------------------------ reading
 

@@ -10,13 +10,16 @@ because those fields are the allocator's output, not its input.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Gpu, items, text
 from tfusion.api.quantity import Quantity, QuantityError
+
+if TYPE_CHECKING:
+    from tfusion.allocator.partitions import ModelPartitions, Partition
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PHASE_RUNNING = "Running"
@@ -156,8 +159,8 @@ class GpuSlot:
     0 while shared, else capacity minus used, never below 0.
     """
 
-    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "pool", "schedulable",
-                 "shared_by", "used_t", "used_v")
+    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "parts", "pool", "schedulable",
+                 "shared_by", "templates", "used_t", "used_v")
 
     def __init__(self, info: GpuInfo) -> None:
         self.info = info
@@ -171,6 +174,9 @@ class GpuSlot:
         self.avail_t = info.capacity_tflops
         self.avail_v = info.capacity_vram
         self.schedulable = True
+        #: partitioned allocations on it (pod uid -> partition) and its model's templates (partitions.py)
+        self.parts: dict[str, Partition] = {}
+        self.templates: ModelPartitions | None = None
         self.refresh()
 
     def refresh(self) -> None:
