@@ -5,9 +5,10 @@ this loop writes the allocator's output back. Level-triggered, key = GPU name:
 
 - applies the cached GPU to the allocator (`upsert_gpu`/`remove_gpu`; a capacity change moves
   available by the same delta; `status.available`, `runningApps` and `allocatedPartitions` are the
-  allocator's output and never read back);
-- writes `status.available`/`runningApps` from the ledger when the object says otherwise (GET + PUT
-  on the status subresource on the read resourceVersion; a 409 re-reads and retries), and stamps the
+  allocator's output, read back only by leader recovery for the partitions' slots);
+- writes `status.available`/`runningApps`/`allocatedPartitions` from the ledger when the object says
+  otherwise (GET + PUT on the status subresource on the read resourceVersion; a 409 re-reads and
+  retries), and stamps the
   GPUNode's `<domain>/last-sync` (at most every `LAST_SYNC_MIN_INTERVAL_S`).
 
 A hand edit of `status.available` is an update event, so it is rewritten at once; an
@@ -89,10 +90,12 @@ class GpuStatusReconciler:
             if allocator is not self.service.allocator or not knows_gpu(allocator, name):
                 return None
             gpu = Gpu(obj)
-            wanted = views.gpu_status(allocator, name)
+            wanted = views.gpu_status(allocator, name, gpu.status.get("allocatedPartitions"), tfa.now_rfc3339())
             if status_matches(gpu, wanted):
                 return None
             obj["status"] = {**gpu.status, **wanted}
+            if "allocatedPartitions" not in wanted:
+                obj["status"].pop("allocatedPartitions", None)
             try:
                 await client.replace(r.GPUS, obj, subresource="status")
             except Conflict:
@@ -123,6 +126,7 @@ class GpuStatusReconciler:
 
 
 def status_matches(gpu: Gpu, wanted: views.GpuLiveStatus) -> bool:
-    """The GPU's status already says the ledger's `available` and `runningApps`."""
+    """The GPU's status already says the ledger's `available`, `runningApps` and `allocatedPartitions`."""
     return bool(gpu.available == wanted["available"]
-                and items(gpu.status, "runningApps") == wanted["runningApps"])
+                and items(gpu.status, "runningApps") == wanted["runningApps"]
+                and views.partitions_match(gpu.status, wanted))
