@@ -12,10 +12,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
 from tfusion.allocator import AllocRequest, GpuAllocator, GpuInfo, Unschedulable
 from tfusion.allocator import partitions as pt
 from tfusion.allocator.explain import gpu_label
 from tfusion.allocator.reasons import NO_SLOT, NO_TEMPLATES, PARTITIONS_FULL, UNKNOWN_TEMPLATE
+from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Pod
+from tfusion.controller.webhook.mutate import Denial, analyse
 
 GIB = 1 << 30
 A100 = "A100-SXM4-80GB"  # as the sim backend reports it; the catalog row says "NVIDIA A100-SXM4-80GB"
@@ -285,3 +289,17 @@ def test_no_two_live_partitions_overlap(ops: list[tuple[bool, str, int]]) -> Non
         assert len(taken) == len(set(taken)) and all(0 <= s < 8 for s in taken)
         assert set(slot.parts) == set(live) == set(slot.allocs)
         assert a.available("g0")[1] == 80 * GIB - sum(MEMORY[p.template_id] for p in slot.parts.values())
+
+
+# ---------------------------------------------------------------------- the webhook's one rule
+
+
+def test_webhook_refuses_partitioned_for_a_model_without_templates_naming_it() -> None:
+    provider = yaml.safe_load(SHIPPED.read_text())
+    notes = {**BARE, tfa.ISOLATION: "partitioned", tfa.PARTITION_ID: "1g.10gb"}
+    with pytest.raises(Denial) as info:
+        analyse(Pod(tf_pod({**notes, tfa.GPU_MODEL: "L4"})), ctx(provider_configs=[provider]), OWNER)
+    assert "GPU model L4" in info.value.message and "no partition templates" in info.value.message
+    assert "A100_SXM_80G" in info.value.message  # the models that have some
+    plan = analyse(Pod(tf_pod({**notes, tfa.GPU_MODEL: "A100-SXM4-80GB"})), ctx(provider_configs=[provider]), OWNER)
+    assert plan is not None
