@@ -111,6 +111,7 @@ class GpuAllocator:
         self.static_facts = self.indexes.static_facts
         #: partition templates per GPU model, from the ProviderConfigs (partitions.py)
         self.partition_catalog = partitions.PartitionCatalog()
+        self._min_capacities: dict[str, int] = {}  # pool -> smallest GPU TFLOPS (partition floors)
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -124,6 +125,7 @@ class GpuAllocator:
         """
         indexes = self.indexes
         slot = indexes.gpus.get(info.name)
+        self._min_capacities.pop(info.pool, None)
         if slot is None:
             self._add_gpu(info)
             return
@@ -154,6 +156,7 @@ class GpuAllocator:
         slot = self.indexes.gpus.get(name)
         if slot is None:
             return
+        self._min_capacities.pop(slot.pool, None)
         self.ledger.detach(slot)
         self.indexes.drop(slot)
 
@@ -188,6 +191,7 @@ class GpuAllocator:
         self.partition_catalog = catalog
         for slot in self.indexes.gpus.values():
             slot.templates = catalog.for_model(slot.info.model)
+            slot.part_memo = None
         for node in self.indexes.nodes:
             self.indexes.mark_stale(node)
         self.indexes.explained.clear()
@@ -372,8 +376,19 @@ class GpuAllocator:
             return node, slots
 
         # percent requests: TFLOPS needed depends on the GPU, so only VRAM prunes
-        return index.search(req.vram_request, req.tflops_request, fits,  # type: ignore[return-value]
+        need_v, need_t = req.vram_request, req.tflops_request
+        if req.isolation == tfa.ISOLATION_PARTITIONED:  # no partition takes less than its template
+            need_v, need_t = self.partition_catalog.floors(req, self._min_capacity(req.pool))
+        return index.search(need_v, need_t, fits,  # type: ignore[return-value]
                             need_gpus=req.count)
+
+    def _min_capacity(self, pool: str) -> int:
+        """The smallest TFLOPS capacity of a GPU of `pool` (kept until a GPU of the pool changes)."""
+        found = self._min_capacities.get(pool)
+        if found is None:
+            found = self._min_capacities[pool] = min(
+                (s.info.capacity_tflops for s in self.indexes.pools.get(pool, {}).values()), default=0)
+        return found
 
     def filter(self, req: AllocRequest, *, nodes: Collection[str] | None = None,
                explain: bool = False) -> FilterResult:

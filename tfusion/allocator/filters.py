@@ -44,7 +44,7 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
     if iso == tfa.ISOLATION_SHARED:
         if g.allocs:
             return False
-    elif iso == tfa.ISOLATION_PARTITIONED and partitions.gpu_reason(g, req) is not None:
+    elif iso == tfa.ISOLATION_PARTITIONED and not partitions.fits(g, req):
         return False
     need_t = req.tflops_request
     if not need_t and req.percent_request:

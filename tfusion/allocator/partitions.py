@@ -30,6 +30,7 @@ Rules carried over from the original (reference §3.5):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,9 +101,9 @@ class ModelPartitions:
 
     def find(self, wanted: str) -> Template | None:
         """The template `wanted` names (id or name, matched as the original matches them)."""
-        key = canonical_template(wanted)
+        key = _canonical_of(wanted)
         for template in self.templates:
-            if key in (canonical_template(template.id), canonical_template(template.name)):
+            if key in (_canonical_of(template.id), _canonical_of(template.name)):
                 return template
         return None
 
@@ -132,11 +133,15 @@ class Refusal(str):
         return self
 
 
+REFUSED = Refusal("", "no partition fits")  # the fast path's answer: no reason text built
+
+
 class PartitionCatalog:
     """Templates per GPU model, looked up by any name the GPU may report for its model."""
 
     def __init__(self, models: Iterable[ModelPartitions] = ()) -> None:
         self.models: tuple[ModelPartitions, ...] = tuple(models)
+        self._floors: dict[tuple[str, int, int, int], tuple[int, int]] = {}
         self._by_name: dict[str, ModelPartitions] = {}
         for entry in self.models:
             for name in (entry.model, entry.full_model_name):
@@ -154,10 +159,36 @@ class PartitionCatalog:
                 return found
         return None
 
+    def floors(self, req: AllocRequest, min_capacity: int) -> tuple[int, int]:
+        """(VRAM bytes, milli-TFLOPS) that any partition `req` can get takes at least, on GPUs of at
+        least `min_capacity` milli-TFLOPS: placement skips nodes whose free maxima are below them."""
+        key = (req.partition_template, req.vram_request, req.tflops_request, min_capacity)
+        found = self._floors.get(key)
+        if found is None:
+            sizes = []
+            for model in self.models:
+                if req.partition_template:
+                    template = model.find(req.partition_template)
+                    sizes.extend([template] if template is not None else [])
+                else:
+                    sizes.extend(t for t in model.templates if t.memory >= req.vram_request)
+            floor_v = min((t.memory for t in sizes), default=0)
+            floor_t = min((t.tflops_on(min_capacity) for t in sizes), default=0)
+            found = (max(floor_v, req.vram_request), max(floor_t, req.tflops_request))
+            if len(self._floors) > 1024:
+                self._floors.clear()
+            self._floors[key] = found
+        return found
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PartitionCatalog) and self.models == other.models
 
     __hash__ = None  # type: ignore[assignment]
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_of(text: str) -> str:
+    return canonical_template(text)
 
 
 def canonical_template(text: str) -> str:
@@ -281,45 +312,52 @@ def score(template: Template, capacity_milli: int, want_t: int, want_v: int) -> 
     return 0.6 * (t_t - r_t) / max(r_t, 1) + 0.4 * (t_v - r_v) / max(r_v, 1)
 
 
-def free_runs(used: Sequence[bool]) -> list[tuple[int, int]]:
-    """(start, end exclusive) of each run of free slots."""
+def free_runs(used: int, total: int) -> list[tuple[int, int]]:
+    """(start, end exclusive) of each run of free slots; `used` has bit i set when slot i is taken."""
     runs, start = [], None
-    for i, taken in enumerate(used):
+    for i in range(total):
+        taken = used >> i & 1
         if not taken and start is None:
             start = i
         elif taken and start is not None:
             runs.append((start, i))
             start = None
     if start is not None:
-        runs.append((start, len(used)))
+        runs.append((start, total))
     return runs
 
 
-def slots_text(used: Sequence[bool]) -> str:
+@functools.lru_cache(maxsize=65536)
+def _largest_run(used: int, total: int) -> int:
+    return max((b - a for a, b in free_runs(used, total)), default=0)
+
+
+def slots_text(used: int, total: int) -> str:
     """Free slots as "0-1, 6" (inclusive ranges); "none" when all are taken."""
-    parts = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in free_runs(used)]
+    parts = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in free_runs(used, total)]
     return ", ".join(parts) or "none"
 
 
-def occupied(model: ModelPartitions, parts: Iterable[Partition]) -> list[bool]:
-    used = [False] * model.slots
+def occupied(model: ModelPartitions, parts: Iterable[Partition]) -> int:
+    """The slots the partitions take, as a bit mask (bit i = slot i)."""
+    used = 0
     for part in parts:
         if part.slot_start is not None and part.slot_end is not None:
-            for i in range(part.slot_start, min(part.slot_end, model.slots)):
-                used[i] = True
+            end = min(part.slot_end, model.slots)
+            if end > part.slot_start:
+                used |= ((1 << (end - part.slot_start)) - 1) << part.slot_start
     return used
 
 
-def _best_start(template: Template, used: list[bool]) -> int | None:
+def best_start(template: Template, used: int, total: int) -> int | None:
     """The start that keeps the largest free contiguous run (then the lowest start); None if none is free."""
-    width, total = template.placement_offset, len(used)
+    width = template.placement_offset
+    block = (1 << width) - 1
     best: tuple[int, int] | None = None
     for start in template.placement_limit:
-        end = start + width
-        if end > total or any(used[start:end]):
+        if start + width > total or used & (block << start):
             continue
-        after = used[:start] + [True] * width + used[end:]
-        largest = max((b - a for a, b in free_runs(after)), default=0)
+        largest = _largest_run(used | (block << start), total)
         if best is None or largest > best[0]:
             best = (largest, start)
     return None if best is None else best[1]
@@ -358,13 +396,16 @@ def _extended_problem(model: ModelPartitions, template: Template, parts: Mapping
 
 
 def place(model: ModelPartitions, template: Template, parts: Mapping[str, Partition],
-          gpu: str = "GPU") -> Partition | Refusal:
-    """Where a new partition of `template` goes on a GPU holding `parts`, or why it cannot."""
+          gpu: str = "GPU", *, explain: bool = True) -> Partition | Refusal:
+    """Where a new partition of `template` goes on a GPU holding `parts`, or why it cannot (without
+    `explain`, the bare `REFUSED`: the fast path builds no text)."""
     vendor = model.vendor.lower()
     if vendor not in MIG_VENDORS and vendor not in GROUP_VENDORS:
         return Refusal(reasons.PARTITIONED, f"{gpu}: vendor {model.vendor or 'unknown'} has no partition "
                        "strategy (MIG vendors: NVIDIA, Example, PPU; isolation groups: Ascend)")
     if len(parts) >= model.max_partitions:
+        if not explain:
+            return REFUSED
         return Refusal(reasons.PARTITIONS_FULL,
                        f"{gpu}: {len(parts)} partition(s), maxPartitions {model.max_partitions} reached")
     if template.max_instances and sum(p.template_id == template.id for p in parts.values()) >= template.max_instances:
@@ -380,9 +421,12 @@ def place(model: ModelPartitions, template: Template, parts: Mapping[str, Partit
     if not template.placement_limit or not template.placement_offset or not model.slots:
         return Partition(template.id)
     used = occupied(model, parts.values())
-    start = _best_start(template, used)
+    start = best_start(template, used, model.slots)
     if start is None:
-        return Refusal(reasons.NO_SLOT, f"{gpu}: no free slot for {template.label()}; free slots {slots_text(used)}")
+        if not explain:
+            return REFUSED
+        return Refusal(reasons.NO_SLOT, f"{gpu}: no free slot for {template.label()}; free slots "
+                                        f"{slots_text(used, model.slots)}")
     return Partition(template.id, start, start + template.placement_offset)
 
 
@@ -402,11 +446,12 @@ def candidates(model: ModelPartitions, req: AllocRequest, capacity_milli: int) -
     return sorted(fitting, key=lambda t: (score(t, capacity_milli, want_t, want_v), t.id))
 
 
-def choose(slot: GpuSlot, req: AllocRequest) -> tuple[Template, Partition] | Refusal:
-    """The template and position `req` gets on `slot` now, or why it cannot have one there."""
+def choose(slot: GpuSlot, req: AllocRequest, *, explain: bool = True) -> tuple[Template, Partition] | Refusal:
+    """The template and position `req` gets on `slot` now, or why it cannot have one there (without
+    `explain`, the bare `REFUSED`)."""
     model = slot.templates
     info = slot.info
-    label = f"{slot.name} ({info.model or 'unknown model'})"
+    label = f"{slot.name} ({info.model or 'unknown model'})" if explain else ""
     if model is None:
         return Refusal(reasons.NO_TEMPLATES, f"{label}: no partition templates for this model in any ProviderConfig")
     if len(slot.parts) != len(slot.allocs):
@@ -417,18 +462,32 @@ def choose(slot: GpuSlot, req: AllocRequest) -> tuple[Template, Partition] | Ref
         return Refusal(options.label, f"{label}: {options}")
     why: Refusal | None = None
     for template in options:
-        spot = place(model, template, slot.parts, label)
+        spot = place(model, template, slot.parts, label, explain=explain)
         if isinstance(spot, Refusal):
             why = why or spot
             continue
         need_t, need_v = template.tflops_on(info.capacity_tflops), template.memory
         if slot.avail_t >= need_t and slot.avail_v >= need_v:
             return template, spot
+        if not explain:
+            continue
         why = why or Refusal(reasons.PARTITION_SHORT, f"{label}: {template.label()} needs "
                              f"{tflops_str(need_t)} TFLOPS and {vram_str(need_v)}; available "
                              f"{tflops_str(slot.avail_t)} TFLOPS, {vram_str(slot.avail_v)}")
-    assert why is not None  # options is never empty
-    return why
+    return why or REFUSED
+
+
+def fits(slot: GpuSlot, req: AllocRequest) -> bool:
+    """Whether `req` can get a partition on `slot` now (the fast path: no text built), remembered
+    on the slot until its usage changes (GpuSlot.refresh forgets it)."""
+    memo = slot.part_memo
+    if memo is None:
+        memo = slot.part_memo = {}
+    key = (req.partition_template, req.vram_request, req.tflops_request, req.percent_request)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = not isinstance(choose(slot, req, explain=False), Refusal)
+    return found
 
 
 def gpu_reason(slot: GpuSlot, req: AllocRequest) -> str | None:

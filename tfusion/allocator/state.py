@@ -159,8 +159,8 @@ class GpuSlot:
     0 while shared, else capacity minus used, never below 0.
     """
 
-    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "parts", "pool", "schedulable",
-                 "shared_by", "templates", "used_t", "used_v")
+    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "node", "part_memo", "parts", "pool",
+                 "schedulable", "shared_by", "templates", "used_t", "used_v")
 
     def __init__(self, info: GpuInfo) -> None:
         self.info = info
@@ -177,11 +177,14 @@ class GpuSlot:
         #: partitioned allocations on it (pod uid -> partition) and its model's templates (partitions.py)
         self.parts: dict[str, Partition] = {}
         self.templates: ModelPartitions | None = None
+        #: partition request shape -> whether it fits, valid until the next refresh (partitions.fits)
+        self.part_memo: dict[tuple[str, int, int, int], bool] | None = None
         self.refresh()
 
     def refresh(self) -> None:
         """Recompute the derived fields after a change of info or usage."""
         info = self.info
+        self.part_memo = None
         if self.shared_by is not None:
             self.avail_t = 0
             self.avail_v = 0
