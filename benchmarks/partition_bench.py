@@ -13,6 +13,8 @@ for which some single GPU still had enough free slices (memory and compute) for 
 i.e. refused by slot geometry or limits alone (`refused_with_room_on_a_gpu`), and the share refused
 although the cluster as a whole had enough free slices (`refused_with_room_in_cluster`). The same
 operations are replayed with the original's first-fit slot choice for comparison (`first_fit`).
+`stranded_slices_share`: at the end, the share of free compute slices on GPUs where not even a
+1g.10gb slice fits any more (a free slot 7 alone, or memory or maxPartitions exhausted).
 """
 
 from __future__ import annotations
@@ -149,7 +151,12 @@ def simulate(nodes: int, ops: int, fill: float, seed: int) -> dict[str, Any]:
             free = free_slices(allocator)
             refused_gpu_room += any(f >= need for f in free)
             refused_cluster_room += sum(free) >= need
+    probe, _ = pod(0)  # a 1g.10gb request: the smallest slice
+    free = free_slices(allocator)
+    stranded = sum(f for f, slot in zip(free, allocator.indexes.gpus.values(), strict=True)
+                   if f and not partitions.fits(slot, probe))
     return {"timing": _us(timings), "placements_timed": len(timings), "fill_reached": round(used / total, 3),
+            "stranded_slices_share": round(stranded / sum(free), 4) if sum(free) else 0.0,
             "churn_place_attempts": attempts, "refused": refused,
             "refused_share": round(refused / attempts, 4) if attempts else 0.0,
             "refused_with_room_on_a_gpu": round(refused_gpu_room / attempts, 4) if attempts else 0.0,
@@ -165,7 +172,7 @@ def run_partitioned(nodes: int, ops: int, fill: float = 0.8, seed: int = 7) -> d
     return {"benchmark": "allocator", "path": "partitioned", "nodes": nodes, "gpus": nodes * GPUS_PER_NODE,
             "model": MODEL, "ops": ops, "fill": fill, **ours,
             "first_fit": {k: theirs[k] for k in ("refused_share", "refused_with_room_on_a_gpu",
-                                                 "refused_with_room_in_cluster")},
+                                                 "refused_with_room_in_cluster", "stranded_slices_share")},
             "target_median_us": TARGET_MEDIAN_US, "target_p99_ms": TARGET_P99_MS,
             "meets_target": timing.get("median_us", 0) <= TARGET_MEDIAN_US
             and timing.get("p99_us", 0) <= TARGET_P99_MS * 1000}

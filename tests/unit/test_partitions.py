@@ -303,3 +303,16 @@ def test_webhook_refuses_partitioned_for_a_model_without_templates_naming_it() -
     assert "A100_SXM_80G" in info.value.message  # the models that have some
     plan = analyse(Pod(tf_pod({**notes, tfa.GPU_MODEL: "A100-SXM4-80GB"})), ctx(provider_configs=[provider]), OWNER)
     assert plan is not None
+
+
+def test_a_full_node_remembered_as_full_takes_a_pod_again_once_a_slot_frees() -> None:
+    a = allocator(gpu("g0"), gpu("g1"))
+    held = [part_req("1g.10gb") for _ in range(14)]
+    for r in held:
+        a.allocate(r)
+    with pytest.raises(Unschedulable):
+        a.select(part_req("1g.10gb"))  # both GPUs at maxPartitions: the node is remembered as full
+    freed = a.allocation(held[9].pod_uid)
+    assert freed is not None
+    a.release(held[9].pod_uid)
+    assert a.select(part_req("1g.10gb")).gpu_names == freed.gpu_names

@@ -23,6 +23,7 @@ placement fails.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class GpuAllocator:
         #: partition templates per GPU model, from the ProviderConfigs (partitions.py)
         self.partition_catalog = partitions.PartitionCatalog()
         self._min_capacities: dict[str, int] = {}  # pool -> smallest GPU TFLOPS (partition floors)
+        self._part_misses: OrderedDict[ShapeKey, dict[str, int | None]] = OrderedDict()
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -367,10 +369,16 @@ class GpuAllocator:
         """The best node of the group index where `req` fits, walked best-first."""
         all_nodes = self.indexes.nodes
         node_fit = self.indexes.node_fit
+        versions = self.indexes.versions
+        misses = self._partition_misses(req) if req.isolation == tfa.ISOLATION_PARTITIONED else None
 
         def fits(name: str) -> tuple[NodeEntry, list[GpuSlot]] | None:
+            if misses is not None and misses.get(name) == versions.get(name):
+                return None  # judged at this node version already: no GPU there can take the partition
             node = all_nodes[name]
             slots = node_fit(node, key, req)
+            if slots is None and misses is not None:
+                misses[name] = versions.get(name)
             if slots is None or name in busy or (node_ok is not None and not node_ok(name)):
                 return None
             return node, slots
@@ -381,6 +389,20 @@ class GpuAllocator:
             need_v, need_t = self.partition_catalog.floors(req, self._min_capacity(req.pool))
         return index.search(need_v, need_t, fits,  # type: ignore[return-value]
                             need_gpus=req.count)
+
+    def _partition_misses(self, req: AllocRequest) -> dict[str, int | None]:
+        """node -> the node version at which no GPU there could take a partition of `req`'s shape: a
+        partition's slots and counts are not in the group index's per-node maxima, so without this a
+        full node would be judged GPU by GPU on every placement (kept for the last MAX_SHAPES shapes)."""
+        shape = shape_of(req)
+        found = self._part_misses.get(shape)
+        if found is None:
+            found = self._part_misses[shape] = {}
+            if len(self._part_misses) > MAX_SHAPES:
+                self._part_misses.popitem(last=False)
+        else:
+            self._part_misses.move_to_end(shape)
+        return found
 
     def _min_capacity(self, pool: str) -> int:
         """The smallest TFLOPS capacity of a GPU of `pool` (kept until a GPU of the pool changes)."""
