@@ -1,11 +1,13 @@
 """Partitioned isolation through the built-in scheduler against the embedded API server: the shipped
 NVIDIA ProviderConfig's MIG templates, one A100-80GB GPU. Three `1g.10gb` pods share it on distinct
-slots (GPU status.allocatedPartitions and the pods' partition-id), a larger slice goes where its
-slots are free and the next one is explained, a deleted pod's slot goes to the next pod, and a new
-controller rebuilds the same partitions from the pods and the GPU's status."""
+slots (GPU status.allocatedPartitions, the pods' partition-id, the GPU table's Partitions column), a
+larger slice goes where its slots are free and the next one is explained (why, simulate-schedule),
+a deleted pod's slot goes to the next pod, and a new controller rebuilds the same partitions from
+the pods and the GPU's status."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.anyio
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy/overlays/defaults/providerconfig.yaml"
 ONE_G = "nv-80g-1g-10gb"
 THREE_G = "nv-80g-3g-40gb"
+TABLE = {"accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
 
 
 def part_pod(name: str, template: str) -> dict[str, Any]:
@@ -71,6 +74,10 @@ async def test_partitions_share_a_gpu_on_distinct_slots_and_survive_a_restart(ap
                                       "big1": (THREE_G, 4, 8)})
             gpu = await kube.get(r.GPUS, "gpu-a1")
             assert gpu["status"]["available"]["vram"] == "10Gi"  # 80 - 3 x 10 - 40
+            async with apiserver.http() as http:  # what `kubectl get gpus -o wide` prints
+                table = (await http.get("/apis/tensor-fusion.ai/v1/gpus", headers=TABLE)).json()
+            column = [c["name"] for c in table["columnDefinitions"]].index("Partitions")
+            assert json.dumps(table["rows"][0]["cells"][column]).count(ONE_G) == 3
 
             # another one has no free start: refused, and explained
             await kube.create(r.PODS, part_pod("big2", "3g.40gb"))
@@ -81,6 +88,12 @@ async def test_partitions_share_a_gpu_on_distinct_slots_and_survive_a_restart(ap
             assert (reason["stage"], reason["gpu"], reason["message"]) == \
                 ("PartitionTemplateFilter", "gpu-a1", "no free partition slot")
             assert reason["detail"] == "gpu-a1 (A100-SXM4-80GB): no free slot for 3g.40gb; free slots 3"
+
+            simulated = (await ctl.http.post("/api/simulate-schedule",
+                                             content=json.dumps(part_pod("probe", "3g.40gb")))).json()
+            stage = next(s for s in simulated["filterDetail"]["FilterStageDetails"]
+                         if s["FilterName"] == "PartitionTemplateFilter")
+            assert stage["Removed"] == [{"gpu": "gpu-a1", "node": "node-a", "reason": reason["detail"]}], stage
 
             # deleting p2 frees exactly slot 1, which the next small pod takes
             await kube.delete(r.PODS, "p2", namespace="default")
