@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tfusion.allocator import filters
 from tfusion.allocator.errors import QuotaExceeded
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.units import amount, percent_str, tflops_str, vram_str
@@ -326,6 +325,8 @@ def no_group(req: AllocRequest) -> Status:
 
 def quota_status(exc: QuotaExceeded, stage: str) -> Status:
     """A quota refusal as a Status: single.* limits Unresolvable, totals Unschedulable."""
+    from tfusion.allocator import filters  # at call time: filters -> partitions -> reasons at import
+
     code = Code.UNRESOLVABLE if exc.unresolvable else Code.UNSCHEDULABLE
     return Status(code, stage, (Reason(QUOTA_EXCEEDED, filters.QUOTA, resource=exc.resource,
                                        requested=exc.requested, available=max(0, exc.limit - exc.used),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from tfusion.allocator import AllocatorError, GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Gpu, items
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller import views
 from tfusion.controller.reconcilers.holdings import knows_gpu
 from tfusion.kube import resources as r
@@ -90,7 +91,7 @@ class GpuStatusReconciler:
             if allocator is not self.service.allocator or not knows_gpu(allocator, name):
                 return None
             gpu = Gpu(obj)
-            wanted = views.gpu_status(allocator, name, gpu.status.get("allocatedPartitions"), tfa.now_rfc3339())
+            wanted = views.gpu_status(allocator, name, gpu.status.get("allocatedPartitions"), rfc3339())
             if status_matches(gpu, wanted):
                 return None
             obj["status"] = {**gpu.status, **wanted}
