@@ -368,17 +368,12 @@ class GpuAllocator:
                 node_ok: Callable[[str], bool] | None) -> tuple[NodeEntry, list[GpuSlot]] | None:
         """The best node of the group index where `req` fits, walked best-first."""
         all_nodes = self.indexes.nodes
-        node_fit = self.indexes.node_fit
-        versions = self.indexes.versions
-        misses = self._partition_misses(req) if req.isolation == tfa.ISOLATION_PARTITIONED else None
+        node_fit = self._remembering_misses(req) if req.isolation == tfa.ISOLATION_PARTITIONED \
+            else self.indexes.node_fit
 
         def fits(name: str) -> tuple[NodeEntry, list[GpuSlot]] | None:
-            if misses is not None and misses.get(name) == versions.get(name):
-                return None  # judged at this node version already: no GPU there can take the partition
             node = all_nodes[name]
             slots = node_fit(node, key, req)
-            if slots is None and misses is not None:
-                misses[name] = versions.get(name)
             if slots is None or name in busy or (node_ok is not None and not node_ok(name)):
                 return None
             return node, slots
@@ -390,19 +385,31 @@ class GpuAllocator:
         return index.search(need_v, need_t, fits,  # type: ignore[return-value]
                             need_gpus=req.count)
 
-    def _partition_misses(self, req: AllocRequest) -> dict[str, int | None]:
-        """node -> the node version at which no GPU there could take a partition of `req`'s shape: a
-        partition's slots and counts are not in the group index's per-node maxima, so without this a
-        full node would be judged GPU by GPU on every placement (kept for the last MAX_SHAPES shapes)."""
+    def _remembering_misses(self, req: AllocRequest) -> Callable[[NodeEntry, GroupKey, AllocRequest],
+                                                                 list[GpuSlot] | None]:
+        """`node_fit` that remembers, per node version, the nodes where no GPU can take a partition of
+        `req`'s shape: a partition's slots and counts are not in the group index's per-node maxima,
+        so without this a full node is judged GPU by GPU on every placement (the last MAX_SHAPES
+        shapes are kept)."""
         shape = shape_of(req)
-        found = self._part_misses.get(shape)
-        if found is None:
-            found = self._part_misses[shape] = {}
+        misses = self._part_misses.get(shape)
+        if misses is None:
+            misses = self._part_misses[shape] = {}
             if len(self._part_misses) > MAX_SHAPES:
                 self._part_misses.popitem(last=False)
         else:
             self._part_misses.move_to_end(shape)
-        return found
+        versions, node_fit = self.indexes.versions, self.indexes.node_fit
+
+        def remembered(node: NodeEntry, key: GroupKey, req: AllocRequest) -> list[GpuSlot] | None:
+            version = versions.get(node.name)
+            if misses.get(node.name, -1) == version:
+                return None
+            slots = node_fit(node, key, req)
+            if slots is None:
+                misses[node.name] = version
+            return slots
+        return remembered
 
     def _min_capacity(self, pool: str) -> int:
         """The smallest TFLOPS capacity of a GPU of `pool` (kept until a GPU of the pool changes)."""
