@@ -4,6 +4,7 @@ release freeing exactly the slot, recovery, and (hypothesis) no two live partiti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
 from tfusion.allocator import AllocRequest, GpuAllocator, GpuInfo, Unschedulable
 from tfusion.allocator import partitions as pt
 from tfusion.allocator.explain import gpu_label
+from tfusion.allocator.preemption import PreemptionSearch, VictimFacts
 from tfusion.allocator.reasons import NO_SLOT, NO_TEMPLATES, PARTITIONS_FULL, UNKNOWN_TEMPLATE
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
@@ -316,3 +318,20 @@ def test_a_full_node_remembered_as_full_takes_a_pod_again_once_a_slot_frees() ->
     assert freed is not None
     a.release(held[9].pod_uid)
     assert a.select(part_req("1g.10gb")).gpu_names == freed.gpu_names
+
+
+def test_preemption_frees_the_slots_a_partitioned_pod_needs() -> None:
+    a = allocator()
+    low = [replace(part_req("1g.10gb"), priority=0) for _ in range(7)]
+    for r in low:
+        a.allocate(r)
+    critical = replace(part_req("2g.20gb"), priority=100_000)
+    with pytest.raises(Unschedulable):
+        a.select(critical)
+    found = PreemptionSearch(a).best(critical, 100_000, lambda uid: VictimFacts())
+    assert found is not None and found.node == "n1"
+    # a 2g slice starts at 0, 2 or 4 and takes two slots: two 1g pods side by side must go
+    assert len(found.victims) == 2
+    for uid in found.victims:
+        a.release(uid)
+    assert a.select(critical).gpu_names == ("g0",)

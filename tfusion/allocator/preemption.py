@@ -130,7 +130,8 @@ class _FreedGpu:
     """A read-only view of a GPU as it would be with some allocations gone, in the shape
     `filters.gpu_fits` reads (so the one filter decides, never a copy of it)."""
 
-    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "schedulable", "shared_by")
+    __slots__ = ("allocs", "avail_t", "avail_v", "info", "name", "part_memo", "parts", "schedulable", "shared_by",
+                 "templates")
 
     def __init__(self, slot: GpuSlot, gone: AbstractSet[str]) -> None:
         info: GpuInfo = slot.info
@@ -139,6 +140,10 @@ class _FreedGpu:
         self.schedulable = slot.schedulable
         staying = [uid for uid in slot.allocs if uid not in gone]
         self.allocs = staying
+        # partitions (partitions.py): the staying ones, with a fit memo of the view's own
+        self.parts = {uid: part for uid, part in slot.parts.items() if uid not in gone}
+        self.templates = slot.templates
+        self.part_memo: dict[tuple[str, int, int, int], bool] | None = None
         if slot.shared_by is not None and slot.shared_by not in gone:
             self.shared_by: str | None = slot.shared_by
             self.avail_t = self.avail_v = 0
