@@ -102,6 +102,8 @@ async def test_partitions_share_a_gpu_on_distinct_slots_and_survive_a_restart(ap
             await eventually(lambda: bound(kube, "p4"), what="p4 bound")
             before = {"p1": (ONE_G, 0, 1), "p4": (ONE_G, 1, 2), "p3": (ONE_G, 2, 3), "big1": (THREE_G, 4, 8)}
             await slots_become(kube, before)
+            view = (await ctl.http.get("/api/allocation")).json()["gpuStore"]["gpu-a1"]["status"]
+            assert sorted(e["podName"] for e in view["allocatedPartitions"].values()) == ["big1", "p1", "p3", "p4"]
             old = ctl.service.allocator
             assert old is not None
             held = {uid: info.partitions for uid, info in old.allocations().items()}

@@ -246,12 +246,16 @@ def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> Json
     cached = gpu_object(name)
     # cached informer objects are shared with every reader: never modify them
     gpu = json_object(cached) if cached is not None else _described_gpu(allocator, name)
-    live = gpu_status(allocator, name)
     status = gpu.get("status")
     if not isinstance(status, dict):
         status = gpu["status"] = {}
+    live = gpu_status(allocator, name, status.get("allocatedPartitions"))  # times: the written status's
     status["available"] = json_object(live["available"])
     status["runningApps"] = [json_object(app) for app in live["runningApps"]]
+    if "allocatedPartitions" in live:
+        status["allocatedPartitions"] = {uid: json_object(entry) for uid, entry in live["allocatedPartitions"].items()}
+    else:
+        status.pop("allocatedPartitions", None)
     return gpu
 
 
