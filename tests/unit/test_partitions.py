@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
-from tfusion.allocator import AllocRequest, GpuAllocator, GpuInfo, Unschedulable
+from tfusion.allocator import AllocRequest, GpuAllocator, GpuInfo, InvalidAllocation, Resources, Unschedulable
 from tfusion.allocator import partitions as pt
 from tfusion.allocator.explain import gpu_label
 from tfusion.allocator.preemption import PreemptionSearch, VictimFacts
@@ -335,3 +335,11 @@ def test_preemption_frees_the_slots_a_partitioned_pod_needs() -> None:
     for uid in found.victims:
         a.release(uid)
     assert a.select(critical).gpu_names == ("g0",)
+
+
+def test_a_partition_is_not_resized_in_place() -> None:
+    a = allocator()
+    r = part_req("1g.10gb")
+    a.allocate(r)
+    with pytest.raises(InvalidAllocation, match="hardware partitions"):
+        a.adjust(r.pod_uid, Resources(tflops=1000, vram=GIB), Resources(tflops=1000, vram=GIB))

@@ -560,6 +560,9 @@ class GpuAllocator:
         alloc = self.ledger.allocs.get(pod_uid)
         if alloc is None:
             raise InvalidAllocation(f"pod {pod_uid} has no allocation to adjust")
+        if alloc.parts:
+            raise InvalidAllocation(f"pod {pod_uid} holds hardware partitions, whose size is their template's; "
+                                    "it cannot be resized in place")
         req = alloc.req.with_resources(new_request, new_limit)
         slots = [self.indexes.gpus.get(n) for n in alloc.gpus]
         charges, limits = charges_on(req, [s.info.capacity_tflops if s is not None else 0 for s in slots])

@@ -8,7 +8,9 @@ request is charged percent x capacity / 100 on that GPU); available = capacity -
 0, and 0 while a shared allocation holds the GPU whole. Quota usage per namespace is the sum of the
 live allocations' request and limit charges and one worker each, kept apart for assumed and
 committed ones (status shows committed only). A pod holds at most one allocation, all of its GPUs
-on one node. A GPU that leaves keeps its charges aside (`detached`) until it returns.
+on one node. A GPU that leaves keeps its charges aside (`detached`) until it returns. A partitioned
+allocation (partitions.py) also records, per GPU, its partition (template, slots, isolation group),
+charged at its template's size and freed slot for slot.
 
 The ledger does not decide: the facade (allocator.py) validates a change, then asks the ledger to
 record it, and the ledger asks the indexes (indexes.py) to re-rank the node it touched.
