@@ -26,6 +26,12 @@ Rules carried over from the original (reference §3.5):
   else the first empty group; an `exclusive` one needs an empty group; `extendedResources` of the
   partitions must fit the model's `totalExtendedResources`;
 - other vendors cannot be partitioned.
+
+Speed: the placement fast path (`fits`) builds no reason text and remembers its answer on the GPU
+until the GPU's usage changes; `PartitionCatalog.floors` gives the least VRAM and TFLOPS any
+partition of a request takes, so placement skips nodes whose free maxima are below it; the
+allocator remembers, per node version, the nodes where no GPU can take a request's shape.
+Slot occupancy is an integer bit mask.
 """
 
 from __future__ import annotations
