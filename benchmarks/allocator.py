@@ -24,6 +24,8 @@ and NUMA crossings beyond, and places the 2-GPU shapes by GPUNetworkTopologyAwar
 
 - preempt: a cluster full of low pods, critical pods arriving (benchmarks/preempt_bench.py).
 - gang: groups of 4 and 8 members placed all or none (benchmarks/gang_bench.py), per member.
+- partitioned: MIG partitions on nodes of 8 A100-80GB GPUs, and fragmentation under churn
+  (benchmarks/partition_bench.py; `--nodes` and `--ops` apply).
 
     python benchmarks/allocator.py [--path default|extender|churn|preempt|gang] [--nodes 500 --gpus 3000 --pods 10000]
                                    [--topology off|soft|hard]
@@ -232,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--gpus", type=int, default=3000)
     parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--path", choices=("default", "extender", "churn", "preempt", "gang"), default="default")
+    parser.add_argument("--path", choices=("default", "extender", "churn", "preempt", "gang", "partitioned"),
+                        default="default")
     parser.add_argument("--unfit", type=int, default=300, help="pods that fit nowhere, timed with explanation")
     parser.add_argument("--ops", type=int, default=10000, help="churn: release/place operations after the fill; "
                         "preempt: critical pods arriving (at most 2000)")
@@ -248,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         import preempt_bench
         print(json.dumps(preempt_bench.run(build_cluster(args.nodes, args.gpus), pod, nodes=args.nodes,
                                            gpus=args.gpus, ops=min(args.ops, 2000), protected=args.protected)))
+        return 0
+    if args.path == "partitioned":  # MIG slices on A100-80GB nodes (partition_bench.py)
+        from partition_bench import run_partitioned
+        print(json.dumps(run_partitioned(args.nodes, args.ops)))
         return 0
     if args.path == "gang":  # groups of 4 and 8 (gang_bench.py)
         from gang_bench import run_gang

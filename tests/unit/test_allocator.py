@@ -135,7 +135,7 @@ def test_partitioned_is_refused_with_reason() -> None:
     with pytest.raises(Unschedulable) as info:
         a.select(req(isolation="partitioned"))
     assert info.value.stage == "PartitionTemplateFilter"
-    assert "partitioned isolation is not supported yet" in info.value.nodes["n1"][0]
+    assert "no partition templates for this model" in info.value.nodes["n1"][0]
 
 
 def test_same_node_and_max_workers_filters() -> None:

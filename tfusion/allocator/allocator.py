@@ -23,12 +23,13 @@ placement fails.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfusion.allocator import filters, isolation, queries
+from tfusion.allocator import filters, isolation, partitions, queries
 from tfusion.allocator.errors import AllocatorError, InvalidAllocation, Unschedulable
 from tfusion.allocator.index import PoolIndex
 from tfusion.allocator.indexes import (
@@ -113,6 +114,10 @@ class GpuAllocator:
         self.ledger = Ledger(self.indexes, self.index_lock)
         #: explain.py's per-node, per-group facts that depend on the GPUs' reported facts only
         self.static_facts = self.indexes.static_facts
+        #: partition templates per GPU model, from the ProviderConfigs (partitions.py)
+        self.partition_catalog = partitions.PartitionCatalog()
+        self._min_capacities: dict[str, int] = {}  # pool -> smallest GPU TFLOPS (partition floors)
+        self._part_misses: OrderedDict[ShapeKey, dict[str, int | None]] = OrderedDict()
 
     # ------------------------------------------------------------------ GPUs, pools, quotas
 
@@ -126,6 +131,7 @@ class GpuAllocator:
         """
         indexes = self.indexes
         slot = indexes.gpus.get(info.name)
+        self._min_capacities.pop(info.pool, None)
         if slot is None:
             self._add_gpu(info)
             return
@@ -140,6 +146,7 @@ class GpuAllocator:
             return
         if old.model != info.model:
             indexes.regroup(slot, info)
+            slot.templates = self.partition_catalog.for_model(info.model)
         slot.info = info
         indexes.note_topology(slot)
         indexes.bump_static(info.node)
@@ -155,12 +162,14 @@ class GpuAllocator:
         slot = self.indexes.gpus.get(name)
         if slot is None:
             return
+        self._min_capacities.pop(slot.pool, None)
         self.ledger.detach(slot)
         self.indexes.drop(slot)
 
     def _add_gpu(self, info: GpuInfo) -> None:
         slot = GpuSlot(info)
         slot.dynamic = self.isolation_policy == isolation.DYNAMIC
+        slot.templates = self.partition_catalog.for_model(info.model)
         self.ledger.reattach(slot)
         self.ledger.dirty.add(info.name)
         self.indexes.add(slot)
@@ -180,6 +189,23 @@ class GpuAllocator:
 
     def pool_config(self, pool: str) -> PoolConfig:
         return self.indexes.pool_config(pool)
+
+    def set_partition_catalog(self, catalog: partitions.PartitionCatalog) -> None:
+        """Set the partition templates per GPU model (from the ProviderConfigs). Live partitions keep
+        their charges; every node is judged again for the next placement."""
+        if catalog == self.partition_catalog:
+            return
+        self.partition_catalog = catalog
+        for slot in self.indexes.gpus.values():
+            slot.templates = catalog.for_model(slot.info.model)
+            slot.part_memo = None
+        for node in self.indexes.nodes:
+            self.indexes.mark_stale(node)
+        self.indexes.explained.clear()
+
+    def partition_templates(self, model: str) -> partitions.ModelPartitions | None:
+        """The partition templates of GPU model `model`; None when no ProviderConfig lists any."""
+        return self.partition_catalog.for_model(model)
 
     def set_quota(self, namespace: str, spec: QuotaSpec) -> None:
         self.ledger.set_quota(namespace, spec)
@@ -347,7 +373,8 @@ class GpuAllocator:
                 node_ok: Callable[[str], bool] | None) -> tuple[NodeEntry, list[GpuSlot]] | None:
         """The best node of the group index where `req` fits, walked best-first."""
         all_nodes = self.indexes.nodes
-        node_fit = self.indexes.node_fit
+        node_fit = self._remembering_misses(req) if req.isolation == tfa.ISOLATION_PARTITIONED \
+            else self.indexes.node_fit
 
         def fits(name: str) -> tuple[NodeEntry, list[GpuSlot]] | None:
             node = all_nodes[name]
@@ -357,8 +384,45 @@ class GpuAllocator:
             return node, slots
 
         # percent requests: TFLOPS needed depends on the GPU, so only VRAM prunes
-        return index.search(req.vram_request, req.tflops_request, fits,  # type: ignore[return-value]
+        need_v, need_t = req.vram_request, req.tflops_request
+        if req.isolation == tfa.ISOLATION_PARTITIONED:  # no partition takes less than its template
+            need_v, need_t = self.partition_catalog.floors(req, self._min_capacity(req.pool))
+        return index.search(need_v, need_t, fits,  # type: ignore[return-value]
                             need_gpus=req.count)
+
+    def _remembering_misses(self, req: AllocRequest) -> Callable[[NodeEntry, GroupKey, AllocRequest],
+                                                                 list[GpuSlot] | None]:
+        """`node_fit` that remembers, per node version, the nodes where no GPU can take a partition of
+        `req`'s shape: a partition's slots and counts are not in the group index's per-node maxima,
+        so without this a full node is judged GPU by GPU on every placement (the last MAX_SHAPES
+        shapes are kept)."""
+        shape = shape_of(req)
+        misses = self._part_misses.get(shape)
+        if misses is None:
+            misses = self._part_misses[shape] = {}
+            if len(self._part_misses) > MAX_SHAPES:
+                self._part_misses.popitem(last=False)
+        else:
+            self._part_misses.move_to_end(shape)
+        versions, node_fit = self.indexes.versions, self.indexes.node_fit
+
+        def remembered(node: NodeEntry, key: GroupKey, req: AllocRequest) -> list[GpuSlot] | None:
+            version = versions.get(node.name)
+            if misses.get(node.name, -1) == version:
+                return None
+            slots = node_fit(node, key, req)
+            if slots is None:
+                misses[node.name] = version
+            return slots
+        return remembered
+
+    def _min_capacity(self, pool: str) -> int:
+        """The smallest TFLOPS capacity of a GPU of `pool` (kept until a GPU of the pool changes)."""
+        found = self._min_capacities.get(pool)
+        if found is None:
+            found = self._min_capacities[pool] = min(
+                (s.info.capacity_tflops for s in self.indexes.pools.get(pool, {}).values()), default=0)
+        return found
 
     def filter(self, req: AllocRequest, *, nodes: Collection[str] | None = None,
                explain: bool = False) -> FilterResult:
@@ -400,6 +464,14 @@ class GpuAllocator:
         if busy:
             raise Unschedulable(busy, stage=NODE_INDEX_LOCK, nodes={node.name: [busy]})
         charges, limits = charges_on(req, [s.info.capacity_tflops for s in slots])
+        parts: tuple[partitions.Partition | None, ...] = ()
+        if req.isolation == tfa.ISOLATION_PARTITIONED:
+            planned = partitions.plan(slots, req)
+            if isinstance(planned, partitions.Refusal):
+                raise Unschedulable(f"cannot assume: {planned}", stage="PartitionTemplateFilter",
+                                    nodes={node.name: [str(planned)]})
+            parts, charges = planned
+            limits = charges
         for slot, (need_t, need_v) in zip(slots, charges, strict=True):
             if slot.dynamic and not isolation.fits(slot, req):
                 why = isolation.refusal(slot, req) or ""
@@ -412,7 +484,8 @@ class GpuAllocator:
                                     nodes={node.name: [reason]})
         self.ledger.quota_exact(req, charges, limits)
         names = tuple(s.name for s in slots)
-        self.ledger.apply(Allocation(req, node.name, names, charges, limits, self._clock() if now is None else now))
+        self.ledger.apply(Allocation(req, node.name, names, charges, limits, self._clock() if now is None else now,
+                                     parts))
         return GpuPlacement(node.name, names, self.node_score(node.name, req.pool))
 
     def _assumable(self, req: AllocRequest, names: tuple[str, ...]) -> list[GpuSlot]:
@@ -495,6 +568,9 @@ class GpuAllocator:
         alloc = self.ledger.allocs.get(pod_uid)
         if alloc is None:
             raise InvalidAllocation(f"pod {pod_uid} has no allocation to adjust")
+        if alloc.parts:
+            raise InvalidAllocation(f"pod {pod_uid} holds hardware partitions, whose size is their template's; "
+                                    "it cannot be resized in place")
         req = alloc.req.with_resources(new_request, new_limit)
         slots = [self.indexes.gpus.get(n) for n in alloc.gpus]
         charges, limits = charges_on(req, [s.info.capacity_tflops if s is not None else 0 for s in slots])
@@ -515,13 +591,16 @@ class GpuAllocator:
             self.ledger.resize(alloc, req, charges, limits)
         return req
 
-    def restore(self, allocations: Iterable[tuple[AllocRequest, Sequence[str]]]) -> list[tuple[str, str]]:
+    def restore(self, allocations: Iterable[tuple[AllocRequest, Sequence[str]]],
+                reported: Mapping[tuple[str, str], partitions.Partition] | None = None) -> list[tuple[str, str]]:
         """Rebuild committed allocations (leader recovery from worker pods' gpu-ids annotations).
 
         No capacity, quota or worker checks: these pods already run. A GPU that is not known (yet)
         is charged when it appears, like a GPU removed and re-added (a compute-percent charge on it
         is 0 until its capacity is known). Returns (pod uid, reason) for each entry that could not
         be restored: duplicate pod, empty or repeated GPU list, no known GPU, GPUs on several nodes.
+        A partitioned pod gets back its partition: `reported` (pod uid, GPU) -> the partition the GPU's
+        status.allocatedPartitions records, else its partition-id placed anew (partitions.recovered).
         """
         skipped: list[tuple[str, str]] = []
         gpus = self.indexes.gpus
@@ -533,8 +612,24 @@ class GpuAllocator:
                 skipped.append((req.pod_uid, reason))
                 continue
             charges, limits = charges_on(req, [gpus[n].info.capacity_tflops if n in gpus else 0 for n in names])
-            self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None))
+            parts: tuple[partitions.Partition | None, ...] = ()
+            if req.isolation == tfa.ISOLATION_PARTITIONED:
+                parts, charges, limits = self._recovered_parts(req, names, charges, limits, reported or {})
+            self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None, parts))
         return skipped
+
+    def _recovered_parts(self, req: AllocRequest, names: tuple[str, ...], charges: tuple[tuple[int, int], ...],
+                         limits: tuple[tuple[int, int], ...], reported: Mapping[tuple[str, str], partitions.Partition],
+                         ) -> tuple[tuple[partitions.Partition | None, ...], tuple[tuple[int, int], ...],
+                                    tuple[tuple[int, int], ...]]:
+        parts: list[partitions.Partition | None] = []
+        new_charges, new_limits = list(charges), list(limits)
+        for i, name in enumerate(names):
+            found = partitions.recovered(self.indexes.gpus.get(name), req, reported.get((req.pod_uid, name)))
+            parts.append(None if found is None else found[0])
+            if found is not None:
+                new_charges[i] = new_limits[i] = found[1]
+        return tuple(parts), tuple(new_charges), tuple(new_limits)
 
     # ------------------------------------------------------------------ reading
 

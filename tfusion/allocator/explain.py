@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tfusion.allocator import filters, isolation, topology
+from tfusion.allocator import filters, isolation, partitions, topology
 from tfusion.allocator.indexes import NodeEntry
 from tfusion.allocator.reasons import (
     ACTIVE_MODE_MISMATCH,
@@ -37,7 +37,6 @@ from tfusion.allocator.reasons import (
     NOT_IDLE,
     NOT_RUNNING,
     OTHER_USER,
-    PARTITIONED,
     POLICY,
     RESOLVABLE,
     SUCCESS,
@@ -85,7 +84,9 @@ def gpu_label(g: GpuSlot, req: AllocRequest) -> str | None:
     if iso == tfa.ISOLATION_SHARED and (g.allocs or g.shared_by is not None):
         return NOT_IDLE
     if iso == tfa.ISOLATION_PARTITIONED:
-        return PARTITIONED
+        label = partitions.gpu_label(g, req)
+        if label is not None:
+            return label
     if g.shared_by is not None:
         return HELD_WHOLE
     if g.avail_t < req.tflops_need(info.capacity_tflops):
@@ -106,7 +107,8 @@ LABEL_STAGES: dict[str, tuple[str, str | None]] = {
     DYNAMIC_PARTITIONED: ("IsolationPolicy", None),
     NOT_RUNNING: ("PhaseFilter", None), OTHER_USER: ("PhaseFilter", None),
     INDEX_MISMATCH: ("GPUIndexFilter", None), NO_MODE_SUPPORT: ("GPUIsolationModeFilter", None),
-    NOT_IDLE: ("SharedWholeGPUFilter", None), PARTITIONED: ("PartitionTemplateFilter", None),
+    NOT_IDLE: ("SharedWholeGPUFilter", None),
+    **{label: ("PartitionTemplateFilter", None) for label in partitions.LABELS},
     HELD_WHOLE: ("ResourceFilter", None), TFLOPS_TOO_SMALL: ("ResourceFilter", "tflops"),
     VRAM_TOO_SMALL: ("ResourceFilter", "vram"), MODEL_MISMATCH: ("GPUModelFilter", None),
     VENDOR_MISMATCH: ("GPUVendorFilter", None),

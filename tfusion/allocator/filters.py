@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tfusion.allocator import isolation
+from tfusion.allocator import isolation, partitions
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import PHASE_RUNNING, USED_BY_TENSOR_FUSION, GpuSlot
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
 
 STATIC_POLICIES = ("", "static")
-PARTITION_UNSUPPORTED = "partitioned isolation is not supported yet"
 
 
 def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
@@ -47,7 +46,7 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
     if iso == tfa.ISOLATION_SHARED:
         if g.allocs:
             return False
-    elif iso == tfa.ISOLATION_PARTITIONED:
+    elif iso == tfa.ISOLATION_PARTITIONED and not partitions.fits(g, req):
         return False
     need_t = req.tflops_request
     if not need_t and req.percent_request:
@@ -102,7 +101,7 @@ def shared_whole(g: GpuSlot, req: AllocRequest) -> str | None:
 
 
 def _partition(g: GpuSlot, req: AllocRequest) -> str | None:
-    return f"{g.name}: {PARTITION_UNSUPPORTED}"
+    return partitions.gpu_reason(g, req)
 
 
 def resource(g: GpuSlot, req: AllocRequest) -> str | None:

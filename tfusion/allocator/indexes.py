@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 GroupKey = tuple[str, str]  # (pool, model); model "" = every model of the pool
 #: everything in a request that decides whether one node can take it (see `feasible_nodes`)
-ShapeKey = tuple[str, str, int, int, int, int, str, tuple[int, ...], str, bool | None, int | None, str]
+ShapeKey = tuple[str, str, int, int, int, int, str, tuple[int, ...], str, bool | None, int | None, str, str]
 MAX_SHAPES = 32  # request shapes whose feasible-node sets are kept
 MAX_EXPLAINED_SHAPES = 8  # request shapes whose per-node explanations are kept (a few hundred bytes per node)
 
@@ -56,7 +56,7 @@ class PoolConfig:
 def shape_of(req: AllocRequest) -> ShapeKey:
     return (req.pool, req.gpu_model, req.tflops_request, req.percent_request, req.vram_request, req.count,
             req.isolation, req.indices, req.vendor, req.topology_required, req.topology_max_tier,
-            req.topology_source)
+            req.topology_source, req.partition_template)
 
 
 def group_keys(info: GpuInfo) -> tuple[GroupKey, ...]:

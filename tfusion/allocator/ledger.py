@@ -8,7 +8,9 @@ request is charged percent x capacity / 100 on that GPU); available = capacity -
 0, and 0 while a shared allocation holds the GPU whole. Quota usage per namespace is the sum of the
 live allocations' request and limit charges and one worker each, kept apart for assumed and
 committed ones (status shows committed only). A pod holds at most one allocation, all of its GPUs
-on one node. A GPU that leaves keeps its charges aside (`detached`) until it returns.
+on one node. A GPU that leaves keeps its charges aside (`detached`) until it returns. A partitioned
+allocation (partitions.py) also records, per GPU, its partition (template, slots, isolation group),
+charged at its template's size and freed slot for slot.
 
 The ledger does not decide: the facade (allocator.py) validates a change, then asks the ledger to
 record it, and the ledger asks the indexes (indexes.py) to re-rank the node it touched.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from tfusion.allocator import isolation
 from tfusion.allocator.indexes import GpuIndexes
 from tfusion.allocator.indexlock import NodeIndexLock
+from tfusion.allocator.partitions import Partition, template_by_id, usage
 from tfusion.allocator.quota import QuotaSpec, Usage, check_single, check_total
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import GpuSlot
@@ -31,6 +34,7 @@ from tfusion.api import annotations as tfa
 RELEASED_MEMORY = 100_000  # released pod UIDs remembered, so a late bind cannot resurrect them
 
 Charges = tuple[tuple[int, int], ...]  # per GPU (milli-TFLOPS, bytes)
+Parts = tuple[Partition | None, ...]  # per GPU, the hardware partition held there (partitioned isolation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +47,16 @@ class AllocationInfo:
     assumed: bool
     charges: Charges  # per GPU request (milli-TFLOPS, bytes) taken
     limits: Charges  # per GPU limit (milli-TFLOPS, bytes)
+    partitions: Parts = ()  # per GPU, the partition (template, slots, group); () when not partitioned
 
 
 class Allocation:
     """The ledger's mutable record of one pod's allocation; `assumed_at` is None once committed."""
 
-    __slots__ = ("assumed_at", "charges", "gpus", "limits", "node", "req", "shared", "usage")
+    __slots__ = ("assumed_at", "charges", "gpus", "limits", "node", "parts", "req", "shared", "usage")
 
     def __init__(self, req: AllocRequest, node: str, gpus: tuple[str, ...], charges: Charges, limits: Charges,
-                 assumed_at: float | None) -> None:
+                 assumed_at: float | None, parts: Parts = ()) -> None:
         self.req = req
         self.node = node
         self.gpus = gpus
@@ -60,10 +65,14 @@ class Allocation:
         self.shared = req.isolation == tfa.ISOLATION_SHARED
         self.assumed_at = assumed_at
         self.usage = usage_of(charges, limits)
+        self.parts = parts
 
     def info(self) -> AllocationInfo:
         return AllocationInfo(self.req, self.node, self.gpus, self.assumed_at is not None, self.charges,
-                              self.limits)
+                              self.limits, self.parts)
+
+    def part_on(self, index: int) -> Partition | None:
+        return self.parts[index] if self.parts else None
 
 
 def charge_slot(slot: GpuSlot, uid: str, charge: tuple[int, int], shared: bool) -> None:
@@ -194,12 +203,15 @@ class Ledger:
         """Charge a validated allocation on its GPUs, node, index lock and namespace."""
         uid = alloc.req.pod_uid
         gpus = self.indexes.gpus
-        for name, charge in zip(alloc.gpus, alloc.charges, strict=True):
+        for i, (name, charge) in enumerate(zip(alloc.gpus, alloc.charges, strict=True)):
             slot = gpus.get(name)
             if slot is None:
                 self.detached.setdefault(name, {})[uid] = charge
                 continue
             charge_slot(slot, uid, charge, alloc.shared)
+            part = alloc.part_on(i)
+            if part is not None:
+                slot.parts[uid] = part
             slot.refresh()
         node = self.indexes.node(alloc.node)
         node.workers[uid] = f"{alloc.req.namespace}/{alloc.req.pod_name}"
@@ -227,6 +239,7 @@ class Ledger:
                         del self.detached[name]
                 continue
             charge = slot.allocs.pop(uid)
+            slot.parts.pop(uid, None)
             if slot.shared_by == uid:
                 slot.shared_by = None
             elif not alloc.shared:
@@ -315,6 +328,9 @@ class Ledger:
             alloc = self.allocs.get(uid)
             if alloc is not None:
                 charge_slot(slot, uid, charge, alloc.shared)
+                part = alloc.part_on(alloc.gpus.index(slot.name))
+                if part is not None:
+                    slot.parts[uid] = part
         if slot.dynamic:
             isolation.settle(slot, self.allocs)
         slot.refresh()
@@ -331,9 +347,14 @@ class Ledger:
         cap = slot.info.capacity_tflops
         for uid in list(slot.allocs):
             alloc = self.allocs.get(uid)
-            if alloc is None or not (alloc.req.percent_request or alloc.req.percent_limit):
+            if alloc is None or not (alloc.parts or alloc.req.percent_request or alloc.req.percent_limit):
                 continue
             i = alloc.gpus.index(slot.name)
+            part = alloc.part_on(i)
+            template = template_by_id(slot.templates, part.template_id) if part is not None else None
+            if template is not None:  # a partition takes its template's share of the new capacity
+                self._change_charge(alloc, i, slot, usage(template, cap), usage(template, cap))
+                continue
             new_charge = (alloc.req.tflops_need(cap), alloc.charges[i][1])
             new_limit = (alloc.req.tflops_limit_on(cap), alloc.limits[i][1])
             self._change_charge(alloc, i, slot, new_charge, new_limit)

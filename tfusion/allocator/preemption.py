@@ -131,7 +131,7 @@ class _FreedGpu:
     `filters.gpu_fits` reads (so the one filter decides, never a copy of it)."""
 
     __slots__ = ("active_mode", "allocs", "avail_t", "avail_v", "dynamic", "info", "mode_conflict", "name",
-                 "schedulable", "shared_by")
+                 "part_memo", "parts", "schedulable", "shared_by", "templates")
 
     def __init__(self, slot: GpuSlot, gone: AbstractSet[str]) -> None:
         info: GpuInfo = slot.info
@@ -144,6 +144,10 @@ class _FreedGpu:
         self.dynamic = slot.dynamic
         self.active_mode = slot.active_mode if staying else ""
         self.mode_conflict = slot.mode_conflict and bool(staying)
+        # partitions (partitions.py): the staying ones, with a fit memo of the view's own
+        self.parts = {uid: part for uid, part in slot.parts.items() if uid not in gone}
+        self.templates = slot.templates
+        self.part_memo: dict[tuple[str, int, int, int], bool] | None = None
         if slot.shared_by is not None and slot.shared_by not in gone:
             self.shared_by: str | None = slot.shared_by
             self.avail_t = self.avail_v = 0

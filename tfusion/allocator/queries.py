@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from tfusion.allocator import filters, topology
 from tfusion.allocator.errors import FilterStage, QuotaExceeded, Removal, Unschedulable
 from tfusion.allocator.indexes import GpuIndexes
-from tfusion.allocator.ledger import Charges, Ledger
+from tfusion.allocator.ledger import Charges, Ledger, Parts
 from tfusion.allocator.request import AllocRequest
 from tfusion.allocator.state import GpuSlot
 from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
@@ -234,6 +234,7 @@ class AllocationSnapshot(TypedDict):
     limits: Charges
     assumed: bool
     request: AllocRequest
+    partitions: Parts  # per GPU, the partition held there; () when not partitioned
 
 
 class Snapshot(TypedDict):
@@ -258,7 +259,7 @@ def snapshot(indexes: GpuIndexes, ledger: Ledger) -> Snapshot:
                         "shared_by": s.shared_by, "allocs": dict(sorted(s.allocs.items()))}
                  for name, s in sorted(indexes.gpus.items())},
         "allocations": {uid: {"node": a.node, "gpus": a.gpus, "charges": a.charges, "limits": a.limits,
-                              "assumed": a.assumed_at is not None, "request": a.req}
+                              "assumed": a.assumed_at is not None, "request": a.req, "partitions": a.parts}
                         for uid, a in sorted(ledger.allocs.items())},
         "workers": node_workers(indexes),
         "pod_indexes": ledger.index_lock.snapshot(),

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tfusion.allocator import filters
 from tfusion.allocator.errors import QuotaExceeded
 from tfusion.allocator.isolation import ACTIVE_MODE_MISMATCH as ACTIVE_MODE_MISMATCH
 from tfusion.allocator.isolation import DYNAMIC_PARTITIONED as DYNAMIC_PARTITIONED
@@ -47,7 +46,16 @@ OTHER_USER = "GPU used by another device plugin"
 MODE_MISMATCH = "GPU isolation mode mismatch"
 INDEX_MISMATCH = "GPU index not requested"
 NO_MODE_SUPPORT = "GPU does not support the isolation mode"
-PARTITIONED = "partitioned isolation not supported"
+PARTITIONED = "vendor cannot partition GPUs"
+NO_TEMPLATES = "GPU model has no partition templates"
+UNKNOWN_TEMPLATE = "unknown partition-id for the GPU model"
+NO_TEMPLATE_FITS = "no partition template fits the request"
+PARTITIONS_FULL = "GPU at its maxPartitions"
+TEMPLATE_FULL = "partition template at its maxInstances"
+NO_SLOT = "no free partition slot"
+NO_GROUP = "no free isolation group"
+PARTITION_SHORT = "too little free on the GPU for the partition"
+NOT_PARTITIONED = "GPU holds non-partitioned allocations"
 MODEL_MISMATCH = "GPU model mismatch"
 VENDOR_MISMATCH = "GPU vendor mismatch"
 INDEX_BUSY = "pod index held by another pod on the node"
@@ -57,7 +65,8 @@ TOPOLOGY_TIER = "best GPU set at topology tier {found}, at most {allowed} allowe
 TOPOLOGY_UNKNOWN = "GPU topology unknown"
 
 #: per-GPU reasons that a change of load (a pod leaving) can cure; the others are static mismatches
-RESOLVABLE = frozenset({VRAM_TOO_SMALL, TFLOPS_TOO_SMALL, HELD_WHOLE, NOT_IDLE})
+RESOLVABLE = frozenset({VRAM_TOO_SMALL, TFLOPS_TOO_SMALL, HELD_WHOLE, NOT_IDLE, PARTITIONS_FULL, TEMPLATE_FULL,
+                        NO_SLOT, NO_GROUP, PARTITION_SHORT, NOT_PARTITIONED})
 
 
 class Code(StrEnum):
@@ -319,6 +328,8 @@ def no_group(req: AllocRequest) -> Status:
 
 def quota_status(exc: QuotaExceeded, stage: str) -> Status:
     """A quota refusal as a Status: single.* limits Unresolvable, totals Unschedulable."""
+    from tfusion.allocator import filters  # at call time: filters -> partitions -> reasons at import
+
     code = Code.UNRESOLVABLE if exc.unresolvable else Code.UNSCHEDULABLE
     return Status(code, stage, (Reason(QUOTA_EXCEEDED, filters.QUOTA, resource=exc.resource,
                                        requested=exc.requested, available=max(0, exc.limit - exc.used),

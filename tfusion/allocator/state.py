@@ -10,13 +10,16 @@ because those fields are the allocator's output, not its input.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Gpu, items, text
 from tfusion.api.quantity import Quantity, QuantityError
+
+if TYPE_CHECKING:
+    from tfusion.allocator.partitions import ModelPartitions, Partition
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PHASE_RUNNING = "Running"
@@ -158,7 +161,7 @@ class GpuSlot:
     """
 
     __slots__ = ("active_mode", "allocs", "avail_t", "avail_v", "dynamic", "info", "mode_conflict", "name", "node",
-                 "pool", "schedulable", "shared_by", "used_t", "used_v")
+                 "part_memo", "parts", "pool", "schedulable", "shared_by", "templates", "used_t", "used_v")
 
     def __init__(self, info: GpuInfo) -> None:
         self.info = info
@@ -176,11 +179,17 @@ class GpuSlot:
         self.dynamic = False
         self.active_mode = ""
         self.mode_conflict = False
+        #: partitioned allocations on it (pod uid -> partition) and its model's templates (partitions.py)
+        self.parts: dict[str, Partition] = {}
+        self.templates: ModelPartitions | None = None
+        #: partition request shape -> whether it fits, valid until the next refresh (partitions.fits)
+        self.part_memo: dict[tuple[str, int, int, int], bool] | None = None
         self.refresh()
 
     def refresh(self) -> None:
         """Recompute the derived fields after a change of info or usage."""
         info = self.info
+        self.part_memo = None
         if self.shared_by is not None:
             self.avail_t = 0
             self.avail_v = 0

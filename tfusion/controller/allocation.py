@@ -67,7 +67,14 @@ from tfusion.allocator.topology import STAGE as TOPOLOGY_STAGE
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section, text
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller.reconcilers.gpu_status import GpuStatusReconciler
-from tfusion.controller.reconcilers.holdings import gpu_names, knows_gpu, pod_ref, worker_request
+from tfusion.controller.reconcilers.holdings import (
+    gpu_names,
+    knows_gpu,
+    partition_catalog,
+    pod_ref,
+    reported_partitions,
+    worker_request,
+)
 from tfusion.controller.reconcilers.quota_status import QuotaStatusReconciler
 from tfusion.controller.scheduling.config import SchedulerConfigError, load_scheduler_args
 from tfusion.errors import RoleError
@@ -184,6 +191,9 @@ class AllocatorService:
         rt.informer(r.SCHEDULINGCONFIGTEMPLATES).add_handler(
             on_add=lambda obj: self._on_template(Body(obj)), on_update=lambda _, new: self._on_template(Body(new)),
             on_delete=lambda obj: self._on_template(Body(obj)))
+        rt.informer(r.PROVIDERCONFIGS).add_handler(
+            on_add=lambda _: self._on_providers(), on_update=lambda _, __: self._on_providers(),
+            on_delete=lambda _: self._on_providers())
         # adoption only: what a pod holds is released by the pod reconciler (see the module docstring)
         rt.informer(r.PODS).add_handler(on_add=lambda obj: self._on_pod(Pod(obj)),
                                         on_update=lambda _, new: self._on_pod(Pod(new)))
@@ -310,6 +320,7 @@ class AllocatorService:
         self._quota_names.clear()
         for pool in rt.informer(r.GPUPOOLS).list():
             self._apply_pool(allocator, GpuPool(pool))
+        self.apply_providers(allocator)
         for gpu in rt.informer(r.GPUS).list():
             self.apply_gpu(allocator, Gpu(gpu))
         for quota in rt.informer(r.GPURESOURCEQUOTAS).list():
@@ -317,7 +328,8 @@ class AllocatorService:
         self._waiting.clear()
         entries, pods_by_uid, skipped = self._recoverable(allocator)
         names = {req.pod_uid: f"{req.namespace}/{req.pod_name}" for req, _ in entries}
-        for uid, reason in allocator.restore(entries):
+        reported = reported_partitions(Gpu(obj) for obj in rt.informer(r.GPUS).list())
+        for uid, reason in allocator.restore(entries, reported):
             skipped.append((names.get(uid, uid), reason))
             self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
         for ref, reason in skipped:
@@ -425,6 +437,23 @@ class AllocatorService:
     def _on_quota_delete(self, quota: Body) -> None:
         self.forget_quota(quota.namespace, quota.name)
 
+    def apply_providers(self, allocator: GpuAllocator) -> None:
+        """Feed the partition templates of every ProviderConfig (a config that cannot be read is left
+        out, with a log line and a Warning event)."""
+        providers = [Body(obj) for obj in self.runtime.informer(r.PROVIDERCONFIGS).list()]
+        catalog, problems = partition_catalog(providers)
+        for problem in problems:
+            log.warning("partition templates ignored: %s", problem)
+            name = problem.removeprefix("ProviderConfig ").split(":", 1)[0]
+            for provider in providers:
+                if provider.name == name:
+                    self.runtime.events.warning(provider, "InvalidPartitionTemplates", problem)
+        allocator.set_partition_catalog(catalog)
+
+    def _on_providers(self) -> None:
+        if self._allocator is not None:
+            self.apply_providers(self._allocator)
+
     def _pool_config(self, pool: GpuPool) -> PoolConfig:
         mode = PoolConfig().placement_mode
         template_name = text(pool.spec, "schedulingConfigTemplate")
@@ -497,7 +526,9 @@ class AllocatorService:
             self._waiting[uid] = pod
             return
         self._waiting.pop(uid, None)
-        skipped = allocator.restore([(req, names)])
+        gpus = self.runtime.informer(r.GPUS)
+        skipped = allocator.restore([(req, names)], reported_partitions(
+            Gpu(obj) for obj in (gpus.get(name) for name in names) if obj is not None))
         if skipped:
             log.warning("pod %s: cannot adopt its allocation: %s", pod_ref(pod), skipped[0][1])
             self.runtime.events.warning(pod, "AllocationNotAdopted", skipped[0][1])

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from tfusion.allocator.partitions import catalog_from_providers
 from tfusion.allocator.request import check_within_limits, fitting_amount
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, Workload, items, section, text
@@ -262,6 +263,7 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
         _dedicate(amounts, model, sources)
     partition = notes.get(tfa.PARTITION_ID) or text(wanted, "partitionTemplateId")
     _check_requested(amounts, isolation, partition, notes)
+    _check_partition_model(isolation, model, sources.provider_configs)
     qos = _qos(notes, profile, amounts, pool)
     _check_vendor(vendor, isolation)
     return Resolved(profile=profile, pool_name=pool_name, pool=pool, local=local, sidecar=sidecar,
@@ -499,6 +501,19 @@ def _qos(notes: Mapping[str, str], profile: Workload, amounts: Amounts, pool: Gp
         return EQUAL_LIMITS_QOS
     default = pool.qos_config.get("defaultQoS")
     return str(default) if default in tfa.QOS_LEVELS else DEFAULT_QOS
+
+
+def _check_partition_model(isolation: str, model: str, providers: Sequence[JsonMapping]) -> None:
+    """Partitioned isolation on a named GPU model needs partition templates for it (the allocator's
+    lookup: ProviderConfig hardwareMetadata partitionTemplateRefs), or the pod could never run."""
+    if isolation != tfa.ISOLATION_PARTITIONED or not model:
+        return
+    catalog, _ = catalog_from_providers((Body(p).name, Body(p).spec) for p in providers)
+    if catalog.for_model(model) is None:
+        with_templates = sorted({m.model for m in catalog.models}) or ["none"]
+        raise deny(tfa.ISOLATION, isolation, "shared, soft or hard for this GPU model",
+                   detail=f"GPU model {model} ({tfa.GPU_MODEL}) has no partition templates in any "
+                          f"ProviderConfig (models with templates: {', '.join(with_templates)})")
 
 
 def _check_vendor(vendor: str, isolation: str) -> None:

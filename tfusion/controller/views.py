@@ -33,10 +33,11 @@ render the same thing the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NotRequired, TypeAlias, TypedDict
 
 from tfusion.allocator import AllocationInfo, GpuAllocator, QuotaSpec, Resources, Usage, isolation
+from tfusion.allocator.partitions import Partition
 from tfusion.allocator.quota import READY_MESSAGE
 from tfusion.allocator.units import percent_str, ratio_str, tflops_str, vram_str
 from tfusion.api import annotations as tfa
@@ -72,11 +73,25 @@ class RunningApp(TypedDict):
     pods: list[AppPod]
 
 
+class PartitionStatus(TypedDict):
+    """A GPU's `status.allocatedPartitions[podUID]` (AllocatedPartition): the slice a pod holds."""
+    templateId: str
+    podUid: str
+    podName: str
+    namespace: str
+    allocatedAt: str
+    allocatedSlotStart: NotRequired[int]
+    allocatedSlotEnd: NotRequired[int]
+    isolationGroupId: NotRequired[int]
+
+
 class GpuLiveStatus(TypedDict):
-    """The part of a GPU's status the allocator's ledger says. Under the dynamic isolation policy
-    also the active mode (None: no mode, the field is removed) and the conflict flag."""
+    """The part of a GPU's status the allocator's ledger says; `allocatedPartitions` only while it
+    holds partitions. Under the dynamic isolation policy also the active mode (None: no mode, the
+    field is removed) and the conflict flag."""
     available: dict[str, str]
     runningApps: list[RunningApp]
+    allocatedPartitions: NotRequired[dict[str, PartitionStatus]]
     activeIsolationMode: NotRequired[str | None]
     dynamicIsolationConflict: NotRequired[bool]
 
@@ -107,11 +122,18 @@ def status_resource(res: Resources) -> dict[str, str]:
     return out
 
 
-def gpu_status(allocator: GpuAllocator, name: str) -> GpuLiveStatus:
-    """`status.available` and `status.runningApps` of a GPU (committed allocations only)."""
+def gpu_status(allocator: GpuAllocator, name: str, previous: object = None, now: str = "") -> GpuLiveStatus:
+    """`status.available`, `status.runningApps` and `status.allocatedPartitions` of a GPU (committed
+    allocations only). A partition's `allocatedAt` is the one `previous` (the GPU's current
+    allocatedPartitions) records for the same pod and template, else `now`."""
     avail_t, avail_v = allocator.available(name, committed_only=True)
     apps: dict[tuple[str, str], list[AppPod]] = {}
+    parts: dict[str, PartitionStatus] = {}
     for info in allocator.gpu_allocations(name):
+        if info.partitions:
+            part = info.partitions[info.gpu_names.index(name)]
+            if part is not None:
+                parts[info.request.pod_uid] = partition_status(info, part, previous, now)
         req = info.request
         apps.setdefault(req.workload, []).append({
             "name": req.pod_name, "namespace": req.namespace, "uid": req.pod_uid,
@@ -120,13 +142,45 @@ def gpu_status(allocator: GpuAllocator, name: str) -> GpuLiveStatus:
     running: list[RunningApp] = [{"name": wl_name, "namespace": ns, "count": len(pods),
                                   "pods": sorted(pods, key=lambda p: (p["name"], p["uid"]))}
                                  for (ns, wl_name), pods in sorted(apps.items())]
-    live: GpuLiveStatus = {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)},
-                           "runningApps": running}
+    status: GpuLiveStatus = {"available": {"tflops": tflops_str(avail_t), "vram": vram_str(avail_v)},
+                             "runningApps": running}
+    if parts:
+        status["allocatedPartitions"] = parts
     if allocator.isolation_policy == isolation.DYNAMIC:
         mode, conflict = isolation.committed_mode([a.request for a in allocator.gpu_allocations(name)])
-        live["activeIsolationMode"] = mode or None
-        live["dynamicIsolationConflict"] = conflict
-    return live
+        status["activeIsolationMode"] = mode or None
+        status["dynamicIsolationConflict"] = conflict
+    return status
+
+
+def partition_status(info: AllocationInfo, part: Partition, previous: object, now: str) -> PartitionStatus:
+    req = info.request
+    before = previous.get(req.pod_uid) if isinstance(previous, Mapping) else None
+    since = now
+    if isinstance(before, Mapping) and before.get("templateId") == part.template_id and before.get("allocatedAt"):
+        since = str(before["allocatedAt"])
+    entry: PartitionStatus = {"templateId": part.template_id, "podUid": req.pod_uid, "podName": req.pod_name,
+                              "namespace": req.namespace, "allocatedAt": since}
+    if part.slot_start is not None and part.slot_end is not None:
+        entry["allocatedSlotStart"] = part.slot_start
+        entry["allocatedSlotEnd"] = part.slot_end
+    if part.group is not None:
+        entry["isolationGroupId"] = part.group
+    return entry
+
+
+def partitions_match(status: Mapping[str, object], wanted: GpuLiveStatus) -> bool:
+    """The GPU status's allocatedPartitions say what `wanted` says, allocation times aside."""
+    have = status.get("allocatedPartitions") or {}
+    want = wanted.get("allocatedPartitions") or {}
+    if not isinstance(have, Mapping) or set(have) != set(want):
+        return False
+    for uid, entry in want.items():
+        seen = have[uid]
+        if not isinstance(seen, Mapping) or {k: v for k, v in seen.items() if k != "allocatedAt"} != \
+                {k: v for k, v in entry.items() if k != "allocatedAt"}:
+            return False
+    return True
 
 
 def quota_status(allocator: GpuAllocator, namespace: str) -> QuotaStatus:
@@ -200,12 +254,16 @@ def _gpu_view(allocator: GpuAllocator, name: str, gpu_object: GpuLookup) -> Json
     cached = gpu_object(name)
     # cached informer objects are shared with every reader: never modify them
     gpu = json_object(cached) if cached is not None else _described_gpu(allocator, name)
-    live = gpu_status(allocator, name)
     status = gpu.get("status")
     if not isinstance(status, dict):
         status = gpu["status"] = {}
+    live = gpu_status(allocator, name, status.get("allocatedPartitions"))  # times: the written status's
     status["available"] = json_object(live["available"])
     status["runningApps"] = [json_object(app) for app in live["runningApps"]]
+    if "allocatedPartitions" in live:
+        status["allocatedPartitions"] = {uid: json_object(entry) for uid, entry in live["allocatedPartitions"].items()}
+    else:
+        status.pop("allocatedPartitions", None)
     return gpu
 
 

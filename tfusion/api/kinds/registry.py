@@ -130,6 +130,8 @@ _KIND_LIST: Final[tuple[KindInfo, ...]] = (
                  _col("Device UUID", ".status.uuid"),
                  _col("Used By", ".status.usedBy"),
                  _col("Node", r".status.nodeSelector.kubernetes\.io/hostname"),
+                 # pod UID -> template and slots of each hardware partition (kubectl get gpus -o wide)
+                 _col("Partitions", ".status.allocatedPartitions", priority=1),
                  _AGE)),
     KindInfo("GPUNodeClass", "gpunodeclasses", GPUNodeClass, ("gnc",),
              description="A cloud VM template for provisioned GPU nodes.",

@@ -5,8 +5,8 @@ this loop writes the allocator's output back. Level-triggered, key = GPU name:
 
 - applies the cached GPU to the allocator (`upsert_gpu`/`remove_gpu`; a capacity change moves
   available by the same delta; `status.available`, `runningApps` and `allocatedPartitions` are the
-  allocator's output and never read back);
-- writes `status.available`/`runningApps` (and under the dynamic isolation policy
+  allocator's output, read back only by leader recovery for the partitions' slots);
+- writes `status.available`/`runningApps`/`allocatedPartitions` (and under the dynamic isolation policy
   `activeIsolationMode`/`dynamicIsolationConflict`) from the ledger when the object says otherwise (GET + PUT
   on the status subresource on the read resourceVersion; a 409 re-reads and retries), and stamps the
   GPUNode's `<domain>/last-sync` (at most every `LAST_SYNC_MIN_INTERVAL_S`).
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from tfusion.allocator import AllocatorError, GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Gpu, items
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller import views
 from tfusion.controller.reconcilers.holdings import knows_gpu
 from tfusion.kube import resources as r
@@ -90,10 +91,12 @@ class GpuStatusReconciler:
             if allocator is not self.service.allocator or not knows_gpu(allocator, name):
                 return None
             gpu = Gpu(obj)
-            wanted = views.gpu_status(allocator, name)
+            wanted = views.gpu_status(allocator, name, gpu.status.get("allocatedPartitions"), rfc3339())
             if status_matches(gpu, wanted):
                 return None
             obj["status"] = {k: v for k, v in {**gpu.status, **wanted}.items() if v is not None}  # None: remove
+            if "allocatedPartitions" not in wanted:
+                obj["status"].pop("allocatedPartitions", None)
             try:
                 await client.replace(r.GPUS, obj, subresource="status")
             except Conflict:
@@ -124,11 +127,12 @@ class GpuStatusReconciler:
 
 
 def status_matches(gpu: Gpu, wanted: views.GpuLiveStatus) -> bool:
-    """The GPU's status already says the ledger's `available` and `runningApps` (and, under the
-    dynamic isolation policy, `activeIsolationMode` and `dynamicIsolationConflict`)."""
+    """The GPU's status already says the ledger's `available`, `runningApps` and `allocatedPartitions`
+    (and, under the dynamic isolation policy, `activeIsolationMode` and `dynamicIsolationConflict`)."""
     if "activeIsolationMode" in wanted and (
             gpu.status.get("activeIsolationMode") != wanted["activeIsolationMode"]
             or bool(gpu.status.get("dynamicIsolationConflict")) != wanted.get("dynamicIsolationConflict")):
         return False
     return bool(gpu.available == wanted["available"]
-                and items(gpu.status, "runningApps") == wanted["runningApps"])
+                and items(gpu.status, "runningApps") == wanted["runningApps"]
+                and views.partitions_match(gpu.status, wanted))

@@ -8,9 +8,12 @@ tfusion/api/accessors.py), shared with the billing and the hypervisor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from tfusion.allocator import AllocRequest, GpuAllocator, RequestError, request_from_pod
+from tfusion.allocator.partitions import Partition, PartitionCatalog, catalog_from_providers
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Pod
+from tfusion.api.accessors import Body, Gpu, Pod
 from tfusion.api.annotations import AnnotationError
 
 
@@ -43,3 +46,30 @@ def knows_gpu(allocator: GpuAllocator, name: str) -> bool:
 def pod_ref(pod: Pod) -> str:
     """namespace/name, for log lines."""
     return f"{pod.namespace}/{pod.name}"
+
+
+def reported_partitions(gpus: Iterable[Gpu]) -> dict[tuple[str, str], Partition]:
+    """(pod uid, GPU name) -> the partition each GPU's `status.allocatedPartitions` records, for
+    leader recovery: where a running partition sits is known only to the GPU's status (and the
+    hardware), not to the pod. Entries without a template are left out."""
+    found: dict[tuple[str, str], Partition] = {}
+    for gpu in gpus:
+        entries = gpu.status.get("allocatedPartitions")
+        if not isinstance(entries, Mapping):
+            continue
+        for uid, entry in entries.items():
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("templateId"), str):
+                continue
+            found[(str(uid), gpu.name)] = Partition(entry["templateId"], _slot(entry.get("allocatedSlotStart")),
+                                                    _slot(entry.get("allocatedSlotEnd")),
+                                                    _slot(entry.get("isolationGroupId")))
+    return found
+
+
+def _slot(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def partition_catalog(providers: Iterable[Body]) -> tuple[PartitionCatalog, list[str]]:
+    """The partition templates per GPU model of every ProviderConfig, and what could not be read."""
+    return catalog_from_providers((p.name, p.spec) for p in providers)

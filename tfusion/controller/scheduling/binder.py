@@ -111,6 +111,10 @@ def bind_annotations(pod: Pod, req: AllocRequest | None, gpus: Sequence[str],
         notes[tfa.EFFECTIVE_HARD_SM_PERCENT] = tfa.format_effective_hard_sm_percent(percent)
     if req.pod_index:
         notes[tfa.INDEX] = tfa.format_pod_index(req.pod_index)
+    held = allocator.allocation(req.pod_uid) if allocator is not None else None
+    part = held.partitions[0] if held is not None and held.partitions else None
+    if part is not None:  # the hypervisor creates the partition of this template when the device is allocated
+        notes[tfa.PARTITION_ID] = part.template_id
     return notes
 
 
