@@ -8,7 +8,8 @@
   (and its webhook) on the embedded API server, and the GPU, pool, node and pod objects its tests create;
 - `kube_hypervisor`, `local_hypervisor`, `device_plugin`, `soft_isolation`: a hypervisor in a test;
 - `hypervisor_process`, `controller_process`, `role_all`: tfusion started as a separate process;
-- `refusals`, `deploy`, `mutate_inputs`: checks and inputs several test modules use;
+- `refusals`, `deploy`, `mutate_inputs`, `allocator`, `metrics`, `cli`: checks and inputs several test
+  modules use;
 - `kubectl`, `official_client`: the real kubectl (its path, the skip mark, a runner on one kubeconfig)
   and the official `kubernetes` client on a kubeconfig; `clock`: `Wall`, the hand-moved clock at today's epoch.
 

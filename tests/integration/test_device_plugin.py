@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import anyio
 import grpc
@@ -16,33 +15,12 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, RESOURCES, FakeKubelet, hypervisor
-from tfusion.api import annotations as tfa
-from tfusion.api import podindex
+from tests.helpers.device_plugin import NODE, NOT_YET, RESOURCES, FakeKubelet, hypervisor, ids, worker_pod
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.kube.client import KubeClient
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS
-
-#: what a check raises while the hypervisor has not caught up yet
-NOT_YET = (AssertionError, KeyError, StopIteration)
+from tfusion.kube.resources import GPUNODES, GPUPOOLS
 
 pytestmark = pytest.mark.anyio
-
-
-async def worker_pod(kube: KubeClient, name: str, index: int, gpu: str, isolation: str = "soft") -> dict[str, Any]:
-    resource, count = podindex.encode_pod_index(index)
-    return await kube.create(PODS, {
-        "metadata": {"name": name, "namespace": "default", "labels": {tfa.COMPONENT: "worker"},
-                     "annotations": {tfa.GPU_IDS: gpu, tfa.INDEX: str(index),
-                                     tfa.ISOLATION: isolation, tfa.GPU_POOL: "pool-dp",
-                                     tfa.TFLOPS_REQUEST: "100", tfa.VRAM_REQUEST: "8Gi",
-                                     tfa.TFLOPS_LIMIT: "200", tfa.VRAM_LIMIT: "16Gi"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "busybox",
-                                                   "resources": {"limits": {resource: str(count)}}}]}})
-
-
-def ids(k: int, count: int) -> list[str]:
-    return [f"{k}-{n}" for n in range(1, count + 1)]
 
 
 async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:

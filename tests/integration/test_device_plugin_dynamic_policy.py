@@ -12,8 +12,7 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, FakeKubelet, hypervisor
-from tests.integration.test_device_plugin import NOT_YET, ids, worker_pod
+from tests.helpers.device_plugin import NODE, NOT_YET, FakeKubelet, hypervisor, ids, worker_pod
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.kube.client import KubeClient
 from tfusion.kube.resources import GPUNODES, GPUPOOLS, GPUS

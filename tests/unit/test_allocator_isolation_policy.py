@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_allocator import gpu, removed_by, req
+from tests.helpers.allocator import gpu, removed_by, req
 from tfusion.allocator import GpuAllocator, GpuInfo, Unschedulable
 from tfusion.allocator.framework import Framework
 from tfusion.allocator.reasons import ACTIVE_MODE_MISMATCH, DYNAMIC_PARTITIONED, MODE_CONFLICT, POLICY

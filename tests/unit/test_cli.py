@@ -8,26 +8,15 @@ puts os.environ back afterwards.
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
-import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.helpers.cli import run_main, run_tfusion
 from tfusion import __version__, cli, roles
 from tfusion.settings import NOT_IMPLEMENTED, OPTIONS, ROLES, Option, not_implemented_options
-
-
-def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code: Any = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return int(code or 0), out, err
 
 
 def _expected_default(opt: Option) -> str:
@@ -60,7 +49,7 @@ def _flag_options(role_filter: set[str]) -> list[Option]:
 
 
 def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run_main(["--help"], capsys)
+    code, out, err = run_main(["--help"], capsys)
     assert code == 0 and err == ""
     entries = _help_entries(out)
     for opt in _flag_options({"common", *ROLES}):
@@ -76,7 +65,7 @@ def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
 
 @pytest.mark.parametrize("role", ROLES)
 def test_role_help_lists_that_roles_flags_only(role: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run_main([f"--role={role}", "--help"], capsys)
+    code, out, _ = run_main([f"--role={role}", "--help"], capsys)
     assert code == 0
     entries = _help_entries(out)
     for opt in _flag_options({"common", role}):
@@ -88,7 +77,7 @@ def test_role_help_lists_that_roles_flags_only(role: str, capsys: pytest.Capture
 
 
 def test_comma_list_of_roles_shows_both(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run_main(["--role", "controller,hypervisor", "--help"], capsys)
+    code, out, _ = run_main(["--role", "controller,hypervisor", "--help"], capsys)
     assert code == 0
     entries = _help_entries(out)
     assert "--controller-listen" in entries and "--port" in entries
@@ -96,13 +85,13 @@ def test_comma_list_of_roles_shows_both(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_all_role_help_shows_everything(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = _run_main(["--role=all", "--help"], capsys)
+    _, out, _ = run_main(["--role=all", "--help"], capsys)
     entries = _help_entries(out)
     assert all(opt.flag in entries for opt in OPTIONS if opt.flag)
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run_main(["--version"], capsys)
+    code, out, _ = run_main(["--version"], capsys)
     assert code == 0
     assert out.strip() == f"tfusion {__version__}"
 
@@ -118,19 +107,19 @@ def _assert_one_line_error(code: int, err: str, *needles: str) -> None:
 
 @pytest.mark.parametrize("argv", [["--role=gpu"], ["--role", "controller,gpu"], ["--role=gpu", "--help"]])
 def test_unknown_role_exits_2_naming_it(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run_main(argv, capsys)
+    code, out, err = run_main(argv, capsys)
     _assert_one_line_error(code, err, "'gpu'", "controller, hypervisor")
     assert out == ""
 
 
 def test_empty_role_list_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_main(["--role=,"], capsys)
+    code, _, err = run_main(["--role=,"], capsys)
     _assert_one_line_error(code, err, "--role", "at least one role")
 
 
 @pytest.mark.parametrize("argv", [["--bogus"], ["--role=hypervisor", "--bogus=1"], ["extra-word"]])
 def test_unknown_flag_exits_2_naming_it(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_main(argv, capsys)
+    code, _, err = run_main(argv, capsys)
     _assert_one_line_error(code, err, argv[-1].split("=")[0])
 
 
@@ -143,13 +132,13 @@ def test_unknown_flag_exits_2_naming_it(argv: list[str], capsys: pytest.CaptureF
                                               (["--role=apiserver", "--watch-history=0"], "--watch-history")])
 def test_bad_flag_value_exits_2_naming_the_flag(argv: list[str], needle: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_main(argv, capsys)
+    code, _, err = run_main(argv, capsys)
     _assert_one_line_error(code, err, needle)
 
 
 @pytest.mark.parametrize("role_arg", ["--role=controller,apiserver", "--role=all", "--role=hypervisor"])
 def test_listen_needs_exactly_one_server_role(role_arg: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_main([role_arg, "--listen", "127.0.0.1:0"], capsys)
+    code, _, err = run_main([role_arg, "--listen", "127.0.0.1:0"], capsys)
     _assert_one_line_error(code, err, "--listen")
 
 
@@ -179,7 +168,7 @@ def test_a_role_that_is_not_built_exits_1(monkeypatch: pytest.MonkeyPatch,
         return real_import(name, package)
 
     monkeypatch.setattr(importlib, "import_module", import_without_roles)
-    code, _, err = _run_main(["--role=hypervisor", "--kube=in-cluster", "--backend=local"], capsys)
+    code, _, err = run_main(["--role=hypervisor", "--kube=in-cluster", "--backend=local"], capsys)
     assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -202,32 +191,25 @@ def test_a_broken_dependency_of_a_role_is_not_reported_as_not_built(monkeypatch:
 # --- the real entry point -------------------------------------------------------------------------------
 
 
-def _tfusion(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSOR_FUSION_", "HYPERVISOR_"))}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tfusion", *args], capture_output=True, text=True,
-                          timeout=60, env=full_env, check=False)
-
-
 def test_python_m_tfusion_help_and_unknown_flag() -> None:
-    ok = _tfusion("--role=hypervisor", "--help")
+    ok = run_tfusion("--role=hypervisor", "--help")
     assert ok.returncode == 0
     assert "--port" in ok.stdout and "HYPERVISOR_PORT" in ok.stdout
-    bad = _tfusion("--nope")
+    bad = run_tfusion("--nope")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "tfusion: error: unrecognized arguments: --nope"
 
 
 def test_bad_environment_value_exits_2_naming_the_variable() -> None:
-    result = _tfusion("--role=hypervisor", "--kube=in-cluster", env={"HYPERVISOR_PORT": "eighty"})
+    result = run_tfusion("--role=hypervisor", "--kube=in-cluster", env={"HYPERVISOR_PORT": "eighty"})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "HYPERVISOR_PORT" in lines[0] and "'eighty'" in lines[0]
 
 
 def test_bad_custom_domain_exits_2_naming_the_variables() -> None:
-    result = _tfusion("--role=hypervisor", "--kube=in-cluster",
-                      env={"TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX": "Not_Valid"})
+    result = run_tfusion("--role=hypervisor", "--kube=in-cluster",
+                         env={"TENSOR_FUSION_CUSTOM_DOMAIN_PREFIX": "Not_Valid"})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -242,7 +224,7 @@ def test_unusable_kubeconfig_exits_1_with_one_line(tmp_path: Any, kubeconfig_tex
     path = tmp_path / "kubeconfig"
     if kubeconfig_text is not None:
         path.write_text(kubeconfig_text)
-    result = _tfusion("--role=controller", f"--kube={path}", "--controller-listen=127.0.0.1:0")
+    result = run_tfusion("--role=controller", f"--kube={path}", "--controller-listen=127.0.0.1:0")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -283,12 +265,12 @@ def test_an_unimplemented_variable_exits_1_naming_it(opt: Option, monkeypatch: p
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert opt.env is not None
     monkeypatch.setenv(opt.env, "true")
-    code, _, err = _run_main([_role_arg(opt)], capsys)
+    code, _, err = run_main([_role_arg(opt)], capsys)
     _assert_not_implemented(code, err, opt.env)
 
 
 def test_help_marks_what_is_not_implemented(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = _run_main(["--help"], capsys)
+    _, out, _ = run_main(["--help"], capsys)
     entries = _help_entries(out)
     for opt in OPTIONS:
         if opt.flag:
@@ -302,7 +284,7 @@ def test_help_marks_what_is_not_implemented(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_real_entry_point_exits_1_on_an_unimplemented_variable() -> None:
-    result = _tfusion("--role=controller", "--kube=in-cluster", env={"GO_TESTING": "true"})
+    result = run_tfusion("--role=controller", "--kube=in-cluster", env={"GO_TESTING": "true"})
     assert result.returncode == 1
     assert result.stderr.strip() == \
         f"tfusion: error: environment variable GO_TESTING {NOT_IMPLEMENTED}; unset it"

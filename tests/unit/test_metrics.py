@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import closed_port
+from tests.helpers.metrics import POOL, worker_pod
 from tfusion.api.accessors import Body, GpuPool, Pod
 from tfusion.api.jsontypes import JsonObject
 from tfusion.metrics import cost
@@ -70,11 +71,6 @@ def test_otel_is_one_otlp_json_request_per_batch() -> None:
 
 # --- cost -------------------------------------------------------------------------------------------
 
-POOL = GpuPool({"metadata": {"name": "p"}, "spec": {"qosConfig": {
-    "evictionProtectionPriceRatio": "1.5",
-    "pricing": [{"qos": "medium", "requests": {"perFP16TFlopsPerHour": "$0.36", "perGBOfVRAMPerHour": "$0.72"},
-                 "limitsOverRequests": "0.5"},
-                {"qos": "critical", "requests": {"perFP16TFlopsPerHour": "$0.36", "perGBOfVRAMPerHour": "$0.72"}}]}}})
 SHARE = cost.WorkerShare(tflops_request=10, tflops_limit=20, vram_request=4 * GIB, vram_limit=8 * GIB,
                          gpu_count=2, qos="medium")
 
@@ -277,23 +273,13 @@ async def test_a_full_buffer_drops_the_oldest_and_never_blocks() -> None:
 
 # --- what the controller reads from a worker pod ------------------------------------------------------
 
-def _pod(**notes: str) -> dict[str, Any]:
-    from tfusion.api import annotations as tfa
-
-    return {"metadata": {"name": "w", "namespace": "ns", "uid": "u-1", "creationTimestamp": "2025-01-31T12:00:00Z",
-                         "labels": {tfa.COMPONENT: "worker", tfa.WORKLOAD: "wl"},
-                         "annotations": {tfa.GPU_POOL: "p", tfa.TFLOPS_REQUEST: "10", tfa.VRAM_REQUEST: "4Gi",
-                                         tfa.GPU_IDS: "g1,g2", **notes}},
-            "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
-
-
 def test_a_worker_row_from_its_pod() -> None:
     from datetime import UTC, datetime
 
     from tfusion.api import annotations as tfa
     from tfusion.controller.metrics import is_billable, worker_row
 
-    row = worker_row(Pod(_pod(**{tfa.EVICTION_PROTECTION: "1h", tfa.QOS: "high"})), None)
+    row = worker_row(Pod(worker_pod(**{tfa.EVICTION_PROTECTION: "1h", tfa.QOS: "high"})), None)
     assert row is not None
     assert (row.namespace, row.pod, row.pool, row.qos, row.workload, row.node, row.gpus) == \
         ("ns", "w", "p", "high", "wl", "n", ("g1", "g2"))
@@ -301,12 +287,12 @@ def test_a_worker_row_from_its_pod() -> None:
     assert row.share == cost.WorkerShare(10.0, 10.0, 4 * GIB, 4 * GIB, 2, "high")
     created = datetime(2025, 1, 31, 12, tzinfo=UTC).timestamp()
     assert row.protected_until == created + 3600
-    assert is_billable(Pod(_pod()))
-    finished = _pod()
+    assert is_billable(Pod(worker_pod()))
+    finished = worker_pod()
     finished["status"]["phase"] = "Succeeded"
     assert not is_billable(Pod(finished))
-    assert worker_row(Pod(_pod(**{tfa.GPU_IDS: ",,"})), None) is None  # unreadable annotations: no row
-    assert worker_row(Pod(_pod(**{tfa.VRAM_REQUEST: "lots"})), None) is None
+    assert worker_row(Pod(worker_pod(**{tfa.GPU_IDS: ",,"})), None) is None  # unreadable annotations: no row
+    assert worker_row(Pod(worker_pod(**{tfa.VRAM_REQUEST: "lots"})), None) is None
 
 
 @pytest.mark.anyio

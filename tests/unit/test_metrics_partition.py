@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_metrics import POOL, _pod
+from tests.helpers.metrics import POOL, worker_pod
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.controller.metrics import worker_row
@@ -33,7 +33,7 @@ def _entry(template: str = "1g.10gb", start: int | None = 3, end: int | None = 4
 
 
 def _partitioned(**notes: str) -> Pod:
-    return Pod(_pod(**{tfa.ISOLATION: tfa.ISOLATION_PARTITIONED, tfa.PARTITION_ID: "1g.10gb", **notes}))
+    return Pod(worker_pod(**{tfa.ISOLATION: tfa.ISOLATION_PARTITIONED, tfa.PARTITION_ID: "1g.10gb", **notes}))
 
 
 def test_the_gpu_status_entry_gives_template_and_slots() -> None:
@@ -55,9 +55,9 @@ def test_a_partitioned_pod_before_its_entry_is_written_holds_its_annotation() ->
 
 def test_other_pods_hold_no_partition() -> None:
     others = _statuses(g1={"allocatedPartitions": {"someone-else": _entry()}})
-    assert partition_held(Pod(_pod()), ("g1",), others) is None
+    assert partition_held(Pod(worker_pod()), ("g1",), others) is None
     # a stray partition-id on a soft pod is not a partition
-    assert partition_held(Pod(_pod(**{tfa.PARTITION_ID: "1g.10gb"})), ("g1",), _statuses()) is None
+    assert partition_held(Pod(worker_pod(**{tfa.PARTITION_ID: "1g.10gb"})), ("g1",), _statuses()) is None
 
 
 def test_a_partition_is_billed_for_its_slice_without_over_request_terms() -> None:
@@ -78,5 +78,5 @@ def test_the_worker_row_carries_the_partition_and_its_share() -> None:
     assert row is not None and row.partition == PartitionHeld("1g.10gb", 3, 4)
     assert row.share == cost.WorkerShare(10.0, 10.0, 4 * GIB, 4 * GIB, 1, "medium")
     others = _statuses(g1={"allocatedPartitions": {"someone-else": _entry()}})
-    plain = worker_row(Pod(_pod(**{tfa.TFLOPS_LIMIT: "20", tfa.GPU_IDS: "g1"})), None, others)
+    plain = worker_row(Pod(worker_pod(**{tfa.TFLOPS_LIMIT: "20", tfa.GPU_IDS: "g1"})), None, others)
     assert plain is not None and plain.partition is None and plain.share.tflops_limit == 20.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_cli import _run_main, _tfusion
+from tests.helpers.cli import run_main, run_tfusion
 from tfusion import cli
 from tfusion.settings import Settings, SettingsError
 
@@ -40,13 +40,13 @@ def test_a_bad_value_names_the_variable_the_value_and_the_choices() -> None:
 
 
 def test_a_bad_flag_value_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_main(["--role=controller", "--isolation-mode-policy=flexible"], capsys)
+    code, _, err = run_main(["--role=controller", "--isolation-mode-policy=flexible"], capsys)
     assert code == 2
     assert "--isolation-mode-policy" in err and "expected static or dynamic" in err
 
 
 def test_the_real_entry_point_refuses_a_bad_variable() -> None:
-    result = _tfusion("--role=controller", "--kube=in-cluster", env={"TF_ISOLATION_MODE_POLICY": "sometimes"})
+    result = run_tfusion("--role=controller", "--kube=in-cluster", env={"TF_ISOLATION_MODE_POLICY": "sometimes"})
     assert result.returncode != 0
     assert "TF_ISOLATION_MODE_POLICY='sometimes'" in result.stderr
     assert "expected static or dynamic" in result.stderr
