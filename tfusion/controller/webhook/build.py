@@ -74,10 +74,10 @@ def workload_spec(resolved: Resolved, notes: Mapping[str, str], gang: Gang | Non
     spec = json_document(r.profile.spec)
     spec.pop("workerPodTemplate", None)
     spec.update({"poolName": r.pool_name, "qos": r.qos, "isLocalGPU": True, "sidecarWorker": r.sidecar,
-                 "isolation": r.isolation, "gpuCount": r.gpu_count, "vendor": r.vendor,
+                 "isolation": r.isolation, "gpuCount": r.gpu_count,
                  "resources": {"requests": _quantity_map(r.amounts, "requests"),
                                "limits": _quantity_map(r.amounts, "limits")}})
-    for key, value in (("gpuModel", r.model), ("partitionTemplateId", r.partition)):
+    for key, value in (("vendor", r.named_vendor), ("gpuModel", r.model), ("partitionTemplateId", r.partition)):
         if value:
             spec[key] = value
     if r.indices:
