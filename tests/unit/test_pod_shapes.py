@@ -133,6 +133,20 @@ def test_the_pools_port_and_template_shape_the_one_worker_container() -> None:
     assert env_of(container)["HYPERVISOR_PORT"] == "8055"
 
 
+def test_the_sidecar_takes_env_and_resources_from_the_pools_worker_template() -> None:
+    template = {"template": {"spec": {"containers": [{"env": [{"name": "TF_LICENSE", "value": "k"}],
+                                                      "resources": {"limits": {"cpu": "1"}}}]}}}
+    context = ctx(pools=[pool(componentConfig={"worker": {"podTemplate": template}})])
+    out, _ = mutated(tf_pod({**BARE, tfa.SIDECAR_WORKER: "true"}), context)
+    sidecar = out["spec"]["containers"][-1]
+    assert sidecar["name"] == "tensorfusion-worker" and env_of(sidecar)["TF_LICENSE"] == "k"
+    assert env_of(sidecar)["CONTAINER_NAME"] == "tensorfusion-worker"
+    assert sidecar["resources"]["limits"]["cpu"] == "1"
+    assert sidecar["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}, "default requests still apply"
+    resource, count = podindex.encode_pod_index(1)
+    assert sidecar["resources"]["limits"][resource] == str(count), "the index resource is added after"
+
+
 # --- the webhook's init containers ----------------------------------------------------------------------------
 
 

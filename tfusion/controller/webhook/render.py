@@ -46,6 +46,7 @@ from tfusion.controller.webhook.mutate import (
     Plan,
 )
 from tfusion.controller.worker_shape import (
+    WORKER_DEFAULT_REQUESTS,
     WorkerShape,
     data_volume,
     init_resources,
@@ -275,9 +276,29 @@ def _sidecar_container(plan: Plan, index: int | None) -> JsonObject:
                         vram_limit=plan.amounts.get(("limits", "vram")))
     container = worker_container(shape, shared_memory=True,
                                  extra_mounts=[{"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}])
+    _seed_from_pool_template(container, plan)
     if index is not None:
         _set_index(container, index)
     return container
+
+
+def _seed_from_pool_template(container: JsonObject, plan: Plan) -> None:
+    """The pool's worker podTemplate reaches the sidecar as it reaches remote workers: the env and
+    resources of its worker container (unnamed or `tensorfusion-worker`), as the original seeds it."""
+    template = section(plan.pool.component_config, "worker", "podTemplate")
+    spec = section(template, "template", "spec") or section(template, "spec")
+    for seed in entries(json_document(spec), "containers"):
+        if seed.get("name") not in (None, "", SIDECAR_NAME):
+            continue
+        env = seed.get("env")
+        if isinstance(env, list):
+            container["env"] = [*entries(container, "env"), *[e for e in env if isinstance(e, dict)]]
+        resources = seed.get("resources")
+        if isinstance(resources, dict) and resources:
+            if not resources.get("requests"):  # the worker's default requests still apply
+                resources["requests"] = dict(WORKER_DEFAULT_REQUESTS)
+            container["resources"] = resources
+        return
 
 
 def _set_host_port(pod: JsonObject, slot: HostPortSlot, port: int) -> None:
