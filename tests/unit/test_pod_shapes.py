@@ -6,6 +6,7 @@ as the README note says).
 - remote worker pods (tfusion/controller/reconcilers/workers.py) and the sidecar worker
   (tfusion/controller/worker_shape.py): container `tensorfusion-worker`, the hypervisor's address
   and port, identity env, the shm mount, the limiter and hard-limit env, command, default requests;
+  a soft worker's `init-soft-limiter`;
 - the `init-soft-limiter` and `inject-lib` init containers: requests = limits, a tolerant copy,
   `/tensor-fusion-conf`;
 - the vendor annotation: written only when the pod named a vendor (annotation, profile, native GPU);
@@ -85,8 +86,16 @@ def test_a_soft_remote_worker_has_the_originals_container() -> None:
     assert env["CONTAINER_NAME"] == "tensorfusion-worker" and env["TF_ENABLE_LOG"] == "1"
     assert env["LD_PRELOAD"] == "/home/app/libcuda_limiter.so"
     assert not {"TF_CUDA_SM_PERCENT_LIMIT", "TF_GPU_MEMORY_LIMIT", "NVIDIA_VISIBLE_DEVICES"} & set(env)
-    assert container["volumeMounts"] == [SHM]
-    assert pod["spec"]["volumes"] == [DATA]
+    assert env["TF_ISOLATION_MODE"] == "soft" and env["TF_SHM_PATH"] == "/run/tensor-fusion/shm/shm"
+    limiter = {"name": "soft-limiter", "mountPath": "/home/app/libcuda_limiter.so", "subPath": "libcuda_limiter.so",
+               "readOnly": True}
+    smi = {"name": "soft-limiter", "mountPath": "/usr/local/bin/nvidia-smi", "subPath": "nvidia-smi", "readOnly": True}
+    assert container["volumeMounts"] == [SHM, limiter, smi]
+    assert pod["spec"]["volumes"] == [DATA, {"name": "soft-limiter", "emptyDir": {}}]
+    (init,) = pod["spec"]["initContainers"]
+    assert init["name"] == "init-soft-limiter" and init["image"] == "mw:1"  # the ProviderConfig's middleware
+    assert init["command"] == ["sh", "-c", "cp /build/* /soft-limiter/ 2>/dev/null; true"]
+    assert init["resources"] == INIT_RESOURCES
     assert pod["spec"]["terminationGracePeriodSeconds"] == 5
 
 
@@ -95,6 +104,7 @@ def test_a_hard_remote_worker_gets_the_hard_limits() -> None:
     assert (env["TF_CUDA_SM_PERCENT_LIMIT"], env["TF_GPU_MEMORY_LIMIT"], env["TF_CUDA_MEMORY_LIMIT"]) == \
         ("30", "6144", "6144")
     assert "LD_PRELOAD" not in env, "hard isolation does not preload the soft limiter"
+    assert "TF_ISOLATION_MODE" not in env
 
 
 def test_a_tflops_hard_limit_leaves_the_percent_to_the_device_plugin() -> None:
@@ -107,7 +117,7 @@ def test_a_tflops_hard_limit_leaves_the_percent_to_the_device_plugin() -> None:
 def test_a_shared_worker_has_no_shared_memory() -> None:
     pod = worker(workload("shared"))
     container = pod["spec"]["containers"][0]
-    assert "volumeMounts" not in container and "volumes" not in pod["spec"]
+    assert "volumeMounts" not in container and "volumes" not in pod["spec"] and "initContainers" not in pod["spec"]
     assert "LD_PRELOAD" not in env_of(container)
 
 

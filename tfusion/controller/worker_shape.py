@@ -22,6 +22,10 @@ one function, so the two cannot drift apart:
 - requests of 50m CPU and 128Mi memory when nothing else asks for any (no limits: a worker may
   burst to what the node has).
 
+A soft-isolated remote worker also gets `soft_limiter_parts`: an `init-soft-limiter` init container
+copying the middleware image's limiter into the `soft-limiter` volume, mounted over the worker
+image's own limiter and `nvidia-smi`, with `TF_ISOLATION_MODE=soft` and `TF_SHM_PATH`.
+
 `INIT_RESOURCES` is what the original gives its short init containers (`inject-lib`,
 `init-soft-limiter`): requests equal to limits, so a namespace whose ResourceQuota or LimitRange
 demands limits still admits the pod.
@@ -59,6 +63,11 @@ TRANSPORT_SEGMENT = "tf_shm"
 TRANSPORT_SEGMENT_MIB = 1024
 TRANSPORT_DIR = "/dev/shm"
 MIB = 1024 * 1024
+SOFT_LIMITER_INIT = "init-soft-limiter"
+WORKER_SOFT_LIMITER_VOLUME = "soft-limiter"
+WORKER_SOFT_LIMITER_DIR = "/soft-limiter"
+SHM_FILE = f"{SHM_MOUNT}/shm"
+NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 
 
 @dataclass(frozen=True)
@@ -148,3 +157,29 @@ def worker_container(shape: WorkerShape, *, shared_memory: bool = False,
     if mounts:
         container["volumeMounts"] = mounts
     return container
+
+
+@dataclass(frozen=True)
+class SoftLimiterParts:
+    """What a soft-isolated worker pod adds for the middleware image's limiter."""
+
+    init: JsonObject
+    volume: JsonObject
+    mounts: list[JsonObject]
+    env: list[JsonObject]
+
+
+def soft_limiter_parts(middleware_image: str, library: str) -> SoftLimiterParts:
+    """The limiter `library` (a file of the middleware image's /build) over the worker's own."""
+    init: JsonObject = {"name": SOFT_LIMITER_INIT, "image": middleware_image,
+                        # tolerant: an image without the files leaves the worker's own limiter in use
+                        "command": ["sh", "-c", f"cp /build/* {WORKER_SOFT_LIMITER_DIR}/ 2>/dev/null; true"],
+                        "volumeMounts": [{"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": WORKER_SOFT_LIMITER_DIR}],
+                        "resources": init_resources()}
+    mounts: list[JsonObject] = [
+        {"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": WORKER_LIMITER, "subPath": library, "readOnly": True},
+        {"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi", "readOnly": True}]
+    env: list[JsonObject] = [{"name": "TF_ISOLATION_MODE", "value": tfa.ISOLATION_SOFT},
+                             {"name": "TF_SHM_PATH", "value": SHM_FILE}]
+    return SoftLimiterParts(init=init, volume={"name": WORKER_SOFT_LIMITER_VOLUME, "emptyDir": {}}, mounts=mounts,
+                            env=env)

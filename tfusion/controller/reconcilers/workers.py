@@ -13,7 +13,8 @@ and critical QoS, labels `component=worker`, `workload`, `gpupool` and `pod-temp
 finalizer and a controlling ownerReference. Its one container is the original's worker container
 (tfusion/controller/worker_shape.py: `tensorfusion-worker`, hypervisor address, shared memory,
 limiter and hard-limit env, port 8000 `remote-vgpu`), with the `tf-data` host volume its shared
-memory lives in (not for shared isolation) and a 5 s grace period. The pool's
+memory lives in (not for shared isolation) and a 5 s grace period; under soft isolation also the
+`init-soft-limiter` that puts the middleware image's limiter over the worker image's own. The pool's
 `componentConfig.worker.podTemplate` and then the workload's `spec.workerPodTemplate` are
 strategic-merged over it; a template's first container is the worker container, whatever its name,
 as in the original.
@@ -43,7 +44,8 @@ from tfusion.controller.defaults import (
     worker_image,
 )
 from tfusion.controller.reconcilers.common import FINALIZER
-from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, hypervisor_port
+from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port, middleware_image
+from tfusion.controller.webhook.mutate import LIMITER_LIBRARIES
 from tfusion.controller.worker_shape import (
     WORKER_CONTAINER,
     WORKER_GRACE_SECONDS,
@@ -52,6 +54,7 @@ from tfusion.controller.worker_shape import (
     WorkerShape,
     data_volume,
     needs_data_volume,
+    soft_limiter_parts,
     worker_container,
 )
 from tfusion.kube.ownership import OwnerReference
@@ -127,6 +130,20 @@ def _disabled_features(workload: Workload) -> tuple[str, ...]:
         return ()  # the webhook refused it on the pod; one written by hand disables nothing
 
 
+def _add_soft_limiter(pod_spec: JsonObject, container: JsonObject, shape: WorkerShape,
+                      providers: Sequence[JsonMapping]) -> None:
+    """The middleware image's limiter over the worker's own (skipped for a vendor with neither)."""
+    middleware = middleware_image(provider_config_for(providers, shape.vendor), shape.vendor)
+    library = LIMITER_LIBRARIES.get(shape.vendor.lower())
+    if not middleware or not library:
+        return
+    parts = soft_limiter_parts(middleware, library)
+    pod_spec["initContainers"] = [parts.init]
+    pod_spec["volumes"] = [*entries(pod_spec, "volumes"), parts.volume]
+    container["volumeMounts"] = [*entries(container, "volumeMounts"), *parts.mounts]
+    container["env"] = [*entries(container, "env"), *parts.env]
+
+
 def shape_of(workload: Workload, pool: GpuPool | None, providers: Sequence[JsonMapping]) -> WorkerShape:
     """What the workload's worker container is made of (worker_shape.py)."""
     spec = workload.spec
@@ -200,6 +217,8 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[Jso
                                              "value": tfa.USED_BY_TENSOR_FUSION, "effect": "PreferNoSchedule"}]}
     if needs_data_volume(shape.isolation):
         pod_spec["volumes"] = [data_volume()]
+    if shape.isolation == tfa.ISOLATION_SOFT:
+        _add_soft_limiter(pod_spec, container, shape, providers)
     if workload.qos in ("high", "critical"):
         pod_spec["priorityClassName"] = tfa.priority_class_name(workload.qos)
     if isinstance(spec.get("nodeAffinity"), Mapping):
