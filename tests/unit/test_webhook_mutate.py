@@ -39,7 +39,7 @@ def test_a_bare_pod_becomes_a_soft_isolated_worker() -> None:
     assert notes[tfa.QOS] == "medium" and notes[tfa.GPU_COUNT] == "1" and notes[tfa.GPU_POOL] == POOL
     assert notes[tfa.ISOLATION] == "soft" and notes[tfa.IS_LOCAL_GPU] == "true"
     assert notes[tfa.SIDECAR_WORKER] == "false" and notes[tfa.INJECT_CONTAINER] == "app"
-    assert notes[tfa.VENDOR] == "NVIDIA" and notes[tfa.EMBEDDED_WORKER] == "true"
+    assert tfa.VENDOR not in notes and notes[tfa.EMBEDDED_WORKER] == "true"  # named by nothing: not written
     assert notes[tfa.PENDING_OWNED_WORKLOAD] == "p"
     assert labels[tfa.COMPONENT] == "worker" and labels[tfa.GPU_POOL] == POOL and labels[tfa.WORKLOAD] == "p"
     assert len(labels[tfa.POD_TEMPLATE_HASH]) == 10
@@ -188,7 +188,6 @@ INVALID = [
     ({tfa.GPU_TOPOLOGY_MAX_TIER: "4"}, tfa.GPU_TOPOLOGY_MAX_TIER, '"4"', "an integer from 0 to 3"),
     ({tfa.GPU_TOPOLOGY_SOURCE: "pcie"}, tfa.GPU_TOPOLOGY_SOURCE, '"pcie"', "auto|numa|vendor"),
     ({tfa.ENABLED_REPLICAS: "-1"}, tfa.ENABLED_REPLICAS, '"-1"', "at least 0"),
-    ({tfa.TFLOPS_LIMIT: "10", tfa.COMPUTE_PERCENT_LIMIT: "10"}, tfa.COMPUTE_PERCENT_LIMIT, '"10"', "not both"),
     ({tfa.DEDICATED_GPU: "true"}, tfa.DEDICATED_GPU, '"true"', tfa.GPU_MODEL),
     ({tfa.DEDICATED_GPU: "true", tfa.GPU_MODEL: "Z9"}, tfa.GPU_MODEL, '"Z9"', "status.gpuModel"),
 ]
@@ -287,8 +286,17 @@ def test_sidecar_worker_with_hard_isolation() -> None:
     names = [c["name"] for c in out["spec"]["containers"]]
     assert names == ["app", "tensorfusion-worker"]
     worker = out["spec"]["containers"][1]
-    assert env_of(worker) == {"TF_CUDA_SM_PERCENT_LIMIT": "50", "TF_GPU_MEMORY_LIMIT": "8192",
-                              "TF_CUDA_MEMORY_LIMIT": "8192"}
+    env = env_of(worker)
+    assert {k: env[k] for k in ("TF_CUDA_SM_PERCENT_LIMIT", "TF_GPU_MEMORY_LIMIT", "TF_CUDA_MEMORY_LIMIT")} == {
+        "TF_CUDA_SM_PERCENT_LIMIT": "50", "TF_GPU_MEMORY_LIMIT": "8192", "TF_CUDA_MEMORY_LIMIT": "8192"}
+    assert env["CONTAINER_NAME"] == "tensorfusion-worker" and "LD_PRELOAD" not in env  # hard: no soft limiter
+    assert env["HYPERVISOR_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}} and env["HYPERVISOR_PORT"] == "8001"
+    assert worker["command"][-1].endswith("exec ./tensor-fusion-worker -n shmem -m tf_shm -M 1024")
+    mounts = {m["mountPath"]: m for m in worker["volumeMounts"]}
+    assert mounts["/dev/shm"]["name"] == "tf-transport-shm"
+    assert mounts["/run/tensor-fusion/shm"]["subPathExpr"] == "shm/$(POD_NAMESPACE)/$(POD_NAME)"
+    assert {"name": "tf-data", "hostPath": {"path": "/run/tensor-fusion", "type": "DirectoryOrCreate"}} \
+        in out["spec"]["volumes"]
     assert worker["resources"]["limits"] == {"tensor-fusion.ai/index_0": "1"}
     assert env_of(out["spec"]["containers"][0])["TENSOR_FUSION_OPERATOR_CONNECTION_INFO"] == "shmem+tf_shm+1024+1"
     assert out["spec"]["initContainers"][0]["name"] == "inject-lib"

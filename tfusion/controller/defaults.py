@@ -122,6 +122,9 @@ class Resolved:
     model: str
     partition: str
     qos: str
+    #: the vendor the pod named (annotation, profile or native GPU resource; "" when `vendor` is only
+    #: the pool's default): only a named vendor is written, as the original writes it
+    named_vendor: str = ""
 
 
 # --- pools, vendors and native GPU resources -------------------------------------------------------------
@@ -172,6 +175,15 @@ def in_use_resource_names(configs: Sequence[JsonMapping], vendor: str | None = N
 def _resource_names(configs: Iterable[JsonMapping | None]) -> tuple[str, ...]:
     names = [str(n) for c in configs if c for n in items(c, "spec", "inUseResourceNames")]
     return tuple(dict.fromkeys(names)) or DEFAULT_IN_USE_RESOURCES
+
+
+def native_vendor(pod: Pod, configs: Sequence[JsonMapping]) -> str:
+    """The vendor of the first ProviderConfig (by name) whose native GPU resources the pod asks for."""
+    for config in sorted(configs, key=lambda c: Body(c).name):
+        names = [str(n) for n in items(config, "spec", "inUseResourceNames")]
+        if names and text(config, "spec", "vendor") and native_gpu_counts(pod, names):
+            return text(config, "spec", "vendor")
+    return ""
 
 
 def native_gpu_counts(pod: Pod, names: Sequence[str]) -> dict[str, int]:
@@ -243,7 +255,8 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
     wanted = profile.spec  # read once: each view property walks the object again
     sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), wanted.get("sidecarWorker"))
     isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
-    vendor = notes.get(tfa.VENDOR) or text(wanted, "vendor") or pool_vendor(pool)
+    named_vendor = notes.get(tfa.VENDOR) or text(wanted, "vendor") or native_vendor(pod, sources.provider_configs)
+    vendor = named_vendor or pool_vendor(pool)
     provider = provider_config_for(sources.provider_configs, vendor)
     native_resources = _resource_names([provider])
     natives = native_gpu_counts(pod, native_resources)
@@ -270,16 +283,18 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
                     isolation=isolation, vendor=vendor, provider=provider, native_resources=native_resources,
                     natives=natives, amounts=amounts, gpu_count=gpu_count,
                     indices=indices, container_counts=container_counts, model=model, partition=partition,
-                    qos=qos)
+                    qos=qos, named_vendor=named_vendor)
 
 
 def request_annotations(resolved: Resolved) -> dict[str, str]:
     """The annotations that carry `resolved` to the scheduler (the webhook adds its own to these)."""
     notes = {ANNOTATION_OF[key]: tfa.format_quantity(value) for key, value in resolved.amounts.items()}
     notes.update({tfa.QOS: resolved.qos, tfa.GPU_COUNT: tfa.format_gpu_count(resolved.gpu_count),
-                  tfa.GPU_POOL: resolved.pool_name, tfa.VENDOR: resolved.vendor,
+                  tfa.GPU_POOL: resolved.pool_name,
                   tfa.IS_LOCAL_GPU: tfa.format_bool(True), tfa.SIDECAR_WORKER: tfa.format_bool(resolved.sidecar),
                   tfa.ISOLATION: resolved.isolation})
+    if resolved.named_vendor:
+        notes[tfa.VENDOR] = resolved.named_vendor
     if resolved.model:
         notes[tfa.GPU_MODEL] = resolved.model
     if resolved.partition:
@@ -375,14 +390,13 @@ def _amounts(notes: Mapping[str, str], profile: Workload) -> Amounts:
             if raw in (None, ""):
                 continue
             if name == "compute":
-                given[name] = tfa.parse_compute_percent(raw, key=key)
+                percent = tfa.parse_compute_percent(raw, key=key)
+                if not _tflops_overrides_percent(notes, side):
+                    given[name] = percent
                 continue
             given[name] = tfa.parse_quantity_annotation(raw, key=key)
             # judged on the pod's own text here: the scheduler reads it back re-formatted ("10e15")
             fitting_amount(given[name], key=key, raw=raw, milli=name == "tflops")
-        if given.get("tflops") and given.get("compute"):
-            t_key, p_key = (ANNOTATION_OF[(side, n)] for n in ("tflops", "compute"))
-            raise deny(p_key, notes[p_key], f"either {t_key} or {p_key}, not both", detail=f"{t_key} is also set")
         for name, value in given.items():
             amounts[(side, name)] = value
         if given.get("tflops"):
@@ -393,6 +407,13 @@ def _amounts(notes: Mapping[str, str], profile: Workload) -> Amounts:
         if amounts.get((side, "tflops")):
             amounts.pop((side, "compute"), None)
     return {k: v for k, v in amounts.items() if v}
+
+
+def _tflops_overrides_percent(notes: Mapping[str, str], side: str) -> bool:
+    """The original's rule: a TFLOPS limit annotation drops both percent annotations, a TFLOPS
+    request annotation the percent request; the pod is admitted with TFLOPS alone."""
+    sides = SIDES if side == "requests" else ("limits",)
+    return any(notes.get(ANNOTATION_OF[(s, "tflops")]) not in (None, "") for s in sides)
 
 
 def _default_requests_to_limits(amounts: Amounts) -> None:

@@ -10,9 +10,14 @@ A worker pod is a GPU pod like a local-mode one, so the same scheduler and alloc
 the annotations the allocator reads (pool, TFLOPS or compute percent, VRAM, GPU count, indices,
 model, vendor, QoS, isolation, partition), the workload's node affinity, the priority class of high
 and critical QoS, labels `component=worker`, `workload`, `gpupool` and `pod-template-hash`, the
-finalizer and a controlling ownerReference. Its one container runs the worker image and listens on
-port 8000 (`remote-vgpu`). The pool's `componentConfig.worker.podTemplate` and then the workload's
-`spec.workerPodTemplate` are strategic-merged over it.
+finalizer and a controlling ownerReference. Its one container is the original's worker container
+(tfusion/controller/worker_shape.py: `tensorfusion-worker`, hypervisor address, shared memory,
+limiter and hard-limit env, port 8000 `remote-vgpu`), with the `tf-data` host volume its shared
+memory lives in (not for shared isolation) and a 5 s grace period; under soft isolation also the
+`init-soft-limiter` that puts the middleware image's limiter over the worker image's own. The pool's
+`componentConfig.worker.podTemplate` and then the workload's `spec.workerPodTemplate` are
+strategic-merged over it; a template's first container is the worker container, whatever its name,
+as in the original.
 
 `template_hash(pool, workload)` hashes the pool's worker config, the hypervisor port and the
 workload's spec but its replica count; `connection_url(pod)` is `native+<podIP>+<port>+<pod>-<resourceVersion>`.
@@ -25,16 +30,35 @@ from collections.abc import Mapping, Sequence
 from tfusion.api import annotations as tfa
 from tfusion.api import podindex
 from tfusion.api.accessors import GpuPool, Pod, Workload, items, section, sequence_of_maps, text
+from tfusion.api.annotations import AnnotationError
 from tfusion.api.hashing import content_hash
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_copy, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
-from tfusion.controller.defaults import DEFAULT_VENDOR, pool_vendor, provider_config_for, worker_image
+from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.controller.defaults import (
+    DEFAULT_ISOLATION,
+    DEFAULT_VENDOR,
+    parse_quantity,
+    pool_vendor,
+    provider_config_for,
+    worker_image,
+)
 from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port, middleware_image
+from tfusion.controller.webhook.mutate import LIMITER_LIBRARIES
+from tfusion.controller.worker_shape import (
+    WORKER_CONTAINER,
+    WORKER_GRACE_SECONDS,
+    WORKER_PORT,
+    WORKER_PORT_NAME,
+    WorkerShape,
+    data_volume,
+    needs_data_volume,
+    soft_limiter_parts,
+    worker_container,
+)
 from tfusion.kube.ownership import OwnerReference
 
-WORKER_CONTAINER = "worker"
-WORKER_PORT_NAME = "remote-vgpu"
-WORKER_PORT = 8000
 #: the label value limit: longer names are not written as labels
 MAX_LABEL_VALUE = 63
 
@@ -83,9 +107,52 @@ def _annotations(workload: Workload, pool_name: str) -> dict[str, str]:
     return notes
 
 
-def _image(pool: GpuPool | None, providers: Sequence[JsonMapping], vendor: str) -> str:
-    vendor = vendor or (pool_vendor(pool) if pool is not None else DEFAULT_VENDOR)
-    return worker_image(pool, provider_config_for(providers, vendor))
+def _vendor(pool: GpuPool | None, spec: JsonMapping) -> str:
+    return text(spec, "vendor") or (pool_vendor(pool) if pool is not None else DEFAULT_VENDOR)
+
+
+def _limit(spec: JsonMapping, name: str) -> Quantity | None:
+    """A limit of the workload's spec (the CRD checked its syntax; an unreadable one is no limit)."""
+    raw = section(spec, "resources", "limits").get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return parse_quantity(raw) or None
+    except (QuantityError, TypeError, ValueError):
+        return None
+
+
+def _disabled_features(workload: Workload) -> tuple[str, ...]:
+    raw = workload.meta.annotation(tfa.DISABLE_FEATURES) or workload.meta.label(tfa.DISABLE_FEATURES)
+    try:
+        return tfa.parse_disable_features(raw) if raw else ()
+    except AnnotationError:
+        return ()  # the webhook refused it on the pod; one written by hand disables nothing
+
+
+def _add_soft_limiter(pod_spec: JsonObject, container: JsonObject, shape: WorkerShape,
+                      providers: Sequence[JsonMapping]) -> None:
+    """The middleware image's limiter over the worker's own (skipped for a vendor with neither)."""
+    middleware = middleware_image(provider_config_for(providers, shape.vendor), shape.vendor)
+    library = LIMITER_LIBRARIES.get(shape.vendor.lower())
+    if not middleware or not library:
+        return
+    parts = soft_limiter_parts(middleware, library)
+    pod_spec["initContainers"] = [parts.init]
+    pod_spec["volumes"] = [*entries(pod_spec, "volumes"), parts.volume]
+    container["volumeMounts"] = [*entries(container, "volumeMounts"), *parts.mounts]
+    container["env"] = [*entries(container, "env"), *parts.env]
+
+
+def shape_of(workload: Workload, pool: GpuPool | None, providers: Sequence[JsonMapping]) -> WorkerShape:
+    """What the workload's worker container is made of (worker_shape.py)."""
+    spec = workload.spec
+    vendor = _vendor(pool, spec)
+    return WorkerShape(image=worker_image(pool, provider_config_for(providers, vendor)),
+                       isolation=text(spec, "isolation") or DEFAULT_ISOLATION, vendor=vendor,
+                       hypervisor_port=hypervisor_port(pool) if pool is not None else DEFAULT_HYPERVISOR_PORT,
+                       disabled_features=_disabled_features(workload), compute_limit=_limit(spec, "compute"),
+                       vram_limit=_limit(spec, "vram"))
 
 
 def _template_spec(template: object) -> JsonMapping | None:
@@ -96,11 +163,20 @@ def _template_spec(template: object) -> JsonMapping | None:
     return inner if isinstance(inner, Mapping) else template
 
 
+def _as_worker_template(patch: JsonObject) -> None:
+    """A template's first container is the worker container (the original's rule), whatever its name."""
+    spec = patch.get("spec")
+    found = spec.get("containers") if isinstance(spec, dict) else None
+    if isinstance(found, list) and found and isinstance(found[0], dict):
+        found[0]["name"] = WORKER_CONTAINER
+
+
 def _merge_template(pod: JsonObject, template: object, source: str) -> JsonObject:
     found = _template_spec(template)
     if not found:
         return pod
     patch = {key: json_copy(found[key]) for key in ("metadata", "spec") if isinstance(found.get(key), Mapping)}
+    _as_worker_template(patch)
     try:
         merged: JsonObject = strategic_merge_patch(pod, patch, "Pod")
     except PatchError as exc:
@@ -128,14 +204,21 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[Jso
         metadata["name"] = name
     else:
         metadata["generateName"] = generate_name
-    container: JsonObject = {"name": WORKER_CONTAINER, "image": _image(pool, providers, text(spec, "vendor")),
-                             "ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]}
+    shape = shape_of(workload, pool, providers)
+    container = worker_container(shape)
     if index is not None:
         resource, count = podindex.encode_pod_index(index)
-        container["resources"] = {"limits": {resource: str(count)}}
+        resources = container["resources"]
+        assert isinstance(resources, dict)  # worker_container wrote it
+        resources["limits"] = {resource: str(count)}
     pod_spec: JsonObject = {"schedulerName": tfa.SCHEDULER_NAME, "containers": [container],
+                            "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
                             "tolerations": [{"key": tfa.USED_BY, "operator": "Equal",
                                              "value": tfa.USED_BY_TENSOR_FUSION, "effect": "PreferNoSchedule"}]}
+    if needs_data_volume(shape.isolation):
+        pod_spec["volumes"] = [data_volume()]
+    if shape.isolation == tfa.ISOLATION_SOFT:
+        _add_soft_limiter(pod_spec, container, shape, providers)
     if workload.qos in ("high", "critical"):
         pod_spec["priorityClassName"] = tfa.priority_class_name(workload.qos)
     if isinstance(spec.get("nodeAffinity"), Mapping):

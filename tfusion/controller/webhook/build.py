@@ -74,10 +74,10 @@ def workload_spec(resolved: Resolved, notes: Mapping[str, str], gang: Gang | Non
     spec = json_document(r.profile.spec)
     spec.pop("workerPodTemplate", None)
     spec.update({"poolName": r.pool_name, "qos": r.qos, "isLocalGPU": True, "sidecarWorker": r.sidecar,
-                 "isolation": r.isolation, "gpuCount": r.gpu_count, "vendor": r.vendor,
+                 "isolation": r.isolation, "gpuCount": r.gpu_count,
                  "resources": {"requests": _quantity_map(r.amounts, "requests"),
                                "limits": _quantity_map(r.amounts, "limits")}})
-    for key, value in (("gpuModel", r.model), ("partitionTemplateId", r.partition)):
+    for key, value in (("vendor", r.named_vendor), ("gpuModel", r.model), ("partitionTemplateId", r.partition)):
         if value:
             spec[key] = value
     if r.indices:
@@ -126,9 +126,14 @@ def workload_object(name: str, namespace: str, pool_name: str, owner_reference: 
 def images(pool: GpuPool, provider: JsonMapping | None, vendor: str) -> tuple[str, str, str]:
     """(middleware, client, worker) images: the ProviderConfig's and the pool's, else the defaults."""
     given = section(provider, "spec", "images")
-    middleware = text(given, "middleware") or DEFAULT_MIDDLEWARE_IMAGES.get(vendor.lower(), "")
+    middleware = middleware_image(provider, vendor)
     client = text(given, "remoteClient") or text(pool.component_config, "client", "image") or DEFAULT_CLIENT_IMAGE
     return middleware, client, worker_image(pool, provider)
+
+
+def middleware_image(provider: JsonMapping | None, vendor: str) -> str:
+    """The soft limiter's image: the ProviderConfig's `spec.images.middleware`, else the vendor's default."""
+    return text(provider, "spec", "images", "middleware") or DEFAULT_MIDDLEWARE_IMAGES.get(vendor.lower(), "")
 
 
 def hypervisor_port(pool: GpuPool) -> int:

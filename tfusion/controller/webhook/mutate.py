@@ -44,6 +44,11 @@ from tfusion.controller.defaults import (
 )
 from tfusion.controller.webhook import build
 from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, Gang
+from tfusion.controller.worker_shape import DATA_HOST_PATH as DATA_HOST_PATH
+from tfusion.controller.worker_shape import DATA_VOLUME as DATA_VOLUME
+from tfusion.controller.worker_shape import SHM_MOUNT as SHM_MOUNT
+from tfusion.controller.worker_shape import SHM_SUBPATH_EXPR as SHM_SUBPATH_EXPR
+from tfusion.controller.worker_shape import TRANSPORT_SEGMENT_MIB, WORKER_CONTAINER
 
 if TYPE_CHECKING:
     from tfusion.controller.webhook.remote import RemoteClient
@@ -55,17 +60,14 @@ LIMITER_LIBRARIES = {"nvidia": "libcuda_limiter.so", "ascend": "libascend_limite
 SOFT_LIMITER_INIT = "init-soft-limiter"
 SOFT_LIMITER_VOLUME = "tf-soft-limiter"
 SOFT_LIMITER_DIR = "/tensor-fusion-limiter"
-DATA_VOLUME = "tf-data"
-DATA_HOST_PATH = "/run/tensor-fusion"
-SHM_MOUNT = "/run/tensor-fusion/shm"
-SHM_SUBPATH_EXPR = "shm/$(POD_NAMESPACE)/$(POD_NAME)"
 NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
-SIDECAR_NAME = "tensorfusion-worker"
 TRANSPORT_VOLUME = "tf-transport-shm"
 INJECT_LIB_INIT = "inject-lib"
 LIBS_VOLUME = "tf-libs"
 LIBS_DIR = "/tensor-fusion"
-SHM_SEGMENT_MIB = 1024
+LIBS_CONF_DIR = "/tensor-fusion-conf"
+SIDECAR_NAME = WORKER_CONTAINER
+SHM_SEGMENT_MIB = TRANSPORT_SEGMENT_MIB
 
 
 @dataclass(frozen=True)

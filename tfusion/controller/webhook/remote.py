@@ -36,7 +36,6 @@ from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.webhook.build import child
 from tfusion.controller.webhook.mutate import (
-    INJECT_LIB_INIT,
     LIBS_DIR,
     LIBS_VOLUME,
     NVIDIA_SMI,
@@ -50,6 +49,7 @@ from tfusion.controller.webhook.render import (
     add_mounts,
     add_volumes,
     containers,
+    inject_lib_container,
     set_env,
 )
 from tfusion.controller.webhook.workloads import short_id
@@ -185,12 +185,9 @@ def wire_client(pod: JsonObject, plan: Plan) -> None:
     remote = plan.remote
     assert remote is not None
     _patch_pod(pod, plan)
-    init: JsonObject = {"name": INJECT_LIB_INIT, "image": remote.client_image,
-                 "resources": {"requests": {"cpu": "20m", "memory": "256Mi"},
-                               "limits": {"cpu": "20m", "memory": "256Mi"}},
-                 "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]}
-    if "gpu-limiter" in plan.disabled_features:
-        init["env"] = [{"name": "DISABLE_GPU_LIMITER", "value": "true"}]
+    disable: list[EnvVar] = [{"name": "DISABLE_GPU_LIMITER", "value": "true"}] \
+        if "gpu-limiter" in plan.disabled_features else []
+    init = inject_lib_container(remote.client_image, disable)
     add_volumes(pod, [{"name": LIBS_VOLUME, "emptyDir": {}}])
     add_init_container(pod, init)
     env: list[EnvVar] = [

@@ -22,13 +22,13 @@ from tfusion.api import podindex
 from tfusion.api.accessors import Pod, section
 from tfusion.api.jsontypes import JsonObject, JsonValue, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
-from tfusion.api.quantity import Quantity
 from tfusion.controller.defaults import SIDES
 from tfusion.controller.webhook.build import child, entries, json_document
 from tfusion.controller.webhook.mutate import (
     DATA_HOST_PATH,
     DATA_VOLUME,
     INJECT_LIB_INIT,
+    LIBS_CONF_DIR,
     LIBS_DIR,
     LIBS_VOLUME,
     LIMITER_LIBRARIES,
@@ -44,6 +44,14 @@ from tfusion.controller.webhook.mutate import (
     Denial,
     HostPortSlot,
     Plan,
+)
+from tfusion.controller.worker_shape import (
+    WORKER_DEFAULT_REQUESTS,
+    WorkerShape,
+    data_volume,
+    init_resources,
+    needs_data_volume,
+    worker_container,
 )
 
 
@@ -190,8 +198,10 @@ def _wire_soft_limiter(pod: JsonObject, plan: Plan) -> None:
     if not plan.middleware_image:
         raise Denial(f"no ProviderConfig for vendor {plan.vendor} names spec.images.middleware, the soft "
                      f"limiter's image; create one or use isolation shared", code=400)
+    # the copy tolerates an image without the files (as the original's does): the pod still starts
     add_init_container(pod, {"name": SOFT_LIMITER_INIT, "image": plan.middleware_image,
-                              "command": ["sh", "-c", f"cp /build/* {SOFT_LIMITER_DIR}/"],
+                              "command": ["sh", "-c", f"cp /build/* {SOFT_LIMITER_DIR}/ 2>/dev/null; true"],
+                              "resources": init_resources(),
                               "volumeMounts": [{"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR}]})
     add_volumes(pod, [{"name": SOFT_LIMITER_VOLUME, "emptyDir": {}},
                        {"name": DATA_VOLUME, "hostPath": {"path": DATA_HOST_PATH, "type": "DirectoryOrCreate"}}])
@@ -218,20 +228,16 @@ def _wire_soft_limiter(pod: JsonObject, plan: Plan) -> None:
         add_mounts(container, mounts)
 
 
-def _mib(value: Quantity | None) -> int:
-    return value.value() // (1024 * 1024) if value else 0
-
-
 def _wire_sidecar(pod: JsonObject, plan: Plan, index: int | None) -> None:
     """Local sidecar worker: a worker container sharing memory with the app through /dev/shm, the
     client libraries copied in by an init container."""
-    add_volumes(pod, [{"name": TRANSPORT_VOLUME, "emptyDir": {"medium": "Memory"}},
-                       {"name": LIBS_VOLUME, "emptyDir": {}}])
-    add_init_container(pod, {
-        "name": INJECT_LIB_INIT, "image": plan.client_image,
-        "env": [{"name": "RUN_INSIDE_GPU_NODE", "value": "true"}],
-        "resources": {"requests": {"cpu": "20m", "memory": "256Mi"}, "limits": {"cpu": "20m", "memory": "256Mi"}},
-        "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR}]})
+    volumes: list[JsonObject] = [{"name": TRANSPORT_VOLUME, "emptyDir": {"medium": "Memory"}},
+                                 {"name": LIBS_VOLUME, "emptyDir": {}}]
+    if needs_data_volume(plan.isolation):
+        volumes.append(data_volume())
+    add_volumes(pod, volumes)
+    add_init_container(pod, inject_lib_container(plan.client_image, [{"name": "RUN_INSIDE_GPU_NODE",
+                                                                      "value": "true"}]))
     for container in containers(pod):
         if container.get("name") not in plan.inject:
             continue
@@ -252,26 +258,47 @@ def _wire_sidecar(pod: JsonObject, plan: Plan, index: int | None) -> None:
     child(pod, "spec")["containers"] = [*kept, _sidecar_container(plan, index)]
 
 
-def _sidecar_container(plan: Plan, index: int | None) -> JsonObject:
-    env: list[JsonValue] = []
-    if plan.isolation == tfa.ISOLATION_HARD:
-        compute = plan.amounts.get(("limits", "compute"))
-        if compute:
-            env.append({"name": "TF_CUDA_SM_PERCENT_LIMIT", "value": str(compute)})
-        memory = _mib(plan.amounts.get(("limits", "vram")))
-        if memory:
-            env += [{"name": "TF_GPU_MEMORY_LIMIT", "value": str(memory)},
-                    {"name": "TF_CUDA_MEMORY_LIMIT", "value": str(memory)}]
-    container: JsonObject = {
-        "name": SIDECAR_NAME, "image": plan.worker_image,
-        "command": ["sh", "-c", f"touch /dev/shm/tf_shm && exec ./tensor-fusion-worker -n shmem -m tf_shm "
-                                f"-M {SHM_SEGMENT_MIB}"],
-        "volumeMounts": [{"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}]}
+def inject_lib_container(image: str, env: Sequence[EnvVar] = ()) -> JsonObject:
+    """The `inject-lib` init container: the client library copied into `tf-libs`, which it also
+    sees at /tensor-fusion-conf (where older client images write ld.so.preload)."""
+    init: JsonObject = {"name": INJECT_LIB_INIT, "image": image, "resources": init_resources(),
+                        "volumeMounts": [{"name": LIBS_VOLUME, "mountPath": LIBS_DIR},
+                                         {"name": LIBS_VOLUME, "mountPath": LIBS_CONF_DIR}]}
     if env:
-        container["env"] = env
+        init["env"] = [json_object(e) for e in env]
+    return init
+
+
+def _sidecar_container(plan: Plan, index: int | None) -> JsonObject:
+    shape = WorkerShape(image=plan.worker_image, isolation=plan.isolation, vendor=plan.vendor,
+                        hypervisor_port=plan.hypervisor_port, disabled_features=plan.disabled_features,
+                        compute_limit=plan.amounts.get(("limits", "compute")),
+                        vram_limit=plan.amounts.get(("limits", "vram")))
+    container = worker_container(shape, shared_memory=True,
+                                 extra_mounts=[{"name": TRANSPORT_VOLUME, "mountPath": "/dev/shm"}])
+    _seed_from_pool_template(container, plan)
     if index is not None:
         _set_index(container, index)
     return container
+
+
+def _seed_from_pool_template(container: JsonObject, plan: Plan) -> None:
+    """The pool's worker podTemplate reaches the sidecar as it reaches remote workers: the env and
+    resources of its worker container (unnamed or `tensorfusion-worker`), as the original seeds it."""
+    template = section(plan.pool.component_config, "worker", "podTemplate")
+    spec = section(template, "template", "spec") or section(template, "spec")
+    for seed in entries(json_document(spec), "containers"):
+        if seed.get("name") not in (None, "", SIDECAR_NAME):
+            continue
+        env = seed.get("env")
+        if isinstance(env, list):
+            container["env"] = [*entries(container, "env"), *[e for e in env if isinstance(e, dict)]]
+        resources = seed.get("resources")
+        if isinstance(resources, dict) and resources:
+            if not resources.get("requests"):  # the worker's default requests still apply
+                resources["requests"] = dict(WORKER_DEFAULT_REQUESTS)
+            container["resources"] = resources
+        return
 
 
 def _set_host_port(pod: JsonObject, slot: HostPortSlot, port: int) -> None:
