@@ -17,8 +17,9 @@ from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
 from tfusion.allocator import AllocRequest, GpuAllocator, GpuInfo, InvalidAllocation, Resources, Unschedulable
 from tfusion.allocator import partitions as pt
 from tfusion.allocator.explain import gpu_label
+from tfusion.allocator.framework import Framework
 from tfusion.allocator.preemption import PreemptionSearch, VictimFacts
-from tfusion.allocator.reasons import NO_SLOT, NO_TEMPLATES, PARTITIONS_FULL, UNKNOWN_TEMPLATE
+from tfusion.allocator.reasons import HOLDS_PARTITIONS, NO_SLOT, NO_TEMPLATES, PARTITIONS_FULL, UNKNOWN_TEMPLATE
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.controller.webhook.mutate import Denial, analyse
@@ -343,3 +344,20 @@ def test_a_partition_is_not_resized_in_place() -> None:
     a.allocate(r)
     with pytest.raises(InvalidAllocation, match="hardware partitions"):
         a.adjust(r.pod_uid, Resources(tflops=1000, vram=GIB), Resources(tflops=1000, vram=GIB))
+
+
+def test_a_gpu_holding_partitions_takes_no_soft_pod_and_says_why() -> None:
+    """Partitions and fractional shares never mix on one GPU, whichever comes first: a soft pod is
+    refused on a GPU holding a partition (fast path, stage and explanation agree), and fits again once
+    the partition is released."""
+    a = allocator()
+    held = part_req("1g.10gb")
+    place(a, held)
+    soft = replace(part_req(), isolation=tfa.ISOLATION_SOFT, tflops_request=1000, vram_request=GIB)
+    fw = Framework(a)
+    assert fw.feasible(soft, ["n1"]) == []
+    status = fw.node_status(soft, "n1")
+    assert not status.ok and status.reasons[0].message == HOLDS_PARTITIONS
+    assert "only partitioned pods may share it" in (status.reasons[0].detail or "")
+    a.release(held.pod_uid)
+    assert fw.feasible(soft, ["n1"]) == ["n1"]

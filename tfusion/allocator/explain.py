@@ -26,6 +26,7 @@ from tfusion.allocator.reasons import (
     DYNAMIC_PARTITIONED,
     FILTER,
     HELD_WHOLE,
+    HOLDS_PARTITIONS,
     INDEX_MISMATCH,
     MAX_WORKERS_DETAIL,
     MODE_CONFLICT,
@@ -87,6 +88,8 @@ def gpu_label(g: GpuSlot, req: AllocRequest) -> str | None:
         label = partitions.gpu_label(g, req)
         if label is not None:
             return label
+    elif g.parts:
+        return HOLDS_PARTITIONS
     if g.shared_by is not None:
         return HELD_WHOLE
     if g.avail_t < req.tflops_need(info.capacity_tflops):
@@ -287,7 +290,7 @@ def _judge_node(alloc: GpuAllocator, req: AllocRequest, name: str) -> NodeFacts:
 def _judge_plain(alloc: GpuAllocator, req: AllocRequest, node: NodeEntry, members: list[GpuSlot],
                  capacity: int) -> NodeFacts | None:
     """`_judge_node_slow` for a plain group: each GPU is short of TFLOPS, else of VRAM, else fits.
-    None when a GPU is held whole by a shared pod (the slow road says so)."""
+    None when a GPU is held whole by a shared pod or holds partitions (the slow road says so)."""
     need_t = req.tflops_need(capacity)
     need_v = req.vram_request
     t_best: GpuSlot | None = None
@@ -295,7 +298,7 @@ def _judge_plain(alloc: GpuAllocator, req: AllocRequest, node: NodeEntry, member
     t_count = v_count = fitting = 0
     vram_first = False
     for slot in members:
-        if slot.shared_by is not None:
+        if slot.shared_by is not None or slot.parts:
             return None
         if slot.avail_t < need_t:
             t_count += 1

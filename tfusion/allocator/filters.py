@@ -46,7 +46,10 @@ def gpu_fits(g: GpuSlot, req: AllocRequest) -> bool:
     if iso == tfa.ISOLATION_SHARED:
         if g.allocs:
             return False
-    elif iso == tfa.ISOLATION_PARTITIONED and not partitions.fits(g, req):
+    elif iso == tfa.ISOLATION_PARTITIONED:
+        if not partitions.fits(g, req):
+            return False
+    elif g.parts:  # a GPU sliced into partitions takes only partitions
         return False
     need_t = req.tflops_request
     if not need_t and req.percent_request:
@@ -101,7 +104,11 @@ def shared_whole(g: GpuSlot, req: AllocRequest) -> str | None:
 
 
 def _partition(g: GpuSlot, req: AllocRequest) -> str | None:
-    return partitions.gpu_reason(g, req)
+    if req.isolation == tfa.ISOLATION_PARTITIONED:
+        return partitions.gpu_reason(g, req)
+    if g.parts and req.isolation != tfa.ISOLATION_SHARED:  # shared: SharedWholeGPUFilter says it
+        return f"{g.name}: holds {len(g.parts)} partition(s); only partitioned pods may share it"
+    return None
 
 
 def resource(g: GpuSlot, req: AllocRequest) -> str | None:
@@ -148,7 +155,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("GPUIndexFilter", lambda r: bool(r.indices), _index),
     Stage("GPUIsolationModeFilter", _always, _isolation_mode),
     Stage("SharedWholeGPUFilter", lambda r: r.isolation == tfa.ISOLATION_SHARED, shared_whole),
-    Stage("PartitionTemplateFilter", lambda r: r.isolation == tfa.ISOLATION_PARTITIONED, _partition),
+    Stage("PartitionTemplateFilter", _always, _partition),
     Stage("ResourceFilter", _always, resource),
     Stage("GPUModelFilter", lambda r: bool(r.gpu_model), _model),
     Stage("GPUVendorFilter", lambda r: bool(r.vendor), _vendor),

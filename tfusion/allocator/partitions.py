@@ -60,7 +60,7 @@ _VENDOR_WORDS = ("nvidia geforce ", "nvidia ", "tesla ", "geforce ", "huawei ", 
 #: the number-free reasons a partitioned request can get from PartitionTemplateFilter
 LABELS = (reasons.PARTITIONED, reasons.NO_TEMPLATES, reasons.UNKNOWN_TEMPLATE, reasons.NO_TEMPLATE_FITS,
           reasons.PARTITIONS_FULL, reasons.TEMPLATE_FULL, reasons.NO_SLOT, reasons.NO_GROUP,
-          reasons.PARTITION_SHORT, reasons.NOT_PARTITIONED)
+          reasons.PARTITION_SHORT, reasons.NOT_PARTITIONED, reasons.HOLDS_PARTITIONS)
 _HUNDREDTH = 100 * 1_000_000 * 10  # micro-percent x milli-TFLOPS in 0.01 TFLOPS
 _HALF_HUNDREDTH = _HUNDREDTH // 2
 _SEPARATORS = re.compile(r"[._ /]+")

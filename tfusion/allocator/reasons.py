@@ -56,6 +56,7 @@ NO_SLOT = "no free partition slot"
 NO_GROUP = "no free isolation group"
 PARTITION_SHORT = "too little free on the GPU for the partition"
 NOT_PARTITIONED = "GPU holds non-partitioned allocations"
+HOLDS_PARTITIONS = "GPU holds partitions"
 MODEL_MISMATCH = "GPU model mismatch"
 VENDOR_MISMATCH = "GPU vendor mismatch"
 INDEX_BUSY = "pod index held by another pod on the node"
@@ -66,7 +67,8 @@ TOPOLOGY_UNKNOWN = "GPU topology unknown"
 
 #: per-GPU reasons that a change of load (a pod leaving) can cure; the others are static mismatches
 RESOLVABLE = frozenset({VRAM_TOO_SMALL, TFLOPS_TOO_SMALL, HELD_WHOLE, NOT_IDLE, PARTITIONS_FULL, TEMPLATE_FULL,
-                        NO_SLOT, NO_GROUP, PARTITION_SHORT, NOT_PARTITIONED})
+                        NO_SLOT, NO_GROUP, PARTITION_SHORT, NOT_PARTITIONED,
+                        HOLDS_PARTITIONS})
 
 
 class Code(StrEnum):
