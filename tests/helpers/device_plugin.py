@@ -24,7 +24,7 @@ from tfusion.hypervisor.deviceplugin.rpc import (
     unix_target,
 )
 from tfusion.kube.client import KubeClient
-from tfusion.kube.resources import PODS
+from tfusion.kube.resources import GPUNODES, GPUPOOLS, PODS
 
 NODE = "gpu-node-dp"
 
@@ -110,3 +110,11 @@ async def worker_pod(kube: KubeClient, name: str, index: int, gpu: str, isolatio
 
 def ids(k: int, count: int) -> list[str]:
     return [f"{k}-{n}" for n in range(1, count + 1)]
+
+
+async def pool_and_gpunode(kube: KubeClient) -> None:
+    """The GPUPool `pool-dp` and the GPUNode NODE it owns, which the hypervisor under test reports into."""
+    pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-dp"}, "spec": {"nodeManagerConfig": {}}})
+    await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
+        "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
+        "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})

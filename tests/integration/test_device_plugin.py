@@ -15,10 +15,17 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, NOT_YET, RESOURCES, FakeKubelet, hypervisor, ids, worker_pod
+from tests.helpers.device_plugin import (
+    NOT_YET,
+    RESOURCES,
+    FakeKubelet,
+    hypervisor,
+    ids,
+    pool_and_gpunode,
+    worker_pod,
+)
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.kube.client import KubeClient
-from tfusion.kube.resources import GPUNODES, GPUPOOLS
 
 pytestmark = pytest.mark.anyio
 
@@ -31,10 +38,7 @@ async def test_device_plugins_with_a_fake_kubelet(apiserver: ApiServerHandle, sh
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
     try:
-        pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-dp"}, "spec": {"nodeManagerConfig": {}}})
-        await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
-            "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
-            "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
+        await pool_and_gpunode(kube)
         async with hypervisor(apiserver, short_tmp_path / "state", plugin_dir) as http:
             async def all_registered() -> bool:
                 assert sorted(r.resource_name for r in kubelet.registrations) == sorted(RESOURCES)

@@ -12,10 +12,10 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, NOT_YET, FakeKubelet, hypervisor, ids, worker_pod
+from tests.helpers.device_plugin import NOT_YET, FakeKubelet, hypervisor, ids, pool_and_gpunode, worker_pod
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.kube.client import KubeClient
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, GPUS
+from tfusion.kube.resources import GPUS
 
 pytestmark = pytest.mark.anyio
 
@@ -28,10 +28,7 @@ async def test_allocate_refuses_a_second_mode_on_a_device(apiserver: ApiServerHa
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
     try:
-        pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-dp"}, "spec": {"nodeManagerConfig": {}}})
-        await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
-            "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
-            "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
+        await pool_and_gpunode(kube)
         async with hypervisor(apiserver, short_tmp_path / "state", plugin_dir,
                               extra={"isolation_policy": "dynamic"}) as http:
             async def registered() -> bool:

@@ -14,13 +14,13 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, FakeKubelet, hypervisor
+from tests.helpers.device_plugin import NODE, FakeKubelet, hypervisor, pool_and_gpunode
 from tfusion.api import annotations as tfa
 from tfusion.api import podindex
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
 from tfusion.hypervisor.devices.sim import sim_partition_uuid
 from tfusion.kube.client import KubeClient
-from tfusion.kube.resources import GPUNODES, GPUPOOLS, GPUS, PODS, PROVIDERCONFIGS
+from tfusion.kube.resources import GPUS, PODS, PROVIDERCONFIGS
 
 NOT_YET = (AssertionError, KeyError, StopIteration)
 
@@ -63,10 +63,7 @@ async def test_a_partitioned_pod_gets_its_mig_device(apiserver: ApiServerHandle,
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
     try:
-        pool = await kube.create(GPUPOOLS, {"metadata": {"name": "pool-dp"}, "spec": {"nodeManagerConfig": {}}})
-        await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
-            "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
-            "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
+        await pool_and_gpunode(kube)
         await kube.create(PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
             "vendor": "NVIDIA", "images": {"middleware": "tensorfusion/middleware"}, "hardwareMetadata": [{
                 "model": "A100_SXM_80G", "fullModelName": "NVIDIA A100-SXM4-80GB", "fp16TFlops": "312",
