@@ -4,7 +4,8 @@ device IDs its Allocate is asked about."""
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractAsyncContextManager, suppress
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,20 @@ async def pool_and_gpunode(kube: KubeClient) -> None:
     await kube.create(GPUNODES, {"metadata": {"name": NODE, "ownerReferences": [{
         "apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "name": "pool-dp",
         "uid": pool["metadata"]["uid"], "controller": True}]}, "spec": {}})
+
+
+@asynccontextmanager
+async def plugin_node(apiserver: ApiServerHandle, tmp: Path) -> AsyncIterator[tuple[KubeClient, Path, FakeKubelet]]:
+    """A client of the API server, the node's device-plugin directory with a FakeKubelet serving it,
+    and the pool and GPUNode the hypervisor under test reports into; all stopped and closed after."""
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    plugin_dir = tmp / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    try:
+        await pool_and_gpunode(kube)
+        yield kube, plugin_dir, kubelet
+    finally:
+        await kubelet.stop()
+        await kube.close()

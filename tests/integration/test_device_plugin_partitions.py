@@ -14,7 +14,7 @@ import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers import eventually
-from tests.helpers.device_plugin import NODE, FakeKubelet, hypervisor, pool_and_gpunode
+from tests.helpers.device_plugin import NODE, hypervisor, plugin_node
 from tfusion.api import annotations as tfa
 from tfusion.api import podindex
 from tfusion.hypervisor.deviceplugin import deviceplugin_pb2 as pb
@@ -57,13 +57,7 @@ def ask(k: int, count: int) -> pb.AllocateRequest:
 
 async def test_a_partitioned_pod_gets_its_mig_device(apiserver: ApiServerHandle, short_tmp_path: Path) -> None:
     await apply_crds(apiserver)
-    kube = await KubeClient.connect(apiserver.kubeconfig)
-    plugin_dir = short_tmp_path / "device-plugins"
-    plugin_dir.mkdir()
-    kubelet = FakeKubelet(plugin_dir)
-    await kubelet.start()
-    try:
-        await pool_and_gpunode(kube)
+    async with plugin_node(apiserver, short_tmp_path) as (kube, plugin_dir, kubelet):
         await kube.create(PROVIDERCONFIGS, {"metadata": {"name": "nvidia"}, "spec": {
             "vendor": "NVIDIA", "images": {"middleware": "tensorfusion/middleware"}, "hardwareMetadata": [{
                 "model": "A100_SXM_80G", "fullModelName": "NVIDIA A100-SXM4-80GB", "fp16TFlops": "312",
@@ -115,6 +109,3 @@ async def test_a_partitioned_pod_gets_its_mig_device(apiserver: ApiServerHandle,
             await eventually(removed, 20, retry_on=NOT_YET)
             freed = (await plugin0.allocate(ask(0, 4), timeout=10)).container_responses[0]
             assert freed.envs["NVIDIA_VISIBLE_DEVICES"] == sim_partition_uuid(a100, 14, 2)
-    finally:
-        await kubelet.stop()
-        await kube.close()
