@@ -1,0 +1,1 @@
+"""Vertical autoscaling of GPU shares: recommendations from measured usage, cron rules and external scalers."""
