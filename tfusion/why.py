@@ -1,4 +1,5 @@
-"""`tfusion why [-n NAMESPACE] POD`: why a pod is not scheduled, and what would make it fit.
+"""`tfusion why [-n NAMESPACE] POD`: why a pod is not scheduled, and what would make it fit;
+`tfusion why [-n NAMESPACE] workload/NAME`: what the autoscaler recommends for a workload, and why.
 
 Why a command: the answer is in two places — the pod's `PodScheduled` condition (in the API
 server, kube's one-line message) and the leader's explanation (per-node reasons with numbers and
@@ -11,6 +12,11 @@ the controller's answer with its `suggestions`).
 `--controller URL` (default http://127.0.0.1:8080, the local controller). Exit codes: 0 shown,
 1 the pod does not exist or the API server cannot be used (one line), 2 bad arguments. When the
 controller cannot be reached the condition alone is shown, with a line saying so.
+
+For `workload/NAME` (also `tensorfusionworkload/NAME`, `tfw/NAME`) it shows the leader's
+`GET /api/recommendation` answer: the usage samples, the percentiles and estimates, the rule in force,
+the last decision and each worker's last resize (`-o json`: the answer as it is); exit 1 when the
+controller cannot say.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Say why a pod is not scheduled and what would make it fit.")
-    parser.add_argument("pod", metavar="POD", help="the pod's name")
+    parser = _Parser(prog=PROG, description="Say why a pod is not scheduled and what would make it fit, or "
+                                                     "what the autoscaler recommends for a workload.")
+    parser.add_argument("pod", metavar="POD", help="the pod's name, or workload/NAME for a workload's "
+                                                   "autoscaling recommendation")
     parser.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="text (default) or json (the structured form, with suggestions)")
@@ -48,6 +56,9 @@ def build_parser() -> _Parser:
     parser.add_argument("--controller", default=DEFAULT_CONTROLLER,
                         help=f"the controller's HTTP API (default: {DEFAULT_CONTROLLER})")
     return parser
+
+
+WORKLOAD_PREFIXES = ("workload/", "workloads/", "tensorfusionworkload/", "tensorfusionworkloads/", "tfw/")
 
 
 def kube_target(kube: str) -> str:
@@ -71,10 +82,11 @@ async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:
         await client.close()
 
 
-async def _ask_controller(url: str, namespace: str, name: str) -> tuple[JsonObject | None, str]:
+async def _ask_controller(url: str, namespace: str, name: str, route: str = "/api/why"
+                          ) -> tuple[JsonObject | None, str]:
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
-            response = await http.get("/api/why", params={"namespace": namespace, "name": name})
+            response = await http.get(route, params={"namespace": namespace, "name": name})
     except httpx.HTTPError as exc:
         return None, f"the controller at {url} did not answer ({type(exc).__name__}: {exc})"
     try:
@@ -121,8 +133,64 @@ def render_text(pod: Pod, explanation: JsonMapping | None, controller_error: str
     return "\n".join(lines)
 
 
+def render_recommendation(answer: JsonMapping) -> str:
+    ref = f"{answer.get('namespace')}/{answer.get('name')}"
+    if not answer.get("enabled"):
+        error = answer.get("error")
+        return f"Workload {ref} has no autoscaling enabled" + (f" ({error})." if error else ".")
+    lines = [f"Workload {ref}: autoscaling on, usage from {answer.get('source')}, "
+             f"{answer.get('samples', 0)} sample(s) since {answer.get('firstSample') or '-'}."]
+    policy = section(answer, "policy")
+    for name, label in (("observed", "Observed usage per GPU"), ("estimate", "Estimates (margin added)")):
+        view = section(answer, name)
+        if view:
+            t, v = section(view, "tflops"), section(view, "vram")
+            lines.append(f"{label}: TFLOPS target {t.get('target')} (p{_pct(policy.get('target_compute'))}), "
+                         f"bounds {t.get('lower')}..{t.get('upper')}; VRAM target {v.get('target')} "
+                         f"(p{_pct(policy.get('target_vram'))}), bounds {v.get('lower')}..{v.get('upper')}")
+    decision = section(answer, "decision")
+    if answer.get("rule"):
+        lines.append(f"In force: {answer.get('rule')}")
+    if decision:
+        lines.append(f"Last decision ({decision.get('at')}): {decision.get('reason')}: {decision.get('message')}")
+        lines.append(f"Recommendation: {_share(section(decision, 'share'))}")
+    lines.append(f"Original request: {_share(section(answer, 'original'))}")
+    for pod, outcome in sorted(section(answer, "workers").items()):
+        lines.append(f"  worker {pod}: {outcome}")
+    if answer.get("error"):
+        lines.append(f"Error: {answer.get('error')}")
+    return "\n".join(lines)
+
+
+def _pct(value: object) -> str:
+    return f"{float(value) * 100:g}" if isinstance(value, (int, float)) else "?"
+
+
+def _share(share: JsonMapping) -> str:
+    parts = [f"{side} " + ", ".join(f"{k}={v}" for k, v in section(share, side).items())
+             for side in ("requests", "limits") if section(share, side)]
+    return "; ".join(parts) or "-"
+
+
+async def _why_workload(args: argparse.Namespace, name: str) -> int:
+    answer, error = await _ask_controller(args.controller, args.namespace, name, "/api/recommendation")
+    if answer is None:
+        print(f"{PROG}: workload {args.namespace}/{name}: {error}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(orjson.dumps(answer, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+    else:
+        print(render_recommendation(answer))
+    return 0
+
+
 async def _why(args: argparse.Namespace) -> int:
     from tfusion.kube.client import KubeError
+
+    lowered = args.pod.lower()
+    prefix = next((p for p in WORKLOAD_PREFIXES if lowered.startswith(p)), None)
+    if prefix is not None:
+        return await _why_workload(args, args.pod[len(prefix):])
 
     try:
         pod = await _read_pod(args.kube, args.namespace, args.pod)

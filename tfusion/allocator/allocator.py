@@ -257,6 +257,14 @@ class GpuAllocator:
         """The largest TFLOPS capacity (milli-TFLOPS) of a GPU of `pool`, 0 when it has none."""
         return max((s.info.capacity_tflops for s in self.indexes.pools.get(pool, {}).values()), default=0)
 
+    def largest_gpu(self, pool: str) -> Resources | None:
+        """The most TFLOPS and the most VRAM (milli-TFLOPS, bytes) a GPU of `pool` has; None when it has none."""
+        slots = self.indexes.pools.get(pool, {}).values()
+        if not slots:
+            return None
+        return Resources(tflops=max(s.info.capacity_tflops for s in slots),
+                         vram=max(s.info.capacity_vram for s in slots))
+
     def group_index(self, pool: str, model: str = "") -> PoolIndex:
         """The score-ordered index of the nodes holding GPUs of `pool` (and `model`); read only."""
         return self.indexes.group_index((pool, model))

@@ -65,6 +65,8 @@ INJECT_CONTAINER = "tensor-fusion.ai/inject-container"
 DEDICATED_GPU = "tensor-fusion.ai/dedicated-gpu"
 AUTOSCALE = "tensor-fusion.ai/autoscale"
 AUTOSCALE_TARGET = "tensor-fusion.ai/autoscale-target"
+#: tfusion's own: the autoscaler's usage histograms of a workload (JSON), so a new leader goes on from them
+AUTOSCALER_CHECKPOINT = "tensor-fusion.ai/autoscaler-checkpoint"
 ENABLED_REPLICAS = "tensor-fusion.ai/enabled-replicas"
 GANG_ENABLED = "tensor-fusion.ai/gang-enabled"
 GANG_MIN_MEMBERS = "tensor-fusion.ai/gang-min-members"

@@ -31,6 +31,7 @@ from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metri
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.autoscaler.service import Autoscaler
     from tfusion.controller.metrics import ControllerRecorder
     from tfusion.controller.reconcilers import Reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
@@ -61,6 +62,7 @@ class ControllerRole(ControllerRuntime):
     #: None with ENABLE_SCHEDULER=false
     scheduler: Scheduler | None = None
     metrics: ControllerRecorder | None = None
+    autoscaler: Autoscaler | None = None
 
 
 async def build_runtime(settings: Settings, manager: Manager | None = None) -> ControllerRole:
@@ -85,10 +87,12 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
 def configure(controller: ControllerRole) -> None:
     """Build the controller's services on its runtime, in this order, each given the ones it uses:
     the allocator service, the index and port allocators with the pod webhook, the reconcilers (not
-    with ENABLE_CR_CONTROLLER=false), the connection route, the scheduler, the metrics recorder.
+    with ENABLE_CR_CONTROLLER=false), the connection route, the scheduler, the metrics recorder, the
+    autoscaler.
     Each registers its informers, routes and runnables on the runtime and its Manager."""
     # imported here, not at the top: build_runtime() alone (a bare controller, in tests) needs none
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.autoscaler.service import attach_autoscaler
     from tfusion.controller.connection_http import attach_connection_route
     from tfusion.controller.metrics import attach_metrics
     from tfusion.controller.reconcilers import register_reconcilers
@@ -108,6 +112,7 @@ def configure(controller: ControllerRole) -> None:
     controller.scheduler = attach_scheduler(runtime, allocation)
     allocation.scheduler = controller.scheduler  # simulate-schedule asks it, when there is one
     controller.metrics = attach_metrics(runtime, allocation)
+    controller.autoscaler = attach_autoscaler(runtime, allocation)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:

@@ -21,7 +21,7 @@ from tfusion.kube.events import EventRecorder
 from tfusion.kube.informer import Informer
 from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
-from tfusion.web import Readiness
+from tfusion.web import HttpError, Readiness
 
 __all__ = ["ControllerRuntime", "Task", "component_selector"]
 
@@ -82,6 +82,14 @@ class ControllerRuntime:
 
     def informer(self, resource: r.ApiResource) -> Informer:
         return self.informers[resource]
+
+    def not_leader(self, holds: str) -> HttpError:
+        """The 503 a leader-only route answers on a follower, naming the leader when it is known."""
+        elector = self.manager.elector
+        holder = elector.observed_holder if elector is not None else ""
+        where = f" ({holder} leads)" if holder else ""
+        return HttpError(503, f"this controller replica is not the leader{where}; only the leader {holds} "
+                              f"(its address is in the ConfigMap tensor-fusion-operator-leader-info)")
 
     def track_readiness(self, informer: Informer, condition: str) -> None:
         """/readyz waits for `informer` too, under `condition` (for one not in `informers`)."""

@@ -76,11 +76,7 @@ class WhyAnswer(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def _not_leader(scheduler: Scheduler) -> HttpError:
-    elector = scheduler.runtime.manager.elector
-    holder = elector.observed_holder if elector is not None else ""
-    where = f" ({holder} leads)" if holder else ""
-    return HttpError(503, f"this controller replica is not the leader{where}; only the leader schedules and "
-                          f"holds the GPU state (its address is in the ConfigMap tensor-fusion-operator-leader-info)")
+    return scheduler.runtime.not_leader("schedules and holds the GPU state")
 
 
 def _leader_framework(scheduler: Scheduler) -> Framework:

@@ -1,0 +1,463 @@
+"""The autoscaler: the leader's loop that turns measured usage, cron rules and external scalers into
+each workload's `status.recommendation`, and resizes its running workers to it.
+
+Why a loop and not a reconciler: a recommendation depends on time (histograms decay, cron rules start
+and end, intervals elapse) more than on object changes, and the usage samples of every workload come
+in one read from the usage source (sources.py). Every `autoScalingInterval` (the dynamic config,
+default 30 s; a workload's own `interval` when shorter) one pass:
+
+1. reads the samples since the last pass and adds each to its workload's decaying histograms
+   (recommender.WorkloadUsage: one TFLOPS and one VRAM histogram per workload, per GPU);
+2. for each workload whose `spec.autoScalingConfig` enables anything, decides its share, in this
+   order: the active cron rule (`activeCronScalingRule`), else the external scaler's answer (at its
+   own interval, after its own initial delay; a failing scaler changes nothing and sets the condition
+   False), else the percentile recommendation (recommender.recommend), else — nothing enabled is
+   in force any more, e.g. a cron rule just ended — the workload's own request;
+3. writes `status.recommendation`, `activeCronScalingRule`, `appliedRecommendedReplicas` and the
+   `ResourcesRecommended` condition (reason and message say what was decided and why), with a
+   `Recommended` event when the recommendation changes; new pods take it through the webhook;
+4. resizes each running worker whose share differs (resize.WorkerResizer: in place where the isolation
+   mode allows, refused with an event when the GPU or the quota cannot hold it; never below the VRAM
+   the worker uses now).
+
+State survives a leader change: a source that keeps history (Prometheus, InfluxDB, GreptimeDB) is
+read back for the longest history period when the leader starts; with the hypervisor source the
+histograms are checkpointed into the workload's `tensor-fusion.ai/autoscaler-checkpoint` annotation
+(every CHECKPOINT_EVERY passes and whenever the recommendation changes) and read back from it.
+`explain()` is what `GET /api/recommendation` and `tfusion why workload/NAME` show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+import orjson
+
+from tfusion.allocator.request import Resources
+from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, Pod, Workload, section
+from tfusion.api.durations import parse_duration
+from tfusion.api.jsontypes import JsonObject
+from tfusion.api.timestamps import parse_rfc3339, rfc3339
+from tfusion.controller.autoscaler.cron import active_rule
+from tfusion.controller.autoscaler.http import Bounds, recommendation_route, DecisionView, RecommendationAnswer, UsageView
+from tfusion.controller.autoscaler.external import ExternalScaler, ExternalScalerError
+from tfusion.controller.autoscaler.policy import (
+    ExternalScalerPolicy,
+    PolicyError,
+    ScalingPolicy,
+    resources_share,
+    scaling_policy,
+)
+from tfusion.controller.autoscaler.recommender import Decision, Share, WorkloadUsage, recommend
+from tfusion.controller.autoscaler.resize import WorkerResizer
+from tfusion.controller.autoscaler.sources import UsageSample, UsageSource, UsageSourceError, usage_source
+from tfusion.controller.reconcilers.common import condition, merge_conditions, write_status
+from tfusion.controller.reconcilers.workload import WORKLOAD_INDEX, workload_key
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeError
+
+if TYPE_CHECKING:
+    from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.runtime import ControllerRuntime
+
+log = logging.getLogger(__name__)
+
+CONDITION = "ResourcesRecommended"
+CHECKPOINT_EVERY = 10
+MIN_TICK_S = 1.0
+WORKLOAD_API = ("tensor-fusion.ai/v1", "TensorFusionWorkload")
+
+
+@dataclass
+class Tracked:
+    """What the leader knows of one autoscaled workload between passes."""
+
+    usage: WorkloadUsage
+    half_life_s: float
+    last_pass: float = 0.0
+    last_external: float = 0.0
+    passes_since_checkpoint: int = 0
+    decision: Decision | None = None
+    decided_at: float = 0.0
+    rule: str = ""  # the cron rule in force, "external", "percentile" or "request"
+    error: str = ""
+    #: worker pod name -> the VRAM it used at its latest sample (bytes, the most over its GPUs)
+    vram_in_use: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, str] = field(default_factory=dict)  # pod name -> the last resize outcome
+
+
+def workload_body(raw: Mapping[str, object]) -> Workload:
+    api_version, kind = WORKLOAD_API
+    return Workload({**raw, "apiVersion": api_version, "kind": kind})
+
+
+class Autoscaler:
+    """See the module docstring. `run_leader` is registered leader-only on the Manager."""
+
+    def __init__(self, runtime: ControllerRuntime, service: AllocatorService, *, source: UsageSource,
+                 resizer: WorkerResizer, external: ExternalScaler, clock: Callable[[], float] = time.time) -> None:
+        self.runtime = runtime
+        self.service = service
+        self.source = source
+        self.resizer = resizer
+        self.external = external
+        self.clock = clock
+        self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
+        self.pods = runtime.informer(r.PODS)
+        self.pods.add_index(WORKLOAD_INDEX, lambda pod: workload_key(Pod(pod)))
+        self.tracked: dict[str, Tracked] = {}
+        self.passes = 0
+        self.source_error = ""
+        self._since = 0.0
+
+    # --- the loop --------------------------------------------------------------------------------------
+
+    async def run_leader(self) -> None:
+        self.tracked.clear()
+        self.source_error = ""
+        now = self.clock()
+        await self._rebuild(now)
+        self._since = now
+        while True:
+            await self.pass_once()
+            await anyio.sleep(self.tick())
+
+    def interval(self) -> float:
+        raw = self.runtime.dynamic_config.current.get("autoScalingInterval") or "30s"
+        try:
+            return max(MIN_TICK_S, parse_duration(str(raw)))
+        except ValueError:
+            return 30.0
+
+    def tick(self) -> float:
+        """The global interval, or the shortest interval a workload asks for."""
+        own = [p.auto_set.interval_s for p in self._policies().values() if p.auto_set.interval_s]
+        return max(MIN_TICK_S, min([self.interval(), *[s for s in own if s is not None]]))
+
+    def _policies(self) -> dict[str, ScalingPolicy]:
+        found = {}
+        for raw in self.workloads.list():
+            workload = workload_body(raw)
+            try:
+                policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None,
+                                        namespace=workload.namespace)
+            except PolicyError:
+                continue
+            if policy.enabled:
+                found[f"{workload.namespace}/{workload.name}"] = policy
+        return found
+
+    async def pass_once(self) -> None:
+        now = self.clock()
+        self.passes += 1
+        autoscaled: list[tuple[Workload, ScalingPolicy]] = []
+        for raw in self.workloads.list():
+            workload = workload_body(raw)
+            if workload.meta.deleting:
+                continue
+            try:
+                policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None,
+                                        namespace=workload.namespace)
+            except PolicyError as exc:
+                await self._write(workload, None, None, condition_false=("InvalidConfig", str(exc)))
+                continue
+            if policy.enabled:
+                autoscaled.append((workload, policy))
+        keys = {f"{w.namespace}/{w.name}" for w, _ in autoscaled}
+        for gone in set(self.tracked) - keys:
+            del self.tracked[gone]
+        if not autoscaled:  # nothing to read usage for
+            self._since = now
+            return
+        samples = await self._read(self._since, now)
+        self._since = now
+        for workload, policy in autoscaled:
+            key = f"{workload.namespace}/{workload.name}"
+            tracked = self._track(key, workload, policy)
+            self._feed(tracked, samples.get(key, ()))
+            await self._evaluate(workload, policy, tracked, now)
+
+    @staticmethod
+    def _feed(tracked: Tracked, samples: Iterable[UsageSample]) -> None:
+        """Add a pass's samples; a worker's VRAM in use is the most it used over the pass, so a
+        shrink never goes below a peak the pass saw."""
+        in_use: dict[str, int] = {}
+        for sample in samples:
+            tracked.usage.add(sample.at, sample.tflops_milli, sample.vram_bytes)
+            in_use[sample.worker] = max(in_use.get(sample.worker, 0), int(sample.vram_bytes))
+        tracked.vram_in_use.update(in_use)
+
+    async def _read(self, since: float, until: float) -> dict[str, list[UsageSample]]:
+        try:
+            samples = await self.source.samples(since, until)
+        except UsageSourceError as exc:
+            if str(exc) != self.source_error:
+                log.warning("autoscaler: usage source %s: %s", self.source.name, exc)
+            self.source_error = str(exc)
+            self.runtime.readiness.set("autoscaler", True, f"usage source {self.source.name}: {exc}")
+            return {}
+        self.source_error = ""
+        by_workload: dict[str, list[UsageSample]] = {}
+        for sample in samples:
+            by_workload.setdefault(f"{sample.namespace}/{sample.workload}", []).append(sample)
+        self.runtime.readiness.set("autoscaler", True, f"{len(samples)} usage sample(s) from {self.source.name} "
+                                                       f"in the last pass, {len(self.tracked)} workload(s)")
+        return by_workload
+
+    def _track(self, key: str, workload: Workload, policy: ScalingPolicy) -> Tracked:
+        half_life = policy.auto_set.half_life_s
+        tracked = self.tracked.get(key)
+        if tracked is None or tracked.half_life_s != half_life:
+            tracked = self.tracked[key] = Tracked(usage=WorkloadUsage(half_life), half_life_s=half_life)
+            if not self.source.keeps_history:
+                self._restore(tracked, workload)
+        return tracked
+
+    # --- leader start: history or checkpoints ----------------------------------------------------------
+
+    async def _rebuild(self, now: float) -> None:
+        if not self.source.keeps_history:
+            return  # each workload's checkpoint is read when it is first tracked
+        policies = self._policies()
+        if not policies:
+            return
+        longest = max(p.auto_set.history_period_s for p in policies.values())
+        samples = await self._read(now - longest, now)
+        for key, policy in policies.items():
+            raw = self.workloads.get(key)
+            if raw is None:
+                continue
+            tracked = self._track(key, workload_body(raw), policy)
+            for sample in samples.get(key, ()):
+                if sample.at >= now - policy.auto_set.history_period_s:
+                    tracked.usage.add(sample.at, sample.tflops_milli, sample.vram_bytes)
+        log.info("autoscaler: rebuilt %d workload(s) from %s history (%d s)", len(policies), self.source.name,
+                 int(longest))
+
+    def _restore(self, tracked: Tracked, workload: Workload) -> None:
+        text = workload.meta.annotation(tfa.AUTOSCALER_CHECKPOINT)
+        if not text:
+            return
+        try:
+            tracked.usage = WorkloadUsage.from_checkpoint(tracked.half_life_s, orjson.loads(text))
+        except ValueError as exc:
+            log.warning("workload %s/%s: ignoring its autoscaler checkpoint: %s", workload.namespace,
+                        workload.name, exc)
+
+    async def _checkpoint(self, workload: Workload, tracked: Tracked, *, now_too: bool) -> None:
+        tracked.passes_since_checkpoint += 1
+        if self.source.keeps_history or not (now_too or tracked.passes_since_checkpoint >= CHECKPOINT_EVERY):
+            return
+        tracked.passes_since_checkpoint = 0
+        text = orjson.dumps(tracked.usage.to_checkpoint()).decode()
+        try:
+            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload.name, {
+                "metadata": {"annotations": {tfa.AUTOSCALER_CHECKPOINT: text}}}, namespace=workload.namespace)
+        except KubeError as exc:
+            log.warning("workload %s/%s: cannot write the autoscaler checkpoint: %s", workload.namespace,
+                        workload.name, exc)
+
+    # --- one workload ----------------------------------------------------------------------------------
+
+    async def _evaluate(self, workload: Workload, policy: ScalingPolicy, tracked: Tracked, now: float) -> None:
+        own = policy.auto_set.interval_s
+        if own and now - tracked.last_pass < own - 0.5 and tracked.decision is not None:
+            return
+        tracked.last_pass = now
+        original = resources_share(section(workload.spec, "resources"))
+        current = resources_share(section(workload.status, "recommendation")) or original
+        if original is None:
+            await self._write(workload, None, None, condition_false=(
+                "NoRequest", "spec.resources has no requests to scale from"))
+            return
+        decision, rule, raw_rule = await self._decide(workload, policy, tracked, original,
+                                                       current or original, now)
+        changed = tracked.decision is None or decision.share != tracked.decision.share
+        tracked.decision, tracked.decided_at, tracked.rule = decision, now, rule
+        share = decision.share
+        applied = await self._resize_workers(workload, tracked, share, decision.message)
+        wrote = await self._write(workload, share, raw_rule, applied=applied,
+                                  condition_true=(decision.reason, decision.message))
+        if wrote and changed and decision.changed:
+            self.runtime.events.normal(workload, "Recommended", decision.message)
+        await self._checkpoint(workload, tracked, now_too=changed)
+
+    async def _decide(self, workload: Workload, policy: ScalingPolicy, tracked: Tracked, original: Share,
+                      current: Share, now: float) -> tuple[Decision, str, JsonObject | None]:
+        when = dt.datetime.fromtimestamp(now, dt.UTC)
+        rule = active_rule(policy.cron_rules, when)
+        if rule is not None:
+            share = Share(rule.request, rule.limit)
+            message = f"cron rule {rule.name!r} is in force: {_share_text(share)}"
+            raw = next((dict(x) for x in section(workload.spec, "autoScalingConfig").get("cronScalingRules") or []
+                        if isinstance(x, Mapping) and x.get("name") == rule.name), {"name": rule.name})
+            return Decision(share, share != current, "CronRule", message, None), rule.name, raw
+        external = policy.external
+        if external is not None and external.enable:
+            decided = await self._ask_external(workload, external, tracked, current, now)
+            if decided is not None:
+                return decided, "external", None
+        if policy.auto_set.enable:
+            capacity = self._capacity(workload)
+            started = created_at(workload, now)
+            decision = recommend(tracked.usage, policy.auto_set, original=original, current=current,
+                                 capacity=capacity, started_at=started, now=now)
+            return decision, "percentile", None
+        return Decision(original, original != current, "NoRuleInForce",
+                        "no cron rule is in force and nothing else is enabled: the workload's own request", None), \
+            "request", None
+
+    async def _ask_external(self, workload: Workload, external: ExternalScalerPolicy, tracked: Tracked,
+                            current: Share, now: float) -> Decision | None:
+        started = created_at(workload, now)
+        interval = external.interval_s or self.interval()
+        if now < started + external.initial_delay_s or (tracked.last_external and
+                                                         now - tracked.last_external < interval - 0.5):
+            previous = tracked.decision
+            return previous if previous is not None and tracked.rule == "external" else None
+        tracked.last_external = now
+        try:
+            answer = await self.external.recommend(
+                workload, url=external.url, secret_namespace=external.secret_namespace,
+                secret_name=external.secret_name, request=current.request, limit=current.limit)
+        except ExternalScalerError as exc:
+            tracked.error = str(exc)
+            self.runtime.events.warning(workload, "ExternalScalerFailed", str(exc))
+            return Decision(current, False, "ExternalScalerFailed", str(exc), None)
+        tracked.error = ""
+        if answer is None:
+            return Decision(current, False, "ExternalNoChange", f"the external scaler at {external.url} "
+                            "asked for no change", None)
+        share = Share(*answer)
+        return Decision(share, share != current, "ExternalScaler",
+                        f"the external scaler at {external.url} recommends {_share_text(share)}", None)
+
+    def _capacity(self, workload: Workload) -> Resources | None:
+        allocator = self.service.allocator
+        pool = str(workload.spec.get("poolName") or "")
+        if allocator is None or not pool:
+            return None
+        return allocator.largest_gpu(pool)
+
+    # --- explaining ------------------------------------------------------------------------------------
+
+    def explain(self, namespace: str, name: str) -> RecommendationAnswer | None:
+        """What `GET /api/recommendation` answers; None for an unknown workload."""
+        key = f"{namespace}/{name}"
+        raw = self.workloads.get(key)
+        if raw is None:
+            return None
+        workload = workload_body(raw)
+        original = resources_share(section(workload.spec, "resources"))
+        answer = RecommendationAnswer(namespace=namespace, name=name, enabled=False, source=self.source.name,
+                                      original=original.to_status() if original is not None else {},
+                                      error=self.source_error)
+        try:
+            policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None, namespace=namespace)
+        except PolicyError as exc:
+            answer.error = str(exc)
+            return answer
+        auto = policy.auto_set
+        answer.enabled = policy.enabled
+        answer.policy = {**dataclasses.asdict(auto), "half_life_s": auto.half_life_s}
+        tracked = self.tracked.get(key)
+        if tracked is None:
+            return answer
+        usage = tracked.usage
+        answer.samples = usage.samples
+        answer.firstSample = rfc3339(usage.first_at) if usage.first_at else ""
+        answer.lastSample = rfc3339(usage.last_at) if usage.last_at else ""
+        answer.rule = tracked.rule
+        answer.error = tracked.error or self.source_error
+        answer.workers = dict(tracked.workers)
+        if not usage.tflops.empty or not usage.vram.empty:
+            t = usage.tflops.percentiles(auto.target_compute, auto.lower_compute, auto.upper_compute)
+            v = usage.vram.percentiles(auto.target_vram, auto.lower_vram, auto.upper_vram)
+            answer.observed = UsageView(tflops=Bounds(*(tflops_str(int(x)) for x in t)),
+                                        vram=Bounds(*(vram_str(int(x)) for x in v)))
+        decision = tracked.decision
+        if decision is not None:
+            answer.recommendation = decision.share.to_status()
+            answer.decision = DecisionView(reason=decision.reason, message=decision.message,
+                                           changed=decision.changed, at=rfc3339(tracked.decided_at),
+                                           share=decision.share.to_status())
+            e = decision.estimate
+            if e is not None:
+                answer.estimate = UsageView(
+                    tflops=Bounds(tflops_str(e.tflops_target), tflops_str(e.tflops_lower), tflops_str(e.tflops_upper)),
+                    vram=Bounds(vram_str(e.vram_target), vram_str(e.vram_lower), vram_str(e.vram_upper)))
+        return answer
+
+    # --- writing -------------------------------------------------------------------------------------------
+
+    async def _resize_workers(self, workload: Workload, tracked: Tracked, share: Share, why: str) -> int:
+        """Resize the running workers to `share`; returns how many run with it afterwards."""
+        allocator = self.service.allocator
+        applied = 0
+        key = f"{workload.namespace}/{workload.name}"
+        for pod in (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key)):
+            if pod.meta.deleting or not pod.node_name or allocator is None:
+                continue
+            held = allocator.allocation(pod.uid)
+            if held is None:
+                continue
+            if held.req.request == share.request and held.req.limit == share.limit:
+                applied += 1
+                continue
+            outcome = await self.resizer.resize(pod, share.request, share.limit,
+                                                vram_in_use=tracked.vram_in_use.get(pod.name, 0), reason=why)
+            tracked.workers[pod.name] = outcome.message
+            applied += outcome.applied
+        return applied
+
+    async def _write(self, workload: Workload, share: Share | None, rule: JsonObject | None, *, applied: int = 0,
+                     condition_true: tuple[str, str] | None = None,
+                     condition_false: tuple[str, str] | None = None) -> bool:
+        old = workload.conditions
+        if condition_false is not None:
+            reason, message = condition_false
+            wanted: JsonObject = {"conditions": merge_conditions(old, [condition(
+                old, CONDITION, False, reason, message, generation=workload.meta.generation)])}
+        else:
+            reason, message = condition_true or ("Recommended", "")
+            wanted = {"recommendation": share.to_status() if share is not None else None,
+                      "activeCronScalingRule": rule, "appliedRecommendedReplicas": applied,
+                      "conditions": merge_conditions(old, [condition(
+                          old, CONDITION, True, reason, message, generation=workload.meta.generation)])}
+        try:
+            return await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, wanted)
+        except KubeError as exc:
+            log.warning("workload %s/%s: cannot write the recommendation: %s", workload.namespace, workload.name,
+                        exc)
+            return False
+
+
+def created_at(workload: Workload, default: float) -> float:
+    try:
+        return parse_rfc3339(workload.meta.creation_timestamp).timestamp()
+    except ValueError:
+        return default
+
+
+def _share_text(share: Share) -> str:
+    status = share.to_status()
+    parts = [f"{side} " + ", ".join(f"{k} {v}" for k, v in values.items()) for side, values in status.items() if values]
+    return "; ".join(parts) or "nothing"
+
+
+def attach_autoscaler(runtime: ControllerRuntime, service: AllocatorService) -> Autoscaler:
+    """Build the autoscaler on the runtime: its source, resizer, external scaler, route and leader task."""
+    autoscaler = Autoscaler(runtime, service, source=usage_source(runtime.settings, runtime),
+                            resizer=WorkerResizer(runtime, service), external=ExternalScaler(runtime.client))
+    runtime.routes.append(recommendation_route(autoscaler))
+    runtime.add_leader_task(autoscaler.run_leader)
+    return autoscaler
