@@ -23,6 +23,7 @@ only decide a percentile below 1e-12).
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from typing import Final
 
@@ -164,6 +165,10 @@ class DecayingHistogram:
         if (start, end) != (0, len(weights)):
             self._weights = weights[start:end]
             self._low += start
+
+    def footprint(self) -> int:
+        """Bytes this histogram holds (the object and its bucket array, as sys.getsizeof counts them)."""
+        return sys.getsizeof(self) + sys.getsizeof(self._weights)
 
     def total_weight(self) -> float:
         """The sum of the (decayed) weights, relative to the reference time."""
