@@ -199,3 +199,30 @@ def test_a_rule_whose_start_has_not_fired_is_not_in_force() -> None:
     leap = rule("leap", "0 0 29 2 *", "0 1 29 2 *")
     assert active_rule([leap], datetime(2028, 2, 29, 0, 30, tzinfo=UTC)) is leap
     assert active_rule([leap], datetime(2028, 2, 29, 1, 30, tzinfo=UTC)) is None
+
+
+DAILY = st.tuples(st.sampled_from(("", "TZ=Europe/Berlin ")), st.one_of(st.just("*"), field(1, 31)),
+                  field(1, 12, ("FEB", "jun", "Dec")), st.one_of(st.just("*"), field(0, 6, ("SAT", "sun")))).map(
+    lambda parts: f"{parts[0]}0 0 {parts[1]} {parts[2]} {parts[3]}")
+
+
+@settings(max_examples=80, deadline=None)
+@given(expression=DAILY, at=MOMENTS)
+def test_previous_agrees_with_a_day_by_day_search_over_a_year(expression: str, at: datetime) -> None:
+    try:
+        schedule = CronSchedule.parse(expression)
+    except ValueError:
+        return  # a day no chosen month has (such as 31 in FEB only): refused at parse, tested above
+    zone = schedule.zone
+    day = at.astimezone(zone).replace(hour=0, minute=0, second=0, microsecond=0)
+    expected = None
+    for back in range(800):
+        midnight = (day - timedelta(days=back)).replace(tzinfo=None).replace(tzinfo=zone)
+        if midnight <= at and schedule.schedule.matches(midnight):
+            expected = midnight
+            break
+    found = schedule.previous(at)
+    if expected is None:
+        assert found is None or found.timestamp() < (at - timedelta(days=790)).timestamp()
+    else:
+        assert found is not None and found.timestamp() == expected.timestamp()

@@ -212,3 +212,12 @@ def test_any_decision_respects_clamps_threshold_and_limits(use_t: float, use_v: 
 def test_the_scales_keep_vram_and_tflops_units_apart() -> None:
     usage = usage_around(10, 2, samples=10)
     assert usage.tflops.scale is TFLOPS_SCALE and usage.vram.scale is VRAM_SCALE
+
+
+def test_a_resource_without_a_request_is_not_given_one() -> None:
+    vram_only = Share(Resources(vram=8 * GIB), Resources(vram=8 * GIB))
+    decision = decide(usage_around(10, 2), vram_only)
+    assert decision.changed and decision.share.request.tflops == 0 and decision.share.request.vram < 8 * GIB
+    assert "TFLOPS has no request, so it is left alone" in decision.message
+    nothing = decide(usage_around(10, 2), Share(Resources(), Resources()))
+    assert (nothing.reason, nothing.changed) == ("NoRequest", False)

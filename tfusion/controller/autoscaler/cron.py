@@ -65,6 +65,9 @@ class CronSchedule:
         schedule, zone = self.schedule, self.zone
         while moment > stop:
             local = moment.astimezone(zone)
+            if local.month not in schedule.months:
+                moment = _local_day_start(local.replace(day=1), zone) - _MINUTE
+                continue
             if not _day_matches(schedule, local):
                 moment = _local_day_start(local, zone) - _MINUTE
                 continue
@@ -82,13 +85,13 @@ def _aware(at: datetime) -> datetime:
 
 
 def _day_matches(schedule: cron.Schedule, local: datetime) -> bool:
-    """Whether some minute of `local`'s day (month, day of month and day of week) can fire."""
-    first = local.replace(hour=min(schedule.hours), minute=min(schedule.minutes))
-    return local.month in schedule.months and schedule.matches(first)
+    """Whether some minute of `local`'s day (its day of month and day of week) can fire."""
+    return schedule.matches(local.replace(hour=min(schedule.hours), minute=min(schedule.minutes)))
 
 
 def _local_day_start(local: datetime, zone: tzinfo) -> datetime:
-    """The first instant (UTC) of `local`'s day in `zone` (past a skipped midnight if need be)."""
+    """The first instant (UTC) of `local`'s day in `zone` (past a skipped midnight if need be),
+    never later than `local` itself."""
     start = datetime.combine(local.date(), time(0), tzinfo=zone).astimezone(UTC)
     return min(start, local.astimezone(UTC))
 

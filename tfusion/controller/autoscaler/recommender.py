@@ -8,7 +8,7 @@ How a recommendation is made (`recommend`), per GPU, for the resources `targetRe
 1. nothing before `started_at + initialDelayPeriod`, nothing without samples;
 2. estimates: target, lower and upper = the configured percentiles of the decaying histogram times
    (1 + marginFraction); TFLOPS rounded up to a milli-TFLOPS, VRAM up to a MiB;
-3. a resource whose current request lies inside [lower, upper] stays; otherwise its request moves
+3. a resource whose current request is 0 (none asked) or lies inside [lower, upper] stays; otherwise its request moves
    to the target and its limit keeps the current limit/request proportion (a limit of 0, "no
    limit", stays 0);
 4. the new request is clamped to [min ratio, max ratio] x the original request (spec.resources;
@@ -26,6 +26,8 @@ Reasons (Decision.reason):
 - WithinBounds: every selected resource's current request lies within its [lower, upper].
 - BelowUpdateThreshold: a request lies outside its bounds, but the change is below updateThreshold.
 - HeldByClamp: a request lies outside its bounds, but the ratio or capacity clamp keeps it where it is.
+- NoRequest: no selected resource has a request (0): a workload that asks for no TFLOPS (or no VRAM)
+  is not given one, since that would start reserving what it never asked for.
 - ComputeUnconvertible: only compute is selected, it is a percent, and the GPU capacity is unknown.
 - NoSamples: no usage sample has been recorded yet.
 - InitialDelay: the workload started less than initialDelayPeriod ago.
@@ -53,6 +55,7 @@ WITHIN_BOUNDS: Final = "WithinBounds"
 BELOW_UPDATE_THRESHOLD: Final = "BelowUpdateThreshold"
 HELD_BY_CLAMP: Final = "HeldByClamp"
 COMPUTE_UNCONVERTIBLE: Final = "ComputeUnconvertible"
+NO_REQUEST: Final = "NoRequest"
 NO_SAMPLES: Final = "NoSamples"
 INITIAL_DELAY: Final = "InitialDelay"
 DISABLED: Final = "Disabled"
@@ -173,7 +176,7 @@ class _Move:
 
     request: int
     limit: int
-    outcome: str  # one of the reasons WithinBounds, BelowUpdateThreshold, HeldByClamp, Recommended
+    outcome: str  # one of the reasons NoRequest, WithinBounds, BelowUpdateThreshold, HeldByClamp, Recommended
     text: str
 
 
@@ -238,10 +241,10 @@ def _overall(moves: list[_Move]) -> str:
     if not moves:
         return COMPUTE_UNCONVERTIBLE
     outcomes = {move.outcome for move in moves}
-    for reason in (RECOMMENDED, BELOW_UPDATE_THRESHOLD, HELD_BY_CLAMP):
+    for reason in (RECOMMENDED, BELOW_UPDATE_THRESHOLD, HELD_BY_CLAMP, WITHIN_BOUNDS):
         if reason in outcomes:
             return reason
-    return WITHIN_BOUNDS
+    return NO_REQUEST
 
 
 def _compute_move(found: Estimate, policy: AutoSetPolicy, original: Share, current: Share,
@@ -279,6 +282,8 @@ def _in_unit_of(like: Resources, tflops: int, capacity: int) -> Resources:
 def _move(rules: _Rules, request: int, limit: int, threshold: float, show: _Show) -> _Move:
     bounds = (f"target p{_pct(rules.target_p)} {show(rules.target)}, bounds p{_pct(rules.lower_p)} "
               f"{show(rules.lower)}..p{_pct(rules.upper_p)} {show(rules.upper)}")
+    if request <= 0:
+        return _Move(request, limit, NO_REQUEST, f"{rules.name} has no request, so it is left alone ({bounds})")
     if rules.lower <= request <= rules.upper:
         return _Move(request, limit, WITHIN_BOUNDS, f"{rules.name} request {show(request)} kept, within {bounds}")
     wanted, clamps = _clamped(rules, rules.target, show)
