@@ -221,3 +221,14 @@ def test_a_resource_without_a_request_is_not_given_one() -> None:
     assert "TFLOPS has no request, so it is left alone" in decision.message
     nothing = decide(usage_around(10, 2), Share(Resources(), Resources()))
     assert (nothing.reason, nothing.changed) == ("NoRequest", False)
+
+
+def test_a_compute_percent_that_stays_is_not_rounded_through_a_small_gpu() -> None:
+    t4 = Resources(tflops=65_000, vram=16 * GIB)
+    usage = usage_around(18, 2, spread=0.3)  # bounds about 18..23 TFLOPS: 33.335 % of 65 (21.67) lies within
+    current = Share(Resources(percent=33_335, vram=8 * GIB), Resources(percent=33_335, vram=8 * GIB))
+    decision = decide(usage, current, capacity=t4, policy=AutoSetPolicy(enable=True, initial_delay_s=0,
+                                                                          margin=0.0))
+    assert decision.changed and decision.share.request.vram < 8 * GIB  # VRAM moves
+    assert "TFLOPS request 21667m kept, within" in decision.message
+    assert decision.share.request.percent == 33_335 and decision.share.limit.percent == 33_335

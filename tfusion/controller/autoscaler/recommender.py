@@ -259,9 +259,9 @@ def _compute_move(found: Estimate, policy: AutoSetPolicy, original: Share, curre
                    policy.lower_compute, policy.upper_compute, policy.min_compute_ratio, policy.max_compute_ratio,
                    base, cap)
     move = _move(rules, req, lim, policy.update_threshold, tflops_str)
-    request = _in_unit_of(current.request, move.request, cap)
-    limit = _in_unit_of(current.limit, move.limit, cap)
-    return move, request, limit
+    if move.outcome != RECOMMENDED:  # no round trip through the capacity for what stays
+        return move, current.request, current.limit
+    return move, _in_unit_of(current.request, move.request, cap), _in_unit_of(current.limit, move.limit, cap)
 
 
 def _as_tflops(amounts: Resources, capacity: int) -> int | None:
