@@ -150,3 +150,30 @@ def test_memory_is_bounded_by_the_bucket_count_not_the_samples() -> None:
     for n in range(20_000):
         histogram.add(float(1 + n % 50_000) * 200, T0 + n)
     assert len(histogram.buckets()) <= TFLOPS_SCALE.bucket_count
+
+
+def exact_weighted(pairs: list[tuple[float, float]], p: float) -> float:
+    """The smallest value whose cumulative weight (values in order) reaches p of the total."""
+    ordered = sorted(pairs)
+    total = sum(w for _, w in ordered)
+    running = 0.0
+    for value, weight in ordered:
+        running += weight
+        if running >= p * total:
+            return value
+    return ordered[-1][0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs=st.lists(st.tuples(st.floats(min_value=1.0, max_value=9_000_000.0),
+                                st.floats(min_value=1e-3, max_value=1e3)), min_size=1, max_size=200),
+       p=st.floats(min_value=0.0, max_value=1.0))
+def test_weighted_percentiles_are_within_the_bucket_error(pairs: list[tuple[float, float]], p: float) -> None:
+    histogram = DecayingHistogram(TFLOPS_SCALE, HOUR)
+    for value, weight in pairs:
+        histogram.add(value, T0, weight)
+    estimate, = histogram.percentiles(p)
+    # sums in another order may round across the threshold: the answer lies between p's neighbours
+    low, high = exact_weighted(pairs, max(0.0, p - 1e-9)), exact_weighted(pairs, min(1.0, p + 1e-9))
+    error = TFLOPS_SCALE.max_error * (1 + 1e-9)
+    assert low * (1 - error) <= estimate <= high * (1 + error)

@@ -232,3 +232,17 @@ def test_a_compute_percent_that_stays_is_not_rounded_through_a_small_gpu() -> No
     assert decision.changed and decision.share.request.vram < 8 * GIB  # VRAM moves
     assert "TFLOPS request 21667m kept, within" in decision.message
     assert decision.share.request.percent == 33_335 and decision.share.limit.percent == 33_335
+
+
+def test_old_usage_fades_so_the_recommendation_follows_the_recent_one() -> None:
+    usage = WorkloadUsage(ON.half_life_s)
+    for n in range(500):
+        usage.add(T0 + n * 30.0, 40_000.0, 8.0 * GIB)  # busy once
+    later = T0 + 10 * ON.half_life_s  # ten half-lives on: those samples weigh 1/1024 each
+    for n in range(100):
+        usage.add(later + n * 30.0, 10_000.0, 2.0 * GIB)
+    decision = decide(usage, share(40, 8), now=later + 3000)
+    assert decision.estimate is not None
+    assert decision.estimate.tflops_upper <= 10_000 * 1.15 * (1 + TFLOPS_SCALE.max_error) + 1
+    assert decision.share.request.vram <= math.ceil(2 * GIB * 1.15 * (1 + VRAM_SCALE.max_error) / MIB) * MIB
+    assert "From 600 samples" in decision.message
