@@ -8,6 +8,7 @@ import pytest
 
 from tfusion.allocator.request import Resources
 from tfusion.controller.autoscaler.policy import AutoSetPolicy, PolicyError, scaling_policy
+from tfusion.controller.webhook.workloads import autoscaling_enabled
 
 GIB = 1 << 30
 
@@ -128,3 +129,13 @@ def test_a_disabled_external_scaler_does_not_enable_autoscaling() -> None:
 def test_the_config_must_be_an_object() -> None:
     with pytest.raises(PolicyError, match=r"autoScalingConfig\.cronScalingRules: .* a list of rules"):
         scaling_policy({"cronScalingRules": "0 * * * *"}, namespace="ns")
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"autoSetResources": {"enable": True}}, {"autoSetResources": {"enable": False}},
+    {"cronScalingRules": [night_rule()]}, {"cronScalingRules": [night_rule(enable=False)]},
+    {"externalScaler": {"enable": True, "url": "http://x"}}, {"externalScaler": {"enable": False}},
+    {"autoSetResources": {"enable": False}, "cronScalingRules": [night_rule(enable=False), night_rule()]},
+])
+def test_enabled_means_what_the_webhook_means(config: dict[str, object]) -> None:
+    assert scaling_policy(config, namespace="ns").enabled is autoscaling_enabled(config)
