@@ -7,6 +7,7 @@ saying so.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -233,14 +234,23 @@ class _Exporter(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def exporter() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
+@contextlib.contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`host:port` of a small HTTP server in a thread, for the life of the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    with _serving(_Exporter) as address:
+        yield address
 
 
 @pytest.fixture
@@ -299,3 +309,28 @@ async def test_a_slow_server_fails_within_the_timeout() -> None:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         with anyio.fail_after(10), pytest.raises(UsageSourceError, match=r"did not answer within 0\.5 s"):
             await InfluxUsage(url, DATABASE, timeout_s=0.5).samples(0, 1)
+
+
+class _Flood(BaseHTTPRequestHandler):
+    """Answers any POST with a JSON document larger than the test's cap."""
+
+    def do_POST(self) -> None:
+        body = b'{"status": "success", "padding": "' + b"x" * 100_000 + b'"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+async def test_an_answer_over_the_size_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfusion.controller.autoscaler import sources
+
+    monkeypatch.setattr(sources, "MAX_RESPONSE_BYTES", 10_000)
+    with _serving(_Flood) as address:
+        with pytest.raises(UsageSourceError, match=r"answered more than 10000 bytes"):
+            await PrometheusUsage(f"http://{address}").samples(0, 60)
+        with pytest.raises(UsageSourceError, match=r"answered more than 10000 bytes"):
+            await InfluxUsage(f"http://{address}", DATABASE).samples(0, 60)
