@@ -166,6 +166,9 @@ def parse_http_url(text: str) -> str:
     return stripped
 
 
+#: --autoscaler-usage-source: the hypervisors themselves, or a server that keeps history
+AUTOSCALER_USAGE_SOURCES = ("hypervisor", "prometheus", "influxdb", "greptimedb")
+
 #: the simulated devices --role=all falls back to when --devices=auto finds no NVIDIA driver
 DEFAULT_SIM_DEVICES = "sim:2xA100-SXM4-80GB,1xH100-SXM5-80GB"
 
@@ -399,6 +402,14 @@ OPTIONS: tuple[Option, ...] = (
     _o("disable_connection_auth", None, "DISABLE_CONNECTION_AUTH", False, parse_bool, "controller",
        "answer GET /api/connection without checking the caller's ServiceAccount token (unsafe: any pod "
        "can then read any connection's worker address)"),
+    _o("autoscaler_usage_source", "--autoscaler-usage-source", "TF_AUTOSCALER_USAGE_SOURCE", "hypervisor",
+       _choice(*AUTOSCALER_USAGE_SOURCES), "controller",
+       "where the autoscaler reads workers' GPU usage: hypervisor (each node's hypervisor, no database), "
+       "prometheus, influxdb (1.x) or greptimedb (history from --autoscaler-usage-url)"),
+    _o("autoscaler_usage_url", "--autoscaler-usage-url", None, "", parse_http_url, "controller",
+       "base URL of the prometheus, influxdb or greptimedb usage source (required for those)"),
+    _o("autoscaler_usage_database", "--autoscaler-usage-database", None, "", str, "controller",
+       "database of the influxdb or greptimedb usage source (default: --metrics-push-database)"),
     # --- hypervisor -------------------------------------------------------------------------------
     _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
@@ -519,6 +530,9 @@ class Settings:
     drift_check_interval: float = _default("drift_check_interval")
     connection_wait: float = _default("connection_wait")
     disable_connection_auth: bool = _default("disable_connection_auth")
+    autoscaler_usage_source: str = _default("autoscaler_usage_source")
+    autoscaler_usage_url: str = _default("autoscaler_usage_url")
+    autoscaler_usage_database: str = _default("autoscaler_usage_database")
     hypervisor_port: int = _default("hypervisor_port")
     hypervisor_host: str = _default("hypervisor_host")
     api_token_file: str = _default("api_token_file")
@@ -561,6 +575,7 @@ class Settings:
         values: dict[str, Any] = {"roles": tuple(roles)}
         for opt in OPTIONS:
             values[opt.attr] = _resolve(opt, flags.get(opt.attr), env)
+        _check_autoscaler_usage(values)
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -700,6 +715,20 @@ def _resolve(opt: Option, flag_value: Any, env: Mapping[str, str]) -> Any:
     if flag_value is not None:
         return flag_value
     return opt.default
+
+
+def _check_autoscaler_usage(values: Mapping[str, Any]) -> None:
+    """A usage source that keeps history needs its server's URL; the hypervisor source takes none."""
+    source, url = values["autoscaler_usage_source"], values["autoscaler_usage_url"]
+    if source != "hypervisor" and not url:
+        raise SettingsError(f"--autoscaler-usage-source={source} needs --autoscaler-usage-url (the {source} "
+                            "server's base URL, such as http://127.0.0.1:9090)")
+    if source == "hypervisor" and (url or values["autoscaler_usage_database"]):
+        raise SettingsError("--autoscaler-usage-url and --autoscaler-usage-database are for the prometheus, "
+                            "influxdb and greptimedb usage sources; --autoscaler-usage-source is hypervisor")
+    if source == "prometheus" and values["autoscaler_usage_database"]:
+        raise SettingsError("--autoscaler-usage-database is for the influxdb and greptimedb usage sources; "
+                            "prometheus has no database")
 
 
 def _refuse_if_not_implemented(opt: Option, flag_value: Any, env_text: str | None) -> None:

@@ -1,33 +1,32 @@
 """Metrics against real servers: a `tfusion --role=all` process pushes its tables to an InfluxDB 1.x
 server the test starts (points read back with InfluxQL, every table's tags and fields checked, and
 an outage of the server loses nothing that fits the buffer), and a Prometheus server the test
-starts scrapes both roles (series read back from its HTTP API). Both servers run from their Debian
-packages (`influxdb`, `prometheus`; `.ci/run` installs them) in temporary directories on free
-loopback ports, under `timeout -s KILL`; a test skips, saying so, when its server is not installed.
+starts scrapes both roles (series read back from its HTTP API). Both servers come from
+tests/helpers/metrics_servers.py (their Debian packages, temporary directories, free loopback
+ports, `timeout -s KILL`); a test skips, saying so, when its server is not installed.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.helpers.role_all import NODE, POOL, RoleAll, free_ports
-
-T = TypeVar("T")
-INFLUXD = shutil.which("influxd")
-PROMETHEUS = shutil.which("prometheus")
-DATABASE = "tfusion"
-SERVER_LIFETIME_S = "600"  # the servers are killed after this even if a test forgets them
+from tests.helpers.metrics_servers import (
+    DATABASE,
+    INFLUXD,
+    INFLUXD_MISSING,
+    PROMETHEUS,
+    PROMETHEUS_MISSING,
+    Influx,
+    Prometheus,
+    poll,
+    prom_query,
+)
+from tests.helpers.role_all import NODE, POOL, RoleAll
 
 CONTROLLER_TABLES: dict[str, tuple[set[str], set[str]]] = {
     "tf_worker_resources": ({"namespace", "pool", "qos", "worker", "workload"},
@@ -62,93 +61,10 @@ HYPERVISOR_TABLES: dict[str, tuple[set[str], set[str]]] = {
 }
 
 
-def poll(what: str, check: Callable[[], T | None], timeout: float = 60.0, log: Callable[[], str] = str) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except (httpx.TransportError, AssertionError, KeyError, ValueError) as exc:
-            last = exc
-        time.sleep(0.2)
-    pytest.fail(f"{what} not seen after {timeout} s (last: {last!r})\n{log()}")
-
-
-def _start_group(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(["timeout", "-s", "KILL", SERVER_LIFETIME_S, *args], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
-class Influx:
-    """One influxd in `root`, on free loopback ports; `kill()` and `start()` again keep its data."""
-
-    def __init__(self, root: Path) -> None:
-        assert INFLUXD is not None
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        http_port, rpc_port = free_ports(2)
-        self.url = f"http://127.0.0.1:{http_port}"
-        self.config = root / "influxdb.conf"
-        self.config.write_text(f"""reporting-disabled = true
-bind-address = "127.0.0.1:{rpc_port}"
-[meta]
-  dir = "{root / 'meta'}"
-[data]
-  dir = "{root / 'data'}"
-  wal-dir = "{root / 'wal'}"
-  query-log-enabled = false
-[http]
-  enabled = true
-  bind-address = "127.0.0.1:{http_port}"
-  log-enabled = false
-[monitor]
-  store-enabled = false
-[continuous_queries]
-  enabled = false
-""")
-        self.log = root / "influxd.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        assert INFLUXD is not None
-        self.proc = _start_group([INFLUXD, "-config", str(self.config)], self.log)
-        poll("influxd answering /ping", lambda: httpx.get(f"{self.url}/ping", timeout=2).status_code == 204,
-             log=lambda: self.log.read_text(errors="replace"))
-
-    def kill(self) -> None:
-        _kill_group(self.proc)
-        self.proc = None
-
-    def query(self, q: str) -> list[dict[str, Any]]:
-        response = httpx.post(f"{self.url}/query", params={"db": DATABASE, "epoch": "ms"}, data={"q": q},
-                              timeout=10)
-        assert response.status_code == 200, response.text
-        result = response.json()["results"][0]
-        assert "error" not in result, result
-        series: list[dict[str, Any]] = result.get("series") or []
-        return series
-
-    def keys(self, q: str) -> set[str]:
-        return {row[0] for s in self.query(q) for row in s["values"]}
-
-    def times(self, measure: str, field: str) -> set[int]:
-        return {row[0] for s in self.query(f'SELECT "{field}" FROM "{measure}"') for row in s["values"]}
-
-
 @pytest.fixture
 def influx(tmp_path: Path) -> Iterator[Influx]:
     if INFLUXD is None:
-        pytest.skip("influxd is not installed (Debian package influxdb); .ci/run installs it")
+        pytest.skip(INFLUXD_MISSING)
     server = Influx(tmp_path / "influx")
     yield server
     server.kill()
@@ -261,38 +177,10 @@ def test_pushed_tables_arrive_in_influxdb_and_an_outage_loses_nothing(run: RoleA
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
     if PROMETHEUS is None:
-        pytest.skip("prometheus is not installed (Debian package prometheus); .ci/run installs it")
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(targets: dict[str, str]) -> str:
-        assert PROMETHEUS is not None
-        root = tmp_path / "prometheus"
-        root.mkdir()
-        (port,) = free_ports(1)
-        config = root / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            # a generous timeout: on a loaded machine one scrape of a whole --role=all can take a while
-            "global": {"scrape_interval": "3s", "scrape_timeout": "3s", "evaluation_interval": "3s"},
-            "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
-                                "static_configs": [{"targets": [target]}]} for job, target in targets.items()]}))
-        log = root / "prometheus.log"
-        procs.append(_start_group([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{port}"], log))
-        url = f"http://127.0.0.1:{port}"
-        poll("prometheus ready", lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200,
-             log=lambda: log.read_text(errors="replace"))
-        return url
-
-    yield start
-    for proc in procs:
-        _kill_group(proc)
-
-
-def prom_query(url: str, query: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=10)
-    assert response.status_code == 200, response.text
-    result: list[dict[str, Any]] = response.json()["data"]["result"]
-    return result
+        pytest.skip(PROMETHEUS_MISSING)
+    servers = Prometheus(tmp_path)
+    yield servers.start
+    servers.stop()
 
 
 #: every label the metrics families of issue 16 use (Prometheus adds job and instance)

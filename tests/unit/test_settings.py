@@ -61,7 +61,11 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "disable_connection_auth": ("true", True, "maybe"),
     "progressive_migration": ("true", True, "maybe"),
     "isolation_mode_policy": ("Dynamic", "dynamic", "both"),
+    "autoscaler_usage_source": ("influxdb", "influxdb", "mysql"),
 }
+
+#: the flags an option's cases need besides it (a history usage source needs its server's URL)
+NEEDS: dict[str, dict[str, Any]] = {"autoscaler_usage_source": {"autoscaler_usage_url": "http://127.0.0.1:8086"}}
 
 ENV_OPTIONS = [opt for opt in OPTIONS if opt.env and opt.implemented]
 
@@ -89,7 +93,7 @@ def test_env_overrides_default(opt: Option) -> None:
     text, expected, _ = ENV_CASES[opt.attr]
     assert expected != opt.default, "the case must differ from the default to prove the override"
     assert opt.env is not None
-    settings = _load(env={opt.env: text})
+    settings = _load(flags=NEEDS.get(opt.attr), env={opt.env: text})
     assert getattr(settings, opt.attr) == expected
     # other options keep their defaults
     untouched = next(o for o in OPTIONS if o.attr != opt.attr and o.env != opt.env)
@@ -114,13 +118,14 @@ def test_flag_and_env_precedence(opt: Option) -> None:
     flag_value = _flag_sample(opt)
     assert flag_value not in (env_value, opt.default)
     assert opt.env is not None
-    settings = _load(flags={opt.attr: flag_value}, env={opt.env: text})
+    needs = NEEDS.get(opt.attr, {})
+    settings = _load(flags={**needs, opt.attr: flag_value}, env={opt.env: text})
     if opt.env_wins:
         assert getattr(settings, opt.attr) == env_value, f"{opt.env} must win over {opt.flag}"
     else:
         assert getattr(settings, opt.attr) == flag_value, f"{opt.flag} must win over {opt.env}"
     # the flag alone is used when the environment is silent
-    assert getattr(_load(flags={opt.attr: flag_value}), opt.attr) == flag_value
+    assert getattr(_load(flags={**needs, opt.attr: flag_value}), opt.attr) == flag_value
 
 
 def _flag_sample(opt: Option) -> Any:
@@ -128,7 +133,7 @@ def _flag_sample(opt: Option) -> Any:
         "log_level": "warn", "node_name": "flag-node", "controller_listen": ":7070",
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
-        "metrics_push_url": "http://10.0.0.9:8086/write",
+        "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
     }
     return samples[opt.attr]
 
@@ -310,7 +315,7 @@ def test_an_unimplemented_option_left_unset_keeps_its_default(opt: Option) -> No
 
 def test_implemented_options_are_not_refused() -> None:
     env = {opt.env: ENV_CASES[opt.attr][0] for opt in ENV_OPTIONS if opt.env}
-    settings = _load(env=env)
+    settings = _load(flags={k: v for needs in NEEDS.values() for k, v in needs.items()}, env=env)
     assert settings.metrics_format == "json"
 
 

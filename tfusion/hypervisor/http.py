@@ -55,6 +55,7 @@ from tfusion.hypervisor import http_bodies as bodies
 from tfusion.hypervisor.devices.backend import DeviceBackendError
 from tfusion.hypervisor.devices.model import DeviceInfo, DeviceWire
 from tfusion.hypervisor.devices.registry import DeviceRegistry
+from tfusion.hypervisor.usage_http import usage_handlers
 from tfusion.hypervisor.workers.model import AllocationWire, WorkerAllocation
 from tfusion.hypervisor.workers.procfs import ProcFS
 from tfusion.hypervisor.workers.tracker import WorkerFactory, WorkerTracker
@@ -175,7 +176,7 @@ _TOKEN_ERRORS = error_responses({401: "No, an invalid or a foreign token (or --b
 def build_app(ctx: HypervisorContext) -> Any:
     """The Litestar app for one hypervisor."""
     handlers = [*health_handlers(ctx.readiness), *_device_handlers(ctx), *_worker_handlers(ctx),
-                *_limiter_handlers(ctx)]
+                *_limiter_handlers(ctx), *usage_handlers(ctx)]
     extra = {} if isinstance(ctx.workers, WorkerFactory) else {
         "exception_handlers": {MethodNotAllowedException: _pods_not_workers}}
     return make_app([*_options_handlers(handlers), *handlers, metrics_handler(ctx.metrics_registry)],

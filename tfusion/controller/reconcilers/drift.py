@@ -42,10 +42,10 @@ from prometheus_client import Counter
 
 from tfusion.allocator import GpuAllocator, RequestError
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Gpu, Node, Pod, items, sequence_of_maps
+from tfusion.api.accessors import Body, Gpu, Pod, items
 from tfusion.api.annotations import AnnotationError
 from tfusion.controller.allocation import FLUSH_INTERVAL_S, AllocatorService
-from tfusion.controller.reconcilers.common import RUNNING
+from tfusion.controller.hypervisors import HYPERVISOR_TIMEOUT_S, running_hypervisors
 from tfusion.controller.reconcilers.holdings import gpu_names, knows_gpu, worker_request
 from tfusion.controller.views import gpu_status
 from tfusion.kube import resources as r
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HYPERVISOR_TIMEOUT_S = 2.0
 MAX_FINDINGS = 100
 KINDS = ("gpu-status", "orphan-allocation", "missing-allocation", "allocation-gpus", "hypervisor-workers")
 
@@ -88,13 +87,6 @@ def _gpu_fields(gpu: Gpu) -> tuple[object, Sequence[object]]:
 def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[object, Sequence[object]]:
     wanted = gpu_status(allocator, name)
     return wanted["available"], wanted["runningApps"]
-
-
-def node_address(node: Node | None) -> str | None:
-    for address in sequence_of_maps(node.status.get("addresses") if node is not None else None):
-        if address.get("type") == "InternalIP" and address.get("address"):
-            return str(address["address"])
-    return None
 
 
 class DriftAudit:
@@ -291,16 +283,9 @@ class DriftAudit:
     async def _audit_hypervisors(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[Finding]:
         found = []
         placed = allocator.node_workers()
-        nodes = self.runtime.informer(r.NODES)
         async with httpx.AsyncClient(timeout=HYPERVISOR_TIMEOUT_S) as http:
-            for gpunode in map(Body, self.runtime.informer(r.GPUNODES).list()):
-                name = gpunode.name
-                node = nodes.get(name)
-                address = node_address(Node(node) if node is not None else None)
-                if gpunode.phase != RUNNING or address is None:
-                    continue
-                host = f"[{address}]" if ":" in address else address
-                listed = await self._hypervisor_workers(http, f"http://{host}:{self.hypervisor_port}")
+            for name, (gpunode, base) in running_hypervisors(self.runtime).items():
+                listed = await self._hypervisor_workers(http, base)
                 if listed is None:
                     continue
                 ledger = set(placed.get(name, {}))
