@@ -2,7 +2,8 @@
 with a real controller: pods placed by the built-in scheduler, resized down in place (annotations,
 ledger and GPU status follow, a Resized event), refused when the GPU or the quota cannot hold the
 increase (a ResizeRefused event naming what is short, nothing changed), never shrunk below the VRAM
-in use; hard isolation recreated only when a controller owns the pod; partitions refused."""
+in use; the drift audit and a new leader's recovery agree with the resized share; hard isolation
+recreated only when a controller owns the pod; partitions refused."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually
 from tests.helpers.controller import (
+    POOL,
     Controller,
     controllers,
     create_gpu,
@@ -26,7 +28,7 @@ from tests.helpers.controller import (
     start_controller,
 )
 from tests.helpers.scheduler import bound, create_node, events_for, gpu_pod
-from tfusion.allocator.request import Resources
+from tfusion.allocator.request import Resources, request_from_pod
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.controller.autoscaler.resize import ResizeOutcome, WorkerResizer
@@ -153,6 +155,38 @@ async def test_resize_down_in_place_refuse_up_floor_at_use_and_quota(apiserver: 
                 assert report is not None and report["findings"] == [], report
                 await anyio.sleep(drift.settle + 0.2)
             assert _percent_share(ctl, pod.uid) == (5_000, 3 * GI, 10_000, 3 * GI)
+
+            # a new leader rebuilds the ledger from the annotations: the resized share, not the first one
+            await ctl.stop()
+            successor = await start_controller(tg, settings_for(apiserver, tmp_path, drift_check_interval=3600.0))
+
+            def recovered() -> bool:
+                allocator = successor.service.allocator
+                return allocator is not None and allocator.has_allocation(pod.uid)
+
+            await eventually(recovered, what="the successor recovered w1")
+            assert _percent_share(successor, pod.uid) == (5_000, 3 * GI, 10_000, 3 * GI)
+
+            # the room is taken between the dry run and the ledger: the annotations are patched back
+            raced = await RacingResizer(successor.runtime, successor.service).resize(
+                pod, share(30, 3), share(30, 3))
+            assert (raced.applied, raced.reason) == (False, "InsufficientCapacity"), raced
+            assert "the annotations were patched back" in raced.message
+            assert (await share_notes(kube, "w1"))[tfa.COMPUTE_PERCENT_REQUEST] == "5"
+            assert tfa.TFLOPS_REQUEST not in await share_notes(kube, "w1")
+            assert _percent_share(successor, pod.uid) == (5_000, 3 * GI, 10_000, 3 * GI)
+
+
+class RacingResizer(WorkerResizer):
+    """Another pod takes 80 TFLOPS of gpu-a1 right after the annotations are patched."""
+
+    async def _patch(self, pod: Pod, notes: dict[str, str | None]) -> None:
+        await super()._patch(pod, notes)
+        allocator = self.service.allocator
+        if allocator is not None and not allocator.has_allocation("ghost-uid"):
+            ghost = Pod({"metadata": {"name": "ghost", "namespace": "other", "uid": "ghost-uid", "annotations": {
+                tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "80", tfa.VRAM_REQUEST: "1Gi"}}})
+            assert allocator.restore([(request_from_pod(ghost), ("gpu-a1",))]) == []
 
 
 def _percent_share(ctl: Controller, uid: str) -> tuple[int, int, int, int]:

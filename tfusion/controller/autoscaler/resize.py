@@ -97,9 +97,30 @@ def check_share(request: Resources, limit: Resources, vram_in_use: int) -> None:
                         ("limit.percent", limit.percent), ("limit.vram", limit.vram), ("vram_in_use", vram_in_use)):
         if value < 0:
             raise ValueError(f"resize {name}: {value} is negative (allowed: 0 or more)")
-    if request.tflops and request.percent:
-        raise ValueError(f"resize request: TFLOPS {request.tflops}m and compute percent {request.percent} "
-                         "both given (allowed: one of them)")
+    for side, res in (("request", request), ("limit", limit)):
+        if res.tflops and res.percent:
+            raise ValueError(f"resize {side}: TFLOPS {res.tflops}m and compute percent {res.percent} both given "
+                             "(allowed: one of them)")
+
+
+def check_readable(request: Resources, limit: Resources) -> None:
+    """ValueError unless the pod's annotations will read back as exactly this share (the way
+    `request_from_pod` reads them: TFLOPS wins over compute percent, a missing request is its limit)
+    and the webhook would accept them (no request above its limit)."""
+    if (request.tflops and limit.percent) or (request.percent and limit.tflops):
+        raise ValueError("resize: request and limit give compute in different forms (allowed: both TFLOPS or "
+                         "both compute percent)")
+    for name, asked, ceiling in (("tflops", request.tflops, limit.tflops), ("percent", request.percent, limit.percent),
+                                 ("vram", request.vram, limit.vram)):
+        if ceiling and asked > ceiling:
+            raise ValueError(f"resize request.{name}: {asked} is above limit.{name} {ceiling} "
+                             "(allowed: at most the limit, or a limit of 0 for none)")
+    if not (request.tflops or request.percent) and (limit.tflops or limit.percent):
+        raise ValueError("resize request: no compute with a compute limit reads back as request = limit "
+                         "(allowed: a compute request, or no compute limit)")
+    if not request.vram and limit.vram:
+        raise ValueError("resize request.vram: 0 with a VRAM limit reads back as request = limit "
+                         "(allowed: a VRAM request, or no VRAM limit)")
 
 
 def share_annotations(request: Resources, limit: Resources) -> dict[str, str | None]:
@@ -135,7 +156,8 @@ class WorkerResizer:
     async def resize(self, pod: Pod, request: Resources, limit: Resources, *, vram_in_use: int = 0,
                      reason: str = "") -> ResizeOutcome:
         """Give `pod` the per-GPU `request` and `limit`; `reason` (why) goes into the event text.
-        Raises ValueError for a share that cannot be meant (negative, TFLOPS and percent both)."""
+        Raises ValueError for a share that cannot be meant (negative, TFLOPS and percent both, a
+        request above its limit, compute forms mixed: `check_share`, `check_readable`)."""
         check_share(request, limit, vram_in_use)
         ref = f"{pod.namespace}/{pod.name}"
         allocator = self.service.allocator
@@ -152,6 +174,7 @@ class WorkerResizer:
             return self._refuse(fresh, "NotAllocated", f"the allocator holds no committed allocation for pod {ref}")
         old_request, old_limit = current_share(info.request)
         new_request, new_limit = floored(request, limit, vram_in_use)
+        check_readable(new_request, new_limit)
         floor_note = ""
         if (new_request.vram, new_limit.vram) != (request.vram, limit.vram):
             floor_note = f"; VRAM floored at the {vram_str(vram_in_use)} in use"
