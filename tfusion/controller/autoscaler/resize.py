@@ -29,8 +29,10 @@ fails after the patch (the room was taken in between) patches the annotations ba
 applied is a Normal event `Resized` saying old -> new. Only the leader (which holds the allocator)
 resizes; elsewhere the outcome is `NotLeader` and nothing happens.
 
-Outcome reasons: Resized, Recreated, Unchanged, NotLeader, NotAllocated, PodGone, Partitioned,
-NotRecreatable, InsufficientCapacity, QuotaExceeded, InvalidResize, PatchFailed, DeleteFailed.
+Outcome reasons: Resized, Recreated, Unchanged, NotLeader, NotAllocated, PodGone, ReadFailed, Partitioned,
+NotRecreatable, InsufficientCapacity, QuotaExceeded, InvalidResize, PatchFailed, DeleteFailed. The
+refusals come with the ResizeRefused event; NotLeader, PodGone, ReadFailed and Unchanged have none
+(no pod to speak of, or nothing to say).
 """
 
 from __future__ import annotations
@@ -167,6 +169,10 @@ class WorkerResizer:
             fresh = Pod(await self.runtime.client.get(r.PODS, pod.name, namespace=pod.namespace))
         except NotFound:
             return ResizeOutcome(ref, False, "PodGone", f"pod {ref} is gone")
+        except KubeError as exc:
+            return ResizeOutcome(ref, False, "ReadFailed", f"cannot read pod {ref}: {exc}")
+        if allocator is not self.service.allocator:
+            return ResizeOutcome(ref, False, "NotLeader", "leadership changed while the pod was read")
         if fresh.uid != pod.uid or fresh.finished or fresh.meta.deletion_timestamp:
             return ResizeOutcome(ref, False, "PodGone", f"pod {ref} ({pod.uid}) was replaced, finished or is deleting")
         info = allocator.allocations(committed_only=True).get(pod.uid)
