@@ -22,14 +22,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
+from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.controller.autoscaler.recommender import share_of
 from tfusion.kube import resources as r
 from tfusion.metrics import cost as billing
 from tfusion.metrics.partition import GpuStatusLookup, PartitionHeld, partition_held, partition_share
@@ -86,6 +88,8 @@ class WorkerRow:
     labels: dict[str, str] = field(default_factory=dict)
     protected_until: float | None = None  # wall seconds; eviction protection raises the price until then
     partition: PartitionHeld | None = None  # the hardware slice it holds (metrics/partition.py)
+    #: its workload's status.recommendation, per GPU, when the autoscaler made one (the cost "after")
+    recommended: billing.WorkerShare | None = None
 
 
 def _pod_ready(pod: Pod) -> bool:
@@ -272,8 +276,30 @@ class ControllerRecorder:
         row = worker_row(pod, self._allocator(), self._gpu_status)
         if row is None:
             return
+        row.recommended = self._recommended(row)
         self.ledger.seen(uid, now)
         self.workers[uid] = row
+
+    def _recommended(self, row: WorkerRow) -> billing.WorkerShare | None:
+        """The worker's share at its workload's recommendation (percent through its GPU's TFLOPS)."""
+        raw = self.runtime.informer(r.TENSORFUSIONWORKLOADS).get(f"{row.namespace}/{row.workload}")
+        try:
+            share = share_of(section(Body(raw).status, "recommendation"), "status.recommendation") \
+                if raw is not None else None
+        except ValueError:
+            return None
+        if share is None:
+            return None
+        allocator, capacity = self._allocator(), 0
+        if allocator is not None and row.gpus:
+            try:
+                capacity = allocator.gpu_info(row.gpus[0]).capacity_tflops
+            except KeyError:
+                pass
+        t_req = share.request.tflops or share.request.percent * capacity // PERCENT_SCALE
+        t_lim = share.limit.tflops or share.limit.percent * capacity // PERCENT_SCALE
+        return replace(row.share, tflops_request=t_req / MILLI, tflops_limit=t_lim / MILLI,
+                       vram_request=share.request.vram, vram_limit=share.limit.vram)
 
     def _gpu_status(self, name: str) -> Mapping[str, Any] | None:
         gpu = self.runtime.informer(r.GPUS).get(name)
@@ -372,12 +398,18 @@ class ControllerRecorder:
                 if label in row.labels and tag not in tags:
                     tags[str(tag)] = row.labels[label]
             share = row.share
+            recommended = {} if row.recommended is None else {
+                "tflops_recommended": row.recommended.tflops_request,
+                "vram_bytes_recommended": row.recommended.vram_request,
+                "raw_cost_recommended": billing.worker_cost(row.recommended, pricing.get(row.pool), seconds,
+                                                            eviction_protected=protected)}
             points.append(Point(WORKER_TABLE, tags, {
                 "gpu_count": share.gpu_count, "tflops_limit": share.tflops_limit,
                 "tflops_request": share.tflops_request, "raw_cost": raw_cost,
                 "vram_bytes_limit": share.vram_limit, "vram_bytes_request": share.vram_request,
                 "ready": row.ready and not self.ledger.is_ended(uid),
-                **(row.partition.fields() if row.partition is not None else {})}, ts, extra={"uid": uid}))
+                **(row.partition.fields() if row.partition is not None else {}), **recommended},
+                ts, extra={"uid": uid}))
         return points
 
     def _node_points(self, now: float, ts: int, gpus: Mapping[str, GpuView]) -> list[Point]:

@@ -58,6 +58,10 @@ CONTROLLER_SPECS: list[MetricSpec] = [
         ("vram_bytes_request", "tfusion_worker_vram_request_bytes", "VRAM a worker requests per GPU", 1.0),
         ("vram_bytes_limit", "tfusion_worker_vram_limit_bytes", "VRAM a worker may use per GPU", 1.0),
         ("gpu_count", "tfusion_worker_gpus", "GPUs a worker holds", 1.0),
+        ("tflops_recommended", "tfusion_worker_tflops_recommended",
+         "TFLOPS per GPU the autoscaler recommends for a worker's workload", 1.0),
+        ("vram_bytes_recommended", "tfusion_worker_vram_recommended_bytes",
+         "VRAM per GPU the autoscaler recommends for a worker's workload", 1.0),
         ("ready", "tfusion_worker_ready", "1 when the worker pod is Ready", 1.0)]),
     *_specs("tf_node_metrics", _NODE_LABELS, [
         ("allocated_tflops", "tfusion_node_allocated_tflops", "TFLOPS allocated on a node's GPUs", 1.0),

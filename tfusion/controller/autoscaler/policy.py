@@ -272,9 +272,9 @@ def _cron_rule(body: Mapping[str, object], where: str) -> CronRule:
                           detail="is empty")
     start, end = (_schedule(body, key, where) for key in ("start", "end"))
     desired = _mapping(body.get("desiredResources"), f"{where}.desiredResources")
-    request = _resource(desired.get("requests"), f"{where}.desiredResources.requests")
+    request = resources_of(desired.get("requests"), f"{where}.desiredResources.requests")
     limits = desired.get("limits")
-    limit = request if limits is None else _resource(limits, f"{where}.desiredResources.limits")
+    limit = request if limits is None else resources_of(limits, f"{where}.desiredResources.limits")
     return CronRule(name, start, end, request, limit)
 
 
@@ -287,7 +287,8 @@ def _schedule(body: Mapping[str, object], key: str, where: str) -> CronSchedule:
                           'with a "CRON_TZ=<zone> " prefix', detail=f"is not a schedule ({exc})") from exc
 
 
-def _resource(value: object, path: str) -> Resources:
+def resources_of(value: object, path: str) -> Resources:
+    """A Resources block (`tflops` or `compute`, and `vram`) per GPU, checked; PolicyError names the field."""
     body = _mapping(value, path)
     tflops, compute, vram = (_quantity(body, key, path) for key in ("tflops", "compute", "vram"))
     if tflops and compute:

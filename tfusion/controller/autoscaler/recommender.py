@@ -38,14 +38,14 @@ Reasons (Decision.reason):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from tfusion.allocator.request import Resources
 from tfusion.allocator.units import MIB, PERCENT_SCALE, percent_str, tflops_str, vram_str
 from tfusion.controller.autoscaler.histogram import TFLOPS_SCALE, VRAM_SCALE, DecayingHistogram
-from tfusion.controller.autoscaler.policy import AutoSetPolicy, CronRule
+from tfusion.controller.autoscaler.policy import AutoSetPolicy, CronRule, resources_of
 
 CHECKPOINT_VERSION: Final = 1
 #: formats one unit's amounts for a message (tflops_str, vram_str)
@@ -72,6 +72,20 @@ class Share:
     def to_status(self) -> dict[str, dict[str, str]]:
         """status.recommendation: quantity text per side; compute percent as `compute` when set."""
         return {"requests": _resource_status(self.request), "limits": _resource_status(self.limit)}
+
+
+def share_of(block: Mapping[str, object], path: str) -> Share | None:
+    """The Share a Resources pair (`requests`, `limits`) says: None without any request, limits
+    defaulting to the requests; PolicyError names a bad field."""
+    requests = block.get("requests")
+    if not isinstance(requests, Mapping):
+        return None
+    request = resources_of(requests, f"{path}.requests")
+    if request == Resources():
+        return None
+    limits = block.get("limits")
+    limit = resources_of(limits, f"{path}.limits") if isinstance(limits, Mapping) and limits else request
+    return Share(request, limit)
 
 
 def _resource_status(amounts: Resources) -> dict[str, str]:

@@ -43,22 +43,27 @@ import orjson
 from tfusion.allocator.request import Resources
 from tfusion.allocator.units import tflops_str, vram_str
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Pod, Workload, section
+from tfusion.api.accessors import Pod, Workload, section
 from tfusion.api.durations import parse_duration
-from tfusion.api.jsontypes import JsonObject
+from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.timestamps import parse_rfc3339, rfc3339
 from tfusion.controller.autoscaler.cron import active_rule
-from tfusion.controller.autoscaler.http import Bounds, recommendation_route, DecisionView, RecommendationAnswer, UsageView
 from tfusion.controller.autoscaler.external import ExternalScaler, ExternalScalerError
+from tfusion.controller.autoscaler.http import (
+    Bounds,
+    DecisionView,
+    RecommendationAnswer,
+    UsageView,
+    recommendation_route,
+)
 from tfusion.controller.autoscaler.policy import (
     ExternalScalerPolicy,
     PolicyError,
     ScalingPolicy,
-    resources_share,
     scaling_policy,
 )
-from tfusion.controller.autoscaler.recommender import Decision, Share, WorkloadUsage, recommend
-from tfusion.controller.autoscaler.resize import WorkerResizer
+from tfusion.controller.autoscaler.recommender import Decision, Share, WorkloadUsage, recommend, rule_decision, share_of
+from tfusion.controller.autoscaler.resize import WorkerResizer, share_text
 from tfusion.controller.autoscaler.sources import UsageSample, UsageSource, UsageSourceError, usage_source
 from tfusion.controller.reconcilers.common import condition, merge_conditions, write_status
 from tfusion.controller.reconcilers.workload import WORKLOAD_INDEX, workload_key
@@ -97,7 +102,7 @@ class Tracked:
 
 def workload_body(raw: Mapping[str, object]) -> Workload:
     api_version, kind = WORKLOAD_API
-    return Workload({**raw, "apiVersion": api_version, "kind": kind})
+    return Workload({**json_object(raw), "apiVersion": api_version, "kind": kind})
 
 
 class Autoscaler:
@@ -273,18 +278,23 @@ class Autoscaler:
         if own and now - tracked.last_pass < own - 0.5 and tracked.decision is not None:
             return
         tracked.last_pass = now
-        original = resources_share(section(workload.spec, "resources"))
-        current = resources_share(section(workload.status, "recommendation")) or original
+        try:
+            original = share_of(section(workload.spec, "resources"), "spec.resources")
+            current = share_of(section(workload.status, "recommendation"), "status.recommendation")
+        except PolicyError as exc:
+            await self._write(workload, None, None, condition_false=("InvalidResources", str(exc)))
+            return
         if original is None:
             await self._write(workload, None, None, condition_false=(
                 "NoRequest", "spec.resources has no requests to scale from"))
             return
-        decision, rule, raw_rule = await self._decide(workload, policy, tracked, original,
-                                                       current or original, now)
+        decision, rule, raw_rule = await self._decide(workload, policy, tracked, original, current or original,
+                                                       now)
         changed = tracked.decision is None or decision.share != tracked.decision.share
         tracked.decision, tracked.decided_at, tracked.rule = decision, now, rule
-        share = decision.share
-        applied = await self._resize_workers(workload, tracked, share, decision.message)
+        # a workload that never had a recommendation gets one only when something moves it
+        share = decision.share if decision.changed or current is not None else None
+        applied = await self._resize_workers(workload, tracked, share, decision.message) if share else 0
         wrote = await self._write(workload, share, raw_rule, applied=applied,
                                   condition_true=(decision.reason, decision.message))
         if wrote and changed and decision.changed:
@@ -296,11 +306,11 @@ class Autoscaler:
         when = dt.datetime.fromtimestamp(now, dt.UTC)
         rule = active_rule(policy.cron_rules, when)
         if rule is not None:
-            share = Share(rule.request, rule.limit)
-            message = f"cron rule {rule.name!r} is in force: {_share_text(share)}"
-            raw = next((dict(x) for x in section(workload.spec, "autoScalingConfig").get("cronScalingRules") or []
-                        if isinstance(x, Mapping) and x.get("name") == rule.name), {"name": rule.name})
-            return Decision(share, share != current, "CronRule", message, None), rule.name, raw
+            rules = section(workload.spec, "autoScalingConfig").get("cronScalingRules")
+            named = [json_object(x) for x in rules if isinstance(x, Mapping) and x.get("name") == rule.name] \
+                if isinstance(rules, list) else []
+            raw: JsonObject = named[0] if named else {"name": rule.name}
+            return rule_decision(rule, current), rule.name, raw
         external = policy.external
         if external is not None and external.enable:
             decided = await self._ask_external(workload, external, tracked, current, now)
@@ -339,7 +349,7 @@ class Autoscaler:
                             "asked for no change", None)
         share = Share(*answer)
         return Decision(share, share != current, "ExternalScaler",
-                        f"the external scaler at {external.url} recommends {_share_text(share)}", None)
+                        f"the external scaler at {external.url} recommends {share_text(*answer)}", None)
 
     def _capacity(self, workload: Workload) -> Resources | None:
         allocator = self.service.allocator
@@ -357,11 +367,11 @@ class Autoscaler:
         if raw is None:
             return None
         workload = workload_body(raw)
-        original = resources_share(section(workload.spec, "resources"))
         answer = RecommendationAnswer(namespace=namespace, name=name, enabled=False, source=self.source.name,
-                                      original=original.to_status() if original is not None else {},
                                       error=self.source_error)
         try:
+            original = share_of(section(workload.spec, "resources"), "spec.resources")
+            answer.original = original.to_status() if original is not None else {}
             policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None, namespace=namespace)
         except PolicyError as exc:
             answer.error = str(exc)
@@ -410,7 +420,7 @@ class Autoscaler:
             held = allocator.allocation(pod.uid)
             if held is None:
                 continue
-            if held.req.request == share.request and held.req.limit == share.limit:
+            if held.request.request == share.request and held.request.limit == share.limit:
                 applied += 1
                 continue
             outcome = await self.resizer.resize(pod, share.request, share.limit,
@@ -429,7 +439,7 @@ class Autoscaler:
                 old, CONDITION, False, reason, message, generation=workload.meta.generation)])}
         else:
             reason, message = condition_true or ("Recommended", "")
-            wanted = {"recommendation": share.to_status() if share is not None else None,
+            wanted = {"recommendation": json_object(share.to_status()) if share is not None else None,
                       "activeCronScalingRule": rule, "appliedRecommendedReplicas": applied,
                       "conditions": merge_conditions(old, [condition(
                           old, CONDITION, True, reason, message, generation=workload.meta.generation)])}
@@ -446,12 +456,6 @@ def created_at(workload: Workload, default: float) -> float:
         return parse_rfc3339(workload.meta.creation_timestamp).timestamp()
     except ValueError:
         return default
-
-
-def _share_text(share: Share) -> str:
-    status = share.to_status()
-    parts = [f"{side} " + ", ".join(f"{k} {v}" for k, v in values.items()) for side, values in status.items() if values]
-    return "; ".join(parts) or "nothing"
 
 
 def attach_autoscaler(runtime: ControllerRuntime, service: AllocatorService) -> Autoscaler:
