@@ -77,6 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONDITION = "ResourcesRecommended"
+EXTERNAL_FAILED = "ExternalScalerFailed"
+#: decisions that leave the condition False: something failed and nothing changed
+FAILURES = frozenset({EXTERNAL_FAILED})
 CHECKPOINT_EVERY = 10
 MIN_TICK_S = 1.0
 WORKLOAD_API = ("tensor-fusion.ai/v1", "TensorFusionWorkload")
@@ -173,7 +176,8 @@ class Autoscaler:
                 policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None,
                                         namespace=workload.namespace)
             except PolicyError as exc:
-                await self._write(workload, None, None, condition_false=("InvalidConfig", str(exc)))
+                await self._write(workload, None, None, reason="InvalidConfig", message=str(exc), ok=False,
+                                  decided=False)
                 continue
             if policy.enabled:
                 autoscaled.append((workload, policy))
@@ -282,11 +286,12 @@ class Autoscaler:
             original = share_of(section(workload.spec, "resources"), "spec.resources")
             current = share_of(section(workload.status, "recommendation"), "status.recommendation")
         except PolicyError as exc:
-            await self._write(workload, None, None, condition_false=("InvalidResources", str(exc)))
+            await self._write(workload, None, None, reason="InvalidResources", message=str(exc), ok=False,
+                              decided=False)
             return
         if original is None:
-            await self._write(workload, None, None, condition_false=(
-                "NoRequest", "spec.resources has no requests to scale from"))
+            await self._write(workload, None, None, reason="NoRequest", ok=False, decided=False,
+                              message="spec.resources has no requests to scale from")
             return
         decision, rule, raw_rule = await self._decide(workload, policy, tracked, original, current or original,
                                                        now)
@@ -295,8 +300,8 @@ class Autoscaler:
         # a workload that never had a recommendation gets one only when something moves it
         share = decision.share if decision.changed or current is not None else None
         applied = await self._resize_workers(workload, tracked, share, decision.message) if share else 0
-        wrote = await self._write(workload, share, raw_rule, applied=applied,
-                                  condition_true=(decision.reason, decision.message))
+        wrote = await self._write(workload, share, raw_rule, applied=applied, reason=decision.reason,
+                                  message=decision.message, ok=decision.reason not in FAILURES)
         if wrote and changed and decision.changed:
             self.runtime.events.normal(workload, "Recommended", decision.message)
         await self._checkpoint(workload, tracked, now_too=changed)
@@ -342,7 +347,7 @@ class Autoscaler:
         except ExternalScalerError as exc:
             tracked.error = str(exc)
             self.runtime.events.warning(workload, "ExternalScalerFailed", str(exc))
-            return Decision(current, False, "ExternalScalerFailed", str(exc), None)
+            return Decision(current, False, EXTERNAL_FAILED, str(exc), None)
         tracked.error = ""
         if answer is None:
             return Decision(current, False, "ExternalNoChange", f"the external scaler at {external.url} "
@@ -430,19 +435,14 @@ class Autoscaler:
         return applied
 
     async def _write(self, workload: Workload, share: Share | None, rule: JsonObject | None, *, applied: int = 0,
-                     condition_true: tuple[str, str] | None = None,
-                     condition_false: tuple[str, str] | None = None) -> bool:
+                     reason: str, message: str, ok: bool = True, decided: bool = True) -> bool:
+        """The condition, and with `decided` the recommendation, the rule in force and the workers on it."""
         old = workload.conditions
-        if condition_false is not None:
-            reason, message = condition_false
-            wanted: JsonObject = {"conditions": merge_conditions(old, [condition(
-                old, CONDITION, False, reason, message, generation=workload.meta.generation)])}
-        else:
-            reason, message = condition_true or ("Recommended", "")
-            wanted = {"recommendation": json_object(share.to_status()) if share is not None else None,
-                      "activeCronScalingRule": rule, "appliedRecommendedReplicas": applied,
-                      "conditions": merge_conditions(old, [condition(
-                          old, CONDITION, True, reason, message, generation=workload.meta.generation)])}
+        wanted: JsonObject = {"conditions": merge_conditions(old, [condition(
+            old, CONDITION, ok, reason, message, generation=workload.meta.generation)])}
+        if decided:
+            wanted |= {"recommendation": json_object(share.to_status()) if share is not None else None,
+                       "activeCronScalingRule": rule, "appliedRecommendedReplicas": applied}
         try:
             return await write_status(self.runtime.client, r.TENSORFUSIONWORKLOADS, workload, wanted)
         except KubeError as exc:
