@@ -41,7 +41,7 @@ import anyio
 import orjson
 
 from tfusion.allocator.request import Resources
-from tfusion.allocator.units import tflops_str, vram_str
+from tfusion.allocator.units import tflops_str, vram_mib_str, vram_str
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod, Workload, section
 from tfusion.api.durations import parse_duration
@@ -398,7 +398,7 @@ class Autoscaler:
             t = usage.tflops.percentiles(auto.target_compute, auto.lower_compute, auto.upper_compute)
             v = usage.vram.percentiles(auto.target_vram, auto.lower_vram, auto.upper_vram)
             answer.observed = UsageView(tflops=Bounds(*(tflops_str(int(x)) for x in t)),
-                                        vram=Bounds(*(vram_str(int(x)) for x in v)))
+                                        vram=Bounds(*(vram_mib_str(int(x)) for x in v)))
         decision = tracked.decision
         if decision is not None:
             answer.recommendation = decision.share.to_status()
