@@ -115,7 +115,8 @@ def test_prometheus_and_influxdb_history_give_the_same_recommendation(
         def rebuilt() -> dict[str, Any] | None:
             response = httpx.get(f"{run.controller}/api/recommendation", params={"name": name}, timeout=5)
             answer: dict[str, Any] = response.json()
-            return answer if response.status_code == 200 and answer.get("samples", 0) >= influx_samples else None
+            done = response.status_code == 200 and answer.get("samples", 0) >= influx_samples and answer.get("decision")
+            return answer if done else None
 
         answer = run.wait_for("the histograms rebuilt from InfluxDB", rebuilt, timeout=30)
         assert answer["source"] == "influxdb" and answer["recommendation"]["requests"] == \

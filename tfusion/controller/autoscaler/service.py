@@ -123,6 +123,8 @@ class Autoscaler:
         self.pods = runtime.informer(r.PODS)
         self.pods.add_index(WORKLOAD_INDEX, lambda pod: workload_key(Pod(pod)))
         self.tracked: dict[str, Tracked] = {}
+        #: key -> (resourceVersion, its policy or why it is refused)
+        self._parsed: dict[str, tuple[str, ScalingPolicy | PolicyError]] = {}
         self.passes = 0
         self.source_error = ""
         self._since = 0.0
@@ -147,50 +149,61 @@ class Autoscaler:
             return 30.0
 
     def tick(self) -> float:
-        """The global interval, or the shortest interval a workload asks for."""
-        own = [p.auto_set.interval_s for p in self._policies().values() if p.auto_set.interval_s]
+        """The global interval, or the shortest interval an autoscaled workload asks for."""
+        own = [p.auto_set.interval_s for _, p in self._autoscaled().values() if p.auto_set.interval_s]
         return max(MIN_TICK_S, min([self.interval(), *[s for s in own if s is not None]]))
 
-    def _policies(self) -> dict[str, ScalingPolicy]:
-        found = {}
-        for raw in self.workloads.list():
-            workload = workload_body(raw)
+    def policy(self, workload: Workload) -> ScalingPolicy:
+        """The workload's policy, parsed once per resourceVersion; PolicyError for a bad one."""
+        key = f"{workload.namespace}/{workload.name}"
+        version = workload.meta.resource_version
+        cached = self._parsed.get(key)
+        if cached is None or cached[0] != version:
             try:
-                policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None,
-                                        namespace=workload.namespace)
-            except PolicyError:
-                continue
-            if policy.enabled:
-                found[f"{workload.namespace}/{workload.name}"] = policy
-        return found
+                found: ScalingPolicy | PolicyError = scaling_policy(
+                    section(workload.spec, "autoScalingConfig") or None, namespace=workload.namespace)
+            except PolicyError as exc:
+                found = exc
+            cached = self._parsed[key] = (version, found)
+        if isinstance(cached[1], PolicyError):
+            raise cached[1]
+        return cached[1]
 
-    async def pass_once(self) -> None:
-        now = self.clock()
-        self.passes += 1
-        autoscaled: list[tuple[Workload, ScalingPolicy]] = []
+    def _autoscaled(self, refused: list[tuple[Workload, PolicyError]] | None = None
+                    ) -> dict[str, tuple[Workload, ScalingPolicy]]:
+        """Workloads whose policy enables anything, by key; `refused` collects the bad ones."""
+        found = {}
         for raw in self.workloads.list():
             workload = workload_body(raw)
             if workload.meta.deleting:
                 continue
             try:
-                policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None,
-                                        namespace=workload.namespace)
+                policy = self.policy(workload)
             except PolicyError as exc:
-                await self._write(workload, None, None, reason="InvalidConfig", message=str(exc), ok=False,
-                                  decided=False)
+                if refused is not None:
+                    refused.append((workload, exc))
                 continue
             if policy.enabled:
-                autoscaled.append((workload, policy))
-        keys = {f"{w.namespace}/{w.name}" for w, _ in autoscaled}
-        for gone in set(self.tracked) - keys:
+                found[f"{workload.namespace}/{workload.name}"] = (workload, policy)
+        return found
+
+    async def pass_once(self) -> None:
+        now = self.clock()
+        self.passes += 1
+        refused: list[tuple[Workload, PolicyError]] = []
+        autoscaled = self._autoscaled(refused)
+        for workload, exc in refused:
+            await self._write(workload, None, None, reason="InvalidConfig", message=str(exc), ok=False,
+                              decided=False)
+        for gone in set(self.tracked) - set(autoscaled):
             del self.tracked[gone]
+        self._parsed = {k: v for k, v in self._parsed.items() if self.workloads.get(k) is not None}
         if not autoscaled:  # nothing to read usage for
             self._since = now
             return
         samples = await self._read(self._since, now)
         self._since = now
-        for workload, policy in autoscaled:
-            key = f"{workload.namespace}/{workload.name}"
+        for key, (workload, policy) in autoscaled.items():
             tracked = self._track(key, workload, policy)
             self._feed(tracked, samples.get(key, ()))
             await self._evaluate(workload, policy, tracked, now)
@@ -236,7 +249,7 @@ class Autoscaler:
     async def _rebuild(self, now: float) -> None:
         if not self.source.keeps_history:
             return  # each workload's checkpoint is read when it is first tracked
-        policies = self._policies()
+        policies = {key: policy for key, (_, policy) in self._autoscaled().items()}
         if not policies:
             return
         longest = max(p.auto_set.history_period_s for p in policies.values())
@@ -377,7 +390,7 @@ class Autoscaler:
         try:
             original = share_of(section(workload.spec, "resources"), "spec.resources")
             answer.original = original.to_status() if original is not None else {}
-            policy = scaling_policy(section(workload.spec, "autoScalingConfig") or None, namespace=namespace)
+            policy = self.policy(workload)
         except PolicyError as exc:
             answer.error = str(exc)
             return answer
