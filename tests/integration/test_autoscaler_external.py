@@ -136,7 +136,7 @@ async def test_answers_are_read_and_the_request_is_the_originals(apiserver: ApiS
     ("/fail", 5.0, "answered HTTP 500: scaler broke"),
     ("/garbage", 5.0, "the answer is not JSON"),
     ("/huge", 5.0, f"the answer is over {MAX_ANSWER_BYTES} bytes"),
-    ("/bad-quantity", 5.0, "recommendedResources.requests.tflops: 'lots' is not a quantity"),
+    ("/bad-quantity", 5.0, 'recommendedResources.requests.tflops: "lots" is not a quantity'),
 ])
 async def test_a_failing_scaler_is_an_error(apiserver: ApiServerHandle, scaler: Scaler, path: str,
                                             timeout_s: float, message: str) -> None:

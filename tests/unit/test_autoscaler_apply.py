@@ -86,9 +86,9 @@ def test_external_request_body_and_answers() -> None:
     ({"needScaleUp": "yes"}, "needScaleUp: 'yes' is not a boolean"),
     ({"needScaleUp": True, "recommendedResources": {"limits": {}}}, "recommendedResources.requests: missing"),
     ({"needScaleUp": True, "recommendedResources": {"requests": {"vram": "-1Gi"}}},
-     "recommendedResources.requests.vram: '-1Gi' is negative"),
+     'recommendedResources.requests.vram: "-1Gi" is negative'),
     ({"needScaleUp": True, "recommendedResources": {"requests": {"compute": "150"}}},
-     "recommendedResources.requests.compute: '150' is over 100"),
+     'recommendedResources.requests.compute: "150" is out of range'),
     ({"needScaleUp": True, "recommendedResources": {"requests": {"tflops": True}}},
      "recommendedResources.requests.tflops: True is not a quantity"),
 ])

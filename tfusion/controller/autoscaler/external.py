@@ -45,7 +45,7 @@ import orjson
 from tfusion.allocator.request import Resources
 from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api.accessors import Workload
-from tfusion.api.quantity import Quantity, QuantityError
+from tfusion.controller.autoscaler.policy import PolicyError, resources_of
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 
@@ -72,33 +72,13 @@ def request_body(workload: Workload, request: Resources, limit: Resources) -> di
             "currentResources": {"requests": resources_body(request), "limits": resources_body(limit)}}
 
 
-def _quantity(side: Mapping[str, Any], field: str, where: str) -> Quantity | None:
-    raw = side.get(field)
-    if raw is None or raw == "":
-        return None
-    if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
-        raise ExternalScalerError(f"{where}.{field}: {raw!r} is not a quantity (allowed: a string such as "
-                                  '"10", "500m" or "8Gi")')
-    try:
-        q = Quantity.parse(raw)
-    except QuantityError as exc:
-        raise ExternalScalerError(f"{where}.{field}: {raw!r} is not a quantity ({exc})") from None
-    if q.sign() < 0:
-        raise ExternalScalerError(f"{where}.{field}: {raw!r} is negative (allowed: 0 or more)")
-    return q
-
-
 def parse_side(side: object, where: str) -> Resources:
-    """`{"tflops", "vram", "compute"?}` of the answer in allocator units."""
-    if not isinstance(side, Mapping):
-        raise ExternalScalerError(f"{where}: {side!r} is not an object (allowed: "
-                                  '{"tflops": "...", "vram": "...", "compute": "..."})')
-    tflops, vram, compute = (_quantity(side, f, where) for f in ("tflops", "vram", "compute"))
-    percent = compute.milli_value() if compute is not None else 0
-    if percent > PERCENT_MAX_MILLI:
-        raise ExternalScalerError(f"{where}.compute: {side.get('compute')!r} is over 100 (allowed: 0 to 100)")
-    milli = tflops.milli_value() if tflops is not None else 0
-    return Resources(tflops=milli, percent=0 if milli else percent, vram=vram.value() if vram is not None else 0)
+    """`{"tflops", "vram", "compute"?}` of the answer in allocator units, by the rule that reads every
+    Resources block of the autoscaler (policy.resources_of)."""
+    try:
+        return resources_of(side, where)
+    except PolicyError as exc:
+        raise ExternalScalerError(str(exc)) from None
 
 
 def parse_answer(data: object) -> tuple[Resources, Resources] | None:
