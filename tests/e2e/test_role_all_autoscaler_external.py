@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.autoscaler import create_worker, interval_config, patch_autoscaling, quantity, workload_of
+from tests.helpers.autoscaler import create_worker, patch_autoscaling, quantity, scaling_role_all, workload_of
 from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.role_all import RoleAll
 
@@ -70,8 +70,7 @@ def scaler() -> Iterator[Scaler]:
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[RoleAll]:
-    process = RoleAll(tmp_path)
-    process.args.extend(["--dynamic-config", str(interval_config(tmp_path))])
+    process = scaling_role_all(tmp_path)
     process.start()
     try:
         yield process

@@ -22,10 +22,10 @@ from tests.helpers.autoscaler import (
     USED_TFLOPS,
     USED_VRAM,
     create_worker,
-    interval_config,
     near,
     patch_autoscaling,
     quantity,
+    scaling_role_all,
     steady_load,
     workload_of,
 )
@@ -53,8 +53,7 @@ def servers(tmp_path: Path) -> Iterator[tuple[Influx, Prometheus]]:
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[RoleAll]:
-    process = RoleAll(tmp_path)
-    process.args.extend(["--metrics-interval", "1s", "--dynamic-config", str(interval_config(tmp_path))])
+    process = scaling_role_all(tmp_path, "--metrics-interval", "1s")
     yield process
     process.shut_down()
 

@@ -35,6 +35,13 @@ def interval_config(tmp: Path) -> Path:
     return config
 
 
+def scaling_role_all(tmp: Path, *extra: str) -> RoleAll:
+    """A --role=all process (not started) whose autoscaler passes every second."""
+    process = RoleAll(tmp)
+    process.args.extend(["--dynamic-config", str(interval_config(tmp)), *extra])
+    return process
+
+
 def create_worker(run: RoleAll, name: str) -> dict[str, Any]:
     """The autoscaled pod, running on a GPU (the webhook enables autoSetResources from the annotation)."""
     created = httpx.post(f"{run.api}/api/v1/namespaces/default/pods", timeout=10, **run._api_auth(), json={

@@ -175,8 +175,8 @@ class WorkerResizer:
             return ResizeOutcome(ref, False, "NotLeader", "leadership changed while the pod was read")
         if fresh.uid != pod.uid or fresh.finished or fresh.meta.deletion_timestamp:
             return ResizeOutcome(ref, False, "PodGone", f"pod {ref} ({pod.uid}) was replaced, finished or is deleting")
-        info = allocator.allocations(committed_only=True).get(pod.uid)
-        if info is None:
+        info = allocator.allocation(pod.uid)
+        if info is None or info.assumed:
             return self._refuse(fresh, "NotAllocated", f"the allocator holds no committed allocation for pod {ref}")
         old_request, old_limit = current_share(info.request)
         new_request, new_limit = floored(request, limit, vram_in_use)

@@ -312,9 +312,14 @@ class Autoscaler:
         tracked.decision, tracked.decided_at, tracked.rule = decision, now, rule
         # a workload that never had a recommendation gets one only when something moves it
         share = decision.share if decision.changed or current is not None else None
-        applied = await self._resize_workers(workload, tracked, share, decision.message) if share else 0
-        wrote = await self._write(workload, share, raw_rule, applied=applied, reason=decision.reason,
+        # the status first: a worker recreated to resize it (isolation hard) gets the new share from it
+        on_share = self._on_share(workload, share) if share else 0
+        wrote = await self._write(workload, share, raw_rule, applied=on_share, reason=decision.reason,
                                   message=decision.message, ok=decision.reason not in FAILURES)
+        if share is not None and on_share < len(self._workers(workload)):
+            applied = await self._resize_workers(workload, tracked, share, decision.message)
+            if applied != on_share:
+                await self._write_applied(workload, applied)
         if wrote and changed and decision.changed:
             self.runtime.events.normal(workload, "Recommended", decision.message)
         await self._checkpoint(workload, tracked, now_too=changed)
@@ -427,25 +432,43 @@ class Autoscaler:
 
     # --- writing -------------------------------------------------------------------------------------------
 
-    async def _resize_workers(self, workload: Workload, tracked: Tracked, share: Share, why: str) -> int:
-        """Resize the running workers to `share`; returns how many run with it afterwards."""
+    def _workers(self, workload: Workload) -> list[Pod]:
+        """The workload's bound workers that hold an allocation."""
         allocator = self.service.allocator
-        applied = 0
         key = f"{workload.namespace}/{workload.name}"
-        for pod in (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key)):
-            if pod.meta.deleting or not pod.node_name or allocator is None:
-                continue
-            held = allocator.allocation(pod.uid)
-            if held is None:
-                continue
-            if held.request.request == share.request and held.request.limit == share.limit:
+        pods = (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key))
+        return [p for p in pods if allocator is not None and not p.meta.deleting and p.node_name
+                and allocator.allocation(p.uid) is not None]
+
+    def _runs_with(self, pod: Pod, share: Share) -> bool:
+        allocator = self.service.allocator
+        held = allocator.allocation(pod.uid) if allocator is not None else None
+        return held is not None and (held.request.request, held.request.limit) == (share.request, share.limit)
+
+    def _on_share(self, workload: Workload, share: Share) -> int:
+        return sum(self._runs_with(pod, share) for pod in self._workers(workload))
+
+    async def _resize_workers(self, workload: Workload, tracked: Tracked, share: Share, why: str) -> int:
+        """Resize the workers not on `share` yet; returns how many run with it afterwards."""
+        applied = 0
+        for pod in self._workers(workload):
+            if self._runs_with(pod, share):
                 applied += 1
                 continue
             outcome = await self.resizer.resize(pod, share.request, share.limit,
                                                 vram_in_use=tracked.vram_in_use.get(pod.name, 0), reason=why)
             tracked.workers[pod.name] = outcome.message
-            applied += outcome.applied
+            applied += outcome.applied and outcome.reason != "Recreated"
         return applied
+
+    async def _write_applied(self, workload: Workload, applied: int) -> None:
+        try:
+            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload.name, {
+                "status": {"appliedRecommendedReplicas": applied}}, namespace=workload.namespace,
+                subresource="status")
+        except KubeError as exc:
+            log.warning("workload %s/%s: cannot write appliedRecommendedReplicas: %s", workload.namespace,
+                        workload.name, exc)
 
     async def _write(self, workload: Workload, share: Share | None, rule: JsonObject | None, *, applied: int = 0,
                      reason: str, message: str, ok: bool = True, decided: bool = True) -> bool:
