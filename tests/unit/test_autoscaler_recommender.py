@@ -246,3 +246,15 @@ def test_old_usage_fades_so_the_recommendation_follows_the_recent_one() -> None:
     assert decision.estimate.tflops_upper <= 10_000 * 1.15 * (1 + TFLOPS_SCALE.max_error) + 1
     assert decision.share.request.vram <= math.ceil(2 * GIB * 1.15 * (1 + VRAM_SCALE.max_error) / MIB) * MIB
     assert "From 600 samples" in decision.message
+
+
+def test_a_ratio_clamp_keeps_vram_in_whole_mib() -> None:
+    """0.2 x 8Gi is not a whole number of MiB; the request written is the next whole MiB, as the
+    estimates are (a pod annotation and a GPU status then read as "1639Mi", not a bare byte count)."""
+    usage = WorkloadUsage(ON.half_life_s)
+    for i in range(20):
+        usage.add(T0 + i, 1000, 0)
+    ask = share(40, 8)
+    decision = recommend(usage, ON, original=ask, current=ask, capacity=None, started_at=T0, now=T0 + 30)
+    assert decision.share.request.vram == 1639 * MIB
+    assert decision.share.to_status()["requests"]["vram"] == "1639Mi"

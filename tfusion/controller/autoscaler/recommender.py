@@ -318,6 +318,8 @@ def _clamped(rules: _Rules, wanted: int, show: _Show) -> tuple[int, list[str]]:
     clamps: list[str] = []
     if rules.original > 0:
         low, high = math.ceil(rules.min_ratio * rules.original), math.floor(rules.max_ratio * rules.original)
+        if rules.name == "VRAM":  # whole MiB, as the estimates are: 0.2 x 8Gi is 1639Mi, not 1717986919 bytes
+            low, high = _mib_up(low), max(MIB, high // MIB * MIB)
         if wanted < low:
             wanted = low
             clamps.append(f"raised to {rules.min_ratio:g}x the original request {show(rules.original)}")
