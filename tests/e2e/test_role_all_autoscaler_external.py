@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.helpers.autoscaler import create_worker, patch_autoscaling, quantity, scaling_role_all, workload_of
@@ -133,3 +134,9 @@ def test_an_external_scaler_steers_the_share_and_its_failure_changes_nothing(run
 
     bad = run.wait_for("the bad config in the condition", refused)
     assert "marginFraction" in bad["message"] and "lots" in bad["message"], bad
+    answer = httpx.get(f"{run.controller}/api/recommendation", params={"name": workload}, timeout=5).json()
+    assert not answer["enabled"] and "marginFraction" in answer["error"], answer
+    missing = httpx.get(f"{run.controller}/api/recommendation", params={"name": "nobody"}, timeout=5)
+    assert missing.status_code == 404 and missing.json() == {"error": "TensorFusionWorkload default/nobody not found"}
+    unnamed = httpx.get(f"{run.controller}/api/recommendation", timeout=5)
+    assert unnamed.status_code == 400 and "name" in unnamed.json()["error"], unnamed.text
