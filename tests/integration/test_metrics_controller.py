@@ -165,3 +165,37 @@ async def test_tables_cost_and_a_deletion_billed_once(apiserver: Any, tmp_path: 
 
 async def _async(value: Any) -> Any:
     return value
+
+
+async def test_the_recommendation_is_written_beside_the_request_with_its_cost(apiserver: Any, tmp_path: Path) -> None:
+    """A workload's status.recommendation (the autoscaler's) goes into each of its workers' rows, with
+    what the worker would have cost at it over the same interval, so cost before and after can be compared."""
+    await apply_crds(apiserver)
+    settings = settings_for(apiserver, tmp_path, metrics_interval=3600.0,
+                            metrics_path=str(tmp_path / "metrics" / "controller.log"))
+    wall = Clock()
+    async with kube_client(apiserver) as kube:
+        await _cluster(kube)
+        await kube.create(r.TENSORFUSIONWORKLOADS, {"metadata": {"name": "trainer"}, "spec": {}}, namespace="default")
+        await kube.patch(r.TENSORFUSIONWORKLOADS, "trainer", {"status": {"workerCount": 1, "recommendation": {
+            "requests": {"tflops": "5", "vram": "2Gi"}, "limits": {"tflops": "10", "vram": "4Gi"}}}},
+            namespace="default", subresource="status")
+        uid = (await kube.create(r.PODS, _trainer(), namespace="default"))["metadata"]["uid"]
+        async with controllers() as tg:
+            ctl = await start_controller(tg, settings)
+            recorder = ctl.runtime.metrics
+            assert isinstance(recorder, ControllerRecorder)
+            recorder.wall = wall
+            workloads = ctl.runtime.informer(r.TENSORFUSIONWORKLOADS)
+            await eventually(lambda: _async(uid in recorder.ledger and workloads.get("default/trainer") is not None
+                                            and "recommendation" in workloads.get("default/trainer")["status"]),
+                             what="the recorder tracking the worker and the workload's recommendation cached")
+            wall.now = 1060.0
+            (row,) = _rows(await recorder.record_once(), "tf_worker_resources")
+            assert row.fields["tflops_request"] == 10.0 and row.fields["tflops_recommended"] == 5.0
+            assert row.fields["vram_bytes_recommended"] == 2 * GIB
+            # per GPU per second at the recommendation: 5 * 0.0001 + 2 * 0.0002 + 5 over * 0.00005 + 2 over * 0.0001
+            assert row.fields["raw_cost_recommended"] == pytest.approx((0.0005 + 0.0004 + 0.00025 + 0.0002) * 2 * 60)
+            assert row.fields["raw_cost"] == pytest.approx(WORKER_RATE_PER_GPU * 2 * 60)
+            metrics = (await ctl.http.get("/metrics")).text
+            assert 'tfusion_worker_tflops_recommended{namespace="default",pod="trainer"' in metrics

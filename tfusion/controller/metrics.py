@@ -31,7 +31,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
-from tfusion.controller.autoscaler.recommender import share_of
+from tfusion.controller.autoscaler.recommender import Share, share_of
 from tfusion.kube import resources as r
 from tfusion.metrics import cost as billing
 from tfusion.metrics.partition import GpuStatusLookup, PartitionHeld, partition_held, partition_share
@@ -88,8 +88,6 @@ class WorkerRow:
     labels: dict[str, str] = field(default_factory=dict)
     protected_until: float | None = None  # wall seconds; eviction protection raises the price until then
     partition: PartitionHeld | None = None  # the hardware slice it holds (metrics/partition.py)
-    #: its workload's status.recommendation, per GPU, when the autoscaler made one (the cost "after")
-    recommended: billing.WorkerShare | None = None
 
 
 def _pod_ready(pod: Pod) -> bool:
@@ -276,18 +274,21 @@ class ControllerRecorder:
         row = worker_row(pod, self._allocator(), self._gpu_status)
         if row is None:
             return
-        row.recommended = self._recommended(row)
         self.ledger.seen(uid, now)
         self.workers[uid] = row
 
-    def _recommended(self, row: WorkerRow) -> billing.WorkerShare | None:
-        """The worker's share at its workload's recommendation (percent through its GPU's TFLOPS)."""
-        raw = self.runtime.informer(r.TENSORFUSIONWORKLOADS).get(f"{row.namespace}/{row.workload}")
-        try:
-            share = share_of(section(Body(raw).status, "recommendation"), "status.recommendation") \
-                if raw is not None else None
-        except ValueError:
-            return None
+    def _recommended(self, row: WorkerRow, shares: dict[str, Share | None]) -> billing.WorkerShare | None:
+        """The worker's share at its workload's recommendation (percent through its GPU's TFLOPS);
+        `shares` holds this tick's parsed recommendations by workload."""
+        key = f"{row.namespace}/{row.workload}"
+        if key not in shares:
+            raw = self.runtime.informer(r.TENSORFUSIONWORKLOADS).get(key)
+            try:
+                shares[key] = share_of(section(Body(raw).status, "recommendation"), "status.recommendation") \
+                    if raw is not None else None
+            except ValueError:
+                shares[key] = None
+        share = shares[key]
         if share is None:
             return None
         allocator, capacity = self._allocator(), 0
@@ -384,6 +385,7 @@ class ControllerRecorder:
     def _worker_points(self, now: float, ts: int, pricing: Mapping[str, billing.PoolPricing],
                        extra_labels: Mapping[str, str]) -> list[Point]:
         points = []
+        shares: dict[str, Share | None] = {}
         for uid in self.ledger.uids():
             row = self.workers.get(uid)
             seconds = self.ledger.bill(uid, now)
@@ -398,10 +400,10 @@ class ControllerRecorder:
                 if label in row.labels and tag not in tags:
                     tags[str(tag)] = row.labels[label]
             share = row.share
-            recommended = {} if row.recommended is None else {
-                "tflops_recommended": row.recommended.tflops_request,
-                "vram_bytes_recommended": row.recommended.vram_request,
-                "raw_cost_recommended": billing.worker_cost(row.recommended, pricing.get(row.pool), seconds,
+            after = self._recommended(row, shares)
+            recommended = {} if after is None else {
+                "tflops_recommended": after.tflops_request, "vram_bytes_recommended": after.vram_request,
+                "raw_cost_recommended": billing.worker_cost(after, pricing.get(row.pool), seconds,
                                                             eviction_protected=protected)}
             points.append(Point(WORKER_TABLE, tags, {
                 "gpu_count": share.gpu_count, "tflops_limit": share.tflops_limit,
