@@ -187,8 +187,8 @@ async def test_the_recommendation_is_written_beside_the_request_with_its_cost(ap
             assert isinstance(recorder, ControllerRecorder)
             recorder.wall = wall
             workloads = ctl.runtime.informer(r.TENSORFUSIONWORKLOADS)
-            await eventually(lambda: _async(uid in recorder.ledger and workloads.get("default/trainer") is not None
-                                            and "recommendation" in workloads.get("default/trainer")["status"]),
+            await eventually(lambda: _async(uid in recorder.ledger and "recommendation" in
+                                            (workloads.get("default/trainer") or {}).get("status", {})),
                              what="the recorder tracking the worker and the workload's recommendation cached")
             wall.now = 1060.0
             (row,) = _rows(await recorder.record_once(), "tf_worker_resources")
