@@ -81,6 +81,9 @@ EXTERNAL_FAILED = "ExternalScalerFailed"
 #: decisions that leave the condition False: something failed and nothing changed
 FAILURES = frozenset({EXTERNAL_FAILED})
 CHECKPOINT_EVERY = 10
+#: a history source is read from this long before the last pass: a point the database ingested late
+#: is still seen, and `Tracked.newest` keeps one seen before from counting twice
+LATE_S = 60.0
 MIN_TICK_S = 1.0
 WORKLOAD_API = ("tensor-fusion.ai/v1", "TensorFusionWorkload")
 
@@ -101,6 +104,8 @@ class Tracked:
     #: worker pod name -> the VRAM it used at its latest sample (bytes, the most over its GPUs)
     vram_in_use: dict[str, int] = field(default_factory=dict)
     workers: dict[str, str] = field(default_factory=dict)  # pod name -> the last resize outcome
+    #: (worker, GPU) -> its newest sample's time: history windows overlap, a sample counts once
+    newest: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def workload_body(raw: Mapping[str, object]) -> Workload:
@@ -201,22 +206,31 @@ class Autoscaler:
         if not autoscaled:  # nothing to read usage for
             self._since = now
             return
-        samples = await self._read(self._since, now)
+        since = self._since - LATE_S if self.source.keeps_history else self._since
+        samples = await self._read(since, now)
         self._since = now
         for key, (workload, policy) in autoscaled.items():
             tracked = self._track(key, workload, policy)
-            self._feed(tracked, samples.get(key, ()))
+            self._feed(tracked, samples.get(key, ()), now - 2 * LATE_S)
             await self._evaluate(workload, policy, tracked, now)
 
     @staticmethod
-    def _feed(tracked: Tracked, samples: Iterable[UsageSample]) -> None:
-        """Add a pass's samples; a worker's VRAM in use is the most it used over the pass, so a
-        shrink never goes below a peak the pass saw."""
+    def _feed(tracked: Tracked, samples: Iterable[UsageSample], forget_before: float) -> None:
+        """Add the samples not seen before; a worker's VRAM in use is the most it used over them, so a
+        shrink never goes below a peak the pass saw. What is older than `forget_before` no window
+        reaches again, so its newest-sample entries go."""
         in_use: dict[str, int] = {}
+        newest = tracked.newest
         for sample in samples:
+            key = (sample.worker, sample.gpu)
+            if sample.at <= newest.get(key, float("-inf")):
+                continue
+            newest[key] = sample.at
             tracked.usage.add(sample.at, sample.tflops_milli, sample.vram_bytes)
             in_use[sample.worker] = max(in_use.get(sample.worker, 0), int(sample.vram_bytes))
         tracked.vram_in_use.update(in_use)
+        for key in [k for k, at in newest.items() if at < forget_before]:
+            del newest[key]
 
     async def _read(self, since: float, until: float) -> dict[str, list[UsageSample]]:
         try:
@@ -259,9 +273,8 @@ class Autoscaler:
             if raw is None:
                 continue
             tracked = self._track(key, workload_body(raw), policy)
-            for sample in samples.get(key, ()):
-                if sample.at >= now - policy.auto_set.history_period_s:
-                    tracked.usage.add(sample.at, sample.tflops_milli, sample.vram_bytes)
+            start = now - policy.auto_set.history_period_s
+            self._feed(tracked, (x for x in samples.get(key, ()) if x.at >= start), now - 2 * LATE_S)
         log.info("autoscaler: rebuilt %d workload(s) from %s history (%d s)", len(policies), self.source.name,
                  int(longest))
 
