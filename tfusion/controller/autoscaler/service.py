@@ -77,7 +77,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONDITION = "ResourcesRecommended"
+#: decision reasons of the service (the recommender documents its own)
 EXTERNAL_FAILED = "ExternalScalerFailed"
+EXTERNAL_ANSWER = "ExternalScaler"
+EXTERNAL_NO_CHANGE = "ExternalNoChange"
+NO_RULE_IN_FORCE = "NoRuleInForce"
 #: decisions that leave the condition False: something failed and nothing changed
 FAILURES = frozenset({EXTERNAL_FAILED})
 CHECKPOINT_EVERY = 10
@@ -326,11 +330,12 @@ class Autoscaler:
         # a workload that never had a recommendation gets one only when something moves it
         share = decision.share if decision.changed or current is not None else None
         # the status first: a worker recreated to resize it (isolation hard) gets the new share from it
-        on_share = self._on_share(workload, share) if share else 0
+        workers = self._workers(workload)
+        on_share = sum(self._runs_with(pod, share) for pod in workers) if share else 0
         wrote = await self._write(workload, share, raw_rule, applied=on_share, reason=decision.reason,
                                   message=decision.message, ok=decision.reason not in FAILURES)
-        if share is not None and on_share < len(self._workers(workload)):
-            applied = await self._resize_workers(workload, tracked, share, decision.message)
+        if share is not None and on_share < len(workers):
+            applied = await self._resize_workers(workers, tracked, share, decision.message)
             if applied != on_share:
                 await self._write_applied(workload, applied)
         if wrote and changed and decision.changed:
@@ -358,7 +363,7 @@ class Autoscaler:
             decision = recommend(tracked.usage, policy.auto_set, original=original, current=current,
                                  capacity=capacity, started_at=started, now=now)
             return decision, "percentile", None
-        return Decision(original, original != current, "NoRuleInForce",
+        return Decision(original, original != current, NO_RULE_IN_FORCE,
                         "no cron rule is in force and nothing else is enabled: the workload's own request", None), \
             "request", None
 
@@ -381,10 +386,10 @@ class Autoscaler:
             return Decision(current, False, EXTERNAL_FAILED, str(exc), None)
         tracked.error = ""
         if answer is None:
-            return Decision(current, False, "ExternalNoChange", f"the external scaler at {external.url} "
+            return Decision(current, False, EXTERNAL_NO_CHANGE, f"the external scaler at {external.url} "
                             "asked for no change", None)
         share = Share(*answer)
-        return Decision(share, share != current, "ExternalScaler",
+        return Decision(share, share != current, EXTERNAL_ANSWER,
                         f"the external scaler at {external.url} recommends {share_text(*answer)}", None)
 
     def _capacity(self, workload: Workload) -> Resources | None:
@@ -458,13 +463,10 @@ class Autoscaler:
         held = allocator.allocation(pod.uid) if allocator is not None else None
         return held is not None and (held.request.request, held.request.limit) == (share.request, share.limit)
 
-    def _on_share(self, workload: Workload, share: Share) -> int:
-        return sum(self._runs_with(pod, share) for pod in self._workers(workload))
-
-    async def _resize_workers(self, workload: Workload, tracked: Tracked, share: Share, why: str) -> int:
+    async def _resize_workers(self, workers: list[Pod], tracked: Tracked, share: Share, why: str) -> int:
         """Resize the workers not on `share` yet; returns how many run with it afterwards."""
         applied = 0
-        for pod in self._workers(workload):
+        for pod in workers:
             if self._runs_with(pod, share):
                 applied += 1
                 continue
