@@ -6,13 +6,17 @@ settings that pick one. The sources against real servers: tests/integration/test
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import anyio
+import orjson
 import pytest
 
 from tfusion.controller.autoscaler.sources import (
     MAX_POINTS,
     MAX_ROWS,
+    THREAD_PARSE_BYTES,
     GreptimeUsage,
     HypervisorUsage,
     InfluxUsage,
@@ -26,6 +30,7 @@ from tfusion.controller.autoscaler.sources import (
     parse_greptime,
     parse_influx,
     parse_prometheus_matrix,
+    parsed_answer,
     prometheus_query,
     prometheus_range,
     prometheus_step,
@@ -179,3 +184,22 @@ def test_usage_source_environment_variable() -> None:
     both = Settings.load({"autoscaler_usage_url": "http://i:8086"}, env={"TF_AUTOSCALER_USAGE_SOURCE": "influxdb"},
                          roles=("controller",))
     assert both.autoscaler_usage_source == "influxdb"
+
+
+def test_a_large_answer_is_parsed_off_the_event_loop_and_a_small_one_on_it() -> None:
+    """History answers of megabytes must not hold the event loop (Lease renewals share it)."""
+    seen: list[str] = []
+
+    def parse(what: str, answer: Any) -> int:
+        seen.append(threading.current_thread().name)
+        return len(answer)
+
+    loop_thread = threading.current_thread().name
+    small = orjson.dumps(list(range(10)))
+    large = orjson.dumps(list(range(THREAD_PARSE_BYTES)))
+    assert len(large) >= THREAD_PARSE_BYTES
+    assert anyio.run(parsed_answer, "t", small, parse) == 10
+    assert anyio.run(parsed_answer, "t", large, parse) == THREAD_PARSE_BYTES
+    assert seen[0] == loop_thread and seen[1] != loop_thread
+    with pytest.raises(UsageSourceError, match="not JSON"):
+        anyio.run(parsed_answer, "t", b"{" * THREAD_PARSE_BYTES, parse)

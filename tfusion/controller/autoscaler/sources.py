@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import httpx
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TABLE = "tf_worker_usage"
 #: the tables' workload tag for a worker without one
@@ -57,6 +58,8 @@ PROM_MEMORY = "tfusion_worker_memory_used_bytes"
 GREPTIME_TIME = "greptime_timestamp"
 #: the most bytes one answer may have (a week of 30 s samples of a few thousand workers fits)
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: answers from this size on are parsed in a worker thread
+THREAD_PARSE_BYTES = 256 * 1024
 #: the most rows one history query may return; beyond it the pass fails instead of silently truncating
 MAX_ROWS = 2_000_000
 #: Prometheus: the most points one series may have in a range (its own limit is 11,000)
@@ -121,6 +124,14 @@ def _json(what: str, body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise UsageSourceError(f"{what}: the answer is not JSON: {exc}") from None
+
+
+async def parsed_answer(what: str, body: bytes, parse: Callable[[str, Any], T]) -> T:
+    """`parse` of the JSON answer; a large one in a worker thread, so the event loop (Lease renewals,
+    the API) never waits on megabytes of history."""
+    if len(body) < THREAD_PARSE_BYTES:
+        return parse(what, _json(what, body))
+    return await anyio.to_thread.run_sync(lambda: parse(what, _json(what, body)))
 
 
 def _base(url: str) -> str:
@@ -246,8 +257,7 @@ class PrometheusUsage:
         start, end = prometheus_range(since, until, step)
         body = await _fetch(http, what, "POST", f"{self.url}/api/v1/query_range", data={
             "query": prometheus_query(metric), "start": start, "end": end, "step": f"{step:g}"})
-        answer = _json(what, body)
-        return parse_prometheus_matrix(what, answer)
+        return await parsed_answer(what, body, parse_prometheus_matrix)
 
 
 def parse_prometheus_matrix(what: str, answer: Any) -> dict[tuple[str, str, str, str, float], float]:
@@ -304,7 +314,7 @@ class InfluxUsage:
         async with httpx.AsyncClient(timeout=self.timeout_s) as http:
             body = await _fetch(http, what, "POST", f"{self.url}/query",
                                 params={"db": self.database, "epoch": "ms"}, data={"q": influx_query(since, until)})
-        return parse_influx(what, _json(what, body))
+        return await parsed_answer(what, body, parse_influx)
 
 
 def parse_influx(what: str, answer: Any) -> list[UsageSample]:
@@ -385,7 +395,7 @@ class GreptimeUsage:
         url, params, form = self.request(since, until)
         async with httpx.AsyncClient(timeout=self.timeout_s) as http:
             body = await _fetch(http, what, "POST", url, params=params, data=form)
-        return parse_greptime(what, _json(what, body))
+        return await parsed_answer(what, body, parse_greptime)
 
 
 def _greptime_time(value: Any, per_second: int) -> float:
