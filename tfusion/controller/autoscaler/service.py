@@ -88,6 +88,8 @@ CHECKPOINT_EVERY = 10
 #: a history source is read from this long before the last pass: a point the database ingested late
 #: is still seen, and `Tracked.newest` keeps one seen before from counting twice
 LATE_S = 60.0
+#: workloads evaluated between two yields to the event loop (about 10 ms of work)
+YIELD_EVERY = 200
 MIN_TICK_S = 1.0
 WORKLOAD_API = ("tensor-fusion.ai/v1", "TensorFusionWorkload")
 
@@ -213,10 +215,12 @@ class Autoscaler:
         since = self._since - LATE_S if self.source.keeps_history else self._since
         samples = await self._read(since, now)
         self._since = now
-        for key, (workload, policy) in autoscaled.items():
+        for count, (key, (workload, policy)) in enumerate(autoscaled.items(), 1):
             tracked = self._track(key, workload, policy)
             self._feed(tracked, samples.get(key, ()), now - 2 * LATE_S)
             await self._evaluate(workload, policy, tracked, now)
+            if count % YIELD_EVERY == 0:  # thousands of workloads: let Lease renewals and requests in
+                await anyio.lowlevel.checkpoint()
 
     @staticmethod
     def _feed(tracked: Tracked, samples: Iterable[UsageSample], forget_before: float) -> None:
