@@ -102,17 +102,19 @@ static void load_limits(void) {
         tf_say("%s: this process runs without GPU limits", why);
         return;
     }
-    real_ctx_get_device = (ctx_get_device_fn)tf_real_symbol("cuCtxGetDevice");
-    real_device_get_uuid = (device_get_uuid_fn)tf_real_symbol("cuDeviceGetUuid_v2");
-    if (!real_device_get_uuid)
-        real_device_get_uuid = (device_get_uuid_fn)tf_real_symbol("cuDeviceGetUuid");
     tf_accounting_open(path);
     shm = base;
 }
 
-void tf_ensure_limits(void) {
-    tf_ensure_real();
-    pthread_once(&limits_once, load_limits);
+void tf_ensure_limits(void) { pthread_once(&limits_once, load_limits); }
+
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+static void resolve_device_calls(void) {
+    real_ctx_get_device = (ctx_get_device_fn)tf_real_symbol("cuCtxGetDevice");
+    real_device_get_uuid = (device_get_uuid_fn)tf_real_symbol("cuDeviceGetUuid_v2");
+    if (!real_device_get_uuid)
+        real_device_get_uuid = (device_get_uuid_fn)tf_real_symbol("cuDeviceGetUuid");
 }
 
 int tf_limits_enabled(void) {
@@ -189,7 +191,10 @@ static int slot_of_ordinal(CUdevice device) {
 }
 
 int tf_current_slot(void) {
-    if (!tf_limits_enabled() || !real_ctx_get_device)
+    if (!tf_limits_enabled())
+        return SLOT_NONE;
+    pthread_once(&driver_once, resolve_device_calls);
+    if (!real_ctx_get_device)
         return SLOT_NONE;
     CUdevice device;
     if (real_ctx_get_device(&device) != CUDA_SUCCESS)

@@ -68,7 +68,7 @@ void *tf_real_symbol(const char *name) {
 }
 
 static int hook_by_name(const char *symbol) {
-    if (symbol[0] != 'c' || symbol[1] != 'u')
+    if (!symbol || symbol[0] != 'c' || symbol[1] != 'u')
         return -1;
     for (int i = 0; i < TF_HOOK_COUNT; i++)
         if (strcmp(symbol, hook_names[i]) == 0)
@@ -85,15 +85,21 @@ static void *wrapper_for_real(void *real) {
     return NULL;
 }
 
+/*
+ * glibc resolves RTLD_NEXT relative to the object that called dlsym, found from the return
+ * address. Names that are not hooked are therefore passed on by a tail call (a jump, so the
+ * caller's return address is what glibc sees): dlsym(RTLD_NEXT, ...) keeps meaning "after the
+ * caller", not "after this library". Hooked names get the wrapper whatever the lookup found.
+ */
 TF_EXPORT void *dlsym(void *handle, const char *symbol) {
     dlsym_fn lookup = glibc_dlsym();
     if (!lookup)
         return NULL;
-    void *found = lookup(handle, symbol);
-    if (!found)
-        return found;
     int hook = hook_by_name(symbol);
-    if (hook < 0 || found == hook_wrappers[hook])
+    if (hook < 0)
+        return lookup(handle, symbol);
+    void *found = lookup(handle, symbol);
+    if (!found || found == hook_wrappers[hook])
         return found;
     tf_ensure_real();
     return hook_wrappers[hook];

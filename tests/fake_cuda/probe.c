@@ -9,6 +9,8 @@
  *                                       with hold, wait for stdin to close; then free them all and
  *                                       print {"freed": N, "free": F, "total": T}
  *                                       KIND: plain managed pitch async pool create array array3d
+ *   probe next-dlsym                    {"next_is_interposer": B}: dlsym(RTLD_NEXT, "dlsym") from here
+ *                                       finds the preloaded limiter's dlsym (what this program binds)
  *   probe launch N GRID BLOCK [KIND]    N launches, {"launched": i} after each; KIND: kernel ex
  *                                       cooperative graph
  */
@@ -229,6 +231,11 @@ static int launch_command(int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
+    if (strcmp(argv[1], "next-dlsym") == 0) {
+        void *next = dlsym(RTLD_NEXT, "dlsym");
+        printf("{\"next_is_interposer\": %s}\n", next == (void *)dlsym ? "true" : "false");
+        return 0;
+    }
     resolve();
     CUdevice device;
     CUcontext ctx;

@@ -195,6 +195,11 @@ def test_a_program_that_never_calls_cuda_is_left_alone(binaries: fake_cuda.Binar
     assert (result.returncode, result.stdout, result.stderr) == (0, "hi\n", "")
 
 
+def test_dlsym_rtld_next_still_means_after_the_caller(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
+    lines, _ = fake_cuda.run(binaries.probe_linked, ["next-dlsym"], env(binaries, shm))
+    assert lines == [{"next_is_interposer": True}]
+
+
 def test_the_library_needs_only_libc(binaries: fake_cuda.Binaries) -> None:
     readelf = subprocess.run(["readelf", "-d", str(binaries.limiter)], capture_output=True, text=True, timeout=20)
     if readelf.returncode != 0:
