@@ -137,9 +137,11 @@ double tf_shm_f64(int slot, unsigned field) {
     return value;
 }
 
-uint64_t tf_mem_limit(int slot) {
-    return __atomic_load_n((uint64_t *)(shm + field_offset(slot, TF_F_MEM_LIMIT)), __ATOMIC_ACQUIRE);
+uint64_t tf_shm_u64(int slot, unsigned field) {
+    return __atomic_load_n((uint64_t *)(shm + field_offset(slot, field)), __ATOMIC_ACQUIRE);
 }
+
+uint64_t tf_mem_limit(int slot) { return tf_shm_u64(slot, TF_F_MEM_LIMIT); }
 
 uint64_t tf_shm_heartbeat(void) { return __atomic_load_n((uint64_t *)(shm + TF_HEARTBEAT_OFFSET), __ATOMIC_ACQUIRE); }
 
@@ -156,10 +158,8 @@ static void normalise_uuid(const char *text, char *out, size_t size) {
     out[n] = '\0';
 }
 
-static int slot_of_uuid(const CUuuid *uuid) {
-    char wanted[40], have[72], text[72];
-    for (int i = 0; i < 16; i++)
-        snprintf(wanted + 2 * i, 3, "%02x", (unsigned char)uuid->bytes[i]);
+static int slot_of_hex(const char *wanted) {
+    char have[72], text[72];
     for (int slot = 0; slot < TF_MAX_DEVICES; slot++) {
         memcpy(text, shm + field_offset(slot, TF_F_UUID), 64);
         text[63] = '\0';
@@ -167,6 +167,22 @@ static int slot_of_uuid(const CUuuid *uuid) {
         if (have[0] && strcmp(have, wanted) == 0)
             return slot;
     }
+    return SLOT_NONE;
+}
+
+int tf_slot_of_uuid_text(const char *uuid) {
+    char wanted[72];
+    normalise_uuid(uuid, wanted, sizeof wanted);
+    return shm && wanted[0] ? slot_of_hex(wanted) : SLOT_NONE;
+}
+
+static int slot_of_uuid(const CUuuid *uuid) {
+    char wanted[40];
+    for (int i = 0; i < 16; i++)
+        snprintf(wanted + 2 * i, 3, "%02x", (unsigned char)uuid->bytes[i]);
+    int slot = slot_of_hex(wanted);
+    if (slot >= 0)
+        return slot;
     tf_say("device uuid %s is in no slot of TF_SHM_PATH: it is not limited in this process", wanted);
     return SLOT_NONE;
 }

@@ -75,6 +75,10 @@ TF_DECLARE(CUresult, cuGetProcAddress_v2,
 extern void *tf_real_fn[TF_HOOK_COUNT];
 void tf_ensure_real(void);
 void *tf_real_symbol(const char *name);
+/* glibc's dlsym on another library's handle (never the interposer) */
+void *tf_library_symbol(void *library, const char *name);
+/* dlsym hands out this library's NVML wrappers for these names */
+void *tf_nvml_wrapper(const char *name);
 #define TF_REAL(name) ((name##_fn)tf_real_fn[TF_HOOK_##name])
 /* call the real `name` or say the driver is missing */
 #define TF_CALL_REAL(name, ...)                                                                    \
@@ -85,12 +89,15 @@ void tf_ensure_limits(void);
 /* the shm slot of the calling thread's current device, or -1 when it is not limited */
 int tf_current_slot(void);
 int tf_limits_enabled(void);
+/* the slot whose UUID matches (any case, with or without "GPU-", dashes ignored), or -1 */
+int tf_slot_of_uuid_text(const char *uuid);
 uint64_t tf_mem_limit(int slot);
 /* one line on stderr, prefixed with the library's name */
 void tf_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* shm fields of slot `slot` (atomic loads and stores; f64 as raw bits) */
 uint32_t tf_shm_u32(int slot, unsigned field);
+uint64_t tf_shm_u64(int slot, unsigned field);
 double tf_shm_f64(int slot, unsigned field);
 uint64_t tf_shm_heartbeat(void);
 double *tf_shm_tokens(int slot);
@@ -119,6 +126,8 @@ void tf_accounting_open(const char *shm_path);
 int tf_reserve(int slot, uint64_t bytes, uint64_t limit);
 void tf_release(int slot, uint64_t bytes);
 uint64_t tf_used(int slot);
+/* what the pod uses on `slot`: its reserved bytes or the hypervisor's measurement, the larger */
+uint64_t tf_share_used(int slot);
 
 /* compute.c */
 void tf_take_launch_tokens(int slot, uint64_t threads);

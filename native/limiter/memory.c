@@ -3,8 +3,9 @@
  * driver is asked, and is refused with CUDA_ERROR_OUT_OF_MEMORY when that would take the pod past
  * the slot's mem_limit (0 in the file means no VRAM limit). The bytes of each live allocation are
  * remembered by pointer (or VMM handle, or array) so that its free gives them back.
- * cuMemGetInfo_v2 reports the share: total = mem_limit, free = mem_limit - the pod's reserved bytes
- * (never more than the device really has free).
+ * cuMemGetInfo_v2 reports the share: total = mem_limit, free = mem_limit - the pod's used bytes
+ * (never more than the device really has free); "used" is the larger of the accounting's
+ * bytes and the hypervisor's measured pod_memory_used, which also sees memory no hook counted.
  *
  * Sizes: managed memory counts in full; a pitched allocation counts pitch x height (reserved as
  * width rounded up to 512 x height first, corrected after); an array counts
@@ -59,6 +60,12 @@ static void forget(uint64_t key) {
         tf_release(found->slot, found->bytes);
         free(found);
     }
+}
+
+uint64_t tf_share_used(int slot) {
+    uint64_t reserved = tf_used(slot);
+    uint64_t measured = tf_shm_u64(slot, TF_F_POD_MEMORY);
+    return reserved > measured ? reserved : measured;
 }
 
 /* the slot whose limit applies to a new allocation of `bytes`, -1 for none; OOM when over */
@@ -205,7 +212,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     uint64_t limit = slot >= 0 ? tf_mem_limit(slot) : 0;
     if (limit == 0)
         return result;
-    uint64_t used = tf_used(slot);
+    uint64_t used = tf_share_used(slot);
     uint64_t share_free = used < limit ? limit - used : 0;
     if (free_bytes && share_free < *free_bytes)
         *free_bytes = (size_t)share_free;

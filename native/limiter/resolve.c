@@ -61,6 +61,11 @@ static void load_driver(void) {
 
 void tf_ensure_real(void) { pthread_once(&real_once, load_driver); }
 
+void *tf_library_symbol(void *library, const char *name) {
+    dlsym_fn lookup = glibc_dlsym();
+    return lookup ? lookup(library, name) : NULL;
+}
+
 void *tf_real_symbol(const char *name) {
     tf_ensure_real();
     dlsym_fn lookup = glibc_dlsym();
@@ -74,6 +79,10 @@ static int hook_by_name(const char *symbol) {
         if (strcmp(symbol, hook_names[i]) == 0)
             return i;
     return -1;
+}
+
+static void *nvml_hook(const char *symbol) {
+    return symbol && symbol[0] == 'n' && symbol[1] == 'v' ? tf_nvml_wrapper(symbol) : NULL;
 }
 
 static void *wrapper_for_real(void *real) {
@@ -96,8 +105,11 @@ TF_EXPORT void *dlsym(void *handle, const char *symbol) {
     if (!lookup)
         return NULL;
     int hook = hook_by_name(symbol);
-    if (hook < 0)
+    void *nvml = hook < 0 ? nvml_hook(symbol) : NULL;
+    if (hook < 0 && !nvml)
         return lookup(handle, symbol);
+    if (nvml)
+        return lookup(handle, symbol) ? nvml : NULL;
     void *found = lookup(handle, symbol);
     if (!found || found == hook_wrappers[hook])
         return found;

@@ -5,15 +5,17 @@ call the driver directly or the way the CUDA 12 runtime does (dlopen + cuGetProc
 from __future__ import annotations
 
 import os
+import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import fake_cuda
+from tests import fake_cuda, fake_nvml
 from tfusion.hypervisor.shm import layout
 from tfusion.hypervisor.shm.state import DeviceConfig, SharedState
 from tfusion.hypervisor.shm.store import ShmStore
@@ -109,6 +111,44 @@ def test_mem_get_info_reports_the_pods_share(binaries: fake_cuda.Binaries, shm: 
         assert lines[0] == {"free": LIMIT - 3 * MIB, "total": LIMIT, "result": 0}
     finally:
         holder.finish()
+
+
+NVML_MEMORY = """
+import json, pynvml
+pynvml.nvmlInit()
+out = []
+for index in range(pynvml.nvmlDeviceGetCount()):
+    memory = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+    out.append([memory.total, memory.used, memory.free])
+print(json.dumps(out))
+"""
+
+
+def test_nvml_reports_the_pods_share_of_a_limited_device(binaries: fake_cuda.Binaries, tmp_path: Path) -> None:
+    nvml = fake_nvml.build(tmp_path / "nvml")
+    state = ShmStore(tmp_path / "nvml-shm").create("ns", "pod", [DeviceConfig(
+        slot=0, uuid=fake_nvml.GPU0_UUID, up_limit=30, mem_limit=LIMIT)])
+    try:
+        state.set_pod_memory_used(0, 3 * MIB)
+
+        def memory(preload: bool) -> list[list[int]]:
+            env = fake_nvml.subprocess_env(nvml, TF_SHM_PATH=str(state.path))
+            if preload:
+                env["LD_PRELOAD"] = str(binaries.limiter)
+            result = subprocess.run([sys.executable, "-c", NVML_MEMORY], env=env, capture_output=True, text=True,
+                                    timeout=60)
+            assert result.returncode == 0, result.stderr
+            assert result.stderr == ""
+            value = json.loads(result.stdout)
+            assert isinstance(value, list)
+            return value
+
+        whole, shared = memory(False), memory(True)
+        assert whole[0][0] > LIMIT
+        assert shared[0] == [LIMIT, 3 * MIB, LIMIT - 3 * MIB]
+        assert shared[1:] == whole[1:], "a device in no slot is reported as it is"
+    finally:
+        state.close()
 
 
 # --- compute -----------------------------------------------------------------------------------------
