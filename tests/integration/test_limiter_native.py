@@ -4,8 +4,8 @@ call the driver directly or the way the CUDA 12 runtime does (dlopen + cuGetProc
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import signal
 import subprocess
 import sys
