@@ -11,6 +11,8 @@
  *                                       KIND: plain managed pitch async pool create array array3d
  *   probe next-dlsym                    {"next_is_interposer": B}: dlsym(RTLD_NEXT, "dlsym") from here
  *                                       finds the preloaded limiter's dlsym (what this program binds)
+ *   probe bench N                       {"launches": N, "ns_per_launch": X}: N cuLaunchKernel calls
+ *                                       of one block, timed with CLOCK_MONOTONIC
  *   probe launch N GRID BLOCK [KIND]    N launches, {"launched": i} after each; KIND: kernel ex
  *                                       cooperative graph
  */
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 
@@ -228,6 +231,21 @@ static int launch_command(int argc, char **argv) {
     return 0;
 }
 
+static int bench_command(int argc, char **argv) {
+    if (argc < 3)
+        return 2;
+    long n = strtol(argv[2], NULL, 10);
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (long i = 0; i < n; i++)
+        if (api.launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS)
+            return 1;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    double ns = (double)(end.tv_sec - start.tv_sec) * 1e9 + (double)(end.tv_nsec - start.tv_nsec);
+    printf("{\"launches\": %ld, \"ns_per_launch\": %.1f}\n", n, ns / (double)n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2)
         return 2;
@@ -252,5 +270,7 @@ int main(int argc, char **argv) {
         return alloc_command(argc, argv);
     if (strcmp(argv[1], "launch") == 0)
         return launch_command(argc, argv);
+    if (strcmp(argv[1], "bench") == 0)
+        return bench_command(argc, argv);
     return 2;
 }
