@@ -229,6 +229,30 @@ def test_without_a_usable_file_the_process_runs_unlimited_and_says_so_once(
     assert errors.startswith("tfusion-limiter[") and says in errors and "without GPU limits" in errors
 
 
+def test_a_uuid_written_without_prefix_in_upper_case_still_matches(binaries: fake_cuda.Binaries,
+                                                                   tmp_path: Path) -> None:
+    bare = fake_cuda.DEVICE_UUID.format(0).removeprefix("GPU-").upper()
+    state = ShmStore(tmp_path / "bare").create("ns", "pod", [DeviceConfig(
+        slot=0, uuid=bare, up_limit=30, mem_limit=LIMIT)])
+    try:
+        lines, errors = fake_cuda.run(binaries.probe_linked, alloc_args("plain", MIB, 20), env(binaries, state))
+    finally:
+        state.close()
+    assert lines[0] == {"granted": 10, "refused": 2}
+    assert errors == ""
+
+
+def test_a_device_in_no_slot_is_not_limited_and_said_once(binaries: fake_cuda.Binaries, tmp_path: Path) -> None:
+    state = ShmStore(tmp_path / "other").create("ns", "pod", [DeviceConfig(
+        slot=0, uuid="GPU-00000000-0000-4000-8000-00000000ffff", up_limit=30, mem_limit=LIMIT)])
+    try:
+        lines, errors = fake_cuda.run(binaries.probe_linked, alloc_args("plain", MIB, 20), env(binaries, state))
+    finally:
+        state.close()
+    assert lines[0] == {"granted": 20, "refused": 0}
+    assert len(errors.splitlines()) == 1 and "is in no slot" in errors, errors
+
+
 def test_a_program_that_never_calls_cuda_is_left_alone(binaries: fake_cuda.Binaries) -> None:
     result = subprocess.run(["/bin/sh", "-c", "echo hi"], env=fake_cuda.environment(binaries, None),
                             capture_output=True, text=True, timeout=20)
