@@ -33,8 +33,11 @@ static long grace_s(void) {
     const char *text = getenv("TF_LIMITER_HEARTBEAT_GRACE_S");
     char *end = NULL;
     long value = text ? strtol(text, &end, 10) : DEFAULT_GRACE_S;
-    if (!text || end == text || *end || value <= 0)
+    if (text && (end == text || *end || value <= 0)) {
+        tf_say("TF_LIMITER_HEARTBEAT_GRACE_S=%s is not a positive whole number of seconds; using %d", text,
+               DEFAULT_GRACE_S);
         value = DEFAULT_GRACE_S;
+    }
     __atomic_store_n(&cached, value, __ATOMIC_RELAXED);
     return value;
 }

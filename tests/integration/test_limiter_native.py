@@ -192,6 +192,13 @@ def test_a_stale_heartbeat_stops_launches_until_it_is_fresh(binaries: fake_cuda.
         probe.process.wait(timeout=20)
 
 
+def test_a_bad_grace_period_is_named_and_the_default_used(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
+    lines, errors = fake_cuda.run(binaries.probe_linked, ["launch", "1", "1", "1"],
+                                  env(binaries, shm, TF_LIMITER_HEARTBEAT_GRACE_S="soon"))
+    assert lines == [{"launched": 1}]
+    assert "TF_LIMITER_HEARTBEAT_GRACE_S=soon is not a positive whole number of seconds; using 10" in errors
+
+
 # --- fail-safe ---------------------------------------------------------------------------------------
 
 def _wrong_size(path: Path) -> None:
