@@ -111,10 +111,8 @@ TF_EXPORT void *dlsym(void *handle, const char *symbol) {
     if (nvml)
         return lookup(handle, symbol) ? nvml : NULL;
     void *found = lookup(handle, symbol);
-    if (!found || found == hook_wrappers[hook])
-        return found;
-    tf_ensure_real();
-    return hook_wrappers[hook];
+    /* no driver loading here: a driver that looks itself up while it loads must not wait on us */
+    return found ? hook_wrappers[hook] : NULL;
 }
 
 /* the hooked symbol the driver chose for a cuGetProcAddress request (its versioned, per-thread name) */
