@@ -2,7 +2,7 @@
  * A CUDA program for the limiter's tests, built two ways: linked against libcuda.so.1 and calling
  * the driver API directly, or (-DVIA_GET_PROC_ADDRESS) as the CUDA 12 runtime does: dlopen
  * libcuda.so.1, dlsym cuGetProcAddress_v2, and resolve every other entry point through it.
- * Prints one JSON object per line, flushed.
+ * Prints one JSON object per line, flushed. Uses device PROBE_DEVICE (default 0).
  *
  *   probe info                          {"free": F, "total": T}
  *   probe alloc KIND BYTES COUNT [hold] allocate up to COUNT blocks; {"granted": N, "refused": CODE};
@@ -257,7 +257,7 @@ int main(int argc, char **argv) {
     resolve();
     CUdevice device;
     CUcontext ctx;
-    if (api.init(0) != CUDA_SUCCESS || api.device_get(&device, 0) != CUDA_SUCCESS ||
+    if (api.init(0) != CUDA_SUCCESS || api.device_get(&device, getenv("PROBE_DEVICE") ? atoi(getenv("PROBE_DEVICE")) : 0) != CUDA_SUCCESS ||
         api.ctx_create(&ctx, 0, device) != CUDA_SUCCESS) {
         fprintf(stderr, "no device\n");
         return 3;

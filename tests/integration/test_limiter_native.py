@@ -236,6 +236,22 @@ def test_without_a_usable_file_the_process_runs_unlimited_and_says_so_once(
     assert errors.startswith("tfusion-limiter[") and says in errors and "without GPU limits" in errors
 
 
+def test_each_device_is_held_to_the_slot_that_names_its_uuid(binaries: fake_cuda.Binaries, tmp_path: Path) -> None:
+    # the container's device 1 is the host's device 3: the slot is the host index, found by UUID
+    state = ShmStore(tmp_path / "two").create("ns", "pod", [
+        DeviceConfig(slot=0, uuid=fake_cuda.DEVICE_UUID.format(0), up_limit=30, mem_limit=LIMIT),
+        DeviceConfig(slot=3, uuid=fake_cuda.DEVICE_UUID.format(1), up_limit=30, mem_limit=4 * MIB)])
+    try:
+        granted = {}
+        for device in (0, 1):
+            lines, _ = fake_cuda.run(binaries.probe_runtime, alloc_args("plain", MIB, 20),
+                                     env(binaries, state, FAKE_CUDA_DEVICES="2", PROBE_DEVICE=str(device)))
+            granted[device] = lines[0]["granted"]
+    finally:
+        state.close()
+    assert granted == {0: 10, 1: 4}
+
+
 def test_a_uuid_written_without_prefix_in_upper_case_still_matches(binaries: fake_cuda.Binaries,
                                                                    tmp_path: Path) -> None:
     bare = fake_cuda.DEVICE_UUID.format(0).removeprefix("GPU-").upper()
