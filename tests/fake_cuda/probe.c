@@ -2,7 +2,8 @@
  * A CUDA program for the limiter's tests, built two ways: linked against libcuda.so.1 and calling
  * the driver API directly, or (-DVIA_GET_PROC_ADDRESS) as the CUDA 12 runtime does: dlopen
  * libcuda.so.1, dlsym cuGetProcAddress_v2, and resolve every other entry point through it.
- * Prints one JSON object per line, flushed. Uses device PROBE_DEVICE (default 0).
+ * Prints one JSON object per line, flushed. Uses device PROBE_DEVICE (default 0); PROBE_PER_THREAD=1
+ * asks cuGetProcAddress for the per-thread default stream variants (nvcc --default-stream per-thread).
  *
  *   probe info                          {"free": F, "total": T}
  *   probe alloc KIND BYTES COUNT [hold] allocate up to COUNT blocks; {"granted": N, "refused": CODE};
@@ -67,8 +68,9 @@ static void resolve(void) {
         exit(3);
     }
     get = (CUresult(*)(const char *, void **, int, unsigned long long, int *))again;
+    unsigned long long flags = getenv("PROBE_PER_THREAD") ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
 #define GET(field, name)                                                                           \
-    if (get(name, (void **)&api.field, 12040, 0, &status) != CUDA_SUCCESS) {                       \
+    if (get(name, (void **)&api.field, 12040, flags, &status) != CUDA_SUCCESS) {                       \
         fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                   \
         exit(3);                                                                                   \
     }

@@ -164,6 +164,15 @@ def test_launches_take_tokens_by_their_cost(binaries: fake_cuda.Binaries, shm: S
     assert shm.device(0).tokens == pytest.approx(before - 3 * cost)
 
 
+def test_per_thread_stream_variants_are_limited_too(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
+    per_thread = env(binaries, shm, PROBE_PER_THREAD="1")
+    lines, _ = fake_cuda.run(binaries.probe_runtime, alloc_args("async", MIB, 20), per_thread)
+    assert lines[0] == {"granted": 10, "refused": 2}
+    assert lines[1]["free"] == LIMIT
+    fake_cuda.run(binaries.probe_runtime, ["launch", "2", "4", "256", "kernel"], per_thread)
+    assert shm.device(0).tokens == 100.0 - 2 * 8
+
+
 def test_launches_wait_while_the_bucket_is_short(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
     shm.update_tokens(0, lambda _: 0.0)
     probe = fake_cuda.Probe(binaries.probe_runtime, ["launch", "1", "4", "256"], env(binaries, shm))
