@@ -15,7 +15,8 @@
  *   probe bench N                       {"launches": N, "ns_per_launch": X}: N cuLaunchKernel calls
  *                                       of one block, timed with CLOCK_MONOTONIC
  *   probe launch N GRID BLOCK [KIND]    N launches, {"launched": i} after each; KIND: kernel ex
- *                                       cooperative graph
+ *                                       cooperative graph; PROBE_SAY_READY=1 prints {"ready": true}
+ *                                       just before the first launch
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -211,6 +212,10 @@ static int launch_command(int argc, char **argv) {
     long n = strtol(argv[2], NULL, 10);
     unsigned grid = (unsigned)strtoul(argv[3], NULL, 10), block = (unsigned)strtoul(argv[4], NULL, 10);
     const char *kind = argc > 5 ? argv[5] : "kernel";
+    if (getenv("PROBE_SAY_READY")) {
+        printf("{\"ready\": true}\n"); /* the next thing it does is the first launch */
+        fflush(stdout);
+    }
     for (long i = 1; i <= n; i++) {
         CUresult r;
         if (strcmp(kind, "ex") == 0) {

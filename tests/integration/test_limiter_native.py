@@ -175,8 +175,10 @@ def test_per_thread_stream_variants_are_limited_too(binaries: fake_cuda.Binaries
 
 def test_launches_wait_while_the_bucket_is_short(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
     shm.update_tokens(0, lambda _: 0.0)
-    probe = fake_cuda.Probe(binaries.probe_runtime, ["launch", "1", "4", "256"], env(binaries, shm))
+    probe = fake_cuda.Probe(binaries.probe_runtime, ["launch", "1", "4", "256"],
+                            env(binaries, shm, PROBE_SAY_READY="1"))
     try:
+        assert probe.line() == {"ready": True}
         assert probe.quiet_for(0.5), "a launch went with an empty bucket"
         shm.update_tokens(0, lambda _: 8.0)
         assert probe.line() == {"launched": 1}
@@ -189,8 +191,9 @@ def test_launches_wait_while_the_bucket_is_short(binaries: fake_cuda.Binaries, s
 def test_a_stale_heartbeat_stops_launches_until_it_is_fresh(binaries: fake_cuda.Binaries, shm: SharedState) -> None:
     shm.heartbeat(time.time() - 60)
     probe = fake_cuda.Probe(binaries.probe_linked, ["launch", "1", "1", "1"],
-                            env(binaries, shm, TF_LIMITER_HEARTBEAT_GRACE_S="10"))
+                            env(binaries, shm, TF_LIMITER_HEARTBEAT_GRACE_S="10", PROBE_SAY_READY="1"))
     try:
+        assert probe.line() == {"ready": True}
         assert probe.quiet_for(0.5), "a launch went while the hypervisor was gone"
         assert shm.device(0).tokens == 100.0
         shm.heartbeat()
