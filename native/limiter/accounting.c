@@ -140,7 +140,7 @@ static struct acct_file *map_shared(const char *path, char *why, size_t why_size
         snprintf(why, why_size, "cannot open the accounting file %s: %s", path, strerror(errno));
         return NULL;
     }
-    struct stat info;
+    struct stat info = {0};
     /* a new file is all zeroes, which is a valid empty table: growing it twice is harmless */
     if (fstat(fd, &info) != 0 || (info.st_size == 0 && ftruncate(fd, sizeof(struct acct_file)) != 0) ||
         (info.st_size != 0 && info.st_size != (off_t)sizeof(struct acct_file))) {

@@ -59,7 +59,7 @@ static const char *map_shm(const char *path, unsigned char **out) {
         snprintf(why, sizeof why, "cannot open TF_SHM_PATH=%s: %s", path, strerror(errno));
         return why;
     }
-    struct stat info;
+    struct stat info = {0};
     if (fstat(fd, &info) != 0 || info.st_size != (off_t)TF_FILE_SIZE) {
         snprintf(why, sizeof why, "TF_SHM_PATH=%s has %lld bytes, the V2 layout has %u", path,
                  (long long)info.st_size, TF_FILE_SIZE);
