@@ -2,7 +2,10 @@
  * The pod's own VRAM accounting, shared by all of the pod's processes: the V2 layout has no field
  * that processes could reserve from (pod_memory_used is the hypervisor's periodic measurement), so
  * a small sibling file next to TF_SHM_PATH, `<dir>/limiter-accounting` (TF_LIMITER_ACCOUNTING_PATH
- * overrides), holds it. Format (little-endian, version 1, 35,072 bytes, created 0600):
+ * overrides), holds it. The hypervisor creates it empty beside the shm file with the shm file's
+ * owner and mode (tfusion/hypervisor/shm/store.py), so every process that may open the shm file may
+ * open it; a process creates it (0600) when it is missing. The first process sizes it.
+ * Format (little-endian, version 1, 35,072 bytes; all zeroes is an empty table):
  *
  *     0     u32 magic 0x414C4654 ("TFLA")   4  u32 version (1)
  *     8     u64 used[16]                    bytes reserved on each device slot by all processes
