@@ -15,7 +15,7 @@ import pytest
 from tests import c as creader
 from tfusion.hypervisor.shm import layout
 from tfusion.hypervisor.shm.state import DeviceConfig, ShmError, ShmLockTimeout
-from tfusion.hypervisor.shm.store import ShmPathError, ShmStore
+from tfusion.hypervisor.shm.store import ACCOUNTING_FILE, ShmPathError, ShmStore
 
 A100 = DeviceConfig(slot=0, uuid="GPU-5f3a1c2e-0000-4000-8000-000000000a00", up_limit=30, mem_limit=16 << 30,
                     total_cuda_cores=6912)
@@ -185,3 +185,10 @@ def test_remove_and_strays(tmp_path: Path) -> None:
     assert store.remove("other", "c") and not (tmp_path / "other").exists()
     assert store.remove("ml", "b") and (tmp_path / "ml" / "a" / "shm").exists()
     assert not store.remove("ml", "b")
+
+
+def test_remove_takes_the_limiters_accounting_file_with_it(tmp_path: Path) -> None:
+    store = ShmStore(tmp_path)
+    store.create("ml", "a", [A100]).close()
+    (tmp_path / "ml" / "a" / ACCOUNTING_FILE).write_bytes(b"\0" * 16)
+    assert store.remove("ml", "a") and not (tmp_path / "ml").exists()

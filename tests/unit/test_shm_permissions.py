@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import file_mode, widest_umask
 from tfusion.api.accessors import Pod
 from tfusion.hypervisor.shm.state import DeviceConfig
-from tfusion.hypervisor.shm.store import ShmOwner, ShmStore
+from tfusion.hypervisor.shm.store import ACCOUNTING_FILE, ShmOwner, ShmStore
 from tfusion.hypervisor.workers.kubernetes import pod_identity, worker_from_pod
 
 A100 = DeviceConfig(slot=0, uuid="GPU-5f3a1c2e-0000-4000-8000-000000000a00", up_limit=30, mem_limit=16 << 30)
@@ -37,8 +37,8 @@ def owner(path: Path) -> tuple[int, int]:
     return info.st_uid, info.st_gid
 
 
-def open_as(directory: Path, uid: int, gid: int, groups: tuple[int, ...] = ()) -> int:
-    """0 when a process of `uid`/`gid` (with supplementary `groups`) can open `shm` read-write
+def open_as(directory: Path, uid: int, gid: int, groups: tuple[int, ...] = (), name: str = "shm") -> int:
+    """0 when a process of `uid`/`gid` (with supplementary `groups`) can open `name` read-write
     through a descriptor of `directory` (as through the pod's mount), else the errno it got."""
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -49,7 +49,7 @@ def open_as(directory: Path, uid: int, gid: int, groups: tuple[int, ...] = ()) -
                 os.setgroups(list(groups))
                 os.setgid(gid)
                 os.setuid(uid)
-                os.close(os.open("shm", os.O_RDWR, dir_fd=dir_fd))
+                os.close(os.open(name, os.O_RDWR, dir_fd=dir_fd))
             except OSError as exc:
                 code = exc.errno or 1
             os._exit(code)
@@ -81,6 +81,11 @@ def test_the_pods_user_and_group_may_open_it_and_nobody_else(tmp_path: Path, ope
     assert open_as(pod_dir, 4100, 4200) == 0  # the pod's user
     assert open_as(pod_dir, 4300, 4300, groups=(4200,)) == 0  # another container, with the fsGroup
     assert open_as(pod_dir, 4300, 4300) == errno.EACCES  # any other local user
+    # the limiter's accounting file: the same owner and mode, so the same processes may open it
+    accounting = pod_dir / ACCOUNTING_FILE
+    assert (owner(accounting), file_mode(accounting)) == ((4100, 4200), 0o660)
+    assert open_as(pod_dir, 4300, 4300, groups=(4200,), name=ACCOUNTING_FILE) == 0
+    assert open_as(pod_dir, 4300, 4300, name=ACCOUNTING_FILE) == errno.EACCES
 
     user_only = store.create("ml", "user-only", [A100], ShmOwner(uid=4100))
     user_only.close()
@@ -113,6 +118,7 @@ def test_open_narrows_what_an_older_run_left_and_keeps_the_contents(tmp_path: Pa
     assert not created and state.path.read_bytes() == before
     assert (owner(state.path), file_mode(state.path)) == ((4100, 4200), 0o660)
     assert file_mode(state.path.parent) == 0o750 and file_mode(state.path.parent.parent) == 0o700
+    assert file_mode(state.path.with_name(ACCOUNTING_FILE)) == 0o660
 
 
 def pod(spec: dict[str, Any]) -> Pod:

@@ -44,6 +44,8 @@ from tfusion.hypervisor.shm import layout as lay
 from tfusion.hypervisor.shm.state import DeviceConfig, SharedState, ShmError
 
 SHM_FILE = "shm"
+#: the pod's own VRAM accounting, created beside the file by tfusion's limiter (native/limiter)
+ACCOUNTING_FILE = "limiter-accounting"
 DEFAULT_ROOT = "/run/tensor-fusion/shm"
 
 
@@ -87,6 +89,19 @@ def _hand_over(fd: int, owner: ShmOwner, mode: int) -> None:
     os.fchmod(fd, mode)
 
 
+def _accounting_file(shm_path: Path, owner: ShmOwner) -> None:
+    """The limiter's accounting file beside the shm file: created empty when missing (the limiter
+    sizes and fills it; an existing one keeps its contents) and given the shm file's owner and mode,
+    so that every process of the pod that may open the shm file may open this one read-write, even
+    where it cannot create files in the pod's directory (another container that shares only the
+    pod's group)."""
+    fd = os.open(shm_path.with_name(ACCOUNTING_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, owner.file_mode)
+    try:
+        _hand_over(fd, owner, owner.file_mode)
+    finally:
+        os.close(fd)
+
+
 class ShmStore:
     """The files under one root."""
 
@@ -124,6 +139,7 @@ class ShmStore:
             mapping = mmap.mmap(fd, lay.FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        _accounting_file(path, owner)
         state = SharedState(path, mapping)
         state.initialize(devices)
         return state
@@ -136,6 +152,7 @@ class ShmStore:
         try:
             self._pod_directory(path, owner)
             _hand_over(fd, owner, owner.file_mode)
+            _accounting_file(path, owner)
             size = os.fstat(fd).st_size
             if size == lay.LEGACY_FILE_SIZE:
                 raise ShmError(f"{path}: {size} bytes is the legacy V1 layout; this hypervisor writes V2 "
@@ -163,6 +180,7 @@ class ShmStore:
         try:
             self._pod_directory(path, owner)
             _hand_over(fd, owner, owner.file_mode)
+            _accounting_file(path, owner)
         finally:
             os.close(fd)
 
@@ -182,6 +200,7 @@ class ShmStore:
             removed = True
         except FileNotFoundError:
             removed = False
+        path.with_name(ACCOUNTING_FILE).unlink(missing_ok=True)  # else the directory stays behind
         for directory in (path.parent, path.parent.parent):
             try:
                 directory.rmdir()
