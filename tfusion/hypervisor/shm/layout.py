@@ -1,10 +1,10 @@
 """The byte layout of the soft limiter's shared-memory file: the original's `SharedDeviceState::V2`.
 
-Why: the in-container limiter (`libcuda_limiter.so`, not ours) maps this file and reads it at fixed
-offsets, so the layout is a wire format kept to the byte (reference hypervisor §5.2): a Rust
-`#[repr(C)]` enum, little-endian, natural alignment on x86-64, 35,504 bytes in all. The ctypes
-Structures below state it once; the offsets the rest of the package uses are read off them, and a
-unit test pins each one to the documented number.
+Why: the in-container limiter (`libcuda_limiter.so`: the original's, or ours in native/limiter)
+maps this file and reads it at fixed offsets, so the layout is a wire format kept to the byte
+(reference hypervisor §5.2): a Rust `#[repr(C)]` enum, little-endian, natural alignment on x86-64,
+35,504 bytes in all. The ctypes Structures below state it once; the offsets the rest of the package
+uses are read off them, and a unit test pins each one to the documented number.
 
     0      u32 discriminant (1 = V2) + 4 pad
     8      DeviceEntryV2 devices[16], 136 bytes each, slot = device index
