@@ -43,8 +43,9 @@ from tfusion.controller.defaults import (
     provider_config_for,
     worker_image,
 )
+from tfusion.controller.limiter_source import limiter_source
 from tfusion.controller.reconcilers.common import FINALIZER
-from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port, middleware_image
+from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port
 from tfusion.controller.webhook.mutate import LIMITER_LIBRARIES
 from tfusion.controller.worker_shape import (
     WORKER_CONTAINER,
@@ -132,12 +133,13 @@ def _disabled_features(workload: Workload) -> tuple[str, ...]:
 
 def _add_soft_limiter(pod_spec: JsonObject, container: JsonObject, shape: WorkerShape,
                       providers: Sequence[JsonMapping]) -> None:
-    """The middleware image's limiter over the worker's own (skipped for a vendor with neither)."""
-    middleware = middleware_image(provider_config_for(providers, shape.vendor), shape.vendor)
-    library = LIMITER_LIBRARIES.get(shape.vendor.lower())
-    if not middleware or not library:
+    """Our limiter (or the ProviderConfig's middleware image's) over the worker's own (skipped for a
+    vendor with neither)."""
+    source = limiter_source(provider_config_for(providers, shape.vendor), shape.vendor)
+    library = LIMITER_LIBRARIES.get(shape.vendor.lower() or "nvidia")
+    if source is None or not library:
         return
-    parts = soft_limiter_parts(middleware, library)
+    parts = soft_limiter_parts(source, library)
     pod_spec["initContainers"] = [parts.init]
     pod_spec["volumes"] = [*entries(pod_spec, "volumes"), parts.volume]
     container["volumeMounts"] = [*entries(container, "volumeMounts"), *parts.mounts]
