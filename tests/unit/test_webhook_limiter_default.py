@@ -107,9 +107,10 @@ def test_a_soft_worker_pod_gets_tfusions_limiter_over_the_worker_images() -> Non
                                             "limits": {"tflops": "10", "vram": "4Gi"}}}})
     pod: dict[str, Any] = worker_pod(load, GpuPool(pool()), [NVIDIA_NO_MIDDLEWARE], owner={
         "apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload", "name": "w", "uid": "uid-w",
-        "controller": True, "blockOwnerDeletion": True}, generate_name="w-", template="h", index=3)
+        "controller": True, "blockOwnerDeletion": True}, generate_name="w-", template="h", index=3,
+        limiter_image="registry.example/tfusion:7")
     (init,) = pod["spec"]["initContainers"]
-    assert init["image"] == TFUSION_IMAGE
+    assert init["image"] == "registry.example/tfusion:7"
     assert init["command"] == ["cp", "/opt/tfusion/lib/libcuda_limiter.so", "/soft-limiter/"]
     (container,) = pod["spec"]["containers"]
     limiter = {"name": "soft-limiter", "mountPath": "/home/app/libcuda_limiter.so", "subPath": "libcuda_limiter.so",
