@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "limiter.h"
@@ -150,10 +151,18 @@ static int send_all(int fd, const char *data, size_t length) {
     return 1;
 }
 
-/* the response's first RESPONSE_MAX - 1 bytes, until the server closes; its length or -1 */
+static double monotonic_s(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* the response's first RESPONSE_MAX - 1 bytes, until the server closes (or, for a server that
+ * trickles bytes, until 2 x REGISTER_TIMEOUT_S have passed); its length or -1 */
 static ssize_t receive_response(int fd, char *out, size_t size) {
     size_t length = 0;
-    while (length < size - 1) {
+    double give_up = monotonic_s() + 2.0 * REGISTER_TIMEOUT_S;
+    while (length < size - 1 && monotonic_s() < give_up) {
         ssize_t got = recv(fd, out + length, size - 1 - length, 0);
         if (got == 0)
             break;
@@ -230,12 +239,13 @@ static void *register_process(void *unused) {
     }
     char container[3 * sizeof to->container];
     query_escape(to->container, container, sizeof container);
+    int ipv6 = strchr(to->host, ':') != NULL; /* a literal IPv6 address is bracketed in Host */
     static char request[TOKEN_MAX + 1024];
     int length = snprintf(request, sizeof request,
                           "POST /api/v1/process?container_name=%s&container_pid=%d HTTP/1.1\r\n"
-                          "Host: %s:%s\r\nAuthorization: Bearer %s\r\nContent-Length: 0\r\n"
+                          "Host: %s%s%s:%s\r\nAuthorization: Bearer %s\r\nContent-Length: 0\r\n"
                           "Connection: close\r\nUser-Agent: tfusion-limiter\r\n\r\n",
-                          container, to->pid, to->host, to->port, to->token);
+                          container, to->pid, ipv6 ? "[" : "", to->host, ipv6 ? "]" : "", to->port, to->token);
     static char response[RESPONSE_MAX];
     if (length < 0 || (size_t)length >= sizeof request || !send_all(fd, request, (size_t)length)) {
         tf_say("cannot send to the hypervisor at %s:%s: %s: process %d is not registered "
