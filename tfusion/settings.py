@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfusion import __version__
 from tfusion.api import annotations as ann
 from tfusion.api import durations
 from tfusion.api.selectors import parse_label_selector
@@ -383,6 +384,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("enable_cr_controller", None, "ENABLE_CR_CONTROLLER", True, parse_bool, "controller",
        "run the reconcilers and the drift audit (false: none of them; the allocator, its status write-back and "
        "orphan sweep, the webhook and the scheduler still run)"),
+    _o("limiter_image", "--limiter-image", "TF_LIMITER_IMAGE", f"tfusion:{__version__}", str, "controller",
+       "image the webhook's init container copies tfusion's soft limiter from (the tfusion image; a "
+       "ProviderConfig's spec.images.middleware wins)"),
     _o("progressive_migration", None, "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", False, parse_bool, "controller",
        "native-GPU pods that auto-migration does not take go to tensor-fusion-scheduler, which keeps them "
        "on nodes without TensorFusion workers; nodes with workers get a PreferNoSchedule taint"),
@@ -523,6 +527,7 @@ class Settings:
     schedule_default_pods: bool = _default("schedule_default_pods")
     enable_cr_controller: bool = _default("enable_cr_controller")
     progressive_migration: bool = _default("progressive_migration")
+    limiter_image: str = _default("limiter_image")
     initial_gpu_node_label_selector: str = _default("initial_gpu_node_label_selector")
     max_workers_per_node: int | None = _default("max_workers_per_node")
     sync_interval: float = _default("sync_interval")

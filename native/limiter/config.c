@@ -104,6 +104,7 @@ static void load_limits(void) {
     }
     tf_accounting_open(path);
     shm = base;
+    tf_register_with_hypervisor();
 }
 
 void tf_ensure_limits(void) { pthread_once(&limits_once, load_limits); }

@@ -129,6 +129,9 @@ uint64_t tf_used(int slot);
 /* what the pod uses on `slot`: its reserved bytes or the hypervisor's measurement, the larger */
 uint64_t tf_share_used(int slot);
 
+/* register.c: POST /api/v1/process to the node's hypervisor, once, on a background thread */
+void tf_register_with_hypervisor(void);
+
 /* compute.c */
 void tf_take_launch_tokens(int slot, uint64_t threads);
 

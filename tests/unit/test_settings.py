@@ -60,6 +60,7 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
                                         "gpu in true"),
     "disable_connection_auth": ("true", True, "maybe"),
     "progressive_migration": ("true", True, "maybe"),
+    "limiter_image": ("registry.example/tfusion:9", "registry.example/tfusion:9", None),
     "isolation_mode_policy": ("Dynamic", "dynamic", "both"),
     "autoscaler_usage_source": ("influxdb", "influxdb", "mysql"),
 }
@@ -134,6 +135,7 @@ def _flag_sample(opt: Option) -> Any:
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
         "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
+        "limiter_image": "flag.example/tfusion:8",
     }
     return samples[opt.attr]
 

@@ -23,8 +23,9 @@ one function, so the two cannot drift apart:
   burst to what the node has).
 
 A soft-isolated remote worker also gets `soft_limiter_parts`: an `init-soft-limiter` init container
-copying the middleware image's limiter into the `soft-limiter` volume, mounted over the worker
-image's own limiter and `nvidia-smi`, with `TF_ISOLATION_MODE=soft` and `TF_SHM_PATH`.
+copying tfusion's limiter (or the ProviderConfig's middleware image's, limiter_source.py) into the
+`soft-limiter` volume, mounted over the worker image's own limiter (and, from a middleware image,
+over `nvidia-smi`), with `TF_ISOLATION_MODE=soft` and `TF_SHM_PATH`.
 
 `INIT_RESOURCES` is what the original gives its short init containers (`inject-lib`,
 `init-soft-limiter`): requests equal to limits, so a namespace whose ResourceQuota or LimitRange
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from tfusion.api import annotations as tfa
 from tfusion.api.jsontypes import JsonObject, JsonValue
 from tfusion.api.quantity import Quantity
+from tfusion.controller.limiter_source import LimiterSource
 
 WORKER_CONTAINER = "tensorfusion-worker"
 WORKER_PORT = 8000
@@ -169,16 +171,19 @@ class SoftLimiterParts:
     env: list[JsonObject]
 
 
-def soft_limiter_parts(middleware_image: str, library: str) -> SoftLimiterParts:
-    """The limiter `library` (a file of the middleware image's /build) over the worker's own."""
-    init: JsonObject = {"name": SOFT_LIMITER_INIT, "image": middleware_image,
-                        # tolerant: an image without the files leaves the worker's own limiter in use
-                        "command": ["sh", "-c", f"cp /build/* {WORKER_SOFT_LIMITER_DIR}/ 2>/dev/null; true"],
+def soft_limiter_parts(source: LimiterSource, library: str) -> SoftLimiterParts:
+    """The limiter `library` copied from `source` (tfusion's image, or a middleware image's /build)
+    over the worker's own."""
+    init: JsonObject = {"name": SOFT_LIMITER_INIT, "image": source.image,
+                        # a vendor image's copy is tolerant: without the files the worker's own limiter is used
+                        "command": source.copy_command(WORKER_SOFT_LIMITER_DIR),
                         "volumeMounts": [{"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": WORKER_SOFT_LIMITER_DIR}],
                         "resources": init_resources()}
     mounts: list[JsonObject] = [
-        {"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": WORKER_LIMITER, "subPath": library, "readOnly": True},
-        {"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi", "readOnly": True}]
+        {"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": WORKER_LIMITER, "subPath": library, "readOnly": True}]
+    if source.ships_nvidia_smi:
+        mounts.append({"name": WORKER_SOFT_LIMITER_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi",
+                       "readOnly": True})
     env: list[JsonObject] = [{"name": "TF_ISOLATION_MODE", "value": tfa.ISOLATION_SOFT},
                              {"name": "TF_SHM_PATH", "value": SHM_FILE}]
     return SoftLimiterParts(init=init, volume={"name": WORKER_SOFT_LIMITER_VOLUME, "emptyDir": {}}, mounts=mounts,

@@ -227,7 +227,8 @@ class ConnectionReconciler:
         index = await self._index(f"{namespace}/{name}")
         try:
             pod = worker_pod(workload, pool, self.providers.list(), name=name, template=wanted_hash, dedicated=True,
-                             owner=controller_reference(conn, r.TENSORFUSIONCONNECTIONS), index=index)
+                             owner=controller_reference(conn, r.TENSORFUSIONCONNECTIONS), index=index,
+                             limiter_image=self.runtime.settings.limiter_image)
         except TemplateError as exc:
             self.runtime.events.warning(conn, "WorkerTemplateInvalid", str(exc))
             return Result(requeue_after=NO_WORKER_RETRY_S)

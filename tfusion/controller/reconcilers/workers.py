@@ -14,7 +14,8 @@ finalizer and a controlling ownerReference. Its one container is the original's 
 (tfusion/controller/worker_shape.py: `tensorfusion-worker`, hypervisor address, shared memory,
 limiter and hard-limit env, port 8000 `remote-vgpu`), with the `tf-data` host volume its shared
 memory lives in (not for shared isolation) and a 5 s grace period; under soft isolation also the
-`init-soft-limiter` that puts the middleware image's limiter over the worker image's own. The pool's
+`init-soft-limiter` that puts tfusion's limiter (from `limiter_image`, or the ProviderConfig's
+middleware image: limiter_source.py) over the worker image's own. The pool's
 `componentConfig.worker.podTemplate` and then the workload's `spec.workerPodTemplate` are
 strategic-merged over it; a template's first container is the worker container, whatever its name,
 as in the original.
@@ -43,8 +44,9 @@ from tfusion.controller.defaults import (
     provider_config_for,
     worker_image,
 )
+from tfusion.controller.limiter_source import TFUSION_IMAGE, limiter_source
 from tfusion.controller.reconcilers.common import FINALIZER
-from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port, middleware_image
+from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, entries, hypervisor_port
 from tfusion.controller.webhook.mutate import LIMITER_LIBRARIES
 from tfusion.controller.worker_shape import (
     WORKER_CONTAINER,
@@ -131,13 +133,14 @@ def _disabled_features(workload: Workload) -> tuple[str, ...]:
 
 
 def _add_soft_limiter(pod_spec: JsonObject, container: JsonObject, shape: WorkerShape,
-                      providers: Sequence[JsonMapping]) -> None:
-    """The middleware image's limiter over the worker's own (skipped for a vendor with neither)."""
-    middleware = middleware_image(provider_config_for(providers, shape.vendor), shape.vendor)
-    library = LIMITER_LIBRARIES.get(shape.vendor.lower())
-    if not middleware or not library:
+                      providers: Sequence[JsonMapping], limiter_image: str) -> None:
+    """Our limiter (or the ProviderConfig's middleware image's) over the worker's own (skipped for a
+    vendor with neither)."""
+    source = limiter_source(provider_config_for(providers, shape.vendor), shape.vendor, limiter_image)
+    library = LIMITER_LIBRARIES.get(shape.vendor.lower() or "nvidia")
+    if source is None or not library:
         return
-    parts = soft_limiter_parts(middleware, library)
+    parts = soft_limiter_parts(source, library)
     pod_spec["initContainers"] = [parts.init]
     pod_spec["volumes"] = [*entries(pod_spec, "volumes"), parts.volume]
     container["volumeMounts"] = [*entries(container, "volumeMounts"), *parts.mounts]
@@ -186,9 +189,10 @@ def _merge_template(pod: JsonObject, template: object, source: str) -> JsonObjec
 
 def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[JsonMapping], *, owner: OwnerReference,
                name: str = "", generate_name: str = "", template: str, dedicated: bool = False,
-               index: int | None = None) -> JsonObject:
+               index: int | None = None, limiter_image: str = TFUSION_IMAGE) -> JsonObject:
     """The worker pod of `workload` (see the module docstring); `owner` is its controlling
-    ownerReference (the workload, or the connection of a dedicated worker)."""
+    ownerReference (the workload, or the connection of a dedicated worker); `limiter_image` is the
+    tfusion image (--limiter-image)."""
     spec = workload.spec
     pool_name = workload.pool_name or workload.meta.label(tfa.GPU_POOL) or (pool.name if pool is not None else "")
     labels = {tfa.COMPONENT: tfa.COMPONENT_WORKER, tfa.POD_TEMPLATE_HASH: template}
@@ -218,7 +222,7 @@ def worker_pod(workload: Workload, pool: GpuPool | None, providers: Sequence[Jso
     if needs_data_volume(shape.isolation):
         pod_spec["volumes"] = [data_volume()]
     if shape.isolation == tfa.ISOLATION_SOFT:
-        _add_soft_limiter(pod_spec, container, shape, providers)
+        _add_soft_limiter(pod_spec, container, shape, providers, limiter_image)
     if workload.qos in ("high", "critical"):
         pod_spec["priorityClassName"] = tfa.priority_class_name(workload.qos)
     if isinstance(spec.get("nodeAffinity"), Mapping):

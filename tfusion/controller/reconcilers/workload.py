@@ -329,7 +329,7 @@ class WorkloadReconciler:
         try:
             pod = worker_pod(workload, pool, self.providers.list(), generate_name=f"{workload.name}{WORKER_INFIX}",
                              template=wanted_hash, owner=controller_reference(workload, r.TENSORFUSIONWORKLOADS),
-                             index=index)
+                             index=index, limiter_image=self.runtime.settings.limiter_image)
         except TemplateError as exc:
             self.runtime.events.warning(workload, "WorkerTemplateInvalid", str(exc))
             return

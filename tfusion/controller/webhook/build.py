@@ -19,7 +19,6 @@ from tfusion.api.accessors import GpuPool, section, text
 from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.controller.defaults import Amounts, Resolved, annotation_bool, request_annotations, worker_image
 
-DEFAULT_MIDDLEWARE_IMAGES = {"nvidia": "tensorfusion/vgpu-provider-nvidia:latest"}
 DEFAULT_CLIENT_IMAGE = "tensorfusion/tensor-fusion-client:latest"
 DEFAULT_HYPERVISOR_PORT = 8001
 
@@ -123,17 +122,12 @@ def workload_object(name: str, namespace: str, pool_name: str, owner_reference: 
     return {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload", "metadata": meta, "spec": spec}
 
 
-def images(pool: GpuPool, provider: JsonMapping | None, vendor: str) -> tuple[str, str, str]:
-    """(middleware, client, worker) images: the ProviderConfig's and the pool's, else the defaults."""
+def images(pool: GpuPool, provider: JsonMapping | None) -> tuple[str, str]:
+    """(client, worker) images: the ProviderConfig's and the pool's, else the defaults (the soft
+    limiter's image is limiter_source.py's)."""
     given = section(provider, "spec", "images")
-    middleware = middleware_image(provider, vendor)
     client = text(given, "remoteClient") or text(pool.component_config, "client", "image") or DEFAULT_CLIENT_IMAGE
-    return middleware, client, worker_image(pool, provider)
-
-
-def middleware_image(provider: JsonMapping | None, vendor: str) -> str:
-    """The soft limiter's image: the ProviderConfig's `spec.images.middleware`, else the vendor's default."""
-    return text(provider, "spec", "images", "middleware") or DEFAULT_MIDDLEWARE_IMAGES.get(vendor.lower(), "")
+    return client, worker_image(pool, provider)
 
 
 def hypervisor_port(pool: GpuPool) -> int:

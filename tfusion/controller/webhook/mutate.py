@@ -42,6 +42,7 @@ from tfusion.controller.defaults import (
     resolve,
     stale_annotations,
 )
+from tfusion.controller.limiter_source import TFUSION_IMAGE, limiter_source
 from tfusion.controller.webhook import build
 from tfusion.controller.webhook.build import DEFAULT_HYPERVISOR_PORT, Gang
 from tfusion.controller.worker_shape import DATA_HOST_PATH as DATA_HOST_PATH
@@ -97,6 +98,8 @@ class Context(Sources):
     operator_endpoint: str = ""
     #: NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION: native-GPU pods not migrated go to our scheduler
     progressive: bool = False
+    #: the tfusion image, whose limiter soft pods get unless the ProviderConfig names a middleware image
+    limiter_image: str = TFUSION_IMAGE
 
 
 @dataclass
@@ -127,6 +130,8 @@ class Plan:
     host_port: HostPortSlot | None = None
     disabled_features: tuple[str, ...] = ()
     middleware_image: str = ""
+    #: middleware_image is tfusion's own (its limiter at a fixed path, no nvidia-smi), not a vendor's
+    limiter_own: bool = False
     client_image: str = ""
     worker_image: str = ""
     hypervisor_port: int = DEFAULT_HYPERVISOR_PORT
@@ -279,14 +284,16 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.ISOLATION] = res.isolation
     workload = build.workload_object(workload_name, namespace, res.pool_name, owner.reference, spec, notes,
                                      res.container_counts)
-    middleware, client, worker = build.images(res.pool, res.provider, res.vendor)
+    client, worker = build.images(res.pool, res.provider)
+    limiter = limiter_source(res.provider, res.vendor, ctx.limiter_image)
     plan = Plan(pool=res.pool, pool_name=res.pool_name, vendor=res.vendor, isolation=res.isolation, qos=res.qos,
                 sidecar=res.sidecar, gpu_count=res.gpu_count, inject=inject, amounts=res.amounts,
                 annotations=new_notes, remove_annotations=[*stale_annotations(res.amounts), tfa.INDEX],
                 labels=new_labels, workload=workload,
                 native_resources=res.native_resources,
                 enabled_replicas=enabled_replicas, host_port=host_port, disabled_features=disabled,
-                middleware_image=middleware, client_image=client, worker_image=worker,
+                middleware_image=limiter.image if limiter else "", limiter_own=bool(limiter and limiter.own),
+                client_image=client, worker_image=worker,
                 hypervisor_port=build.hypervisor_port(res.pool), migrated=migrated)
     if res.local:
         return plan

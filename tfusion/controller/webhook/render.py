@@ -23,6 +23,7 @@ from tfusion.api.accessors import Pod, section
 from tfusion.api.jsontypes import JsonObject, JsonValue, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.defaults import SIDES
+from tfusion.controller.limiter_source import LimiterSource
 from tfusion.controller.webhook.build import child, entries, json_document
 from tfusion.controller.webhook.mutate import (
     DATA_HOST_PATH,
@@ -197,10 +198,11 @@ def _wire_soft_limiter(pod: JsonObject, plan: Plan) -> None:
     """Local soft isolation: the limiter library copied in by an init container and preloaded."""
     if not plan.middleware_image:
         raise Denial(f"no ProviderConfig for vendor {plan.vendor} names spec.images.middleware, the soft "
-                     f"limiter's image; create one or use isolation shared", code=400)
-    # the copy tolerates an image without the files (as the original's does): the pod still starts
-    add_init_container(pod, {"name": SOFT_LIMITER_INIT, "image": plan.middleware_image,
-                              "command": ["sh", "-c", f"cp /build/* {SOFT_LIMITER_DIR}/ 2>/dev/null; true"],
+                     f"limiter's image (tfusion's own limiter serves NVIDIA only); create one or use "
+                     f"isolation shared", code=400)
+    source = LimiterSource(image=plan.middleware_image, own=plan.limiter_own)
+    add_init_container(pod, {"name": SOFT_LIMITER_INIT, "image": source.image,
+                              "command": source.copy_command(SOFT_LIMITER_DIR),
                               "resources": init_resources(),
                               "volumeMounts": [{"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR}]})
     add_volumes(pod, [{"name": SOFT_LIMITER_VOLUME, "emptyDir": {}},
@@ -222,7 +224,7 @@ def _wire_soft_limiter(pod: JsonObject, plan: Plan) -> None:
                   {"name": SOFT_LIMITER_VOLUME, "mountPath": SOFT_LIMITER_DIR, "readOnly": True},
                   {"name": DATA_VOLUME, "mountPath": SHM_MOUNT, "subPathExpr": SHM_SUBPATH_EXPR,
                    "mountPropagation": "HostToContainer"}]
-        if plan.vendor.lower() == "nvidia":
+        if plan.vendor.lower() == "nvidia" and source.ships_nvidia_smi:
             mounts.append({"name": SOFT_LIMITER_VOLUME, "mountPath": NVIDIA_SMI, "subPath": "nvidia-smi",
                            "readOnly": True})
         add_mounts(container, mounts)

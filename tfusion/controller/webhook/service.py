@@ -385,6 +385,7 @@ class WebhookService:
                        templates=rt.informer(r.SCHEDULINGCONFIGTEMPLATES).list(),
                        auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels,
                        progressive=self.settings.progressive_migration,
+                       limiter_image=self.settings.limiter_image,
                        operator_endpoint=remote.operator_endpoint(self.settings))
 
 
