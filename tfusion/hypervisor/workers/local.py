@@ -38,8 +38,10 @@ from tfusion.api.annotations import ISOLATION_SOFT
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
+from tfusion.hypervisor.limiter.soft import device_configs, shm_owner
 from tfusion.hypervisor.private import PRIVATE_FILE_MODE, private_directory
-from tfusion.hypervisor.shm.store import SHM_FILE
+from tfusion.hypervisor.shm.state import ShmError
+from tfusion.hypervisor.shm.store import SHM_FILE, ShmStore
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_RUNNING,
@@ -372,6 +374,7 @@ class LocalWorkers:
 
     async def _start(self, worker: _LocalWorker) -> None:
         assert self._tg is not None and worker.running is not None
+        self._ensure_shm(worker.allocation)
         env = {**self.process_env, **worker.allocation.envs, **worker.running.env}
         supervisor = ProcessSupervisor(name=worker.info.name, argv=[worker.running.executable, *worker.running.args],
                                        env=env, cwd=worker.running.working_dir or None,
@@ -381,6 +384,20 @@ class LocalWorkers:
         worker.supervisor = supervisor
         worker.adopt = None
         await self._tg.start(supervisor.run)
+
+    def _ensure_shm(self, allocation: WorkerAllocation) -> None:
+        """A soft worker's shared-memory file exists before its process starts: the limiter reads it
+        once, at the process's first CUDA call, and a missing file leaves the process unlimited (the
+        sync loop alone would create it up to a tick later)."""
+        if self.shm_root is None or allocation.worker.isolation != ISOLATION_SOFT:
+            return
+        try:
+            state, _ = ShmStore(self.shm_root).ensure(allocation.worker.namespace, allocation.worker.name,
+                                                      device_configs(allocation), shm_owner(allocation))
+            state.close()
+        except (ShmError, OSError) as exc:
+            log.warning("local worker %s/%s starts without its shared-memory file: %s", allocation.worker.namespace,
+                        allocation.worker.name, exc)
 
     def _persist_soon(self) -> None:
         try:
