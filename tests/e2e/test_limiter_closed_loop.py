@@ -26,6 +26,7 @@ import pytest
 from tests import fake_cuda, fake_nvml
 from tests.fake_cuda import busy_clock
 from tests.helpers.hypervisor_process import free_port, start, stop, wait_ready
+from tfusion.hypervisor.shm.store import ShmStore
 
 #: one launch of 1 x 1 thread costs 1 token and keeps the simulated device busy for 100 µs
 LAUNCH_NS = 100_000
@@ -147,3 +148,53 @@ def test_a_local_soft_worker_is_refused_past_its_vram_and_settles_at_its_compute
     assert lines[2] == {"granted": 3, "refused": 0}
     settled = busy_clock.measure(machine.clock, 10.0, pids={pid})
     assert abs(settled - 30) <= SETTLED_WITHIN, f"{settled:.1f} % over 10 s after settling"
+
+
+def test_two_workers_on_one_device_keep_their_ratio(machine: Machine) -> None:
+    """30 % and 60 % on one device: each is steered by its own processes' utilisation, so neither is
+    pushed down by the other's load."""
+    low = int(machine.create_worker("low", 30, machine.saturate())["WorkerRunningInfo"]["pid"])
+    high = int(machine.create_worker("high", 60, machine.saturate())["WorkerRunningInfo"]["pid"])
+
+    def both() -> tuple[float, float]:
+        before = busy_clock.read(machine.clock)
+        time.sleep(2.0)
+        after = busy_clock.read(machine.clock)
+        return busy_clock.percent(before, after, 0, {low}), busy_clock.percent(before, after, 0, {high})
+
+    seen: list[tuple[float, float]] = []
+    deadline = time.monotonic() + SETTLE_DEADLINE_S
+    while not seen or abs(seen[-1][0] - 30) > SETTLED_WITHIN or abs(seen[-1][1] - 60) > SETTLED_WITHIN:
+        assert time.monotonic() < deadline, f"(30 %, 60 %) did not settle; 2 s windows {seen}"
+        low_window, high_window = both()
+        seen.append((round(low_window, 1), round(high_window, 1)))
+    before = busy_clock.read(machine.clock)
+    time.sleep(10.0)
+    after = busy_clock.read(machine.clock)
+    low_pct, high_pct = busy_clock.percent(before, after, 0, {low}), busy_clock.percent(before, after, 0, {high})
+    assert abs(low_pct - 30) <= SETTLED_WITHIN and abs(high_pct - 60) <= SETTLED_WITHIN, (low_pct, high_pct)
+    assert 1.6 <= high_pct / low_pct <= 2.5, (low_pct, high_pct)
+
+
+def test_launches_stop_when_the_hypervisor_dies_and_resume_when_it_returns(machine: Machine) -> None:
+    pid = int(machine.create_worker("job", 30, machine.saturate())["WorkerRunningInfo"]["pid"])
+    settle(lambda: busy_clock.measure(machine.clock, 2.0, pids={pid}), 30, "the 30 % worker")
+
+    machine.kill_hypervisor()
+    state = ShmStore(machine.root / "state" / "shm").open("default", "job")
+    try:
+        deadline = time.monotonic() + 30
+        while time.time() - state.last_heartbeat <= GRACE_S + 1:  # whole seconds in the file
+            assert time.monotonic() < deadline, "the heartbeat did not age"
+            time.sleep(0.2)
+        # past the grace period a full bucket does not help: the limiter hands out nothing
+        capacity = state.device(0).capacity
+        assert capacity > 0
+        state.update_tokens(0, lambda _: capacity)
+        assert busy_clock.measure(machine.clock, 2.0, pids={pid}) == 0.0
+        assert state.device(0).tokens == capacity
+    finally:
+        state.close()
+
+    machine.start_hypervisor()  # same state dir: the worker is adopted, its file kept, the heartbeat fresh
+    settle(lambda: busy_clock.measure(machine.clock, 2.0, pids={pid}), 30, "the worker after the restart")
