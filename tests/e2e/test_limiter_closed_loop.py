@@ -61,7 +61,7 @@ class Machine:
         log = self.root / f"hypervisor-{self.starts}.log"
         self.proc = start(["--role=hypervisor", "--backend=local", "--devices=nvml", "--port", str(self.port),
                            "--state-dir", str(self.root / "state"), "--metrics-output-path", str(self.root / "m.log"),
-                           "--node-name", "box"], log,
+                           "--node-name", "box", "--limiter-library", str(self.binaries.limiter)], log,
                           env=fake_nvml.subprocess_env(self.nvml, FAKE_GPU_BUSY_CLOCK=str(self.clock),
                                                        FAKE_NVML_GPU_COUNT="1"))
         wait_ready(self.proc, self.url, log)
@@ -78,8 +78,9 @@ class Machine:
         return str(devices[0]["UUID"])
 
     def worker_env(self) -> dict[str, str]:
-        """What a local soft worker needs to run under the limiter on the simulated device."""
-        return {"LD_PRELOAD": str(self.binaries.limiter), "LD_LIBRARY_PATH": str(self.binaries.driver_dir),
+        """What a local soft worker needs to run on the simulated device (the hypervisor preloads the
+        limiter: --limiter-library)."""
+        return {"LD_LIBRARY_PATH": str(self.binaries.driver_dir),
                 "FAKE_CUDA_UUIDS": fake_nvml.GPU0_UUID, "FAKE_GPU_BUSY_CLOCK": str(self.clock),
                 "FAKE_CUDA_NS_PER_THREAD": str(LAUNCH_NS), "TF_LIMITER_HEARTBEAT_GRACE_S": str(GRACE_S)}
 

@@ -62,6 +62,7 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "progressive_migration": ("true", True, "maybe"),
     "isolation_mode_policy": ("Dynamic", "dynamic", "both"),
     "autoscaler_usage_source": ("influxdb", "influxdb", "mysql"),
+    "limiter_library": ("/etc/passwd", "/etc/passwd", "/nonexistent/libcuda_limiter.so"),
 }
 
 #: the flags an option's cases need besides it (a history usage source needs its server's URL)
@@ -134,6 +135,7 @@ def _flag_sample(opt: Option) -> Any:
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
         "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
+        "limiter_library": "/etc/group",
     }
     return samples[opt.attr]
 

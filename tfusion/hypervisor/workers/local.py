@@ -72,6 +72,12 @@ DEVICES_FILE = "devices.json"
 _TEMP_SUFFIX = ".tmp"
 
 
+def preload_first(library: str, preload: str) -> str:
+    """LD_PRELOAD with `library` first (ld.so splits the list at spaces and colons), named once."""
+    others = [p for p in preload.replace(":", " ").split() if p != library]
+    return " ".join([library, *others])
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write to a 0600 temp file in the same directory, fsync, then rename over the target."""
     private_directory(path.parent)
@@ -124,9 +130,10 @@ class LocalWorkers:
 
     def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
                  hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None,
-                 stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None) -> None:
+                 stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None, limiter_library: str = "") -> None:
         self.state_dir = state_dir
         self.shm_root = shm_root  # soft workers are told their shared-memory file (TF_SHM_PATH)
+        self.limiter_library = limiter_library  # preloaded into soft workers' processes when set
         self.stop_grace = stop_grace
         self.registry = registry
         self.node_name = node_name
@@ -376,6 +383,8 @@ class LocalWorkers:
         assert self._tg is not None and worker.running is not None
         self._ensure_shm(worker.allocation)
         env = {**self.process_env, **worker.allocation.envs, **worker.running.env}
+        if self.limiter_library and worker.info.isolation == ISOLATION_SOFT:
+            env["LD_PRELOAD"] = preload_first(self.limiter_library, env.get("LD_PRELOAD", ""))
         supervisor = ProcessSupervisor(name=worker.info.name, argv=[worker.running.executable, *worker.running.args],
                                        env=env, cwd=worker.running.working_dir or None,
                                        log_dir=self.log_dir / worker.info.namespace, on_change=self._persist_soon,

@@ -1,10 +1,12 @@
-"""What the ERL steers a soft worker by: its own processes' SM utilisation when the device backend
-reports per-process utilisation, else the whole device's."""
+"""Soft workers: what the ERL steers one by (its own processes' SM utilisation when the device backend
+reports per-process utilisation, else the whole device's) and how a local soft worker's LD_PRELOAD
+gets the limiter library."""
 
 from __future__ import annotations
 
 from tfusion.hypervisor.devices.model import GpuProcess
 from tfusion.hypervisor.limiter.soft import pod_utilisation
+from tfusion.hypervisor.workers.local import preload_first
 
 GPU, OTHER = "gpu-a", "gpu-b"
 
@@ -32,3 +34,10 @@ def test_the_whole_device_when_no_process_reports_utilisation() -> None:
 def test_capped_at_the_whole_device() -> None:
     ours = [proc(1, 80), proc(2, 70)]
     assert pod_utilisation(GPU, 100, ours, ours) == 100
+
+
+def test_the_limiter_library_is_preloaded_first_and_once() -> None:
+    lib = "/opt/tf/libcuda_limiter.so"
+    assert preload_first(lib, "") == lib
+    assert preload_first(lib, "/a.so:/b.so") == f"{lib} /a.so /b.so"
+    assert preload_first(lib, f"/a.so {lib}") == f"{lib} /a.so"
