@@ -13,8 +13,9 @@ is the hypervisor's side of that contract (reference hypervisor §5):
 - every tick (500 ms): the heartbeat, each device's `pod_memory_used` (the GPU processes whose PID
   is registered in the file or that /proc ties to the worker; a one-device worker whose per-device
   sum is 0 gets its total over all devices, as upstream), the limits when the allocation changed,
-  exited PIDs dropped from the PID set, and one ERL step per device (`erl.py`): the refill rate and
-  capacity written, the tokens refilled and drained with compare-and-swap;
+  exited PIDs dropped from the PID set, and one ERL step per device (`erl.py`, steered by
+  `pod_utilisation`): the refill rate and capacity written, the tokens refilled and drained with
+  compare-and-swap;
 - a worker that is no longer tracked (deleted, finished, left the node) has its file and directory
   removed; a worker still tracked that lost its allocation (a device vanished) keeps its file and
   heartbeat, so the pod's bind mount of its directory stays valid;
