@@ -134,6 +134,24 @@ def settle(measure: Callable[[], float], target: float, what: str) -> list[float
     pytest.fail(f"{what} did not settle at {target} % within {SETTLE_DEADLINE_S} s: 2 s windows {seen}")
 
 
+def test_the_simulated_device_is_at_most_fully_busy(tmp_path: Path, built: tuple[fake_cuda.Binaries, Path]) -> None:
+    """Without the limiter a process asking for all the compute gets the whole device, and no more:
+    the device runs one launch at a time and a full launch queue makes the launcher wait."""
+    binaries, _ = built
+    clock = tmp_path / "busy-clock"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(binaries.driver_dir), "FAKE_GPU_BUSY_CLOCK": str(clock),
+           "FAKE_CUDA_NS_PER_THREAD": str(LAUNCH_NS)}
+    env.pop("LD_PRELOAD", None)
+    probe = subprocess.Popen([str(binaries.probe_runtime), "saturate", "1", "1"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        seen = settle(lambda: busy_clock.measure(clock, 2.0, pids={probe.pid}), 100, "the unlimited process")
+        assert all(window <= 100 + SETTLED_WITHIN for window in seen), seen
+    finally:
+        probe.kill()
+        probe.wait(timeout=10)
+
+
 def test_a_local_soft_worker_is_refused_past_its_vram_and_settles_at_its_compute_share(machine: Machine) -> None:
     """The issue's done-when: a 4 GiB / 30 % worker under the limiter, asking for 5 GiB, then all
     the compute it can get."""

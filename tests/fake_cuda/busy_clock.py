@@ -13,7 +13,7 @@ DEVICES = 8
 ENTRIES = 64
 _ENTRY = struct.Struct(f"<Q{DEVICES}Q")
 _TOTALS = struct.Struct(f"<{DEVICES}Q")
-SIZE = _TOTALS.size + ENTRIES * _ENTRY.size
+SIZE = _TOTALS.size + ENTRIES * _ENTRY.size + _TOTALS.size  # the totals, the entries, busy_until_ns[8]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "busy_clock.h"
@@ -287,6 +288,27 @@ static void open_shared_clock(void) {
     shared_clock = clock;
 }
 
+static uint64_t monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
+/* the launch runs after the device's queued work; a queue reaching BUSY_CLOCK_QUEUE_NS ahead makes
+ * the caller wait, so the device's busy time never outruns the wall clock by more than that */
+static void queue(uint64_t *busy_until, uint64_t ns) {
+    uint64_t now = monotonic_ns();
+    uint64_t seen = __atomic_load_n(busy_until, __ATOMIC_ACQUIRE), end;
+    do {
+        end = (seen > now ? seen : now) + ns;
+    } while (!__atomic_compare_exchange_n(busy_until, &seen, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    if (end - now > BUSY_CLOCK_QUEUE_NS) {
+        uint64_t wait = end - now - BUSY_CLOCK_QUEUE_NS;
+        struct timespec pause = {(time_t)(wait / 1000000000ULL), (long)(wait % 1000000000ULL)};
+        nanosleep(&pause, NULL);
+    }
+}
+
 static CUresult run(uint64_t threads) {
     if (!current)
         return 201;
@@ -296,6 +318,7 @@ static CUresult run(uint64_t threads) {
     pthread_once(&clock_once, open_shared_clock);
     int device = current->device;
     if (shared_clock && device < BUSY_CLOCK_DEVICES) {
+        queue(&shared_clock->busy_until_ns[device], ns);
         __atomic_add_fetch(&shared_clock->busy_ns[device], ns, __ATOMIC_RELAXED);
         if (own_entry)
             __atomic_add_fetch(&own_entry->busy_ns[device], ns, __ATOMIC_RELAXED);
