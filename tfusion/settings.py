@@ -141,6 +141,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _existing_file(text: str) -> str:
+    """The absolute path of a file that exists (a library handed to processes must be found by them)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError(f"no file at {text!r}: expected the path of an existing file (libcuda_limiter.so)")
+    return str(path.resolve())
+
+
 def _port(text: str) -> int:
     """A TCP port, 0 (any free port) to 65535."""
     if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
@@ -462,6 +470,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("shm_root", "--shm-root", None, "", str, "hypervisor",
        "directory of the soft limiter's shared-memory files (<root>/<namespace>/<pod>/shm); unset: "
        "/run/tensor-fusion/shm, but <state dir>/shm with --role=all and --backend=local"),
+    _o("limiter_library", "--limiter-library", "TF_LIMITER_LIBRARY", "", _existing_file, "hypervisor",
+       "libcuda_limiter.so preloaded into local soft workers' processes (--backend=local: LD_PRELOAD, ahead of "
+       "any LD_PRELOAD the worker's env names); unset: none"),
     _o("device_plugin_dir", "--device-plugin-dir", None, "auto", str, "hypervisor",
        "the kubelet's device-plugin directory (kubelet.sock) for the 16 tensor-fusion.ai/index_<k> plugins: "
        "auto (/var/lib/kubelet/device-plugins when it exists, with --backend=kubernetes and no simulated "
@@ -564,6 +575,7 @@ class Settings:
     sim_devices_fallback: str = _default("sim_devices_fallback")
     simulate_kubelet: bool = _default("simulate_kubelet")
     shm_root: str = _default("shm_root")
+    limiter_library: str = _default("limiter_library")
     device_plugin_dir: str = _default("device_plugin_dir")
     extra: Mapping[str, Any] = field(default_factory=dict)
 

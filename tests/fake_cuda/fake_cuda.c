@@ -10,7 +10,11 @@
  * internal entry points for cuMemAlloc and cuLaunchKernel that differ from the exported symbols,
  * as a real driver may.
  *
- * Env: FAKE_CUDA_DEVICES (default 1), FAKE_CUDA_TOTAL_MIB (default 81920).
+ * Env: FAKE_CUDA_DEVICES (default 1), FAKE_CUDA_TOTAL_MIB (default 81920), FAKE_CUDA_UUIDS (comma-separated
+ * UUIDs of devices 0, 1, ..., hex digits only counted, so an NVML-style "GPU-..." works; the default
+ * otherwise), FAKE_GPU_BUSY_CLOCK (a file all processes of the simulated machine share: each launch
+ * also adds its busy nanoseconds there, per device and per process, for the fake NVML to turn into
+ * utilisation; layout in busy_clock.h).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -20,6 +24,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "busy_clock.h"
 #include "cuda_api.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -68,12 +77,43 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     return CUDA_SUCCESS;
 }
 
-/* device i: 5f3a1c2e-7e57-4000-8000-0000000000<i> */
+static int hex_value(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* the device'th entry of FAKE_CUDA_UUIDS as 16 bytes; 0 when there is none (or it is not 32 hex digits) */
+static int configured_uuid(unsigned char out[16], CUdevice device) {
+    const char *text = getenv("FAKE_CUDA_UUIDS");
+    for (int skip = device; text && skip > 0; skip--) {
+        text = strchr(text, ',');
+        text = text ? text + 1 : NULL;
+    }
+    if (!text)
+        return 0;
+    int digits = 0;
+    for (; *text && *text != ',' && digits < 32; text++) {
+        if (*text == 'G' || *text == 'P' || *text == 'U') /* an NVML-style "GPU-" prefix */
+            continue;
+        int v = hex_value(*text);
+        if (v < 0)
+            continue;
+        out[digits / 2] = (unsigned char)(digits % 2 ? (out[digits / 2] | v) : v << 4);
+        digits++;
+    }
+    return digits == 32;
+}
+
+/* device i: 5f3a1c2e-7e57-4000-8000-0000000000<i>, unless FAKE_CUDA_UUIDS names it */
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice device) {
     static const unsigned char base[16] = {0x5f, 0x3a, 0x1c, 0x2e, 0x7e, 0x57, 0x40, 0x00,
                                            0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
     if (device < 0 || device >= device_count())
         return CUDA_ERROR_INVALID_VALUE;
+    unsigned char configured[16];
+    if (configured_uuid(configured, device)) {
+        memcpy(uuid->bytes, configured, 16);
+        return CUDA_SUCCESS;
+    }
     memcpy(uuid->bytes, base, 16);
     uuid->bytes[15] = (char)device;
     return CUDA_SUCCESS;
@@ -216,11 +256,73 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     return CUDA_SUCCESS;
 }
 
+static struct busy_clock *shared_clock;
+static struct busy_clock_entry *own_entry;
+static pthread_once_t clock_once = PTHREAD_ONCE_INIT;
+
+/* map FAKE_GPU_BUSY_CLOCK and claim this process's entry (the first free one) */
+static void open_shared_clock(void) {
+    const char *path = getenv("FAKE_GPU_BUSY_CLOCK");
+    if (!path || !*path)
+        return;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    struct busy_clock *clock = NULL;
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size >= (off_t)sizeof *clock || ftruncate(fd, sizeof *clock) == 0) { /* growing it zero-fills */
+        void *map = mmap(NULL, sizeof *clock, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        clock = map == MAP_FAILED ? NULL : map;
+    }
+    close(fd);
+    if (!clock)
+        return;
+    uint64_t pid = (uint64_t)getpid();
+    for (int i = 0; i < BUSY_CLOCK_ENTRIES; i++) {
+        uint64_t free_pid = 0;
+        if (__atomic_compare_exchange_n(&clock->entries[i].pid, &free_pid, pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            own_entry = &clock->entries[i];
+            break;
+        }
+    }
+    shared_clock = clock;
+}
+
+static uint64_t monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
+/* the launch runs after the device's queued work; a queue reaching BUSY_CLOCK_QUEUE_NS ahead makes
+ * the caller wait, so the device's busy time never outruns the wall clock by more than that */
+static void queue(uint64_t *busy_until, uint64_t ns) {
+    uint64_t now = monotonic_ns();
+    uint64_t seen = __atomic_load_n(busy_until, __ATOMIC_ACQUIRE), end;
+    do {
+        end = (seen > now ? seen : now) + ns;
+    } while (!__atomic_compare_exchange_n(busy_until, &seen, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    if (end - now > BUSY_CLOCK_QUEUE_NS) {
+        uint64_t wait = end - now - BUSY_CLOCK_QUEUE_NS;
+        struct timespec pause = {(time_t)(wait / 1000000000ULL), (long)(wait % 1000000000ULL)};
+        nanosleep(&pause, NULL);
+    }
+}
+
 static CUresult run(uint64_t threads) {
     if (!current)
         return 201;
+    uint64_t ns = threads * (uint64_t)env_long("FAKE_CUDA_NS_PER_THREAD", 1);
     __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&busy_ns, threads * (uint64_t)env_long("FAKE_CUDA_NS_PER_THREAD", 1), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&busy_ns, ns, __ATOMIC_RELAXED);
+    pthread_once(&clock_once, open_shared_clock);
+    int device = current->device;
+    if (shared_clock && device < BUSY_CLOCK_DEVICES) {
+        queue(&shared_clock->busy_until_ns[device], ns);
+        __atomic_add_fetch(&shared_clock->busy_ns[device], ns, __ATOMIC_RELAXED);
+        if (own_entry)
+            __atomic_add_fetch(&own_entry->busy_ns[device], ns, __ATOMIC_RELAXED);
+    }
     return CUDA_SUCCESS;
 }
 

@@ -238,6 +238,22 @@ static int launch_command(int argc, char **argv) {
     return 0;
 }
 
+/* asks for all the compute it can get: launches back to back until killed */
+static int saturate_command(int argc, char **argv) {
+    if (argc < 4)
+        return 2;
+    unsigned grid = (unsigned)strtoul(argv[2], NULL, 10), block = (unsigned)strtoul(argv[3], NULL, 10);
+    printf("{\"saturating\": true}\n");
+    fflush(stdout);
+    for (;;) {
+        CUresult r = api.launch(NULL, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL);
+        if (r != CUDA_SUCCESS) {
+            printf("{\"error\": %d}\n", r);
+            return 1;
+        }
+    }
+}
+
 static int bench_command(int argc, char **argv) {
     if (argc < 3)
         return 2;
@@ -279,5 +295,7 @@ int main(int argc, char **argv) {
         return launch_command(argc, argv);
     if (strcmp(argv[1], "bench") == 0)
         return bench_command(argc, argv);
+    if (strcmp(argv[1], "saturate") == 0)
+        return saturate_command(argc, argv);
     return 2;
 }

@@ -17,10 +17,24 @@
  *                         GPUs have the seven-slice 80 GB layout (profiles 19 1g.10gb, 15 1g.20gb,
  *                         14 2g.20gb, 9 3g.40gb, 5 4g.40gb, 0 7g.80gb with NVIDIA's placements);
  *                         GPU instances refuse misplaced or overlapping slots as the driver does
+ *   FAKE_GPU_BUSY_CLOCK   the simulated machine's busy-time clock (tests/fake_cuda/busy_clock.h), which the
+ *                         fake CUDA driver advances with each launch: GPU i's utilisation, its compute
+ *                         processes (the ones that launched on it and are alive, 0 bytes each) and their
+ *                         SM utilisation come from it, each over the last whole 250 ms sampling period
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../fake_cuda/busy_clock.h"
 
 typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
@@ -239,11 +253,71 @@ nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t d, unsigned *cores) {
     return NVML_SUCCESS;
 }
 
+/* --- the busy-time clock (FAKE_GPU_BUSY_CLOCK) ----------------------------------------------------- */
+
+#define SAMPLE_PERIOD_NS 250000000ULL
+
+struct window {
+    uint64_t start_ns, start_busy; /* 0 start: no period begun */
+    unsigned percent;              /* the last whole period's busy share */
+};
+
+static struct window device_windows[2];
+static struct window process_windows[BUSY_CLOCK_ENTRIES][2];
+
+static const struct busy_clock *busy_clock(void) {
+    static const struct busy_clock *mapped;
+    static char mapped_path[512];
+    const char *path = getenv("FAKE_GPU_BUSY_CLOCK");
+    if (!path || !*path) return NULL;
+    if (mapped && strcmp(path, mapped_path) == 0) return mapped;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    const struct busy_clock *clock = NULL;
+    if (lseek(fd, 0, SEEK_END) >= (off_t)sizeof *clock) {
+        void *map = mmap(NULL, sizeof *clock, PROT_READ, MAP_SHARED, fd, 0);
+        clock = map == MAP_FAILED ? NULL : map;
+    }
+    close(fd);
+    if (clock) {
+        mapped = clock;
+        snprintf(mapped_path, sizeof mapped_path, "%s", path);
+    }
+    return clock;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
+/* the busy share of the last whole sampling period, as NVML reports utilisation */
+static unsigned windowed_percent(struct window *w, uint64_t busy) {
+    uint64_t now = now_ns();
+    if (w->start_ns == 0 || busy < w->start_busy) {
+        w->start_ns = now;
+        w->start_busy = busy;
+        w->percent = 0;
+    } else if (now - w->start_ns >= SAMPLE_PERIOD_NS) {
+        double share = (double)(busy - w->start_busy) / (double)(now - w->start_ns);
+        w->percent = share >= 1.0 ? 100u : (unsigned)(share * 100.0 + 0.5);
+        w->start_ns = now;
+        w->start_busy = busy;
+    }
+    return w->percent;
+}
+
+static int process_alive(uint64_t pid) { return pid != 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM); }
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *util) {
     nvmlReturn_t r = check(d);
     if (r) return r;
     if (is_lost(d)) return NVML_ERROR_GPU_IS_LOST;
-    util->gpu = d->util_gpu;
+    const struct busy_clock *clock = busy_clock();
+    int i = index_of(d);
+    util->gpu = clock ? windowed_percent(&device_windows[i], __atomic_load_n(&clock->busy_ns[i], __ATOMIC_RELAXED))
+                      : d->util_gpu;
     util->memory = d->util_mem;
     return NVML_SUCCESS;
 }
@@ -272,9 +346,60 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned *
     return NVML_SUCCESS;
 }
 
+/* the clock's entries of processes alive that launched on GPU i, at most `cap` (their indices) */
+static unsigned clock_processes(const struct busy_clock *clock, int i, unsigned *entries, unsigned cap) {
+    unsigned n = 0;
+    for (unsigned e = 0; e < BUSY_CLOCK_ENTRIES && n < cap; e++) {
+        uint64_t pid = __atomic_load_n(&clock->entries[e].pid, __ATOMIC_ACQUIRE);
+        if (process_alive(pid) && __atomic_load_n(&clock->entries[e].busy_ns[i], __ATOMIC_RELAXED) > 0)
+            entries[n++] = e;
+    }
+    return n;
+}
+
+static nvmlReturn_t clock_running_processes(const struct busy_clock *clock, nvmlDevice_t d, unsigned *count,
+                                            nvmlProcessInfo_t *infos) {
+    unsigned entries[BUSY_CLOCK_ENTRIES];
+    unsigned n = clock_processes(clock, index_of(d), entries, BUSY_CLOCK_ENTRIES);
+    if (*count < n || infos == NULL) {
+        *count = n;
+        return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        infos[k].pid = (unsigned)clock->entries[entries[k]].pid;
+        infos[k].usedGpuMemory = 0;
+        infos[k].gpuInstanceId = 0xFFFFFFFFu;
+        infos[k].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t clock_process_utilization(const struct busy_clock *clock, nvmlDevice_t d,
+                                              nvmlProcessUtilizationSample_t *samples, unsigned *count) {
+    int i = index_of(d);
+    unsigned entries[BUSY_CLOCK_ENTRIES];
+    unsigned n = clock_processes(clock, i, entries, BUSY_CLOCK_ENTRIES);
+    if (samples == NULL || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        const struct busy_clock_entry *entry = &clock->entries[entries[k]];
+        memset(&samples[k], 0, sizeof(samples[k]));
+        samples[k].pid = (unsigned)entry->pid;
+        samples[k].timeStamp = now_ns() / 1000;
+        samples[k].smUtil = windowed_percent(&process_windows[entries[k]][i],
+                                             __atomic_load_n(&entry->busy_ns[i], __ATOMIC_RELAXED));
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, nvmlProcessInfo_t *infos) {
     nvmlReturn_t r = check(d);
     if (r) return r;
+    if (busy_clock()) return clock_running_processes(busy_clock(), d, count, infos);
     unsigned n = (unsigned)d->nprocs;
     if (*count < n || infos == NULL) {
         *count = n;
@@ -295,6 +420,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
     (void)lastSeen;
     nvmlReturn_t r = check(d);
     if (r) return r;
+    if (busy_clock()) return clock_process_utilization(busy_clock(), d, samples, count);
     unsigned n = (unsigned)d->nprocs;
     if (samples == NULL || *count < n) {
         *count = n;

@@ -63,6 +63,7 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "limiter_image": ("registry.example/tfusion:9", "registry.example/tfusion:9", None),
     "isolation_mode_policy": ("Dynamic", "dynamic", "both"),
     "autoscaler_usage_source": ("influxdb", "influxdb", "mysql"),
+    "limiter_library": ("/etc/passwd", "/etc/passwd", "/nonexistent/libcuda_limiter.so"),
 }
 
 #: the flags an option's cases need besides it (a history usage source needs its server's URL)
@@ -136,6 +137,7 @@ def _flag_sample(opt: Option) -> Any:
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
         "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
         "limiter_image": "flag.example/tfusion:8",
+        "limiter_library": "/etc/group",
     }
     return samples[opt.attr]
 

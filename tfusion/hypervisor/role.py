@@ -203,7 +203,7 @@ def _start_workers(settings: Settings, manager: Manager, registry: DeviceRegistr
         workers = LocalWorkers(settings.resolved_state_dir, registry, node_name=node,
                                pool=settings.pool_name if settings.pool_name != "unknown" else "local",
                                hypervisor_port=port, process_env=process_environment(),
-                               shm_root=settings.resolved_shm_root)
+                               shm_root=settings.resolved_shm_root, limiter_library=settings.limiter_library)
         return workers, {}
     if not settings.node_name and "all" not in settings.roles:
         raise HypervisorError("--backend=kubernetes needs the node name: set GPU_NODE_NAME or --node-name")

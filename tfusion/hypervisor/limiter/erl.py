@@ -7,7 +7,9 @@ next state; `rebalance_tokens` takes the bucket's numbers and returns the new to
 in `soft.py` does the I/O (metrics in, shm out).
 
 Per (worker, device), every 500 ms:
-1. `target = up_limit / 100`; `u` = the device's utilisation (0..1, the whole device, as upstream);
+1. `target = up_limit / 100`; `u` = the worker's utilisation of the device (0..1): its own processes'
+   SM utilisation when the backend reports per-process figures, else the whole device's as upstream
+   (`soft.pod_utilisation`);
    the first sample sets the smoothed value `s = u`, later ones `s = alpha·u + (1-alpha)·s`.
 2. `s <= 0.01` (idle): ramp up, `rate = min(rate·1.35, rate_max)`. Else `e = target - s`; inside
    the deadband `|e| < 0.03` the integral decays and the rate stays. Otherwise

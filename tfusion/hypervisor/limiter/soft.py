@@ -13,8 +13,9 @@ is the hypervisor's side of that contract (reference hypervisor §5):
 - every tick (500 ms): the heartbeat, each device's `pod_memory_used` (the GPU processes whose PID
   is registered in the file or that /proc ties to the worker; a one-device worker whose per-device
   sum is 0 gets its total over all devices, as upstream), the limits when the allocation changed,
-  exited PIDs dropped from the PID set, and one ERL step per device (`erl.py`): the refill rate and
-  capacity written, the tokens refilled and drained with compare-and-swap;
+  exited PIDs dropped from the PID set, and one ERL step per device (`erl.py`, steered by
+  `pod_utilisation`): the refill rate and capacity written, the tokens refilled and drained with
+  compare-and-swap;
 - a worker that is no longer tracked (deleted, finished, left the node) has its file and directory
   removed; a worker still tracked that lost its allocation (a device vanished) keeps its file and
   heartbeat, so the pod's bind mount of its directory stays valid;
@@ -79,6 +80,17 @@ def device_configs(allocation: WorkerAllocation) -> list[DeviceConfig]:
                                     mem_limit=vram_limit(allocation.worker, device),
                                     total_cuda_cores=cuda_cores(device)))
     return configs
+
+
+def pod_utilisation(uuid: str, device_percent: float, processes: Sequence[GpuProcess],
+                    ours: Sequence[GpuProcess]) -> float:
+    """What the ERL steers for a worker on one device (percent): the SM utilisation of the worker's
+    own processes when the backend reports any per-process utilisation on the device, else the
+    whole device's (upstream always uses the whole device; then two soft workers sharing a device
+    each see the other's load, and the one with the lower limit is pushed to the floor)."""
+    if not any(p.compute_percent > 0 for p in processes if p.device_uuid == uuid):
+        return device_percent
+    return min(100.0, sum(p.compute_percent for p in ours if p.device_uuid == uuid))
 
 
 def shm_owner(allocation: WorkerAllocation) -> ShmOwner:
@@ -263,14 +275,13 @@ class SoftIsolation:
         registered = set(state.pids())
         if registered:
             state.remove_pids(lambda pid: not pid_alive(pid))
-        self._write_memory(state, allocation, handle.configs, registered)
-        self._rate_limit(state, allocation, handle.configs, now)
-
-    def _write_memory(self, state: SharedState, allocation: WorkerAllocation, configs: Sequence[DeviceConfig],
-                      registered: set[int]) -> None:
         uid = allocation.worker.uid
-        ours: list[GpuProcess] = [p for p in self.registry.processes()
-                                  if p.pid in registered or self.workers.worker_for_pid(p.pid) == uid]
+        ours = [p for p in self.registry.processes()
+                if p.pid in registered or self.workers.worker_for_pid(p.pid) == uid]
+        self._write_memory(state, handle.configs, ours)
+        self._rate_limit(state, allocation, handle.configs, now, ours)
+
+    def _write_memory(self, state: SharedState, configs: Sequence[DeviceConfig], ours: Sequence[GpuProcess]) -> None:
         by_uuid: dict[str, int] = {}
         for proc in ours:
             by_uuid[proc.device_uuid] = by_uuid.get(proc.device_uuid, 0) + proc.used_memory_bytes
@@ -282,16 +293,18 @@ class SoftIsolation:
             state.set_pod_memory_used(config.slot, used)
 
     def _rate_limit(self, state: SharedState, allocation: WorkerAllocation, configs: Sequence[DeviceConfig],
-                    now: float) -> None:
+                    now: float, ours: Sequence[GpuProcess]) -> None:
         metrics = self.registry.metrics()
+        processes = self.registry.processes()
         for config in configs:
             sample = metrics.get(config.uuid.lower())
             if sample is None:
                 continue
             key = (allocation.worker.uid, config.uuid.lower())
             target = config.up_limit / 100
+            used = pod_utilisation(config.uuid.lower(), sample.utilization_percent, processes, ours)
             controller, capacity = erl.step(self._erl.get(key, erl.ErlState()), target=target,
-                                            utilisation=sample.utilization_percent / 100, params=self.params)
+                                            utilisation=used / 100, params=self.params)
             self._erl[key] = controller
             state.set_bucket(config.slot, controller.rate, capacity)
             refill = functools.partial(erl.rebalance_tokens, capacity=capacity,
@@ -299,8 +312,8 @@ class SoftIsolation:
                                        rate=controller.rate, target=target, smoothed=controller.smoothed)
             tokens = state.update_tokens(config.slot, refill)
             state.set_last_token_update(config.slot, now)
-            log.debug("ERL [%s:%s] util=%.1f%% smooth=%.1f%% target=%.1f%% rate=%.2f cap=%.2f tokens=%.2f "
-                      "integral=%.3f", *key, sample.utilization_percent, controller.smoothed * 100, target * 100,
+            log.debug("ERL [%s:%s] util=%.1f%% pod=%.1f%% smooth=%.1f%% target=%.1f%% rate=%.2f cap=%.2f tokens=%.2f "
+                      "integral=%.3f", *key, sample.utilization_percent, used, controller.smoothed * 100, target * 100,
                       controller.rate, capacity, tokens, controller.integral)
 
     def _report(self, errors: list[str]) -> None:

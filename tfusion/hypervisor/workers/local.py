@@ -38,8 +38,10 @@ from tfusion.api.annotations import ISOLATION_SOFT
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
+from tfusion.hypervisor.limiter.soft import device_configs, shm_owner
 from tfusion.hypervisor.private import PRIVATE_FILE_MODE, private_directory
-from tfusion.hypervisor.shm.store import SHM_FILE
+from tfusion.hypervisor.shm.state import ShmError
+from tfusion.hypervisor.shm.store import SHM_FILE, ShmStore
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_RUNNING,
@@ -68,6 +70,12 @@ DEVICES_FILE = "devices.json"
 
 
 _TEMP_SUFFIX = ".tmp"
+
+
+def preload_first(library: str, preload: str) -> str:
+    """LD_PRELOAD with `library` first (ld.so splits the list at spaces and colons), named once."""
+    others = [p for p in preload.replace(":", " ").split() if p != library]
+    return " ".join([library, *others])
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
@@ -122,9 +130,10 @@ class LocalWorkers:
 
     def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
                  hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None,
-                 stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None) -> None:
+                 stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None, limiter_library: str = "") -> None:
         self.state_dir = state_dir
         self.shm_root = shm_root  # soft workers are told their shared-memory file (TF_SHM_PATH)
+        self.limiter_library = limiter_library  # preloaded into soft workers' processes when set
         self.stop_grace = stop_grace
         self.registry = registry
         self.node_name = node_name
@@ -372,7 +381,10 @@ class LocalWorkers:
 
     async def _start(self, worker: _LocalWorker) -> None:
         assert self._tg is not None and worker.running is not None
+        self._ensure_shm(worker.allocation)
         env = {**self.process_env, **worker.allocation.envs, **worker.running.env}
+        if self.limiter_library and worker.info.isolation == ISOLATION_SOFT:
+            env["LD_PRELOAD"] = preload_first(self.limiter_library, env.get("LD_PRELOAD", ""))
         supervisor = ProcessSupervisor(name=worker.info.name, argv=[worker.running.executable, *worker.running.args],
                                        env=env, cwd=worker.running.working_dir or None,
                                        log_dir=self.log_dir / worker.info.namespace, on_change=self._persist_soon,
@@ -381,6 +393,20 @@ class LocalWorkers:
         worker.supervisor = supervisor
         worker.adopt = None
         await self._tg.start(supervisor.run)
+
+    def _ensure_shm(self, allocation: WorkerAllocation) -> None:
+        """A soft worker's shared-memory file exists before its process starts: the limiter reads it
+        once, at the process's first CUDA call, and a missing file leaves the process unlimited (the
+        sync loop alone would create it up to a tick later)."""
+        if self.shm_root is None or allocation.worker.isolation != ISOLATION_SOFT:
+            return
+        try:
+            state, _ = ShmStore(self.shm_root).ensure(allocation.worker.namespace, allocation.worker.name,
+                                                      device_configs(allocation), shm_owner(allocation))
+            state.close()
+        except (ShmError, OSError) as exc:
+            log.warning("local worker %s/%s starts without its shared-memory file: %s", allocation.worker.namespace,
+                        allocation.worker.name, exc)
 
     def _persist_soon(self) -> None:
         try:
