@@ -29,6 +29,7 @@ from tests.helpers.autoscaler import (
     near,
     patch_autoscaling,
     quantity,
+    running,
     scaling_role_all,
     steady_load,
     workload_of,
@@ -40,13 +41,8 @@ POD = "scaled"
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[RoleAll]:
-    process = scaling_role_all(tmp_path, "--metrics-interval", "1s")
-    process.start()
-    try:
+    with running(scaling_role_all(tmp_path, "--metrics-interval", "1s")) as process:
         yield process
-    finally:
-        process.shut_down()
-    assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 
 def _recommended(run: RoleAll, workload: str) -> dict[str, Any] | None:

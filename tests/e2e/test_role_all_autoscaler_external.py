@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.autoscaler import create_worker, patch_autoscaling, quantity, scaling_role_all, workload_of
+from tests.helpers.autoscaler import (
+    create_worker,
+    patch_autoscaling,
+    quantity,
+    running,
+    scaling_role_all,
+    workload_of,
+)
 from tests.helpers.kubectl import KUBECTL, needs_kubectl
 from tests.helpers.role_all import RoleAll
 
@@ -71,13 +78,8 @@ def scaler() -> Iterator[Scaler]:
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[RoleAll]:
-    process = scaling_role_all(tmp_path)
-    process.start()
-    try:
+    with running(scaling_role_all(tmp_path)) as process:
         yield process
-    finally:
-        process.shut_down()
-    assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
 
 
 def _kubectl(run: RoleAll, *args: str) -> None:

@@ -42,6 +42,17 @@ def scaling_role_all(tmp: Path, *extra: str) -> RoleAll:
     return process
 
 
+@contextmanager
+def running(process: RoleAll) -> Iterator[RoleAll]:
+    """The process started, shut down after, and the shipped RBAC never refused it."""
+    process.start()
+    try:
+        yield process
+    finally:
+        process.shut_down()
+    assert process.denials() == [], "the shipped RBAC refused the controller or the hypervisor"
+
+
 def create_worker(run: RoleAll, name: str) -> dict[str, Any]:
     """The autoscaled pod, running on a GPU (the webhook enables autoSetResources from the annotation)."""
     created = httpx.post(f"{run.api}/api/v1/namespaces/default/pods", timeout=10, **run._api_auth(), json={
