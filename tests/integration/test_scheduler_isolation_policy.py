@@ -58,6 +58,16 @@ async def gone(kube: KubeClient, name: str) -> bool:
     return False
 
 
+async def conflict_flagged(kube: KubeClient, gpu: str) -> bool:
+    return (await gpu_status(kube, gpu)).get("dynamicIsolationConflict") is True
+
+
+async def conflict_events(kube: KubeClient, gpu: str) -> list[dict[str, Any]]:
+    events = await kube.list(r.EVENTS, namespace="default")
+    return [e for e in events
+            if e["involvedObject"].get("name") == gpu and e.get("reason") == "DynamicIsolationConflict"]
+
+
 async def test_soft_and_shared_pods_never_share_a_gpu(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube:
@@ -147,17 +157,9 @@ async def test_recovered_pods_that_disagree_flag_the_gpu_until_they_agree(apiser
             ctl = await start_controller(tg, settings_for(apiserver, tmp_path, isolation_mode_policy="dynamic"))
             await ctl.service.wait_ready()
 
-            async def flagged() -> bool:
-                return (await gpu_status(kube, "gpu-a1")).get("dynamicIsolationConflict") is True
+            await eventually(lambda: conflict_flagged(kube, "gpu-a1"), what="conflict flag written")
 
-            await eventually(flagged, what="conflict flag written")
-
-            async def conflict_event() -> list[dict[str, Any]]:
-                events = await kube.list(r.EVENTS, namespace="default")
-                return [e for e in events if e["involvedObject"].get("name") == "gpu-a1"
-                        and e.get("reason") == "DynamicIsolationConflict"]
-
-            event = (await eventually(conflict_event, what="conflict event on the GPU"))[0]
+            event = (await eventually(lambda: conflict_events(kube, "gpu-a1"), what="conflict event on the GPU"))[0]
             assert "hard, soft" in event["message"]
             await kube.create(r.PODS, mode_pod("new-soft", tfa.ISOLATION_SOFT))
             condition = await eventually(lambda: scheduled_condition(kube, "new-soft"), what="new-soft refused")
@@ -189,14 +191,6 @@ async def test_an_adopted_pod_of_another_mode_flags_the_gpu(apiserver: Any, tmp_
             stray["metadata"]["annotations"][tfa.ISOLATION] = tfa.ISOLATION_HARD
             await kube.create(r.PODS, stray)
 
-            async def flagged() -> bool:
-                return (await gpu_status(kube, "gpu-a1")).get("dynamicIsolationConflict") is True
+            await eventually(lambda: conflict_flagged(kube, "gpu-a1"), what="conflict flag written after adoption")
 
-            await eventually(flagged, what="conflict flag written after adoption")
-
-            async def conflict_event() -> list[dict[str, Any]]:
-                events = await kube.list(r.EVENTS, namespace="default")
-                return [e for e in events if e["involvedObject"].get("name") == "gpu-a1"
-                        and e.get("reason") == "DynamicIsolationConflict"]
-
-            await eventually(conflict_event, what="conflict event after adoption")
+            await eventually(lambda: conflict_events(kube, "gpu-a1"), what="conflict event after adoption")
