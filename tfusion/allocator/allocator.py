@@ -253,10 +253,6 @@ class GpuAllocator:
         return sorted({key[1] for node in self.indexes.nodes.values() for key in node.groups
                        if key[0] == pool and key[1]})
 
-    def largest_capacity(self, pool: str) -> int:
-        """The largest TFLOPS capacity (milli-TFLOPS) of a GPU of `pool`, 0 when it has none."""
-        return max((s.info.capacity_tflops for s in self.indexes.pools.get(pool, {}).values()), default=0)
-
     def largest_gpu(self, pool: str) -> Resources | None:
         """The most TFLOPS and the most VRAM (milli-TFLOPS, bytes) a GPU of `pool` has; None when it has none."""
         slots = self.indexes.pools.get(pool, {}).values()

@@ -127,6 +127,13 @@ def effective_priority(spec_priority: object, qos: str) -> int:
     return QOS_PRIORITY.get(qos, 0)
 
 
+def tflops_of(tflops: int, percent: int, capacity_milli: int) -> int:
+    """milli-TFLOPS of an amount given as TFLOPS or as a compute percent, on a GPU of `capacity_milli`."""
+    if tflops or not percent:
+        return tflops
+    return percent * capacity_milli // PERCENT_SCALE
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     """A per-GPU amount: TFLOPS (milli) or compute percent (milli-percent), and VRAM (bytes)."""
@@ -134,6 +141,10 @@ class Resources:
     tflops: int = 0
     percent: int = 0
     vram: int = 0
+
+    def tflops_on(self, capacity_milli: int) -> int:
+        """milli-TFLOPS of this amount on a GPU of `capacity_milli` (percent converted)."""
+        return tflops_of(self.tflops, self.percent, capacity_milli)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +204,11 @@ class AllocRequest:
 
     def tflops_need(self, capacity_milli: int) -> int:
         """milli-TFLOPS this request takes from a GPU of `capacity_milli` (percent converted)."""
-        if self.tflops_request or not self.percent_request:
-            return self.tflops_request
-        return self.percent_request * capacity_milli // PERCENT_SCALE
+        return tflops_of(self.tflops_request, self.percent_request, capacity_milli)
 
     def tflops_limit_on(self, capacity_milli: int) -> int:
         """milli-TFLOPS of the limit on a GPU of `capacity_milli` (percent converted)."""
-        if self.tflops_limit or not self.percent_limit:
-            return self.tflops_limit
-        return self.percent_limit * capacity_milli // PERCENT_SCALE
+        return tflops_of(self.tflops_limit, self.percent_limit, capacity_milli)
 
 
 def request_from_pod(pod: Pod, *, default_pool: str | None = None) -> AllocRequest:

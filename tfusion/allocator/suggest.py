@@ -294,8 +294,10 @@ def _quota_suggestions(alloc: GpuAllocator, req: AllocRequest, reason: Reason) -
     if spec is None or not alloc.has_pool(req.pool) or not alloc.feasible_nodes(req):
         return out
     used = alloc.quota_usage(req.namespace, include_assumed=True)
-    t_need = req.tflops_request or req.tflops_need(alloc.largest_capacity(req.pool))
-    t_limit = req.tflops_limit or req.tflops_limit_on(alloc.largest_capacity(req.pool))
+    largest = alloc.largest_gpu(req.pool)
+    capacity = largest.tflops if largest is not None else 0
+    t_need = req.tflops_request or req.tflops_need(capacity)
+    t_limit = req.tflops_limit or req.tflops_limit_on(capacity)
     per_gpu = Usage(t_need, req.vram_request, t_limit, req.vram_limit, 1)
     charge = Usage(t_need * req.count, req.vram_request * req.count, t_limit * req.count,
                    req.vram_limit * req.count, 1)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
-from tfusion.allocator.units import PERCENT_SCALE
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
@@ -297,8 +296,7 @@ class ControllerRecorder:
                 capacity = allocator.gpu_info(row.gpus[0]).capacity_tflops
             except KeyError:
                 pass
-        t_req = share.request.tflops or share.request.percent * capacity // PERCENT_SCALE
-        t_lim = share.limit.tflops or share.limit.percent * capacity // PERCENT_SCALE
+        t_req, t_lim = share.request.tflops_on(capacity), share.limit.tflops_on(capacity)
         return replace(row.share, tflops_request=t_req / MILLI, tflops_limit=t_lim / MILLI,
                        vram_request=share.request.vram, vram_limit=share.limit.vram)
 

@@ -43,9 +43,9 @@ import httpx
 import orjson
 
 from tfusion.allocator.request import Resources
-from tfusion.allocator.units import percent_str, tflops_str, vram_str
 from tfusion.api.accessors import Workload
 from tfusion.controller.autoscaler.policy import PolicyError, resources_of
+from tfusion.controller.autoscaler.recommender import Share
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
 
@@ -59,17 +59,10 @@ class ExternalScalerError(Exception):
     """The external scaler could not be asked or its answer not used; the message says why."""
 
 
-def resources_body(res: Resources) -> dict[str, str]:
-    """One side (requests or limits) of `currentResources`."""
-    if res.percent and not res.tflops:
-        return {"tflops": "0", "compute": percent_str(res.percent), "vram": vram_str(res.vram)}
-    return {"tflops": tflops_str(res.tflops), "vram": vram_str(res.vram)}
-
-
 def request_body(workload: Workload, request: Resources, limit: Resources) -> dict[str, Any]:
     """What is POSTed (see the module docstring)."""
     return {"workloadName": workload.name, "namespace": workload.namespace,
-            "currentResources": {"requests": resources_body(request), "limits": resources_body(limit)}}
+            "currentResources": Share(request, limit).to_status()}
 
 
 def parse_side(side: object, where: str) -> Resources:

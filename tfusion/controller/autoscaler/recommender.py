@@ -279,11 +279,10 @@ def _compute_move(found: Estimate, policy: AutoSetPolicy, original: Share, curre
 
 
 def _as_tflops(amounts: Resources, capacity: int) -> int | None:
-    if amounts.tflops or not amounts.percent:
-        return amounts.tflops
-    if capacity <= 0:
+    """milli-TFLOPS; None for a compute percent on a GPU of unknown capacity."""
+    if amounts.percent and not amounts.tflops and capacity <= 0:
         return None
-    return amounts.percent * capacity // PERCENT_SCALE
+    return amounts.tflops_on(capacity)
 
 
 def _in_unit_of(like: Resources, tflops: int, capacity: int) -> Resources:
