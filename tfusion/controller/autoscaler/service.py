@@ -136,6 +136,8 @@ class Autoscaler:
         self.tracked: dict[str, Tracked] = {}
         #: key -> (resourceVersion, its policy or why it is refused)
         self._parsed: dict[str, tuple[str, ScalingPolicy | PolicyError]] = {}
+        #: the intervals the autoscaled workloads set themselves, as the last pass found them
+        self._own_intervals: list[float] = []
         self.passes = 0
         self.source_error = ""
         self._since = 0.0
@@ -160,9 +162,8 @@ class Autoscaler:
             return 30.0
 
     def tick(self) -> float:
-        """The global interval, or the shortest interval an autoscaled workload asks for."""
-        own = [p.auto_set.interval_s for _, p in self._autoscaled().values() if p.auto_set.interval_s]
-        return max(MIN_TICK_S, min([self.interval(), *[s for s in own if s is not None]]))
+        """The global interval, or the shortest interval an autoscaled workload asked for at the last pass."""
+        return max(MIN_TICK_S, min([self.interval(), *self._own_intervals]))
 
     def policy(self, workload: Workload) -> ScalingPolicy:
         """The workload's policy, parsed once per resourceVersion; PolicyError for a bad one."""
@@ -203,6 +204,7 @@ class Autoscaler:
         self.passes += 1
         refused: list[tuple[Workload, PolicyError]] = []
         autoscaled = self._autoscaled(refused)
+        self._own_intervals = [s for _, p in autoscaled.values() if (s := p.auto_set.interval_s)]
         for workload, exc in refused:
             await self._write(workload, None, None, reason="InvalidConfig", message=str(exc), ok=False,
                               decided=False)
