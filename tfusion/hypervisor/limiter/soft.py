@@ -276,10 +276,10 @@ class SoftIsolation:
         if registered:
             state.remove_pids(lambda pid: not pid_alive(pid))
         uid = allocation.worker.uid
-        ours = [p for p in self.registry.processes()
-                if p.pid in registered or self.workers.worker_for_pid(p.pid) == uid]
+        processes = self.registry.processes()
+        ours = [p for p in processes if p.pid in registered or self.workers.worker_for_pid(p.pid) == uid]
         self._write_memory(state, handle.configs, ours)
-        self._rate_limit(state, allocation, handle.configs, now, ours)
+        self._rate_limit(state, allocation, handle.configs, now, processes, ours)
 
     def _write_memory(self, state: SharedState, configs: Sequence[DeviceConfig], ours: Sequence[GpuProcess]) -> None:
         by_uuid: dict[str, int] = {}
@@ -293,9 +293,8 @@ class SoftIsolation:
             state.set_pod_memory_used(config.slot, used)
 
     def _rate_limit(self, state: SharedState, allocation: WorkerAllocation, configs: Sequence[DeviceConfig],
-                    now: float, ours: Sequence[GpuProcess]) -> None:
+                    now: float, processes: Sequence[GpuProcess], ours: Sequence[GpuProcess]) -> None:
         metrics = self.registry.metrics()
-        processes = self.registry.processes()
         for config in configs:
             sample = metrics.get(config.uuid.lower())
             if sample is None:
