@@ -99,12 +99,13 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             except DeviceBackendError as exc:
                 readiness.set("discovery", False, f"device discovery failed: {exc}")
             await registry.sample()
-            if settings.backend == "local":
-                await tg.start(workers.run)
-            usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels)
             soft = SoftIsolation(ShmStore(settings.resolved_shm_root), registry, workers,
                                  params=scheduling.erl_params(),
                                  readiness=readiness, synced=_workers_synced(workers))
+            if settings.backend == "local":
+                workers.prepare_soft = soft.ensure_for
+                await tg.start(workers.run)
+            usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels)
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
                                     metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
                                     api_token=api_token, soft=soft, scheduling=scheduling,

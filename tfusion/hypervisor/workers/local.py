@@ -25,7 +25,7 @@ import logging
 import os
 import tempfile
 import uuid as uuidlib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,9 @@ from tfusion.api.annotations import ISOLATION_SOFT
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.hypervisor.devices.registry import DeviceChanges, DeviceRegistry
 from tfusion.hypervisor.http import ApiError
-from tfusion.hypervisor.limiter.soft import device_configs, shm_owner
 from tfusion.hypervisor.private import PRIVATE_FILE_MODE, private_directory
 from tfusion.hypervisor.shm.state import ShmError
-from tfusion.hypervisor.shm.store import SHM_FILE, ShmStore
+from tfusion.hypervisor.shm.store import SHM_FILE
 from tfusion.hypervisor.workers.allocation import build_allocation
 from tfusion.hypervisor.workers.model import (
     STATUS_RUNNING,
@@ -134,6 +133,8 @@ class LocalWorkers:
         self.state_dir = state_dir
         self.shm_root = shm_root  # soft workers are told their shared-memory file (TF_SHM_PATH)
         self.limiter_library = limiter_library  # preloaded into soft workers' processes when set
+        #: makes a soft worker's shared-memory file before its process starts (role.py sets it)
+        self.prepare_soft: Callable[[WorkerAllocation], object] | None = None
         self.stop_grace = stop_grace
         self.registry = registry
         self.node_name = node_name
@@ -397,13 +398,12 @@ class LocalWorkers:
     def _ensure_shm(self, allocation: WorkerAllocation) -> None:
         """A soft worker's shared-memory file exists before its process starts: the limiter reads it
         once, at the process's first CUDA call, and a missing file leaves the process unlimited (the
-        sync loop alone would create it up to a tick later)."""
-        if self.shm_root is None or allocation.worker.isolation != ISOLATION_SOFT:
+        sync loop alone would create it up to a tick later). `prepare_soft` is the soft-isolation
+        service's own `ensure_for`, set by the role."""
+        if self.prepare_soft is None or allocation.worker.isolation != ISOLATION_SOFT:
             return
         try:
-            state, _ = ShmStore(self.shm_root).ensure(allocation.worker.namespace, allocation.worker.name,
-                                                      device_configs(allocation), shm_owner(allocation))
-            state.close()
+            self.prepare_soft(allocation)
         except (ShmError, OSError) as exc:
             log.warning("local worker %s/%s starts without its shared-memory file: %s", allocation.worker.namespace,
                         allocation.worker.name, exc)
