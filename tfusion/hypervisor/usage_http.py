@@ -27,13 +27,12 @@ def current_usage(ctx: HypervisorContext) -> WorkerUsageList:
     not the table's "unknown" placeholder."""
     node = ctx.settings.resolved_node_name
     rows = []
+    workloads = {a.worker.uid: a.worker.workload_name or "" for a in ctx.workers.allocations()}
     for point in worker_samples(ctx.registry, ctx.workers, node, lambda _uuid: ""):
         uid = str(point.tags["worker"])
-        allocation = ctx.workers.get(uid)
-        workload = allocation.worker.workload_name if allocation is not None else ""
         rows.append(WorkerGpuUsage(
             namespace=str(point.tags["namespace"]), pod=str(point.tags["pod_name"]), worker=uid,
-            workload=workload or "", gpu=str(point.tags["uuid"]),
+            workload=workloads.get(uid, ""), gpu=str(point.tags["uuid"]),
             compute_tflops=float(point.fields["compute_tflops"]), memory_bytes=int(point.fields["memory_bytes"])))
     return WorkerUsageList(node=node, at=time.time(), data=rows)
 
