@@ -50,6 +50,12 @@ def build_limiter(out_dir: Path) -> Path:
 
 
 def build(out_dir: Path) -> Binaries:
+    driver, linked, runtime = build_fakes(out_dir)
+    return Binaries(build_limiter(out_dir / "limiter"), driver.parent, linked, runtime)
+
+
+def build_fakes(out_dir: Path) -> tuple[Path, Path, Path]:
+    """The fake driver (`out_dir/driver/libcuda.so.1`) and the two probes (linked, runtime-style)."""
     include = f"-I{LIMITER_SOURCE}"
     driver = compile_c(HERE / "fake_cuda.c", out_dir / "driver" / "libcuda.so.1",
                        [include, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic"],
@@ -59,7 +65,7 @@ def build(out_dir: Path) -> Binaries:
     runtime = compile_c(HERE / "probe.c", out_dir / "probe_runtime",
                         ["-std=c11", include, "-DVIA_GET_PROC_ADDRESS", "-Wl,--no-as-needed", "-ldl"],
                         "the runtime-style probe")
-    return Binaries(build_limiter(out_dir / "limiter"), driver.parent, linked, runtime)
+    return driver, linked, runtime
 
 
 def environment(binaries: Binaries, shm_path: Path | None, **extra: str) -> dict[str, str]:

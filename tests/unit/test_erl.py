@@ -94,7 +94,7 @@ async def test_closed_loop_settles_a_30_percent_worker_within_5_points(tmp_path:
     sim = SimBackend("sim:1xA100-SXM4-80GB", "node-a", clock=clock)
     registry = DeviceRegistry(sim)
     await registry.discover()
-    workers = LocalWorkers(tmp_path / "state", registry, node_name="node-a", pool="local", hypervisor_port=1,
+    workers = LocalWorkers(tmp_path / "state", registry, node_name="node-a", pool="local",
                            process_env={})
     async with anyio.create_task_group() as tg:
         await tg.start(workers.run)

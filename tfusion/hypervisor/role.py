@@ -93,7 +93,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
         if manager is None:
             manager = await _own_manager(settings)
         async with anyio.create_task_group() as tg:
-            workers, extra = _start_workers(settings, manager, registry, readiness, node, port)
+            workers, extra = _start_workers(settings, manager, registry, readiness, node)
             try:
                 await registry.discover()
             except DeviceBackendError as exc:
@@ -197,13 +197,13 @@ async def _sample_loop(registry: DeviceRegistry, interval: float) -> None:
 
 
 def _start_workers(settings: Settings, manager: Manager, registry: DeviceRegistry, readiness: Readiness,
-                   node: str, port: int) -> tuple[Any, dict[str, Any]]:
+                   node: str) -> tuple[Any, dict[str, Any]]:
     if settings.backend == "local":
         from tfusion.hypervisor.workers.local import LocalWorkers
 
         workers = LocalWorkers(settings.resolved_state_dir, registry, node_name=node,
                                pool=settings.pool_name if settings.pool_name != "unknown" else "local",
-                               hypervisor_port=port, process_env=process_environment(),
+                               process_env=process_environment(),
                                shm_root=settings.resolved_shm_root, limiter_library=settings.limiter_library)
         return workers, {}
     if not settings.node_name and "all" not in settings.roles:

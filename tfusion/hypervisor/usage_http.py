@@ -33,7 +33,8 @@ def current_usage(ctx: HypervisorContext) -> WorkerUsageList:
         rows.append(WorkerGpuUsage(
             namespace=str(point.tags["namespace"]), pod=str(point.tags["pod_name"]), worker=uid,
             workload=workloads.get(uid, ""), gpu=str(point.tags["uuid"]),
-            compute_tflops=float(point.fields["compute_tflops"]), memory_bytes=int(point.fields["memory_bytes"])))
+            compute_tflops=round(float(point.fields["compute_tflops"]), 3),  # no float noise on the wire
+            memory_bytes=int(point.fields["memory_bytes"])))
     return WorkerUsageList(node=node, at=time.time(), data=rows)
 
 

@@ -128,7 +128,7 @@ class LocalWorkers:
     kind = "local"
 
     def __init__(self, state_dir: Path, registry: DeviceRegistry, *, node_name: str, pool: str,
-                 hypervisor_port: int, process_env: Mapping[str, str], procfs: ProcFS | None = None,
+                 process_env: Mapping[str, str], procfs: ProcFS | None = None,
                  stop_grace: float = STOP_GRACE_S, shm_root: Path | None = None, limiter_library: str = "") -> None:
         self.state_dir = state_dir
         self.shm_root = shm_root  # soft workers are told their shared-memory file (TF_SHM_PATH)
@@ -139,7 +139,6 @@ class LocalWorkers:
         self.registry = registry
         self.node_name = node_name
         self.pool = pool
-        self.hypervisor_port = hypervisor_port
         self.process_env = dict(process_env)
         self.procfs = procfs or ProcFS()
         self.placement = NodePlacer(node_name=node_name, pool=pool)
@@ -320,8 +319,9 @@ class LocalWorkers:
 
     def _allocation(self, info: WorkerInfo) -> WorkerAllocation:
         known = {d.uuid: d for d in self.registry.devices()}
-        identity = {"POD_NAME": info.name, "POD_NAMESPACE": info.namespace, "TF_WORKER_UID": info.uid,
-                    "HYPERVISOR_IP": "127.0.0.1", "HYPERVISOR_PORT": str(self.hypervisor_port)}
+        # No HYPERVISOR_IP: a local worker's processes are tied to it through /proc (ancestry), and a
+        # preloaded limiter would try to register with a pod token that does not exist here.
+        identity = {"POD_NAME": info.name, "POD_NAMESPACE": info.namespace, "TF_WORKER_UID": info.uid}
         if self.shm_root is not None and info.isolation == ISOLATION_SOFT:
             identity["TF_SHM_PATH"] = str(self.shm_root / info.namespace / info.name / SHM_FILE)
         return build_allocation(info, known, bare_process=True, extra_env=identity)
