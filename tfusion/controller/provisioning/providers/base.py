@@ -1,0 +1,76 @@
+"""What every cloud provider offers the provisioning code: launch an instance for a GPUNodeClaim,
+terminate it, list the instances tfusion launched, and the catalog of instance types it sells.
+
+A provider does I/O and nothing else: it never reads or writes GPUNodeClaims, GPUNodes or pools
+(the claim reconciler does), so the same claim flow runs on every provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tfusion.api.kinds.provisioning import GPUNodeClassSpec
+from tfusion.controller.provisioning.catalog import Catalog, InstanceType
+
+#: label every instance's Node carries (set by the provider's launch: simulated node farm, Karpenter's
+#: NodeClaim labels, the EC2 user data's kubelet flags); the value is the GPUNodeClaim's name
+NODE_PROVISIONER_LABEL = "tensor-fusion.ai/node-provisioner"
+
+
+class ProviderError(Exception):
+    """A provider call that failed. `retryable`: the same call may work later (throttling, capacity,
+    a cloud that is down); otherwise the request itself is wrong (bad image, unknown type) and the
+    message says which field and value."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    claim: str  # the GPUNodeClaim's name: idempotency key and the node-provisioner label's value
+    node_name: str  # the name the Node will register with
+    instance_type: InstanceType
+    capacity_type: str  # catalog.ON_DEMAND or catalog.SPOT
+    region: str = ""
+    zone: str = ""
+    node_class: GPUNodeClassSpec | None = None  # the GPUNodeClass's spec (image, subnets, disks, ...)
+    node_class_name: str = ""  # its name (Karpenter: the nodeClassRef's name)
+    labels: Mapping[str, str] = field(default_factory=dict)  # for the Node (node-provisioner included)
+    tags: Mapping[str, str] = field(default_factory=dict)  # for the instance (cloud tags)
+
+
+@dataclass(frozen=True)
+class Instance:
+    instance_id: str
+    claim: str  # the GPUNodeClaim it was launched for ("" when the cloud does not say)
+    instance_type: str
+    node_name: str
+    state: str  # "pending", "running", "terminating" or "terminated"
+    capacity_type: str = ""
+    zone: str = ""
+    launched_at: float = 0.0  # wall-clock seconds
+
+
+class CloudProvider(Protocol):
+    name: str  # "simulated", "karpenter" or "aws"
+
+    def catalog(self) -> Catalog:
+        """The instance types this provider can launch, with prices."""
+        ...
+
+    async def create(self, request: LaunchRequest) -> Instance:
+        """Launch one instance. Idempotent per `request.claim`: when an instance for that claim already
+        exists (a retry after a crash), it is returned instead of launching a second one."""
+        ...
+
+    async def terminate(self, instance_id: str) -> None:
+        """Terminate an instance; an unknown or already terminated one is not an error."""
+        ...
+
+    async def list_instances(self) -> list[Instance]:
+        """The instances tfusion launched (tagged or labelled as ours) that are not terminated."""
+        ...
