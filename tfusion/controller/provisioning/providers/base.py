@@ -14,10 +14,6 @@ from typing import Protocol
 from tfusion.api.kinds.provisioning import GPUNodeClassSpec
 from tfusion.controller.provisioning.catalog import Catalog, InstanceType
 
-#: label every instance's Node carries (set by the provider's launch: simulated node farm, Karpenter's
-#: NodeClaim labels, the EC2 user data's kubelet flags); the value is the GPUNodeClaim's name
-NODE_PROVISIONER_LABEL = "tensor-fusion.ai/node-provisioner"
-
 
 class ProviderError(Exception):
     """A provider call that failed. `retryable`: the same call may work later (throttling, capacity,
@@ -39,7 +35,10 @@ class LaunchRequest:
     zone: str = ""
     node_class: GPUNodeClassSpec | None = None  # the GPUNodeClass's spec (image, subnets, disks, ...)
     node_class_name: str = ""  # its name (Karpenter: the nodeClassRef's name)
-    labels: Mapping[str, str] = field(default_factory=dict)  # for the Node (node-provisioner included)
+    # for the Node; always holds tfa.NODE_PROVISIONER = the claim's name, which is how a joining Node is
+    # tied to its claim (the simulated node farm applies them, Karpenter copies a NodeClaim's labels to
+    # its Node, the EC2 user data passes them to the kubelet's --node-labels)
+    labels: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)  # for the instance (cloud tags)
 
 
