@@ -109,8 +109,6 @@ class PoolState:
     last_pass: float = 0.0
     #: the manual-compaction value already served
     manual_served: str = ""
-    #: a pass found claims not Bound: look again then (or when a claim changes)
-    blocked_until: float = 0.0
     next_defrag: float | None = None
     defrag_text: tuple[str, str] = ("", "")
     #: the configuration error last reported (each reported once)
@@ -198,16 +196,16 @@ class Compaction:
         wake = await self._maybe_defrag(pool, state, settings, now)
         manual = self._manual(pool, state)
         due = state.last_pass + settings.period_s
-        if not manual and now < max(due, state.blocked_until):
-            return min(wake, max(due, state.blocked_until))
+        if not manual and now < due:
+            return min(wake, due)
+        if not pool.status.get("phase"):
+            return now + settings.period_s  # the pool reconciler has not written its status yet (that pokes us)
         waiting = self._unbound_claims(pool.name)
         if waiting:
             log.info("compaction of pool %s waits: claim(s) %s not Bound yet", pool.name, ", ".join(waiting))
-            state.blocked_until = now + settings.period_s
-            return min(wake, state.blocked_until)
+            return min(wake, now + settings.period_s)  # or as soon as a claim changes
         await self.compact(pool, settings.targets, now)
         state.last_pass = now
-        state.blocked_until = 0.0
         if manual:
             state.manual_served = pool.meta.annotation(tfa.MANUAL_COMPACTION) or ""
         return min(wake, now + settings.period_s)
@@ -390,28 +388,33 @@ class Compaction:
                                                    f"free); they fit on {where}: {', '.join(move.workers)}")
         for key in move.workers:
             pod = pods[key]
+            # marked first, so that the pod carries the mark for as long as it terminates
+            if not await self._mark(pod, rfc3339(self.wall())):
+                continue  # gone already
             try:
                 await evict(self.runtime.client, pod)
             except NotFound:
                 continue
             except KubeError as exc:
+                await self._mark(pod, None)
                 refused = "a PodDisruptionBudget forbids it" if exc.code == 429 else str(exc)
                 log.info("defrag of pool %s: cannot evict pod %s: %s", pool.name, key, refused)
                 self.runtime.events.warning(pool, "DefragEvictionRefused",
                                             f"defrag stopped emptying node {move.node}: pod {key} could not be "
                                             f"evicted ({refused})")
                 return
-            await self._mark(pod)
             self.runtime.events.normal(pod, "DefragEvicted",
                                        f"evicted by the defrag of pool {pool.name}: node {move.node} is {used} "
                                        f"used and its workers fit on {where}")
 
-    async def _mark(self, pod: Pod) -> None:
+    async def _mark(self, pod: Pod, value: str | None) -> bool:
+        """Set (or, with None, remove) the pod's defrag-evicted mark; False when the pod is gone."""
         try:
             await self.runtime.client.patch(r.PODS, pod.name, {"metadata": {"annotations": {
-                tfa.DEFRAG_EVICTED: rfc3339(self.wall())}}}, namespace=pod.namespace or "default")
-        except KubeError as exc:  # gone already, most likely
-            log.debug("cannot mark pod %s/%s defrag-evicted: %s", pod.namespace, pod.name, exc)
+                tfa.DEFRAG_EVICTED: value}}}, namespace=pod.namespace or "default")
+        except NotFound:
+            return False
+        return True
 
 
 def pool_settings(pool: GpuPool) -> PoolSettings:
