@@ -155,11 +155,15 @@ async def test_empty_nodes_go_once_old_enough_while_warm_resources_stay(apiserve
         assert "100 TFLOPS / 40Gi available (warmResources 100 TFLOPS / 40Gi)" in message
         status = await eventually(compacted, what="the status of the pass that removed node-b")
         assert status["potentialSavingsPerMonth"] == "730.00"
+        kept = await eventually(lambda: events(kube, POOL, "CompactionKept"), what="why node-a stays")
+        assert kept == ["kept empty node node-a: empty, but without it the pool's available capacity would be "
+                        "0 TFLOPS / 0, below warmResources 100 TFLOPS / 40Gi"]
 
         # node-b no longer counts; node-a stays however often the loop looks
         await passes_after(compaction, wall, 120)
         await eventually(compacted, what="a later pass")
         assert not await should_delete(kube, "node-a")
+        assert len(await events(kube, POOL, "CompactionKept")) == 1  # said once, not every pass
 
 
 async def test_do_not_disrupt_keeps_a_node_and_manual_compaction_starts_a_pass(apiserver: Any, tmp_path: Path) -> None:
@@ -285,3 +289,5 @@ async def test_register_compaction_reads_the_minimum_age_from_the_settings(apise
         controller = await start_controller(tg, settings_for(apiserver, tmp_path), prepare=prepare)
         assert made[0].min_age_s == 300.0
         assert made[0].run_leader in controller.runtime.leader_tasks
+        # it runs as the leader's (and stopping the controller before it started can hang the harness)
+        await eventually(lambda: made[0].passes > 0, what="the registered loop's first pass")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import tzinfo
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ from tfusion.controller.eviction import disruptions_allowed, evict, protected_un
 from tfusion.controller.provisioning.compaction_plan import (
     DefragMove,
     GpuRoom,
+    Kept,
     NodeFacts,
     Removal,
     WorkerFacts,
@@ -113,6 +114,10 @@ class PoolState:
     defrag_text: tuple[str, str] = ("", "")
     #: the configuration error last reported (each reported once)
     warned: str = ""
+    #: the claims not Bound the last look found (logged when they change)
+    waiting: list[str] = field(default_factory=list)
+    #: empty nodes kept for the pool's targets, with why (an event when that changes)
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 class Compaction:
@@ -133,6 +138,7 @@ class Compaction:
         self._claims_by_pool = self.claims.add_label_index(tfa.MANAGED_BY)
         self.budgets: Informer | None = None
         self.state: dict[str, PoolState] = {}
+        self._parsed: dict[str, tuple[str, PoolSettings | ConfigError]] = {}
         self.passes = 0
         self._wake: anyio.Event | None = None
         for informer in (self.pools, self.claims):
@@ -180,6 +186,7 @@ class Compaction:
             wake = min(wake, due)
         for name in set(self.state) - {GpuPool(p).name for p in self.pools.list()}:
             del self.state[name]
+            self._parsed.pop(name, None)
         self.passes += 1
         return wake
 
@@ -188,27 +195,43 @@ class Compaction:
         if state is None:
             state = self.state[pool.name] = PoolState(last_pass=_status_time(pool, "lastCompactionTime"))
         try:
-            settings = pool_settings(pool)
+            settings = self._settings(pool)
         except ConfigError as exc:
             self._warn(pool, state, str(exc))
             return now + DEFAULT_PERIOD_S
         state.warned = ""
+        if not pool.status.get("phase"):
+            return now + settings.period_s  # the pool reconciler has not written its status yet (that pokes us)
         wake = await self._maybe_defrag(pool, state, settings, now)
         manual = self._manual(pool, state)
         due = state.last_pass + settings.period_s
         if not manual and now < due:
             return min(wake, due)
-        if not pool.status.get("phase"):
-            return now + settings.period_s  # the pool reconciler has not written its status yet (that pokes us)
         waiting = self._unbound_claims(pool.name)
-        if waiting:
+        if waiting != state.waiting and waiting:
             log.info("compaction of pool %s waits: claim(s) %s not Bound yet", pool.name, ", ".join(waiting))
+        state.waiting = waiting
+        if waiting:
             return min(wake, now + settings.period_s)  # or as soon as a claim changes
-        await self.compact(pool, settings.targets, now)
+        await self.compact(pool, settings.targets, now, state)
         state.last_pass = now
         if manual:
             state.manual_served = pool.meta.annotation(tfa.MANUAL_COMPACTION) or ""
         return min(wake, now + settings.period_s)
+
+    def _settings(self, pool: GpuPool) -> PoolSettings:
+        """`pool_settings`, read again only when the pool changed."""
+        version = pool.meta.resource_version
+        cached = self._parsed.get(pool.name)
+        if cached is None or cached[0] != version:
+            try:
+                found: PoolSettings | ConfigError = pool_settings(pool)
+            except ConfigError as exc:
+                found = exc
+            cached = self._parsed[pool.name] = (version, found)
+        if isinstance(cached[1], ConfigError):
+            raise cached[1]
+        return cached[1]
 
     def _manual(self, pool: GpuPool, state: PoolState) -> bool:
         """Whether the pool's manual-compaction asks for a pass now: a value not served yet and newer
@@ -219,9 +242,8 @@ class Compaction:
         try:
             asked = tfa.parse_timestamp(value, key=tfa.MANUAL_COMPACTION).timestamp()
         except AnnotationError as exc:
-            if state.manual_served != value:
-                self.runtime.events.warning(pool, "CompactionConfigInvalid", str(exc))
-                state.manual_served = value
+            self.runtime.events.warning(pool, "CompactionConfigInvalid", str(exc))
+            state.manual_served = value  # reported once
             return False
         return asked > state.last_pass
 
@@ -237,7 +259,8 @@ class Compaction:
 
     # --- compaction ------------------------------------------------------------------------------
 
-    async def compact(self, pool: GpuPool, targets: Targets, now: float) -> list[Removal]:
+    async def compact(self, pool: GpuPool, targets: Targets, now: float,
+                      state: PoolState | None = None) -> list[Removal]:
         """One compaction pass over `pool`: give back what `compaction()` says, write the status."""
         allocator = self.allocation.allocator
         if allocator is None:
@@ -249,12 +272,21 @@ class Compaction:
         for removal in removals:
             if await self._give_back(pool, removal, by_name[removal.node]):
                 gone.add(removal.node)
-        for node in kept:
-            log.debug("compaction of pool %s keeps node %s: %s", pool.name, node.node, node.reason)
+        self._announce_kept(pool, [k for k in kept if k.for_targets], state)
         savings = potential_savings_per_month(f for f in facts if f.name not in gone)
         await write_status(self.runtime.client, r.GPUPOOLS, pool, {
             "lastCompactionTime": rfc3339(now), "potentialSavingsPerMonth": f"{savings:.2f}"})
         return removals
+
+    def _announce_kept(self, pool: GpuPool, kept: list[Kept], state: PoolState | None) -> None:
+        """An event for each empty node the targets keep, when that (or why) is new."""
+        now_kept = {k.node: k.reason for k in kept}
+        known = state.kept if state is not None else {}
+        for node, reason in sorted(now_kept.items()):
+            if known.get(node) != reason:
+                self.runtime.events.normal(pool, "CompactionKept", f"kept empty node {node}: {reason}")
+        if state is not None:
+            state.kept = now_kept
 
     async def _give_back(self, pool: GpuPool, removal: Removal, node: NodeFacts) -> bool:
         price = f"${node.price_per_hour:.2f}/h" if node.price_per_hour else "no price known"
@@ -310,10 +342,10 @@ class Compaction:
         raw_claim = self.claims.get(claim) if claim else None
         if raw_claim is not None:
             sources.append((tfa.HOURLY_PRICING, Body(raw_claim).meta.annotation(tfa.HOURLY_PRICING)))
-        for field, value in sources:
+        for where, value in sources:
             if value:
                 try:
-                    return parse_price(value, field=field)
+                    return parse_price(value, field=where)
                 except PriceError as exc:
                     log.warning("GPUNode %s: %s", gpunode.name, exc)
         return 0.0
@@ -430,23 +462,23 @@ def pool_settings(pool: GpuPool) -> PoolSettings:
     targets = targets_of(spec.capacity_config if spec is not None else None)
     if config is None:
         return PoolSettings(DEFAULT_PERIOD_S, targets, None)
-    field = "spec.nodeManagerConfig.nodeCompaction"
-    period = _duration(config.period, f"{field}.period")
+    where = "spec.nodeManagerConfig.nodeCompaction"
+    period = _duration(config.period, f"{where}.period")
     if period <= 0:
-        raise ConfigError(f"{field}.period: {config.period!r} is not allowed; expected a positive duration")
+        raise ConfigError(f"{where}.period: {config.period!r} is not allowed; expected a positive duration")
     defrag = config.defrag
     if defrag is None or not defrag.enabled:
         return PoolSettings(period, targets, None)
     try:
         schedule = cron.parse(defrag.schedule)
     except cron.CronError as exc:
-        raise ConfigError(f"{field}.defrag.schedule: {defrag.schedule!r} is not allowed: {exc}") from None
+        raise ConfigError(f"{where}.defrag.schedule: {defrag.schedule!r} is not allowed: {exc}") from None
     try:
         zone = cron.zone(defrag.timezone)
     except cron.ZoneError as exc:
-        raise ConfigError(f"{field}.defrag.timezone: {defrag.timezone!r} is not allowed: {exc}") from None
+        raise ConfigError(f"{where}.defrag.timezone: {defrag.timezone!r} is not allowed: {exc}") from None
     return PoolSettings(period, targets, DefragSettings(
-        schedule, zone, _duration(defrag.max_duration, f"{field}.defrag.maxDuration"),
+        schedule, zone, _duration(defrag.max_duration, f"{where}.defrag.maxDuration"),
         defrag.utilization_threshold_percent, (defrag.schedule, defrag.timezone)))
 
 
@@ -459,11 +491,11 @@ def pool_capacity(facts: list[NodeFacts]) -> PoolCapacity:
     return PoolCapacity(total=total, available=available, in_flight=ZERO)
 
 
-def _duration(text: str, field: str) -> float:
+def _duration(text: str, where: str) -> float:
     try:
         return parse_duration(text)
     except DurationError as exc:
-        raise ConfigError(f"{field}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _gpus_by_node(allocator: GpuAllocator, pool: str) -> dict[str, list[str]]:
@@ -475,8 +507,8 @@ def _gpus_by_node(allocator: GpuAllocator, pool: str) -> dict[str, list[str]]:
     return found
 
 
-def _status_time(pool: GpuPool, field: str) -> float:
-    value = pool.status.get(field)
+def _status_time(pool: GpuPool, key: str) -> float:
+    value = pool.status.get(key)
     try:
         return parse_rfc3339(value).timestamp() if isinstance(value, str) and value else 0.0
     except ValueError:

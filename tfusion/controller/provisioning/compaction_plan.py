@@ -57,6 +57,8 @@ class Removal:
 class Kept:
     node: str
     reason: str
+    #: an empty node old enough to go, kept because the pool needs it for minResources or warmResources
+    for_targets: bool = False
 
 
 def compaction(nodes: Sequence[NodeFacts], pool: PoolCapacity, targets: Targets, *, now: float,
@@ -79,7 +81,7 @@ def compaction(nodes: Sequence[NodeFacts], pool: PoolCapacity, targets: Targets,
                              in_flight=pool.in_flight)
         short = gap(after, targets)
         if not short.is_zero:
-            kept[node.name] = Kept(node.name, f"empty, but without it {_shortfall(after, targets)}")
+            kept[node.name] = Kept(node.name, f"empty, but without it {_shortfall(after, targets)}", for_targets=True)
             continue
         pool = after
         removals.append(Removal(node.name, node.claim, f"empty and {age_text(now - node.created_at)} old; "
