@@ -227,7 +227,7 @@ async def test_defrag_moves_a_low_qos_worker_that_fits_elsewhere_and_leaves_prot
     async with kube_client(apiserver) as kube, controllers() as tg:
         defrag = {"enabled": True, "schedule": "0 3 * * *", "timezone": "UTC", "utilizationThresholdPercent": 40}
         await create_pool(kube, nodeManagerConfig={"nodeCompaction": {"period": "1h", "defrag": defrag}})
-        for name in ("light", "busy", "kept", "budgeted"):
+        for name in ("light", "busy", "kept", "budgeted", "paired"):
             await create_node(kube, name)
         await create_worker(kube, "small", "light", tflops="10", vram="4Gi", finalizers=[HOLD])
         await create_worker(kube, "big", "busy", tflops="50", vram="20Gi", qos="medium")
@@ -238,11 +238,21 @@ async def test_defrag_moves_a_low_qos_worker_that_fits_elsewhere_and_leaves_prot
                                                    "spec": {"minAvailable": 1,
                                                             "selector": {"matchLabels": {"app": "counted"}}}},
                           namespace="default")
+        # one eviction allowed, two workers on the node: the node is left whole
+        for name in ("pair-1", "pair-2"):
+            await create_worker(kube, name, "paired", tflops="5", vram="2Gi", labels={"app": "paired"})
+        await kube.create(r.PODDISRUPTIONBUDGETS, {"metadata": {"name": "paired", "namespace": "default"},
+                                                   "spec": {"maxUnavailable": 1,
+                                                            "selector": {"matchLabels": {"app": "paired"}}}},
+                          namespace="default")
+        await kube.patch(r.PODDISRUPTIONBUDGETS, "paired", {"status": {"disruptionsAllowed": 1}},
+                         namespace="default", subresource="status")
         _, compaction = await start(tg, apiserver, tmp_path, wall)
-        await eventually(lambda: running(kube, "light", "busy", "kept", "budgeted"), what="the GPUNodes Running")
+        await eventually(lambda: running(kube, "light", "busy", "kept", "budgeted", "paired"),
+                         what="the GPUNodes Running")
 
         async def allocated() -> bool:
-            wanted = {"light": "90", "busy": "50", "kept": "90", "budgeted": "90"}
+            wanted = {"light": "90", "busy": "50", "kept": "90", "budgeted": "90", "paired": "90"}
             found = {n: (await kube.get(r.GPUNODES, n)).get("status", {}).get("availableTFlops") for n in wanted}
             return found == wanted
 
@@ -263,7 +273,7 @@ async def test_defrag_moves_a_low_qos_worker_that_fits_elsewhere_and_leaves_prot
         assert evicted and f"defrag of pool {POOL}: node light is 10% used" in evicted[0]
         announced = await events(kube, POOL, "Defrag")
         assert len(announced) == 1 and "off node light" in announced[0] and "default/small" in announced[0]
-        for name in ("guarded", "counted", "big"):
+        for name in ("guarded", "counted", "big", "pair-1", "pair-2"):
             pod = await kube.get(r.PODS, name, namespace="default")
             assert tfa.DEFRAG_EVICTED not in pod["metadata"].get("annotations", {}), name
             assert not pod["metadata"].get("deletionTimestamp"), name
@@ -274,7 +284,7 @@ async def test_defrag_moves_a_low_qos_worker_that_fits_elsewhere_and_leaves_prot
         wall.now += 1  # newer than the pass that ran with the defrag
         await kube.patch(r.GPUPOOLS, POOL, {"metadata": {"annotations": {tfa.MANUAL_COMPACTION: rfc3339(wall.now)}}})
         await eventually(lambda: should_delete(kube, "light"), what="the emptied node given back")
-        assert not any([await should_delete(kube, n) for n in ("busy", "kept", "budgeted")])
+        assert not any([await should_delete(kube, n) for n in ("busy", "kept", "budgeted", "paired")])
 
 
 async def test_register_compaction_reads_the_minimum_age_from_the_settings(apiserver: Any, tmp_path: Path) -> None:

@@ -385,8 +385,10 @@ class Compaction:
         workers, pods = self.worker_facts(allocator, names, now)
         moves = defrag_moves(facts, rooms, workers, utilization_threshold_percent=threshold_percent)
         by_name = {f.name: f for f in facts}
+        spent: dict[str, int] = {}
         for move in moves:
-            await self._move(pool, move, by_name[move.node], pods)
+            if self._budgets_allow(move, pods, spent):
+                await self._move(pool, move, by_name[move.node], pods)
         await write_status(self.runtime.client, r.GPUPOOLS, pool, {"lastDefragTime": rfc3339(now)})
         return moves
 
@@ -411,6 +413,27 @@ class Compaction:
                 tflops_per_gpu=max((t for t, _ in info.charges), default=0),
                 vram_per_gpu=max((v for _, v in info.charges), default=0), model=req.gpu_model))
         return workers, pods
+
+    def _budgets_allow(self, move: DefragMove, pods: Mapping[str, Pod], spent: dict[str, int]) -> bool:
+        """Whether the budgets selecting the move's workers allow evicting all of them, after the
+        disruptions the earlier moves of this defrag spent (counted into `spent` when they do): a
+        node is emptied whole or not touched."""
+        wanted: dict[str, int] = {}
+        allowed: dict[str, int] = {}
+        for budget in [] if self.budgets is None else self.budgets.list():
+            name = f"{Body(budget).namespace}/{Body(budget).name}"
+            for key in move.workers:
+                if selects(budget, pods[key]):
+                    wanted[name] = wanted.get(name, 0) + 1
+                    allowed[name] = disruptions_allowed(budget)
+        short = sorted(n for n, count in wanted.items() if spent.get(n, 0) + count > allowed[n])
+        if short:
+            log.info("defrag leaves node %s: PodDisruptionBudget(s) %s allow fewer evictions than its %d worker(s)",
+                     move.node, ", ".join(short), len(move.workers))
+            return False
+        for name, count in wanted.items():
+            spent[name] = spent.get(name, 0) + count
+        return True
 
     async def _move(self, pool: GpuPool, move: DefragMove, node: NodeFacts, pods: Mapping[str, Pod]) -> None:
         used = f"{utilization_percent(node):.0f}%"
