@@ -59,7 +59,7 @@ def names(plan: ClaimPlan) -> list[str]:
 
 def pool_targets(capacity_config: dict[str, Any]) -> Targets:
     doc: dict[str, Any] = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "metadata": {"name": "p"},
-           "spec": {"nodeManagerConfig": {}, "capacityConfig": capacity_config}}
+                           "spec": {"nodeManagerConfig": {}, "capacityConfig": capacity_config}}
     pool = decode(doc)
     assert isinstance(pool, GPUPool) and pool.spec is not None
     return targets_of(pool.spec.capacity_config)
@@ -235,6 +235,25 @@ def test_a_large_gap_over_the_whole_catalog_is_planned_exactly() -> None:
     plan = cheapest_claims(cap(50_000, 100), CATALOG.types, max_claims=15)
     assert plan.closed and len(plan.claims) <= 15
     assert plan == brute_force_reference(cap(50_000, 100), CATALOG.types, ON_DEMAND, None, 15, limit=15)
+
+
+def test_a_catalog_of_many_near_equal_types_still_gets_a_plan_within_the_limits() -> None:
+    # thirty types whose prices differ by a little: more plans than the search may visit
+    types = [kind(f"t{i:02}", 8, 100 + 7 * (i % 5), 16 + 8 * (i % 4), 8 * (100 + 7 * (i % 5)) * (0.005 + i * 1e-5))
+             for i in range(30)]
+    for need, limit in [(cap(40_000, 2_900), None), (cap(20_000, 1_500), cap(30_000, 2_000)),
+                        (cap(60_000, 3_000), None)]:
+        plan = cheapest_claims(need, types, room=limit, max_claims=15)
+        assert len(plan.claims) <= 15 and (limit is None or limit.covers(plan.capacity))
+        assert plan.shortfall == (need - plan.capacity).positive()
+        # whenever one type alone closes the gap within the limits, so does the plan
+        if any(one_type_closes(need, t, limit, 15) for t in types):
+            assert plan.closed
+
+
+def one_type_closes(need: Capacity, t: InstanceType, limit: Capacity | None, max_claims: int) -> bool:
+    count = max(-(-need.tflops // t.tflops), -(-need.vram // t.vram))
+    return count <= max_claims and (limit is None or limit.covers(Capacity(t.tflops * count, t.vram * count)))
 
 
 # --- cheapest_claims: against a brute force ------------------------------------------------------------

@@ -9,7 +9,7 @@ allocator's: TFLOPS in milli-TFLOPS, VRAM in bytes (ints); prices are dollars pe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -213,74 +213,149 @@ class _Best:
     plan: list[InstanceType] = field(default_factory=list)
 
 
+#: how many branches one search may visit before it settles for the best plan found so far; far more
+#: than the packaged catalog or any test needs (they finish in a few thousand), it bounds the time a
+#: catalog of dozens of near-equal types could take (well under a second)
+SEARCH_BUDGET: Final = 50_000
+
+
 def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
-            max_claims: int) -> list[InstanceType]:
+            max_claims: int, budget: int = SEARCH_BUDGET) -> list[InstanceType]:
     """Branch and bound over how many of each type to take (types in order of price per TFLOPS).
 
     The score of a plan is its shortfall weighted so that each dimension counts by its share of the
     need (an integer: shortfall_tflops * need_vram + shortfall_vram * need_tflops); 0 means closed.
-    A branch is cut when even its best case (the largest types filling every free slot, up to the
-    room) scores worse than the best plan, or, among closing plans, when what it has spent plus the
-    least the rest can cost (the remaining need at the cheapest price per unit) exceeds the best
-    price. Cuts are strict, so equal plans all reach the tie-break."""
+    A branch is cut when even its best case scores worse than the best plan so far (each free slot
+    filled with the type that would close the most of what is left, up to the room), or, among
+    closing plans, when what it has spent plus the least the rest can cost (what is left at the
+    cheapest price per unit) exceeds the best price. Cuts are strict, so equal plans all reach the
+    tie-break."""
     if need.is_zero or not sellable or max_claims == 0:
         return []
     w_t = need.vram if need.vram > 0 else 1
     w_v = need.tflops if need.tflops > 0 else 1
+
     def micro(t: InstanceType) -> int:
         return round(_price(t, capacity_type) * _MICRO)
 
-    order = sorted(sellable, key=lambda t: (Fraction(micro(t), t.tflops), t.name))
+    order = sorted(_undominated(sellable, micro, room is None), key=lambda t: (Fraction(micro(t), t.tflops), t.name))
     prices = [micro(t) for t in order]
+    sizes = [(t.tflops, t.vram) for t in order]
     n = len(order)
-    # per suffix of `order`: the largest size per dimension and the cheapest price per unit
-    max_t, max_v = [0] * (n + 1), [0] * (n + 1)
+    # per suffix of `order`: the cheapest price per unit of each dimension
     per_t, per_v = [Fraction(0)] * n, [Fraction(0)] * n
     for i in range(n - 1, -1, -1):
-        t = order[i]
-        max_t[i], max_v[i] = max(max_t[i + 1], t.tflops), max(max_v[i + 1], t.vram)
-        pt, pv = Fraction(prices[i], t.tflops), Fraction(prices[i], t.vram)
+        pt, pv = Fraction(prices[i], sizes[i][0]), Fraction(prices[i], sizes[i][1])
         per_t[i] = pt if i == n - 1 else min(pt, per_t[i + 1])
         per_v[i] = pv if i == n - 1 else min(pv, per_v[i + 1])
-    room_t = room.tflops if room is not None else UNBOUNDED
-    room_v = room.vram if room is not None else UNBOUNDED
     best = _Best()
     chosen: list[InstanceType] = []
+    visits = 0
 
     def score(rt: int, rv: int) -> int:
         return max(rt, 0) * w_t + max(rv, 0) * w_v
 
-    def least_cost(i: int, rt: int, rv: int) -> int:
-        return max(_floor(max(rt, 0) * per_t[i]), _floor(max(rv, 0) * per_v[i]))
+    def floor_score(i: int, rt: int, rv: int, qt: int, qv: int, slots: int) -> int:
+        """The least score any completion can reach."""
+        rt, rv = max(rt, 0), max(rv, 0)
+        gain = max(min(tt, rt, qt) * w_t + min(vv, rv, qv) * w_v for tt, vv in sizes[i:])
+        reachable = min(min(rt, qt) * w_t + min(rv, qv) * w_v, slots * gain)
+        return rt * w_t + rv * w_v - reachable
 
     def visit(i: int, rt: int, rv: int, qt: int, qv: int, slots: int, spent: int) -> None:
-        done = rt <= 0 and rv <= 0
-        if done or i == n or slots == 0:
+        nonlocal visits
+        visits += 1
+        if (rt <= 0 and rv <= 0) or i == n or slots == 0:
             key = (score(rt, rv), spent, len(chosen), tuple(sorted(t.name for t in chosen)))
             if best.key is None or key < best.key:
                 best.key, best.plan = key, list(chosen)
             return
-        best_t = min(max(rt, 0), slots * max_t[i], qt)
-        best_v = min(max(rv, 0), slots * max_v[i], qv)
-        floor_score = score(rt - best_t, rv - best_v)
         if best.key is not None:
-            if floor_score > best.key[0]:
+            if visits > budget:
                 return
-            least = spent + (least_cost(i, rt, rv) if floor_score == 0 else 0)
-            if floor_score == best.key[0] and least > best.key[1]:
+            least = floor_score(i, rt, rv, qt, qv, slots)
+            if least > best.key[0]:
                 return
-        t = order[i]
-        most = max(0, min(slots, qt // t.tflops, qv // t.vram,
-                          max(_ceil_div(max(rt, 0), t.tflops), _ceil_div(max(rv, 0), t.vram))))
+            if least == best.key[0]:
+                extra = max(_floor(max(rt, 0) * per_t[i]), _floor(max(rv, 0) * per_v[i])) if least == 0 else 0
+                if spent + extra > best.key[1]:
+                    return
+        tt, vv = sizes[i]
+        most = max(0, min(slots, qt // tt, qv // vv, max(_ceil_div(max(rt, 0), tt), _ceil_div(max(rv, 0), vv))))
         for count in range(most, -1, -1):
-            chosen.extend([t] * count)
-            visit(i + 1, rt - count * t.tflops, rv - count * t.vram,
-                  _less(qt, count * t.tflops), _less(qv, count * t.vram), slots - count,
-                  spent + count * prices[i])
+            chosen.extend([order[i]] * count)
+            visit(i + 1, rt - count * tt, rv - count * vv, _less(qt, count * tt), _less(qv, count * vv),
+                  slots - count, spent + count * prices[i])
             del chosen[len(chosen) - count:]
 
+    def consider(plan: list[int]) -> None:
+        got_t, got_v = sum(sizes[j][0] for j in plan), sum(sizes[j][1] for j in plan)
+        key = (score(need.tflops - got_t, need.vram - got_v), sum(prices[j] for j in plan), len(plan),
+               tuple(sorted(order[j].name for j in plan)))
+        if best.key is None or key < best.key:
+            best.key, best.plan = key, [order[j] for j in plan]
+
+    room_t = room.tflops if room is not None else UNBOUNDED
+    room_v = room.vram if room is not None else UNBOUNDED
+    # good plans found first make the cuts bite: the best mixes of two types, and a greedy mix
+    for plan in _pairs(need, sizes, room_t, room_v, max_claims):
+        consider(plan)
+    consider(_greedy(need, sizes, prices, w_t, w_v, room_t, room_v, max_claims))
     visit(0, need.tflops, need.vram, room_t, room_v, max_claims, 0)
     return sorted(best.plan, key=lambda t: t.name)
+
+
+def _pairs(need: Capacity, sizes: list[tuple[int, int]], room_t: int, room_v: int,
+           max_claims: int) -> Iterable[list[int]]:
+    """For each two types (a type with itself included), the fewest of the second that, with 0, 1, ...
+    of the first, close the gap within the limits; or as many as fit when none does."""
+    for i, (ti, vi) in enumerate(sizes):
+        for j in range(i, len(sizes)):
+            tj, vj = sizes[j]
+            for a in range(min(max_claims, room_t // ti, room_v // vi) + 1):
+                rt, rv = need.tflops - a * ti, need.vram - a * vi
+                b = max(0, _ceil_div(rt, tj), _ceil_div(rv, vj))
+                b = min(b, max_claims - a, _less(room_t, a * ti) // tj, _less(room_v, a * vi) // vj)
+                yield [i] * a + [j] * b
+                if rt <= 0 and rv <= 0:
+                    break
+
+
+def _greedy(need: Capacity, sizes: list[tuple[int, int]], prices: list[int], w_t: int, w_v: int, room_t: int,
+            room_v: int, max_claims: int) -> list[int]:
+    """Adds, one at a time, the type that closes the most score per dollar until the gap closes."""
+    rt, rv, plan = need.tflops, need.vram, list[int]()
+    while len(plan) < max_claims and (rt > 0 or rv > 0):
+        best: tuple[Fraction, int] | None = None
+        for j, (tt, vv) in enumerate(sizes):
+            if tt > room_t or vv > room_v:
+                continue
+            gain = min(tt, max(rt, 0)) * w_t + min(vv, max(rv, 0)) * w_v
+            if gain > 0:
+                rate = Fraction(-gain, prices[j]) if prices[j] else Fraction(-gain * 10**12)
+                if best is None or (rate, j) < best:
+                    best = (rate, j)
+        if best is None:
+            break
+        j = best[1]
+        plan.append(j)
+        rt, rv = rt - sizes[j][0], rv - sizes[j][1]
+        room_t, room_v = _less(room_t, sizes[j][0]), _less(room_v, sizes[j][1])
+    return plan
+
+
+def _undominated(types: list[InstanceType], micro: Callable[[InstanceType], int],
+                 any_size: bool) -> list[InstanceType]:
+    """Drops types no best plan needs: one that another type beats on price (or equals, with a name
+    that sorts first) at the same size, or, when no room limits sizes (`any_size`), at a size at
+    least as large in both dimensions. Swapping the beaten type for the other in any plan keeps it
+    within the limits and covering as much, and makes it no worse in price or in the tie-break."""
+    def beats(b: InstanceType, a: InstanceType) -> bool:
+        same = b.tflops == a.tflops and b.vram == a.vram
+        larger = b.tflops >= a.tflops and b.vram >= a.vram
+        return (same or (any_size and larger)) and (micro(b), b.name) < (micro(a), a.name)
+
+    return [a for a in types if not any(beats(b, a) for b in types if b is not a)]
 
 
 def _less(limit: int, amount: int) -> int:
