@@ -16,6 +16,7 @@ from tfusion.api.kinds.pool import GPUPool
 from tfusion.api.quantity import Quantity
 from tfusion.api.types import decode
 from tfusion.controller.provisioning import catalog
+from tfusion.controller.provisioning import plan as plan_module
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, InstanceType
 from tfusion.controller.provisioning.plan import (
     UNBOUNDED,
@@ -295,13 +296,13 @@ SMALL_TYPES = st.lists(
               tflops=st.integers(1, 9), vram_gi=st.integers(1, 9),
               on_demand=st.sampled_from([0.0, 0.5, 1.0, 1.25, 2.0, 3.5]),
               spot=st.none() | st.sampled_from([0.25, 0.5, 1.0])),
-    min_size=0, max_size=4)
+    min_size=0, max_size=5)
 
 
 @settings(max_examples=400, deadline=None)
 @given(types=SMALL_TYPES, need=st.builds(cap, st.integers(-2, 60), st.integers(-2, 60)),
        room_=st.none() | st.builds(cap, st.integers(0, 80), st.integers(0, 80)),
-       max_claims=st.integers(0, 5), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
+       max_claims=st.integers(0, 6), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
 def test_cheapest_claims_matches_a_brute_force(types: list[InstanceType], need: Capacity, room_: Capacity | None,
                                                max_claims: int, capacity_type: str) -> None:
     plan = cheapest_claims(need, types, capacity_type=capacity_type, room=room_, max_claims=max_claims)
@@ -317,10 +318,32 @@ def test_cheapest_claims_matches_a_brute_force(types: list[InstanceType], need: 
     assert all(c.price == c.instance_type.prices[capacity_type] and c.capacity_type == capacity_type
                for c in plan.claims)
     # and no plan is better: not in what it closes, nor in price, nor in the tie-breaks
-    reference = brute_force_reference(need, types, capacity_type, room_, max_claims, limit=5)
+    reference = brute_force_reference(need, types, capacity_type, room_, max_claims, limit=6)
     assert (score(need, got), round(plan.price * 1e6), len(plan.claims), sorted(names(plan))) == \
         (score(need, reference.capacity), round(reference.price * 1e6), len(reference.claims),
          sorted(names(reference)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(types=SMALL_TYPES, need=st.builds(cap, st.integers(0, 60), st.integers(0, 60)),
+       room_=st.none() | st.builds(cap, st.integers(0, 80), st.integers(0, 80)), max_claims=st.integers(0, 6),
+       seeds=st.booleans())
+def test_the_search_alone_and_the_seeds_alone_are_each_sound(types: list[InstanceType], need: Capacity,
+                                                             room_: Capacity | None, max_claims: int,
+                                                             seeds: bool) -> None:
+    """The search without its starting plans finds the best plan by itself; with no budget, the
+    starting plans alone still give a plan within the limits."""
+    sellable = list({t.name: t for t in reversed(types) if t.price(ON_DEMAND) is not None}.values())
+    budget = plan_module.SEARCH_BUDGET if not seeds else 0
+    found = plan_module._search(need, sellable, ON_DEMAND, room_, max_claims, budget=budget, seeds=seeds)
+    got = Capacity(sum(t.tflops for t in found), sum(t.vram for t in found))
+    assert len(found) <= max_claims and (room_ is None or room_.covers(got))
+    if not seeds:
+        reference = brute_force_reference(need, types, ON_DEMAND, room_, max_claims, limit=6)
+        assert (score(need, got), sum(round(t.prices[ON_DEMAND] * 1e6) for t in found), len(found),
+                sorted(t.name for t in found)) == \
+            (score(need, reference.capacity), round(reference.price * 1e6), len(reference.claims),
+             sorted(names(reference)))
 
 
 # --- choose_expansions: examples -----------------------------------------------------------------------
@@ -372,6 +395,14 @@ def test_new_claims_go_to_the_lowest_price_per_pod() -> None:
     out = choose_expansions(pods, [], {}, TYPES, now=0.0, max_new=5)
     assert [(e.pods, e.instance_type) for e in out] == [(("ns/p0", "ns/p1", "ns/p2", "ns/p3"), L4), (("ns/p4",), L4)]
     assert all(e.ready_at == 90.0 and e.claim == "" and e.cloned_from == "" for e in out)
+
+
+def test_the_readme_example_with_the_packaged_catalog() -> None:
+    pods = [pod(f"ns/p{i}", 20, 5) for i in range(5)]
+    out = choose_expansions(pods, [], {}, CATALOG.types, now=1000.0, max_new=15)
+    g6 = CATALOG.get("g6.xlarge")
+    assert out == [Expansion(("ns/p0", "ns/p1", "ns/p2", "ns/p3"), instance_type=g6, ready_at=1090.0),
+                   Expansion(("ns/p4",), instance_type=g6, ready_at=1090.0)]
 
 
 def test_the_largest_pod_picks_first() -> None:

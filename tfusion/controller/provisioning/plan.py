@@ -169,8 +169,9 @@ class ClaimPlan:
 def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_type: str = ON_DEMAND,
                     room: Capacity | None = None, max_claims: int) -> ClaimPlan:
     """The cheapest instances (any number of each type, at most `max_claims` in all) whose sum covers
-    `need` in both dimensions and stays within `room` in both. Exact; among equal prices the plan
-    with fewer instances wins, then the one whose sorted type names come first.
+    `need` in both dimensions and stays within `room` in both. Exact (short of a catalog so large
+    that the search passes SEARCH_BUDGET); among equal prices the plan with fewer instances wins,
+    then the one whose sorted type names come first.
 
     When no plan closes the gap within the limits, the plan that covers the largest share of it
     (the TFLOPS share plus the VRAM share) and, among those, is cheapest; `shortfall` is what stays
@@ -220,7 +221,7 @@ SEARCH_BUDGET: Final = 50_000
 
 
 def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
-            max_claims: int, budget: int = SEARCH_BUDGET) -> list[InstanceType]:
+            max_claims: int, budget: int = SEARCH_BUDGET, seeds: bool = True) -> list[InstanceType]:
     """Branch and bound over how many of each type to take (types in order of price per TFLOPS).
 
     The score of a plan is its shortfall weighted so that each dimension counts by its share of the
@@ -229,7 +230,8 @@ def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, ro
     filled with the type that would close the most of what is left, up to the room), or, among
     closing plans, when what it has spent plus the least the rest can cost (what is left at the
     cheapest price per unit) exceeds the best price. Cuts are strict, so equal plans all reach the
-    tie-break."""
+    tie-break. The search starts from good plans (the best two-type mixes, a greedy mix) so that the
+    cuts bite from the start, and past `budget` branches it keeps the best plan found."""
     if need.is_zero or not sellable or max_claims == 0:
         return []
     w_t = need.vram if need.vram > 0 else 1
@@ -298,9 +300,10 @@ def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, ro
     room_t = room.tflops if room is not None else UNBOUNDED
     room_v = room.vram if room is not None else UNBOUNDED
     # good plans found first make the cuts bite: the best mixes of two types, and a greedy mix
-    for plan in _pairs(need, sizes, room_t, room_v, max_claims):
-        consider(plan)
-    consider(_greedy(need, sizes, prices, w_t, w_v, room_t, room_v, max_claims))
+    if seeds:  # False only in tests, which check the search alone
+        for plan in _pairs(need, sizes, room_t, room_v, max_claims):
+            consider(plan)
+        consider(_greedy(need, sizes, prices, w_t, w_v, room_t, room_v, max_claims))
     visit(0, need.tflops, need.vram, room_t, room_v, max_claims, 0)
     return sorted(best.plan, key=lambda t: t.name)
 
