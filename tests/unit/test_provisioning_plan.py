@@ -232,6 +232,13 @@ def test_no_type_sold_as_the_capacity_type() -> None:
     assert cheapest_claims(cap(1, 1), [], max_claims=5).reason.startswith("the instance catalog has no types; ")
 
 
+def test_an_unknown_capacity_type_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="capacity_type 'spot' is not allowed; expected one of OnDemand, Spot"):
+        cheapest_claims(cap(1, 1), CATALOG.types, capacity_type="spot", max_claims=1)
+    with pytest.raises(ValueError, match="capacity_type 'on-demand' is not allowed"):
+        choose_expansions([], [], {}, CATALOG.types, capacity_type="on-demand", now=0.0, max_new=1)
+
+
 def test_a_large_gap_over_the_whole_catalog_is_planned_exactly() -> None:
     plan = cheapest_claims(cap(50_000, 100), CATALOG.types, max_claims=15)
     assert plan.closed and len(plan.claims) <= 15
@@ -494,6 +501,10 @@ def test_expansions_place_every_pod_once_and_only_where_it_fits(
             assert replay([by_key[k] for k in e.pods], [FreeGpu(t.tflops_per_gpu, t.vram_per_gpu, t.gpu_model)]
                           * t.gpu_count)
             assert e.cloned_from in ("", "node-x") and (not e.cloned_from or clonable[e.cloned_from] == t)
+            if not e.cloned_from:  # a copy of an existing node's type is preferred whenever it holds the pod
+                head = by_key[e.pods[0]]
+                assert not any(replay([head], [FreeGpu(c.tflops_per_gpu, c.vram_per_gpu, c.gpu_model)] * c.gpu_count)
+                               for c in clonable.values())
         else:
             assert e.reason
             if not e.reason.startswith("at most"):

@@ -18,7 +18,7 @@ from typing import Final
 from tfusion.allocator.units import vram_str
 from tfusion.api.kinds.pool import CapacityConfig, GPUOrCPUResourceUnit
 from tfusion.api.quantity import INT64_MAX, Quantity
-from tfusion.controller.provisioning.catalog import ON_DEMAND, InstanceType
+from tfusion.controller.provisioning.catalog import CAPACITY_TYPES, ON_DEMAND, InstanceType
 
 #: a maximum that names no amount for a dimension: nothing limits it
 UNBOUNDED: Final = INT64_MAX
@@ -176,6 +176,7 @@ def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_t
     When no plan closes the gap within the limits, the plan that covers the largest share of it
     (the TFLOPS share plus the VRAM share) and, among those, is cheapest; `shortfall` is what stays
     open and `reason` says which limit holds it open."""
+    _check_capacity_type(capacity_type)
     need = need.positive()
     sellable = _sellable(types, capacity_type)
     room = room.positive() if room is not None else None
@@ -186,6 +187,12 @@ def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_t
     reason = "" if shortfall.is_zero else _open_reason(need, shortfall, types, sellable, capacity_type,
                                                        room, max(max_claims, 0))
     return ClaimPlan(claims, shortfall, reason)
+
+
+def _check_capacity_type(capacity_type: str) -> None:
+    if capacity_type not in CAPACITY_TYPES:
+        raise ValueError(f"capacity_type {capacity_type!r} is not allowed; expected one of "
+                         f"{', '.join(CAPACITY_TYPES)}")
 
 
 def _price(t: InstanceType, capacity_type: str) -> float:
@@ -480,6 +487,7 @@ def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], cl
        takes as many of the pods left as fit on it.
     3. Pods that no type sold as `capacity_type` can hold, and pods left when `max_new` is reached,
        get an Expansion with neither a claim nor a type and the reason."""
+    _check_capacity_type(capacity_type)
     unique = {p.key: p for p in reversed(pods)}  # a pod listed twice is placed once (its first entry)
     order = sorted(unique.values(), key=_pod_order)
     out: list[Expansion] = []
