@@ -432,8 +432,15 @@ def test_at_most_max_new_claims_and_the_rest_are_told_why() -> None:
     out = choose_expansions(pods, [], {}, [L4], now=0.0, max_new=2)
     assert [e.pods for e in out] == [("ns/p0",), ("ns/p1",), ("ns/p2",)]
     assert out[2] == Expansion(("ns/p2",), reason="at most 2 new claims may be made now and 2 were; "
-                                                  "these 1 pods wait for a later round")
-    assert choose_expansions(pods, [], {}, [L4], now=0.0, max_new=0)[0].pods == ("ns/p0", "ns/p1", "ns/p2")
+                                                  "this pod waits for a later round")
+    assert choose_expansions(pods, [], {}, [L4], now=0.0, max_new=0) == [Expansion(
+        ("ns/p0", "ns/p1", "ns/p2"),
+        reason="at most 0 new claims may be made now and 0 were; these 3 pods wait for a later round")]
+
+
+def test_a_clonable_type_missing_from_the_types_still_holds_pods() -> None:
+    out = choose_expansions([pod("ns/a", 200, 60)], [], {"node-1": A100}, [L4], now=0.0, max_new=1)
+    assert out == [Expansion(("ns/a",), instance_type=A100, cloned_from="node-1", ready_at=150.0)]
 
 
 def test_a_pod_no_type_holds_gets_the_reason_with_numbers() -> None:
@@ -510,4 +517,4 @@ def test_expansions_place_every_pod_once_and_only_where_it_fits(
             if not e.reason.startswith("at most"):
                 (key,) = e.pods
                 assert not any(replay([by_key[key]], [FreeGpu(t.tflops_per_gpu, t.vram_per_gpu, t.gpu_model)]
-                                      * t.gpu_count) for t in types)
+                                      * t.gpu_count) for t in [*types, *clonable.values()])

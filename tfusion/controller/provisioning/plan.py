@@ -493,14 +493,14 @@ def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], cl
     out: list[Expansion] = []
     left = _onto_in_flight(order, in_flight, out)
     sellable = _sellable(types, capacity_type)
+    clones = sorted(((node, t) for node, t in clonable.items() if t.price(capacity_type) is not None
+                     and t.tflops > 0 and t.vram > 0), key=lambda nt: nt[0])
     fitting = []
     for pod in left:
-        if any(_fits_empty(pod, t) for t in sellable):
+        if any(_fits_empty(pod, t) for t in [*sellable, *(t for _, t in clones)]):
             fitting.append(pod)
         else:
             out.append(Expansion((pod.key,), reason=_no_type_reason(pod, types, sellable, capacity_type)))
-    clones = sorted(((node, t) for node, t in clonable.items() if t.price(capacity_type) is not None
-                     and t.tflops > 0 and t.vram > 0), key=lambda nt: nt[0])
     made = 0
     while fitting and made < max_new:
         choice, node, placed = _pick(fitting, clones, sellable, capacity_type)
@@ -511,9 +511,13 @@ def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], cl
         made += 1
     if fitting:
         out.append(Expansion(tuple(p.key for p in fitting),
-                             reason=f"at most {max(max_new, 0)} new claims may be made now and "
-                                    f"{made} were; these {len(fitting)} pods wait for a later round"))
+                             reason=f"at most {max(max_new, 0)} new claims may be made now and {made} were; "
+                                    f"{_pods_text(len(fitting))} for a later round"))
     return out
+
+
+def _pods_text(count: int) -> str:
+    return "this pod waits" if count == 1 else f"these {count} pods wait"
 
 
 def _pod_order(pod: PodNeed) -> tuple[int, int, int, str]:
@@ -578,7 +582,7 @@ def _pick(fitting: list[PodNeed], clones: list[tuple[str, InstanceType]], sellab
         key = (Fraction(round(price * _MICRO), len(placed)), price, t.name, node)
         if best is None or key < best:
             best, chosen = key, (t, node, placed)
-    assert chosen is not None  # `fitting` holds only pods some sellable type fits
+    assert chosen is not None  # `fitting` holds only pods some sellable or clonable type fits
     return chosen
 
 
