@@ -331,6 +331,18 @@ def test_cheapest_claims_matches_a_brute_force(types: list[InstanceType], need: 
          sorted(names(reference)))
 
 
+@settings(max_examples=60, deadline=None)
+@given(need=st.builds(cap, st.integers(0, 6000), st.integers(0, 1200)),
+       room_=st.none() | st.builds(cap, st.integers(0, 8000), st.integers(0, 1500)),
+       max_claims=st.integers(0, 8), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
+def test_the_packaged_catalog_matches_a_brute_force(need: Capacity, room_: Capacity | None, max_claims: int,
+                                                    capacity_type: str) -> None:
+    plan = cheapest_claims(need, CATALOG.types, capacity_type=capacity_type, room=room_, max_claims=max_claims)
+    reference = brute_force_reference(need, CATALOG.types, capacity_type, room_, max_claims, limit=8)
+    assert (score(need, plan.capacity), round(plan.price * 1e6), sorted(names(plan))) == \
+        (score(need, reference.capacity), round(reference.price * 1e6), sorted(names(reference)))
+
+
 @settings(max_examples=300, deadline=None)
 @given(types=SMALL_TYPES, need=st.builds(cap, st.integers(0, 60), st.integers(0, 60)),
        room_=st.none() | st.builds(cap, st.integers(0, 80), st.integers(0, 80)), max_claims=st.integers(0, 6),
