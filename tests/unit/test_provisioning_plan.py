@@ -204,6 +204,13 @@ def test_room_that_no_type_fits_in() -> None:
                            "50 TFLOPS / 70Gi of the gap of 50 TFLOPS / 70Gi stays open")
 
 
+def test_room_that_covers_the_gap_but_fits_no_type() -> None:
+    plan = cheapest_claims(cap(20, 10), CATALOG.types, room=cap(100, 100), max_claims=15)
+    assert plan.claims == () and plan.reason == (
+        "maxResources leaves 100 TFLOPS / 100Gi of room, no type fits in it (the smallest, g6.xlarge, offers "
+        "121 TFLOPS / 23034Mi); 20 TFLOPS / 10Gi of the gap of 20 TFLOPS / 10Gi stays open")
+
+
 def test_room_that_covers_the_gap_but_no_instance_sum() -> None:
     plan = cheapest_claims(cap(20, 10), CATALOG.types, room=cap(150, 30), max_claims=15)
     assert names(plan) == ["g6.xlarge"]  # 121 TFLOPS / 22.5Gi fits the room
