@@ -192,23 +192,21 @@ def test_room_too_small_for_the_gap_gives_a_partial_plan_and_says_so() -> None:
     small = kind("small", 1, 10, 10, 1.0)
     plan = cheapest_claims(cap(50, 50), [small], room=cap(25, 100), max_claims=10)
     assert names(plan) == ["small", "small"] and plan.shortfall == cap(30, 30) and not plan.closed
-    assert plan.reason == ("maxResources leaves 25 TFLOPS / 100Gi of room, less than the gap; "
-                           "30 TFLOPS / 30Gi of the gap of 50 TFLOPS / 50Gi stays open")
+    assert plan.reason == "maxResources leaves 25 TFLOPS / 100Gi of room, less than the gap"
 
 
 def test_room_that_no_type_fits_in() -> None:
     plan = cheapest_claims(cap(50, 70), CATALOG.types, room=cap(100, 64), max_claims=15)
     assert plan.claims == () and plan.shortfall == cap(50, 70)
     assert plan.reason == ("maxResources leaves 100 TFLOPS / 64Gi of room, less than the gap and no type fits in "
-                           "it (the smallest, g6.xlarge, offers 121 TFLOPS / 23034Mi); "
-                           "50 TFLOPS / 70Gi of the gap of 50 TFLOPS / 70Gi stays open")
+                           "it (the smallest, g6.xlarge, offers 121 TFLOPS / 23034Mi)")
 
 
 def test_room_that_covers_the_gap_but_fits_no_type() -> None:
     plan = cheapest_claims(cap(20, 10), CATALOG.types, room=cap(100, 100), max_claims=15)
     assert plan.claims == () and plan.reason == (
         "maxResources leaves 100 TFLOPS / 100Gi of room, no type fits in it (the smallest, g6.xlarge, offers "
-        "121 TFLOPS / 23034Mi); 20 TFLOPS / 10Gi of the gap of 20 TFLOPS / 10Gi stays open")
+        "121 TFLOPS / 23034Mi)")
 
 
 def test_room_that_covers_the_gap_but_no_instance_sum() -> None:
@@ -217,8 +215,8 @@ def test_room_that_covers_the_gap_but_no_instance_sum() -> None:
     plan = cheapest_claims(cap(130, 10), CATALOG.types, room=cap(150, 30), max_claims=15)
     # 2 x g6.xlarge would pass 150 TFLOPS and every other type is larger: one closes the most
     assert names(plan) == ["g6.xlarge"] and plan.shortfall == cap(9, 0)
-    assert plan.reason.startswith("maxResources leaves 150 TFLOPS / 30Gi of room; the cheapest claims that close "
-                                  "the gap, 2 x g6.xlarge, offer 242 TFLOPS / 46068Mi; ")
+    assert plan.reason == ("maxResources leaves 150 TFLOPS / 30Gi of room; the cheapest claims that close "
+                           "the gap, 2 x g6.xlarge, offer 242 TFLOPS / 46068Mi")
 
 
 def test_the_claim_limit() -> None:
@@ -226,17 +224,16 @@ def test_the_claim_limit() -> None:
     assert len(plan.claims) <= 3 and not plan.closed
     # 3 x p5.48xlarge is the most TFLOPS three claims can bring
     assert names(plan) == ["p5.48xlarge"] * 3
-    assert plan.reason == ("at most 3 more claims may be in flight and the gap needs at least 4; "
-                                  "6264 TFLOPS / 0 of the gap of 30000 TFLOPS / 100Gi stays open")
+    assert plan.reason == ("at most 3 more claims may be in flight and the gap needs at least 4")
+    assert plan.shortfall == cap(6264, 0)
     nothing = cheapest_claims(cap(10, 10), CATALOG.types, max_claims=0)
-    assert nothing.claims == () and nothing.reason.startswith("no more claims may be in flight now; ")
+    assert nothing.claims == () and nothing.reason == "no more claims may be in flight now"
 
 
 def test_no_type_sold_as_the_capacity_type() -> None:
     plan = cheapest_claims(cap(10, 10), [kind("od-only", 1, 100, 100, 1.0)], capacity_type=SPOT, max_claims=5)
-    assert plan.claims == () and plan.reason == ("no instance type is sold as Spot; "
-                                                 "10 TFLOPS / 10Gi of the gap of 10 TFLOPS / 10Gi stays open")
-    assert cheapest_claims(cap(1, 1), [], max_claims=5).reason.startswith("the instance catalog has no types; ")
+    assert plan.claims == () and plan.reason == "no instance type is sold as Spot"
+    assert cheapest_claims(cap(1, 1), [], max_claims=5).reason == "the instance catalog has no types"
 
 
 def test_an_unknown_capacity_type_is_refused_by_name() -> None:

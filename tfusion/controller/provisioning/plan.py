@@ -184,8 +184,8 @@ def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_t
     claims = tuple(PlannedClaim(t, capacity_type, _price(t, capacity_type)) for t in best)
     covered = sum((Capacity(t.tflops, t.vram) for t in best), ZERO)
     shortfall = (need - covered).positive()
-    reason = "" if shortfall.is_zero else _open_reason(need, shortfall, types, sellable, capacity_type,
-                                                       room, max(max_claims, 0))
+    reason = "" if shortfall.is_zero else _open_reason(need, types, sellable, capacity_type, room,
+                                                       max(max_claims, 0))
     return ClaimPlan(claims, shortfall, reason)
 
 
@@ -380,17 +380,17 @@ def _floor(value: Fraction) -> int:
     return value.numerator // value.denominator
 
 
-def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceType],
+def _open_reason(need: Capacity, types: Sequence[InstanceType],
                  sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
                  max_claims: int) -> str:
-    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap."""
-    left = f"{capacity_text(shortfall)} of the gap of {capacity_text(need)} stays open"
+    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap.
+    The shortfall itself is not repeated (callers print it beside the reason)."""
     if not types:
-        return f"the instance catalog has no types; {left}"
+        return "the instance catalog has no types"
     if not sellable:
-        return f"no instance type is sold as {capacity_type}; {left}"
+        return f"no instance type is sold as {capacity_type}"
     if max_claims == 0:
-        return f"no more claims may be in flight now; {left}"
+        return "no more claims may be in flight now"
     why = []
     if room is not None:
         why.extend(_room_reason(need, sellable, room))
@@ -407,7 +407,7 @@ def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceTy
     if not why:
         within = " within maxResources" if room is not None else ""
         why.append(f"no {max_claims} or fewer instances sold as {capacity_type} add up to it{within}")
-    return f"{'; '.join(why)}; {left}"
+    return "; ".join(why)
 
 
 def _room_reason(need: Capacity, sellable: list[InstanceType], room: Capacity) -> list[str]:
