@@ -5,21 +5,29 @@ Compaction runs for each pool every `nodeCompaction.period` (1m when the pool ha
 `nodeCompaction`, as the original does; the CRD's default period is 5m) and at once when the pool's
 `tensor-fusion.ai/manual-compaction` annotation (an RFC 3339 time) is newer than the last pass. A
 pool whose GPUNodeClaims are not all Bound (one being created or deleted) waits: its capacity is
-about to change. The decision is `compaction_plan.compaction`; for each node it gives back:
+about to change. The decision is `compaction_plan.compaction` on the pool's GPUNodes (a node is
+empty when the allocator holds nothing on its GPUs and no worker pod is bound to it;
+`tensor-fusion.ai/do-not-disrupt: "true"` as a label or annotation of the Node or GPUNode keeps
+it). For each node it gives back:
 
 - a node the pool selected (no claim): the Node is labelled `tensor-fusion.ai/should-delete=true`
-  for whoever manages the machines to act on; it no longer counts as the pool's capacity here;
+  for whoever manages the machines to act on; from then on it is not counted as the pool's;
 - a provisioned node: its GPUNodeClaim is deleted, whose finalizer terminates the instance.
 
-Each gets a Normal `Compaction` event on the pool. Every pass writes `status.lastCompactionTime`
+Each gets a Normal `Compaction` event on the pool; an empty node the targets keep gets a
+`CompactionKept` event when that (or why) changes. Every pass writes `status.lastCompactionTime`
 and `status.potentialSavingsPerMonth` (dollars a month the empty nodes that stay would cost).
+Unusable settings get a Warning `CompactionConfigInvalid` on the pool, once per value.
 
 Defrag (`nodeCompaction.defrag.enabled`) runs at the cron `schedule` read in `timezone`, when not
 more than `maxDuration` late (a missed run is not made up). `compaction_plan.defrag_moves` says
-which nodes to empty; their workers are evicted through the Eviction API (so budgets are checked
-again by the API server), annotated `tensor-fusion.ai/defrag-evicted=<time>`, with a Normal
-`DefragEvicted` event on the pod and a `Defrag` event on the pool; `status.lastDefragTime` is
-written. The emptied node is compaction's at its next pass.
+which nodes to empty; a node is emptied whole or not at all, so one whose workers the
+PodDisruptionBudgets would not all let go is left. Each worker is annotated
+`tensor-fusion.ai/defrag-evicted=<time>` and evicted through the Eviction API (budgets are
+checked again by the API server; a refusal ends that node's move with a Warning
+`DefragEvictionRefused`), with a Normal `DefragEvicted` event on the pod and one `Defrag` event on
+the pool per node; `status.lastDefragTime` is written. The emptied node is compaction's at a
+later pass.
 
 Facts come from the informers and the allocator's ledger, read only. Times are the injected wall
 clock's, so tests drive the loop without waiting (`poke()` wakes it after moving the clock).
