@@ -3,6 +3,8 @@ which unschedulable pods the node expander takes (pure parts of provisioning/)."
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool
 from tfusion.controller.provisioning import catalog as cat
@@ -16,7 +18,7 @@ A100 = CATALOG.get("a2-ultragpu-1g")
 L4 = CATALOG.get("g6.xlarge")
 
 
-def pool(name: str = "burst", **node_manager: object) -> GpuPool:
+def pool(name: str = "burst", **node_manager: Any) -> GpuPool:
     return GpuPool({"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
                     "metadata": {"name": name, "uid": "pool-uid"},
                     "spec": {"nodeManagerConfig": {"provisioningMode": "Provisioned", **node_manager}}})
