@@ -298,6 +298,7 @@ def _floor(value: Fraction) -> int:
 def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceType],
                  sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
                  max_claims: int) -> str:
+    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap."""
     left = f"{capacity_text(shortfall)} of the gap of {capacity_text(need)} stays open"
     if not types:
         return f"the instance catalog has no types; {left}"
@@ -306,26 +307,35 @@ def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceTy
     if max_claims == 0:
         return f"no more claims may be in flight now; {left}"
     why = []
-    if room is not None and not room.covers(need):
-        why.append(f"maxResources leaves {capacity_text(room)} of room, less than the gap")
-    largest_t = max(t.tflops for t in sellable)
-    largest_v = max(t.vram for t in sellable)
-    at_least = max(_ceil_div(need.tflops, largest_t), _ceil_div(need.vram, largest_v))
+    if room is not None:
+        why.extend(_room_reason(need, sellable, room))
+    at_least = max(_ceil_div(need.tflops, max(t.tflops for t in sellable)),
+                   _ceil_div(need.vram, max(t.vram for t in sellable)))
     if at_least > max_claims:
         why.append(f"at most {max_claims} more claims may be in flight and the gap needs at least {at_least}")
     if not why and room is not None:
         free = _search(need, sellable, capacity_type, None, max_claims)
-        if free:
-            offered = sum((Capacity(t.tflops, t.vram) for t in free), ZERO)
+        offered = sum((Capacity(t.tflops, t.vram) for t in free), ZERO)
+        if offered.covers(need):
             why.append(f"maxResources leaves {capacity_text(room)} of room; the cheapest claims that close the "
                        f"gap, {_plan_text(free)}, offer {capacity_text(offered)}")
-        else:
-            smallest = min(sellable, key=lambda t: (t.tflops, t.vram, t.name))
-            why.append(f"maxResources leaves {capacity_text(room)} of room; the smallest type, {smallest.name}, "
-                       f"offers {capacity_text(Capacity(smallest.tflops, smallest.vram))}")
     if not why:
-        why.append(f"no {max_claims} instances of the types sold as {capacity_type} add up to it")
+        within = " within maxResources" if room is not None else ""
+        why.append(f"no {max_claims} or fewer instances sold as {capacity_type} add up to it{within}")
     return f"{'; '.join(why)}; {left}"
+
+
+def _room_reason(need: Capacity, sellable: list[InstanceType], room: Capacity) -> list[str]:
+    short = not room.covers(need)
+    fitting = any(room.covers(Capacity(t.tflops, t.vram)) for t in sellable)
+    if not short and fitting:
+        return []
+    text = f"maxResources leaves {capacity_text(room)} of room" + (", less than the gap" if short else "")
+    if not fitting:
+        smallest = min(sellable, key=lambda t: (t.tflops, t.vram, t.name))
+        text += (f"{' and' if short else ','} no type fits in it (the smallest, {smallest.name}, offers "
+                 f"{capacity_text(Capacity(smallest.tflops, smallest.vram))})")
+    return [text]
 
 
 def _plan_text(plan: Sequence[InstanceType]) -> str:
