@@ -4,7 +4,8 @@ and the farm reports the GPUs), it is served again after a restart, and terminat
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 
@@ -15,27 +16,31 @@ from tfusion.controller.provisioning.providers.base import Instance, LaunchReque
 from tfusion.controller.provisioning.providers.simulated import SimulatedProvider
 from tfusion.kube.client import KubeClient
 
+T = TypeVar("T")
 CLAIM = "tensor-fusion-shared-0a1b2c3d"
 
 
-def simulated(run: RoleAll, call: str) -> Any:
+def with_provider(run: RoleAll, call: Callable[[SimulatedProvider], Awaitable[T]]) -> T:
     """Run one provider call against the process's API server (the controller's part in the flow)."""
-    async def main() -> Any:
+    async def main() -> T:
         client = await KubeClient.connect(str(run.kubeconfig))
         try:
-            provider = SimulatedProvider(client, "tensor-fusion-sys", cat.load(), boot_delay_s=0)
-            if call == "create":
-                kind = provider.catalog().get("g6.12xlarge")
-                assert kind is not None
-                return await provider.create(LaunchRequest(CLAIM, CLAIM, kind, cat.ON_DEMAND,
-                                                           labels={tfa.NODE_PROVISIONER: CLAIM}))
-            for instance in await provider.list_instances():
-                await provider.terminate(instance.instance_id)
-            return None
+            return await call(SimulatedProvider(client, "tensor-fusion-sys", cat.load(), boot_delay_s=0))
         finally:
             await client.close()
 
     return anyio.run(main)
+
+
+async def launch(provider: SimulatedProvider) -> Instance:
+    kind = provider.catalog().get("g6.12xlarge")
+    assert kind is not None
+    return await provider.create(LaunchRequest(CLAIM, CLAIM, kind, cat.ON_DEMAND, labels={tfa.NODE_PROVISIONER: CLAIM}))
+
+
+async def terminate_all(provider: SimulatedProvider) -> None:
+    for instance in await provider.list_instances():
+        await provider.terminate(instance.instance_id)
 
 
 def gpus_of(run: RoleAll, node: str) -> list[dict[str, Any]] | None:
@@ -51,7 +56,7 @@ def node_gone(run: RoleAll, node: str) -> bool:
 def test_a_simulated_instance_joins_with_its_gpus_survives_a_restart_and_leaves(role_all: RoleAll) -> None:
     role_all.start()
     role_all.wait_for("the controller and hypervisor to be ready", role_all.ready, timeout=60)
-    instance: Instance = simulated(role_all, "create")
+    instance = with_provider(role_all, launch)
     assert instance.node_name == CLAIM
 
     node = role_all.wait_for("the instance's Node", lambda: role_all.get(f"/api/v1/nodes/{CLAIM}"))
@@ -71,5 +76,5 @@ def test_a_simulated_instance_joins_with_its_gpus_survives_a_restart_and_leaves(
                       lambda: role_all.get(lease_path)["spec"]["renewTime"] != before)
     assert role_all.get(f"/api/v1/nodes/{CLAIM}")["metadata"]["labels"][tfa.NODE_PROVISIONER] == CLAIM
 
-    simulated(role_all, "terminate")
+    with_provider(role_all, terminate_all)
     role_all.wait_for("the Node deleted once the instance is terminated", lambda: node_gone(role_all, CLAIM))
