@@ -67,7 +67,9 @@ class PoolProvisioner:
     def __post_init__(self) -> None:
         self.claims = self.runtime.informer(r.GPUNODECLAIMS)
         self.gpunodes = self.runtime.informer(r.GPUNODES)
+        self.nodes = self.runtime.informer(r.NODES)
         self._claims_by_pool = self.claims.add_label_index(tfa.MANAGED_BY)
+        self._nodes_by_claim = self.nodes.add_label_index(tfa.NODE_PROVISIONER)
 
     def pool_claims(self, pool: str) -> list[GpuNodeClaim]:
         return [GpuNodeClaim(c) for c in self.claims.by_index(self._claims_by_pool, pool)]
@@ -76,6 +78,12 @@ class PoolProvisioner:
         value = self.runtime.dynamic_config.current.get("maxInFlightNodes", DEFAULT_MAX_IN_FLIGHT)
         return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_IN_FLIGHT
 
+    def node_of(self, claim: GpuNodeClaim) -> str:
+        """The name of the Node that joined for `claim` ("" before one has): the Node labelled with
+        the claim, which need not be named after it (Karpenter names its Nodes itself)."""
+        nodes = self.nodes.by_index(self._nodes_by_claim, claim.name)
+        return Body(nodes[0]).name if nodes else ""
+
     def in_flight(self, claim: GpuNodeClaim) -> bool:
         """A claim whose node is not yet counted in the pool's capacity (not Bound, or its GPUNode has
         not reported yet)."""
@@ -83,7 +91,8 @@ class PoolProvisioner:
             return False
         if claim.phase != BOUND:
             return True
-        gpunode = self.gpunodes.get(claim.node_name)
+        node = self.node_of(claim)
+        gpunode = self.gpunodes.get(node) if node else None
         return gpunode is None or milli_tflops(Body(gpunode).status.get("totalTFlops")) == 0
 
     def capacity(self, pool: GpuPool, members: list[Body]) -> plan.PoolCapacity:
