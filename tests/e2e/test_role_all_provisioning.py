@@ -15,6 +15,8 @@ period, a 6 s boot); nothing waits on wall-clock speed beyond polling with deadl
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -131,6 +133,10 @@ def test_a_provisioned_pool_grows_for_its_minimum_and_a_big_pod_then_gives_the_n
     pod = role_all.wait_for("the big pod Running on its new node", lambda: _running_on(role_all, node), timeout=60)
     assert pod["spec"]["nodeName"] == node
     assert role_all.get(f"{TF}/gpunodeclaims/{node}")["metadata"]["labels"][tfa.EXPANSION_SOURCE] == "catalog"
+    why = subprocess.run([sys.executable, "-m", "tfusion", "why", "--kube", str(role_all.kubeconfig), "--controller",
+                          role_all.controller, "big"], capture_output=True, text=True, timeout=60)
+    assert f"The node was provisioned for GPUPool burst by GPUNodeClaim {node} (a3-highgpu-1g, $11.06/h): the " \
+           "node expander made it" in why.stdout, why.stdout + why.stderr
 
     # 3. compaction: the emptied H100 node stays while do-not-disrupt or warmResources keep it
     kubectl("label", "node", node, f"{tfa.DO_NOT_DISRUPT}=true")

@@ -15,9 +15,12 @@ expander; claims already made go on.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import anyio
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuNodeClaim, GpuPool, items, text
@@ -131,8 +134,10 @@ class PoolProvisioner:
             return PoolProvisioning(PROVISIONING if flying else PHASE_NONE, requeue_after=30.0)
         allowed = self.max_in_flight() - len(flying)
         types, capacity_type = self.offered_types(pool, list(provider.catalog().types))
-        chosen = plan.cheapest_claims(need, types, capacity_type=capacity_type,
-                                      room=plan.room(capacity, targets), max_claims=max(allowed, 0))
+        # a large user catalog can take the exact search most of a second: off the event loop
+        chosen = await anyio.to_thread.run_sync(functools.partial(
+            plan.cheapest_claims, need, types, capacity_type=capacity_type, room=plan.room(capacity, targets),
+            max_claims=max(allowed, 0)))
         if not chosen.closed:
             self.runtime.events.warning(pool, "MaxResourceConstraintReached" if "maxResources" in chosen.reason
                                         else "ProvisioningShort", f"{plan.capacity_text(chosen.shortfall)} "
