@@ -21,6 +21,7 @@ from tfusion.api.kinds.provisioning import (
     BlockDeviceMapping,
     EBSVolume,
     GPUNodeClassSpec,
+    LaunchTemplate,
     MetadataOptions,
     SelectorTerm,
 )
@@ -162,6 +163,21 @@ async def test_spot_and_the_subnet_with_the_most_free_addresses(moto: MotoServer
                                        zone="us-east-1c"))
     assert described(network, anywhere.instance_id)["Placement"]["AvailabilityZone"] == "us-east-1c"
     assert {i.claim for i in await aws.list_instances()} == {"pool-a-00000002", "pool-a-00000003"}
+
+
+async def test_a_launch_template_chosen_by_tags_may_name_the_image(moto: MotoServer, network: Network) -> None:
+    template = network.ec2.create_launch_template(
+        LaunchTemplateName="gpu-nodes", LaunchTemplateData={"ImageId": network.image},
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": [{"Key": "role", "Value": "gpu-node"}]}],
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    spec = node_class(os_image_selector_terms=[], launch_template=LaunchTemplate(tags={"role": "gpu-node"}))
+    launched = await provider(moto).create(launch(spec=spec, zone="us-east-1a"))
+    tags = {t["Key"]: t["Value"] for t in described(network, launched.instance_id)["Tags"]}
+    assert tags["aws:ec2launchtemplate:id"] == template  # EC2 marks what it launched from
+    assert described(network, launched.instance_id)["ImageId"] == network.image
+    with pytest.raises(ProviderError, match=r"spec.launchTemplate.tags \{'role': 'none'\} match no launch template"):
+        await provider(moto).create(launch("pool-a-00000009", spec=msgspec.structs.replace(
+            spec, launch_template=LaunchTemplate(tags={"role": "none"}))))
 
 
 async def test_errors_name_the_field_and_say_whether_to_retry(moto: MotoServer, network: Network) -> None:

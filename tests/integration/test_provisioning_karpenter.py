@@ -59,6 +59,7 @@ async def test_a_claim_becomes_a_nodeclaim_and_its_node_carries_the_claim(kube: 
         {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
     ]
     assert nodeclaim["spec"]["resources"] == {"requests": {"nvidia.com/gpu": "4"}}
+    assert nodeclaim["spec"]["expireAfter"] == "Never"  # not the CRD's default 720h
 
     fake = FakeKarpenter(kube, zone="us-east-1c")
     await fake.adopt("pool-a-0123abcd")

@@ -118,6 +118,9 @@ def nodeclaim_for(request: LaunchRequest, node_class_ref: GroupKindName | None) 
             "nodeClassRef": _node_class_ref(request, node_class_ref),
             "requirements": requirements,
             "resources": {"requests": {GPU_RESOURCE: str(request.instance_type.gpu_count)}},
+            # Karpenter's CRD defaults it to 720h and then replaces the node; when a node goes is
+            # tfusion's decision (compaction), so never
+            "expireAfter": "Never",
         },
     }
 
