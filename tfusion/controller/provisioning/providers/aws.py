@@ -107,13 +107,20 @@ class AwsProvider:
         if request.capacity_type not in CAPACITY_TYPES:
             raise ProviderError(f"GPUNodeClaim {request.claim}: capacityType {request.capacity_type!r} is not "
                                 f"allowed; expected {' or '.join(CAPACITY_TYPES)}", retryable=False)
-        found = await self._instances([_tag_filter(tfa.NODE_PROVISIONER, request.claim),
-                                       {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        found = await self._instances(f"find the instance of {request.claim}", [
+            _tag_filter(tfa.NODE_PROVISIONER, request.claim),
+            {"Name": "instance-state-name", "Values": ["pending", "running"]}])
         if found:
             return found[0]
         params = await self._launch_parameters(request)
         reply = await self._ec2("run_instances", f"launch {request.instance_type.name} for {request.claim}", **params)
-        return ec2_instance(reply["Instances"][0])
+        launched = ec2_instance(reply["Instances"][0])
+        if launched.state in ("terminating", "terminated"):
+            # EC2 may answer a reused client token with the instance it launched for it before, even a gone one
+            raise ProviderError(f"launch for {request.claim}: EC2 returned instance {launched.instance_id}, "
+                                f"{launched.state}, launched earlier for a claim of the same name; give the "
+                                "claim a new name", retryable=False)
+        return launched
 
     async def terminate(self, instance_id: str) -> None:
         try:
@@ -132,8 +139,8 @@ class AwsProvider:
         await self._ec2("terminate_instances", f"terminate {instance_id}", InstanceIds=[instance_id])
 
     async def list_instances(self) -> list[Instance]:
-        return await self._instances([{"Name": "tag-key", "Values": [tfa.NODE_PROVISIONER]},
-                                      {"Name": "instance-state-name", "Values": _LIVE}])
+        return await self._instances("list instances", [{"Name": "tag-key", "Values": [tfa.NODE_PROVISIONER]},
+                                                        {"Name": "instance-state-name", "Values": _LIVE}])
 
     # --- launch parameters -------------------------------------------------------------------
 
@@ -260,11 +267,11 @@ class AwsProvider:
 
     # --- EC2 calls ---------------------------------------------------------------------------
 
-    async def _instances(self, filters: list[dict[str, Any]]) -> list[Instance]:
+    async def _instances(self, what: str, filters: list[dict[str, Any]]) -> list[Instance]:
         found: list[Instance] = []
         params: dict[str, Any] = {"Filters": filters}
         while True:
-            page = await self._ec2("describe_instances", "list instances", **params)
+            page = await self._ec2("describe_instances", what, **params)
             found.extend(ec2_instance(i) for r in page.get("Reservations", []) for i in r.get("Instances", []))
             if not page.get("NextToken"):
                 return sorted(found, key=lambda i: (i.launched_at, i.instance_id))
