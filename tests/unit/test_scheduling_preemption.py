@@ -8,7 +8,8 @@ from typing import Any
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
-from tfusion.controller.scheduling.preemption import _selects, gang_index, protected_until
+from tfusion.controller.eviction import protected_until, selects
+from tfusion.controller.scheduling.preemption import gang_index
 
 CREATED = "2026-12-02T06:00:00Z"
 
@@ -32,11 +33,11 @@ def test_a_budget_selects_pods_of_its_namespace_by_labels() -> None:
         return {"metadata": {"name": "b", "namespace": namespace}, "spec": {"selector": selector}}
 
     train = pod(labels={"app": "train"})
-    assert _selects(budget({"matchLabels": {"app": "train"}}), train)
-    assert not _selects(budget({"matchLabels": {"app": "serve"}}), train)
-    assert not _selects(budget({"matchLabels": {"app": "train"}}, "other"), train)
-    assert _selects(budget({}), train)  # policy/v1: an empty selector selects the whole namespace
-    assert not _selects(budget({"matchLabels": "app=train"}), train)  # unreadable: selects nothing
+    assert selects(budget({"matchLabels": {"app": "train"}}), train)
+    assert not selects(budget({"matchLabels": {"app": "serve"}}), train)
+    assert not selects(budget({"matchLabels": {"app": "train"}}, "other"), train)
+    assert selects(budget({}), train)  # policy/v1: an empty selector selects the whole namespace
+    assert not selects(budget({"matchLabels": "app=train"}), train)  # unreadable: selects nothing
 
 
 def test_only_bound_running_gang_members_are_indexed() -> None:

@@ -36,7 +36,7 @@ node checks as it is), and victims of the same node are evicted one after anothe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -49,8 +49,8 @@ from tfusion.allocator.framework import Code, Framework
 from tfusion.allocator.preemption import Candidate, Eligible, PreemptionSearch, SearchStats, VictimFacts
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Node, Pod
-from tfusion.api.selectors import SelectorError, label_selector_from_dict
 from tfusion.api.timestamps import rfc3339
+from tfusion.controller.eviction import disruptions_allowed, evict, protected_until, selects
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.explain import Why
 from tfusion.controller.scheduling.unschedulable import as_pod, pod_key
@@ -75,8 +75,6 @@ NOTE_NODES = 3
 #: a node found unable to help is looked at again at least this often (an eviction protection may
 #: have run out meanwhile)
 PROTECTION_STEP_S = 10.0
-#: the end of a protection that never ends (tfa.protection_end's infinity)
-FOREVER = datetime.max.replace(tzinfo=UTC)
 
 
 def gang_index(obj: Any) -> list[str]:
@@ -258,15 +256,15 @@ class Preemption:
             if refusal:
                 refusals.add(info.node, refusal, victim_key)
                 return None
-            selecting = [b for b in budgets if _selects(b, pod)]
-            blocked = [b for b in selecting if _disruptions_allowed(b) < 1]
+            selecting = [b for b in budgets if selects(b, pod)]
+            blocked = [b for b in selecting if disruptions_allowed(b) < 1]
             if blocked:
                 refusals.add(info.node, f"have a PodDisruptionBudget that allows no disruption "
                                         f"({', '.join(sorted(Body(b).name for b in blocked))})", victim_key)
                 return None
             names = tuple(f"{Body(b).namespace}/{Body(b).name}" for b in selecting)
             for budget, name in zip(selecting, names, strict=True):
-                allowed[name] = _disruptions_allowed(budget)
+                allowed[name] = disruptions_allowed(budget)
             return VictimFacts(group=self._gang(pod), budgets=names)
 
         return eligible
@@ -397,9 +395,7 @@ class Preemption:
         return True
 
     async def _evict(self, victim: Pod) -> None:
-        name, namespace = victim.name, victim.namespace or "default"
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        await self.scheduler.client.request("POST", r.PODS, path=f"{name}/eviction", namespace=namespace, body=body)
+        await evict(self.scheduler.client, victim)
 
     async def _release_and_reserve(self, attempt: Attempt, fw: Framework, tg: TaskGroup) -> bool:
         """Release the evicted victims' allocations, then reserve the preemptor on the node at once."""
@@ -492,33 +488,6 @@ def _eligibility_facts(pod: Pod) -> tuple[Any, ...]:
     meta = pod.meta
     return (pod.uid, pod.node_name, meta.deleting, pod.finished, meta.labels, meta.annotations,
             pod.spec.get("priority"))
-
-
-def protected_until(pod: Pod) -> datetime | None:
-    """When the pod's eviction protection ends (tfa.protection_end); None when it has none."""
-    end = tfa.protection_end(pod.meta.annotations, pod.meta.creation_timestamp)
-    if end is None:
-        return None
-    if end >= FOREVER.timestamp():
-        return FOREVER
-    return datetime.fromtimestamp(end, UTC)
-
-
-def _selects(budget: Mapping[str, Any], pod: Pod) -> bool:
-    """A PodDisruptionBudget of the pod's namespace whose selector matches it (policy/v1: an empty
-    selector matches every pod of the namespace)."""
-    if Body(budget).namespace != (pod.namespace or "default"):
-        return False
-    try:
-        selector = label_selector_from_dict((budget.get("spec") or {}).get("selector"), field="spec.selector")
-    except SelectorError:
-        return False
-    return selector.matches(pod.meta.labels)
-
-
-def _disruptions_allowed(budget: Mapping[str, Any]) -> int:
-    value = (budget.get("status") or {}).get("disruptionsAllowed")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _grace(pod: Pod) -> float:

@@ -1,0 +1,513 @@
+"""The arithmetic of nodes on demand, kept apart from the API so that it can be tested exhaustively:
+how far a pool is from its minimum and warm targets (`gap`), how much its maximum still allows
+(`room`), the cheapest instances that close a gap (`cheapest_claims`), and where the node expander
+puts pods that fit nowhere (`choose_expansions`).
+
+No I/O and no clock: callers pass the pool's figures, the catalog's types and `now`. Amounts are the
+allocator's: TFLOPS in milli-TFLOPS, VRAM in bytes (ints); prices are dollars per hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import Final
+
+from tfusion.allocator.units import vram_str
+from tfusion.api.kinds.pool import CapacityConfig, GPUOrCPUResourceUnit
+from tfusion.api.quantity import INT64_MAX, Quantity
+from tfusion.controller.provisioning.catalog import ON_DEMAND, InstanceType
+
+#: a maximum that names no amount for a dimension: nothing limits it
+UNBOUNDED: Final = INT64_MAX
+#: prices are compared in micro-dollars so that sums are exact and ties really tie
+_MICRO: Final = 1_000_000
+
+
+@dataclass(frozen=True)
+class Capacity:
+    tflops: int  # milli-TFLOPS
+    vram: int  # bytes
+
+    @classmethod
+    def of(cls, tflops: Quantity | None, vram: Quantity | None) -> Capacity:
+        """From quantities as a spec holds them; a missing one is 0."""
+        return cls(tflops.milli_value() if tflops is not None else 0, vram.value() if vram is not None else 0)
+
+    def __add__(self, other: Capacity) -> Capacity:
+        return Capacity(self.tflops + other.tflops, self.vram + other.vram)
+
+    def __sub__(self, other: Capacity) -> Capacity:
+        return Capacity(self.tflops - other.tflops, self.vram - other.vram)
+
+    def covers(self, other: Capacity) -> bool:
+        return self.tflops >= other.tflops and self.vram >= other.vram
+
+    def positive(self) -> Capacity:
+        return Capacity(max(self.tflops, 0), max(self.vram, 0))
+
+    @property
+    def is_zero(self) -> bool:
+        return self.tflops == 0 and self.vram == 0
+
+    def __str__(self) -> str:
+        return capacity_text(self)
+
+
+ZERO: Final = Capacity(0, 0)
+
+
+def tflops_text(milli: int) -> str:
+    """"312 TFLOPS", "20.5 TFLOPS", "unbounded TFLOPS": for messages people read."""
+    if milli >= UNBOUNDED:
+        return "unbounded TFLOPS"
+    number = Decimal(milli) / 1000
+    return f"{number.normalize():f} TFLOPS" if number else "0 TFLOPS"
+
+
+def bytes_text(size: int) -> str:
+    return "unbounded VRAM" if size >= UNBOUNDED else vram_str(size)
+
+
+def capacity_text(capacity: Capacity) -> str:
+    """"100 TFLOPS / 64Gi"."""
+    return f"{tflops_text(capacity.tflops)} / {bytes_text(capacity.vram)}"
+
+
+@dataclass(frozen=True)
+class Targets:
+    minimum: Capacity | None
+    warm: Capacity | None
+    maximum: Capacity | None  # a dimension the spec leaves out is UNBOUNDED; None: no maximum at all
+
+
+def targets_of(config: CapacityConfig | None) -> Targets:
+    """A GPUPool's `spec.capacityConfig` as targets. A missing amount is 0 in the minimum and the warm
+    target (nothing to keep) and unbounded in the maximum (nothing to stop at)."""
+    if config is None:
+        return Targets(None, None, None)
+    return Targets(_lower(config.min_resources), _lower(config.warm_resources), _upper(config.max_resources))
+
+
+def _lower(unit: GPUOrCPUResourceUnit | None) -> Capacity | None:
+    return None if unit is None else Capacity.of(unit.tflops, unit.vram)
+
+
+def _upper(unit: GPUOrCPUResourceUnit | None) -> Capacity | None:
+    if unit is None or (unit.tflops is None and unit.vram is None):
+        return None
+    return Capacity(unit.tflops.milli_value() if unit.tflops is not None else UNBOUNDED,
+                    unit.vram.value() if unit.vram is not None else UNBOUNDED)
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    total: Capacity  # what the pool's Running nodes offer
+    available: Capacity  # what of it no worker holds
+    in_flight: Capacity  # offered by claims not yet Bound: counted as if their nodes were there
+
+
+def gap(pool: PoolCapacity, targets: Targets) -> Capacity:
+    """What the pool lacks, per dimension: the larger of what the minimum wants beyond the total and
+    what the warm target wants beyond the idle capacity, both counting claims in flight; never
+    negative."""
+    wants = [ZERO]
+    if targets.minimum is not None:
+        wants.append(targets.minimum - (pool.total + pool.in_flight))
+    if targets.warm is not None:
+        wants.append(targets.warm - (pool.available + pool.in_flight))
+    return Capacity(max(w.tflops for w in wants), max(w.vram for w in wants))
+
+
+def room(pool: PoolCapacity, targets: Targets) -> Capacity | None:
+    """How much more the maximum allows (never negative; an unbounded dimension stays UNBOUNDED);
+    None when the pool has no maximum."""
+    top = targets.maximum
+    if top is None:
+        return None
+    have = pool.total + pool.in_flight
+    return Capacity(UNBOUNDED if top.tflops >= UNBOUNDED else max(top.tflops - have.tflops, 0),
+                    UNBOUNDED if top.vram >= UNBOUNDED else max(top.vram - have.vram, 0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cheapest claims that close a gap
+
+
+@dataclass(frozen=True)
+class PlannedClaim:
+    instance_type: InstanceType
+    capacity_type: str
+    price: float  # dollars per hour of this instance
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity(self.instance_type.tflops, self.instance_type.vram)
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    claims: tuple[PlannedClaim, ...]
+    shortfall: Capacity  # what the claims leave uncovered; zero when the plan closes the gap
+    reason: str  # why the gap stays open, with numbers; "" when it closes
+
+    @property
+    def closed(self) -> bool:
+        return self.shortfall.is_zero
+
+    @property
+    def capacity(self) -> Capacity:
+        return sum((c.capacity for c in self.claims), ZERO)
+
+    @property
+    def price(self) -> float:
+        return sum(c.price for c in self.claims)
+
+
+def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_type: str = ON_DEMAND,
+                    room: Capacity | None = None, max_claims: int) -> ClaimPlan:
+    """The cheapest instances (any number of each type, at most `max_claims` in all) whose sum covers
+    `need` in both dimensions and stays within `room` in both. Exact; among equal prices the plan
+    with fewer instances wins, then the one whose sorted type names come first.
+
+    When no plan closes the gap within the limits, the plan that covers the largest share of it
+    (the TFLOPS share plus the VRAM share) and, among those, is cheapest; `shortfall` is what stays
+    open and `reason` says which limit holds it open."""
+    need = need.positive()
+    sellable = _sellable(types, capacity_type)
+    room = room.positive() if room is not None else None
+    best = _search(need, sellable, capacity_type, room, max(max_claims, 0))
+    claims = tuple(PlannedClaim(t, capacity_type, _price(t, capacity_type)) for t in best)
+    covered = sum((Capacity(t.tflops, t.vram) for t in best), ZERO)
+    shortfall = (need - covered).positive()
+    reason = "" if shortfall.is_zero else _open_reason(need, shortfall, types, sellable, capacity_type,
+                                                       room, max(max_claims, 0))
+    return ClaimPlan(claims, shortfall, reason)
+
+
+def _price(t: InstanceType, capacity_type: str) -> float:
+    price = t.price(capacity_type)
+    assert price is not None  # only sellable types are planned
+    return price
+
+
+def _sellable(types: Iterable[InstanceType], capacity_type: str) -> list[InstanceType]:
+    """Types sold as `capacity_type` that offer something, unique by name (the first wins)."""
+    seen: set[str] = set()
+    out = []
+    for t in types:
+        if t.price(capacity_type) is None or t.name in seen or t.tflops <= 0 or t.vram <= 0:
+            continue
+        seen.add(t.name)
+        out.append(t)
+    return out
+
+
+@dataclass
+class _Best:
+    """The best plan found so far, as (score, micro-dollars, instances, sorted names)."""
+
+    key: tuple[int, int, int, tuple[str, ...]] | None = None
+    plan: list[InstanceType] = field(default_factory=list)
+
+
+def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
+            max_claims: int) -> list[InstanceType]:
+    """Branch and bound over how many of each type to take (types in order of price per TFLOPS).
+
+    The score of a plan is its shortfall weighted so that each dimension counts by its share of the
+    need (an integer: shortfall_tflops * need_vram + shortfall_vram * need_tflops); 0 means closed.
+    A branch is cut when even its best case (the largest types filling every free slot, up to the
+    room) scores worse than the best plan, or, among closing plans, when what it has spent plus the
+    least the rest can cost (the remaining need at the cheapest price per unit) exceeds the best
+    price. Cuts are strict, so equal plans all reach the tie-break."""
+    if need.is_zero or not sellable or max_claims == 0:
+        return []
+    w_t = need.vram if need.vram > 0 else 1
+    w_v = need.tflops if need.tflops > 0 else 1
+    def micro(t: InstanceType) -> int:
+        return round(_price(t, capacity_type) * _MICRO)
+
+    order = sorted(sellable, key=lambda t: (Fraction(micro(t), t.tflops), t.name))
+    prices = [micro(t) for t in order]
+    n = len(order)
+    # per suffix of `order`: the largest size per dimension and the cheapest price per unit
+    max_t, max_v = [0] * (n + 1), [0] * (n + 1)
+    per_t, per_v = [Fraction(0)] * n, [Fraction(0)] * n
+    for i in range(n - 1, -1, -1):
+        t = order[i]
+        max_t[i], max_v[i] = max(max_t[i + 1], t.tflops), max(max_v[i + 1], t.vram)
+        pt, pv = Fraction(prices[i], t.tflops), Fraction(prices[i], t.vram)
+        per_t[i] = pt if i == n - 1 else min(pt, per_t[i + 1])
+        per_v[i] = pv if i == n - 1 else min(pv, per_v[i + 1])
+    room_t = room.tflops if room is not None else UNBOUNDED
+    room_v = room.vram if room is not None else UNBOUNDED
+    best = _Best()
+    chosen: list[InstanceType] = []
+
+    def score(rt: int, rv: int) -> int:
+        return max(rt, 0) * w_t + max(rv, 0) * w_v
+
+    def least_cost(i: int, rt: int, rv: int) -> int:
+        return max(_floor(max(rt, 0) * per_t[i]), _floor(max(rv, 0) * per_v[i]))
+
+    def visit(i: int, rt: int, rv: int, qt: int, qv: int, slots: int, spent: int) -> None:
+        done = rt <= 0 and rv <= 0
+        if done or i == n or slots == 0:
+            key = (score(rt, rv), spent, len(chosen), tuple(sorted(t.name for t in chosen)))
+            if best.key is None or key < best.key:
+                best.key, best.plan = key, list(chosen)
+            return
+        best_t = min(max(rt, 0), slots * max_t[i], qt)
+        best_v = min(max(rv, 0), slots * max_v[i], qv)
+        floor_score = score(rt - best_t, rv - best_v)
+        if best.key is not None:
+            if floor_score > best.key[0]:
+                return
+            least = spent + (least_cost(i, rt, rv) if floor_score == 0 else 0)
+            if floor_score == best.key[0] and least > best.key[1]:
+                return
+        t = order[i]
+        most = max(0, min(slots, qt // t.tflops, qv // t.vram,
+                          max(_ceil_div(max(rt, 0), t.tflops), _ceil_div(max(rv, 0), t.vram))))
+        for count in range(most, -1, -1):
+            chosen.extend([t] * count)
+            visit(i + 1, rt - count * t.tflops, rv - count * t.vram,
+                  _less(qt, count * t.tflops), _less(qv, count * t.vram), slots - count,
+                  spent + count * prices[i])
+            del chosen[len(chosen) - count:]
+
+    visit(0, need.tflops, need.vram, room_t, room_v, max_claims, 0)
+    return sorted(best.plan, key=lambda t: t.name)
+
+
+def _less(limit: int, amount: int) -> int:
+    return limit if limit >= UNBOUNDED else limit - amount
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _floor(value: Fraction) -> int:
+    return value.numerator // value.denominator
+
+
+def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceType],
+                 sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
+                 max_claims: int) -> str:
+    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap."""
+    left = f"{capacity_text(shortfall)} of the gap of {capacity_text(need)} stays open"
+    if not types:
+        return f"the instance catalog has no types; {left}"
+    if not sellable:
+        return f"no instance type is sold as {capacity_type}; {left}"
+    if max_claims == 0:
+        return f"no more claims may be in flight now; {left}"
+    why = []
+    if room is not None:
+        why.extend(_room_reason(need, sellable, room))
+    at_least = max(_ceil_div(need.tflops, max(t.tflops for t in sellable)),
+                   _ceil_div(need.vram, max(t.vram for t in sellable)))
+    if at_least > max_claims:
+        why.append(f"at most {max_claims} more claims may be in flight and the gap needs at least {at_least}")
+    if not why and room is not None:
+        free = _search(need, sellable, capacity_type, None, max_claims)
+        offered = sum((Capacity(t.tflops, t.vram) for t in free), ZERO)
+        if offered.covers(need):
+            why.append(f"maxResources leaves {capacity_text(room)} of room; the cheapest claims that close the "
+                       f"gap, {_plan_text(free)}, offer {capacity_text(offered)}")
+    if not why:
+        within = " within maxResources" if room is not None else ""
+        why.append(f"no {max_claims} or fewer instances sold as {capacity_type} add up to it{within}")
+    return f"{'; '.join(why)}; {left}"
+
+
+def _room_reason(need: Capacity, sellable: list[InstanceType], room: Capacity) -> list[str]:
+    short = not room.covers(need)
+    fitting = any(room.covers(Capacity(t.tflops, t.vram)) for t in sellable)
+    if not short and fitting:
+        return []
+    text = f"maxResources leaves {capacity_text(room)} of room" + (", less than the gap" if short else "")
+    if not fitting:
+        smallest = min(sellable, key=lambda t: (t.tflops, t.vram, t.name))
+        text += (f"{' and' if short else ','} no type fits in it (the smallest, {smallest.name}, offers "
+                 f"{capacity_text(Capacity(smallest.tflops, smallest.vram))})")
+    return [text]
+
+
+def _plan_text(plan: Sequence[InstanceType]) -> str:
+    counts: dict[str, int] = {}
+    for t in plan:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    return " + ".join(f"{n} x {name}" for name, n in sorted(counts.items()))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The node expander's choice
+
+
+@dataclass(frozen=True)
+class PodNeed:
+    key: str  # "namespace/name"
+    pool: str
+    tflops_per_gpu: int  # milli-TFLOPS on each of its GPUs
+    vram_per_gpu: int  # bytes on each of its GPUs
+    gpu_count: int
+    gpu_model: str = ""  # "" = any model
+
+
+@dataclass(frozen=True)
+class FreeGpu:
+    tflops: int
+    vram: int
+    model: str
+
+
+@dataclass(frozen=True)
+class InFlight:
+    claim: str
+    instance_type: InstanceType
+    ready_at: float
+    gpus: tuple[FreeGpu, ...]  # what is still free after the pods already promised to it
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """One decision. `claim` set: the pods wait for that claim in flight; `instance_type` set: a new
+    claim of that type is to be made for them (`cloned_from`: the node whose type it copies); neither:
+    nothing can be made for them now, and `reason` says why."""
+
+    pods: tuple[str, ...]
+    claim: str = ""
+    instance_type: InstanceType | None = None
+    cloned_from: str = ""
+    ready_at: float = 0.0
+    reason: str = ""
+
+
+def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], clonable: Mapping[str, InstanceType],
+                      types: Sequence[InstanceType], *, capacity_type: str = ON_DEMAND, now: float,
+                      max_new: int) -> list[Expansion]:
+    """Where pods that fit on no node go, largest first (most GPUs, then VRAM, then TFLOPS per GPU).
+
+    1. Onto claims in flight (earliest ready first), first fit: a pod takes the first `gpu_count`
+       distinct GPUs that each have its TFLOPS and VRAM free and its model when it names one.
+    2. The rest onto new claims, at most `max_new`: the largest pod left picks the type. An existing
+       node's type (`clonable`, node name -> type) that fits it is preferred (the cheapest per pod,
+       then by name); otherwise the type with the lowest price per pod it can hold, counting the pods
+       left that first-fit onto one instance of it (ties: lower price, then name). Each new claim
+       takes as many of the pods left as fit on it.
+    3. Pods that no type sold as `capacity_type` can hold, and pods left when `max_new` is reached,
+       get an Expansion with neither a claim nor a type and the reason."""
+    unique = {p.key: p for p in reversed(pods)}  # a pod listed twice is placed once (its first entry)
+    order = sorted(unique.values(), key=_pod_order)
+    out: list[Expansion] = []
+    left = _onto_in_flight(order, in_flight, out)
+    sellable = _sellable(types, capacity_type)
+    fitting = []
+    for pod in left:
+        if any(_fits_empty(pod, t) for t in sellable):
+            fitting.append(pod)
+        else:
+            out.append(Expansion((pod.key,), reason=_no_type_reason(pod, types, sellable, capacity_type)))
+    clones = sorted(((node, t) for node, t in clonable.items() if t.price(capacity_type) is not None
+                     and t.tflops > 0 and t.vram > 0), key=lambda nt: nt[0])
+    made = 0
+    while fitting and made < max_new:
+        choice, node, placed = _pick(fitting, clones, sellable, capacity_type)
+        out.append(Expansion(tuple(p.key for p in placed), instance_type=choice, cloned_from=node,
+                             ready_at=now + choice.boot_seconds))
+        gone = {id(p) for p in placed}
+        fitting = [p for p in fitting if id(p) not in gone]
+        made += 1
+    if fitting:
+        out.append(Expansion(tuple(p.key for p in fitting),
+                             reason=f"at most {max(max_new, 0)} new claims may be made now and "
+                                    f"{made} were; these {len(fitting)} pods wait for a later round"))
+    return out
+
+
+def _pod_order(pod: PodNeed) -> tuple[int, int, int, str]:
+    return -pod.gpu_count, -pod.vram_per_gpu, -pod.tflops_per_gpu, pod.key
+
+
+def _place(pod: PodNeed, gpus: list[FreeGpu]) -> bool:
+    """Put `pod` on the first GPUs that hold it (updating `gpus`); False, and `gpus` untouched, when
+    fewer than `gpu_count` do."""
+    if pod.gpu_count < 1:
+        return False
+    picks = [i for i, g in enumerate(gpus) if g.tflops >= pod.tflops_per_gpu and g.vram >= pod.vram_per_gpu
+             and (not pod.gpu_model or g.model == pod.gpu_model)][:pod.gpu_count]
+    if len(picks) < pod.gpu_count:
+        return False
+    for i in picks:
+        g = gpus[i]
+        gpus[i] = FreeGpu(g.tflops - pod.tflops_per_gpu, g.vram - pod.vram_per_gpu, g.model)
+    return True
+
+
+def _fresh(t: InstanceType) -> list[FreeGpu]:
+    return [FreeGpu(t.tflops_per_gpu, t.vram_per_gpu, t.gpu_model)] * t.gpu_count
+
+
+def _fits_empty(pod: PodNeed, t: InstanceType) -> bool:
+    return _place(pod, _fresh(t))
+
+
+def _onto_in_flight(order: list[PodNeed], in_flight: Sequence[InFlight], out: list[Expansion]) -> list[PodNeed]:
+    claims = sorted(in_flight, key=lambda c: (c.ready_at, c.claim))
+    free = [list(c.gpus) for c in claims]
+    placed: list[list[str]] = [[] for _ in claims]
+    left = []
+    for pod in order:
+        at = next((i for i in range(len(claims)) if _place(pod, free[i])), None)
+        if at is None:
+            left.append(pod)
+        else:
+            placed[at].append(pod.key)
+    out.extend(Expansion(tuple(keys), claim=c.claim, ready_at=c.ready_at)
+               for c, keys in zip(claims, placed, strict=True) if keys)
+    return left
+
+
+def _first_fit(pods: list[PodNeed], t: InstanceType) -> list[PodNeed]:
+    gpus = _fresh(t)
+    return [p for p in pods if _place(p, gpus)]
+
+
+def _pick(fitting: list[PodNeed], clones: list[tuple[str, InstanceType]], sellable: list[InstanceType],
+          capacity_type: str) -> tuple[InstanceType, str, list[PodNeed]]:
+    """The type for the next new claim, the node it clones ("" = none) and the pods it takes."""
+    head = fitting[0]
+    candidates = [(node, t) for node, t in clones if _fits_empty(head, t)] or \
+                 [("", t) for t in sellable if _fits_empty(head, t)]
+    best: tuple[Fraction, float, str, str] | None = None
+    chosen: tuple[InstanceType, str, list[PodNeed]] | None = None
+    for node, t in candidates:
+        placed = _first_fit(fitting, t)
+        price = _price(t, capacity_type)
+        key = (Fraction(round(price * _MICRO), len(placed)), price, t.name, node)
+        if best is None or key < best:
+            best, chosen = key, (t, node, placed)
+    assert chosen is not None  # `fitting` holds only pods some sellable type fits
+    return chosen
+
+
+def _no_type_reason(pod: PodNeed, types: Sequence[InstanceType], sellable: list[InstanceType],
+                    capacity_type: str) -> str:
+    if not types:
+        return "the instance catalog has no types"
+    if not sellable:
+        return f"no instance type is sold as {capacity_type}"
+    if pod.gpu_count < 1:
+        return f"the pod asks for {pod.gpu_count} GPUs"
+    model = f" {pod.gpu_model}" if pod.gpu_model else ""
+    gpus = "GPU" if pod.gpu_count == 1 else "GPUs"
+    largest = max(sellable, key=lambda t: (t.gpu_count, t.vram_per_gpu, t.tflops_per_gpu, t.name))
+    return (f"no instance type sold as {capacity_type} has {pod.gpu_count}{model} {gpus} with at least "
+            f"{tflops_text(pod.tflops_per_gpu)} and {bytes_text(pod.vram_per_gpu)} each (the largest, "
+            f"{largest.name}, has {largest.gpu_count} x {largest.gpu_model} with "
+            f"{tflops_text(largest.tflops_per_gpu)} and {bytes_text(largest.vram_per_gpu)})")
