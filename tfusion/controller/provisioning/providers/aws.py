@@ -31,14 +31,12 @@ from tfusion.api import annotations as tfa
 from tfusion.api.kinds import provisioning as kinds
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.provisioning.catalog import CAPACITY_TYPES, ON_DEMAND, SPOT, Catalog
-from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError
+from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError, managed_by
 
 INSTALL_HINT = "pip install 'tfusion[aws]'"
 #: the keys of a credentials Secret
 ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN = "aws_access_key_id", "aws_secret_access_key", "aws_session_token"
 NODE_LABELS_PLACEHOLDER, NODE_NAME_PLACEHOLDER = "{{TFUSION_NODE_LABELS}}", "{{TFUSION_NODE_NAME}}"
-#: the managed-by tag's value when the request names no pool
-MANAGED_BY_TFUSION = "tensor-fusion"
 CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ATTEMPTS = 5.0, 30.0, 3
 GIB = 1 << 30
 #: EC2 states tfusion's instances can be in, and what `Instance.state` calls them. Nothing in tfusion
@@ -57,6 +55,13 @@ RETRYABLE_CODES = frozenset({
 _IMAGE_OWNERS = {"Private": ["self"], "System": ["amazon"]}
 
 
+class CredentialsError(ProviderError, ValueError):
+    """A credentials Secret that cannot be used; the message names the key. Never retried as it is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 @dataclass(frozen=True)
 class AwsCredentials:
     access_key_id: str
@@ -72,13 +77,12 @@ def credentials_from_secret(data: Mapping[str, bytes | str]) -> AwsCredentials:
         try:
             return (raw.decode() if isinstance(raw, bytes) else raw).strip()
         except UnicodeDecodeError:
-            raise ProviderError(f"AWS credentials Secret: key {key!r} is not UTF-8 text", retryable=False) from None
+            raise CredentialsError(f"AWS credentials Secret: key {key!r} is not UTF-8 text") from None
 
     for key in (ACCESS_KEY_ID, SECRET_ACCESS_KEY):
         if not value(key):
-            raise ProviderError(f"AWS credentials Secret: key {key!r} is missing or empty; expected "
-                                f"{ACCESS_KEY_ID}, {SECRET_ACCESS_KEY} and optionally {SESSION_TOKEN}",
-                                retryable=False)
+            raise CredentialsError(f"AWS credentials Secret: key {key!r} is missing or empty; expected "
+                                   f"{ACCESS_KEY_ID}, {SECRET_ACCESS_KEY} and optionally {SESSION_TOKEN}")
     return AwsCredentials(value(ACCESS_KEY_ID), value(SECRET_ACCESS_KEY), value(SESSION_TOKEN))
 
 
@@ -356,8 +360,7 @@ def client_token(claim: str) -> str:
 def instance_tags(request: LaunchRequest) -> dict[str, str]:
     """The class's tags, then the request's, then tfusion's own, which nothing may override."""
     spec = request.node_class or kinds.GPUNodeClassSpec()
-    managed_by = request.labels.get(tfa.MANAGED_BY) or request.tags.get(tfa.MANAGED_BY) or MANAGED_BY_TFUSION
-    return {**spec.tags, **request.tags, tfa.MANAGED_BY: managed_by, tfa.NODE_PROVISIONER: request.claim,
+    return {**spec.tags, **request.tags, tfa.MANAGED_BY: managed_by(request), tfa.NODE_PROVISIONER: request.claim,
             "Name": request.node_name}
 
 

@@ -22,7 +22,7 @@ from tfusion.api.jsontypes import JsonObject
 from tfusion.api.kinds.common import GroupKindName
 from tfusion.api.timestamps import parse_rfc3339
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, Catalog
-from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError
+from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError, managed_by
 from tfusion.kube.client import AlreadyExists, BadRequest, Forbidden, Invalid, KubeClient, KubeError, NotFound
 from tfusion.kube.resources import KARPENTER_NODECLAIMS
 
@@ -32,8 +32,6 @@ CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: the node class a claim's bare `node_class_name` means when the pool names no karpenterNodeClassRef
 DEFAULT_NODE_CLASS_GROUP, DEFAULT_NODE_CLASS_KIND = "karpenter.k8s.aws", "EC2NodeClass"
-#: the managed-by value of a NodeClaim whose request names no pool
-MANAGED_BY_TFUSION = "tensor-fusion"
 #: GPUNodeClaim capacity types <-> Karpenter's values of karpenter.sh/capacity-type
 KARPENTER_CAPACITY = {ON_DEMAND: "on-demand", SPOT: "spot"}
 _CAPACITY_OF = {v: k for k, v in KARPENTER_CAPACITY.items()}
@@ -103,8 +101,7 @@ def nodeclaim_for(request: LaunchRequest, node_class_ref: GroupKindName | None) 
     if capacity is None:
         raise ProviderError(f"capacityType {request.capacity_type!r} is not allowed for Karpenter; expected "
                             f"{' or '.join(KARPENTER_CAPACITY)}", retryable=False)
-    labels: JsonObject = {**request.labels, tfa.NODE_PROVISIONER: request.claim,
-                          tfa.MANAGED_BY: request.labels.get(tfa.MANAGED_BY) or MANAGED_BY_TFUSION}
+    labels: JsonObject = {**request.labels, tfa.NODE_PROVISIONER: request.claim, tfa.MANAGED_BY: managed_by(request)}
     requirements: list[Any] = [
         {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [request.instance_type.name]},
         {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": [capacity]},
