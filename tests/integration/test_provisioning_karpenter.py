@@ -111,6 +111,9 @@ async def test_create_is_idempotent_per_claim_and_lists_only_tfusions(kube: Kube
     with pytest.raises(ProviderError, match="someone-elses exists but is not tfusion's") as refused:
         await karpenter.create(request("someone-elses"))
     assert refused.value.retryable is False
+    with pytest.raises(ProviderError, match=r"NodeClaim someone-elses has no label .* does not delete it"):
+        await karpenter.terminate("someone-elses")
+    assert await kube.get(KARPENTER_NODECLAIMS, "someone-elses")
 
 
 @pytest.mark.usefixtures("karpenter_crd")

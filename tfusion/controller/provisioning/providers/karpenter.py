@@ -69,11 +69,17 @@ class KarpenterProvider:
         return nodeclaim_instance(existing)
 
     async def terminate(self, instance_id: str) -> None:
-        try:
-            await self._client.delete(KARPENTER_NODECLAIMS, instance_id)
-        except NotFound as exc:
-            if _resource_missing(exc):
-                raise _provider_error("delete", exc) from exc
+        existing = await self._get(instance_id)
+        if existing is None:
+            return
+        body = Body(existing)
+        if not body.meta.label(tfa.NODE_PROVISIONER):
+            raise ProviderError(f"NodeClaim {instance_id} has no label {tfa.NODE_PROVISIONER}: tfusion did not "
+                                "create it and does not delete it", retryable=False)
+        try:  # the uid: a NodeClaim made again under the name since the read is not this one
+            await self._client.delete(KARPENTER_NODECLAIMS, instance_id, preconditions={"uid": body.uid})
+        except NotFound:
+            pass
         except KubeError as exc:
             raise _provider_error("delete", exc) from exc
 
