@@ -1,6 +1,9 @@
 """`--role=all` plays the simulated cloud: an instance the simulated provider launches becomes a second
-Node with its own simulated GPUs (the default pool selects it, so the controller makes its GPUNode
-and the farm reports the GPUs), it is served again after a restart, and terminating it removes it."""
+Node with its own simulated GPUs (the controller makes its GPUNode from the GPUNodeClaim it names, and
+the farm reports the GPUs), it is served again after a restart, and terminating it removes it.
+
+The test plays the claim reconciler's part itself: the claim belongs to the default pool, which is
+AutoSelect, so no reconciler launches an instance for it; the test does, through the provider."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from tfusion.api import annotations as tfa
 from tfusion.controller.provisioning import catalog as cat
 from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest
 from tfusion.controller.provisioning.providers.simulated import SimulatedProvider
+from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 
 T = TypeVar("T")
@@ -35,6 +39,10 @@ def with_provider(run: RoleAll, call: Callable[[SimulatedProvider], Awaitable[T]
 async def launch(provider: SimulatedProvider) -> Instance:
     kind = provider.catalog().get("g6.12xlarge")
     assert kind is not None
+    await provider.client.create(r.GPUNODECLAIMS, {
+        "metadata": {"name": CLAIM, "labels": {tfa.MANAGED_BY: "tensor-fusion-shared"}},
+        "spec": {"tflopsOffered": "484", "vramOffered": "92136Mi", "gpuDeviceOffered": 4,
+                 "instanceType": "g6.12xlarge", "nodeName": CLAIM}})
     return await provider.create(LaunchRequest(CLAIM, CLAIM, kind, cat.ON_DEMAND, labels={tfa.NODE_PROVISIONER: CLAIM}))
 
 

@@ -58,6 +58,11 @@ async def get(kube: KubeClient, resource: r.ApiResource, name: str, namespace: s
         return None
 
 
+async def ready_node(kube: KubeClient, name: str) -> Any:
+    found = await get(kube, r.NODES, name)
+    return found if found is not None and Node(found).ready else None
+
+
 async def gone(kube: KubeClient, resource: r.ApiResource, name: str, namespace: str | None = None) -> bool:
     return await get(kube, resource, name, namespace) is None
 
@@ -141,9 +146,9 @@ async def test_an_instance_boots_after_its_delay_reports_its_gpus_and_goes_when_
 
         wall.now += BOOT_DELAY_S
         farm.recheck()
-        raw = await eventually(lambda: get(kube, r.NODES, claim), 20, what="the instance's Node")
+        # the kubelet creates the Node, then reports its status: wait for both
+        raw = await eventually(lambda: ready_node(kube, claim), 20, what="the instance's Node, Ready")
         node = Node(raw)
-        assert node.ready
         await eventually(lambda: farm.running == {instance.instance_id: claim}, what="the farm's running nodes")
         assert {k: node.meta.labels.get(k) for k in (
             tfa.NODE_PROVISIONER, tfa.MANAGED_BY, SIMULATED_INSTANCE, "node.kubernetes.io/instance-type",

@@ -16,6 +16,7 @@ from tfusion.api.kinds.pool import GPUPool
 from tfusion.api.quantity import Quantity
 from tfusion.api.types import decode
 from tfusion.controller.provisioning import catalog
+from tfusion.controller.provisioning import plan as plan_module
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, InstanceType
 from tfusion.controller.provisioning.plan import (
     UNBOUNDED,
@@ -59,7 +60,7 @@ def names(plan: ClaimPlan) -> list[str]:
 
 def pool_targets(capacity_config: dict[str, Any]) -> Targets:
     doc: dict[str, Any] = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool", "metadata": {"name": "p"},
-           "spec": {"nodeManagerConfig": {}, "capacityConfig": capacity_config}}
+                           "spec": {"nodeManagerConfig": {}, "capacityConfig": capacity_config}}
     pool = decode(doc)
     assert isinstance(pool, GPUPool) and pool.spec is not None
     return targets_of(pool.spec.capacity_config)
@@ -191,16 +192,21 @@ def test_room_too_small_for_the_gap_gives_a_partial_plan_and_says_so() -> None:
     small = kind("small", 1, 10, 10, 1.0)
     plan = cheapest_claims(cap(50, 50), [small], room=cap(25, 100), max_claims=10)
     assert names(plan) == ["small", "small"] and plan.shortfall == cap(30, 30) and not plan.closed
-    assert plan.reason == ("maxResources leaves 25 TFLOPS / 100Gi of room, less than the gap; "
-                           "30 TFLOPS / 30Gi of the gap of 50 TFLOPS / 50Gi stays open")
+    assert plan.reason == "maxResources leaves 25 TFLOPS / 100Gi of room, less than the gap"
 
 
 def test_room_that_no_type_fits_in() -> None:
     plan = cheapest_claims(cap(50, 70), CATALOG.types, room=cap(100, 64), max_claims=15)
     assert plan.claims == () and plan.shortfall == cap(50, 70)
     assert plan.reason == ("maxResources leaves 100 TFLOPS / 64Gi of room, less than the gap and no type fits in "
-                           "it (the smallest, g6.xlarge, offers 121 TFLOPS / 23034Mi); "
-                           "50 TFLOPS / 70Gi of the gap of 50 TFLOPS / 70Gi stays open")
+                           "it (the smallest, g6.xlarge, offers 121 TFLOPS / 23034Mi)")
+
+
+def test_room_that_covers_the_gap_but_fits_no_type() -> None:
+    plan = cheapest_claims(cap(20, 10), CATALOG.types, room=cap(100, 100), max_claims=15)
+    assert plan.claims == () and plan.reason == (
+        "maxResources leaves 100 TFLOPS / 100Gi of room, no type fits in it (the smallest, g6.xlarge, offers "
+        "121 TFLOPS / 23034Mi)")
 
 
 def test_room_that_covers_the_gap_but_no_instance_sum() -> None:
@@ -209,8 +215,8 @@ def test_room_that_covers_the_gap_but_no_instance_sum() -> None:
     plan = cheapest_claims(cap(130, 10), CATALOG.types, room=cap(150, 30), max_claims=15)
     # 2 x g6.xlarge would pass 150 TFLOPS and every other type is larger: one closes the most
     assert names(plan) == ["g6.xlarge"] and plan.shortfall == cap(9, 0)
-    assert plan.reason.startswith("maxResources leaves 150 TFLOPS / 30Gi of room; the cheapest claims that close "
-                                  "the gap, 2 x g6.xlarge, offer 242 TFLOPS / 46068Mi; ")
+    assert plan.reason == ("maxResources leaves 150 TFLOPS / 30Gi of room; the cheapest claims that close "
+                           "the gap, 2 x g6.xlarge, offer 242 TFLOPS / 46068Mi")
 
 
 def test_the_claim_limit() -> None:
@@ -218,23 +224,48 @@ def test_the_claim_limit() -> None:
     assert len(plan.claims) <= 3 and not plan.closed
     # 3 x p5.48xlarge is the most TFLOPS three claims can bring
     assert names(plan) == ["p5.48xlarge"] * 3
-    assert plan.reason == ("at most 3 more claims may be in flight and the gap needs at least 4; "
-                                  "6264 TFLOPS / 0 of the gap of 30000 TFLOPS / 100Gi stays open")
+    assert plan.reason == ("at most 3 more claims may be in flight and the gap needs at least 4")
+    assert plan.shortfall == cap(6264, 0)
     nothing = cheapest_claims(cap(10, 10), CATALOG.types, max_claims=0)
-    assert nothing.claims == () and nothing.reason.startswith("no more claims may be in flight now; ")
+    assert nothing.claims == () and nothing.reason == "no more claims may be in flight now"
 
 
 def test_no_type_sold_as_the_capacity_type() -> None:
     plan = cheapest_claims(cap(10, 10), [kind("od-only", 1, 100, 100, 1.0)], capacity_type=SPOT, max_claims=5)
-    assert plan.claims == () and plan.reason == ("no instance type is sold as Spot; "
-                                                 "10 TFLOPS / 10Gi of the gap of 10 TFLOPS / 10Gi stays open")
-    assert cheapest_claims(cap(1, 1), [], max_claims=5).reason.startswith("the instance catalog has no types; ")
+    assert plan.claims == () and plan.reason == "no instance type is sold as Spot"
+    assert cheapest_claims(cap(1, 1), [], max_claims=5).reason == "the instance catalog has no types"
+
+
+def test_an_unknown_capacity_type_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="capacity_type 'spot' is not allowed; expected one of OnDemand, Spot"):
+        cheapest_claims(cap(1, 1), CATALOG.types, capacity_type="spot", max_claims=1)
+    with pytest.raises(ValueError, match="capacity_type 'on-demand' is not allowed"):
+        choose_expansions([], [], {}, CATALOG.types, capacity_type="on-demand", now=0.0, max_new=1)
 
 
 def test_a_large_gap_over_the_whole_catalog_is_planned_exactly() -> None:
     plan = cheapest_claims(cap(50_000, 100), CATALOG.types, max_claims=15)
     assert plan.closed and len(plan.claims) <= 15
     assert plan == brute_force_reference(cap(50_000, 100), CATALOG.types, ON_DEMAND, None, 15, limit=15)
+
+
+def test_a_catalog_of_many_near_equal_types_still_gets_a_plan_within_the_limits() -> None:
+    # thirty types whose prices differ by a little: more plans than the search may visit
+    types = [kind(f"t{i:02}", 8, 100 + 7 * (i % 5), 16 + 8 * (i % 4), 8 * (100 + 7 * (i % 5)) * (0.005 + i * 1e-5))
+             for i in range(30)]
+    for need, limit in [(cap(40_000, 2_900), None), (cap(20_000, 1_500), cap(30_000, 2_000)),
+                        (cap(60_000, 3_000), None)]:
+        plan = cheapest_claims(need, types, room=limit, max_claims=15)
+        assert len(plan.claims) <= 15 and (limit is None or limit.covers(plan.capacity))
+        assert plan.shortfall == (need - plan.capacity).positive()
+        # whenever one type alone closes the gap within the limits, so does the plan
+        if any(one_type_closes(need, t, limit, 15) for t in types):
+            assert plan.closed
+
+
+def one_type_closes(need: Capacity, t: InstanceType, limit: Capacity | None, max_claims: int) -> bool:
+    count = max(-(-need.tflops // t.tflops), -(-need.vram // t.vram))
+    return count <= max_claims and (limit is None or limit.covers(Capacity(t.tflops * count, t.vram * count)))
 
 
 # --- cheapest_claims: against a brute force ------------------------------------------------------------
@@ -276,13 +307,13 @@ SMALL_TYPES = st.lists(
               tflops=st.integers(1, 9), vram_gi=st.integers(1, 9),
               on_demand=st.sampled_from([0.0, 0.5, 1.0, 1.25, 2.0, 3.5]),
               spot=st.none() | st.sampled_from([0.25, 0.5, 1.0])),
-    min_size=0, max_size=4)
+    min_size=0, max_size=5)
 
 
 @settings(max_examples=400, deadline=None)
 @given(types=SMALL_TYPES, need=st.builds(cap, st.integers(-2, 60), st.integers(-2, 60)),
        room_=st.none() | st.builds(cap, st.integers(0, 80), st.integers(0, 80)),
-       max_claims=st.integers(0, 5), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
+       max_claims=st.integers(0, 6), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
 def test_cheapest_claims_matches_a_brute_force(types: list[InstanceType], need: Capacity, room_: Capacity | None,
                                                max_claims: int, capacity_type: str) -> None:
     plan = cheapest_claims(need, types, capacity_type=capacity_type, room=room_, max_claims=max_claims)
@@ -298,10 +329,44 @@ def test_cheapest_claims_matches_a_brute_force(types: list[InstanceType], need: 
     assert all(c.price == c.instance_type.prices[capacity_type] and c.capacity_type == capacity_type
                for c in plan.claims)
     # and no plan is better: not in what it closes, nor in price, nor in the tie-breaks
-    reference = brute_force_reference(need, types, capacity_type, room_, max_claims, limit=5)
+    reference = brute_force_reference(need, types, capacity_type, room_, max_claims, limit=6)
     assert (score(need, got), round(plan.price * 1e6), len(plan.claims), sorted(names(plan))) == \
         (score(need, reference.capacity), round(reference.price * 1e6), len(reference.claims),
          sorted(names(reference)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(need=st.builds(cap, st.integers(0, 6000), st.integers(0, 1200)),
+       room_=st.none() | st.builds(cap, st.integers(0, 8000), st.integers(0, 1500)),
+       max_claims=st.integers(0, 8), capacity_type=st.sampled_from([ON_DEMAND, SPOT]))
+def test_the_packaged_catalog_matches_a_brute_force(need: Capacity, room_: Capacity | None, max_claims: int,
+                                                    capacity_type: str) -> None:
+    plan = cheapest_claims(need, CATALOG.types, capacity_type=capacity_type, room=room_, max_claims=max_claims)
+    reference = brute_force_reference(need, CATALOG.types, capacity_type, room_, max_claims, limit=8)
+    assert (score(need, plan.capacity), round(plan.price * 1e6), sorted(names(plan))) == \
+        (score(need, reference.capacity), round(reference.price * 1e6), sorted(names(reference)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(types=SMALL_TYPES, need=st.builds(cap, st.integers(0, 60), st.integers(0, 60)),
+       room_=st.none() | st.builds(cap, st.integers(0, 80), st.integers(0, 80)), max_claims=st.integers(0, 6),
+       seeds=st.booleans())
+def test_the_search_alone_and_the_seeds_alone_are_each_sound(types: list[InstanceType], need: Capacity,
+                                                             room_: Capacity | None, max_claims: int,
+                                                             seeds: bool) -> None:
+    """The search without its starting plans finds the best plan by itself; with no budget, the
+    starting plans alone still give a plan within the limits."""
+    sellable = list({t.name: t for t in reversed(types) if t.price(ON_DEMAND) is not None}.values())
+    budget = plan_module.SEARCH_BUDGET if not seeds else 0
+    found = plan_module._search(need, sellable, ON_DEMAND, room_, max_claims, budget=budget, seeds=seeds)
+    got = Capacity(sum(t.tflops for t in found), sum(t.vram for t in found))
+    assert len(found) <= max_claims and (room_ is None or room_.covers(got))
+    if not seeds:
+        reference = brute_force_reference(need, types, ON_DEMAND, room_, max_claims, limit=6)
+        assert (score(need, got), sum(round(t.prices[ON_DEMAND] * 1e6) for t in found), len(found),
+                sorted(t.name for t in found)) == \
+            (score(need, reference.capacity), round(reference.price * 1e6), len(reference.claims),
+             sorted(names(reference)))
 
 
 # --- choose_expansions: examples -----------------------------------------------------------------------
@@ -355,6 +420,14 @@ def test_new_claims_go_to_the_lowest_price_per_pod() -> None:
     assert all(e.ready_at == 90.0 and e.claim == "" and e.cloned_from == "" for e in out)
 
 
+def test_the_readme_example_with_the_packaged_catalog() -> None:
+    pods = [pod(f"ns/p{i}", 20, 5) for i in range(5)]
+    out = choose_expansions(pods, [], {}, CATALOG.types, now=1000.0, max_new=15)
+    g6 = CATALOG.get("g6.xlarge")
+    assert out == [Expansion(("ns/p0", "ns/p1", "ns/p2", "ns/p3"), instance_type=g6, ready_at=1090.0),
+                   Expansion(("ns/p4",), instance_type=g6, ready_at=1090.0)]
+
+
 def test_the_largest_pod_picks_first() -> None:
     out = choose_expansions([pod("ns/small", 10, 1), pod("ns/big", 100, 60)], [], {}, TYPES, now=0.0, max_new=5)
     # "big" fits only an A100; "small" rides along on the same GPU
@@ -375,8 +448,15 @@ def test_at_most_max_new_claims_and_the_rest_are_told_why() -> None:
     out = choose_expansions(pods, [], {}, [L4], now=0.0, max_new=2)
     assert [e.pods for e in out] == [("ns/p0",), ("ns/p1",), ("ns/p2",)]
     assert out[2] == Expansion(("ns/p2",), reason="at most 2 new claims may be made now and 2 were; "
-                                                  "these 1 pods wait for a later round")
-    assert choose_expansions(pods, [], {}, [L4], now=0.0, max_new=0)[0].pods == ("ns/p0", "ns/p1", "ns/p2")
+                                                  "this pod waits for a later round")
+    assert choose_expansions(pods, [], {}, [L4], now=0.0, max_new=0) == [Expansion(
+        ("ns/p0", "ns/p1", "ns/p2"),
+        reason="at most 0 new claims may be made now and 0 were; these 3 pods wait for a later round")]
+
+
+def test_a_clonable_type_missing_from_the_types_still_holds_pods() -> None:
+    out = choose_expansions([pod("ns/a", 200, 60)], [], {"node-1": A100}, [L4], now=0.0, max_new=1)
+    assert out == [Expansion(("ns/a",), instance_type=A100, cloned_from="node-1", ready_at=150.0)]
 
 
 def test_a_pod_no_type_holds_gets_the_reason_with_numbers() -> None:
@@ -444,9 +524,13 @@ def test_expansions_place_every_pod_once_and_only_where_it_fits(
             assert replay([by_key[k] for k in e.pods], [FreeGpu(t.tflops_per_gpu, t.vram_per_gpu, t.gpu_model)]
                           * t.gpu_count)
             assert e.cloned_from in ("", "node-x") and (not e.cloned_from or clonable[e.cloned_from] == t)
+            if not e.cloned_from:  # a copy of an existing node's type is preferred whenever it holds the pod
+                head = by_key[e.pods[0]]
+                assert not any(replay([head], [FreeGpu(c.tflops_per_gpu, c.vram_per_gpu, c.gpu_model)] * c.gpu_count)
+                               for c in clonable.values())
         else:
             assert e.reason
             if not e.reason.startswith("at most"):
                 (key,) = e.pods
                 assert not any(replay([by_key[key]], [FreeGpu(t.tflops_per_gpu, t.vram_per_gpu, t.gpu_model)]
-                                      * t.gpu_count) for t in types)
+                                      * t.gpu_count) for t in [*types, *clonable.values()])

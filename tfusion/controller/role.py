@@ -117,7 +117,7 @@ def configure(controller: ControllerRole) -> None:
     allocation.scheduler = controller.scheduler  # simulate-schedule asks it, when there is one
     controller.metrics = attach_metrics(runtime, allocation)
     controller.autoscaler = attach_autoscaler(runtime, allocation)
-    controller.provisioning = attach_provisioning(runtime, controller.reconcilers, controller.scheduler)
+    controller.provisioning = attach_provisioning(controller, controller.reconcilers, controller.scheduler)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:

@@ -24,13 +24,15 @@ from tfusion.api.accessors import Body, GpuPool, section, text
 from tfusion.controller.provisioning import catalog as cat
 from tfusion.controller.provisioning.providers.base import CloudProvider
 from tfusion.kube import resources as r
-from tfusion.kube.client import NotFound
+from tfusion.kube.client import KubeError, NotFound
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
 
 PROVISIONED, KARPENTER, AUTO_SELECT = "Provisioned", "Karpenter", "AutoSelect"
 SIMULATED_VENDORS = ("mock", "")
+#: the Secret the shipped RBAC lets the controller read in its namespace
+DEFAULT_CREDENTIALS_SECRET = "tensor-fusion-cloud-credentials"
 
 
 class ProviderUnavailable(Exception):
@@ -125,6 +127,10 @@ class Providers:
             except NotFound:
                 raise ProviderUnavailable(f"computingVendor.params.extraParams.credentialsSecret: Secret "
                                           f"{namespace}/{secret_name} does not exist") from None
+            except KubeError as exc:  # Forbidden, mostly: the shipped Role grants one name
+                raise ProviderUnavailable(f"computingVendor.params.extraParams.credentialsSecret: cannot read "
+                                          f"Secret {namespace}/{secret_name}: {exc} (the shipped RBAC lets the "
+                                          f"controller read {DEFAULT_CREDENTIALS_SECRET} only)") from None
             data = {k: base64.b64decode(v).decode() for k, v in section(secret, "data").items() if isinstance(v, str)}
             try:
                 return credentials_from_secret(data)

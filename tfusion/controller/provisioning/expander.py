@@ -258,8 +258,9 @@ class NodeExpander:
         out: dict[str, InstanceType] = {}
         for found in self.claims.list():
             claim = GpuNodeClaim(found)
-            if claim.pool == pool.name and claim.phase == "Bound" and (t := lookup(claim.instance_type)):
-                out[claim.node_name] = t
+            node = self.pools_provisioner.node_of(claim)
+            if claim.pool == pool.name and claim.phase == "Bound" and node and (t := lookup(claim.instance_type)):
+                out[node] = t
         return out
 
     def state(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ allocator's: TFLOPS in milli-TFLOPS, VRAM in bytes (ints); prices are dollars pe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -18,7 +18,7 @@ from typing import Final
 from tfusion.allocator.units import vram_str
 from tfusion.api.kinds.pool import CapacityConfig, GPUOrCPUResourceUnit
 from tfusion.api.quantity import INT64_MAX, Quantity
-from tfusion.controller.provisioning.catalog import ON_DEMAND, InstanceType
+from tfusion.controller.provisioning.catalog import CAPACITY_TYPES, ON_DEMAND, InstanceType
 
 #: a maximum that names no amount for a dimension: nothing limits it
 UNBOUNDED: Final = INT64_MAX
@@ -169,12 +169,14 @@ class ClaimPlan:
 def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_type: str = ON_DEMAND,
                     room: Capacity | None = None, max_claims: int) -> ClaimPlan:
     """The cheapest instances (any number of each type, at most `max_claims` in all) whose sum covers
-    `need` in both dimensions and stays within `room` in both. Exact; among equal prices the plan
-    with fewer instances wins, then the one whose sorted type names come first.
+    `need` in both dimensions and stays within `room` in both. Exact (short of a catalog so large
+    that the search passes SEARCH_BUDGET); among equal prices the plan with fewer instances wins,
+    then the one whose sorted type names come first.
 
     When no plan closes the gap within the limits, the plan that covers the largest share of it
     (the TFLOPS share plus the VRAM share) and, among those, is cheapest; `shortfall` is what stays
     open and `reason` says which limit holds it open."""
+    _check_capacity_type(capacity_type)
     need = need.positive()
     sellable = _sellable(types, capacity_type)
     room = room.positive() if room is not None else None
@@ -182,9 +184,15 @@ def cheapest_claims(need: Capacity, types: Sequence[InstanceType], *, capacity_t
     claims = tuple(PlannedClaim(t, capacity_type, _price(t, capacity_type)) for t in best)
     covered = sum((Capacity(t.tflops, t.vram) for t in best), ZERO)
     shortfall = (need - covered).positive()
-    reason = "" if shortfall.is_zero else _open_reason(need, shortfall, types, sellable, capacity_type,
-                                                       room, max(max_claims, 0))
+    reason = "" if shortfall.is_zero else _open_reason(need, types, sellable, capacity_type, room,
+                                                       max(max_claims, 0))
     return ClaimPlan(claims, shortfall, reason)
+
+
+def _check_capacity_type(capacity_type: str) -> None:
+    if capacity_type not in CAPACITY_TYPES:
+        raise ValueError(f"capacity_type {capacity_type!r} is not allowed; expected one of "
+                         f"{', '.join(CAPACITY_TYPES)}")
 
 
 def _price(t: InstanceType, capacity_type: str) -> float:
@@ -213,74 +221,151 @@ class _Best:
     plan: list[InstanceType] = field(default_factory=list)
 
 
+#: how many branches one search may visit before it settles for the best plan found so far; far more
+#: than the packaged catalog or any test needs (they finish in a few thousand), it bounds the time a
+#: catalog of dozens of near-equal types could take (well under a second)
+SEARCH_BUDGET: Final = 50_000
+
+
 def _search(need: Capacity, sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
-            max_claims: int) -> list[InstanceType]:
+            max_claims: int, budget: int = SEARCH_BUDGET, seeds: bool = True) -> list[InstanceType]:
     """Branch and bound over how many of each type to take (types in order of price per TFLOPS).
 
     The score of a plan is its shortfall weighted so that each dimension counts by its share of the
     need (an integer: shortfall_tflops * need_vram + shortfall_vram * need_tflops); 0 means closed.
-    A branch is cut when even its best case (the largest types filling every free slot, up to the
-    room) scores worse than the best plan, or, among closing plans, when what it has spent plus the
-    least the rest can cost (the remaining need at the cheapest price per unit) exceeds the best
-    price. Cuts are strict, so equal plans all reach the tie-break."""
+    A branch is cut when even its best case scores worse than the best plan so far (each free slot
+    filled with the type that would close the most of what is left, up to the room), or, among
+    closing plans, when what it has spent plus the least the rest can cost (what is left at the
+    cheapest price per unit) exceeds the best price. Cuts are strict, so equal plans all reach the
+    tie-break. The search starts from good plans (the best two-type mixes, a greedy mix) so that the
+    cuts bite from the start, and past `budget` branches it keeps the best plan found."""
     if need.is_zero or not sellable or max_claims == 0:
         return []
     w_t = need.vram if need.vram > 0 else 1
     w_v = need.tflops if need.tflops > 0 else 1
+
     def micro(t: InstanceType) -> int:
         return round(_price(t, capacity_type) * _MICRO)
 
-    order = sorted(sellable, key=lambda t: (Fraction(micro(t), t.tflops), t.name))
+    order = sorted(_undominated(sellable, micro, room is None), key=lambda t: (Fraction(micro(t), t.tflops), t.name))
     prices = [micro(t) for t in order]
+    sizes = [(t.tflops, t.vram) for t in order]
     n = len(order)
-    # per suffix of `order`: the largest size per dimension and the cheapest price per unit
-    max_t, max_v = [0] * (n + 1), [0] * (n + 1)
+    # per suffix of `order`: the cheapest price per unit of each dimension
     per_t, per_v = [Fraction(0)] * n, [Fraction(0)] * n
     for i in range(n - 1, -1, -1):
-        t = order[i]
-        max_t[i], max_v[i] = max(max_t[i + 1], t.tflops), max(max_v[i + 1], t.vram)
-        pt, pv = Fraction(prices[i], t.tflops), Fraction(prices[i], t.vram)
+        pt, pv = Fraction(prices[i], sizes[i][0]), Fraction(prices[i], sizes[i][1])
         per_t[i] = pt if i == n - 1 else min(pt, per_t[i + 1])
         per_v[i] = pv if i == n - 1 else min(pv, per_v[i + 1])
-    room_t = room.tflops if room is not None else UNBOUNDED
-    room_v = room.vram if room is not None else UNBOUNDED
     best = _Best()
     chosen: list[InstanceType] = []
+    visits = 0
 
     def score(rt: int, rv: int) -> int:
         return max(rt, 0) * w_t + max(rv, 0) * w_v
 
-    def least_cost(i: int, rt: int, rv: int) -> int:
-        return max(_floor(max(rt, 0) * per_t[i]), _floor(max(rv, 0) * per_v[i]))
+    def floor_score(i: int, rt: int, rv: int, qt: int, qv: int, slots: int) -> int:
+        """The least score any completion can reach."""
+        rt, rv = max(rt, 0), max(rv, 0)
+        gain = max(min(tt, rt, qt) * w_t + min(vv, rv, qv) * w_v for tt, vv in sizes[i:])
+        reachable = min(min(rt, qt) * w_t + min(rv, qv) * w_v, slots * gain)
+        return rt * w_t + rv * w_v - reachable
 
     def visit(i: int, rt: int, rv: int, qt: int, qv: int, slots: int, spent: int) -> None:
-        done = rt <= 0 and rv <= 0
-        if done or i == n or slots == 0:
+        nonlocal visits
+        visits += 1
+        if (rt <= 0 and rv <= 0) or i == n or slots == 0:
             key = (score(rt, rv), spent, len(chosen), tuple(sorted(t.name for t in chosen)))
             if best.key is None or key < best.key:
                 best.key, best.plan = key, list(chosen)
             return
-        best_t = min(max(rt, 0), slots * max_t[i], qt)
-        best_v = min(max(rv, 0), slots * max_v[i], qv)
-        floor_score = score(rt - best_t, rv - best_v)
         if best.key is not None:
-            if floor_score > best.key[0]:
+            if visits > budget:
                 return
-            least = spent + (least_cost(i, rt, rv) if floor_score == 0 else 0)
-            if floor_score == best.key[0] and least > best.key[1]:
+            least = floor_score(i, rt, rv, qt, qv, slots)
+            if least > best.key[0]:
                 return
-        t = order[i]
-        most = max(0, min(slots, qt // t.tflops, qv // t.vram,
-                          max(_ceil_div(max(rt, 0), t.tflops), _ceil_div(max(rv, 0), t.vram))))
+            if least == best.key[0]:
+                extra = max(_floor(max(rt, 0) * per_t[i]), _floor(max(rv, 0) * per_v[i])) if least == 0 else 0
+                if spent + extra > best.key[1]:
+                    return
+        tt, vv = sizes[i]
+        most = max(0, min(slots, qt // tt, qv // vv, max(_ceil_div(max(rt, 0), tt), _ceil_div(max(rv, 0), vv))))
         for count in range(most, -1, -1):
-            chosen.extend([t] * count)
-            visit(i + 1, rt - count * t.tflops, rv - count * t.vram,
-                  _less(qt, count * t.tflops), _less(qv, count * t.vram), slots - count,
-                  spent + count * prices[i])
+            chosen.extend([order[i]] * count)
+            visit(i + 1, rt - count * tt, rv - count * vv, _less(qt, count * tt), _less(qv, count * vv),
+                  slots - count, spent + count * prices[i])
             del chosen[len(chosen) - count:]
 
+    def consider(plan: list[int]) -> None:
+        got_t, got_v = sum(sizes[j][0] for j in plan), sum(sizes[j][1] for j in plan)
+        key = (score(need.tflops - got_t, need.vram - got_v), sum(prices[j] for j in plan), len(plan),
+               tuple(sorted(order[j].name for j in plan)))
+        if best.key is None or key < best.key:
+            best.key, best.plan = key, [order[j] for j in plan]
+
+    room_t = room.tflops if room is not None else UNBOUNDED
+    room_v = room.vram if room is not None else UNBOUNDED
+    # good plans found first make the cuts bite: the best mixes of two types, and a greedy mix
+    if seeds:  # False only in tests, which check the search alone
+        for plan in _pairs(need, sizes, room_t, room_v, max_claims):
+            consider(plan)
+        consider(_greedy(need, sizes, prices, w_t, w_v, room_t, room_v, max_claims))
     visit(0, need.tflops, need.vram, room_t, room_v, max_claims, 0)
     return sorted(best.plan, key=lambda t: t.name)
+
+
+def _pairs(need: Capacity, sizes: list[tuple[int, int]], room_t: int, room_v: int,
+           max_claims: int) -> Iterable[list[int]]:
+    """For each two types (a type with itself included), the fewest of the second that, with 0, 1, ...
+    of the first, close the gap within the limits; or as many as fit when none does."""
+    for i, (ti, vi) in enumerate(sizes):
+        for j in range(i, len(sizes)):
+            tj, vj = sizes[j]
+            for a in range(min(max_claims, room_t // ti, room_v // vi) + 1):
+                rt, rv = need.tflops - a * ti, need.vram - a * vi
+                b = max(0, _ceil_div(rt, tj), _ceil_div(rv, vj))
+                b = min(b, max_claims - a, _less(room_t, a * ti) // tj, _less(room_v, a * vi) // vj)
+                yield [i] * a + [j] * b
+                if rt <= 0 and rv <= 0:
+                    break
+
+
+def _greedy(need: Capacity, sizes: list[tuple[int, int]], prices: list[int], w_t: int, w_v: int, room_t: int,
+            room_v: int, max_claims: int) -> list[int]:
+    """Adds, one at a time, the type that closes the most score per dollar until the gap closes."""
+    rt, rv, plan = need.tflops, need.vram, list[int]()
+    while len(plan) < max_claims and (rt > 0 or rv > 0):
+        best: tuple[Fraction, int] | None = None
+        for j, (tt, vv) in enumerate(sizes):
+            if tt > room_t or vv > room_v:
+                continue
+            gain = min(tt, max(rt, 0)) * w_t + min(vv, max(rv, 0)) * w_v
+            if gain > 0:
+                rate = Fraction(-gain, prices[j]) if prices[j] else Fraction(-gain * 10**12)
+                if best is None or (rate, j) < best:
+                    best = (rate, j)
+        if best is None:
+            break
+        j = best[1]
+        plan.append(j)
+        rt, rv = rt - sizes[j][0], rv - sizes[j][1]
+        room_t, room_v = _less(room_t, sizes[j][0]), _less(room_v, sizes[j][1])
+    return plan
+
+
+def _undominated(types: list[InstanceType], micro: Callable[[InstanceType], int],
+                 any_size: bool) -> list[InstanceType]:
+    """Drops types no best plan needs: one that another type beats on price (or equals, with a name
+    that sorts first) at the same size, or, when no room limits sizes (`any_size`), at a size at
+    least as large in both dimensions. Swapping the beaten type for the other in any plan keeps it
+    within the limits and covering as much, and makes it no worse in price or in the tie-break."""
+    def beats(b: InstanceType, a: InstanceType) -> bool:
+        same = b.tflops == a.tflops and b.vram == a.vram
+        larger = b.tflops >= a.tflops and b.vram >= a.vram
+        return (same or (any_size and larger)) and (micro(b), b.name) < (micro(a), a.name)
+
+    return [a for a in types if not any(beats(b, a) for b in types if b is not a)]
 
 
 def _less(limit: int, amount: int) -> int:
@@ -295,17 +380,17 @@ def _floor(value: Fraction) -> int:
     return value.numerator // value.denominator
 
 
-def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceType],
+def _open_reason(need: Capacity, types: Sequence[InstanceType],
                  sellable: list[InstanceType], capacity_type: str, room: Capacity | None,
                  max_claims: int) -> str:
-    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap."""
-    left = f"{capacity_text(shortfall)} of the gap of {capacity_text(need)} stays open"
+    """Which limit holds the gap open: the catalog, the capacity type, maxResources, the claim cap.
+    The shortfall itself is not repeated (callers print it beside the reason)."""
     if not types:
-        return f"the instance catalog has no types; {left}"
+        return "the instance catalog has no types"
     if not sellable:
-        return f"no instance type is sold as {capacity_type}; {left}"
+        return f"no instance type is sold as {capacity_type}"
     if max_claims == 0:
-        return f"no more claims may be in flight now; {left}"
+        return "no more claims may be in flight now"
     why = []
     if room is not None:
         why.extend(_room_reason(need, sellable, room))
@@ -322,7 +407,7 @@ def _open_reason(need: Capacity, shortfall: Capacity, types: Sequence[InstanceTy
     if not why:
         within = " within maxResources" if room is not None else ""
         why.append(f"no {max_claims} or fewer instances sold as {capacity_type} add up to it{within}")
-    return f"{'; '.join(why)}; {left}"
+    return "; ".join(why)
 
 
 def _room_reason(need: Capacity, sellable: list[InstanceType], room: Capacity) -> list[str]:
@@ -402,19 +487,20 @@ def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], cl
        takes as many of the pods left as fit on it.
     3. Pods that no type sold as `capacity_type` can hold, and pods left when `max_new` is reached,
        get an Expansion with neither a claim nor a type and the reason."""
+    _check_capacity_type(capacity_type)
     unique = {p.key: p for p in reversed(pods)}  # a pod listed twice is placed once (its first entry)
     order = sorted(unique.values(), key=_pod_order)
     out: list[Expansion] = []
     left = _onto_in_flight(order, in_flight, out)
     sellable = _sellable(types, capacity_type)
+    clones = sorted(((node, t) for node, t in clonable.items() if t.price(capacity_type) is not None
+                     and t.tflops > 0 and t.vram > 0), key=lambda nt: nt[0])
     fitting = []
     for pod in left:
-        if any(_fits_empty(pod, t) for t in sellable):
+        if any(_fits_empty(pod, t) for t in [*sellable, *(t for _, t in clones)]):
             fitting.append(pod)
         else:
             out.append(Expansion((pod.key,), reason=_no_type_reason(pod, types, sellable, capacity_type)))
-    clones = sorted(((node, t) for node, t in clonable.items() if t.price(capacity_type) is not None
-                     and t.tflops > 0 and t.vram > 0), key=lambda nt: nt[0])
     made = 0
     while fitting and made < max_new:
         choice, node, placed = _pick(fitting, clones, sellable, capacity_type)
@@ -425,9 +511,13 @@ def choose_expansions(pods: Sequence[PodNeed], in_flight: Sequence[InFlight], cl
         made += 1
     if fitting:
         out.append(Expansion(tuple(p.key for p in fitting),
-                             reason=f"at most {max(max_new, 0)} new claims may be made now and "
-                                    f"{made} were; these {len(fitting)} pods wait for a later round"))
+                             reason=f"at most {max(max_new, 0)} new claims may be made now and {made} were; "
+                                    f"{_pods_text(len(fitting))} for a later round"))
     return out
+
+
+def _pods_text(count: int) -> str:
+    return "this pod waits" if count == 1 else f"these {count} pods wait"
 
 
 def _pod_order(pod: PodNeed) -> tuple[int, int, int, str]:
@@ -492,7 +582,7 @@ def _pick(fitting: list[PodNeed], clones: list[tuple[str, InstanceType]], sellab
         key = (Fraction(round(price * _MICRO), len(placed)), price, t.name, node)
         if best is None or key < best:
             best, chosen = key, (t, node, placed)
-    assert chosen is not None  # `fitting` holds only pods some sellable type fits
+    assert chosen is not None  # `fitting` holds only pods some sellable or clonable type fits
     return chosen
 
 

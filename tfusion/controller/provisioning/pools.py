@@ -15,9 +15,12 @@ expander; claims already made go on.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import anyio
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuNodeClaim, GpuPool, items, text
@@ -67,7 +70,9 @@ class PoolProvisioner:
     def __post_init__(self) -> None:
         self.claims = self.runtime.informer(r.GPUNODECLAIMS)
         self.gpunodes = self.runtime.informer(r.GPUNODES)
+        self.nodes = self.runtime.informer(r.NODES)
         self._claims_by_pool = self.claims.add_label_index(tfa.MANAGED_BY)
+        self._nodes_by_claim = self.nodes.add_label_index(tfa.NODE_PROVISIONER)
 
     def pool_claims(self, pool: str) -> list[GpuNodeClaim]:
         return [GpuNodeClaim(c) for c in self.claims.by_index(self._claims_by_pool, pool)]
@@ -76,6 +81,12 @@ class PoolProvisioner:
         value = self.runtime.dynamic_config.current.get("maxInFlightNodes", DEFAULT_MAX_IN_FLIGHT)
         return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_IN_FLIGHT
 
+    def node_of(self, claim: GpuNodeClaim) -> str:
+        """The name of the Node that joined for `claim` ("" before one has): the Node labelled with
+        the claim, which need not be named after it (Karpenter names its Nodes itself)."""
+        nodes = self.nodes.by_index(self._nodes_by_claim, claim.name)
+        return Body(nodes[0]).name if nodes else ""
+
     def in_flight(self, claim: GpuNodeClaim) -> bool:
         """A claim whose node is not yet counted in the pool's capacity (not Bound, or its GPUNode has
         not reported yet)."""
@@ -83,7 +94,8 @@ class PoolProvisioner:
             return False
         if claim.phase != BOUND:
             return True
-        gpunode = self.gpunodes.get(claim.node_name)
+        node = self.node_of(claim)
+        gpunode = self.gpunodes.get(node) if node else None
         return gpunode is None or milli_tflops(Body(gpunode).status.get("totalTFlops")) == 0
 
     def capacity(self, pool: GpuPool, members: list[Body]) -> plan.PoolCapacity:
@@ -122,8 +134,10 @@ class PoolProvisioner:
             return PoolProvisioning(PROVISIONING if flying else PHASE_NONE, requeue_after=30.0)
         allowed = self.max_in_flight() - len(flying)
         types, capacity_type = self.offered_types(pool, list(provider.catalog().types))
-        chosen = plan.cheapest_claims(need, types, capacity_type=capacity_type,
-                                      room=plan.room(capacity, targets), max_claims=max(allowed, 0))
+        # a large user catalog can take the exact search most of a second: off the event loop
+        chosen = await anyio.to_thread.run_sync(functools.partial(
+            plan.cheapest_claims, need, types, capacity_type=capacity_type, room=plan.room(capacity, targets),
+            max_claims=max(allowed, 0)))
         if not chosen.closed:
             self.runtime.events.warning(pool, "MaxResourceConstraintReached" if "maxResources" in chosen.reason
                                         else "ProvisioningShort", f"{plan.capacity_text(chosen.shortfall)} "

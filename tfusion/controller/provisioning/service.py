@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfusion.controller.provisioning.catalog import CatalogError
 from tfusion.controller.provisioning.claims import ClaimReconciler
 from tfusion.controller.provisioning.cloud import Providers
+from tfusion.controller.provisioning.compaction import Compaction, register_compaction
 from tfusion.controller.provisioning.expander import NodeExpander
 from tfusion.controller.provisioning.http import provisioning_routes
 from tfusion.controller.provisioning.pools import PoolProvisioner, ProvisioningSwitch
@@ -15,7 +16,7 @@ from tfusion.errors import RoleError
 
 if TYPE_CHECKING:
     from tfusion.controller.reconcilers import Reconcilers
-    from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.controller.role import ControllerRole
     from tfusion.controller.scheduling.scheduler import Scheduler
 
 
@@ -26,10 +27,10 @@ class Provisioning:
     pools: PoolProvisioner
     claims: ClaimReconciler
     expander: NodeExpander | None
-    compaction: Any
+    compaction: Compaction
 
 
-def attach_provisioning(runtime: ControllerRuntime, reconcilers: Reconcilers | None,
+def attach_provisioning(runtime: ControllerRole, reconcilers: Reconcilers | None,
                         scheduler: Scheduler | None) -> Provisioning | None:
     """Providers, pool provisioning, the claim reconciler, the expander (with --enable-auto-expander and
     the built-in scheduler), compaction and the routes. None without the reconcilers
@@ -50,4 +51,5 @@ def attach_provisioning(runtime: ControllerRuntime, reconcilers: Reconcilers | N
             raise RoleError("controller: --enable-auto-expander needs the built-in scheduler (ENABLE_SCHEDULER)")
         expander = NodeExpander(runtime, scheduler, providers, pools, switch).attach()
     runtime.routes.extend(provisioning_routes(runtime, switch, expander))
-    return Provisioning(providers, switch, pools, claims, expander, compaction=None)
+    compaction = register_compaction(runtime, runtime.settings)
+    return Provisioning(providers, switch, pools, claims, expander, compaction)
