@@ -1,9 +1,7 @@
 """The AWS provider against moto's EC2 server (a real HTTP server started by the test): a launch takes
 every parameter from the GPUNodeClass and the claim, as describe_instances shows; a retry finds the
 instance it made; Spot, zones and subnets; termination; errors that name the field; credentials from
-a Secret's values. Last, the same through the controller: a Provisioned pool's claim launches its
-instance with the cluster's credentials Secret and the pool's GPUNodeClass, and its deletion
-terminates it."""
+a Secret's values. (The claim flow through the controller on moto is in test_provisioning_flows.py.)"""
 
 from __future__ import annotations
 
@@ -11,18 +9,14 @@ import base64
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from tests.apiserver_fixture import ApiServerHandle, apply_crds
-from tests.helpers import closed_port, eventually
-from tests.helpers.controller import POOL, controllers, settings_for, start_controller
+from tests.helpers import closed_port
 from tests.helpers.moto_server import KEYS, REGION, MotoServer, missing, moto_server
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, GpuPool
 from tfusion.api.kinds.provisioning import (
     BlockDeviceMapping,
     EBSVolume,
@@ -32,11 +26,8 @@ from tfusion.api.kinds.provisioning import (
     SelectorTerm,
 )
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, InstanceType, load
-from tfusion.controller.provisioning.claims import new_claim
 from tfusion.controller.provisioning.providers.aws import AwsCredentials, AwsProvider, credentials_from_secret
 from tfusion.controller.provisioning.providers.base import LaunchRequest, ProviderError
-from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient, NotFound
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
 
@@ -255,50 +246,3 @@ async def test_an_unreachable_endpoint_is_worth_retrying() -> None:
     assert refused.value.retryable is True
 
 
-
-async def test_a_provisioned_pools_claim_through_the_controller(moto: MotoServer, network: Network,
-                                                                apiserver: ApiServerHandle, kube: KubeClient,
-                                                                tmp_path: Path) -> None:
-    await apply_crds(apiserver)
-    settings = settings_for(apiserver, tmp_path, cloud_endpoint_url=moto.url)
-    namespace = settings.operator_namespace
-    await kube.create(r.NAMESPACES, {"metadata": {"name": namespace}})
-    await kube.create(r.SECRETS, {"metadata": {"name": "aws", "namespace": namespace}, "data": {
-        key: base64.b64encode(f"{value}\n".encode()).decode() for key, value in KEYS.items()}}, namespace=namespace)
-    await kube.create(r.TENSORFUSIONCLUSTERS, {"metadata": {"name": "cloud"}, "spec": {"computingVendor": {
-        "type": "aws", "params": {"defaultRegion": REGION, "extraParams": {"credentialsSecret": "aws"}}}}})
-    await kube.create(r.GPUNODECLASSES, {"metadata": {"name": "gpu"}, "spec": msgspec.to_builtins(node_class())})
-    pool = await kube.create(r.GPUPOOLS, {"metadata": {"name": POOL, "labels": {tfa.CLUSTER: "cloud"}}, "spec": {
-        "nodeManagerConfig": {"provisioningMode": "Provisioned", "nodeProvisioner": {"nodeClass": "gpu"}}}})
-    instance_type = CATALOG.get("g6.12xlarge")
-    assert instance_type is not None
-    claim = await kube.create(r.GPUNODECLAIMS, new_claim(GpuPool(pool), instance_type, capacity_type=ON_DEMAND,
-                                                         price=4.602, region=REGION, zone="us-east-1b"))
-    name = Body(claim).name
-
-    async with controllers() as tg:
-        await start_controller(tg, settings)
-
-        async def launched() -> str:
-            status = (await kube.get(r.GPUNODECLAIMS, name)).get("status", {})
-            return str(status.get("instanceID", "")) if status.get("phase") == "Creating" else ""
-
-        instance_id = await eventually(launched, timeout=30, what="the claim's instance")
-        ec2 = described(network, instance_id)
-        tags = {t["Key"]: t["Value"] for t in ec2["Tags"]}
-        assert (tags[tfa.NODE_PROVISIONER], tags[tfa.MANAGED_BY], tags["Name"], tags["team"]) == (
-            name, POOL, name, "ml")
-        assert (ec2["InstanceType"], ec2["ImageId"], ec2["SubnetId"]) == (
-            "g6.12xlarge", network.image, network.subnets["us-east-1b"])
-
-        await kube.delete(r.GPUNODECLAIMS, name)
-
-        async def claim_gone() -> bool:
-            try:
-                await kube.get(r.GPUNODECLAIMS, name)
-            except NotFound:
-                return True
-            return False
-
-        assert await eventually(claim_gone, timeout=30, what="the claim gone")
-        assert described(network, instance_id)["State"]["Name"] == "terminated"

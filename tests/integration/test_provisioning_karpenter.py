@@ -1,8 +1,8 @@
 """The Karpenter provider against the embedded API server serving a karpenter.sh/v1 NodeClaim CRD, with
 the test playing Karpenter: a GPUNodeClaim's NodeClaim pins the instance, its Node comes up carrying
-the claim's label, and deleting the NodeClaim is how the instance goes. Last, the same through the
-controller: a Karpenter pool's claim goes Pending -> Creating -> Bound and its deletion deletes the
-NodeClaim."""
+the claim's label, and deleting the NodeClaim is how the instance goes. Last, through the controller:
+deleting a Karpenter pool's Bound claim deletes its NodeClaim, which Karpenter's finalizer holds until
+the node is gone (test_provisioning_flows.py follows the claim up to Bound only)."""
 
 from __future__ import annotations
 
