@@ -1,7 +1,7 @@
 """The AWS provider against moto's EC2 server (a real HTTP server started by the test): a launch takes
 every parameter from the GPUNodeClass and the claim, as describe_instances shows; a retry finds the
 instance it made; Spot, zones and subnets; termination; errors that name the field; credentials from
-a Secret's values."""
+a Secret's values. (The claim flow through the controller on moto is in test_provisioning_flows.py.)"""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tfusion.api.kinds.provisioning import (
     BlockDeviceMapping,
     EBSVolume,
     GPUNodeClassSpec,
+    LaunchTemplate,
     MetadataOptions,
     SelectorTerm,
 )
@@ -164,6 +165,21 @@ async def test_spot_and_the_subnet_with_the_most_free_addresses(moto: MotoServer
     assert {i.claim for i in await aws.list_instances()} == {"pool-a-00000002", "pool-a-00000003"}
 
 
+async def test_a_launch_template_chosen_by_tags_may_name_the_image(moto: MotoServer, network: Network) -> None:
+    template = network.ec2.create_launch_template(
+        LaunchTemplateName="gpu-nodes", LaunchTemplateData={"ImageId": network.image},
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": [{"Key": "role", "Value": "gpu-node"}]}],
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    spec = node_class(os_image_selector_terms=[], launch_template=LaunchTemplate(tags={"role": "gpu-node"}))
+    launched = await provider(moto).create(launch(spec=spec, zone="us-east-1a"))
+    tags = {t["Key"]: t["Value"] for t in described(network, launched.instance_id)["Tags"]}
+    assert tags["aws:ec2launchtemplate:id"] == template  # EC2 marks what it launched from
+    assert described(network, launched.instance_id)["ImageId"] == network.image
+    with pytest.raises(ProviderError, match=r"spec.launchTemplate.tags \{'role': 'none'\} match no launch template"):
+        await provider(moto).create(launch("pool-a-00000009", spec=msgspec.structs.replace(
+            spec, launch_template=LaunchTemplate(tags={"role": "none"}))))
+
+
 async def test_errors_name_the_field_and_say_whether_to_retry(moto: MotoServer, network: Network) -> None:
     aws = provider(moto)
     cases = [
@@ -228,4 +244,5 @@ async def test_an_unreachable_endpoint_is_worth_retrying() -> None:
     with pytest.raises(ProviderError, match="list instances: Could not connect") as refused:
         await aws.list_instances()
     assert refused.value.retryable is True
+
 

@@ -1,21 +1,30 @@
 """The Karpenter provider against the embedded API server serving a karpenter.sh/v1 NodeClaim CRD, with
 the test playing Karpenter: a GPUNodeClaim's NodeClaim pins the instance, its Node comes up carrying
-the claim's label, and deleting the NodeClaim is how the instance goes."""
+the claim's label, and deleting the NodeClaim is how the instance goes. Last, through the controller:
+deleting a Karpenter pool's Bound claim deletes its NodeClaim, which Karpenter's finalizer holds until
+the node is gone (test_provisioning_flows.py follows the claim up to Bound only)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
+from tests.helpers import eventually
+from tests.helpers.controller import POOL, controllers, create_gpu, settings_for, start_controller
 from tests.helpers.karpenter import FakeKarpenter, nodeclaim_crd
 from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Body, GpuPool
 from tfusion.api.kinds.common import GroupKindName
+from tfusion.api.timestamps import rfc3339
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, Catalog, load
+from tfusion.controller.provisioning.claims import new_claim
 from tfusion.controller.provisioning.providers.base import LaunchRequest, ProviderError
 from tfusion.controller.provisioning.providers.karpenter import KarpenterProvider
-from tfusion.kube.client import KubeClient
+from tfusion.kube import resources as r
+from tfusion.kube.client import KubeClient, NotFound
 from tfusion.kube.resources import KARPENTER_NODECLAIMS, NODES
 
 pytestmark = pytest.mark.anyio
@@ -59,6 +68,7 @@ async def test_a_claim_becomes_a_nodeclaim_and_its_node_carries_the_claim(kube: 
         {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
     ]
     assert nodeclaim["spec"]["resources"] == {"requests": {"nvidia.com/gpu": "4"}}
+    assert nodeclaim["spec"]["expireAfter"] == "Never"  # not the CRD's default 720h
 
     fake = FakeKarpenter(kube, zone="us-east-1c")
     await fake.adopt("pool-a-0123abcd")
@@ -110,6 +120,9 @@ async def test_create_is_idempotent_per_claim_and_lists_only_tfusions(kube: Kube
     with pytest.raises(ProviderError, match="someone-elses exists but is not tfusion's") as refused:
         await karpenter.create(request("someone-elses"))
     assert refused.value.retryable is False
+    with pytest.raises(ProviderError, match=r"NodeClaim someone-elses has no label .* does not delete it"):
+        await karpenter.terminate("someone-elses")
+    assert await kube.get(KARPENTER_NODECLAIMS, "someone-elses")
 
 
 @pytest.mark.usefixtures("karpenter_crd")
@@ -128,3 +141,61 @@ async def test_without_karpenter_installed_the_error_says_so(kube: KubeClient) -
     for call in (karpenter.create(request()), karpenter.list_instances(), karpenter.terminate("x")):
         with pytest.raises(ProviderError, match=r"nodeclaims.karpenter.sh is not served.*Karpenter \(v1\) installed"):
             await call
+
+
+async def test_a_karpenter_pools_claim_through_the_controller(apiserver: ApiServerHandle, kube: KubeClient,
+                                                              tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    await apply_crds(apiserver, [nodeclaim_crd()])
+    ref = {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "version": "v1", "name": "gpu"}
+    pool = await kube.create(r.GPUPOOLS, {"metadata": {"name": POOL}, "spec": {"nodeManagerConfig": {
+        "provisioningMode": "Karpenter", "nodeProvisioner": {"karpenterNodeClassRef": ref}}}})
+    instance_type = CATALOG.get("g6.xlarge")
+    assert instance_type is not None
+    claim = await kube.create(r.GPUNODECLAIMS, new_claim(GpuPool(pool), instance_type, capacity_type=SPOT, price=0.35))
+    name = Body(claim).name
+    fake = FakeKarpenter(kube)
+
+    async with controllers() as tg:
+        await start_controller(tg, settings_for(apiserver, tmp_path))
+
+        async def creating() -> str:
+            status = (await kube.get(r.GPUNODECLAIMS, name)).get("status", {})
+            return str(status.get("instanceID", "")) if status.get("phase") == "Creating" else ""
+
+        assert await eventually(lambda: _nodeclaim(kube, name), what="the claim's NodeClaim")
+        assert await eventually(creating, what="Creating") == name  # the instance id: the NodeClaim's name
+        await fake.adopt(name)
+        node = await fake.launch(name)
+        gpunode = await eventually(lambda: _get(kube, r.GPUNODES, node), what="the GPUNode of Karpenter's node")
+        assert gpunode["metadata"]["labels"][tfa.NODE_PROVISIONER] == name
+        await create_gpu(kube, f"{node}-gpu0", node, tflops="121", vram="23034Mi", model="L4")
+        await kube.patch(r.GPUS, f"{node}-gpu0", {"metadata": {"annotations": {tfa.LAST_SYNC: rfc3339()}}})
+        assert await eventually(lambda: _phase_is(kube, name, "Bound"), what="Bound")
+
+        await kube.delete(r.GPUNODECLAIMS, name)
+        assert await eventually(lambda: _absent(kube, r.GPUNODECLAIMS, name), what="the claim gone")
+        nodeclaim = await kube.get(KARPENTER_NODECLAIMS, name)
+        assert nodeclaim["metadata"].get("deletionTimestamp")  # Karpenter (the test) drains and terminates now
+        await fake.finish_termination(name)
+        assert await eventually(lambda: _absent(kube, KARPENTER_NODECLAIMS, name), what="the NodeClaim gone")
+
+
+async def _get(kube: KubeClient, resource: r.ApiResource, name: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(resource, name)
+    except NotFound:
+        return None
+
+
+async def _absent(kube: KubeClient, resource: r.ApiResource, name: str) -> bool:
+    return await _get(kube, resource, name) is None
+
+
+async def _nodeclaim(kube: KubeClient, name: str) -> dict[str, Any] | None:
+    return await _get(kube, KARPENTER_NODECLAIMS, name)
+
+
+async def _phase_is(kube: KubeClient, name: str, phase: str) -> bool:
+    found = await _get(kube, r.GPUNODECLAIMS, name)
+    return found is not None and found.get("status", {}).get("phase") == phase

@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from tfusion.api import annotations as tfa
+from tfusion.api.kinds.common import GroupKindName
 from tfusion.api.kinds.provisioning import BlockDeviceMapping, GPUNodeClassSpec, MetadataOptions
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, load
 from tfusion.controller.provisioning.providers import aws, karpenter
 from tfusion.controller.provisioning.providers.base import LaunchRequest, ProviderError
 
 CATALOG = load()
+NODE_CLASS = GroupKindName(group="karpenter.k8s.aws", kind="EC2NodeClass", version="v1", name="gpu")
 
 
 def request(**changes: Any) -> LaunchRequest:
@@ -32,7 +34,7 @@ def test_credentials_from_a_secret_name_the_missing_key() -> None:
     with pytest.raises(ProviderError, match="key 'aws_secret_access_key' is missing or empty") as missing:
         aws.credentials_from_secret({"aws_access_key_id": "AKIA", "aws_secret_access_key": "\n"})
     assert missing.value.retryable is False
-    with pytest.raises(ProviderError, match="key 'aws_access_key_id' is missing"):
+    with pytest.raises(ValueError, match="key 'aws_access_key_id' is missing"):  # a ValueError too
         aws.credentials_from_secret({})
     with pytest.raises(ProviderError, match="key 'aws_access_key_id' is not UTF-8 text"):
         aws.credentials_from_secret({"aws_access_key_id": b"\xff", "aws_secret_access_key": "x"})
@@ -87,6 +89,10 @@ def test_user_data_gets_the_labels_and_tfusions_tags_win() -> None:
     tags = aws.instance_tags(request(node_class=spec, tags={"team": "research"}))
     assert tags == {"Name": "pool-a-0000abcd", tfa.NODE_PROVISIONER: "pool-a-0000abcd", "team": "research",
                     tfa.MANAGED_BY: "tensor-fusion"}
+    pool_in_tags = request(labels={tfa.NODE_PROVISIONER: "c"}, tags={tfa.MANAGED_BY: "pool-b"})
+    assert aws.instance_tags(pool_in_tags)[tfa.MANAGED_BY] == "pool-b"
+    assert karpenter.nodeclaim_for(pool_in_tags, NODE_CLASS)["metadata"] == {
+        "name": "pool-a-0000abcd", "labels": {tfa.NODE_PROVISIONER: "pool-a-0000abcd", tfa.MANAGED_BY: "pool-b"}}
     assert len(aws.client_token("x" * 253)) <= 64 and aws.client_token("a") != aws.client_token("b")
 
 

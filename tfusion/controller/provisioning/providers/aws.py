@@ -31,14 +31,12 @@ from tfusion.api import annotations as tfa
 from tfusion.api.kinds import provisioning as kinds
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.provisioning.catalog import CAPACITY_TYPES, ON_DEMAND, SPOT, Catalog
-from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError
+from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError, managed_by
 
 INSTALL_HINT = "pip install 'tfusion[aws]'"
 #: the keys of a credentials Secret
 ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN = "aws_access_key_id", "aws_secret_access_key", "aws_session_token"
 NODE_LABELS_PLACEHOLDER, NODE_NAME_PLACEHOLDER = "{{TFUSION_NODE_LABELS}}", "{{TFUSION_NODE_NAME}}"
-#: the managed-by tag's value when the request names no pool
-MANAGED_BY_TFUSION = "tensor-fusion"
 CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ATTEMPTS = 5.0, 30.0, 3
 GIB = 1 << 30
 #: EC2 states tfusion's instances can be in, and what `Instance.state` calls them. Nothing in tfusion
@@ -57,6 +55,13 @@ RETRYABLE_CODES = frozenset({
 _IMAGE_OWNERS = {"Private": ["self"], "System": ["amazon"]}
 
 
+class CredentialsError(ProviderError, ValueError):
+    """A credentials Secret that cannot be used; the message names the key. Never retried as it is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 @dataclass(frozen=True)
 class AwsCredentials:
     access_key_id: str
@@ -72,13 +77,12 @@ def credentials_from_secret(data: Mapping[str, bytes | str]) -> AwsCredentials:
         try:
             return (raw.decode() if isinstance(raw, bytes) else raw).strip()
         except UnicodeDecodeError:
-            raise ProviderError(f"AWS credentials Secret: key {key!r} is not UTF-8 text", retryable=False) from None
+            raise CredentialsError(f"AWS credentials Secret: key {key!r} is not UTF-8 text") from None
 
     for key in (ACCESS_KEY_ID, SECRET_ACCESS_KEY):
         if not value(key):
-            raise ProviderError(f"AWS credentials Secret: key {key!r} is missing or empty; expected "
-                                f"{ACCESS_KEY_ID}, {SECRET_ACCESS_KEY} and optionally {SESSION_TOKEN}",
-                                retryable=False)
+            raise CredentialsError(f"AWS credentials Secret: key {key!r} is missing or empty; expected "
+                                   f"{ACCESS_KEY_ID}, {SECRET_ACCESS_KEY} and optionally {SESSION_TOKEN}")
     return AwsCredentials(value(ACCESS_KEY_ID), value(SECRET_ACCESS_KEY), value(SESSION_TOKEN))
 
 
@@ -107,13 +111,20 @@ class AwsProvider:
         if request.capacity_type not in CAPACITY_TYPES:
             raise ProviderError(f"GPUNodeClaim {request.claim}: capacityType {request.capacity_type!r} is not "
                                 f"allowed; expected {' or '.join(CAPACITY_TYPES)}", retryable=False)
-        found = await self._instances([_tag_filter(tfa.NODE_PROVISIONER, request.claim),
-                                       {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        found = await self._instances(f"find the instance of {request.claim}", [
+            _tag_filter(tfa.NODE_PROVISIONER, request.claim),
+            {"Name": "instance-state-name", "Values": ["pending", "running"]}])
         if found:
             return found[0]
         params = await self._launch_parameters(request)
         reply = await self._ec2("run_instances", f"launch {request.instance_type.name} for {request.claim}", **params)
-        return ec2_instance(reply["Instances"][0])
+        launched = ec2_instance(reply["Instances"][0])
+        if launched.state in ("terminating", "terminated"):
+            # EC2 may answer a reused client token with the instance it launched for it before, even a gone one
+            raise ProviderError(f"launch for {request.claim}: EC2 returned instance {launched.instance_id}, "
+                                f"{launched.state}, launched earlier for a claim of the same name; give the "
+                                "claim a new name", retryable=False)
+        return launched
 
     async def terminate(self, instance_id: str) -> None:
         try:
@@ -132,8 +143,8 @@ class AwsProvider:
         await self._ec2("terminate_instances", f"terminate {instance_id}", InstanceIds=[instance_id])
 
     async def list_instances(self) -> list[Instance]:
-        return await self._instances([{"Name": "tag-key", "Values": [tfa.NODE_PROVISIONER]},
-                                      {"Name": "instance-state-name", "Values": _LIVE}])
+        return await self._instances("list instances", [{"Name": "tag-key", "Values": [tfa.NODE_PROVISIONER]},
+                                                        {"Name": "instance-state-name", "Values": _LIVE}])
 
     # --- launch parameters -------------------------------------------------------------------
 
@@ -260,11 +271,11 @@ class AwsProvider:
 
     # --- EC2 calls ---------------------------------------------------------------------------
 
-    async def _instances(self, filters: list[dict[str, Any]]) -> list[Instance]:
+    async def _instances(self, what: str, filters: list[dict[str, Any]]) -> list[Instance]:
         found: list[Instance] = []
         params: dict[str, Any] = {"Filters": filters}
         while True:
-            page = await self._ec2("describe_instances", "list instances", **params)
+            page = await self._ec2("describe_instances", what, **params)
             found.extend(ec2_instance(i) for r in page.get("Reservations", []) for i in r.get("Instances", []))
             if not page.get("NextToken"):
                 return sorted(found, key=lambda i: (i.launched_at, i.instance_id))
@@ -349,8 +360,7 @@ def client_token(claim: str) -> str:
 def instance_tags(request: LaunchRequest) -> dict[str, str]:
     """The class's tags, then the request's, then tfusion's own, which nothing may override."""
     spec = request.node_class or kinds.GPUNodeClassSpec()
-    managed_by = request.labels.get(tfa.MANAGED_BY) or request.tags.get(tfa.MANAGED_BY) or MANAGED_BY_TFUSION
-    return {**spec.tags, **request.tags, tfa.MANAGED_BY: managed_by, tfa.NODE_PROVISIONER: request.claim,
+    return {**spec.tags, **request.tags, tfa.MANAGED_BY: managed_by(request), tfa.NODE_PROVISIONER: request.claim,
             "Name": request.node_name}
 
 

@@ -22,7 +22,7 @@ from tfusion.api.jsontypes import JsonObject
 from tfusion.api.kinds.common import GroupKindName
 from tfusion.api.timestamps import parse_rfc3339
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, Catalog
-from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError
+from tfusion.controller.provisioning.providers.base import Instance, LaunchRequest, ProviderError, managed_by
 from tfusion.kube.client import AlreadyExists, BadRequest, Forbidden, Invalid, KubeClient, KubeError, NotFound
 from tfusion.kube.resources import KARPENTER_NODECLAIMS
 
@@ -32,8 +32,6 @@ CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: the node class a claim's bare `node_class_name` means when the pool names no karpenterNodeClassRef
 DEFAULT_NODE_CLASS_GROUP, DEFAULT_NODE_CLASS_KIND = "karpenter.k8s.aws", "EC2NodeClass"
-#: the managed-by value of a NodeClaim whose request names no pool
-MANAGED_BY_TFUSION = "tensor-fusion"
 #: GPUNodeClaim capacity types <-> Karpenter's values of karpenter.sh/capacity-type
 KARPENTER_CAPACITY = {ON_DEMAND: "on-demand", SPOT: "spot"}
 _CAPACITY_OF = {v: k for k, v in KARPENTER_CAPACITY.items()}
@@ -71,11 +69,17 @@ class KarpenterProvider:
         return nodeclaim_instance(existing)
 
     async def terminate(self, instance_id: str) -> None:
-        try:
-            await self._client.delete(KARPENTER_NODECLAIMS, instance_id)
-        except NotFound as exc:
-            if _resource_missing(exc):
-                raise _provider_error("delete", exc) from exc
+        existing = await self._get(instance_id)
+        if existing is None:
+            return
+        body = Body(existing)
+        if not body.meta.label(tfa.NODE_PROVISIONER):
+            raise ProviderError(f"NodeClaim {instance_id} has no label {tfa.NODE_PROVISIONER}: tfusion did not "
+                                "create it and does not delete it", retryable=False)
+        try:  # the uid: a NodeClaim made again under the name since the read is not this one
+            await self._client.delete(KARPENTER_NODECLAIMS, instance_id, preconditions={"uid": body.uid})
+        except NotFound:
+            pass
         except KubeError as exc:
             raise _provider_error("delete", exc) from exc
 
@@ -103,8 +107,7 @@ def nodeclaim_for(request: LaunchRequest, node_class_ref: GroupKindName | None) 
     if capacity is None:
         raise ProviderError(f"capacityType {request.capacity_type!r} is not allowed for Karpenter; expected "
                             f"{' or '.join(KARPENTER_CAPACITY)}", retryable=False)
-    labels: JsonObject = {**request.labels, tfa.NODE_PROVISIONER: request.claim,
-                          tfa.MANAGED_BY: request.labels.get(tfa.MANAGED_BY) or MANAGED_BY_TFUSION}
+    labels: JsonObject = {**request.labels, tfa.NODE_PROVISIONER: request.claim, tfa.MANAGED_BY: managed_by(request)}
     requirements: list[Any] = [
         {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [request.instance_type.name]},
         {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": [capacity]},
@@ -118,6 +121,9 @@ def nodeclaim_for(request: LaunchRequest, node_class_ref: GroupKindName | None) 
             "nodeClassRef": _node_class_ref(request, node_class_ref),
             "requirements": requirements,
             "resources": {"requests": {GPU_RESOURCE: str(request.instance_type.gpu_count)}},
+            # Karpenter's CRD defaults it to 720h and then replaces the node; when a node goes is
+            # tfusion's decision (compaction), so never
+            "expireAfter": "Never",
         },
     }
 
