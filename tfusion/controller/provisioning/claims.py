@@ -24,7 +24,7 @@ from tfusion.api.kinds.provisioning import GPUNodeClassSpec
 from tfusion.api.quantity import Quantity
 from tfusion.api.types import decode_as
 from tfusion.controller.provisioning.catalog import InstanceType
-from tfusion.controller.provisioning.cloud import AUTO_SELECT, Providers, ProviderUnavailable
+from tfusion.controller.provisioning.cloud import AUTO_SELECT, KARPENTER, Providers, ProviderUnavailable
 from tfusion.controller.provisioning.providers.base import CloudProvider, LaunchRequest, ProviderError
 from tfusion.controller.reconcilers.common import (
     FINALIZER,
@@ -174,12 +174,14 @@ class ClaimReconciler:
                                 retryable=False)
         provisioner = section(pool.node_manager_config, "nodeProvisioner")
         class_name = text(claim.spec, "nodeClassRef", "name")
+        # in Karpenter mode the class is Karpenter's (an EC2NodeClass), not a GPUNodeClass of ours
+        node_class = None if pool.provisioning_mode == KARPENTER else self._node_class(class_name)
         labels = {k: v for k, v in section(provisioner, "gpuNodeLabels").items() if isinstance(v, str)}
         labels[tfa.NODE_PROVISIONER] = claim.name
         return LaunchRequest(
             claim=claim.name, node_name=claim.node_name, instance_type=instance_type,
             capacity_type=claim.capacity_type or "OnDemand", region=text(claim.spec, "region"),
-            zone=text(claim.spec, "zone"), node_class=self._node_class(class_name), node_class_name=class_name,
+            zone=text(claim.spec, "zone"), node_class=node_class, node_class_name=class_name,
             labels=labels, tags={tfa.MANAGED_BY: pool.name, tfa.NODE_PROVISIONER: claim.name})
 
     def _node_class(self, name: str) -> GPUNodeClassSpec | None:
