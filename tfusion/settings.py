@@ -422,6 +422,18 @@ OPTIONS: tuple[Option, ...] = (
        "base URL of the prometheus, influxdb or greptimedb usage source (required for those)"),
     _o("autoscaler_usage_database", "--autoscaler-usage-database", None, "", str, "controller",
        "database of the influxdb or greptimedb usage source (default: --metrics-push-database)"),
+    _o("enable_auto_expander", "--enable-auto-expander", None, False, parse_bool, "controller",
+       "the node expander: GPUNodeClaims for TensorFusion pods that fit on no node for lack of GPU "
+       "(leader only; GET /api/node-scaler)", is_bool_flag=True),
+    _o("provisioning_catalog", "--provisioning-catalog", "TF_PROVISIONING_CATALOG", "", _existing_file, "controller",
+       "YAML file of the instance types providers may launch, with GPUs and prices per hour "
+       "(default: the catalog shipped in tfusion/controller/provisioning/catalog.yaml)"),
+    _o("simulated_boot_delay", "--simulated-boot-delay", None, 5.0, parse_duration, "controller",
+       "the simulated provider: time from launching an instance to its Node joining"),
+    _o("cloud_endpoint_url", "--cloud-endpoint-url", "TF_CLOUD_ENDPOINT_URL", "", parse_http_url, "controller",
+       "the aws provider: EC2 endpoint to call instead of the region's (a private endpoint, or moto's server)"),
+    _o("compaction_min_node_age", "--compaction-min-node-age", None, 300.0, parse_duration, "controller",
+       "compaction removes an empty node only once it is this old"),
     # --- hypervisor -------------------------------------------------------------------------------
     _o("hypervisor_port", "--port", "HYPERVISOR_PORT", 8001, _port, "hypervisor",
        "hypervisor HTTP API port (HYPERVISOR_PORT wins over the flag)", env_wins=True),
@@ -549,6 +561,11 @@ class Settings:
     autoscaler_usage_source: str = _default("autoscaler_usage_source")
     autoscaler_usage_url: str = _default("autoscaler_usage_url")
     autoscaler_usage_database: str = _default("autoscaler_usage_database")
+    enable_auto_expander: bool = _default("enable_auto_expander")
+    provisioning_catalog: str = _default("provisioning_catalog")
+    simulated_boot_delay: float = _default("simulated_boot_delay")
+    cloud_endpoint_url: str = _default("cloud_endpoint_url")
+    compaction_min_node_age: float = _default("compaction_min_node_age")
     hypervisor_port: int = _default("hypervisor_port")
     hypervisor_host: str = _default("hypervisor_host")
     api_token_file: str = _default("api_token_file")

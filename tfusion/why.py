@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Pod, items, section
+from tfusion.api.accessors import Body, Pod, items, section
 from tfusion.api.jsontypes import JsonMapping, JsonObject
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
@@ -82,6 +82,35 @@ async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:
         await client.close()
 
 
+async def _node_origin(kube: str, node_name: str) -> str:
+    """A sentence on where a provisioned node came from ("" for other nodes, or when unreadable)."""
+    from tfusion.kube import resources as r
+    from tfusion.kube.client import KubeClient, KubeError
+
+    client = await KubeClient.connect(kube_target(kube))
+    try:
+        node = Body(await client.get(r.NODES, node_name))
+        claim_name = node.meta.label(tfa.NODE_PROVISIONER)
+        if not claim_name:
+            return ""
+        claim = Body(await client.get(r.GPUNODECLAIMS, claim_name))
+    except KubeError:
+        return ""
+    finally:
+        await client.close()
+    return origin_text(claim)
+
+
+def origin_text(claim: Body) -> str:
+    source = claim.meta.label(tfa.EXPANSION_SOURCE)
+    made_by = ("the node expander made it for pods that fit nowhere ("
+               + ("a type chosen from the catalog" if source == "catalog" else f"the type of node {source}") + ")"
+               if source else "its pool's provisioning made it to reach minResources/warmResources")
+    price = claim.meta.annotation(tfa.HOURLY_PRICING)
+    return (f"The node was provisioned for GPUPool {claim.meta.label(tfa.MANAGED_BY) or '?'} by GPUNodeClaim "
+            f"{claim.name} ({claim.spec.get('instanceType') or '?'}{f', ${price}/h' if price else ''}): {made_by}.")
+
+
 async def _ask_controller(url: str, namespace: str, name: str, route: str = "/api/why"
                           ) -> tuple[JsonObject | None, str]:
     try:
@@ -100,13 +129,16 @@ async def _ask_controller(url: str, namespace: str, name: str, route: str = "/ap
     return body, ""
 
 
-def render_text(pod: Pod, explanation: JsonMapping | None, controller_error: str) -> str:
+def render_text(pod: Pod, explanation: JsonMapping | None, controller_error: str, origin: str = "") -> str:
     ref = f"{pod.namespace}/{pod.name}"
     phase = pod.phase or "Pending"
+    evicted = pod.meta.annotation(tfa.DEFRAG_EVICTED)
+    defrag = f" Defrag evicted it at {evicted} to empty its node for compaction." if evicted else ""
     if pod.node_name:
         gpus = pod.meta.annotation(tfa.GPU_IDS)
         where = f" with GPU(s) {gpus}" if gpus else ""
-        return f"Pod {ref} is scheduled on node {pod.node_name}{where} (phase {phase})."
+        return f"Pod {ref} is scheduled on node {pod.node_name}{where} (phase {phase}).{defrag}" + \
+            (f"\n{origin}" if origin else "")
     scheduler = pod.scheduler_name or "default-scheduler"
     lines = [f"Pod {ref} is {phase} and not scheduled (scheduler {scheduler})."]
     condition = pod.condition("PodScheduled")
@@ -212,7 +244,8 @@ async def _why(args: argparse.Namespace) -> int:
                 "controllerError": controller_error or None}
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
     else:
-        print(render_text(pod, explanation, controller_error))
+        origin = await _node_origin(args.kube, pod.node_name) if pod.node_name else ""
+        print(render_text(pod, explanation, controller_error, origin))
     return 0
 
 

@@ -111,8 +111,12 @@ def test_node_cost_from_provider_prices() -> None:
         {"model": "A100", "fullModelName": "NVIDIA A100-SXM4-80GB", "costPerHour": "$1.8", "fp16TFlops": "312"},
         {"model": "H100", "fp16TFlops": "989"}]}})])
     assert prices == {"A100": 1.8, "NVIDIA A100-SXM4-80GB": 1.8}
-    # two A100 for 30 s: 3.6 $/h * 30 / 3600 = 0.03; the unpriced H100 adds nothing
-    assert cost.node_cost(["A100", "NVIDIA A100-SXM4-80GB", "H100"], prices, 30) == pytest.approx(0.03)
+    # two A100: 3.6 $/h; the unpriced H100 adds nothing
+    models = ["A100", "NVIDIA A100-SXM4-80GB", "H100"]
+    assert cost.node_hourly_price(Body({}), models, prices) == pytest.approx(3.6)
+    # a provisioned node's own price (its instance's) wins over its GPUs' model prices
+    assert cost.node_hourly_price(Body({"spec": {"costPerHour": "$5.07"}}), models, prices) == pytest.approx(5.07)
+    assert cost.node_hourly_price(Body({"spec": {"costPerHour": "cheap"}}), models, prices) == pytest.approx(3.6)
 
 
 def test_a_worker_deleted_mid_interval_is_billed_once_to_its_deletion() -> None:

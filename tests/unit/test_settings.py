@@ -64,6 +64,8 @@ ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "isolation_mode_policy": ("Dynamic", "dynamic", "both"),
     "autoscaler_usage_source": ("influxdb", "influxdb", "mysql"),
     "limiter_library": ("/etc/passwd", "/etc/passwd", "/nonexistent/libcuda_limiter.so"),
+    "provisioning_catalog": ("/etc/hosts", "/etc/hosts", "/nonexistent/catalog.yaml"),
+    "cloud_endpoint_url": ("http://127.0.0.1:5000", "http://127.0.0.1:5000", "ftp://ec2.example"),
 }
 
 #: the flags an option's cases need besides it (a history usage source needs its server's URL)
@@ -138,6 +140,8 @@ def _flag_sample(opt: Option) -> Any:
         "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
         "limiter_image": "flag.example/tfusion:8",
         "limiter_library": "/etc/group",
+        "provisioning_catalog": "/etc/group",
+        "cloud_endpoint_url": "http://10.0.0.8:5000",
     }
     return samples[opt.attr]
 

@@ -341,6 +341,38 @@ class GpuNode(Body):
         return text(self.raw, "spec", "manageMode")
 
 
+class GpuNodeClaim(Body):
+    """tensor-fusion.ai/v1 GPUNodeClaim: one node a pool (or the expander) asked a provider for."""
+
+    __slots__ = ()
+
+    @property
+    def pool(self) -> str:
+        return self.meta.label(tfa.MANAGED_BY) or ""
+
+    @property
+    def instance_id(self) -> str:
+        return text(self.raw, "status", "instanceID")
+
+    @property
+    def instance_type(self) -> str:
+        return text(self.raw, "spec", "instanceType")
+
+    @property
+    def capacity_type(self) -> str:
+        return text(self.raw, "spec", "capacityType")
+
+    @property
+    def node_name(self) -> str:
+        """The Node's name: spec.nodeName, else the claim's own name."""
+        return text(self.raw, "spec", "nodeName") or self.name
+
+    @property
+    def gpu_count(self) -> int:
+        value = self.spec.get("gpuDeviceOffered")
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class GpuPool(Body):
     """tensor-fusion.ai/v1 GPUPool."""
 
@@ -349,6 +381,11 @@ class GpuPool(Body):
     @property
     def capacity_config(self) -> JsonMapping:
         return section(self.raw, "spec", "capacityConfig")
+
+    @property
+    def provisioning_mode(self) -> str:
+        """AutoSelect (the default), Provisioned or Karpenter."""
+        return text(self.raw, "spec", "nodeManagerConfig", "provisioningMode") or "AutoSelect"
 
     @property
     def node_manager_config(self) -> JsonMapping:

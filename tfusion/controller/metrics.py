@@ -428,7 +428,7 @@ class ControllerRecorder:
             mine = by_node.get(name, [])
             self.node_ledger.seen(name, now)
             seconds = self.node_ledger.bill(name, now)
-            raw_cost = billing.node_cost([g.model for g in mine], prices, seconds)
+            raw_cost = billing.node_hourly_price(node, [g.model for g in mine], prices) * max(seconds, 0.0) / 3600
             self._node_cost[name] = self._node_cost.get(name, 0.0) + raw_cost
             total_t = sum(g.capacity_tflops for g in mine)
             total_v = sum(g.capacity_vram for g in mine)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.autoscaler.service import Autoscaler
     from tfusion.controller.metrics import ControllerRecorder
+    from tfusion.controller.provisioning.service import Provisioning
     from tfusion.controller.reconcilers import Reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import Scheduler
@@ -63,6 +64,8 @@ class ControllerRole(ControllerRuntime):
     scheduler: Scheduler | None = None
     metrics: ControllerRecorder | None = None
     autoscaler: Autoscaler | None = None
+    #: provisioning (claims, pool gaps, expander, compaction); None with ENABLE_CR_CONTROLLER=false
+    provisioning: Provisioning | None = None
 
 
 async def build_runtime(settings: Settings, manager: Manager | None = None) -> ControllerRole:
@@ -95,6 +98,7 @@ def configure(controller: ControllerRole) -> None:
     from tfusion.controller.autoscaler.service import attach_autoscaler
     from tfusion.controller.connection_http import attach_connection_route
     from tfusion.controller.metrics import attach_metrics
+    from tfusion.controller.provisioning.service import attach_provisioning
     from tfusion.controller.reconcilers import register_reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import attach_scheduler
@@ -113,6 +117,7 @@ def configure(controller: ControllerRole) -> None:
     allocation.scheduler = controller.scheduler  # simulate-schedule asks it, when there is one
     controller.metrics = attach_metrics(runtime, allocation)
     controller.autoscaler = attach_autoscaler(runtime, allocation)
+    controller.provisioning = attach_provisioning(controller, controller.reconcilers, controller.scheduler)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:

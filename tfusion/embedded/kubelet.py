@@ -33,7 +33,7 @@ import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict
 
@@ -141,12 +141,14 @@ class NodeStatus(TypedDict):
     nodeInfo: dict[str, str]
 
 
-def node_status(node_name: str, old: Node | None = None, *, index_devices: int = 0) -> NodeStatus:
+def node_status(node_name: str, old: Node | None = None, *, index_devices: int = 0,
+                machine: Mapping[str, str] | None = None) -> NodeStatus:
     """The Node status a healthy kubelet reports now (lastTransitionTime kept while unchanged);
-    `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each."""
+    `index_devices` > 0 adds the hypervisor's 16 index resources with that many devices each;
+    `machine` replaces this host's capacities (a simulated cloud instance's cpu and memory)."""
     cpu = str(os.cpu_count() or 1)
     resources: dict[str, str] = {"cpu": cpu, "memory": _kib_quantity(_memory_kib()), "pods": MAX_PODS,
-                 "ephemeral-storage": _kib_quantity(_disk_kib())}
+                 "ephemeral-storage": _kib_quantity(_disk_kib()), **(machine or {})}
     if index_devices > 0:
         resources.update(dict.fromkeys(podindex.index_resource_names(), str(index_devices)))
     now = now_rfc3339()
@@ -296,15 +298,29 @@ def _is_running(pod: Pod) -> bool:
 # --- the kubelet --------------------------------------------------------------------------------
 
 
-class SimulatedKubelet:
-    """Registers one Node and plays its kubelet (see the module docstring)."""
+async def delete_node(client: KubeClient, node_name: str) -> None:
+    """Delete a Node and its Lease for good (a terminated machine; gone already is fine). Cancel its
+    kubelet's `run` first: a running kubelet registers a deleted Node again."""
+    for resource, namespace in ((r.LEASES, LEASE_NAMESPACE), (r.NODES, None)):
+        try:
+            await client.delete(resource, node_name, namespace=namespace)
+        except NotFound:
+            pass
 
-    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan, *, index_devices: int = 0) -> None:
+
+class SimulatedKubelet:
+    """Registers one Node and plays its kubelet (see the module docstring). `labels` and `machine`
+    (capacities such as cpu and memory) describe a simulated cloud instance rather than this host."""
+
+    def __init__(self, manager: Manager, node_name: str, plan: DevicePlan, *, index_devices: int = 0,
+                 labels: Mapping[str, str] | None = None, machine: Mapping[str, str] | None = None) -> None:
         self.client: KubeClient = manager.client
         self.node_name = node_name
         self.plan = plan
         #: devices per index resource the hypervisor's device plugins offer (0: no hypervisor here)
         self.index_devices = index_devices
+        self.labels = dict(labels or {})
+        self.machine = dict(machine or {})
         self.node = Node({})
         # the shared pod informer (in --role=all it holds every pod: reconcile_pod keeps to this node's)
         self.controller = manager.controller("simulated-kubelet").for_(
@@ -318,7 +334,7 @@ class SimulatedKubelet:
 
     async def register(self) -> Node:
         """Create the Node, or bring our labels and its status up to date; returns the Node."""
-        labels = node_labels(self.node_name, self.plan)
+        labels = {**node_labels(self.node_name, self.plan), **self.labels}
         try:
             node = await self.client.get(r.NODES, self.node_name)
         except NotFound:
@@ -337,7 +353,8 @@ class SimulatedKubelet:
         return await self.report_status(Node(node))
 
     async def report_status(self, node: Node | None = None) -> Node:
-        status = node_status(self.node_name, node if node is not None else self.node, index_devices=self.index_devices)
+        status = node_status(self.node_name, node if node is not None else self.node,
+                             index_devices=self.index_devices, machine=self.machine)
         self.node = Node(await self.client.patch(r.NODES, self.node_name, {"status": status}, subresource="status"))
         return self.node
 

@@ -1,4 +1,5 @@
-"""The embedded stage of `tfusion --role=all`: bootstrap the API server, then run the simulated kubelet.
+"""The embedded stage of `tfusion --role=all`: bootstrap the API server, then run the simulated kubelet
+and the node farm that boots the simulated cloud provider's instances as further Nodes.
 
 roles.py calls `launch_stage` right after the embedded API server serves (or first, when only
 `--simulate-kubelet` asks for it) and before the controller and hypervisor. It decides the devices
@@ -27,9 +28,11 @@ from tfusion.embedded.devices import DevicePlan, DevicePlanError, plan_devices
 from tfusion.embedded.disruption import DisruptionController
 from tfusion.embedded.endpoints import EndpointsController
 from tfusion.embedded.kubelet import SimulatedKubelet
+from tfusion.embedded.node_farm import SimulatedNodeFarm
 from tfusion.embedded.volumes import VolumeBinder
 from tfusion.embedded.workloads import WorkloadControllers
 from tfusion.errors import RoleError
+from tfusion.hypervisor.devices.gpu_info import GpuInfoTable, HardwareMetadataError
 from tfusion.kube.client import KubeError
 from tfusion.kube.manager import Manager
 from tfusion.settings import Settings
@@ -60,8 +63,10 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
     if not settings.runs_simulated_kubelet:
         task_status.started(StageInfo(report, None, None))
         await anyio.sleep_forever()
-    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, index_devices=(
-        INDEX_DEVICES_PER_RESOURCE if settings.has_role("hypervisor") else 0))  # its device plugins' resources
+    index_devices = INDEX_DEVICES_PER_RESOURCE if settings.has_role("hypervisor") else 0  # device plugins' resources
+    kubelet = SimulatedKubelet(manager, settings.resolved_node_name, plan, index_devices=index_devices)
+    if bootstrap_server:  # the simulated provider's instances become Nodes (node_farm.py)
+        manager.add(_node_farm(settings, manager, index_devices).run, leader_only=False, name="simulated node farm")
     WorkloadControllers(manager)  # Deployments, ReplicaSets, Jobs, CronJobs, DaemonSets, StatefulSets (workloads/)
     EndpointsController(manager)  # Services with selectors get Endpoints and an EndpointSlice (endpoints.py)
     DisruptionController(manager)  # PodDisruptionBudgets count their healthy pods (disruption.py)
@@ -72,6 +77,16 @@ async def run(settings: Settings, plan: DevicePlan, manager: Manager, *, bootstr
         except KubeError as exc:
             raise RoleError(f"simulated kubelet: registering node {kubelet.node_name} failed: {exc}") from None
         task_status.started(StageInfo(report, node, await _pool_selecting(manager, node)))
+
+
+def _node_farm(settings: Settings, manager: Manager, index_devices: int) -> SimulatedNodeFarm:
+    try:
+        table = GpuInfoTable.from_metadata(settings.hardware_metadata)
+    except HardwareMetadataError as exc:
+        raise RoleError(str(exc)) from None
+    return SimulatedNodeFarm(manager, settings.operator_namespace, table=table, isolation_mode=settings.isolation_mode,
+                             isolation_policy=settings.resolved_hypervisor_isolation_policy,
+                             index_devices=index_devices)
 
 
 async def _pool_selecting(manager: Manager, node: Node) -> str | None:

@@ -74,3 +74,7 @@ TF_RESOURCES: tuple[ApiResource, ...] = (
     SCHEDULINGCONFIGTEMPLATES, GPURESOURCEQUOTAS, PROVIDERCONFIGS, TENSORFUSIONWORKLOADS,
     WORKLOADPROFILES, TENSORFUSIONCONNECTIONS,
 )
+
+#: Karpenter's NodeClaim (karpenter.sh/v1), created by the Karpenter provider. Not in TF_RESOURCES:
+#: it is served only where Karpenter is installed, and an informer on an unserved resource never syncs.
+KARPENTER_NODECLAIMS = ApiResource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)

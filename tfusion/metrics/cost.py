@@ -116,11 +116,16 @@ def worker_cost(share: WorkerShare, pricing: PoolPricing | None, seconds: float,
     return cost
 
 
-def node_cost(gpu_models: Iterable[str], hourly_by_model: Mapping[str, float], seconds: float) -> float:
-    """A node's cost for `seconds`: each GPU's model price per hour, pro rata (unknown models cost 0)."""
-    if seconds <= 0:
-        return 0.0
-    return sum(hourly_by_model.get(model, 0.0) for model in gpu_models) * seconds / 3600
+def node_hourly_price(gpunode: Body, gpu_models: Iterable[str], hourly_by_model: Mapping[str, float]) -> float:
+    """A node's price per hour: the GPUNode's own `spec.costPerHour` when it has a readable one (a
+    provisioned node carries its instance's price), else its GPUs' model prices."""
+    own = gpunode.spec.get("costPerHour")
+    if own:
+        try:
+            return parse_price(own, field="spec.costPerHour")
+        except PriceError:
+            pass
+    return sum(hourly_by_model.get(model, 0.0) for model in gpu_models)
 
 
 def hourly_prices(provider_configs: Iterable[Body]) -> dict[str, float]:

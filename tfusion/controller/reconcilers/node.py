@@ -14,6 +14,13 @@ have is left as it is. Only GPUNodes this
 reconciler keeps (AutoSelect, controlled by a pool) are ever deleted or replaced: one of another
 manageMode (Manual, Provisioned), or made by hand without a controlling pool, is left alone.
 
+Provisioned nodes: a Node labelled `tensor-fusion.ai/node-provisioner=<claim>` came from a
+GPUNodeClaim (provisioning/claims.py). Its GPUNode is made from the claim, whatever the pools'
+selectors say: the claim's pool, `spec.manageMode: Provisioned`, the node-provisioner label and
+`spec.costPerHour` from the claim's hourly price. A Node that names a claim that does not exist is
+labelled `tensor-fusion.ai/orphan=true` (and loses the label once its claim is there). A
+provisioned GPUNode goes with its Node, like an AutoSelect one.
+
 In progressive-migration mode (`NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION=true`) the reconciler also
 watches worker pods and keeps the taint `tensor-fusion.ai/used-by=tensor-fusion:PreferNoSchedule`
 on every Node that runs TensorFusion workers, and off every Node that runs none (idle), cordoned
@@ -27,9 +34,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, GpuNode, GpuPool, Node
+from tfusion.api.accessors import Body, GpuNode, GpuPool, Node, section
 from tfusion.api.jsontypes import JsonObject, json_object
 from tfusion.api.selectors import parse_label_selector
+from tfusion.controller.provisioning.claims import hourly_price
 from tfusion.controller.reconcilers.common import PENDING, controller_name
 from tfusion.controller.reconcilers.nodeselector import node_vendor, pool_selects, select_pool
 from tfusion.controller.runtime import component_selector
@@ -44,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AUTO_SELECT = "AutoSelect"
+AUTO_SELECT, PROVISIONED = "AutoSelect", "Provisioned"
 
 
 def gpunode_for(node: Node, pool: GpuPool) -> JsonObject:
@@ -58,6 +66,13 @@ def gpunode_for(node: Node, pool: GpuPool) -> JsonObject:
             "ownerReferences": [json_object(controller_reference(pool, r.GPUPOOLS))]},
         "spec": {"manageMode": AUTO_SELECT},
     }
+
+
+def provisioned_gpunode_for(node: Node, pool: GpuPool, claim: Body) -> JsonObject:
+    """The GPUNode of a Node that a GPUNodeClaim of `pool` brought."""
+    labels = {**section(gpunode_for(node, pool), "metadata", "labels"), tfa.NODE_PROVISIONER: claim.name}
+    return {**gpunode_for(node, pool), "spec": {"manageMode": PROVISIONED, "costPerHour": f"${hourly_price(claim):g}"},
+            "metadata": {**section(gpunode_for(node, pool), "metadata"), "labels": json_object(labels)}}
 
 
 def _metadata_changed(old: Body, new: Body) -> bool:
@@ -85,6 +100,11 @@ def _auto_selected(gpunode: GpuNode) -> bool:
     return (gpunode.manage_mode or AUTO_SELECT) == AUTO_SELECT and bool(controller_name(gpunode, "GPUPool"))
 
 
+def _kept(gpunode: GpuNode) -> bool:
+    """A GPUNode this reconciler made: AutoSelect or Provisioned, controlled by a pool."""
+    return gpunode.manage_mode in ("", AUTO_SELECT, PROVISIONED) and bool(controller_name(gpunode, "GPUPool"))
+
+
 class NodeReconciler:
     """See the module docstring. Key: the Node's (and GPUNode's) name."""
 
@@ -93,12 +113,16 @@ class NodeReconciler:
         self.nodes = runtime.informer(r.NODES)
         self.pools = runtime.informer(r.GPUPOOLS)
         self.gpunodes = runtime.informer(r.GPUNODES)
+        self.claims = runtime.informer(r.GPUNODECLAIMS)
+        self._nodes_by_claim = self.nodes.add_label_index(tfa.NODE_PROVISIONER)
         self.progressive = bool(runtime.settings.progressive_migration)
         self.gpu_node_selector = runtime.settings.initial_gpu_node_label_selector
         self.gpu_nodes = parse_label_selector(self.gpu_node_selector)
         builder = runtime.manager.controller("node").for_(r.NODES, predicates=[spec_changed]) \
             .watches(r.GPUNODES, lambda gpunode: [Body(gpunode).name], predicates=[_viewed(_metadata_changed)]) \
-            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_viewed(_spec_or_deletion_changed)])
+            .watches(r.GPUPOOLS, lambda _pool: self.nodes.keys(), predicates=[_viewed(_spec_or_deletion_changed)]) \
+            .watches(r.GPUNODECLAIMS, lambda claim: [Body(n).name for n in self.nodes.by_index(
+                self._nodes_by_claim, Body(claim).name)])
         self.pods = runtime.informer(r.PODS)
         if self.progressive:
             self.pods.add_index(progressive.WORKER_NODE_INDEX, progressive.worker_node_index)
@@ -122,6 +146,10 @@ class NodeReconciler:
         if self.progressive:
             await self._keep_taint(node)
         if node.unschedulable:
+            return None
+        claim_name = node.meta.label(tfa.NODE_PROVISIONER)
+        if claim_name:
+            await self._provisioned(node, claim_name, gpunode)
             return None
         if gpunode is not None and not _auto_selected(gpunode):
             return None
@@ -157,10 +185,26 @@ class NodeReconciler:
             "metadata": {"resourceVersion": node.meta.resource_version or None}, "spec": {"taints": taints}})
         log.info("%s taint %s on node %s", "added" if busy else "removed", progressive.used_by_taint(), node.name)
 
-    async def _create(self, node: Node, pool: GpuPool) -> None:
+    async def _provisioned(self, node: Node, claim_name: str, gpunode: GpuNode | None) -> None:
+        found = self.claims.get(claim_name)
+        claim = Body(found) if found is not None else None
+        orphan = claim is None or claim.meta.deleting
+        if (node.meta.label(tfa.ORPHAN) == "true") != orphan:
+            await self.runtime.client.patch(r.NODES, node.name, {"metadata": {"labels": {
+                tfa.ORPHAN: "true" if orphan else None}}})
+            if orphan:
+                self.runtime.events.warning(node, "OrphanNode", f"this node names GPUNodeClaim {claim_name}, "
+                                                                "which does not exist")
+        if claim is None or orphan or gpunode is not None:
+            return
+        pool = self._pool(claim.meta.label(tfa.MANAGED_BY) or "")
+        if pool is not None:
+            await self._create(node, pool, provisioned_gpunode_for(node, pool, claim))
+
+    async def _create(self, node: Node, pool: GpuPool, wanted: JsonObject | None = None) -> None:
         client = self.runtime.client
         try:
-            created = await client.create(r.GPUNODES, gpunode_for(node, pool))
+            created = await client.create(r.GPUNODES, wanted or gpunode_for(node, pool))
         except AlreadyExists:
             return  # the cache is behind; the GPUNode's event brings us back
         if not Body(created).phase:
@@ -171,7 +215,7 @@ class NodeReconciler:
         self.runtime.events.normal(node, "GPUNodeCreated", f"GPUPool {pool.name} selects this node")
 
     async def _delete(self, gpunode: GpuNode, why: str) -> None:
-        if gpunode.meta.deleting or not _auto_selected(gpunode):
+        if gpunode.meta.deleting or not _kept(gpunode):
             return
         try:
             await self.runtime.client.delete(r.GPUNODES, gpunode.name)

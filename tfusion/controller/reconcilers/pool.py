@@ -9,15 +9,18 @@
   capacity after the pool's oversubscription), runningAppsCnt (workloads with workers on the
   pool's GPUs), cluster (the owning TensorFusionCluster); phase Running when every node is Running
   (a pool without nodes is Running too: nothing in it waits), else Updating; condition Ready.
-- Finalizer: while deleted, phase Destroying, its GPUNodes are deleted, and the finalizer goes once
-  none is left.
+- Provisioned and Karpenter pools: `provisioning/pools.py` closes the gap to minResources and
+  warmResources with GPUNodeClaims on each pass and decides `provisioningPhase`; such a pool with a
+  minimum is not Running while it has no node.
+- Finalizer: while deleted, phase Destroying, its GPUNodes and GPUNodeClaims are deleted (each
+  claim's finalizer terminates its instance), and the finalizer goes once none is left.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Node, items, section
@@ -59,7 +62,12 @@ class PoolReconciler:
         self.controller = runtime.manager.controller("gpupool").for_(r.GPUPOOLS) \
             .watches(r.GPUNODES, lambda gpunode: self._pool_of_gpunode(Body(gpunode))) \
             .watches(r.NODES, lambda node: self._pools_selecting(Node(node)), predicates=[spec_changed]) \
+            .watches(r.GPUNODECLAIMS, lambda claim: self._pool_of_gpunode(Body(claim))) \
             .complete(self)
+        self.claims = runtime.informer(r.GPUNODECLAIMS)
+        self._claims_by_pool = self.claims.add_label_index(tfa.MANAGED_BY)
+        #: provisioning/pools.PoolProvisioner, set by the provisioning wiring (None: pools are never provisioned)
+        self.provisioner: Any = None
 
     @staticmethod
     def _pool_of_gpunode(gpunode: Body) -> list[str]:
@@ -78,21 +86,27 @@ class PoolReconciler:
             return None
         current = await ensure_finalizer(self.runtime.client, r.GPUPOOLS, GpuPool(pool), FINALIZER, self._cleanup)
         if current is None:
-            return None if not self.members(name) else Result(requeue_after=1.0)
+            busy = self.members(name) or self.claims.by_index(self._claims_by_pool, name)
+            return None if not busy else Result(requeue_after=1.0)
         await self._label_nodes(current)
-        await self._write_status(current)
-        return None
+        provisioning = await self.provisioner.reconcile(current, self.members(name)) \
+            if self.provisioner is not None else None
+        await self._write_status(current, provisioning.phase if provisioning is not None else None)
+        return Result(requeue_after=provisioning.requeue_after) \
+            if provisioning is not None and provisioning.requeue_after else None
 
     async def _cleanup(self, pool: GpuPool) -> bool:
         members = self.members(pool.name)
+        claims = [Body(c) for c in self.claims.by_index(self._claims_by_pool, pool.name)]
         await write_status(self.runtime.client, r.GPUPOOLS, pool, {"phase": DESTROYING})
-        for gpunode in members:
-            if not gpunode.meta.deleting:
-                try:
-                    await self.runtime.client.delete(r.GPUNODES, gpunode.name)
-                except NotFound:
-                    pass
-        return not members
+        for resource, owned in ((r.GPUNODES, members), (r.GPUNODECLAIMS, claims)):
+            for obj in owned:
+                if not obj.meta.deleting:
+                    try:
+                        await self.runtime.client.delete(resource, obj.name)
+                    except NotFound:
+                        pass
+        return not members and not claims
 
     async def _label_nodes(self, pool: GpuPool) -> None:
         wanted = {tfa.NODE_SELECTOR_HASH: selector_hash(pool)}
@@ -116,11 +130,13 @@ class PoolReconciler:
                 for app in items(gpu, "status", "runningApps") if isinstance(app, Mapping)}
         return len(apps)
 
-    async def _write_status(self, pool: GpuPool) -> None:
+    async def _write_status(self, pool: GpuPool, provisioning_phase: str | None) -> None:
         old = pool.status
         statuses = [n.status for n in self.members(pool.name)]
         ready = sum(1 for s in statuses if s.get("phase") == RUNNING)
         phase = RUNNING if ready == len(statuses) else UPDATING
+        if provisioning_phase is not None and not statuses and section(pool.capacity_config, "minResources"):
+            phase = UPDATING  # a provisioned pool with a minimum and no node yet waits for its nodes
         message = f"{ready} of {len(statuses)} GPUNode(s) Running"
         wanted: JsonObject = {
             "phase": phase, "totalNodes": len(statuses), "readyNodes": ready, "notReadyNodes": len(statuses) - ready,
@@ -133,5 +149,7 @@ class PoolReconciler:
                 else "NodesNotRunning", message, generation=pool.meta.generation)]),
             **sum_capacity(statuses),
         }
+        if provisioning_phase is not None:
+            wanted["provisioningPhase"] = provisioning_phase
         if await write_status(self.runtime.client, r.GPUPOOLS, pool, wanted) and phase != old.get("phase"):
             log.info("GPUPool %s is %s (%s)", pool.name, phase, message)

@@ -73,6 +73,7 @@ from tfusion.kube.informer import Informer, node_name_index
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
+    from tfusion.controller.provisioning.expander import NodeExpander
     from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class Scheduler:
         self._in_flight: dict[str, tuple[str, bool, Mapping[str, int]]] = {}
         self.metrics = SchedulerMetrics(runtime.registry)
         self.preemption: Preemption | None = None
+        #: provisioning/expander.NodeExpander when --enable-auto-expander (it sets itself here)
+        self.expander: NodeExpander | None = None
         self.pods: Informer
         self.nodes: Informer
         self.gangs: GangCoordinator
@@ -335,6 +338,8 @@ class Scheduler:
             self.metrics.attempts.labels("unschedulable").inc()
             if self.preemption is not None and self.preemption.post_filter(key, pod, decision, fw, tg):
                 return  # PostFilter: victims are being evicted; the pod binds when they are gone
+            if self.expander is not None:
+                self.expander.on_unschedulable(key, pod, decision)  # may add a node for it, or a note
             queue.unschedulable(key)
             decision.why.attempts = queue.attempts(key)
             self.reports.report(pod, decision.why, tg)

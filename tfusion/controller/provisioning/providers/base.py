@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tfusion.api import annotations as tfa
 from tfusion.api.kinds.provisioning import GPUNodeClassSpec
 from tfusion.controller.provisioning.catalog import Catalog, InstanceType
 
@@ -40,6 +41,16 @@ class LaunchRequest:
     # its Node, the EC2 user data passes them to the kubelet's --node-labels)
     labels: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)  # for the instance (cloud tags)
+
+
+#: the managed-by label or tag of an instance whose request names no pool
+MANAGED_BY_DEFAULT = "tensor-fusion"
+
+
+def managed_by(request: LaunchRequest) -> str:
+    """What an instance's (or NodeClaim's) managed-by label or tag says: the pool the request names in
+    its labels or tags, else MANAGED_BY_DEFAULT."""
+    return request.labels.get(tfa.MANAGED_BY) or request.tags.get(tfa.MANAGED_BY) or MANAGED_BY_DEFAULT
 
 
 @dataclass(frozen=True)
