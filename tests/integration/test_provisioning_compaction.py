@@ -19,7 +19,7 @@ from tests.helpers.controller import Controller, controllers, kube_client, setti
 from tfusion.api import annotations as tfa
 from tfusion.api import cron
 from tfusion.api.timestamps import rfc3339
-from tfusion.controller.provisioning.compaction import Compaction, register_compaction
+from tfusion.controller.provisioning.compaction import Compaction
 from tfusion.controller.role import ControllerRole, configure
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
@@ -37,8 +37,9 @@ async def start(tg: Any, apiserver: Any, tmp_path: Path, wall: Wall) -> tuple[Co
 
     def prepare(runtime: ControllerRole) -> None:
         configure(runtime)
-        assert runtime.allocation is not None
-        made.append(Compaction(runtime, runtime.allocation, wall=wall, min_age_s=300.0).attach())
+        assert runtime.provisioning is not None
+        runtime.provisioning.compaction.wall = wall  # the one configure() registered
+        made.append(runtime.provisioning.compaction)
 
     controller = await start_controller(tg, settings_for(apiserver, tmp_path), prepare=prepare)
     return controller, made[0]
@@ -287,17 +288,14 @@ async def test_defrag_moves_a_low_qos_worker_that_fits_elsewhere_and_leaves_prot
         assert not any([await should_delete(kube, n) for n in ("busy", "kept", "budgeted", "paired")])
 
 
-async def test_register_compaction_reads_the_minimum_age_from_the_settings(apiserver: Any, tmp_path: Path) -> None:
+async def test_the_controller_registers_compaction_with_the_minimum_age_of_its_settings(
+        apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
-    made: list[Compaction] = []
-
-    def prepare(runtime: ControllerRole) -> None:
-        configure(runtime)
-        made.append(register_compaction(runtime, runtime.settings))
-
     async with controllers() as tg:
-        controller = await start_controller(tg, settings_for(apiserver, tmp_path), prepare=prepare)
-        assert made[0].min_age_s == 300.0
-        assert made[0].run_leader in controller.runtime.leader_tasks
+        controller = await start_controller(tg, settings_for(apiserver, tmp_path, compaction_min_node_age=42.0))
+        assert controller.runtime.provisioning is not None
+        compaction = controller.runtime.provisioning.compaction
+        assert compaction.min_age_s == 42.0
+        assert compaction.run_leader in controller.runtime.leader_tasks
         # it runs as the leader's (and stopping the controller before it started can hang the harness)
-        await eventually(lambda: made[0].passes > 0, what="the registered loop's first pass")
+        await eventually(lambda: compaction.passes > 0, what="the registered loop's first pass")

@@ -570,6 +570,5 @@ def register_compaction(runtime: ControllerRole, settings: Settings) -> Compacti
     register it leader-only."""
     if runtime.allocation is None:
         raise RuntimeError("register_compaction needs the allocator service: call it after configure() built it")
-    min_age = float(getattr(settings, "compaction_min_node_age", 300.0))
-    return Compaction(runtime, runtime.allocation, min_age_s=min_age).attach()
+    return Compaction(runtime, runtime.allocation, min_age_s=settings.compaction_min_node_age).attach()
 
