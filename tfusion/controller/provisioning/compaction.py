@@ -70,7 +70,7 @@ from tfusion.controller.provisioning.plan import ZERO, Capacity, PoolCapacity, T
 from tfusion.controller.reconcilers.common import write_status
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
-from tfusion.metrics.cost import PriceError, parse_price
+from tfusion.metrics.cost import hourly_prices, node_hourly_price
 from tfusion.settings import Settings
 
 if TYPE_CHECKING:
@@ -141,6 +141,7 @@ class Compaction:
         self.gpunodes = runtime.informer(r.GPUNODES)
         self.nodes = runtime.informer(r.NODES)
         self.claims = runtime.informer(r.GPUNODECLAIMS)
+        self.providers = runtime.informer(r.PROVIDERCONFIGS)
         self.pods = runtime.informer(r.PODS)
         self._by_pool = self.gpunodes.add_label_index(tfa.MANAGED_BY)
         self._claims_by_pool = self.claims.add_label_index(tfa.MANAGED_BY)
@@ -335,7 +336,7 @@ class Compaction:
                 created_at=_created(node or gpunode, now), running=gpunode.status.get("phase") == RUNNING,
                 empty=self._empty(allocator, gpunode.name, mine), do_not_disrupt=_do_not_disrupt(gpunode, node),
                 capacity=capacity, available=Capacity(sum(t for t, _ in free), sum(v for _, v in free)),
-                price_per_hour=self._price(gpunode, claim or "")))
+                price_per_hour=self._price(gpunode, [allocator.gpu_info(g).model for g in mine])))
         return facts
 
     def _empty(self, allocator: GpuAllocator, node: str, gpus: list[str]) -> bool:
@@ -344,19 +345,10 @@ class Compaction:
             return False
         return not any(Pod(p).is_worker and not Pod(p).finished for p in self.pods.by_index("node", node))
 
-    def _price(self, gpunode: Body, claim: str) -> float:
-        """Dollars per hour: the GPUNode's costPerHour, else its claim's hourly-pricing, else 0."""
-        sources = [("spec.costPerHour", gpunode.spec.get("costPerHour"))]
-        raw_claim = self.claims.get(claim) if claim else None
-        if raw_claim is not None:
-            sources.append((tfa.HOURLY_PRICING, Body(raw_claim).meta.annotation(tfa.HOURLY_PRICING)))
-        for where, value in sources:
-            if value:
-                try:
-                    return parse_price(value, field=where)
-                except PriceError as exc:
-                    log.warning("GPUNode %s: %s", gpunode.name, exc)
-        return 0.0
+    def _price(self, gpunode: Body, models: list[str]) -> float:
+        """Dollars per hour, as the metrics price the node (a provisioned node's own price, else its
+        GPUs' model prices from the ProviderConfigs)."""
+        return node_hourly_price(gpunode, models, hourly_prices(map(Body, self.providers.list())))
 
     # --- defrag ----------------------------------------------------------------------------------
 
