@@ -207,7 +207,8 @@ async def test_a_provisioned_node_goes_by_its_claim_once_no_claim_is_in_flight(a
         await create_pool(kube, nodeManagerConfig={"provisioningMode": "Provisioned"})
         await create_claim(kube, f"{POOL}-0000aaaa")
         await create_claim(kube, f"{POOL}-0000bbbb", phase="Creating")
-        await create_node(kube, f"{POOL}-0000aaaa", price="", claim=f"{POOL}-0000aaaa")
+        # the GPUNode carries its claim's price, as the node reconciler writes it
+        await create_node(kube, f"{POOL}-0000aaaa", price="$5.07", claim=f"{POOL}-0000aaaa")
         _, compaction = await start(tg, apiserver, tmp_path, wall)
         await eventually(lambda: running(kube, f"{POOL}-0000aaaa"), what="the provisioned GPUNode Running")
         await passes_after(compaction, wall, OLD_ENOUGH)

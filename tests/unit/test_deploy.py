@@ -244,7 +244,8 @@ def test_the_containerfile_runs_every_role_as_non_root() -> None:
     assert user.split()[1].split(":")[0] not in ("0", "root")
     assert 'ENTRYPOINT ["tfusion"]' in final_stage
     installs = " ".join(line for line in lines if "pip install" in line)
-    assert "--prefix=/install ." in installs and "[dev]" not in installs, "runtime dependencies only"
+    # runtime dependencies and the aws extra (boto3: Provisioned pools on EC2), no dev tools
+    assert "--prefix=/install '.[aws]'" in installs and "dev" not in installs, "runtime dependencies only"
     # the Deployment and the DaemonSet run this image (named tfusion, set once in the base)
     for kind, name in (("Deployment", "tensor-fusion-controller"), ("DaemonSet", "tensor-fusion-hypervisor")):
         (container,) = by_key("builtin-scheduler")[(kind, name)]["spec"]["template"]["spec"]["containers"]
