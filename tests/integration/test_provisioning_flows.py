@@ -150,5 +150,7 @@ async def test_a_karpenter_pools_claim_is_fulfilled_by_karpenter_and_binds(
             return ((await kube.get(r.GPUNODECLAIMS, name)).get("status") or {}).get("phase") == "Bound"
 
         await eventually(bound, 30, what="the claim Bound once its node's GPUNode is Running")
-        node_labels = (await kube.get(r.NODES, node))["metadata"]["labels"]
-        assert tfa.ORPHAN not in node_labels
+        joined = (await kube.get(r.NODES, node))["metadata"]
+        assert tfa.ORPHAN not in joined["labels"]
+        owners = [(o["kind"], o["name"], o.get("controller")) for o in joined.get("ownerReferences", [])]
+        assert ("GPUNodeClaim", name, False) in owners, "the Node goes with its claim"

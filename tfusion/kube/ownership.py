@@ -32,6 +32,13 @@ def controller_reference(owner: Body, resource: ApiResource) -> OwnerReference:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def owner_reference(owner: Body, resource: ApiResource) -> OwnerReference:
+    """An ownerReference that makes `owner` an owner but not the controller (the carrier may have
+    one already, such as a Node Karpenter's NodeClaim controls): garbage collection follows it."""
+    return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
+            "controller": False, "blockOwnerDeletion": False}
+
+
 def controller_reference_to(ref: JsonMapping) -> OwnerReference:
     """A controlling ownerReference to the object another reference `ref` names (adoption by proxy)."""
     return {"apiVersion": text(ref, "apiVersion"), "kind": text(ref, "kind"), "name": text(ref, "name"),

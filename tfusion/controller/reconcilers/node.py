@@ -17,7 +17,8 @@ manageMode (Manual, Provisioned), or made by hand without a controlling pool, is
 Provisioned nodes: a Node labelled `tensor-fusion.ai/node-provisioner=<claim>` came from a
 GPUNodeClaim (provisioning/claims.py). Its GPUNode is made from the claim, whatever the pools'
 selectors say: the claim's pool, `spec.manageMode: Provisioned`, the node-provisioner label and
-`spec.costPerHour` from the claim's hourly price. A Node that names a claim that does not exist is
+`spec.costPerHour` from the claim's hourly price. The Node gets the claim as an owner (not its
+controller), so it goes with the claim. A Node that names a claim that does not exist is
 labelled `tensor-fusion.ai/orphan=true` (and loses the label once its claim is there). A
 provisioned GPUNode goes with its Node, like an AutoSelect one.
 
@@ -44,7 +45,7 @@ from tfusion.controller.runtime import component_selector
 from tfusion.controller.scheduling import progressive
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
-from tfusion.kube.ownership import controller_reference
+from tfusion.kube.ownership import controller_reference, owner_reference
 from tfusion.kube.reconciler import Predicate, Result, spec_changed
 
 if TYPE_CHECKING:
@@ -195,7 +196,14 @@ class NodeReconciler:
             if orphan:
                 self.runtime.events.warning(node, "OrphanNode", f"this node names GPUNodeClaim {claim_name}, "
                                                                 "which does not exist")
-        if claim is None or orphan or gpunode is not None:
+        if claim is None or orphan:
+            return
+        if not any(ref.get("uid") == claim.uid for ref in node.meta.owner_references):
+            # the Node goes with its claim (after the claim's finalizer has terminated the instance)
+            owners = [json_object(o) for o in (*node.meta.owner_references, owner_reference(claim, r.GPUNODECLAIMS))]
+            await self.runtime.client.patch(r.NODES, node.name, {"metadata": {
+                "resourceVersion": node.meta.resource_version or None, "ownerReferences": owners}})
+        if gpunode is not None:
             return
         pool = self._pool(claim.meta.label(tfa.MANAGED_BY) or "")
         if pool is not None:
