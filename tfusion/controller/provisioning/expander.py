@@ -237,7 +237,7 @@ class NodeExpander:
                 for _ in range(instance_type.gpu_count)]
         promised = [self.buffered_need(k) for k, p in self.promises.items() if p.claim == claim.name]
         for need in filter(None, promised):
-            _take(gpus, need)
+            plan.place(need, gpus)  # what the pre-scheduled pods will use
         ready = min((p.ready_at for p in self.promises.values() if p.claim == claim.name),
                     default=self.wall() + instance_type.boot_seconds)
         return plan.InFlight(claim.name, instance_type, ready, tuple(gpus))
@@ -285,14 +285,3 @@ class NodeExpander:
                 "preSchedulePods": {k: p.node for k, p in sorted(self.promises.items())},
                 "preScheduleTimerNum": len(self.promises) + len(self.buffered),
                 "provisioningEnabled": self.switch.enabled}
-
-
-def _take(gpus: list[plan.FreeGpu], need: plan.PodNeed) -> None:
-    """Remove what one pre-scheduled pod will use from a planned node's free GPUs."""
-    taken = 0
-    for i, gpu in enumerate(gpus):
-        if taken == need.gpu_count:
-            break
-        if gpu.tflops >= need.tflops_per_gpu and gpu.vram >= need.vram_per_gpu:
-            gpus[i] = plan.FreeGpu(gpu.tflops - need.tflops_per_gpu, gpu.vram - need.vram_per_gpu, gpu.model)
-            taken += 1

@@ -524,7 +524,7 @@ def _pod_order(pod: PodNeed) -> tuple[int, int, int, str]:
     return -pod.gpu_count, -pod.vram_per_gpu, -pod.tflops_per_gpu, pod.key
 
 
-def _place(pod: PodNeed, gpus: list[FreeGpu]) -> bool:
+def place(pod: PodNeed, gpus: list[FreeGpu]) -> bool:
     """Put `pod` on the first GPUs that hold it (updating `gpus`); False, and `gpus` untouched, when
     fewer than `gpu_count` do."""
     if pod.gpu_count < 1:
@@ -544,7 +544,7 @@ def _fresh(t: InstanceType) -> list[FreeGpu]:
 
 
 def _fits_empty(pod: PodNeed, t: InstanceType) -> bool:
-    return _place(pod, _fresh(t))
+    return place(pod, _fresh(t))
 
 
 def _onto_in_flight(order: list[PodNeed], in_flight: Sequence[InFlight], out: list[Expansion]) -> list[PodNeed]:
@@ -553,7 +553,7 @@ def _onto_in_flight(order: list[PodNeed], in_flight: Sequence[InFlight], out: li
     placed: list[list[str]] = [[] for _ in claims]
     left = []
     for pod in order:
-        at = next((i for i in range(len(claims)) if _place(pod, free[i])), None)
+        at = next((i for i in range(len(claims)) if place(pod, free[i])), None)
         if at is None:
             left.append(pod)
         else:
@@ -565,7 +565,7 @@ def _onto_in_flight(order: list[PodNeed], in_flight: Sequence[InFlight], out: li
 
 def _first_fit(pods: list[PodNeed], t: InstanceType) -> list[PodNeed]:
     gpus = _fresh(t)
-    return [p for p in pods if _place(p, gpus)]
+    return [p for p in pods if place(p, gpus)]
 
 
 def _pick(fitting: list[PodNeed], clones: list[tuple[str, InstanceType]], sellable: list[InstanceType],
