@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tfusion.allocator.request import RequestError
+from tfusion.allocator.request import AllocRequest, RequestError
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuNodeClaim, GpuPool, Pod, text
 from tfusion.controller.provisioning import plan
@@ -59,6 +59,12 @@ class Promise:
     instance_type: str
     ready_at: float  # wall-clock estimate of the node being Ready
     created: bool  # True when this pass created the claim, False when it joined one in flight
+
+
+def pod_need(key: str, req: AllocRequest) -> plan.PodNeed:
+    """What a pod needs of a new node's GPUs. A share in percent fits any whole GPU: it asks no TFLOPS."""
+    return plan.PodNeed(key=key, pool=req.pool, tflops_per_gpu=0 if req.percent_request else req.tflops_request,
+                        vram_per_gpu=req.vram_request, gpu_count=req.count, gpu_model=req.gpu_model)
 
 
 def short_of_gpu(why: Why) -> bool:
@@ -111,10 +117,8 @@ class NodeExpander:
             why.message = f"{why.message} {NOTE_PREFIX} {self.refusals[key]}"
         if not short_of_gpu(why):
             return
-        need = plan.PodNeed(key=key, pool=req.pool, tflops_per_gpu=req.tflops_request if not req.percent_request
-                            else 0, vram_per_gpu=req.vram_request, gpu_count=req.count, gpu_model=req.gpu_model)
         if key not in self.buffered:
-            self.buffered[key] = (need, self.wall())
+            self.buffered[key] = (pod_need(key, req), self.wall())
 
     def promise_note(self, promise: Promise) -> str:
         left = max(0, round(promise.ready_at - self.wall()))
@@ -235,23 +239,20 @@ class NodeExpander:
             return None
         gpus = [plan.FreeGpu(instance_type.tflops_per_gpu, instance_type.vram_per_gpu, instance_type.gpu_model)
                 for _ in range(instance_type.gpu_count)]
-        promised = [self.buffered_need(k) for k, p in self.promises.items() if p.claim == claim.name]
+        promised = [self.need_of(k) for k, p in self.promises.items() if p.claim == claim.name]
         for need in filter(None, promised):
             plan.place(need, gpus)  # what the pre-scheduled pods will use
         ready = min((p.ready_at for p in self.promises.values() if p.claim == claim.name),
                     default=self.wall() + instance_type.boot_seconds)
         return plan.InFlight(claim.name, instance_type, ready, tuple(gpus))
 
-    def buffered_need(self, key: str) -> plan.PodNeed | None:
+    def need_of(self, key: str) -> plan.PodNeed | None:
         pod = self.scheduler.pod(key)
         try:
             req = self.scheduler.request_of(pod) if pod is not None else None
         except RequestError:
             return None
-        if req is None:
-            return None
-        return plan.PodNeed(key=key, pool=req.pool, tflops_per_gpu=0 if req.percent_request else req.tflops_request,
-                            vram_per_gpu=req.vram_request, gpu_count=req.count, gpu_model=req.gpu_model)
+        return pod_need(key, req) if req is not None else None
 
     def _clonable(self, pool: GpuPool, lookup: Callable[[str], InstanceType | None]) -> dict[str, InstanceType]:
         """The pool's provisioned nodes and their instance types (what a clone would launch)."""
