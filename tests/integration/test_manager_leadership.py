@@ -71,7 +71,8 @@ async def test_leader_work_stops_with_the_lease_and_runs_again_when_it_leads_aga
         # the intruder stops renewing; this replica leads again and its work runs again, on the
         # current state: p2's allocation rebuilt, the wrong status rewritten
         async def leads_again() -> bool:
-            return manager.is_leader and manager.terms == 2 and ctl.service.allocator is not None
+            # at least 2: on a loaded machine a renewal can miss its 1.5 s deadline, which ends a term too
+            return manager.is_leader and manager.terms >= 2 and ctl.service.allocator is not None
 
         await eventually(leads_again, timeout=20, what="a second leadership term")
         await eventually(lambda: available_is({"tflops": "70", "vram": "32Gi"}),
