@@ -8,8 +8,8 @@
    while the pool would fall below `warmResources`, and otherwise removes it once it is older than
    the minimum age: its claim is deleted and the simulated instance terminated (the Node goes).
 
-The periods are seconds instead of minutes (`--compaction-min-node-age 12s`, a 2 s compaction
-period, a 6 s boot); nothing waits on wall-clock speed beyond polling with deadlines.
+The periods are seconds instead of minutes (`--compaction-min-node-age 8s`, a 2 s compaction
+period, a 4 s boot); nothing waits on wall-clock speed beyond polling with deadlines.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import parse_rfc3339
 
 pytestmark = [needs_kubectl, pytest.mark.timeout(300)]
+MIN_AGE_S = 8
 
 POOL = """
 apiVersion: tensor-fusion.ai/v1
@@ -102,7 +103,8 @@ def in_flight(run: RoleAll) -> dict[str, Any] | None:
 
 def test_a_provisioned_pool_grows_for_its_minimum_and_a_big_pod_then_gives_the_node_back(
         role_all: RoleAll, tmp_path: Any) -> None:
-    role_all.args += ["--enable-auto-expander", "--simulated-boot-delay", "6s", "--compaction-min-node-age", "12s"]
+    role_all.args += ["--enable-auto-expander", "--simulated-boot-delay", "4s",
+                      "--compaction-min-node-age", f"{MIN_AGE_S}s"]
     role_all.start()
     role_all.wait_for("the controller and hypervisor to be ready", role_all.ready, timeout=60)
     kubectl = Kubectl(role_all.kubeconfig, tmp_path / "kubectl-cache")
@@ -171,7 +173,7 @@ def _running_on(run: RoleAll, node: str) -> dict[str, Any] | None:
 def _passes_after_the_minimum_age(run: RoleAll, node: str) -> None:
     """Wait until compaction has run twice after the node became old enough to be removed."""
     created = run.get(f"/api/v1/nodes/{node}")["metadata"]["creationTimestamp"]
-    old_enough = parse_rfc3339(created).timestamp() + 12
+    old_enough = parse_rfc3339(created).timestamp() + MIN_AGE_S
 
     def passes() -> bool:
         last = pool_status(run).get("lastCompactionTime")
