@@ -101,6 +101,9 @@ class ClaimReconciler:
         self.gpunodes = runtime.informer(r.GPUNODES)
         self.classes = runtime.informer(r.GPUNODECLASSES)
         self._nodes_by_claim = self.nodes.add_label_index(tfa.NODE_PROVISIONER)
+        #: claim UID -> the instance just launched for it, until the cache shows it in the status (a
+        #: quick requeue must not launch again: providers are idempotent, but events would double)
+        self._launched: dict[str, str] = {}
         self.controller = runtime.manager.controller("gpunodeclaim").for_(r.GPUNODECLAIMS) \
             .watches(r.NODES, lambda node: _claim_label(Body(node))) \
             .watches(r.GPUNODES, lambda gpunode: _claim_label(Body(gpunode))) \
@@ -126,7 +129,10 @@ class ClaimReconciler:
                                                                   "no instance is launched for this claim")
             return None
         if not current.instance_id:
+            if current.uid in self._launched:
+                return Result(requeue_after=1.0)  # launched; the cache has not seen the status yet
             return await self._launch(current, pool)
+        self._launched.pop(current.uid, None)
         if current.phase != BOUND and self._joined(current):
             await write_status(self.runtime.client, r.GPUNODECLAIMS, current, {"phase": BOUND})
             self.runtime.events.normal(current, "NodeJoined", f"node {current.node_name} joined and its GPUs are "
@@ -160,6 +166,7 @@ class ClaimReconciler:
             return Result(requeue_after=RETRY_S) if exc.retryable else None
         await write_status(self.runtime.client, r.GPUNODECLAIMS, claim,
                            {"phase": CREATING, "instanceID": instance.instance_id})
+        self._launched[claim.uid] = instance.instance_id
         self.runtime.events.normal(claim, "ManagedNodeCreated",
                                    f"{provider.name} instance {instance.instance_id} ({request.instance_type.name}, "
                                    f"{request.capacity_type}) launched for node {request.node_name}")
