@@ -320,6 +320,7 @@ class Compaction:
         """The pool's nodes that compaction and defrag may consider: its GPUNodes not being deleted
         whose Node is not marked should-delete already."""
         gpus = _gpus_by_node(allocator, pool)
+        prices = hourly_prices(map(Body, self.providers.list()))  # once per pass, not per node
         facts = []
         for gpunode in sorted(map(Body, self.gpunodes.by_index(self._by_pool, pool)), key=lambda b: b.name):
             raw_node = self.nodes.get(gpunode.name)
@@ -336,7 +337,7 @@ class Compaction:
                 created_at=_created(node or gpunode, now), running=gpunode.status.get("phase") == RUNNING,
                 empty=self._empty(allocator, gpunode.name, mine), do_not_disrupt=_do_not_disrupt(gpunode, node),
                 capacity=capacity, available=Capacity(sum(t for t, _ in free), sum(v for _, v in free)),
-                price_per_hour=self._price(gpunode, [allocator.gpu_info(g).model for g in mine])))
+                price_per_hour=node_hourly_price(gpunode, [allocator.gpu_info(g).model for g in mine], prices)))
         return facts
 
     def _empty(self, allocator: GpuAllocator, node: str, gpus: list[str]) -> bool:
@@ -344,11 +345,6 @@ class Compaction:
         if any(allocator.gpu_allocations(g, committed_only=False) for g in gpus):
             return False
         return not any(Pod(p).is_worker and not Pod(p).finished for p in self.pods.by_index("node", node))
-
-    def _price(self, gpunode: Body, models: list[str]) -> float:
-        """Dollars per hour, as the metrics price the node (a provisioned node's own price, else its
-        GPUs' model prices from the ProviderConfigs)."""
-        return node_hourly_price(gpunode, models, hourly_prices(map(Body, self.providers.list())))
 
     # --- defrag ----------------------------------------------------------------------------------
 
