@@ -40,6 +40,7 @@ from tfusion.metrics.cost import PriceError, parse_price
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
+    from tfusion.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +134,13 @@ class ClaimReconciler:
                 return Result(requeue_after=1.0)  # launched; the cache has not seen the status yet
             return await self._launch(current, pool)
         self._launched.pop(current.uid, None)
-        if current.phase != BOUND and self._joined(current):
+        node = joined_node(self.nodes, self._nodes_by_claim, current)
+        gpunode = self.gpunodes.get(node) if node else None
+        if current.phase != BOUND and gpunode is not None and Body(gpunode).phase == RUNNING:
             await write_status(self.runtime.client, r.GPUNODECLAIMS, current, {"phase": BOUND})
-            self.runtime.events.normal(current, "NodeJoined", f"node {current.node_name} joined and its GPUs are "
+            self.runtime.events.normal(current, "NodeJoined", f"node {node} joined and its GPUs are "
                                                               f"reported (instance {current.instance_id})")
         return None
-
-    def _joined(self, claim: GpuNodeClaim) -> bool:
-        nodes = self.nodes.by_index(self._nodes_by_claim, claim.name)
-        gpunode = self.gpunodes.get(Body(nodes[0]).name) if nodes else None
-        return gpunode is not None and Body(gpunode).phase == RUNNING
 
     async def _provider(self, claim: GpuNodeClaim, pool: GpuPool | None) -> CloudProvider | None:
         if pool is None:
@@ -223,6 +221,14 @@ class ClaimReconciler:
             self.runtime.events.normal(claim, "ManagedNodeTerminated",
                                        f"{provider.name} instance(s) {', '.join(sorted(ids))} terminated")
         return True
+
+
+def joined_node(nodes: Informer, by_claim: str, claim: GpuNodeClaim) -> str:
+    """The Node that joined for `claim` ("" before one has): the Node labelled with the claim (its
+    name need not be the claim's: Karpenter names its Nodes itself). `by_claim`: the informer's
+    label index on tfa.NODE_PROVISIONER."""
+    found = nodes.by_index(by_claim, claim.name)
+    return Body(found[0]).name if found else ""
 
 
 def _claim_label(obj: Body) -> list[str]:

@@ -28,7 +28,7 @@ from tfusion.api.kinds.pool import GPUPool
 from tfusion.api.types import ManifestError, decode_as
 from tfusion.controller.provisioning import plan
 from tfusion.controller.provisioning.catalog import ON_DEMAND, SPOT, InstanceType
-from tfusion.controller.provisioning.claims import BOUND, new_claim, offered
+from tfusion.controller.provisioning.claims import BOUND, joined_node, new_claim, offered
 from tfusion.controller.provisioning.cloud import AUTO_SELECT, Providers, ProviderUnavailable
 from tfusion.controller.reconcilers.common import byte_count, milli_tflops
 from tfusion.kube import resources as r
@@ -82,10 +82,8 @@ class PoolProvisioner:
         return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_MAX_IN_FLIGHT
 
     def node_of(self, claim: GpuNodeClaim) -> str:
-        """The name of the Node that joined for `claim` ("" before one has): the Node labelled with
-        the claim, which need not be named after it (Karpenter names its Nodes itself)."""
-        nodes = self.nodes.by_index(self._nodes_by_claim, claim.name)
-        return Body(nodes[0]).name if nodes else ""
+        """The Node that joined for `claim` ("" before one has)."""
+        return joined_node(self.nodes, self._nodes_by_claim, claim)
 
     def in_flight(self, claim: GpuNodeClaim) -> bool:
         """A claim whose node is not yet counted in the pool's capacity (not Bound, or its GPUNode has
