@@ -98,7 +98,9 @@ def scheduled_condition(run: RoleAll) -> str:
 
 def in_flight(run: RoleAll) -> dict[str, Any] | None:
     data: dict[str, Any] = httpx.get(f"{run.controller}/api/node-scaler", timeout=5).json()["data"]
-    return data if data["preSchedulePods"].get("default/big") else None
+    node = data["preSchedulePods"].get("default/big")
+    # the promise is made when the claim is created; the claim shows once the controller's cache has it
+    return data if node and node in data["inFlightNodeClaims"] else None
 
 
 def test_a_provisioned_pool_grows_for_its_minimum_and_a_big_pod_then_gives_the_node_back(

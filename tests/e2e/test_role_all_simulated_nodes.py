@@ -57,6 +57,10 @@ def gpus_of(run: RoleAll, node: str) -> list[dict[str, Any]] | None:
     return running if len(running) == 4 else None
 
 
+def with_status(node: dict[str, Any] | None) -> dict[str, Any] | None:
+    return node if node and "status" in node else None
+
+
 def node_gone(run: RoleAll, node: str) -> bool:
     return node not in {n["metadata"]["name"] for n in run.get("/api/v1/nodes")["items"]}
 
@@ -67,7 +71,9 @@ def test_a_simulated_instance_joins_with_its_gpus_survives_a_restart_and_leaves(
     instance = with_provider(role_all, launch)
     assert instance.node_name == CLAIM
 
-    node = role_all.wait_for("the instance's Node", lambda: role_all.get(f"/api/v1/nodes/{CLAIM}"))
+    # the kubelet registers the Node first and reports its status right after, as a real one does
+    node = role_all.wait_for("the instance's Node with its status",
+                             lambda: with_status(role_all.get(f"/api/v1/nodes/{CLAIM}")))
     labels = node["metadata"]["labels"]
     assert labels[tfa.NODE_PROVISIONER] == CLAIM and labels["node.kubernetes.io/instance-type"] == "g6.12xlarge"
     assert node["status"]["allocatable"]["cpu"] == "48"

@@ -22,8 +22,10 @@ the evicting:
   the pod reconciler's later release finds nothing to do) and the preemptor is reserved on the node
   right after, so the freed share is kept for it; its `status.nominatedNodeName` names the node;
 - the preemptor binds once its victims on the node are gone from the informer; when they are not
-  gone within their grace period + `VICTIM_WAIT_MARGIN_S`, the reservation goes, the victims still
-  there get their allocations back, and the pod is tried again later, saying which pod did not go.
+  gone within their grace period + `VICTIM_WAIT_MARGIN_S`, the reservation goes and the pod is tried
+  again later, saying which pod did not go. The victims do not get their shares back: a pod being
+  deleted holds no GPU share (the pod reconciler's rule, reconcilers/pod.py), and by then its grace
+  period is over, so its containers have been stopped unless its node is unreachable.
 
 What users see: each victim gets a `Preempted` event naming the preemptor and the node; the
 preemptor gets a `Preempting` event, and its explanation (PodScheduled message, `tfusion why`)
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from anyio.abc import TaskGroup
 from prometheus_client import Counter
 
-from tfusion.allocator import AllocationInfo, AllocRequest
+from tfusion.allocator import AllocRequest
 from tfusion.allocator.framework import Code, Framework
 from tfusion.allocator.preemption import Candidate, Eligible, PreemptionSearch, SearchStats, VictimFacts
 from tfusion.api import annotations as tfa
@@ -115,7 +117,6 @@ class Attempt:
     victims: dict[str, Pod]
     #: the explanation the attempt started from (why the pod fit nowhere)
     base: Why
-    held: dict[str, AllocationInfo] = field(default_factory=dict)
 
 
 class Preemption:
@@ -361,7 +362,7 @@ class Preemption:
                 queue.delete(attempt.key)
             return
         if not gone:
-            self._give_up(attempt, current, fw, tg)
+            self._give_up(attempt, fw, tg)
             return
         self.metrics.attempts.labels("bound").inc()
         # Permit as after any Reserve: a gang member waits for the rest of its gang (gang_runtime.py)
@@ -401,9 +402,6 @@ class Preemption:
         """Release the evicted victims' allocations, then reserve the preemptor on the node at once."""
         service, sched = self.scheduler.service, self.scheduler
         for uid in attempt.candidate.victims:
-            info = fw.allocator.allocation(uid)
-            if info is not None:
-                attempt.held[uid] = info
             await service.release(uid, "preempted")
         if fw.allocator is not service.allocator:
             return False  # leadership ended meanwhile
@@ -460,17 +458,11 @@ class Preemption:
                 out.append(current)
         return out
 
-    def _give_up(self, attempt: Attempt, current: Pod, fw: Framework, tg: TaskGroup) -> None:
-        """Victims did not go in time: drop the reservation, give those still there their
-        allocations back, and try the pod again later."""
+    def _give_up(self, attempt: Attempt, fw: Framework, tg: TaskGroup) -> None:
+        """Victims did not go in time: drop the reservation and try the pod again later."""
         self.metrics.attempts.labels("timed_out").inc()
         staying = self._still_there(self._local_victims(attempt))
         self.scheduler._unassume(attempt.pod, attempt.decision, fw)
-        restore = [(info.request, info.gpu_names) for uid, info in attempt.held.items()
-                   if any(p.uid == uid for p in staying)]
-        if restore:
-            fw.allocator.restore(restore)
-            self.scheduler.service.flush()
         names = ", ".join(pod_key(p) for p in staying)
         self._explain(attempt, f"preemption: pod(s) {names} did not leave node {attempt.candidate.node} in time; "
                                "trying again later.", tg)
