@@ -33,6 +33,7 @@ import orjson
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod, items, section
 from tfusion.api.jsontypes import JsonMapping, JsonObject
+from tfusion.console.explain import node_reasons, suggestion_text
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 PROG = "tfusion why"
@@ -146,18 +147,11 @@ def render_text(pod: Pod, explanation: JsonMapping | None, controller_error: str
     message = answer.get("message") or (condition.get("message") if condition is not None else "") or ""
     lines.append(f"Why: {message}" if message else "Why: no scheduler has reported on it yet.")
     for node, status in sorted(section(answer, "nodes").items()):
-        reasons = items(status, "reasons")
-        details = "; ".join(r.get("detail") or r.get("message", "") for r in reasons) or status.get("summary", "")
-        lines.append(f"  {'(every node)' if node == '*' else node}: {details}")
+        lines.append(f"  {'(every node)' if node == '*' else node}: {node_reasons(status)}")
     suggestions = items(answer, "suggestions")
     if suggestions:
         lines.append("What would make it fit:")
-        for suggestion in suggestions:
-            changes = ", ".join(f"{k}={v!s}" if v else f"remove {k}"
-                                for k, v in section(suggestion, "changes").items())
-            target = suggestion.get("target") or "annotations"
-            how = f" (set {changes} on the {'pod' if target == 'annotations' else target})" if changes else ""
-            lines.append(f"  - {suggestion.get('message')}{how}")
+        lines.extend(f"  - {suggestion_text(suggestion)}" for suggestion in suggestions)
     elif explanation is not None and message:
         lines.append("What would make it fit: nothing found that fits now (more GPUs, or fewer pods).")
     if controller_error:
