@@ -95,7 +95,8 @@ def build_parser(roles: Sequence[str] | None) -> _Parser:
     parser = _Parser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
                             + _not_implemented_epilog()
-                            + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled.")
+                            + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."
+                            + " 'tfusion console' serves a read-only web console of the cluster.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -168,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tfusion.why import why_command
 
         return why_command(argv[1:])
+    if argv and argv[0] == "console":
+        from tfusion.console.cli import console_command
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return console_command(argv[1:])
     try:
         settings = settings_from_args(argv)
     except NotImplementedSettingError as exc:

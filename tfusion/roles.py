@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
 from tfusion.kube.manager import Manager
-from tfusion.settings import Settings
+from tfusion.settings import Settings, format_listen
 
 log = logging.getLogger("tfusion")
 
@@ -107,12 +107,28 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
                 for role_manager in own.values():
                     await inner.start(role_manager.run)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
+                if embedded and settings.console_listen != "off":
+                    started["console"] = await inner.start(_console, settings, started)
                 stage.announce(started)
                 await stop.wait()
                 inner.cancel_scope.cancel()
             middle.cancel_scope.cancel()
         outer.cancel_scope.cancel()
     return 0
+
+
+async def _console(settings: Settings, started: dict[str, Any], *,
+                   task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+    """`--role=all` serves the console too: as the kubeconfig's admin, asking the controller it runs."""
+    from tfusion.console.cli import ConsoleOptions, serve_console
+
+    address = getattr(started.get("controller"), "address", None)
+    controller = f"http://{format_listen(*address)}" if address else ""
+    metrics = settings.resolved_metrics_path
+    options = ConsoleOptions(settings.kube, settings.console_listen, controller,
+                             metrics_dir=str(metrics.parent) if metrics is not None else "",
+                             operator_namespace=settings.operator_namespace)
+    await serve_console(options, task_status=task_status)
 
 
 class _TrackedStatus:

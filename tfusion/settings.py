@@ -198,6 +198,11 @@ def _listen_address(text: str) -> str:
     return text
 
 
+def _listen_or_off(text: str) -> str:
+    """HOST:PORT, :PORT, or "off"."""
+    return "off" if text.strip() == "off" else _listen_address(text.strip())
+
+
 def parse_host(text: str) -> str:
     """An IP address to listen on (IPv6 with or without brackets); "" keeps the role's default."""
     host = text.strip().strip("[]")
@@ -313,6 +318,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("state", "--state", None, ".tfusion/state.db", str, "apiserver", "SQLite file holding every object"),
     _o("kubeconfig_out", "--kubeconfig-out", None, ".tfusion/kubeconfig", str, "apiserver",
        "where to write a kubeconfig for kubectl and the other roles"),
+    _o("console_listen", "--console-listen", None, "127.0.0.1:8090", _listen_or_off, "apiserver",
+       "with --role=all, the web console's address (tfusion console, read-only, as the kubeconfig's admin); "
+       "off: no console"),
     _o("embedded_identities", "--embedded-identities", None, "service-accounts",
        _choice("service-accounts", "admin"), "apiserver",
        "with the embedded API server (--role=all): 'service-accounts' runs the controller and the hypervisor "
@@ -522,6 +530,7 @@ class Settings:
     apiserver_listen: str = _default("apiserver_listen")
     state: str = _default("state")
     kubeconfig_out: str = _default("kubeconfig_out")
+    console_listen: str = _default("console_listen")
     embedded_identities: str = _default("embedded_identities")
     watch_history: int = _default("watch_history")
     controller_listen: str = _default("controller_listen")

@@ -34,6 +34,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod, items, section
 from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.console.explain import node_reasons, suggestion_text
+from tfusion.console.target import kube_target
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 PROG = "tfusion why"
@@ -60,14 +61,6 @@ def build_parser() -> _Parser:
 
 
 WORKLOAD_PREFIXES = ("workload/", "workloads/", "tensorfusionworkload/", "tensorfusionworkloads/", "tfw/")
-
-
-def kube_target(kube: str) -> str:
-    from tfusion.settings import Settings
-
-    settings = Settings.load({"kube": kube or None}, roles=("controller",))
-    mode = settings.kube_mode
-    return settings.kubeconfig_out if mode == "embedded" else mode
 
 
 async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:

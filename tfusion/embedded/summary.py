@@ -77,6 +77,9 @@ def startup_summary(settings: Settings, started: Mapping[str, object], plan: Dev
         hypervisor_url = f"http://{_display_host(host)}:{port}"
         lines.append(f"  hypervisor   {hypervisor_url}  (/api/v1/devices, /api/v1/workers, /readyz; "
                      f"{_bound(host, port)})")
+    console = started.get("console")
+    if isinstance(console, str):
+        lines.append(f"  console      {console}  (open it in a browser: GPUs, workloads, pending pods, cost)")
     if stage is not None and stage.node is not None:
         pool = f", GPUNode in pool {stage.pool}" if stage.pool else ", no GPUPool selects it"
         lines.append(f"  node         {stage.node.name} (simulated kubelet{pool})")
