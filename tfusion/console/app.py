@@ -166,7 +166,7 @@ def console_app(cluster: Cluster, *, controller: ControllerLink | None, history:
             ("/workloads", "workloads", "Workloads", workloads_context),
             ("/pending", "pending", "Pending pods", pending_context), ("/quotas", "quotas", "Quotas", quotas_context),
             ("/events", "events", "Events", events_context), ("/usage", "usage", "Usage and cost", usage_context)):
-        handlers.append(get(path, name=template, include_in_schema=False, sync_to_thread=False)(
+        handlers.append(get(path, name=template, include_in_schema=False)(
             page(template, title, path, build)))
 
     @get("/static/{name:str}", include_in_schema=False, sync_to_thread=False)
