@@ -122,7 +122,8 @@ def test_workloads_sort_by_what_they_ask_for_and_do_not_use() -> None:
 
 def test_pending_uses_the_controllers_explanation_and_offers_the_annotate_command() -> None:
     pods = views.pending_pods(cluster())
-    answer: dict[str, Any] = {"message": "0/2 nodes have room", "nodes": {"node-a": {"reasons": [{"detail": "VRAM short by 4Gi"}]}},
+    answer: dict[str, Any] = {
+              "message": "0/2 nodes have room", "nodes": {"node-a": {"reasons": [{"detail": "VRAM short by 4Gi"}]}},
               "suggestions": [{"kind": "smaller-request", "message": "ask for at most 16Gi", "target": "annotations",
                                "changes": {tfa.VRAM_REQUEST: "16Gi", tfa.VRAM_LIMIT: "16Gi"}},
                               {"kind": "quota", "message": "raise the quota", "target": "quota",
