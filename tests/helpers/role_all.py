@@ -44,10 +44,11 @@ class RoleAll:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        api, controller, hypervisor, probes = free_ports(4)
+        api, controller, hypervisor, probes, console = free_ports(5)
         self.api = f"https://127.0.0.1:{api}"  # the embedded API server: HTTPS and a token
         self.controller = f"http://127.0.0.1:{controller}"
         self.hypervisor = f"http://127.0.0.1:{hypervisor}"
+        self.console = f"http://127.0.0.1:{console}"
         self.kubeconfig = tmp / "kubeconfig"
         self.args = [
             "--role=all", "--apiserver-listen", self.api.removeprefix("https://"),
@@ -57,10 +58,17 @@ class RoleAll:
             "--state", str(tmp / "state.db"), "--kubeconfig-out", str(self.kubeconfig),
             "--state-dir", str(tmp / "hv"), "--metrics-output-path", str(tmp / "metrics.log"),
             "--node-name", NODE,
+            # the console costs a cache of its own: only the tests that look at it serve it
+            "--console-listen", "off",
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = tmp / "log0.txt"
         self.runs = 0
+
+    def serve_console(self) -> None:
+        """Serve the console at `self.console` (the default for users; off in the other tests)."""
+        at = self.args.index("--console-listen")
+        self.args[at + 1] = self.console.removeprefix("http://")
 
     def start(self) -> None:
         self.runs += 1

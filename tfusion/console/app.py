@@ -83,16 +83,30 @@ def console_app(cluster: Cluster, *, controller: ControllerLink | None, history:
               "console.js": (_static("console.js"), "text/javascript; charset=utf-8"),
               "favicon.svg": (_static("favicon.svg"), "image/svg+xml")}
 
+    #: path -> what its last render was made from, and its fingerprint: an unchanged poll is not rendered
+    rendered: dict[str, tuple[Any, ...]] = {}
+
+    def source_key(source: tuple[Any, ...], etag: str) -> tuple[Any, ...]:
+        query = "&".join(p for p in str(source[2]).split("&") if not p.startswith(("since=", "fragment=")))
+        return (source[0], source[1], query, etag)
+
     def page(template: str, title: str, path: str, build: Callable[[Request[Any, Any, Any]], Awaitable[dict[str, Any]]]
              ) -> Callable[[Request[Any, Any, Any]], Awaitable[Response[bytes]]]:
         live = env.get_template(f"{template}.html")
 
         async def handler(request: Request[Any, Any, Any]) -> Response[bytes]:
+            since = request.query_params.get("since")
+            await state.usage()  # refreshed first, so the source below says whether it changed
+            source = (cluster.generation, state.controller.usage_version if state.controller else 0,
+                      request.url.query)
+            if template != "pending" and since and rendered.get(path) == (source_key(source, since)):
+                return Response(b"", status_code=204, headers={"ETag": since})
             context = await build(request)
             fragment = live.render(context, fragment=True).encode()
             etag = hashlib.blake2s(fragment, digest_size=8).hexdigest()
+            rendered[path] = source_key(source, etag)
             if request.query_params.get("fragment"):
-                if request.query_params.get("since") == etag:
+                if since == etag:
                     return Response(b"", status_code=204, headers={"ETag": etag})
                 return _html(fragment, etag)
             body = env.get_template("page.html").render(

@@ -37,6 +37,8 @@ class ControllerLink:
         self._usage: tuple[float, Usage] | None = None
         self._whys: dict[str, tuple[float, Mapping[str, Any] | None, str]] = {}
         self._usage_lock = anyio.Lock()
+        #: grows when the usage answer changes (a page that shows it is current while this holds)
+        self.usage_version = 0
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -63,6 +65,10 @@ class ControllerLink:
                 return self._usage[1]
             body, error = await self._get("/api/usage")
             usage = usage_from_answer(body if isinstance(body, dict) else None, error)
+            if self._usage is None or usage != self._usage[1]:
+                self.usage_version += 1
+            else:
+                usage = self._usage[1]
             self._usage = (time.monotonic(), usage)
             return usage
 

@@ -132,14 +132,6 @@ def _parsed(text: str, milli: bool) -> float:
     return parsed.milli_value() / MILLI if milli else float(parsed.value())
 
 
-def gpu_node(gpu: Gpu) -> str:
-    return gpu.node_selector.get("kubernetes.io/hostname") or gpu.meta.label(tfa.MANAGED_BY) or ""
-
-
-def gpu_pool(gpu: Gpu) -> str:
-    return gpu.meta.label(tfa.GPU_POOL) or ""
-
-
 def is_pending(pod: Pod) -> bool:
     return not pod.node_name and not pod.finished and not pod.meta.deleting
 
@@ -164,6 +156,86 @@ class PodShare:
 
 def pod_share(pod: Pod) -> PodShare | None:
     """The share a TF pod holds or asks for (None: not a GPU worker, or annotations unreadable)."""
+    return _pod_share(pod)
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What the pages read of a pod, worked out once per version of it."""
+
+    raw: Mapping[str, Any]
+    node: str
+    pending: bool
+    finished: bool
+    share: PodShare | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the pages read of a GPU, worked out once per version of it."""
+
+    name: str
+    node: str
+    pool: str
+    model: str
+    uuid: str
+    phase: str
+    isolation: str
+    index: int
+    capacity_tflops: float
+    capacity_vram: float
+    free_tflops: float
+    free_vram: float
+    message: str
+    partitions: tuple[str, ...]
+
+
+#: (kind, uid or name, resourceVersion) -> facts: objects are read once per version, not per page
+_FACTS: dict[tuple[str, str, str], Any] = {}
+FACTS_KEPT = 200_000
+
+
+def _memo(kind: str, raw: Mapping[str, Any], build: Any) -> Any:
+    meta = raw.get("metadata") or {}
+    key = (kind, str(meta.get("uid") or meta.get("name") or ""), str(meta.get("resourceVersion") or ""))
+    if not key[2]:
+        return build(raw)
+    found = _FACTS.get(key)
+    if found is None:
+        if len(_FACTS) >= FACTS_KEPT:
+            _FACTS.clear()
+        found = _FACTS[key] = build(raw)
+    return found
+
+
+def pod_facts(raw: Mapping[str, Any]) -> PodFacts:
+    return _memo("pod", raw, _pod_facts)  # type: ignore[no-any-return]
+
+
+def _pod_facts(raw: Mapping[str, Any]) -> PodFacts:
+    pod = Pod(raw)
+    return PodFacts(raw, pod.node_name, is_pending(pod), pod.finished, _pod_share(pod))
+
+
+def gpu_facts(raw: Mapping[str, Any]) -> GpuFacts:
+    return _memo("gpu", raw, _gpu_facts)  # type: ignore[no-any-return]
+
+
+def _gpu_facts(raw: Mapping[str, Any]) -> GpuFacts:
+    gpu = Gpu(raw)
+    status = gpu.status
+    parts = tuple(sorted(f"{k}: {section(v).get('templateId') or section(v).get('template') or ''}".rstrip(": ")
+                         for k, v in section(status, "allocatedPartitions").items()))
+    index = status.get("index")
+    return GpuFacts(gpu.name, gpu.node_selector.get("kubernetes.io/hostname") or gpu.meta.label(tfa.MANAGED_BY) or "",
+                    gpu.meta.label(tfa.GPU_POOL) or "", gpu.gpu_model, gpu.uuid.lower(), gpu.phase or "Pending",
+                    str(status.get("isolationMode") or "soft"), index if isinstance(index, int) else 0,
+                    quantity(gpu.capacity.get("tflops"), milli=True), quantity(gpu.capacity.get("vram")),
+                    quantity(gpu.available.get("tflops"), milli=True), quantity(gpu.available.get("vram")),
+                    str(status.get("message") or ""), parts)
+
+
+def _pod_share(pod: Pod) -> PodShare | None:
     try:
         req = request_from_pod(pod, default_pool="")
     except (RequestError, AnnotationError, ValueError):
@@ -174,16 +246,13 @@ def pod_share(pod: Pod) -> PodShare | None:
                     req.vram_limit, max(1, req.count), names or req.gpu_names, req.percent_request / MILLI)
 
 
-def _shares(cluster: Cluster) -> list[tuple[Pod, PodShare]]:
-    out = []
-    for raw in cluster.list(r.PODS):
-        pod = Pod(raw)
-        if pod.finished:
-            continue
-        share = pod_share(pod)
-        if share is not None:
-            out.append((pod, share))
-    return out
+def _shares(cluster: Cluster) -> list[PodFacts]:
+    """The TF pods holding or asking for a share (finished ones are done with theirs)."""
+    return [f for f in map(pod_facts, cluster.list(r.PODS)) if f.share is not None and not f.finished]
+
+
+def _gpus(cluster: Cluster) -> list[GpuFacts]:
+    return [gpu_facts(g) for g in cluster.list(r.GPUS)]
 
 
 def _pricing(cluster: Cluster) -> dict[str, billing.PoolPricing]:
@@ -240,21 +309,23 @@ class Overview:
 def overview(cluster: Cluster, usage: Usage) -> Overview:
     """Per pool: capacity, allocated and used TFLOPS and VRAM, nodes, pending pods, cost."""
     used_by_gpu = usage.by_gpu()
-    gpus = [Gpu(g) for g in cluster.list(r.GPUS)]
+    gpus = _gpus(cluster)
     nodes = {Node(n).name: Node(n) for n in cluster.list(r.NODES)}
     prices = billing.hourly_prices(map(Body, cluster.list(r.PROVIDERCONFIGS)))
     gpunodes = {Body(n).name: Body(n) for n in cluster.list(r.GPUNODES)}
-    by_pool: dict[str, list[Gpu]] = defaultdict(list)
+    by_pool: dict[str, list[GpuFacts]] = defaultdict(list)
     for gpu in gpus:
-        by_pool[gpu_pool(gpu)].append(gpu)
+        by_pool[gpu.pool].append(gpu)
     pricing = _pricing(cluster)
     pending: dict[str, int] = defaultdict(int)
     workers: dict[str, int] = defaultdict(int)
     billed: dict[str, float] = defaultdict(float)
-    for pod, share in _shares(cluster):
-        if is_pending(pod):
+    for pod in _shares(cluster):
+        share = pod.share
+        assert share is not None
+        if pod.pending:
             pending[share.pool] += 1
-        elif pod.node_name:
+        elif pod.node:
             workers[share.pool] += 1
             billed[share.pool] += hourly_cost(share, pricing)
     names = sorted({*by_pool, *(GpuPool(p).name for p in cluster.list(r.GPUPOOLS))} - {""}) + \
@@ -263,13 +334,16 @@ def overview(cluster: Cluster, usage: Usage) -> Overview:
     for name in names:
         mine = by_pool.get(name, [])
         pool_raw = cluster.get(r.GPUPOOLS, name) if name else None
-        node_names = {gpu_node(g) for g in mine} - {""}
+        models_by_node: dict[str, list[str]] = defaultdict(list)
+        for g in mine:
+            models_by_node[g.node].append(g.model)
+        node_names = set(models_by_node) - {""}
         ready = sum(1 for n in node_names if n in nodes and nodes[n].ready)
         t_bar, v_bar = _gpu_bars(mine, used_by_gpu, usage.known)
-        node_cost = sum(billing.node_hourly_price(gpunodes[n], [g.gpu_model for g in mine if gpu_node(g) == n], prices)
+        node_cost = sum(billing.node_hourly_price(gpunodes[n], models_by_node[n], prices)
                         for n in node_names if n in gpunodes)
         rows.append(PoolRow(name or "(no pool)", Body(pool_raw).phase if pool_raw else "", len(mine),
-                            tuple(sorted({g.gpu_model for g in mine if g.gpu_model})), ready, len(node_names) - ready,
+                            tuple(sorted({g.model for g in mine if g.model})), ready, len(node_names) - ready,
                             t_bar, v_bar, pending.get(name, 0), workers.get(name, 0), node_cost,
                             billed.get(name, 0.0)))
     total_t = sum((row.tflops for row in rows), EMPTY_BAR)
@@ -279,16 +353,16 @@ def overview(cluster: Cluster, usage: Usage) -> Overview:
                     sum(r_.node_cost_per_hour for r_ in rows), sum(billed.values()), usage.error)
 
 
-def _gpu_bars(gpus: Iterable[Gpu], used_by_gpu: Mapping[str, tuple[float, int]], known: bool) -> tuple[Bar, Bar]:
+def _gpu_bars(gpus: Iterable[GpuFacts], used_by_gpu: Mapping[str, tuple[float, int]], known: bool
+              ) -> tuple[Bar, Bar]:
     cap_t = alloc_t = used_t = 0.0
     cap_v = alloc_v = used_v = 0.0
     for gpu in gpus:
-        ct, cv = quantity(gpu.capacity.get("tflops"), milli=True), quantity(gpu.capacity.get("vram"))
-        cap_t += ct
-        cap_v += cv
-        alloc_t += max(0.0, ct - quantity(gpu.available.get("tflops"), milli=True))
-        alloc_v += max(0.0, cv - quantity(gpu.available.get("vram")))
-        t, v = used_by_gpu.get(gpu.uuid.lower(), (0.0, 0))
+        cap_t += gpu.capacity_tflops
+        cap_v += gpu.capacity_vram
+        alloc_t += max(0.0, gpu.capacity_tflops - gpu.free_tflops)
+        alloc_v += max(0.0, gpu.capacity_vram - gpu.free_vram)
+        t, v = used_by_gpu.get(gpu.uuid, (0.0, 0))
         used_t += t
         used_v += v
     return Bar(cap_t, alloc_t, used_t if known else None), Bar(cap_v, alloc_v, used_v if known else None)
@@ -346,35 +420,33 @@ class GpuPage:
 
 def gpu_page(cluster: Cluster, usage: Usage, filters: GpuFilters) -> GpuPage:
     """Every GPU matching the filters, a page at a time, each with the pods on it."""
-    gpus = [Gpu(g) for g in cluster.list(r.GPUS)]
-    matching = [g for g in gpus if (not filters.pool or gpu_pool(g) == filters.pool)
-                and (not filters.model or g.gpu_model == filters.model)
-                and (not filters.node or gpu_node(g) == filters.node)]
-    matching.sort(key=lambda g: (gpu_pool(g), gpu_node(g), g.status.get("index") or 0, g.name))
+    gpus = _gpus(cluster)
+    matching = [g for g in gpus if (not filters.pool or g.pool == filters.pool)
+                and (not filters.model or g.model == filters.model)
+                and (not filters.node or g.node == filters.node)]
+    matching.sort(key=lambda g: (g.pool, g.node, g.index, g.name))
     pages = max(1, math.ceil(len(matching) / GPUS_PER_PAGE))
     page = min(max(1, filters.page), pages)
     shown = matching[(page - 1) * GPUS_PER_PAGE: page * GPUS_PER_PAGE]
     wanted = {g.name for g in shown}
     on_gpu: dict[str, list[PodOnGpu]] = defaultdict(list)
-    for pod, share in _shares(cluster):
+    for pod in _shares(cluster):
+        share = pod.share
+        assert share is not None
         for name in share.gpu_names:
-            if name in wanted and pod.node_name:
+            if name in wanted and pod.node:
                 on_gpu[name].append(PodOnGpu(share.namespace, share.name, share.qos, share.tflops_request,
                                              share.vram_request))
     used_by_gpu = usage.by_gpu()
     rows = []
     for gpu in shown:
         t_bar, v_bar = _gpu_bars([gpu], used_by_gpu, usage.known)
-        parts = tuple(sorted(f"{k}: {section(v).get('templateId') or section(v).get('template') or ''}".rstrip(": ")
-                             for k, v in section(gpu.status, "allocatedPartitions").items()))
-        rows.append(GpuRow(gpu.name, gpu_node(gpu), gpu_pool(gpu), gpu.gpu_model, gpu.phase or "Pending",
-                           gpu.phase == "Running", str(gpu.status.get("isolationMode") or "soft"), t_bar, v_bar,
-                           tuple(sorted(on_gpu.get(gpu.name, ()), key=lambda p: (p.namespace, p.name))), parts,
-                           str(gpu.status.get("message") or "")))
+        rows.append(GpuRow(gpu.name, gpu.node, gpu.pool, gpu.model, gpu.phase, gpu.phase == "Running", gpu.isolation,
+                           t_bar, v_bar, tuple(sorted(on_gpu.get(gpu.name, ()), key=lambda p: (p.namespace, p.name))),
+                           gpu.partitions, gpu.message))
     return GpuPage(tuple(rows), len(gpus), len(matching), page, pages, filters,
-                   tuple(sorted({gpu_pool(g) for g in gpus} - {""})),
-                   tuple(sorted({g.gpu_model for g in gpus} - {""})),
-                   tuple(sorted({gpu_node(g) for g in gpus} - {""})), usage.error)
+                   tuple(sorted({g.pool for g in gpus} - {""})), tuple(sorted({g.model for g in gpus} - {""})),
+                   tuple(sorted({g.node for g in gpus} - {""})), usage.error)
 
 
 # --- workloads ------------------------------------------------------------------------------------
@@ -423,8 +495,9 @@ def workload_page(cluster: Cluster, usage: Usage, sort: WorkloadSort = "waste") 
     autoscaler's recommendation and the cost per hour."""
     pricing = _pricing(cluster)
     groups: dict[tuple[str, str], list[PodShare]] = defaultdict(list)
-    for pod, share in _shares(cluster):
-        if pod.node_name:
+    for pod in _shares(cluster):
+        share = pod.share
+        if pod.node and share is not None:
             groups[(share.namespace, share.workload or share.name)].append(share)
     recommendations = {}
     for raw in cluster.list(r.TENSORFUSIONWORKLOADS):
@@ -484,8 +557,8 @@ class PendingPage:
 
 def pending_pods(cluster: Cluster) -> list[Pod]:
     """Pending TF pods, oldest first."""
-    pods = [Pod(p) for p in cluster.list(r.PODS)]
-    return sorted((p for p in pods if is_pending(p)), key=lambda p: (p.meta.creation_timestamp, p.namespace, p.name))
+    pods = [Pod(f.raw) for f in map(pod_facts, cluster.list(r.PODS)) if f.pending]
+    return sorted(pods, key=lambda p: (p.meta.creation_timestamp, p.namespace, p.name))
 
 
 def pending_page(pods: Sequence[Pod], explanations: Mapping[str, Mapping[str, Any]], total: int,
