@@ -59,6 +59,8 @@ NOT_READY_EVERY = 97
 #: every this many workloads, one asks for two GPUs per worker
 MULTI_GPU_EVERY = 10
 PODS_PER_WORKLOAD = 10
+#: every this many namespaces, one has used nearly all its quota
+QUOTA_TIGHT_EVERY = 4
 APPS = ("llm-serve", "embed", "train", "notebook", "rerank", "whisper", "sdxl", "batch-infer")
 
 
@@ -107,7 +109,8 @@ def synthetic_cluster(nodes: int = 1000, gpus_per_node: int = 4, pods: int = 100
     ns_names = [f"team-{i:02d}" for i in range(namespaces)]
     node_objs, gpus_by_pool = _nodes_and_gpus(nodes, gpus_per_node, pool_names, clock)
     workloads = _workloads(pods, namespaces=ns_names, pools=len(pool_names), rng=rng)
-    bound = _place(workloads, gpus_by_pool, pool_names, pods, gpus_per_node, rng, clock)
+    used = {ns: Usage() for ns in ns_names}
+    bound = _place(workloads, gpus_by_pool, pool_names, pods, gpus_per_node, rng, clock, used)
     waiting = _pending_pods(pending, workloads, pool_names, gpus_by_pool, rng, clock)
     all_gpus = [gpu for pool in gpus_by_pool for gpu in pool]
     ready = {n["metadata"]["name"]: _is_ready(n) for n in node_objs}
@@ -120,7 +123,7 @@ def synthetic_cluster(nodes: int = 1000, gpus_per_node: int = 4, pods: int = 100
         r.PODS: bound + waiting,
         r.TENSORFUSIONWORKLOADS: [_workload_object(w, pool_names, workers[(w.namespace, w.name)], clock)
                                   for w in workloads],
-        r.GPURESOURCEQUOTAS: _quotas(ns_names, bound, clock),
+        r.GPURESOURCEQUOTAS: _quotas(used, clock),
         r.EVENTS: _events(bound, waiting, clock),
         r.PROVIDERCONFIGS: [_provider_config()],
     }
@@ -204,8 +207,9 @@ def _amounts(model: GpuModel, w: _Workload) -> tuple[int, int, int, int]:
 
 
 def _place(workloads: list[_Workload], gpus_by_pool: list[list[_Gpu]], pool_names: list[str], pods: int,
-           gpus_per_node: int, rng: random.Random, clock: float) -> list[dict[str, Any]]:
-    """Bound worker pods, each on GPUs of one node of its workload's pool with room for it."""
+           gpus_per_node: int, rng: random.Random, clock: float, used: dict[str, Usage]) -> list[dict[str, Any]]:
+    """Bound worker pods, each on GPUs of one node of its workload's pool with room for it; what each
+    holds is added to its namespace's quota usage (requests and limits on every GPU, one worker)."""
     cursor = [0] * len(gpus_by_pool)
     out: list[dict[str, Any]] = []
     for w in workloads:
@@ -226,6 +230,9 @@ def _place(workloads: list[_Workload], gpus_by_pool: list[list[_Gpu]], pool_name
                 gpu.free_tflops -= req_t
                 gpu.free_vram -= req_v
                 gpu.pods.append({**info, "workload": w.name})
+            n = len(chosen)
+            used[w.namespace].add(Usage(requests_tflops=req_t * n, requests_vram=req_v * n, limits_tflops=lim_t * n,
+                                        limits_vram=lim_v * n, workers=1))
             out.append(_worker_pod(w, name, uid, pool_names[w.pool], chosen, (req_t, req_v, lim_t, lim_v),
                                    replica, clock))
             if len(out) == pods:
@@ -446,30 +453,17 @@ def _workload_object(w: _Workload, pool_names: list[str], mine: int, clock: floa
     }
 
 
-def _quotas(namespaces: list[str], bound: list[dict[str, Any]], clock: float) -> list[dict[str, Any]]:
+def _quotas(used: dict[str, Usage], clock: float) -> list[dict[str, Any]]:
     """One quota per namespace, its status as the controller computes it (the same function)."""
-    used = {ns: Usage() for ns in namespaces}
-    for pod in bound:
-        notes = pod["metadata"]["annotations"]
-        count = tfa.parse_gpu_count(notes[tfa.GPU_COUNT])
-        usage = used.setdefault(pod["metadata"]["namespace"], Usage())
-        usage.add(Usage(
-            requests_tflops=tfa.parse_quantity_annotation(notes[tfa.TFLOPS_REQUEST], key=tfa.TFLOPS_REQUEST)
-            .milli_value() * count,
-            requests_vram=tfa.parse_quantity_annotation(notes[tfa.VRAM_REQUEST], key=tfa.VRAM_REQUEST).value() * count,
-            limits_tflops=tfa.parse_quantity_annotation(notes[tfa.TFLOPS_LIMIT], key=tfa.TFLOPS_LIMIT)
-            .milli_value() * count,
-            limits_vram=tfa.parse_quantity_annotation(notes[tfa.VRAM_LIMIT], key=tfa.VRAM_LIMIT).value() * count,
-            workers=1))
     out = []
-    for ns in namespaces:
-        u = used[ns]
-        # a budget a little above what is used, so some namespaces cross the alert threshold
-        spec = QuotaSpec(requests_tflops=max(1_000_000, u.requests_tflops * 21 // 20 // 1000 * 1000 + 1000),
-                         requests_vram=max(1024 * GIB, (u.requests_vram * 6 // 5) // GIB * GIB + GIB),
-                         limits_tflops=max(2_000_000, u.limits_tflops * 3 // 2 // 1000 * 1000 + 1000),
-                         limits_vram=max(2048 * GIB, (u.limits_vram * 3 // 2) // GIB * GIB + GIB),
-                         max_workers=1000, alert_threshold_percent=90)
+    for i, (ns, u) in enumerate(used.items()):
+        # every fourth namespace is close to its budget (past the 90 % alert threshold), the rest use half
+        num, den = (21, 20) if i % QUOTA_TIGHT_EVERY == 0 else (2, 1)
+        spec = QuotaSpec(requests_tflops=_budget(u.requests_tflops, num, den, 1000),
+                         requests_vram=_budget(u.requests_vram, num, den, GIB),
+                         limits_tflops=_budget(u.limits_tflops, num, den, 1000),
+                         limits_vram=_budget(u.limits_vram, num, den, GIB),
+                         max_workers=max(10, u.workers * 2), alert_threshold_percent=90)
         status: dict[str, Any] = dict(quota_status_of(spec, u))
         status["conditions"] = [{**c, "lastTransitionTime": rfc3339(clock - 300)} for c in status["conditions"]]
         status["lastUpdateTime"] = rfc3339(clock - 30)
@@ -485,6 +479,11 @@ def _quotas(namespaces: list[str], bound: list[dict[str, Any]], clock: float) ->
             "status": status,
         })
     return out
+
+
+def _budget(used: int, num: int, den: int, unit: int) -> int:
+    """`used * num / den` rounded up to whole units (whole TFLOPS, whole GiB), at least one unit."""
+    return max(unit, -(-used * num // den // unit) * unit)
 
 
 def _events(bound: list[dict[str, Any]], waiting: list[dict[str, Any]], clock: float) -> list[dict[str, Any]]:

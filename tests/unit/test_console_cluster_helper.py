@@ -112,6 +112,13 @@ def test_workloads_and_quotas_count_their_workers(small: Objects) -> None:
     per_namespace = Counter(p.namespace for p in bound)
     for quota in small[r.GPURESOURCEQUOTAS]:
         assert quota["status"]["used"]["workers"] == per_namespace[quota["metadata"]["namespace"]]
+        requested = sum(_q(p.meta.annotations[tfa.TFLOPS_REQUEST]).milli_value() * len(p.meta.annotations[tfa.GPU_IDS]
+                                                                                      .split(","))
+                        for p in bound if p.namespace == quota["metadata"]["namespace"])
+        assert _q(quota["status"]["used"]["requests"]["tflops"]).milli_value() == requested
+    # the quotas page has both kinds to show: a namespace past its alert threshold and one well within
+    ready = Counter(q["status"]["conditions"][0]["status"] for q in small[r.GPURESOURCEQUOTAS])
+    assert ready["False"] >= 1 and ready["True"] >= 1, ready
 
 
 def test_pending_pods_say_why_the_scheduler_left_them(small: Objects) -> None:
