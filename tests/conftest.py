@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.apiserver_fixture", "tests.helpers.role_all"]
+pytest_plugins = ["tests.apiserver_fixture", "tests.helpers.role_all", "tests.helpers.browser"]
 
 
 @pytest.fixture

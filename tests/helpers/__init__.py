@@ -11,7 +11,9 @@
 - `refusals`, `deploy`, `mutate_inputs`, `allocator`, `metrics`, `cli`: checks and inputs several test
   modules use;
 - `kubectl`, `official_client`: the real kubectl (its path, the skip mark, a runner on one kubeconfig)
-  and the official `kubernetes` client on a kubeconfig; `clock`: `Wall`, the hand-moved clock at today's epoch.
+  and the official `kubernetes` client on a kubeconfig; `clock`: `Wall`, the hand-moved clock at today's epoch;
+- `browser`: headless Chromium through Playwright (the `browser_page` fixture, `needs_browser`, screenshots);
+  `console_cluster`: a settled cluster's objects at any size, for the console's views and benchmark.
 
 Builders take the object's name first, then keyword arguments; those that create an object take the
 client first (`create_gpu(kube, name, node, ...)`). A test module never imports another test module:
