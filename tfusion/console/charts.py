@@ -37,13 +37,14 @@ _LEGEND_ROW = 18
 
 
 def format_value(value: float, unit: str) -> str:
-    """A value for a label: bytes in binary units, anything else with three significant digits."""
+    """A value for a label: bytes in binary units, anything else with three significant digits (whole
+    numbers with thousands separators from 1,000 on)."""
     if unit == "bytes":
         for name, size in _BINARY:
             if abs(value) >= size:
                 return f"{value / size:.3g} {name}"
         return f"{value:.0f} B"
-    text = f"{value:.3g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return f"{text} {unit}".strip()
 
 
