@@ -282,3 +282,12 @@ def test_promql_per_metric() -> None:
     assert promql("tflops_requested", "pool", 60) == \
         "avg_over_time((sum by (pool) (tfusion_worker_tflops_request * tfusion_worker_gpus))[60s:])"
     assert PrometheusHistory("http://p:9090/").name == "prometheus: http://p:9090"
+
+
+def test_rows_with_escaped_tags_in_a_file_are_read_like_plain_ones(tmp_path: Path) -> None:
+    (tmp_path / "controller.log").write_text(lines([worker(T0 + 1, "team a", 'w,"1"', cost=1.0),
+                                                    worker(T0 + 1, "team b", "w", cost=2.0, tflops=3)]))
+    source = FileHistory(tmp_path, clock=clock)
+    assert series(source.answer("cost", "workload", T0, T0 + 60, 60)) == {
+        "team b/w": [(T0, 2.0)], 'team a/w,"1"': [(T0, 1.0)]}
+    assert source.followers[0].bad_lines == 0

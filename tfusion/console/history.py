@@ -220,13 +220,50 @@ def parse_json(line: str) -> Row | None:
     return measure, {str(k): str(v) for k, v in tags.items()}, numbers, ts
 
 
-def _values(measure: str, fields: Mapping[str, float]) -> dict[Metric, float]:
+_FAMILIES = {**dict.fromkeys(CONTROLLER_TABLES, "controller"), **dict.fromkeys(HYPERVISOR_TABLES, "hypervisor")}
+#: the two metrics a row of each table gives, in the order `_values` returns them
+_METRICS_OF: dict[str, tuple[Metric, Metric]] = {WORKER_TABLE: ("cost", "tflops_requested"),
+                                                 WORKER_USAGE_TABLE: ("tflops_used", "vram_used")}
+#: the fields `_values` reads, per table
+_FIELDS = {WORKER_TABLE: ("raw_cost", "tflops_request", "gpu_count"),
+           WORKER_USAGE_TABLE: ("compute_tflops", "memory_bytes")}
+
+
+def _values(measure: str, fields: Mapping[str, float]) -> tuple[float, float]:
     if measure == WORKER_TABLE:
-        return {"cost": fields.get("raw_cost", 0.0),
-                "tflops_requested": fields.get("tflops_request", 0.0) * fields.get("gpu_count", 1.0)}
-    if measure == WORKER_USAGE_TABLE:
-        return {"tflops_used": fields.get("compute_tflops", 0.0), "vram_used": fields.get("memory_bytes", 0.0)}
-    return {}
+        return fields.get("raw_cost", 0.0), fields.get("tflops_request", 0.0) * fields.get("gpu_count", 1.0)
+    return fields.get("compute_tflops", 0.0), fields.get("memory_bytes", 0.0)
+
+
+_TAGS = ("namespace", "pool", "workload")
+
+
+def _pick(text: str, key: str) -> str:
+    """The value of `key` in a `k=v,k=v` text without escapes ("" when absent): found, not split,
+    since a row has many more fields than the history reads."""
+    needle = key + "="
+    at = text.find(needle)
+    while at > 0 and text[at - 1] != ",":
+        at = text.find(needle, at + 1)
+    if at < 0:
+        return ""
+    start = at + len(needle)
+    end = text.find(",", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _fast_influx(line: str) -> tuple[str, int, str, str] | None:
+    """(measure, ts, tags text, fields text) of a line without escapes or string fields, the
+    common case, without parsing what is not needed; None when it is not such a line."""
+    if "\\" in line or '"' in line:
+        return None
+    first, last = line.find(" "), line.rfind(" ")
+    if first < 0 or first == last:
+        return None
+    head = line[:first]
+    comma = head.find(",")
+    measure, tags = (head, "") if comma < 0 else (head[:comma], head[comma + 1:])
+    return measure, int(line[last + 1:]), tags, line[first + 1:last]
 
 
 # --- per-bucket sums ---------------------------------------------------------------------------------
@@ -342,33 +379,36 @@ class _FileFollower:
             else:
                 start, offset = found[0], consumed
         following = self.position is not None
-        sums: dict[tuple[int, Metric, GroupBy], dict[str, float]] = {}
-        ticks: dict[tuple[int, str], set[int]] = {}
+        batch = _Batch()
         horizon = self.clock() - KEEP_S
         for index in range(start, len(stats)):
             path, st = stats[index]
             newest = index == len(stats) - 1
             if not newest and not (following and index == start) and st.st_mtime < horizon:
                 continue  # every line of an old rotation is older than the week we keep
-            consumed = self._read(path, offset if index == start else 0, newest, horizon, sums, ticks)
+            consumed = self._read(path, offset if index == start else 0, newest, horizon, batch)
             if newest:
                 self.position = (st.st_dev, st.st_ino, consumed, _head(path, HEAD_BYTES))
-            if len(sums) > 50_000:
-                self._merge(sums, ticks)
-        self._merge(sums, ticks)
+        self._merge(batch)
 
-    def _merge(self, sums: dict[tuple[int, Metric, GroupBy], dict[str, float]],
-               ticks: dict[tuple[int, str], set[int]]) -> None:
+    def _merge(self, batch: _Batch) -> None:
+        sums: dict[tuple[int, Metric, GroupBy], dict[str, float]] = {}
+        for (minute, measure, namespace, pool, workload), values in batch.rows.items():
+            metrics = _METRICS_OF[measure]
+            for group_by in GROUPS:
+                label = group_label(group_by, namespace, pool, workload)
+                label = self.labels.setdefault(label, label)
+                for metric, value in zip(metrics, values, strict=True):
+                    into = sums.setdefault((minute, metric, group_by), {})
+                    into[label] = into.get(label, 0.0) + value
         now = self.clock()
         for tier in self.tiers:
-            tier.merge(sums, ticks)
+            tier.merge(sums, batch.ticks)
             tier.prune(now)
-        sums.clear()
-        ticks.clear()
+        batch.rows.clear()
+        batch.ticks.clear()
 
-    def _read(self, path: Path, offset: int, newest: bool, horizon: float,
-              sums: dict[tuple[int, Metric, GroupBy], dict[str, float]],
-              ticks: dict[tuple[int, str], set[int]]) -> int:
+    def _read(self, path: Path, offset: int, newest: bool, horizon: float, batch: _Batch) -> int:
         """Add the complete lines from `offset` on; the offset after the last one read. The newest
         file's unfinished last line waits for its newline (a writer may be halfway through it)."""
         try:
@@ -390,51 +430,69 @@ class _FileFollower:
                 cut = data.rfind(b"\n") + 1
                 pending = data[cut:]
                 if cut:
-                    self._lines(data[:cut], horizon, sums, ticks)
+                    self._lines(data[:cut], horizon, batch)
                     consumed += cut
+                if len(batch.rows) > 200_000:
+                    self._merge(batch)
             if pending and not newest:
-                self._lines(pending, horizon, sums, ticks)
+                self._lines(pending, horizon, batch)
                 consumed += len(pending)
         return consumed
 
-    def _lines(self, data: bytes, horizon: float, sums: dict[tuple[int, Metric, GroupBy], dict[str, float]],
-               ticks: dict[tuple[int, str], set[int]]) -> None:
+    def _lines(self, data: bytes, horizon: float, batch: _Batch) -> None:
         horizon_ms = horizon * 1000
+        rows, ticks = batch.rows, batch.ticks
+        last_tick: tuple[int, str] | None = None
         for line in data.decode("utf-8", errors="replace").splitlines():
             if not line:
                 continue
+            tags: Mapping[str, str]
+            fields: Mapping[str, float]
             try:
-                if line.startswith("{"):
+                fast = None if line[0] == "{" else _fast_influx(line)
+                if fast is not None:
+                    measure, ts, tag_text, field_text = fast
+                    if measure not in _FAMILIES or ts < horizon_ms:
+                        continue
+                    if measure in _METRICS_OF:
+                        tags = {key: _pick(tag_text, key) for key in _TAGS}
+                        fields = {key: _number(text) for key in _FIELDS[measure] if (text := _pick(field_text, key))}
+                else:
                     if line.startswith('{"resourceMetrics"'):
                         self.otel_lines += 1
                         continue
-                    row = parse_json(line)
-                else:
-                    row = parse_influx(line)
+                    row = parse_json(line) if line[0] == "{" else parse_influx(line)
+                    if row is None:
+                        raise ValueError("not a metrics row")
+                    measure, tags, fields, ts = row
+                    if measure not in _FAMILIES or ts < horizon_ms:
+                        continue
             except ValueError:
-                row = None
-            if row is None:
                 self.bad_lines += 1
                 continue
-            measure, tags, fields, ts = row
-            if ts < horizon_ms:
-                continue
-            family = "controller" if measure in CONTROLLER_TABLES else \
-                "hypervisor" if measure in HYPERVISOR_TABLES else None
-            if family is None:
-                continue
             minute = ts // 1000 // BASE_STEP * BASE_STEP
-            ticks.setdefault((minute, family), set()).add(ts)
-            values = _values(measure, fields)
-            if not values:
+            if (ts, measure) != last_tick:  # a tick writes many rows with one time
+                ticks.setdefault((minute, _FAMILIES[measure]), set()).add(ts)
+                last_tick = (ts, measure)
+            if measure not in _METRICS_OF:
                 continue
-            namespace, pool, workload = tags.get("namespace", ""), tags.get("pool", ""), tags.get("workload", "")
-            for group_by in GROUPS:
-                label = group_label(group_by, namespace, pool, workload)
-                label = self.labels.setdefault(label, label)
-                for metric, value in values.items():
-                    into = sums.setdefault((minute, metric, group_by), {})
-                    into[label] = into.get(label, 0.0) + value
+            first, second = _values(measure, fields)
+            key = (minute, measure, tags.get("namespace", ""), tags.get("pool", ""), tags.get("workload", ""))
+            into = rows.get(key)
+            if into is None:
+                rows[key] = [first, second]
+            else:
+                into[0] += first
+                into[1] += second
+
+
+class _Batch:
+    """Rows read and not yet merged into the tiers: their values summed per (minute, table,
+    namespace, pool, workload), and the ticks' times per (minute, role)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, str, str, str, str], list[float]] = {}
+        self.ticks: dict[tuple[int, str], set[int]] = {}
 
 
 class FileHistory:
