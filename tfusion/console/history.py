@@ -305,6 +305,7 @@ def _tiers() -> list[_Tier]:
 KEEP_S = 8 * 86400
 READ_CHUNK = 4 << 20
 HEAD_BYTES = 128
+MAX_INTERNED = 100_000
 
 
 def _head(path: Path, size: int) -> bytes:
@@ -392,6 +393,8 @@ class _FileFollower:
         self._merge(batch)
 
     def _merge(self, batch: _Batch) -> None:
+        if len(self.labels) > MAX_INTERNED:  # workloads come and go: interning is only a saving
+            self.labels.clear()
         sums: dict[tuple[int, Metric, GroupBy], dict[str, float]] = {}
         for (minute, measure, namespace, pool, workload), values in batch.rows.items():
             metrics = _METRICS_OF[measure]
