@@ -5,7 +5,7 @@ asks for does it use" without a database of its own. The facts are the tables th
 (tfusion/metrics/tables.py): the controller's `tf_worker_resources` (requests and `raw_cost`, the
 cost billed since the worker's previous row) and the hypervisors' `tf_worker_usage` (TFLOPS and
 VRAM in use). A `HistorySource` reads them from wherever they went: the metrics files (the default,
-`file_history`) or Prometheus (`prometheus_history`).
+`file_history`), Prometheus (`prometheus_history`) or InfluxDB 1.x (`influx_history`).
 
 What a value means, whatever the source: `cost` is the sum of what was billed in a bucket;
 `tflops_requested` (`tflops_request * gpu_count` of every worker), `tflops_used` and `vram_used` are
@@ -662,6 +662,98 @@ class PrometheusHistory:
 def prometheus_history(url: str) -> HistorySource:
     """Prometheus at `url` (its base URL, e.g. http://prometheus:9090) scraping tfusion's /metrics."""
     return PrometheusHistory(url)
+
+
+# --- InfluxDB 1.x ------------------------------------------------------------------------------------
+
+#: a table written once per tick by each role, whose rows count the ticks (per node for hypervisors)
+_TICK_TABLES: dict[str, tuple[str, str]] = {"controller": ("tf_system_metrics", "total_nodes_cnt"),
+                                            "hypervisor": ("tf_gpu_usage", "memory_bytes")}
+_INFLUX_TAGS = '"namespace", "pool", "workload", "node"'
+
+
+def influxql(metric: Metric, since_ms: int, until_ms: int, step: int) -> tuple[str, str]:
+    """(values, ticks): the sum per bucket, group tags and node; the ticks per bucket and node (a
+    tick's rows share one timestamp, and ticks are at least a second apart)."""
+    where = f"time >= {since_ms}ms AND time < {until_ms}ms"
+    group = f"GROUP BY time({step}s), {_INFLUX_TAGS} fill(none)"
+    if metric == "cost":
+        values = f'SELECT sum("raw_cost") AS "v" FROM "{WORKER_TABLE}" WHERE {where} {group}'
+    elif metric == "tflops_requested":
+        values = (f'SELECT sum("p") AS "v" FROM (SELECT "tflops_request" * "gpu_count" AS "p" FROM "{WORKER_TABLE}" '
+                  f'WHERE {where} GROUP BY {_INFLUX_TAGS}) WHERE {where} {group}')
+    else:
+        field = "compute_tflops" if metric == "tflops_used" else "memory_bytes"
+        values = f'SELECT sum("{field}") AS "v" FROM "{WORKER_USAGE_TABLE}" WHERE {where} {group}'
+    table, field = _TICK_TABLES[_FAMILY[metric]]
+    ticks = (f'SELECT count("c") AS "n" FROM (SELECT count("{field}") AS "c" FROM "{table}" WHERE {where} '
+             f'GROUP BY time(1s), "node" fill(none)) WHERE {where} GROUP BY time({step}s), "node" fill(none)')
+    return values, ticks
+
+
+class InfluxHistory:
+    """InfluxDB 1.x (InfluxQL over `/query`) holding the tables the roles push. With several
+    hypervisors each node's ticks are its own: a group's mean is summed over the nodes' means."""
+
+    def __init__(self, url: str, database: str, *, timeout_s: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.database = database
+        self.name = f"influxdb: {self.url} (database {database})"
+        self.timeout_s = timeout_s
+        self.transport = transport
+
+    async def query(self, metric: Metric, group_by: GroupBy, since: float, until: float, step: float, *,
+                    top: int = 8) -> History:
+        check_query(metric, group_by, since, until, step, top)
+        seconds = max(1, round(step))
+        first = math.floor(since / seconds) * seconds
+        values_q, ticks_q = influxql(metric, first * 1000, math.ceil(until * 1000), seconds)
+        ticks: dict[tuple[float, str], float] = {}
+        for tags, at, count in await self._series(ticks_q):
+            ticks[(at, tags.get("node", ""))] = count
+        sums: dict[str, dict[float, float]] = {}
+        for tags, at, value in await self._series(values_q):
+            count = ticks.get((at, tags.get("node", ""))) or 0.0
+            if not count:
+                continue  # no tick of that node in the bucket: nothing to average over
+            label = group_label(group_by, tags.get("namespace", ""), tags.get("pool", ""), tags.get("workload", ""))
+            into = sums.setdefault(label, {})
+            into[at] = into.get(at, 0.0) + (value if metric in _SUMMED else value / count)
+        starts = sorted({at for at, _ in ticks})
+        return History(metric=metric, group_by=group_by, since=since, until=until, step=float(seconds),
+                       series=rank(sums, starts, top), source=self.name, note="" if starts else NO_DATA)
+
+    async def _series(self, query: str) -> list[tuple[dict[str, str], float, float]]:
+        """(tags, bucket start in seconds, value) of every row of the one statement's answer."""
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http:
+                response = await http.post(f"{self.url}/query", params={"db": self.database, "epoch": "ms"},
+                                           data={"q": query})
+        except httpx.HTTPError as exc:
+            raise HistoryError(f"{self.name}: cannot reach it: {type(exc).__name__}: {exc}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        results = body.get("results") if isinstance(body, dict) else None
+        if not isinstance(results, list) or not results or not isinstance(results[0], dict):
+            why = body.get("error") if isinstance(body, dict) and body.get("error") else response.text[:200]
+            raise HistoryError(f"{self.name}: HTTP {response.status_code}, not an InfluxDB answer: {why}")
+        if results[0].get("error"):
+            raise HistoryError(f"{self.name}: {results[0]['error']}")
+        rows = []
+        for series in results[0].get("series") or []:
+            tags = {str(k): str(v) for k, v in (series.get("tags") or {}).items()}
+            for at, value in series.get("values") or []:
+                if isinstance(value, int | float) and math.isfinite(value):
+                    rows.append((tags, at / 1000, float(value)))
+        return rows
+
+
+def influx_history(url: str, database: str) -> HistorySource:
+    """InfluxDB 1.x at `url` (e.g. http://influxdb:8086), database `database`, holding the pushed tables."""
+    return InfluxHistory(url, database)
 
 
 def window(name: str, now: float) -> tuple[float, float, float]:
