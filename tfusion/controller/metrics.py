@@ -37,6 +37,15 @@ from tfusion.metrics.partition import GpuStatusLookup, PartitionHeld, partition_
 from tfusion.metrics.points import Point
 from tfusion.metrics.prometheus import Snapshot, register_controller_metrics
 from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
+from tfusion.metrics.tables import (
+    ALLOCATION_TABLE,
+    CONTROLLER_TABLES,
+    GPU_TABLE,
+    NODE_TABLE,
+    POOL_TABLE,
+    SYSTEM_TABLE,
+    WORKER_TABLE,
+)
 from tfusion.settings import Settings
 
 if TYPE_CHECKING:
@@ -47,13 +56,7 @@ log = logging.getLogger(__name__)
 
 MILLI = 1000
 
-WORKER_TABLE = "tf_worker_resources"
-NODE_TABLE = "tf_node_metrics"
-POOL_TABLE = "tf_pool_metrics"
-GPU_TABLE = "tf_gpu_metrics"
-ALLOCATION_TABLE = "tf_gpu_allocation"
-SYSTEM_TABLE = "tf_system_metrics"
-TABLES = (WORKER_TABLE, NODE_TABLE, POOL_TABLE, GPU_TABLE, ALLOCATION_TABLE, SYSTEM_TABLE)
+TABLES = CONTROLLER_TABLES
 
 
 def _quantity(value: object, *, milli: bool = False) -> int | None:

@@ -30,6 +30,7 @@ from tfusion.kube.resources import GPUS
 from tfusion.metrics.points import Point
 from tfusion.metrics.prometheus import HYPERVISOR_SPECS, PointsCollector
 from tfusion.metrics.sinks import MetricsOutput, RotatingFile, push_config
+from tfusion.metrics.tables import GPU_USAGE_TABLE, WORKER_USAGE_TABLE
 from tfusion.settings import Settings
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def gpu_samples(registry: DeviceRegistry, node: str, pool_of: PoolOf, ts_ms: int
         m = metrics.get(device.uuid)
         if m is None:
             continue
-        result.append(Point("tf_gpu_usage", {"node": node, "pool": pool_of(device.uuid), "uuid": device.uuid}, {
+        result.append(Point(GPU_USAGE_TABLE, {"node": node, "pool": pool_of(device.uuid), "uuid": device.uuid}, {
             "compute_percentage": float(m.utilization_percent),
             "compute_tflops": float(m.utilization_percent) / 100 * device.max_tflops,
             "memory_bytes": int(m.memory_used_bytes),
@@ -102,7 +103,7 @@ def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, 
             for annotation, tag in (extra_labels or {}).items():
                 if annotation in worker.annotations and tag not in tags:
                     tags[tag] = worker.annotations[annotation]
-            result.append(Point("tf_worker_usage", tags, {
+            result.append(Point(WORKER_USAGE_TABLE, tags, {
                 "compute_percentage": used["compute_percentage"],
                 "compute_tflops": used["compute_percentage"] / 100 * device.max_tflops,
                 "memory_bytes": int(used["memory_bytes"]),

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tfusion.metrics import tables as t
 from tfusion.metrics.points import Point
 
 
@@ -52,7 +53,7 @@ _GPU_LABELS = {"gpu": "gpu", "node": "node", "pool": "pool", "model": "gpu_model
 _PCT = 0.01
 
 CONTROLLER_SPECS: list[MetricSpec] = [
-    *_specs("tf_worker_resources", _WORKER_LABELS, [
+    *_specs(t.WORKER_TABLE, _WORKER_LABELS, [
         ("tflops_request", "tfusion_worker_tflops_request", "TFLOPS a worker requests per GPU", 1.0),
         ("tflops_limit", "tfusion_worker_tflops_limit", "TFLOPS a worker may use per GPU", 1.0),
         ("vram_bytes_request", "tfusion_worker_vram_request_bytes", "VRAM a worker requests per GPU", 1.0),
@@ -63,7 +64,7 @@ CONTROLLER_SPECS: list[MetricSpec] = [
         ("vram_bytes_recommended", "tfusion_worker_vram_recommended_bytes",
          "VRAM per GPU the autoscaler recommends for a worker's workload", 1.0),
         ("ready", "tfusion_worker_ready", "1 when the worker pod is Ready", 1.0)]),
-    *_specs("tf_node_metrics", _NODE_LABELS, [
+    *_specs(t.NODE_TABLE, _NODE_LABELS, [
         ("allocated_tflops", "tfusion_node_allocated_tflops", "TFLOPS allocated on a node's GPUs", 1.0),
         ("allocated_vram_bytes", "tfusion_node_allocated_vram_bytes", "VRAM allocated on a node's GPUs", 1.0),
         ("allocated_tflops_percent", "tfusion_node_allocated_tflops_ratio",
@@ -74,7 +75,7 @@ CONTROLLER_SPECS: list[MetricSpec] = [
         ("allocated_vram_percent_virtual", "tfusion_node_allocated_vram_virtual_ratio",
          "allocated / virtual (expanded) VRAM of a node", _PCT),
         ("gpu_count", "tfusion_node_gpus", "GPUs a node reports", 1.0)]),
-    *_specs("tf_pool_metrics", _POOL_LABELS, [
+    *_specs(t.POOL_TABLE, _POOL_LABELS, [
         ("allocated_tflops", "tfusion_pool_allocated_tflops", "TFLOPS allocated in a pool", 1.0),
         ("allocated_vram_bytes", "tfusion_pool_allocated_vram_bytes", "VRAM allocated in a pool", 1.0),
         ("allocated_tflops_percent", "tfusion_pool_allocated_tflops_ratio", "allocated / physical TFLOPS", _PCT),
@@ -90,7 +91,7 @@ CONTROLLER_SPECS: list[MetricSpec] = [
         ("limited_vram_percent_virtual", "tfusion_pool_limited_vram_virtual_ratio", "VRAM limits / virtual VRAM",
          _PCT),
         ("gpu_count", "tfusion_pool_gpus", "GPUs in a pool", 1.0)]),
-    *_specs("tf_gpu_metrics", _GPU_LABELS, [
+    *_specs(t.GPU_TABLE, _GPU_LABELS, [
         ("capacity_tflops", "tfusion_gpu_capacity_tflops", "a GPU's FP16 TFLOPS", 1.0),
         ("capacity_vram_bytes", "tfusion_gpu_capacity_vram_bytes", "a GPU's VRAM", 1.0),
         ("available_tflops", "tfusion_gpu_available_tflops", "TFLOPS not allocated on a GPU", 1.0),
@@ -99,7 +100,7 @@ CONTROLLER_SPECS: list[MetricSpec] = [
         ("allocated_vram_bytes", "tfusion_gpu_allocated_vram_bytes", "VRAM allocated on a GPU", 1.0),
         ("allocated_tflops_percent", "tfusion_gpu_allocated_tflops_ratio", "allocated / capacity TFLOPS", _PCT),
         ("allocated_vram_percent", "tfusion_gpu_allocated_vram_ratio", "allocated / capacity VRAM", _PCT)]),
-    *_specs("tf_system_metrics", _POOL_LABELS, [
+    *_specs(t.SYSTEM_TABLE, _POOL_LABELS, [
         ("total_workers_cnt", "tfusion_pool_workers", "worker pods holding GPUs in a pool", 1.0),
         ("total_nodes_cnt", "tfusion_pool_nodes", "GPU nodes in a pool", 1.0)]),
 ]
@@ -109,7 +110,7 @@ _USAGE_LABELS = {"gpu": "uuid", "node": "node", "pool": "pool", "namespace": "na
                  "workload": "workload"}
 
 HYPERVISOR_SPECS: list[MetricSpec] = [
-    *_specs("tf_gpu_usage", _DEVICE_LABELS, [
+    *_specs(t.GPU_USAGE_TABLE, _DEVICE_LABELS, [
         ("compute_percentage", "tfusion_gpu_compute_utilization_ratio", "share of a GPU's compute in use", _PCT),
         ("compute_tflops", "tfusion_gpu_compute_used_tflops", "TFLOPS in use on a GPU", 1.0),
         ("memory_bytes", "tfusion_gpu_memory_used_bytes", "GPU memory in use", 1.0),
@@ -118,7 +119,7 @@ HYPERVISOR_SPECS: list[MetricSpec] = [
         ("temperature", "tfusion_gpu_temperature_celsius", "GPU temperature", 1.0),
         ("rx", "tfusion_gpu_pcie_rx_bytes_per_second", "PCIe receive throughput", 1.0),
         ("tx", "tfusion_gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput", 1.0)]),
-    *_specs("tf_worker_usage", _USAGE_LABELS, [
+    *_specs(t.WORKER_USAGE_TABLE, _USAGE_LABELS, [
         ("compute_percentage", "tfusion_worker_compute_utilization_ratio",
          "share of a GPU's compute a worker's processes use", _PCT),
         ("compute_tflops", "tfusion_worker_compute_used_tflops", "TFLOPS a worker's processes use", 1.0),
