@@ -1,6 +1,7 @@
 """Finding the controller (tfusion/console/locate.py) against the embedded API server and a real
 leading controller: a given URL is used as is; the leader writes `api-url`, `pod` and
-`pod-namespace` to its leader-info ConfigMap and a client finds it there; when that URL does not
+`pod-namespace` to its leader-info ConfigMap (a new leader removes keys the previous one wrote and it
+has no value for) and a client finds it there; when that URL does not
 answer, the port-forward through pods/portforward is refused by the embedded API server (no kubelet)
 and the error says so, naming the pod and `--controller`; no ConfigMap, or one without a pod, says
 what is missing. `tfusion why` without `--controller` finds the controller the same way, and says
@@ -25,7 +26,7 @@ from tests.helpers.scheduler import gpu_pod, one_gpu_node, scheduled_condition
 from tfusion.console.locate import ControllerNotFound, locate_controller
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, NotFound
-from tfusion.kube.leader import LEADER_INFO_CONFIGMAP
+from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LeaderElector
 
 pytestmark = pytest.mark.anyio
 
@@ -63,6 +64,9 @@ async def test_a_given_url_is_used_as_is(kube: KubeClient) -> None:
     async with locate_controller(kube, "http://ctl.example:8080/", namespace=OPS) as found:
         assert (found.url, found.how) == ("http://ctl.example:8080", "given")
     assert await leader_info(kube) is None, "a given URL reads nothing from the cluster"
+    with pytest.raises(ControllerNotFound, match=r"--controller 'ctl:8080': expected the controller's base URL"):
+        async with locate_controller(kube, "ctl:8080", namespace=OPS):
+            pytest.fail("not a URL")
 
 
 async def test_the_leader_writes_its_api_url_and_pod_and_a_client_finds_it(
@@ -90,13 +94,22 @@ async def test_the_leader_writes_its_api_url_and_pod_and_a_client_finds_it(
         await ctl.stop()
 
 
+async def test_a_new_leader_removes_what_the_previous_one_wrote_and_it_has_not(kube: KubeClient) -> None:
+    await write_leader_info(kube, {"leader-ip": "10.0.0.1", "api-url": "http://10.0.0.1:8080", "pod": "old-0",
+                                   "pod-namespace": OPS, "other": "kept"})
+    elector = LeaderElector(kube, namespace=OPS, identity="by-hand")
+    elector.advertise("127.0.0.1", 9000)
+    await elector.write_leader_info("10.0.0.9")
+    assert await leader_info(kube) == {"leader-ip": "10.0.0.9", "api-url": "http://127.0.0.1:9000", "other": "kept"}
+
+
 async def test_an_unreachable_api_url_falls_back_to_a_port_forward_the_embedded_server_refuses(
         kube: KubeClient) -> None:
     dead = f"http://127.0.0.1:{closed_port()}"
     await write_leader_info(kube, {"leader-ip": "127.0.0.1", "api-url": dead, "pod": LEADER_POD,
                                    "pod-namespace": OPS})
     gone = await not_found(kube)
-    assert f"its api-url {dead} cannot be reached" in gone
+    assert f"the leader's api-url {dead} cannot be reached" in gone
     assert f"pod {OPS}/{LEADER_POD}" in gone and "the pod does not exist" in gone, gone
 
     await create_leader_pod(kube)

@@ -53,23 +53,25 @@ async def locate_controller(client: KubeClient, given: str = "", *, namespace: s
     raises ControllerNotFound. `namespace` is the operator namespace (where the leader-info
     ConfigMap is)."""
     if given:
+        if urlsplit(given).scheme not in ("http", "https") or not urlsplit(given).netloc:
+            raise ControllerNotFound(f"--controller {given!r}: expected the controller's base URL, "
+                                     "http://HOST:PORT or https://HOST:PORT")
         yield ControllerAddress(given.rstrip("/"), "given")
         return
     info = await _leader_info(client, namespace)
     url = info.get(API_URL_KEY, "").rstrip("/")
-    tried = []
     if url:
         problem = await _health_problem(url, timeout_s)
         if problem is None:
             yield ControllerAddress(url, "leader-info")
             return
-        tried.append(f"its api-url {url} {problem}")
+        tried = f"the leader's api-url {url} {problem}"
     else:
-        tried.append(f"ConfigMap {namespace}/{LEADER_INFO_CONFIGMAP} has no {API_URL_KEY} "
-                     "(a controller older than this client, or one that has not served yet)")
+        tried = (f"ConfigMap {namespace}/{LEADER_INFO_CONFIGMAP} has no {API_URL_KEY} "
+                 "(a controller older than this client, or one that has not served yet)")
     pod, pod_namespace = info.get(POD_KEY, ""), info.get(POD_NAMESPACE_KEY, "") or namespace
     if not pod:
-        raise ControllerNotFound(f"cannot reach the controller: {'; '.join(tried)}; and the leader runs in no pod "
+        raise ControllerNotFound(f"cannot reach the controller: {tried}; and the leader runs in no pod "
                                  f"to port-forward to; {_advice(namespace, 'POD', _port(url))}")
     async with _port_forward(client, pod_namespace, pod, _port(url), timeout_s, tried) as local:
         yield ControllerAddress(local, "port-forward")
@@ -116,12 +118,12 @@ def _advice(namespace: str, pod: str, port: int) -> str:
 
 @asynccontextmanager
 async def _port_forward(client: KubeClient, namespace: str, pod: str, port: int, timeout_s: float,
-                        tried: list[str]) -> AsyncIterator[str]:
+                        tried: str) -> AsyncIterator[str]:
     """A local URL forwarded to `port` of the pod while open, checked with /healthz."""
     where = f"pod {namespace}/{pod}"
 
     def not_found(reason: str) -> ControllerNotFound:
-        return ControllerNotFound(f"cannot reach the controller: {'; '.join(tried)}; and a port-forward to {where} "
+        return ControllerNotFound(f"cannot reach the controller: {tried}; and a port-forward to {where} "
                                   f"port {port} failed: {reason}; {_advice(namespace, pod, port)}")
 
     try:
