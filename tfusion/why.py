@@ -9,9 +9,11 @@ the controller's answer with its `suggestions`).
 
 `--kube` is as for the roles (a kubeconfig path, `in-cluster`, or `embedded` for the kubeconfig
 `--role=all` writes, `.tfusion/kubeconfig`; default `$KUBECONFIG`, else in-cluster);
-`--controller URL` (default http://127.0.0.1:8080, the local controller). Exit codes: 0 shown,
-1 the pod does not exist or the API server cannot be used (one line), 2 bad arguments. When the
-controller cannot be reached the condition alone is shown, with a line saying so.
+`--controller URL` (default: found as the console finds it, tfusion/console/locate.py: the
+`api-url` the leader writes to its leader-info ConfigMap in `--operator-namespace`, else a
+port-forward to the leader's pod). Exit codes: 0 shown, 1 the pod does not exist or the API server
+cannot be used (one line), 2 bad arguments. When the controller cannot be found or reached the
+condition alone is shown, with a line saying what was tried and what to do.
 
 For `workload/NAME` (also `tensorfusionworkload/NAME`, `tfw/NAME`) it shows the leader's
 `GET /api/recommendation` answer: the usage samples, the percentiles and estimates, the rule in force,
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeAlias
 
 import anyio
 import httpx
@@ -36,7 +38,6 @@ from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.console.explain import node_reasons, suggestion_text
 from tfusion.console.target import kube_target
 
-DEFAULT_CONTROLLER = "http://127.0.0.1:8080"
 PROG = "tfusion why"
 
 
@@ -55,12 +56,22 @@ def build_parser() -> _Parser:
                         help="text (default) or json (the structured form, with suggestions)")
     parser.add_argument("--kube", default="", help="API server: a kubeconfig path, 'in-cluster' or 'embedded' "
                                                    "(default: $KUBECONFIG, else in-cluster)")
-    parser.add_argument("--controller", default=DEFAULT_CONTROLLER,
-                        help=f"the controller's HTTP API (default: {DEFAULT_CONTROLLER})")
+    parser.add_argument("--controller", default="",
+                        help="the controller's HTTP API URL (default: the api-url in the leader-info ConfigMap, "
+                             "else a port-forward to the leader's pod)")
+    parser.add_argument("--operator-namespace", default="",
+                        help="where the controller's leader-info ConfigMap is (default: $OPERATOR_NAMESPACE, "
+                             "else tensor-fusion-sys)")
     return parser
 
 
 WORKLOAD_PREFIXES = ("workload/", "workloads/", "tensorfusionworkload/", "tensorfusionworkloads/", "tfw/")
+
+
+def operator_namespace(given: str) -> str:
+    from tfusion.settings import Settings
+
+    return given or Settings.load({}, roles=("controller",)).operator_namespace
 
 
 async def _read_pod(kube: str, namespace: str, name: str) -> Pod | None:
@@ -105,8 +116,32 @@ def origin_text(claim: Body) -> str:
             f"{claim.name} ({claim.spec.get('instanceType') or '?'}{f', ${price}/h' if price else ''}): {made_by}.")
 
 
-async def _ask_controller(url: str, namespace: str, name: str, route: str = "/api/why"
-                          ) -> tuple[JsonObject | None, str]:
+#: the controller's JSON answer, or None and why not
+Answer: TypeAlias = "tuple[JsonObject | None, str]"
+
+
+async def _with_controller(args: argparse.Namespace, ask: Callable[[str], Awaitable[Answer]]) -> Answer:
+    """`ask(url)` with the controller's URL: --controller, else the one locate_controller finds
+    (a port-forward stays open while `ask` runs)."""
+    from tfusion.console.locate import ControllerNotFound, locate_controller
+    from tfusion.kube.client import KubeClient, KubeError
+
+    if args.controller:
+        return await ask(args.controller)
+    try:
+        client = await KubeClient.connect(kube_target(args.kube))
+    except (KubeError, ValueError) as exc:
+        return None, f"cannot look for the controller: {exc}"
+    try:
+        async with locate_controller(client, namespace=operator_namespace(args.operator_namespace)) as found:
+            return await ask(found.url)
+    except ControllerNotFound as exc:
+        return None, str(exc)
+    finally:
+        await client.close()
+
+
+async def _ask_controller(url: str, namespace: str, name: str, route: str = "/api/why") -> Answer:
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
             response = await http.get(route, params={"namespace": namespace, "name": name})
@@ -192,7 +227,8 @@ def _share(share: JsonMapping) -> str:
 
 
 async def _why_workload(args: argparse.Namespace, name: str) -> int:
-    answer, error = await _ask_controller(args.controller, args.namespace, name, "/api/recommendation")
+    answer, error = await _with_controller(
+        args, lambda url: _ask_controller(url, args.namespace, name, "/api/recommendation"))
     if answer is None:
         print(f"{PROG}: workload {args.namespace}/{name}: {error}", file=sys.stderr)
         return 1
@@ -222,7 +258,8 @@ async def _why(args: argparse.Namespace) -> int:
     explanation: dict[str, Any] | None = None
     controller_error = ""
     if not pod.node_name:
-        explanation, controller_error = await _ask_controller(args.controller, args.namespace, args.pod)
+        explanation, controller_error = await _with_controller(
+            args, lambda url: _ask_controller(url, args.namespace, args.pod))
     if args.output == "json":
         body = {"pod": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
                         "phase": pod.status.get("phase"), "nodeName": pod.node_name,

@@ -115,7 +115,7 @@ def synthetic_cluster(nodes: int = 1000, gpus_per_node: int = 4, pods: int = 100
     all_gpus = [gpu for pool in gpus_by_pool for gpu in pool]
     ready = {n["metadata"]["name"]: _is_ready(n) for n in node_objs}
     workers = Counter((p["metadata"]["namespace"], p["metadata"]["labels"][tfa.WORKLOAD]) for p in bound)
-    return {
+    return _versioned({
         r.NODES: node_objs,
         r.GPUS: [_gpu_object(gpu) for gpu in all_gpus],
         r.GPUNODES: _gpunodes(all_gpus, ready, clock),
@@ -126,7 +126,17 @@ def synthetic_cluster(nodes: int = 1000, gpus_per_node: int = 4, pods: int = 100
         r.GPURESOURCEQUOTAS: _quotas(used, clock),
         r.EVENTS: _events(bound, waiting, clock),
         r.PROVIDERCONFIGS: [_provider_config()],
-    }
+    })
+
+
+def _versioned(objects: dict[ApiResource, list[dict[str, Any]]]) -> dict[ApiResource, list[dict[str, Any]]]:
+    """Every object gets a resourceVersion, as one read from an API server has."""
+    version = 0
+    for found in objects.values():
+        for obj in found:
+            version += 1
+            obj["metadata"].setdefault("resourceVersion", str(version))
+    return objects
 
 
 def _nodes_and_gpus(nodes: int, gpus_per_node: int, pool_names: list[str],

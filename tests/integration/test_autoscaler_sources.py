@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from tests.apiserver_fixture import apply_crds
 from tests.helpers import eventually
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tests.helpers.hypervisor_process import free_port
-from tests.helpers.local_hypervisor import hypervisor
+from tests.helpers.local_hypervisor import GIB, gpunode_at, hypervisor, worker_with_load
 from tests.helpers.metrics_servers import (
     DATABASE,
     INFLUXD,
@@ -50,35 +48,14 @@ from tfusion.kube import resources as r
 
 pytestmark = pytest.mark.anyio
 
-GIB = 1024 ** 3
 H100_TFLOPS = 989
 
 
 # --- hypervisor -----------------------------------------------------------------------------------
 
-async def _worker_with_load(http: httpx.AsyncClient, state: Path) -> tuple[str, str]:
-    """A local worker "trainer" whose process the simulated driver shows on the H100 at 40 % and 3 GiB;
-    returns (its UID, the H100's UUID) once the hypervisor's sample has it."""
-    h100 = (await http.get("/api/v1/devices")).json()["data"][2]["UUID"]
-    created = await http.post("/api/v1/workers", json={
-        "name": "trainer", "requests": {"tflops": "100", "vram": "8Gi"}, "gpuIds": [h100],
-        "command": ["sleep", "60"]})
-    assert created.status_code == 201, created.text
-    info = created.json()["data"]["WorkerInfo"]
-    (state / "sim-load.json").write_text(json.dumps({"processes": [
-        {"pid": info["WorkerRunningInfo"]["pid"], "device": 2, "memoryBytes": 3 * GIB, "computePercent": 40}]}))
-
-    async def sampled() -> bool:
-        rows = (await http.get("/api/v1/usage")).json()["data"]
-        return any(row["memory_bytes"] for row in rows)
-
-    await eventually(sampled, what="the worker's usage in the hypervisor's sample")
-    return info["WorkerUID"], h100
-
-
 async def test_the_usage_route_lists_each_worker_gpu_from_the_worker_samples(tmp_path: Path) -> None:
     async with hypervisor(tmp_path) as http:
-        uid, h100 = await _worker_with_load(http, tmp_path)
+        uid, h100 = await worker_with_load(http, tmp_path)
         body = (await http.get("/api/v1/usage")).json()
         assert body["node"] == "box-1" and body["at"] > 0
         assert body["data"] == [{"namespace": "default", "pod": "trainer", "worker": uid, "workload": "trainer",
@@ -91,7 +68,7 @@ async def test_the_usage_route_lists_each_worker_gpu_from_the_worker_samples(tmp
 async def test_the_hypervisor_source_reads_every_node_and_skips_an_unreachable_one(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     async with hypervisor(tmp_path) as http:
-        _, h100 = await _worker_with_load(http, tmp_path)
+        _, h100 = await worker_with_load(http, tmp_path)
         base = str(http.base_url).rstrip("/")
         source = HypervisorUsage(lambda: {"box-1": base, "gone": dead}, timeout_s=2.0)
         assert (source.name, source.keeps_history) == ("hypervisor", False)
@@ -118,16 +95,11 @@ async def test_the_default_source_finds_hypervisors_through_running_gpunodes(api
     state = tmp_path / "hv"
     state.mkdir()
     async with hypervisor(state) as http, kube_client(apiserver) as kube, controllers() as tg:
-        await _worker_with_load(http, state)
+        await worker_with_load(http, state)
         port = http.base_url.port
         assert port is not None
         for name, phase in (("box-1", "Running"), ("box-2", "Pending")):
-            await kube.create(r.NODES, {"metadata": {"name": name}})
-            await kube.patch(r.NODES, name, {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}},
-                             subresource="status")
-            await kube.create(r.GPUNODES, {"metadata": {"name": name}, "spec": {}})
-            await kube.patch(r.GPUNODES, name, {"status": {"phase": phase, "managedGPUs": 0, "totalGPUs": 0,
-                                                           "totalTFlops": "0", "totalVRAM": "0"}}, subresource="status")
+            await gpunode_at(kube, name, "127.0.0.1", phase)
 
         def no_services(_runtime: ControllerRole) -> None:
             """Only the runtime's informers: no reconciler rewrites the GPUNodes' phases."""

@@ -1,9 +1,9 @@
 """Where the controller reaches each node's hypervisor: the Node's InternalIP and --port.
 
-Why one place: the drift audit (`reconcilers/drift.py`, `GET /api/v1/workers`) and the autoscaler's
-hypervisor usage source (`autoscaler/sources.py`, `GET /api/v1/usage`) both call every Running
-GPUNode's hypervisor, and must agree on which nodes count and how the address is written (an IPv6
-address in brackets).
+Why one place: the drift audit (`reconcilers/drift.py`, `GET /api/v1/workers`), the autoscaler's
+hypervisor usage source (`autoscaler/sources.py`, `GET /api/v1/usage`) and the controller's
+`GET /api/usage` (usage_http.py) all call every Running GPUNode's hypervisor, and must agree on which
+nodes count and how the address is written (an IPv6 address in brackets).
 """
 
 from __future__ import annotations
@@ -49,3 +49,8 @@ def running_hypervisors(runtime: ControllerRuntime) -> dict[str, tuple[Body, str
         if address is not None:
             found[gpunode.name] = (gpunode, hypervisor_url(address, port))
     return found
+
+
+def hypervisor_urls(runtime: ControllerRuntime) -> dict[str, str]:
+    """GPUNode name -> its hypervisor's base URL, for each of `running_hypervisors`."""
+    return {name: base for name, (_, base) in running_hypervisors(runtime).items()}

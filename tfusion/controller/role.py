@@ -90,7 +90,7 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
 def configure(controller: ControllerRole) -> None:
     """Build the controller's services on its runtime, in this order, each given the ones it uses:
     the allocator service, the index and port allocators with the pod webhook, the reconcilers (not
-    with ENABLE_CR_CONTROLLER=false), the connection route, the scheduler, the metrics recorder, the
+    with ENABLE_CR_CONTROLLER=false), the connection and usage routes, the scheduler, the metrics recorder, the
     autoscaler.
     Each registers its informers, routes and runnables on the runtime and its Manager."""
     # imported here, not at the top: build_runtime() alone (a bare controller, in tests) needs none
@@ -102,6 +102,7 @@ def configure(controller: ControllerRole) -> None:
     from tfusion.controller.reconcilers import register_reconcilers
     from tfusion.controller.scheduling.assignments import Assignments
     from tfusion.controller.scheduling.scheduler import attach_scheduler
+    from tfusion.controller.usage_http import attach_usage_route
     from tfusion.controller.webhook.service import attach_webhook
 
     runtime: ControllerRuntime = controller
@@ -113,6 +114,7 @@ def configure(controller: ControllerRole) -> None:
     if runtime.settings.enable_cr_controller:
         controller.reconcilers = register_reconcilers(runtime, allocation, assignments)
     attach_connection_route(runtime, assignments)
+    attach_usage_route(runtime)
     controller.scheduler = attach_scheduler(runtime, allocation)
     allocation.scheduler = controller.scheduler  # simulate-schedule asks it, when there is one
     controller.metrics = attach_metrics(runtime, allocation)
@@ -153,6 +155,7 @@ async def serve_runtime(runtime: ControllerRole, *,
     probe_sock = _bind("--health-probe-bind-address", settings.resolved_health_probe_listen)
     host, port = sock.getsockname()[:2]
     runtime.address = (host, port)
+    runtime.manager.advertise_api(host, port)
     runtime.probe_address = probe_sock.getsockname()[:2]
     async with anyio.create_task_group() as tg:
         await tg.start(runtime.dynamic_config.run)

@@ -9,8 +9,11 @@ duration) stops its leader-only work first, so it is gone before anyone else may
 clean shutdown the leader releases the Lease (holderIdentity "", leaseDurationSeconds 1) so a
 standby takes over within one retry period.
 
-The leader also keeps ConfigMap `tensor-fusion-operator-leader-info` (`leader-ip`) current, which
-is how followers of the original find the leader.
+The leader also keeps ConfigMap `tensor-fusion-operator-leader-info` current: `leader-ip` (how
+followers of the original find the leader) and, for clients such as `tfusion why` and the console
+(tfusion/console/locate.py), `api-url` (where the leader's HTTP API answers, once the controller
+role has told the elector through `advertise`), `pod` and `pod-namespace` (the leader's pod, for a
+port-forward when `api-url` cannot be reached from outside the cluster).
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "85104305.tensor-fusion.ai"
 LEADER_INFO_CONFIGMAP = "tensor-fusion-operator-leader-info"
 LEADER_IP_KEY = "leader-ip"
+API_URL_KEY = "api-url"
+POD_KEY = "pod"
+POD_NAMESPACE_KEY = "pod-namespace"
+_LEADER_KEYS = (LEADER_IP_KEY, API_URL_KEY, POD_KEY, POD_NAMESPACE_KEY)
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 Callback = Callable[[], Awaitable[None] | None]
 
@@ -61,6 +69,14 @@ def first_ipv4() -> str:
             if not address.startswith("127."):
                 return address
     return "127.0.0.1"
+
+
+def api_url(host: str, port: int, own_ip: str) -> str:
+    """The base URL a client reaches a server bound to host:port with: the bound address itself,
+    or `own_ip` (this host's first IPv4: the pod IP in a pod) for a wildcard bind, which a loopback
+    address would hide from every other host."""
+    address = own_ip if host in _WILDCARDS else host
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 class _Attempt(enum.Enum):
@@ -86,7 +102,8 @@ class LeaderElector:
                  on_started_leading: Callback | None = None, on_stopped_leading: Callback | None = None,
                  registry: CollectorRegistry | None = None, leader_info: bool = True,
                  leader_info_interval: float = 30.0, release_timeout: float = 2.0,
-                 clock: Clock = REAL_CLOCK) -> None:
+                 clock: Clock = REAL_CLOCK, pod_namespace: str = "",
+                 api_address: tuple[str, int] | None = None) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
             raise ValueError(f"leader election needs lease_duration ({lease_duration}) > renew_deadline "
                              f"({renew_deadline}) > retry_period ({retry_period}) > 0")
@@ -103,6 +120,11 @@ class LeaderElector:
         self.leader_info = leader_info
         self.leader_info_interval = leader_info_interval
         self.release_timeout = release_timeout
+        self.pod_name = pod_name
+        self.pod_namespace = pod_namespace
+        #: (host, port) the controller's HTTP API is bound to; written as `api-url` once known
+        self.api_address = api_address
+        self._info_changed: anyio.Event | None = None  # set by advertise(): write the info again now
         self._leading = False
         self._lease: Mapping[str, Any] | None = None  # the Lease as we last wrote or read it
         self._observed: tuple[Any, ...] | None = None
@@ -275,17 +297,36 @@ class LeaderElector:
 
     # --- leader info ------------------------------------------------------------------------------
 
+    def advertise(self, host: str, port: int) -> None:
+        """Where the controller's HTTP API is bound; a leader rewrites its leader info at once."""
+        self.api_address = (host, port)
+        if self._info_changed is not None:
+            self._info_changed.set()
+
     async def _keep_leader_info(self) -> None:
         while True:
+            self._info_changed = anyio.Event()
             try:
                 await self.write_leader_info()
             except KubeError as exc:
                 log.warning("leader election: cannot write ConfigMap %s: %s", LEADER_INFO_CONFIGMAP, exc)
-            await self.clock.sleep(self.leader_info_interval)
+            with self.clock.move_on_after(self.leader_info_interval):
+                await self._info_changed.wait()
+
+    def leader_info_data(self, ip: str) -> dict[str, str]:
+        """The ConfigMap's data as this leader writes it; keys without a value are left out."""
+        data = {LEADER_IP_KEY: ip}
+        if self.api_address is not None:
+            data[API_URL_KEY] = api_url(*self.api_address, ip)
+        if self.pod_name:
+            data[POD_KEY] = self.pod_name
+            data[POD_NAMESPACE_KEY] = self.pod_namespace or self.namespace
+        return data
 
     async def write_leader_info(self, ip: str | None = None) -> None:
-        ip = ip or await anyio.to_thread.run_sync(first_ipv4)
-        data = {LEADER_IP_KEY: ip}
+        if not ip:
+            ip = await anyio.to_thread.run_sync(first_ipv4)
+        data = self.leader_info_data(ip)
         try:
             current = await self.client.get(CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=self.namespace)
         except NotFound:
@@ -296,6 +337,8 @@ class LeaderElector:
                 return
             except AlreadyExists:
                 current = await self.client.get(CONFIGMAPS, LEADER_INFO_CONFIGMAP, namespace=self.namespace)
-        if section(current, "data").get(LEADER_IP_KEY) != ip:
-            await self.client.patch(CONFIGMAPS, LEADER_INFO_CONFIGMAP, {"data": data},
-                                    namespace=self.namespace)
+        written = section(current, "data")
+        # a key this leader has no value for is removed: a previous leader's pod must not stay named
+        patch: dict[str, str | None] = {key: data.get(key) for key in _LEADER_KEYS if written.get(key) != data.get(key)}
+        if patch:
+            await self.client.patch(CONFIGMAPS, LEADER_INFO_CONFIGMAP, {"data": patch}, namespace=self.namespace)

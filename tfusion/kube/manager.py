@@ -96,6 +96,8 @@ class Manager:
             if client else None
         self._entries: list[_Entry] = []
         self.elector: LeaderElector | None = None
+        #: (host, port) of the controller's HTTP API, for the leader info (`advertise_api`)
+        self.api_address: tuple[str, int] | None = None
         self._leading = False
         self._tg: TaskGroup | None = None
         self._term_tg: TaskGroup | None = None
@@ -145,6 +147,13 @@ class Manager:
     @property
     def is_leader(self) -> bool:
         return self._leading
+
+    def advertise_api(self, host: str, port: int) -> None:
+        """The controller's HTTP API is bound to host:port: the leader writes it to its leader info
+        (kube/leader.py `api-url`), where `tfusion why` and the console look for the controller."""
+        self.api_address = (host, port)
+        if self.elector is not None:
+            self.elector.advertise(host, port)
 
     def controller(self, name: str) -> ControllerBuilder:
         return ControllerBuilder(self, name)
@@ -200,7 +209,8 @@ class Manager:
             self.client, namespace=settings.operator_namespace, identity=self.identity,
             lease_duration=settings.leader_lease_duration, renew_deadline=settings.leader_renew_deadline,
             retry_period=settings.leader_retry_period, on_started_leading=self._lead,
-            registry=self.registry, release_timeout=RELEASE_TIMEOUT_S, clock=self.clock)
+            registry=self.registry, release_timeout=RELEASE_TIMEOUT_S, clock=self.clock,
+            pod_name=settings.pod_name, pod_namespace=settings.pod_namespace, api_address=self.api_address)
         await tg.start(self.elector.run)
 
     async def _lead(self) -> None:

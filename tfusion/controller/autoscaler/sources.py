@@ -39,7 +39,7 @@ import httpx
 import msgspec
 import orjson
 
-from tfusion.controller.hypervisors import HYPERVISOR_TIMEOUT_S, running_hypervisors
+from tfusion.controller.hypervisors import HYPERVISOR_TIMEOUT_S, hypervisor_urls
 from tfusion.metrics.usage import WorkerUsageList
 from tfusion.settings import Settings
 
@@ -162,6 +162,18 @@ class HypervisorUsage:
         self.concurrency = concurrency
 
     async def samples(self, since: float, until: float) -> list[UsageSample]:
+        answers, problems = await self.gather()
+        if problems and not answers:
+            raise UsageSourceError("usage source hypervisor: no hypervisor answered: "
+                                   + "; ".join(problems[n] for n in sorted(problems)))
+        now = time.time()
+        return [UsageSample(at=now, namespace=row.namespace, workload=row.workload, worker=row.pod,
+                            tflops_milli=row.compute_tflops * 1000, vram_bytes=float(row.memory_bytes), gpu=row.gpu)
+                for node in sorted(answers) for row in answers[node].data if _has_workload(row.workload)]
+
+    async def gather(self) -> tuple[dict[str, WorkerUsageList], dict[str, str]]:
+        """Every target's answer by node, and why each node that did not answer failed (also what
+        the controller's `GET /api/usage` serves)."""
         targets = dict(self.targets())
         answers: dict[str, WorkerUsageList] = {}
         problems: dict[str, str] = {}
@@ -178,13 +190,7 @@ class HypervisorUsage:
         async with httpx.AsyncClient(timeout=self.timeout_s) as http, anyio.create_task_group() as tg:
             for node, base in targets.items():
                 tg.start_soon(ask, http, node, base)
-        if targets and not answers:
-            raise UsageSourceError("usage source hypervisor: no hypervisor answered: "
-                                   + "; ".join(problems[n] for n in sorted(problems)))
-        now = time.time()
-        return [UsageSample(at=now, namespace=row.namespace, workload=row.workload, worker=row.pod,
-                            tflops_milli=row.compute_tflops * 1000, vram_bytes=float(row.memory_bytes), gpu=row.gpu)
-                for node in sorted(answers) for row in answers[node].data if _has_workload(row.workload)]
+        return answers, problems
 
     @staticmethod
     async def _node_usage(http: httpx.AsyncClient, node: str, base: str) -> WorkerUsageList:
@@ -444,7 +450,7 @@ def usage_source(settings: Settings, runtime: ControllerRuntime) -> UsageSource:
     kind, url = settings.autoscaler_usage_source, settings.autoscaler_usage_url
     database = settings.autoscaler_usage_database or settings.metrics_push_database
     if kind == "hypervisor":
-        return HypervisorUsage(lambda: {name: base for name, (_, base) in running_hypervisors(runtime).items()})
+        return HypervisorUsage(lambda: hypervisor_urls(runtime))
     if not url:
         raise UsageSourceError(f"--autoscaler-usage-source={kind} needs --autoscaler-usage-url")
     if kind == "prometheus":
