@@ -118,7 +118,7 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
 
 
 async def _console(settings: Settings, started: dict[str, Any], *,
-                   task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+                   task_status: TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
     """`--role=all` serves the console too: as the kubeconfig's admin, asking the controller it runs."""
     from tfusion.console.cli import ConsoleOptions, serve_console
 
@@ -128,7 +128,16 @@ async def _console(settings: Settings, started: dict[str, Any], *,
     options = ConsoleOptions(settings.kube, settings.console_listen, controller,
                              metrics_dir=str(metrics.parent) if metrics is not None else "",
                              operator_namespace=settings.operator_namespace)
-    await serve_console(options, task_status=task_status)
+    status = _TrackedStatus(task_status)
+    try:
+        await serve_console(options, task_status=status)
+    except* (OSError, KubeError) as group:
+        if status.serving:
+            raise
+        # the roles serve without it: a taken port must not stop the cluster
+        log.warning("the console is not served: %s (set --console-listen to another address, or off)",
+                    "; ".join(map(str, group.exceptions)))
+        task_status.started(None)
 
 
 class _TrackedStatus:
