@@ -11,10 +11,11 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from tfusion import __version__
 from tfusion.api.durations import format_duration
+from tfusion.console.target import OneLineParser
 from tfusion.settings import (
     ALL_ROLES,
     OPTIONS,
@@ -28,13 +29,6 @@ from tfusion.settings import (
 )
 
 PROG = "tfusion"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a mistake as one line (it names the flag) and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_roles(text: str) -> tuple[str, ...]:
@@ -90,9 +84,9 @@ def _not_implemented_epilog() -> str:
     return f"Environment variables not implemented yet (setting one exits 1): {', '.join(names)}."
 
 
-def build_parser(roles: Sequence[str] | None) -> _Parser:
+def build_parser(roles: Sequence[str] | None) -> OneLineParser:
     """The parser for the given roles; None (no --role yet) shows every role's flags."""
-    parser = _Parser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
+    parser = OneLineParser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
                             + _not_implemented_epilog()
                             + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."
@@ -122,7 +116,7 @@ def build_parser(roles: Sequence[str] | None) -> _Parser:
 
 
 def _pre_parse_roles(argv: Sequence[str]) -> tuple[str, ...] | None:
-    pre = _Parser(prog=PROG, add_help=False)
+    pre = OneLineParser(prog=PROG, add_help=False)
     pre.add_argument("--role", type=parse_roles, default=None)
     known, _ = pre.parse_known_args(list(argv))
     return known.role  # type: ignore[no-any-return]
@@ -148,7 +142,8 @@ def settings_from_args(argv: Sequence[str]) -> Settings:
 
 
 def _crds_command(argv: Sequence[str]) -> int:
-    parser = _Parser(prog=f"{PROG} crds", description="Print all CRDs as one YAML stream, or write one file per kind.")
+    parser = OneLineParser(prog=f"{PROG} crds",
+                           description="Print all CRDs as one YAML stream, or write one file per kind.")
     parser.add_argument("--out", default=None, help="directory for one tensor-fusion.ai_<plural>.yaml per kind")
     args = parser.parse_args(list(argv))
     from tfusion.api import crds

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, TypeAlias
 
 import anyio
 import httpx
@@ -36,18 +36,13 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod, items, section
 from tfusion.api.jsontypes import JsonMapping, JsonObject
 from tfusion.console.explain import node_reasons, suggestion_text
-from tfusion.console.target import kube_target
+from tfusion.console.target import OneLineParser, kube_target
 
 PROG = "tfusion why"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Say why a pod is not scheduled and what would make it fit, or "
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, description="Say why a pod is not scheduled and what would make it fit, or "
                                                      "what the autoscaler recommends for a workload.")
     parser.add_argument("pod", metavar="POD", help="the pod's name, or workload/NAME for a workload's "
                                                    "autoscaling recommendation")

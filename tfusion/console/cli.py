@@ -10,14 +10,12 @@ Exit codes: 0 stopped by a signal, 1 the cluster cannot be read or the address c
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
@@ -26,7 +24,7 @@ from tfusion.console.app import console_app
 from tfusion.console.cache import ClusterCache
 from tfusion.console.controller_link import ControllerLink
 from tfusion.console.history import HistorySource, file_history, prometheus_history
-from tfusion.console.target import kube_target
+from tfusion.console.target import OneLineParser, kube_target
 from tfusion.settings import is_loopback, parse_http_url, parse_listen
 
 log = logging.getLogger(__name__)
@@ -35,13 +33,8 @@ PROG = "tfusion console"
 DEFAULT_LISTEN = "127.0.0.1:8090"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Serve a read-only web console of tfusion's GPUs, workloads, pending "
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, description="Serve a read-only web console of tfusion's GPUs, workloads, pending "
                                             "pods, quotas, events, usage and cost.")
     parser.add_argument("--kube", default="", help="API server: a kubeconfig path, 'in-cluster' or 'embedded' "
                                                    "(default: $KUBECONFIG, else in-cluster)")
