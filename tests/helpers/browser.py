@@ -111,9 +111,11 @@ class BrowserPage:
         self.errors.append(f"uncaught exception: {error}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def chromium() -> Iterator[Browser]:
-    """One headless Chromium per test process (starting one costs about a second)."""
+    """A headless Chromium for one test. Not one per session: while Playwright's sync API is open it
+    holds an event loop on the thread, and every anyio test that the same worker runs later would
+    fail with "Cannot run the event loop while another loop is running"."""
     reason = browser_missing()
     if reason:
         pytest.skip(reason)
