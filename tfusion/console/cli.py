@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 from tfusion.console.app import console_app
 from tfusion.console.cache import ClusterCache
 from tfusion.console.controller_link import ControllerLink
-from tfusion.console.history import HistorySource, file_history, prometheus_history
+from tfusion.console.history import HistorySource, file_history, influx_history, prometheus_history
 from tfusion.console.target import OneLineParser, kube_target
 from tfusion.settings import is_loopback, parse_http_url, parse_listen
 
@@ -49,6 +49,10 @@ def build_parser() -> OneLineParser:
                                                           "kubeconfig)")
     parser.add_argument("--prometheus", default="", help="a Prometheus URL that scrapes tfusion, for the charts "
                                                          "(instead of the metrics files)")
+    parser.add_argument("--influxdb", default="", help="an InfluxDB 1.x URL tfusion pushes its metrics to, for the "
+                                                       "charts (instead of the metrics files)")
+    parser.add_argument("--influxdb-database", default="public", help="the InfluxDB database (default: public, "
+                                                                      "as --metrics-push-database)")
     return parser
 
 
@@ -60,14 +64,18 @@ class ConsoleOptions:
     token: str = ""
     metrics_dir: str = ""
     prometheus: str = ""
+    influxdb: str = ""
+    influxdb_database: str = "public"
     operator_namespace: str = "tensor-fusion-sys"
 
 
 def history_for(options: ConsoleOptions, kubeconfig: str) -> HistorySource | None:
-    """The charts' source: Prometheus when given, else the metrics files (given, or beside an
+    """The charts' source: Prometheus or InfluxDB when given, else the metrics files (given, or beside an
     embedded kubeconfig), else none."""
     if options.prometheus:
         return prometheus_history(options.prometheus)
+    if options.influxdb:
+        return influx_history(options.influxdb, options.influxdb_database)
     directory = Path(options.metrics_dir) if options.metrics_dir else Path(kubeconfig).expanduser().parent / "metrics"
     if options.metrics_dir or (kubeconfig and directory.is_dir()):
         return file_history(directory)
@@ -140,15 +148,18 @@ def console_command(argv: Sequence[str]) -> int:
             print(f"{PROG}: --token-file: the token must be at least 16 characters", file=sys.stderr)
             return 2
     problem = check_listen(args.listen, token)
-    if args.prometheus:
+    for flag, url in (("--prometheus", args.prometheus), ("--influxdb", args.influxdb)):
         try:
-            parse_http_url(args.prometheus)
+            parse_http_url(url)
         except ValueError as exc:
-            problem = problem or f"--prometheus: {exc}"
+            problem = problem or f"{flag}: {exc}"
+    if args.prometheus and args.influxdb:
+        problem = problem or "--prometheus and --influxdb: give one source for the charts, not both"
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
-    options = ConsoleOptions(args.kube, args.listen, args.controller, token, args.metrics_dir, args.prometheus)
+    options = ConsoleOptions(args.kube, args.listen, args.controller, token, args.metrics_dir, args.prometheus,
+                             args.influxdb, args.influxdb_database)
     return anyio.run(_run, options)
 
 
