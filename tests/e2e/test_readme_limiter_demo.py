@@ -1,6 +1,7 @@
-"""The README's "Soft limits in a real process" block, run as written: `make` the limiter, build the
+"""The "Soft limits in a real process" block of the docs' Getting started page
+(docs/getting-started.md), run as written: `make` the limiter, build the
 tests' fake GPU, start a `--backend=local` hypervisor with the limiter preloaded into soft workers,
-and create a 4 GiB / 30 % worker. Then what the README says it shows: the 5 GiB allocation refused
+and create a 4 GiB / 30 % worker. Then what the page says it shows: the 5 GiB allocation refused
 with OOM, the share in `cuMemGetInfo`, and the compute the hypervisor measures settling at 30 %.
 
 Only the first line that names the directory and the port is replaced (a temporary directory, a
@@ -27,6 +28,7 @@ from tests import fake_cuda
 from tests.helpers.hypervisor_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "getting-started.md"
 DEMO_LINE = re.compile(r"^demo=\S+ port=\d+$", re.MULTILINE)
 A100_TFLOPS = 312.0
 GIB = 1 << 30
@@ -34,9 +36,9 @@ SETTLE_DEADLINE_S = 90.0
 
 
 def demo_block() -> str:
-    text = (REPO / "README.md").read_text()
+    text = PAGE.read_text()
     found = re.search(r"<!-- limiter-demo:start -->\n```sh\n(.*?)```\n<!-- limiter-demo:end -->", text, re.DOTALL)
-    assert found, "the README lost its limiter-demo block"
+    assert found, f"{PAGE.relative_to(REPO)} lost its limiter-demo block"
     return found.group(1)
 
 
@@ -62,7 +64,7 @@ def demo(tmp_path: Path) -> Iterator[tuple[Path, str]]:
                              start_new_session=True)
     try:
         out, err = shell.communicate(timeout=240)
-        assert shell.returncode == 0, f"the README block failed ({shell.returncode}):\n{err}"
+        assert shell.returncode == 0, f"the docs' block failed ({shell.returncode}):\n{err}"
         assert out.strip().splitlines()[-1] == "201", out
         yield root, url
     finally:
@@ -70,7 +72,7 @@ def demo(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 
 def stop(url: str, group: int) -> None:
-    """The README's last line: delete the worker (its process group), then stop the hypervisor."""
+    """The page's last line: delete the worker (its process group), then stop the hypervisor."""
     try:
         httpx.delete(f"{url}/api/v1/workers/trainer", timeout=20)
     except httpx.TransportError:

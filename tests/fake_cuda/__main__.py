@@ -3,7 +3,8 @@
 Builds the tests' fakes of the hardware into DIR (the CUDA driver `libcuda.so.1`, NVML
 `libnvidia-ml.so.1`, both driven by one simulated busy-time clock, and the probe program) and prints
 the `export` lines a shell evaluates so that a hypervisor started from it (`--devices=nvml`) and the
-local workers it starts see one simulated A100. The README's "Soft limits in a real process" runs it.
+local workers it starts see one simulated A100. The docs' "Soft limits in a real process"
+(docs/getting-started.md) runs it.
 """
 
 from __future__ import annotations
