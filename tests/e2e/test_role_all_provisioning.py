@@ -147,9 +147,6 @@ def test_a_provisioned_pool_grows_for_its_minimum_and_a_big_pod_then_gives_the_n
     kubectl("delete", "pod", "big", "--wait=true")
     _passes_after_the_minimum_age(role_all, node)
     assert node in node_names(role_all), "do-not-disrupt keeps the node"
-    # the pool reads what is idle from its GPUNodes' status: wait until it says the H100 is free again
-    role_all.wait_for("the pool's status showing 1352 TFLOPS available",
-                      lambda: pool_status(role_all).get("availableTFlops") == "1352", timeout=60)
     kubectl("patch", "gpupool", "burst", "--type=merge", "-p",
             json.dumps({"spec": {"capacityConfig": {"warmResources": {"tflops": "1300"}}}}))
     kubectl("label", "node", node, f"{tfa.DO_NOT_DISRUPT}-")
