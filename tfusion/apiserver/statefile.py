@@ -233,6 +233,9 @@ def backup_file(state: Path, dest: Path) -> None:
 def restore_file(backup: Path, state: Path) -> int:
     """Replace `state` with `backup` (checked first) while holding the state's lock, so that no server
     starts on a half-restored file; StateInUse when a server runs on it. Returns the backup's schema."""
+    if state.exists() and backup.resolve() == state.resolve():
+        raise StateFileError(f"{backup} is the state file itself; restore from a backup made with 'tfusion state "
+                             "backup'")
     version = check_backup(backup)
     if not state.exists():
         state.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -241,10 +244,12 @@ def restore_file(backup: Path, state: Path) -> int:
     try:
         source = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
         try:
-            source.backup(target)
+            source.backup(target)  # one step: the state file is replaced whole or not at all
+            target.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as exc:
+            raise StateFileError(f"restoring {backup} into {state} failed: {exc}") from None
         finally:
             source.close()
-        target.execute("PRAGMA journal_mode=WAL")
     finally:
         target.close()
     for leftover in (Path(f"{state}-wal"), Path(f"{state}-shm")):

@@ -170,7 +170,8 @@ class Store:
         """The committed state as the bytes of a database file (SQLite's online backup API). Taken after
         every write so far is durable, with no await in between, so it holds no half of a transaction;
         it holds the event loop for the copy, milliseconds per MB of state."""
-        await self.durable()
+        while self._committed is not None:  # a write made while we waited opens a new transaction
+            await self.durable()
         return snapshot(self._db)
 
     # ---------------------------------------------------------------- reads
