@@ -90,7 +90,8 @@ def build_parser(roles: Sequence[str] | None) -> OneLineParser:
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
                             + _not_implemented_epilog()
                             + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."
-                            + " 'tfusion console' serves a read-only web console of the cluster.")
+                            + " 'tfusion console' serves a read-only web console of the cluster."
+                            + " 'tfusion state backup|restore FILE' saves or brings back --role=all's state.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -164,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tfusion.why import why_command
 
         return why_command(argv[1:])
+    if argv and argv[0] == "state":
+        from tfusion.embedded.statecli import state_command
+
+        return state_command(argv[1:])
     if argv and argv[0] == "console":
         from tfusion.console.cli import console_command
 

@@ -90,7 +90,7 @@ def _check_tables(points: list[Point], uid: str) -> None:
     (allocation,) = _rows(points, "tf_gpu_allocation")
     assert dict(allocation.tags) == {"pod": "trainer", "namespace": "default", "pod_uuid": uid, "node": "node-a",
                                      "gpu_model_index": "A100_SXM_40G:0,A100_SXM_40G:1",
-                                     "gpu_name": "gpu-a1,gpu-a2"}
+                                     "gpu_name": "gpu-a1,gpu-a2", "team_tag": "vision"}
     assert allocation.fields == {"gpu_count": 2}
     (system,) = _rows(points, "tf_system_metrics")
     assert system.tags == {"pool": POOL}

@@ -46,6 +46,8 @@ from tfusion.apiserver.watch import WatchRequest, serve_watch
 log = logging.getLogger(__name__)
 
 _PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
+#: where `tfusion state backup` reads a running server's state (not a Kubernetes path: kube has none like it)
+STATE_BACKUP_PATH = "/tfusion/state/backup"
 #: what kube-apiserver serves; anything else (CONNECT, TRACE, ...) is 405 before routing
 _METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
@@ -179,6 +181,9 @@ class ApiApp:
         if head == "version" and len(parts) == 1:
             await respond(send, 200, discovery.VERSION)
             return
+        if path.rstrip("/") == STATE_BACKUP_PATH:
+            await self._state_backup(request, send)
+            return
         if head == "openapi":
             await self._openapi(parts, send, openapi_pb.wants_protobuf(request.headers.get("accept", "")))
             return
@@ -214,6 +219,17 @@ class ApiApp:
             raise podstreams.refusal(self.engine, request.method, stream, request.params)
         target = self._target(group, version, rest, path)
         await self._dispatch(request, target, send)
+
+    async def _state_backup(self, request: Request, send: Send) -> None:
+        """The state file's committed content, for `tfusion state backup` while the server runs (the
+        server holds the file's lock, so no other process can read it). Administrators only: the file
+        holds the signing key, the admin token and the TLS key, more than any RBAC rule could grant."""
+        if not request.user.is_master:
+            raise errors.ApiError(403, "Forbidden", f"{request.path} is for the administrator "
+                                  "(the kubeconfig the embedded API server writes) only")
+        if request.method != "GET":
+            raise errors.method_not_allowed(request.method)
+        await send_bytes(send, 200, await self.engine.store.snapshot(), b"application/vnd.sqlite3")
 
     def _target(self, group: str, version: str, rest: list[str], path: str) -> Target:
         registry = self.engine.registry

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from tfusion.apiserver import errors, limits
+from tfusion.apiserver.statefile import StateFileError, ensure_schema, snapshot
 
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
@@ -67,10 +68,6 @@ def _ours(directory: Path) -> bool:
     resolved = directory.resolve()
     shared = {Path.cwd().resolve(), Path.home().resolve(), Path("/").resolve()}
     return info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and resolved not in shared
-
-
-class StateFileError(OSError):
-    """The state file cannot be used (locked by another server, unreadable, not a database)."""
 
 
 class Entry:
@@ -122,23 +119,22 @@ class Store:
         # one server per state file: two would hand out the same resourceVersions
         self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("BEGIN EXCLUSIVE")
             self._db.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
+            # a layout this tfusion does not read is migrated or refused, never read wrongly; checked
+            # before the switch to WAL, so that a refused file is left byte for byte as it was
+            ensure_schema(self._db, self.path)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise StateFileError(
-                f"state file {self.path} cannot be opened: {exc} (is another API server using it?)"
-            ) from None
+            hint = " (is another API server using it?)" if "locked" in str(exc) else ""
+            raise StateFileError(f"state file {self.path} cannot be opened: {exc}{hint}") from None
+        except StateFileError:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA synchronous=NORMAL")
         if self.path != ":memory:":
             secure_state_files(Path(self.path))  # the -wal and -shm files exist now
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS objects (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,"
-            " rv INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (skey, ns, name)) WITHOUT ROWID"
-        )
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL)")
-        self._db.commit()
         row = self._db.execute("SELECT v FROM meta WHERE k = 'rv'").fetchone()
         self.rv = int(row[0]) if row else 0
         #: the newest resourceVersion whose events have been delivered to watchers
@@ -169,6 +165,14 @@ class Store:
     def set_meta(self, key: str, value: bytes) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (key, value))
         self._db.commit()
+
+    async def snapshot(self) -> bytes:
+        """The committed state as the bytes of a database file (SQLite's online backup API). Taken after
+        every write so far is durable, with no await in between, so it holds no half of a transaction;
+        it holds the event loop for the copy, milliseconds per MB of state."""
+        while self._committed is not None:  # a write made while we waited opens a new transaction
+            await self.durable()
+        return snapshot(self._db)
 
     # ---------------------------------------------------------------- reads
     def get(self, storage_key: str, namespace: str, name: str) -> Entry | None:

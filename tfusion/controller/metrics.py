@@ -199,6 +199,14 @@ def gpu_views(gpu_objects: Iterable[Gpu], allocator: GpuAllocator | None) -> dic
     return views
 
 
+def _add_pod_label_tags(tags: dict[str, str], row: WorkerRow, extra_labels: Mapping[str, str]) -> None:
+    """The dynamic config's metricsExtraPodLabels (pod label -> tag) on a row about one pod, as the
+    original tags both tf_worker_resources and tf_gpu_allocation; a tag never replaces one of the table's own."""
+    for label, tag in extra_labels.items():
+        if label in row.labels and tag not in tags:
+            tags[str(tag)] = row.labels[label]
+
+
 def _virtual(obj: Body, total_t: int, total_v: int) -> tuple[int, int]:
     """(milli-TFLOPS, bytes) of virtual capacity from a GPUNode's or GPUPool's status; physical when unset."""
     virtual_t = _quantity(obj.status.get("virtualTFlops"), milli=True)
@@ -364,7 +372,7 @@ class ControllerRecorder:
         points += self._node_points(now, ts, gpus)
         points += self._pool_points(ts, gpus, pools, allocator)
         points += self._gpu_points(ts, gpus)
-        points += self._allocation_points(ts, gpus, allocator)
+        points += self._allocation_points(ts, gpus, allocator, extra_labels or {})
         points += self._system_points(ts, pools)
         self.snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
                                  node_cost_total=self._node_cost_labels())
@@ -397,9 +405,7 @@ class ControllerRecorder:
             self._worker_cost[uid] = self._worker_cost.get(uid, 0.0) + raw_cost
             tags = {"namespace": row.namespace, "pool": row.pool, "qos": row.qos or "medium", "worker": row.pod,
                     "workload": row.workload}
-            for label, tag in extra_labels.items():
-                if label in row.labels and tag not in tags:
-                    tags[str(tag)] = row.labels[label]
+            _add_pod_label_tags(tags, row, extra_labels)
             share = row.share
             after = self._recommended(row, shares)
             recommended = {} if after is None else {
@@ -491,8 +497,8 @@ class ControllerRecorder:
             "allocated_vram_percent": _percent(g.allocated_vram, g.capacity_vram)}, ts)
             for _, g in sorted(gpus.items())]
 
-    def _allocation_points(self, ts: int, gpus: Mapping[str, GpuView],
-                           allocator: GpuAllocator | None) -> list[Point]:
+    def _allocation_points(self, ts: int, gpus: Mapping[str, GpuView], allocator: GpuAllocator | None,
+                           extra_labels: Mapping[str, str]) -> list[Point]:
         points = []
         for uid in self.ledger.uids():
             row = self.workers.get(uid)
@@ -502,10 +508,11 @@ class ControllerRecorder:
                 continue
             model_index = ",".join(f"{gpus[g].model}:{'' if gpus[g].index is None else gpus[g].index}"
                                    if g in gpus else f":{g}" for g in row.gpus)
-            points.append(Point(ALLOCATION_TABLE, {
-                "pod": row.pod, "namespace": row.namespace, "pod_uuid": uid, "node": row.node,
-                "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)},
-                {"gpu_count": len(row.gpus), **(row.partition.fields() if row.partition is not None else {})}, ts))
+            tags = {"pod": row.pod, "namespace": row.namespace, "pod_uuid": uid, "node": row.node,
+                    "gpu_model_index": model_index, "gpu_name": ",".join(row.gpus)}
+            _add_pod_label_tags(tags, row, extra_labels)
+            fields = {"gpu_count": len(row.gpus), **(row.partition.fields() if row.partition is not None else {})}
+            points.append(Point(ALLOCATION_TABLE, tags, fields, ts))
         return points
 
     def _system_points(self, ts: int, pools: Mapping[str, GpuPool]) -> list[Point]:

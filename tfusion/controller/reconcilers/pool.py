@@ -9,6 +9,8 @@
   capacity after the pool's oversubscription), runningAppsCnt (workloads with workers on the
   pool's GPUs), cluster (the owning TensorFusionCluster); phase Running when every node is Running
   (a pool without nodes is Running too: nothing in it waits), else Updating; condition Ready.
+- Component fields tfusion does not honour (controller/component_fields.py): condition
+  ComponentConfigHonoured False naming each one set, and a Warning Event per field when it appears.
 - Provisioned and Karpenter pools: `provisioning/pools.py` closes the gap to minResources and
   warmResources with GPUNodeClaims on each pass and decides `provisioningPhase`; such a pool with a
   minimum is not Running while it has no node.
@@ -25,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, GpuPool, Node, items, section
 from tfusion.api.jsontypes import JsonObject, json_object
+from tfusion.controller.component_fields import unhonoured_fields
 from tfusion.controller.defaults import pool_vendor
 from tfusion.controller.reconcilers.common import (
     DESTROYING,
     FINALIZER,
     RUNNING,
     UPDATING,
+    Condition,
     condition,
     controller_name,
     merge_conditions,
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
 
 log = logging.getLogger(__name__)
+#: the condition naming the component fields a pool sets that tfusion does not honour (component_fields.py)
+COMPONENTS_HONOURED = "ComponentConfigHonoured"
 
 
 class PoolReconciler:
@@ -124,6 +130,24 @@ class PoolReconciler:
                 except NotFound:
                     continue
 
+    def _component_fields(self, pool: GpuPool) -> list[Condition]:
+        """ComponentConfigHonoured, False naming each field set that tfusion does not honour, with one
+        Warning Event per field when it first appears (a pool that never set one gets no condition)."""
+        fields = unhonoured_fields(pool)
+        old = pool.condition(COMPONENTS_HONOURED)
+        if not fields:
+            return [] if old is None else [condition(
+                pool.conditions, COMPONENTS_HONOURED, True, "AllFieldsHonoured",
+                "every component field this pool sets is honoured", generation=pool.meta.generation)]
+        said = str(old.get("message") or "") if old is not None and old.get("status") == "False" else ""
+        for field in fields:
+            if f"{field.name} " not in said:
+                self.runtime.events.warning(pool, "ComponentConfigIgnored",
+                                            f"{field.name} is set but tfusion does not honour it: {field.why}")
+        message = "; ".join(f"{field.name} is not honoured ({field.why})" for field in fields)
+        return [condition(pool.conditions, COMPONENTS_HONOURED, False, "FieldsNotHonoured", message,
+                          generation=pool.meta.generation)]
+
     def _running_apps(self, pool: str) -> int:
         apps = {(app.get("namespace"), app.get("name"))
                 for gpu in self.gpus.by_index(self._gpus_by_pool, pool)
@@ -146,7 +170,8 @@ class PoolReconciler:
             "componentStatus": json_object(section(old, "componentStatus")),
             "conditions": merge_conditions(pool.conditions, [condition(
                 pool.conditions, "Ready", phase == RUNNING, "AllNodesRunning" if phase == RUNNING
-                else "NodesNotRunning", message, generation=pool.meta.generation)]),
+                else "NodesNotRunning", message, generation=pool.meta.generation),
+                *self._component_fields(pool)]),
             **sum_capacity(statuses),
         }
         if provisioning_phase is not None:
