@@ -2,11 +2,13 @@
 (in-process, on the embedded API server) evaluates a PromQL rule on a real Prometheus that scrapes
 the controller's own /metrics; a GPUNode that is not Running fires the rule's alert after
 `consecutiveCount` evaluations, with its labels and rendered annotations, into Alertmanager's v2
-API, and deleting the GPUNode resolves it there. A SQL rule, which Prometheus cannot run, is
-refused in GET /api/alerts naming the rule and the field."""
+API, and deleting the GPUNode resolves it there. The controller's /metrics says when the webhook's
+certificate expires and counts the unscheduled worker pods (shipped rules' inputs). A SQL rule,
+which Prometheus cannot run, is refused in GET /api/alerts naming the rule and the field."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from tests.helpers.alertmanager import ALERTMANAGER, ALERTMANAGER_MISSING, Alert
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tests.helpers.metrics_servers import PROMETHEUS, PROMETHEUS_MISSING, Prometheus
 from tests.helpers.role_all import free_ports
+from tfusion.api.annotations import COMPONENT, COMPONENT_WORKER
 from tfusion.kube import resources as r
 from tfusion.kube.client import NotFound
 
@@ -105,3 +108,16 @@ async def test_an_alert_rule_fires_into_alertmanager_and_resolves(
             metrics = (await http.get("/metrics")).text
             assert 'tfusion_alert_evaluations_total{result="ok",rule="GPUNodeNotRunning"}' in metrics
             assert 'tfusion_alertmanager_posts_total{result="ok"}' in metrics
+            # a worker pod no scheduler places, for the shipped rule TFusionGPUPodsPendingTooLong
+            await kube.create(r.PODS, {
+                "metadata": {"name": "waiting", "namespace": "default", "labels": {COMPONENT: COMPONENT_WORKER}},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]}})
+
+            async def pending() -> bool:
+                return 'tfusion_gpu_pods_pending{namespace="default"} 1.0' in (await http.get("/metrics")).text
+
+            await eventually(pending, what="the unscheduled worker pod counted")
+            # the webhook's certificate, for the shipped rule TFusionWebhookCertificateExpiresSoon
+            expiry = next(line for line in metrics.splitlines()
+                          if line.startswith("tfusion_webhook_certificate_expiry_timestamp_seconds "))
+            assert float(expiry.split()[1]) > time.time() + 300 * 86400
