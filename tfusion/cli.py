@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,9 +85,17 @@ def _not_implemented_epilog() -> str:
     return f"Environment variables not implemented yet (setting one exits 1): {', '.join(names)}."
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help text between words only, so a default URL or path (with hyphens) stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
 def build_parser(roles: Sequence[str] | None) -> OneLineParser:
     """The parser for the given roles; None (no --role yet) shows every role's flags."""
     parser = OneLineParser(prog=PROG, description="GPU pooling and fractional virtual GPUs for Kubernetes.",
+                           formatter_class=_HelpFormatter,
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
                             + _not_implemented_epilog()
                             + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."

@@ -430,6 +430,19 @@ OPTIONS: tuple[Option, ...] = (
        "base URL of the prometheus, influxdb or greptimedb usage source (required for those)"),
     _o("autoscaler_usage_database", "--autoscaler-usage-database", None, "", str, "controller",
        "database of the influxdb or greptimedb usage source (default: --metrics-push-database)"),
+    _o("enable_alert", "--enable-alert", None, False, parse_bool, "controller",
+       "evaluate the dynamic config's alertRules on the leader against --alert-metrics-url and send the "
+       "firing and resolved alerts to --alert-manager-addr", is_bool_flag=True),
+    _o("alert_manager_addr", "--alert-manager-addr", None,
+       "http://alert-manager.tensor-fusion-sys.svc.cluster.local:9093", parse_http_url, "controller",
+       "base URL of the Alertmanager the alertRules' alerts are posted to (its v2 API)"),
+    _o("alert_metrics_source", "--alert-metrics-source", None, "prometheus", _choice("prometheus", "greptimedb"),
+       "controller", "what the alertRules' queries are: PromQL for prometheus (any server with the Prometheus "
+       "query API), SQL for greptimedb (the original's rules)"),
+    _o("alert_metrics_url", "--alert-metrics-url", None, "", parse_http_url, "controller",
+       "base URL of the server the alertRules' queries run on (required with --enable-alert)"),
+    _o("alert_metrics_database", "--alert-metrics-database", None, "", str, "controller",
+       "GreptimeDB database of the alertRules' SQL (default: --metrics-push-database)"),
     _o("enable_auto_expander", "--enable-auto-expander", None, False, parse_bool, "controller",
        "the node expander: GPUNodeClaims for TensorFusion pods that fit on no node for lack of GPU "
        "(leader only; GET /api/node-scaler)", is_bool_flag=True),
@@ -570,6 +583,11 @@ class Settings:
     autoscaler_usage_source: str = _default("autoscaler_usage_source")
     autoscaler_usage_url: str = _default("autoscaler_usage_url")
     autoscaler_usage_database: str = _default("autoscaler_usage_database")
+    enable_alert: bool = _default("enable_alert")
+    alert_manager_addr: str = _default("alert_manager_addr")
+    alert_metrics_source: str = _default("alert_metrics_source")
+    alert_metrics_url: str = _default("alert_metrics_url")
+    alert_metrics_database: str = _default("alert_metrics_database")
     enable_auto_expander: bool = _default("enable_auto_expander")
     provisioning_catalog: str = _default("provisioning_catalog")
     simulated_boot_delay: float = _default("simulated_boot_delay")
@@ -619,6 +637,7 @@ class Settings:
         for opt in OPTIONS:
             values[opt.attr] = _resolve(opt, flags.get(opt.attr), env)
         _check_autoscaler_usage(values)
+        _check_alerts(values)
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -772,6 +791,15 @@ def _check_autoscaler_usage(values: Mapping[str, Any]) -> None:
     if source == "prometheus" and values["autoscaler_usage_database"]:
         raise SettingsError("--autoscaler-usage-database is for the influxdb and greptimedb usage sources; "
                             "prometheus has no database")
+
+
+def _check_alerts(values: Mapping[str, Any]) -> None:
+    """--enable-alert needs a server to run the rules' queries on."""
+    if values["enable_alert"] and not values["alert_metrics_url"]:
+        raise SettingsError("--enable-alert needs --alert-metrics-url (the base URL of the "
+                            f"{values['alert_metrics_source']} server the alertRules' queries run on)")
+    if values["alert_metrics_database"] and values["alert_metrics_source"] != "greptimedb":
+        raise SettingsError("--alert-metrics-database is for --alert-metrics-source=greptimedb")
 
 
 def _refuse_if_not_implemented(opt: Option, flag_value: Any, env_text: str | None) -> None:

@@ -30,6 +30,7 @@ from tfusion.settings import Settings
 from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metrics_handler, serve
 
 if TYPE_CHECKING:
+    from tfusion.controller.alerts import AlertEvaluator
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.autoscaler.service import Autoscaler
     from tfusion.controller.metrics import ControllerRecorder
@@ -66,6 +67,8 @@ class ControllerRole(ControllerRuntime):
     autoscaler: Autoscaler | None = None
     #: provisioning (claims, pool gaps, expander, compaction); None with ENABLE_CR_CONTROLLER=false
     provisioning: Provisioning | None = None
+    #: the dynamic config's alertRules evaluator (leader only); None without --enable-alert
+    alerts: AlertEvaluator | None = None
 
 
 async def build_runtime(settings: Settings, manager: Manager | None = None) -> ControllerRole:
@@ -91,9 +94,10 @@ def configure(controller: ControllerRole) -> None:
     """Build the controller's services on its runtime, in this order, each given the ones it uses:
     the allocator service, the index and port allocators with the pod webhook, the reconcilers (not
     with ENABLE_CR_CONTROLLER=false), the connection and usage routes, the scheduler, the metrics recorder, the
-    autoscaler.
+    autoscaler, provisioning, the alert facts and alertRules evaluator.
     Each registers its informers, routes and runnables on the runtime and its Manager."""
     # imported here, not at the top: build_runtime() alone (a bare controller, in tests) needs none
+    from tfusion.controller.alerts import attach_alerts
     from tfusion.controller.allocation import AllocatorService
     from tfusion.controller.autoscaler.service import attach_autoscaler
     from tfusion.controller.connection_http import attach_connection_route
@@ -120,6 +124,7 @@ def configure(controller: ControllerRole) -> None:
     controller.metrics = attach_metrics(runtime, allocation)
     controller.autoscaler = attach_autoscaler(runtime, allocation)
     controller.provisioning = attach_provisioning(controller, controller.reconcilers, controller.scheduler)
+    controller.alerts = attach_alerts(runtime, controller.webhook)
 
 
 def _bind(flag: str, listen: str) -> socket.socket:
