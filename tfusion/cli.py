@@ -90,7 +90,8 @@ def build_parser(roles: Sequence[str] | None) -> OneLineParser:
                      epilog="Other commands: 'tfusion crds [--out DIR]' prints or writes the CRDs. "
                             + _not_implemented_epilog()
                             + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."
-                            + " 'tfusion console' serves a read-only web console of the cluster.")
+                            + " 'tfusion console' serves a read-only web console of the cluster."
+                            + " 'tfusion doctor' checks an installation and says how to fix what is wrong.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -169,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return console_command(argv[1:])
+    if argv and argv[0] == "doctor":
+        from tfusion.doctor.cli import doctor_command
+
+        return doctor_command(argv[1:])
     try:
         settings = settings_from_args(argv)
     except NotImplementedSettingError as exc:
