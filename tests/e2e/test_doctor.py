@@ -22,7 +22,7 @@ from tests.helpers.cli import run_main
 from tests.helpers.role_all import POOL, TF, RoleAll, reported_gpus
 
 CHECKS = {"crds", "webhook", "controller", "scheduler", "hypervisors", "device-plugins", "heartbeats", "rbac",
-          "clock", "pools"}
+          "clock", "pools", "tensorfusion"}
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/tensor-fusion-pod-webhook"
 MISSING_CRD = "workloadprofiles.tensor-fusion.ai"
 DEAD_NODE = "gpu-node-b"

@@ -119,3 +119,37 @@ def test_bad_arguments_exit_2_naming_the_flag(argv: list[str], said: str, capsys
 def test_an_api_server_that_cannot_be_used_exits_1(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(["doctor", "--kube", str(tmp_path / "nothing")], capsys)
     assert code == 1 and "tfusion doctor: cannot use the API server: --kube=" in err
+
+
+def test_the_original_operators_settings_are_judged_by_tfusions() -> None:
+    from tfusion.doctor.original import config_findings, env_findings, flag_findings, original_containers
+
+    # the chart's command: flags tfusion has pass silently, the ones it lacks are named
+    said = [f.message for f in flag_findings(["-metrics-secure", "-leader-elect",
+                                              "-host-port-range=40000-42000", "-no-such-flag"])]
+    assert said == ["flag -metrics-secure: tfusion has no such flag (it would refuse to start with it)",
+                    "flag -no-such-flag: tfusion has no such flag (it would refuse to start with it)"]
+    [bad_range] = flag_findings(["-host-port-range", "42000-40000"])
+    assert bad_range.severity == "warning" and "tfusion refuses the value" in bad_range.message
+
+    found = env_findings([{"name": "TF_ISOLATION_MODE_POLICY", "value": "sometimes"},
+                          {"name": "GO_TESTING", "value": "true"},
+                          {"name": "ENABLE_WEBHOOKS", "value": "true"},
+                          {"name": "DEBUG_FORCE_GPUNODE_STATE",
+                           "valueFrom": {"configMapKeyRef": {"name": "s", "key": "k"}}},
+                          {"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"}])
+    messages = [f.message for f in found]
+    assert len(messages) == 3, messages
+    assert messages[0].startswith("environment variable TF_ISOLATION_MODE_POLICY='sometimes': tfusion refuses it")
+    assert "GO_TESTING: tfusion declares it but does not implement it" in messages[1]
+    assert messages[2] == ("environment variable DEBUG_FORCE_GPUNODE_STATE: tfusion does not read it, so it has no "
+                           "effect there")
+
+    assert config_findings("cm", "metricsTTL: 30d\nmetricsFormat: influx\n") == []
+    [refused] = config_findings("cm", "metricsFormat: csv\n")
+    assert "metricsFormat: 'csv' is not one of" in refused.message
+
+    deployment = {"spec": {"template": {"spec": {"containers": [
+        {"name": "manager", "image": "tensorfusion/tensor-fusion-operator:1.2"},
+        {"name": "vector", "image": "vector"}]}}}}
+    assert [c["name"] for c in original_containers(deployment)] == ["manager"]

@@ -1,6 +1,7 @@
 """The checks in the order a user should fix what they find: nothing works without the CRDs, no GPU
 pod is admitted without the webhook, none placed without a leader and a scheduler, none runs
-without a hypervisor; the rest (heartbeats, permissions, clocks, capacity) explains degradations.
+without a hypervisor; the rest (heartbeats, permissions, clocks, capacity) explains degradations;
+last, what tfusion would make of an original TensorFusion operator found in the cluster.
 
 A check that the user's credentials may not run (403) is a warning saying so, not an error; any
 other failure of the API server is an error of that check, and the next check still runs.
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
-from tfusion.doctor import cluster, control, crds, nodes, rbac, webhook
+from tfusion.doctor import cluster, control, crds, nodes, original, rbac, webhook
 from tfusion.doctor.context import Context
 from tfusion.doctor.findings import Finding, error, warning
 from tfusion.kube.client import Forbidden, KubeError
@@ -33,6 +34,7 @@ CHECKS: Sequence[tuple[str, Check]] = (
     ("rbac", rbac.check),
     ("clock", cluster.check_clock),
     ("pools", cluster.check_pools),
+    ("tensorfusion", original.check),
 )
 
 
