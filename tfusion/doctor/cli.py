@@ -46,11 +46,11 @@ def _port(text: str) -> int:
 def doctor_command(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    defaults = Settings.load({}, roles=("controller", "hypervisor"))
-    try:
+    try:  # the environment's OPERATOR_NAMESPACE, HYPERVISOR_PORT and KUBECONFIG, as the roles read them
+        defaults = Settings.load({}, roles=("controller", "hypervisor"))
         target = kube_target(args.kube)
     except ValueError as exc:
-        parser.error(f"--kube: {exc}")
+        parser.error(str(exc))
     namespace = args.operator_namespace or defaults.operator_namespace
     port = args.hypervisor_port or defaults.hypervisor_port
     return anyio.run(_run, target, namespace, port, args.output)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import anyio
 import httpx
 
 from tfusion.api import annotations as tfa
@@ -22,6 +23,8 @@ from tfusion.doctor.context import Context
 from tfusion.doctor.findings import Finding, error, ok, warning
 from tfusion.kube import resources as r
 
+#: hypervisors asked at once (an unreachable one takes the whole timeout)
+PROBES_AT_ONCE = 16
 NO_GPUNODE_FIX = ("label the GPU nodes so a GPUPool's node selector picks them (`kubectl get gpupool -o yaml`: "
                   "spec.nodeManagerConfig.nodeSelector); the controller then makes their GPUNodes")
 
@@ -39,17 +42,23 @@ async def check_hypervisors(ctx: Context) -> list[Finding]:
     pods = [Pod(raw) for raw in await ctx.client.list(r.PODS, label_selector=selector)]
     by_node = {pod.node_name: pod for pod in pods if pod.node_name}
     nodes = {Body(raw).name: Node(raw) for raw in await ctx.client.list(r.NODES)}
-    findings = []
-    for gpunode in gpunodes:
-        name = gpunode.name
-        if name in by_node:
-            findings.append(_pod_finding(by_node[name]))
-        elif pods:  # hypervisors run as pods, but none on this node
-            findings.append(error("hypervisors", f"no hypervisor pod runs on GPU node {name}",
-                                  _daemonset_fix(ctx, name)))
-        else:
-            findings.append(await _probe(ctx, name, nodes.get(name)))
-    bad = [f for f in findings if f.severity != "ok"]
+    findings: list[Finding | None] = [None] * len(gpunodes)
+    limiter = anyio.CapacityLimiter(PROBES_AT_ONCE)
+
+    async def probe(at: int, name: str) -> None:
+        async with limiter:
+            findings[at] = await _probe(ctx, name, nodes.get(name))
+
+    async with anyio.create_task_group() as tg:
+        for at, name in enumerate(g.name for g in gpunodes):
+            if name in by_node:
+                findings[at] = _pod_finding(by_node[name])
+            elif pods:  # hypervisors run as pods, but none on this node
+                findings[at] = error("hypervisors", f"no hypervisor pod runs on GPU node {name}",
+                                     _daemonset_fix(ctx, name))
+            else:  # each may take the whole timeout: asked side by side
+                tg.start_soon(probe, at, name)
+    bad = [f for f in findings if f is not None and f.severity != "ok"]
     return bad or [ok("hypervisors", f"a hypervisor is ready on each of the {len(gpunodes)} GPU node(s)")]
 
 

@@ -70,9 +70,11 @@ async def _certificate(ctx: Context, client_config: Mapping[str, object]) -> Fin
     if url:
         where, host = url, urlsplit(url).hostname or ""
         chain = await _served_chain(url, ctx.timeout_s)
-        if isinstance(chain, str):
+        if isinstance(chain, str) and chain.startswith(ConnectionRefusedError.__name__):
             return error(CHECK, f"the webhook at {url} does not answer: {chain}",
                          "start the controller (its log says 'pod webhook listening on ...'), or fix the url")
+        if isinstance(chain, str):  # maybe reachable from the API server only: the dry run below tells
+            return warning(CHECK, f"cannot read the webhook's certificate at {url} from here: {chain}")
     else:
         service = section(client_config, "service")
         name, namespace = text(service, "name"), text(service, "namespace")
@@ -100,7 +102,8 @@ async def _served_chain(url: str, timeout_s: float) -> list[x509.Certificate] | 
             stream = await anyio.connect_tcp(parts.hostname or "", parts.port or 443, tls=True,
                                              ssl_context=context, tls_standard_compatible=False)
     except (OSError, TimeoutError, anyio.BrokenResourceError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__ if isinstance(exc.__cause__, ConnectionRefusedError) else exc  # anyio wraps it
+        return f"{type(cause).__name__}: {cause}"
     async with stream:
         der = stream.extra(TLSAttribute.peer_certificate_binary)
     return [x509.load_der_x509_certificate(der)] if der else "it served no certificate"
