@@ -140,7 +140,7 @@ def test_the_original_operators_settings_are_judged_by_tfusions() -> None:
                           {"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"}])
     messages = [f.message for f in found]
     assert len(messages) == 3, messages
-    assert messages[0].startswith("environment variable TF_ISOLATION_MODE_POLICY='sometimes': tfusion refuses it")
+    assert messages[0].startswith("tfusion refuses environment variable TF_ISOLATION_MODE_POLICY='sometimes': expected")
     assert "GO_TESTING: tfusion declares it but does not implement it" in messages[1]
     assert messages[2] == ("environment variable DEBUG_FORCE_GPUNODE_STATE: tfusion does not read it, so it has no "
                            "effect there")
@@ -153,3 +153,19 @@ def test_the_original_operators_settings_are_judged_by_tfusions() -> None:
         {"name": "manager", "image": "tensorfusion/tensor-fusion-operator:1.2"},
         {"name": "vector", "image": "vector"}]}}}}
     assert [c["name"] for c in original_containers(deployment)] == ["manager"]
+
+
+def test_rbac_names_what_each_account_may_not_do() -> None:
+    from tfusion.doctor.rbac import rbac_findings
+
+    needs = shipped_needs("tf-ns")
+    operator = [n for n in needs if n.account == "tensor-fusion-operator"]
+    hypervisor = [n for n in needs if n.account == "tensor-fusion-hypervisor-sa"]
+    [some] = rbac_findings("tf-ns", needs, operator[:2])
+    assert some.message == (f"ServiceAccount tf-ns/tensor-fusion-operator may not: {operator[0].describe()} "
+                            f"({operator[0].source}); {operator[1].describe()} ({operator[1].source})")
+    [none] = rbac_findings("tf-ns", needs, hypervisor)
+    assert none.message.startswith(f"ServiceAccount tf-ns/tensor-fusion-hypervisor-sa may do none of the "
+                                   f"{len(hypervisor)} things")
+    [fine] = rbac_findings("tf-ns", needs, [])
+    assert fine.severity == "ok"

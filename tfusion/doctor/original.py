@@ -110,7 +110,7 @@ def _load_env(name: str, value: str) -> Finding | None:
         return warning(CHECK, f"environment variable {name}: tfusion declares it but does not implement it, and "
                               "exits 1 when it is set", "unset it when switching")
     except SettingsError as exc:
-        return warning(CHECK, f"environment variable {name}={value!r}: tfusion refuses it ({exc})",
+        return warning(CHECK, f"tfusion refuses {exc}",
                        "change the value when switching")
     return None
 

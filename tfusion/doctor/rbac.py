@@ -109,16 +109,20 @@ async def check(ctx: Context) -> list[Finding]:
                                 "permissions cannot be checked")]
     if failures:
         raise failures[0]
-    return _findings(ctx, needs, denied)
+    return rbac_findings(ctx.namespace, needs, denied)
 
 
-def _findings(ctx: Context, needs: list[Need], denied: list[Need]) -> list[Finding]:
+def rbac_findings(namespace: str, needs: list[Need], denied: list[Need]) -> list[Finding]:
     findings = []
     for account in sorted({n.account for n in denied}):
-        missing = [n for n in needs if n in denied and n.account == account]
-        shown = "; ".join(f"{n.describe()} ({n.source})" for n in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        findings.append(error("rbac", f"ServiceAccount {ctx.namespace}/{account} may not: {shown}{more}",
+        granted = [n for n in needs if n.account == account]
+        missing = [n for n in granted if n in denied]
+        if len(missing) == len(granted):
+            said = f"may do none of the {len(granted)} things its roles grant (is the shipped RBAC applied here?)"
+        else:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            said = "may not: " + "; ".join(f"{n.describe()} ({n.source})" for n in missing[:5]) + more
+        findings.append(error("rbac", f"ServiceAccount {namespace}/{account} {said}",
                               "apply the RBAC tfusion ships (deploy/base/controller/rbac.yaml and "
                               "deploy/base/hypervisor/rbac.yaml, through your overlay with its namespace)"))
     accounts = sorted({n.account for n in needs})
