@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -169,3 +169,29 @@ def test_rbac_names_what_each_account_may_not_do() -> None:
                                    f"{len(hypervisor)} things")
     [fine] = rbac_findings("tf-ns", needs, [])
     assert fine.severity == "ok"
+
+
+def test_a_check_that_fails_is_a_finding_and_the_next_check_runs() -> None:
+    import anyio
+
+    from tfusion.doctor.context import Context
+    from tfusion.doctor.findings import Finding
+    from tfusion.doctor.run import run_checks
+    from tfusion.kube.client import Forbidden, KubeClient, NotFound, ServerError
+
+    def failing(exc: Exception) -> Any:
+        async def check(ctx: Context) -> list[Finding]:
+            raise exc
+        return check
+
+    async def fine(ctx: Context) -> list[Finding]:
+        return [ok("fine", "ran")]
+
+    checks = [("missing", failing(NotFound({"message": "the server could not find gpunodes"}, 404))),
+              ("forbidden", failing(Forbidden({"message": "no"}, 403))),
+              ("broken", failing(ServerError({"message": "boom"}, 500))), ("fine", fine)]
+    ctx = Context(cast(KubeClient, None), "ns", 8001, clock_skew_s=0.0)
+    findings = anyio.run(run_checks, ctx, checks)
+    assert [(f.check, f.severity) for f in findings] == [("missing", "error"), ("forbidden", "warning"),
+                                                         ("broken", "error"), ("fine", "ok")]
+    assert "see the crds check" in findings[0].fix and "cannot check: your credentials" in findings[1].message

@@ -3,8 +3,9 @@ pod is admitted without the webhook, none placed without a leader and a schedule
 without a hypervisor; the rest (heartbeats, permissions, clocks, capacity) explains degradations;
 last, what tfusion would make of an original TensorFusion operator found in the cluster.
 
-A check that the user's credentials may not run (403) is a warning saying so, not an error; any
-other failure of the API server is an error of that check, and the next check still runs.
+A check that the user's credentials may not run (403) is a warning saying so, not an error; a kind
+the API server does not serve (404: its CRD is missing) and any other failure of the API server are
+errors of that check, and the next check still runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import httpx
 from tfusion.doctor import cluster, control, crds, nodes, original, rbac, webhook
 from tfusion.doctor.context import Context
 from tfusion.doctor.findings import Finding, error, warning
-from tfusion.kube.client import Forbidden, KubeError
+from tfusion.kube.client import Forbidden, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ async def run_checks(ctx: Context, checks: Sequence[tuple[str, Check]] = CHECKS)
     for name, check in checks:
         try:
             findings.extend(await check(ctx))
+        except NotFound as exc:  # without the CRD, a list of its kind is a 404
+            findings.append(error(name, f"cannot check: {exc}", "install what is missing first (see the crds check)"))
         except Forbidden as exc:
             findings.append(warning(name, f"cannot check: your credentials may not read what it needs ({exc})",
                                     "run tfusion doctor as a cluster administrator (or with a kubeconfig "

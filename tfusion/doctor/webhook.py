@@ -40,8 +40,8 @@ PROBE_NAMESPACE = "default"
 
 
 def _restart_fix(ctx: Context) -> str:
-    return (f"the controller rewrites caBundle from its Secret {ctx.namespace}/{SECRET_NAME} when it starts (and every "
-            f"10 minutes): `kubectl -n {ctx.namespace} rollout restart deployment/tensor-fusion-controller` "
+    return (f"the controller rewrites caBundle from its Secret {ctx.namespace}/{SECRET_NAME} when it starts (and "
+            f"at its periodic check): `kubectl -n {ctx.namespace} rollout restart deployment/tensor-fusion-controller` "
             "(--role=all: restart it); with --webhook-cert-dir (cert-manager) check that the configuration's "
             "cert-manager.io/inject-ca-from annotation names the webhook's Certificate")
 
