@@ -100,7 +100,8 @@ def build_parser(roles: Sequence[str] | None) -> OneLineParser:
                             + _not_implemented_epilog()
                             + " 'tfusion why [-n NAMESPACE] POD' says why a pod is not scheduled."
                             + " 'tfusion console' serves a read-only web console of the cluster."
-                            + " 'tfusion state backup|restore FILE' saves or brings back --role=all's state.")
+                            + " 'tfusion state backup|restore FILE' saves or brings back --role=all's state."
+                            + " 'tfusion doctor' checks an installation and says how to fix what is wrong.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--role", type=parse_roles, default=("all",),
                         help="roles to run: controller, hypervisor, apiserver, all, or a comma list (default: all)")
@@ -183,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return console_command(argv[1:])
+    if argv and argv[0] == "doctor":
+        from tfusion.doctor.cli import doctor_command
+
+        return doctor_command(argv[1:])
     try:
         settings = settings_from_args(argv)
     except NotImplementedSettingError as exc:
