@@ -34,7 +34,6 @@ from tfusion.kube.client import KubeClient
 pytestmark = pytest.mark.anyio
 
 NS = "tensor-fusion-sys"
-NOW = dt.datetime.now(dt.UTC)
 
 
 def _crds_with_an_older_gpupool() -> list[dict[str, Any]]:
@@ -55,8 +54,9 @@ async def _webhook(kube: KubeClient) -> None:
 
 
 async def _leases(kube: KubeClient) -> None:
-    stale = micro_time(NOW - dt.timedelta(minutes=2))
-    for name, renewed in (("85104305.tensor-fusion.ai", stale), ("tensor-fusion-scheduler", micro_time(NOW))):
+    now = dt.datetime.now(dt.UTC)  # when the test runs: a Lease renewed "now" must still be held
+    stale = micro_time(now - dt.timedelta(minutes=2))
+    for name, renewed in (("85104305.tensor-fusion.ai", stale), ("tensor-fusion-scheduler", micro_time(now))):
         await kube.create(r.LEASES, {"metadata": {"name": name, "namespace": NS},
                                      "spec": {"holderIdentity": f"{name}-holder", "leaseDurationSeconds": 15,
                                               "renewTime": renewed}})

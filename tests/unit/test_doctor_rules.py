@@ -21,8 +21,6 @@ from tfusion.doctor.crds import schema_difference
 from tfusion.doctor.findings import error, exit_code, ok, render_json, render_text, warning
 from tfusion.doctor.rbac import review, shipped_needs
 
-NOW = dt.datetime.now(dt.UTC)
-
 
 def _chain(ca: CertificateAuthority, dns: list[str], ips: list[str]) -> list[x509.Certificate]:
     pem, _ = ca.issue(dns, ips)
@@ -33,15 +31,16 @@ def test_a_bundle_verifies_only_certificates_its_ca_signed_for_the_host_while_va
     ca, stranger = CertificateAuthority("tfusion-ca"), CertificateAuthority("stranger-ca")
     chain = _chain(ca, ["tensor-fusion-webhook.tensor-fusion-sys.svc"], ["127.0.0.1"])
     bundle = load_bundle(ca.bundle)
-    assert verify_serving(chain, bundle, "127.0.0.1", NOW) == ""
-    assert verify_serving(chain, bundle, "tensor-fusion-webhook.tensor-fusion-sys.svc", NOW) == ""
+    now = dt.datetime.now(dt.UTC)  # the certificates were issued just now, not when the module was loaded
+    assert verify_serving(chain, bundle, "127.0.0.1", now) == ""
+    assert verify_serving(chain, bundle, "tensor-fusion-webhook.tensor-fusion-sys.svc", now) == ""
     # a rotated CA keeps the old one in the bundle: either verifies
-    assert verify_serving(chain, [*load_bundle(stranger.bundle), *bundle], "127.0.0.1", NOW) == ""
-    wrong = verify_serving(chain, load_bundle(stranger.bundle), "127.0.0.1", NOW)
+    assert verify_serving(chain, [*load_bundle(stranger.bundle), *bundle], "127.0.0.1", now) == ""
+    wrong = verify_serving(chain, load_bundle(stranger.bundle), "127.0.0.1", now)
     assert "not signed by any CA of the caBundle" in wrong and "CN=stranger-ca" in wrong
-    assert "does not name 10.0.0.1" in verify_serving(chain, bundle, "10.0.0.1", NOW)
-    assert "expired" in verify_serving(chain, bundle, "127.0.0.1", NOW + dt.timedelta(days=2))
-    assert "not valid before" in verify_serving(chain, bundle, "127.0.0.1", NOW - dt.timedelta(hours=1))
+    assert "does not name 10.0.0.1" in verify_serving(chain, bundle, "10.0.0.1", now)
+    assert "expired" in verify_serving(chain, bundle, "127.0.0.1", now + dt.timedelta(days=2))
+    assert "not valid before" in verify_serving(chain, bundle, "127.0.0.1", now - dt.timedelta(hours=1))
 
 
 @pytest.mark.parametrize(("bundle", "said"), [("not base64!", "not base64"), ("", "no PEM certificate"),
