@@ -99,3 +99,16 @@ def test_every_rule_says_which_code_needs_it(path: Path) -> None:
     bare = [n + 1 for n, line in enumerate(lines)
             if re.match(r"\s*- apiGroups:", line) and not lines[n - 1].lstrip().startswith("#")]
     assert not bare, f"{path.name}: rules without a comment naming their caller at lines {bare}"
+
+
+def test_doctor_names_the_code_a_refused_permission_breaks() -> None:
+    from tfusion.doctor.rbac import rbac_findings, shipped_needs
+
+    needs = shipped_needs("tf-ns")
+    binding = [n for n in needs if n.resource == "pods/binding"]
+    assert [n.account for n in binding] == ["tensor-fusion-operator"]
+    [finding] = rbac_findings("tf-ns", needs, binding)
+    assert finding.message == ("ServiceAccount tf-ns/tensor-fusion-operator may not: create pods/binding "
+                               "(ClusterRole tensor-fusion-operator, for controller.scheduling.binder: "
+                               "the built-in scheduler binds a pod)")
+    assert all(", for " in n.source for n in needs), "every shipped permission is declared by some code"
