@@ -92,7 +92,8 @@ def test_a_caller_that_does_not_address_the_resource_is_found() -> None:
     assert resources.KARPENTER_NODECLAIMS not in set(referenced_resources("tfusion.controller.reconcilers.pod"))
 
 
-@pytest.mark.parametrize("path", [DEPLOY / "controller" / "rbac.yaml", DEPLOY / "hypervisor" / "rbac.yaml"],
+@pytest.mark.parametrize("path", [DEPLOY / "controller" / "rbac.yaml", DEPLOY / "hypervisor" / "rbac.yaml",
+                                  DEPLOY.parent / "overlays" / "kube-scheduler" / "scheduler" / "rbac.yaml"],
                          ids=lambda p: p.parent.name)
 def test_every_rule_says_which_code_needs_it(path: Path) -> None:
     lines = path.read_text(encoding="utf-8").splitlines()
