@@ -196,14 +196,14 @@ def can(index: rbac.PolicyIndex, user: str, verb: str, resource: str, *, group: 
     ("patch", "nodes", "", "", "n1"),
     ("create", "events", "", "ml", ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "85104305.tensor-fusion.ai"),
-    ("update", "configmaps", "", NAMESPACE, "tensor-fusion-operator-leader-info"),
+    ("patch", "configmaps", "", NAMESPACE, "tensor-fusion-operator-leader-info"),
     ("get", "secrets", "", NAMESPACE, "tensor-fusion-webhook-certs"),
-    ("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io", "", "tensor-fusion-pod-webhook"),
+    ("update", "mutatingwebhookconfigurations", "admissionregistration.k8s.io", "", "tensor-fusion-pod-webhook"),
     ("create", "tokenreviews", "authentication.k8s.io", "", ""),
     ("get", "replicasets", "apps", "ml", "web-1"),
-    ("get", "cronjobs", "batch", "ml", "nightly"),
+    ("patch", "jobs", "batch", "ml", "nightly-28000"),
     ("create", "tensorfusionconnections", "tensor-fusion.ai", "ml", ""),
-    ("update", "tensorfusionconnections/status", "tensor-fusion.ai", "ml", "c"),
+    ("patch", "tensorfusionconnections/status", "tensor-fusion.ai", "ml", "c"),
     ("update", "gpus/status", "tensor-fusion.ai", "", "gpu-1"),
     ("watch", "gpuresourcequotas", "tensor-fusion.ai", "", ""),
 ])
@@ -222,14 +222,23 @@ def test_the_controller_may_not(verb: str, resource: str, namespace: str, name: 
     assert not can(policy(), CONTROLLER_SA, verb, resource, namespace=namespace, name=name)
 
 
+@pytest.mark.parametrize(("verb", "resource", "group"), [
+    ("patch", "deployments", "apps"), ("get", "deployments", "apps"), ("patch", "daemonsets", "apps"),
+    ("patch", "cronjobs", "batch"), ("watch", "replicasets", "apps"), ("patch", "gpus", "tensor-fusion.ai"),
+    ("delete", "workloadprofiles", "tensor-fusion.ai"),
+])
+def test_the_controller_touches_no_workload_kind_it_does_not_call(verb: str, resource: str, group: str) -> None:
+    assert not can(policy(), CONTROLLER_SA, verb, resource, group=group, namespace="ml", name="x")
+
+
 def test_the_hypervisor_reports_gpus_and_reads_the_rest() -> None:
     index = policy()
     tf = "tensor-fusion.ai"
     assert can(index, HYPERVISOR_SA, "create", "gpus", group=tf)
     assert can(index, HYPERVISOR_SA, "patch", "gpus/status", group=tf, name="g")
-    assert can(index, HYPERVISOR_SA, "update", "gpunodes/status", group=tf, name="n")
+    assert can(index, HYPERVISOR_SA, "patch", "gpunodes/status", group=tf, name="n")
     assert can(index, HYPERVISOR_SA, "watch", "pods", namespace="ml")
-    assert can(index, HYPERVISOR_SA, "get", "nodes", name="n")
+    assert not can(index, HYPERVISOR_SA, "get", "nodes", name="n")
     assert can(index, HYPERVISOR_SA, "create", "events", namespace="ml")
     assert not can(index, HYPERVISOR_SA, "delete", "gpunodes", group=tf, name="n")
     assert not can(index, HYPERVISOR_SA, "patch", "pods", namespace="ml", name="p")

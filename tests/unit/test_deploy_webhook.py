@@ -46,11 +46,11 @@ def test_the_secret_is_granted_by_name(rendered: dict[str, dict[str, Any]]) -> N
     role = rendered["Role/tensor-fusion-operator"]
     assert role["metadata"]["namespace"] == "tensor-fusion-sys"
     assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET_NAME],
-            "verbs": ["get", "list", "watch", "update", "patch"]} in role["rules"]
+            "verbs": ["get", "update"]} in role["rules"]
     binding = rendered["RoleBinding/tensor-fusion-operator"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tensor-fusion-operator",
                                     "namespace": "tensor-fusion-sys"}]
     cluster = rendered["ClusterRole/tensor-fusion-operator"]
     assert any("tokenreviews" in rule["resources"] for rule in cluster["rules"])
     assert {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
-            "resourceNames": [CONFIGURATION_NAME], "verbs": ["get", "update", "patch"]} in cluster["rules"]
+            "resourceNames": [CONFIGURATION_NAME], "verbs": ["get", "update"]} in cluster["rules"]

@@ -4,7 +4,9 @@ Why: a binding that points at the wrong namespace, a ClusterRole an overlay trim
 release's rules make the controller or the hypervisor fail on one call deep inside a reconcile.
 What each needs is the RBAC deploy/ ships (tfusion/embedded/rbac.yaml, kept identical to
 deploy/base/*/rbac.yaml by a test); every verb of every rule is asked of the API server as a
-SubjectAccessReview for the ServiceAccount the shipped bindings name, in tfusion's namespace.
+SubjectAccessReview for the ServiceAccount the shipped bindings name, in tfusion's namespace. A
+refusal names the code that needs the permission (the roles' rbac_needs tables, which a test keeps
+equal to the shipped rules).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tfusion.doctor.findings import Finding, error, ok, warning
 from tfusion.embedded.identities import shipped_rbac
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
+from tfusion.kube.rbac_needs import Permission, RbacNeed, permissions
 
 SUBJECT_ACCESS_REVIEWS = r.ApiResource("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
                                        False)
@@ -43,10 +46,20 @@ class Need:
         return f"{self.verb} {group}{self.resource}{f'/{self.name}' if self.name else ''}{where}"
 
 
+def declared_needs() -> dict[Permission, RbacNeed]:
+    """Each permission the roles' code declares it needs (controller/rbac_needs.py,
+    hypervisor/rbac_needs.py), with the declaration: a denied one then names the code it breaks."""
+    from tfusion.controller.rbac_needs import NEEDS as CONTROLLER_NEEDS
+    from tfusion.hypervisor.rbac_needs import NEEDS as HYPERVISOR_NEEDS
+
+    return {p: need for need in CONTROLLER_NEEDS + HYPERVISOR_NEEDS for p in permissions([need])}
+
+
 def shipped_needs(namespace: str) -> list[Need]:
     """What each shipped ServiceAccount must be allowed: every verb of the roles its bindings grant."""
     objects = shipped_rbac(namespace)
     roles = {(o.kind, o.name): o for o in objects if o.kind in ("ClusterRole", "Role")}
+    declared = declared_needs()
     needs: list[Need] = []
     for binding in (o for o in objects if o.kind in ("ClusterRoleBinding", "RoleBinding")):
         ref = section(binding.raw, "roleRef")
@@ -56,17 +69,21 @@ def shipped_needs(namespace: str) -> list[Need]:
         scope = binding.namespace if binding.kind == "RoleBinding" else ""
         for subject in sequence_of_maps(binding.raw.get("subjects")):
             if subject.get("kind") == "ServiceAccount":
-                needs.extend(_rule_needs(text(subject, "name"), scope, role))
+                needs.extend(_rule_needs(text(subject, "name"), scope, role, declared))
     return needs
 
 
-def _rule_needs(account: str, namespace: str, role: Body) -> Iterator[Need]:
+def _rule_needs(account: str, namespace: str, role: Body, declared: Mapping[Permission, RbacNeed]) -> Iterator[Need]:
     for rule in items(role.raw, "rules"):
         names = _strings(rule, "resourceNames") or [""]
         for group in _strings(rule, "apiGroups"):
             for resource in _strings(rule, "resources"):
                 for verb in _strings(rule, "verbs"):
-                    yield Need(account, namespace, group, resource, verb, names[0], f"{role.kind} {role.name}")
+                    need = declared.get((f"{role.kind}/{role.name}", group, resource, verb, names[0]))
+                    source = f"{role.kind} {role.name}"
+                    if need is not None:
+                        source += f", for {', '.join(c.removeprefix('tfusion.') for c in need.callers)}: {need.why}"
+                    yield Need(account, namespace, group, resource, verb, names[0], source)
 
 
 def _strings(rule: object, key: str) -> list[str]:

@@ -53,12 +53,11 @@ TERMINATING_POLL_S = 0.05
 
 log = logging.getLogger(__name__)
 
-REPLICASETS = r.ApiResource("apps", "v1", "replicasets", "ReplicaSet", True)
-DEPLOYMENTS = r.ApiResource("apps", "v1", "deployments", "Deployment", True)
-STATEFULSETS = r.ApiResource("apps", "v1", "statefulsets", "StatefulSet", True)
-JOBS = r.ApiResource("batch", "v1", "jobs", "Job", True)
-CRONJOBS = r.ApiResource("batch", "v1", "cronjobs", "CronJob", True)
-_OWNER_KINDS = {(res.group, res.kind): res for res in (REPLICASETS, DEPLOYMENTS, STATEFULSETS, JOBS, CRONJOBS)}
+#: the pod controllers looked up (get) and counted on (patch): the kinds Kubernetes' own controllers
+#: make a pod's controller. A Deployment or CronJob above them is named from the ReplicaSet's or Job's
+#: ownerReference, never fetched, so the controller's RBAC grants nothing on deployments or cronjobs
+#: (controller/rbac_needs.py); a DaemonSet's pods, or any other owner's, are named after it unread.
+_OWNER_KINDS = {(res.group, res.kind): res for res in (r.REPLICASETS, r.STATEFULSETS, r.JOBS)}
 #: the original's short-id alphabet (no 0, l, z: easy to read back)
 SHORT_ID_ALPHABET = "123456789abcdefghijkmnopqrstuvwxy"
 GREY_RELEASE_RETRIES = 5
@@ -152,7 +151,7 @@ class OwnerResolver:
             return Owner(workload_name=str(ref.get("name")), reference=direct, counter_owner=direct)
         owner = Body(obj)
         top = owner.meta.controller_ref()
-        if resource in (REPLICASETS, JOBS) and top is not None and top.get("kind") in ("Deployment", "CronJob"):
+        if resource in (r.REPLICASETS, r.JOBS) and top is not None and top.get("kind") in ("Deployment", "CronJob"):
             return Owner(workload_name=str(top.get("name")), reference=json_object(controller_reference_to(top)),
                          replicas=_replicas(owner), counter_owner=direct)
         return Owner(workload_name=str(ref.get("name")), reference=direct, replicas=_replicas(owner),
