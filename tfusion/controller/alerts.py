@@ -50,6 +50,7 @@ from tfusion.controller.autoscaler.sources import (
     GREPTIME_TIME,
     UsageSourceError,
     _fetch,
+    greptime_records,
     parsed_answer,
 )
 from tfusion.controller.reconcilers.quota_status import ALERT_REASON
@@ -362,13 +363,9 @@ class GreptimeQuery:
 
 def parse_greptime_rows(what: str, answer: Any) -> list[Breach]:
     try:
-        if answer.get("error") or answer.get("code", 0) not in (0, None):
-            raise UsageSourceError(f"{what}: GreptimeDB answered: {answer.get('error') or answer}")
-        (output,) = answer["output"]
-        records = output["records"]
-        columns = [c["name"] for c in records["schema"]["column_schemas"]]
+        columns, _, rows = greptime_records(what, answer)
         out = []
-        for row in records["rows"]:
+        for row in rows:
             labels = {c: v for c, v in zip(columns, row, strict=True) if isinstance(v, str) and c != GREPTIME_TIME}
             numbers = [v for c, v in zip(columns, row, strict=True)
                        if isinstance(v, int | float) and not isinstance(v, bool) and c != GREPTIME_TIME]

@@ -411,19 +411,25 @@ def _greptime_time(value: Any, per_second: int) -> float:
     return int(value) / per_second
 
 
+def greptime_records(what: str, answer: Any) -> tuple[list[str], dict[str, str], list[list[Any]]]:
+    """A GreptimeDB `/v1/sql` answer's one result: column names, their types, the rows. Raises
+    UsageSourceError for an error answer; a wrong shape raises KeyError/TypeError/ValueError."""
+    if answer.get("error") or answer.get("code", 0) not in (0, None):
+        raise UsageSourceError(f"{what}: GreptimeDB answered: {answer.get('error') or answer}")
+    (output,) = answer["output"]
+    records = output["records"]
+    schema = records["schema"]["column_schemas"]
+    return [c["name"] for c in schema], {c["name"]: c["data_type"] for c in schema}, records["rows"]
+
+
 def parse_greptime(what: str, answer: Any) -> list[UsageSample]:
     try:
-        if answer.get("error") or answer.get("code", 0) not in (0, None):
-            raise UsageSourceError(f"{what}: GreptimeDB answered: {answer.get('error') or answer}")
-        (output,) = answer["output"]
-        records = output["records"]
-        columns = [c["name"] for c in records["schema"]["column_schemas"]]
-        types = {c["name"]: c["data_type"] for c in records["schema"]["column_schemas"]}
+        columns, types, rows = greptime_records(what, answer)
         per_second = _TIME_UNITS[types[GREPTIME_TIME]]
         index = {name: columns.index(name) for name in GREPTIME_COLUMNS}
-        if len(records["rows"]) > MAX_ROWS:
+        if len(rows) > MAX_ROWS:
             raise UsageSourceError(f"{what}: more than {MAX_ROWS} rows; shorten the history period")
-        samples = [_greptime_sample(row, index, per_second) for row in records["rows"]]
+        samples = [_greptime_sample(row, index, per_second) for row in rows]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageSourceError(f"{what}: unexpected answer shape ({type(exc).__name__}: {exc})") from None
     return [sample for sample in samples if sample is not None]
