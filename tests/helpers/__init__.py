@@ -107,10 +107,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def logged_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """What the test's setup and call logged at ERROR or with a traceback, as "logger: message".
-    Read at teardown: caplog.records then holds only teardown's own records."""
-    records = caplog.get_records("setup") + caplog.get_records("call")
+def logged_errors(caplog: pytest.LogCaptureFixture, *, skip_setup: int = 0) -> list[str]:
+    """What the test's setup (past its first `skip_setup` records) and call logged at ERROR or with a
+    traceback, as "logger: message". Read at teardown: caplog.records then holds only teardown's own."""
+    records = caplog.get_records("setup")[skip_setup:] + caplog.get_records("call")
     return [f"{r.name}: {r.getMessage()}" for r in records if r.levelno >= logging.ERROR or r.exc_info]
 
 
@@ -124,9 +124,10 @@ def no_error_logged_fixture(*, autouse: bool) -> Any:
         # what earlier tests of this worker left for the garbage collector (an event loop closed with
         # a server's accept tasks pending logs "Task was destroyed") is collected now, not blamed here
         gc.collect()
+        earlier = len(caplog.get_records("setup"))
         with caplog.at_level(logging.WARNING):  # a traceback may come with a WARNING
             yield
-        errors = logged_errors(caplog)
+        errors = logged_errors(caplog, skip_setup=earlier)
         assert not errors, errors
 
     return fixture

@@ -173,8 +173,11 @@ async def test_an_instance_boots_after_its_delay_reports_its_gpus_and_goes_when_
         assert {g["status"]["gpuModel"] for g in gpus} == {"NVIDIA L4"}
         assert {g["metadata"]["ownerReferences"][0]["name"] for g in gpus} == {claim}
         assert all(g["metadata"]["annotations"].get(tfa.LAST_SYNC) for g in gpus)
-        gpunode = await eventually(lambda: get(kube, r.GPUNODES, claim), what="the GPUNode")
-        assert gpunode["status"]["totalGPUs"] == 4
+        async def counted() -> dict[str, Any] | None:  # the GPUNode is created first, its status written after
+            found = await get(kube, r.GPUNODES, claim)
+            return found if found and (found.get("status") or {}).get("totalGPUs") == 4 else None
+
+        await eventually(counted, 20, what="the GPUNode counting the 4 GPUs")
 
         await sim.terminate(instance.instance_id)
         await eventually(lambda: gone(kube, r.NODES, claim), 20, what="the Node deleted once terminated")
