@@ -101,7 +101,7 @@ class ClusterCache:
         for resource in RESOURCES:
             selector = POD_SELECTOR if resource == r.PODS else None
             informer = self.factory.informer(resource, label_selector=selector)
-            informer.add_handler(on_add=self._changed, on_update=self._changed_pair, on_delete=self._changed)
+            informer.add_handler(on_add=self._changed, on_update=self._changed, on_delete=self._changed)
             informer.error_listeners.append(self._failing(resource))
             self._informers[resource] = informer
 
@@ -110,9 +110,6 @@ class ClusterCache:
         return self._generation
 
     def _changed(self, *_: object) -> None:
-        self._generation += 1
-
-    def _changed_pair(self, _old: object, _new: object) -> None:
         self._generation += 1
 
     def _failing(self, resource: ApiResource) -> Any:

@@ -154,11 +154,6 @@ class PodShare:
     percent_request: float = 0.0
 
 
-def pod_share(pod: Pod) -> PodShare | None:
-    """The share a TF pod holds or asks for (None: not a GPU worker, or annotations unreadable)."""
-    return _pod_share(pod)
-
-
 @dataclass(frozen=True, slots=True)
 class PodFacts:
     """What the pages read of a pod, worked out once per version of it."""
@@ -214,7 +209,7 @@ def pod_facts(raw: Mapping[str, Any]) -> PodFacts:
 
 def _pod_facts(raw: Mapping[str, Any]) -> PodFacts:
     pod = Pod(raw)
-    return PodFacts(raw, pod.node_name, is_pending(pod), pod.finished, _pod_share(pod))
+    return PodFacts(raw, pod.node_name, is_pending(pod), pod.finished, pod_share(pod))
 
 
 def gpu_facts(raw: Mapping[str, Any]) -> GpuFacts:
@@ -235,7 +230,8 @@ def _gpu_facts(raw: Mapping[str, Any]) -> GpuFacts:
                     str(status.get("message") or ""), parts)
 
 
-def _pod_share(pod: Pod) -> PodShare | None:
+def pod_share(pod: Pod) -> PodShare | None:
+    """The share a TF pod holds or asks for (None: not a GPU worker, or annotations unreadable)."""
     try:
         req = request_from_pod(pod, default_pool="")
     except (RequestError, AnnotationError, ValueError):
