@@ -7,6 +7,10 @@ a device's pool is its GPU object's `gpupool` label (Kubernetes backend; the `TE
 fallback until the pool is known), a worker's is its pod's `gpupool` annotation. Every
 `--metrics-interval` `UsageRecorder` writes the points through a `MetricsOutput` (rotating file
 and/or push, tfusion/metrics/sinks.py) in `TF_HYPERVISOR_METRICS_FORMAT`.
+
+The limiter families (`LimiterCollector`) are read at scrape time from the soft workers' mapped
+shared-memory files: the in-container limiter reports nothing itself, so its bucket and the
+heartbeat it checks are the only view of whether a worker is throttled or frozen.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from typing import TYPE_CHECKING
 import anyio
 import orjson
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tfusion.api import annotations as keys
 from tfusion.api.accessors import Gpu
 from tfusion.errors import RoleError
 from tfusion.hypervisor.devices.registry import DeviceRegistry
+from tfusion.hypervisor.limiter.soft import LIMITER_HEARTBEAT_GRACE_S, SYNC_INTERVAL_S, SoftIsolation
+from tfusion.hypervisor.shm.state import ShmError
 from tfusion.hypervisor.workers.tracker import WorkerTracker
 from tfusion.kube.resources import GPUS
 from tfusion.metrics.points import Point
@@ -161,10 +168,70 @@ DEVICE_FAMILIES = {"tfusion_gpu_memory_total_bytes": "GPU memory size",
                    "tfusion_gpu_healthy": "1 when the GPU is healthy"}
 
 
-def register_usage_metrics(prom: CollectorRegistry, source: UsageSource) -> None:
-    """Add the per-device and per-worker gauges to the process's registry (the Manager's)."""
+_LIMITER_LABELS = ["gpu", "node", "pool", "namespace", "pod", "workload"]  # as the tfusion_worker_* usage families
+_LIMITER_GAUGES = {
+    "tfusion_worker_limiter_tokens": "tokens in a soft worker's bucket on a GPU (each kernel launch takes at "
+                                     "least one; the limiter makes launches wait while too few are left)",
+    "tfusion_worker_limiter_capacity_tokens": "the most tokens a soft worker's bucket on a GPU holds",
+    "tfusion_worker_limiter_refill_tokens_per_second": "tokens per second the hypervisor adds to a soft "
+                                                       "worker's bucket on a GPU",
+    "tfusion_worker_limiter_heartbeat_age_seconds": "age of the hypervisor heartbeat a soft worker's limiter "
+                                                    "reads from its shared memory",
+    "tfusion_worker_frozen": f"1 when a soft worker's launches on a GPU cannot proceed: the heartbeat is older "
+                             f"than the limiter's default grace ({LIMITER_HEARTBEAT_GRACE_S} s), or the refill rate "
+                             f"is 0 with less than one launch in the bucket",
+}
+_THROTTLED = ("tfusion_worker_throttled_seconds",
+              f"seconds a soft worker's bucket on a GPU held less than one launch, sampled at each "
+              f"shared-memory sync tick (every {SYNC_INTERVAL_S:g} s) before the refill")
+
+
+class LimiterCollector(Collector):
+    """The soft workers' limiter state (see the module docstring), one sample per (worker, device)."""
+
+    def __init__(self, soft: SoftIsolation, *, node: str, pool_of: PoolOf) -> None:
+        self.soft = soft
+        self.node = node
+        self.pool_of = pool_of
+
+    @staticmethod
+    def _families() -> tuple[dict[str, GaugeMetricFamily], CounterMetricFamily]:
+        gauges = {name: GaugeMetricFamily(name, text, labels=_LIMITER_LABELS) for name, text in _LIMITER_GAUGES.items()}
+        return gauges, CounterMetricFamily(*_THROTTLED, labels=_LIMITER_LABELS)
+
+    def describe(self) -> Iterator[Metric]:
+        gauges, throttled = self._families()
+        yield from (*gauges.values(), throttled)
+
+    def collect(self) -> Iterator[Metric]:
+        gauges, throttled = self._families()
+        try:
+            views = self.soft.limiter_views()
+        except ShmError as exc:  # a mapping closed under the scrape: report nothing rather than fail /metrics
+            log.debug("limiter metrics skipped: %s", exc)
+            views = []
+        for view in views:
+            worker = view.allocation.worker
+            pool = worker.annotations.get(keys.GPU_POOL) or self.pool_of(view.device.uuid)
+            labels = [view.device.uuid, self.node, pool, worker.namespace, worker.name,
+                      worker.workload_name or "unknown"]
+            for name, value in (("tfusion_worker_limiter_tokens", view.tokens),
+                                ("tfusion_worker_limiter_capacity_tokens", view.capacity),
+                                ("tfusion_worker_limiter_refill_tokens_per_second", view.refill_rate),
+                                ("tfusion_worker_limiter_heartbeat_age_seconds", view.heartbeat_age_s),
+                                ("tfusion_worker_frozen", 1.0 if view.frozen else 0.0)):
+                gauges[name].add_metric(labels, value)
+            throttled.add_metric(labels, view.throttled_s)
+        yield from (*gauges.values(), throttled)
+
+
+def register_usage_metrics(prom: CollectorRegistry, source: UsageSource, soft: SoftIsolation | None = None) -> None:
+    """Add the per-device and per-worker gauges to the process's registry (the Manager's), and the
+    soft workers' limiter families when soft isolation runs."""
     prom.register(PointsCollector(source.points, HYPERVISOR_SPECS, extra=source.device_families,
                                   extra_names=DEVICE_FAMILIES))
+    if soft is not None:
+        prom.register(LimiterCollector(soft, node=source.node, pool_of=source.pool_of))
 
 
 class UsageRecorder:
@@ -199,10 +266,10 @@ def hypervisor_output(settings: Settings, prom: CollectorRegistry) -> MetricsOut
 
 
 def start_usage_metrics(settings: Settings, manager: Manager, registry: DeviceRegistry, workers: WorkerTracker,
-                        node: str, extra_labels: dict[str, str]) -> UsageRecorder:
+                        node: str, extra_labels: dict[str, str], soft: SoftIsolation | None = None) -> UsageRecorder:
     """The hypervisor's metrics: gauges on the Manager's registry and the recorder (run it with
     `recorder.run(settings.metrics_interval)`)."""
     source = UsageSource(registry, workers, node=node, pool_of=device_pools(settings, manager, node),
                          extra_labels=extra_labels)
-    register_usage_metrics(manager.registry, source)
+    register_usage_metrics(manager.registry, source, soft)
     return UsageRecorder(source, hypervisor_output(settings, manager.registry))

@@ -105,7 +105,7 @@ async def run(settings: Settings, *, task_status: TaskStatus[Any] = anyio.TASK_S
             if settings.backend == "local":
                 workers.prepare_soft = soft.ensure_for
                 await tg.start(workers.run)
-            usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels)
+            usage = start_usage_metrics(settings, manager, registry, workers, node, extra_labels, soft)
             ctx = HypervisorContext(settings=settings, registry=registry, workers=workers, readiness=readiness,
                                     metrics_registry=manager.registry, reviewer=extra.get("reviewer"),
                                     api_token=api_token, soft=soft, scheduling=scheduling,

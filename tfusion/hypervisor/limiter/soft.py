@@ -24,12 +24,18 @@ is the hypervisor's side of that contract (reference hypervisor §5):
 
 The HTTP routes use `ensure_for` (open, create only when missing, never truncate an unreadable file)
 and `register_pid`. Readiness: `shm-sync` and `rate-limiter` conditions, set after every tick.
+
+`limiter_views` reads back, per (worker, device), what the limiter sees in the file — the bucket and
+the heartbeat's age — for /metrics: the hypervisor cannot ask the limiter whether it is throttled or
+frozen, but both follow from those fields (`limiter_frozen`), and each tick counts the interval as
+throttled when the bucket it is about to refill holds less than one launch.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +59,11 @@ log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 0.5
 SWEEP_INTERVAL_S = 300.0
+#: the limiter's default TF_LIMITER_HEARTBEAT_GRACE_S (native/limiter/compute.c); the hypervisor
+#: cannot see a worker's override, so its frozen verdict assumes the default
+LIMITER_HEARTBEAT_GRACE_S = 10
+#: the cheapest kernel launch costs one token (compute.c's launch_cost)
+MIN_LAUNCH_TOKENS = 1.0
 
 #: CUDA cores per SM by compute capability (major.minor, else major)
 _CORES_PER_SM = {"2.0": 32, "2.1": 48, "3": 192, "5": 128, "6.0": 64, "6.1": 128, "6.2": 128, "7": 64,
@@ -102,6 +113,29 @@ def names_no_identity(allocation: WorkerAllocation) -> bool:
     return allocation.worker.run_as_user is None and allocation.worker.shared_group is None
 
 
+def limiter_frozen(heartbeat: int, now: float, refill_rate: float, tokens: float,
+                   grace_s: float = LIMITER_HEARTBEAT_GRACE_S) -> bool:
+    """Whether the limiter lets no launch through: it waits while the heartbeat is older than the
+    grace (compute.c compares whole seconds: fresh while `heartbeat + grace >= now`), and a bucket
+    that holds less than one launch and is never refilled stays that way."""
+    stale = heartbeat + grace_s < math.floor(now)
+    return stale or (refill_rate <= 0 and tokens < MIN_LAUNCH_TOKENS)
+
+
+@dataclass(frozen=True)
+class LimiterView:
+    """One soft worker's limiter on one device, as its shared-memory file says now."""
+
+    allocation: WorkerAllocation
+    device: DeviceInfo
+    tokens: float
+    capacity: float
+    refill_rate: float  # tokens per second
+    heartbeat_age_s: float
+    frozen: bool
+    throttled_s: float  # sampled seconds with less than one launch in the bucket, since the file was mapped
+
+
 @dataclass
 class _Handle:
     namespace: str
@@ -125,6 +159,8 @@ class SoftIsolation:
         self.clock = clock
         self._handles: dict[str, _Handle] = {}  # worker UID -> its mapped file
         self._erl: dict[tuple[str, str], erl.ErlState] = {}  # (worker UID, device UUID) -> controller
+        self._throttled: dict[tuple[str, str], float] = {}  # (worker UID, device UUID) -> seconds
+        self.interval = SYNC_INTERVAL_S  # what one tick's throttle sample stands for
         self.ticks = 0
         self.last_sweep: list[tuple[str, str]] = []
         if readiness is not None:
@@ -139,6 +175,29 @@ class SoftIsolation:
 
     def erl_state(self, uid: str, uuid: str) -> erl.ErlState | None:
         return self._erl.get((uid, uuid))
+
+    def limiter_views(self, allocations: Sequence[WorkerAllocation] | None = None) -> list[LimiterView]:
+        """What each mapped worker's limiter sees on each of its allocated devices (read from the
+        mapped files: a handful of atomic loads per device, nothing else)."""
+        now = self.clock()
+        views = []
+        for allocation in self._soft_allocations() if allocations is None else allocations:
+            uid = allocation.worker.uid
+            handle = self._handles.get(uid)
+            if handle is None or handle.state.closed:
+                continue
+            slots = {config.slot for config in handle.configs}
+            heartbeat = handle.state.last_heartbeat
+            for device in allocation.devices:
+                if device.index not in slots:
+                    continue
+                snap = handle.state.device(device.index)
+                views.append(LimiterView(
+                    allocation, device, tokens=snap.tokens, capacity=snap.capacity, refill_rate=snap.refill_rate,
+                    heartbeat_age_s=max(0.0, now - heartbeat),
+                    frozen=limiter_frozen(heartbeat, now, snap.refill_rate, snap.tokens),
+                    throttled_s=self._throttled.get((uid, device.native_uuid.lower()), 0.0)))
+        return views
 
     def _soft_allocations(self) -> list[WorkerAllocation]:
         return [a for a in self.workers.allocations() if a.worker.isolation == keys.ISOLATION_SOFT]
@@ -222,6 +281,7 @@ class SoftIsolation:
         handle = self._handles.pop(uid)
         handle.state.close()
         self._erl = {k: v for k, v in self._erl.items() if k[0] != uid}
+        self._throttled = {k: v for k, v in self._throttled.items() if k[0] != uid}
         self.store.remove(handle.namespace, handle.name)
         log.info("removed shared memory of worker %s/%s", handle.namespace, handle.name)
 
@@ -305,9 +365,12 @@ class SoftIsolation:
             controller, capacity = erl.step(self._erl.get(key, erl.ErlState()), target=target,
                                             utilisation=used / 100, params=self.params)
             self._erl[key] = controller
+            before = state.device(config.slot)
+            if before.tokens < MIN_LAUNCH_TOKENS:  # what the limiter left since the last refill
+                self._throttled[key] = self._throttled.get(key, 0.0) + self.interval
             state.set_bucket(config.slot, controller.rate, capacity)
             refill = functools.partial(erl.rebalance_tokens, capacity=capacity,
-                                       last_update=state.device(config.slot).last_token_update, now=now,
+                                       last_update=before.last_token_update, now=now,
                                        rate=controller.rate, target=target, smoothed=controller.smoothed)
             tokens = state.update_tokens(config.slot, refill)
             state.set_last_token_update(config.slot, now)
@@ -333,6 +396,7 @@ class SoftIsolation:
         """Tick every `interval` and sweep every `sweep_interval` (the first sweep once the worker
         tracker has synced and the devices are discovered) until cancelled."""
         next_sweep = 0.0
+        self.interval = interval
         try:
             while True:
                 try:
