@@ -133,7 +133,7 @@ class LimiterView:
     refill_rate: float  # tokens per second
     heartbeat_age_s: float
     frozen: bool
-    throttled_s: float  # sampled seconds with less than one launch in the bucket, since the file was mapped
+    throttled_s: float  # sampled seconds with less than one launch left, since this hypervisor began
 
 
 @dataclass
@@ -176,12 +176,12 @@ class SoftIsolation:
     def erl_state(self, uid: str, uuid: str) -> erl.ErlState | None:
         return self._erl.get((uid, uuid))
 
-    def limiter_views(self, allocations: Sequence[WorkerAllocation] | None = None) -> list[LimiterView]:
+    def limiter_views(self) -> list[LimiterView]:
         """What each mapped worker's limiter sees on each of its allocated devices (read from the
         mapped files: a handful of atomic loads per device, nothing else)."""
         now = self.clock()
         views = []
-        for allocation in self._soft_allocations() if allocations is None else allocations:
+        for allocation in self._soft_allocations():
             uid = allocation.worker.uid
             handle = self._handles.get(uid)
             if handle is None or handle.state.closed:
