@@ -122,7 +122,10 @@ DIFFERENCES: Mapping[str, tuple[Difference, ...]] = {
     "INITIAL_GPU_NODE_LABEL_SELECTOR": (Difference(
         "any label selector is taken (the original reads a single key=value), and it is checked at every pass: "
         "a Node that loses the label loses its GPUNode, which the original never notices",
-        "nothing, as long as the GPU nodes in use keep the label"),),
+        "nothing, as long as the GPU nodes in use keep the label", applies=lambda value: bool(str(value).strip())),),
+    "PORT": (Difference(
+        "tfusion serves /metrics, /healthz and /readyz on this port beside the HTTP API; it has no separate "
+        "metrics port (-metrics-bind-address)", "point Prometheus at this port when switching"),),
     "ENABLE_WEBHOOKS": (_ENABLE_OFF,),
     "ENABLE_SCHEDULER": (_ENABLE_OFF,),
     "ENABLE_CR_CONTROLLER": (_ENABLE_OFF,),
