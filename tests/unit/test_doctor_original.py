@@ -43,6 +43,8 @@ def test_every_row_names_a_setting_tfusion_takes() -> None:
     ("DISABLE_CONNECTION_AUTH", "true", None),  # no check in both
     ("DISABLE_CONNECTION_AUTH", "Yes", "warning"),
     ("TF_SCHEDULER_PREEMPT_CLUSTER_WIDE", "false", "warning"),
+    ("TF_SCHEDULER_PREEMPT_CLUSTER_WIDE", "true", "info"),
+    ("TF_SCHEDULER_PREEMPT_CLUSTER_WIDE", None, "info"),
     ("INITIAL_GPU_NODE_LABEL_SELECTOR", "nvidia.com/gpu.present=true", "info"),
     ("INITIAL_GPU_NODE_LABEL_SELECTOR", "", None),  # the chart's value when none is set
     ("PORT", "8080", "info"),

@@ -78,6 +78,10 @@ _ENABLE_OFF = Difference(
     "an empty value or another capitalisation, so this value, on in the original, turns it off in tfusion",
     "set it to true, or remove it, if the feature should stay on", "warning", _off_here_only)
 
+_PREEMPT_ENV = ("the original overwrites this variable at start with the dynamic config's preemptClusterWideFromEnv "
+                "(true when absent), so there it has no effect; in tfusion it alone decides whether preemption "
+                "crosses namespaces")
+
 _ON_HERE_ONLY = Difference(
     "the original turns it on only for the exact value \"true\"; tfusion also for 1, yes, on or another "
     "capitalisation, so this value, off in the original, turns it on in tfusion",
@@ -130,10 +134,9 @@ DIFFERENCES: Mapping[str, tuple[Difference, ...]] = {
     "ENABLE_SCHEDULER": (_ENABLE_OFF,),
     "ENABLE_CR_CONTROLLER": (_ENABLE_OFF,),
     "TF_SCHEDULER_PREEMPT_CLUSTER_WIDE": (Difference(
-        "the original overwrites this variable at start with the dynamic config's preemptClusterWideFromEnv, so "
-        "there it has no effect; in tfusion it alone decides whether preemption crosses namespaces",
-        "give it the value the dynamic config's preemptClusterWideFromEnv has (true when the key is absent)",
-        "warning"),),
+        f"{_PREEMPT_ENV}, so this false keeps preemption inside the preempting pod's namespace",
+        "remove it, unless the dynamic config's preemptClusterWideFromEnv is false too", "warning",
+        lambda value: not _true(value)), Difference(_PREEMPT_ENV)),
     # --- the dynamic config (config.yaml of the mounted ConfigMap) -------------------------------
     "metricsFormat": (Difference(
         "tfusion's OpenTelemetry output names each gauge <table>_<field> (the original names a point's first "
