@@ -3,7 +3,8 @@ embedded API server: a CRD at an older schema, a webhook behind a Service whose 
 another CA signed (and no Service, so the API server cannot call it), a stale leader Lease beside
 a held kube-scheduler Lease (extender mode), a crash-looping hypervisor pod and a GPU node with none,
 a GPU whose available exceeds its capacity, no RBAC for the shipped ServiceAccounts, and an
-original TensorFusion operator whose environment tfusion refuses.
+original TensorFusion operator of an older release, with an environment variable tfusion refuses, one
+it takes differently and a mounted dynamic config with a key it takes differently.
 """
 
 from __future__ import annotations
@@ -88,10 +89,14 @@ async def _gpu_nodes(kube: KubeClient) -> None:
 
 async def _original_operator(kube: KubeClient) -> None:
     labels = {"app": "tensor-fusion-operator"}
+    await kube.create(r.CONFIGMAPS, {"metadata": {"name": "tensor-fusion-config", "namespace": NS},
+                                     "data": {"config.yaml": "metricsTTL: 30d\nmetricsFormat: otel\n"}})
     await kube.create(r.DEPLOYMENTS, {"metadata": {"name": "tensor-fusion-operator", "namespace": NS}, "spec": {
         "replicas": 0, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
             "containers": [{"name": "manager", "image": "tensorfusion/tensor-fusion-operator:1.40",
-                            "env": [{"name": "TF_ISOLATION_MODE_POLICY", "value": "sometimes"}]}]}}}})
+                            "env": [{"name": "TF_ISOLATION_MODE_POLICY", "value": "sometimes"},
+                                    {"name": "NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION", "value": "true"}]}],
+            "volumes": [{"name": "config", "configMap": {"name": "tensor-fusion-config"}}]}}}})
 
 
 def _of(findings: list[Finding], check: str) -> list[Finding]:
@@ -134,7 +139,16 @@ async def test_doctor_names_cluster_faults_with_their_fixes(apiserver: ApiServer
     rbac = _of(findings, "rbac")
     assert {f.severity for f in rbac} == {"error"} and len(rbac) == 2, shown
     assert all("things its roles grant (is the shipped RBAC applied here?)" in f.message for f in rbac), shown
-    [original] = _of(findings, "tensorfusion")
+    release, original, progressive, ttl, otel = _of(findings, "tensorfusion")
+    operator = "Deployment tensor-fusion-sys/tensor-fusion-operator: "
+    assert release.severity == "info" and release.message.startswith(
+        f"{operator}the original's release 1.40 is older than 2.17.1, the one tfusion implements "
+        "(tensor-fusion.ai/v1)"), shown
     assert original.severity == "warning" and original.message.startswith(
-        "Deployment tensor-fusion-sys/tensor-fusion-operator: tfusion refuses environment variable "
-        "TF_ISOLATION_MODE_POLICY='sometimes'"), shown
+        f"{operator}tfusion refuses environment variable TF_ISOLATION_MODE_POLICY='sometimes'"), shown
+    assert progressive.severity == "info" and progressive.message.startswith(
+        f"{operator}environment variable NVIDIA_OPERATOR_PROGRESSIVE_MIGRATION='true': tfusion takes it, "
+        "differently: a pod naming a scheduler other than default-scheduler keeps it"), shown
+    config = f"{operator}dynamic config ConfigMap {NS}/tensor-fusion-config config.yaml"
+    assert ttl.severity == "info" and ttl.message.startswith(f"{config}, metricsTTL: tfusion takes it"), shown
+    assert otel.severity == "warning" and otel.message.startswith(f"{config}, metricsFormat: tfusion takes it"), shown

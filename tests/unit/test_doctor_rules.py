@@ -99,10 +99,10 @@ def test_findings_print_with_their_fix_and_set_the_exit_code() -> None:
     findings = [ok("crds", "all there"), warning("clock", "a bit off", "sync it"), error("webhook", "broken", "fix it")]
     text = render_text(findings)
     assert "ERROR    webhook  broken\n                  fix: fix it\n" in text
-    assert text.endswith("1 error(s), 1 warning(s), 1 ok\n")
+    assert text.endswith("1 error(s), 1 warning(s), 0 info, 1 ok\n")
     body = json.loads(render_json(findings))
     assert body["findings"][2] == {"check": "webhook", "severity": "error", "message": "broken", "fix": "fix it"}
-    assert body["summary"] == {"ok": 1, "warning": 1, "error": 1}
+    assert body["summary"] == {"ok": 1, "info": 0, "warning": 1, "error": 1}
     assert exit_code(findings) == 1 and exit_code(findings[:2]) == 0
 
 
@@ -144,7 +144,7 @@ def test_the_original_operators_settings_are_judged_by_tfusions() -> None:
     assert messages[2] == ("environment variable DEBUG_FORCE_GPUNODE_STATE: tfusion does not read it, so it has no "
                            "effect there")
 
-    assert config_findings("cm", "metricsTTL: 30d\nmetricsFormat: influx\n") == []
+    assert [f.severity for f in config_findings("cm", "metricsTTL: 30d\nmetricsFormat: influx\n")] == ["info"]
     [refused] = config_findings("cm", "metricsFormat: csv\n")
     assert "metricsFormat: 'csv' is not one of" in refused.message
 

@@ -1,7 +1,7 @@
 """`tfusion doctor [--kube K] [-o json] [--operator-namespace NS] [--hypervisor-port P]`.
 
 Prints each finding with its fix (`-o json`: `{findings: [{check, severity, message, fix}],
-summary}`). Exit codes: 0 no error (warnings allowed), 1 an error was found or the API server
+summary}`). Exit codes: 0 no error (warnings and info allowed), 1 an error was found or the API server
 cannot be used, 2 bad arguments.
 """
 

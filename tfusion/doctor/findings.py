@@ -1,8 +1,10 @@
 """What a check reports, and the two ways it is printed.
 
-A finding is `{check, severity, message, fix}`: severity `ok`, `warning` (works, but something is
-off or could not be checked) or `error` (something is broken); `fix` says what to do, empty for ok.
-The exit code is 1 when any finding is an error, else 0.
+A finding is `{check, severity, message, fix}`: severity `ok`, `info` (nothing is wrong, but the user
+should know, e.g. a setting of the original TensorFusion that tfusion takes with another behaviour),
+`warning` (works, but something is off or could not be checked) or `error` (something is broken);
+`fix` says what to do, empty for ok. The exit code is 1 when any finding is an error, else 0, so a
+clean switch that only has things to know about is not a failure.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from typing import Literal, TypeAlias
 
 import orjson
 
-Severity: TypeAlias = Literal["ok", "warning", "error"]
-SEVERITIES: tuple[Severity, ...] = ("ok", "warning", "error")
+Severity: TypeAlias = Literal["ok", "info", "warning", "error"]
+SEVERITIES: tuple[Severity, ...] = ("ok", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class Finding:
 
 def ok(check: str, message: str) -> Finding:
     return Finding(check, "ok", message)
+
+
+def info(check: str, message: str, fix: str = "") -> Finding:
+    return Finding(check, "info", message, fix)
 
 
 def warning(check: str, message: str, fix: str = "") -> Finding:
@@ -50,7 +56,7 @@ def render_json(findings: Sequence[Finding]) -> str:
     return orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
-_LABELS = {"ok": "ok", "warning": "WARNING", "error": "ERROR"}
+_LABELS = {"ok": "ok", "info": "info", "warning": "WARNING", "error": "ERROR"}
 
 
 def render_text(findings: Sequence[Finding]) -> str:
@@ -62,5 +68,6 @@ def render_text(findings: Sequence[Finding]) -> str:
         if f.fix:
             lines.append(f"{'':<7}  {'':<{width}}  fix: {f.fix}")
     counts = summary(findings)
-    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['ok']} ok")
+    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info, "
+                 f"{counts['ok']} ok")
     return "\n".join(lines) + "\n"

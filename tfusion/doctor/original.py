@@ -6,8 +6,11 @@ image; its command-line flags (Go style: `-name value`, `-name=value`, a bare `-
 boolean) and environment are judged by tfusion's own settings (`tfusion.settings.OPTIONS` decides:
 a flag or variable tfusion has no option for has no effect; one it declares but does not implement
 makes tfusion exit 1; a value it cannot parse is refused), and the dynamic config file of each
-ConfigMap it mounts by the controller's own validation. Findings are warnings: the running
-installation is not broken, switching would be.
+ConfigMap it mounts by the controller's own validation. Refusals are warnings: the running
+installation is not broken, switching would be. A setting tfusion takes but treats differently is
+judged by the one table of tfusion.doctor.differences (`info`, or `warning` where the switch changes
+what the cluster does), and the operator image's release is compared with the one tfusion implements
+(tfusion.doctor.original_version).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import yaml
 from tfusion.api.accessors import Body, items, section, sequence_of_maps, text
 from tfusion.controller.dynamic_config import validate
 from tfusion.doctor.context import Context
+from tfusion.doctor.differences import difference_finding
 from tfusion.doctor.findings import Finding, ok, warning
+from tfusion.doctor.original_version import version_finding
 from tfusion.kube import resources as r
 from tfusion.kube.client import NotFound
 from tfusion.settings import OPTIONS, NotImplementedSettingError, Option, Settings, SettingsError
@@ -79,7 +84,8 @@ def flag_findings(args: Sequence[str]) -> list[Finding]:
         if opt is None:
             findings.append(warning(CHECK, f"{said}: tfusion has no such flag (it would refuse to start with it)",
                                     "leave it out when switching; `tfusion --help` lists tfusion's flags"))
-        elif (found := _judge(opt, value, said)) is not None:
+        elif (found := _judge(opt, value, said) or difference_finding(
+                CHECK, said, f"-{name}", "true" if value is None else value)) is not None:
             findings.append(found)
     return findings
 
@@ -97,7 +103,9 @@ def env_findings(env: Sequence[Mapping[str, object]]) -> list[Finding]:
                                                "no effect there", "check the reference of tfusion's settings for "
                                                                   "its counterpart, if any"))
             continue
-        found = _load_env(name, value) if value is not None else _judge(opt, None, f"environment variable {name}")
+        said = f"environment variable {name}"
+        found = _load_env(name, value) if value is not None else _judge(opt, None, said)
+        found = found or difference_finding(CHECK, said + (f"={value!r}" if value is not None else ""), name, value)
         if found is not None:
             findings.append(found)
     return findings
@@ -116,13 +124,17 @@ def _load_env(name: str, value: str) -> Finding | None:
 
 
 def config_findings(where: str, document: str) -> list[Finding]:
-    """The dynamic config (`config.yaml` of a mounted ConfigMap) as the controller would load it."""
+    """The dynamic config (`config.yaml` of a mounted ConfigMap) as the controller would load it: refused
+    as a whole, or taken with a finding for each key tfusion treats differently."""
     try:
-        validate(yaml.safe_load(document))
+        raw = yaml.safe_load(document)
+        validate(raw)
     except (ValueError, yaml.YAMLError) as exc:
         return [warning(CHECK, f"dynamic config {where}: tfusion refuses it ({exc})",
                         "fix the value named; tfusion keeps its defaults while the file is refused")]
-    return []
+    keys: Mapping[str, object] = raw or {}
+    found = (difference_finding(CHECK, f"dynamic config {where}, {key}", key, value) for key, value in keys.items())
+    return [f for f in found if f is not None]
 
 
 async def check(ctx: Context) -> list[Finding]:
@@ -135,10 +147,11 @@ async def check(ctx: Context) -> list[Finding]:
             continue
         found += 1
         where = f"Deployment {deployment.namespace}/{deployment.name}"
-        own = [*_container_findings(containers), *await _mounted_configs(ctx, deployment)]
+        settings = [*_container_findings(containers), *await _mounted_configs(ctx, deployment)]
+        if not any(f.severity == "warning" for f in settings):
+            settings.insert(0, ok(CHECK, "runs the original operator; tfusion takes all its settings"))
+        own = [*(version_finding(CHECK, text(c, "image")) for c in containers), *settings]
         findings.extend(Finding(f.check, f.severity, f"{where}: {f.message}", f.fix) for f in own)
-        if not own:
-            findings.append(ok(CHECK, f"{where} runs the original operator; tfusion takes all its settings"))
     return findings or ([] if found else [ok(CHECK, "no TensorFusion operator Deployment: nothing to compare")])
 
 
