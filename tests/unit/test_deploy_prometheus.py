@@ -6,15 +6,12 @@ exactly that Prometheus reach the metrics port (and not a look-alike pod in anot
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.helpers.deploy import DEPLOY, Doc, by_key
-from tests.helpers.kubectl import KUBECTL, needs_kubectl
+from tests.helpers.deploy import Doc, by_key, render_own
+from tests.helpers.kubectl import needs_kubectl
 from tests.helpers.netpol import Peer, admits
 from tfusion.api.selectors import label_selector_from_dict
 
@@ -36,19 +33,9 @@ OWN_PEER_PATCH = """\
 
 
 def render_own_overlay(root: Path, *, own_patch: bool) -> dict[tuple[str, str], Doc]:
-    root.mkdir()
-    kustomization: Doc = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        # kustomize takes other kustomizations by relative path only
-        "resources": [os.path.relpath(DEPLOY / "overlays" / "builtin-scheduler", root)],
-        "components": [os.path.relpath(DEPLOY / "overlays" / "prometheus-operator", root)]}
-    if own_patch:
-        kustomization["patches"] = [{"target": {"kind": "NetworkPolicy", "name": "tensor-fusion-controller"},
-                                     "patch": OWN_PEER_PATCH}]
-    (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    out = subprocess.run([KUBECTL, "kustomize", str(root)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+    patches = ({"target": {"kind": "NetworkPolicy", "name": "tensor-fusion-controller"}, "patch": OWN_PEER_PATCH},)
+    return render_own(root, overlay="builtin-scheduler", components=("prometheus-operator",),
+                      patches=patches if own_patch else ())
 
 
 @pytest.fixture(scope="module")
