@@ -29,8 +29,6 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfusion.apiserver import app
-
 PATH = "/tfusion-bench/requests"
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -54,10 +52,12 @@ def verb_of(method: str, query: str, named: bool) -> str:
 
 
 def install() -> Counter[str]:
+    from tfusion.apiserver import app  # only here: the controller's process does not load the API server
+
     counts: Counter[str] = Counter()
     served = app.ApiApp._http
 
-    async def counted(self: app.ApiApp, scope: Any, receive: Any, send: Any) -> None:
+    async def counted(self: Any, scope: Any, receive: Any, send: Any) -> None:
         path = str(scope.get("path", ""))
         if path == PATH:
             body = orjson.dumps(dict(counts))
