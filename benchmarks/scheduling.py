@@ -19,13 +19,30 @@ A watch on pods records when each pod is first seen bound. Reported:
   each GPU's capacity: GPUs whose summed TFLOPS or VRAM exceeds capacity, plus pods that name a
   GPU on another node than the one they are bound to.
 
+With `--owner deployment` the pods belong to `--deployments` Deployments, as the ReplicaSet
+controller would create them: each Deployment and one ReplicaSet it controls (replicas: its share of
+the pods) are created first, and each pod carries `generateName` and a controller ownerReference to
+its ReplicaSet, so the webhook names the Deployment's workload (`--owner none`, the default: bare
+pods, each its own workload).
+
+What each pod costs, read from the processes under test (meaningful on a busy machine, where the
+wall-clock figures are not): the API server runs with its requests counted (_instrument.py), and
+once every pod is bound the run waits until no write has come for `--settle` seconds (the
+reconcilers' follow-up writes count too), then reports `writes_per_pod` (every create, update,
+patch and delete, the benchmark's own pod create included), `writes_per_pod_by` (per "verb
+resource"), `reads_per_pod` (gets and lists), and `controller_cpu_ms_per_pod` /
+`apiserver_cpu_ms_per_pod` (user + system CPU of each process from the first create to the
+settled end). `--profile PATH` writes the controller's cProfile stats of the same stretch to PATH.
+The run exits non-zero when a pod is left unscheduled or a GPU is double-allocated.
+
 With `--gangs` the pods are gang members (groups of 4 and 8 alternating, created already mutated:
 the webhook stamps gang annotations only on pods of a controller with replicas), each group
 placed all or none by the built-in scheduler; also reported: `groups_per_s` (complete groups /
 (last bind - first create)), `groups`, `complete_groups` and `partial_gangs` (groups with some but
 not all members bound at the end: 0 expected).
 
-Usage: python benchmarks/scheduling.py [--nodes 1000] [--gpus 4000] [--pods 10000] [--clients 32] [--gangs]
+Usage: python benchmarks/scheduling.py [--nodes 1000] [--gpus 4000] [--pods 10000] [--clients 32]
+       [--owner none|deployment] [--deployments 10] [--gangs] [--profile PATH]
 """
 
 from __future__ import annotations
@@ -37,6 +54,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import ssl
 import statistics
@@ -87,9 +105,58 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tfusion", *args, "--log-level", "warn"],
-                            stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ})
+INSTRUMENT = Path(__file__).resolve().parent / "_instrument.py"
+COUNTS_PATH = "/tfusion-bench/requests"
+READ_VERBS = ("get", "list", "watch")
+
+
+def start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """`tfusion ARGS` through _instrument.py (`env` switches its counting and profiling on)."""
+    return subprocess.Popen([sys.executable, str(INSTRUMENT), *args, "--log-level", "warn"],
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, **env})
+
+
+def cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """User + system CPU the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def request_counts(server: Any) -> dict[str, int]:
+    """The API server's requests so far, {"verb resource": n} (_instrument.py)."""
+    conn = await apibench.Connection(server).open()
+    try:
+        status, body = await conn.request("GET", COUNTS_PATH)
+    finally:
+        conn.close()
+    if status != 200:
+        raise RuntimeError(f"{COUNTS_PATH} answered {status}: {body[:200]!r}")
+    counts: dict[str, int] = json.loads(body)
+    return counts
+
+
+def writes(counts: dict[str, int]) -> int:
+    return sum(n for key, n in counts.items() if key.split(" ", 1)[0] not in READ_VERBS)
+
+
+async def settled_counts(server: Any, settle: float, limit: float = 120) -> dict[str, int]:
+    """The request counts once no write has come for `settle` seconds (at most `limit` seconds)."""
+    counts = await request_counts(server)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        await asyncio.sleep(settle)
+        now = await request_counts(server)
+        # the counting GETs themselves are not counted; the bind watch's events are reads
+        if writes(now) == writes(counts):
+            return now
+        counts = now
+    return counts
+
+
+def per_pod(before: dict[str, int], after: dict[str, int], pods: int, reads: bool) -> dict[str, float]:
+    keys = sorted(k for k in after if (k.split(" ", 1)[0] in READ_VERBS) == reads)
+    out = {k: round((after[k] - before.get(k, 0)) / pods, 3) for k in keys}
+    return {k: v for k, v in out.items() if v}
 
 
 def wait_for(path: Path, proc: subprocess.Popen[bytes], what: str, seconds: float = 60) -> None:
@@ -153,6 +220,46 @@ def webhook_pod(i: int) -> dict[str, Any]:
                                          tfa.VRAM_LIMIT: POD_VRAM}},
             "spec": {"containers": [{"name": "main", "image": "app",
                                      "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+
+
+def owned_pod(i: int, owner: dict[str, Any]) -> dict[str, Any]:
+    """webhook_pod as a ReplicaSet controller creates it: generateName, the template's labels and
+    the ReplicaSet as controller."""
+    pod = webhook_pod(i)
+    meta = pod["metadata"]
+    del meta["name"]
+    rs = owner["metadata"]
+    meta["generateName"] = rs["name"] + "-"
+    meta["labels"].update(rs["labels"])
+    meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["name"],
+                                "uid": rs["uid"], "controller": True, "blockOwnerDeletion": True}]
+    return pod
+
+
+async def create_deployments(kube: KubeClient, count: int, pods: int) -> list[dict[str, Any]]:
+    """`count` Deployments, each with the ReplicaSet it controls (replicas: its share of `pods`);
+    the ReplicaSets as created."""
+    made: list[dict[str, Any]] = []
+    for d in range(count):
+        name, share = f"app-{d:03d}", pods // count + (1 if d < pods % count else 0)
+        labels = {"app": name}
+        template = {"metadata": {"labels": {**labels, tfa.ENABLED: "true"}},
+                    "spec": {"containers": [{"name": "main", "image": "app"}]}}
+        deployment = await kube.create(r.DEPLOYMENTS, {
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"replicas": share, "selector": {"matchLabels": labels}, "template": template}},
+            namespace="default")
+        rs_labels = {**labels, "pod-template-hash": f"h{d:03d}"}
+        replicaset = await kube.create(r.REPLICASETS, {
+            "metadata": {"name": f"{name}-h{d:03d}", "namespace": "default", "labels": rs_labels,
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                              "uid": deployment["metadata"]["uid"], "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": {"replicas": share, "selector": {"matchLabels": rs_labels},
+                     "template": {**template, "metadata": {"labels": {**rs_labels, tfa.ENABLED: "true"}}}}},
+            namespace="default")
+        made.append(replicaset)
+    return made
 
 
 GANG_SIZES = (4, 8)
@@ -267,7 +374,8 @@ async def webhook_service(kube: KubeClient, port: int) -> None:
 
 
 async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
-              controller: subprocess.Popen[bytes], webhook_port: int) -> dict[str, Any]:
+              processes: dict[str, subprocess.Popen[bytes]], webhook_port: int) -> dict[str, Any]:
+    controller = processes["controller"]
     kube = await KubeClient.connect(str(kubeconfig), namespace="default", qps=1e9, burst=10**9)
     try:
         await create_cluster(kube, args.nodes, args.gpus, args.clients)
@@ -278,26 +386,38 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             classes = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
             for qos, value in (("critical", 100000), ("high", 10000), ("medium", 0)):
                 await kube.create(classes, {"metadata": {"name": f"tensor-fusion-{qos}"}, "value": value})
+        owners = await create_deployments(kube, args.deployments, args.pods) if args.owner == "deployment" else []
         await asyncio.sleep(1.0)  # let the leader's allocator see every GPU
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
         done = asyncio.Event()
         watcher = asyncio.create_task(watch_binds(kube, bound_at, args.pods, done))
         await asyncio.sleep(0.2)
+        server = raw_server(kubeconfig)
+        counts_before = await request_counts(server)
+        cpu_before = {name: cpu_seconds(proc) for name, proc in processes.items()}
+        if args.profile:
+            controller.send_signal(signal.SIGUSR1)
         first = time.monotonic()
 
-        server = raw_server(kubeconfig)
         connections = [await apibench.Connection(server).open() for _ in range(args.clients)]
         numbers = iter(range(args.pods))
         groups = gang_groups(args.pods) if args.gangs else []
 
+        def pod_for(i: int) -> dict[str, Any]:
+            if args.gangs:
+                return gang_member(i, groups)
+            if owners:
+                return owned_pod(i, owners[i % len(owners)])
+            return webhook_pod(i) if args.webhook else worker_pod(i)
+
         async def creator(conn: Any) -> None:
             for i in numbers:
-                pod = gang_member(i, groups) if args.gangs else webhook_pod(i) if args.webhook else worker_pod(i)
-                status, body = await conn.request("POST", "/api/v1/namespaces/default/pods", json.dumps(pod).encode())
+                status, body = await conn.request("POST", "/api/v1/namespaces/default/pods",
+                                                  json.dumps(pod_for(i)).encode())
                 if status != 201:
                     raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
-                created_at[pod["metadata"]["name"]] = time.monotonic()
+                created_at[json.loads(body)["metadata"]["name"]] = time.monotonic()
 
         await asyncio.gather(*(creator(c) for c in connections))
         for conn in connections:
@@ -313,6 +433,10 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
                 seen = len(bound_at)
         watcher.cancel()
         last = max(bound_at.values()) if bound_at else time.monotonic()
+        counts_after = await settled_counts(server, args.settle)
+        cpu_after = {name: cpu_seconds(proc) for name, proc in processes.items()}
+        if args.profile:
+            controller.send_signal(signal.SIGUSR2)
         latencies = sorted(max(0.0, bound_at[n] - created_at[n]) * 1000 for n in bound_at if n in created_at)
         pods = list(await kube.list(r.PODS, namespace="default"))
         gpus = list(await kube.list(r.GPUS))
@@ -322,9 +446,11 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             total, complete, partial = gang_counts(pods)
             gangs = {"gangs": True, "group_sizes": list(GANG_SIZES), "groups": total, "complete_groups": complete,
                      "partial_gangs": partial, "groups_per_s": round(complete / max(1e-9, last - first), 1)}
+        by_verb = per_pod(counts_before, counts_after, args.pods, reads=False)
         return {
             "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "clients": args.clients,
-            "webhook": args.webhook,
+            "webhook": args.webhook, "owner": args.owner,
+            **({"deployments": args.deployments} if owners else {}),
             "pods_per_s": round(len(bound_at) / max(1e-9, last - first), 1),
             "bind_p50_ms": round(statistics.median(latencies), 1) if latencies else None,
             "bind_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 1)
@@ -332,6 +458,12 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             "creates_per_s": round(args.pods / max(1e-9, created - first), 1),
             "unscheduled": unscheduled,
             "double_allocations": count_double_allocations(pods, gpus),
+            "writes_per_pod": round(sum(by_verb.values()), 2),
+            "writes_per_pod_by": by_verb,
+            "reads_per_pod": round(sum(v for k, v in per_pod(counts_before, counts_after, args.pods, reads=True)
+                                       .items() if not k.startswith("watch")), 2),
+            **{f"{name}_cpu_ms_per_pod": round((cpu_after[name] - cpu_before[name]) * 1000 / args.pods, 3)
+               for name in processes},
             **gangs,
         }
     finally:
@@ -348,18 +480,32 @@ def main() -> None:
     parser.add_argument("--webhook", action=argparse.BooleanOptionalAction, default=True,
                         help="create the pods as users write them and let the controller's pod webhook mutate "
                              "them (default); --no-webhook creates them already mutated")
+    parser.add_argument("--owner", choices=("none", "deployment"), default="none",
+                        help="none: bare pods (default); deployment: pods of --deployments Deployments, created "
+                             "with their ReplicaSet as controller (as the ReplicaSet controller creates them)")
+    parser.add_argument("--deployments", type=int, default=10, help="with --owner deployment: how many")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="after the last bind, wait until no API write has come for this long before "
+                             "counting writes and CPU")
+    parser.add_argument("--profile", type=Path, help="write the controller's cProfile stats (pstats) of the "
+                                                     "pod phase here")
     parser.add_argument("--gangs", action="store_true",
                         help="gang members in groups of 4 and 8 (implies --no-webhook); reports groups/s and "
                              "partial_gangs")
     args = parser.parse_args()
     if args.gangs:
         args.webhook = False
+    if args.owner == "deployment" and (args.gangs or not args.webhook):
+        parser.error("--owner deployment needs the webhook (it names the Deployment's workload); "
+                     "not with --gangs or --no-webhook")
+    if args.deployments < 1:
+        parser.error(f"--deployments {args.deployments}: expected at least 1")
     with tempfile.TemporaryDirectory(prefix="tfusion-sched-bench-") as tmp:
         work = Path(tmp)
         kubeconfig = work / "kubeconfig"
         apiserver = start(["--role=apiserver", "--apiserver-listen", f"127.0.0.1:{free_port()}",
                            "--state", str(work / "state.db"), "--kubeconfig-out", str(kubeconfig),
-                           "--watch-history", "200000"], work / "apiserver.log")
+                           "--watch-history", "200000"], work / "apiserver.log", TFUSION_BENCH_COUNT="1")
         controller: subprocess.Popen[bytes] | None = None
         try:
             wait_for(kubeconfig, apiserver, "the API server")
@@ -368,8 +514,10 @@ def main() -> None:
                                 "--controller-listen", f"127.0.0.1:{port}",
                                 "--health-probe-bind-address", f"127.0.0.1:{free_port()}",
                                 "--webhook-listen", f"127.0.0.1:{webhook_port}",
-                                "--dynamic-config", str(work / "config.yaml")], work / "controller.log")
-            result = asyncio.run(run(args, kubeconfig, f"http://127.0.0.1:{port}", controller, webhook_port))
+                                "--dynamic-config", str(work / "config.yaml")], work / "controller.log",
+                               **({"TFUSION_BENCH_PROFILE": str(args.profile.resolve())} if args.profile else {}))
+            result = asyncio.run(run(args, kubeconfig, f"http://127.0.0.1:{port}",
+                                     {"controller": controller, "apiserver": apiserver}, webhook_port))
         except BaseException:
             for name in ("apiserver.log", "controller.log"):
                 log = work / name
@@ -381,6 +529,11 @@ def main() -> None:
                 if proc is not None:
                     stop(proc)
         print(json.dumps(result))
+        failed = result["unscheduled"] or result["double_allocations"] or result.get("partial_gangs")
+        if failed:
+            sys.stderr.write(f"FAILED: {result['unscheduled']} unscheduled, {result['double_allocations']} double "
+                             f"allocation(s), {result.get('partial_gangs', 0)} partial gang(s)\n")
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@
   pods that exist, so a pod deleted before then holds nothing anywhere.
 - `tensor-fusion.ai/pending-owned-workload: <workload>` (the webhook's request) makes the pod the
   controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
-  A workload that does not exist yet is looked for again in a few seconds (a Warning event says so).
+  A workload that does not exist yet is looked for again when it reaches the cache, or in a few
+  seconds (a Warning event says so once the pod is older than that).
+- Writes per new worker, as few as the protocol allows: the finalizer and the annotation's removal
+  are one strategic merge patch of the pod (no resourceVersion, so the scheduler's Binding does not
+  make it conflict); the adoption is one merge patch of the workload that also drops its
+  awaiting-pod mark (webhook/workloads.py).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
@@ -29,15 +34,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
+from tfusion.api.timestamps import parse_rfc3339
 from tfusion.controller.reconcilers.common import FINALIZER
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
+from tfusion.controller.webhook.workloads import AWAITING_POD
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.ownership import controller_reference
@@ -52,6 +61,8 @@ log = logging.getLogger(__name__)
 WORKLOAD_RETRY_S = 3.0
 #: how often a worker that lost its component label (and so left the informer) is read again
 LABEL_RECHECK_S = 30.0
+#: pods by the workload they are still to adopt ("namespace/workload")
+PENDING_INDEX = "pending-owned-workload"
 #: tombstones kept at most (oldest dropped first); each is consumed by the reconcile it wakes
 TOMBSTONES_MAX = 10_000
 
@@ -68,12 +79,21 @@ class PodReconciler:
         self.label_recheck_s = LABEL_RECHECK_S
         #: key -> UID of the last pod deleted from the informer under it (see the module docstring)
         self._tombstones: OrderedDict[str, str] = OrderedDict()
+        # a bare pod waits for its workload's arrival in the cache (its own watch stream, which
+        # may lag the pods'); the workload's add wakes it at once
         self.controller = runtime.manager.controller("pod") \
-            .for_(r.PODS, label_selector=component_selector(runtime.settings)).complete(self)
+            .for_(r.PODS, label_selector=component_selector(runtime.settings)) \
+            .watches(r.TENSORFUSIONWORKLOADS, self._adopters) \
+            .complete(self)
         self.pods = runtime.informer(r.PODS)
+        self.pods.add_index(PENDING_INDEX, _pending_workload)
         self.pods.add_handler(on_delete=lambda obj: self._on_delete(Pod(obj)))
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
+
+    def _adopters(self, workload: JsonMapping) -> list[str]:
+        """The pods still to adopt this workload."""
+        return [_key(Body(p)) for p in self.pods.by_index(PENDING_INDEX, _key(Body(workload)))]
 
     def _on_delete(self, pod: Pod) -> None:
         """Remember the UID the deleted key had, and wake the reconciler; nothing is released here."""
@@ -97,14 +117,35 @@ class PodReconciler:
         tomb = self._tombstones.pop(key, None)
         if tomb and tomb != pod.uid:  # replaced by a pod of the same name
             await self._release(service, tomb, "replaced")
-        result = await self._adopt_workload(pod)
+        result, adopted = await self._adopt_workload(pod)
         if pod.is_client:
             await self._client(pod)
         if pod.finished or pod.meta.deleting:
             await self._release(service, pod.uid, "finished" if pod.finished else "deleted")
-        if pod.is_worker:
+        if pod.is_worker and pod.meta.deleting:
             await ensure_finalizer(self.runtime.client, r.PODS, pod, FINALIZER, _released_already)
+        await self._mark(pod, finalizer=pod.is_worker and not pod.meta.deleting, adopted=adopted)
         return result
+
+    async def _mark(self, pod: Pod, *, finalizer: bool, adopted: bool) -> None:
+        """Our finalizer on a live worker and the pending-owned-workload annotation dropped once
+        its workload is adopted, in one write: a strategic merge patch, which adds the finalizer
+        to the pod's set without a resourceVersion, so the Binding written meanwhile does not make
+        it conflict (a PUT on the cached version would, for nearly every new pod)."""
+        meta: JsonObject = {}
+        if finalizer and FINALIZER not in pod.meta.finalizers:
+            meta["finalizers"] = [FINALIZER]
+        if adopted:
+            meta["annotations"] = {tfa.PENDING_OWNED_WORKLOAD: None}
+        if not meta:
+            return
+        # the UID precondition: a pod created again under this name is not this pod
+        meta["uid"] = pod.uid
+        try:
+            await self.runtime.client.patch(r.PODS, pod.name, {"metadata": meta}, namespace=pod.namespace,
+                                            patch_type="strategic")
+        except NotFound:
+            pass
 
     async def _absent(self, service: AllocatorService, key: str) -> Result | None:
         """The key has no cached pod: release what the ledger and the tombstone say it held, once
@@ -169,29 +210,53 @@ class PodReconciler:
         self.runtime.events.normal(pod, "ConnectionCreated", f"TensorFusionConnection {name} created for "
                                    f"workload {workload}")
 
-    async def _adopt_workload(self, pod: Pod) -> Result | None:
+    async def _adopt_workload(self, pod: Pod) -> tuple[Result | None, bool]:
+        """(the result, whether the pod's pending-owned-workload annotation may go): the pod made
+        the controlling owner of the workload the annotation names, in one write that also drops
+        the workload's awaiting-pod mark (its pod exists now) and, for a workload created before
+        the webhook stamped it, adds our finalizer."""
         workload_name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
         if not workload_name:
-            return None
+            return None, False
         namespace = pod.namespace
         workload = self.workloads.get(f"{namespace}/{workload_name}")
         if workload is None:
-            self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} does "
-                                        f"not exist (yet); it is to be owned by this pod")
-            return Result(requeue_after=WORKLOAD_RETRY_S)
+            if _age_s(pod) > WORKLOAD_RETRY_S:  # not the cache's lag behind a pod just admitted
+                self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} "
+                                            f"does not exist (yet); it is to be owned by this pod")
+            return Result(requeue_after=WORKLOAD_RETRY_S), False
         owner = controller_reference(pod, r.PODS)
         meta = Body(workload).meta
         refs = meta.owner_references
         if owner not in refs:
             owners = [o for o in refs if not o.get("controller")]
-            await self.runtime.client.replace(r.TENSORFUSIONWORKLOADS, {
-                **workload, "metadata": {**meta.raw, "ownerReferences": [*owners, owner]}}, namespace=namespace)
-        try:
-            await self.runtime.client.patch(r.PODS, pod.name, {"metadata": {"annotations": {
-                tfa.PENDING_OWNED_WORKLOAD: None}}}, namespace=namespace)
-        except NotFound:
-            pass
-        return None
+            patch: JsonObject = {"resourceVersion": meta.resource_version,
+                                 "ownerReferences": [json_object(o) for o in (*owners, owner)],
+                                 "annotations": {AWAITING_POD: None}}
+            if FINALIZER not in meta.finalizers and not meta.deleting:
+                patch["finalizers"] = [*meta.finalizers, FINALIZER]
+            await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload_name, {"metadata": patch},
+                                            namespace=namespace)
+        return None, True
+
+
+def _key(obj: Body) -> str:
+    return f"{obj.namespace}/{obj.name}"
+
+
+def _pending_workload(raw: JsonMapping) -> list[str]:
+    """"namespace/workload" of the workload a pod is still to adopt (the PENDING_INDEX)."""
+    pod = Body(raw)
+    name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
+    return [f"{pod.namespace}/{name}"] if name else []
+
+
+def _age_s(pod: Pod) -> float:
+    try:
+        created = parse_rfc3339(pod.meta.creation_timestamp)
+    except ValueError:
+        return float("inf")
+    return (dt.datetime.now(dt.UTC) - created).total_seconds()
 
 
 async def _released_already(_pod: object) -> bool:

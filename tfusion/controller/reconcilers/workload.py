@@ -18,6 +18,9 @@
 - Status: workerCount (workers not being deleted), readyWorkers (Running and Ready), phase Failed
   when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
   ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
+  A dynamic workload of `LARGE_WORKLOAD` workers or more is counted at most once a second (its
+  status lags its pods by up to that), so a large Deployment being scheduled costs one count per
+  second, not one per pod event.
   Of `status.gang` (the scheduler writes it, scheduling/gang_runtime.py) this controller owns
   readyMembers and the phases Running (the required members are ready) and Failed (one failed).
 - A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
@@ -76,6 +79,9 @@ ADMITTED_INDEX = "admitted-workload"
 ADMISSION_GRACE_S = 60.0
 #: how soon a workload whose bare pod is still to adopt it is looked at again
 ADOPTION_RETRY_S = 3.0
+#: a dynamic workload with at least this many workers is counted at most once per RECOUNT_INTERVAL_S
+LARGE_WORKLOAD = 100
+RECOUNT_INTERVAL_S = 1.0
 
 
 def workload_key(pod: Pod) -> list[str]:
@@ -177,11 +183,14 @@ class WorkloadReconciler:
         #: workload key -> (names created, names deleted, when) not yet seen in the cache
         self._expected: dict[str, tuple[set[str], set[str], float]] = {}
         self.created = self.deleted = 0  # worker pods (tests read them)
+        #: workload key -> when its workers were last counted (large dynamic workloads only)
+        self._counted: dict[str, float] = {}
 
     async def reconcile(self, key: str) -> Result | None:
         cached = self.workloads.get(key)
         if cached is None:
             self._expected.pop(key, None)
+            self._counted.pop(key, None)
             return None
         workload = Workload(cached)
         wait: float | None = None
@@ -226,9 +235,27 @@ class WorkloadReconciler:
         if current is None:
             return None if dynamic else Result(requeue_after=1.0)
         if dynamic:
+            wait = self._recount_wait(key)
+            if wait > 0:
+                return Result(requeue_after=wait)
             await self._write_status(current, self._workers(key), None, {})
             return None
         return await self._fixed(key, current)
+
+    def _recount_wait(self, key: str) -> float:
+        """Seconds until a large dynamic workload's workers may be counted again (0: now). Each
+        count reads every worker, and each of its pods' events asks for one: a Deployment of
+        thousands of pods being scheduled would otherwise be counted thousands of times, each
+        count costing more. A small workload is counted at once, every time."""
+        now = self.runtime.manager.clock.now()
+        if len(self.pods.by_index(WORKLOAD_INDEX, key)) < LARGE_WORKLOAD:
+            self._counted.pop(key, None)
+            return 0.0
+        last = self._counted.get(key)
+        if last is not None and now - last < RECOUNT_INTERVAL_S:
+            return last + RECOUNT_INTERVAL_S - now
+        self._counted[key] = now
+        return 0.0
 
     def _workers(self, key: str, owner: Workload | None = None) -> list[Pod]:
         pods = (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key))

@@ -10,6 +10,10 @@ already matches (the common case: every pod after the first). A bare pod's workl
 that pod; when a pod is deleted and created again under its name, the webhook takes the workload
 back from the deleted pod before the garbage collector takes it away (`_released_pod`).
 
+A workload the webhook creates carries the controller's finalizer from the start (the workload
+reconciler would add it in a write of its own otherwise), and a bare pod's adoption (the pod
+reconciler, reconcilers/pod.py) sets the owner and drops `AWAITING_POD` in one write.
+
 Admission must leave nothing behind for a pod that never comes (a caller that made up the
 review, an API server killed before it stored the pod, a pod refused after the webhook answered): a
 workload the webhook creates carries `AWAITING_POD` (when it was created), and the workload
@@ -79,12 +83,16 @@ def awaiting_pod_since(workload: Body) -> dt.datetime | None:
 
 
 def _awaiting(desired: JsonObject) -> JsonObject:
-    """`desired` as created: marked with `AWAITING_POD` (a copy; `desired` is shared)."""
+    """`desired` as created: marked with `AWAITING_POD`, and with the finalizer the workload
+    reconciler would otherwise add in a write of its own (a copy; `desired` is shared)."""
     meta = desired.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
     notes = meta.get("annotations")
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
     meta["annotations"] = {**(notes if isinstance(notes, dict) else {}), AWAITING_POD: stamp}
+    finalizers = meta.get("finalizers")
+    finalizers = [str(f) for f in finalizers] if isinstance(finalizers, list) else []
+    meta["finalizers"] = finalizers if tfa.FINALIZER in finalizers else [*finalizers, tfa.FINALIZER]
     return {**desired, "metadata": meta}
 
 
