@@ -284,6 +284,9 @@ def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str
     for proc in procs:
         proc.join()
     latencies.sort()
+    if not latencies:  # not one answer in time (a loaded machine while the webhook warms up): an error
+        return {"requests_per_s": 0.0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "errors": max(errors, 1),
+                "mean_ms": 0.0}
 
     def pct(p: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 3)

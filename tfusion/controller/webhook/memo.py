@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tfusion.api.jsontypes import JsonObject
 from tfusion.controller.webhook.mutate import Owner, Plan
 
 MAX_BYTES = 16 * 1024 * 1024
@@ -64,6 +65,9 @@ class Remembered:
     gpu_reads: dict[str, object]
     #: the base64 JSON patch for each index (None: no index); for a shape, the JSON text (see above)
     patches: dict[int | None, str] = field(default_factory=dict)
+    #: a shape's workload as last handed out under a pod's name (name, workload): the same pod sent
+    #: again gets the very object, which the workload writer recognises without comparing it
+    named_workload: tuple[str, JsonObject] | None = None
 
 
 def keeps(plan: Plan, owner: Owner, pod_named: bool) -> bool:

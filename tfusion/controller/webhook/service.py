@@ -365,7 +365,9 @@ class WebhookService:
                 return None
             entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=gpu_reads)
             self.memo.remember(key, entry)
-        workload = _renamed(entry.plan.workload, name)
+        if entry.named_workload is None or entry.named_workload[0] != name:
+            entry.named_workload = (name, _renamed(entry.plan.workload, name))
+        workload = entry.named_workload[1]
         if self.workloads.recommendation(workload) is not None:
             return None
         index = await self.assignments.assign_index(f"{namespace}/{name}")
