@@ -21,8 +21,11 @@ pods (memo.py), as a Deployment's replicas are; each still gets its index and it
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
 echo_requests_per_s, ratio_to_echo, each the median of `--repeat` alternating webhook/echo runs
 (`runs` lists them), and errors, echo_p99_ms, workload_writes, load, cpus, pinned; with wrk
-also `distinct_pods_*`: the same load of pods each with a name of its own, so never in the memo
-(dryRun, so that they create no workload each), which is what a first pod costs. The load
+also `distinct_pods_*`: the same load of pods each with a name of its own (dryRun, so that they
+create no workload each). Such pods (named, no controller) share one memo entry by their shape,
+the pod without its name (service.py, `_mutate_shared`), so this is what a bare pod costs once a
+pod of its shape has been seen; what the first pod of a shape costs (full analysis, rendering,
+JSON diff) is `fresh_cpu_us` in benchmarks/webhook_profile.py. The load
 runs on other CPUs than the two servers under test (CPU 0) when there are two or more (`pinned`).
 """
 

@@ -8,18 +8,19 @@ this process (`build_runtime`, `configure`, `serve_runtime`: the webhook with it
 leader's index allocator), and then drives AdmissionReviews through the webhook's ASGI app
 (`webhook_app(service.review)`, the route uvicorn calls, with an in-memory receive and send) one
 after another: `--distinct` pods each with a name of its own and dryRun (as webhook.py's
-distinct-pods case sends them, so never answered from the memo), and `--repeated` identical pods
-(the memo's case). Each figure is `time.process_time()` over the batch divided by its size (the
-process's CPU, the controller's background tasks included; they are idle here), the median of
-`--repeat` batches.
+distinct-pods case sends them: they share one memo entry by shape), `--repeated` identical pods
+(one memo entry by bytes), and `--fresh` pods each with a label of its own (the first pod of its
+shape: full analysis, rendering and JSON diff). Each figure is `time.process_time()` over the
+batch divided by its size (the process's CPU, the controller's background tasks included; they are
+idle here), the median of `--repeat` batches.
 
-    .venv/bin/python benchmarks/webhook_profile.py [--distinct 3000] [--repeated 3000] [--repeat 3]
-                                                   [--profile 25]
+    .venv/bin/python benchmarks/webhook_profile.py [--distinct 3000] [--repeated 3000] [--fresh 1000]
+                                                   [--repeat 3] [--profile 25]
 
-Prints one JSON object: distinct_cpu_us, repeated_cpu_us (medians) and their runs, the
-handler-only figures (`service.review` on a decoded request, without the ASGI route), and with
-`--profile N` the top N functions of a cProfile of one distinct batch on stderr. Exits non-zero
-when a review is not answered allowed with a patch.
+Prints one JSON object: distinct_cpu_us, repeated_cpu_us, fresh_cpu_us (medians) and their runs, the
+handler-only figures (`*_handler_cpu_us`: the review decoded, `service.review`, the answer
+encoded; no ASGI route, no body receive), and with `--profile N` the top N functions of a cProfile
+of one distinct batch on stderr. Exits non-zero when a review is not answered allowed with a patch.
 """
 
 from __future__ import annotations

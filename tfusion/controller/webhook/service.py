@@ -10,7 +10,9 @@ auto-migration switch changes the objectSelector).
 
 A pod's review: operations other than a Pod CREATE are allowed untouched; so is a pod that is
 not a TensorFusion pod. A pod identical to one already mutated, under the same cluster state, takes
-the plan and the patch from the memo (memo.py) and goes straight to its index and workload. In
+the plan and the patch from the memo (memo.py) and goes straight to its index and workload; a
+named pod without a controller is looked up by its shape, the pod under a placeholder name, and
+gets the shape's patch with its own name written in (`_mutate_shared`). In
 progressive-migration mode a native-GPU pod that auto-migration does not take gets only
 `spec.schedulerName: tensor-fusion-scheduler`. Otherwise: owner chain, `analyse` (a Denial is
 `allowed: false` with its code and message), the autoscaler's recommendation from the cached
