@@ -21,8 +21,11 @@ pods (memo.py), as a Deployment's replicas are; each still gets its index and it
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
 echo_requests_per_s, ratio_to_echo, each the median of `--repeat` alternating webhook/echo runs
 (`runs` lists them), and errors, echo_p99_ms, workload_writes, load, cpus, pinned; with wrk
-also `distinct_pods_*`: the same load of pods each with a name of its own, so never in the memo
-(dryRun, so that they create no workload each), which is what a first pod costs. The load
+also `distinct_pods_*`: the same load of pods each with a name of its own (dryRun, so that they
+create no workload each). Such pods (named, no controller) share one memo entry by their shape,
+the pod without its name (service.py, `_mutate_shared`), so this is what a bare pod costs once a
+pod of its shape has been seen; what the first pod of a shape costs (full analysis, rendering,
+JSON diff) is `fresh_cpu_us` in benchmarks/webhook_profile.py. The load
 runs on other CPUs than the two servers under test (CPU 0) when there are two or more (`pinned`).
 """
 
@@ -284,6 +287,9 @@ def load(port: int, concurrency: int, duration: float, clients: int, ca_pem: str
     for proc in procs:
         proc.join()
     latencies.sort()
+    if not latencies:  # not one answer in time (a loaded machine while the webhook warms up): an error
+        return {"requests_per_s": 0.0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "errors": max(errors, 1),
+                "mean_ms": 0.0}
 
     def pct(p: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 3)

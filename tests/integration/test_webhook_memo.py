@@ -165,6 +165,37 @@ async def test_per_pod_claims_are_never_remembered(apiserver: Any, kube: KubeCli
         assert len(workloads) == 2 and len(webhook.memo) == 0
 
 
+async def test_bare_pods_that_differ_only_in_name_share_the_answer(apiserver: Any, kube: KubeClient,
+                                                                    tmp_path: Path) -> None:
+    """A bare pod's plan reads its name only as its workload's: pods named apart share one entry,
+    and each answer is what a fresh analysis gives that pod, its own workload included."""
+    notes = {tfa.TFLOPS_REQUEST: "20", tfa.VRAM_REQUEST: "8Gi"}
+
+    def bare(name: str) -> dict[str, Any]:
+        made = replica(notes)
+        del made["metadata"]["ownerReferences"], made["metadata"]["generateName"]
+        made["metadata"]["name"] = name
+        return made
+
+    def named_apart(decided: dict[str, Any], name: str) -> dict[str, Any]:
+        assert decided["labels"][tfa.WORKLOAD] == decided["annotations"][tfa.PENDING_OWNED_WORKLOAD] == name
+        renamed: dict[str, Any] = orjson.loads(orjson.dumps(decided).replace(name.encode(), b"NAME"))
+        return renamed
+
+    async with controllers() as tg:
+        webhook = service(await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path)))
+        await settled(webhook)
+        shared = [mutation(await kube.create(r.PODS, bare(name), namespace="default"))[0]
+                  for name in ("solo-a", "solo-b")]
+        assert (webhook.memo.hits, len(webhook.memo)) == (1, 1)
+        webhook.memo = ReviewMemo()  # what a fresh analysis gives
+        fresh = mutation(await kube.create(r.PODS, bare("solo-c"), namespace="default"))[0]
+        assert named_apart(shared[0], "solo-a") == named_apart(shared[1], "solo-b") == named_apart(fresh, "solo-c")
+        for name in ("solo-a", "solo-b", "solo-c"):  # each pod's own workload
+            workload = await kube.get(r.TENSORFUSIONWORKLOADS, name, namespace="default")
+            assert workload["spec"]["resources"]["requests"]["tflops"] == "20"
+
+
 def review(pod: dict[str, Any], uid: str) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},

@@ -82,3 +82,23 @@ def test_status_writes_are_not_changes_beyond_status() -> None:
     for change in ({"spec": {"x": 2}}, {"metadata": {**pool["metadata"], "annotations": {"a": "2"}}},
                    {"metadata": {**pool["metadata"], "finalizers": ["f"]}}, {"data": {"k": "v"}}):
         assert _beyond_status(Body(pool), Body({**pool, **change})), change
+
+
+def test_only_named_pods_without_a_controller_are_shared_by_shape() -> None:
+    import msgspec
+    import orjson
+
+    from tfusion.controller.webhook.server import AdmissionRequest
+    from tfusion.controller.webhook.service import SHAPE_NAME, _shared_name
+
+    def name_of(meta: dict[str, Any]) -> str:
+        raw = msgspec.Raw(orjson.dumps({"metadata": meta}))
+        return _shared_name(AdmissionRequest(uid="u", operation="CREATE", object=raw), meta)
+
+    assert name_of({"name": "solo"}) == "solo"
+    assert name_of({"name": "solo", "ownerReferences": [{"kind": "X", "name": "x", "controller": False}]}) == "solo"
+    owned = {"name": "solo", "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "controller": True}]}
+    assert name_of(owned) == ""
+    assert name_of({"generateName": "solo-"}) == "", "no name: its workload's is made up per pod"
+    assert name_of({"name": 5}) == ""
+    assert name_of({"name": "solo", "labels": {"x": SHAPE_NAME}}) == "", "the placeholder in the pod: not shared"

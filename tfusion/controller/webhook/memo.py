@@ -12,6 +12,14 @@ entry holds while every informer it read has the same `generation` (a counter of
 store other than status writes), the dynamic config is the same object and the owner resolves the
 same; the GPU capacities it looked up are compared again.
 
+Named pods without a controller (pods created one by one, by a script or a person) are never
+byte-identical: they differ in their name, which their plan reads only as their workload's name.
+The webhook (service.py, `_mutate_shared`) keys them by their shape instead, the pod under one
+placeholder name, and keeps the shape's plan and its patches as JSON text holding the placeholder
+where the name goes; each pod gets them with its own name written in (and its own workload and
+index). Such an entry's key holds the placeholder, so it never meets a key of bytes as sent. A pod
+whose shape is held was checked (bounds, field types) as that shape and is not checked again.
+
 What it never skips: the owner lookup (itself cached), the index assignment, the workload check,
 and everything for the plans it does not keep, which claim or read something per pod: a host port,
 the grey-release counter, a workload recommendation (it moves with the workload's status), remote
@@ -26,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tfusion.api.jsontypes import JsonObject
 from tfusion.controller.webhook.mutate import Owner, Plan
 
 MAX_BYTES = 16 * 1024 * 1024
@@ -54,8 +63,11 @@ class Remembered:
     #: the GPU capacities the analysis looked up (compute percent, dedicated GPUs), by model: GPU
     #: status changes with every allocation, so these are compared instead of a generation
     gpu_reads: dict[str, object]
-    #: the base64 JSON patch for each index (None: no index)
+    #: the base64 JSON patch for each index (None: no index); for a shape, the JSON text (see above)
     patches: dict[int | None, str] = field(default_factory=dict)
+    #: a shape's workload as last handed out under a pod's name (name, workload): the same pod sent
+    #: again gets the very object, which the workload writer recognises without comparing it
+    named_workload: tuple[str, JsonObject] | None = None
 
 
 def keeps(plan: Plan, owner: Owner, pod_named: bool) -> bool:

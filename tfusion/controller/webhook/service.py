@@ -10,7 +10,9 @@ auto-migration switch changes the objectSelector).
 
 A pod's review: operations other than a Pod CREATE are allowed untouched; so is a pod that is
 not a TensorFusion pod. A pod identical to one already mutated, under the same cluster state, takes
-the plan and the patch from the memo (memo.py) and goes straight to its index and workload. In
+the plan and the patch from the memo (memo.py) and goes straight to its index and workload; a
+named pod without a controller is looked up by its shape, the pod under a placeholder name, and
+gets the shape's patch with its own name written in (`_mutate_shared`). In
 progressive-migration mode a native-GPU pod that auto-migration does not take gets only
 `spec.schedulerName: tensor-fusion-scheduler`. Otherwise: owner chain, `analyse` (a Denial is
 `allowed: false` with its code and message), the autoscaler's recommendation from the cached
@@ -27,8 +29,10 @@ undoes it when no pod follows). The CA file is re-read when it changes.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import secrets
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,7 +54,7 @@ from tfusion.controller.webhook import mutate, remote, render
 from tfusion.controller.webhook.certs import DirectoryCertificates, SecretCertificates, service_names
 from tfusion.controller.webhook.memo import Key as MemoKey
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
-from tfusion.controller.webhook.mutate import Context
+from tfusion.controller.webhook.mutate import Context, Owner
 from tfusion.controller.webhook.patch import json_diff
 from tfusion.controller.webhook.registration import (
     PATH,
@@ -62,6 +66,7 @@ from tfusion.controller.webhook.server import (
     AdmissionRequest,
     AdmissionResponse,
     allowed,
+    checked_pod,
     denied,
     encode_patch,
     webhook_app,
@@ -72,7 +77,7 @@ from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
 from tfusion.kube.informer import Informer, namespace_index
 from tfusion.settings import format_listen, webhook_client_ca_path
-from tfusion.web import bind_socket, serve
+from tfusion.web import HttpError, bind_socket, serve
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
@@ -260,15 +265,18 @@ class WebhookService:
         if (request.operation != "CREATE" or request.resource.resource != "pods" or request.subResource
                 or request.kind.kind not in ("Pod", "")):
             return allowed(request.uid)
-        if len(request.object) > THREAD_THRESHOLD:  # a few MiB take a few hundred ms to read and check
-            pod, problem = await anyio.to_thread.run_sync(_read_pod, request)
-        else:
-            pod, problem = _read_pod(request)
-        if pod is None:
-            return denied(request.uid, 400, "the AdmissionReview carries no pod object")
-        if problem:  # kube-apiserver never sends such a pod; anyone else gets told what is wrong
-            return denied(request.uid, 400, f"request.object is not a Pod: {problem}")
         try:
+            if len(request.object) > THREAD_THRESHOLD:  # a few MiB take a few hundred ms to read and check
+                pod, problem = await anyio.to_thread.run_sync(_read_pod, request)
+            else:
+                decoded = _decoded(request)
+                if decoded is not None and (answer := await self._mutate_shared(request, decoded)) is not None:
+                    return answer
+                pod, problem = _read_pod(request, decoded)
+            if pod is None:
+                return denied(request.uid, 400, "the AdmissionReview carries no pod object")
+            if problem:  # kube-apiserver never sends such a pod; anyone else gets told what is wrong
+                return denied(request.uid, 400, f"request.object is not a Pod: {problem}")
             return await self._mutate(request, pod)
         except Denial as exc:
             return denied(request.uid, exc.code, exc.message)
@@ -285,9 +293,10 @@ class WebhookService:
         meta = dict(section(pod, "metadata"))
         namespace = request.namespace or text(meta, "namespace") or "default"
         await self._synced()
+        state = self._state()  # the state before reading the caches
         placed = {**pod, "metadata": {**meta, "namespace": namespace}}  # the pod in its namespace
         view = Pod(placed)
-        key, state = (_memo_bytes(request, pod, meta), namespace), self._state()  # the state before reading the caches
+        key = (_memo_bytes(request, pod, meta), namespace)
         if (known := await self._remembered(key, state, view, namespace)) is not None:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
         gpu_reads: dict[str, object] = {}
@@ -315,6 +324,63 @@ class WebhookService:
                 return allowed(request.uid)
             plan.annotations[tfa.POD_COUNTER_KEY] = counter
         return await self._finish(request, pod, view, namespace, plan, None)
+
+    async def _mutate_shared(self, request: AdmissionRequest, pod: object) -> AdmissionResponse | None:
+        """A named pod without a controller, analysed and rendered as its shape: the pod under
+        SHAPE_NAME, whose plan and patch the memo shares with every pod that differs from it only
+        in its name (the one thing a bare pod's plan reads of its name is its workload's name).
+        `pod` is the object as decoded, not yet checked: a pod whose shape the memo holds was
+        checked as that shape (its name is a string, the one difference), any other is checked here.
+        None: the full path decides (not such a pod, a name the workload cannot take, a pod out of
+        bounds, a denial, whose message names the pod, a plan the memo does not keep, a workload
+        with a recommendation)."""
+        if not isinstance(pod, dict) or not isinstance(meta := pod.get("metadata"), dict):
+            return None
+        name = _shared_name(request, meta)
+        if not name or _workload_name_problem(name):
+            return None
+        namespace = request.namespace or text(meta, "namespace") or "default"
+        shaped = {**pod, "metadata": {**meta, "name": SHAPE_NAME}}
+        key = (_memo_bytes(request, shaped, shaped["metadata"], shaped=True), namespace)
+        if (key not in self.memo or "managedFields" in meta) and not _sound(pod):
+            return None
+        await self._synced()
+        state = self._state()  # the state before reading the caches
+        view = Pod({**shaped, "metadata": {**meta, "name": SHAPE_NAME, "namespace": namespace}})
+        entry = self.memo.get(key, state, Owner(workload_name=SHAPE_NAME), self._capacity) if key in self.memo \
+            else None
+        if entry is None:
+            gpu_reads: dict[str, object] = {}
+            context = self.context(namespace, gpu_reads=gpu_reads)
+            if not mutate.selects(view, context):
+                return allowed(request.uid)
+            if mutate.progressive_only(view, context):
+                return None
+            owner = await self.owners.resolve(view, namespace)
+            try:
+                plan = mutate.analyse(view, context, owner)
+            except Denial:
+                return None
+            if plan is None:
+                return allowed(request.uid)
+            if not keeps(plan, owner, pod_named=True):
+                return None
+            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=gpu_reads)
+            self.memo.remember(key, entry)
+        if entry.named_workload is None or entry.named_workload[0] != name:
+            entry.named_workload = (name, _renamed(entry.plan.workload, name))
+        workload = entry.named_workload[1]
+        if self.workloads.recommendation(workload) is not None:
+            return None
+        index = await self.assignments.assign_index(f"{namespace}/{name}")
+        patch = entry.patches.get(index)  # the shape's patch as JSON text (SHAPE_NAME where the name goes)
+        if patch is None:
+            patch = orjson.dumps(json_diff(shaped, render.render(view, entry.plan, index=index,
+                                                                 host_port=None))).decode()
+            self.memo.add_patch(key, entry, index, patch)
+        if not request.dryRun:
+            await self.workloads.ensure(workload)
+        return allowed(request.uid, base64.b64encode(patch.replace(SHAPE_NAME, name).encode()).decode())
 
     async def _remembered(self, key: MemoKey, state: State, view: Pod, namespace: str) -> Remembered | None:
         """The memo's answer for this pod, if it holds one that is still current."""
@@ -393,10 +459,28 @@ class WebhookService:
 _POD_SHAPE = shapes.KIND_SHAPES["/pods"]
 
 
-def _read_pod(request: AdmissionRequest) -> tuple[JsonObject | None, str]:
-    """The pod (None: there is none) and the first field of the wrong type ("" when none is)."""
-    pod = request.pod()
+def _read_pod(request: AdmissionRequest, decoded: object = None) -> tuple[JsonObject | None, str]:
+    """The pod (None: there is none) and the first field of the wrong type ("" when none is);
+    `decoded`: the object as `_decoded` gave it (None: decode it here)."""
+    pod = request.pod() if decoded is None else checked_pod(decoded)
     return pod, "" if pod is None else shapes.mismatch(_POD_SHAPE, pod)
+
+
+def _decoded(request: AdmissionRequest) -> object:
+    """The object decoded, not yet checked; None when it is not JSON (`request.pod()` says why)."""
+    try:
+        return orjson.loads(memoryview(request.object)) if request.object else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _sound(pod: JsonObject) -> bool:
+    """Whether `_read_pod` takes this decoded pod (within bounds, fields of the right types)."""
+    try:
+        checked_pod(pod)
+    except HttpError:
+        return False
+    return not shapes.mismatch(_POD_SHAPE, pod)
 _WORKLOADS_STORAGE = f"{r.TENSORFUSIONWORKLOADS.group}/{r.TENSORFUSIONWORKLOADS.plural}"
 
 
@@ -409,13 +493,39 @@ def _check_workload_name(plan: mutate.Plan) -> None:
                      code=422)
 
 
-def _memo_bytes(request: AdmissionRequest, pod: JsonObject, meta: JsonMapping) -> bytes:
+#: the name a shared pod is analysed and rendered under (see `_mutate_shared`): a valid name, and
+#: one no pod, quota or pool can hold by chance (random for each process)
+SHAPE_NAME = f"tfusion-shape-{secrets.token_hex(8)}"
+_SHAPE_BYTES = SHAPE_NAME.encode()
+
+
+def _shared_name(request: AdmissionRequest, meta: JsonMapping) -> str:
+    """The pod's name when it is shared by shape: named, without a controller (an owned pod is
+    keyed as sent, its workload named after the owner), and not holding SHAPE_NAME anywhere."""
+    name = meta.get("name")
+    if not name or not isinstance(name, str):
+        return ""
+    if meta.get("ownerReferences") and Body({"metadata": meta}).meta.controller_ref() is not None:
+        return ""
+    return "" if _SHAPE_BYTES in bytes(request.object) else name
+
+
+def _workload_name_problem(name: str) -> bool:
+    return any(True for _ in validate_name(_WORKLOADS_STORAGE, name))
+
+
+def _renamed(workload: JsonObject, name: str) -> JsonObject:
+    """The shape's workload for the pod named `name` (SHAPE_NAME is its name and nothing else)."""
+    return {**workload, "metadata": {**section(workload, "metadata"), "name": name}}
+
+
+def _memo_bytes(request: AdmissionRequest, pod: JsonObject, meta: JsonMapping, *, shaped: bool = False) -> bytes:
     """The pod as sent, but for `metadata.managedFields`: kube-apiserver stamps those before
     admission with the time to the second, so a Deployment's replicas differ only there; the
     mutation neither reads nor changes them. (Key order is the sender's, so equal pods give equal
-    bytes.)"""
+    bytes.) `shaped`: `pod` is not the one sent but its shape."""
     if "managedFields" not in meta:
-        return bytes(request.object)
+        return orjson.dumps(pod) if shaped else bytes(request.object)
     return orjson.dumps({**pod, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}})
 
 
