@@ -25,7 +25,8 @@ also `distinct_pods_*`: the same load of pods each with a name of its own (dryRu
 create no workload each). Such pods (named, no controller) share one memo entry by their shape,
 the pod without its name (service.py, `_mutate_shared`), so this is what a bare pod costs once a
 pod of its shape has been seen; what the first pod of a shape costs (full analysis, rendering,
-JSON diff) is `fresh_cpu_us` in benchmarks/webhook_profile.py. The load
+JSON diff) is `first_pods_*`: each pod also has an env value of its own, so no memo entry
+answers it (and `fresh_cpu_us` in benchmarks/webhook_profile.py, its CPU in-process). The load
 runs on other CPUs than the two servers under test (CPU 0) when there are two or more (`pinned`).
 """
 
@@ -127,7 +128,7 @@ def seed(api: Api) -> None:
                    "defaultLimits": {"tflops": "40", "vram": "8Gi"}}}})
 
 
-def review_body(name: str = "bench-pod", *, dry_run: bool = False) -> bytes:
+def review_body(name: str = "bench-pod", *, dry_run: bool = False, epochs: str = "10") -> bytes:
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"tensor-fusion.ai/enabled": "true",
                                                                                 "app": "bench"},
@@ -135,7 +136,7 @@ def review_body(name: str = "bench-pod", *, dry_run: bool = False) -> bytes:
            "spec": {"containers": [{"name": "app", "image": "pytorch/pytorch:latest",
                                     "command": ["python", "train.py"],
                                     "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
-                                    "env": [{"name": "EPOCHS", "value": "10"}]}],
+                                    "env": [{"name": "EPOCHS", "value": epochs}]}],
                     "restartPolicy": "Never"}}
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "4c4ab2b3-1e58-4e5a-9d2b-8d0e3c2f0a11", "kind": {"group": "", "version": "v1", "kind": "Pod"},
@@ -355,9 +356,11 @@ def main() -> None:
             wait("the echo endpoint", lambda: load(echo_port, 1, 0.2, 1, ca_pem)["errors"] == 0)
             workload = f"/apis/tensor-fusion.ai/v1/namespaces/{NAMESPACE}/tensorfusionworkloads/bench-pod"
             version = api.get(workload)["metadata"]["resourceVersion"]
-            body, distinct_body = tmp / "review.json", tmp / "distinct.json"
+            body, distinct_body, fresh_body = tmp / "review.json", tmp / "distinct.json", tmp / "fresh.json"
             body.write_bytes(review_body())
             distinct_body.write_bytes(review_body("bench-pod-@N@", dry_run=True))
+            # a shape of its own too (an env value), so no memo entry answers it: a first pod
+            fresh_body.write_bytes(review_body("bench-fresh-@N@", dry_run=True, epochs="@N@"))
 
             def run(port: int, concurrency: int) -> dict[str, float]:
                 if args.load == "wrk":
@@ -369,9 +372,11 @@ def main() -> None:
                 pairs = [(run(webhook_port, concurrency), run(echo_port, concurrency)) for _ in range(args.repeat)]
                 hook, bare = median_run([h for h, _ in pairs]), median_run([b for _, b in pairs])
                 now_version = api.get(workload)["metadata"]["resourceVersion"]
+                named: dict[str, float] = {}
                 first: dict[str, float] = {}
                 if args.load == "wrk":  # pods never seen before (dryRun: no workload of their own)
-                    first = load_wrk(webhook_port, concurrency, args.duration, distinct_body, distinct=True)
+                    named = load_wrk(webhook_port, concurrency, args.duration, distinct_body, distinct=True)
+                    first = load_wrk(webhook_port, concurrency, args.duration, fresh_body, distinct=True)
                 print(json.dumps({
                     "concurrency": concurrency, "requests_per_s": hook["requests_per_s"], "p50_ms": hook["p50_ms"],
                     "p90_ms": hook["p90_ms"], "p99_ms": hook["p99_ms"],
@@ -379,8 +384,10 @@ def main() -> None:
                     "ratio_to_echo": round(hook["requests_per_s"] / bare["requests_per_s"], 3),
                     "errors": hook["errors"] + bare["errors"], "echo_p99_ms": bare["p99_ms"],
                     "workload_writes": int(now_version != version),
-                    **({"distinct_pods_requests_per_s": first["requests_per_s"],
-                        "distinct_pods_p99_ms": first["p99_ms"], "distinct_pods_errors": first["errors"]}
+                    **({"distinct_pods_requests_per_s": named["requests_per_s"],
+                        "distinct_pods_p99_ms": named["p99_ms"], "distinct_pods_errors": named["errors"],
+                        "first_pods_requests_per_s": first["requests_per_s"],
+                        "first_pods_p99_ms": first["p99_ms"], "first_pods_errors": first["errors"]}
                        if first else {}),
                     "runs": {"requests_per_s": [h["requests_per_s"] for h, _ in pairs],
                              "p99_ms": [h["p99_ms"] for h, _ in pairs],
