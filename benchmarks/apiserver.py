@@ -414,7 +414,9 @@ async def watch_fanout(server: Server, watchers: int, pods: int, rate: float, se
 
     async def watcher(index: int) -> None:
         reader, writer = await asyncio.open_connection(server.host, server.port, ssl=server.tls)
-        writer.write(f"GET {ALL_PODS_PATH}?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: {server.host}\r\n"
+        # as client-go's reflector watches: bookmarks allowed, a timeout asked for
+        query = f"watch=true&allowWatchBookmarks=true&timeoutSeconds=3600&resourceVersion={rv}"
+        writer.write(f"GET {ALL_PODS_PATH}?{query} HTTP/1.1\r\nHost: {server.host}\r\n"
                      f"Authorization: Bearer {server.token}\r\n\r\n".encode())
         while (await reader.readline()) not in (b"\r\n", b""):
             pass
@@ -429,8 +431,9 @@ async def watch_fanout(server: Server, watchers: int, pods: int, rate: float, se
                 buffer += chunk[:-2]
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    if line:
-                        seen[orjson.loads(line)["object"]["metadata"]["resourceVersion"]] = now
+                    event = orjson.loads(line) if line else None
+                    if event and event["type"] != "BOOKMARK":
+                        seen[event["object"]["metadata"]["resourceVersion"]] = now
         finally:
             writer.close()
 

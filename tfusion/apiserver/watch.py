@@ -254,7 +254,10 @@ async def _next_batch(queue: asyncio.Queue[Event | None], until: float | None) -
             if until is None:
                 first = await queue.get()
             else:
-                first = await asyncio.wait_for(queue.get(), timeout=max(until - time.monotonic(), 0))
+                # a timer on this task, not wait_for's extra task per wait: client-go's watches ask for
+                # bookmarks and a timeout, so every event of every such watcher waits here
+                async with asyncio.timeout(max(until - time.monotonic(), 0)):
+                    first = await queue.get()
         except TimeoutError:
             return events, False
         if first is None:
