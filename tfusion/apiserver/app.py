@@ -458,10 +458,16 @@ class ApiApp:
             )
             return
         head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.api_version, "metadata": list_meta})
-        items = b",".join(
-            e.raw if e.obj.get("apiVersion") == info.api_version else orjson.dumps(_versioned(info, e)) for e in entries
-        )
-        await send_bytes(send, 200, head[:-1] + b',"items":[' + items + b"]}")
+        # the stored JSON of each item as it is, the whole body assembled in one copy
+        parts = [head[:-1] + b',"items":[']
+        served = info.api_version
+        for entry in entries:
+            parts.append(entry.raw if entry.obj.get("apiVersion") == served else orjson.dumps(_versioned(info, entry)))
+            parts.append(b",")
+        if entries:
+            parts.pop()
+        parts.append(b"]}")
+        await send_bytes(send, 200, b"".join(parts))
 
     async def _watch(self, request: Request, target: Target, send: Send) -> None:
         info = target.info

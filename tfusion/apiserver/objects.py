@@ -545,27 +545,27 @@ class Engine:
         limit: int = 0,
         continue_token: str = "",
     ) -> tuple[list[Entry], str, int]:
-        """Matching entries in key order, the continue token and the remaining count (when limited)."""
+        """Matching entries in key order, the continue token and the remaining count (when limited).
+
+        A page costs what it returns (plus the objects its selectors skip), not the size of the
+        resource: it starts at the continue key by binary search in the store's key order."""
         start: tuple[str, str] | None = None
         if continue_token:
             start = decode_continue(continue_token)
-        entries = sorted(self.store.items(info.storage_key, namespace), key=lambda kv: kv[0])
+        order, first, end = self.store.ordered(info.storage_key, namespace, start)
+        bucket = self.store.bucket(info.storage_key)
         out: list[Entry] = []
-        token, remaining = "", 0
-        for index, (key, entry) in enumerate(entries):
-            if start is not None and key <= start:
-                continue
+        for index in range(first, end):
+            entry = bucket[order[index]]
             obj = entry.obj
             if label_selector is not None and not label_selector.matches(obj["metadata"].get("labels") or {}):
                 continue
             if field_selector is not None and not field_selector.matches(obj):
                 continue
             if limit and len(out) == limit:
-                token = encode_continue(self.store.rv, out[-1].obj["metadata"])
-                remaining = sum(1 for _ in entries[index:])
-                break
+                return out, encode_continue(self.store.rv, out[-1].obj["metadata"]), end - index
             out.append(entry)
-        return out, token, remaining
+        return out, "", 0
 
 
 def check_url_identity(

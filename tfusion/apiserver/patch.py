@@ -60,12 +60,21 @@ def merge_patch(target: Any, patch: Any) -> Any:
     """Apply an RFC 7386 merge patch: objects merge recursively, null deletes, all else replaces."""
     if not isinstance(patch, dict):
         return _clone(patch)
-    result: dict[str, Any] = _clone(target) if isinstance(target, dict) else {}
+    # one deep copy of the target, then merged in place: copying again at every level of the patch
+    # made a patch of metadata.annotations copy the whole object three times
+    return _merge_into(_clone(target) if isinstance(target, dict) else {}, patch)
+
+
+def _merge_into(result: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Merge `patch` into `result`, which the caller owns (no part of it is shared)."""
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
+        elif isinstance(value, dict):
+            current = result.get(key)
+            result[key] = _merge_into(current if isinstance(current, dict) else {}, value)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = _clone(value)
     return result
 
 

@@ -11,6 +11,7 @@ fanned out to the live watchers of that resource.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import os
 import sqlite3
 import stat
@@ -143,6 +144,9 @@ class Store:
         for skey, ns, name, rv, data in self._db.execute("SELECT skey, ns, name, rv, data FROM objects"):
             raw = bytes(data)
             self._objects.setdefault(skey, {})[(ns, name)] = Entry(orjson.loads(raw), raw, rv)
+        #: each resource's keys in order, kept as writes add and remove keys, so that a page of a list
+        #: starts with a binary search instead of sorting every object of the resource
+        self._order: dict[str, list[ObjKey]] = {skey: sorted(bucket) for skey, bucket in self._objects.items()}
         #: uid -> where the object with it is stored: a uid names one object, so a second create with it
         #: (which could only come from a bug) is refused rather than stored as a twin
         self._uids: dict[str, tuple[str, ObjKey]] = {}
@@ -187,6 +191,25 @@ class Store:
             return iter(list(bucket.items()))
         return iter([(k, e) for k, e in bucket.items() if k[0] == namespace])
 
+    def bucket(self, storage_key: str) -> dict[ObjKey, Entry]:
+        """The resource's objects by key (read only; empty when it has none)."""
+        return self._objects.get(storage_key) or {}
+
+    def ordered(self, storage_key: str, namespace: str | None, after: ObjKey | None) -> tuple[list[ObjKey], int, int]:
+        """The resource's keys in order and the range [start, end) of them in `namespace` (all when
+        None) that sort after `after`. Valid until the next write: read it without awaiting."""
+        order = self._order.get(storage_key)
+        if not order:
+            return [], 0, 0
+        start, end = 0, len(order)
+        if namespace is not None:
+            # (ns,) sorts before every (ns, name); (ns + "\0",) after them and before any other namespace
+            start = bisect.bisect_left(order, (namespace,))
+            end = bisect.bisect_left(order, (namespace + "\0",), start)
+        if after is not None:
+            start = bisect.bisect_right(order, after, start, end)
+        return order, start, end
+
     def count(self, storage_key: str) -> int:
         return len(self._objects.get(storage_key) or ())
 
@@ -220,7 +243,10 @@ class Store:
             (storage_key, ns, name, rv, raw),
         )
         entry = Entry(obj, raw, rv)
-        self._objects.setdefault(storage_key, {})[key] = entry
+        bucket = self._objects.setdefault(storage_key, {})
+        if key not in bucket:
+            bisect.insort(self._order.setdefault(storage_key, []), key)
+        bucket[key] = entry
         uid = meta.get("uid")
         if isinstance(uid, str) and uid:
             self._uids[uid] = (storage_key, key)
@@ -261,7 +287,8 @@ class Store:
             "DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, key[0], key[1])
         )
         self._db.commit()
-        self._objects.get(storage_key, {}).pop(key, None)
+        if self._objects.get(storage_key, {}).pop(key, None) is not None:
+            self._unorder(storage_key, key)
         self._index_uids()
 
     def remove(self, storage_key: str, old: Entry) -> Entry:
@@ -273,7 +300,8 @@ class Store:
         meta["resourceVersion"] = str(rv)
         ns, name = meta.get("namespace", ""), meta["name"]
         self._db.execute("DELETE FROM objects WHERE skey = ? AND ns = ? AND name = ?", (storage_key, ns, name))
-        self._objects[storage_key].pop((ns, name), None)
+        if self._objects[storage_key].pop((ns, name), None) is not None:
+            self._unorder(storage_key, (ns, name))
         uid = meta.get("uid")
         if isinstance(uid, str) and self._uids.get(uid) == (storage_key, (ns, name)):
             del self._uids[uid]
@@ -281,6 +309,12 @@ class Store:
         self._pending.append(Event(rv, storage_key, DELETED, entry, old))
         self._save_rv()
         return entry
+
+    def _unorder(self, storage_key: str, key: ObjKey) -> None:
+        order = self._order[storage_key]
+        index = bisect.bisect_left(order, key)
+        if index < len(order) and order[index] == key:
+            del order[index]
 
     def _save_rv(self) -> None:
         """Commit soon: every write made in this turn of the event loop shares one transaction."""

@@ -71,10 +71,9 @@ class WatchRequest:
             )
             self._table_started = True
             return orjson.dumps({"type": event_type, "object": body}) + b"\n"
-        raw = entry.raw
         if entry.obj.get("apiVersion") != self.info.api_version:
-            raw = orjson.dumps(self._versioned(entry))
-        return b'{"type":"' + event_type.encode() + b'","object":' + raw + b"}\n"
+            return _plain_line(event_type, orjson.dumps(self._versioned(entry)))
+        return _LINES.line(event_type, entry)
 
     def _versioned(self, entry: Entry) -> dict[str, Any]:
         if entry.obj.get("apiVersion") == self.info.api_version:
@@ -109,6 +108,37 @@ class WatchRequest:
         return orjson.dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
 
 
+def _plain_line(event_type: str, raw: bytes) -> bytes:
+    return b'{"type":"' + event_type.encode() + b'","object":' + raw + b"}\n"
+
+
+class _SharedLines:
+    """The line of an event as stored, built once for all the watchers it goes to (each would copy the
+    object's bytes again). Keyed by the entry's identity; the cached value holds the entry, so that
+    identity cannot be reused while it is cached. A few hundred suffice: watchers read each event
+    within a few turns of the event loop of one another. Shared by every server of the process."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lines: dict[tuple[int, str], tuple[Entry, bytes]] = {}
+
+    def line(self, event_type: str, entry: Entry) -> bytes:
+        key = (id(entry), event_type)
+        cached = self._lines.get(key)
+        if cached is not None and cached[0] is entry:
+            return cached[1]
+        line = _plain_line(event_type, entry.raw)
+        if len(self._lines) >= self.size:
+            # start afresh rather than evict one by one: one rebinding is safe while servers in other
+            # threads (tests run several) use the cache too, and costs at most one rebuilt line each
+            self._lines = {}
+        self._lines[key] = (entry, line)
+        return line
+
+
+_LINES = _SharedLines(256)
+
+
 def _error_line(error: errors.ApiError) -> bytes:
     return orjson.dumps({"type": "ERROR", "object": error.status()}) + b"\n"
 
@@ -131,7 +161,10 @@ async def serve_watch(
             request.after_rv = store.rv  # "start at most recent", with no synthetic events
         elif rv_text in (None, "", "0") or request.initial_events:
             request.after_rv = store.rv
-            for _, entry in sorted(store.items(info.storage_key, request.namespace), key=lambda kv: kv[0]):
+            order, first, end = store.ordered(info.storage_key, request.namespace, None)
+            bucket = store.bucket(info.storage_key)
+            for index in range(first, end):
+                entry = bucket[order[index]]
                 if request.matches(entry.obj):
                     initial.append(request.line(ADDED, entry))
             if request.initial_events:
@@ -221,7 +254,10 @@ async def _next_batch(queue: asyncio.Queue[Event | None], until: float | None) -
             if until is None:
                 first = await queue.get()
             else:
-                first = await asyncio.wait_for(queue.get(), timeout=max(until - time.monotonic(), 0))
+                # a timer on this task, not wait_for's extra task per wait: client-go's watches ask for
+                # bookmarks and a timeout, so every event of every such watcher waits here
+                async with asyncio.timeout(max(until - time.monotonic(), 0)):
+                    first = await queue.get()
         except TimeoutError:
             return events, False
         if first is None:
