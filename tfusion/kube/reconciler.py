@@ -284,22 +284,27 @@ async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: V, fi
                            cleanup: Callable[[V], Awaitable[bool]]) -> V | None:
     """The finalizer protocol. Returns the object to go on reconciling (through the same view), or
     None when it is being deleted (the cleanup ran; the finalizer was removed once `cleanup`
-    returned True, and the caller should requeue while it returns False). Writes are PUTs on the
-    read resourceVersion: a concurrent change raises Conflict, which the Controller requeues."""
+    returned True, and the caller should requeue while it returns False). Writes are merge patches
+    of the finalizer list on the read resourceVersion: a concurrent change raises Conflict, which
+    the Controller requeues, and nothing else of the object is sent (a cached object may lack the
+    fields its informer does not keep, kube/transforms.py)."""
     meta = obj.meta
     finalizers = meta.finalizers
-    namespace = meta.namespace or None
     if meta.deleting:
         if finalizer in finalizers and await cleanup(obj):
             finalizers.remove(finalizer)
             try:
-                await client.replace(resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": finalizers}},
-                                     namespace=namespace)
+                await set_finalizers(client, resource, obj, finalizers)
             except NotFound:
                 pass
         return None
     if finalizer not in finalizers:
-        obj = type(obj)(await client.replace(
-            resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": [*finalizers, finalizer]}},
-            namespace=namespace))
+        obj = type(obj)(await set_finalizers(client, resource, obj, [*finalizers, finalizer]))
     return obj
+
+
+async def set_finalizers(client: KubeClient, resource: ApiResource, obj: Body, finalizers: list[str]) -> dict[str, Any]:
+    """Write `obj`'s finalizer list as `finalizers`, if the object is still at the version read."""
+    meta = obj.meta
+    return await client.patch(resource, meta.name, {"metadata": {
+        "finalizers": finalizers, "resourceVersion": meta.resource_version}}, namespace=meta.namespace or None)
