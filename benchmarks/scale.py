@@ -16,6 +16,8 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
 - `ready_s`: process start -> /readyz 200 with the `allocator` condition "leader: recovered …"
   (every informer synced, the Lease held, the allocator rebuilt from the cache; the first bind is
   possible from then on — the scheduler and webhook wait for exactly that allocator);
+- `ready_cpu_s`: the CPU seconds (user + system) the replica used up to then, which a busy
+  machine does not inflate (start-up imports included);
 - `rss_mb`: the leader's VmRSS once recovered; `rss_kb_per_pod` = (RSS at full size - RSS of a
   controller on the cluster with its nodes and GPUs but no pods) / pods, and `rss_kb_per_gpu` =
   (RSS with the nodes and GPUs - RSS on the empty cluster) / GPUs (nodes and pools included):
@@ -82,6 +84,13 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used: unlike wall-clock time, not inflated by
+    other processes on a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def spread(values: list[float], digits: int = 2) -> dict[str, float]:
@@ -433,7 +442,8 @@ async def failovers(cluster: Cluster, run: int, timeout: float) -> dict[str, Any
     """ready_s, rss and the three hand-overs, on fresh replicas; the leader left running."""
     a, a_url, a_started = cluster.start_controller(f"a-{run}")
     a_ready = await wait_state(a_url, a, "leader: recovered", timeout)
-    result: dict[str, Any] = {"ready_s": a_ready - a_started, "rss_kb": await settled_rss_kb(a)}
+    result: dict[str, Any] = {"ready_s": a_ready - a_started, "ready_cpu_s": cpu_s(a.pid),
+                              "rss_kb": await settled_rss_kb(a)}
     b, b_url, _ = cluster.start_controller(f"b-{run}")
     await wait_state(b_url, b, "standby", timeout)
     await asyncio.sleep(1.0)  # the standby's informers see the leader's last writes
@@ -637,6 +647,7 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
         "namespaces": len(cluster.namespaces), "pools": len(cluster.pools),
         "workloads": -(-args.pods // args.pods_per_workload), "build_s": built["build_s"],
         "ready_s": spread([run["ready_s"] for run in runs]),
+        "ready_cpu_s": spread([run["ready_cpu_s"] for run in runs]),
         "rss_mb": spread([run["rss_kb"] / 1024 for run in runs], 1),
         "rss_empty_mb": round(built["rss_empty_kb"] / 1024, 1),
         "rss_nodes_gpus_mb": round(built["rss_gpus_kb"] / 1024, 1),

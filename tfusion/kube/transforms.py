@@ -15,8 +15,8 @@ Pruning changes what the cache holds, so two rules keep it safe:
   pruned fields on the server): writes of those kinds are merge patches, which name only the
   fields they change.
 
-A transform returns the object to cache (a new dict where it changed something, so the server's
-decoded answer is never edited in place behind a caller that kept it).
+A transform returns a new object to cache (the server's decoded answer is never edited in place
+behind a caller that kept it).
 """
 
 from __future__ import annotations
@@ -74,67 +74,84 @@ def strip_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _drop(node: Any, path: tuple[str, ...]) -> Any:
-    """`node` without `path` (copies only what lies on the path; `node` is left as it was)."""
-    if not path:
-        return node
-    step, rest = path[0], path[1:]
-    if step == "[]":
-        if not isinstance(node, list):
-            return node
-        return [_drop(item, rest) for item in node]
-    if not isinstance(node, dict) or step not in node:
-        return node
-    if not rest:
-        return {k: v for k, v in node.items() if k != step}
-    return {**node, step: _drop(node[step], rest)}
+#: a compiled set of paths: key -> DROP, or the tree below that key ("[]" for a list's items)
+_Tree = dict[str, Any]
+DROP = None
+
+
+def _compile(paths: tuple[tuple[str, ...], ...]) -> _Tree:
+    tree: _Tree = {}
+    for path in paths:
+        node = tree
+        for step in path[:-1]:
+            node = node.setdefault(step, {})
+        node[path[-1]] = DROP
+    return tree
+
+
+def _copy(node: Any, tree: _Tree | None) -> Any:
+    """A copy of `node` with the strings up to INTERN_MAX_LEN interned and, where `tree` says,
+    keys dropped: one walk, since a cached object is transformed on every watch event. Keys are
+    not interned here: orjson, which decodes every answer, already shares them between objects."""
+    kind = type(node)
+    if kind is dict:
+        if tree is None:
+            return {k: _value(v) for k, v in node.items()}
+        out = {}
+        for k, v in node.items():
+            if k in tree:
+                below = tree[k]
+                if below is not DROP:
+                    out[k] = _copy(v, below)
+            else:
+                out[k] = _value(v)
+        return out
+    if kind is list:
+        items = tree.get("[]") if tree is not None else None
+        return [_copy(v, items) for v in node]
+    return _value(node)
+
+
+def _value(value: Any) -> Any:
+    kind = type(value)
+    if kind is str:
+        return _intern(value) if len(value) <= INTERN_MAX_LEN else value
+    if kind is dict:
+        return {k: _value(v) for k, v in value.items()}
+    if kind is list:
+        return [_value(v) for v in value]
+    return value
+
+
+_intern = sys.intern
 
 
 def prune(paths: tuple[tuple[str, ...], ...]) -> Transform:
+    """Drop `paths` and intern what is left (see `_copy`)."""
+    tree = _compile(paths)
+
     def transform(obj: dict[str, Any]) -> dict[str, Any]:
-        for path in paths:
-            obj = _drop(obj, path)
-        return obj
+        result = _copy(obj, tree)
+        assert isinstance(result, dict)
+        return result
 
     return transform
 
 
 def intern_strings(obj: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `obj` whose keys and short string values are interned: every cached object then
-    shares one "tensor-fusion.ai/gpupool", one "node-0042", one "Running"."""
-    result = _intern(obj)
+    """A copy of `obj` whose short string values are interned: every cached object then shares
+    one "pool-0", one "node-0042", one "Running", one "100m"."""
+    result = _value(obj)
     assert isinstance(result, dict)
     return result
 
 
-def _intern(node: Any) -> Any:
-    intern = sys.intern
-    if isinstance(node, dict):
-        return {intern(k) if isinstance(k, str) else k: _intern(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_intern(v) for v in node]
-    if isinstance(node, str) and len(node) <= INTERN_MAX_LEN:
-        return intern(node)
-    return node
-
-
-def chain(*transforms: Transform) -> Transform:
-    def transform(obj: dict[str, Any]) -> dict[str, Any]:
-        for step in transforms:
-            obj = step(obj)
-        return obj
-
-    return transform
-
-
 def transform_for(resource: r.ApiResource, *, pruning: bool = True) -> Transform:
     """The cache transform of `resource`: managedFields stripped, the kind's unread fields dropped
-    (with `pruning`), keys and short values interned."""
+    (with `pruning`), short values interned; one copy of the object."""
     paths = PRUNED.get(resource.kind, ()) if pruning else ()
-    if paths:
-        return chain(strip_managed_fields, prune(paths), intern_strings)
-    return chain(strip_managed_fields, intern_strings)
+    return prune((("metadata", "managedFields"), *paths))
 
 
 #: what an informer keeps when nobody asked for pruning: managedFields never, repeated strings once
-DEFAULT_TRANSFORM: Transform = chain(strip_managed_fields, intern_strings)
+DEFAULT_TRANSFORM: Transform = prune((("metadata", "managedFields"),))
