@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 #: around that (within those bounds) so many informers do not reconnect in step
 RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
 
+#: a re-list hands the event loop back after applying this many objects
+RELIST_YIELD_EVERY = 500
+
 #: an index function gets a cached object as the server sent it (decoded JSON: what `get()` returns)
 IndexFunc = Callable[[JsonMapping], Iterable[str]]
 Callback = Callable[..., Awaitable[None] | None]
@@ -401,7 +404,12 @@ class Informer:
             gone = self._store[key]
             self._delete(key)
             self._emit(_Delivery("DELETED", None, gone))
-        for key, obj in fresh.items():
+        for count, (key, obj) in enumerate(fresh.items(), 1):
+            if count % RELIST_YIELD_EVERY == 0:
+                # 100,000 objects take seconds to transform and index: let the Lease renewals and
+                # the handlers run meanwhile (each object applied is a change on its own, as if
+                # it came by watch; the resourceVersion moves only once all are in)
+                await anyio.sleep(0)
             old = self._store.get(key)
             if old is not None and _rv(Body(old)) == _rv(Body(obj)):
                 continue

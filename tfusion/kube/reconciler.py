@@ -36,6 +36,7 @@ from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
 from tfusion.kube.resources import ApiResource
+from tfusion.kube.transforms import PRUNED
 from tfusion.kube.workqueue import Key, RateLimiter, ShutDown, WorkQueue, metrics_for
 
 if TYPE_CHECKING:
@@ -284,10 +285,9 @@ async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: V, fi
                            cleanup: Callable[[V], Awaitable[bool]]) -> V | None:
     """The finalizer protocol. Returns the object to go on reconciling (through the same view), or
     None when it is being deleted (the cleanup ran; the finalizer was removed once `cleanup`
-    returned True, and the caller should requeue while it returns False). Writes are merge patches
-    of the finalizer list on the read resourceVersion: a concurrent change raises Conflict, which
-    the Controller requeues, and nothing else of the object is sent (a cached object may lack the
-    fields its informer does not keep, kube/transforms.py)."""
+    returned True, and the caller should requeue while it returns False). Writes are conditional on
+    the read resourceVersion (`set_finalizers`): a concurrent change raises Conflict, which the
+    Controller requeues."""
     meta = obj.meta
     finalizers = meta.finalizers
     if meta.deleting:
@@ -304,7 +304,13 @@ async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: V, fi
 
 
 async def set_finalizers(client: KubeClient, resource: ApiResource, obj: Body, finalizers: list[str]) -> dict[str, Any]:
-    """Write `obj`'s finalizer list as `finalizers`, if the object is still at the version read."""
+    """Write `obj`'s finalizer list as `finalizers`, if the object is still at the version read.
+    A kind whose cached objects lack fields (kube/transforms.py PRUNED) gets a merge patch of the
+    list alone; any other is PUT back whole, the one verb the shipped RBAC grants on every kind."""
     meta = obj.meta
-    return await client.patch(resource, meta.name, {"metadata": {
-        "finalizers": finalizers, "resourceVersion": meta.resource_version}}, namespace=meta.namespace or None)
+    namespace = meta.namespace or None
+    if resource.kind in PRUNED:
+        return await client.patch(resource, meta.name, {"metadata": {
+            "finalizers": finalizers, "resourceVersion": meta.resource_version}}, namespace=namespace)
+    return await client.replace(resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": finalizers}},
+                                namespace=namespace)
