@@ -702,6 +702,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the state and logs here (default: a temporary folder)")
     parser.add_argument("--in-process-memory", metavar="KUBECONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
     if args.in_process_memory:
         import anyio
 
