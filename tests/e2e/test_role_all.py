@@ -111,8 +111,8 @@ def check_a_manager_per_identity(run: RoleAll) -> None:
     """The controller and the hypervisor each run as their own ServiceAccount (--embedded-identities
     default), so each has a Manager of its own, as in a cluster: four KubeClients in the process
     (theirs, the embedded stage's admin one, and the controller's Lease's own); pod informers on
-    exactly the selectors asked for (the controller's scheduler on every pod, its reconcilers on our pods, the hypervisor on its
-    node's workers), none twice; and a registry per role that also serves the families only the
+    exactly the selectors asked for (the controller's scheduler on every pod, its reconcilers on our
+    pods, the hypervisor on its node's workers), none twice; and a registry per role that also serves the families only the
     others have. No request of theirs was refused."""
     controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
     hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
