@@ -112,8 +112,8 @@ def check_a_manager_per_identity(run: RoleAll) -> None:
     default), so each has a Manager of its own, as in a cluster: four KubeClients in the process
     (theirs, the embedded stage's admin one, and the controller's Lease's own); pod informers on
     exactly the selectors asked for (the controller's scheduler on every pod, its reconcilers on our
-    pods, the hypervisor on its node's workers), none twice; and a registry per role that also serves the families only the
-    others have. No request of theirs was refused."""
+    pods, the hypervisor on its node's workers), none twice; and a registry per role that also
+    serves the families only the others have. No request of theirs was refused."""
     controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
     hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
     for text in (controller, hypervisor):
