@@ -438,8 +438,9 @@ async def one_controller_rss(cluster: Cluster, identity: str, timeout: float) ->
         stop(proc)
 
 
-async def failovers(cluster: Cluster, run: int, timeout: float) -> dict[str, Any]:
-    """ready_s, rss and the three hand-overs, on fresh replicas; the leader left running."""
+async def failovers(cluster: Cluster, run: int, timeout: float, webhook_port: int) -> dict[str, Any]:
+    """ready_s, rss and the three hand-overs, on fresh replicas; the last leader, whose webhook
+    listens on `webhook_port` (where the webhook Service points), is left running."""
     a, a_url, a_started = cluster.start_controller(f"a-{run}")
     a_ready = await wait_state(a_url, a, "leader: recovered", timeout)
     result: dict[str, Any] = {"ready_s": a_ready - a_started, "ready_cpu_s": cpu_s(a.pid),
@@ -457,7 +458,7 @@ async def failovers(cluster: Cluster, run: int, timeout: float) -> dict[str, Any
     killed = time.monotonic()
     b2, b2_url, _ = cluster.start_controller(f"b-{run}")
     result["failover_restart_s"] = await wait_state(b2_url, b2, "leader: recovered", timeout) - killed
-    c, c_url, _ = cluster.start_controller(f"c-{run}")
+    c, c_url, _ = cluster.start_controller(f"c-{run}", webhook_port=webhook_port)
     await wait_state(c_url, c, "standby", timeout)
     await asyncio.sleep(1.0)
     b2.terminate()  # releases the Lease
@@ -468,7 +469,7 @@ async def failovers(cluster: Cluster, run: int, timeout: float) -> dict[str, Any
     return result
 
 
-async def schedule_new(cluster: Cluster, run: int, webhook_port: int) -> dict[str, Any]:
+async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     """`--new-pods` Deployment-owned pods through the webhook, timed from create to bind."""
     args = cluster.args
     assert cluster.kube is not None
@@ -625,14 +626,14 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
     runs: list[dict[str, Any]] = []
     for run in range(args.runs):
         webhook_port = sched.free_port()
-        await sched.webhook_service(cluster.kube, webhook_port) if run == 0 else await cluster.kube.patch(
-            r.SERVICES, "tensor-fusion-webhook", {"spec": {"ports": [{"port": 443, "targetPort": webhook_port}]}},
-            namespace="tensor-fusion-sys")
-        # the replicas' webhook listens where the Service points: only the last one started
-        # (the leader after the hand-overs) is on webhook_port
-        figures = await failovers_with_port(cluster, run, args.timeout_ready, webhook_port)
+        if run == 0:
+            await sched.webhook_service(cluster.kube, webhook_port)
+        else:
+            await cluster.kube.patch(r.SERVICES, "tensor-fusion-webhook", {"spec": {"ports": [
+                {"port": 443, "targetPort": webhook_port}]}}, namespace="tensor-fusion-sys")
+        figures = await failovers(cluster, run, args.timeout_ready, webhook_port)
         leader, _ = figures.pop("leader")
-        figures.update(await schedule_new(cluster, run, webhook_port))
+        figures.update(await schedule_new(cluster, run))
         stop(leader)
         runs.append(figures)
     unscheduled, doubles = await check(cluster)
@@ -668,20 +669,6 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
     }
     await cluster.kube.close()
     return result
-
-
-async def failovers_with_port(cluster: Cluster, run: int, timeout: float, webhook_port: int) -> dict[str, Any]:
-    """`failovers`, the final leader started on the webhook Service's port."""
-    original = cluster.start_controller
-
-    def start(identity: str, *, webhook_port_: int | None = None) -> tuple[subprocess.Popen[bytes], str, float]:
-        return original(identity, webhook_port=webhook_port if identity.startswith("c-") else None)
-
-    cluster.start_controller = start  # type: ignore[method-assign,assignment]
-    try:
-        return await failovers(cluster, run, timeout)
-    finally:
-        cluster.start_controller = original  # type: ignore[method-assign]
 
 
 def main() -> None:
