@@ -109,15 +109,15 @@ def metric_lines(text: str, name: str) -> list[str]:
 
 def check_a_manager_per_identity(run: RoleAll) -> None:
     """The controller and the hypervisor each run as their own ServiceAccount (--embedded-identities
-    default), so each has a Manager of its own, as in a cluster: three KubeClients in the process
-    (theirs and the embedded stage's admin one); pod informers on exactly the selectors asked for
-    (the controller's scheduler on every pod, its reconcilers on our pods, the hypervisor on its
-    node's workers), none twice; and a registry per role that also serves the families only the
-    others have. No request of theirs was refused."""
+    default), so each has a Manager of its own, as in a cluster: four KubeClients in the process
+    (theirs, the embedded stage's admin one, and the controller's Lease's own); pod informers on
+    exactly the selectors asked for (the controller's scheduler on every pod, its reconcilers on our
+    pods, the hypervisor on its node's workers), none twice; and a registry per role that also
+    serves the families only the others have. No request of theirs was refused."""
     controller = httpx.get(f"{run.controller}/metrics", timeout=5).text
     hypervisor = httpx.get(f"{run.hypervisor}/metrics", timeout=5).text
     for text in (controller, hypervisor):
-        assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 3.0"]
+        assert metric_lines(text, "tfusion_kube_clients ") == ["tfusion_kube_clients 4.0"]
     controller_pods = metric_lines(controller, 'tfusion_informer_objects{informer="pods')
     assert sorted(line.split('"')[1] for line in controller_pods) == [
         "pods", "pods labels=tensor-fusion.ai/component"], "every pod, and ours: each once"

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, object_key
 from tfusion.kube.informer import Informer, InformerFactory, node_name_index
+from tfusion.kube.transforms import transform_for
 
 pytestmark = pytest.mark.anyio
 
@@ -304,3 +305,30 @@ async def test_survives_an_api_server_restart(apiserver: Any, kube: KubeClient) 
         await converge(kube, informer, recorder)
         tg.cancel_scope.cancel()
     assert_no_duplicates(recorder)
+
+
+async def test_siblings_share_transformed_objects(kube: KubeClient) -> None:
+    """Informers of one resource in one factory cache one object per (key, resourceVersion): the
+    scheduler's informer on every pod and the controller's on its own pods hold the same dict,
+    transformed once (kube/transforms.py), before and after a change."""
+    factory = InformerFactory(kube)
+    factory.set_transform(r.PODS, transform_for(r.PODS))
+    ours = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component")
+    every = factory.informer(r.PODS)
+    spec = {"containers": [{"name": "c", "image": "i", "terminationMessagePath": "/dev/termination-log"}],
+            "volumes": [{"name": "v", "emptyDir": {}}]}
+    await kube.create(r.PODS, {**pod("shared", **{"tensor-fusion.ai/component": "worker"}), "spec": spec})
+    async with anyio.create_task_group() as tg:
+        await tg.start(factory.run)
+        with anyio.fail_after(5):
+            await factory.wait_synced()
+        first = ours.get("inf/shared")
+        assert first is not None and every.get("inf/shared") is first
+        assert "volumes" not in first["spec"] and "terminationMessagePath" not in first["spec"]["containers"][0]
+        changed = await kube.patch(r.PODS, "shared", {"metadata": {"labels": {"x": "y"}}}, namespace="inf")
+        rv = changed["metadata"]["resourceVersion"]
+        with anyio.fail_after(5):
+            while any((inf.get("inf/shared") or {})["metadata"]["resourceVersion"] != rv for inf in (ours, every)):
+                await anyio.sleep(0.02)
+        assert ours.get("inf/shared") is every.get("inf/shared")
+        tg.cancel_scope.cancel()

@@ -26,6 +26,7 @@ from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.informer import Informer, node_name_index
 from tfusion.kube.manager import Manager
+from tfusion.kube.transforms import transform_for
 from tfusion.settings import Settings
 from tfusion.web import Readiness, bind_socket, health_handlers, make_app, metrics_handler, serve
 
@@ -78,6 +79,9 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
     if manager is None:
         manager = await Manager.connect(settings)
     cache = manager.cache
+    if cache_is_ours(settings):
+        for resource in PRUNED_RESOURCES:
+            cache.set_transform(resource, transform_for(resource))
     informers = {res: cache.informer(res) for res in (*r.TF_RESOURCES, r.NODES)}
     informers[r.PODS] = cache.informer(r.PODS, label_selector=component_selector(settings))
     informers[r.PODS].add_index("node", node_name_index)
@@ -88,6 +92,20 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
                              dynamic_config=dynamic_config, informers=informers, owns_manager=owns)
     runtime.routes.extend(config_handlers(runtime.dynamic_config))
     return runtime
+
+
+#: the kinds whose unread fields the controller's cache drops (kube/transforms.py PRUNED): the two
+#: it holds by the thousand beyond its own kinds
+PRUNED_RESOURCES = (r.PODS, r.NODES)
+
+
+def cache_is_ours(settings: Settings) -> bool:
+    """Whether nothing but the controller reads this process's cache, so that it may drop what the
+    controller does not read: a `--role=controller` process with no embedded stage beside it (the
+    stage's simulated kubelet and workload controllers read pods whole; roles.py starts the stage
+    for an embedded API server or a simulated kubelet)."""
+    return (tuple(settings.roles) == ("controller",) and settings.kube_mode != "embedded"
+            and not settings.runs_simulated_kubelet)
 
 
 def configure(controller: ControllerRole) -> None:

@@ -34,12 +34,16 @@ from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import ApiResource
+from tfusion.kube.transforms import DEFAULT_TRANSFORM, Transform
 
 log = logging.getLogger(__name__)
 
 #: waits between reconnects after a failed list or watch: 0.2 s doubling to 30 s, jittered 50-150 %
 #: around that (within those bounds) so many informers do not reconnect in step
 RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
+
+#: a re-list hands the event loop back after applying this many objects
+RELIST_YIELD_EVERY = 500
 
 #: an index function gets a cached object as the server sent it (decoded JSON: what `get()` returns)
 IndexFunc = Callable[[JsonMapping], Iterable[str]]
@@ -215,8 +219,16 @@ class Informer:
                  registry: CollectorRegistry | None = None, timeout_seconds: int = 290,
                  read_timeout: float | None = None, backoff_base: float = RECONNECT_BACKOFF.base,
                  backoff_cap: float = RECONNECT_BACKOFF.cap,
-                 page_size: int = 500, clock: Clock = REAL_CLOCK) -> None:
+                 page_size: int = 500, clock: Clock = REAL_CLOCK,
+                 transform: Transform = DEFAULT_TRANSFORM) -> None:
         self.clock = clock
+        #: applied to every object before it is cached or handed to a handler (kube/transforms.py)
+        self.transform = transform
+        #: the informers of this resource in one factory (this one included): an object another
+        #: of them already holds at the same resourceVersion, through the same transform, is shared
+        #: rather than cached twice (the scheduler's informer on every pod and the controller's on
+        #: its own pods hold the same objects)
+        self.siblings: builtins.list[Informer] = [self]
         self.client = client
         self.key = InformerKey(resource, namespace, label_selector, field_selector)
         self.resource = resource
@@ -392,10 +404,16 @@ class Informer:
             gone = self._store[key]
             self._delete(key)
             self._emit(_Delivery("DELETED", None, gone))
-        for key, obj in fresh.items():
+        for count, (key, obj) in enumerate(fresh.items(), 1):
+            if count % RELIST_YIELD_EVERY == 0:
+                # 100,000 objects take seconds to transform and index: let the Lease renewals and
+                # the handlers run meanwhile (each object applied is a change on its own, as if
+                # it came by watch; the resourceVersion moves only once all are in)
+                await anyio.sleep(0)
             old = self._store.get(key)
             if old is not None and _rv(Body(old)) == _rv(Body(obj)):
                 continue
+            obj = self._transformed(key, obj)
             self._put(key, obj)
             self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
         self._rv = listed.resource_version
@@ -419,12 +437,13 @@ class Informer:
             if old is not None and _rv(Body(old)) == rv:
                 pass  # already have exactly this version
             else:
+                obj = self._transformed(key, obj)
                 self._put(key, obj)
                 self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
         elif kind == "DELETED":
             if old is not None:
                 self._delete(key)
-                self._emit(_Delivery("DELETED", None, obj))
+                self._emit(_Delivery("DELETED", None, self._transformed(key, obj)))
         else:
             log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
             return
@@ -438,14 +457,18 @@ class Informer:
 
     # --- store and indexes ----------------------------------------------------------------------
 
+    def _transformed(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """`obj` through this informer's transform, or the copy a sibling already made of it."""
+        rv = obj.get("metadata", {}).get("resourceVersion") if isinstance(obj.get("metadata"), dict) else None
+        if rv:
+            for sibling in self.siblings:
+                if sibling is not self and sibling.transform is self.transform:
+                    held = sibling._store.get(key)
+                    if held is not None and held["metadata"].get("resourceVersion") == rv:
+                        return held
+        return self.transform(obj)
+
     def _put(self, key: str, obj: dict[str, Any]) -> None:
-        # Who owns which field is the API server's business; no reader here looks at it, and keeping
-        # it would roughly double what the cache holds and what the garbage collector walks (the
-        # transform controller-runtime users apply for the same reason). A write built from a cached
-        # object therefore sends no managedFields, which the API server reads as "keep them".
-        meta = obj.get("metadata")
-        if isinstance(meta, dict):
-            meta.pop("managedFields", None)
         old = self._store.get(key)
         if old is None or _beyond_status(Body(old), Body(obj)):
             self.generation += 1
@@ -502,6 +525,8 @@ class InformerFactory:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.informer_options = informer_options
         self._informers: dict[InformerKey, Informer] = {}
+        self._transforms: dict[ApiResource, Transform] = {}
+        self._siblings: dict[ApiResource, list[Informer]] = {}
         self._tg: TaskGroup | None = None
 
     def informer(self, resource: ApiResource, *, namespace: str | None = None, label_selector: str | None = None,
@@ -511,11 +536,22 @@ class InformerFactory:
         if found is not None:  # not `or`: an empty Informer is falsy (it has a length)
             return found
         found = Informer(self.client, resource, namespace=namespace, label_selector=label_selector,
-                         field_selector=field_selector, registry=self.registry, **self.informer_options)
+                         field_selector=field_selector, registry=self.registry,
+                         transform=self._transforms.get(resource, DEFAULT_TRANSFORM), **self.informer_options)
+        siblings = self._siblings.setdefault(resource, [])
+        siblings.append(found)
+        found.siblings = siblings
         self._informers[key] = found
         if self._tg is not None:
             self._tg.start_soon(found.run)
         return found
+
+    def set_transform(self, resource: ApiResource, transform: Transform) -> None:
+        """What `resource`'s informers keep of each object (kube/transforms.py), theirs and any made
+        later. Set it before the informers run: objects already cached are not transformed again."""
+        self._transforms[resource] = transform
+        for informer in self._siblings.get(resource, ()):
+            informer.transform = transform
 
     @property
     def informers(self) -> list[Informer]:

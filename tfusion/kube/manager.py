@@ -108,13 +108,18 @@ class Manager:
         informers = Gauge("tfusion_informers", "informers in this process's shared cache, by resource",
                           ["resource"], registry=self.registry)
         self._informer_gauge = informers
+        #: made by `connect` (from settings), so it can open a second client for the Lease
+        self._connected = False
+        self._election_client: KubeClient | None = None
 
     @classmethod
     async def connect(cls, settings: Settings, **kwargs: Any) -> Manager:
         """A Manager with a client for `settings.kube_mode` (raises ValueError or KubeError)."""
         client = await KubeClient.connect(settings.kube_mode, namespace=settings.pod_namespace or None,
                                           qps=settings.kube_api_qps, burst=settings.kube_api_burst)
-        return cls(settings, client, **kwargs)
+        manager = cls(settings, client, **kwargs)
+        manager._connected = True
+        return manager
 
     # --- what it owns ---------------------------------------------------------------------------
 
@@ -194,9 +199,10 @@ class Manager:
                 task_status.started(self)
         finally:
             self._tg = None
-            if self._client is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await self._client.close()
+            for client in (self._client, self._election_client):
+                if client is not None:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                        await client.close()
 
     async def _start_leading_or_election(self, tg: TaskGroup) -> None:
         settings = self.settings
@@ -206,12 +212,25 @@ class Manager:
             return
         await self._ensure_namespace(settings.operator_namespace)
         self.elector = LeaderElector(
-            self.client, namespace=settings.operator_namespace, identity=self.identity,
+            await self._lease_client(), namespace=settings.operator_namespace, identity=self.identity,
             lease_duration=settings.leader_lease_duration, renew_deadline=settings.leader_renew_deadline,
             retry_period=settings.leader_retry_period, on_started_leading=self._lead,
             registry=self.registry, release_timeout=RELEASE_TIMEOUT_S, clock=self.clock,
             pod_name=settings.pod_name, pod_namespace=settings.pod_namespace, api_address=self.api_address)
         await tg.start(self.elector.run)
+
+    async def _lease_client(self) -> KubeClient:
+        """The Lease's own client, as client-go's leader election has: a new leader's first
+        minutes are a storm of writes (every GPU's and workload's status at 100,000 pods), and a
+        renewal queued behind them in one connection pool and rate limiter misses its deadline
+        and ends the term. A Manager given its client (tests) shares that one."""
+        if not self._connected:
+            return self.client
+        settings = self.settings
+        self._election_client = await KubeClient.connect(
+            settings.kube_mode, namespace=settings.pod_namespace or None, qps=settings.kube_api_qps,
+            burst=settings.kube_api_burst)
+        return self._election_client
 
     async def _lead(self) -> None:
         """One leadership term: wait for the caches, then run every leader-only runnable until

@@ -36,6 +36,7 @@ from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
 from tfusion.kube.resources import ApiResource
+from tfusion.kube.transforms import PRUNED
 from tfusion.kube.workqueue import Key, RateLimiter, ShutDown, WorkQueue, metrics_for
 
 if TYPE_CHECKING:
@@ -284,22 +285,32 @@ async def ensure_finalizer(client: KubeClient, resource: ApiResource, obj: V, fi
                            cleanup: Callable[[V], Awaitable[bool]]) -> V | None:
     """The finalizer protocol. Returns the object to go on reconciling (through the same view), or
     None when it is being deleted (the cleanup ran; the finalizer was removed once `cleanup`
-    returned True, and the caller should requeue while it returns False). Writes are PUTs on the
-    read resourceVersion: a concurrent change raises Conflict, which the Controller requeues."""
+    returned True, and the caller should requeue while it returns False). Writes are conditional on
+    the read resourceVersion (`set_finalizers`): a concurrent change raises Conflict, which the
+    Controller requeues."""
     meta = obj.meta
     finalizers = meta.finalizers
-    namespace = meta.namespace or None
     if meta.deleting:
         if finalizer in finalizers and await cleanup(obj):
             finalizers.remove(finalizer)
             try:
-                await client.replace(resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": finalizers}},
-                                     namespace=namespace)
+                await set_finalizers(client, resource, obj, finalizers)
             except NotFound:
                 pass
         return None
     if finalizer not in finalizers:
-        obj = type(obj)(await client.replace(
-            resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": [*finalizers, finalizer]}},
-            namespace=namespace))
+        obj = type(obj)(await set_finalizers(client, resource, obj, [*finalizers, finalizer]))
     return obj
+
+
+async def set_finalizers(client: KubeClient, resource: ApiResource, obj: Body, finalizers: list[str]) -> dict[str, Any]:
+    """Write `obj`'s finalizer list as `finalizers`, if the object is still at the version read.
+    A kind whose cached objects lack fields (kube/transforms.py PRUNED) gets a merge patch of the
+    list alone; any other is PUT back whole, the one verb the shipped RBAC grants on every kind."""
+    meta = obj.meta
+    namespace = meta.namespace or None
+    if resource.kind in PRUNED:
+        return await client.patch(resource, meta.name, {"metadata": {
+            "finalizers": finalizers, "resourceVersion": meta.resource_version}}, namespace=namespace)
+    return await client.replace(resource, {**obj.raw, "metadata": {**meta.raw, "finalizers": finalizers}},
+                                namespace=namespace)

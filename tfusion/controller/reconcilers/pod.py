@@ -50,7 +50,7 @@ from tfusion.controller.webhook.workloads import AWAITING_POD
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, NotFound
 from tfusion.kube.ownership import controller_reference
-from tfusion.kube.reconciler import Result, ensure_finalizer
+from tfusion.kube.reconciler import Result, ensure_finalizer, set_finalizers
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
@@ -182,9 +182,8 @@ class PodReconciler:
 
     async def _drop_finalizer(self, pod: Pod) -> None:
         finalizers = [f for f in pod.meta.finalizers if f != FINALIZER]
-        try:
-            await self.runtime.client.replace(
-                r.PODS, {**pod.raw, "metadata": {**pod.meta.raw, "finalizers": finalizers}}, namespace=pod.namespace)
+        try:  # a patch, not a PUT of the cached pod, which lacks what the cache does not keep
+            await set_finalizers(self.runtime.client, r.PODS, pod, finalizers)
         except NotFound:
             pass
 

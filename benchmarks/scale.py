@@ -1,0 +1,719 @@
+"""The controller at cluster scale, printed as ONE JSON object: memory, time to lead, failover, and
+scheduling throughput on a large cluster.
+
+`tfusion --role=apiserver` runs in its own process; this one builds the cluster through it over
+many keep-alive connections (`scheduling.py`'s raw client): `--nodes` Ready Nodes in pools of
+1,000, `--gpus` GPUs with their status reported, and `--pods` running TF worker pods, already
+bound, in `--namespaces` namespaces, each namespace with a GPUResourceQuota, every
+`--pods-per-workload` of them one Deployment (a Deployment, its ReplicaSet and the
+TensorFusionWorkload). The bound pods are clones of one pod that tfusion itself admitted and
+bound: a controller is started on the cluster before the pods exist, a Deployment-owned pod goes
+through its webhook and scheduler, and every bound pod is that pod with its names, node and GPU
+changed (so its annotations are exactly what the allocator recovers from).
+
+Then `tfusion --role=controller` replicas are started with leader election (client-go's default
+Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
+- `ready_s`: process start -> /readyz 200 with the `allocator` condition "leader: recovered …"
+  (every informer synced, the Lease held, the allocator rebuilt from the cache; the first bind is
+  possible from then on — the scheduler and webhook wait for exactly that allocator);
+- `ready_cpu_s`: the CPU seconds (user + system) the replica used up to then, which a busy
+  machine does not inflate (start-up imports included);
+- `rss_mb`: the leader's VmRSS once recovered; `rss_kb_per_pod` = (RSS at full size - RSS of a
+  controller on the cluster with its nodes and GPUs but no pods) / pods, and `rss_kb_per_gpu` =
+  (RSS with the nodes and GPUs - RSS on the empty cluster) / GPUs (nodes and pools included):
+  the marginal cost, each measured after recovery and a full collection;
+- `allocator_mb` (once, outside the runs): a controller run in a separate process of this script
+  on the full cluster, whose allocator's object graph is walked with `sys.getsizeof` once it has
+  recovered (strings and numbers it shares with the informer caches counted too), and
+  `cache_kb_per_pod` from the same walk of the pod informer's store;
+- `failover_kill_s`: `kill -9` of the leader -> a standby replica (already synced) has recovered
+  (bounded below by the 15 s lease duration); `failover_release_s`: SIGTERM of the leader, which
+  releases its Lease -> the standby has recovered (tfusion's fast hand-over: one retry period);
+  `failover_restart_s`: `kill -9` of the leader and the same replica (same identity, as a pod
+  restarted under its name) started again -> it has recovered (it takes its own Lease back
+  without waiting for it to expire);
+- then `--new-pods` pods of Deployments created as users write them, mutated by the controller's
+  webhook and bound by its scheduler: `pods_per_s`, `bind_p50_ms`, `bind_p99_ms`, `unscheduled`
+  and `double_allocations` (scheduling.py's definitions and checker, over every pod of the
+  cluster).
+
+Each figure is the median of `--runs` runs on the one cluster (each run starts fresh replicas and
+schedules its own `--new-pods`), with the runs' min and max beside it. Exits 1 on any double
+allocation or unscheduled pod.
+
+Usage: python benchmarks/scale.py [--nodes 5000] [--gpus 20000] [--pods 100000] [--new-pods 10000] [--runs 3]
+Quick: python benchmarks/scale.py --nodes 500 --gpus 2000 --pods 10000 --new-pods 1000 --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import scheduling as sched
+from _processes import stop
+
+from tfusion.api import annotations as tfa
+from tfusion.api.crds import all_crds
+from tfusion.controller.webhook.registration import MUTATING_WEBHOOK_CONFIGURATIONS
+from tfusion.kube import resources as r
+from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
+
+GPU_TFLOPS, GPU_VRAM = 100, 80  # TFLOPS, Gi
+POD_TFLOPS, POD_VRAM = 10, 8
+NODES_PER_POOL = 1000
+TEMPLATE_POOL = "pool-0"
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used: unlike wall-clock time, not inflated by
+    other processes on a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spread(values: list[float], digits: int = 2) -> dict[str, float]:
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
+class Cluster:
+    """The API server process, its raw connections, and the names of what was created."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.kubeconfig = work / "kubeconfig"
+        self.apiserver: subprocess.Popen[bytes] | None = None
+        self.server: Any = None
+        self.kube: KubeClient | None = None
+        self.namespaces = [f"team-{i:02d}" for i in range(args.namespaces)]
+        self.pools = [f"pool-{i}" for i in range(max(1, -(-args.nodes // NODES_PER_POOL)))]
+        self.controllers: list[subprocess.Popen[bytes]] = []
+        self.new_deployments = 0
+
+    def node(self, i: int) -> str:
+        return f"node-{i:05d}"
+
+    def gpu_node(self, g: int) -> int:
+        return g % self.args.nodes
+
+    def pool_of_node(self, n: int) -> str:
+        return self.pools[n // NODES_PER_POOL]
+
+    # --- processes ------------------------------------------------------------------------------
+
+    def start_apiserver(self) -> None:
+        self.apiserver = sched.start(["--role=apiserver", "--apiserver-listen", f"127.0.0.1:{sched.free_port()}",
+                                      "--state", str(self.work / "state.db"), "--kubeconfig-out",
+                                      str(self.kubeconfig), "--watch-history", "200000"],
+                                     self.work / "apiserver.log")
+        sched.wait_for(self.kubeconfig, self.apiserver, "the API server")
+        self.server = sched.raw_server(self.kubeconfig)
+
+    def start_controller(self, identity: str, *, webhook_port: int | None = None) -> tuple[
+            subprocess.Popen[bytes], str, float]:
+        """A controller replica with leader election; its HTTP URL and when it was started."""
+        port = sched.free_port()
+        webhook = webhook_port or sched.free_port()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfusion", "--role=controller", "--kube", str(self.kubeconfig),
+             "--leader-elect=true", "--controller-listen", f"127.0.0.1:{port}",
+             "--health-probe-bind-address", f"127.0.0.1:{sched.free_port()}",
+             "--webhook-listen", f"127.0.0.1:{webhook}", "--dynamic-config", str(self.work / "config.yaml"),
+             "--log-level", self.args.controller_log_level],
+            stdout=subprocess.DEVNULL, stderr=(self.work / f"controller-{identity}.log").open("ab"),
+            env={**os.environ, "POD_NAME": identity, "POD_NAMESPACE": "tensor-fusion-sys"})
+        self.controllers.append(proc)
+        return proc, f"http://127.0.0.1:{port}", started
+
+    def stop_all(self) -> None:
+        for proc in [*self.controllers, self.apiserver]:
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+
+    # --- building -------------------------------------------------------------------------------
+
+    async def connections(self) -> list[Any]:
+        return [await sched.apibench.Connection(self.server).open() for _ in range(self.args.clients)]
+
+    async def each(self, count: int, make: Callable[[int], list[tuple[str, str, Any]]]) -> list[list[bytes]]:
+        """For i in range(count), the requests make(i) (method, path, body) in order on one
+        connection; many i in parallel. Answers' bodies by i."""
+        conns = await self.connections()
+        numbers = iter(range(count))
+        answers: list[list[bytes]] = [[] for _ in range(count)]
+
+        async def worker(conn: Any) -> None:
+            for i in numbers:
+                for method, path, body in make(i):
+                    kind = "application/merge-patch+json" if method == "PATCH" else "application/json"
+                    status, answer = await conn.request(method, path, json.dumps(body).encode(), kind)
+                    if status >= 300:
+                        raise RuntimeError(f"{method} {path} answered {status}: {answer[:300]!r}")
+                    answers[i].append(answer)
+
+        try:
+            await asyncio.gather(*(worker(c) for c in conns))
+        finally:
+            for conn in conns:
+                conn.close()
+        return answers
+
+    async def create_base(self) -> None:
+        self.kube = await KubeClient.connect(str(self.kubeconfig), namespace="default", qps=1e9, burst=10**9)
+        kube = self.kube
+        for crd in all_crds():
+            await kube.create(r.CUSTOMRESOURCEDEFINITIONS, crd)
+        for _ in range(200):
+            with contextlib.suppress(Exception):
+                await kube.list(r.GPURESOURCEQUOTAS)
+                break
+            await asyncio.sleep(0.05)
+        for ns in (*self.namespaces, "tensor-fusion-sys"):
+            with contextlib.suppress(AlreadyExists):  # the server makes its system namespaces
+                await kube.create(r.NAMESPACES, {"metadata": {"name": ns}})
+        classes = r.ApiResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+        for qos, value in (("critical", 100000), ("high", 10000), ("medium", 0)):
+            await kube.create(classes, {"metadata": {"name": f"tensor-fusion-{qos}"}, "value": value})
+
+    async def create_nodes_and_gpus(self) -> None:
+        assert self.kube is not None
+        for pool in self.pools:
+            await self.kube.create(r.GPUPOOLS, {"metadata": {"name": pool}, "spec": {"nodeManagerConfig": {}}})
+        for ns in self.namespaces:
+            await self.kube.create(r.GPURESOURCEQUOTAS, {"metadata": {"name": "budget", "namespace": ns}, "spec": {
+                "total": {"requests": {"tflops": "1000000", "vram": "1000000Gi"},
+                          "limits": {"tflops": "2000000", "vram": "2000000Gi"}, "maxWorkers": 1000000}}})
+
+        def node(i: int) -> list[tuple[str, str, Any]]:
+            name = self.node(i)
+            resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+            return [("POST", "/api/v1/nodes", {"metadata": {"name": name, "labels": {
+                        "kubernetes.io/hostname": name}}}),
+                    ("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
+                        "allocatable": resources, "capacity": resources,
+                        "conditions": [{"type": "Ready", "status": "True"}]}})]
+
+        await self.each(self.args.nodes, node)
+        per_gpu = self.pods_per_gpu()
+
+        def gpu(g: int) -> list[tuple[str, str, Any]]:
+            name, n = f"gpu-{g:05d}", self.gpu_node(g)
+            host = self.node(n)
+            held = per_gpu[g]
+            base = f"/apis/tensor-fusion.ai/v1/gpus/{name}"
+            return [("POST", "/apis/tensor-fusion.ai/v1/gpus", {"metadata": {"name": name, "labels": {
+                        tfa.GPU_POOL: self.pool_of_node(n), tfa.MANAGED_BY: host}}}),
+                    ("PATCH", f"{base}/status", {"status": {
+                        "phase": "Running", "vendor": "NVIDIA", "gpuModel": "H100", "uuid": f"GPU-{name}",
+                        "index": g // self.args.nodes, "usedBy": "tensor-fusion", "isolationMode": "soft",
+                        "message": "managed", "nodeSelector": {"kubernetes.io/hostname": host},
+                        "capacity": {"tflops": str(GPU_TFLOPS), "vram": f"{GPU_VRAM}Gi"},
+                        "available": {"tflops": str(GPU_TFLOPS - held * POD_TFLOPS),
+                                      "vram": f"{GPU_VRAM - held * POD_VRAM}Gi"}}})]
+
+        await self.each(self.args.gpus, gpu)
+
+    def pods_per_gpu(self) -> list[int]:
+        counts = [0] * self.args.gpus
+        for p in range(self.args.pods):
+            counts[p % self.args.gpus] += 1
+        return counts
+
+    async def deployment(self, ns: str, name: str) -> tuple[str, str]:
+        """A Deployment and its ReplicaSet (nothing runs them: the pods are ours); their UIDs."""
+        assert self.kube is not None
+        labels = {"app": name}
+        dep = await self.kube.create(r.DEPLOYMENTS, {"metadata": {"name": name, "namespace": ns, "labels": labels},
+                                                     "spec": {"replicas": self.args.pods_per_workload,
+                                                              "selector": {"matchLabels": labels},
+                                                              "template": {"metadata": {"labels": labels},
+                                                                           "spec": {"containers": [
+                                                                               {"name": "main", "image": "app"}]}}}},
+                                     namespace=ns)
+        rs = await self.kube.create(r.REPLICASETS, self.replicaset(ns, name, dep["metadata"]["uid"]), namespace=ns)
+        return dep["metadata"]["uid"], rs["metadata"]["uid"]
+
+    def replicaset(self, ns: str, name: str, dep_uid: str) -> dict[str, Any]:
+        labels = {"app": name}
+        return {"metadata": {"name": f"{name}-rs", "namespace": ns, "labels": labels, "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": dep_uid,
+                     "controller": True, "blockOwnerDeletion": True}]},
+                "spec": {"replicas": self.args.pods_per_workload, "selector": {"matchLabels": labels},
+                         "template": {"metadata": {"labels": labels},
+                                      "spec": {"containers": [{"name": "main", "image": "app"}]}}}}
+
+    def user_pod(self, ns: str, name: str, deployment: str, rs_uid: str, pool: str) -> dict[str, Any]:
+        """A pod as the ReplicaSet controller writes it from a template a user wrote."""
+        pod = sched.webhook_pod(0)
+        meta = pod["metadata"]
+        meta.update({"name": name, "namespace": ns, "labels": {**meta["labels"], "app": deployment},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{deployment}-rs",
+                                          "uid": rs_uid, "controller": True, "blockOwnerDeletion": True}]})
+        meta["annotations"].update({tfa.GPU_POOL: pool, tfa.TFLOPS_REQUEST: str(POD_TFLOPS),
+                                    tfa.TFLOPS_LIMIT: str(POD_TFLOPS), tfa.VRAM_REQUEST: f"{POD_VRAM}Gi",
+                                    tfa.VRAM_LIMIT: f"{POD_VRAM}Gi"})
+        return pod
+
+    async def template(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+        """One Deployment-owned pod admitted and bound by tfusion itself (a controller is running):
+        the bound pod, its TensorFusionWorkload, and the names in them to replace in clones."""
+        assert self.kube is not None
+        ns, name = self.namespaces[0], "tpl"
+        dep_uid, rs_uid = await self.deployment(ns, name)
+        pod = self.user_pod(ns, "tpl-pod", name, rs_uid, TEMPLATE_POOL)
+        await self.kube.create(r.PODS, pod, namespace=ns)
+        deadline = time.monotonic() + 120
+        while True:
+            bound = await self.kube.get(r.PODS, "tpl-pod", namespace=ns)
+            if bound["spec"].get("nodeName") and (bound["metadata"].get("annotations") or {}).get(tfa.GPU_IDS):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the template pod was not bound: {json.dumps(bound)[:2000]}")
+            await asyncio.sleep(0.1)
+        workloads = [w for w in await self.kube.list(r.TENSORFUSIONWORKLOADS, namespace=ns)]
+        if len(workloads) != 1:
+            raise RuntimeError(f"expected one workload for the template pod, found {len(workloads)}")
+        names = {"pod": "tpl-pod", "node": bound["spec"]["nodeName"],
+                 "gpu": bound["metadata"]["annotations"][tfa.GPU_IDS], "dep_uid": dep_uid, "rs_uid": rs_uid,
+                 "workload": workloads[0]["metadata"]["name"], "pod_uid": bound["metadata"]["uid"]}
+        return bound, workloads[0], names
+
+    async def clone_pods(self, pod: dict[str, Any], workload: dict[str, Any], names: dict[str, str]) -> None:
+        """`--pods` copies of the bound template pod, `--pods-per-workload` per Deployment."""
+        assert self.kube is not None
+        for item in (pod, workload):
+            meta = item["metadata"]
+            for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"):
+                meta.pop(key, None)
+        pod_text = json.dumps({k: v for k, v in pod.items() if k != "status"})
+        workload_text = json.dumps({k: v for k, v in workload.items() if k != "status"})
+        status = {"status": {**pod.get("status", {}), "phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]}}
+        per = self.args.pods_per_workload
+        deployments = -(-self.args.pods // per)
+        uids: list[tuple[str, str]] = [("", "")] * deployments
+
+        def dep_name(d: int) -> str:
+            return f"d-{d:05d}"
+
+        def ns_of(d: int) -> str:
+            return self.namespaces[d % len(self.namespaces)]
+
+        def deploy(d: int) -> list[tuple[str, str, Any]]:
+            ns, name = ns_of(d), dep_name(d)
+            labels = {"app": name}
+            return [("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
+                "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "spec": {"replicas": per, "selector": {"matchLabels": labels}, "template": {
+                    "metadata": {"labels": labels}, "spec": {"containers": [{"name": "main", "image": "app"}]}}}})]
+
+        answers = await self.each(deployments, deploy)
+        dep_uids = [json.loads(a[0])["metadata"]["uid"] for a in answers]
+
+        def replicaset(d: int) -> list[tuple[str, str, Any]]:
+            ns = ns_of(d)
+            return [("POST", f"/apis/apps/v1/namespaces/{ns}/replicasets", self.replicaset(ns, dep_name(d),
+                                                                                          dep_uids[d]))]
+
+        answers = await self.each(deployments, replicaset)
+        uids = [(dep_uids[d], json.loads(a[0])["metadata"]["uid"]) for d, a in enumerate(answers)]
+        tpl_ns = self.namespaces[0]
+
+        def swap(text: str, d: int, node: int, extra: dict[str, str]) -> Any:
+            pool = self.pool_of_node(node)
+            pairs = {names["dep_uid"]: uids[d][0], names["rs_uid"]: uids[d][1], f'"{tpl_ns}"': f'"{ns_of(d)}"',
+                     '"tpl-rs"': f'"{dep_name(d)}-rs"', '"tpl"': f'"{dep_name(d)}"', TEMPLATE_POOL: pool,
+                     f'"{names["workload"]}"': f'"{dep_name(d)}-workload"', **extra}
+            for old, new in pairs.items():
+                text = text.replace(old, new)
+            return json.loads(text)
+
+        def workload_of(d: int) -> list[tuple[str, str, Any]]:
+            ns = ns_of(d)
+            # a Deployment's pods all sit in one pool: that of its first pod's GPU
+            node = self.gpu_node((d * per) % self.args.gpus)
+            return [("POST", f"/apis/tensor-fusion.ai/v1/namespaces/{ns}/tensorfusionworkloads",
+                     swap(workload_text, d, node, {}))]
+
+        await self.each(deployments, workload_of)
+
+        def clone(p: int) -> list[tuple[str, str, Any]]:
+            d = p // per
+            g = p % self.args.gpus
+            n = self.gpu_node(g)
+            name = f"{dep_name(d)}-{p % per:03d}"
+            body = swap(pod_text, d, n, {f'"{names["pod"]}"': f'"{name}"', f'"{names["node"]}"': f'"{self.node(n)}"',
+                                         f'"{names["gpu"]}"': f'"gpu-{g:05d}"'})
+            ns = ns_of(d)
+            return [("POST", f"/api/v1/namespaces/{ns}/pods", body),
+                    ("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status)]
+
+        await self.each(self.args.pods, clone)
+
+    async def remove_template(self) -> None:
+        """Its Deployment goes, and the garbage collector takes the rest; nothing runs the pod's
+        finalizer now, so this removes it."""
+        assert self.kube is not None
+        ns = self.namespaces[0]
+        await self.kube.delete(r.DEPLOYMENTS, "tpl", namespace=ns)
+        # the pod webhook (failurePolicy Fail) would refuse the clones while no controller runs
+        for config in await self.kube.list(MUTATING_WEBHOOK_CONFIGURATIONS):
+            await self.kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, config["metadata"]["name"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                pod = await self.kube.get(r.PODS, "tpl-pod", namespace=ns)
+            except NotFound:
+                return
+            if pod["metadata"].get("deletionTimestamp") and pod["metadata"].get("finalizers"):
+                with contextlib.suppress(NotFound):
+                    await self.kube.patch(r.PODS, "tpl-pod", {"metadata": {"finalizers": None}}, namespace=ns)
+            await asyncio.sleep(0.1)
+        raise RuntimeError("the template pod was not deleted")
+
+
+# --- measuring a controller ---------------------------------------------------------------------
+
+
+async def conditions(http: httpx.AsyncClient) -> tuple[int, dict[str, tuple[bool, str]]]:
+    answer = await http.get("/readyz")
+    body = answer.json()
+    return answer.status_code, {c["name"]: (c["ready"], c["message"]) for c in body.get("conditions", [])}
+
+
+async def wait_state(url: str, proc: subprocess.Popen[bytes], want: str, seconds: float) -> float:
+    """Poll /readyz until 200 and the allocator condition's message starts with `want` ("leader:
+    recovered" or "standby"); the monotonic time it was first seen."""
+    deadline = time.monotonic() + seconds
+    last: Any = None
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the controller at {url} exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                status, found = await conditions(http)
+                last = (status, found.get("allocator"))
+                if status == 200 and found.get("allocator", (False, ""))[1].startswith(want):
+                    return time.monotonic()
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"the controller at {url} did not reach {want!r} in {seconds:g} s: {last}")
+
+
+async def settled_rss_kb(proc: subprocess.Popen[bytes], seconds: float = 3.0) -> int:
+    """VmRSS once the process has had a moment after recovery (the leader's first status writes)."""
+    await asyncio.sleep(seconds)
+    return rss_kb(proc.pid)
+
+
+async def one_controller_rss(cluster: Cluster, identity: str, timeout: float) -> tuple[int, float]:
+    proc, url, started = cluster.start_controller(identity)
+    try:
+        ready = await wait_state(url, proc, "leader: recovered", timeout)
+        return await settled_rss_kb(proc), ready - started
+    finally:
+        stop(proc)
+
+
+async def failovers(cluster: Cluster, run: int, timeout: float, webhook_port: int) -> dict[str, Any]:
+    """ready_s, rss and the three hand-overs, on fresh replicas; the last leader, whose webhook
+    listens on `webhook_port` (where the webhook Service points), is left running."""
+    a, a_url, a_started = cluster.start_controller(f"a-{run}")
+    a_ready = await wait_state(a_url, a, "leader: recovered", timeout)
+    result: dict[str, Any] = {"ready_s": a_ready - a_started, "ready_cpu_s": cpu_s(a.pid),
+                              "rss_kb": await settled_rss_kb(a)}
+    b, b_url, _ = cluster.start_controller(f"b-{run}")
+    await wait_state(b_url, b, "standby", timeout)
+    await asyncio.sleep(1.0)  # the standby's informers see the leader's last writes
+    a.send_signal(signal.SIGKILL)
+    a.wait()
+    killed = time.monotonic()
+    result["failover_kill_s"] = await wait_state(b_url, b, "leader: recovered", timeout + 30) - killed
+    # b leads; a same-identity restart of b after kill -9: takes its own Lease back at once
+    b.send_signal(signal.SIGKILL)
+    b.wait()
+    killed = time.monotonic()
+    b2, b2_url, _ = cluster.start_controller(f"b-{run}")
+    result["failover_restart_s"] = await wait_state(b2_url, b2, "leader: recovered", timeout) - killed
+    c, c_url, _ = cluster.start_controller(f"c-{run}", webhook_port=webhook_port)
+    await wait_state(c_url, c, "standby", timeout)
+    await asyncio.sleep(1.0)
+    b2.terminate()  # releases the Lease
+    released = time.monotonic()
+    result["failover_release_s"] = await wait_state(c_url, c, "leader: recovered", timeout) - released
+    b2.wait()
+    result["leader"] = (c, c_url)
+    return result
+
+
+async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
+    """`--new-pods` Deployment-owned pods through the webhook, timed from create to bind."""
+    args = cluster.args
+    assert cluster.kube is not None
+    per = args.pods_per_workload
+    deployments = -(-args.new_pods // per)
+    targets: list[tuple[str, str, str]] = []  # ns, name, rs uid per deployment
+    for d in range(deployments):
+        ns, name = cluster.namespaces[d % len(cluster.namespaces)], f"new{run}-{d:05d}"
+        _, rs_uid = await cluster.deployment(ns, name)
+        targets.append((ns, name, rs_uid))
+    bound_at: dict[str, float] = {}
+    created_at: dict[str, float] = {}
+    done = asyncio.Event()
+    watchers = [asyncio.create_task(watch_namespace(cluster.kube, ns, f"new{run}-", bound_at, args.new_pods, done))
+                for ns in cluster.namespaces]
+    await asyncio.sleep(0.5)
+    first = time.monotonic()
+    conns = await cluster.connections()
+    numbers = iter(range(args.new_pods))
+
+    async def creator(conn: Any) -> None:
+        for i in numbers:
+            d = i // per
+            ns, dep, rs_uid = targets[d]
+            pool = cluster.pools[d % len(cluster.pools)]
+            pod = cluster.user_pod(ns, f"{dep}-{i % per:03d}", dep, rs_uid, pool)
+            status, body = await conn.request("POST", f"/api/v1/namespaces/{ns}/pods", json.dumps(pod).encode())
+            if status != 201:
+                raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
+            created_at[f"{ns}/{pod['metadata']['name']}"] = time.monotonic()
+
+    await asyncio.gather(*(creator(c) for c in conns))
+    for conn in conns:
+        conn.close()
+    seen = -1
+    while not done.is_set():
+        try:
+            await asyncio.wait_for(done.wait(), timeout=args.timeout)
+        except TimeoutError:
+            if len(bound_at) == seen:
+                break
+            seen = len(bound_at)
+    for task in watchers:
+        task.cancel()
+    last = max(bound_at.values()) if bound_at else time.monotonic()
+    latencies = sorted(max(0.0, bound_at[n] - created_at[n]) * 1000 for n in bound_at if n in created_at)
+    return {"pods_per_s": len(bound_at) / max(1e-9, last - first),
+            "bind_p50_ms": statistics.median(latencies) if latencies else float("nan"),
+            "bind_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies
+            else float("nan")}
+
+
+async def watch_namespace(kube: KubeClient, ns: str, prefix: str, bound_at: dict[str, float], total: int,
+                          done: asyncio.Event) -> None:
+    """Like scheduling.watch_binds, over one namespace of several and only pods named `prefix…`."""
+    rv = (await kube.list(r.PODS, namespace=ns, limit=1)).resource_version
+    while len(bound_at) < total:
+        with contextlib.suppress(Exception):
+            async for _, pod in kube.watch(r.PODS, namespace=ns, resource_version=rv, timeout_seconds=60):
+                meta = pod.get("metadata") or {}
+                rv = str(meta.get("resourceVersion") or rv)
+                key = f"{ns}/{meta.get('name')}"
+                if (str(meta.get("name")).startswith(prefix) and (pod.get("spec") or {}).get("nodeName")
+                        and key not in bound_at):
+                    bound_at[key] = time.monotonic()
+                    if len(bound_at) >= total:
+                        done.set()
+                        return
+
+
+async def check(cluster: Cluster) -> tuple[int, int]:
+    """(unscheduled, double allocations) over every pod and GPU of the cluster."""
+    assert cluster.kube is not None
+    pods = list(await cluster.kube.list(r.PODS, limit=5000))
+    gpus = list(await cluster.kube.list(r.GPUS, limit=5000))
+    tf_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(tfa.ENABLED) == "true"]
+    unscheduled = sum(1 for p in tf_pods if not p["spec"].get("nodeName"))
+    return unscheduled, sched.count_double_allocations(tf_pods, gpus)
+
+
+async def in_process_memory(kubeconfig: Path) -> dict[str, Any]:
+    """Run in a child process of this script: the controller in-process (no election) until its
+    allocator has recovered, then `sys.getsizeof` walks of the allocator and the pod cache."""
+    import anyio
+
+    from tfusion.controller import role
+    from tfusion.settings import Settings
+
+    settings = Settings.load({"kube": str(kubeconfig), "leader_elect": False, "controller_listen": "127.0.0.1:0",
+                              "health_probe_listen": "127.0.0.1:0", "webhook_listen": "127.0.0.1:0"},
+                             roles=("controller",))
+    result: dict[str, Any] = {}
+    async with anyio.create_task_group() as tg:
+        runtime = await tg.start(role.run, settings)
+        service = runtime.allocation
+        deadline = time.monotonic() + 600
+        while service.allocator is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the in-process controller did not recover")
+            await anyio.sleep(0.1)
+        pods = runtime.informer(r.PODS)
+        result = {"allocator_mb": round(deep_size(service.allocator) / 2**20, 1),
+                  "cache_kb_per_pod": round(deep_size(pods._store) / max(1, len(pods)) / 1024, 2),
+                  "cached_pods": len(pods)}
+        tg.cancel_scope.cancel()
+    return result
+
+
+def deep_size(root: object) -> int:
+    """Bytes of every object reachable from `root` (each once), not counting classes, modules and
+    functions, which belong to the program rather than the data."""
+    import types
+
+    seen: set[int] = set()
+    stack = [root]
+    total = 0
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+async def build(cluster: Cluster, timeout: float) -> dict[str, Any]:
+    cluster.start_apiserver()
+    await cluster.create_base()
+    empty_kb, _ = await one_controller_rss(cluster, "empty", timeout)
+    started = time.monotonic()
+    await cluster.create_nodes_and_gpus()
+    # a controller on the nodes and GPUs: their memory, and the template pod through its webhook
+    webhook_port = sched.free_port()
+    await sched.webhook_service(cluster.kube, webhook_port)
+    proc, url, _ = cluster.start_controller("template", webhook_port=webhook_port)
+    try:
+        await wait_state(url, proc, "leader: recovered", timeout)
+        gpus_kb = await settled_rss_kb(proc)
+        pod, workload, names = await cluster.template()
+    finally:
+        stop(proc)
+    await cluster.remove_template()
+    await cluster.clone_pods(pod, workload, names)
+    return {"build_s": round(time.monotonic() - started, 1), "rss_empty_kb": empty_kb, "rss_gpus_kb": gpus_kb,
+            "webhook_port": webhook_port}
+
+
+async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
+    built = await build(cluster, args.timeout_ready)
+    assert cluster.kube is not None
+    await cluster.kube.delete(r.SERVICES, "tensor-fusion-webhook", namespace="tensor-fusion-sys")
+    runs: list[dict[str, Any]] = []
+    for run in range(args.runs):
+        webhook_port = sched.free_port()
+        if run == 0:
+            await sched.webhook_service(cluster.kube, webhook_port)
+        else:
+            await cluster.kube.patch(r.SERVICES, "tensor-fusion-webhook", {"spec": {"ports": [
+                {"port": 443, "targetPort": webhook_port}]}}, namespace="tensor-fusion-sys")
+        figures = await failovers(cluster, run, args.timeout_ready, webhook_port)
+        leader, _ = figures.pop("leader")
+        figures.update(await schedule_new(cluster, run))
+        stop(leader)
+        runs.append(figures)
+    unscheduled, doubles = await check(cluster)
+    memory: dict[str, Any] = {}
+    if args.allocator_memory:
+        out = subprocess.run([sys.executable, __file__, "--in-process-memory", str(cluster.kubeconfig)],
+                             capture_output=True, check=False, timeout=900)
+        memory = json.loads(out.stdout) if out.returncode == 0 else {"allocator_error": out.stderr[-500:].decode()}
+    full_kb = statistics.median(run["rss_kb"] for run in runs)
+    result: dict[str, Any] = {
+        "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "new_pods": args.new_pods, "runs": args.runs,
+        "namespaces": len(cluster.namespaces), "pools": len(cluster.pools),
+        "workloads": -(-args.pods // args.pods_per_workload), "build_s": built["build_s"],
+        "ready_s": spread([run["ready_s"] for run in runs]),
+        "ready_cpu_s": spread([run["ready_cpu_s"] for run in runs]),
+        "rss_mb": spread([run["rss_kb"] / 1024 for run in runs], 1),
+        "rss_empty_mb": round(built["rss_empty_kb"] / 1024, 1),
+        "rss_nodes_gpus_mb": round(built["rss_gpus_kb"] / 1024, 1),
+        "rss_kb_per_pod": round((full_kb - built["rss_gpus_kb"]) / max(1, args.pods), 2),
+        "rss_kb_per_gpu": round((built["rss_gpus_kb"] - built["rss_empty_kb"]) / max(1, args.gpus), 2),
+        "rss_definition": "VmRSS of the leader once recovered; per_pod = (full - nodes+GPUs only) / pods "
+                          "(workloads and Deployments included); per_gpu = (nodes+GPUs only - empty) / gpus "
+                          "(nodes and pools included)",
+        **memory,
+        "failover_kill_s": spread([run["failover_kill_s"] for run in runs]),
+        "failover_restart_s": spread([run["failover_restart_s"] for run in runs]),
+        "failover_release_s": spread([run["failover_release_s"] for run in runs]),
+        "lease": {"duration_s": 15, "renew_deadline_s": 10, "retry_period_s": 2},
+        "pods_per_s": spread([run["pods_per_s"] for run in runs], 1),
+        "bind_p50_ms": spread([run["bind_p50_ms"] for run in runs], 1),
+        "bind_p99_ms": spread([run["bind_p99_ms"] for run in runs], 1),
+        "unscheduled": unscheduled, "double_allocations": doubles,
+    }
+    await cluster.kube.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus", type=int, default=20000)
+    parser.add_argument("--pods", type=int, default=100000)
+    parser.add_argument("--new-pods", type=int, default=10000)
+    parser.add_argument("--namespaces", type=int, default=50)
+    parser.add_argument("--pods-per-workload", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--timeout", type=float, default=30.0, help="give up after this long without a bind")
+    parser.add_argument("--timeout-ready", type=float, default=300.0, help="the most a replica may take to lead")
+    parser.add_argument("--allocator-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="walk the allocator's and the pod cache's objects in a controller run in-process")
+    parser.add_argument("--controller-log-level", default="warn")
+    parser.add_argument("--workdir", type=Path, help="keep the state and logs here (default: a temporary folder)")
+    parser.add_argument("--in-process-memory", metavar="KUBECONFIG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
+    if args.in_process_memory:
+        import anyio
+
+        print(json.dumps(anyio.run(in_process_memory, Path(args.in_process_memory))))
+        return
+    if args.pods + args.new_pods * args.runs > args.gpus * (GPU_TFLOPS // POD_TFLOPS):
+        parser.error(f"--pods + --new-pods x --runs ({args.pods + args.new_pods * args.runs}) do not fit on "
+                     f"--gpus {args.gpus} ({GPU_TFLOPS // POD_TFLOPS} pods each)")
+    with contextlib.ExitStack() as stack:
+        work = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tfusion-scale-bench-")))
+        work.mkdir(parents=True, exist_ok=True)
+        cluster = Cluster(args, work)
+        try:
+            result = asyncio.run(main_async(args, cluster))
+        except BaseException:
+            for log in sorted(work.glob("*.log")):
+                sys.stderr.write(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}\n")
+            raise
+        finally:
+            cluster.stop_all()
+        print(json.dumps(result))
+        if result["double_allocations"] or result["unscheduled"]:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The informer transforms (kube/transforms.py): what they drop, that the controller's readers of a
+pod and a node answer the same on the transformed object, that objects share strings and that
+sibling informers share objects."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import tracemalloc
+from typing import Any
+
+import orjson
+
+from tfusion.allocator.request import pod_index_of, request_from_pod
+from tfusion.api import annotations as tfa
+from tfusion.api.accessors import Node, Pod
+from tfusion.controller.scheduling.nodes import allocatable, extended_requests, is_pending, pod_demand, static_check
+from tfusion.controller.webhook.remote import connection_of
+from tfusion.kube import resources as r
+from tfusion.kube.informer import node_name_index
+from tfusion.kube.transforms import PRUNED, intern_strings, strip_managed_fields, transform_for
+
+
+def bound_worker() -> dict[str, Any]:
+    """A worker pod as tfusion's webhook and scheduler leave it (the shape benchmarks/scale.py clones)."""
+    env = [{"name": "LD_PRELOAD", "value": "/tensor-fusion-limiter/libcuda_limiter.so"},
+           {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "TENSOR_FUSION_CONNECTION_NAME", "value": "conn-1"}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "d-00001-003", "namespace": "team-01", "uid": "u-1", "resourceVersion": "42",
+            "labels": {tfa.ENABLED: "true", tfa.COMPONENT: "worker", tfa.WORKLOAD: "d-00001", tfa.GPU_POOL: "pool-0"},
+            "annotations": {tfa.GPU_POOL: "pool-0", tfa.TFLOPS_REQUEST: "10", tfa.TFLOPS_LIMIT: "10",
+                            tfa.VRAM_REQUEST: "8Gi", tfa.VRAM_LIMIT: "8Gi", tfa.QOS: "high", tfa.GPU_COUNT: "1",
+                            tfa.ISOLATION: "soft", tfa.GPU_IDS: "gpu-00001", tfa.INDEX: "7"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "d-00001-rs", "uid": "rs-1",
+                                 "controller": True}],
+            "finalizers": ["tensor-fusion.ai/finalizer"],
+            "managedFields": [{"manager": "tfusion", "fieldsV1": {"f:spec": {}}}]},
+        "spec": {
+            "nodeName": "node-00001", "schedulerName": "tensor-fusion-scheduler", "priority": 10000,
+            "priorityClassName": "tensor-fusion-high", "preemptionPolicy": "PreemptLowerPriority",
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": tfa.USED_BY, "operator": "Equal", "value": "tensor-fusion",
+                             "effect": "PreferNoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["pool-0"]}]}]}}},
+            "containers": [{"name": "main", "image": "app", "env": env, "imagePullPolicy": "Always",
+                            "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                            "volumeMounts": [{"name": "tf-data", "mountPath": "/run/tensor-fusion/shm"}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi",
+                                                       "tensor-fusion.ai/index_0": "1", "example.com/fpga": "2"},
+                                          "limits": {"tensor-fusion.ai/index_0": "1"}}}],
+            "initContainers": [{"name": "init", "image": "tfusion", "command": ["cp", "a", "b"],
+                                "resources": {"requests": {"cpu": "20m", "memory": "256Mi"}}}],
+            "volumes": [{"name": "tf-data", "hostPath": {"path": "/run/tensor-fusion"}}],
+            "dnsPolicy": "ClusterFirst", "enableServiceLinks": True, "restartPolicy": "Always",
+            "overhead": {"cpu": "10m"}},
+        "status": {"phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.1",
+                   "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                   "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0, "image": "app",
+                                          "imageID": "sha256:1", "containerID": "containerd://1",
+                                          "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
+
+
+def a_node() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-00001", "resourceVersion": "3", "labels": {"pool": "pool-0"}},
+            "spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "PreferNoSchedule"}]},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "example.com/fpga": "4"},
+                       "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                       "images": [{"names": [f"registry/image-{i}:v1"], "sizeBytes": 1000} for i in range(50)],
+                       "volumesInUse": ["kubernetes.io/csi/x"]}}
+
+
+def test_managed_fields_are_stripped_without_editing_the_original() -> None:
+    pod = bound_worker()
+    stripped = strip_managed_fields(pod)
+    assert "managedFields" not in stripped["metadata"]
+    assert "managedFields" in pod["metadata"]
+
+
+def test_the_pruned_pod_keeps_what_the_controller_reads() -> None:
+    raw = bound_worker()
+    before = Pod(copy.deepcopy(raw))
+    after = Pod(transform_for(r.PODS)(raw))
+    assert raw == bound_worker(), "the transform edited the server's object"
+    assert "volumes" not in after.spec and "volumeMounts" not in after.containers[0]
+    assert "imageID" not in after.container_statuses[0]
+    for reader in (request_from_pod, pod_index_of, connection_of, is_pending, pod_demand):
+        assert reader(after) == reader(before), reader.__name__
+    assert node_name_index(after.raw) == node_name_index(before.raw) == ["node-00001"]
+    assert extended_requests(after, ["example.com/fpga"]) == extended_requests(before, ["example.com/fpga"])
+    for accessor in ("holds_gpus", "is_worker", "finished", "node_name", "scheduler_name", "phase", "pod_ip",
+                     "restart_policy", "node_selector", "component"):
+        assert getattr(after, accessor) == getattr(before, accessor), accessor
+    assert after.meta.raw == {k: v for k, v in before.meta.raw.items() if k != "managedFields"}
+    assert after.status.get("conditions") == before.status.get("conditions")
+    assert after.spec.get("tolerations") == before.spec.get("tolerations")
+    assert after.spec.get("preemptionPolicy") == before.spec.get("preemptionPolicy")
+
+
+def test_the_pruned_node_keeps_what_the_scheduler_reads() -> None:
+    before = Node(a_node())
+    after = Node(transform_for(r.NODES)(a_node()))
+    assert "images" not in after.status and "volumesInUse" not in after.status
+    demand = pod_demand(Pod(bound_worker()))
+    assert static_check(demand, after) == static_check(demand, before)
+    assert allocatable(after) == allocatable(before)
+    assert (after.ready, after.unschedulable, after.taints, after.meta.labels) == (
+        before.ready, before.unschedulable, before.taints, before.meta.labels)
+    assert after.status.get("addresses") == before.status.get("addresses")
+
+
+def test_kinds_without_pruning_lose_only_managed_fields() -> None:
+    gpu = {"kind": "GPU", "metadata": {"name": "g", "managedFields": [{}]}, "status": {"capacity": {"tflops": "1"}}}
+    assert r.GPUS.kind not in PRUNED
+    assert transform_for(r.GPUS)(copy.deepcopy(gpu)) == {"kind": "GPU", "metadata": {"name": "g"},
+                                                          "status": {"capacity": {"tflops": "1"}}}
+    assert transform_for(r.PODS, pruning=False)(bound_worker())["spec"]["volumes"]
+
+
+def test_interned_objects_share_their_strings() -> None:
+    one, two = (intern_strings(orjson.loads(orjson.dumps(bound_worker()))) for _ in range(2))
+    assert one == two
+    assert one["metadata"]["annotations"][tfa.GPU_POOL] is two["metadata"]["annotations"][tfa.GPU_POOL]
+    assert one["spec"]["nodeName"] is two["spec"]["nodeName"]
+    long = "x" * 500
+    assert intern_strings({"k": long})["k"] is long  # long values are left alone, not copied
+
+
+def test_a_cached_pod_costs_half_after_the_transform() -> None:
+    """The per-object memory the transform saves (tracemalloc over 500 distinct decoded pods)."""
+    texts = [orjson.dumps(bound_worker()).replace(b"d-00001-003", f"d-{i:05d}".encode())
+             .replace(b"u-1", f"u-{i}".encode()) for i in range(500)]
+
+    def per_pod(transform: Any) -> float:
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            kept = [transform(orjson.loads(text)) for text in texts]
+            used = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        assert len(kept) == len(texts)
+        return used / len(texts)
+
+    raw, transformed = per_pod(lambda o: o), per_pod(transform_for(r.PODS))
+    sys.stderr.write(f"bytes per cached pod: {raw:.0f} raw, {transformed:.0f} transformed\n")
+    assert transformed < raw * 0.6
