@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -257,17 +258,16 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
 
 
-async def creates(server: Server, clients: int, total: int) -> float:
+async def creates_per_s(server: Server, clients: int, total: int, path: str,
+                        body_of: Callable[[int], bytes]) -> float:
+    """POST `body_of(i)` for i < `total` to `path` from `clients` keep-alive connections; creates/s."""
     connections = [await Connection(server).open() for _ in range(clients)]
     counter = iter(range(total))
 
     async def worker(conn: Connection) -> None:
         for i in counter:
-            body = json.dumps(
-                {"metadata": {"name": f"cm-{i}", "labels": {"bench": "yes"}}, "data": {"k": "v" * 64}}
-            ).encode()
-            status, _ = await conn.request("POST", NS_PATH, body)
-            assert status == 201, status
+            status, answer = await conn.request("POST", path, body_of(i))
+            assert status == 201, (status, answer[:300])
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in connections))
@@ -275,6 +275,10 @@ async def creates(server: Server, clients: int, total: int) -> float:
     for conn in connections:
         conn.close()
     return total / elapsed
+
+
+def config_map(i: int) -> bytes:
+    return json.dumps({"metadata": {"name": f"cm-{i}", "labels": {"bench": "yes"}}, "data": {"k": "v" * 64}}).encode()
 
 
 async def patches_with_watch(server: Server, clients: int, objects: int, seconds: float) -> dict[str, Any]:
@@ -353,23 +357,6 @@ async def patches_with_watch(server: Server, clients: int, objects: int, seconds
         "watch_lag_after_response_p99_ms": round(p99(after_response) * 1000, 2) if after_response else None,
         "watch_events_missing": missing,
     }
-
-
-async def create_pods(server: Server, clients: int, total: int) -> float:
-    connections = [await Connection(server).open() for _ in range(clients)]
-    counter = iter(range(total))
-
-    async def worker(conn: Connection) -> None:
-        for i in counter:
-            status, answer = await conn.request("POST", PODS_NS_PATH, orjson.dumps(tf_worker_pod(i)))
-            assert status == 201, (status, answer[:300])
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in connections))
-    elapsed = time.perf_counter() - started
-    for conn in connections:
-        conn.close()
-    return total / elapsed
 
 
 async def paged_list(server: Server, *, decode: bool) -> tuple[float, int, int, str]:
@@ -507,7 +494,8 @@ def disk_mb(state: Path) -> float:
 async def at_scale(args: argparse.Namespace, server: Server, pid: int, state: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"pods": args.pods}
     idle_rss = rss_mb(pid)
-    result["pods_create_per_s"] = round(await create_pods(server, args.clients, args.pods), 1)
+    result["pods_create_per_s"] = round(await creates_per_s(server, args.clients, args.pods, PODS_NS_PATH,
+                                                                  lambda i: orjson.dumps(tf_worker_pod(i))), 1)
     server_cpu = cpu_s(pid)
     elapsed, pages, items, rv = await paged_list(server, decode=False)
     result.update(list_100k_s=round(elapsed, 2), list_pages=pages, list_items=items,
@@ -532,7 +520,7 @@ async def at_scale(args: argparse.Namespace, server: Server, pid: int, state: Pa
 
 async def main_async(args: argparse.Namespace, server: Server) -> dict[str, Any]:
     result: dict[str, Any] = {"clients": args.clients, "creates": args.creates}
-    result["creates_per_s"] = round(await creates(server, args.clients, args.creates), 1)
+    result["creates_per_s"] = round(await creates_per_s(server, args.clients, args.creates, NS_PATH, config_map), 1)
     result.update(await patches_with_watch(server, args.clients, args.creates, args.seconds))
     return result
 

@@ -504,14 +504,7 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     await asyncio.gather(*(creator(c) for c in conns))
     for conn in conns:
         conn.close()
-    seen = -1
-    while not done.is_set():
-        try:
-            await asyncio.wait_for(done.wait(), timeout=args.timeout)
-        except TimeoutError:
-            if len(bound_at) == seen:
-                break
-            seen = len(bound_at)
+    await sched.wait_bound_or_stalled(done, bound_at, args.timeout)
     for task in watchers:
         task.cancel()
     last = max(bound_at.values()) if bound_at else time.monotonic()

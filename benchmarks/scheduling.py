@@ -341,6 +341,18 @@ async def watch_binds(kube: KubeClient, bound_at: dict[str, float], total: int, 
     done.set()
 
 
+async def wait_bound_or_stalled(done: asyncio.Event, bound_at: dict[str, float], timeout: float) -> None:
+    """Until every pod is bound (`done`) or `timeout` seconds pass with no new bind."""
+    seen = -1
+    while not done.is_set():
+        try:
+            await asyncio.wait_for(done.wait(), timeout=timeout)
+        except TimeoutError:
+            if len(bound_at) == seen:
+                return
+            seen = len(bound_at)
+
+
 def count_double_allocations(pods: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> int:
     capacity = {g["metadata"]["name"]: (Quantity.parse(g["status"]["capacity"]["tflops"]).milli_value(),
                                         Quantity.parse(g["status"]["capacity"]["vram"]).value(),
@@ -423,14 +435,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         for conn in connections:
             conn.close()
         created = time.monotonic()
-        seen = -1
-        while not done.is_set():
-            try:
-                await asyncio.wait_for(done.wait(), timeout=args.timeout)
-            except TimeoutError:
-                if len(bound_at) == seen:
-                    break
-                seen = len(bound_at)
+        await wait_bound_or_stalled(done, bound_at, args.timeout)
         watcher.cancel()
         last = max(bound_at.values()) if bound_at else time.monotonic()
         counts_after = await settled_counts(server, args.settle)
