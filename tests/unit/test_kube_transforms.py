@@ -39,7 +39,8 @@ def bound_worker() -> dict[str, Any]:
             "finalizers": ["tensor-fusion.ai/finalizer"],
             "managedFields": [{"manager": "tfusion", "fieldsV1": {"f:spec": {}}}]},
         "spec": {
-            "nodeName": "node-00001", "schedulerName": "tensor-fusion-scheduler", "priority": 10000,
+            "nodeName": "node-00001", "terminationGracePeriodSeconds": 30,
+            "schedulerName": "tensor-fusion-scheduler", "priority": 10000,
             "priorityClassName": "tensor-fusion-high", "preemptionPolicy": "PreemptLowerPriority",
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": tfa.USED_BY, "operator": "Equal", "value": "tensor-fusion",
@@ -101,6 +102,8 @@ def test_the_pruned_pod_keeps_what_the_controller_reads() -> None:
     assert after.status.get("conditions") == before.status.get("conditions")
     assert after.spec.get("tolerations") == before.spec.get("tolerations")
     assert after.spec.get("preemptionPolicy") == before.spec.get("preemptionPolicy")
+    # preemption waits this long for a victim before naming it (scheduling/preemption.py)
+    assert after.spec["terminationGracePeriodSeconds"] == before.spec["terminationGracePeriodSeconds"] == 30
 
 
 def test_the_pruned_node_keeps_what_the_scheduler_reads() -> None:

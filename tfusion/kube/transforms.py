@@ -47,10 +47,11 @@ _CONTAINER_STATUS_PRUNED = ("image", "imageID", "containerID", "lastState")
 #: by kind, the paths dropped; `[]` steps into every item of a list
 PRUNED: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "Pod": (
-        # volumes are the kubelet's; the scheduler reads none (it has no volume plugins)
+        # volumes are the kubelet's; the scheduler reads none (it has no volume plugins).
+        # terminationGracePeriodSeconds stays: preemption waits that long for its victims
         ("spec", "volumes"),
         ("spec", "dnsPolicy"), ("spec", "dnsConfig"), ("spec", "enableServiceLinks"), ("spec", "securityContext"),
-        ("spec", "terminationGracePeriodSeconds"), ("spec", "serviceAccountName"), ("spec", "serviceAccount"),
+        ("spec", "serviceAccountName"), ("spec", "serviceAccount"),
         ("spec", "automountServiceAccountToken"), ("spec", "imagePullSecrets"), ("spec", "readinessGates"),
         *(("spec", part, "[]", field) for part in ("containers", "initContainers", "ephemeralContainers")
           for field in _CONTAINER_PRUNED),
