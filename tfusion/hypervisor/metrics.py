@@ -32,6 +32,7 @@ from tfusion.errors import RoleError
 from tfusion.hypervisor.devices.registry import DeviceRegistry
 from tfusion.hypervisor.limiter.soft import LIMITER_HEARTBEAT_GRACE_S, SYNC_INTERVAL_S, SoftIsolation
 from tfusion.hypervisor.shm.state import ShmError
+from tfusion.hypervisor.workers.model import WorkerInfo
 from tfusion.hypervisor.workers.tracker import WorkerTracker
 from tfusion.kube.resources import GPUS
 from tfusion.metrics.points import Point
@@ -87,6 +88,11 @@ def parse_extra_labels(text: str) -> dict[str, str]:
     return dict(data)
 
 
+def worker_pool(worker: WorkerInfo, device_uuid: str, pool_of: PoolOf) -> str:
+    """A worker's pool: its pod's gpupool annotation, else the pool of the device it runs on."""
+    return worker.annotations.get(keys.GPU_POOL) or pool_of(device_uuid)
+
+
 def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, pool_of: PoolOf,
                    extra_labels: dict[str, str] | None = None, ts_ms: int = 0) -> list[Point]:
     allocations = {a.worker.uid: a for a in workers.allocations()}
@@ -104,7 +110,7 @@ def worker_samples(registry: DeviceRegistry, workers: WorkerTracker, node: str, 
         for device in allocation.devices:
             used = sums.get((uid, device.uuid), {"memory_bytes": 0.0, "compute_percentage": 0.0})
             limit = worker.limits.vram_bytes
-            pool = worker.annotations.get(keys.GPU_POOL) or pool_of(device.uuid)
+            pool = worker_pool(worker, device.uuid, pool_of)
             tags = {"namespace": worker.namespace, "node": node, "pod_name": worker.name, "pool": pool,
                     "uuid": device.uuid, "worker": uid, "workload": worker.workload_name or "unknown"}
             for annotation, tag in (extra_labels or {}).items():
@@ -212,7 +218,7 @@ class LimiterCollector(Collector):
             views = []
         for view in views:
             worker = view.allocation.worker
-            pool = worker.annotations.get(keys.GPU_POOL) or self.pool_of(view.device.uuid)
+            pool = worker_pool(worker, view.device.uuid, self.pool_of)
             labels = [view.device.uuid, self.node, pool, worker.namespace, worker.name,
                       worker.workload_name or "unknown"]
             for name, value in (("tfusion_worker_limiter_tokens", view.tokens),
