@@ -381,15 +381,16 @@ async def test_a_follower_gets_its_index_from_the_leader(apiserver: Any, kube: K
     await kube.create(r.SERVICEACCOUNTS, {"metadata": {"name": "tensor-fusion-operator", "namespace": OPS}},
                       namespace=OPS)
     token = await kube.request_token(OPS, "tensor-fusion-operator")
+    # A long lease: the follower must never take over, even when a loaded machine delays a renewal.
+    steady = {"leader_elect": True, "leader_lease_duration": 60.0, "leader_renew_deadline": 45.0}
     async with controllers() as tg:
-        first = await start_controller(tg, webhook_settings(apiserver, tmp_path, leader_elect=True, pod_name="ctl-a"))
+        first = await start_controller(tg, webhook_settings(apiserver, tmp_path, pod_name="ctl-a", **steady))
 
         async def leading() -> bool:
             return first.runtime.webhook is not None and first.runtime.webhook.assignments.indexes is not None
 
         await eventually(leading, what="the first controller leading")
-        follower = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, leader_elect=True,
-                                                                  pod_name="ctl-b"))
+        follower = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path, pod_name="ctl-b", **steady))
         assert not follower.runtime.is_leader
         helper = follower.runtime.webhook.assignments  # type: ignore[union-attr]
         helper.token_source = lambda: token
@@ -402,7 +403,11 @@ async def test_a_follower_gets_its_index_from_the_leader(apiserver: Any, kube: K
         created = await kube.create(r.PODS, pod("via-follower", BARE), namespace="default")
         leader = first.runtime.webhook.assignments  # type: ignore[union-attr]
         assert leader.indexes is not None
-        assert _index(created) == leader.indexes.assign("default/via-follower"), "the leader made the assignment"
+        # The leader's claim: still reserved under the admission's key, or held by the pod once its
+        # cache has it (asking the leader again would hand out a new index after that).
+        claims = {leader.indexes.claims.reservation("default/via-follower"),
+                  leader.indexes.held().get(created["metadata"]["uid"])}
+        assert _index(created) in claims, "the leader made the assignment"
         refused = await follower.http.get("/api/assign-index", params={"podName": "z"},
                                           headers={"Authorization": f"Bearer {token}"})
         assert refused.status_code == 503 and "not the leader" in refused.text
