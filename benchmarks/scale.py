@@ -69,6 +69,7 @@ from _processes import stop
 
 from tfusion.api import annotations as tfa
 from tfusion.api.crds import all_crds
+from tfusion.api.podindex import encode_pod_index
 from tfusion.controller.webhook.registration import MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeClient, NotFound
@@ -368,6 +369,8 @@ class Cluster:
             name = f"{dep_name(d)}-{p % per:03d}"
             body = swap(pod_text, d, n, {f'"{names["pod"]}"': f'"{name}"', f'"{names["node"]}"': f'"{self.node(n)}"',
                                          f'"{names["gpu"]}"': f'"gpu-{g:05d}"'})
+            # the pods on one node hold distinct indices, as the node-level index lock keeps them
+            with_index(body, (p // self.args.nodes) % tfa.POD_INDEX_MAX + 1)
             ns = ns_of(d)
             return [("POST", f"/api/v1/namespaces/{ns}/pods", body),
                     ("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status)]
@@ -394,6 +397,19 @@ class Cluster:
                     await self.kube.patch(r.PODS, "tpl-pod", {"metadata": {"finalizers": None}}, namespace=ns)
             await asyncio.sleep(0.1)
         raise RuntimeError("the template pod was not deleted")
+
+
+def with_index(pod: dict[str, Any], index: int) -> None:
+    """The pod holds pod index `index`: its annotation and its containers' index resource."""
+    resource, count = encode_pod_index(index)
+    pod["metadata"]["annotations"][tfa.INDEX] = str(index)
+    for container in pod["spec"]["containers"]:
+        for part in ("limits", "requests"):
+            amounts = (container.get("resources") or {}).get(part)
+            if amounts:
+                for name in [n for n in amounts if n.startswith(tfa.INDEX_RESOURCE_PREFIX)]:
+                    del amounts[name]
+                    amounts[resource] = str(count)
 
 
 # --- measuring a controller ---------------------------------------------------------------------
@@ -691,6 +707,8 @@ def main() -> None:
     if args.pods + args.new_pods * args.runs > args.gpus * (GPU_TFLOPS // POD_TFLOPS):
         parser.error(f"--pods + --new-pods x --runs ({args.pods + args.new_pods * args.runs}) do not fit on "
                      f"--gpus {args.gpus} ({GPU_TFLOPS // POD_TFLOPS} pods each)")
+    if args.gpus % args.nodes:
+        parser.error(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes} (as many GPUs on every node)")
     with contextlib.ExitStack() as stack:
         work = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tfusion-scale-bench-")))
         work.mkdir(parents=True, exist_ok=True)
