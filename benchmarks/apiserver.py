@@ -16,7 +16,8 @@ every client of the server talks to it:
 At scale (`--pods`, 100,000 by default; 0 skips it), in a second server process of its own:
 
 - pods_create_per_s: TF worker pods (bound, annotated, owned; about 4.6 KB of JSON each) created
-  with `--clients` concurrent connections;
+  with `--clients` concurrent connections; apiserver_cpu_ms_per_pod: the server process's CPU time
+  for those creates, per pod (user + system: the figure to compare on a shared machine);
 - list_100k_s: one client reading every pod as client-go's reflector does, pages of `limit=500`
   chained by `continue`, the client decoding only each page's list metadata (its token) and counting
   its items, so the time is the server's and the connection's; list_pages, list_items;
@@ -494,8 +495,10 @@ def disk_mb(state: Path) -> float:
 async def at_scale(args: argparse.Namespace, server: Server, pid: int, state: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"pods": args.pods}
     idle_rss = rss_mb(pid)
+    server_cpu = cpu_s(pid)
     result["pods_create_per_s"] = round(await creates_per_s(server, args.clients, args.pods, PODS_NS_PATH,
                                                                   lambda i: orjson.dumps(tf_worker_pod(i))), 1)
+    result["apiserver_cpu_ms_per_pod"] = round((cpu_s(pid) - server_cpu) * 1000 / args.pods, 3)
     server_cpu = cpu_s(pid)
     elapsed, pages, items, rv = await paged_list(server, decode=False)
     result.update(list_100k_s=round(elapsed, 2), list_pages=pages, list_items=items,

@@ -190,8 +190,11 @@ _DELETE_PRIMITIVES = "$deleteFromPrimitiveList/"
 _SET_ORDER = "$setElementOrder/"
 
 
-def strategic_merge_patch(target: Any, patch: Any, kind: str) -> Any:
+def strategic_merge_patch(target: Any, patch: Any, kind: str, *, owned: bool = False) -> Any:
     """Apply a Kubernetes strategic merge patch to an object of built-in `kind`.
+
+    With `owned`, the caller hands over `target` (a private copy no one else reads): it is patched in
+    place instead of copied first.
 
     Raises PatchError for a kind without strategic-merge metadata (custom resources: the caller
     answers 415 before getting here) and for malformed directives.
@@ -204,7 +207,10 @@ def strategic_merge_patch(target: Any, patch: Any, kind: str) -> Any:
         )
     if not isinstance(patch, dict):
         raise PatchError(f"a strategic merge patch must be a JSON object, got {type(patch).__name__}")
-    base = clone(target) if isinstance(target, dict) else {}
+    if not isinstance(target, dict):
+        base: dict[str, Any] = {}
+    else:
+        base = target if owned else clone(target)
     return _merge_map(base, patch, schema, "")
 
 

@@ -462,7 +462,7 @@ class ApiApp:
         parts = [head[:-1] + b',"items":[']
         served = info.api_version
         for entry in entries:
-            parts.append(entry.raw if entry.obj.get("apiVersion") == served else orjson.dumps(_versioned(info, entry)))
+            parts.append(entry.raw if entry.api_version == served else orjson.dumps(_versioned(info, entry)))
             parts.append(b",")
         if entries:
             parts.pop()
@@ -524,7 +524,7 @@ class ApiApp:
                 ),
             )
             return
-        if entry.obj.get("apiVersion") == info.api_version:
+        if entry.api_version == info.api_version:
             await send_bytes(send, code, entry.raw)
         else:
             await respond(send, code, _versioned(info, entry))
@@ -538,11 +538,8 @@ class ApiApp:
         )
         deleted = []
         for entry in entries:
-            meta = entry.obj["metadata"]
             try:
-                result = self.engine.delete(
-                    info, meta.get("namespace", ""), meta["name"], options, dry_run=request.dry_run
-                )
+                result = self.engine.delete(info, entry.namespace, entry.name, options, dry_run=request.dry_run)
             except ApiError as exc:
                 if exc.code == 404:
                     continue
@@ -572,6 +569,6 @@ class ApiApp:
 
 
 def _versioned(info: ResourceInfo, entry: Entry) -> dict[str, Any]:
-    if entry.obj.get("apiVersion") == info.api_version:
+    if entry.api_version == info.api_version:
         return entry.obj
     return to_served(info, entry.obj)

@@ -30,7 +30,7 @@ from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
 from tfusion.apiserver.reviews import Reviews
 from tfusion.apiserver.services import Services
-from tfusion.apiserver.store import Store
+from tfusion.apiserver.store import Store, freeze_loaded
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.settings import parse_listen
 from tfusion.web import bind_socket, kube_status_refusal, serve
@@ -160,6 +160,7 @@ class EmbeddedApiServer:
         store = Store(self.state, self.watch_history)
         try:
             app, gc, certfile, keyfile = self._build(store)
+            freeze_loaded()  # the state just loaded lives as long as the server: out of the GC's walks
             sock = bind_socket(f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}")
         except BaseException:
             store.close()

@@ -22,7 +22,7 @@ import logging
 
 from tfusion.apiserver.errors import ApiError
 from tfusion.apiserver.objects import FOREGROUND, Engine
-from tfusion.apiserver.store import DELETED, Event
+from tfusion.apiserver.store import DELETED, Entry, Event
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ class GarbageCollector:
         store = engine.store
         for storage_key in store.storage_keys():
             for _, entry in store.items(storage_key):
-                self._index(storage_key, entry.obj, add=True)
+                self._index(storage_key, entry, add=True)
         for storage_key in store.storage_keys():  # owners deleted while no collector ran
             for _, entry in store.items(storage_key):
-                self._verify_owners(entry.obj)
+                self._verify_owners(entry)
         store.listeners.append(self._on_event)
         engine.on_namespace_terminating = self._namespace_terminating
         engine.has_dependents = lambda uid: bool(self._dependents.get(uid))
@@ -54,20 +54,16 @@ class GarbageCollector:
             if entry.obj["metadata"].get("deletionTimestamp"):
                 self._namespaces.add(entry.obj["metadata"]["name"])
 
-    def _index(self, storage_key: str, obj: dict[str, object], *, add: bool) -> None:
-        meta = obj["metadata"]
-        assert isinstance(meta, dict)
-        key = (storage_key, meta.get("namespace", ""), meta["name"])
-        uid = meta.get("uid")
+    def _index(self, storage_key: str, entry: Entry, *, add: bool) -> None:
+        """Index (or unindex) an object's uid and owners from the fields its entry keeps: no decoding."""
+        key = (storage_key, entry.namespace, entry.name)
+        uid = entry.uid
         if uid:
             if add:
                 self._uids[uid] = key
             elif self._uids.get(uid) == key:
                 del self._uids[uid]
-        for ref in meta.get("ownerReferences") or []:
-            owner = ref.get("uid") if isinstance(ref, dict) else None
-            if not owner:
-                continue
+        for owner, _, _ in entry.owners:
             if add:
                 self._dependents.setdefault(owner, set()).add(key)
             else:
@@ -79,31 +75,25 @@ class GarbageCollector:
 
     def _on_event(self, event: Event) -> None:
         if event.old is not None:
-            self._index(event.storage_key, event.old.obj, add=False)
+            self._index(event.storage_key, event.old, add=False)
         if event.type == DELETED:
-            meta = event.entry.obj["metadata"]
-            uid = meta.get("uid")
-            if uid and uid in self._dependents:
-                self._queue.put_nowait(("collect", uid))
-            for ref in meta.get("ownerReferences") or []:
-                if isinstance(ref, dict) and ref.get("uid"):
-                    self._queue.put_nowait(("release", ref["uid"]))
-            namespace = event.entry.obj["metadata"].get("namespace")
-            if namespace in self._namespaces:
+            entry = event.entry
+            if entry.uid and entry.uid in self._dependents:
+                self._queue.put_nowait(("collect", entry.uid))
+            for owner, _, _ in entry.owners:
+                self._queue.put_nowait(("release", owner))
+            if entry.namespace in self._namespaces:
                 self._wake.set()
         else:
-            self._index(event.storage_key, event.entry.obj, add=True)
-            self._verify_owners(event.entry.obj)
+            self._index(event.storage_key, event.entry, add=True)
+            self._verify_owners(event.entry)
 
-    def _verify_owners(self, obj: dict[str, object]) -> None:
-        """Queue the owners `obj` names that are not in the store (see the module docstring)."""
-        meta = obj["metadata"]
-        assert isinstance(meta, dict)
-        for ref in meta.get("ownerReferences") or []:
-            owner = ref.get("uid") if isinstance(ref, dict) else None
-            if not isinstance(owner, str) or not owner or owner in self._uids or owner in self._verifying:
+    def _verify_owners(self, entry: Entry) -> None:
+        """Queue the owners `entry` names that are not in the store (see the module docstring)."""
+        for owner, api_version, kind in entry.owners:
+            if owner in self._uids or owner in self._verifying:
                 continue
-            if self._kind_served(str(ref.get("apiVersion") or ""), str(ref.get("kind") or "")):
+            if self._kind_served(api_version, kind):
                 self._verifying.add(owner)
                 self._queue.put_nowait(("verify", owner))
 

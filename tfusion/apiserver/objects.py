@@ -41,7 +41,7 @@ from tfusion.apiserver.kinds import (
 )
 from tfusion.apiserver.managedfields import Tracking
 from tfusion.apiserver.resources import Registry, ResourceInfo
-from tfusion.apiserver.store import Entry, Store, encode_object
+from tfusion.apiserver.store import Entry, Selection, Store, copy_json, encode_object
 
 __all__ = ["CRDS", "FOREGROUND", "NAMESPACES", "PODS", "Engine"]
 log = logging.getLogger(__name__)
@@ -268,16 +268,18 @@ class Engine:
         # bytes, or the request's decoder (app.py decodes large bodies off the event loop)
         document = limits.decode_json(patch_body, "patch") if isinstance(patch_body, bytes) else patch_body()
         current = self.get(info, namespace, name)
+        # a private copy, so each patch applies in place; the stored object is the "before"
         target = to_served(info, current.copy())
+        sent_before = current.obj["metadata"].get("managedFields")
         try:
             if ctype == "application/json-patch+json":
-                patched = patching.json_patch(target, document, max_bytes=limits.MAX_OBJECT_BYTES)
+                patched = patching.json_patch(target, document, max_bytes=limits.MAX_OBJECT_BYTES, owned=True)
             elif ctype == "application/merge-patch+json":
                 if not isinstance(document, dict):
                     raise errors.bad_request("a merge patch must be a JSON object")
-                patched = patching.merge_patch(target, document)
+                patched = patching.merge_patch(target, document, owned=True)
             else:
-                patched = patching.strategic_merge_patch(target, document, info.kind)
+                patched = patching.strategic_merge_patch(target, document, info.kind, owned=True)
         except patching.PatchTooLarge as exc:
             raise limits.object_too_large(exc.size) from None
         except patching.PatchError as exc:
@@ -293,7 +295,7 @@ class Engine:
                 [("metadata", "FieldValueRequired", "Required value: a patch may not remove metadata")],
             )
         meta = patched["metadata"]
-        managedfields.take_sent(info.kind, info.group, meta, tracking, target["metadata"].get("managedFields"))
+        managedfields.take_sent(info.kind, info.group, meta, tracking, sent_before)
         check_url_identity(info, meta, name, namespace, name_required=True)
         patched["kind"], patched["apiVersion"] = info.kind, info.api_version
         patched = to_storage(info, patched)
@@ -338,7 +340,7 @@ class Engine:
     ) -> dict[str, Any]:
         """Keep what clients cannot change: server-owned metadata, and spec/status per the subresource."""
         if subresource == "status":
-            merged: dict[str, Any] = orjson.loads(orjson.dumps(old))
+            merged: dict[str, Any] = copy_json(old)
             if "status" in new:
                 merged["status"] = new["status"]
             else:
@@ -554,16 +556,15 @@ class Engine:
             start = decode_continue(continue_token)
         order, first, end = self.store.ordered(info.storage_key, namespace, start)
         bucket = self.store.bucket(info.storage_key)
+        selection = Selection(label_selector, field_selector)
+        everything = selection.everything
         out: list[Entry] = []
         for index in range(first, end):
             entry = bucket[order[index]]
-            obj = entry.obj
-            if label_selector is not None and not label_selector.matches(obj["metadata"].get("labels") or {}):
-                continue
-            if field_selector is not None and not field_selector.matches(obj):
+            if not everything and not selection.matches(entry):
                 continue
             if limit and len(out) == limit:
-                return out, encode_continue(self.store.rv, out[-1].obj["metadata"]), end - index
+                return out, encode_continue(self.store.rv, out[-1]), end - index
             out.append(entry)
         return out, "", 0
 
@@ -583,8 +584,8 @@ def check_url_identity(
         )
 
 
-def encode_continue(rv: int, meta: dict[str, Any]) -> str:
-    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [meta.get("namespace", ""), meta["name"]]})
+def encode_continue(rv: int, last: Entry) -> str:
+    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [last.namespace, last.name]})
     return base64.urlsafe_b64encode(raw).decode()
 
 

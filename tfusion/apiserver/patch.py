@@ -56,13 +56,17 @@ def _json_equal(a: Any, b: Any) -> bool:
 # RFC 7386 JSON merge patch
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """Apply an RFC 7386 merge patch: objects merge recursively, null deletes, all else replaces."""
+def merge_patch(target: Any, patch: Any, *, owned: bool = False) -> Any:
+    """Apply an RFC 7386 merge patch: objects merge recursively, null deletes, all else replaces.
+
+    With `owned`, `target` is the caller's private copy and is merged in place (no copy at all)."""
     if not isinstance(patch, dict):
         return _clone(patch)
-    # one deep copy of the target, then merged in place: copying again at every level of the patch
-    # made a patch of metadata.annotations copy the whole object three times
-    return _merge_into(_clone(target) if isinstance(target, dict) else {}, patch)
+    if not isinstance(target, dict):
+        return _merge_into({}, patch)
+    # at most one deep copy of the target, then merged in place: copying again at every level of the
+    # patch made a patch of metadata.annotations copy the whole object three times
+    return _merge_into(target if owned else _clone(target), patch)
 
 
 def _merge_into(result: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -222,8 +226,9 @@ def _apply_op(doc: Any, op: Mapping[str, Any]) -> Any:
     return _add(doc, tokens, value)
 
 
-def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None) -> Any:
-    """Apply an RFC 6902 JSON patch (a list of operations) and return the patched copy.
+def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None, owned: bool = False) -> Any:
+    """Apply an RFC 6902 JSON patch (a list of operations) and return the patched copy (the patched
+    `target` itself with `owned`: the caller's private copy, which a failing op leaves half patched).
 
     With `max_bytes`, the document's JSON size is kept under it while the ops run: `copy` and `add`
     can double a document per op, so checking only the result would let a short patch build
@@ -231,7 +236,7 @@ def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None) -> Any:
     """
     if not isinstance(ops, list):
         raise PatchError(f"a JSON patch must be a list of operations, got {type(ops).__name__}")
-    doc = _clone(target)
+    doc = target if owned else _clone(target)
     budget = _SizeBudget(doc, max_bytes) if max_bytes is not None else None
     for index, op in enumerate(ops):
         if not isinstance(op, dict):

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import os
 import sqlite3
 import stat
-from collections import deque
+import sys
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from tfusion.api.selectors import FieldSelector, LabelSelector
 from tfusion.apiserver import errors, limits
 from tfusion.apiserver.statefile import StateFileError, ensure_schema, snapshot
 
@@ -31,6 +34,9 @@ ObjKey = tuple[str, str]  # (namespace or "", name)
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 #: events buffered for one watcher before its stream is closed
 MAX_QUEUED_EVENTS = 100_000
+#: the most bytes of objects the watch history holds (it also holds at most --watch-history events):
+#: what a watch may resume from, and how far a slow watcher may fall behind before it gets 410 Gone
+HISTORY_BYTES = 128 * 2**20
 
 
 def encode_object(obj: dict[str, Any]) -> bytes:
@@ -71,20 +77,185 @@ def _ours(directory: Path) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and resolved not in shared
 
 
-class Entry:
-    """One stored object: the dict (never mutated once stored) and its JSON encoding."""
+#: how many entries keep their decoded dict beside their bytes (the most recently touched ones): the
+#: working set of writes, admission and GC reads; everything else is decoded again when read
+DECODED_KEPT = 1024
+#: the field paths whose values every entry keeps, so that the field selectors clients use (the
+#: kubelet's spec.nodeName, status.phase, ...) are evaluated without decoding the object;
+#: metadata.name and metadata.namespace come from the key. Any other path decodes the object.
+INDEXED_FIELDS: tuple[str, ...] = ("spec.nodeName", "status.phase", "spec.schedulerName")
+_INDEXED_PARTS = tuple(tuple(path.split(".")) for path in INDEXED_FIELDS)
+#: the field paths a selector can be evaluated on without decoding
+SELECTABLE_FIELDS = frozenset(("metadata.name", "metadata.namespace", *INDEXED_FIELDS))
+#: the fields of an owner reference the garbage collector reads: uid, apiVersion, kind
+OwnerRef = tuple[str, str, str]
 
-    __slots__ = ("obj", "raw", "rv")
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON value (orjson's round trip is the fastest deep copy of this shape)."""
+    return orjson.loads(orjson.dumps(value))
+
+
+class _DecodedCache:
+    """Which entries keep their decoded dict: the `size` most recently touched (LRU). Shared by every
+    store of the process (tests run several servers, in threads), so each step tolerates another
+    thread having just moved or evicted the same entry."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._order: OrderedDict[Entry, None] = OrderedDict()
+
+    def touch(self, entry: Entry) -> None:
+        order = self._order
+        try:
+            order.move_to_end(entry)
+            return
+        except KeyError:
+            order[entry] = None
+        while len(order) > self.size:
+            try:
+                evicted, _ = order.popitem(last=False)
+            except KeyError:
+                return
+            evicted._decoded = None
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def clear(self) -> None:
+        for entry in list(self._order):
+            entry._decoded = None
+        self._order.clear()
+
+
+def _scalar(value: Any) -> str | int | float | bool | None:
+    """A field value as a selector reads it: scalars kept (strings interned: a few node names and
+    phases repeat across every pod), anything else as None (which a selector reads as "")."""
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, bool | int | float):
+        return value
+    return None
+
+
+def _field_at(obj: dict[str, Any], parts: tuple[str, ...]) -> Any:
+    node: Any = obj
+    for part in parts:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+class Entry:
+    """One stored object: its exact JSON encoding, the few fields lists, selectors, watches and the
+    garbage collector read, and (for the most recently touched entries only) the decoded dict.
+
+    The bytes are the object; the dict, when kept, is a read-only view of them (never mutated once
+    stored). At 100,000 pods the dicts would be most of the server's memory and most of the objects
+    its cyclic collector walks, so all but `DECODED_KEPT` of them are dropped and decoded on demand.
+    """
+
+    __slots__ = ("_decoded", "api_version", "fields", "labels", "name", "namespace",
+                 "owners", "raw", "rv", "uid")
 
     def __init__(self, obj: dict[str, Any], raw: bytes, rv: int) -> None:
-        self.obj = obj
         self.raw = raw
         self.rv = rv
+        self._index(obj)
+        self._decoded: dict[str, Any] | None = obj
+        _DECODED.touch(self)
+
+    @classmethod
+    def from_raw(cls, raw: bytes, rv: int) -> Entry:
+        """An entry read back from the state file: indexed, and not kept decoded."""
+        entry = cls.__new__(cls)
+        entry.raw = raw
+        entry.rv = rv
+        entry._index(orjson.loads(raw))
+        entry._decoded = None
+        return entry
+
+    def _index(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.namespace: str = sys.intern(str(meta.get("namespace") or ""))
+        self.name: str = str(meta.get("name") or "")
+        uid = meta.get("uid")
+        self.uid: str | None = uid if isinstance(uid, str) and uid else None
+        api_version = obj.get("apiVersion")
+        self.api_version: str | None = sys.intern(api_version) if isinstance(api_version, str) else None
+        labels = meta.get("labels")
+        self.labels: dict[str, str] | None = (
+            {sys.intern(str(k)): sys.intern(str(v)) if isinstance(v, str) else v for k, v in labels.items()}
+            if isinstance(labels, dict) and labels else None
+        )
+        values = tuple(_scalar(_field_at(obj, parts)) for parts in _INDEXED_PARTS)
+        self.fields: tuple[str | int | float | bool | None, ...] | None = (
+            values if any(v is not None for v in values) else None
+        )
+        refs = meta.get("ownerReferences")
+        owners = tuple(
+            (ref["uid"], sys.intern(str(ref.get("apiVersion") or "")), sys.intern(str(ref.get("kind") or "")))
+            for ref in refs if isinstance(ref, dict) and isinstance(ref.get("uid"), str) and ref["uid"]
+        ) if isinstance(refs, list) else ()
+        self.owners: tuple[OwnerRef, ...] = owners
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        """The object, read only: kept decoded for recently touched entries, decoded again otherwise."""
+        decoded = self._decoded
+        if decoded is None:
+            decoded = self._decoded = orjson.loads(self.raw)
+        _DECODED.touch(self)
+        return decoded
+
+    @property
+    def decoded(self) -> bool:
+        """Whether the dict is kept (for tests and the memory benchmark)."""
+        return self._decoded is not None
 
     def copy(self) -> dict[str, Any]:
         """A deep, mutable copy (decoding the stored JSON is the fastest deep copy)."""
         result: dict[str, Any] = orjson.loads(self.raw)
         return result
+
+    def selectable(self) -> dict[str, Any]:
+        """The indexed fields as a sparse object of the same shape, for a field selector that reads
+        only them (`selects_by_index`); a missing field reads as "" either way."""
+        view: dict[str, Any] = {"metadata": {"name": self.name, "namespace": self.namespace}}
+        for parts, value in zip(_INDEXED_PARTS, self.fields or (), strict=False):
+            if value is not None:
+                node = view
+                for part in parts[:-1]:
+                    node = node.setdefault(part, {})
+                node[parts[-1]] = value
+        return view
+
+
+class Selection:
+    """A list's or watch's label and field selectors, evaluated on entries: labels and the indexed
+    fields are read from the entry, so only a field selector on another path decodes the object."""
+
+    __slots__ = ("_by_index", "fields", "labels")
+
+    def __init__(self, labels: LabelSelector | None, fields: FieldSelector | None) -> None:
+        self.labels = labels
+        self.fields = fields if fields is not None and not fields.empty else None
+        self._by_index = self.fields is None or self.fields.paths <= SELECTABLE_FIELDS
+
+    @property
+    def everything(self) -> bool:
+        return self.labels is None and self.fields is None
+
+    def matches(self, entry: Entry) -> bool:
+        if self.labels is not None and not self.labels.matches(entry.labels or {}):
+            return False
+        if self.fields is None:
+            return True
+        return self.fields.matches(entry.selectable() if self._by_index else entry.obj)
+
+
+_DECODED = _DecodedCache(DECODED_KEPT)
 
 
 @dataclass(slots=True)
@@ -95,6 +266,12 @@ class Event:
     entry: Entry
     old: Entry | None  # the previous state, so selector watches can turn MODIFIED into ADDED/DELETED
 
+    @property
+    def size(self) -> int:
+        """The bytes of objects this event keeps alive (the previous state's too: an upper bound, as
+        it is often also the object of an earlier event)."""
+        return len(self.entry.raw) + (len(self.old.raw) if self.old is not None else 0)
+
 
 @dataclass(eq=False)
 class Subscription:
@@ -103,13 +280,24 @@ class Subscription:
     storage_key: str
     namespace: str | None
     queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+    #: the bytes of the events queued and not yet taken (`taken`)
+    queued_bytes: int = 0
+    #: set when the watcher fell further behind than the history holds: its stream ends with 410 Gone
+    expired: bool = False
+
+    def push(self, event: Event) -> None:
+        self.queued_bytes += event.size
+        self.queue.put_nowait(event)
+
+    def taken(self, event: Event) -> None:
+        self.queued_bytes -= event.size
 
     def close(self) -> None:
         self.queue.put_nowait(None)
 
 
 class Store:
-    def __init__(self, path: str | Path, history: int) -> None:
+    def __init__(self, path: str | Path, history: int, history_bytes: int = HISTORY_BYTES) -> None:
         self.path = str(path)
         if self.path != ":memory:":
             secure_state_files(Path(self.path))
@@ -142,8 +330,7 @@ class Store:
         self.committed_rv = self.rv
         self._objects: dict[str, dict[ObjKey, Entry]] = {}
         for skey, ns, name, rv, data in self._db.execute("SELECT skey, ns, name, rv, data FROM objects"):
-            raw = bytes(data)
-            self._objects.setdefault(skey, {})[(ns, name)] = Entry(orjson.loads(raw), raw, rv)
+            self._objects.setdefault(skey, {})[(sys.intern(ns), name)] = Entry.from_raw(bytes(data), rv)
         #: each resource's keys in order, kept as writes add and remove keys, so that a page of a list
         #: starts with a binary search instead of sorting every object of the resource
         self._order: dict[str, list[ObjKey]] = {skey: sorted(bucket) for skey, bucket in self._objects.items()}
@@ -155,7 +342,10 @@ class Store:
         #: row of such a resource by name alone, whatever namespace a body claims
         self.cluster_scoped: Callable[[str], bool] = lambda storage_key: False
         self.history = history
-        self.log: deque[Event] = deque(maxlen=history)
+        self.history_bytes = history_bytes
+        self.log: deque[Event] = deque()
+        #: the bytes of objects the log holds (Event.size summed)
+        self.log_bytes = 0
         #: events with rv > log_start are all in `log`; a watch from an older rv gets 410
         self.log_start = self.rv
         self._subs: dict[str, set[Subscription]] = {}
@@ -220,9 +410,8 @@ class Store:
         self._uids = {}
         for skey, bucket in self._objects.items():
             for key, entry in bucket.items():
-                uid = entry.obj.get("metadata", {}).get("uid")
-                if isinstance(uid, str) and uid:
-                    self._uids[uid] = (skey, key)
+                if entry.uid is not None:
+                    self._uids[entry.uid] = (skey, key)
 
     # ---------------------------------------------------------------- writes
     def put(self, storage_key: str, obj: dict[str, Any], old: Entry | None) -> Entry:
@@ -258,11 +447,10 @@ class Store:
         """Where a write goes; makes `meta` agree with it. Refuses (409) a create that would duplicate an
         existing row or uid."""
         if old is not None:
-            old_meta = old.obj["metadata"]
-            ns, name = old_meta.get("namespace") or "", old_meta["name"]
+            ns, name = old.namespace, old.name
             meta["name"] = name
-            if "uid" in old_meta:
-                meta["uid"] = old_meta["uid"]
+            if old.uid is not None:
+                meta["uid"] = old.uid
         else:
             ns, name = meta.get("namespace") or "", meta["name"]
             if self.cluster_scoped(storage_key):
@@ -354,23 +542,34 @@ class Store:
             await asyncio.shield(self._committed)
 
     def _emit(self, event: Event) -> None:
-        if len(self.log) == self.log.maxlen and self.log:
-            self.log_start = self.log[0].rv
-        self.log.append(event)
+        self._remember(event)
         subs = self._subs.get(event.storage_key)
         for sub in list(subs) if subs else ():
-            if sub.namespace is None or sub.namespace == event.entry.obj["metadata"].get("namespace", ""):
-                if sub.queue.qsize() >= MAX_QUEUED_EVENTS:
-                    # a watcher this far behind is not reading: end its stream (it will re-list),
-                    # as kube-apiserver does with unresponsive watchers, instead of buffering forever
+            if sub.namespace is None or sub.namespace == event.entry.namespace:
+                if sub.queue.qsize() >= MAX_QUEUED_EVENTS or sub.queued_bytes > self.history_bytes:
+                    # a watcher further behind than the history reaches is not reading: end its stream
+                    # with 410 Gone (it re-lists), as kube-apiserver does with watchers that fall out
+                    # of its watch cache, instead of holding its events forever
+                    sub.expired = True
                     sub.close()
                     self.unsubscribe(sub)
                     continue
-                sub.queue.put_nowait(event)
+                sub.push(event)
         for listener in self.listeners:
             listener(event)
 
     # ---------------------------------------------------------------- watch support
+    def _remember(self, event: Event) -> None:
+        """Append to the history, dropping its oldest events past --watch-history events or
+        `history_bytes` bytes; a watch from before the oldest one kept gets 410."""
+        log = self.log
+        log.append(event)
+        self.log_bytes += event.size
+        while len(log) > self.history or (self.log_bytes > self.history_bytes and len(log) > 1):
+            dropped = log.popleft()
+            self.log_bytes -= dropped.size
+            self.log_start = dropped.rv
+
     def subscribe(self, storage_key: str, namespace: str | None) -> Subscription:
         sub = Subscription(storage_key, namespace)
         self._subs.setdefault(storage_key, set()).add(sub)
@@ -393,6 +592,7 @@ class Store:
     def compact(self) -> None:
         """Forget the event log: a watch from any resourceVersion before now gets 410 Expired."""
         self.log.clear()
+        self.log_bytes = 0
         self.log_start = self.rv
 
     def close(self) -> None:
@@ -402,3 +602,12 @@ class Store:
                 self._commit_handle.cancel()
             self._commit()
         self._db.close()
+
+
+def freeze_loaded() -> None:
+    """Move everything alive now (the loaded state, the registry, the modules) out of the cyclic
+    collector's generations: they live as long as the server, and a full collection would otherwise
+    walk all of them every time (seconds at 100,000 pods). Garbage is collected first, so that none
+    of it is frozen with them."""
+    gc.collect()
+    gc.freeze()

@@ -19,7 +19,7 @@ import orjson
 from tfusion.apiserver import errors, tables
 from tfusion.apiserver.conversion import to_served
 from tfusion.apiserver.resources import ResourceInfo
-from tfusion.apiserver.store import ADDED, DELETED, MODIFIED, Entry, Event, Store
+from tfusion.apiserver.store import ADDED, DELETED, MODIFIED, Entry, Event, Selection, Store, Subscription
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -54,11 +54,10 @@ class WatchRequest:
         self._table_started = False
         #: events at or before this resourceVersion are already known to the client
         self.after_rv = 0
+        self.selection = Selection(label_selector, field_selector)
 
-    def matches(self, obj: dict[str, Any]) -> bool:
-        if self.label_selector is not None and not self.label_selector.matches(obj["metadata"].get("labels") or {}):
-            return False
-        return self.field_selector is None or self.field_selector.matches(obj)
+    def matches(self, entry: Entry) -> bool:
+        return self.selection.matches(entry)
 
     def line(self, event_type: str, entry: Entry) -> bytes:
         if self.as_table:
@@ -71,7 +70,7 @@ class WatchRequest:
             )
             self._table_started = True
             return orjson.dumps({"type": event_type, "object": body}) + b"\n"
-        if entry.obj.get("apiVersion") != self.info.api_version:
+        if entry.api_version != self.info.api_version:
             return _plain_line(event_type, orjson.dumps(self._versioned(entry)))
         return _LINES.line(event_type, entry)
 
@@ -84,12 +83,12 @@ class WatchRequest:
         """The line this watcher sees for a store event, or None when it sees nothing."""
         if event.rv <= self.after_rv:
             return None  # already part of the state this watch started from
-        if self.label_selector is None and self.field_selector is None:
+        if self.selection.everything:
             return self.line(event.type, event.entry)
-        now = self.matches(event.entry.obj)
+        now = self.matches(event.entry)
         if event.type == ADDED:
             return self.line(ADDED, event.entry) if now else None
-        before = event.old is not None and self.matches(event.old.obj)
+        before = event.old is not None and self.matches(event.old)
         if event.type == DELETED:
             return self.line(DELETED, event.entry) if before else None
         if now and before:
@@ -165,7 +164,7 @@ async def serve_watch(
             bucket = store.bucket(info.storage_key)
             for index in range(first, end):
                 entry = bucket[order[index]]
-                if request.matches(entry.obj):
+                if request.matches(entry):
                     initial.append(request.line(ADDED, entry))
             if request.initial_events:
                 # the watch-list protocol: this bookmark tells the client its initial state is complete
@@ -182,10 +181,7 @@ async def serve_watch(
                 await send({"type": "http.response.body", "body": b"".join(initial), "more_body": False})
                 return
             for event in events:
-                if (
-                    request.namespace is not None
-                    and event.entry.obj["metadata"].get("namespace", "") != request.namespace
-                ):
+                if request.namespace is not None and event.entry.namespace != request.namespace:
                     continue
                 line = request.translate(event)
                 if line is not None:
@@ -193,7 +189,7 @@ async def serve_watch(
         await _start(send, headers)
         if initial:
             await send({"type": "http.response.body", "body": b"".join(initial), "more_body": True})
-        await _stream(store, request, sub.queue, send, receive, bookmark_interval)
+        await _stream(store, request, sub, send, receive, bookmark_interval)
     finally:
         store.unsubscribe(sub)
 
@@ -207,7 +203,7 @@ async def _start(send: Send, headers: list[tuple[bytes, bytes]]) -> None:
 async def _stream(
     store: Store,
     request: WatchRequest,
-    queue: asyncio.Queue[Event | None],
+    sub: Subscription,
     send: Send,
     receive: Receive,
     bookmark_interval: float,
@@ -216,7 +212,7 @@ async def _stream(
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                queue.put_nowait(None)
+                sub.close()
                 return
 
     watcher = asyncio.ensure_future(wait_disconnect())
@@ -224,8 +220,11 @@ async def _stream(
     next_bookmark = time.monotonic() + bookmark_interval if request.bookmarks else None
     try:
         while True:
-            events, closing = await _next_batch(queue, _earliest(next_bookmark, deadline))
+            events, closing = await _next_batch(sub, _earliest(next_bookmark, deadline))
             chunk = [line for line in map(request.translate, events) if line is not None]
+            if closing and sub.expired:
+                chunk.append(_error_line(errors.expired(
+                    f"the watch fell behind by more than the server's history ({store.history_bytes} bytes)")))
             now = time.monotonic()
             if next_bookmark is not None and now >= next_bookmark:
                 chunk.append(request.bookmark(store.committed_rv))
@@ -246,8 +245,9 @@ def _earliest(*moments: float | None) -> float | None:
     return min(present) if present else None
 
 
-async def _next_batch(queue: asyncio.Queue[Event | None], until: float | None) -> tuple[list[Event], bool]:
+async def _next_batch(sub: Subscription, until: float | None) -> tuple[list[Event], bool]:
     """Every queued event (waiting for the first until `until`), and whether the stream must end."""
+    queue = sub.queue
     events: list[Event] = []
     if queue.empty():
         try:
@@ -262,10 +262,12 @@ async def _next_batch(queue: asyncio.Queue[Event | None], until: float | None) -
             return events, False
         if first is None:
             return events, True
+        sub.taken(first)
         events.append(first)
     while not queue.empty():
         event = queue.get_nowait()
         if event is None:
             return events, True
+        sub.taken(event)
         events.append(event)
     return events, False
