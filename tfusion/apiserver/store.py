@@ -85,6 +85,7 @@ DECODED_KEPT = 1024
 #: metadata.name and metadata.namespace come from the key. Any other path decodes the object.
 INDEXED_FIELDS: tuple[str, ...] = ("spec.nodeName", "status.phase", "spec.schedulerName")
 _INDEXED_PARTS = tuple(tuple(path.split(".")) for path in INDEXED_FIELDS)
+_INDEXED_POSITION = {path: index for index, path in enumerate(INDEXED_FIELDS)}
 #: the field paths a selector can be evaluated on without decoding
 SELECTABLE_FIELDS = frozenset(("metadata.name", "metadata.namespace", *INDEXED_FIELDS))
 #: the fields of an owner reference the garbage collector reads: uid, apiVersion, kind
@@ -219,17 +220,18 @@ class Entry:
         result: dict[str, Any] = orjson.loads(self.raw)
         return result
 
-    def selectable(self) -> dict[str, Any]:
-        """The indexed fields as a sparse object of the same shape, for a field selector that reads
-        only them (`selects_by_index`); a missing field reads as "" either way."""
-        view: dict[str, Any] = {"metadata": {"name": self.name, "namespace": self.namespace}}
-        for parts, value in zip(_INDEXED_PARTS, self.fields or (), strict=False):
-            if value is not None:
-                node = view
-                for part in parts[:-1]:
-                    node = node.setdefault(part, {})
-                node[parts[-1]] = value
-        return view
+    def field_text(self, path: str) -> str:
+        """An indexed field's value as a field selector reads it (`SELECTABLE_FIELDS` only)."""
+        if path == "metadata.name":
+            return self.name
+        if path == "metadata.namespace":
+            return self.namespace
+        value = self.fields[_INDEXED_POSITION[path]] if self.fields is not None else None
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return value if isinstance(value, str) else str(value)
 
 
 class Selection:
@@ -241,7 +243,11 @@ class Selection:
     def __init__(self, labels: LabelSelector | None, fields: FieldSelector | None) -> None:
         self.labels = labels
         self.fields = fields if fields is not None and not fields.empty else None
-        self._by_index = self.fields is None or self.fields.paths <= SELECTABLE_FIELDS
+        #: (path, wanted equal?, value) per requirement, when every path is indexed
+        self._by_index = (
+            tuple((r.path, r.operator == "=", r.value) for r in self.fields.requirements)
+            if self.fields is not None and self.fields.paths <= SELECTABLE_FIELDS else None
+        )
 
     @property
     def everything(self) -> bool:
@@ -252,7 +258,12 @@ class Selection:
             return False
         if self.fields is None:
             return True
-        return self.fields.matches(entry.selectable() if self._by_index else entry.obj)
+        if self._by_index is None:
+            return self.fields.matches(entry.obj)
+        for path, equal, value in self._by_index:  # noqa: SIM110 - a plain loop is faster here
+            if (entry.field_text(path) == value) != equal:
+                return False
+        return True
 
 
 _DECODED = _DecodedCache(DECODED_KEPT)
