@@ -161,7 +161,9 @@ class Entry:
                  "owners", "raw", "rv", "uid")
 
     def __init__(self, obj: dict[str, Any], raw: bytes, rv: int) -> None:
-        self.raw = raw
+        # a copy of exactly its length: orjson's output keeps the buffer it grew into, about twice
+        # the JSON's size, for as long as the bytes live
+        self.raw = bytes(memoryview(raw))
         self.rv = rv
         self._index(obj)
         self._decoded: dict[str, Any] | None = obj
