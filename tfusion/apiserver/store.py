@@ -6,6 +6,11 @@ sequence. Writes happen on the server's event loop with no await between reading
 version and storing the new one, which is what makes optimistic concurrency (409 on a stale
 resourceVersion) exact. Each write is also appended to a bounded event log (watch resume) and
 fanned out to the live watchers of that resource.
+
+In memory an object is its encoded JSON plus the few fields lists, selectors, watches and the
+garbage collector read (`Entry`); only the most recently touched keep a decoded dict. At 100,000
+pods that is about 6 KB a pod instead of 30, and a full cyclic collection walks one object per pod
+instead of a hundred.
 """
 
 from __future__ import annotations
@@ -119,14 +124,6 @@ class _DecodedCache:
             except KeyError:
                 return
             evicted._decoded = None
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def clear(self) -> None:
-        for entry in list(self._order):
-            entry._decoded = None
-        self._order.clear()
 
 
 def _scalar(value: Any) -> str | int | float | bool | None:
