@@ -327,7 +327,8 @@ OPTIONS: tuple[Option, ...] = (
        "with tokens of their own ServiceAccounts, bound by the RBAC that deploy/ ships (applied at start); "
        "'admin' gives them the admin token"),
     _o("watch_history", "--watch-history", None, 10000, _positive_int, "apiserver",
-       "watch events kept for resume; older resourceVersions get 410 Expired"),
+       "watch events kept for resume, and at most 128 MiB of them; older resourceVersions get "
+       "410 Expired"),
     # --- controller -------------------------------------------------------------------------------
     _o("controller_listen", "--controller-listen", "PORT", ":8080",
        _listen_or_port, "controller",
