@@ -193,6 +193,7 @@ class Pruner:
 
     def _copy(self, node: Any, tree: _Tree) -> Any:
         kind = type(node)
+        out: Any
         if kind is dict:
             out = {}
             for k, v in node.items():
