@@ -371,8 +371,7 @@ class Cluster:
             name = f"{dep_name(d)}-{p % per:03d}"
             body = swap(pod_text, d, n, {f'"{names["pod"]}"': f'"{name}"', f'"{names["node"]}"': f'"{self.node(n)}"',
                                          f'"{names["gpu"]}"': f'"gpu-{g:05d}"'})
-            # the pods on one node hold distinct indices, as the node-level index lock keeps them
-            with_index(body, (p // self.args.nodes) % tfa.POD_INDEX_MAX + 1)
+            with_index(body, clone_index(p // self.args.nodes, n))
             ns = ns_of(d)
             return [("POST", f"/api/v1/namespaces/{ns}/pods", body),
                     ("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status)]
@@ -399,6 +398,14 @@ class Cluster:
                     await self.kube.patch(r.PODS, "tpl-pod", {"metadata": {"finalizers": None}}, namespace=ns)
             await asyncio.sleep(0.1)
         raise RuntimeError("the template pod was not deleted")
+
+
+def clone_index(nth_on_node: int, node: int) -> int:
+    """The pod index of the `nth_on_node` pod on node number `node`: distinct on one node, as the
+    node-level index lock keeps them, and spread over all 128 across nodes, as the webhook's counter
+    hands them out. (Every node holding the same few indices would leave a new pod given one of
+    them no node at all: the `unscheduled` pods of earlier runs.)"""
+    return (nth_on_node + node) % tfa.POD_INDEX_MAX + 1
 
 
 def with_index(pod: dict[str, Any], index: int) -> None:
