@@ -732,6 +732,9 @@ def main() -> None:
     if args.pods + args.new_pods * args.runs > args.gpus * (GPU_TFLOPS // POD_TFLOPS):
         parser.error(f"--pods + --new-pods x --runs ({args.pods + args.new_pods * args.runs}) do not fit on "
                      f"--gpus {args.gpus} ({GPU_TFLOPS // POD_TFLOPS} pods each)")
+    if -(-args.pods // args.nodes) > tfa.POD_INDEX_MAX:
+        parser.error(f"--pods {args.pods} on --nodes {args.nodes}: more than {tfa.POD_INDEX_MAX} pods on a node "
+                     "cannot hold distinct pod indices")
     if args.gpus % args.nodes:
         parser.error(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes} (as many GPUs on every node)")
     with contextlib.ExitStack() as stack:
