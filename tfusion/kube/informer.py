@@ -257,7 +257,7 @@ class Informer:
         self.generation = 0
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[str, set[str]]] = {}
-        self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._indexed_values: dict[str, dict[str, str | tuple[str, ...]]] = {}
         self._handlers: list[Handler] = []
         #: called with the error each time the list or watch fails (the stream broke, not a clean end)
         self.error_listeners: list[Callable[[KubeError], None]] = []
@@ -513,17 +513,21 @@ class Informer:
         except Exception:
             log.exception("informer %s: index %s failed on %s", self.name, name, key)
             values = ()
-        if self._indexed_values[name].get(key) == values:
+        # one value (nearly always: a namespace, a node) is kept as itself, not as a 1-tuple: a
+        # tuple per object per index is 56 bytes, several MB at 100,000 pods
+        kept: str | tuple[str, ...] = values[0] if len(values) == 1 else values
+        if self._indexed_values[name].get(key) == kept:
             return
         self._unindex_one(name, key)
         index = self._indexes[name]
         for value in values:
             index.setdefault(value, set()).add(key)
-        self._indexed_values[name][key] = values
+        self._indexed_values[name][key] = kept
 
     def _unindex_one(self, name: str, key: str) -> None:
         index = self._indexes[name]
-        for value in self._indexed_values[name].pop(key, ()):
+        held = self._indexed_values[name].pop(key, ())
+        for value in (held,) if isinstance(held, str) else held:
             keys = index.get(value)
             if keys is not None:
                 keys.discard(key)

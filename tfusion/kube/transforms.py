@@ -106,7 +106,9 @@ class SharedTable:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
-        self._by_text: dict[bytes, Any] = {}
+        #: by JSON text as a str: orjson's bytes keep the capacity of its write buffer (several kB
+        #: for a short text), a decoded str is exactly its length
+        self._by_text: dict[str, Any] = {}
         self.hits = 0
 
     def __len__(self) -> int:
@@ -114,7 +116,7 @@ class SharedTable:
 
     def canonical(self, value: Any) -> Any:
         try:
-            key = orjson.dumps(value)
+            key = orjson.dumps(value).decode()
         except (TypeError, orjson.JSONEncodeError):  # not JSON (an integer past 64 bits): kept apart
             return value
         found = self._by_text.get(key)
