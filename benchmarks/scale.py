@@ -17,11 +17,13 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
   (every informer synced, the Lease held, the allocator rebuilt from the cache; the first bind is
   possible from then on — the scheduler and webhook wait for exactly that allocator);
 - `ready_cpu_s`: the CPU seconds (user + system) the replica used up to then, which a busy
-  machine does not inflate (start-up imports included);
+  machine does not inflate (start-up imports included), less what answering this script's
+  /readyz polls cost it (polls x the CPU of one poll, measured on the ready replica);
 - `rss_mb`: the leader's VmRSS once recovered; `rss_kb_per_pod` = (RSS at full size - RSS of a
   controller on the cluster with its nodes and GPUs but no pods) / pods, and `rss_kb_per_gpu` =
   (RSS with the nodes and GPUs - RSS on the empty cluster) / GPUs (nodes and pools included):
-  the marginal cost, each measured after recovery and a full collection;
+  the marginal cost, each measured 3 s after recovery (no collection is forced: RSS is what the
+  process holds, garbage included);
 - `allocator_mb` (once, outside the runs): a controller run in a separate process of this script
   on the full cluster, whose allocator's object graph is walked with `sys.getsizeof` once it has
   recovered (strings and numbers it shares with the informer caches counted too), and
@@ -369,8 +371,7 @@ class Cluster:
             name = f"{dep_name(d)}-{p % per:03d}"
             body = swap(pod_text, d, n, {f'"{names["pod"]}"': f'"{name}"', f'"{names["node"]}"': f'"{self.node(n)}"',
                                          f'"{names["gpu"]}"': f'"gpu-{g:05d}"'})
-            # the pods on one node hold distinct indices, as the node-level index lock keeps them
-            with_index(body, (p // self.args.nodes) % tfa.POD_INDEX_MAX + 1)
+            with_index(body, clone_index(p // self.args.nodes, n))
             ns = ns_of(d)
             return [("POST", f"/api/v1/namespaces/{ns}/pods", body),
                     ("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status)]
@@ -399,6 +400,14 @@ class Cluster:
         raise RuntimeError("the template pod was not deleted")
 
 
+def clone_index(nth_on_node: int, node: int) -> int:
+    """The pod index of the `nth_on_node` pod on node number `node`: distinct on one node, as the
+    node-level index lock keeps them, and spread over all 128 across nodes, as the webhook's counter
+    hands them out. (Every node holding the same few indices would leave a new pod given one of
+    them no node at all: the `unscheduled` pods of earlier runs.)"""
+    return (nth_on_node + node) % tfa.POD_INDEX_MAX + 1
+
+
 def with_index(pod: dict[str, Any], index: int) -> None:
     """The pod holds pod index `index`: its annotation and its containers' index resource."""
     resource, count = encode_pod_index(index)
@@ -421,15 +430,19 @@ async def conditions(http: httpx.AsyncClient) -> tuple[int, dict[str, tuple[bool
     return answer.status_code, {c["name"]: (c["ready"], c["message"]) for c in body.get("conditions", [])}
 
 
-async def wait_state(url: str, proc: subprocess.Popen[bytes], want: str, seconds: float) -> float:
+async def wait_state(url: str, proc: subprocess.Popen[bytes], want: str, seconds: float,
+                     polls: list[int] | None = None) -> float:
     """Poll /readyz until 200 and the allocator condition's message starts with `want` ("leader:
-    recovered" or "standby"); the monotonic time it was first seen."""
+    recovered" or "standby"); the monotonic time it was first seen. Each poll made is appended to
+    `polls` (a count the caller keeps)."""
     deadline = time.monotonic() + seconds
     last: Any = None
     async with httpx.AsyncClient(base_url=url, timeout=5) as http:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"the controller at {url} exited with {proc.returncode}")
+            if polls is not None:
+                polls.append(1)
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 status, found = await conditions(http)
                 last = (status, found.get("allocator"))
@@ -437,6 +450,15 @@ async def wait_state(url: str, proc: subprocess.Popen[bytes], want: str, seconds
                     return time.monotonic()
             await asyncio.sleep(0.05)
     raise RuntimeError(f"the controller at {url} did not reach {want!r} in {seconds:g} s: {last}")
+
+
+async def cpu_per_poll(url: str, proc: subprocess.Popen[bytes], count: int = 200) -> float:
+    """The controller's CPU seconds for one /readyz answer, from `count` polls in a row."""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        before = cpu_s(proc.pid)
+        for _ in range(count):
+            await conditions(http)
+        return (cpu_s(proc.pid) - before) / count
 
 
 async def settled_rss_kb(proc: subprocess.Popen[bytes], seconds: float = 3.0) -> int:
@@ -458,9 +480,12 @@ async def failovers(cluster: Cluster, run: int, timeout: float, webhook_port: in
     """ready_s, rss and the three hand-overs, on fresh replicas; the last leader, whose webhook
     listens on `webhook_port` (where the webhook Service points), is left running."""
     a, a_url, a_started = cluster.start_controller(f"a-{run}")
-    a_ready = await wait_state(a_url, a, "leader: recovered", timeout)
-    result: dict[str, Any] = {"ready_s": a_ready - a_started, "ready_cpu_s": cpu_s(a.pid),
-                              "rss_kb": await settled_rss_kb(a)}
+    polls: list[int] = []
+    a_ready = await wait_state(a_url, a, "leader: recovered", timeout, polls)
+    ready_cpu = cpu_s(a.pid)
+    result: dict[str, Any] = {"ready_s": a_ready - a_started, "rss_kb": await settled_rss_kb(a)}
+    result["ready_cpu_s"] = ready_cpu - len(polls) * await cpu_per_poll(a_url, a)
+    result["readyz_polls"] = len(polls)
     b, b_url, _ = cluster.start_controller(f"b-{run}")
     await wait_state(b_url, b, "standby", timeout)
     await asyncio.sleep(1.0)  # the standby's informers see the leader's last writes
@@ -707,6 +732,9 @@ def main() -> None:
     if args.pods + args.new_pods * args.runs > args.gpus * (GPU_TFLOPS // POD_TFLOPS):
         parser.error(f"--pods + --new-pods x --runs ({args.pods + args.new_pods * args.runs}) do not fit on "
                      f"--gpus {args.gpus} ({GPU_TFLOPS // POD_TFLOPS} pods each)")
+    if -(-args.pods // args.nodes) > tfa.POD_INDEX_MAX:
+        parser.error(f"--pods {args.pods} on --nodes {args.nodes}: more than {tfa.POD_INDEX_MAX} pods on a node "
+                     "cannot hold distinct pod indices")
     if args.gpus % args.nodes:
         parser.error(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes} (as many GPUs on every node)")
     with contextlib.ExitStack() as stack:

@@ -4,6 +4,7 @@ duplicated notifications; indexes; the shared factory; metrics."""
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from typing import Any
 
@@ -332,3 +333,37 @@ async def test_siblings_share_transformed_objects(kube: KubeClient) -> None:
                 await anyio.sleep(0.02)
         assert ours.get("inf/shared") is every.get("inf/shared")
         tg.cancel_scope.cancel()
+
+
+async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> None:
+    """Each page is in the cache before the next is fetched (a 100,000-pod list never sits in
+    memory whole), the cyclic collector is paused while the list runs, and the synced cache holds
+    every object at the list's resourceVersion."""
+    for i in range(7):
+        await kube.create(r.CONFIGMAPS, cm(f"p{i}"))
+    informer = Informer(kube, r.CONFIGMAPS, namespace="inf", page_size=2)
+    cached_when_fetched: list[int] = []
+    collector_on: list[bool] = []
+    pages = kube.list_pages
+
+    def watching_pages(*args: Any, **kwargs: Any) -> Any:
+        async def each() -> Any:
+            async for page in pages(*args, **kwargs):
+                cached_when_fetched.append(len(informer))
+                collector_on.append(gc.isenabled())
+                yield page
+        return each()
+
+    kube.list_pages = watching_pages  # type: ignore[method-assign]
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(informer.run)
+            with anyio.fail_after(5):
+                await informer.wait_synced()
+            tg.cancel_scope.cancel()
+    finally:
+        del kube.list_pages
+    assert cached_when_fetched == [0, 2, 4, 6]
+    assert collector_on == [False] * 4 and gc.isenabled()
+    assert sorted(informer.keys()) == [f"inf/p{i}" for i in range(7)]
+    assert informer.resource_version == (await kube.list(r.CONFIGMAPS, namespace="inf")).resource_version

@@ -10,15 +10,24 @@ import tracemalloc
 from typing import Any
 
 import orjson
+import pytest
 
 from tfusion.allocator.request import pod_index_of, request_from_pod
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Node, Pod
+from tfusion.api.accessors import Body, Gpu, Meta, Node, Pod
 from tfusion.controller.scheduling.nodes import allocatable, extended_requests, is_pending, pod_demand, static_check
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
 from tfusion.kube.informer import node_name_index
-from tfusion.kube.transforms import PRUNED, intern_strings, strip_managed_fields, transform_for
+from tfusion.kube.transforms import (
+    PRUNED,
+    SHARED,
+    SHARED_PATHS,
+    SharedTable,
+    intern_strings,
+    strip_managed_fields,
+    transform_for,
+)
 
 
 def bound_worker() -> dict[str, Any]:
@@ -154,3 +163,113 @@ def test_a_cached_pod_costs_half_after_the_transform() -> None:
     raw, transformed = per_pod(lambda o: o), per_pod(transform_for(r.PODS))
     sys.stderr.write(f"bytes per cached pod: {raw:.0f} raw, {transformed:.0f} transformed\n")
     assert transformed < raw * 0.6
+
+
+def a_gpu(n: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
+            "metadata": {"name": f"gpu-{n:05d}", "resourceVersion": "9", "labels": {
+                tfa.GPU_POOL: "pool-0", tfa.MANAGED_BY: "node-00001"}, "managedFields": [{}]},
+            "status": {"phase": "Running", "uuid": f"GPU-{n}", "gpuModel": "H100", "usedBy": "tensor-fusion",
+                       "capacity": {"tflops": "100", "vram": "80Gi"}, "available": {"tflops": "90", "vram": "72Gi"},
+                       "nodeSelector": {"kubernetes.io/hostname": "node-00001"}}}
+
+
+#: accessors that hand back a whole section, or a whole container: a pruned object answers them
+#: with less on purpose; the fields inside are compared through the other accessors and below
+_WHOLE_SECTIONS = {"raw", "spec", "status", "meta", "containers", "init_containers", "container_statuses"}
+
+
+def accessor_names(cls: type[Body]) -> list[str]:
+    """Every property of `cls` (its bases' included): the controller reads objects through them."""
+    return sorted({name for klass in cls.__mro__ for name, member in vars(klass).items()
+                   if isinstance(member, property)} - _WHOLE_SECTIONS)
+
+
+def meta_accessor_names() -> list[str]:
+    return sorted({name for name, member in vars(Meta).items() if isinstance(member, property)} - {"raw"})
+
+
+@pytest.mark.parametrize(("cls", "make", "resource"), [(Pod, bound_worker, r.PODS), (Node, a_node, r.NODES),
+                                                       (Gpu, a_gpu, r.GPUS)])
+def test_every_accessor_answers_the_same_on_the_transformed_object(cls: type[Body], make: Any,
+                                                                    resource: r.ApiResource) -> None:
+    """Derived from the accessors themselves: one added later that reads a pruned field fails here."""
+    before, after = cls(make()), cls(transform_for(resource)(make()))
+    names = accessor_names(cls)
+    assert names, "no accessors found"
+    for name in names:
+        assert getattr(after, name) == getattr(before, name), name
+    for name in meta_accessor_names():
+        assert getattr(after.meta, name) == getattr(before.meta, name), f"meta.{name}"
+
+
+def test_containers_lose_only_the_pruned_fields() -> None:
+    before, after = Pod(bound_worker()), Pod(transform_for(r.PODS)(bound_worker()))
+    dropped = {path[-1] for path in PRUNED["Pod"] if path[1] in ("containers", "initContainers")}
+    for kept, whole in ((after.containers, before.containers), (after.init_containers, before.init_containers)):
+        assert kept == [{k: v for k, v in c.items() if k not in dropped} for c in whole]
+    status_dropped = {path[-1] for path in PRUNED["Pod"] if path[1] == "containerStatuses"}
+    assert after.container_statuses == [{k: v for k, v in c.items() if k not in status_dropped}
+                                        for c in before.container_statuses]
+
+
+def sibling(pod: dict[str, Any], n: int) -> dict[str, Any]:
+    """Another pod of the same Deployment, as the API server would send it (a fresh decode)."""
+    text = orjson.dumps(pod).replace(b"d-00001-003", f"d-00001-{n:03d}".encode()).replace(b'"u-1"', f'"u-{n}"'.encode())
+    decoded: dict[str, Any] = orjson.loads(text)
+    return decoded
+
+
+def test_pods_of_one_deployment_share_their_common_subtrees() -> None:
+    transform = transform_for(r.PODS)
+    one, two = transform(sibling(bound_worker(), 1)), transform(sibling(bound_worker(), 2))
+    assert one["metadata"]["name"] != two["metadata"]["name"]
+    for path in SHARED_PATHS["Pod"]:
+        a: Any = one
+        b: Any = two
+        for step in path:
+            if step == "[]":
+                a, b = a[0], b[0]
+            elif step in a:
+                a, b = a[step], b[step]
+            else:
+                break
+        else:
+            assert a is b, path
+    # the per-pod parts stay per pod
+    assert one["metadata"] is not two["metadata"]
+    assert one["metadata"]["annotations"] is not two["metadata"]["annotations"]
+
+
+def test_shared_subtrees_are_not_modified_by_transforming_or_reading() -> None:
+    transform = transform_for(r.PODS)
+    pods = [Pod(transform(sibling(bound_worker(), n))) for n in range(20)]
+    changed = sibling(bound_worker(), 21)
+    changed["spec"]["tolerations"][0]["value"] = "other"
+    odd = Pod(transform(changed))
+    assert odd.spec["tolerations"] is not pods[0].spec["tolerations"]
+    assert pods[0].spec["tolerations"][0]["value"] == "tensor-fusion"
+    for pod in [*pods, odd]:
+        for reader in (request_from_pod, pod_index_of, connection_of, is_pending, pod_demand):
+            reader(pod)
+        node_name_index(pod.raw)
+        extended_requests(pod, ["example.com/fpga"])
+    assert SHARED.changed() == []
+
+
+def test_the_shared_table_keeps_values_apart_by_json_and_starts_afresh_when_full() -> None:
+    table = SharedTable(max_entries=3)
+    one = {"a": 1}
+    assert table.canonical(one) is one
+    assert table.canonical({"a": 1}) is one and table.hits == 1
+    assert table.canonical({"a": 1.0}) is not one and table.canonical({"a": True}) is not one
+    assert len(table) == 3
+    table.canonical({"b": 1})  # full: the table starts afresh
+    assert len(table) == 1 and table.canonical({"a": 1}) is not one
+    big = {"n": 1 << 70}  # not JSON orjson writes: handed back as it is, not kept
+    assert table.canonical(big) is big and len(table) == 2
+    one["a"] = 2
+    table.clear()
+    table.canonical(one)
+    one["a"] = 3
+    assert table.changed() == [{"a": 3}]

@@ -608,6 +608,9 @@ class GpuAllocator:
         """
         skipped: list[tuple[str, str]] = []
         gpus = self.indexes.gpus
+        # a node's score is a function of its GPUs' load alone: scored once after all its pods,
+        # not once per pod (a recovery of 100,000 pods on 5,000 nodes)
+        touched: dict[str, None] = {}
         for req, gpu_names in allocations:
             names = tuple(gpu_names)
             known = [gpus[n] for n in names if n in gpus]
@@ -619,7 +622,11 @@ class GpuAllocator:
             parts: tuple[partitions.Partition | None, ...] = ()
             if req.isolation == tfa.ISOLATION_PARTITIONED:
                 parts, charges, limits = self._recovered_parts(req, names, charges, limits, reported or {})
-            self.ledger.apply(Allocation(req, known[0].node, names, charges, limits, None, parts))
+            node = known[0].node
+            self.ledger.apply(Allocation(req, node, names, charges, limits, None, parts), rescore=False)
+            touched[node] = None
+        for node in touched:
+            self.ledger.rescore(node)
         return skipped
 
     def _recovered_parts(self, req: AllocRequest, names: tuple[str, ...], charges: tuple[tuple[int, int], ...],

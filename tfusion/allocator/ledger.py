@@ -199,8 +199,10 @@ class Ledger:
 
     # ------------------------------------------------------------------ recording
 
-    def apply(self, alloc: Allocation) -> None:
-        """Charge a validated allocation on its GPUs, node, index lock and namespace."""
+    def apply(self, alloc: Allocation, *, rescore: bool = True) -> None:
+        """Charge a validated allocation on its GPUs, node, index lock and namespace. Without
+        `rescore` the node keeps its old scores and place in the group indexes until the caller
+        rescores it (`restore` rescores each node once, after all its allocations)."""
         uid = alloc.req.pod_uid
         gpus = self.indexes.gpus
         for i, (name, charge) in enumerate(zip(alloc.gpus, alloc.charges, strict=True)):
@@ -223,7 +225,7 @@ class Ledger:
             self.assumed[uid] = alloc.assumed_at
         self.usage_bucket(alloc).add(alloc.usage)
         self.settle_modes(alloc)
-        self.touch(alloc)
+        self.touch(alloc, rescore=rescore)
 
     def unapply(self, alloc: Allocation) -> None:
         """Undo `apply` (forget, rollback, release, expiry)."""
@@ -270,12 +272,17 @@ class Ledger:
             if slot is not None and slot.dynamic:
                 isolation.settle(slot, self.allocs)
 
-    def touch(self, alloc: Allocation) -> None:
-        """Re-score the allocation's node and mark what status must be rewritten."""
+    def touch(self, alloc: Allocation, *, rescore: bool = True) -> None:
+        """Re-score the allocation's node (with `rescore`) and mark what status must be rewritten."""
         if alloc.assumed_at is None:
             self.dirty.update(n for n in alloc.gpus if n in self.indexes.gpus)
             self.dirty_quota.add(alloc.req.namespace)
-        node = self.indexes.nodes.get(alloc.node)
+        if rescore:
+            self.rescore(alloc.node)
+
+    def rescore(self, node_name: str) -> None:
+        """Re-score a node and move it in the group indexes (after its GPUs' load changed)."""
+        node = self.indexes.nodes.get(node_name)
         if node is not None and node.gpus:
             self.indexes.rescore(node)
 

@@ -73,7 +73,7 @@ def _percent(part: float, whole: float) -> float:
     return part / whole * 100.0 if whole > 0 else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkerRow:
     """What a worker's row says, refreshed from its pod and allocation while it lives."""
 

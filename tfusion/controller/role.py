@@ -94,9 +94,9 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
     return runtime
 
 
-#: the kinds whose unread fields the controller's cache drops (kube/transforms.py PRUNED): the two
-#: it holds by the thousand beyond its own kinds
-PRUNED_RESOURCES = (r.PODS, r.NODES)
+#: the kinds the controller's cache holds by the thousand, whose unread fields it drops
+#: (kube/transforms.py PRUNED) and whose common subtrees it keeps once (SHARED_PATHS)
+PRUNED_RESOURCES = (r.PODS, r.NODES, r.GPUS)
 
 
 def cache_is_ours(settings: Settings) -> bool:

@@ -377,20 +377,31 @@ class KubeClient:
                    label_selector: str | None = None, field_selector: str | None = None,
                    limit: int = 500) -> ObjectList:
         """Every page, following `continue`. `namespace=None` lists across all namespaces."""
+        result = ObjectList()
+        async for page in self.list_pages(resource, namespace=namespace, label_selector=label_selector,
+                                          field_selector=field_selector, limit=limit):
+            result.items.extend(page.items)
+            result.resource_version = page.resource_version
+        return result
+
+    async def list_pages(self, resource: ApiResource, *, namespace: str | None = None,
+                         label_selector: str | None = None, field_selector: str | None = None,
+                         limit: int = 500) -> AsyncGenerator[ObjectList, None]:
+        """The list one page at a time, following `continue`: a caller that is done with a page
+        before asking for the next never holds the whole list (100,000 decoded pods are a few GB).
+        Every page carries the list's resourceVersion so far; the last one's is the list's."""
         params: dict[str, str] = {"limit": str(limit)}
         if label_selector:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
-        result = ObjectList()
         ns = namespace if resource.namespaced else None
         while True:
             page = await self.request("GET", resource, namespace=ns, params=params)
-            result.items.extend(items(page, "items"))
-            result.resource_version = Body(page).meta.resource_version
             token = text(page, "metadata", "continue")
+            yield ObjectList(items(page, "items"), Body(page).meta.resource_version)
             if not token:
-                return result
+                return
             params["continue"] = token
 
     async def create(self, resource: ApiResource, obj: Mapping[str, Any], *, namespace: str | None = None,

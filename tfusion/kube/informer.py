@@ -33,6 +33,7 @@ from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
+from tfusion.kube.gcpause import collector_paused
 from tfusion.kube.resources import ApiResource
 from tfusion.kube.transforms import DEFAULT_TRANSFORM, Transform
 
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 #: waits between reconnects after a failed list or watch: 0.2 s doubling to 30 s, jittered 50-150 %
 #: around that (within those bounds) so many informers do not reconnect in step
 RECONNECT_BACKOFF = Backoff(base=0.2, cap=30.0, jitter=0.5)
-
-#: a re-list hands the event loop back after applying this many objects
-RELIST_YIELD_EVERY = 500
 
 #: an index function gets a cached object as the server sent it (decoded JSON: what `get()` returns)
 IndexFunc = Callable[[JsonMapping], Iterable[str]]
@@ -135,7 +133,11 @@ def _metrics_for(registry: CollectorRegistry | None) -> InformerMetrics:
 # --- handlers ---------------------------------------------------------------------------------
 
 
-@dataclass
+#: the most queued events a handler takes in one pass
+DELIVERY_BATCH = 64
+
+
+@dataclass(slots=True)
 class _Delivery:
     kind: str  # ADDED, MODIFIED, DELETED
     old: dict[str, Any] | None
@@ -162,10 +164,21 @@ class Handler:
         return self._receive.statistics().current_buffer_used
 
     async def run(self) -> None:
-        async with self._receive:
-            async for delivery in self._receive:
-                await self._call(delivery)
-                self.delivered += 1
+        receive = self._receive
+        async with receive:
+            while True:
+                try:
+                    batch = [await receive.receive()]
+                except anyio.EndOfStream:
+                    return
+                # what is queued already comes without a trip through the event loop for each
+                # (an initial list queues 100,000 adds at once)
+                with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
+                    while len(batch) < DELIVERY_BATCH:
+                        batch.append(receive.receive_nowait())
+                for delivery in batch:
+                    await self._call(delivery)
+                    self.delivered += 1
 
     async def _call(self, delivery: _Delivery) -> None:
         args: tuple[dict[str, Any] | None, ...]
@@ -244,7 +257,7 @@ class Informer:
         self.generation = 0
         self._index_funcs: dict[str, IndexFunc] = {}
         self._indexes: dict[str, dict[str, set[str]]] = {}
-        self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._indexed_values: dict[str, dict[str, str | tuple[str, ...]]] = {}
         self._handlers: list[Handler] = []
         #: called with the error each time the list or watch fails (the stream broke, not a clean end)
         self.error_listeners: list[Callable[[KubeError], None]] = []
@@ -389,38 +402,49 @@ class Informer:
         return got_events
 
     async def _relist(self) -> None:
-        listed = await self.client.list(self.resource, namespace=self.key.namespace,
-                                        label_selector=self.key.label_selector,
-                                        field_selector=self.key.field_selector, limit=self.page_size)
+        """List page by page, each page transformed and applied before the next is fetched (a
+        100,000-pod list never sits in memory whole); then drop what the list no longer has."""
+        listed: set[str] = set()
+        rv = ""
+        with collector_paused():
+            pages = self.client.list_pages(self.resource, namespace=self.key.namespace,
+                                           label_selector=self.key.label_selector,
+                                           field_selector=self.key.field_selector, limit=self.page_size)
+            async with contextlib.aclosing(pages):
+                async for page in pages:
+                    self._apply_listed(page.items, listed)
+                    rv = page.resource_version
+                    # transforming and indexing a page takes a while at that size: let the Lease
+                    # renewals and the handlers run meanwhile (each object applied is a change on
+                    # its own, as if it came by watch; the resourceVersion moves once all are in)
+                    await anyio.sleep(0)
         self._m_relists.inc()
         self._last_event = self.clock.now()
-        # kube leaves apiVersion/kind out of list items; cached objects carry them, as watch events do
-        kind, api_version = self.resource.kind, self.resource.api_version
-        for obj in listed.items:
-            obj.setdefault("kind", kind)
-            obj.setdefault("apiVersion", api_version)
-        fresh = {object_key(obj): obj for obj in listed.items}
-        for key in [k for k in self._store if k not in fresh]:
+        for key in [k for k in self._store if k not in listed]:
             gone = self._store[key]
             self._delete(key)
             self._emit(_Delivery("DELETED", None, gone))
-        for count, (key, obj) in enumerate(fresh.items(), 1):
-            if count % RELIST_YIELD_EVERY == 0:
-                # 100,000 objects take seconds to transform and index: let the Lease renewals and
-                # the handlers run meanwhile (each object applied is a change on its own, as if
-                # it came by watch; the resourceVersion moves only once all are in)
-                await anyio.sleep(0)
+        self._rv = rv
+        if not self._synced.is_set():
+            log.info("informer %s synced: %d objects at resourceVersion %s", self.name, len(self._store),
+                     self._rv)
+            self._synced.set()
+
+    def _apply_listed(self, page: builtins.list[dict[str, Any]], listed: set[str]) -> None:
+        """One page of a list into the cache; its keys into `listed`."""
+        # kube leaves apiVersion/kind out of list items; cached objects carry them, as watch events do
+        kind, api_version = self.resource.kind, self.resource.api_version
+        for obj in page:
+            obj.setdefault("kind", kind)
+            obj.setdefault("apiVersion", api_version)
+            key = object_key(obj)
+            listed.add(key)
             old = self._store.get(key)
             if old is not None and _rv(Body(old)) == _rv(Body(obj)):
                 continue
             obj = self._transformed(key, obj)
             self._put(key, obj)
             self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
-        self._rv = listed.resource_version
-        if not self._synced.is_set():
-            log.info("informer %s synced: %d objects at resourceVersion %s", self.name, len(self._store),
-                     self._rv)
-            self._synced.set()
 
     def _apply(self, event: WatchEvent) -> None:
         kind, obj = event
@@ -489,17 +513,21 @@ class Informer:
         except Exception:
             log.exception("informer %s: index %s failed on %s", self.name, name, key)
             values = ()
-        if self._indexed_values[name].get(key) == values:
+        # one value (nearly always: a namespace, a node) is kept as itself, not as a 1-tuple: a
+        # tuple per object per index is 56 bytes, several MB at 100,000 pods
+        kept: str | tuple[str, ...] = values[0] if len(values) == 1 else values
+        if self._indexed_values[name].get(key) == kept:
             return
         self._unindex_one(name, key)
         index = self._indexes[name]
         for value in values:
             index.setdefault(value, set()).add(key)
-        self._indexed_values[name][key] = values
+        self._indexed_values[name][key] = kept
 
     def _unindex_one(self, name: str, key: str) -> None:
         index = self._indexes[name]
-        for value in self._indexed_values[name].pop(key, ()):
+        held = self._indexed_values[name].pop(key, ())
+        for value in (held,) if isinstance(held, str) else held:
             keys = index.get(value)
             if keys is not None:
                 keys.discard(key)

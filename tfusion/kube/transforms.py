@@ -4,8 +4,9 @@ Why: a controller that caches 100,000 pods as decoded JSON pays for every field 
 sends, most of which no reader here ever looks at, and for one copy of every repeated string
 ("tensor-fusion.ai/gpupool", "Running", a pool's name, a node's name) per object. controller-runtime
 users strip managedFields with a cache transform for the same reason; this module does that, drops
-the fields of a kind that the controller does not read (`PRUNED`), and interns the keys and short
-values so that objects share them.
+the fields of a kind that the controller does not read (`PRUNED`), interns the keys and short
+values so that objects share them, and keeps the subtrees that many objects hold alike (a
+Deployment's labels, tolerations and containers) once, in `SHARED` (which paths: `SHARED_PATHS`).
 
 Pruning changes what the cache holds, so two rules keep it safe:
 - a pruned field is one that no code reading the cache reads: each entry in `PRUNED` says why, and
@@ -24,6 +25,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from tfusion.kube import resources as r
 
@@ -75,14 +78,84 @@ def strip_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-#: a compiled set of paths: key -> DROP, or the tree below that key ("[]" for a list's items)
-_Tree = dict[str, Any]
+#: by kind, the subtrees that many objects hold alike and that the cache keeps once for all of them
+#: (see `SharedTable`): a Deployment's pods carry one set of labels, owner references, tolerations,
+#: affinity and containers; a pool's nodes one allocatable; a GPU model one capacity
+SHARED_PATHS: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "Pod": (
+        ("metadata", "labels"), ("metadata", "ownerReferences"), ("metadata", "finalizers"),
+        ("spec", "containers", "[]"), ("spec", "initContainers", "[]"), ("spec", "tolerations"),
+        ("spec", "affinity"), ("spec", "nodeSelector"), ("spec", "overhead"),
+        ("status", "conditions"), ("status", "containerStatuses"), ("status", "initContainerStatuses"),
+    ),
+    "Node": (("spec", "taints"), ("status", "allocatable"), ("status", "capacity")),
+    "GPU": (("metadata", "labels"), ("status", "capacity"), ("status", "available"), ("status", "nodeSelector")),
+}
+
+
+class SharedTable:
+    """Equal subtrees kept once: `canonical(value)` is the first value equal to it that was seen.
+
+    A subtree is known by its JSON text (equal JSON, equal value: 1, 1.0 and True stay apart), so
+    a hit costs one encoding and no deep comparison. What it hands out is shared by every cached
+    object that holds it; like everything in an informer's cache it is never modified (the tests
+    check `changed()` after running the controller's readers). The table holds at most
+    `max_entries` subtrees and starts afresh when full: objects already cached keep what they
+    share, and the subtrees of objects deleted long ago are not kept for ever.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        #: by JSON text as a str: orjson's bytes keep the capacity of its write buffer (several kB
+        #: for a short text), a decoded str is exactly its length
+        self._by_text: dict[str, Any] = {}
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._by_text)
+
+    def canonical(self, value: Any) -> Any:
+        try:
+            key = orjson.dumps(value).decode()
+        except (TypeError, orjson.JSONEncodeError):  # not JSON (an integer past 64 bits): kept apart
+            return value
+        found = self._by_text.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        if len(self._by_text) >= self.max_entries:
+            self._by_text.clear()
+        self._by_text[key] = value
+        return value
+
+    def changed(self) -> list[Any]:
+        """The shared subtrees that no longer match the text they were stored under (something
+        modified a cached object in place): empty unless there is a bug."""
+        return [value for key, value in self._by_text.items() if orjson.loads(key) != value]
+
+    def clear(self) -> None:
+        self._by_text.clear()
+
+
+#: the one table of the process: pods, nodes and GPUs share strings and subtrees across informers
+SHARED = SharedTable()
+
+#: markers in a compiled rule tree: a key whose value is dropped; the key under which a node says
+#: that the subtree there is shared
 DROP = None
+_SHARE = "\x00share"
+#: a compiled set of rules: key -> DROP, or the rules below that key ("[]" for a list's items)
+_Tree = dict[str, Any]
 
 
-def _compile(paths: tuple[tuple[str, ...], ...]) -> _Tree:
+def _compile(drop: tuple[tuple[str, ...], ...], share: tuple[tuple[str, ...], ...]) -> _Tree:
     tree: _Tree = {}
-    for path in paths:
+    for path in share:
+        node = tree
+        for step in path:
+            node = node.setdefault(step, {})
+        node[_SHARE] = True
+    for path in drop:
         node = tree
         for step in path[:-1]:
             node = node.setdefault(step, {})
@@ -90,58 +163,64 @@ def _compile(paths: tuple[tuple[str, ...], ...]) -> _Tree:
     return tree
 
 
-def _copy(node: Any, tree: _Tree | None) -> Any:
-    """A copy of `node` with the strings up to INTERN_MAX_LEN interned and, where `tree` says,
-    keys dropped: one walk, since a cached object is transformed on every watch event. Keys are
-    not interned here: orjson, which decodes every answer, already shares them between objects."""
-    kind = type(node)
-    if kind is dict:
-        if tree is None:
-            return {k: _value(v) for k, v in node.items()}
-        out = {}
-        for k, v in node.items():
-            if k in tree:
-                below = tree[k]
-                if below is not DROP:
-                    out[k] = _copy(v, below)
-            else:
-                out[k] = _value(v)
-        return out
-    if kind is list:
-        items = tree.get("[]") if tree is not None else None
-        return [_copy(v, items) for v in node]
-    return _value(node)
+_intern = sys.intern
 
 
 def _value(value: Any) -> Any:
+    """A copy of `value` with its short strings and its keys interned."""
     kind = type(value)
     if kind is str:
         return _intern(value) if len(value) <= INTERN_MAX_LEN else value
     if kind is dict:
-        return {k: _value(v) for k, v in value.items()}
+        return {(_intern(k) if len(k) <= INTERN_MAX_LEN else k): _value(v) for k, v in value.items()}
     if kind is list:
         return [_value(v) for v in value]
     return value
 
 
-_intern = sys.intern
+class Pruner:
+    """A cache transform: one walk that copies an object, dropping the paths in `drop`, interning
+    short strings and keys, and replacing each subtree at a path in `share` by the equal one the
+    table already holds (`[]` in a path steps into every item of a list)."""
 
+    def __init__(self, drop: tuple[tuple[str, ...], ...], share: tuple[tuple[str, ...], ...] = (),
+                 table: SharedTable = SHARED) -> None:
+        self.table = table
+        self._tree = _compile(drop, share)
 
-def prune(paths: tuple[tuple[str, ...], ...]) -> Transform:
-    """Drop `paths` and intern what is left (see `_copy`)."""
-    tree = _compile(paths)
-
-    def transform(obj: dict[str, Any]) -> dict[str, Any]:
-        result = _copy(obj, tree)
+    def __call__(self, obj: dict[str, Any]) -> dict[str, Any]:
+        result = self._copy(obj, self._tree)
         assert isinstance(result, dict)
         return result
 
-    return transform
+    def _copy(self, node: Any, tree: _Tree) -> Any:
+        kind = type(node)
+        out: Any
+        if kind is dict:
+            out = {}
+            for k, v in node.items():
+                if k in tree:
+                    below = tree[k]
+                    if below is not DROP:
+                        out[_intern(k)] = self._copy(v, below)
+                else:
+                    out[_intern(k) if len(k) <= INTERN_MAX_LEN else k] = _value(v)
+        elif kind is list:
+            items = tree.get("[]")
+            out = [self._copy(v, items) for v in node] if items is not None else [_value(v) for v in node]
+        else:
+            return _value(node)
+        return self.table.canonical(out) if _SHARE in tree else out
+
+
+def prune(paths: tuple[tuple[str, ...], ...]) -> Transform:
+    """Drop `paths` and intern what is left (see `Pruner`)."""
+    return Pruner(paths)
 
 
 def intern_strings(obj: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `obj` whose short string values are interned: every cached object then shares
-    one "pool-0", one "node-0042", one "Running", one "100m"."""
+    """A copy of `obj` whose short string values and keys are interned: every cached object then
+    shares one "pool-0", one "node-0042", one "Running", one "100m"."""
     result = _value(obj)
     assert isinstance(result, dict)
     return result
@@ -149,10 +228,12 @@ def intern_strings(obj: dict[str, Any]) -> dict[str, Any]:
 
 def transform_for(resource: r.ApiResource, *, pruning: bool = True) -> Transform:
     """The cache transform of `resource`: managedFields stripped, the kind's unread fields dropped
-    (with `pruning`), short values interned; one copy of the object."""
-    paths = PRUNED.get(resource.kind, ()) if pruning else ()
-    return prune((("metadata", "managedFields"), *paths))
+    and its common subtrees shared (with `pruning`), short values interned; one copy of the object."""
+    if not pruning:
+        return DEFAULT_TRANSFORM
+    return Pruner((("metadata", "managedFields"), *PRUNED.get(resource.kind, ())),
+                  SHARED_PATHS.get(resource.kind, ()))
 
 
 #: what an informer keeps when nobody asked for pruning: managedFields never, repeated strings once
-DEFAULT_TRANSFORM: Transform = prune((("metadata", "managedFields"),))
+DEFAULT_TRANSFORM: Transform = Pruner((("metadata", "managedFields"),))

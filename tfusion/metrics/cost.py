@@ -47,7 +47,7 @@ def parse_price(text: object, *, field: str) -> float:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prices:
     """Hourly prices of one QoS level in a pool."""
 
@@ -56,7 +56,7 @@ class Prices:
     limits_over_requests: float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PoolPricing:
     """A pool's `spec.qosConfig` pricing: QoS level -> prices, and the eviction-protection ratio."""
 
@@ -85,7 +85,7 @@ def pool_pricing(pool: GpuPool) -> PoolPricing:
     return PoolPricing(by_qos=by_qos, eviction_ratio=ratio if ratio >= 1 else DEFAULT_EVICTION_RATIO)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerShare:
     """What one worker holds per GPU (TFLOPS, bytes) and on how many GPUs, at which QoS."""
 

@@ -29,7 +29,7 @@ FORMATS = ("influx", "json", "otel")
 OTEL_SCOPE = "operator"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Point:
     """One row of a table: `measure` (the table), `tags` (indexed strings), `fields` (values), `ts_ms`."""
 

@@ -159,13 +159,22 @@ def _empty(specs: Sequence[MetricSpec], extra: Iterable[Metric] = ()) -> list[Me
     return [*families([], specs), *extra]
 
 
+#: the tables whose rows become Prometheus families (the others are only written to the sinks)
+EXPORTED_TABLES = frozenset(spec.measure for spec in CONTROLLER_SPECS)
+
+
 @dataclass
 class Snapshot:
-    """One tick's points, and the cumulative costs the Prometheus counters show."""
+    """One tick's points of the exported tables, and the cumulative costs the Prometheus counters
+    show. Rows of other tables are dropped on the way in: the allocation table has a row per
+    worker, which /metrics never shows and a snapshot would keep alive until the next tick."""
 
     points: list[Point] = field(default_factory=list)
     worker_cost_total: dict[tuple[str, str, str, str, str], float] = field(default_factory=dict)
     node_cost_total: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.points = [p for p in self.points if p.measure in EXPORTED_TABLES]
 
 
 
