@@ -87,6 +87,8 @@ def render(pod: Pod, plan: Plan, *, index: int | None, host_port: int | None) ->
         notes.pop(key, None)
     notes.update(plan.annotations)
     child(meta, "labels").update(plan.labels)
+    if plan.labels.get(tfa.COMPONENT) == tfa.COMPONENT_WORKER:
+        _add_finalizer(meta)
     spec = child(out, "spec")
     if plan.remote is None:  # a remote client holds no GPU: any scheduler, any node
         spec["schedulerName"] = tfa.SCHEDULER_NAME
@@ -118,6 +120,17 @@ def containers(pod: JsonObject) -> list[JsonObject]:
     """The containers of a pod being written (the pod's own dicts, changed in place)."""
     spec = pod.get("spec")
     return entries(spec, "containers") if isinstance(spec, dict) else []
+
+
+def _add_finalizer(meta: JsonObject) -> None:
+    """The worker finalizer, set at admission: the pod reconciler releases what the pod holds
+    before letting it go, and adding it here spares one API write per pod after creation (the
+    reconciler still adds it to a worker created without the webhook)."""
+    finalizers = meta.get("finalizers")
+    if not isinstance(finalizers, list):
+        meta["finalizers"] = [tfa.FINALIZER]
+    elif tfa.FINALIZER not in finalizers:
+        finalizers.append(tfa.FINALIZER)
 
 
 def _add_toleration(spec: JsonObject) -> None:
