@@ -114,6 +114,8 @@ class GpuStatusReconciler:
         clock, writes = self.runtime.manager.clock, self.service.metrics.writes
         if clock.now() - self._last_sync.get(node, float("-inf")) < LAST_SYNC_MIN_INTERVAL_S:
             return
+        if self.runtime.informer(r.GPUNODES).get(node) is None:
+            return  # GPUs reported before (or without) their GPUNode: a patch would only answer 404
         self._last_sync[node] = clock.now()
         patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
         try:
