@@ -5,12 +5,13 @@ answer the long way gives.
   `score(feasible)` by (-score, name), on random clusters with random load and index holders;
 - the cluster-level index allocator and the node-level index lock answer at once when every index
   is held / when the asking pod holds none, and their counts stay those a full scan gives;
-- the webhook sets the worker finalizer at admission (no later API write for it), and only on
-  pods it makes workers.
+- the webhook sets the worker finalizer at admission (no later API write for it);
+- the GPU status loop feeds a GPU to the allocator again only when what it is fed from changed.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from tfusion.allocator import AllocRequest, Framework, GpuAllocator, GpuInfo
 from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
+from tfusion.controller.reconcilers.gpu_status import fed_digest
 from tfusion.controller.scheduling.claims import Claims
 from tfusion.controller.scheduling.indexes import POD_INDEX_MAX, IndexAllocator
 from tfusion.controller.webhook.mutate import analyse
@@ -142,3 +144,20 @@ def test_the_webhook_sets_the_worker_finalizer_at_admission() -> None:
     pod["metadata"]["finalizers"] = ["other/keep", tfa.FINALIZER]
     again: dict[str, Any] = render(Pod(pod), plan, index=1, host_port=None)
     assert again["metadata"]["finalizers"] == ["other/keep", tfa.FINALIZER], "kept once, others untouched"
+
+
+def test_the_fed_digest_ignores_the_allocators_own_output_only() -> None:
+    gpu: dict[str, Any] = {"metadata": {"name": "g", "resourceVersion": "1", "labels": {tfa.GPU_POOL: "pool"}},
+                           "status": {"phase": "Running", "capacity": {"tflops": "100", "vram": "80Gi"},
+                                      "available": {"tflops": "100", "vram": "80Gi"}, "runningApps": []}}
+    echoed = copy.deepcopy(gpu)
+    echoed["metadata"]["resourceVersion"] = "2"
+    echoed["status"]["available"] = {"tflops": "80", "vram": "64Gi"}
+    echoed["status"]["runningApps"] = [{"name": "w", "namespace": "ml", "count": 1}]
+    assert fed_digest(echoed) == fed_digest(gpu), "the echo of a status write feeds nothing new"
+    for path, value in ((("status", "capacity"), {"tflops": "90", "vram": "80Gi"}), (("status", "phase"), "Pending"),
+                        (("metadata", "labels"), {tfa.GPU_POOL: "other"}),
+                        (("metadata", "annotations"), {tfa.VIRTUALIZATION_CAPABILITIES: "{}"})):
+        changed = copy.deepcopy(gpu)
+        changed[path[0]][path[1]] = value
+        assert fed_digest(changed) != fed_digest(gpu), path
