@@ -27,6 +27,7 @@ from tfusion.controller.scheduling.claims import Claims
 from tfusion.controller.scheduling.indexes import POD_INDEX_MAX, IndexAllocator
 from tfusion.controller.webhook.mutate import analyse
 from tfusion.controller.webhook.render import render
+from tfusion.controller.webhook.workloads import SHORT_ID_ALPHABET, short_id
 
 GIB = 1 << 30
 
@@ -161,3 +162,10 @@ def test_the_fed_digest_ignores_the_allocators_own_output_only() -> None:
         changed = copy.deepcopy(gpu)
         changed[path[0]][path[1]] = value
         assert fed_digest(changed) != fed_digest(gpu), path
+
+
+def test_short_ids_are_of_the_alphabet_and_differ() -> None:
+    ids = {short_id() for _ in range(200)} | {short_id(5) for _ in range(200)}
+    assert len(ids) == 400, "two ids alike in 400 draws from 33^5 or more would be a broken source"
+    assert {len(i) for i in ids} == {5, 8} and set("".join(ids)) <= set(SHORT_ID_ALPHABET)
+    assert len(set("".join(ids))) == len(SHORT_ID_ALPHABET), "every character is drawn"
