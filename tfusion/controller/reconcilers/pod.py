@@ -25,8 +25,8 @@
 - Writes per new worker, as few as the protocol allows: none for a Deployment's pod the webhook
   admitted (its finalizer is already there); for a bare pod, or a worker without the finalizer,
   the finalizer and the annotation's removal are one strategic merge patch of the pod (no
-  resourceVersion, so the scheduler's Binding does not make it conflict); the adoption is one merge patch of the workload that also drops its
-  awaiting-pod mark (webhook/workloads.py).
+  resourceVersion, so the scheduler's Binding does not make it conflict); the adoption is one
+  merge patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
