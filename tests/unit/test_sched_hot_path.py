@@ -6,7 +6,8 @@ answer the long way gives.
 - the cluster-level index allocator and the node-level index lock answer at once when every index
   is held / when the asking pod holds none, and their counts stay those a full scan gives;
 - the webhook sets the worker finalizer at admission (no later API write for it);
-- the GPU status loop feeds a GPU to the allocator again only when what it is fed from changed.
+- the GPU status loop feeds a GPU to the allocator again only when what it is fed from changed;
+- a workload's status counts its workers from index entries that follow each worker's state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tfusion.allocator.indexlock import NodeIndexLock
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.controller.reconcilers.gpu_status import fed_digest
+from tfusion.controller.reconcilers.workload import Tally, tally_key
 from tfusion.controller.scheduling.claims import Claims
 from tfusion.controller.scheduling.indexes import POD_INDEX_MAX, IndexAllocator
 from tfusion.controller.webhook.mutate import analyse
@@ -169,3 +171,24 @@ def test_short_ids_are_of_the_alphabet_and_differ() -> None:
     assert len(ids) == 400, "two ids alike in 400 draws from 33^5 or more would be a broken source"
     assert {len(i) for i in ids} == {5, 8} and set("".join(ids)) <= set(SHORT_ID_ALPHABET)
     assert len(set("".join(ids))) == len(SHORT_ID_ALPHABET), "every character is drawn"
+
+
+def test_a_workers_tally_entry_follows_its_state() -> None:
+    def worker(phase: str = "Pending", *, ready: bool = False, deleting: bool = False) -> Pod:
+        meta: dict[str, Any] = {"name": "w", "namespace": "ml",
+                                "labels": {tfa.COMPONENT: tfa.COMPONENT_WORKER, tfa.WORKLOAD: "train"}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        status: dict[str, Any] = {"phase": phase,
+                                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        return Pod({"metadata": meta, "status": status})
+
+    assert tally_key(worker()) == [], "a pod being scheduled costs the index nothing"
+    assert tally_key(worker("Running")) == [], "running, not ready"
+    assert tally_key(worker("Running", ready=True)) == ["ml/train\tready"]
+    assert tally_key(worker("Failed")) == ["ml/train\tfailed"]
+    assert tally_key(worker("Running", ready=True, deleting=True)) == ["ml/train\tdeleting"], "deleting comes first"
+    assert tally_key(Pod({"metadata": {"name": "c", "namespace": "ml", "labels": {tfa.WORKLOAD: "train"}}})) == [], \
+        "not a worker"
+    workers = [worker("Running", ready=True), worker("Failed"), worker()]
+    assert Tally.of(workers) == Tally(3, 1, 1)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,15 +113,20 @@ def admitted_key(pod: Pod) -> list[str]:
 
 
 def tally_key(pod: Pod) -> list[str]:
-    """The tally entries of a worker pod (see TALLY_INDEX): most pods being scheduled have none."""
+    """The tally entries of a worker pod (see TALLY_INDEX): most pods being scheduled have none;
+    the others share one string per workload and state (interned), not one each."""
     keys = workload_key(pod)
     if not keys:
         return []
     if pod.meta.deleting:
-        return [f"{keys[0]}\t{DELETING}"]
-    if pod.phase == FAILED:
-        return [f"{keys[0]}\t{FAILED_STATE}"]
-    return [f"{keys[0]}\t{READY}"] if is_ready(pod) else []
+        state = DELETING
+    elif pod.phase == FAILED:
+        state = FAILED_STATE
+    elif is_ready(pod):
+        state = READY
+    else:
+        return []
+    return [sys.intern(f"{keys[0]}\t{state}")]
 
 
 @dataclass(frozen=True, slots=True)
