@@ -214,7 +214,10 @@ def _client(port: int, connections: int, duration: float, ca_pem: str, start_at:
         await asyncio.gather(*(_connection(port, request, context, until, latencies, errors)
                                for _ in range(connections)))
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except OSError:  # the server does not listen yet (the readiness wait asks again): no answer is an error
+        errors.append(1)
     queue.put((latencies, len(errors)))
 
 

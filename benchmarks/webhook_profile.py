@@ -15,12 +15,13 @@ batch divided by its size (the process's CPU, the controller's background tasks 
 idle here), the median of `--repeat` batches.
 
     .venv/bin/python benchmarks/webhook_profile.py [--distinct 3000] [--repeated 3000] [--fresh 1000]
-                                                   [--repeat 3] [--profile 25]
+                                                   [--repeat 3] [--profile 25] [--profile-case fresh]
 
 Prints one JSON object: distinct_cpu_us, repeated_cpu_us, fresh_cpu_us (medians) and their runs, the
 handler-only figures (`*_handler_cpu_us`: the review decoded, `service.review`, the answer
 encoded; no ASGI route, no body receive), and with `--profile N` the top N functions of a cProfile
-of one distinct batch on stderr. Exits non-zero when a review is not answered allowed with a patch.
+of one batch on stderr (`--profile-case distinct|repeated|fresh`, distinct by default). Exits
+non-zero when a review is not answered allowed with a patch.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ async def measure(args: argparse.Namespace, kubeconfig: Path, tmp: Path) -> dict
             runs["distinct_handler"].append(await cpu_per_review(handler, distinct(args.distinct)))
             runs["repeated_handler"].append(await cpu_per_review(handler, repeated))
         if args.profile:
-            bodies = distinct(args.distinct)
+            batches = {"distinct": lambda: distinct(args.distinct), "repeated": lambda: repeated,
+                       "fresh": lambda: fresh(args.fresh)}
+            bodies = batches[args.profile_case]()
             profiler = cProfile.Profile()
             profiler.enable()
             await cpu_per_review(lambda b: through_app(app, b), bodies)
@@ -172,6 +175,8 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=1000, help="pods of a shape never seen before per batch")
     parser.add_argument("--repeat", type=int, default=3, help="batches of each kind")
     parser.add_argument("--profile", type=int, default=0, help="print the top N functions of a cProfile")
+    parser.add_argument("--profile-case", choices=("distinct", "repeated", "fresh"), default="distinct",
+                        help="with --profile: the kind of batch profiled")
     args = parser.parse_args()
     import logging
 

@@ -8,6 +8,7 @@ and every "no" must say why in numbers. Both call these extension points, in kub
     nodes = fw.feasible(req, candidates)             # Filter's Success set only (the built-in scheduler)
     feasible, failed = fw.split(req, candidates)     # or fw.filter(req, candidates): node -> Status
     scores = fw.score(req, feasible)                 # node -> 0..100 (extender: score * 10 // 100)
+    for node in fw.ranked(req, candidates): ...      # Filter and Score at once: feasible nodes, best first
     placement, status = fw.reserve(req, best_node)   # assume that node's best GPUs
     ...patch the pod's annotations (placement.gpu_names), POST the Binding...
     fw.pre_bind(req.pod_uid)                         # commit; on any failure: fw.unreserve(uid)
@@ -38,7 +39,7 @@ isolation mode or capability list, one vendor and capacity) by two comparisons p
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
 from tfusion.allocator import explain as _explain
@@ -223,6 +224,32 @@ class Framework:
             band, tier_of, worst = topology.band_score, alloc.best_tier, topology.TIER_UNKNOWN
             return {n: band(get(n, 0), worst if (t := tier_of(n, req)) is None else t) for n in nodes}
         return {n: get(n, 0) for n in nodes}
+
+    def ranked(self, req: AllocRequest, nodes: Container[str]) -> Iterator[str]:
+        """The candidate nodes where `req` fits now, best `score` first, ties by name: what sorting
+        `score(req, feasible(req, nodes))` by (-score, name) gives, produced lazily. The built-in
+        scheduler takes the first that passes its node checks, so this walks the pool's score
+        buckets (already ordered, names sorted in each) and stops where the caller stops instead
+        of scoring and sorting every feasible node per pod. When the topology bands the score (a
+        multi-GPU request once GPUs report a topology) the order is computed in full. Stop
+        iterating before changing the allocator (a successful `reserve` moves its node)."""
+        fits, _members = self._sets(req)
+        if not fits:
+            return iter(())
+        busy = self.allocator.index_lock.busy_nodes(req.pod_index, req.pod_uid)
+        if req.count > 1 and self.allocator.topology_reported():
+            feasible = [n for n in fits if n in nodes and n not in busy]
+            scores = self.score(req, feasible)
+            return iter(sorted(feasible, key=lambda n: (-scores[n], n)))
+        return self._walk_buckets(req, fits, busy, nodes)
+
+    def _walk_buckets(self, req: AllocRequest, fits: AbstractSet[str], busy: AbstractSet[str],
+                      nodes: Container[str]) -> Iterator[str]:
+        index = self.allocator.group_index(req.pool, req.gpu_model)
+        for names in index.buckets:
+            for name in names:
+                if name in fits and name not in busy and name in nodes:
+                    yield name
 
     # ------------------------------------------------------------------ Reserve / Unreserve
 

@@ -251,6 +251,9 @@ class AllocatorService:
 
         Raises TimeoutError when this replica leads but recovery does not finish within `timeout`
         (default `ready_timeout`)."""
+        allocator = self._allocator
+        if allocator is not None:  # every reconcile and admission asks: no timeout scope when ready
+            return allocator
         with anyio.fail_after(self.ready_timeout if timeout is None else timeout):
             while True:
                 allocator = self._allocator

@@ -11,6 +11,12 @@ this loop writes the allocator's output back. Level-triggered, key = GPU name:
   on the status subresource on the read resourceVersion; a 409 re-reads and retries), and stamps the
   GPUNode's `<domain>/last-sync` (at most every `LAST_SYNC_MIN_INTERVAL_S`).
 
+Most events of a GPU are the echo of this loop's own status write, which changes nothing the
+allocator reads: the GPU is fed again only when a digest of what it was fed from (`fed_digest`:
+its labels, the annotation read, its status less the allocator's output) differs from the last one
+fed to the same allocator, and the GPUNode is stamped only when the cache holds it (a patch of a
+missing one would only answer 404).
+
 A hand edit of `status.available` is an update event, so it is rewritten at once; an
 `AllocatorError` (a GPU with allocations moved to another node) becomes a Warning event on the GPU
 and a retry with backoff.
@@ -21,9 +27,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import orjson
+
 from tfusion.allocator import AllocatorError, GpuAllocator
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Gpu, items
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.timestamps import rfc3339
 from tfusion.controller import views
 from tfusion.controller.reconcilers.holdings import knows_gpu
@@ -37,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATUS_WRITE_ATTEMPTS = 5
+#: the status fields the allocator writes (its output, never its input)
+ALLOCATOR_OUTPUT = frozenset({"available", "runningApps", "allocatedPartitions", "activeIsolationMode",
+                              "dynamicIsolationConflict"})
 #: a GPUNode's last-sync annotation is refreshed at most this often
 LAST_SYNC_MIN_INTERVAL_S = 5.0
 
@@ -48,6 +60,8 @@ class GpuStatusReconciler:
         self.service = service
         self.runtime = service.runtime
         self._last_sync: dict[str, float] = {}  # GPUNode -> when its last-sync was written (clock)
+        self._fed: dict[str, bytes] = {}  # GPU -> fed_digest of what the allocator was last fed
+        self._fed_to: GpuAllocator | None = None  # the allocator `_fed` speaks of
         self.controller = self.runtime.manager.controller("gpu-status").for_(r.GPUS).complete(self.reconcile)
 
     async def reconcile(self, name: str) -> Result | None:
@@ -58,15 +72,22 @@ class GpuStatusReconciler:
         if allocator is None:
             return None
         cached = self.runtime.informer(r.GPUS).get(name)
+        if allocator is not self._fed_to:  # a new leadership term: a new allocator, fed from scratch
+            self._fed, self._fed_to = {}, allocator
         if cached is None:
+            self._fed.pop(name, None)
             allocator.remove_gpu(name)
             return None
         gpu = Gpu(cached)
-        try:
-            service.apply_gpu(allocator, gpu)
-        except AllocatorError as exc:
-            self.runtime.events.warning(gpu, "GPUNotApplied", str(exc))
-            raise
+        digest = fed_digest(cached)
+        if self._fed.get(name) != digest:
+            self._fed.pop(name, None)
+            try:
+                service.apply_gpu(allocator, gpu)
+            except AllocatorError as exc:
+                self.runtime.events.warning(gpu, "GPUNotApplied", str(exc))
+                raise
+            self._fed[name] = digest
         service.adopt_waiting_for(allocator, name)
         if not knows_gpu(allocator, name) or status_matches(Gpu(cached), views.gpu_status(allocator, name)):
             return None
@@ -114,6 +135,8 @@ class GpuStatusReconciler:
         clock, writes = self.runtime.manager.clock, self.service.metrics.writes
         if clock.now() - self._last_sync.get(node, float("-inf")) < LAST_SYNC_MIN_INTERVAL_S:
             return
+        if self.runtime.informer(r.GPUNODES).get(node) is None:
+            return  # GPUs reported before (or without) their GPUNode: a patch would only answer 404
         self._last_sync[node] = clock.now()
         patch = {"metadata": {"annotations": {tfa.LAST_SYNC: tfa.now_rfc3339()}}}
         try:
@@ -124,6 +147,17 @@ class GpuStatusReconciler:
         except KubeError as exc:
             log.warning("cannot annotate GPUNode %s with %s: %s", node, tfa.LAST_SYNC, exc)
             writes.labels("gpunode", "error").inc()
+
+
+def fed_digest(gpu: JsonMapping) -> bytes:
+    """What the allocator is fed from a GPU object (allocation.py `apply_gpu`), as bytes to compare:
+    its name, labels and annotations, and its status less the allocator's own output."""
+    meta = gpu.get("metadata")
+    status = gpu.get("status")
+    fed = {k: v for k, v in status.items() if k not in ALLOCATOR_OUTPUT} if isinstance(status, dict) else status
+    if isinstance(meta, dict):
+        meta = {k: meta.get(k) for k in ("name", "labels", "annotations")}
+    return orjson.dumps([meta, fed], option=orjson.OPT_SORT_KEYS)
 
 
 def status_matches(gpu: Gpu, wanted: views.GpuLiveStatus) -> bool:

@@ -1,7 +1,8 @@
 """Pod reconciler: the one place that releases what a pod holds, and only then lets its finalizer go.
 
-- A worker pod (label `tensor-fusion.ai/component=worker`) gets the finalizer
-  `tensor-fusion.ai/finalizer` while it lives.
+- A worker pod (label `tensor-fusion.ai/component=worker`) carries the finalizer
+  `tensor-fusion.ai/finalizer` while it lives: the pod webhook sets it at admission (render.py),
+  and this reconciler adds it to a worker that came without it (created past the webhook).
 - When it finishes (Succeeded/Failed) or is being deleted, `AllocatorService.release` frees what it
   holds: its GPUs in the ledger and, through the release hooks, its pod index, its host port and
   its billing. A deleted worker's finalizer is removed after that. Releasing is idempotent against
@@ -21,10 +22,11 @@
   controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
   A workload that does not exist yet is looked for again when it reaches the cache, or in a few
   seconds (a Warning event says so once the pod is older than that).
-- Writes per new worker, as few as the protocol allows: the finalizer and the annotation's removal
-  are one strategic merge patch of the pod (no resourceVersion, so the scheduler's Binding does not
-  make it conflict); the adoption is one merge patch of the workload that also drops its
-  awaiting-pod mark (webhook/workloads.py).
+- Writes per new worker, as few as the protocol allows: none for a Deployment's pod the webhook
+  admitted (its finalizer is already there); for a bare pod, or a worker without the finalizer,
+  the finalizer and the annotation's removal are one strategic merge patch of the pod (no
+  resourceVersion, so the scheduler's Binding does not make it conflict); the adoption is one
+  merge patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes

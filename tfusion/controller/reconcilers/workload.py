@@ -19,8 +19,11 @@
   when a worker failed, Running when it has all its workers (dynamic: at least one) and all are
   ready, else Pending (reason NoWorkers, ScaledToZero or WaitingForWorkers); condition Ready follows.
   A dynamic workload of `LARGE_WORKLOAD` workers or more is counted at most once a second (its
-  status lags its pods by up to that), so a large Deployment being scheduled costs one count per
-  second, not one per pod event.
+  status lags its pods by up to that), so a large Deployment being scheduled costs one status write
+  per second, not one per pod event. A count reads no pod: the pod informer keeps, besides the
+  workers of each workload, an index of those that are ready, failed or being deleted (`TALLY_INDEX`,
+  kept as the pods change), so a count is three index lookups whatever the workload's size (a
+  workload with gang status still reads its workers).
   Of `status.gang` (the scheduler writes it, scheduling/gang_runtime.py) this controller owns
   readyMembers and the phases Running (the required members are ready) and Failed (one failed).
 - A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
@@ -36,6 +39,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfusion.api import annotations as tfa
@@ -75,6 +80,9 @@ EXPECTATION_RETRY_S = 0.5
 #: how long an expectation is honoured (a create whose pod never shows up is forgotten then)
 EXPECTATION_TTL_S = 30.0
 ADMITTED_INDEX = "admitted-workload"
+#: "<workload key>\t<state>" -> its workers in that state (READY, FAILED_STATE, DELETING)
+TALLY_INDEX = "workload-tally"
+READY, FAILED_STATE, DELETING = "ready", "failed", "deleting"
 #: how long a workload the webhook created waits for its pod before it is deleted
 ADMISSION_GRACE_S = 60.0
 #: how soon a workload whose bare pod is still to adopt it is looked at again
@@ -102,6 +110,36 @@ def admitted_key(pod: Pod) -> list[str]:
     else:
         return []
     return [f"{pod.namespace}/{name}"] if name else []
+
+
+def tally_key(pod: Pod) -> list[str]:
+    """The tally entries of a worker pod (see TALLY_INDEX): most pods being scheduled have none;
+    the others share one string per workload and state (interned), not one each."""
+    keys = workload_key(pod)
+    if not keys:
+        return []
+    if pod.meta.deleting:
+        state = DELETING
+    elif pod.phase == FAILED:
+        state = FAILED_STATE
+    elif is_ready(pod):
+        state = READY
+    else:
+        return []
+    return [sys.intern(f"{keys[0]}\t{state}")]
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What a workload's status counts of its workers (those not being deleted)."""
+
+    workers: int
+    ready: int
+    failed: int
+
+    @classmethod
+    def of(cls, workers: list[Pod]) -> Tally:
+        return cls(len(workers), sum(1 for p in workers if is_ready(p)), sum(1 for p in workers if p.phase == FAILED))
 
 
 def is_ready(pod: Pod) -> bool:
@@ -172,6 +210,7 @@ class WorkloadReconciler:
         # informer indexes and watch maps are given the raw object: each is read through the view
         self.pods.add_index(WORKLOAD_INDEX, lambda pod: workload_key(Pod(pod)))
         self.pods.add_index(ADMITTED_INDEX, lambda pod: admitted_key(Pod(pod)))
+        self.pods.add_index(TALLY_INDEX, lambda pod: tally_key(Pod(pod)))
         self.admission_grace = ADMISSION_GRACE_S
         self.pools = runtime.informer(r.GPUPOOLS)
         self.providers = runtime.informer(r.PROVIDERCONFIGS)
@@ -238,7 +277,8 @@ class WorkloadReconciler:
             wait = self._recount_wait(key)
             if wait > 0:
                 return Result(requeue_after=wait)
-            await self._write_status(current, self._workers(key), None, {})
+            gang = isinstance(current.status.get("gang"), dict)
+            await self._write_status(current, self._workers(key) if gang else self._tally(key), None, {})
             return None
         return await self._fixed(key, current)
 
@@ -261,27 +301,35 @@ class WorkloadReconciler:
         pods = (Pod(p) for p in self.pods.by_index(WORKLOAD_INDEX, key))
         return [p for p in pods if not p.meta.deleting and (owner is None or controlled_by(p, owner.uid))]
 
-    async def _write_status(self, workload: Workload, workers: list[Pod], desired: int | None,
+    def _tally(self, key: str) -> Tally:
+        """The counts of a dynamic workload's workers from the informer's indexes (no pod read)."""
+        by_index = self.pods.by_index
+        deleting = len(by_index(TALLY_INDEX, f"{key}\t{DELETING}"))
+        return Tally(len(by_index(WORKLOAD_INDEX, key)) - deleting, len(by_index(TALLY_INDEX, f"{key}\t{READY}")),
+                     len(by_index(TALLY_INDEX, f"{key}\t{FAILED_STATE}")))
+
+    async def _write_status(self, workload: Workload, workers: list[Pod] | Tally, desired: int | None,
                             extra: JsonObject) -> None:
-        ready = sum(1 for p in workers if is_ready(p))
-        failed = sum(1 for p in workers if p.phase == FAILED)
+        """The status from the workers (their list, or their counts when no gang status needs them)."""
+        tally = workers if isinstance(workers, Tally) else Tally.of(workers)
+        count, ready, failed = tally.workers, tally.ready, tally.failed
         if failed:
-            phase, reason, message = FAILED, "WorkerFailed", f"{failed} of {len(workers)} worker(s) failed"
+            phase, reason, message = FAILED, "WorkerFailed", f"{failed} of {count} worker(s) failed"
         elif desired == 0:
             phase, reason, message = PENDING, "ScaledToZero", "replicas is 0"
-        elif not workers:
+        elif not count:
             phase, reason, message = PENDING, "NoWorkers", "no worker pod yet"
-        elif ready == len(workers) and (desired is None or ready == desired):
+        elif ready == count and (desired is None or ready == desired):
             phase, reason, message = RUNNING, "WorkersReady", f"{ready} worker(s) ready"
         else:
             phase, reason, message = PENDING, "WaitingForWorkers", \
-                f"{ready} of {desired if desired is not None else len(workers)} worker(s) ready"
+                f"{ready} of {desired if desired is not None else count} worker(s) ready"
         old = workload.conditions
-        gang = gang_status(workload, workers)
+        gang = gang_status(workload, workers) if isinstance(workers, list) else None
         if gang is not None:
             extra = {**extra, "gang": gang}
         wanted: JsonObject = {
-            **extra, "workerCount": len(workers), "readyWorkers": ready, "phase": phase,
+            **extra, "workerCount": count, "readyWorkers": ready, "phase": phase,
             "conditions": merge_conditions(old, [condition(old, "Ready", phase == RUNNING, reason, message,
                                                            generation=workload.meta.generation)]),
         }

@@ -51,8 +51,10 @@ class IndexAllocator:
         known = self.claims.reservation(key)
         if known is not None:
             return known
-        rotation = ((self._next - 1 + step) % POD_INDEX_MAX + 1 for step in range(POD_INDEX_MAX))
-        chosen = self.claims.first_free(rotation) or self._next  # all held: the counter repeats one
+        chosen = self._next  # all held (past 128 live GPU pods, the usual case): the counter repeats one
+        if self.claims.in_use() < POD_INDEX_MAX:
+            rotation = ((self._next - 1 + step) % POD_INDEX_MAX + 1 for step in range(POD_INDEX_MAX))
+            chosen = self.claims.first_free(rotation) or chosen
         self._next = chosen % POD_INDEX_MAX + 1
         self.claims.reserve(key, chosen)
         return chosen

@@ -410,27 +410,23 @@ class Scheduler:
             return Decision(demand=demand, why=why_text(
                 pod, f"0/{len(self.nodes)} nodes are available: {exc}.", Code.UNRESOLVABLE))
         if fw.pre_filter(req).ok:
-            # Filter's Success set without a Status per node: the framework's filter is this set
-            # intersected with the candidates (a Status for each of thousands of nodes per pod
-            # costs more than the rest of the cycle); the statuses are built when nothing fits
-            gpu_ok = fw.feasible(req, self.nodes)
-            scores = fw.score(req, gpu_ok)
-            # best first, lazily: the node checks run on the best nodes only until one passes
-            # (a full sort of thousands of nodes per pod would cost more than the whole cycle)
+            # Filter and Score at once, best first and lazily: the node checks run on the best
+            # nodes only until one passes (scoring and sorting thousands of nodes per pod, or a
+            # Status for each, would cost more than the rest of the cycle); the statuses are
+            # built when nothing fits
             tries = 0
-            while scores and tries < 3:
-                best = max(scores.values())
-                node = min(n for n, v in scores.items() if v == best)
-                del scores[node]
+            for node in fw.ranked(req, self.nodes):
                 raw = self.nodes.get(node)
                 if raw is None or self.node_failure(demand, Node(raw)) is not None:
                     continue
-                tries += 1
                 placement, status = fw.reserve(req, node)
                 if placement is not None:
                     return Decision(node, placement, req, demand)
                 if status.code is Code.ERROR:
                     return Decision(req=req, demand=demand, error=status.details())
+                tries += 1
+                if tries == 3:
+                    break
         return Decision(req=req, demand=demand, why=self.explain(pod, req, demand, fw, self.nodes_by_name()))
 
     def _decide_plain(self, pod: Pod, demand: nc.PodDemand, by_name: Mapping[str, Node]) -> Decision:

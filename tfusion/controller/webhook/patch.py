@@ -72,7 +72,7 @@ _SCALARS = (str, int, float, bool)
 
 
 def _diff_lists(before: list[JsonValue], after: list[JsonValue], path: str) -> list[Op]:
-    if len(after) >= len(before) and all(_equal(b, a) for b, a in zip(before, after, strict=False)):
+    if len(after) >= len(before) and _same_prefix(before, after):
         return [{"op": "add", "path": f"{path}/-", "value": value} for value in after[len(before):]]
     if len(after) == len(before):
         ops: list[Op] = []
@@ -80,6 +80,18 @@ def _diff_lists(before: list[JsonValue], after: list[JsonValue], path: str) -> l
             ops.extend(json_diff(b, a, f"{path}/{i}"))
         return ops
     return [{"op": "replace", "path": path, "value": after}]
+
+
+def _same_prefix(before: list[JsonValue], after: list[JsonValue]) -> bool:
+    """`after` starts with `before`, by JSON equality. The C-level comparison settles it when it
+    says no (it never calls equal what JSON does not, except True and 1) or when the JSON texts
+    agree; only a prefix equal in Python but not in text (1 and 1.0, True and 1) is walked."""
+    prefix = after[:len(before)]
+    if prefix != before:
+        return False
+    if orjson.dumps(prefix) == orjson.dumps(before):
+        return True
+    return all(_equal(b, a) for b, a in zip(before, prefix, strict=True))
 
 
 def _equal(a: object, b: object) -> bool:

@@ -97,7 +97,15 @@ def _awaiting(desired: JsonObject) -> JsonObject:
 
 
 def short_id(length: int = 8) -> str:
-    return "".join(secrets.choice(SHORT_ID_ALPHABET) for _ in range(length))
+    """`length` random characters of SHORT_ID_ALPHABET, uniform: the digits of one random number
+    (one draw from the system's source, not one per character: each draw is a system call)."""
+    base = len(SHORT_ID_ALPHABET)
+    number = secrets.randbelow(base ** length)
+    chars = []
+    for _ in range(length):
+        number, digit = divmod(number, base)
+        chars.append(SHORT_ID_ALPHABET[digit])
+    return "".join(chars)
 
 
 def _group(api_version: str) -> str:
