@@ -303,7 +303,8 @@ def test_the_shared_table_keeps_values_apart_by_json_and_starts_afresh_when_full
 
 def test_the_transformed_workload_equals_the_whole_one_but_for_managed_fields() -> None:
     """Nothing of a workload is dropped: its spec is hashed whole into the worker template, its status
-    compared field by field before each status write, its metadata by the webhook's patches."""
+    compared field by field before each status write, its metadata by the webhook's patches, and its
+    finalizers are written by PUTting the cached object back (kube/reconciler.py set_finalizers)."""
     raw = a_workload()
     after = transform_for(r.TENSORFUSIONWORKLOADS)(raw)
     assert raw == a_workload(), "the transform edited the server's object"
