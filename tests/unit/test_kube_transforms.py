@@ -1,6 +1,6 @@
 """The informer transforms (kube/transforms.py): what they drop, that the controller's readers of a
-pod and a node answer the same on the transformed object, that objects share strings and that
-sibling informers share objects."""
+pod, a node, a GPU and a workload answer the same on the transformed object, that objects share
+strings and that sibling informers share objects."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 from tfusion.allocator.request import pod_index_of, request_from_pod
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Gpu, Meta, Node, Pod
+from tfusion.api.accessors import Body, Gpu, Meta, Node, Pod, Workload
+from tfusion.controller.reconcilers.workers import template_hash
 from tfusion.controller.scheduling.nodes import allocatable, extended_requests, is_pending, pod_demand, static_check
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
@@ -189,8 +190,33 @@ def meta_accessor_names() -> list[str]:
     return sorted({name for name, member in vars(Meta).items() if isinstance(member, property)} - {"raw"})
 
 
+def a_workload(n: int = 1) -> dict[str, Any]:
+    """A TensorFusionWorkload as the webhook makes it for a Deployment's pods (webhook/build.py), with
+    the status its reconciler writes: the shape benchmarks/scale.py clones, one per ten pods."""
+    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload",
+            "metadata": {"name": f"d-{n:05d}-workload", "namespace": "team-01", "uid": f"w-{n}",
+                         "resourceVersion": "77", "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "labels": {tfa.GPU_POOL: "pool-0"},
+                         "annotations": {tfa.WORKLOAD_MODE: tfa.WORKLOAD_MODE_DYNAMIC,
+                                         tfa.CONTAINER_GPU_COUNT: '{"main":1}'},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": f"d-{n:05d}",
+                                              "uid": f"dep-{n}", "controller": True, "blockOwnerDeletion": True}],
+                         "finalizers": [tfa.FINALIZER], "managedFields": [{"manager": "tfusion"}]},
+            "spec": {"poolName": "pool-0", "qos": "high", "isLocalGPU": True, "sidecarWorker": False,
+                     "isolation": "soft", "gpuCount": 1, "gpuModel": "H100",
+                     "resources": {"requests": {"tflops": "10", "vram": "8Gi"},
+                                   "limits": {"tflops": "10", "vram": "8Gi"}},
+                     "autoScalingConfig": {"autoSetResources": {"enable": True, "targetResource": "all"}},
+                     "gangScheduling": {"minMembers": 2}},
+            "status": {"workerCount": 10, "readyWorkers": 10, "phase": "Running", "podTemplateHash": "abc123",
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "WorkersReady",
+                                       "message": "10 worker(s) ready", "observedGeneration": 1,
+                                       "lastTransitionTime": "2026-01-01T00:00:05Z"}]}}
+
+
 @pytest.mark.parametrize(("cls", "make", "resource"), [(Pod, bound_worker, r.PODS), (Node, a_node, r.NODES),
-                                                       (Gpu, a_gpu, r.GPUS)])
+                                                       (Gpu, a_gpu, r.GPUS), (Workload, a_workload,
+                                                                              r.TENSORFUSIONWORKLOADS)])
 def test_every_accessor_answers_the_same_on_the_transformed_object(cls: type[Body], make: Any,
                                                                     resource: r.ApiResource) -> None:
     """Derived from the accessors themselves: one added later that reads a pruned field fails here."""
@@ -273,3 +299,58 @@ def test_the_shared_table_keeps_values_apart_by_json_and_starts_afresh_when_full
     table.canonical(one)
     one["a"] = 3
     assert table.changed() == [{"a": 3}]
+
+
+def test_the_transformed_workload_equals_the_whole_one_but_for_managed_fields() -> None:
+    """Nothing of a workload is dropped: its spec is hashed whole into the worker template, its status
+    compared field by field before each status write, its metadata by the webhook's patches, and its
+    finalizers are written by PUTting the cached object back (kube/reconciler.py set_finalizers)."""
+    raw = a_workload()
+    after = transform_for(r.TENSORFUSIONWORKLOADS)(raw)
+    assert raw == a_workload(), "the transform edited the server's object"
+    del raw["metadata"]["managedFields"]
+    assert after == raw
+    assert template_hash(None, Workload(after)) == template_hash(None, Workload(a_workload()))
+
+
+def test_workloads_of_one_profile_share_their_spec_and_common_metadata() -> None:
+    transform = transform_for(r.TENSORFUSIONWORKLOADS)
+    one, two = transform(a_workload(1)), transform(a_workload(2))
+    for path in SHARED_PATHS["TensorFusionWorkload"]:
+        a: Any = one
+        b: Any = two
+        for step in path:
+            a, b = a[step], b[step]
+        assert a is b, path
+    assert one["metadata"] is not two["metadata"]
+    assert one["metadata"]["ownerReferences"] != two["metadata"]["ownerReferences"]
+    other = a_workload(3)
+    other["spec"]["gpuCount"] = 2
+    odd = transform(other)
+    assert odd["spec"] is not one["spec"] and odd["spec"]["gpuCount"] == 2
+    assert odd["spec"]["resources"] is one["spec"]["resources"]
+    for workload in (one, two, odd):
+        template_hash(None, Workload(workload))
+    assert SHARED.changed() == []
+
+
+def test_a_cached_workload_costs_half_of_an_interned_one() -> None:
+    """What sharing saves per workload over interning alone, the transform of kinds that are not
+    pruned (tracemalloc over 200 decoded workloads)."""
+    texts = [orjson.dumps(a_workload(n)) for n in range(200)]
+
+    def per_workload(transform: Any) -> float:
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            kept = [transform(orjson.loads(text)) for text in texts]
+            used = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        assert len(kept) == len(texts)
+        return used / len(texts)
+
+    interned = per_workload(transform_for(r.TENSORFUSIONWORKLOADS, pruning=False))
+    transformed = per_workload(transform_for(r.TENSORFUSIONWORKLOADS))
+    sys.stderr.write(f"bytes per cached workload: {interned:.0f} interned, {transformed:.0f} transformed\n")
+    assert transformed < interned * 0.6

@@ -95,8 +95,9 @@ async def build_runtime(settings: Settings, manager: Manager | None = None) -> C
 
 
 #: the kinds the controller's cache holds by the thousand, whose unread fields it drops
-#: (kube/transforms.py PRUNED) and whose common subtrees it keeps once (SHARED_PATHS)
-PRUNED_RESOURCES = (r.PODS, r.NODES, r.GPUS)
+#: (kube/transforms.py PRUNED) and whose common subtrees it keeps once (SHARED_PATHS); workloads
+#: (one per Deployment) are the only owner objects it caches
+PRUNED_RESOURCES = (r.PODS, r.NODES, r.GPUS, r.TENSORFUSIONWORKLOADS)
 
 
 def cache_is_ours(settings: Settings) -> bool:

@@ -66,6 +66,13 @@ PRUNED: Mapping[str, tuple[tuple[str, ...], ...]] = {
     # taints, unschedulable, labels and addresses
     "Node": (("status", "images"), ("status", "volumesInUse"), ("status", "volumesAttached"),
              ("status", "daemonEndpoints"), ("status", "config")),
+    # A TensorFusionWorkload (one per Deployment, cached with its pods) has nothing unread to drop:
+    # its whole spec is hashed into the worker template (reconcilers/workers.py template_hash), its
+    # status is compared field by field before each status write (reconcilers/common.py
+    # write_status: a dropped field would be written again on every pass), and the webhook compares
+    # its labels, annotations and owners with the ones it wants. It is shared instead (SHARED_PATHS).
+    # Deployments, ReplicaSets, StatefulSets and Jobs are not cached by the controller at all: the
+    # webhook GETs a pod's owner once and keeps only what it learnt (webhook/workloads.py OwnerResolver).
 }
 
 
@@ -90,6 +97,12 @@ SHARED_PATHS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     "Node": (("spec", "taints"), ("status", "allocatable"), ("status", "capacity")),
     "GPU": (("metadata", "labels"), ("status", "capacity"), ("status", "available"), ("status", "nodeSelector")),
+    # the webhook makes the workloads of one profile and pool alike: one spec (no names in it), one
+    # set of labels, annotations and finalizers; their resources are shared when the rest differs
+    "TensorFusionWorkload": (
+        ("metadata", "labels"), ("metadata", "annotations"), ("metadata", "finalizers"),
+        ("spec",), ("spec", "resources"), ("spec", "autoScalingConfig"),
+    ),
 }
 
 
