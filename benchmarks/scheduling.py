@@ -18,6 +18,8 @@ A watch on pods records when each pod is first seen bound. Reported:
 - `double_allocations`: recomputed at the end from every pod's `gpu-ids` and its request against
   each GPU's capacity: GPUs whose summed TFLOPS or VRAM exceeds capacity, plus pods that name a
   GPU on another node than the one they are bound to.
+- `scheduler_attempts`: the controller's scheduling attempts by result, read from its /metrics
+  (more than `pods` means some pods were parked as unschedulable and tried again).
 
 With `--owner deployment` the pods belong to `--deployments` Deployments, as the ReplicaSet
 controller would create them: each Deployment and one ReplicaSet it controls (replicas: its share of
@@ -385,6 +387,16 @@ async def webhook_service(kube: KubeClient, port: int) -> None:
                       namespace="tensor-fusion-sys")
 
 
+async def scheduler_attempts(controller_url: str) -> dict[str, int]:
+    """The controller's scheduling attempts by result: more attempts than pods means pods were
+    parked as unschedulable and tried again (a throughput figure alone hides that)."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{controller_url}/metrics")).text
+    prefix = 'tfusion_scheduler_attempts_total{result="'
+    return {line[len(prefix):line.index('"', len(prefix))]: int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
 async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
               processes: dict[str, subprocess.Popen[bytes]], webhook_port: int) -> dict[str, Any]:
     controller = processes["controller"]
@@ -452,6 +464,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             gangs = {"gangs": True, "group_sizes": list(GANG_SIZES), "groups": total, "complete_groups": complete,
                      "partial_gangs": partial, "groups_per_s": round(complete / max(1e-9, last - first), 1)}
         by_verb = per_pod(counts_before, counts_after, args.pods, reads=False)
+        attempts = await scheduler_attempts(controller_url)
         return {
             "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "clients": args.clients,
             "webhook": args.webhook, "owner": args.owner,
@@ -469,6 +482,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
                                        .items() if not k.startswith("watch")), 2),
             **{f"{name}_cpu_ms_per_pod": round((cpu_after[name] - cpu_before[name]) * 1000 / args.pods, 3)
                for name in processes},
+            "scheduler_attempts": attempts,
             **gangs,
         }
     finally:

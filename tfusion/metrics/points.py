@@ -15,6 +15,7 @@ have no gauge value and are left out.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ class Point:
     extra: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _escape(text: str, specials: str) -> str:
+    # cached: every tick writes the same tag keys, pools, nodes and worker names again
     out = text.replace("\\", "\\\\").replace("\n", "\\n")
     for char in specials:
         out = out.replace(char, f"\\{char}")
