@@ -145,23 +145,25 @@ def test_interned_objects_share_their_strings() -> None:
     assert intern_strings({"k": long})["k"] is long  # long values are left alone, not copied
 
 
+def bytes_each(texts: list[bytes], transform: Any) -> float:
+    """Memory kept per object (tracemalloc) when each JSON text is decoded and transformed."""
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        kept = [transform(orjson.loads(text)) for text in texts]
+        used = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == len(texts)
+    return used / len(texts)
+
+
 def test_a_cached_pod_costs_half_after_the_transform() -> None:
     """The per-object memory the transform saves (tracemalloc over 500 distinct decoded pods)."""
     texts = [orjson.dumps(bound_worker()).replace(b"d-00001-003", f"d-{i:05d}".encode())
              .replace(b"u-1", f"u-{i}".encode()) for i in range(500)]
 
-    def per_pod(transform: Any) -> float:
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            kept = [transform(orjson.loads(text)) for text in texts]
-            used = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
-        assert len(kept) == len(texts)
-        return used / len(texts)
-
-    raw, transformed = per_pod(lambda o: o), per_pod(transform_for(r.PODS))
+    raw, transformed = bytes_each(texts, lambda o: o), bytes_each(texts, transform_for(r.PODS))
     sys.stderr.write(f"bytes per cached pod: {raw:.0f} raw, {transformed:.0f} transformed\n")
     assert transformed < raw * 0.6
 
@@ -339,18 +341,7 @@ def test_a_cached_workload_costs_half_of_an_interned_one() -> None:
     pruned (tracemalloc over 200 decoded workloads)."""
     texts = [orjson.dumps(a_workload(n)) for n in range(200)]
 
-    def per_workload(transform: Any) -> float:
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            kept = [transform(orjson.loads(text)) for text in texts]
-            used = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
-        assert len(kept) == len(texts)
-        return used / len(texts)
-
-    interned = per_workload(transform_for(r.TENSORFUSIONWORKLOADS, pruning=False))
-    transformed = per_workload(transform_for(r.TENSORFUSIONWORKLOADS))
+    interned = bytes_each(texts, transform_for(r.TENSORFUSIONWORKLOADS, pruning=False))
+    transformed = bytes_each(texts, transform_for(r.TENSORFUSIONWORKLOADS))
     sys.stderr.write(f"bytes per cached workload: {interned:.0f} interned, {transformed:.0f} transformed\n")
     assert transformed < interned * 0.6
