@@ -1,4 +1,5 @@
-"""The cyclic collector is paused while any informer lists, and comes back only as it was."""
+"""The cyclic collector is paused while any informer lists (the one pause documents.py keeps for
+large bodies too), and comes back only as it was."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tfusion.kube.gcpause import collector_paused
+from tfusion.api.documents import collector_paused
 
 
 @pytest.fixture(autouse=True)

@@ -181,7 +181,8 @@ def collector_paused() -> Iterator[None]:
     cycles, so reference counting frees them and postponing collection frees nothing late. The
     pauses nest, across threads and roles: the collector is switched back on when the last ends,
     and only if it was on before the first. `tfusion.web.decode_body` and the API server's body
-    reader hold it around the whole decoding of a large body (checks too)."""
+    reader hold it around the whole decoding of a large body (checks too); an informer holds it
+    while its initial list is applied page by page."""
     global _pauses, _collector_was_enabled
     with _pause_lock:
         if _pauses == 0:

@@ -29,11 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, Pod
+from tfusion.api.documents import collector_paused
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
-from tfusion.kube.gcpause import collector_paused
 from tfusion.kube.resources import ApiResource
 from tfusion.kube.transforms import DEFAULT_TRANSFORM, Transform
 
