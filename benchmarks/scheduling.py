@@ -69,6 +69,7 @@ from typing import Any
 
 import httpx
 from _processes import stop
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -392,9 +393,9 @@ async def scheduler_attempts(controller_url: str) -> dict[str, int]:
     parked as unschedulable and tried again (a throughput figure alone hides that)."""
     async with httpx.AsyncClient() as http:
         text = (await http.get(f"{controller_url}/metrics")).text
-    prefix = 'tfusion_scheduler_attempts_total{result="'
-    return {line[len(prefix):line.index('"', len(prefix))]: int(float(line.rsplit(" ", 1)[1]))
-            for line in text.splitlines() if line.startswith(prefix)}
+    return {sample.labels["result"]: int(sample.value) for family in text_string_to_metric_families(text)
+            if family.name == "tfusion_scheduler_attempts"
+            for sample in family.samples if sample.name.endswith("_total")}
 
 
 async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
