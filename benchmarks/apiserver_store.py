@@ -9,8 +9,8 @@ figures do not move with the HTTP stack or the machine's load:
 - loaded_rss_kb_per_pod: the growth per pod of a fresh process that opens the state file (a
   restart); load_cpu_s: that process's CPU seconds for the load;
 - full_gc_max_ms: the longest of `--collections` full collections (`gc.collect()`) in that process,
-  timed in CPU time; full_gc_frozen_max_ms: the same after `freeze_loaded()` (when the store has it:
-  the server calls it after loading);
+  timed in CPU time; full_gc_frozen_max_ms: the same after `freeze_long_lived()` (the server
+  calls it after loading);
 - select_cpu_ms: CPU time of one pass over every pod evaluating `spec.nodeName=<one node>` as a
   list or watch does (through `Selection` where the store has it, on the decoded object otherwise),
   and select_matches, the pods it kept.
@@ -74,6 +74,7 @@ async def write(state: Path, pods: int) -> float:
 
 def load(state: Path, collections: int) -> dict[str, Any]:
     """Open the state file as a restarting server does; measure it (run in a fresh process)."""
+    from tfusion.api.documents import freeze_long_lived
     from tfusion.apiserver import store as store_module
 
     gc.collect()
@@ -85,10 +86,8 @@ def load(state: Path, collections: int) -> dict[str, Any]:
     pods = store.count(PODS)
     result["loaded_rss_kb_per_pod"] = round((rss_mb(os.getpid()) - before) * 1024 / pods, 2)
     result["full_gc_max_ms"] = _longest_collection(collections)
-    freeze = getattr(store_module, "freeze_loaded", None)
-    if freeze is not None:
-        freeze()
-        result["full_gc_frozen_max_ms"] = _longest_collection(collections)
+    freeze_long_lived()  # as the server does once it has loaded its state
+    result["full_gc_frozen_max_ms"] = _longest_collection(collections)
     result.update(_select(store_module, store))
     store.close()
     return result

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -684,6 +684,11 @@ class GpuAllocator:
         allocs = self.ledger.allocs
         return {uid: allocs[uid].info() for uid in sorted(allocs)
                 if not (committed_only and allocs[uid].assumed_at is not None)}
+
+    def committed_limits(self) -> Iterator[tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]:
+        """(GPU names, per-GPU limits) of each committed allocation, in no order: for sums over all
+        of them without an AllocationInfo each."""
+        return ((alloc.gpus, alloc.limits) for alloc in self.ledger.allocs.values() if alloc.assumed_at is None)
 
     def node_workers(self) -> dict[str, dict[str, str]]:
         """node -> {pod uid: "namespace/name"} of the pods holding GPUs there (assumed included)."""

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from tfusion.api.documents import freeze_long_lived
 from tfusion.apiserver import rbac, security, seed
 from tfusion.apiserver.app import ApiApp
 from tfusion.apiserver.asgi import BODY_TIMEOUT_S
@@ -30,7 +31,7 @@ from tfusion.apiserver.objects import Engine
 from tfusion.apiserver.resources import Registry
 from tfusion.apiserver.reviews import Reviews
 from tfusion.apiserver.services import Services
-from tfusion.apiserver.store import Store, freeze_loaded
+from tfusion.apiserver.store import Store
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.settings import parse_listen
 from tfusion.web import bind_socket, kube_status_refusal, serve
@@ -160,7 +161,7 @@ class EmbeddedApiServer:
         store = Store(self.state, self.watch_history)
         try:
             app, gc, certfile, keyfile = self._build(store)
-            freeze_loaded()  # the state just loaded lives as long as the server: out of the GC's walks
+            freeze_long_lived()  # the state just loaded lives as long as the server: out of the GC's walks
             sock = bind_socket(f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}")
         except BaseException:
             store.close()

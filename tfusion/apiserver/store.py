@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import gc
 import os
 import sqlite3
 import stat
@@ -614,10 +613,3 @@ class Store:
         self._db.close()
 
 
-def freeze_loaded() -> None:
-    """Move everything alive now (the loaded state, the registry, the modules) out of the cyclic
-    collector's generations: they live as long as the server, and a full collection would otherwise
-    walk all of them every time (seconds at 100,000 pods). Garbage is collected first, so that none
-    of it is frozen with them."""
-    gc.collect()
-    gc.freeze()

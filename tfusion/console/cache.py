@@ -11,7 +11,6 @@ why, and the pages that need it say so instead of showing nothing.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -75,14 +74,6 @@ class StaticCluster:
         return {}
 
 
-def settle() -> None:
-    """Once the cache holds the cluster, take what the process holds now out of the garbage collector's
-    reach: the objects live as long as the process, and a full collection that walks a million dicts
-    pauses a page for half a second at 10,000 pods (the pages' p99 in benchmarks/console.py)."""
-    gc.collect()
-    gc.freeze()
-
-
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace")
@@ -140,5 +131,4 @@ class ClusterCache:
             await tg.start(self.factory.run)
             with anyio.move_on_after(sync_timeout_s):
                 await self.factory.wait_synced()
-            settle()
             task_status.started()

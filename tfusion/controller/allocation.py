@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -66,6 +66,7 @@ from tfusion.allocator.allocator import DEFAULT_ASSUME_TTL, DEFAULT_MAX_WORKERS_
 from tfusion.allocator.topology import STAGE as TOPOLOGY_STAGE
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section, text
 from tfusion.api.annotations import AnnotationError
+from tfusion.api.jsontypes import JsonMapping
 from tfusion.controller.reconcilers.gpu_status import GpuStatusReconciler
 from tfusion.controller.reconcilers.holdings import (
     gpu_names,
@@ -80,6 +81,7 @@ from tfusion.controller.scheduling.config import SchedulerConfigError, load_sche
 from tfusion.errors import RoleError
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError, NotFound
+from tfusion.kube.pacing import batches, paced
 from tfusion.kube.reconciler import Controller
 from tfusion.settings import NotImplementedSettingError
 
@@ -96,6 +98,8 @@ ORPHAN_SWEEP_INTERVAL = 180.0
 #: how long an allocation request waits for leader recovery before 503
 READY_TIMEOUT = 30.0
 RECOVERY_RETRY_S = 5.0
+#: recovered allocations restored per allocator call (each call rescores the nodes it touched)
+RESTORE_BATCH = 2048
 #: how often allocator changes are handed to the reconcilers (each then waits --sync-interval)
 FLUSH_INTERVAL_S = 0.5
 
@@ -295,7 +299,7 @@ class AllocatorService:
     async def _recover(self) -> GpuAllocator:
         while True:
             try:
-                return self._rebuild()
+                return await self._rebuild()
             except Exception as exc:  # a bug: say so on /readyz and retry rather than end leadership
                 log.exception("allocator recovery failed; retrying in %.0f s", RECOVERY_RETRY_S)
                 self.runtime.readiness.set(CONDITION, False, f"leader: recovery failed: {exc!r}")
@@ -312,8 +316,11 @@ class AllocatorService:
         else:
             self.runtime.readiness.set(CONDITION, False, "stopped")
 
-    def _rebuild(self) -> GpuAllocator:
-        """A fresh allocator from the informer caches (no await: one consistent snapshot)."""
+    async def _rebuild(self) -> GpuAllocator:
+        """A fresh allocator from the informer caches as they were when it started, built paced
+        (kube/pacing.py): the allocator is not served before it is done, and everything the
+        informers deliver meanwhile reaches the reconcilers, which wait for it (`wait_ready`) and
+        then compare the cache as it is by then with the ledger."""
         rt = self.runtime
         args = self.scheduler_args
         allocator = GpuAllocator(max_workers_per_node=self.settings.max_workers_per_node
@@ -324,17 +331,20 @@ class AllocatorService:
         for pool in rt.informer(r.GPUPOOLS).list():
             self._apply_pool(allocator, GpuPool(pool))
         self.apply_providers(allocator)
-        for gpu in rt.informer(r.GPUS).list():
+        gpus = rt.informer(r.GPUS).list()
+        pods = rt.informer(r.PODS).list()
+        async for gpu in paced(gpus):
             self.apply_gpu(allocator, Gpu(gpu))
         for quota in rt.informer(r.GPURESOURCEQUOTAS).list():
             self.apply_quota(allocator, Body(quota))
         self._waiting.clear()
-        entries, pods_by_uid, skipped = self._recoverable(allocator)
+        entries, pods_by_uid, skipped = await self._recoverable(allocator, pods)
         names = {req.pod_uid: f"{req.namespace}/{req.pod_name}" for req, _ in entries}
-        reported = reported_partitions(Gpu(obj) for obj in rt.informer(r.GPUS).list())
-        for uid, reason in allocator.restore(entries, reported):
-            skipped.append((names.get(uid, uid), reason))
-            self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
+        reported = reported_partitions(Gpu(obj) for obj in gpus)
+        async for batch in paced(batches(entries, RESTORE_BATCH)):
+            for uid, reason in allocator.restore(batch, reported):
+                skipped.append((names.get(uid, uid), reason))
+                self.runtime.events.warning(pods_by_uid[uid], "AllocationNotRecovered", reason)
         for ref, reason in skipped:
             log.warning("recovery: cannot restore the allocation of pod %s: %s", ref, reason)
         self._report_mode_conflicts(allocator)
@@ -359,13 +369,14 @@ class AllocatorService:
             if gpu is not None:
                 self.runtime.events.warning(Gpu(gpu), "DynamicIsolationConflict", message)
 
-    def _recoverable(self, allocator: GpuAllocator) -> tuple[list[tuple[AllocRequest, tuple[str, ...]]],
-                                                             dict[str, Pod], list[tuple[str, str]]]:
+    async def _recoverable(self, allocator: GpuAllocator, pods: Iterable[JsonMapping],
+                           ) -> tuple[list[tuple[AllocRequest, tuple[str, ...]]], dict[str, Pod],
+                                      list[tuple[str, str]]]:
         """The live workers' allocations to restore, their pods by UID, and the ones skipped (why)."""
         entries: list[tuple[AllocRequest, tuple[str, ...]]] = []
         skipped: list[tuple[str, str]] = []
         pods_by_uid: dict[str, Pod] = {}
-        for obj in self.runtime.informer(r.PODS).list():
+        async for obj in paced(pods):
             pod = Pod(obj)
             if not pod.holds_gpus:
                 continue

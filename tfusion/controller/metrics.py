@@ -2,9 +2,10 @@
 
 Why: users read allocation, usage and cost with SQL from GreptimeDB (`tf_worker_resources`,
 `tf_node_metrics`, `tf_pool_metrics`, `tf_gpu_metrics`, `tf_gpu_allocation`, `tf_system_metrics`;
-reference upstream-controller.md §10). Each tick reads one consistent view (the informer caches and
-the leader's allocator, no await in between), writes the points through the role's `MetricsOutput`
-and keeps them for the Prometheus collector (`tfusion/metrics/prometheus.py`). It lives in the
+reference upstream-controller.md §10). Each tick reads the informer caches and the leader's
+allocator (the per-worker rows paced, so that 100,000 workers do not hold the event loop for
+seconds), writes the points through the role's `MetricsOutput` and keeps them for the Prometheus
+collector (`tfusion/metrics/prometheus.py`). It lives in the
 controller package because it reads the controller's runtime and allocator service; `metrics/`
 holds what both roles use (points, sinks, families, cost).
 
@@ -32,6 +33,7 @@ from tfusion.api.annotations import AnnotationError
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.autoscaler.recommender import Share, share_of
 from tfusion.kube import resources as r
+from tfusion.kube.pacing import paced
 from tfusion.metrics import cost as billing
 from tfusion.metrics.partition import GpuStatusLookup, PartitionHeld, partition_held, partition_share
 from tfusion.metrics.points import Point
@@ -255,7 +257,7 @@ class ControllerRecorder:
                 await service.wait_ready(timeout=float("inf"))
             self._leading = True
             # the gauges right away (nothing is billed for a zero interval; the file waits for the first tick)
-            self.build(self.wall())
+            await self.build(self.wall())
             while True:
                 await self.runtime.manager.clock.sleep(self.interval)
                 await self.record_once()
@@ -335,14 +337,23 @@ class ControllerRecorder:
         if self._leading:
             self._end(uid, self.wall())
 
-    def _scan(self, now: float) -> None:
-        """The informer's view: live workers tracked (and refreshed), tracked ones no longer live ended."""
+    async def _scan(self, now: float) -> None:
+        """The informer's view: live workers tracked, tracked ones no longer live ended. A tracked
+        row is refreshed by its pod's events (a bind, a resize and a partition each write the pod),
+        not here, except a partition whose slots the GPU's status had not recorded yet. Paced
+        (kube/pacing.py): the term's first scan makes a row for each of up to 100,000 workers; a
+        worker that starts meanwhile is tracked by the pod handlers and is not among `known`."""
+        known = self.ledger.uids()
         live = set()
-        for pod in map(Pod, self.runtime.informer(r.PODS).list()):
+        workers = self.workers
+        async for pod in paced(map(Pod, self.runtime.informer(r.PODS).list())):
             if is_billable(pod):
-                live.add(pod.uid)
-                self._track(pod, now)
-        for uid in self.ledger.uids():
+                uid = pod.uid
+                live.add(uid)
+                row = workers.get(uid)
+                if row is None or (row.partition is not None and row.partition.slot_start is None):
+                    self._track(pod, now)
+        for uid in known:
             if uid not in live:
                 self.ledger.ended(uid, now)
 
@@ -354,25 +365,26 @@ class ControllerRecorder:
         config = self.runtime.dynamic_config.current
         self.output.fmt = str(config.get("metricsFormat") or "influx")
         self.output.set_ttl(str(config.get("metricsTTL") or ""))
-        points = self.build(now, extra_labels=dict(section(config, "metricsExtraPodLabels")))
+        points = await self.build(now, extra_labels=dict(section(config, "metricsExtraPodLabels")))
         self.ticks += 1
         await self.output.emit(points)
         return points
 
-    def build(self, now: float, *, extra_labels: Mapping[str, str] | None = None) -> list[Point]:
-        """Every table for this tick (synchronous: one consistent view of caches and ledger)."""
-        self._scan(now)
+    async def build(self, now: float, *, extra_labels: Mapping[str, str] | None = None) -> list[Point]:
+        """Every table for this tick. The rows of the workers, a point or two each, are made paced
+        (kube/pacing.py); a worker whose pod changes meanwhile is written as it is when its turn comes."""
+        await self._scan(now)
         allocator = self._allocator()
         ts = int(now * 1000)
         rt = self.runtime
         gpus = gpu_views(map(Gpu, rt.informer(r.GPUS).list()), allocator)
         pools = {pool.name: pool for pool in map(GpuPool, rt.informer(r.GPUPOOLS).list())}
         pricing = self._pricing(pools)
-        points = self._worker_points(now, ts, pricing, extra_labels or {})
+        points = await self._worker_points(now, ts, pricing, extra_labels or {})
         points += self._node_points(now, ts, gpus)
         points += self._pool_points(ts, gpus, pools, allocator)
         points += self._gpu_points(ts, gpus)
-        points += self._allocation_points(ts, gpus, allocator, extra_labels or {})
+        points += await self._allocation_points(ts, gpus, allocator, extra_labels or {})
         points += self._system_points(ts, pools)
         self.snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
                                  node_cost_total=self._node_cost_labels())
@@ -391,11 +403,11 @@ class ControllerRecorder:
                 log.warning("pool %s: cannot read its pricing (its workers cost 0): %s", name, exc)
         return out
 
-    def _worker_points(self, now: float, ts: int, pricing: Mapping[str, billing.PoolPricing],
-                       extra_labels: Mapping[str, str]) -> list[Point]:
+    async def _worker_points(self, now: float, ts: int, pricing: Mapping[str, billing.PoolPricing],
+                             extra_labels: Mapping[str, str]) -> list[Point]:
         points = []
         shares: dict[str, Share | None] = {}
-        for uid in self.ledger.uids():
+        async for uid in paced(self.ledger.uids()):
             row = self.workers.get(uid)
             seconds = self.ledger.bill(uid, now)
             if row is None:
@@ -457,8 +469,8 @@ class ControllerRecorder:
                      allocator: GpuAllocator | None) -> list[Point]:
         limited: dict[str, list[int]] = {}
         if allocator is not None:
-            for info in allocator.allocations(committed_only=True).values():
-                for gpu_name, (t, v) in zip(info.gpu_names, info.limits, strict=False):
+            for gpu_names, limits in allocator.committed_limits():
+                for gpu_name, (t, v) in zip(gpu_names, limits, strict=False):
                     gpu = gpus.get(gpu_name)
                     if gpu is not None:
                         entry = limited.setdefault(gpu.pool, [0, 0])
@@ -497,10 +509,10 @@ class ControllerRecorder:
             "allocated_vram_percent": _percent(g.allocated_vram, g.capacity_vram)}, ts)
             for _, g in sorted(gpus.items())]
 
-    def _allocation_points(self, ts: int, gpus: Mapping[str, GpuView], allocator: GpuAllocator | None,
-                           extra_labels: Mapping[str, str]) -> list[Point]:
+    async def _allocation_points(self, ts: int, gpus: Mapping[str, GpuView], allocator: GpuAllocator | None,
+                                 extra_labels: Mapping[str, str]) -> list[Point]:
         points = []
-        for uid in self.ledger.uids():
+        async for uid in paced(self.ledger.uids()):
             row = self.workers.get(uid)
             if row is None or self.ledger.is_ended(uid):
                 continue

@@ -35,6 +35,7 @@ from tfusion.api.jsontypes import JsonMapping
 from tfusion.kube.client import Conflict, KubeClient, NotFound, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.informer import Informer
+from tfusion.kube.pacing import Pacer
 from tfusion.kube.resources import ApiResource
 from tfusion.kube.transforms import PRUNED
 from tfusion.kube.workqueue import Key, RateLimiter, ShutDown, WorkQueue, metrics_for
@@ -162,6 +163,9 @@ class Controller:
 
     async def _worker(self) -> None:
         queue = self.queue
+        # a backlog of reconciles that await nothing (100,000 pods at a term's start) would
+        # otherwise run back to back: `get` does not wait while the queue has keys
+        pacer = Pacer()
         while True:
             try:
                 key = await queue.get()
@@ -171,6 +175,7 @@ class Controller:
                 await self._process(queue, key)
             finally:
                 queue.done(key)
+            await pacer.turn()
 
     async def _process(self, queue: WorkQueue, key: Key) -> None:
         started = time.perf_counter()

@@ -128,14 +128,29 @@ class SharedTable:
         return len(self._by_text)
 
     def canonical(self, value: Any) -> Any:
-        try:
-            key = orjson.dumps(value).decode()
-        except (TypeError, orjson.JSONEncodeError):  # not JSON (an integer past 64 bits): kept apart
+        key = self.key_of(value)
+        if key is None:
             return value
+        found = self.lookup(key)
+        return value if found is None else found
+
+    @staticmethod
+    def key_of(value: Any) -> str | None:
+        """What the table knows `value` by; None for a value that is not JSON (an integer past
+        64 bits), which is kept apart."""
+        try:
+            return orjson.dumps(value).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+
+    def lookup(self, key: str) -> Any:
+        """The value kept under `key`, or None (the caller then `keep`s its own)."""
         found = self._by_text.get(key)
         if found is not None:
             self.hits += 1
-            return found
+        return found
+
+    def keep(self, key: str, value: Any) -> Any:
         if len(self._by_text) >= self.max_entries:
             self._by_text.clear()
         self._by_text[key] = value
@@ -191,6 +206,25 @@ def _value(value: Any) -> Any:
     return value
 
 
+def _stripped(node: Any, tree: _Tree) -> Any:
+    """`node` without the paths `tree` drops: copied only along them, nothing interned."""
+    kind = type(node)
+    if kind is dict:
+        if not any(k in tree for k in node):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k not in tree:
+                out[k] = v
+            elif tree[k] is not DROP:
+                out[k] = _stripped(v, tree[k])
+        return out
+    if kind is list:
+        items = tree.get("[]")
+        return node if items is None else [_stripped(v, items) for v in node]
+    return node
+
+
 class Pruner:
     """A cache transform: one walk that copies an object, dropping the paths in `drop`, interning
     short strings and keys, and replacing each subtree at a path in `share` by the equal one the
@@ -207,6 +241,23 @@ class Pruner:
         return result
 
     def _copy(self, node: Any, tree: _Tree) -> Any:
+        if _SHARE in tree:
+            return self._shared(node, tree)
+        return self._walk(node, tree)
+
+    def _shared(self, node: Any, tree: _Tree) -> Any:
+        """The table's subtree equal to `node` pruned by `tree`. Looked up by the pruned subtree's
+        JSON before any copy: most of a pod is alike across its Deployment, and a hit costs one
+        encoding where the copy walks and interns every string of it."""
+        key = self.table.key_of(_stripped(node, tree))
+        if key is None:
+            return self._walk(node, tree)
+        found = self.table.lookup(key)
+        if found is not None:
+            return found
+        return self.table.keep(key, self._walk(node, tree))
+
+    def _walk(self, node: Any, tree: _Tree) -> Any:
         kind = type(node)
         out: Any
         if kind is dict:
@@ -223,7 +274,7 @@ class Pruner:
             out = [self._copy(v, items) for v in node] if items is not None else [_value(v) for v in node]
         else:
             return _value(node)
-        return self.table.canonical(out) if _SHARE in tree else out
+        return out
 
 
 def prune(paths: tuple[tuple[str, ...], ...]) -> Transform:

@@ -26,6 +26,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.kube.backoff import Backoff, Failures
+from tfusion.kube.pacing import batches, paced
 from tfusion.metrics.points import Point, encode
 from tfusion.settings import Settings, parse_duration
 
@@ -239,6 +240,21 @@ class PushSender:
         self.last_error = message
 
 
+#: points encoded between two turns of a paced encoding
+ENCODE_BATCH = 512
+
+
+async def encode_paced(points: Sequence[Point], fmt: str) -> list[str]:
+    """`encode`, giving the event loop turns (kube/pacing.py): a controller's tick at 100,000 pods
+    is 200,000 points. An OTLP document is one line, encoded at once."""
+    if fmt == "otel":
+        return encode(points, fmt)
+    lines: list[str] = []
+    async for batch in paced(batches(points, ENCODE_BATCH)):
+        lines += encode(batch, fmt)
+    return lines
+
+
 class MetricsOutput:
     """One role's metrics transports: `emit(points)` writes the file (in `fmt`) and queues the
     push (always line protocol: the endpoints take nothing else). Run `run()` in the role's task
@@ -268,10 +284,11 @@ class MetricsOutput:
     async def emit(self, points: Sequence[Point]) -> None:
         if not points:
             return
-        if self.sender is not None:
-            self.sender.offer(encode(points, "influx"))
+        influx = await encode_paced(points, "influx") if self.sender is not None else None
+        if self.sender is not None and influx is not None:
+            self.sender.offer(influx)
         if self.file is not None:
-            lines = encode(points, self.fmt)
+            lines = influx if influx is not None and self.fmt == "influx" else await encode_paced(points, self.fmt)
             try:
                 await anyio.to_thread.run_sync(self.file.write, lines)
             except OSError as exc:

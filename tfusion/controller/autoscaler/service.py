@@ -69,6 +69,7 @@ from tfusion.controller.reconcilers.common import condition, merge_conditions, w
 from tfusion.controller.reconcilers.workload import WORKLOAD_INDEX, workload_key
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError
+from tfusion.kube.pacing import paced
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
@@ -181,29 +182,30 @@ class Autoscaler:
             raise cached[1]
         return cached[1]
 
-    def _autoscaled(self, refused: list[tuple[Workload, PolicyError]] | None = None
-                    ) -> dict[str, tuple[Workload, ScalingPolicy]]:
-        """Workloads whose policy enables anything, by key; `refused` collects the bad ones."""
+    async def _autoscaled(self, refused: list[tuple[Workload, PolicyError]] | None = None
+                          ) -> dict[str, tuple[Workload, ScalingPolicy]]:
+        """Workloads whose policy enables anything, by key; `refused` collects the bad ones. Paced
+        (kube/pacing.py): a first pass parses the policy of every workload, thousands of them."""
         found = {}
-        for raw in self.workloads.list():
-            workload = workload_body(raw)
-            if workload.meta.deleting:
+        async for raw in paced(self.workloads.list()):
+            cached = Workload(raw)  # read in place: a copy only for the few a pass goes on with
+            if cached.meta.deleting:
                 continue
             try:
-                policy = self.policy(workload)
+                policy = self.policy(cached)
             except PolicyError as exc:
                 if refused is not None:
-                    refused.append((workload, exc))
+                    refused.append((workload_body(raw), exc))
                 continue
             if policy.enabled:
-                found[f"{workload.namespace}/{workload.name}"] = (workload, policy)
+                found[f"{cached.namespace}/{cached.name}"] = (workload_body(raw), policy)
         return found
 
     async def pass_once(self) -> None:
         now = self.clock()
         self.passes += 1
         refused: list[tuple[Workload, PolicyError]] = []
-        autoscaled = self._autoscaled(refused)
+        autoscaled = await self._autoscaled(refused)
         self._own_intervals = [s for _, p in autoscaled.values() if (s := p.auto_set.interval_s)]
         for workload, exc in refused:
             await self._write(workload, None, None, reason="InvalidConfig", message=str(exc), ok=False,
@@ -273,7 +275,7 @@ class Autoscaler:
     async def _rebuild(self, now: float) -> None:
         if not self.source.keeps_history:
             return  # each workload's checkpoint is read when it is first tracked
-        policies = {key: policy for key, (_, policy) in self._autoscaled().items()}
+        policies = {key: policy for key, (_, policy) in (await self._autoscaled()).items()}
         if not policies:
             return
         longest = max(p.auto_set.history_period_s for p in policies.values())

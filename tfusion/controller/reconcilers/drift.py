@@ -50,6 +50,7 @@ from tfusion.controller.reconcilers.holdings import gpu_names, knows_gpu, worker
 from tfusion.controller.views import gpu_status
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeError, NotFound
+from tfusion.kube.pacing import paced
 
 if TYPE_CHECKING:
     from tfusion.controller.runtime import ControllerRuntime
@@ -181,7 +182,7 @@ class DriftAudit:
             return None
         findings, self._pending = self._pending, []
         seen: set[tuple[str, str]] = set()
-        findings += self._audit_gpus(allocator, seen)
+        findings += await self._audit_gpus(allocator, seen)
         findings += await self._audit_allocations(allocator)
         findings += await self._audit_hypervisors(allocator, seen)
         self._suspects = {k: v for k, v in self._suspects.items() if k in seen}
@@ -198,9 +199,9 @@ class DriftAudit:
         self.service.last_drift = result
         return result
 
-    def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[Finding]:
+    async def _audit_gpus(self, allocator: GpuAllocator, seen: set[tuple[str, str]]) -> list[Finding]:
         found = []
-        for gpu in map(Gpu, self.runtime.informer(r.GPUS).list()):
+        async for gpu in paced(map(Gpu, self.runtime.informer(r.GPUS).list())):
             name = gpu.name
             if not knows_gpu(allocator, name):
                 continue
@@ -219,7 +220,9 @@ class DriftAudit:
         found: list[Finding] = []
         pods = self.runtime.informer(r.PODS)
         committed = allocator.allocations(committed_only=True)
-        for uid, info in committed.items():
+        async for uid, info in paced(committed.items()):
+            if not allocator.has_allocation(uid):
+                continue  # released since the audit began
             req = info.request
             cached = pods.get(f"{req.namespace}/{req.pod_name}")
             pod = Pod(cached) if cached is not None else None
@@ -239,8 +242,12 @@ class DriftAudit:
                 found.append(self._found("orphan-allocation", target, f"the ledger held GPUs for pod "
                                          f"{req.namespace}/{req.pod_name} ({uid}), which is gone or finished",
                                          "released"))
-        for pod in map(Pod, pods.list()):
+        async for pod in paced(map(Pod, pods.list())):
             if not pod.holds_gpus or allocator.has_allocation(pod.uid):
+                continue
+            current = pods.get(f"{pod.namespace}/{pod.name}")  # the list is older than this turn
+            pod = Pod(current) if current is not None else pod
+            if current is None or not pod.holds_gpus or allocator.has_allocation(pod.uid):
                 continue
             finding = self._adopt(allocator, pod)
             if finding is not None:

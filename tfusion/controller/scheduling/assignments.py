@@ -39,6 +39,7 @@ from tfusion.kube import resources as r
 from tfusion.kube.auth import TokenReviewer, Unauthenticated, authenticate, unverified_claims
 from tfusion.kube.client import KubeError
 from tfusion.kube.leader import LEADER_INFO_CONFIGMAP, LEADER_IP_KEY
+from tfusion.kube.pacing import paced
 from tfusion.settings import format_listen, parse_listen
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Assignments:
         self.leader_wait = leader_wait
         self.indexes: IndexAllocator | None = None
         self.ports: PortAllocator | None = None
+        self._building: tuple[IndexAllocator, PortAllocator] | None = None
         self.reviewer = TokenReviewer(runtime.manager.client) if runtime.manager.has_client else None
         self.own_username = own_username(self.settings.operator_namespace)
         #: the bearer token sent to the leader (the mounted ServiceAccount token, re-read each call)
@@ -112,8 +114,16 @@ class Assignments:
         await informer.wait_synced()
         indexes = IndexAllocator()
         ports = PortAllocator(self.settings.cluster_host_port_range, self.settings.host_port_range)
-        for pod in informer.list():
-            self._observe(indexes, ports, Pod(pod))
+        # paced (kube/pacing.py): the pod events and releases meanwhile go to the allocators being
+        # built, and each pod is read here as the cache has it when its turn comes
+        self._building = (indexes, ports)
+        try:
+            async for key in paced(informer.keys()):
+                raw = informer.get(key)
+                if raw is not None:
+                    self._observe(indexes, ports, Pod(raw))
+        finally:
+            self._building = None
         self.indexes, self.ports = indexes, ports
         self.terms += 1
         log.info("index and port allocators rebuilt: %d indices, %d cluster ports held", len(indexes.held()),
@@ -133,9 +143,16 @@ class Assignments:
             indexes.occupy(uid, index, f"{pod.namespace}/{pod.name}")
         ports.observe(uid, pod)
 
-    def _on_pod(self, raw: JsonMapping) -> None:
+    def _held(self) -> tuple[IndexAllocator, PortAllocator] | None:
+        """The allocators pods occupy and release: the live ones, or those the term's start builds."""
         if self.indexes is not None and self.ports is not None:
-            self._observe(self.indexes, self.ports, Pod(raw))
+            return self.indexes, self.ports
+        return self._building
+
+    def _on_pod(self, raw: JsonMapping) -> None:
+        held = self._held()
+        if held is not None:
+            self._observe(*held, Pod(raw))
 
     def _on_pod_update(self, _old: object, new: JsonMapping) -> None:
         self._on_pod(new)
@@ -146,9 +163,10 @@ class Assignments:
         self._release(uid)
 
     def _release(self, uid: str) -> None:
-        if self.indexes is not None and self.ports is not None and uid:
-            self.indexes.release(uid)
-            self.ports.release(uid)
+        held = self._held()
+        if held is not None and uid:
+            held[0].release(uid)
+            held[1].release(uid)
 
     async def _leading(self, wait: float) -> bool:
         """True once this replica's allocators are up; False when another replica leads or `wait` ran out."""

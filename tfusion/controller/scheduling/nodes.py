@@ -369,11 +369,11 @@ class NodeUsage:
     def observe_delete(self, pod: Pod) -> None:
         self.forget(pod.uid)
 
-    def rebuild(self, pods: Iterable[Pod]) -> None:
+    def clear(self) -> None:
+        """Count nothing (a term starts afresh: an earlier term's assumptions go; every pod is
+        observed again)."""
         self._pods.clear()
         self._nodes.clear()
-        for pod in pods:
-            self.observe(pod)
 
 
 class StaticVerdicts:

@@ -70,6 +70,7 @@ from tfusion.controller.scheduling.unschedulable import Reports, as_pod, pod_key
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.kube.informer import Informer, node_name_index
+from tfusion.kube.pacing import paced
 
 if TYPE_CHECKING:
     from tfusion.controller.allocation import AllocatorService
@@ -285,15 +286,10 @@ class Scheduler:
             if allocator is not None:
                 break
             await anyio.sleep(0.5)
-        queue = SchedulingQueue(clock=self.runtime.manager.clock)
-        pods = [Pod(raw) for raw in self.pods.list()]
-        for pod in pods:
-            if self.serves(pod) and nc.is_pending(pod):
-                queue.add(pod_key(pod), priority=priority(pod))
-        self.usage.rebuild(pods)
-        self.queue = queue
-        log.info("built-in scheduler: %d pending pod(s) queued", len(queue))
+        queue = self.queue = SchedulingQueue(clock=self.runtime.manager.clock)
         try:
+            await self._queue_and_count(queue)
+            log.info("built-in scheduler: %d pending pod(s) queued", len(queue))
             async with anyio.create_task_group() as tg:
                 self._binds = tg
                 tg.start_soon(self._report_queue, queue)
@@ -308,6 +304,19 @@ class Scheduler:
             self.queue = None
             self._binds = None
             queue.close()
+
+    async def _queue_and_count(self, queue: SchedulingQueue) -> None:
+        """A term's start: every pending pod of ours queued, every bound pod's requests counted on
+        its node. Paced (kube/pacing.py): the pod events delivered meanwhile queue and count
+        pods as usual, and each pod is read here as the cache has it when its turn comes."""
+        self.usage.clear()
+        async for key in paced(self.pods.keys()):
+            pod = self.pod(key)
+            if pod is None:
+                continue
+            if self.serves(pod) and nc.is_pending(pod):
+                queue.add(key, priority=priority(pod))
+            self.usage.observe(pod)
 
     async def _report_queue(self, queue: SchedulingQueue) -> None:
         while True:

@@ -1,0 +1,51 @@
+"""Long in-memory passes that leave the event loop to others now and then.
+
+Why: a leader that starts on 100,000 pods rebuilds its allocator, its billing rows and its node
+usage from the informer caches: seconds of pure Python each. Done in one go, nothing else runs
+meanwhile: the Lease is not renewed (the replica loses leadership it just won), probes time out,
+watch events pile up. `paced` hands the loop over whenever a slice of wall time has passed, so a
+pass of any size costs the rest of the process at most one slice of latency. A pass that awaits
+in between sees handlers run in the middle of it; each caller says why that is safe for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+#: the most one stretch of a paced pass keeps the loop (seconds)
+SLICE_S = 0.02
+
+
+class Pacer:
+    """`await pacer.turn()` between steps: the event loop gets a turn once `slice_s` has passed
+    since the last one (a step that awaited nothing did not give it one)."""
+
+    def __init__(self, slice_s: float = SLICE_S) -> None:
+        self.slice_s = slice_s
+        self._since = time.monotonic()
+
+    async def turn(self) -> None:
+        if time.monotonic() - self._since >= self.slice_s:
+            await anyio.sleep(0)
+            self._since = time.monotonic()
+
+
+async def paced(items: Iterable[T], slice_s: float = SLICE_S) -> AsyncIterator[T]:
+    """Yield `items` one by one, giving the event loop a turn whenever `slice_s` has passed."""
+    pacer = Pacer(slice_s)
+    for item in items:
+        yield item
+        await pacer.turn()
+
+
+def batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """`items` in consecutive slices of `size` (the last one shorter): for a pass whose step is
+    cheaper done for many items at once."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
