@@ -367,3 +367,44 @@ async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> Non
     assert collector_on == [False] * 4 and gc.isenabled()
     assert sorted(informer.keys()) == [f"inf/p{i}" for i in range(7)]
     assert informer.resource_version == (await kube.list(r.CONFIGMAPS, namespace="inf")).resource_version
+
+
+async def test_a_label_selected_informer_follows_the_unselected_one(kube: KubeClient) -> None:
+    """Where a factory holds an informer of a resource without selectors, one that selects by
+    labels alone takes its objects from it (one list and watch for both), whichever was asked for
+    first: it holds exactly the pods its selector matches, the same dicts; its handlers see a pod
+    whose labels start matching as added and one whose labels stop matching, or that is deleted,
+    as deleted; it is synced with its source."""
+    factory = InformerFactory(kube)
+    ours = factory.informer(r.PODS, label_selector="tensor-fusion.ai/component")
+    every = factory.informer(r.PODS)
+    late = factory.informer(r.PODS, label_selector="tier in (a)")
+    assert ours.source is every and late.source is every and every.source is None
+    seen: list[tuple[str, str]] = []
+    ours.add_handler(on_add=lambda o: seen.append(("add", object_key(o))),
+                     on_update=lambda _o, n: seen.append(("update", object_key(n))),
+                     on_delete=lambda o: seen.append(("delete", object_key(o))))
+    await kube.create(r.PODS, pod("f-w1", **{"tensor-fusion.ai/component": "worker"}))
+    await kube.create(r.PODS, pod("f-theirs"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(factory.run)
+        with anyio.fail_after(5):
+            await factory.wait_synced()
+        assert [k for k in ours.keys() if k.startswith("inf/f-")] == ["inf/f-w1"]
+        assert ours.get("inf/f-w1") is every.get("inf/f-w1")
+        assert ours.resource_version == every.resource_version
+        await kube.patch(r.PODS, "f-theirs", {"metadata": {"labels": {"tensor-fusion.ai/component": "client"}}},
+                         namespace="inf")
+        await kube.patch(r.PODS, "f-w1", {"metadata": {"labels": {"tensor-fusion.ai/component": None}}},
+                         namespace="inf")
+        await kube.create(r.PODS, pod("f-w2", **{"tensor-fusion.ai/component": "worker"}))
+        await kube.patch(r.PODS, "f-w2", {"metadata": {"labels": {"x": "y"}}}, namespace="inf")
+        await kube.delete(r.PODS, "f-w2", namespace="inf")
+        wanted = [("add", "inf/f-w1"), ("add", "inf/f-theirs"), ("delete", "inf/f-w1"), ("add", "inf/f-w2"),
+                  ("update", "inf/f-w2"), ("delete", "inf/f-w2")]
+        with anyio.fail_after(5):
+            while [e for e in seen if e[1].startswith("inf/f-")] != wanted:
+                await anyio.sleep(0.02)
+        assert [k for k in ours.keys() if k.startswith("inf/f-")] == ["inf/f-theirs"]
+        assert "inf/f-w1" in every and "inf/f-w1" not in ours
+        tg.cancel_scope.cancel()

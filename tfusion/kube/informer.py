@@ -31,6 +31,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, Pod
 from tfusion.api.documents import collector_paused, freeze_long_lived
 from tfusion.api.jsontypes import JsonMapping
+from tfusion.api.selectors import EVERYTHING, parse_label_selector
 from tfusion.kube.backoff import Backoff, Failures
 from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
@@ -263,6 +264,10 @@ class Informer:
         self._handlers: list[Handler] = []
         #: called with the error each time the list or watch fails (the stream broke, not a clean end)
         self.error_listeners: list[Callable[[KubeError], None]] = []
+        #: the informer this one takes its objects from (`follow`); None: it lists and watches itself
+        self.source: Informer | None = None
+        self._selector = EVERYTHING
+        self._followers: list[Informer] = []
         self._tg: TaskGroup | None = None
         self._rv: str | None = None
         self._synced = anyio.Event()
@@ -292,7 +297,7 @@ class Informer:
 
     @property
     def resource_version(self) -> str | None:
-        return self._rv
+        return self.source.resource_version if self.source is not None else self._rv
 
     def get(self, key: str) -> dict[str, Any] | None:
         """By "namespace/name" (namespaced) or "name"."""
@@ -355,9 +360,49 @@ class Informer:
                 tg.start_soon(handler.run)
             task_status.started()
             try:
-                await self._list_and_watch()
+                if self.source is None:
+                    await self._list_and_watch()
+                else:
+                    await anyio.sleep_forever()  # the source calls `_offer` and `_withdraw`
             finally:
                 self._tg = None
+
+    # --- following another informer -------------------------------------------------------------
+
+    def follow(self, source: Informer) -> None:
+        """Take this informer's objects from `source`, an informer of the same resource and
+        namespace with no selector, instead of a list and a watch of its own: it keeps those that
+        match its label selector. The API server sends and this process decodes each object once
+        for both (the controller's informer on its own pods and the scheduler's on every pod:
+        100,000 pods listed once, not twice). An object whose labels stop matching is delivered as
+        deleted, one whose labels start matching as added, as a selected watch would."""
+        self.source = source
+        self._selector = parse_label_selector(self.key.label_selector)
+        source._followers.append(self)
+        for key, obj in source._store.items():
+            self._offer(key, obj)
+        if source.synced:
+            self._synced.set()
+
+    def _offer(self, key: str, obj: dict[str, Any]) -> None:
+        """The source cached `obj` under `key`."""
+        self._last_event = self.clock.now()
+        old = self._store.get(key)
+        meta = obj.get("metadata")
+        if self._selector.matches(meta.get("labels") if isinstance(meta, dict) else None):
+            if old is not obj:
+                self._put(key, obj)
+                self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj), key)
+        elif old is not None:
+            self._delete(key)
+            self._emit(_Delivery("DELETED", None, obj), key)
+
+    def _withdraw(self, key: str, last: dict[str, Any]) -> None:
+        """The source deleted `key`; `last` is its last known state."""
+        self._last_event = self.clock.now()
+        if key in self._store:
+            self._delete(key)
+            self._emit(_Delivery("DELETED", None, last), key)
 
     async def _list_and_watch(self) -> None:
         self.retry.reset()
@@ -384,7 +429,7 @@ class Informer:
                 gone_in_a_row += 1
             except KubeError as exc:
                 self._m_restarts.labels(self.name, "error").inc()
-                for listener in self.error_listeners:
+                for listener in [*self.error_listeners, *(f for i in self._followers for f in i.error_listeners)]:
                     listener(exc)
                 delay = self.retry.fail()
                 log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
@@ -426,12 +471,15 @@ class Informer:
         for key in [k for k in self._store if k not in listed]:
             gone = self._store[key]
             self._delete(key)
-            self._emit(_Delivery("DELETED", None, gone))
+            self._emit(_Delivery("DELETED", None, gone), key)
         self._rv = rv
         if not self._synced.is_set():
             log.info("informer %s synced: %d objects at resourceVersion %s", self.name, len(self._store),
                      self._rv)
             self._synced.set()
+            for follower in self._followers:
+                log.info("informer %s synced: %d objects from %s", follower.name, len(follower), self.name)
+                follower._synced.set()
 
     def _apply_listed(self, page: builtins.list[dict[str, Any]], listed: set[str]) -> None:
         """One page of a list into the cache; its keys into `listed`."""
@@ -447,7 +495,7 @@ class Informer:
                 continue
             obj = self._transformed(key, obj)
             self._put(key, obj)
-            self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
+            self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj), key)
 
     def _apply(self, event: WatchEvent) -> None:
         kind, obj = event
@@ -466,24 +514,29 @@ class Informer:
             else:
                 obj = self._transformed(key, obj)
                 self._put(key, obj)
-                self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj))
+                self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj), key)
         elif kind == "DELETED":
             if old is not None:
                 self._delete(key)
-                self._emit(_Delivery("DELETED", None, self._transformed(key, obj)))
+                self._emit(_Delivery("DELETED", None, self._transformed(key, obj)), key)
         else:
             log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
             return
         if rv:
             self._rv = rv
 
-    def _emit(self, delivery: _Delivery) -> None:
+    def _emit(self, delivery: _Delivery, key: str) -> None:
         counter = self._m_event_kinds.get(delivery.kind)
         if counter is None:  # a child per kind, looked up once: a list of 100,000 counts each
             counter = self._m_event_kinds[delivery.kind] = self._m_events.labels(self.name, delivery.kind)
         counter.inc()
         for handler in self._handlers:
             handler.push(delivery)
+        for follower in self._followers:
+            if delivery.kind == "DELETED":
+                follower._withdraw(key, delivery.new)
+            else:
+                follower._offer(key, delivery.new)
 
     # --- store and indexes ----------------------------------------------------------------------
 
@@ -576,9 +629,24 @@ class InformerFactory:
         siblings.append(found)
         found.siblings = siblings
         self._informers[key] = found
+        self._share_stream(found)
         if self._tg is not None:
             self._tg.start_soon(found.run)
         return found
+
+    def _share_stream(self, new: Informer) -> None:
+        """One list and watch per resource and namespace where one informer has no selector: an
+        informer that selects by labels alone follows it (`Informer.follow`), whichever was asked
+        for first, as long as the follower has not started listing by itself."""
+        resource, namespace = new.key.resource, new.key.namespace
+        whole = self._informers.get(InformerKey(resource, namespace))
+        if whole is None:
+            return
+        for informer in self._siblings.get(resource, ()):
+            key = informer.key
+            if (informer is not whole and informer.source is None and informer._tg is None
+                    and key.namespace == namespace and key.label_selector and not key.field_selector):
+                informer.follow(whole)
 
     def set_transform(self, resource: ApiResource, transform: Transform) -> None:
         """What `resource`'s informers keep of each object (kube/transforms.py), theirs and any made

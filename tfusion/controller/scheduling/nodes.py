@@ -35,6 +35,7 @@ resourceVersion, because thousands of pods of one Deployment ask the same questi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -92,6 +93,12 @@ class PodDemand:
 def _quantity(value: object, *, milli: bool) -> int:
     if not isinstance(value, (str, int, float)):
         return 0  # absent, or a JSON value no quantity is written as
+    return _parsed_quantity(value, milli)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_quantity(value: str | int | float, milli: bool) -> int:
+    """Cached: every pod event is counted, and a cluster's pods ask a handful of amounts."""
     try:
         q = Quantity.parse(value)
     except QuantityError:
