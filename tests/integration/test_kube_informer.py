@@ -83,6 +83,11 @@ def assert_no_duplicates(recorder: Recorder) -> None:
     assert not duplicated, f"notified more than once: {duplicated}"
 
 
+def closed_streams(registry: CollectorRegistry, informer: Informer) -> float | None:
+    return registry.get_sample_value("tfusion_informer_watch_restarts_total",
+                                     {"informer": informer.name, "cause": "closed"})
+
+
 async def test_survives_closed_stream_without_loss_or_duplicates(apiserver: Any, kube: KubeClient) -> None:
     for i in range(5):
         await kube.create(r.CONFIGMAPS, cm(f"c{i}", v="0"))
@@ -94,8 +99,14 @@ async def test_survives_closed_stream_without_loss_or_duplicates(apiserver: Any,
         with anyio.fail_after(5):
             await informer.wait_synced()
         await converge(kube, informer, recorder)
+        # a change seen proves the watch after the list is open: the first close must find it
+        await kube.patch(r.CONFIGMAPS, "c0", {"data": {"v": "listed"}}, namespace="inf")
+        await converge(kube, informer, recorder)
         for round_ in range(3):
             apiserver.close_watches()
+            with anyio.fail_after(5):  # the informer saw this stream end (the next close finds its new one)
+                while (closed_streams(registry, informer) or 0) < round_ + 1:
+                    await anyio.sleep(0.02)
             await kube.create(r.CONFIGMAPS, cm(f"n{round_}"))
             await kube.patch(r.CONFIGMAPS, f"c{round_}", {"data": {"v": str(round_ + 1)}}, namespace="inf")
             await kube.delete(r.CONFIGMAPS, f"c{4 - round_}", namespace="inf")
@@ -103,8 +114,7 @@ async def test_survives_closed_stream_without_loss_or_duplicates(apiserver: Any,
         tg.cancel_scope.cancel()
     assert_no_duplicates(recorder)
     assert registry.get_sample_value("tfusion_informer_relists_total", {"informer": informer.name}) == 1
-    closed = registry.get_sample_value("tfusion_informer_watch_restarts_total",
-                                       {"informer": informer.name, "cause": "closed"})
+    closed = closed_streams(registry, informer)
     assert closed is not None and closed >= 3
     assert registry.get_sample_value("tfusion_informer_events_total",
                                      {"informer": informer.name, "type": "DELETED"}) == 3
@@ -369,6 +379,12 @@ async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> Non
     assert informer.resource_version == (await kube.list(r.CONFIGMAPS, namespace="inf")).resource_version
 
 
+def mine(informer: Informer) -> list[str]:
+    """The keys of this test's pods (named f-...) in `informer`."""
+    keys = informer.keys()
+    return sorted(key for key in keys if key.startswith("inf/f-"))
+
+
 async def test_a_label_selected_informer_follows_the_unselected_one(kube: KubeClient) -> None:
     """Where a factory holds an informer of a resource without selectors, one that selects by
     labels alone takes its objects from it (one list and watch for both), whichever was asked for
@@ -390,7 +406,7 @@ async def test_a_label_selected_informer_follows_the_unselected_one(kube: KubeCl
         await tg.start(factory.run)
         with anyio.fail_after(5):
             await factory.wait_synced()
-        assert [k for k in ours.keys() if k.startswith("inf/f-")] == ["inf/f-w1"]
+        assert mine(ours) == ["inf/f-w1"]
         assert ours.get("inf/f-w1") is every.get("inf/f-w1")
         assert ours.resource_version == every.resource_version
         await kube.patch(r.PODS, "f-theirs", {"metadata": {"labels": {"tensor-fusion.ai/component": "client"}}},
@@ -405,6 +421,6 @@ async def test_a_label_selected_informer_follows_the_unselected_one(kube: KubeCl
         with anyio.fail_after(5):
             while [e for e in seen if e[1].startswith("inf/f-")] != wanted:
                 await anyio.sleep(0.02)
-        assert [k for k in ours.keys() if k.startswith("inf/f-")] == ["inf/f-theirs"]
+        assert mine(ours) == ["inf/f-theirs"]
         assert "inf/f-w1" in every and "inf/f-w1" not in ours
         tg.cancel_scope.cancel()

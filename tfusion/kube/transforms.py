@@ -132,7 +132,7 @@ class SharedTable:
         if key is None:
             return value
         found = self.lookup(key)
-        return value if found is None else found
+        return self.keep(key, value) if found is None else found
 
     @staticmethod
     def key_of(value: Any) -> str | None:

@@ -96,7 +96,7 @@ def _quantity(value: object, *, milli: bool) -> int:
     return _parsed_quantity(value, milli)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)
 def _parsed_quantity(value: str | int | float, milli: bool) -> int:
     """Cached: every pod event is counted, and a cluster's pods ask a handful of amounts."""
     try:
