@@ -19,6 +19,7 @@ import httpx
 import pytest
 from litestar import get, post
 from litestar.testing import AsyncTestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.apiserver_fixture import ApiServerHandle, apply_crds
 from tests.helpers.controller import controllers, settings_for, start_controller
@@ -164,6 +165,27 @@ async def test_hypervisor_errors_are_json(tmp_path: Path) -> None:
         assert_error(await http.get("/schema/nothing.json"), 404)
         # /readyz keeps its own 503 body, and a healthy one is untouched
         assert (await http.get("/readyz")).json()["status"] == "ready"
+
+
+async def test_metrics_answer_in_the_format_and_encoding_asked(tmp_path: Path) -> None:
+    """/metrics, written off the event loop, answers as prometheus_client's handler does: the text
+    format by default, OpenMetrics when asked, gzipped when allowed, only the `name[]` families
+    asked for, no body to HEAD."""
+    async with local_hypervisor(tmp_path) as http:
+        plain = await http.get("/metrics", headers={"Accept-Encoding": "identity"})
+        assert plain.status_code == 200 and plain.headers["content-type"].startswith("text/plain")
+        assert "content-encoding" not in plain.headers
+        names = {family.name for family in text_string_to_metric_families(plain.text)}
+        assert "tfusion_gpu_healthy" in names and len(names) > 5
+        zipped = await http.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert zipped.headers["content-encoding"] == "gzip" and "# TYPE" in zipped.text
+        open_metrics = await http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
+        assert open_metrics.text.rstrip().endswith("# EOF")
+        some = await http.get("/metrics", params={"name[]": "tfusion_gpu_healthy"})
+        assert {family.name for family in text_string_to_metric_families(some.text)} == {"tfusion_gpu_healthy"}
+        head = await http.head("/metrics")
+        assert head.status_code == 200 and head.content == b""
 
 
 async def test_hypervisor_openapi_documents_every_body(tmp_path: Path) -> None:
