@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
@@ -386,8 +388,9 @@ class ControllerRecorder:
         points += self._gpu_points(ts, gpus)
         points += await self._allocation_points(ts, gpus, allocator, extra_labels or {})
         points += self._system_points(ts, pools)
-        self.snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
-                                 node_cost_total=self._node_cost_labels())
+        snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
+                            node_cost_total=self._node_cost_labels())
+        self.snapshot = await anyio.to_thread.run_sync(snapshot.bake)
         for uid in [u for u in self.ledger.uids() if self.ledger.finished(u)]:
             self.ledger.forget(uid)
             self.workers.pop(uid, None)
