@@ -429,7 +429,8 @@ class Informer:
                 gone_in_a_row += 1
             except KubeError as exc:
                 self._m_restarts.labels(self.name, "error").inc()
-                for listener in [*self.error_listeners, *(f for i in self._followers for f in i.error_listeners)]:
+                followers = [listener for follower in self._followers for listener in follower.error_listeners]
+                for listener in [*self.error_listeners, *followers]:
                     listener(exc)
                 delay = self.retry.fail()
                 log.warning("informer %s: %s; retrying in %.1fs", self.name, exc, delay)
