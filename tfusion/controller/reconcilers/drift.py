@@ -246,8 +246,10 @@ class DriftAudit:
             if not pod.holds_gpus or allocator.has_allocation(pod.uid):
                 continue
             current = pods.get(f"{pod.namespace}/{pod.name}")  # the list is older than this turn
-            pod = Pod(current) if current is not None else pod
-            if current is None or not pod.holds_gpus or allocator.has_allocation(pod.uid):
+            if current is None:
+                continue
+            pod = Pod(current)
+            if not pod.holds_gpus or allocator.has_allocation(pod.uid):
                 continue
             finding = self._adopt(allocator, pod)
             if finding is not None:
