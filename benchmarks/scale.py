@@ -34,14 +34,17 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
   `failover_restart_s`: `kill -9` of the leader and the same replica (same identity, as a pod
   restarted under its name) started again -> it has recovered (it takes its own Lease back
   without waiting for it to expire);
-- then `--new-pods` pods of Deployments created as users write them, mutated by the controller's
-  webhook and bound by its scheduler: `pods_per_s`, `bind_p50_ms`, `bind_p99_ms`, `unscheduled`
-  and `double_allocations` (scheduling.py's definitions and checker, over every pod of the
-  cluster).
+- `settle_s`: the last leader's recovery -> its work queues are empty (`tfusion_workqueue_depth`
+  0 on every controller): the term-start pass over every object (each pod, GPU and workload
+  reconciled once), during which it schedules too, more slowly;
+- then, on that settled leader, `--new-pods` pods of Deployments created as users write them,
+  mutated by the controller's webhook and bound by its scheduler: `pods_per_s`, `bind_p50_ms`,
+  `bind_p99_ms`, `unscheduled` and `double_allocations` (scheduling.py's definitions and checker,
+  over every pod of the cluster).
 
 Each figure is the median of `--runs` runs on the one cluster (each run starts fresh replicas and
 schedules its own `--new-pods`), with the runs' min and max beside it. Exits 1 on any double
-allocation or unscheduled pod.
+allocation or unscheduled pod, and fails when a new pod is not seen bound.
 
 Usage: python benchmarks/scale.py [--nodes 5000] [--gpus 20000] [--pods 100000] [--new-pods 10000] [--runs 3]
 Quick: python benchmarks/scale.py --nodes 500 --gpus 2000 --pods 10000 --new-pods 1000 --runs 1
@@ -68,6 +71,7 @@ from typing import Any
 import httpx
 import scheduling as sched
 from _processes import stop
+from prometheus_client.parser import text_string_to_metric_families
 
 from tfusion.api import annotations as tfa
 from tfusion.api.crds import all_crds
@@ -467,6 +471,23 @@ async def settled_rss_kb(proc: subprocess.Popen[bytes], seconds: float = 3.0) ->
     return rss_kb(proc.pid)
 
 
+async def queues_drained(url: str, proc: subprocess.Popen[bytes], seconds: float) -> float:
+    """Poll the controller's work-queue depths (`/metrics?name[]=tfusion_workqueue_depth`, which
+    collects that family alone) until every queue is empty; the monotonic time it was first seen."""
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the controller at {url} exited with {proc.returncode}")
+            text = (await http.get("/metrics", params={"name[]": "tfusion_workqueue_depth"})).text
+            depth = sum(sample.value for family in text_string_to_metric_families(text)
+                        for sample in family.samples)
+            if depth == 0:
+                return time.monotonic()
+            await asyncio.sleep(1.0)
+    raise RuntimeError(f"the controller at {url} still had keys queued after {seconds:g} s")
+
+
 async def one_controller_rss(cluster: Cluster, identity: str, timeout: float) -> tuple[int, float]:
     proc, url, started = cluster.start_controller(identity)
     try:
@@ -504,8 +525,10 @@ async def failovers(cluster: Cluster, run: int, timeout: float, webhook_port: in
     await asyncio.sleep(1.0)
     b2.terminate()  # releases the Lease
     released = time.monotonic()
-    result["failover_release_s"] = await wait_state(c_url, c, "leader: recovered", timeout) - released
+    recovered = await wait_state(c_url, c, "leader: recovered", timeout)
+    result["failover_release_s"] = recovered - released
     b2.wait()
+    result["settle_s"] = await queues_drained(c_url, c, timeout) - recovered
     result["leader"] = (c, c_url)
     return result
 
@@ -524,8 +547,8 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
     done = asyncio.Event()
-    watchers = [asyncio.create_task(watch_namespace(cluster.kube, ns, f"new{run}-", bound_at, args.new_pods, done))
-                for ns in cluster.namespaces]
+    watcher = asyncio.create_task(sched.watch_binds(cluster.kube, bound_at, args.new_pods, done, namespace=None,
+                                                    prefix=f"new{run}-"))
     await asyncio.sleep(0.5)
     first = time.monotonic()
     conns = await cluster.connections()
@@ -546,32 +569,16 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     for conn in conns:
         conn.close()
     await sched.wait_bound_or_stalled(done, bound_at, args.timeout)
-    for task in watchers:
-        task.cancel()
+    watcher.cancel()
+    if len(bound_at) < args.new_pods:  # a throughput over the pods that did bind would hide the rest
+        raise RuntimeError(f"run {run}: {args.new_pods - len(bound_at)} of {args.new_pods} new pods were not bound "
+                           f"{args.timeout:g} s after the last bind")
     last = max(bound_at.values()) if bound_at else time.monotonic()
     latencies = sorted(max(0.0, bound_at[n] - created_at[n]) * 1000 for n in bound_at if n in created_at)
     return {"pods_per_s": len(bound_at) / max(1e-9, last - first),
             "bind_p50_ms": statistics.median(latencies) if latencies else float("nan"),
             "bind_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies
             else float("nan")}
-
-
-async def watch_namespace(kube: KubeClient, ns: str, prefix: str, bound_at: dict[str, float], total: int,
-                          done: asyncio.Event) -> None:
-    """Like scheduling.watch_binds, over one namespace of several and only pods named `prefix…`."""
-    rv = (await kube.list(r.PODS, namespace=ns, limit=1)).resource_version
-    while len(bound_at) < total:
-        with contextlib.suppress(Exception):
-            async for _, pod in kube.watch(r.PODS, namespace=ns, resource_version=rv, timeout_seconds=60):
-                meta = pod.get("metadata") or {}
-                rv = str(meta.get("resourceVersion") or rv)
-                key = f"{ns}/{meta.get('name')}"
-                if (str(meta.get("name")).startswith(prefix) and (pod.get("spec") or {}).get("nodeName")
-                        and key not in bound_at):
-                    bound_at[key] = time.monotonic()
-                    if len(bound_at) >= total:
-                        done.set()
-                        return
 
 
 async def check(cluster: Cluster) -> tuple[int, int]:
@@ -695,6 +702,7 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
         "failover_kill_s": spread([run["failover_kill_s"] for run in runs]),
         "failover_restart_s": spread([run["failover_restart_s"] for run in runs]),
         "failover_release_s": spread([run["failover_release_s"] for run in runs]),
+        "settle_s": spread([run["settle_s"] for run in runs]),
         "lease": {"duration_s": 15, "renew_deadline_s": 10, "retry_period_s": 2},
         "pods_per_s": spread([run["pods_per_s"] for run in runs], 1),
         "bind_p50_ms": spread([run["bind_p50_ms"] for run in runs], 1),

@@ -330,15 +330,23 @@ async def wait_controller_ready(url: str, proc: subprocess.Popen[bytes], seconds
     raise RuntimeError(f"the controller did not become ready: {last}")
 
 
-async def watch_binds(kube: KubeClient, bound_at: dict[str, float], total: int, done: asyncio.Event) -> None:
-    rv = (await kube.list(r.PODS, namespace="default", limit=1)).resource_version
+async def watch_binds(kube: KubeClient, bound_at: dict[str, float], total: int, done: asyncio.Event, *,
+                      namespace: str | None = "default", prefix: str = "") -> None:
+    """When each pod named `prefix…` in `namespace` (None: all) is first seen bound, until `total` are."""
+    # one page for the list's resourceVersion: `kube.list` follows every page, which at 100,000
+    # pods is hundreds of requests the API server serves while the pods are being scheduled
+    pages = kube.list_pages(r.PODS, namespace=namespace, limit=1)
+    rv = (await anext(pages)).resource_version
+    await pages.aclose()
     while len(bound_at) < total:
         with contextlib.suppress(Exception):
-            async for _, pod in kube.watch(r.PODS, namespace="default", resource_version=rv, timeout_seconds=60):
+            async for _, pod in kube.watch(r.PODS, namespace=namespace, resource_version=rv, timeout_seconds=60):
                 meta = pod.get("metadata") or {}
                 rv = str(meta.get("resourceVersion") or rv)
-                if (pod.get("spec") or {}).get("nodeName") and meta.get("name") not in bound_at:
-                    bound_at[str(meta.get("name"))] = time.monotonic()
+                key = f"{meta.get('namespace')}/{meta.get('name')}"
+                if (str(meta.get("name")).startswith(prefix) and (pod.get("spec") or {}).get("nodeName")
+                        and key not in bound_at):
+                    bound_at[key] = time.monotonic()
                     if len(bound_at) >= total:
                         break
     done.set()
@@ -442,7 +450,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
                                                   json.dumps(pod_for(i)).encode())
                 if status != 201:
                     raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
-                created_at[json.loads(body)["metadata"]["name"]] = time.monotonic()
+                created_at[f"default/{json.loads(body)['metadata']['name']}"] = time.monotonic()
 
         await asyncio.gather(*(creator(c) for c in connections))
         for conn in connections:
