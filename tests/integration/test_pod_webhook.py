@@ -503,3 +503,28 @@ async def test_deployment_pods_share_one_workload_and_grey_release_counts(apiser
         (owner,) = workload["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("Deployment", "train", deployment["metadata"]["uid"])
         assert ctl.runtime.webhook.owners.lookups == 1, "the ReplicaSet is looked up once"  # type: ignore[union-attr]
+
+
+async def test_pods_of_one_replicaset_admitted_together_look_up_and_create_once(apiserver: Any, kube: KubeClient,
+                                                                                tmp_path: Path) -> None:
+    """A ReplicaSet creates its pods back to back: the first pod's owner lookup and workload create
+    serve the others, which arrive before either answer is in the cache."""
+    selector = {"matchLabels": {"app": "train"}}
+    deployment = await kube.create(DEPLOYMENTS, {"metadata": {"name": "train", "namespace": "default"}, "spec": {
+        "replicas": 8, "selector": selector, "template": TEMPLATE}}, namespace="default")
+    rs = await kube.create(REPLICASETS, {"metadata": {
+        "name": "train-abc123", "namespace": "default", "labels": {"app": "train"},
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
+                             "uid": deployment["metadata"]["uid"], "controller": True}]},
+        "spec": {"replicas": 8, "selector": selector, "template": TEMPLATE}}, namespace="default")
+    async with controllers() as tg:
+        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+        async with anyio.create_task_group() as pods:
+            for i in range(8):
+                pods.start_soon(owned_pod, kube, f"train-abc123-{i}", rs, BARE)
+        created = [p for p in await kube.list(r.PODS, namespace="default") if p["metadata"]["name"].startswith("train")]
+        assert len(created) == 8 and all(p["metadata"]["labels"][tfa.WORKLOAD] == "train" for p in created)
+        webhook = ctl.runtime.webhook
+        assert webhook is not None
+        assert webhook.owners.lookups == 1, "one ReplicaSet read for the eight pods"
+        assert webhook.workloads.writes == 1, "one create for the eight pods, no AlreadyExists and re-read"

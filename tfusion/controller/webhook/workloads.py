@@ -30,11 +30,12 @@ reading the informer's copy costs no API call.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import anyio
 import orjson
@@ -128,6 +129,32 @@ def bare_workload_name(pod: Pod) -> str:
     return (prefix if prefix.endswith("-") else prefix + "-") + short_id()
 
 
+class KeyedLocks:
+    """One lock per key, kept while somebody holds or waits for it. The pods of one Deployment
+    arrive together (a ReplicaSet creates them back to back): each would look up the same owner and
+    create the same workload before the first answer reached the cache (measured: 2.4 creates, 2.4
+    admission calls and 2.4 reads per pod, 1,000 pods of 100 Deployments at 32 clients); in turn,
+    the first does the call and the others find its answer."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or anyio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            users = self._locks[key][1] - 1
+            if users:
+                self._locks[key] = (lock, users)
+            else:
+                del self._locks[key]
+
+
 class OwnerResolver:
     """The workload owner of a pod, from its controller chain (owners cached by UID)."""
 
@@ -135,6 +162,7 @@ class OwnerResolver:
         self.client = client
         self.cache_size = cache_size
         self._owners: OrderedDict[str, Owner] = OrderedDict()
+        self._walking = KeyedLocks()
         self.lookups = 0
 
     async def resolve(self, pod: Pod, namespace: str) -> Owner:
@@ -142,15 +170,16 @@ class OwnerResolver:
         if ref is None:
             return Owner(workload_name=bare_workload_name(pod))
         uid = text(ref, "uid")
-        cached = self._owners.get(uid) if uid else None
-        if cached is not None:
-            self._owners.move_to_end(uid)
-            return cached
-        owner = await self._walk(ref, namespace)
-        if uid:
-            self._owners[uid] = owner
-            while len(self._owners) > self.cache_size:
-                self._owners.popitem(last=False)
+        if not uid:
+            return await self._walk(ref, namespace)
+        async with self._walking.hold(uid):
+            cached = self._owners.get(uid)
+            if cached is not None:
+                self._owners.move_to_end(uid)
+                return cached
+            owner = self._owners[uid] = await self._walk(ref, namespace)
+        while len(self._owners) > self.cache_size:
+            self._owners.popitem(last=False)
         return owner
 
     async def _walk(self, ref: JsonMapping, namespace: str) -> Owner:
@@ -223,6 +252,19 @@ def workload_matches(have: Body, want: Body) -> bool:
             and all(_owner_present(have, ref) for ref in want.meta.owner_references))
 
 
+def _key(workload: Body) -> str:
+    return f"{workload.namespace}/{workload.name}"
+
+
+def _version(obj: Body) -> int:
+    """A resourceVersion as a number (the API server's are etcd revisions); -1 when it is not one,
+    which makes the informer's copy the newer."""
+    try:
+        return int(obj.meta.resource_version or "")
+    except ValueError:
+        return -1
+
+
 class WorkloadWriter:
     """Create-or-patch of TensorFusionWorkloads, reading the shared informer first."""
 
@@ -234,6 +276,12 @@ class WorkloadWriter:
         #: key -> (resourceVersion, desired JSON, desired) of the last cached copy found to match;
         #: a desired document is never changed once it has been handed to `ensure`
         self._matched: OrderedDict[str, tuple[str, bytes, JsonObject]] = OrderedDict()
+        #: key -> the workload as the API server last answered this writer, until the informer
+        #: holds that version or a later one (client-go's mutation cache, which also compares
+        #: resourceVersions as integers); dropped when the informer sees the workload deleted
+        self._written: OrderedDict[str, JsonMapping] = OrderedDict()
+        self._ensuring = KeyedLocks()
+        informer.add_handler(on_delete=self._forget_written)
 
     def _known_match(self, key: str, cached: Body, desired: JsonObject) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
@@ -259,11 +307,34 @@ class WorkloadWriter:
         cached = self.informer.get(f"{wanted.namespace or None}/{wanted.name or None}")
         return None if cached is None else recommendation_for(Workload(cached), desired)
 
+    def _current(self, key: str) -> JsonMapping | None:
+        """The newer of the informer's copy and this writer's last answer."""
+        cached, written = self.informer.get(key), self._written.get(key)
+        if written is None:
+            return cached
+        if cached is not None and _version(Body(cached)) >= _version(Body(written)):
+            del self._written[key]
+            return cached
+        return written
+
+    def _forget_written(self, deleted: JsonMapping) -> None:
+        self._written.pop(_key(Body(deleted)), None)
+
+    def _remember(self, key: str, answer: JsonMapping) -> None:
+        self._written[key] = answer
+        self._written.move_to_end(key)
+        while len(self._written) > self.memory:
+            self._written.popitem(last=False)
+
     async def ensure(self, desired: JsonObject) -> str:
         """"unchanged", "created" or "patched"."""
         wanted = Body(desired)
-        key = f"{wanted.namespace}/{wanted.name}"
-        found = self.informer.get(key)
+        key = _key(wanted)
+        async with self._ensuring.hold(key):
+            return await self._ensure(key, desired)
+
+    async def _ensure(self, key: str, desired: JsonObject) -> str:
+        found = self._current(key)
         if found is None:
             return await self._create(desired)
         cached = Body(found)
@@ -278,11 +349,13 @@ class WorkloadWriter:
         wanted = Body(desired)
         self.writes += 1
         try:
-            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            self._remember(_key(wanted), created)
             return "created"
         except AlreadyExists:
             self.writes += 1
             current = Body(await self.client.get(r.TENSORFUSIONWORKLOADS, wanted.name, namespace=wanted.namespace))
+            self._remember(_key(wanted), current.raw)
         if current.meta.deleting:
             return await self._after_deletion(desired)
         released = await self._released_pod(current, desired)
@@ -298,8 +371,10 @@ class WorkloadWriter:
                                               _patch_for(current, desired, released), namespace=wanted.namespace)
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
             self.writes += 1
-            await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            self._remember(_key(wanted), created)
             return "created"
+        self._remember(_key(wanted), patched)
         if Body(patched).meta.deleting:  # the cache was behind: it is going all the same
             return await self._after_deletion(desired)
         return "patched"
