@@ -180,10 +180,15 @@ class Handler:
                     while len(batch) < DELIVERY_BATCH:
                         batch.append(receive.receive_nowait())
                 for delivery in batch:
-                    await self._call(delivery)
+                    # nearly every handler is a plain function: calling it without a coroutine of
+                    # our own per delivery saves a few µs, times a dozen handlers per pod of a list
+                    result = self._call(delivery)
+                    if result is not None:
+                        await self._finish(result, delivery)
                     self.delivered += 1
 
-    async def _call(self, delivery: _Delivery) -> None:
+    def _call(self, delivery: _Delivery) -> Awaitable[object] | None:
+        """Run the delivery's callback; what it returned when that is to be awaited."""
         args: tuple[dict[str, Any] | None, ...]
         if delivery.kind == "ADDED":
             callback, args = self.on_add, (delivery.new,)
@@ -192,14 +197,22 @@ class Handler:
         else:
             callback, args = self.on_delete, (delivery.new,)
         if callback is None:
-            return
+            return None
         try:
             result = callback(*args)
-            if inspect.isawaitable(result):
-                await result
         except Exception:
-            log.exception("informer handler %r failed on %s %s", callback, delivery.kind,
-                          object_key(delivery.new))
+            self._failed(delivery)
+            return None
+        return result if result is not None and inspect.isawaitable(result) else None
+
+    async def _finish(self, result: Awaitable[object], delivery: _Delivery) -> None:
+        try:
+            await result
+        except Exception:
+            self._failed(delivery)
+
+    def _failed(self, delivery: _Delivery) -> None:
+        log.exception("informer handler failed on %s %s", delivery.kind, object_key(delivery.new))
 
 
 # --- the informer -----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ terms — and controller-runtime showed that the way to get that is to write the
   requeues it too (the next run re-reads the cache); `Result(requeue_after=s)` comes back after
   `s` seconds. Each `run()` starts a fresh queue, waits for its informers to sync and enqueues
   every object of its primary informer, so a controller cancelled when its replica stops leading
-  works again — on the current state of the cluster — when it leads again.
+  works again — on the current state of the cluster — when it leads again. Events enqueue keys
+  only from then on (`primed`): that start covers whatever came before.
 - `ControllerBuilder` (`manager.controller(name)`) says what triggers a key: `for_(resource)` (the
   object's own key), `owns(resource)` (the key of the controlling owner in ownerReferences) and
   `watches(resource, map_fn)` (any keys the function returns), each with optional predicates on
@@ -110,6 +111,10 @@ class Controller:
         self._results = {result: metrics.reconciles.labels(name, result)
                          for result in ("success", "error", "conflict", "requeue", "requeue_after")}
         self.running = False
+        #: whether events enqueue keys. Until a run has queued every primary key (its start), an
+        #: event's keys would be queued again by that start, or belong to no object it reconciles:
+        #: a standby's, or a new leader's initial list of 100,000 pods, need not map each pod
+        self.primed = primary is None
 
     def _new_queue(self) -> WorkQueue:
         return WorkQueue(self.name, rate_limiter=RateLimiter(clock=self.clock), registry=self._registry,
@@ -129,11 +134,13 @@ class Controller:
             self.sources.append(informer)
 
         def on_change(obj: JsonMapping) -> None:
+            if not self.primed:
+                return
             for key in keys_of(obj):
                 self.queue.add(key)
 
         def on_update(old: JsonMapping | None, new: JsonMapping) -> None:
-            if old is not None and not all(p(old, new) for p in predicates):
+            if not self.primed or (old is not None and not all(p(old, new) for p in predicates)):
                 return
             on_change(new)
             if old is not None:
@@ -151,6 +158,7 @@ class Controller:
             for informer in self.sources:
                 await informer.wait_synced()
             if self.primary is not None:
+                self.primed = True
                 for key in self.primary.keys():  # noqa: SIM118 - an Informer, not a dict
                     self.queue.add(key)
             async with anyio.create_task_group() as tg:
@@ -159,6 +167,7 @@ class Controller:
                 task_status.started()
         finally:
             self.running = False
+            self.primed = self.primary is None
             self.queue.shutdown()
 
     async def _worker(self) -> None:

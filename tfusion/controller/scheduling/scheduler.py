@@ -234,8 +234,12 @@ class Scheduler:
     def _on_pod(self, pod: Pod) -> None:
         key = pod_key(pod)
         pending = nc.is_pending(pod)
-        if not (pending and pod.uid in self._in_flight):  # a pod being bound (or a gang member held at
-            self.usage.observe(pod)                       # Permit) keeps its assumed CPU and memory
+        # between terms nothing reads the counts, and a term's start counts every pod afresh
+        # (`_queue_and_count`): a replica's initial list of 100,000 pods need not count them too
+        counting = self.queue is not None or self.mode != BUILTIN
+        # a pod being bound (or a gang member held at Permit) keeps its assumed CPU and memory
+        if counting and not (pending and pod.uid in self._in_flight):
+            self.usage.observe(pod)
         if not pending:
             self._in_flight.pop(pod.uid, None)
         if self.serves(pod) and pending:
