@@ -474,16 +474,22 @@ async def owned_pod(kube: KubeClient, name: str, rs: dict[str, Any], notes: dict
     return await kube.create(r.PODS, body, namespace="default")
 
 
-async def test_deployment_pods_share_one_workload_and_grey_release_counts(apiserver: Any, kube: KubeClient,
-                                                                           tmp_path: Path) -> None:
+async def deployment_and_replicaset(kube: KubeClient, replicas: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Deployment "train" and its ReplicaSet "train-abc123", as kube-controller-manager makes them."""
     selector = {"matchLabels": {"app": "train"}}
     deployment = await kube.create(DEPLOYMENTS, {"metadata": {"name": "train", "namespace": "default"}, "spec": {
-        "replicas": 3, "selector": selector, "template": TEMPLATE}}, namespace="default")
+        "replicas": replicas, "selector": selector, "template": TEMPLATE}}, namespace="default")
     rs = await kube.create(REPLICASETS, {"metadata": {
         "name": "train-abc123", "namespace": "default", "labels": {"app": "train"},
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
                              "uid": deployment["metadata"]["uid"], "controller": True}]},
-        "spec": {"replicas": 3, "selector": selector, "template": TEMPLATE}}, namespace="default")
+        "spec": {"replicas": replicas, "selector": selector, "template": TEMPLATE}}, namespace="default")
+    return deployment, rs
+
+
+async def test_deployment_pods_share_one_workload_and_grey_release_counts(apiserver: Any, kube: KubeClient,
+                                                                           tmp_path: Path) -> None:
+    deployment, rs = await deployment_and_replicaset(kube, 3)
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
         notes = {**BARE, tfa.GANG_ENABLED: "true", tfa.ENABLED_REPLICAS: "2"}
@@ -509,14 +515,7 @@ async def test_pods_of_one_replicaset_admitted_together_look_up_and_create_once(
                                                                                 tmp_path: Path) -> None:
     """A ReplicaSet creates its pods back to back: the first pod's owner lookup and workload create
     serve the others, which arrive before either answer is in the cache."""
-    selector = {"matchLabels": {"app": "train"}}
-    deployment = await kube.create(DEPLOYMENTS, {"metadata": {"name": "train", "namespace": "default"}, "spec": {
-        "replicas": 8, "selector": selector, "template": TEMPLATE}}, namespace="default")
-    rs = await kube.create(REPLICASETS, {"metadata": {
-        "name": "train-abc123", "namespace": "default", "labels": {"app": "train"},
-        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "train",
-                             "uid": deployment["metadata"]["uid"], "controller": True}]},
-        "spec": {"replicas": 8, "selector": selector, "template": TEMPLATE}}, namespace="default")
+    _, rs = await deployment_and_replicaset(kube, 8)
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
         async with anyio.create_task_group() as pods:
