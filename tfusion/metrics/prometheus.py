@@ -199,7 +199,6 @@ def _cost_families(snapshot: Snapshot) -> list[Metric]:
     return [worker, node]
 
 
-
 class ControllerCollector(Collector):
     """The controller's families from the recorder's last tick (`snapshot()`), plus the cumulative
     cost counters and the scheduler's placements by pool and result (`tally()`)."""
