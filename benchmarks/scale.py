@@ -35,12 +35,16 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
   restarted under its name) started again -> it has recovered (it takes its own Lease back
   without waiting for it to expire);
 - `settle_s`: the last leader's recovery -> its work queues are empty (`tfusion_workqueue_depth`
-  0 on every controller): the term-start pass over every object (each pod, GPU and workload
-  reconciled once), during which it schedules too, more slowly;
+  0 on every controller) and its metrics recorder has made the term's first tick
+  (`tfusion_pool_workers` has samples): the term-start pass over every object (each pod, GPU and
+  workload reconciled once, each worker's billing row made), during which it schedules too, more
+  slowly;
 - then, on that settled leader, `--new-pods` pods of Deployments created as users write them,
   mutated by the controller's webhook and bound by its scheduler: `pods_per_s`, `bind_p50_ms`,
   `bind_p99_ms`, `unscheduled` and `double_allocations` (scheduling.py's definitions and checker,
-  over every pod of the cluster).
+  over every pod of the cluster), and `watch_relists`: how often the benchmark's bind watcher fell
+  behind the API server's watch history and listed instead (its pods then count as bound when the
+  list saw them).
 
 Each figure is the median of `--runs` runs on the one cluster (each run starts fresh replicas and
 schedules its own `--new-pods`), with the runs' min and max beside it. Exits 1 on any double
@@ -472,20 +476,22 @@ async def settled_rss_kb(proc: subprocess.Popen[bytes], seconds: float = 3.0) ->
 
 
 async def queues_drained(url: str, proc: subprocess.Popen[bytes], seconds: float) -> float:
-    """Poll the controller's work-queue depths (`/metrics?name[]=tfusion_workqueue_depth`, which
-    collects that family alone) until every queue is empty; the monotonic time it was first seen."""
+    """Poll the controller's work-queue depths and pool gauges (`/metrics?name[]=...`, which collects
+    those families alone) until every queue is empty and the recorder's first tick has given the
+    pools their worker counts; the monotonic time it was first seen."""
     deadline = time.monotonic() + seconds
+    names = {"name[]": ["tfusion_workqueue_depth", "tfusion_pool_workers"]}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"the controller at {url} exited with {proc.returncode}")
-            text = (await http.get("/metrics", params={"name[]": "tfusion_workqueue_depth"})).text
-            depth = sum(sample.value for family in text_string_to_metric_families(text)
-                        for sample in family.samples)
-            if depth == 0:
+            families = {family.name: family.samples for family in
+                        text_string_to_metric_families((await http.get("/metrics", params=names)).text)}
+            depth = sum(sample.value for sample in families.get("tfusion_workqueue_depth", ()))
+            if depth == 0 and families.get("tfusion_pool_workers"):
                 return time.monotonic()
             await asyncio.sleep(1.0)
-    raise RuntimeError(f"the controller at {url} still had keys queued after {seconds:g} s")
+    raise RuntimeError(f"the controller at {url} still had keys queued or no recorder tick after {seconds:g} s")
 
 
 async def one_controller_rss(cluster: Cluster, identity: str, timeout: float) -> tuple[int, float]:
@@ -547,8 +553,9 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
     done = asyncio.Event()
+    relists: list[int] = []
     watcher = asyncio.create_task(sched.watch_binds(cluster.kube, bound_at, args.new_pods, done, namespace=None,
-                                                    prefix=f"new{run}-"))
+                                                    prefix=f"new{run}-", relists=relists))
     await asyncio.sleep(0.5)
     first = time.monotonic()
     conns = await cluster.connections()
@@ -578,7 +585,7 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     return {"pods_per_s": len(bound_at) / max(1e-9, last - first),
             "bind_p50_ms": statistics.median(latencies) if latencies else float("nan"),
             "bind_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies
-            else float("nan")}
+            else float("nan"), "watch_relists": len(relists)}
 
 
 async def check(cluster: Cluster) -> tuple[int, int]:
@@ -707,6 +714,7 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
         "pods_per_s": spread([run["pods_per_s"] for run in runs], 1),
         "bind_p50_ms": spread([run["bind_p50_ms"] for run in runs], 1),
         "bind_p99_ms": spread([run["bind_p99_ms"] for run in runs], 1),
+        "watch_relists": sum(run["watch_relists"] for run in runs),
         "unscheduled": unscheduled, "double_allocations": doubles,
     }
     await cluster.kube.close()

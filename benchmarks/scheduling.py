@@ -77,7 +77,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.crds import all_crds
 from tfusion.api.quantity import Quantity
 from tfusion.kube import resources as r
-from tfusion.kube.client import KubeClient
+from tfusion.kube.client import Gone, KubeClient
 
 # the minimal keep-alive HTTPS client of the API server benchmark: the creates must cost this
 # process little, or on a small machine it starves the two processes under test
@@ -331,24 +331,44 @@ async def wait_controller_ready(url: str, proc: subprocess.Popen[bytes], seconds
 
 
 async def watch_binds(kube: KubeClient, bound_at: dict[str, float], total: int, done: asyncio.Event, *,
-                      namespace: str | None = "default", prefix: str = "") -> None:
-    """When each pod named `prefix…` in `namespace` (None: all) is first seen bound, until `total` are."""
+                      namespace: str | None = "default", prefix: str = "", relists: list[int] | None = None) -> None:
+    """When each pod named `prefix…` in `namespace` (None: all) is first seen bound, until `total` are.
+    A watch the API server expires (410: this process fell further behind than its watch history
+    keeps, as can happen at 100,000 pods) is followed by a list, as a reflector does: a pod the list
+    shows bound is counted as bound when the list saw it (later than it was: latencies err long).
+    Each such list appends 1 to `relists`."""
     # one page for the list's resourceVersion: `kube.list` follows every page, which at 100,000
     # pods is hundreds of requests the API server serves while the pods are being scheduled
     pages = kube.list_pages(r.PODS, namespace=namespace, limit=1)
     rv = (await anext(pages)).resource_version
     await pages.aclose()
+
+    def seen(pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if str(meta.get("name")).startswith(prefix) and (pod.get("spec") or {}).get("nodeName") and key not in bound_at:
+            bound_at[key] = time.monotonic()
+
+    expired = False
     while len(bound_at) < total:
-        with contextlib.suppress(Exception):
+        try:
+            if expired:
+                async for page in kube.list_pages(r.PODS, namespace=namespace, limit=500):
+                    for pod in page.items:
+                        seen(pod)
+                    rv = page.resource_version
+                expired = False
+                if relists is not None:
+                    relists.append(1)
             async for _, pod in kube.watch(r.PODS, namespace=namespace, resource_version=rv, timeout_seconds=60):
-                meta = pod.get("metadata") or {}
-                rv = str(meta.get("resourceVersion") or rv)
-                key = f"{meta.get('namespace')}/{meta.get('name')}"
-                if (str(meta.get("name")).startswith(prefix) and (pod.get("spec") or {}).get("nodeName")
-                        and key not in bound_at):
-                    bound_at[key] = time.monotonic()
-                    if len(bound_at) >= total:
-                        break
+                rv = str((pod.get("metadata") or {}).get("resourceVersion") or rv)
+                seen(pod)
+                if len(bound_at) >= total:
+                    break
+        except Gone:
+            expired = True
+        except Exception:  # a broken stream or list: again from the last resourceVersion
+            await asyncio.sleep(0.1)
     done.set()
 
 

@@ -379,6 +379,27 @@ async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> Non
     assert informer.resource_version == (await kube.list(r.CONFIGMAPS, namespace="inf")).resource_version
 
 
+async def test_a_listed_pod_is_cached_as_its_whole_json_transformed(kube: KubeClient) -> None:
+    """The list's pages are decoded without managedFields (kube/transforms.py `page_decoder`): the
+    cached pod equals the transform of the pod as the API server has it, every field but the
+    dropped ones intact, and a ConfigMap (a kind with fields outside spec and status) keeps its data."""
+    spec = {"containers": [{"name": "c", "image": "i"}], "hostname": "h"}
+    await kube.create(r.PODS, {**pod("listed", app="x"), "spec": spec})
+    await kube.create(r.CONFIGMAPS, cm("listed", v="kept"))
+    whole = await kube.get(r.PODS, "listed", namespace="inf")
+    assert whole["metadata"].get("managedFields"), "the API server stamps managedFields on create"
+    factory = InformerFactory(kube)
+    factory.set_transform(r.PODS, transform_for(r.PODS))
+    pods, maps = factory.informer(r.PODS), factory.informer(r.CONFIGMAPS)
+    async with anyio.create_task_group() as tg:
+        await tg.start(factory.run)
+        with anyio.fail_after(5):
+            await factory.wait_synced()
+        tg.cancel_scope.cancel()
+    assert pods.get("inf/listed") == transform_for(r.PODS)(whole)
+    assert (maps.get("inf/listed") or {}).get("data") == {"v": "kept"}
+
+
 def mine(informer: Informer) -> list[str]:
     """The keys of this test's pods (named f-...) in `informer`."""
     keys = informer.keys()

@@ -458,6 +458,15 @@ async def test_a_hand_edited_gpu_status_is_counted_reported_and_repaired(apiserv
         assert 'tfusion_drift_total{kind="gpu-status"} 1.0' in metrics
         assert view["audits"] >= 1
 
+        # a status that lists no app while the ledger holds one: the finding says so, not "available"
+        await kube.patch(r.GPUS, "gpu-1a", {"status": {"runningApps": []}}, subresource="status")
+
+        async def apps_drift() -> bool:
+            return any("status.runningApps lists 0 app(s), not the 1 the ledger holds" in m
+                       for _, reason, m in await events_for(kube, "gpu-1a") if reason == "DriftDetected")
+
+        await eventually(apps_drift, what="the runningApps drift named in the event")
+
 
 async def test_the_audit_adopts_a_missing_allocation_and_releases_an_orphan(apiserver: Any, tmp_path: Path) -> None:
     """The ledger and the pods disagree behind the feed's back (a bug, or a missed event): the

@@ -24,8 +24,10 @@ from tfusion.kube.transforms import (
     PRUNED,
     SHARED,
     SHARED_PATHS,
+    Pruner,
     SharedTable,
     intern_strings,
+    page_decoder,
     strip_managed_fields,
     transform_for,
 )
@@ -92,6 +94,42 @@ def test_managed_fields_are_stripped_without_editing_the_original() -> None:
     stripped = strip_managed_fields(pod)
     assert "managedFields" not in stripped["metadata"]
     assert "managedFields" in pod["metadata"]
+
+
+def test_a_page_decoded_without_managed_fields_transforms_to_the_same_objects() -> None:
+    """`page_decoder` leaves managedFields out while decoding; every other field of the list and its
+    items is as orjson decodes it, so the transform's result is the same either way."""
+    node = a_node()
+    node["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {"f:images": {}}}}]
+    page = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9", "continue": "abc"},
+            "items": [bound_worker(), {**bound_worker(), "metadata": {"name": "bare"}}, {"spec": {}}]}
+    decode = page_decoder(r.PODS, transform_for(r.PODS))
+    assert decode is not None
+    decoded = decode(orjson.dumps(page))
+    whole = orjson.loads(orjson.dumps(page))
+    for item in whole["items"]:
+        item.get("metadata", {}).pop("managedFields", None)
+    assert decoded == whole
+    assert [transform_for(r.PODS)(obj) for obj in decoded["items"]] == \
+        [transform_for(r.PODS)(obj) for obj in orjson.loads(orjson.dumps(page))["items"]]
+    nodes = page_decoder(r.NODES, transform_for(r.NODES))
+    assert nodes is not None and nodes(orjson.dumps({"items": [node]}))["items"][0] == strip_managed_fields(node)
+    gpus = page_decoder(r.GPUS, transform_for(r.GPUS))
+    assert gpus is not None
+
+
+def test_pages_are_decoded_whole_where_a_field_could_be_lost() -> None:
+    """Kinds with fields outside spec and status (a ConfigMap's data), and informers whose transform
+    keeps managedFields, get no decoder; a body not shaped like a list raises ValueError (the client
+    then decodes it whole)."""
+    assert page_decoder(r.CONFIGMAPS, transform_for(r.CONFIGMAPS)) is None
+    assert page_decoder(r.PODS, Pruner((("spec", "volumes"),))) is None
+    assert page_decoder(r.PODS, strip_managed_fields) is None
+    decode = page_decoder(r.PODS, transform_for(r.PODS))
+    assert decode is not None
+    for body in (b'{"items": 3}', b'{"items": [1]}', b"not json", b"[]"):
+        with pytest.raises(ValueError):
+            decode(body)
 
 
 def test_the_pruned_pod_keeps_what_the_controller_reads() -> None:

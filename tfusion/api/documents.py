@@ -198,13 +198,14 @@ def collector_paused() -> Iterator[None]:
                 gc.enable()
 
 
-def freeze_long_lived() -> None:
+def freeze_long_lived(*, collect: bool = True) -> None:
     """Take every object alive now out of the cyclic collector's walks (`gc.freeze`), garbage
-    collected first so that none is frozen with them. For a process that has just loaded what it
-    keeps for its lifetime (a cache of the cluster, a stored state): a full collection walks every
-    object in its generations, seconds at 100,000 pods, holding the GIL and the event loop. A
-    frozen object is still freed by reference counting when it goes."""
-    gc.collect()
+    collected first (with `collect`) so that none is frozen with them. For a process that has just
+    loaded what it keeps for its lifetime (a cache of the cluster, a stored state): a full
+    collection walks every object in its generations, seconds at 100,000 pods, holding the GIL and
+    the event loop. A frozen object is still freed by reference counting when it goes."""
+    if collect:
+        gc.collect()
     gc.freeze()
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from tfusion.allocator import GpuAllocator, RequestError, request_from_pod
+from tfusion.allocator import GpuAllocator, GpuInfo, RequestError, request_from_pod
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Gpu, GpuPool, Pod, section
 from tfusion.api.annotations import AnnotationError
@@ -120,19 +120,18 @@ def worker_row(pod: Pod, allocator: GpuAllocator | None,
         gpus = tfa.parse_gpu_ids(pod.meta.annotation(tfa.GPU_IDS) or "", key=tfa.GPU_IDS)
     except AnnotationError:
         return None
-    default_pool = None
-    capacity: tuple[int, int] = (0, 0)
-    if allocator is not None and gpus:
-        try:
-            info = allocator.gpu_info(gpus[0])
-            default_pool, capacity = info.pool, (info.capacity_tflops, info.capacity_vram)
-        except KeyError:
-            pass
-    try:
-        req = request_from_pod(pod, default_pool=default_pool)
-    except RequestError:
-        return None
+    info = _first_gpu(allocator, gpus)
+    capacity = (info.capacity_tflops, info.capacity_vram) if info is not None else (0, 0)
     allocation = allocator.allocation(uid) if allocator is not None else None
+    if allocation is not None:
+        # the request the allocator parsed when it placed or recovered the pod: a leader's first
+        # scan would otherwise parse 100,000 workers' annotations a second time
+        req = allocation.request
+    else:
+        try:
+            req = request_from_pod(pod, default_pool=info.pool if info is not None else None)
+        except RequestError:
+            return None
     if allocation is not None and allocation.charges:
         t_req, v_req = allocation.charges[0]
         t_lim, v_lim = allocation.limits[0] if allocation.limits else (0, 0)
@@ -150,6 +149,16 @@ def worker_row(pod: Pod, allocator: GpuAllocator | None,
                      workload=req.workload[1], node=pod.node_name,
                      gpus=gpus, share=share, ready=_pod_ready(pod), labels=dict(pod.meta.labels),
                      protected_until=_protected_until(pod), partition=partition)
+
+
+def _first_gpu(allocator: GpuAllocator | None, gpus: tuple[str, ...]) -> GpuInfo | None:
+    """The allocator's view of the worker's first GPU (its pool and capacity); None when unknown."""
+    if allocator is None or not gpus:
+        return None
+    try:
+        return allocator.gpu_info(gpus[0])
+    except KeyError:
+        return None
 
 
 @dataclass

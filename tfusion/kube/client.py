@@ -15,7 +15,7 @@ import builtins
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -166,9 +166,17 @@ def _json_or_text(content: bytes) -> Any:
         return content[:500].decode(errors="replace")
 
 
-def _decoded(method: str, url: str, content: bytes) -> Any:
+#: a body decoder that may leave out parts of the JSON (kube/transforms.py `page_decoder`); it
+#: raises ValueError for a body not of the shape it knows, which is then decoded whole
+BodyDecoder = Callable[[bytes], Any]
+
+
+def _decoded(method: str, url: str, content: bytes, decode: BodyDecoder | None = None) -> Any:
     if not content:
         return {}
+    if decode is not None:
+        with contextlib.suppress(ValueError):
+            return decode(content)
     try:
         return orjson.loads(content)
     except orjson.JSONDecodeError:
@@ -308,10 +316,10 @@ class KubeClient:
     async def request(self, method: str, resource: ApiResource | None = None, *, path: str = "",
                       namespace: str | None = None, params: Mapping[str, str] | None = None,
                       body: Any = None, content_type: str = "application/json",
-                      timeout: httpx.Timeout | float | None = None) -> Any:
-        """One request; returns the decoded JSON body. `path` follows the resource's plural
-        ("name", "name/status"), or is the whole path after the group-version when `resource`
-        is None (then `version` is "v1")."""
+                      timeout: httpx.Timeout | float | None = None, decode: BodyDecoder | None = None) -> Any:
+        """One request; returns the decoded JSON body (through `decode` when given). `path` follows
+        the resource's plural ("name", "name/status"), or is the whole path after the group-version
+        when `resource` is None (then `version` is "v1")."""
         version = resource.api_version if resource else "v1"
         url = f"{resource.plural}/{path}".rstrip("/") if resource else path
         kwargs: dict[str, Any] = {"timeout": timeout if timeout is not None else DEFAULT_TIMEOUT}
@@ -327,7 +335,7 @@ class KubeClient:
             answer = await self._lean_request(method, version, namespace, url, params, kwargs.get("content"),
                                               content_type, kwargs["timeout"])
             if answer is not None:
-                return _decoded(method, url, answer)
+                return _decoded(method, url, answer, decode)
         try:
             async with self.api.call_api(method, version=version, namespace=namespace, url=url,
                                          **kwargs) as response:
@@ -338,7 +346,7 @@ class KubeClient:
             raise transport_error(exc) from None
         if self.lean is not None and self.api.auth.token:
             self.lean.token = str(self.api.auth.token)  # kr8s may have re-read it (a 401 came back)
-        return _decoded(method, url, content)
+        return _decoded(method, url, content, decode)
 
     async def _lean_request(self, method: str, version: str, namespace: str | None, url: str,
                             params: Mapping[str, str] | None, body: bytes | None, content_type: str,
@@ -386,10 +394,11 @@ class KubeClient:
 
     async def list_pages(self, resource: ApiResource, *, namespace: str | None = None,
                          label_selector: str | None = None, field_selector: str | None = None,
-                         limit: int = 500) -> AsyncGenerator[ObjectList, None]:
+                         limit: int = 500, decode: BodyDecoder | None = None) -> AsyncGenerator[ObjectList, None]:
         """The list one page at a time, following `continue`: a caller that is done with a page
         before asking for the next never holds the whole list (100,000 decoded pods are a few GB).
-        Every page carries the list's resourceVersion so far; the last one's is the list's."""
+        Every page carries the list's resourceVersion so far; the last one's is the list's.
+        `decode` decodes each page's body (an informer's, which leaves out what it drops)."""
         params: dict[str, str] = {"limit": str(limit)}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -397,7 +406,7 @@ class KubeClient:
             params["fieldSelector"] = field_selector
         ns = namespace if resource.namespaced else None
         while True:
-            page = await self.request("GET", resource, namespace=ns, params=params)
+            page = await self.request("GET", resource, namespace=ns, params=params, decode=decode)
             token = text(page, "metadata", "continue")
             yield ObjectList(items(page, "items"), Body(page).meta.resource_version)
             if not token:

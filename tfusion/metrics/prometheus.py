@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from tfusion.metrics import tables as t
 from tfusion.metrics.points import Point
@@ -130,7 +131,10 @@ HYPERVISOR_SPECS: list[MetricSpec] = [
 
 
 def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metric]:
-    """One family per spec, with a sample per point of its table that has the field."""
+    """One family per spec, with a sample per point of its table that has the field. A point's
+    label values are read once for all the families that share its labels, and their samples
+    share one dict of them (at 100,000 workers, six families each: add_metric per sample built a
+    dict per sample and took 3.7 s)."""
     out: dict[str, Metric] = {}
     for spec in specs:
         label_names = [label for label, _ in spec.labels]
@@ -141,17 +145,25 @@ def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metri
         by_measure.setdefault(spec.measure, []).append(spec)
     seen: set[tuple[str, tuple[str, ...]]] = set()
     for point in points:
+        labelled: dict[tuple[tuple[str, str], ...], tuple[tuple[str, ...], dict[str, str]]] = {}
         for spec in by_measure.get(point.measure, ()):
             value = point.fields.get(spec.field)
             if value is None or isinstance(value, str):
                 continue
-            labels = tuple(str(point.tags.get(tag, "")) for _, tag in spec.labels)
-            if (spec.name, labels) in seen:  # two rows with the same labels (one GPU on two nodes): keep one
+            made = labelled.get(spec.labels)
+            if made is None:
+                values = tuple(str(point.tags.get(tag, "")) for _, tag in spec.labels)
+                made = labelled[spec.labels] = (values, {label: v for (label, _), v in zip(spec.labels, values,
+                                                                                          strict=True)})
+            if (spec.name, made[0]) in seen:  # two rows with the same labels (one GPU on two nodes): keep one
                 continue
-            seen.add((spec.name, labels))
+            seen.add((spec.name, made[0]))
             family = out[spec.name]
-            assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
-            family.add_metric(list(labels), float(value) * spec.scale)
+            if spec.counter:
+                assert isinstance(family, CounterMetricFamily)
+                family.add_metric(list(made[0]), float(value) * spec.scale)
+            else:  # GaugeMetricFamily.add_metric, without a dict of the labels per sample
+                family.samples.append(Sample(spec.name, made[1], float(value) * spec.scale))
     return list(out.values())
 
 

@@ -90,6 +90,16 @@ def _ledger_fields(allocator: GpuAllocator, name: str) -> tuple[object, Sequence
     return wanted["available"], wanted["runningApps"]
 
 
+def _status_difference(have: tuple[object, Sequence[object]], ledger: tuple[object, Sequence[object]]) -> str:
+    """What a GPU's status says that the ledger does not, in words."""
+    said = []
+    if have[0] != ledger[0]:
+        said.append(f"status.available {have[0]} but the ledger says {ledger[0]}")
+    if have[1] != ledger[1]:
+        said.append(f"status.runningApps lists {len(have[1])} app(s), not the {len(ledger[1])} the ledger holds")
+    return "; ".join(said)
+
+
 class DriftAudit:
     """See the module docstring."""
 
@@ -210,7 +220,7 @@ class DriftAudit:
                 continue
             if self._persists("gpu-status", name, gpu.meta.resource_version, seen):
                 found.append(self._found("gpu-status", Body({**gpu.raw, "kind": "GPU"}),
-                                         f"status.available {have[0]} but the ledger says {ledger[0]}",
+                                         _status_difference(have, ledger),
                                          "rewritten from the ledger"))
                 if self.service.gpu_status is not None:
                     self.service.gpu_status.enqueue(name)
