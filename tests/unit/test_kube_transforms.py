@@ -118,6 +118,18 @@ def test_a_page_decoded_without_managed_fields_transforms_to_the_same_objects() 
     assert gpus is not None
 
 
+def test_tensor_fusion_kinds_have_no_top_level_field_the_page_decoder_would_lose() -> None:
+    """`page_decoder` keeps apiVersion, kind, metadata, spec and status of tensor-fusion's kinds: a
+    CRD that grew another top-level field must not be decoded by it."""
+    from tfusion.api.accessors import items, section, text
+    from tfusion.api.crds import all_crds
+
+    for crd in all_crds():
+        for version in items(crd, "spec", "versions"):
+            fields = set(section(version, "schema", "openAPIV3Schema", "properties"))
+            assert fields <= {"apiVersion", "kind", "metadata", "spec", "status"}, text(crd, "spec", "names", "kind")
+
+
 def test_pages_are_decoded_whole_where_a_field_could_be_lost() -> None:
     """Kinds with fields outside spec and status (a ConfigMap's data), and informers whose transform
     keeps managedFields, get no decoder; a body not shaped like a list raises ValueError (the client
