@@ -201,7 +201,7 @@ class Handler:
         try:
             result = callback(*args)
         except Exception:
-            self._failed(delivery)
+            self._failed(callback, delivery)
             return None
         return result if result is not None and inspect.isawaitable(result) else None
 
@@ -209,10 +209,11 @@ class Handler:
         try:
             await result
         except Exception:
-            self._failed(delivery)
+            self._failed(result, delivery)
 
-    def _failed(self, delivery: _Delivery) -> None:
-        log.exception("informer handler failed on %s %s", delivery.kind, object_key(delivery.new))
+    @staticmethod
+    def _failed(what: object, delivery: _Delivery) -> None:
+        log.exception("informer handler %r failed on %s %s", what, delivery.kind, object_key(delivery.new))
 
 
 # --- the informer -----------------------------------------------------------------------------

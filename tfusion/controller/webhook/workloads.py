@@ -347,15 +347,16 @@ class WorkloadWriter:
 
     async def _create(self, desired: JsonObject) -> str:
         wanted = Body(desired)
+        key = _key(wanted)
         self.writes += 1
         try:
             created = await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
-            self._remember(_key(wanted), created)
+            self._remember(key, created)
             return "created"
         except AlreadyExists:
             self.writes += 1
             current = Body(await self.client.get(r.TENSORFUSIONWORKLOADS, wanted.name, namespace=wanted.namespace))
-            self._remember(_key(wanted), current.raw)
+            self._remember(key, current.raw)
         if current.meta.deleting:
             return await self._after_deletion(desired)
         released = await self._released_pod(current, desired)
