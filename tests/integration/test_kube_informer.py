@@ -380,7 +380,7 @@ async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> Non
 
 
 async def test_a_listed_pod_is_cached_as_its_whole_json_transformed(kube: KubeClient) -> None:
-    """The list's pages are decoded without managedFields (kube/transforms.py `page_decoder`): the
+    """The list's pages are decoded without managedFields (kube/transforms.py `pruned_decoder`): the
     cached pod equals the transform of the pod as the API server has it, every field but the
     dropped ones intact, and a ConfigMap (a kind with fields outside spec and status) keeps its data."""
     spec = {"containers": [{"name": "c", "image": "i"}], "hostname": "h"}

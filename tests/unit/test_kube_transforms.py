@@ -27,7 +27,7 @@ from tfusion.kube.transforms import (
     Pruner,
     SharedTable,
     intern_strings,
-    page_decoder,
+    pruned_decoder,
     strip_managed_fields,
     transform_for,
 )
@@ -96,31 +96,71 @@ def test_managed_fields_are_stripped_without_editing_the_original() -> None:
     assert "managedFields" in pod["metadata"]
 
 
-def test_a_page_decoded_without_managed_fields_transforms_to_the_same_objects() -> None:
-    """`page_decoder` leaves managedFields out while decoding; every other field of the list and its
-    items is as orjson decodes it, so the transform's result is the same either way."""
-    node = a_node()
-    node["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {"f:images": {}}}}]
-    page = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9", "continue": "abc"},
-            "items": [bound_worker(), {**bound_worker(), "metadata": {"name": "bare"}}, {"spec": {}}]}
-    decode = page_decoder(r.PODS, transform_for(r.PODS))
+def a_gpu(n: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
+            "metadata": {"name": f"gpu-{n:05d}", "resourceVersion": "9", "labels": {
+                tfa.GPU_POOL: "pool-0", tfa.MANAGED_BY: "node-00001"}, "managedFields": [{}]},
+            "status": {"phase": "Running", "uuid": f"GPU-{n}", "gpuModel": "H100", "usedBy": "tensor-fusion",
+                       "capacity": {"tflops": "100", "vram": "80Gi"}, "available": {"tflops": "90", "vram": "72Gi"},
+                       "nodeSelector": {"kubernetes.io/hostname": "node-00001"},
+                       "runningApps": [{"name": "w", "namespace": "ns", "count": 1}]}}
+
+
+def decoded_page(resource: r.ApiResource, objects: list[dict[str, Any]]) -> dict[str, Any]:
+    decode = pruned_decoder(resource, transform_for(resource))
     assert decode is not None
-    decoded = decode(orjson.dumps(page))
-    whole = orjson.loads(orjson.dumps(page))
-    for item in whole["items"]:
-        item.get("metadata", {}).pop("managedFields", None)
-    assert decoded == whole
-    assert [transform_for(r.PODS)(obj) for obj in decoded["items"]] == \
-        [transform_for(r.PODS)(obj) for obj in orjson.loads(orjson.dumps(page))["items"]]
-    nodes = page_decoder(r.NODES, transform_for(r.NODES))
-    assert nodes is not None and nodes(orjson.dumps({"items": [node]}))["items"][0] == strip_managed_fields(node)
-    gpus = page_decoder(r.GPUS, transform_for(r.GPUS))
-    assert gpus is not None
+    body = {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "9", "continue": "abc"},
+            "items": objects}
+    page: dict[str, Any] = decode.page(orjson.dumps(body))
+    return page
 
 
-def test_tensor_fusion_kinds_have_no_top_level_field_the_page_decoder_would_lose() -> None:
-    """`page_decoder` keeps apiVersion, kind, metadata, spec and status of tensor-fusion's kinds: a
-    CRD that grew another top-level field must not be decoded by it."""
+@pytest.mark.parametrize("objects", [
+    pytest.param([bound_worker(), {**bound_worker(), "metadata": {"name": "bare"}}, {"spec": {}}], id="pods"),
+    pytest.param([{**bound_worker(), "spec": {**bound_worker()["spec"], "aFieldOfKubeTwo": 1}}], id="unknown-field"),
+    pytest.param([{**bound_worker(), "status": None}, {**bound_worker(), "spec": {"containers": None}}], id="nulls"),
+])
+def test_a_page_decoded_and_pruned_at_once_holds_each_item_pruned(objects: list[dict[str, Any]]) -> None:
+    """`pruned_decoder` prunes while decoding (dropped fields unbuilt, shared subtrees looked up by
+    their JSON text): its items equal the transform of each item decoded whole, with the list's
+    metadata kept; an item with a field the decoder does not know sends the page the whole way."""
+    page = decoded_page(r.PODS, copy.deepcopy(objects))
+    assert page["metadata"] == {"resourceVersion": "9", "continue": "abc"}
+    assert page["items"] == [transform_for(r.PODS)(obj) for obj in copy.deepcopy(objects)]
+    for resource, obj in ((r.NODES, a_node()), (r.GPUS, a_gpu())):
+        assert decoded_page(resource, [copy.deepcopy(obj)])["items"] == [transform_for(resource)(obj)]
+    assert SHARED.changed() == []
+
+
+def test_watch_events_are_decoded_pruned_and_others_as_sent() -> None:
+    """`PrunedDecoder.event` prunes the object of an ADDED, MODIFIED or DELETED event, also one with
+    a field it does not know; an ERROR's Status and a BOOKMARK come as sent."""
+    decode = pruned_decoder(r.PODS, transform_for(r.PODS))
+    assert decode is not None
+    odd = {**bound_worker(), "spec": {**bound_worker()["spec"], "aFieldOfKubeTwo": 1}}
+    for kind, obj in (("ADDED", bound_worker()), ("DELETED", bound_worker()), ("MODIFIED", odd)):
+        line = orjson.dumps({"type": kind, "object": copy.deepcopy(obj)}).decode()
+        assert decode.event(line) == (kind, transform_for(r.PODS)(obj))
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired"}
+    assert decode.event(orjson.dumps({"type": "ERROR", "object": status}).decode()) == ("ERROR", status)
+    mark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "77"}}
+    assert decode.event(orjson.dumps({"type": "BOOKMARK", "object": mark}).decode()) == ("BOOKMARK", mark)
+    with pytest.raises(ValueError):
+        decode.event("not json")
+
+
+def test_pods_decoded_from_one_page_share_their_common_subtrees() -> None:
+    one, two = decoded_page(r.PODS, [sibling(bound_worker(), 1), sibling(bound_worker(), 2)])["items"]
+    assert one["spec"]["containers"][0] is two["spec"]["containers"][0]
+    assert one["spec"]["tolerations"] is two["spec"]["tolerations"]
+    assert one["metadata"]["labels"] is two["metadata"]["labels"]
+    assert one["metadata"]["annotations"] is not two["metadata"]["annotations"]
+    assert "volumeMounts" not in one["spec"]["containers"][0]
+
+
+def test_tensor_fusion_kinds_have_no_top_level_field_the_pruned_decoder_would_lose() -> None:
+    """`pruned_decoder` knows apiVersion, kind, metadata, spec and status of tensor-fusion's kinds: a
+    CRD that grew another top-level field would send every page of its kind the whole way."""
     from tfusion.api.accessors import items, section, text
     from tfusion.api.crds import all_crds
 
@@ -132,16 +172,15 @@ def test_tensor_fusion_kinds_have_no_top_level_field_the_page_decoder_would_lose
 
 def test_pages_are_decoded_whole_where_a_field_could_be_lost() -> None:
     """Kinds with fields outside spec and status (a ConfigMap's data), and informers whose transform
-    keeps managedFields, get no decoder; a body not shaped like a list raises ValueError (the client
-    then decodes it whole)."""
-    assert page_decoder(r.CONFIGMAPS, transform_for(r.CONFIGMAPS)) is None
-    assert page_decoder(r.PODS, Pruner((("spec", "volumes"),))) is None
-    assert page_decoder(r.PODS, strip_managed_fields) is None
-    decode = page_decoder(r.PODS, transform_for(r.PODS))
+    keeps managedFields, get no decoder; a body not shaped like a list of objects raises ValueError."""
+    assert pruned_decoder(r.CONFIGMAPS, transform_for(r.CONFIGMAPS)) is None
+    assert pruned_decoder(r.PODS, Pruner((("spec", "volumes"),))) is None
+    assert pruned_decoder(r.PODS, strip_managed_fields) is None
+    decode = pruned_decoder(r.PODS, transform_for(r.PODS))
     assert decode is not None
     for body in (b'{"items": 3}', b'{"items": [1]}', b"not json", b"[]"):
         with pytest.raises(ValueError):
-            decode(body)
+            decode.page(body)
 
 
 def test_the_pruned_pod_keeps_what_the_controller_reads() -> None:
@@ -216,15 +255,6 @@ def test_a_cached_pod_costs_half_after_the_transform() -> None:
     raw, transformed = bytes_each(texts, lambda o: o), bytes_each(texts, transform_for(r.PODS))
     sys.stderr.write(f"bytes per cached pod: {raw:.0f} raw, {transformed:.0f} transformed\n")
     assert transformed < raw * 0.6
-
-
-def a_gpu(n: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
-            "metadata": {"name": f"gpu-{n:05d}", "resourceVersion": "9", "labels": {
-                tfa.GPU_POOL: "pool-0", tfa.MANAGED_BY: "node-00001"}, "managedFields": [{}]},
-            "status": {"phase": "Running", "uuid": f"GPU-{n}", "gpuModel": "H100", "usedBy": "tensor-fusion",
-                       "capacity": {"tflops": "100", "vram": "80Gi"}, "available": {"tflops": "90", "vram": "72Gi"},
-                       "nodeSelector": {"kubernetes.io/hostname": "node-00001"}}}
 
 
 #: accessors that hand back a whole section, or a whole container: a pruned object answers them

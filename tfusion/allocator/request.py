@@ -249,13 +249,6 @@ def _quantity(notes: Mapping[str, str], key: str, *, milli: bool) -> int:
     raw = notes.get(key)
     if raw is None or raw == "":
         return 0
-    return _amount(raw, key, milli)
-
-
-@functools.lru_cache(maxsize=4096)
-def _amount(raw: str, key: str, milli: bool) -> int:
-    """An annotation's quantity in allocator units. Cached: a recovery reads the same few texts
-    ("10", "8Gi") on 100,000 pods (a refused text raises and is not cached)."""
     return fitting_amount(tfa.parse_quantity_annotation(raw, key=key), key=key, raw=raw, milli=milli)
 
 
@@ -276,12 +269,64 @@ def _percent(notes: Mapping[str, str], key: str) -> int:
     return tfa.parse_compute_percent(raw, key=key).milli_value()
 
 
+#: the annotations that say how much of which GPUs a pod asks for; the rest of a request is the
+#: pod's own (uid, name, workload label, GPU ids, pod index, priority)
+_SHAPE_KEYS = (tfa.GPU_POOL, tfa.TFLOPS_REQUEST, tfa.TFLOPS_LIMIT, tfa.COMPUTE_PERCENT_REQUEST,
+               tfa.COMPUTE_PERCENT_LIMIT, tfa.VRAM_REQUEST, tfa.VRAM_LIMIT, tfa.GPU_INDICES, tfa.GPU_COUNT,
+               tfa.QOS, tfa.ISOLATION, tfa.REQUIRE_GPU_TOPOLOGY, tfa.GPU_TOPOLOGY_MAX_TIER,
+               tfa.GPU_TOPOLOGY_SOURCE, tfa.GPU_MODEL, tfa.VENDOR, tfa.PARTITION_ID)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    pool: str
+    tflops_request: int
+    tflops_limit: int
+    percent_request: int
+    percent_limit: int
+    vram_request: int
+    vram_limit: int
+    count: int
+    indices: tuple[int, ...]
+    qos: str
+    isolation: str
+    topology_required: bool | None
+    topology_max_tier: int | None
+    topology_source: str
+    gpu_model: str
+    vendor: str
+    partition_template: str
+
+
 def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
     meta = pod.meta
     notes = meta.annotations
     name = meta.name
     namespace = sys.intern(meta.namespace or "default")
+    shape = _shape(tuple(map(notes.get, _SHAPE_KEYS)), default_pool)
+    gpu_names: tuple[str, ...] = ()
+    if notes.get(tfa.GPU_IDS):
+        # interned: the allocator keeps them for as long as the pod runs, many pods to a GPU
+        gpu_names = tuple(map(sys.intern, tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)))
+    return AllocRequest(
+        pod_uid=meta.uid, pod_name=name, namespace=namespace, pool=shape.pool,
+        workload=(namespace, sys.intern(meta.label(tfa.WORKLOAD) or name)),
+        tflops_request=shape.tflops_request, tflops_limit=shape.tflops_limit,
+        percent_request=shape.percent_request, percent_limit=shape.percent_limit,
+        vram_request=shape.vram_request, vram_limit=shape.vram_limit, count=shape.count,
+        gpu_model=shape.gpu_model, vendor=shape.vendor, indices=shape.indices, qos=shape.qos,
+        isolation=shape.isolation, partition_template=shape.partition_template, gpu_names=gpu_names,
+        pod_index=_pod_index(pod), topology_required=shape.topology_required,
+        topology_max_tier=shape.topology_max_tier, topology_source=shape.topology_source,
+        priority=effective_priority(pod.spec.get("priority"), shape.qos),
+    )
 
+
+@functools.lru_cache(maxsize=4096)
+def _shape(values: tuple[str | None, ...], default_pool: str | None) -> _Shape:
+    """The annotations of `_SHAPE_KEYS` (their values in that order) read. Cached: a recovery reads
+    100,000 pods that ask in a few ways (a refused one raises and is not cached)."""
+    notes = {key: value for key, value in zip(_SHAPE_KEYS, values, strict=True) if value is not None}
     pool = sys.intern(notes.get(tfa.GPU_POOL) or default_pool or "")
     if not pool:
         raise RequestError(tfa.GPU_POOL, "", "the name of a GPUPool", detail="no pool given")
@@ -323,23 +368,6 @@ def _parse_pod(pod: Pod, default_pool: str | None) -> AllocRequest:
     if notes.get(tfa.ISOLATION):
         isolation = tfa.parse_isolation(notes[tfa.ISOLATION], key=tfa.ISOLATION)
     required, max_tier, source = tfa.parse_topology_overrides(notes)
-    gpu_names: tuple[str, ...] = ()
-    if notes.get(tfa.GPU_IDS):
-        # interned: the allocator keeps them for as long as the pod runs, many pods to a GPU
-        gpu_names = tuple(map(sys.intern, tfa.parse_gpu_ids(notes[tfa.GPU_IDS], key=tfa.GPU_IDS)))
-
-    return AllocRequest(
-        pod_uid=meta.uid,
-        pod_name=name,
-        namespace=namespace,
-        pool=pool,
-        workload=(namespace, sys.intern(meta.label(tfa.WORKLOAD) or name)),
-        tflops_request=t_req, tflops_limit=t_lim, percent_request=p_req, percent_limit=p_lim,
-        vram_request=v_req, vram_limit=v_lim, count=count,
-        gpu_model=notes.get(tfa.GPU_MODEL, ""), vendor=notes.get(tfa.VENDOR, ""),
-        indices=indices, qos=qos, isolation=isolation,
-        partition_template=notes.get(tfa.PARTITION_ID, ""), gpu_names=gpu_names,
-        pod_index=_pod_index(pod),
-        topology_required=required, topology_max_tier=max_tier, topology_source=source,
-        priority=effective_priority(pod.spec.get("priority"), qos),
-    )
+    return _Shape(pool, t_req, t_lim, p_req, p_lim, v_req, v_lim, count, indices, qos, isolation, required,
+                  max_tier, source, notes.get(tfa.GPU_MODEL, ""), notes.get(tfa.VENDOR, ""),
+                  notes.get(tfa.PARTITION_ID, ""))

@@ -166,20 +166,25 @@ def _json_or_text(content: bytes) -> Any:
         return content[:500].decode(errors="replace")
 
 
-#: a body decoder that may leave out parts of the JSON (kube/transforms.py `page_decoder`); it
-#: raises ValueError for a body not of the shape it knows, which is then decoded whole
+#: a body decoder that may leave out or transform parts of the JSON (kube/transforms.py
+#: `PrunedDecoder.page`); it raises ValueError for a body not of the shape it knows
 BodyDecoder = Callable[[bytes], Any]
+#: a watch line's decoder into the event's type and object (`PrunedDecoder.event`)
+EventDecoder = Callable[[str], tuple[str, Any]]
+
+
+def decode_event(line: str) -> tuple[str, Any]:
+    """A watch line's type and object as the server sent them."""
+    event = orjson.loads(line)
+    return (str(event.get("type") or ""), event.get("object")) if isinstance(event, dict) else ("", None)
 
 
 def _decoded(method: str, url: str, content: bytes, decode: BodyDecoder | None = None) -> Any:
     if not content:
         return {}
-    if decode is not None:
-        with contextlib.suppress(ValueError):
-            return decode(content)
     try:
-        return orjson.loads(content)
-    except orjson.JSONDecodeError:
+        return orjson.loads(content) if decode is None else decode(content)
+    except ValueError:
         raise ServerError({"kind": "Status", "code": 0, "reason": "InternalError",
                            "message": f"{method} {url}: the API server answered with non-JSON: "
                                       f"{content[:200]!r}"}, 0) from None
@@ -471,12 +476,12 @@ class KubeClient:
     async def watch(self, resource: ApiResource, *, namespace: str | None = None,
                     label_selector: str | None = None, field_selector: str | None = None,
                     resource_version: str | None = None, timeout_seconds: int = 290,
-                    read_timeout: float | None = None,
-                    allow_bookmarks: bool = True) -> AsyncGenerator[WatchEvent, None]:
+                    read_timeout: float | None = None, allow_bookmarks: bool = True,
+                    decode: EventDecoder = decode_event) -> AsyncGenerator[WatchEvent, None]:
         """Yield (type, object) until the server ends the stream (normal after `timeout_seconds`).
         An ERROR event raises its typed error (`Gone` for 410); no data for `read_timeout`
         seconds (default timeout_seconds + 30) raises ServerError. Close it with
-        `contextlib.aclosing` when leaving early."""
+        `contextlib.aclosing` when leaving early. `decode` turns each line into (type, object)."""
         params: dict[str, str] = {"watch": "true", "timeoutSeconds": str(int(timeout_seconds))}
         if allow_bookmarks:
             params["allowWatchBookmarks"] = "true"
@@ -496,9 +501,7 @@ class KubeClient:
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
-                    event = orjson.loads(line)
-                    kind = str(event.get("type") or "")
-                    obj = event.get("object")
+                    kind, obj = decode(line)
                     if kind == "ERROR":  # obj is the server's Status
                         raise error_from_status(obj, int(obj.get("code") or 500) if isinstance(obj, dict) else 500)
                     yield kind, obj if isinstance(obj, dict) else {}

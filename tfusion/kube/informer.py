@@ -33,10 +33,10 @@ from tfusion.api.documents import collector_paused, freeze_long_lived
 from tfusion.api.jsontypes import JsonMapping
 from tfusion.api.selectors import EVERYTHING, parse_label_selector
 from tfusion.kube.backoff import Backoff, Failures
-from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, object_key
+from tfusion.kube.client import Gone, KubeClient, KubeError, WatchEvent, decode_event, object_key
 from tfusion.kube.clock import REAL_CLOCK, Clock
 from tfusion.kube.resources import ApiResource
-from tfusion.kube.transforms import DEFAULT_TRANSFORM, Transform, page_decoder
+from tfusion.kube.transforms import DEFAULT_TRANSFORM, Transform, pruned_decoder
 
 log = logging.getLogger(__name__)
 
@@ -454,14 +454,16 @@ class Informer:
         got_events = False
         # like client-go: between 1x and 2x the minimum, so many informers do not reconnect at once
         timeout = int(self.timeout_seconds * (1.0 + random.random()))
+        decoder = pruned_decoder(self.resource, self.transform)
         stream = self.client.watch(
             self.resource, namespace=self.key.namespace, label_selector=self.key.label_selector,
             field_selector=self.key.field_selector, resource_version=self._rv,
-            timeout_seconds=timeout, read_timeout=self.read_timeout)
+            timeout_seconds=timeout, read_timeout=self.read_timeout,
+            decode=decode_event if decoder is None else decoder.event)
         async with contextlib.aclosing(stream) as events:
             async for event in events:
                 got_events = True
-                self._apply(event)
+                self._apply(event, transformed=decoder is not None)
         return got_events
 
     async def _relist(self) -> None:
@@ -469,14 +471,16 @@ class Informer:
         100,000-pod list never sits in memory whole); then drop what the list no longer has."""
         listed: set[str] = set()
         rv = ""
+        # a kind whose items the decoder prunes while decoding comes out of it transformed already
+        decoder = pruned_decoder(self.resource, self.transform)
         with collector_paused():
             pages = self.client.list_pages(self.resource, namespace=self.key.namespace,
                                            label_selector=self.key.label_selector,
                                            field_selector=self.key.field_selector, limit=self.page_size,
-                                           decode=page_decoder(self.resource, self.transform))
+                                           decode=None if decoder is None else decoder.page)
             async with contextlib.aclosing(pages):
                 async for page in pages:
-                    self._apply_listed(page.items, listed)
+                    self._apply_listed(page.items, listed, transformed=decoder is not None)
                     rv = page.resource_version
                     # transforming and indexing a page takes a while at that size: let the Lease
                     # renewals and the handlers run meanwhile (each object applied is a change on
@@ -497,8 +501,9 @@ class Informer:
                 log.info("informer %s synced: %d objects from %s", follower.name, len(follower), self.name)
                 follower._synced.set()
 
-    def _apply_listed(self, page: builtins.list[dict[str, Any]], listed: set[str]) -> None:
-        """One page of a list into the cache; its keys into `listed`."""
+    def _apply_listed(self, page: builtins.list[dict[str, Any]], listed: set[str], *, transformed: bool) -> None:
+        """One page of a list into the cache (its items through the transform unless `transformed`);
+        its keys into `listed`."""
         # kube leaves apiVersion/kind out of list items; cached objects carry them, as watch events do
         kind, api_version = self.resource.kind, self.resource.api_version
         for obj in page:
@@ -509,11 +514,11 @@ class Informer:
             old = self._store.get(key)
             if old is not None and _rv(Body(old)) == _rv(Body(obj)):
                 continue
-            obj = self._transformed(key, obj)
+            obj = self._transformed(key, obj, done=transformed)
             self._put(key, obj)
             self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj), key)
 
-    def _apply(self, event: WatchEvent) -> None:
+    def _apply(self, event: WatchEvent, *, transformed: bool = False) -> None:
         kind, obj = event
         self._last_event = self.clock.now()
         rv = _rv(Body(obj))
@@ -528,13 +533,13 @@ class Informer:
             if old is not None and _rv(Body(old)) == rv:
                 pass  # already have exactly this version
             else:
-                obj = self._transformed(key, obj)
+                obj = self._transformed(key, obj, done=transformed)
                 self._put(key, obj)
                 self._emit(_Delivery("ADDED" if old is None else "MODIFIED", old, obj), key)
         elif kind == "DELETED":
             if old is not None:
                 self._delete(key)
-                self._emit(_Delivery("DELETED", None, self._transformed(key, obj)), key)
+                self._emit(_Delivery("DELETED", None, self._transformed(key, obj, done=transformed)), key)
         else:
             log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
             return
@@ -556,8 +561,9 @@ class Informer:
 
     # --- store and indexes ----------------------------------------------------------------------
 
-    def _transformed(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """`obj` through this informer's transform, or the copy a sibling already made of it."""
+    def _transformed(self, key: str, obj: dict[str, Any], *, done: bool = False) -> dict[str, Any]:
+        """`obj` through this informer's transform (`done`: it has been already), or the copy a
+        sibling already made of it."""
         rv = obj.get("metadata", {}).get("resourceVersion") if isinstance(obj.get("metadata"), dict) else None
         if rv:
             for sibling in self.siblings:
@@ -565,7 +571,7 @@ class Informer:
                     held = sibling._store.get(key)
                     if held is not None and held["metadata"].get("resourceVersion") == rv:
                         return held
-        return self.transform(obj)
+        return obj if done else self.transform(obj)
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         old = self._store.get(key)

@@ -30,6 +30,8 @@ import msgspec
 import orjson
 from msgspec import UNSET
 
+from tfusion.api.accessors import section
+from tfusion.api.crds import openapi_schema_view
 from tfusion.kube import resources as r
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
@@ -121,9 +123,13 @@ class SharedTable:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
-        #: by JSON text as a str: orjson's bytes keep the capacity of its write buffer (several kB
-        #: for a short text), a decoded str is exactly its length
-        self._by_text: dict[str, Any] = {}
+        #: by JSON text as a str (orjson's bytes keep the capacity of its write buffer, several kB
+        #: for a short text; a decoded str is exactly its length), or, for subtrees of a list page
+        #: (`PrunedDecoder`), by bytes: the path's tag, then the JSON text as the API server sent it
+        #: before pruning
+        self._by_text: dict[str | bytes, Any] = {}
+        #: by tag, the Pruner and the rules that made the values kept under it
+        self.rules: dict[bytes, tuple[Pruner, _Tree]] = {}
         self.hits = 0
 
     def __len__(self) -> int:
@@ -145,14 +151,14 @@ class SharedTable:
         except (TypeError, orjson.JSONEncodeError):
             return None
 
-    def lookup(self, key: str) -> Any:
+    def lookup(self, key: str | bytes) -> Any:
         """The value kept under `key`, or None (the caller then `keep`s its own)."""
         found = self._by_text.get(key)
         if found is not None:
             self.hits += 1
         return found
 
-    def keep(self, key: str, value: Any) -> Any:
+    def keep(self, key: str | bytes, value: Any) -> Any:
         if len(self._by_text) >= self.max_entries:
             self._by_text.clear()
         self._by_text[key] = value
@@ -161,7 +167,14 @@ class SharedTable:
     def changed(self) -> list[Any]:
         """The shared subtrees that no longer match the text they were stored under (something
         modified a cached object in place): empty unless there is a bug."""
-        return [value for key, value in self._by_text.items() if orjson.loads(key) != value]
+        return [value for key, value in self._by_text.items() if self._value_of(key) != value]
+
+    def _value_of(self, key: str | bytes) -> Any:
+        if isinstance(key, str):
+            return orjson.loads(key)
+        tag, _, text = key.partition(b"\x00")
+        pruner, tree = self.rules[tag + b"\x00"]
+        return pruner._walk(orjson.loads(text), tree)
 
     def clear(self) -> None:
         self._by_text.clear()
@@ -235,17 +248,18 @@ class Pruner:
     def __init__(self, drop: tuple[tuple[str, ...], ...], share: tuple[tuple[str, ...], ...] = (),
                  table: SharedTable = SHARED) -> None:
         self.table = table
-        self._tree = _compile(drop, share)
+        self.tree = _compile(drop, share)
+        self._decoders: dict[str, PrunedDecoder] = {}
 
     def drops(self, path: tuple[str, ...]) -> bool:
         """Whether the copy leaves out the field at `path`."""
-        node: Any = self._tree
+        node: Any = self.tree
         for step in path[:-1]:
             node = node.get(step) if isinstance(node, dict) else None
         return isinstance(node, dict) and path[-1] in node and node[path[-1]] is DROP
 
     def __call__(self, obj: dict[str, Any]) -> dict[str, Any]:
-        result = self._copy(obj, self._tree)
+        result = self._copy(obj, self.tree)
         assert isinstance(result, dict)
         return result
 
@@ -265,6 +279,24 @@ class Pruner:
         if found is not None:
             return found
         return self.table.keep(key, self._walk(node, tree))
+
+    def shared_raw(self, tag: bytes, raw: msgspec.Raw, tree: _Tree) -> Any:
+        """The table's subtree for the JSON text `raw` found at the path `tag` names; decoded and
+        pruned by `tree` only when the table has none yet (a list's items come this way, see
+        `PrunedDecoder`)."""
+        key = tag + raw
+        found = self.table.lookup(key)
+        if found is not None:
+            return found
+        return self.table.keep(key, self._walk(orjson.loads(memoryview(raw)), tree))
+
+    def decoder(self, kind: str, levels: Callable[[], Mapping[tuple[str, ...], tuple[str, ...]]]) -> PrunedDecoder:
+        """The decoder of `kind`'s pages and events into objects pruned by this (made once, on
+        `levels()`)."""
+        decoder = self._decoders.get(kind)
+        if decoder is None:
+            decoder = self._decoders[kind] = PrunedDecoder(self, kind, levels())
+        return decoder
 
     def _walk(self, node: Any, tree: _Tree) -> Any:
         kind = type(node)
@@ -312,85 +344,175 @@ def transform_for(resource: r.ApiResource, *, pruning: bool = True) -> Transform
 DEFAULT_TRANSFORM: Transform = Pruner((("metadata", "managedFields"),))
 
 
-# --- left out while decoding ------------------------------------------------------------------
+# --- decoded and pruned in one pass ----------------------------------------------------------
 #
-# managedFields is about three quarters of the JSON objects in a pod as the API server sends it.
-# Decoded generically, every one of them is built, then dropped by the transform and freed again: a
-# page of 500 pods took 86 ms to decode whole and 19 ms through `page_decoder`, which parses
-# managedFields without building anything (msgspec skips a field its schema does not declare).
+# Decoding a list page whole builds every JSON object of every item, most of which the Pruner then
+# drops (managedFields is about three quarters of a pod's objects) or replaces by the one its table
+# already holds (a Deployment's containers, tolerations, labels); both are then freed again. A
+# page of 500 pods took 86 ms to decode whole, 31 ms to decode without managedFields and prune.
+# `PrunedDecoder` instead parses each item into typed records whose fields are the kind's known
+# ones (`LEVELS`): a dropped field is skipped unbuilt, a shared subtree is taken as its raw JSON text
+# and looked up in the table by that text, so that only the first pod of a Deployment builds it.
+#
+# Nothing is lost by it: a record refuses a field it does not know (a field a newer Kubernetes
+# added), and a page with such an item is decoded whole and pruned as before.
+
+_OBJECT = ("apiVersion", "kind", "metadata", "spec", "status")
+_OBJECT_META = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+                "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+                "ownerReferences", "finalizers", "managedFields")
+_POD_SPEC = ("volumes", "initContainers", "containers", "ephemeralContainers", "restartPolicy",
+             "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy", "nodeSelector",
+             "serviceAccountName", "serviceAccount", "automountServiceAccountToken", "nodeName", "hostNetwork",
+             "hostPID", "hostIPC", "shareProcessNamespace", "securityContext", "imagePullSecrets", "hostname",
+             "subdomain", "affinity", "schedulerName", "tolerations", "hostAliases", "priorityClassName",
+             "priority", "dnsConfig", "readinessGates", "runtimeClassName", "enableServiceLinks",
+             "preemptionPolicy", "overhead", "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers",
+             "schedulingGates", "resourceClaims", "resources", "hostnameOverride")
+_POD_STATUS = ("observedGeneration", "phase", "conditions", "message", "reason", "nominatedNodeName", "hostIP",
+               "hostIPs", "podIP", "podIPs", "startTime", "initContainerStatuses", "containerStatuses", "qosClass",
+               "ephemeralContainerStatuses", "resize", "resourceClaimStatuses", "extendedResourceClaimStatus")
+_NODE_SPEC = ("podCIDR", "podCIDRs", "providerID", "unschedulable", "taints", "configSource", "externalID")
+_NODE_STATUS = ("capacity", "allocatable", "phase", "conditions", "addresses", "daemonEndpoints", "nodeInfo",
+                "images", "volumesInUse", "volumesAttached", "config", "runtimeHandlers", "features")
+
+#: by (group, kind), the levels of an object parsed as records and the fields each may hold: every
+#: field the Kubernetes API defines there. tensor-fusion's kinds take theirs from their CRDs
+#: (`_custom_levels`); other kinds are decoded whole.
+LEVELS: Mapping[tuple[str, str], Mapping[tuple[str, ...], tuple[str, ...]]] = {
+    ("", "Pod"): {(): _OBJECT, ("metadata",): _OBJECT_META, ("spec",): _POD_SPEC, ("status",): _POD_STATUS},
+    ("", "Node"): {(): _OBJECT, ("metadata",): _OBJECT_META, ("spec",): _NODE_SPEC, ("status",): _NODE_STATUS},
+    ("", "Namespace"): {(): _OBJECT, ("metadata",): _OBJECT_META},
+}
 
 
-class _Meta(msgspec.Struct):
-    """Every field of ObjectMeta but managedFields (a field kube adds later would be left out too)."""
-
-    name: Any = UNSET
-    generateName: Any = UNSET
-    namespace: Any = UNSET
-    selfLink: Any = UNSET
-    uid: Any = UNSET
-    resourceVersion: Any = UNSET
-    generation: Any = UNSET
-    creationTimestamp: Any = UNSET
-    deletionTimestamp: Any = UNSET
-    deletionGracePeriodSeconds: Any = UNSET
-    labels: Any = UNSET
-    annotations: Any = UNSET
-    ownerReferences: Any = UNSET
-    finalizers: Any = UNSET
+def _custom_levels(kind: str) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """A tensor-fusion kind's levels: its spec and status where the CRD lists their fields and keeps
+    no others (the API server drops a field a structural schema does not list)."""
+    levels: dict[tuple[str, ...], tuple[str, ...]] = {(): _OBJECT, ("metadata",): _OBJECT_META}
+    for part in ("spec", "status"):
+        schema = section(openapi_schema_view(kind), "properties", part)
+        if section(schema, "properties") and schema.get("x-kubernetes-preserve-unknown-fields") is not True:
+            levels[(part,)] = tuple(section(schema, "properties"))
+    return levels
 
 
-class _Object(msgspec.Struct):
-    apiVersion: Any = UNSET
-    kind: Any = UNSET
-    metadata: _Meta | None = None
-    spec: Any = UNSET
-    status: Any = UNSET
+# how a record's field becomes the cached value (a field not named in a level's rules is interned)
+_SKIP, _RECORD, _RAW, _RAW_ITEMS, _COPY = range(5)
+#: by field, what to do with it and with which rules
+_Rules = dict[str, tuple[int, Any]]
 
 
-class _Page(msgspec.Struct):
-    apiVersion: Any = UNSET
-    kind: Any = UNSET
-    metadata: Any = UNSET
-    items: list[_Object] | None = None
+class PrunedDecoder:
+    """Decodes one kind's list pages and watch events into objects already through a Pruner (see
+    above)."""
+
+    def __init__(self, pruner: Pruner, kind: str, levels: Mapping[tuple[str, ...], tuple[str, ...]]) -> None:
+        self.pruner = pruner
+        record, self._rules = self._compile(kind, (), levels, pruner.tree)
+        items: Any = list[record] | None  # type: ignore[valid-type]
+        obj: Any = record | None
+        self._pages = msgspec.json.Decoder(msgspec.defstruct(f"{kind}Page", [("metadata", Any, UNSET),
+                                                                             ("items", items, None)]))
+        self._events = msgspec.json.Decoder(msgspec.defstruct(f"{kind}Event", [("type", str, ""),
+                                                                               ("object", obj, None)]))
+
+    def _compile(self, kind: str, path: tuple[str, ...], levels: Mapping[tuple[str, ...], tuple[str, ...]],
+                 tree: _Tree) -> tuple[type[msgspec.Struct], _Rules]:
+        """The record of the level at `path` and its rules."""
+        fields: list[tuple[str, Any, Any]] = []
+        rules: _Rules = {}
+        for name in levels[path]:
+            below = tree.get(name, {})
+            kind_of: Any = Any
+            if below is DROP:
+                kind_of, rules[name] = msgspec.Raw, (_SKIP, None)
+            elif (*path, name) in levels:
+                record, inner = self._compile(kind, (*path, name), levels, below)
+                kind_of, rules[name] = record | None, (_RECORD, inner)
+            elif _SHARE in below:
+                kind_of, rules[name] = msgspec.Raw, (_RAW, (self._tag((*path, name), below), below))
+            elif _SHARE in below.get("[]", {}):
+                items = below["[]"]
+                tag = self._tag((*path, name, "[]"), items)
+                kind_of, rules[name] = list[msgspec.Raw] | None, (_RAW_ITEMS, (tag, items))
+            elif below:
+                rules[name] = (_COPY, below)
+            fields.append((name, kind_of, UNSET))
+        record = msgspec.defstruct(f"{kind}{''.join(p.title() for p in path)}", fields, forbid_unknown_fields=True)
+        return record, rules
+
+    def _tag(self, path: tuple[str, ...], tree: _Tree) -> bytes:
+        """The prefix of a shared subtree's key: its path, so that equal JSON at two paths, which two
+        sets of rules may prune apart, is kept apart."""
+        tag = ".".join(path).encode() + b"\x00"
+        self.pruner.table.rules[tag] = (self.pruner, tree)
+        return tag
+
+    def page(self, content: bytes) -> dict[str, Any]:
+        """The list's JSON as a dict whose items are pruned. Raises ValueError for a body that is
+        not a JSON list of objects."""
+        try:
+            page: Any = self._pages.decode(content)
+        except msgspec.ValidationError:  # a field no record knows, or one of another type: decode whole
+            whole = orjson.loads(content)
+            listed = whole.get("items") if isinstance(whole, dict) else 0
+            if not (listed is None or (isinstance(listed, list) and all(isinstance(o, dict) for o in listed))):
+                raise ValueError("not a list of objects") from None
+            return {**whole, "items": [self.pruner(obj) for obj in listed or ()]}
+        out: dict[str, Any] = {"metadata": page.metadata} if page.metadata is not UNSET else {}
+        out["items"] = [self._object(item, self._rules) for item in page.items or ()]
+        return out
+
+    def event(self, line: str | bytes) -> tuple[str, Any]:
+        """A watch event's type and object; the object pruned when the event carries one (ADDED,
+        MODIFIED, DELETED), as the server sent it otherwise (an ERROR's Status, a BOOKMARK).
+        Raises ValueError for a line that is not JSON."""
+        try:
+            event: Any = self._events.decode(line)
+        except msgspec.ValidationError:  # a field no record knows, or another shape (an ERROR's Status)
+            whole = orjson.loads(line)
+            kind = str(whole.get("type") or "") if isinstance(whole, dict) else ""
+            obj = whole.get("object") if isinstance(whole, dict) else None
+            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                obj = self.pruner(obj)
+            return kind, obj
+        return event.type, None if event.object is None else self._object(event.object, self._rules)
+
+    def _object(self, record: msgspec.Struct, rules: _Rules) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        pruner = self.pruner
+        for name, value in msgspec.structs.asdict(record).items():
+            if value is UNSET:
+                continue
+            rule = rules.get(name)
+            if rule is None:
+                out[name] = _value(value)
+                continue
+            step, arg = rule
+            if step == _SKIP:
+                continue
+            if step == _COPY:
+                out[name] = pruner._copy(value, arg)
+            elif value is None:
+                out[name] = None
+            elif step == _RECORD:
+                out[name] = self._object(value, arg)
+            elif step == _RAW:
+                out[name] = pruner.shared_raw(arg[0], value, arg[1])
+            else:
+                out[name] = [pruner.shared_raw(arg[0], item, arg[1]) for item in value]
+        return out
 
 
-_META_FIELDS = _Meta.__struct_fields__
-_OBJECT_FIELDS = ("apiVersion", "kind", "spec", "status")
-_PAGE_FIELDS = ("apiVersion", "kind", "metadata")
-_PAGES = msgspec.json.Decoder(_Page)
-
-#: the kinds whose objects have no top-level fields but apiVersion, kind, metadata, spec and
-#: status, so that the schema above loses nothing else of them (a ConfigMap's data, an Event's
-#: fields would be lost: such kinds are decoded whole)
-SPEC_STATUS_KINDS = frozenset({("", "Pod"), ("", "Node"), ("", "Namespace")})
-
-
-def _object_dict(obj: _Object) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    meta = obj.metadata
-    if meta is not None:
-        out["metadata"] = {f: v for f in _META_FIELDS if (v := getattr(meta, f)) is not UNSET}
-    for f in _OBJECT_FIELDS:
-        v = getattr(obj, f)
-        if v is not UNSET:
-            out[f] = v
-    return out
-
-
-def _page_without_managed_fields(content: bytes) -> dict[str, Any]:
-    """A list's JSON as a dict, its items without metadata.managedFields. Raises ValueError
-    (msgspec's errors are ValueErrors) for a body that is not such a list."""
-    page = _PAGES.decode(content)
-    out: dict[str, Any] = {f: v for f in _PAGE_FIELDS if (v := getattr(page, f)) is not UNSET}
-    out["items"] = [_object_dict(obj) for obj in page.items or ()]
-    return out
-
-
-def page_decoder(resource: r.ApiResource, transform: Transform) -> Callable[[bytes], Any] | None:
-    """How an informer with `transform` decodes a page of `resource`'s list: without managedFields
-    when the transform drops them anyway and the kind is one of `SPEC_STATUS_KINDS` or
-    tensor-fusion's own; None to decode it whole."""
-    kind_known = resource.group == r.TF_GROUP or (resource.group, resource.kind) in SPEC_STATUS_KINDS
-    if kind_known and isinstance(transform, Pruner) and transform.drops(("metadata", "managedFields")):
-        return _page_without_managed_fields
-    return None
+def pruned_decoder(resource: r.ApiResource, transform: Transform) -> PrunedDecoder | None:
+    """How an informer with `transform` decodes `resource`'s list pages and watch events: into
+    objects already transformed, when the transform is a Pruner that drops managedFields and the
+    kind's fields are known (`LEVELS`, tensor-fusion's CRDs); None to decode them whole and
+    transform each object."""
+    if not (isinstance(transform, Pruner) and transform.drops(("metadata", "managedFields"))):
+        return None
+    if resource.group == r.TF_GROUP:
+        return transform.decoder(resource.kind, lambda: _custom_levels(resource.kind))
+    levels = LEVELS.get((resource.group, resource.kind))
+    return None if levels is None else transform.decoder(resource.kind, lambda: levels)
