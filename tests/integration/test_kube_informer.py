@@ -12,6 +12,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tfusion.kube import informer as informer_module
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, object_key
 from tfusion.kube.informer import Informer, InformerFactory, node_name_index
@@ -377,6 +378,27 @@ async def test_the_initial_list_is_applied_page_by_page(kube: KubeClient) -> Non
     assert collector_on == [False] * 4 and gc.isenabled()
     assert sorted(informer.keys()) == [f"inf/p{i}" for i in range(7)]
     assert informer.resource_version == (await kube.list(r.CONFIGMAPS, namespace="inf")).resource_version
+
+
+async def test_a_large_first_list_leaves_the_collector_before_it_is_back_on(
+        kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first list of `FREEZE_AT` objects or more is frozen (out of the cyclic collector's walks)
+    while the collector is still paused: switched back on first, its first pass would walk every
+    object the list made. A later list (after a 410) freezes nothing."""
+    for i in range(3):
+        await kube.create(r.CONFIGMAPS, cm(f"z{i}"))
+    frozen_with_collector: list[bool] = []
+    monkeypatch.setattr(informer_module, "FREEZE_AT", 3)
+    monkeypatch.setattr(informer_module, "freeze_long_lived",
+                        lambda collect=True: frozen_with_collector.append(gc.isenabled()))
+    informer = Informer(kube, r.CONFIGMAPS, namespace="inf", page_size=2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        with anyio.fail_after(5):
+            await informer.wait_synced()
+        await informer._relist()
+        tg.cancel_scope.cancel()
+    assert frozen_with_collector == [False] and gc.isenabled()
 
 
 async def test_a_listed_pod_is_cached_as_its_whole_json_transformed(kube: KubeClient) -> None:

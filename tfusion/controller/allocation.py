@@ -284,11 +284,11 @@ class AllocatorService:
             started = time.monotonic()
             # Recovery makes a few objects per pod (its request, the ledger's entries), none in a
             # cycle, that live for the term: the collector is kept off while they are made (at
-            # 100,000 pods it ran a dozen full collections over them, 2 s) and then leaves them out
-            # of its walks, as it does the informer cache (documents.freeze_long_lived).
+            # 100,000 pods it ran a dozen full collections over them, 2 s), and they leave its walks
+            # before it is back on (documents.freeze_long_lived; else its first pass walks them all).
             with collector_paused():
                 allocator = await self._recover()
-            freeze_long_lived(collect=False)
+                freeze_long_lived(collect=False)
             self._allocator = allocator
             self._ready.set()
             self.metrics.recovery_duration.set(time.monotonic() - started)

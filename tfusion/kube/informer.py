@@ -486,6 +486,10 @@ class Informer:
                     # renewals and the handlers run meanwhile (each object applied is a change on
                     # its own, as if it came by watch; the resourceVersion moves once all are in)
                     await anyio.sleep(0)
+            if not self._synced.is_set() and len(self._store) >= FREEZE_AT:
+                # a large first list is kept for the process's life: out of the collector's walks
+                # before it is back on, or its first pass walks every object the list made
+                freeze_long_lived(collect=False)
         self._m_relists.inc()
         self._last_event = self.clock.now()
         for key in [k for k in self._store if k not in listed]:

@@ -348,11 +348,12 @@ DEFAULT_TRANSFORM: Transform = Pruner((("metadata", "managedFields"),))
 #
 # Decoding a list page whole builds every JSON object of every item, most of which the Pruner then
 # drops (managedFields is about three quarters of a pod's objects) or replaces by the one its table
-# already holds (a Deployment's containers, tolerations, labels); both are then freed again. A
-# page of 500 pods took 86 ms to decode whole, 31 ms to decode without managedFields and prune.
+# already holds (a Deployment's containers, tolerations, labels); both are then freed again.
 # `PrunedDecoder` instead parses each item into typed records whose fields are the kind's known
 # ones (`LEVELS`): a dropped field is skipped unbuilt, a shared subtree is taken as its raw JSON text
 # and looked up in the table by that text, so that only the first pod of a Deployment builds it.
+# A page of 500 of benchmarks/scale.py's pods, decoded and pruned: 45 ms whole, 31 ms with
+# managedFields skipped, 14-17 ms this way.
 #
 # Nothing is lost by it: a record refuses a field it does not know (a field a newer Kubernetes
 # added), and a page with such an item is decoded whole and pruned as before.
