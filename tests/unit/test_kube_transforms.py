@@ -21,6 +21,7 @@ from tfusion.controller.webhook.remote import connection_of
 from tfusion.kube import resources as r
 from tfusion.kube.informer import node_name_index
 from tfusion.kube.transforms import (
+    LEVELS,
     PRUNED,
     SHARED,
     SHARED_PATHS,
@@ -147,6 +148,20 @@ def test_watch_events_are_decoded_pruned_and_others_as_sent() -> None:
     assert decode.event(orjson.dumps({"type": "BOOKMARK", "object": mark}).decode()) == ("BOOKMARK", mark)
     with pytest.raises(ValueError):
         decode.event("not json")
+
+
+def test_pruners_with_other_rules_do_not_share_what_they_decode() -> None:
+    """A subtree met as the same JSON text by two Pruners whose rules differ below it is kept once
+    per set of rules: each decoder hands out its own pruning of it."""
+    body = orjson.dumps({"items": [bound_worker()]})
+    shared = ((("spec", "containers", "[]"),))
+    strict = Pruner((("metadata", "managedFields"), ("spec", "containers", "[]", "env")), shared)
+    loose = Pruner((("metadata", "managedFields"),), shared)
+    levels = LEVELS[("", "Pod")]
+    one = strict.decoder("Pod", lambda: levels).page(body)["items"][0]["spec"]["containers"][0]
+    two = loose.decoder("Pod", lambda: levels).page(body)["items"][0]["spec"]["containers"][0]
+    assert "env" not in one and two["env"] == bound_worker()["spec"]["containers"][0]["env"]
+    assert SHARED.changed() == []
 
 
 def test_pods_decoded_from_one_page_share_their_common_subtrees() -> None:

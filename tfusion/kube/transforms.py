@@ -22,6 +22,7 @@ behind a caller that kept it).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -444,9 +445,10 @@ class PrunedDecoder:
         return record, rules
 
     def _tag(self, path: tuple[str, ...], tree: _Tree) -> bytes:
-        """The prefix of a shared subtree's key: its path, so that equal JSON at two paths, which two
-        sets of rules may prune apart, is kept apart."""
-        tag = ".".join(path).encode() + b"\x00"
+        """The prefix of a shared subtree's key: its path and its rules, so that the same JSON
+        pruned by other rules (at another path, or by another Pruner) is kept apart."""
+        rules = hashlib.blake2b(orjson.dumps(tree, option=orjson.OPT_SORT_KEYS), digest_size=6).hexdigest()
+        tag = f"{'.'.join(path)}:{rules}".encode() + b"\x00"
         self.pruner.table.rules[tag] = (self.pruner, tree)
         return tag
 
