@@ -3,6 +3,7 @@ Event's fields, cluster-scoped objects, and never raising into or blocking the c
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -71,3 +72,17 @@ async def test_bad_input_and_a_dead_server_never_reach_the_caller(apiserver: Any
             await recorder.drain()
         tg.cancel_scope.cancel()
     assert recorder.written == 0 and recorder.dropped == 2 + 3 + 2
+
+
+async def test_drops_are_logged_once_in_a_while_with_their_count(kube: KubeClient,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """An API server that falls behind makes the recorder drop thousands of events a minute: the
+    first drop is logged with the count, the next ones only once `DROP_LOG_EVERY_S` has passed."""
+    pod = Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "ev"}})
+    recorder = EventRecorder(kube, queue_size=1)
+    with caplog.at_level(logging.WARNING, logger="tfusion.kube.events"):
+        for i in range(5):
+            recorder.normal(pod, "Reason", f"m{i}")
+    assert recorder.dropped == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        "event queue full; dropped Normal Reason (1 event(s) dropped so far; the next drops are logged 10 s from now)"]

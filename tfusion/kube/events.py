@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 NORMAL, WARNING = "Normal", "Warning"
 MAX_MESSAGE = 1024
+#: a drop is logged at most this often (with the count so far): when the API server falls behind,
+#: thousands of events are dropped in a minute, and a line for each cost CPU of their own
+DROP_LOG_EVERY_S = 10.0
 
 
 @dataclass
@@ -65,6 +68,7 @@ class EventRecorder:
         self._outstanding = 0
         self.dropped = 0
         self.written = 0
+        self._drop_logged_at = -DROP_LOG_EVERY_S
 
     # --- recording (never blocks, never raises) -------------------------------------------------
 
@@ -80,11 +84,17 @@ class EventRecorder:
             self._outstanding += 1
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
         except anyio.WouldBlock:
-            self.dropped += 1
-            log.warning("event queue full; dropped %s %s", type, reason)
+            self._drop(f"event queue full; dropped {type} {reason}")
         except Exception as exc:
-            self.dropped += 1
-            log.warning("dropped event %s %s: %s", type, reason, exc)
+            self._drop(f"dropped event {type} {reason}: {exc}")
+
+    def _drop(self, what: str) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._drop_logged_at >= DROP_LOG_EVERY_S:
+            self._drop_logged_at = now
+            log.warning("%s (%d event(s) dropped so far; the next drops are logged %.0f s from now)",
+                        what, self.dropped, DROP_LOG_EVERY_S)
 
     def normal(self, obj: Body, reason: str, message: str) -> None:
         self.event(obj, NORMAL, reason, message)

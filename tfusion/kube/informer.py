@@ -15,16 +15,15 @@ import builtins
 import contextlib
 import inspect
 import logging
-import math
 import random
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tfusion.api import annotations as tfa
@@ -148,44 +147,45 @@ class _Delivery:
 
 
 class Handler:
-    """One subscriber: its own queue and task, so it cannot block the watch or other handlers."""
+    """One subscriber: its own queue and task, so it cannot block the watch or other handlers.
+
+    The queue is a deque and an Event rather than an anyio memory stream: a handler waits for
+    nearly every event of a steady watch, and the stream's receive made a waiter object through
+    `typing` each time (measured: 3 % of a leader's CPU scheduling new pods at full size)."""
 
     def __init__(self, on_add: Callback | None, on_update: Callback | None,
                  on_delete: Callback | None) -> None:
         self.on_add, self.on_update, self.on_delete = on_add, on_update, on_delete
-        send, receive = anyio.create_memory_object_stream[_Delivery](math.inf)
-        self._send: MemoryObjectSendStream[_Delivery] = send
-        self._receive: MemoryObjectReceiveStream[_Delivery] = receive
+        self._queue: deque[_Delivery] = deque()
+        self._queued = anyio.Event()
         self.delivered = 0
 
     def push(self, delivery: _Delivery) -> None:
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._send.send_nowait(delivery)
+        self._queue.append(delivery)
+        self._queued.set()
 
     @property
     def pending(self) -> int:
-        return self._receive.statistics().current_buffer_used
+        return len(self._queue)
 
     async def run(self) -> None:
-        receive = self._receive
-        async with receive:
-            while True:
-                try:
-                    batch = [await receive.receive()]
-                except anyio.EndOfStream:
-                    return
-                # what is queued already comes without a trip through the event loop for each
-                # (an initial list queues 100,000 adds at once)
-                with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
-                    while len(batch) < DELIVERY_BATCH:
-                        batch.append(receive.receive_nowait())
-                for delivery in batch:
-                    # nearly every handler is a plain function: calling it without a coroutine of
-                    # our own per delivery saves a few µs, times a dozen handlers per pod of a list
-                    result = self._call(delivery)
-                    if result is not None:
-                        await self._finish(result, delivery)
-                    self.delivered += 1
+        queue = self._queue
+        while True:
+            if not queue:
+                self._queued = anyio.Event()
+                await self._queued.wait()
+                continue
+            # what is queued already comes without a trip through the event loop for each
+            # (an initial list queues 100,000 adds at once)
+            for _ in range(min(len(queue), DELIVERY_BATCH)):
+                delivery = queue.popleft()
+                # nearly every handler is a plain function: calling it without a coroutine of
+                # our own per delivery saves a few µs, times a dozen handlers per pod of a list
+                result = self._call(delivery)
+                if result is not None:
+                    await self._finish(result, delivery)
+                self.delivered += 1
+            await anyio.sleep(0)
 
     def _call(self, delivery: _Delivery) -> Awaitable[object] | None:
         """Run the delivery's callback; what it returned when that is to be awaited."""
