@@ -276,6 +276,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         counted = sum(len(w) for w in workers.values())
         assert counted == len(self.live)
 
+    @invariant()
+    def limits_on_a_gpu_are_its_committed_allocations_limits(self) -> None:
+        infos = list(self.alloc.allocations(committed_only=True).values())
+        for name in self.alloc.gpu_names():
+            held = [limit for info in infos for gpu, limit in zip(info.gpu_names, info.limits, strict=True)
+                    if gpu == name]
+            assert self.alloc.committed_limits_on([name]) == (sum(t for t, _ in held), sum(v for _, v in held))
+
 
 TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,

@@ -680,6 +680,12 @@ class GpuAllocator:
         alloc = self.ledger.allocs.get(pod_uid)
         return None if alloc is None else alloc.info()
 
+    def committed_uids(self) -> list[str]:
+        """The pods whose allocation is committed (not only assumed), in no order: for a pass over
+        all of them that looks each one up when its turn comes (`allocation`), rather than an
+        AllocationInfo of every one at once (0.7 s of the event loop at 100,000 pods)."""
+        return [uid for uid, alloc in self.ledger.allocs.items() if alloc.assumed_at is None]
+
     def allocations(self, *, committed_only: bool = False) -> dict[str, AllocationInfo]:
         allocs = self.ledger.allocs
         return {uid: allocs[uid].info() for uid in sorted(allocs)
@@ -689,6 +695,23 @@ class GpuAllocator:
         """(GPU names, per-GPU limits) of each committed allocation, in no order: for sums over all
         of them without an AllocationInfo each."""
         return ((alloc.gpus, alloc.limits) for alloc in self.ledger.allocs.values() if alloc.assumed_at is None)
+
+    def committed_limits_on(self, names: Iterable[str]) -> tuple[int, int]:
+        """The limits (milli-TFLOPS, bytes) that committed allocations hold on the GPUs `names`,
+        summed: read from each GPU's own allocations, not from every allocation in the cluster."""
+        allocs = self.ledger.allocs
+        total_t = total_v = 0
+        for name in names:
+            slot = self.indexes.gpus.get(name)
+            for uid in slot.allocs if slot is not None else ():
+                alloc = allocs.get(uid)
+                if alloc is None or alloc.assumed_at is not None:
+                    continue
+                for gpu, (t, v) in zip(alloc.gpus, alloc.limits, strict=True):
+                    if gpu == name:
+                        total_t += t
+                        total_v += v
+        return total_t, total_v
 
     def node_workers(self) -> dict[str, dict[str, str]]:
         """node -> {pod uid: "namespace/name"} of the pods holding GPUs there (assumed included)."""

@@ -229,9 +229,9 @@ class DriftAudit:
     async def _audit_allocations(self, allocator: GpuAllocator) -> list[Finding]:
         found: list[Finding] = []
         pods = self.runtime.informer(r.PODS)
-        committed = allocator.allocations(committed_only=True)
-        async for uid, info in paced(committed.items()):
-            if not allocator.has_allocation(uid):
+        async for uid in paced(allocator.committed_uids()):
+            info = allocator.allocation(uid)
+            if info is None:
                 continue  # released since the audit began
             req = info.request
             cached = pods.get(f"{req.namespace}/{req.pod_name}")

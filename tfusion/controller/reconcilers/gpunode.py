@@ -101,12 +101,7 @@ def rollup(allocator: GpuAllocator, gpunode: Body, gpus: list[Gpu]) -> JsonObjec
         if holders:
             allocated[name] = [json_object(pod) for pod in holders]
             pods.update(p["uid"] for p in holders)
-    limit_t = limit_v = 0
-    for alloc in allocator.allocations(committed_only=True).values():
-        for gpu, (t, v) in zip(alloc.gpu_names, alloc.limits, strict=True):
-            if gpu in names:
-                limit_t += t
-                limit_v += v
+    limit_t, limit_v = allocator.committed_limits_on(names)
     pool = gpunode.meta.label(tfa.MANAGED_BY) or (allocator.gpu_info(names[0]).pool if names else "")
     config = allocator.pool_config(pool)
     node_info = section(gpunode.status, "nodeInfo")
