@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -21,11 +22,35 @@ import httpx
 import yaml
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections' source ports (0: unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bind_below(sock: socket.socket, low: int) -> None:
+    """Bind `sock` to a loopback port below `low` when there is room there, else to any port: a
+    port from inside the ephemeral range can become the source port of an outgoing connection
+    between this check and the server's bind (seen once in scale.py, whose processes keep dozens
+    of connections open)."""
+    for _ in range(200 if low > 11000 else 0):
+        try:
+            sock.bind(("127.0.0.1", random.randrange(10000, low)))
+            return
+        except OSError:
+            continue
+    sock.bind(("127.0.0.1", 0))
+
+
 def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports, all bound at once so none is handed out twice."""
+    """`count` distinct loopback ports, all bound at once so none is handed out twice, below the
+    ephemeral range where it has room."""
+    low = _ephemeral_low()
     socks = [socket.socket() for _ in range(count)]
     for sock in socks:
-        sock.bind(("127.0.0.1", 0))
+        _bind_below(sock, low)
     ports = [int(sock.getsockname()[1]) for sock in socks]
     for sock in socks:
         sock.close()

@@ -56,9 +56,7 @@ import contextlib
 import importlib.util
 import json
 import os
-import random
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -69,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _processes import stop
+from _processes import free_ports, stop
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -104,24 +102,7 @@ def raw_server(kubeconfig: Path) -> Any:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, below the kernel's ephemeral range: a port from inside
-    it can become the source port of an outgoing connection between this check and the server's
-    bind (seen once in scale.py, whose processes keep dozens of connections open)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    for _ in range(200 if low > 11000 else 0):
-        port = random.randrange(10000, low)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 INSTRUMENT = Path(__file__).resolve().parent / "_instrument.py"

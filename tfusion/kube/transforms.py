@@ -394,8 +394,9 @@ def _custom_levels(kind: str) -> dict[tuple[str, ...], tuple[str, ...]]:
     levels: dict[tuple[str, ...], tuple[str, ...]] = {(): _OBJECT, ("metadata",): _OBJECT_META}
     for part in ("spec", "status"):
         schema = section(openapi_schema_view(kind), "properties", part)
-        if section(schema, "properties") and schema.get("x-kubernetes-preserve-unknown-fields") is not True:
-            levels[(part,)] = tuple(section(schema, "properties"))
+        fields = tuple(section(schema, "properties"))
+        if fields and schema.get("x-kubernetes-preserve-unknown-fields") is not True:
+            levels[(part,)] = fields
     return levels
 
 
