@@ -38,8 +38,10 @@ from tfusion.api import podindex
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
+from tfusion.controller.webhook.workloads import WorkloadWriter
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
+from tfusion.kube.informer import Informer
 
 pytestmark = pytest.mark.anyio
 
@@ -117,6 +119,38 @@ async def test_a_bare_pod_waits_for_its_terminating_workload_and_gets_a_new_one(
         assert not fresh["metadata"].get("deletionTimestamp")
         await eventually(lambda: _owned_by(ctl, "default/bare", again["metadata"]["uid"]),
                          what="the new workload owned by the new pod")
+
+
+async def test_a_workload_deleted_after_the_webhook_wrote_it_is_made_again(kube: KubeClient) -> None:
+    """The writer keeps its last answer until the informer catches up with it; once the informer
+    has seen the workload deleted, that answer is stale, whether or not a delete handler has run
+    yet (under load it had not, and a bare pod created again under its name was admitted onto the
+    deleted workload, which nothing then made again: CI failed the test above on it)."""
+    informer = Informer(kube, r.TENSORFUSIONWORKLOADS)
+    writer = WorkloadWriter(kube, informer)
+    desired: dict[str, Any] = {"apiVersion": r.TENSORFUSIONWORKLOADS.api_version,
+                               "kind": r.TENSORFUSIONWORKLOADS.kind,
+                               "metadata": {"name": "short-lived", "namespace": "default"},
+                               "spec": {"poolName": POOL, "resources": {"requests": {"tflops": "1", "vram": "1Gi"},
+                                                                          "limits": {"tflops": "1", "vram": "1Gi"}}}}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(informer.run)
+        await informer.wait_synced()
+        assert await writer.ensure(desired) == "created"
+        first = await kube.get(r.TENSORFUSIONWORKLOADS, "short-lived", namespace="default")
+        await kube.patch(r.TENSORFUSIONWORKLOADS, "short-lived", {"metadata": {"finalizers": None}},
+                         namespace="default")
+        await kube.delete(r.TENSORFUSIONWORKLOADS, "short-lived", namespace="default")
+        await eventually(lambda: _seen_and_gone(informer, "default/short-lived", first),
+                         what="the informer past the workload's deletion")
+        assert await writer.ensure(desired) == "created"
+        again = await kube.get(r.TENSORFUSIONWORKLOADS, "short-lived", namespace="default")
+        assert again["metadata"]["uid"] != first["metadata"]["uid"]
+        tg.cancel_scope.cancel()
+
+
+async def _seen_and_gone(informer: Informer, key: str, obj: dict[str, Any]) -> bool:
+    return informer.get(key) is None and int(informer.resource_version or 0) > int(obj["metadata"]["resourceVersion"])
 
 
 async def _owned_by(ctl: Controller, key: str, pod_uid: str) -> dict[str, Any] | None:

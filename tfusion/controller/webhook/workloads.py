@@ -256,11 +256,11 @@ def _key(workload: Body) -> str:
     return f"{workload.namespace}/{workload.name}"
 
 
-def _version(obj: Body) -> int:
+def _revision(resource_version: str | None) -> int:
     """A resourceVersion as a number (the API server's are etcd revisions); -1 when it is not one,
     which makes the informer's copy the newer."""
     try:
-        return int(obj.meta.resource_version or "")
+        return int(resource_version or "")
     except ValueError:
         return -1
 
@@ -278,10 +278,9 @@ class WorkloadWriter:
         self._matched: OrderedDict[str, tuple[str, bytes, JsonObject]] = OrderedDict()
         #: key -> the workload as the API server last answered this writer, until the informer
         #: holds that version or a later one (client-go's mutation cache, which also compares
-        #: resourceVersions as integers); dropped when the informer sees the workload deleted
+        #: resourceVersions as integers); dropped once the informer has seen past its version
         self._written: OrderedDict[str, JsonMapping] = OrderedDict()
         self._ensuring = KeyedLocks()
-        informer.add_handler(on_delete=self._forget_written)
 
     def _known_match(self, key: str, cached: Body, desired: JsonObject) -> bool:
         """Whether this cached version was already found to match this exact desired workload (the
@@ -308,17 +307,19 @@ class WorkloadWriter:
         return None if cached is None else recommendation_for(Workload(cached), desired)
 
     def _current(self, key: str) -> JsonMapping | None:
-        """The newer of the informer's copy and this writer's last answer."""
+        """The newer of the informer's copy and this writer's last answer. No copy in an informer
+        that has seen past the answer's version means deleted since: a bare pod deleted and
+        created again under its name must not be handed its deleted workload. (A delete handler
+        dropping the answer came too late: the informer forgets the object before its handlers
+        hear of it.)"""
         cached, written = self.informer.get(key), self._written.get(key)
         if written is None:
             return cached
-        if cached is not None and _version(Body(cached)) >= _version(Body(written)):
+        seen = self.informer.resource_version if cached is None else Body(cached).meta.resource_version
+        if _revision(seen) >= _revision(Body(written).meta.resource_version):
             del self._written[key]
             return cached
         return written
-
-    def _forget_written(self, deleted: JsonMapping) -> None:
-        self._written.pop(_key(Body(deleted)), None)
 
     def _remember(self, key: str, answer: JsonMapping) -> None:
         self._written[key] = answer
