@@ -133,38 +133,60 @@ HYPERVISOR_SPECS: list[MetricSpec] = [
 def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metric]:
     """One family per spec, with a sample per point of its table that has the field. A point's
     label values are read once for all the families that share its labels, and their samples
-    share one dict of them (at 100,000 workers, six families each: add_metric per sample built a
-    dict per sample and took 3.7 s)."""
+    share one dict of them; when two rows carry the same labels (one GPU on two nodes), the first
+    one's samples are kept. At 100,000 workers (six families each) this runs at every tick: each
+    sample is one tuple, no per-sample lookups (add_metric per sample took 3.7 s, the loop over
+    specs per sample 2.4 s, this about 1 s)."""
     out: dict[str, Metric] = {}
     for spec in specs:
         label_names = [label for label, _ in spec.labels]
         out[spec.name] = (CounterMetricFamily if spec.counter else GaugeMetricFamily)(
             spec.name, spec.help, labels=label_names)
-    by_measure: dict[str, list[MetricSpec]] = {}
-    for spec in specs:
-        by_measure.setdefault(spec.measure, []).append(spec)
-    seen: set[tuple[str, tuple[str, ...]]] = set()
+    plans = _plans(specs, out)
     for point in points:
-        labelled: dict[tuple[tuple[str, str], ...], tuple[tuple[str, ...], dict[str, str]]] = {}
-        for spec in by_measure.get(point.measure, ()):
-            value = point.fields.get(spec.field)
-            if value is None or isinstance(value, str):
+        for plan in plans.get(point.measure, ()):
+            tags, fields = point.tags, point.fields
+            values = tuple([str(tags.get(tag, "")) for tag in plan.tags])
+            if values in plan.seen:
                 continue
-            made = labelled.get(spec.labels)
-            if made is None:
-                values = tuple(str(point.tags.get(tag, "")) for _, tag in spec.labels)
-                made = labelled[spec.labels] = (values, {label: v for (label, _), v in zip(spec.labels, values,
-                                                                                          strict=True)})
-            if (spec.name, made[0]) in seen:  # two rows with the same labels (one GPU on two nodes): keep one
-                continue
-            seen.add((spec.name, made[0]))
-            family = out[spec.name]
-            if spec.counter:
-                assert isinstance(family, CounterMetricFamily)
-                family.add_metric(list(made[0]), float(value) * spec.scale)
-            else:  # GaugeMetricFamily.add_metric, without a dict of the labels per sample
-                family.samples.append(Sample(spec.name, made[1], float(value) * spec.scale))
+            plan.seen.add(values)
+            labels = dict(zip(plan.names, values, strict=True))
+            for field_name, name, scale, samples in plan.families:
+                value = fields.get(field_name)
+                if value is not None and not isinstance(value, str):
+                    samples.append(_sample((name, labels, float(value) * scale, None, None, None)))
     return list(out.values())
+
+
+def _sample(fields: tuple[object, ...]) -> Sample:
+    return tuple.__new__(Sample, fields)
+
+
+@dataclass
+class _Plan:
+    """The families of one table that share one set of labels: the label names, the tags they are
+    read from, and per family (field, family name, scale, the family's samples); `seen`: the label
+    values already written."""
+
+    names: tuple[str, ...]
+    tags: tuple[str, ...]
+    families: list[tuple[str, str, float, list[Sample]]] = field(default_factory=list)
+    seen: set[tuple[str, ...]] = field(default_factory=set)
+
+
+def _plans(specs: Sequence[MetricSpec], out: Mapping[str, Metric]) -> dict[str, list[_Plan]]:
+    plans: dict[str, dict[tuple[tuple[str, str], ...], _Plan]] = {}
+    for spec in specs:
+        by_labels = plans.setdefault(spec.measure, {})
+        plan = by_labels.get(spec.labels)
+        if plan is None:
+            plan = by_labels[spec.labels] = _Plan(tuple(label for label, _ in spec.labels),
+                                                  tuple(tag for _, tag in spec.labels))
+        family = out[spec.name]
+        # a counter's samples are named as add_metric names them: the family's name and "_total"
+        plan.families.append((spec.field, f"{family.name}_total" if spec.counter else spec.name, spec.scale,
+                              family.samples))
+    return {measure: list(by_labels.values()) for measure, by_labels in plans.items()}
 
 
 def _empty(specs: Sequence[MetricSpec], extra: Iterable[Metric] = ()) -> list[Metric]:
@@ -202,8 +224,9 @@ def _cost_families(snapshot: Snapshot) -> list[Metric]:
     worker = CounterMetricFamily("tfusion_worker_cost", "a worker's raw cost since this leader began "
                                  "billing it (the pool's QoS pricing, in its currency)",
                                  labels=["namespace", "pod", "workload", "pool", "qos"])
-    for labels, total in sorted(snapshot.worker_cost_total.items()):
-        worker.add_metric(list(labels), total)
+    names = ("namespace", "pod", "workload", "pool", "qos")
+    worker.samples = [_sample(("tfusion_worker_cost_total", dict(zip(names, labels, strict=True)), total, None, None,
+                               None)) for labels, total in sorted(snapshot.worker_cost_total.items())]
     node = CounterMetricFamily("tfusion_node_cost", "a node's raw cost (its GPUs' costPerHour) since this "
                                "leader began billing it", labels=["node", "pool"])
     for node_labels, total in sorted(snapshot.node_cost_total.items()):
