@@ -37,11 +37,16 @@ class Pacer:
 
 
 async def paced(items: Iterable[T], slice_s: float = SLICE_S) -> AsyncIterator[T]:
-    """Yield `items` one by one, giving the event loop a turn whenever `slice_s` has passed."""
-    pacer = Pacer(slice_s)
+    """Yield `items` one by one, giving the event loop a turn whenever `slice_s` has passed.
+    (`Pacer.turn` inlined: a coroutine per item was a tenth of a metrics tick's time at 100,000
+    workers.)"""
+    clock = time.monotonic
+    since = clock()
     for item in items:
         yield item
-        await pacer.turn()
+        if clock() - since >= slice_s:
+            await anyio.sleep(0)
+            since = clock()
 
 
 def batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
