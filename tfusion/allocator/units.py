@@ -7,6 +7,8 @@ enters and formatted only when a status, a view or an explanation leaves; this m
 
 from __future__ import annotations
 
+import functools
+
 from tfusion.api.quantity import Quantity
 
 MILLI = 1000
@@ -14,11 +16,16 @@ PERCENT_SCALE = 100 * MILLI  # milli-percent in 100 %
 MIB = 1 << 20
 
 
+# The text of an amount is remembered: statuses, views and audits format the same few request sizes and
+# capacities over and over (every app of every GPU's runningApps), and a Quantity's canonical text
+# takes microseconds to make.
+@functools.lru_cache(maxsize=1 << 14)
 def tflops_str(milli: int) -> str:
     """Canonical quantity text for milli-TFLOPS (989000 -> "989", 20500 -> "20500m")."""
     return str(Quantity.from_milli(milli))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def vram_str(size: int) -> str:
     """Canonical binary quantity text for bytes (8589934592 -> "8Gi")."""
     return str(Quantity.from_int(size, "BinarySI"))
@@ -44,6 +51,7 @@ def amount(resource: str | None, value: int) -> str | int:
     return value
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def percent_str(milli_percent: int) -> str:
     """Canonical quantity text for a compute percentage in milli-percent (50000 -> "50")."""
     return str(Quantity.from_milli(milli_percent))
