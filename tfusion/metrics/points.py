@@ -44,7 +44,7 @@ class Point:
 class _Escaped(dict[str, str]):
     """Text escaped for one position of line protocol (`specials` get a backslash, as do backslash
     and newline), remembered: every tick writes the same tag keys, pools, nodes, worker names and
-    field keys again. A dict lookup costs a tenth of an lru_cache call, which counted at 100,000
+    field keys again. A dict lookup costs a fraction of an lru_cache call, which counted at 100,000
     workers a tick (about 20 per row); emptied when it holds `size` texts (names come and go)."""
 
     def __init__(self, specials: str, size: int = 1 << 18) -> None:
