@@ -83,6 +83,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tfusion.api import annotations as tfa
 from tfusion.api.crds import all_crds
+from tfusion.api.documents import collector_paused
 from tfusion.api.podindex import encode_pod_index
 from tfusion.controller.webhook.registration import MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.kube import resources as r
@@ -638,24 +639,13 @@ async def check(cluster: Cluster) -> tuple[int, int]:
     of the cluster."""
     assert cluster.kube is not None
     tf_pods: list[dict[str, Any]] = []
-    with paused_gc():
+    with collector_paused():  # decoded JSON has no cycles; full passes over it doubled the time
         async for page in cluster.kube.list_pages(r.PODS, label_selector=f"{tfa.ENABLED}=true", limit=2000,
                                                   decode=_checked_pods):
             tf_pods.extend(page.items)
         gpus = list(await cluster.kube.list(r.GPUS, limit=2000))
     unscheduled = sum(1 for p in tf_pods if not p["spec"].get("nodeName"))
     return unscheduled, sched.count_double_allocations(tf_pods, gpus)
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """No cyclic collection while a few million decoded objects pile up (each full pass would walk
-    them all: it doubled the time of the check's list); nothing of it is cyclic garbage."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 async def in_process_memory(kubeconfig: Path) -> dict[str, Any]:
