@@ -85,11 +85,11 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
     async with anyio.create_task_group() as outer:
         outer.start_soon(_stop_on_signal, stop, outer.cancel_scope)
         if "apiserver" in runners:
-            kubeconfig = started["apiserver"] = await outer.start(
+            api = started["apiserver"] = await outer.start(
                 _started, "apiserver", runners.pop("apiserver"), settings, None)
             if settings.kube_mode == "embedded":
                 # no kube-scheduler runs beside the embedded API server: the built-in one places every pod
-                settings = settings.replace(kube=str(kubeconfig), schedule_default_pods=True)
+                settings = settings.replace(kube=api.kubeconfig, schedule_default_pods=True)
         from tfusion.embedded.stage import launch_stage  # CRDs, defaults, simulated kubelet, sim-GPU fallback
 
         manager = await _manager_for(settings, runners, embedded)
@@ -106,6 +106,7 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
                 await inner.start(manager.run)
                 for role_manager in own.values():
                     await inner.start(role_manager.run)
+                await _admit_pods_once_webhook_registered(started)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
                 if embedded and settings.console_listen != "off":
                     started["console"] = await inner.start(_console, settings, started)
@@ -115,6 +116,25 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
             middle.cancel_scope.cancel()
         outer.cancel_scope.cancel()
     return 0
+
+
+async def _admit_pods_once_webhook_registered(started: dict[str, Any], seconds: float = 60.0) -> None:
+    """Release the embedded API server's hold on pod creates once the controller in this process
+    has registered its pod webhook, so no pod is stored unmutated; announced after that, the
+    summary's "tfusion is running" means pods can be created. Past `seconds` the hold stays (pod
+    creates keep answering 503 with the reason) and start-up goes on."""
+    hold = getattr(started.get("apiserver"), "pod_create_hold", None)
+    runtime = started.get("controller")
+    if hold is None or runtime is None:
+        return
+    from tfusion.controller.webhook.service import CONDITION
+
+    with anyio.move_on_after(seconds):
+        while not runtime.readiness.holds(CONDITION):
+            await anyio.sleep(0.05)
+        hold.release()
+        return
+    log.warning("the pod webhook is not registered after %g s: pod creates wait for it (see /readyz)", seconds)
 
 
 async def _console(settings: Settings, started: dict[str, Any], *,

@@ -84,3 +84,17 @@ def test_kubectl_create_of_an_annotated_pod_comes_back_mutated(role_all: RoleAll
     with pytest.raises(httpx.TransportError):
         httpx.post(config["url"], json=review, verify=context, timeout=10)
     assert kubectl(role_all, "get", "tensorfusionworkload", "ghost").returncode == 1
+
+
+@needs_kubectl
+def test_a_pod_created_as_soon_as_the_kubeconfig_appears_is_mutated(role_all: RoleAll, tmp_path: Path) -> None:
+    """The API server serves (and writes its kubeconfig) before the controller has registered its
+    webhook; a pod created in that window waits for it instead of being stored unmutated."""
+    role_all.start()
+    role_all.wait_for("the kubeconfig", role_all.kubeconfig.exists, timeout=40)
+    created = kubectl(role_all, "create", "-f", manifest(tmp_path, "early", {
+        "tensor-fusion.ai/tflops-request": "20", "tensor-fusion.ai/vram-request": "8Gi"}), "-o", "yaml")
+    assert created.returncode == 0, created.stderr
+    pod = yaml.safe_load(created.stdout)
+    assert pod["metadata"]["labels"]["tensor-fusion.ai/component"] == "worker"
+    assert pod["spec"]["schedulerName"] == "tensor-fusion-scheduler"

@@ -113,7 +113,7 @@ class ApiApp:
         except ClientGone:
             return
         except ApiError as exc:
-            await respond(send, exc.code, exc.status())
+            await respond(send, exc.code, exc.status(), exc.headers)
         except Exception as exc:  # a bug: answer 500 with the reason, keep serving
             log.exception("internal error on %s %s", request.method, request.path)
             await respond(

@@ -7,7 +7,7 @@ Separate from app.py, which routes a request to the Engine and shapes the answer
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -263,16 +263,14 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-async def respond(send: Send, code: int, body: Any) -> None:
-    await send_bytes(send, code, orjson.dumps(body))
+async def respond(send: Send, code: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+    await send_bytes(send, code, orjson.dumps(body), extra=headers)
 
 
-async def send_bytes(send: Send, code: int, body: bytes, content_type: bytes = JSON) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": code,
-            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
-        }
-    )
+async def send_bytes(send: Send, code: int, body: bytes, content_type: bytes = JSON,
+                     extra: Mapping[str, str] | None = None) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers += [(name.lower().encode(), value.encode()) for name, value in extra.items()]
+    await send({"type": "http.response.start", "status": code, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -17,7 +17,7 @@ import logging
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -35,6 +35,9 @@ from tfusion.apiserver.store import Store
 from tfusion.apiserver.tokens import TokenAuthority
 from tfusion.settings import parse_listen
 from tfusion.web import bind_socket, kube_status_refusal, serve
+
+if TYPE_CHECKING:
+    from tfusion.apiserver.webhooks import PodCreateHold
 
 log = logging.getLogger(__name__)
 #: a request head must arrive within this long of the connection opening (or the last response)
@@ -56,6 +59,7 @@ class EmbeddedApiServer:
         head_timeout: float = HEAD_TIMEOUT_S,
         body_timeout: float = BODY_TIMEOUT_S,
         keep_alive: int = KEEP_ALIVE_S,
+        pod_create_hold: PodCreateHold | None = None,
     ) -> None:
         self.state = Path(state)
         self.host, self.port = parse_listen(listen)
@@ -65,6 +69,7 @@ class EmbeddedApiServer:
         self.kubeconfig_path = Path(kubeconfig_path) if kubeconfig_path else None
         self.bookmark_interval = bookmark_interval
         self.head_timeout, self.body_timeout, self.keep_alive = head_timeout, body_timeout, keep_alive
+        self.pod_create_hold = pod_create_hold
         self.token: str | None = None
         self.ca_pem: bytes | None = None
         self.store: Store | None = None
@@ -208,7 +213,7 @@ class EmbeddedApiServer:
         services = Services(engine, authority)
         from tfusion.apiserver.webhooks import Webhooks
 
-        engine.admit = Webhooks(engine).admit
+        engine.admit = Webhooks(engine, self.pod_create_hold).admit
         certfile = keyfile = None
         token = store.get_meta("admin.token")
         if token is None:

@@ -11,6 +11,9 @@ webhook; this server always presents its own. A CA of its own signs it; both liv
 meta table (made once, kept across restarts), and the CA certificate is written beside the state
 file (`settings.webhook_client_ca_path`), where a controller in the same process (`--role=all`) reads it to verify
 its callers.
+
+`PodCreateHold` keeps pod creates out until a controller in the same process has registered its
+webhook (`--role=all`; roles.py releases it).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tfusion.apiserver import errors, security
 from tfusion.apiserver.admission import ClientCertificate
-from tfusion.apiserver.objects import NAMESPACES, Engine
+from tfusion.apiserver.objects import NAMESPACES, PODS, Engine
 from tfusion.apiserver.resources import ResourceInfo
 from tfusion.settings import webhook_client_ca_path
 
@@ -64,9 +67,29 @@ def issue_client_identity(now: dt.datetime | None = None) -> tuple[bytes, bytes,
     return ca.public_bytes(serialization.Encoding.PEM), cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+class PodCreateHold:
+    """Pod creates answered 503 with `Retry-After: 1` until `release()`.
+
+    Why: in `--role=all` the API server serves a few seconds before the controller in the same
+    process has registered its pod webhook. A pod created in that window would be stored as sent,
+    never mutated, and stay Pending for good; held, kubectl and client-go retry it by themselves
+    (they retry a 503 that carries Retry-After) and it is admitted once the webhook is in place."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason: str | None = reason
+
+    def release(self) -> None:
+        self.reason = None
+
+    def check(self, operation: str, info: ResourceInfo) -> None:
+        if self.reason is not None and operation == "CREATE" and info.storage_key == PODS:
+            raise errors.ApiError(503, "ServiceUnavailable", self.reason, headers={"Retry-After": "1"})
+
+
 class Webhooks:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, hold: PodCreateHold | None = None) -> None:
         self.engine = engine
+        self.hold = hold
         store = engine.store
         stored = [store.get_meta(key) for key in _META_KEYS]
         found = [value for value in stored if value is not None]
@@ -95,6 +118,8 @@ class Webhooks:
     async def admit(
         self, operation: str, info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any] | None, dry_run: bool
     ) -> dict[str, Any]:
+        if self.hold is not None:
+            self.hold.check(operation, info)
         store = self.engine.store
         if info.storage_key in _SKIPPED or store.count(CONFIGURATIONS) == 0:
             return obj

@@ -44,6 +44,13 @@ def _server_url(kubeconfig: Path) -> str:
 
 
 @runtime_checkable
+class Serving(Protocol):
+    """What the API server role hands `task_status.started`, as far as the summary reads it."""
+
+    kubeconfig: str
+
+
+@runtime_checkable
 class Listening(Protocol):
     """What the controller role hands `task_status.started`, as far as the summary reads it."""
 
@@ -54,11 +61,12 @@ class Listening(Protocol):
 def startup_summary(settings: Settings, started: Mapping[str, object], plan: DevicePlan | None,
                     stage: StageInfo | None) -> str:
     """`started` maps each role to what its runner passed to `task_status.started`: the API server's
-    kubeconfig path, the controller's runtime (`Listening`), the hypervisor's port."""
+    kubeconfig path (`Serving`), the controller's runtime (`Listening`), the hypervisor's port."""
     lines = ["", "tfusion is running (Ctrl-C or SIGTERM stops it)."]
     kubeconfig: Path | None = None
-    if "apiserver" in started:
-        kubeconfig = Path(str(started["apiserver"])).expanduser()
+    api = started.get("apiserver")
+    if isinstance(api, Serving):
+        kubeconfig = Path(api.kubeconfig).expanduser()
         lines.append(f"  API server   {_server_url(kubeconfig)}  (state {Path(settings.state).expanduser()})")
         lines.append(f"  kubeconfig   {kubeconfig}")
     controller_url = hypervisor_url = None

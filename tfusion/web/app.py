@@ -59,6 +59,10 @@ class Readiness:
     def set(self, name: str, ready: bool, message: str = "") -> None:
         self._conditions[name] = (ready, message)
 
+    def holds(self, name: str) -> bool:
+        """The condition `name` is set and true."""
+        return self._conditions.get(name, (False, ""))[0]
+
     @property
     def ready(self) -> bool:
         return bool(self._conditions) and all(ok for ok, _ in self._conditions.values())
