@@ -133,11 +133,14 @@ class Cluster:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Times a phase; its start and end go to stderr, the progress of a command that runs for minutes."""
         started = time.monotonic()
+        print(f"scale.py: {name} ...", file=sys.stderr, flush=True)
         try:
             yield
         finally:
             self.phases[name] = round(time.monotonic() - started, 1)
+            print(f"scale.py: {name} {self.phases[name]} s", file=sys.stderr, flush=True)
 
     def node(self, i: int) -> str:
         return f"node-{i:05d}"

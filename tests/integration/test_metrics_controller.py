@@ -5,6 +5,7 @@ deleted mid-interval billed once, up to its deletion, and the Prometheus familie
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tfusion.controller.metrics import TABLES, ControllerRecorder
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient
 from tfusion.metrics.points import Point
+from tfusion.metrics.prometheus import Snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +101,8 @@ def _check_tables(points: list[Point], uid: str) -> None:
             "total_scale_down_cnt", "total_topo_satisfied_cnt"} <= set(system.fields)
 
 
-async def test_tables_cost_and_a_deletion_billed_once(apiserver: Any, tmp_path: Path) -> None:
+async def test_tables_cost_and_a_deletion_billed_once(apiserver: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     await apply_crds(apiserver)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"metricsExtraPodLabels": {"team": "team_tag"}}))
     metrics_file = tmp_path / "metrics" / "controller.log"
@@ -135,7 +138,21 @@ async def test_tables_cost_and_a_deletion_billed_once(apiserver: Any, tmp_path: 
                                        "worker=trainer,workload=trainer ") and line.endswith(" 1060000")
                        for line in lines), lines
 
+            # the families are made for the first scrape after the tick, in a worker thread
+            assert recorder.snapshot.baked is None, "families made at the tick, with nobody scraping"
+            baked_on: list[str] = []
+            real_bake = Snapshot.bake
+
+            def bake(snapshot: Snapshot) -> Snapshot:
+                baked_on.append(threading.current_thread().name)
+                return real_bake(snapshot)
+
+            monkeypatch.setattr(Snapshot, "bake", bake)
             metrics = (await ctl.http.get("/metrics")).text
+            assert recorder.snapshot.baked is not None and len(baked_on) == 1
+            assert baked_on[0] != threading.current_thread().name, "baked on the event loop"
+            await ctl.http.get("/metrics")
+            assert len(baked_on) == 1, "a second scrape of the same tick made the families again"
             labels = f'namespace="default",pod="trainer",pool="{POOL}",qos="medium",workload="trainer"'
             assert f"tfusion_worker_tflops_limit{{{labels}}} 20.0" in metrics
             assert f"tfusion_worker_cost_total{{{labels}}} " in metrics

@@ -245,6 +245,7 @@ class ControllerRecorder:
         self._node_cost: dict[str, float] = {}
         self._leading = False
         self.ticks = 0
+        self._baking = anyio.Lock()
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -399,12 +400,23 @@ class ControllerRecorder:
         points += self._system_points(ts, pools)
         snapshot = Snapshot(points=points, worker_cost_total=self._worker_cost_labels(),
                             node_cost_total=self._node_cost_labels())
-        self.snapshot = await anyio.to_thread.run_sync(snapshot.bake)
+        self.snapshot = snapshot  # its families are made when first scraped (bake_for_scrape)
         for uid in [u for u in self.ledger.uids() if self.ledger.finished(u)]:
             self.ledger.forget(uid)
             self.workers.pop(uid, None)
             self._worker_cost.pop(uid, None)
         return points
+
+    async def bake_for_scrape(self) -> None:
+        """Make the last tick's Prometheus families, in a worker thread, when a scrape first asks
+        for them rather than at every tick: at 100,000 workers that is seconds of CPU, which a
+        controller nobody scrapes (its metrics read from the file or InfluxDB) no longer spends,
+        and which a scrape every 15 s still pays once per tick. Returns with the current
+        snapshot baked (a tick may replace it while an older one bakes)."""
+        while (snapshot := self.snapshot).baked is None:
+            async with self._baking:
+                if snapshot.baked is None:
+                    await anyio.to_thread.run_sync(snapshot.bake)
 
     def _pricing(self, pools: Mapping[str, GpuPool]) -> dict[str, billing.PoolPricing]:
         out: dict[str, billing.PoolPricing] = {}

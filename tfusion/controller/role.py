@@ -189,7 +189,8 @@ async def serve_runtime(runtime: ControllerRole, *,
             tg.start_soon(_track_readiness, runtime, condition, informer)
         for task in runtime.tasks:
             tg.start_soon(task)
-        handlers = [*runtime.routes, *health_handlers(runtime.readiness), metrics_handler(runtime.registry)]
+        bake = runtime.metrics.bake_for_scrape if runtime.metrics is not None else None
+        handlers = [*runtime.routes, *health_handlers(runtime.readiness), metrics_handler(runtime.registry, bake)]
         app = make_app(handlers, title="tfusion controller")
         await tg.start(serve, app, sock)
         # the probes again on their own port, as the original's chart probes them (:8081)

@@ -219,8 +219,9 @@ class Snapshot:
 
     def bake(self) -> Snapshot:
         """Make the families now. A pure function of the snapshot, which nothing changes once made:
-        the recorder runs it in a worker thread (at 100,000 workers it is seconds of CPU, which at
-        each scrape on the event loop came close to the Lease's renew deadline)."""
+        the recorder runs it in a worker thread when the first scrape after a tick asks (at 100,000
+        workers it is seconds of CPU, which at each scrape on the event loop came close to the
+        Lease's renew deadline)."""
         self.baked = [*families(self.points, CONTROLLER_SPECS), *_cost_families(self)]
         return self
 
