@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from tfusion.errors import RoleError
 from tfusion.kube.client import KubeError
@@ -106,7 +106,7 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
                 await inner.start(manager.run)
                 for role_manager in own.values():
                     await inner.start(role_manager.run)
-                await _admit_pods_once_webhook_registered(started)
+                await _admit_pods_once_webhook_registered(started, inner)
                 log.info("tfusion running roles: %s", ", ".join(settings.roles))
                 if embedded and settings.console_listen != "off":
                     started["console"] = await inner.start(_console, settings, started)
@@ -118,23 +118,28 @@ async def _run_all(settings: Settings, runners: dict[str, RoleRunner]) -> int:
     return 0
 
 
-async def _admit_pods_once_webhook_registered(started: dict[str, Any], seconds: float = 60.0) -> None:
+async def _admit_pods_once_webhook_registered(started: dict[str, Any], tg: TaskGroup, seconds: float = 60.0) -> None:
     """Release the embedded API server's hold on pod creates once the controller in this process
     has registered its pod webhook, so no pod is stored unmutated; announced after that, the
-    summary's "tfusion is running" means pods can be created. Past `seconds` the hold stays (pod
-    creates keep answering 503 with the reason) and start-up goes on."""
+    summary's "tfusion is running" means pods can be created. Past `seconds` start-up goes on and
+    the hold is released in `tg` whenever the webhook is registered (until then pod creates
+    answer 503 with the reason)."""
     hold = getattr(started.get("apiserver"), "pod_create_hold", None)
     runtime = started.get("controller")
     if hold is None or runtime is None:
         return
     from tfusion.controller.webhook.service import CONDITION
 
-    with anyio.move_on_after(seconds):
+    async def release_once_registered() -> None:
         while not runtime.readiness.holds(CONDITION):
             await anyio.sleep(0.05)
         hold.release()
+
+    with anyio.move_on_after(seconds):
+        await release_once_registered()
         return
     log.warning("the pod webhook is not registered after %g s: pod creates wait for it (see /readyz)", seconds)
+    tg.start_soon(release_once_registered)
 
 
 async def _console(settings: Settings, started: dict[str, Any], *,
