@@ -24,40 +24,37 @@ def first_message(receive: Receive) -> tuple[Any | None, Receive]:
     first call gives that message, or the rest of the call that is under way)."""
     pending = receive()
     if not isinstance(pending, Coroutine):  # an ASGI server whose receive is another awaitable
-        return None, _resuming(pending, receive)
+        return None, _then(pending, receive)
     try:
         waiting_on = pending.send(None)
     except StopIteration as arrived:
-        return arrived.value, _replaying(arrived.value, receive)
-    return None, _resuming(_Resume(pending, waiting_on), receive)
+        return arrived.value, _then(_Given(arrived.value), receive)
+    return None, _then(_Resume(pending, waiting_on), receive)
 
 
-def _replaying(first: Any, receive: Receive) -> Receive:
-    """`receive`, whose first message was `first`."""
-    given = False
-
-    async def again() -> Any:
-        nonlocal given
-        if not given:
-            given = True
-            return first
-        return await receive()
-
-    return again
-
-
-def _resuming(first: Awaitable[Any], receive: Receive) -> Receive:
-    """`receive`, whose first call is already under way as `first`."""
-    resumed = False
+def _then(first: Awaitable[Any], receive: Receive) -> Receive:
+    """`receive`, whose first call gives what `first` gives."""
+    taken = False
 
     async def again() -> Any:
-        nonlocal resumed
-        if not resumed:
-            resumed = True
+        nonlocal taken
+        if not taken:
+            taken = True
             return await first
         return await receive()
 
     return again
+
+
+class _Given:
+    """An awaitable of a message already received (not a coroutine: left unawaited, it warns of nothing)."""
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self.message
+        yield  # a generator that finishes at once
 
 
 class _Resume:
