@@ -28,13 +28,14 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
   on the full cluster, whose allocator's object graph is walked with `sys.getsizeof` once it has
   recovered (strings and numbers it shares with the informer caches counted too), and
   `cache_kb_per_pod` from the same walk of the pod informer's store;
-- `failover_kill_s`: `kill -9` of the leader -> a standby replica (already synced) has recovered
-  (bounded below by the 15 s lease duration); `failover_release_s`: SIGTERM of the leader, which
-  releases its Lease -> the standby has recovered (tfusion's fast hand-over: one retry period);
-  `failover_restart_s`: `kill -9` of the leader and the same replica (same identity, as a pod
-  restarted under its name) started again -> it has recovered (it takes its own Lease back
+- the hand-overs, in this order, each run: two standbys sync while the first leader is measured;
+  `failover_release_s`: SIGTERM of the leader, which releases its Lease -> one of the standbys
+  has recovered (tfusion's fast hand-over: one retry period); `failover_kill_s`: `kill -9` of that
+  leader -> the other standby (already synced) has recovered (bounded below by the 15 s lease
+  duration); `failover_restart_s`: `kill -9` of that one and the same replica (same identity, as
+  a pod restarted under its name) started again -> it has recovered (it takes its own Lease back
   without waiting for it to expire);
-- `settle_s`: the last leader's recovery -> its work queues are empty (`tfusion_workqueue_depth`
+- `settle_s`: the restarted leader's recovery -> its work queues are empty (`tfusion_workqueue_depth`
   0 on every controller) and its metrics recorder has made the term's first tick
   (`tfusion_pool_workers` has samples): the term-start pass over every object (each pod, GPU and
   workload reconciled once, each worker's billing row made), during which it schedules too, more
@@ -523,39 +524,59 @@ async def one_controller_rss(cluster: Cluster, identity: str, timeout: float) ->
 
 async def failovers(cluster: Cluster, run: int, timeout: float, webhook_port: int) -> dict[str, Any]:
     """ready_s, rss and the three hand-overs, on fresh replicas; the last leader, whose webhook
-    listens on `webhook_port` (where the webhook Service points), is left running."""
+    listens on `webhook_port` (where the webhook Service points), is left running.
+
+    Two standbys sync together while the first leader is measured (one listing of the cluster
+    less per run than a standby started for each hand-over): the first leader releases its Lease
+    (one of them takes it), the winner is killed (the other takes it when the Lease expires), and
+    that one is killed and started again under its own identity."""
     a, a_url, a_started = cluster.start_controller(f"a-{run}")
     polls: list[int] = []
     a_ready = await wait_state(a_url, a, "leader: recovered", timeout, polls)
     ready_cpu = cpu_s(a.pid)
-    # the standby syncs meanwhile: it changes neither the leader's RSS nor its CPU seconds per poll
-    b, b_url, _ = cluster.start_controller(f"b-{run}")
+    # the standbys sync meanwhile: they change neither the leader's RSS nor its CPU seconds per poll
+    standbys = {name: cluster.start_controller(name)[:2] for name in (f"b-{run}", f"c-{run}")}
     result: dict[str, Any] = {"ready_s": a_ready - a_started, "rss_kb": await settled_rss_kb(a)}
     result["ready_cpu_s"] = ready_cpu - len(polls) * await cpu_per_poll(a_url, a)
     result["readyz_polls"] = len(polls)
-    await wait_state(b_url, b, "standby", timeout)
-    await asyncio.sleep(1.0)  # the standby's informers see the leader's last writes
-    a.send_signal(signal.SIGKILL)
-    a.wait()
-    killed = time.monotonic()
-    result["failover_kill_s"] = await wait_state(b_url, b, "leader: recovered", timeout + 30) - killed
-    # b leads; a same-identity restart of b after kill -9: takes its own Lease back at once
-    b.send_signal(signal.SIGKILL)
-    b.wait()
-    killed = time.monotonic()
-    b2, b2_url, _ = cluster.start_controller(f"b-{run}")
-    result["failover_restart_s"] = await wait_state(b2_url, b2, "leader: recovered", timeout) - killed
-    c, c_url, _ = cluster.start_controller(f"c-{run}", webhook_port=webhook_port)
-    await wait_state(c_url, c, "standby", timeout)
-    await asyncio.sleep(1.0)
-    b2.terminate()  # releases the Lease
+    for proc, url in standbys.values():
+        await wait_state(url, proc, "standby", timeout)
+    await asyncio.sleep(1.0)  # the standbys' informers see the leader's last writes
+    a.terminate()  # releases the Lease
     released = time.monotonic()
-    recovered = await wait_state(c_url, c, "leader: recovered", timeout)
+    winner, recovered = await first_recovered(standbys, timeout)
     result["failover_release_s"] = recovered - released
-    b2.wait()
-    result["settle_s"] = await queues_drained(c_url, c, timeout) - recovered
-    result["leader"] = (c, c_url)
+    a.wait()
+    leader, _ = standbys.pop(winner)
+    other = next(iter(standbys))
+    proc, url = standbys[other]
+    await asyncio.sleep(1.0)  # the remaining standby sees the new leader's first writes
+    leader.send_signal(signal.SIGKILL)
+    leader.wait()
+    killed = time.monotonic()
+    result["failover_kill_s"] = await wait_state(url, proc, "leader: recovered", timeout + 30) - killed
+    # a same-identity restart after kill -9: takes its own Lease back at once
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    last, last_url, _ = cluster.start_controller(other, webhook_port=webhook_port)
+    recovered = await wait_state(last_url, last, "leader: recovered", timeout)
+    result["failover_restart_s"] = recovered - killed
+    result["settle_s"] = await queues_drained(last_url, last, timeout) - recovered
+    result["leader"] = (last, last_url)
     return result
+
+
+async def first_recovered(replicas: dict[str, tuple[subprocess.Popen[bytes], str]],
+                          timeout: float) -> tuple[str, float]:
+    """The replica of `replicas` that becomes the recovered leader first, and when."""
+    waits = {asyncio.ensure_future(wait_state(url, proc, "leader: recovered", timeout)): name
+             for name, (proc, url) in replicas.items()}
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    first = min(done, key=lambda task: task.result())
+    return waits[first], first.result()
 
 
 async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
@@ -744,14 +765,16 @@ async def main_async(args: argparse.Namespace, cluster: Cluster) -> dict[str, An
             figures.update(await schedule_new(cluster, run))
         stop(leader)
         runs.append(figures)
-    with cluster.phase("check"):
-        unscheduled, doubles = await check(cluster)
     memory: dict[str, Any] = {}
-    if args.allocator_memory:
-        with cluster.phase("allocator_memory"):
-            out = subprocess.run([sys.executable, __file__, "--in-process-memory", str(cluster.kubeconfig)],
-                                 capture_output=True, check=False, timeout=900)
-        memory = json.loads(out.stdout) if out.returncode == 0 else {"allocator_error": out.stderr[-500:].decode()}
+    # the allocator walk (a memory figure, no time) runs beside the check, which only reads
+    with cluster.phase("check_and_allocator_memory" if args.allocator_memory else "check"):
+        walk = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--in-process-memory", str(cluster.kubeconfig),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) if args.allocator_memory else None
+        unscheduled, doubles = await check(cluster)
+        if walk is not None:
+            out, err = await asyncio.wait_for(walk.communicate(), 900)
+            memory = json.loads(out) if walk.returncode == 0 else {"allocator_error": err[-500:].decode()}
     full_kb = statistics.median(run["rss_kb"] for run in runs)
     result: dict[str, Any] = {
         "nodes": args.nodes, "gpus": args.gpus, "pods": args.pods, "new_pods": args.new_pods, "runs": args.runs,

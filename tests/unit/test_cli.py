@@ -7,6 +7,7 @@ puts os.environ back afterwards.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import re
 from types import ModuleType
@@ -294,3 +295,24 @@ def test_health_probe_bind_address_reaches_settings() -> None:
     assert cli.settings_from_args(["--role=controller"]).health_probe_listen == ":8081"
     given = cli.settings_from_args(["--role=controller", "--health-probe-bind-address=127.0.0.1:0"])
     assert given.health_probe_listen == "127.0.0.1:0"
+
+
+def test_a_role_runs_with_the_young_generation_threshold_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving process collects its youngest generation after 10,000 net allocations, not Python's 700
+    (documents.raise_young_threshold: a decoded pod per request crossed 700 every request or two)."""
+    from tfusion.api.documents import SERVER_YOUNG_THRESHOLD
+
+    seen: list[tuple[int, int, int]] = []
+
+    def fake_run(settings: Any) -> int:
+        seen.append(gc.get_threshold())
+        return 0
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(roles, "run", fake_run)
+    gc.set_threshold(700, before[1], before[2])
+    try:
+        assert cli.main(["--role=hypervisor", "--kube=in-cluster"]) == 0
+    finally:
+        gc.set_threshold(*before)
+    assert seen == [(SERVER_YOUNG_THRESHOLD, before[1], before[2])]
