@@ -206,13 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.log_level not in ("trace", "debug"):  # httpx logs every API request at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    from tfusion.api.documents import raise_young_threshold
+    from tfusion.api.documents import young_threshold_raised
     from tfusion.errors import RoleError
     from tfusion.roles import run
 
-    raise_young_threshold()
     try:
-        return run(settings)
+        with young_threshold_raised():
+            return run(settings)
     except RoleError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

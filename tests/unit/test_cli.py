@@ -299,7 +299,8 @@ def test_health_probe_bind_address_reaches_settings() -> None:
 
 def test_a_role_runs_with_the_young_generation_threshold_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     """A serving process collects its youngest generation after 10,000 net allocations, not Python's 700
-    (documents.raise_young_threshold: a decoded pod per request crossed 700 every request or two)."""
+    (documents.young_threshold_raised: a decoded pod per request crossed 700 every request or two);
+    an in-process caller gets its own threshold back."""
     from tfusion.api.documents import SERVER_YOUNG_THRESHOLD
 
     seen: list[tuple[int, int, int]] = []
@@ -313,6 +314,8 @@ def test_a_role_runs_with_the_young_generation_threshold_raised(monkeypatch: pyt
     gc.set_threshold(700, before[1], before[2])
     try:
         assert cli.main(["--role=hypervisor", "--kube=in-cluster"]) == 0
+        after = gc.get_threshold()
     finally:
         gc.set_threshold(*before)
     assert seen == [(SERVER_YOUNG_THRESHOLD, before[1], before[2])]
+    assert after == (700, before[1], before[2])

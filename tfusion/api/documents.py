@@ -213,15 +213,21 @@ def freeze_long_lived(*, collect: bool = True) -> None:
 SERVER_YOUNG_THRESHOLD = 10_000
 
 
-def raise_young_threshold() -> None:
-    """Collect the youngest generation after 10,000 net container allocations instead of 700.
-    Python's default suits small scripts; a server that decodes a 7 KB pod per request (about 500
-    dicts and lists, nearly all freed by reference counting when the request ends) crossed it every
-    request or two, and each collection walked whatever that request still held: about 10 % of the
+@contextlib.contextmanager
+def young_threshold_raised() -> Iterator[None]:
+    """Collect the youngest generation after 10,000 net container allocations instead of 700,
+    while a role runs (put back after: tests call the entry point in-process). Python's default
+    suits small scripts; a server that decodes a 7 KB pod per request (about 500 dicts and lists,
+    nearly all freed by reference counting when the request ends) crossed it every request or two,
+    and each collection walked whatever the requests in flight still held: about 10 % of the
     embedded API server's CPU while it built `benchmarks/scale.py`'s cluster. Only cyclic garbage
     waits longer to be found, and requests make next to none."""
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(SERVER_YOUNG_THRESHOLD, middle, oldest)
+    before = gc.get_threshold()
+    gc.set_threshold(SERVER_YOUNG_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _utf8(body: bytes) -> str:
