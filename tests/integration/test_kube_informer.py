@@ -175,6 +175,7 @@ async def test_indexes_follow_changes(kube: KubeClient) -> None:
         assert sorted(o["metadata"]["name"] for o in informer.by_index("node", "n1")) == ["p1", "p2"]
         assert [o["metadata"]["name"] for o in informer.by_index(tier, "p3")] == ["p3"]
         assert len(informer.by_index("namespace", "inf")) == 3
+        assert informer.count_by_index("namespace", "inf") == 3 and informer.count_by_index("node", "n9") == 0
         await kube.patch(r.PODS, "p3", {"metadata": {"labels": {"tier": "gold"}}}, namespace="inf")
         await kube.delete(r.PODS, "p1", namespace="inf", grace_period_seconds=0)
         with anyio.fail_after(5):
@@ -182,9 +183,12 @@ async def test_indexes_follow_changes(kube: KubeClient) -> None:
                 await anyio.sleep(0.02)
         assert [o["metadata"]["name"] for o in informer.by_index(tier, "gold")] == ["p3"]
         assert [o["metadata"]["name"] for o in informer.by_index("node", "n1")] == ["p2"]
+        assert informer.count_by_index("node", "n1") == 1 and informer.count_by_index(tier, "p3") == 0
         assert sorted(informer.index_values("node")) == ["n1", "n2"]
         with pytest.raises(KeyError, match="no index 'zone'"):
             informer.by_index("zone", "a")
+        with pytest.raises(KeyError, match="no index 'zone'"):
+            informer.count_by_index("zone", "a")
         tg.cancel_scope.cancel()
 
 

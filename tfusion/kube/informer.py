@@ -335,6 +335,13 @@ class Informer:
         keys = self._indexes[index].get(value, ())
         return [self._store[k] for k in keys]
 
+    def count_by_index(self, index: str, value: str) -> int:
+        """How many objects `by_index` gives, without building its list (a reconciler that counts a
+        Deployment's thousands of pods on each of their events would otherwise copy them each time)."""
+        if index not in self._index_funcs:
+            raise KeyError(f"informer {self.name} has no index {index!r}; it has {sorted(self._index_funcs)}")
+        return len(self._indexes[index].get(value, ()))
+
     def index_values(self, index: str) -> builtins.list[str]:
         return [v for v, keys in self._indexes[index].items() if keys]
 

@@ -178,7 +178,7 @@ class NodeReconciler:
         """Progressive mode: the used-by taint while the node runs workers, none while it is idle.
         The write carries the resourceVersion read, so a taint someone adds meanwhile is not lost
         (a Conflict requeues)."""
-        busy = bool(self.pods.by_index(progressive.WORKER_NODE_INDEX, node.name))
+        busy = self.pods.count_by_index(progressive.WORKER_NODE_INDEX, node.name) > 0
         taints = progressive.taints_for(node, busy)
         if taints is None:
             return

@@ -288,7 +288,7 @@ class WorkloadReconciler:
         thousands of pods being scheduled would otherwise be counted thousands of times, each
         count costing more. A small workload is counted at once, every time."""
         now = self.runtime.manager.clock.now()
-        if len(self.pods.by_index(WORKLOAD_INDEX, key)) < LARGE_WORKLOAD:
+        if self.pods.count_by_index(WORKLOAD_INDEX, key) < LARGE_WORKLOAD:
             self._counted.pop(key, None)
             return 0.0
         last = self._counted.get(key)
@@ -303,10 +303,10 @@ class WorkloadReconciler:
 
     def _tally(self, key: str) -> Tally:
         """The counts of a dynamic workload's workers from the informer's indexes (no pod read)."""
-        by_index = self.pods.by_index
-        deleting = len(by_index(TALLY_INDEX, f"{key}\t{DELETING}"))
-        return Tally(len(by_index(WORKLOAD_INDEX, key)) - deleting, len(by_index(TALLY_INDEX, f"{key}\t{READY}")),
-                     len(by_index(TALLY_INDEX, f"{key}\t{FAILED_STATE}")))
+        count = self.pods.count_by_index
+        deleting = count(TALLY_INDEX, f"{key}\t{DELETING}")
+        return Tally(count(WORKLOAD_INDEX, key) - deleting, count(TALLY_INDEX, f"{key}\t{READY}"),
+                     count(TALLY_INDEX, f"{key}\t{FAILED_STATE}"))
 
     async def _write_status(self, workload: Workload, workers: list[Pod] | Tally, desired: int | None,
                             extra: JsonObject) -> None:
