@@ -1,17 +1,21 @@
 """KubeClient's lean transport (tfusion/leanhttp.py) against the embedded API server over
 HTTPS: small requests go over kept-alive connections, answers and errors read as through kr8s, a
 401 is handed back to kr8s (which re-reads the token), and a kept-alive connection the server
-closed is retried for a repeatable request and reported for any other."""
+closed is retried for a repeatable request and reported for any other. Watches stream on a
+connection of their own; the chunked framing is read from a real StreamReader fed by hand."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any
 
 import pytest
 
 from tfusion.kube import resources as r
-from tfusion.kube.client import AlreadyExists, KubeClient, NotFound, ServerError
+from tfusion.kube.client import AlreadyExists, BadRequest, KubeClient, NotFound, ServerError
+from tfusion.leanhttp import Head, Streamed
 
 pytestmark = pytest.mark.anyio
 
@@ -79,3 +83,77 @@ async def test_a_closed_kept_alive_connection_is_retried_only_when_repeatable(ku
     with pytest.raises(ServerError, match="closed before an answer"):
         await kube.create(r.CONFIGMAPS, cm("lean-d"))
     assert (await kube.get(r.CONFIGMAPS, "lean-d", namespace="default"))["data"] == {"k": "v"}
+
+
+async def _events(kube: KubeClient, rv: str, want: int) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    async with contextlib.aclosing(kube.watch(r.CONFIGMAPS, namespace="default", resource_version=rv,
+                                              timeout_seconds=5)) as events:
+        async for kind, obj in events:
+            if kind != "BOOKMARK":
+                seen.append((kind, obj["metadata"]["name"]))
+            if len(seen) == want:
+                break
+    return seen
+
+
+async def test_a_watch_streams_on_the_lean_transport_and_a_refused_token_goes_to_kr8s(kube: KubeClient) -> None:
+    lean = lean_of(kube)
+    rv = (await kube.list(r.CONFIGMAPS, namespace="default")).resource_version
+    await kube.create(r.CONFIGMAPS, cm("lean-w"))
+    await kube.patch(r.CONFIGMAPS, "lean-w", {"data": {"k": "w"}}, namespace="default")
+    sent, handed_back = lean.sent, lean.handed_back
+    assert await _events(kube, rv, 2) == [("ADDED", "lean-w"), ("MODIFIED", "lean-w")]
+    assert lean.sent == sent + 1 and lean.handed_back == handed_back
+    good, lean.token = lean.token, "not-the-token"
+    assert await _events(kube, rv, 2) == [("ADDED", "lean-w"), ("MODIFIED", "lean-w")]  # through kr8s
+    assert lean.handed_back == handed_back + 1 and lean.token == good
+
+
+async def test_a_refused_watch_raises_the_servers_error(kube: KubeClient) -> None:
+    unknown = r.ApiResource("", "v1", "nosuchthings", "NoSuchThing", True)
+    with pytest.raises(NotFound, match="nosuchthings"):
+        async with contextlib.aclosing(kube.watch(unknown, namespace="default", timeout_seconds=1)) as events:
+            async for _ in events:
+                pass
+    with pytest.raises(BadRequest):
+        async with contextlib.aclosing(kube.watch(r.CONFIGMAPS, namespace="default", label_selector="a in (",
+                                                  timeout_seconds=1)) as events:
+            async for _ in events:
+                pass
+
+
+async def _streamed(wire: bytes, head: Head) -> Streamed:
+    """The client's end of a socket pair whose other end sends `wire` and closes."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        theirs.sendall(wire)
+    reader, writer = await asyncio.open_connection(sock=ours)
+    return Streamed(head, reader, writer, read_timeout=5)
+
+
+async def _lines(wire: bytes, head: Head) -> list[bytes]:
+    streamed = await _streamed(wire, head)
+    try:
+        return [line async for line in streamed.lines()]
+    finally:
+        streamed.close()
+
+
+async def test_chunked_lines_are_joined_across_chunks_and_split_within_one() -> None:
+    wire = b"5\r\n{\"a\":\r\n9\r\n1}\n{\"b\":2\r\n3\r\n}\n\n\r\n0\r\n\r\n"
+    assert await _lines(wire, Head(200, None, True, True)) == [b'{"a":1}', b'{"b":2}']
+
+
+async def test_a_stream_cut_inside_a_chunk_or_badly_framed_is_a_connection_error() -> None:
+    with pytest.raises(ConnectionError, match="ended inside a chunk"):
+        await _lines(b"10\r\n{}\n", Head(200, None, True, True))
+    with pytest.raises(ConnectionError, match="not chunked"):
+        await _lines(b"zz\r\n{}\n", Head(200, None, True, True))
+
+
+async def test_a_stream_without_chunks_is_read_to_its_length_or_its_end() -> None:
+    by_length = await _lines(b'{"a":1}\n{"b":2}\nignored', Head(200, 16, False, True))
+    assert by_length == [b'{"a":1}', b'{"b":2}']
+    to_the_end = await _lines(b'{"a":1}\n{"b":2}', Head(200, None, False, False))
+    assert to_the_end == [b'{"a":1}', b'{"b":2}']

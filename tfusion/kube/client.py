@@ -44,6 +44,8 @@ PATCH_CONTENT_TYPES = {
 
 DEFAULT_SECONDS = 30.0
 DEFAULT_TIMEOUT = httpx.Timeout(DEFAULT_SECONDS, connect=10.0)
+#: until a watch's answer head has come (its body then streams for as long as the server keeps it)
+WATCH_CONNECT_S = 10.0
 #: connections kept open to the API server. httpx keeps 20 by default: a controller with more
 #: requests in flight (the webhook admits pods concurrently, reconcilers write meanwhile) then
 #: closes the extra connections after every request and pays a TLS handshake for the next one.
@@ -170,10 +172,10 @@ def _json_or_text(content: bytes) -> Any:
 #: `PrunedDecoder.page`); it raises ValueError for a body not of the shape it knows
 BodyDecoder = Callable[[bytes], Any]
 #: a watch line's decoder into the event's type and object (`PrunedDecoder.event`)
-EventDecoder = Callable[[str], tuple[str, Any]]
+EventDecoder = Callable[[str | bytes], tuple[str, Any]]
 
 
-def decode_event(line: str) -> tuple[str, Any]:
+def decode_event(line: str | bytes) -> tuple[str, Any]:
     """A watch line's type and object as the server sent them."""
     event = orjson.loads(line)
     return (str(event.get("type") or ""), event.get("object")) if isinstance(event, dict) else ("", None)
@@ -491,16 +493,12 @@ class KubeClient:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
-        timeout = httpx.Timeout(10.0, read=read_timeout if read_timeout else timeout_seconds + 30.0)
+        read_seconds = read_timeout if read_timeout else timeout_seconds + 30.0
         ns = namespace if resource.namespaced else None
         await self.limiter.acquire()
         try:
-            async with self.api.call_api("GET", version=resource.api_version, namespace=ns,
-                                         url=resource.plural, params=params, stream=True,
-                                         timeout=timeout) as response:
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
+            async with contextlib.aclosing(self._watch_lines(resource, ns, params, read_seconds)) as lines:
+                async for line in lines:
                     kind, obj = decode(line)
                     if kind == "ERROR":  # obj is the server's Status
                         raise error_from_status(obj, int(obj.get("code") or 500) if isinstance(obj, dict) else 500)
@@ -509,6 +507,32 @@ class KubeClient:
             raise _from_kr8s(exc) from None
         except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
             raise transport_error(exc) from None
+
+    async def _watch_lines(self, resource: ApiResource, namespace: str | None, params: dict[str, str],
+                           read_seconds: float) -> AsyncGenerator[str | bytes, None]:
+        """A watch's lines: on the lean transport (a connection of its own), or through kr8s when
+        there is none or it was refused the token (401, the token then re-read)."""
+        if self.lean is not None:
+            url = self.api._construct_url(resource.api_version, "", namespace, resource.plural)
+            streamed = await self.lean.stream(self.lean.target(url, params), WATCH_CONNECT_S, read_seconds)
+            try:
+                if streamed.head.status == 200:
+                    async for line in streamed.lines():
+                        yield line
+                    return
+                if streamed.head.status != 401:
+                    raise error_from_status(_json_or_text(streamed.body), streamed.head.status)
+                self.lean.handed_back += 1
+            finally:
+                streamed.close()
+        timeout = httpx.Timeout(WATCH_CONNECT_S, read=read_seconds)
+        async with self.api.call_api("GET", version=resource.api_version, namespace=namespace,
+                                     url=resource.plural, params=params, stream=True, timeout=timeout) as response:
+            if self.lean is not None and self.api.auth.token:
+                self.lean.token = str(self.api.auth.token)  # kr8s may have re-read it (a 401 came back)
+            async for text_line in response.aiter_lines():
+                if text_line.strip():
+                    yield text_line
 
     # --- helpers ----------------------------------------------------------------------------------
 
