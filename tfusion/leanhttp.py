@@ -210,12 +210,7 @@ class Streamed:
     async def _read(self) -> bytes:
         head, reader = self.head, self.reader
         if head.chunked:
-            size = await _chunk_size(reader)
-            if size == 0:
-                return b""
-            data = await reader.readexactly(size)
-            await reader.readexactly(2)
-            return data
+            return await _chunk(reader)
         if head.length is not None:
             data = await reader.read(head.length)
             head.length -= len(data)
@@ -260,9 +255,8 @@ async def _read_head(status_line: bytes, reader: asyncio.StreamReader) -> Head:
 async def _read_body(head: Head, reader: asyncio.StreamReader) -> bytes:
     if head.chunked:
         body = bytearray()
-        while size := await _chunk_size(reader):
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
+        while chunk := await _chunk(reader):
+            body += chunk
         return bytes(body)
     if head.length is None:
         head.keep = False
@@ -270,10 +264,13 @@ async def _read_body(head: Head, reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(head.length)
 
 
-async def _chunk_size(reader: asyncio.StreamReader) -> int:
-    """The next chunk's size; at the last (0) chunk, its trailer read too."""
+async def _chunk(reader: asyncio.StreamReader) -> bytes:
+    """The next chunk of a chunked body; b"" at the last one, whose trailer is read too."""
     size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
     if size == 0:
         while (await reader.readline()) not in (b"\r\n", b"\n", b""):
             pass
-    return size
+        return b""
+    data = await reader.readexactly(size)
+    await reader.readexactly(2)
+    return data
