@@ -367,7 +367,7 @@ class Preemption:
         self.metrics.attempts.labels("bound").inc()
         # Permit as after any Reserve: a gang member waits for the rest of its gang (gang_runtime.py)
         for member in sched.gangs.permit(attempt.key, current, decision, tg):
-            tg.start_soon(sched._bind, member.key, member.pod, member.decision, fw)
+            sched.bind_later(member, fw)
 
     async def _evict_all(self, attempt: Attempt, tg: TaskGroup) -> bool:
         """Evict every victim; False (nothing more evicted) at the first one that cannot be."""

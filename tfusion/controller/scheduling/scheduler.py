@@ -21,7 +21,8 @@ One scheduling cycle at a time (a pod, then the next), as kube-scheduler's:
 4. Score (framework, 0..100), the best node (ties: the first name);
 5. Reserve on it, and count its CPU/memory/pod on the node at once.
 Binding (binder.py: annotations and Binding in one write, then PreBind = commit) runs in the
-background, at most `MAX_CONCURRENT_BINDS` at a time, while the next cycle runs; a failed bind
+background on `MAX_CONCURRENT_BINDS` binder tasks fed by a queue (a task per bind cost the
+controller several times more CPU than the queue), while the next cycle runs; a failed bind
 rolls back and backs off. Bindings go on a lean path with a request budget of their own (QPS
 1000, burst 2000, as the original's scheduler profile), so binds and the reconcilers do not
 throttle each other.
@@ -45,12 +46,14 @@ and binds once they are gone.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from prometheus_client import Counter, Gauge, Histogram
 
 from tfusion.allocator import AllocRequest, GpuAllocator, GpuPlacement, RequestError, request_from_pod
@@ -62,7 +65,7 @@ from tfusion.controller.scheduling import default_pods, hints, progressive
 from tfusion.controller.scheduling import nodes as nc
 from tfusion.controller.scheduling.binder import BindResult, bind_annotations, index_conflict, post_binding
 from tfusion.controller.scheduling.explain import Why, node_failure_status, node_suggestions, why_of, why_text
-from tfusion.controller.scheduling.gang_runtime import GangCoordinator
+from tfusion.controller.scheduling.gang_runtime import GangCoordinator, Member
 from tfusion.controller.scheduling.podcheck import pod_problem
 from tfusion.controller.scheduling.preemption import Preemption
 from tfusion.controller.scheduling.queue import QueueClosed, SchedulingQueue
@@ -161,7 +164,8 @@ class Scheduler:
         self.queue: SchedulingQueue | None = None
         self._framework: Framework | None = None
         self._binds: TaskGroup | None = None
-        self._bind_slots = anyio.Semaphore(MAX_CONCURRENT_BINDS)
+        #: the binder tasks' queue while this replica leads (`bind_later`)
+        self._bind_requests: MemoryObjectSendStream[tuple[Member, Framework]] | None = None
         #: pods decided but not yet seen bound: uid -> (node, is a TensorFusion worker, native GPUs)
         self._in_flight: dict[str, tuple[str, bool, Mapping[str, int]]] = {}
         self.metrics = SchedulerMetrics(runtime.registry)
@@ -294,8 +298,11 @@ class Scheduler:
         try:
             await self._queue_and_count(queue)
             log.info("built-in scheduler: %d pending pod(s) queued", len(queue))
-            async with anyio.create_task_group() as tg:
-                self._binds = tg
+            send, receive = anyio.create_memory_object_stream[tuple[Member, Framework]](math.inf)
+            async with anyio.create_task_group() as tg, send, receive:
+                self._binds, self._bind_requests = tg, send
+                for _ in range(MAX_CONCURRENT_BINDS):
+                    tg.start_soon(self._binder, receive)
                 tg.start_soon(self._report_queue, queue)
                 while True:
                     try:
@@ -306,7 +313,7 @@ class Scheduler:
                     await anyio.lowlevel.checkpoint()
         finally:
             self.queue = None
-            self._binds = None
+            self._binds = self._bind_requests = None
             queue.close()
 
     async def _queue_and_count(self, queue: SchedulingQueue) -> None:
@@ -363,7 +370,16 @@ class Scheduler:
         self.assume(pod, decision)
         # Permit: a gang member waits (reserved, unbound) until its gang is complete; then all bind
         for member in self.gangs.permit(key, pod, decision, tg):
-            tg.start_soon(self._bind, member.key, member.pod, member.decision, fw)
+            self.bind_later(member, fw)
+
+    def bind_later(self, member: Member, fw: Framework) -> None:
+        """Hand a reserved, permitted pod to the binder tasks (only while this replica leads)."""
+        assert self._bind_requests is not None, "binds are handed over only inside run_leader"
+        self._bind_requests.send_nowait((member, fw))
+
+    async def _binder(self, requests: MemoryObjectReceiveStream[tuple[Member, Framework]]) -> None:
+        async for member, fw in requests:
+            await self._bind(member.key, member.pod, member.decision, fw)
 
     def assume(self, pod: Pod, decision: Decision) -> None:
         """Count the pod on its node (CPU, memory, and as a worker or native-GPU pod) from now until
@@ -535,9 +551,8 @@ class Scheduler:
     # --- binding --------------------------------------------------------------------------------
 
     async def _bind(self, key: str, pod: Pod, decision: Decision, fw: Framework) -> None:
-        async with self._bind_slots:
-            started = self.runtime.manager.clock.now()
-            result = await self.bind(pod, decision, fw)
+        started = self.runtime.manager.clock.now()
+        result = await self.bind(pod, decision, fw)
         queue = self.queue
         if result.bound:
             self.metrics.attempts.labels("scheduled").inc()

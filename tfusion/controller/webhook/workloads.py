@@ -172,15 +172,21 @@ class OwnerResolver:
         uid = text(ref, "uid")
         if not uid:
             return await self._walk(ref, namespace)
+        if (cached := self._known(uid)) is not None:  # nearly every pod of a Deployment: no lock
+            return cached
         async with self._walking.hold(uid):
-            cached = self._owners.get(uid)
-            if cached is not None:
-                self._owners.move_to_end(uid)
+            if (cached := self._known(uid)) is not None:  # another pod's walk found it meanwhile
                 return cached
             owner = self._owners[uid] = await self._walk(ref, namespace)
         while len(self._owners) > self.cache_size:
             self._owners.popitem(last=False)
         return owner
+
+    def _known(self, uid: str) -> Owner | None:
+        cached = self._owners.get(uid)
+        if cached is not None:
+            self._owners.move_to_end(uid)
+        return cached
 
     async def _walk(self, ref: JsonMapping, namespace: str) -> Owner:
         direct = json_object(controller_reference_to(ref))
