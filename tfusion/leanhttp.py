@@ -30,6 +30,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -163,13 +164,14 @@ class LeanTransport:
         self._idle.clear()
 
 
+@dataclass(slots=True)
 class Head:
     """An answer's status line and the headers that frame its body."""
 
-    __slots__ = ("chunked", "keep", "length", "status")
-
-    def __init__(self, status: int, length: int | None, chunked: bool, keep: bool) -> None:
-        self.status, self.length, self.chunked, self.keep = status, length, chunked, keep
+    status: int
+    length: int | None
+    chunked: bool
+    keep: bool
 
 
 class Streamed:
@@ -192,7 +194,7 @@ class Streamed:
                 if pending.strip():
                     yield pending
                 return
-            *complete, pending = (pending + data).split(b"\n") if pending else data.split(b"\n")
+            *complete, pending = (pending + data).split(b"\n")
             for line in complete:
                 if line.strip():
                     yield line

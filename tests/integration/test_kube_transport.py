@@ -2,7 +2,7 @@
 HTTPS: small requests go over kept-alive connections, answers and errors read as through kr8s, a
 401 is handed back to kr8s (which re-reads the token), and a kept-alive connection the server
 closed is retried for a repeatable request and reported for any other. Watches stream on a
-connection of their own; the chunked framing is read from a real StreamReader fed by hand."""
+connection of their own; their framing is read from a socket pair whose other end sends it."""
 
 from __future__ import annotations
 
@@ -123,17 +123,13 @@ async def test_a_refused_watch_raises_the_servers_error(kube: KubeClient) -> Non
                 pass
 
 
-async def _streamed(wire: bytes, head: Head) -> Streamed:
-    """The client's end of a socket pair whose other end sends `wire` and closes."""
+async def _lines(wire: bytes, head: Head) -> list[bytes]:
+    """The lines read from a socket pair whose other end sends `wire` and closes."""
     ours, theirs = socket.socketpair()
     with theirs:
         theirs.sendall(wire)
     reader, writer = await asyncio.open_connection(sock=ours)
-    return Streamed(head, reader, writer, read_timeout=5)
-
-
-async def _lines(wire: bytes, head: Head) -> list[bytes]:
-    streamed = await _streamed(wire, head)
+    streamed = Streamed(head, reader, writer, read_timeout=5)
     try:
         return [line async for line in streamed.lines()]
     finally:

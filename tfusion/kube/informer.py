@@ -18,7 +18,7 @@ import logging
 import random
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,17 +330,17 @@ class Informer:
         return key in self._store
 
     def by_index(self, index: str, value: str) -> builtins.list[dict[str, Any]]:
-        if index not in self._index_funcs:
-            raise KeyError(f"informer {self.name} has no index {index!r}; it has {sorted(self._index_funcs)}")
-        keys = self._indexes[index].get(value, ())
-        return [self._store[k] for k in keys]
+        return [self._store[k] for k in self._keys_at(index, value)]
 
     def count_by_index(self, index: str, value: str) -> int:
         """How many objects `by_index` gives, without building its list (a reconciler that counts a
         Deployment's thousands of pods on each of their events would otherwise copy them each time)."""
+        return len(self._keys_at(index, value))
+
+    def _keys_at(self, index: str, value: str) -> Collection[str]:
         if index not in self._index_funcs:
             raise KeyError(f"informer {self.name} has no index {index!r}; it has {sorted(self._index_funcs)}")
-        return len(self._indexes[index].get(value, ()))
+        return self._indexes[index].get(value, ())
 
     def index_values(self, index: str) -> builtins.list[str]:
         return [v for v, keys in self._indexes[index].items() if keys]

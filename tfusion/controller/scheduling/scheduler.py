@@ -379,7 +379,7 @@ class Scheduler:
 
     async def _binder(self, requests: MemoryObjectReceiveStream[tuple[Member, Framework]]) -> None:
         async for member, fw in requests:
-            await self._bind(member.key, member.pod, member.decision, fw)
+            await self._bind(member, fw)
 
     def assume(self, pod: Pod, decision: Decision) -> None:
         """Count the pod on its node (CPU, memory, and as a worker or native-GPU pod) from now until
@@ -550,9 +550,10 @@ class Scheduler:
 
     # --- binding --------------------------------------------------------------------------------
 
-    async def _bind(self, key: str, pod: Pod, decision: Decision, fw: Framework) -> None:
+    async def _bind(self, member: Member, fw: Framework) -> None:
+        key, pod = member.key, member.pod
         started = self.runtime.manager.clock.now()
-        result = await self.bind(pod, decision, fw)
+        result = await self.bind(pod, member.decision, fw)
         queue = self.queue
         if result.bound:
             self.metrics.attempts.labels("scheduled").inc()
