@@ -6,8 +6,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from tests.helpers.mutate_inputs import BARE, OWNER, ctx, tf_pod
 from tfusion.api.accessors import Body, Pod
+from tfusion.controller.webhook import memo as memo_module
 from tfusion.controller.webhook.memo import Remembered, ReviewMemo, State, keeps
 from tfusion.controller.webhook.mutate import Owner, Plan, analyse
 from tfusion.kube.informer import _beyond_status
@@ -32,9 +35,42 @@ def no_gpus(model: str) -> object:
     return None
 
 
+def keep(memo: ReviewMemo, key: tuple[bytes, str], remembered: Remembered) -> None:
+    """Remembered for good: the first time a key is seen, the memo only marks it."""
+    memo.remember(key, remembered)
+    memo.remember(key, remembered)
+
+
+def test_a_key_is_kept_from_its_second_time() -> None:
+    memo = ReviewMemo()
+    first = entry()
+    memo.remember((b"a", "ns"), first)
+    assert (b"a", "ns") not in memo and memo.get((b"a", "ns"), STATE, OWNER, no_gpus) is None
+    memo.add_patch((b"a", "ns"), first, 2, "q")  # not kept: not counted either
+    assert 2 not in first.patches
+    memo.remember((b"a", "other"), entry())  # another namespace is another key
+    second = entry()
+    memo.remember((b"a", "ns"), second)
+    assert memo.get((b"a", "ns"), STATE, OWNER, no_gpus) is second and len(memo) == 1
+    replaced = entry()
+    memo.remember((b"a", "ns"), replaced)  # a kept key takes a new answer at once
+    assert memo.get((b"a", "ns"), STATE, OWNER, no_gpus) is replaced
+
+
+def test_first_sightings_are_forgotten_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memo_module, "MAX_MARKS", 4)
+    memo = ReviewMemo()
+    for key in (b"a", b"b", b"c", b"d", b"e"):  # a and b fill one half, c and d the next: a and b go
+        memo.remember((key, "ns"), entry())
+    memo.remember((b"a", "ns"), entry())
+    memo.remember((b"d", "ns"), entry())
+    assert (b"a", "ns") not in memo, "a's mark was forgotten: this was its first time again"
+    assert (b"d", "ns") in memo
+
+
 def test_an_answer_holds_for_the_same_state_owner_and_gpu_capacities() -> None:
     memo = ReviewMemo()
-    memo.remember((b"{}", "ns"), entry(gpu_reads={"H100": {"tflops": "900"}}))
+    keep(memo, (b"{}", "ns"), entry(gpu_reads={"H100": {"tflops": "900"}}))
     capacity = {"H100": {"tflops": "900"}}.get
     assert memo.get((b"{}", "ns"), STATE, OWNER, capacity) is not None
     assert memo.get((b"{}", "other"), STATE, OWNER, capacity) is None, "the namespace is part of the key"
@@ -47,10 +83,10 @@ def test_an_answer_holds_for_the_same_state_owner_and_gpu_capacities() -> None:
 
 def test_the_byte_bound_evicts_the_least_recently_used() -> None:
     memo = ReviewMemo(max_bytes=25)
-    memo.remember((b"a", "ns"), entry())
-    memo.remember((b"b", "ns"), entry())
+    keep(memo, (b"a", "ns"), entry())
+    keep(memo, (b"b", "ns"), entry())
     assert memo.get((b"a", "ns"), STATE, OWNER, no_gpus) is not None  # a is now the most recent
-    memo.remember((b"c", "ns"), entry())
+    keep(memo, (b"c", "ns"), entry())
     assert (b"a", "ns") in memo and (b"c", "ns") in memo and (b"b", "ns") not in memo
     old = memo.get((b"a", "ns"), STATE, OWNER, no_gpus)
     assert old is not None
