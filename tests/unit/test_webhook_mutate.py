@@ -24,8 +24,8 @@ def mutated(pod: dict[str, Any], context: Context | None = None, owner: Owner = 
             port: int | None = None) -> tuple[dict[str, Any], Any]:
     plan = analyse(Pod(pod), context or ctx(), owner)
     assert plan is not None
-    out = render(Pod(pod), plan, index=index, host_port=port)
     before = copy.deepcopy(pod)
+    out = render(Pod(pod), plan, index=index, host_port=port)
     assert json_patch(pod, json_diff(pod, out)) == out, "the patch must apply cleanly and give the mutated pod"
     assert pod == before, "render must not change the pod it was given"
     return out, plan
@@ -279,6 +279,31 @@ def test_host_port_auto_sets_the_named_port() -> None:
         analyse(Pod(wrong), ctx(), OWNER)
 
 
+@pytest.mark.parametrize("notes", [
+    BARE,  # soft isolation: the limiter's init container, env and mounts
+    {**BARE, tfa.SIDECAR_WORKER: "true", tfa.ISOLATION: "hard"},
+    {**BARE, tfa.IS_LOCAL_GPU: "false"},  # a remote client
+], ids=["soft", "sidecar", "remote"])
+def test_render_writes_into_a_copy_of_every_part_it_changes(notes: dict[str, str]) -> None:
+    """The copy shares the parts rendering never writes with the pod (render.writable_copy): a pod
+    that already holds every list and map rendering writes into (finalizers, tolerations, the
+    container's resources and ports, its env and mounts, init containers and volumes) stays as it
+    was sent, and the patch still gives the rendered pod (`mutated` checks both)."""
+    containers = [{"name": "app", "image": "python", "env": [{"name": "A", "value": "1"}],
+                   "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+                   "ports": [{"name": "http", "containerPort": 80}],
+                   "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"},
+                                 "limits": {"nvidia.com/gpu": "1", "tensor-fusion.ai/index_3": "2"}}}]
+    pod = tf_pod(notes, labels={tfa.HOST_PORT: "auto", tfa.PORT_NAME: "http"}, containers=containers)
+    pod["metadata"]["finalizers"] = ["example.com/keep"]
+    pod["spec"].update({"tolerations": [{"key": "k", "operator": "Exists"}], "volumes": [{"name": "v", "emptyDir": {}}],
+                        "initContainers": [{"name": "first", "image": "busybox"}]})
+    context = ctx(operator_endpoint="http://op:8080") if notes.get(tfa.IS_LOCAL_GPU) == "false" else None
+    out, _ = mutated(pod, context, port=None if context else 42001)
+    assert out["metadata"]["finalizers"] == ["example.com/keep"] if context else ["example.com/keep", tfa.FINALIZER]
+    assert out["spec"]["tolerations"][0] == {"key": "k", "operator": "Exists"}
+
+
 def test_sidecar_worker_with_hard_isolation() -> None:
     notes = {**BARE, tfa.SIDECAR_WORKER: "true", tfa.ISOLATION: "hard", tfa.VRAM_LIMIT: "8Gi",
              tfa.COMPUTE_PERCENT_LIMIT: "50"}
@@ -304,15 +329,32 @@ def test_sidecar_worker_with_hard_isolation() -> None:
 
 
 def test_the_patch_escapes_keys_and_appends_to_lists() -> None:
-    before: dict[str, Any] = {"metadata": {"annotations": {"a/b": "1", "t~x": "2"}},
+    kept = {f"k{i}": "same" for i in range(4)}  # most of the map unchanged: each change is an op of its own
+    before: dict[str, Any] = {"metadata": {"annotations": {"a/b": "1", "t~x": "2", **kept}},
                               "spec": {"tolerations": [{"key": "k"}]}}
-    after: dict[str, Any] = {"metadata": {"annotations": {"a/b": "3"}},
+    after: dict[str, Any] = {"metadata": {"annotations": {"a/b": "3", **kept}},
                              "spec": {"tolerations": [{"key": "k"}, {"key": "z"}]}}
     ops = json_diff(before, after)
     assert {"op": "remove", "path": "/metadata/annotations/t~0x"} in ops
     assert {"op": "replace", "path": "/metadata/annotations/a~1b", "value": "3"} in ops
     assert {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "z"}} in ops
     assert json_patch(before, ops) == after
+
+
+def test_a_mostly_new_map_or_list_is_replaced_whole() -> None:
+    before: dict[str, Any] = {"metadata": {"name": "p", "labels": {"app": "x"}},
+                              "spec": {"env": [{"name": "A"}], "ports": [1, 2, 3]}}
+    after: dict[str, Any] = {"metadata": {"name": "p", "labels": {"app": "x", "t/a": "1", "t/b": "2"}},
+                             "spec": {"env": [{"name": "A"}, {"name": "B"}, {"name": "C"}], "ports": [1, 2, 3, 4, 5]}}
+    ops = json_diff(before, after)
+    assert ops == [{"op": "replace", "path": "/metadata/labels", "value": after["metadata"]["labels"]},
+                   {"op": "replace", "path": "/spec/env", "value": after["spec"]["env"]},
+                   {"op": "add", "path": "/spec/ports/-", "value": 4},
+                   {"op": "add", "path": "/spec/ports/-", "value": 5}]
+    assert json_patch(before, ops) == after
+    # the document itself is never replaced whole, however much of it changed
+    assert json_diff({"a": 1}, {"b": 2, "c": 3}) == [{"op": "remove", "path": "/a"}, {"op": "add", "path": "/b",
+                                                     "value": 2}, {"op": "add", "path": "/c", "value": 3}]
     assert json_diff({"x": [1, 2, 3]}, {"x": [3]}) == [{"op": "replace", "path": "/x", "value": [3]}]
     assert json_diff({"x": True}, {"x": 1}) == [{"op": "replace", "path": "/x", "value": 1}]
 

@@ -13,6 +13,7 @@ Every function returns a new value and leaves its inputs untouched. Errors raise
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -100,11 +101,15 @@ def _parse_pointer(pointer: Any, what: str) -> list[str]:
     if not pointer.startswith("/"):
         raise _OpFailed(f"{what} {pointer!r} is not a JSON pointer: it must be empty or start with '/'")
     tokens = pointer[1:].split("/")
-    for token in tokens:
-        rest = token.replace("~0", "").replace("~1", "")
-        if "~" in rest:
-            raise _OpFailed(f"{what} {pointer!r} has an invalid escape: '~' must be followed by 0 or 1")
-    return [t.replace("~1", "/").replace("~0", "~") for t in tokens]
+    if "~" not in pointer:  # nearly every path: nothing escaped
+        return tokens
+    if _BAD_ESCAPE.search(pointer):
+        raise _OpFailed(f"{what} {pointer!r} has an invalid escape: '~' must be followed by 0 or 1")
+    return [t.replace("~1", "/").replace("~0", "~") if "~" in t else t for t in tokens]
+
+
+#: RFC 6901: "~" escapes only "~0" and "~1"
+_BAD_ESCAPE = re.compile("~(?![01])")
 
 
 def _array_index(token: str, length: int, *, allow_end: bool) -> int:
@@ -241,21 +246,25 @@ def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None, owned: bo
     for index, op in enumerate(ops):
         if not isinstance(op, dict):
             raise PatchError(f"op {index}: must be an object, got {type(op).__name__}")
-        name, path = op.get("op"), op.get("path")
-        label = f"op {index} ({name} {path})"
+        name = op.get("op")
         if name not in _JSON_PATCH_OPS:
-            raise PatchError(f"{label}: unknown op {name!r}; allowed: {', '.join(_JSON_PATCH_OPS)}")
+            raise PatchError(f"{_label(index, op)}: unknown op {name!r}; allowed: {', '.join(_JSON_PATCH_OPS)}")
         if "path" not in op:
-            raise PatchError(f"{label}: missing required member 'path'")
+            raise PatchError(f"{_label(index, op)}: missing required member 'path'")
         try:
             doc = _apply_op(doc, op)
             if budget is not None and name in ("add", "copy", "replace", "move"):
-                budget.grew(doc, op, label)
+                budget.grew(doc, op, index)
         except _OpFailed as exc:
-            raise PatchError(f"{label}: {exc}") from None
+            raise PatchError(f"{_label(index, op)}: {exc}") from None
         except RecursionError:
-            raise PatchError(f"{label}: the document becomes too deeply nested") from None
+            raise PatchError(f"{_label(index, op)}: the document becomes too deeply nested") from None
     return doc
+
+
+def _label(index: int, op: Mapping[str, Any]) -> str:
+    """How an error names the op (written only for an error: patches of many ops are common)."""
+    return f"op {index} ({op.get('op')} {op.get('path')})"
 
 
 class _SizeBudget:
@@ -263,23 +272,27 @@ class _SizeBudget:
 
     def __init__(self, doc: Any, limit: int) -> None:
         self.limit = limit
-        self.estimate = self._exact(doc, "the target")
+        self.estimate = _json_size(doc, "the target")
 
-    def grew(self, doc: Any, op: Mapping[str, Any], label: str) -> None:
+    def grew(self, doc: Any, op: Mapping[str, Any], index: int) -> None:
         if op["op"] == "copy":
-            added = self._exact(_walk(doc, _parse_pointer(op["from"], "from")), label)
+            added = _json_size(_walk(doc, _parse_pointer(op["from"], "from")), index, op)
         elif op["op"] == "move":
             added = 0
         else:
-            added = self._exact(op.get("value"), label)
+            added = _json_size(op.get("value"), index, op)
         self.estimate += added
         if self.estimate > self.limit:
-            self.estimate = self._exact(doc, label)
+            self.estimate = _json_size(doc, index, op)
             if self.estimate > self.limit:
-                raise PatchTooLarge(f"{label}: the object would grow to {self.estimate} bytes", self.estimate)
+                raise PatchTooLarge(f"{_label(index, op)}: the object would grow to {self.estimate} bytes",
+                                    self.estimate)
 
-    def _exact(self, value: Any, label: str) -> int:
-        try:
-            return len(orjson.dumps(value))
-        except orjson.JSONEncodeError:
-            raise PatchError(f"{label}: the document becomes too deeply nested") from None
+
+def _json_size(value: Any, where: int | str, op: Mapping[str, Any] | None = None) -> int:
+    """The JSON size of `value`; `where` (an op's index, with `op`) names what failed."""
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:
+        named = where if isinstance(where, str) or op is None else _label(where, op)
+        raise PatchError(f"{named}: the document becomes too deeply nested") from None
