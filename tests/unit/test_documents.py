@@ -10,6 +10,7 @@ import pytest
 from tfusion.api.documents import (
     DocumentError,
     DocumentTooLarge,
+    check_decoded,
     check_value,
     collector_paused,
     load_json,
@@ -131,6 +132,23 @@ def test_hostile_json_is_refused(text: bytes, fragment: str) -> None:
         load_json(text)
     assert fragment in str(refused.value)
     assert load_json(b"[" * 100 + b"]" * 100) is not None  # 100 levels are allowed
+
+
+def test_decoded_json_is_walked_only_when_its_brackets_could_nest_too_deep() -> None:
+    deep = b"[" * 4 + b"]" * 4
+    with pytest.raises(DocumentError, match="nested more than 3 levels deep"):
+        check_decoded([[[[]]]], deep, 3)
+    # brackets inside strings are counted too, so the value is walked, and found within bounds
+    in_strings = b'{"a": "[[[[{{{{", "b": [[]]}'
+    check_decoded({"a": "[[[[{{{{", "b": [[]]}, in_strings, 3)
+    # ...and a string of brackets is no container at all
+    check_decoded("[[[[", b'"[[[["', 3)
+    # few brackets: nothing to walk (the value passed does not matter then, which is the point)
+    check_decoded([[[[]]]], b"[[]]", 3)
+    # a deep object found among brackets in strings is refused all the same
+    deep_under_strings = b'{"s": "[[[[", "a": {"b": {"c": {}}}}'
+    with pytest.raises(DocumentError, match="nested more than 3 levels deep"):
+        check_decoded(load_json(deep_under_strings), deep_under_strings, 3)
 
 
 def test_json_out_of_bounds_is_not_retried_as_yaml() -> None:

@@ -42,8 +42,10 @@ INIT_RESOURCES = {"requests": {"cpu": "20m", "memory": "256Mi"}, "limits": {"cpu
 def mutated(pod: dict[str, Any], context: Context | None = None) -> tuple[dict[str, Any], Plan]:
     plan = analyse(Pod(pod), context or ctx(operator_endpoint="http://op:8080"), OWNER)
     assert plan is not None
+    before = copy.deepcopy(pod)
     out = render(Pod(pod), plan, index=None if plan.remote else 1, host_port=None)
-    assert json_patch(copy.deepcopy(pod), json_diff(pod, out)) == out
+    assert pod == before, "render must not change the pod it was given"
+    assert json_patch(before, json_diff(pod, out)) == out
     return out, plan
 
 

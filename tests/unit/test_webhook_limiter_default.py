@@ -34,8 +34,10 @@ OWN_COPY = ["cp", "/opt/tfusion/lib/libcuda_limiter.so", "/tensor-fusion-limiter
 def mutated(pod: dict[str, Any], context: Context) -> dict[str, Any]:
     plan = analyse(Pod(pod), context, OWNER)
     assert plan is not None
+    before = copy.deepcopy(pod)
     out = render(Pod(pod), plan, index=1, host_port=None)
-    assert json_patch(copy.deepcopy(pod), json_diff(pod, out)) == out
+    assert pod == before, "render must not change the pod it was given"
+    assert json_patch(before, json_diff(pod, out)) == out
     return out
 
 

@@ -31,8 +31,8 @@ def remote_ctx(**changes: Any) -> Context:
 def client(pod: dict[str, Any], context: Context | None = None, owner: Owner = OWNER) -> tuple[dict[str, Any], Plan]:
     plan = analyse(Pod(pod), context or remote_ctx(), owner)
     assert plan is not None and plan.remote is not None
-    out = render(Pod(pod), plan, index=None, host_port=None)
     before = copy.deepcopy(pod)
+    out = render(Pod(pod), plan, index=None, host_port=None)
     assert json_patch(pod, json_diff(pod, out)) == out
     assert pod == before
     return out, plan

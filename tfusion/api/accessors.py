@@ -34,9 +34,12 @@ EMPTY: Mapping[str, Any] = {}
 
 def section(obj: Mapping[str, object] | None, *path: str) -> Mapping[str, Any]:
     """The mapping at `path` inside `obj`, or an empty one when any step is missing or not a map."""
-    # decoded JSON is plain dicts: _walk checks the exact type first, as the ABC check costs ~10x more
+    # decoded JSON is plain dicts, and a missing field None: both are settled before the ABC check,
+    # which costs ~10x more (and as much for None as for a mapping)
     node = _walk(obj, path)
-    return node if type(node) is dict or isinstance(node, Mapping) else EMPTY
+    if type(node) is dict:
+        return node
+    return EMPTY if node is None or not isinstance(node, Mapping) else node
 
 
 def _walk(obj: Mapping[str, object] | None, path: tuple[str, ...]) -> object:
@@ -44,7 +47,7 @@ def _walk(obj: Mapping[str, object] | None, path: tuple[str, ...]) -> object:
     slicing: views call this on every field read."""
     node: object = obj
     for key in path:
-        if type(node) is not dict and not isinstance(node, Mapping):
+        if type(node) is not dict and (node is None or not isinstance(node, Mapping)):
             return None
         node = node.get(key)
     return node
@@ -62,8 +65,13 @@ def text(obj: Mapping[str, object] | None, *path: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _mappings(values: list[Any]) -> list[Mapping[str, Any]]:
+    """The entries of a list that are maps (plain dicts settled before the costlier ABC check)."""
+    return [v for v in values if type(v) is dict or isinstance(v, Mapping)]
+
+
 def _str_map(value: object) -> Mapping[str, str]:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and (value is None or not isinstance(value, Mapping)):
         return {}
     return {k: v for k, v in value.items() if isinstance(v, str)}
 
@@ -197,7 +205,7 @@ class Body:
 
     @property
     def conditions(self) -> Sequence[JsonMapping]:
-        return [c for c in items(self.raw, "status", "conditions") if isinstance(c, Mapping)]
+        return _mappings(items(self.raw, "status", "conditions"))
 
     def condition(self, type_: str) -> JsonMapping | None:
         return next((c for c in self.conditions if c.get("type") == type_), None)
@@ -222,15 +230,15 @@ class Pod(Body):
 
     @property
     def containers(self) -> list[Mapping[str, Any]]:
-        return [c for c in items(self.raw, "spec", "containers") if isinstance(c, Mapping)]
+        return _mappings(items(self.raw, "spec", "containers"))
 
     @property
     def init_containers(self) -> list[Mapping[str, Any]]:
-        return [c for c in items(self.raw, "spec", "initContainers") if isinstance(c, Mapping)]
+        return _mappings(items(self.raw, "spec", "initContainers"))
 
     @property
     def container_statuses(self) -> list[Mapping[str, Any]]:
-        return [c for c in items(self.raw, "status", "containerStatuses") if isinstance(c, Mapping)]
+        return _mappings(items(self.raw, "status", "containerStatuses"))
 
     @property
     def node_selector(self) -> Mapping[str, str]:

@@ -99,7 +99,7 @@ def load_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     except orjson.JSONDecodeError as exc:
         problem, _ = _json_problem(exc, max_depth)
         raise DocumentError(problem, "JSON") from None
-    check_value(value, max_depth, syntax="JSON")
+    check_decoded(value, body, max_depth)
     return value
 
 
@@ -127,6 +127,24 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH, *, syntax: str = "") -> 
                 stack.append((child, depth + 1))
             elif isinstance(child, int | float):
                 _check_number(child, syntax)
+
+
+def check_decoded(value: Any, body: bytes, max_depth: int = MAX_DEPTH) -> None:
+    """`check_value` for what orjson decoded from `body`, which needs the depth check alone: orjson
+    reads an integer beyond 64 bits as a float and refuses a literal too large for one. Each level
+    of nesting opens with a bracket, so a body with no more brackets than `max_depth` (those inside
+    strings counted too, which only errs towards walking) is not walked at all: most pods and
+    reviews, counted at C speed."""
+    if type(value) not in (dict, list) or body.count(b"{") + body.count(b"[") <= max_depth:
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise DocumentError(f"nested more than {max_depth} levels deep", "JSON")
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
 
 
 def _check_number(value: Any, syntax: str) -> None:
@@ -426,6 +444,6 @@ def load_json_or_yaml(body: bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH
         if out_of_bounds:
             raise DocumentError(json_problem, "JSON") from None
     else:
-        check_value(value, max_depth, syntax="JSON")
+        check_decoded(value, body, max_depth)
         return value
     return _yaml_value(body, max_bytes, max_depth, json_problem=f"invalid JSON: {json_problem}")

@@ -269,6 +269,9 @@ class Quantity:
     # --- printing --------------------------------------------------------------------------------
 
     def __str__(self) -> str:
+        return _text(self._nanos, self._format)
+
+    def _written(self) -> str:
         if self._nanos == 0:
             return "0"
         fmt: Format = self._format
@@ -438,3 +441,10 @@ def _product_nanos(nanos: int, factor: Decimal) -> int:
 def parse_quantity(value: QuantityLike) -> Quantity:
     """Quantity.parse as a function (raises QuantityError quoting the bad value)."""
     return Quantity.parse(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(nanos: int, fmt: Format) -> str:
+    """A quantity's canonical text: the same few amounts are written for every pod (its requests and
+    limits in annotations and in its workload), and finding the form costs divisions in a loop."""
+    return Quantity._make(nanos, fmt)._written()

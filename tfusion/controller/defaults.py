@@ -95,6 +95,49 @@ class Sources:
     #: capacity ({tflops, vram}) of a GPU of this model, from the GPU objects
     gpu_capacity: Callable[[str], JsonMapping | None] = field(default=lambda model: None)
 
+    # What is derived from the objects alone, worked out once per Sources: the webhook keeps one
+    # Sources (its Context) while none of the informers it reads has changed, so each is worked out
+    # once per change of the cluster, not once per pod.
+
+    @functools.cached_property
+    def default_pool(self) -> str | None:
+        """`default_pool_name` of the pools."""
+        return default_pool_name(self.pools)
+
+    @functools.cached_property
+    def pools_by_name(self) -> dict[str, JsonMapping]:
+        """Each pool by its name (the first, should two share one)."""
+        named: dict[str, JsonMapping] = {}
+        for pool in self.pools:
+            named.setdefault(GpuPool(pool).name, pool)
+        return named
+
+    @functools.cached_property
+    def providers_by_name(self) -> list[JsonMapping]:
+        """The ProviderConfigs, sorted by name (the first of a vendor's wins)."""
+        return sorted(self.provider_configs, key=lambda c: Body(c).name)
+
+    @functools.cached_property
+    def in_use_resource_names(self) -> tuple[str, ...]:
+        """`in_use_resource_names` of every ProviderConfig."""
+        return _resource_names(self.provider_configs)
+
+    def provider_for(self, vendor: str) -> JsonMapping | None:
+        """`provider_config_for` the vendor."""
+        return self._providers_by_vendor.get(vendor.lower())
+
+    @functools.cached_property
+    def _providers_by_vendor(self) -> dict[str, JsonMapping]:
+        found: dict[str, JsonMapping] = {}
+        for config in self.providers_by_name:
+            found.setdefault(text(config, "spec", "vendor").lower(), config)
+        return found
+
+    @functools.cached_property
+    def quota(self) -> Body | None:
+        """The namespace's GPUResourceQuota whose defaults apply: the last by name."""
+        return max((Body(q) for q in self.quotas), key=lambda q: q.name, default=None)
+
 
 @dataclass
 class Resolved:
@@ -125,6 +168,8 @@ class Resolved:
     #: the vendor the pod named (annotation, profile or native GPU resource; "" when `vendor` is only
     #: the pool's default): only a named vendor is written, as the original writes it
     named_vendor: str = ""
+    #: the GPU model whose capacity the amounts are (a dedicated GPU; "" when no capacity was read)
+    capacity_model: str = ""
 
 
 # --- pools, vendors and native GPU resources -------------------------------------------------------------
@@ -178,8 +223,9 @@ def _resource_names(configs: Iterable[JsonMapping | None]) -> tuple[str, ...]:
 
 
 def native_vendor(pod: Pod, configs: Sequence[JsonMapping]) -> str:
-    """The vendor of the first ProviderConfig (by name) whose native GPU resources the pod asks for."""
-    for config in sorted(configs, key=lambda c: Body(c).name):
+    """The vendor of the first ProviderConfig of `configs` (sorted by name, `Sources.providers_by_name`)
+    whose native GPU resources the pod asks for."""
+    for config in configs:
         names = [str(n) for n in items(config, "spec", "inUseResourceNames")]
         if names and text(config, "spec", "vendor") and native_gpu_counts(pod, names):
             return text(config, "spec", "vendor")
@@ -255,9 +301,9 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
     wanted = profile.spec  # read once: each view property walks the object again
     sidecar = _first_bool(annotation_bool(notes, tfa.SIDECAR_WORKER), wanted.get("sidecarWorker"))
     isolation = _isolation(notes, profile, sidecar or not local)  # a remote worker can isolate hard
-    named_vendor = notes.get(tfa.VENDOR) or text(wanted, "vendor") or native_vendor(pod, sources.provider_configs)
+    named_vendor = notes.get(tfa.VENDOR) or text(wanted, "vendor") or native_vendor(pod, sources.providers_by_name)
     vendor = named_vendor or pool_vendor(pool)
-    provider = provider_config_for(sources.provider_configs, vendor)
+    provider = sources.provider_for(vendor)
     native_resources = _resource_names([provider])
     natives = native_gpu_counts(pod, native_resources)
     amounts = _amounts(notes, profile)
@@ -269,10 +315,11 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
             amounts[("limits", "compute")] = Quantity.from_int(100)
     _default_requests_to_limits(amounts)
     check_within_limits({ANNOTATION_OF[k]: v for k, v in amounts.items()}, notes)
-    _apply_quota_defaults(amounts, [Body(quota) for quota in sources.quotas])
+    _apply_quota_defaults(amounts, sources.quota)
     _default_requests_to_limits(amounts)
     model = notes.get(tfa.GPU_MODEL) or text(wanted, "gpuModel")
-    if annotation_bool(notes, tfa.DEDICATED_GPU):
+    dedicated = bool(annotation_bool(notes, tfa.DEDICATED_GPU))
+    if dedicated:
         _dedicate(amounts, model, sources)
     partition = notes.get(tfa.PARTITION_ID) or text(wanted, "partitionTemplateId")
     _check_requested(amounts, isolation, partition, notes)
@@ -283,7 +330,7 @@ def _resolve(pod: Pod, notes: Mapping[str, str], sources: Sources) -> Resolved:
                     isolation=isolation, vendor=vendor, provider=provider, native_resources=native_resources,
                     natives=natives, amounts=amounts, gpu_count=gpu_count,
                     indices=indices, container_counts=container_counts, model=model, partition=partition,
-                    qos=qos, named_vendor=named_vendor)
+                    qos=qos, named_vendor=named_vendor, capacity_model=model if dedicated else "")
 
 
 def request_annotations(resolved: Resolved) -> dict[str, str]:
@@ -326,13 +373,13 @@ def _profile(notes: Mapping[str, str], sources: Sources, namespace: str) -> Work
 
 
 def _pool(notes: Mapping[str, str], profile: Workload, sources: Sources) -> tuple[str, GpuPool]:
-    name = notes.get(tfa.GPU_POOL) or profile.pool_name or default_pool_name(sources.pools)
+    name = notes.get(tfa.GPU_POOL) or profile.pool_name or sources.default_pool
     if not name:
         raise deny(tfa.GPU_POOL, "", "the name of a GPUPool",
                    detail=f'the pod names no pool and no GPUPool is annotated {tfa.IS_DEFAULT_POOL}: "true"')
-    for pool in map(GpuPool, sources.pools):
-        if pool.name == name:
-            return name, pool
+    found = sources.pools_by_name.get(name)
+    if found is not None:
+        return name, GpuPool(found)
     known = ", ".join(sorted(GpuPool(p).name for p in sources.pools)) or "none exists"
     raise deny(tfa.GPU_POOL, name, f"the name of a GPUPool ({known})", detail="no such GPUPool")
 
@@ -426,11 +473,10 @@ def _default_requests_to_limits(amounts: Amounts) -> None:
         amounts[("requests", "vram")] = amounts[("limits", "vram")]
 
 
-def _apply_quota_defaults(amounts: Amounts, quotas: Sequence[Body]) -> None:
+def _apply_quota_defaults(amounts: Amounts, quota: Body | None) -> None:
     """Fill what is still missing from the namespace quota's single.defaultRequests/defaultLimits."""
-    if not quotas:
+    if quota is None:
         return
-    quota = sorted(quotas, key=lambda q: q.name)[-1]
     for side, source in (("requests", "defaultRequests"), ("limits", "defaultLimits")):
         defaults = section(quota.spec, "single", source)
         if not defaults:

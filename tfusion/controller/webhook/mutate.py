@@ -37,7 +37,6 @@ from tfusion.controller.defaults import (
     Sources,
     annotation_bool,
     deny,
-    in_use_resource_names,
     native_gpu_counts,
     resolve,
     stale_annotations,
@@ -138,11 +137,27 @@ class Plan:
     migrated: bool = False
     #: remote vGPU mode: what the client pod gets (remote.py); None in local GPU mode
     remote: RemoteClient | None = None
+    #: the GPU model whose capacity the analysis read (a dedicated GPU; "" when none): the memo
+    #: compares that capacity again
+    capacity_model: str = ""
 
 
 def pool_template_hash(pool: GpuPool) -> str:
     """A short hash of the pool's client component config: pods injected under one config share it."""
-    return content_hash(section(pool.component_config, "client"), 10)
+    config = section(pool.component_config, "client")
+    known = _TEMPLATE_HASHES.get(id(config))
+    if known is not None and known[0] is config:
+        return known[1]
+    if len(_TEMPLATE_HASHES) >= 64:
+        _TEMPLATE_HASHES.clear()
+    found = _TEMPLATE_HASHES[id(config)] = (config, content_hash(config, 10))
+    return found[1]
+
+
+#: the hash of each client config seen, by the identity of the cached object (kept in the entry, so
+#: that its id is not reused): the informer replaces a changed pool and never edits one in place, and
+#: hashing cost as much as the rest of a pod's labels
+_TEMPLATE_HASHES: dict[int, tuple[JsonMapping, str]] = {}
 
 
 # --- auto-migration ----------------------------------------------------------------------------------
@@ -200,7 +215,7 @@ def progressive_only(view: Pod, context: Context) -> bool:
         return False  # analyse denies it
     if view.scheduler_name not in DEFAULT_SCHEDULERS:
         return False
-    if not native_gpu_counts(view, in_use_resource_names(context.provider_configs)):
+    if not native_gpu_counts(view, context.in_use_resource_names):
         return False
     namespace = view.namespace or "default"
     return not auto_migration_applies(context.auto_migration, view, namespace, context.namespace_labels)
@@ -229,7 +244,7 @@ def selects(view: Pod, context: Context) -> bool:
     if enabled is not None:
         return enabled
     return (auto_migration_enabled(context.auto_migration) or context.progressive) and bool(
-        native_gpu_counts(view, in_use_resource_names(context.provider_configs)))
+        native_gpu_counts(view, context.in_use_resource_names))
 
 
 def analyse(pod: Pod, context: Context, owner: Owner) -> Plan | None:
@@ -246,7 +261,7 @@ def _migration(pod: Pod, ctx: Context, labels: dict[str, str], notes: dict[str, 
     enabled = _label_enabled(labels)
     if enabled:
         return False
-    if enabled is False or not native_gpu_counts(pod, in_use_resource_names(ctx.provider_configs)):
+    if enabled is False or not native_gpu_counts(pod, ctx.in_use_resource_names):
         return None
     if not auto_migration_applies(ctx.auto_migration, pod, pod.namespace or "default", ctx.namespace_labels):
         return None
@@ -294,7 +309,8 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
                 enabled_replicas=enabled_replicas, host_port=host_port, disabled_features=disabled,
                 middleware_image=limiter.image if limiter else "", limiter_own=bool(limiter and limiter.own),
                 client_image=client, worker_image=worker,
-                hypervisor_port=build.hypervisor_port(res.pool), migrated=migrated)
+                hypervisor_port=build.hypervisor_port(res.pool), migrated=migrated,
+                capacity_model=res.capacity_model)
     if res.local:
         return plan
     from tfusion.controller.webhook.remote import remote_plan  # remote.py imports this module

@@ -6,23 +6,24 @@ for high and critical QoS, native GPU resources replaced by the index resource, 
 `patchToContainer`, the soft limiter (init container, volumes, env, mounts) or the sidecar worker,
 and the host port. The original pod is never changed.
 
-Types: the pod being written is a `JsonObject` (what it is: decoded JSON, copied, then diffed into
-the JSON patch); `build.child` and `build.entries` are the one way into its nested objects and lists, so a
-field of the wrong type is replaced rather than written into. The small fixed shapes the webhook
+Types: the pod being written is a `JsonObject` (what it is: decoded JSON, copied as deep as it is
+written, `writable_copy`, then diffed into the JSON patch); `build.child` and `build.entries` are
+the one way into its nested objects and lists, so a field of the wrong type is replaced rather than
+written into. The small fixed shapes the webhook
 adds (env vars, volume mounts, the toleration) are TypedDicts, so their keys are checked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
 from tfusion.api import annotations as tfa
 from tfusion.api import podindex
 from tfusion.api.accessors import Pod, section
-from tfusion.api.jsontypes import JsonObject, JsonValue, json_object
+from tfusion.api.jsontypes import JsonMapping, JsonObject, JsonValue, json_object
 from tfusion.api.merge import PatchError, strategic_merge_patch
 from tfusion.controller.defaults import SIDES
 from tfusion.controller.limiter_source import LimiterSource
@@ -82,7 +83,7 @@ class Toleration(TypedDict):
 
 def render(pod: Pod, plan: Plan, *, index: int | None, host_port: int | None) -> JsonObject:
     """The mutated copy of `pod` (the original is not changed)."""
-    out = json_document(pod.raw)
+    out = writable_copy(pod.raw)
     meta = child(out, "metadata")
     notes = child(meta, "annotations")
     for key in plan.remove_annotations:
@@ -115,6 +116,42 @@ def render(pod: Pod, plan: Plan, *, index: int | None, host_port: int | None) ->
     if plan.host_port is not None and host_port is not None:
         _set_host_port(out, plan.host_port, host_port)
         notes[tfa.PORT_NUMBER] = str(host_port)
+    return out
+
+
+def writable_copy(pod: JsonMapping) -> JsonObject:
+    """A copy of the pod as deep as rendering writes, and no deeper: new dicts and lists for the
+    pod, its metadata and each map in it (labels, annotations; remote.py's `patchToPod` may write
+    any), its finalizers, its spec, the spec's tolerations and containers, and in each container
+    its resources, their maps and its ports. Everything else (commands, env, volumes as sent,
+    managedFields) is the pod's own objects, which rendering never writes into: the lists it
+    changes beyond these it replaces whole (`_replace_entries`), and a pool's patchToContainer is
+    merged into a deep copy. Why: the JSON diff settles a shared part by identity, where a deep
+    copy made it compare every field of the pod and encode the equal parts to confirm them.
+    (Typed Any inside: the shared parts are the decoded pod's own, read-only to the view.)"""
+    out: dict[str, Any] = dict(pod)
+    meta = out.get("metadata")
+    if type(meta) is dict:
+        out["metadata"] = meta = {key: dict(value) if type(value) is dict else value for key, value in meta.items()}
+        if type(finalizers := meta.get("finalizers")) is list:
+            meta["finalizers"] = list(finalizers)
+    spec = out.get("spec")
+    if type(spec) is dict:
+        out["spec"] = spec = dict(spec)
+        if type(tolerations := spec.get("tolerations")) is list:
+            spec["tolerations"] = list(tolerations)
+        if type(listed := spec.get("containers")) is list:
+            spec["containers"] = [_writable_container(c) if type(c) is dict else c for c in listed]
+    return out
+
+
+def _writable_container(container: JsonMapping) -> JsonObject:
+    out: dict[str, Any] = dict(container)
+    resources = out.get("resources")
+    if type(resources) is dict:
+        out["resources"] = {side: dict(value) if type(value) is dict else value for side, value in resources.items()}
+    if type(ports := out.get("ports")) is list:
+        out["ports"] = [dict(port) if type(port) is dict else port for port in ports]
     return out
 
 

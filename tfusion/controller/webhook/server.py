@@ -74,10 +74,11 @@ class AdmissionRequest(msgspec.Struct):
         return found if isinstance(found, dict) else None
 
 
-def checked_pod(decoded: object) -> JsonObject | None:
-    """`AdmissionRequest.pod()` for an object already decoded (orjson, as `documents.load_json` decodes)."""
+def checked_pod(decoded: object, sent: bytes) -> JsonObject | None:
+    """`AdmissionRequest.pod()` for an object already decoded from `sent` (by orjson, as
+    `documents.load_json` decodes)."""
     try:
-        documents.check_value(decoded, syntax="JSON")
+        documents.check_decoded(decoded, sent)
     except documents.DocumentError as exc:
         raise _out_of_bounds(exc) from None
     return decoded if isinstance(decoded, dict) else None

@@ -128,6 +128,9 @@ class WebhookService:
             r.GPUPOOLS, r.PROVIDERCONFIGS, r.GPURESOURCEQUOTAS, r.WORKLOADPROFILES, r.SCHEDULINGCONFIGTEMPLATES)
         ] + [self.namespaces]
         self._gpus = runtime.informer(r.GPUS)
+        #: the Context of each namespace, while the cluster is in `_contexts_state` (see `context`)
+        self._contexts: dict[str, Context] = {}
+        self._contexts_state: State | None = None
 
     @property
     def embedded(self) -> bool:
@@ -299,8 +302,7 @@ class WebhookService:
         key = (_memo_bytes(request, pod, meta), namespace)
         if (known := await self._remembered(key, state, view, namespace)) is not None:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
-        gpu_reads: dict[str, object] = {}
-        context = self.context(namespace, gpu_reads=gpu_reads)
+        context = self.context(namespace, state)
         if not mutate.selects(view, context):
             return allowed(request.uid)
         if mutate.progressive_only(view, context):  # the patch is against the pod as sent (no namespace)
@@ -314,7 +316,7 @@ class WebhookService:
         if recommendation is not None:
             apply_recommendation(plan, recommendation)
         elif keeps(plan, owner, pod_named=bool(meta.get("name"))):
-            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=gpu_reads)
+            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=self._gpu_reads(plan))
             self.memo.remember(key, entry)
             return await self._finish(request, pod, view, namespace, plan, (key, entry))
         if plan.enabled_replicas is not None and not request.dryRun:
@@ -342,7 +344,7 @@ class WebhookService:
         namespace = request.namespace or text(meta, "namespace") or "default"
         shaped = {**pod, "metadata": {**meta, "name": SHAPE_NAME}}
         key = (_memo_bytes(request, shaped, shaped["metadata"], shaped=True), namespace)
-        if (key not in self.memo or "managedFields" in meta) and not _sound(pod):
+        if (key not in self.memo or "managedFields" in meta) and not _sound(request, pod):
             return None
         await self._synced()
         state = self._state()  # the state before reading the caches
@@ -350,8 +352,7 @@ class WebhookService:
         entry = self.memo.get(key, state, Owner(workload_name=SHAPE_NAME), self._capacity) if key in self.memo \
             else None
         if entry is None:
-            gpu_reads: dict[str, object] = {}
-            context = self.context(namespace, gpu_reads=gpu_reads)
+            context = self.context(namespace, state)
             if not mutate.selects(view, context):
                 return allowed(request.uid)
             if mutate.progressive_only(view, context):
@@ -365,7 +366,7 @@ class WebhookService:
                 return allowed(request.uid)
             if not keeps(plan, owner, pod_named=True):
                 return None
-            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=gpu_reads)
+            entry = Remembered(state=state, owner=owner, plan=plan, gpu_reads=self._gpu_reads(plan))
             self.memo.remember(key, entry)
         if entry.named_workload is None or entry.named_workload[0] != name:
             entry.named_workload = (name, _renamed(entry.plan.workload, name))
@@ -429,25 +430,36 @@ class WebhookService:
         """The capacity of a GPU of this model in the cache (the first one that has one)."""
         return capacity_of_model(self._gpus.by_index(_MODEL_INDEX, model), model)
 
-    def context(self, namespace: str, *, gpu_reads: dict[str, object] | None = None) -> Context:
-        """What `analyse` reads, from the caches; the GPU capacities it looks up go to `gpu_reads`."""
+    def _gpu_reads(self, plan: mutate.Plan) -> dict[str, object]:
+        """The GPU capacity the analysis read, for the memo to compare again (read again here, right
+        after the analysis and before anything awaits, so it is what the analysis saw)."""
+        model = plan.capacity_model
+        return {model: self._capacity(model)} if model else {}
+
+    def context(self, namespace: str, state: State) -> Context:
+        """What `analyse` reads, from the caches, as they are in `state`. One Context serves every
+        pod of a namespace until an informer it reads changes or the dynamic config is reloaded
+        (the memo's rule, memo.State): what it derives from the objects (the default pool, the
+        ProviderConfig of a vendor, the quota that applies) is then worked out once per change, not
+        once per pod. GPU capacities are looked up live."""
+        if self._contexts_state is None or not self._contexts_state.holds(state):
+            self._contexts, self._contexts_state = {}, state
+        found = self._contexts.get(namespace)
+        if found is None:
+            found = self._contexts[namespace] = self._new_context(namespace)
+        return found
+
+    def _new_context(self, namespace: str) -> Context:
         rt = self.runtime
         auto = rt.dynamic_config.current.get("autoMigration")
         profiles = rt.informer(r.WORKLOADPROFILES)
-
-        def capacity(model: str) -> JsonMapping | None:
-            found = self._capacity(model)
-            if gpu_reads is not None:
-                gpu_reads[model] = found
-            return found
-
         ns_labels: Mapping[str, str] = {}
         if mutate.auto_migration_enabled(auto):
             found = self.namespaces.get(namespace)
             ns_labels = Body(found).meta.labels if found is not None else {}
         return Context(pools=rt.informer(r.GPUPOOLS).list(), provider_configs=rt.informer(r.PROVIDERCONFIGS).list(),
                        quotas=rt.informer(r.GPURESOURCEQUOTAS).by_index(_NAMESPACE_INDEX, namespace),
-                       profile=lambda name: profiles.get(f"{namespace}/{name}"), gpu_capacity=capacity,
+                       profile=lambda name: profiles.get(f"{namespace}/{name}"), gpu_capacity=self._capacity,
                        templates=rt.informer(r.SCHEDULINGCONFIGTEMPLATES).list(),
                        auto_migration=auto if isinstance(auto, Mapping) else None, namespace_labels=ns_labels,
                        progressive=self.settings.progressive_migration,
@@ -462,7 +474,7 @@ _POD_SHAPE = shapes.KIND_SHAPES["/pods"]
 def _read_pod(request: AdmissionRequest, decoded: object = None) -> tuple[JsonObject | None, str]:
     """The pod (None: there is none) and the first field of the wrong type ("" when none is);
     `decoded`: the object as `_decoded` gave it (None: decode it here)."""
-    pod = request.pod() if decoded is None else checked_pod(decoded)
+    pod = request.pod() if decoded is None else checked_pod(decoded, bytes(request.object))
     return pod, "" if pod is None else shapes.mismatch(_POD_SHAPE, pod)
 
 
@@ -474,10 +486,11 @@ def _decoded(request: AdmissionRequest) -> object:
         return None
 
 
-def _sound(pod: JsonObject) -> bool:
-    """Whether `_read_pod` takes this decoded pod (within bounds, fields of the right types)."""
+def _sound(request: AdmissionRequest, pod: JsonObject) -> bool:
+    """Whether `_read_pod` takes this pod, decoded from the request (within bounds, fields of the
+    right types)."""
     try:
-        checked_pod(pod)
+        checked_pod(pod, bytes(request.object))
     except HttpError:
         return False
     return not shapes.mismatch(_POD_SHAPE, pod)
