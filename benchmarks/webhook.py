@@ -21,12 +21,14 @@ pods (memo.py), as a Deployment's replicas are; each still gets its index and it
 Prints one JSON object per concurrency: concurrency, requests_per_s, p50_ms, p90_ms, p99_ms,
 echo_requests_per_s, ratio_to_echo, each the median of `--repeat` alternating webhook/echo runs
 (`runs` lists them), and errors, echo_p99_ms, workload_writes, load, cpus, pinned; with wrk
-also `distinct_pods_*`: the same load of pods each with a name of its own (dryRun, so that they
+also `distinct_pods_*` and `first_pods_*`, each the median of `--repeat` runs (listed in `runs`).
+`distinct_pods_*` is the same load of pods each with a name of its own (dryRun, so that they
 create no workload each). Such pods (named, no controller) share one memo entry by their shape,
 the pod without its name (service.py, `_mutate_shared`), so this is what a bare pod costs once a
 pod of its shape has been seen; what the first pod of a shape costs (full analysis, rendering,
 JSON diff) is `first_pods_*`: each pod also has an env value of its own, so no memo entry
-answers it (and `fresh_cpu_us` in benchmarks/webhook_profile.py, its CPU in-process). The load
+answers it (the memo keeps a shape only from its second pod on; `fresh_cpu_us` in
+benchmarks/webhook_profile.py is its CPU in-process). The load
 runs on other CPUs than the two servers under test (CPU 0) when there are two or more (`pinned`).
 """
 
@@ -385,11 +387,16 @@ def main() -> None:
                 # the pod of these reviews is never created, so the controller deletes its workload
                 # once the admission grace (60 s) has passed; the next review creates it again
                 now_version = api.version(workload)
-                named: dict[str, float] = {}
-                first: dict[str, float] = {}
+                named_runs: list[dict[str, float]] = []
+                first_runs: list[dict[str, float]] = []
                 if args.load == "wrk":  # pods never seen before (dryRun: no workload of their own)
-                    named = load_wrk(webhook_port, concurrency, args.duration, distinct_body, distinct=True)
-                    first = load_wrk(webhook_port, concurrency, args.duration, fresh_body, distinct=True)
+                    for _ in range(args.repeat):
+                        named_runs.append(load_wrk(webhook_port, concurrency, args.duration, distinct_body,
+                                                   distinct=True))
+                        first_runs.append(load_wrk(webhook_port, concurrency, args.duration, fresh_body,
+                                                   distinct=True))
+                named = median_run(named_runs) if named_runs else {}
+                first = median_run(first_runs) if first_runs else {}
                 print(json.dumps({
                     "concurrency": concurrency, "requests_per_s": hook["requests_per_s"], "p50_ms": hook["p50_ms"],
                     "p90_ms": hook["p90_ms"], "p99_ms": hook["p99_ms"],
@@ -405,7 +412,11 @@ def main() -> None:
                        if first else {}),
                     "runs": {"requests_per_s": [h["requests_per_s"] for h, _ in pairs],
                              "p99_ms": [h["p99_ms"] for h, _ in pairs],
-                             "echo_requests_per_s": [b["requests_per_s"] for _, b in pairs]},
+                             "echo_requests_per_s": [b["requests_per_s"] for _, b in pairs],
+                             **({"distinct_pods_requests_per_s": [n["requests_per_s"] for n in named_runs],
+                                 "distinct_pods_p99_ms": [n["p99_ms"] for n in named_runs],
+                                 "first_pods_requests_per_s": [f["requests_per_s"] for f in first_runs],
+                                 "first_pods_p99_ms": [f["p99_ms"] for f in first_runs]} if first_runs else {})},
                     "cpus": os.cpu_count(), "pinned": PINNED,
                     "duration_s": args.duration, "load": args.load,
                     **({"clients": args.clients} if args.load == "python" else {})}), flush=True)
