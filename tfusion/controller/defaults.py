@@ -84,7 +84,8 @@ def deny(key: str, value: str, allowed: str, *, detail: str = "", kind: str = "a
 
 @dataclass(frozen=True)
 class Sources:
-    """The cached objects `resolve` reads for one pod (no I/O once built)."""
+    """The cached objects `resolve` reads (no I/O once built), for one pod or for every pod while
+    the objects stay the same."""
 
     pools: Sequence[JsonMapping]
     provider_configs: Sequence[JsonMapping] = ()
@@ -114,7 +115,7 @@ class Sources:
 
     @functools.cached_property
     def providers_by_name(self) -> list[JsonMapping]:
-        """The ProviderConfigs, sorted by name (the first of a vendor's wins)."""
+        """The ProviderConfigs, sorted by name."""
         return sorted(self.provider_configs, key=lambda c: Body(c).name)
 
     @functools.cached_property
@@ -128,10 +129,7 @@ class Sources:
 
     @functools.cached_property
     def _providers_by_vendor(self) -> dict[str, JsonMapping]:
-        found: dict[str, JsonMapping] = {}
-        for config in self.providers_by_name:
-            found.setdefault(text(config, "spec", "vendor").lower(), config)
-        return found
+        return providers_by_vendor(self.provider_configs)
 
     @functools.cached_property
     def quota(self) -> Body | None:
@@ -206,10 +204,15 @@ def default_pool_name(pools: Iterable[JsonMapping]) -> str | None:
 
 def provider_config_for(configs: Sequence[JsonMapping], vendor: str) -> JsonMapping | None:
     """The ProviderConfig of `vendor` (case-insensitive; the first by name)."""
+    return providers_by_vendor(configs).get(vendor.lower())
+
+
+def providers_by_vendor(configs: Iterable[JsonMapping]) -> dict[str, JsonMapping]:
+    """Each vendor's ProviderConfig (the vendor lowercased; of several, the first by name)."""
+    found: dict[str, JsonMapping] = {}
     for config in sorted(configs, key=lambda c: Body(c).name):
-        if text(config, "spec", "vendor").lower() == vendor.lower():
-            return config
-    return None
+        found.setdefault(text(config, "spec", "vendor").lower(), config)
+    return found
 
 
 def in_use_resource_names(configs: Sequence[JsonMapping], vendor: str | None = None) -> tuple[str, ...]:

@@ -86,7 +86,8 @@ class Owner:
 
 @dataclass(frozen=True)
 class Context(Sources):
-    """What the webhook reads from the caches for one pod (no I/O once built): the resolver's
+    """What the webhook reads from the caches for the pods of one namespace (no I/O once built; the
+    webhook keeps one while the cluster does not change, service.py `context`): the resolver's
     sources (pools, provider configs, quotas, profiles, GPU capacities) and the webhook's own."""
 
     templates: Sequence[JsonMapping] = ()
