@@ -14,7 +14,7 @@ Every function returns a new value and leaves its inputs untouched. Errors raise
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -272,27 +272,28 @@ class _SizeBudget:
 
     def __init__(self, doc: Any, limit: int) -> None:
         self.limit = limit
-        self.estimate = _json_size(doc, "the target")
+        self.estimate = _json_size(doc, lambda: "the target")
 
     def grew(self, doc: Any, op: Mapping[str, Any], index: int) -> None:
+        def label() -> str:
+            return _label(index, op)
+
         if op["op"] == "copy":
-            added = _json_size(_walk(doc, _parse_pointer(op["from"], "from")), index, op)
+            added = _json_size(_walk(doc, _parse_pointer(op["from"], "from")), label)
         elif op["op"] == "move":
             added = 0
         else:
-            added = _json_size(op.get("value"), index, op)
+            added = _json_size(op.get("value"), label)
         self.estimate += added
         if self.estimate > self.limit:
-            self.estimate = _json_size(doc, index, op)
+            self.estimate = _json_size(doc, label)
             if self.estimate > self.limit:
-                raise PatchTooLarge(f"{_label(index, op)}: the object would grow to {self.estimate} bytes",
-                                    self.estimate)
+                raise PatchTooLarge(f"{label()}: the object would grow to {self.estimate} bytes", self.estimate)
 
 
-def _json_size(value: Any, where: int | str, op: Mapping[str, Any] | None = None) -> int:
-    """The JSON size of `value`; `where` (an op's index, with `op`) names what failed."""
+def _json_size(value: Any, label: Callable[[], str]) -> int:
+    """The JSON size of `value`; `label` names what failed, should it not encode."""
     try:
         return len(orjson.dumps(value))
     except orjson.JSONEncodeError:
-        named = where if isinstance(where, str) or op is None else _label(where, op)
-        raise PatchError(f"{named}: the document becomes too deeply nested") from None
+        raise PatchError(f"{label()}: the document becomes too deeply nested") from None
