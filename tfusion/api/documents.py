@@ -130,21 +130,13 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH, *, syntax: str = "") -> 
 
 
 def check_decoded(value: Any, body: bytes, max_depth: int = MAX_DEPTH) -> None:
-    """`check_value` for what orjson decoded from `body`, which needs the depth check alone: orjson
-    reads an integer beyond 64 bits as a float and refuses a literal too large for one. Each level
-    of nesting opens with a bracket, so a body with no more brackets than `max_depth` (those inside
-    strings counted too, which only errs towards walking) is not walked at all: most pods and
-    reviews, counted at C speed."""
-    if type(value) not in (dict, list) or body.count(b"{") + body.count(b"[") <= max_depth:
-        return
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            raise DocumentError(f"nested more than {max_depth} levels deep", "JSON")
-        for child in node.values() if type(node) is dict else node:
-            if type(child) is dict or type(child) is list:
-                stack.append((child, depth + 1))
+    """`check_value` for what orjson decoded from `body`. Each level of nesting opens with a
+    bracket, so a body with no more brackets than `max_depth` (those inside strings counted too,
+    which only errs towards checking) cannot nest too deep, and orjson has already bounded its
+    numbers (an integer beyond 64 bits read as a float, a literal too large for one refused): it is
+    not walked at all, which is most pods and reviews, counted at C speed."""
+    if body.count(b"{") + body.count(b"[") > max_depth:
+        check_value(value, max_depth, syntax="JSON")
 
 
 def _check_number(value: Any, syntax: str) -> None:

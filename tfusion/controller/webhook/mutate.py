@@ -21,6 +21,7 @@ spec; built by build.py); workloads.py creates or patches it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -101,6 +102,18 @@ class Context(Sources):
     #: the tfusion image, whose limiter soft pods get unless the ProviderConfig names a middleware image
     limiter_image: str = TFUSION_IMAGE
 
+    def template_hash(self, pool_name: str, pool: GpuPool) -> str:
+        """`pool_template_hash` of a pool of these sources, worked out once per Context (hashing
+        cost as much as the rest of a pod's labels)."""
+        found = self._template_hashes.get(pool_name)
+        if found is None:
+            found = self._template_hashes[pool_name] = pool_template_hash(pool)
+        return found
+
+    @functools.cached_property
+    def _template_hashes(self) -> dict[str, str]:
+        return {}
+
 
 @dataclass
 class HostPortSlot:
@@ -145,20 +158,7 @@ class Plan:
 
 def pool_template_hash(pool: GpuPool) -> str:
     """A short hash of the pool's client component config: pods injected under one config share it."""
-    config = section(pool.component_config, "client")
-    known = _TEMPLATE_HASHES.get(id(config))
-    if known is not None and known[0] is config:
-        return known[1]
-    if len(_TEMPLATE_HASHES) >= 64:
-        _TEMPLATE_HASHES.clear()
-    found = _TEMPLATE_HASHES[id(config)] = (config, content_hash(config, 10))
-    return found[1]
-
-
-#: the hash of each client config seen, by the identity of the cached object (kept in the entry, so
-#: that its id is not reused): the informer replaces a changed pool and never edits one in place, and
-#: hashing cost as much as the rest of a pod's labels
-_TEMPLATE_HASHES: dict[int, tuple[JsonMapping, str]] = {}
+    return content_hash(section(pool.component_config, "client"), 10)
 
 
 # --- auto-migration ----------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
         new_notes[tfa.EMBEDDED_WORKER] = "true"
     new_labels = {tfa.ENABLED: labels[tfa.ENABLED], tfa.COMPONENT: tfa.COMPONENT_WORKER,
                   tfa.GPU_POOL: res.pool_name, tfa.WORKLOAD: workload_name,
-                  tfa.POD_TEMPLATE_HASH: pool_template_hash(res.pool)}
+                  tfa.POD_TEMPLATE_HASH: ctx.template_hash(res.pool_name, res.pool)}
     if migrated and not pod.meta.annotation(tfa.ISOLATION):
         new_notes[tfa.ISOLATION] = res.isolation
     workload = build.workload_object(workload_name, namespace, res.pool_name, owner.reference, spec, notes,

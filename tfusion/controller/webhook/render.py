@@ -9,8 +9,8 @@ and the host port. The original pod is never changed.
 Types: the pod being written is a `JsonObject` (what it is: decoded JSON, copied as deep as it is
 written, `writable_copy`, then diffed into the JSON patch); `build.child` and `build.entries` are
 the one way into its nested objects and lists, so a field of the wrong type is replaced rather than
-written into. The small fixed shapes the webhook
-adds (env vars, volume mounts, the toleration) are TypedDicts, so their keys are checked.
+written into. The small fixed shapes the webhook adds (env vars, volume mounts, the toleration) are
+TypedDicts, so their keys are checked.
 """
 
 from __future__ import annotations
