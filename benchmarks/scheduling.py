@@ -34,7 +34,8 @@ reconcilers' follow-up writes count too), then reports `writes_per_pod` (every c
 patch and delete, the benchmark's own pod create included), `writes_per_pod_by` (per "verb
 resource"), `reads_per_pod` (gets and lists), and `controller_cpu_ms_per_pod` /
 `apiserver_cpu_ms_per_pod` (user + system CPU of each process from the first create to the
-settled end). `--profile PATH` writes the controller's cProfile stats of the same stretch to PATH.
+settled end), and `benchmark_cpu_ms_per_pod` (this process's, the load it adds to the same cores).
+`--profile PATH` writes the controller's cProfile stats of the same stretch to PATH.
 The run exits non-zero when a pod is left unscheduled or a GPU is double-allocated.
 
 With `--gangs` the pods are gang members (groups of 4 and 8 alternating, created already mutated:
@@ -446,6 +447,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         server = raw_server(kubeconfig)
         counts_before = await request_counts(server)
         cpu_before = {name: cpu_seconds(proc) for name, proc in processes.items()}
+        own_cpu_before = time.process_time()
         if args.profile:
             controller.send_signal(signal.SIGUSR1)
         first = time.monotonic()
@@ -478,6 +480,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         last = max(bound_at.values()) if bound_at else time.monotonic()
         counts_after = await settled_counts(server, args.settle)
         cpu_after = {name: cpu_seconds(proc) for name, proc in processes.items()}
+        own_cpu = time.process_time() - own_cpu_before
         if args.profile:
             controller.send_signal(signal.SIGUSR2)
         latencies = sorted(max(0.0, bound_at[n] - created_at[n]) * 1000 for n in bound_at if n in created_at)
@@ -508,6 +511,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
                                        .items() if not k.startswith("watch")), 2),
             **{f"{name}_cpu_ms_per_pod": round((cpu_after[name] - cpu_before[name]) * 1000 / args.pods, 3)
                for name in processes},
+            "benchmark_cpu_ms_per_pod": round(own_cpu * 1000 / args.pods, 3),
             "scheduler_attempts": attempts,
             **gangs,
         }

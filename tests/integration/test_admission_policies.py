@@ -179,11 +179,13 @@ def test_a_hypervisor_token_naming_no_node_may_write_no_gpu(cluster: Cluster) ->
 def test_the_controller_and_the_admin_are_not_affected(cluster: Cluster) -> None:
     stamp = {"metadata": {"annotations": {"checked": "yes"}}}
     with cluster.client(token(cluster.admin, CONTROLLER)) as controller:
-        # the controller writes GPU status only (its allocations are a PUT of the status)
+        # the controller writes GPU status only (its allocations are a merge patch of the status, on
+        # the resourceVersion it read), and RBAC grants it no PUT
         gpu = controller.get(f"{TF}/gpus/gpu-node-b").json()
-        assert controller.put(f"{TF}/gpus/gpu-node-b/status", json=gpu).status_code == 200
-        assert controller.patch(f"{TF}/gpus/gpu-node-b/status", json=status_of("node-a"),
-                                headers=MERGE).status_code == 200
+        assert controller.patch(f"{TF}/gpus/gpu-node-b/status", json={
+            "metadata": {"resourceVersion": gpu["metadata"]["resourceVersion"]}, **status_of("node-a")},
+            headers=MERGE).status_code == 200
+        assert controller.put(f"{TF}/gpus/gpu-node-b/status", json=gpu).status_code == 403
         assert controller.patch(f"{TF}/gpunodes/node-b/status", json=NODE_STATUS,
                                 headers=MERGE).status_code == 200
     assert cluster.admin.patch(f"{TF}/gpus/gpu-node-a", json=stamp, headers=MERGE).status_code == 200

@@ -188,21 +188,23 @@ async def test_allocation_view_and_simulate_schedule(apiserver: Any, tmp_path: P
 
 
 class RacingClient(KubeClient):
-    """A real client that, on its first GPU status PUT, lets another writer change the GPU first,
-    so that the PUT meets a genuine 409 Conflict from the API server."""
+    """A real client that, on its first GPU status patch, lets another writer change the GPU first,
+    so that the patch (on the resourceVersion the controller read) meets a genuine 409 Conflict from
+    the API server."""
 
     def __init__(self, api: Any, rival: KubeClient) -> None:
         super().__init__(api)
         self.rival = rival
         self.raced: list[str] = []
 
-    async def replace(self, resource: r.ApiResource, obj: Any, *, namespace: str | None = None,
-                      subresource: str | None = None) -> dict[str, Any]:
+    async def patch(self, resource: r.ApiResource, name: str, patch: Any, *, namespace: str | None = None,
+                    patch_type: str = "merge", subresource: str | None = None,
+                    field_manager: str | None = None, force: bool = False) -> dict[str, Any]:
         if resource == r.GPUS and subresource == "status" and not self.raced:
-            name = obj["metadata"]["name"]
             self.raced.append(name)
             await self.rival.patch(r.GPUS, name, {"metadata": {"labels": {"touched-by": "rival"}}})
-        return await super().replace(resource, obj, namespace=namespace, subresource=subresource)
+        return await super().patch(resource, name, patch, namespace=namespace, patch_type=patch_type,
+                                   subresource=subresource, field_manager=field_manager, force=force)
 
 
 async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tmp_path: Path) -> None:
@@ -259,8 +261,8 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             assert sorted(apps) == ["p1", "p2"] and apps["p1"]["pods"][0]["uid"] == p1["metadata"]["uid"]
             assert apps["p1"]["pods"][0]["requests"] == {"tflops": "20", "vram": "4Gi"}
             assert a1["status"]["capacity"] == {"tflops": "100", "vram": "40Gi"}, "hypervisor fields kept"
-            # the first status PUT met a real 409 (another writer got in between) and was retried
-            # on the fresh object: both the rival's change and our status are there
+            # the first status patch met a real 409 (another writer got in between) and was retried
+            # on the object read again: both the rival's change and our status are there
             client = leader.runtime.client
             assert isinstance(client, RacingClient) and len(client.raced) == 1
             raced = await kube.get(r.GPUS, client.raced[0])
@@ -269,7 +271,7 @@ async def test_recovery_status_writeback_release_and_handover(apiserver: Any, tm
             metrics = (await http.get("/metrics")).text
             assert 'tfusion_allocator_status_writes_total{kind="gpu",result="conflict"} 1.0' in metrics
 
-            async def node_stamped() -> bool:  # a separate write, made after the GPU status PUT
+            async def node_stamped() -> bool:  # a separate write, made after the GPU status patch
                 node = await kube.get(r.GPUNODES, "node-a")
                 return tfa.LAST_SYNC in node["metadata"].get("annotations", {})
 

@@ -1,7 +1,8 @@
-"""The writes a new bare worker costs the pod reconciler: its finalizer and the removal of its
-pending-owned-workload annotation arrive on the pod in one write, and the workload's new owner and
-the removal of its awaiting-pod mark in one write (issue 33: fewer API writes per pod). Seen on a
-watch from the objects' creation: the first change that carries either part carries both."""
+"""The writes a new bare worker costs the pod reconciler (issue 33: fewer API writes per pod): the
+workload's new owner and the removal of its awaiting-pod mark in one write, seen on a watch from
+the workload's creation (the first change that carries either part carries both); nothing written
+to a pod the webhook admitted (it keeps its pending-owned-workload annotation: the owner reference
+says the request is met); a worker that came without the finalizer gets it in one write."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import anyio
 import pytest
 
 from tests.apiserver_fixture import apply_crds
+from tests.helpers import eventually
 from tests.helpers.controller import controllers, kube_client, settings_for, start_controller
 from tfusion.api import annotations as tfa
 from tfusion.api.timestamps import rfc3339
@@ -50,41 +52,67 @@ async def cluster(kube: KubeClient) -> None:
         subresource="status")
 
 
-def bare_worker(name: str) -> dict[str, Any]:
-    """A bound worker as the webhook and the scheduler leave a bare pod: its workload still to adopt."""
+def bare_worker(name: str, *, finalizer: bool = True) -> dict[str, Any]:
+    """A bound worker as the webhook and the scheduler leave a bare pod (`finalizer=False`: as one
+    created past the webhook): its workload still to adopt."""
     notes = {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "10", tfa.VRAM_REQUEST: "1Gi", tfa.TFLOPS_LIMIT: "10",
              tfa.VRAM_LIMIT: "1Gi", tfa.GPU_COUNT: "1", tfa.GPU_IDS: "gpu-1a", tfa.PENDING_OWNED_WORKLOAD: name}
     return {"metadata": {"name": name, "namespace": "default", "annotations": notes,
-                         "labels": {tfa.COMPONENT: "worker", tfa.WORKLOAD: name}},
+                         "labels": {tfa.COMPONENT: "worker", tfa.WORKLOAD: name},
+                         **({"finalizers": [tfa.FINALIZER]} if finalizer else {})},
             "spec": {"nodeName": "gpu-1", "schedulerName": "tensor-fusion-scheduler",
                      "containers": [{"name": "w", "image": "worker"}]}}
 
 
-async def test_a_bare_worker_is_marked_and_adopted_in_one_write_each(apiserver: Any, tmp_path: Path) -> None:
+async def adopted(kube: KubeClient, workload: dict[str, Any], uid: str) -> dict[str, Any]:
+    """The workload's first version owned by the pod `uid`, checked to be the one adoption write."""
+
+    def owned(obj: dict[str, Any]) -> bool:
+        return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
+
+    found = await first_change(kube, r.TENSORFUSIONWORKLOADS, workload["metadata"]["name"],
+                               workload["metadata"]["resourceVersion"], owned)
+    assert [(o["kind"], o["controller"]) for o in found["metadata"]["ownerReferences"]] == [("Pod", True)]
+    assert AWAITING_POD not in (found["metadata"].get("annotations") or {})
+    assert found["metadata"]["finalizers"] == [tfa.FINALIZER]
+    return found
+
+
+async def new_workload(kube: KubeClient, name: str) -> dict[str, Any]:
+    return await kube.create(r.TENSORFUSIONWORKLOADS, {  # as the webhook creates it
+        "metadata": {"name": name, "namespace": "default", "annotations": {AWAITING_POD: rfc3339()},
+                     "finalizers": [tfa.FINALIZER]}, "spec": {"poolName": POOL}})
+
+
+async def test_an_admitted_bare_worker_costs_one_write_its_adoption(apiserver: Any, tmp_path: Path) -> None:
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube, controllers() as tg:
         await cluster(kube)
         await start_controller(tg, settings_for(apiserver, tmp_path))
-        workload = await kube.create(r.TENSORFUSIONWORKLOADS, {  # as the webhook creates it
-            "metadata": {"name": "solo", "namespace": "default", "annotations": {AWAITING_POD: rfc3339()},
-                         "finalizers": [tfa.FINALIZER]}, "spec": {"poolName": POOL}})
+        workload = await new_workload(kube, "solo")
         pod = await kube.create(r.PODS, bare_worker("solo"))
-        uid = pod["metadata"]["uid"]
+        await adopted(kube, workload, pod["metadata"]["uid"])
 
-        def pod_marked(obj: dict[str, Any]) -> bool:
-            meta = obj["metadata"]
-            return tfa.FINALIZER in (meta.get("finalizers") or []) or \
-                tfa.PENDING_OWNED_WORKLOAD not in (meta.get("annotations") or {})
+        # the workload's status is written after the adoption (its reconciler counts the worker);
+        # by then the pod reconciler has seen the adoption, and the pod was never written
+        async def counted() -> Any:
+            found = await kube.get(r.TENSORFUSIONWORKLOADS, "solo", namespace="default")
+            return found if (found.get("status") or {}).get("workerCount") == 1 else None
 
-        marked = await first_change(kube, r.PODS, "solo", pod["metadata"]["resourceVersion"], pod_marked)
-        assert tfa.FINALIZER in marked["metadata"]["finalizers"]
-        assert tfa.PENDING_OWNED_WORKLOAD not in marked["metadata"]["annotations"]
+        await eventually(counted, what="the workload counting its worker")
+        now = await kube.get(r.PODS, "solo", namespace="default")
+        assert now["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+        assert now["metadata"]["annotations"][tfa.PENDING_OWNED_WORKLOAD] == "solo"
 
-        def owned(obj: dict[str, Any]) -> bool:
-            return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
 
-        adopted = await first_change(kube, r.TENSORFUSIONWORKLOADS, "solo", workload["metadata"]["resourceVersion"],
-                                     owned)
-        assert [(o["kind"], o["controller"]) for o in adopted["metadata"]["ownerReferences"]] == [("Pod", True)]
-        assert AWAITING_POD not in (adopted["metadata"].get("annotations") or {})
-        assert adopted["metadata"]["finalizers"] == [tfa.FINALIZER]
+async def test_a_worker_without_the_finalizer_gets_it_in_one_write(apiserver: Any, tmp_path: Path) -> None:
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        await cluster(kube)
+        await start_controller(tg, settings_for(apiserver, tmp_path))
+        workload = await new_workload(kube, "late")
+        pod = await kube.create(r.PODS, bare_worker("late", finalizer=False))
+        marked = await first_change(kube, r.PODS, "late", pod["metadata"]["resourceVersion"], lambda _: True)
+        assert marked["metadata"]["finalizers"] == [tfa.FINALIZER]
+        assert marked["metadata"]["annotations"] == pod["metadata"]["annotations"]
+        await adopted(kube, workload, pod["metadata"]["uid"])

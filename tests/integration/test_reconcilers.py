@@ -378,12 +378,9 @@ async def test_quota_follows_pods_and_alert_flips_at_the_threshold(apiserver: An
                 [("Pod", pod["metadata"]["uid"], True)] else None
 
         await eventually(owned, what="the pod owning its workload")
-
-        async def adopted() -> bool:  # written after the owner reference, in a second request
-            notes = (await kube.get(r.PODS, "w1", namespace="team"))["metadata"]["annotations"]
-            return tfa.PENDING_OWNED_WORKLOAD not in notes
-
-        await eventually(adopted, what="the pending-owner annotation removed")
+        # the request stays on the pod: the workload's owner reference says it is met
+        notes = (await kube.get(r.PODS, "w1", namespace="team"))["metadata"]["annotations"]
+        assert notes[tfa.PENDING_OWNED_WORKLOAD] == "train"
         pending = await eventually(lambda: _workload_status(kube, "Pending", 1), what="one worker, not ready")
         assert pending["readyWorkers"] == 0
         await kube.patch(r.PODS, "w1", {"status": {"phase": "Running", "conditions": [

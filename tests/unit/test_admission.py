@@ -216,7 +216,8 @@ async def test_patch_is_applied_and_request_is_complete(server: WebhookServer) -
     original = attrs()
     result = await run([config("c1", url_hook(server))], original)
     assert result["metadata"]["labels"] == {"app": "x", "mutated": "yes"}
-    assert original.obj == pod(), "the caller's object is not mutated in place"
+    # the caller hands its object over: the first webhook's patch is applied to it, not to a copy
+    assert result is original.obj
     [(path, query, review)] = server.requests
     assert path == "/mutate" and query == "timeout=10s"
     request = review["request"]

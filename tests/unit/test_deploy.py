@@ -204,7 +204,7 @@ def can(index: rbac.PolicyIndex, user: str, verb: str, resource: str, *, group: 
     ("patch", "jobs", "batch", "ml", "nightly-28000"),
     ("create", "tensorfusionconnections", "tensor-fusion.ai", "ml", ""),
     ("patch", "tensorfusionconnections/status", "tensor-fusion.ai", "ml", "c"),
-    ("update", "gpus/status", "tensor-fusion.ai", "", "gpu-1"),
+    ("patch", "gpus/status", "tensor-fusion.ai", "", "gpu-1"),
     ("watch", "gpuresourcequotas", "tensor-fusion.ai", "", ""),
 ])
 def test_the_controller_may(verb: str, resource: str, group: str, namespace: str, name: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tfusion.api.merge import merge_patch_from
 from tfusion.apiserver.patch import (
     STRATEGIC_MERGE_KINDS,
     PatchError,
@@ -25,6 +26,12 @@ json_values = st.recursive(
 
 # ------------------------------------------------------------------------------------------------
 # RFC 7386
+
+null_free = st.recursive(
+    st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,6 +73,25 @@ def test_merge_patch_is_idempotent(patch: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # RFC 6902
+
+
+@given(st.dictionaries(st.text(max_size=3), null_free, max_size=5),
+       st.dictionaries(st.text(max_size=3), null_free, max_size=5))
+def test_merge_patch_from_turns_before_into_after(before: dict[str, Any], after: dict[str, Any]) -> None:
+    patch = merge_patch_from(before, after)
+    assert merge_patch(before, patch) == after
+    assert (patch == {}) == (before == after)
+
+
+def test_merge_patch_from_sends_only_what_changed() -> None:
+    before = {"available": {"tflops": "100", "vram": "80Gi"}, "runningApps": [{"name": "a"}], "phase": "Running",
+              "allocatedPartitions": {"u1": {"templateId": "1g"}, "u2": {"templateId": "2g"}}}
+    after = {"available": {"tflops": "80", "vram": "80Gi"}, "runningApps": [{"name": "a"}, {"name": "b"}],
+             "phase": "Running", "allocatedPartitions": {"u2": {"templateId": "2g"}}}
+    assert merge_patch_from(before, after) == {
+        "available": {"tflops": "80"}, "runningApps": [{"name": "a"}, {"name": "b"}],
+        "allocatedPartitions": {"u1": None}}
+    assert merge_patch_from(before, {}) == dict.fromkeys(before)
 
 
 def test_json_patch_add_object_member_and_array_insert_and_append() -> None:

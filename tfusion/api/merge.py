@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["STRATEGIC_MERGE_KINDS", "PatchError", "clone", "strategic_merge_patch"]
+__all__ = ["STRATEGIC_MERGE_KINDS", "PatchError", "clone", "merge_patch_from", "strategic_merge_patch"]
 
 
 class PatchError(ValueError):
@@ -38,6 +38,23 @@ def clone(value: Any) -> Any:
     if isinstance(value, list):
         return [clone(v) for v in value]
     return value
+
+
+def merge_patch_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns the object `before` into `after`: a member `after` lacks is
+    null, objects on both sides are diffed member by member, anything else changed is sent whole
+    (lists included, as merge patches replace them). `after` must hold no nulls (a merge patch
+    cannot say "set to null")."""
+    patch: dict[str, Any] = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            inner = merge_patch_from(old, value)
+            if inner:
+                patch[key] = inner
+        elif key not in before or old != value:
+            patch[key] = value
+    return patch
 
 
 @dataclass(frozen=True)

@@ -360,7 +360,9 @@ def _denial(name: str, response: Mapping[str, Any]) -> AdmissionError:
     return AdmissionError(code, reason, message)
 
 
-def _apply_patch(name: str, obj: dict[str, Any], response: Mapping[str, Any]) -> dict[str, Any]:
+def _apply_patch(name: str, obj: dict[str, Any], response: Mapping[str, Any], *, owned: bool) -> dict[str, Any]:
+    """The object the webhook's patch makes: a copy, or with `owned` `obj` itself, patched in place (a
+    failing patch fails the request, so a half-patched object is never used)."""
     raw = response.get("patch")
     if not raw:
         return obj
@@ -373,7 +375,7 @@ def _apply_patch(name: str, obj: dict[str, Any], response: Mapping[str, Any]) ->
         )
     try:
         ops = orjson.loads(base64.b64decode(raw, validate=True))
-        patched = json_patch(obj, ops)
+        patched = json_patch(obj, ops, owned=owned)
     except (binascii.Error, ValueError, orjson.JSONDecodeError, PatchError) as exc:
         raise AdmissionError(
             500,
@@ -424,7 +426,8 @@ async def run_mutating_webhooks(
     warnings: list[str] | None = None,
     client: ClientCertificate | None = None,
 ) -> dict[str, Any]:
-    """Run every matching mutating webhook over attributes.obj; returns the (patched) object.
+    """Run every matching mutating webhook over attributes.obj; returns the (patched) object. The
+    caller hands attributes.obj over: the first webhook's patch is applied to it in place.
 
     `resolve_service(namespace, name, port)` maps a service reference to "host:port".
     Webhook warnings are appended to `warnings` when given; `client` is presented to every
@@ -438,19 +441,23 @@ async def run_mutating_webhooks(
             if not isinstance(webhook, Mapping):
                 continue
             attrs = _with_object(attributes, obj)
-            new_obj = await _run_one(webhook, attrs, namespace_labels, resolve_service, warnings, client)
+            # the object before a patch is only needed to tell whether an earlier webhook should see
+            # it again; the first one called patches the caller's object in place (the copy of a pod
+            # was about 8 % of a create's cost)
+            new_obj = await _run_one(webhook, attrs, namespace_labels, resolve_service, warnings, client,
+                                     owned=not invoked)
             if new_obj is None:
                 continue
-            changed = new_obj != obj
-            obj = new_obj
-            if changed:
+            if invoked and new_obj != obj:
                 for earlier in invoked:
                     earlier.changed_since = True
+            obj = new_obj
             invoked.append(_Invocation(webhook, webhook.get("reinvocationPolicy") == "IfNeeded"))
     for call in invoked:
         if call.reinvoke and call.changed_since:
             again = await _run_one(
-                call.webhook, _with_object(attributes, obj), namespace_labels, resolve_service, warnings, client
+                call.webhook, _with_object(attributes, obj), namespace_labels, resolve_service, warnings, client,
+                owned=False,
             )
             obj = obj if again is None else again
     return obj
@@ -467,8 +474,11 @@ async def _run_one(
     resolve_service: ResolveService,
     warnings: list[str] | None,
     client: ClientCertificate | None = None,
+    *,
+    owned: bool,
 ) -> dict[str, Any] | None:
-    """Call one webhook if it matches; the resulting object, or None if it was not called."""
+    """Call one webhook if it matches; the resulting object, or None if it was not called (`owned`: see
+    `_apply_patch`)."""
     name = str(webhook.get("name", ""))
     ignore_failures = webhook.get("failurePolicy") == "Ignore"
     try:
@@ -489,7 +499,7 @@ async def _run_one(
     if not response["allowed"]:
         raise _denial(name, response)
     current = attrs.obj if attrs.obj is not None else {}
-    return _apply_patch(name, current, response)
+    return _apply_patch(name, current, response, owned=owned)
 
 
 def _call_failed(name: str, ignore: bool, detail: str) -> None:

@@ -205,17 +205,30 @@ def crd_rule_causes(crd: dict[str, Any]) -> list[Cause]:
 _compiled: OrderedDict[str, RuleNode | None] = OrderedDict()
 
 
+#: the same, by the schema object: a served schema is part of a stored CRD, never edited, and
+#: hashing a workload's schema (tens of KB of JSON) on every write cost half as much as validating
+#: the workload did
+_by_schema: dict[int, tuple[Schema, RuleNode | None]] = {}
+
+
 def rules_for(schema: Schema) -> RuleNode | None:
     """The compiled rules of a served schema (None if it has none), compiled once per distinct schema."""
+    known = _by_schema.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
     key = hashlib.sha256(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)).hexdigest()
     if key in _compiled:
         _compiled.move_to_end(key)
-        return _compiled[key]
-    node, _ = compile_schema(schema)
-    result = None if node.empty() else node
-    _compiled[key] = result
-    if len(_compiled) > _CACHE_SIZE:
-        _compiled.popitem(last=False)
+        result = _compiled[key]
+    else:
+        node, _ = compile_schema(schema)
+        result = None if node.empty() else node
+        _compiled[key] = result
+        if len(_compiled) > _CACHE_SIZE:
+            _compiled.popitem(last=False)
+    if len(_by_schema) >= _CACHE_SIZE:
+        _by_schema.clear()
+    _by_schema[id(schema)] = (schema, result)  # the reference keeps the id from being reused
     return result
 
 

@@ -37,9 +37,9 @@ def _need(role: str, resource: r.ApiResource, verbs: str, callers: str, why: str
 NEEDS: tuple[RbacNeed, ...] = (
     # --- tensor-fusion.ai kinds ---
     _need(CLUSTER, r.GPUS, "get list watch", ".reconcilers.gpu_status .allocation .scheduling.scheduler",
-          "the allocator's and scheduler's GPU cache; gpu_status re-reads a GPU before writing its status"),
-    _need(CLUSTER, r.GPUS, "update patch", ".reconcilers.gpu_status .reconcilers.gpunode",
-          "allocations written into GPU status (PUT); the GPUNode reconciler sets a GPU's phase",
+          "the allocator's and scheduler's GPU cache; gpu_status re-reads a GPU after a conflicting status write"),
+    _need(CLUSTER, r.GPUS, "patch", ".reconcilers.gpu_status .reconcilers.gpunode",
+          "allocations written into GPU status (merge patch); the GPUNode reconciler sets a GPU's phase",
           subresource="status"),
     _need(CLUSTER, r.GPUNODES, "list watch create update patch delete",
           ".reconcilers.node .reconcilers.gpunode .reconcilers.pool .reconcilers.gpu_status",

@@ -19,14 +19,15 @@
   reconciler. Tombstones are a hint, not state: after a restart every ledger is rebuilt from the
   pods that exist, so a pod deleted before then holds nothing anywhere.
 - `tensor-fusion.ai/pending-owned-workload: <workload>` (the webhook's request) makes the pod the
-  controlling owner of that TensorFusionWorkload in its namespace; the annotation is then removed.
-  A workload that does not exist yet is looked for again when it reaches the cache, or in a few
-  seconds (a Warning event says so once the pod is older than that).
-- Writes per new worker, as few as the protocol allows: none for a Deployment's pod the webhook
-  admitted (its finalizer is already there); for a bare pod, or a worker without the finalizer,
-  the finalizer and the annotation's removal are one strategic merge patch of the pod (no
-  resourceVersion, so the scheduler's Binding does not make it conflict); the adoption is one
-  merge patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
+  controlling owner of that TensorFusionWorkload in its namespace. The annotation stays: whether
+  the request is met is read from the workload's ownerReferences (the original removes it, one more
+  write per bare pod that nothing reads). A workload that does not exist yet is looked for again
+  when it reaches the cache, or in a few seconds (a Warning event says so once the pod is older
+  than that).
+- Writes per new worker, as few as the protocol allows: none to a pod the webhook admitted (its
+  finalizer is already there); a worker without the finalizer gets it in one strategic merge patch
+  (no resourceVersion, so the scheduler's Binding does not make it conflict); a bare pod's adoption
+  is one merge patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
@@ -45,7 +46,7 @@ from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.timestamps import parse_rfc3339
-from tfusion.controller.reconcilers.common import FINALIZER
+from tfusion.controller.reconcilers.common import FINALIZER, controlled_by
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
 from tfusion.controller.webhook.workloads import AWAITING_POD
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 WORKLOAD_RETRY_S = 3.0
 #: how often a worker that lost its component label (and so left the informer) is read again
 LABEL_RECHECK_S = 30.0
-#: pods by the workload they are still to adopt ("namespace/workload")
+#: pods by the workload their pending-owned-workload annotation names ("namespace/workload")
 PENDING_INDEX = "pending-owned-workload"
 #: tombstones kept at most (oldest dropped first); each is consumed by the reconcile it wakes
 TOMBSTONES_MAX = 10_000
@@ -94,8 +95,11 @@ class PodReconciler:
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
 
     def _adopters(self, workload: JsonMapping) -> list[str]:
-        """The pods still to adopt this workload."""
-        return [_key(Body(p)) for p in self.pods.by_index(PENDING_INDEX, _key(Body(workload)))]
+        """The pods still to adopt this workload: those that ask to and are not its controller yet
+        (so the workload's own status writes wake no pod)."""
+        body = Body(workload)
+        return [_key(pod) for pod in map(Body, self.pods.by_index(PENDING_INDEX, _key(body)))
+                if not controlled_by(body, pod.uid)]
 
     def _on_delete(self, pod: Pod) -> None:
         """Remember the UID the deleted key had, and wake the reconciler; nothing is released here."""
@@ -119,30 +123,23 @@ class PodReconciler:
         tomb = self._tombstones.pop(key, None)
         if tomb and tomb != pod.uid:  # replaced by a pod of the same name
             await self._release(service, tomb, "replaced")
-        result, adopted = await self._adopt_workload(pod)
+        result = await self._adopt_workload(pod)
         if pod.is_client:
             await self._client(pod)
         if pod.finished or pod.meta.deleting:
             await self._release(service, pod.uid, "finished" if pod.finished else "deleted")
         if pod.is_worker and pod.meta.deleting:
             await ensure_finalizer(self.runtime.client, r.PODS, pod, FINALIZER, _released_already)
-        await self._mark(pod, finalizer=pod.is_worker and not pod.meta.deleting, adopted=adopted)
+        if pod.is_worker and not pod.meta.deleting and FINALIZER not in pod.meta.finalizers:
+            await self._add_finalizer(pod)
         return result
 
-    async def _mark(self, pod: Pod, *, finalizer: bool, adopted: bool) -> None:
-        """Our finalizer on a live worker and the pending-owned-workload annotation dropped once
-        its workload is adopted, in one write: a strategic merge patch, which adds the finalizer
-        to the pod's set without a resourceVersion, so the Binding written meanwhile does not make
-        it conflict (a PUT on the cached version would, for nearly every new pod)."""
-        meta: JsonObject = {}
-        if finalizer and FINALIZER not in pod.meta.finalizers:
-            meta["finalizers"] = [FINALIZER]
-        if adopted:
-            meta["annotations"] = {tfa.PENDING_OWNED_WORKLOAD: None}
-        if not meta:
-            return
+    async def _add_finalizer(self, pod: Pod) -> None:
+        """Our finalizer on a live worker: a strategic merge patch, which adds it to the pod's set
+        without a resourceVersion, so the Binding written meanwhile does not make it conflict (a PUT
+        on the cached version would, for nearly every new pod)."""
         # the UID precondition: a pod created again under this name is not this pod
-        meta["uid"] = pod.uid
+        meta: JsonObject = {"finalizers": [FINALIZER], "uid": pod.uid}
         try:
             await self.runtime.client.patch(r.PODS, pod.name, {"metadata": meta}, namespace=pod.namespace,
                                             patch_type="strategic")
@@ -211,21 +208,21 @@ class PodReconciler:
         self.runtime.events.normal(pod, "ConnectionCreated", f"TensorFusionConnection {name} created for "
                                    f"workload {workload}")
 
-    async def _adopt_workload(self, pod: Pod) -> tuple[Result | None, bool]:
-        """(the result, whether the pod's pending-owned-workload annotation may go): the pod made
-        the controlling owner of the workload the annotation names, in one write that also drops
-        the workload's awaiting-pod mark (its pod exists now) and, for a workload created before
-        the webhook stamped it, adds our finalizer."""
+    async def _adopt_workload(self, pod: Pod) -> Result | None:
+        """The pod made the controlling owner of the workload its pending-owned-workload annotation
+        names, in one write that also drops the workload's awaiting-pod mark (its pod exists now)
+        and, for a workload created before the webhook stamped it, adds our finalizer. Nothing is
+        written once the workload names the pod as its controller."""
         workload_name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
         if not workload_name:
-            return None, False
+            return None
         namespace = pod.namespace
         workload = self.workloads.get(f"{namespace}/{workload_name}")
         if workload is None:
             if _age_s(pod) > WORKLOAD_RETRY_S:  # not the cache's lag behind a pod just admitted
                 self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} "
                                             f"does not exist (yet); it is to be owned by this pod")
-            return Result(requeue_after=WORKLOAD_RETRY_S), False
+            return Result(requeue_after=WORKLOAD_RETRY_S)
         owner = controller_reference(pod, r.PODS)
         meta = Body(workload).meta
         refs = meta.owner_references
@@ -238,7 +235,7 @@ class PodReconciler:
                 patch["finalizers"] = [*meta.finalizers, FINALIZER]
             await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload_name, {"metadata": patch},
                                             namespace=namespace)
-        return None, True
+        return None
 
 
 def _key(obj: Body) -> str:
@@ -246,7 +243,7 @@ def _key(obj: Body) -> str:
 
 
 def _pending_workload(raw: JsonMapping) -> list[str]:
-    """"namespace/workload" of the workload a pod is still to adopt (the PENDING_INDEX)."""
+    """"namespace/workload" of the workload a pod asks to own (the PENDING_INDEX)."""
     pod = Body(raw)
     name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
     return [f"{pod.namespace}/{name}"] if name else []

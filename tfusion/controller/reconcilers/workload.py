@@ -245,7 +245,9 @@ class WorkloadReconciler:
         once a pod of it exists; the workload goes when none came within the grace."""
         namespace = workload.namespace
         pods = [Pod(p) for p in self.pods.by_index(ADMITTED_INDEX, key)]
-        if any(p.meta.annotation(tfa.PENDING_OWNED_WORKLOAD) is None for p in pods):
+        # a pod that asks to own no workload, or one that owns this one already
+        if any(p.meta.annotation(tfa.PENDING_OWNED_WORKLOAD) is None or controlled_by(workload, p.uid)
+               for p in pods):
             await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload.name, {"metadata": {
                 "annotations": {AWAITING_POD: None}}}, namespace=namespace)
             return False, None
