@@ -135,12 +135,12 @@ def test_a_state_file_of_a_newer_schema_is_refused_in_one_line_and_left_as_it_wa
     db = sqlite3.connect(state)
     db.execute("CREATE TABLE objects (skey TEXT, ns TEXT, name TEXT, rv INTEGER, data BLOB)")
     db.execute("CREATE TABLE meta (k TEXT PRIMARY KEY, v BLOB NOT NULL)")
-    db.execute("INSERT INTO meta VALUES ('schema', CAST('2' AS BLOB)), ('written_by', CAST('9.0.0' AS BLOB))")
+    db.execute("INSERT INTO meta VALUES ('schema', CAST('99' AS BLOB)), ('written_by', CAST('9.0.0' AS BLOB))")
     db.commit()
     db.close()
     before = state.read_bytes()
     run = subprocess.run(_command("127.0.0.1:0", state, tmp_path / "kc"), capture_output=True, text=True,
                          timeout=20)
     assert run.returncode == 1, run.stderr
-    assert "apiserver cannot start" in run.stderr and "store schema 2, written by tfusion 9.0.0" in run.stderr
+    assert "apiserver cannot start" in run.stderr and "store schema 99, written by tfusion 9.0.0" in run.stderr
     assert "Traceback" not in run.stderr and state.read_bytes() == before

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tfusion.apiserver.app import STATE_BACKUP_PATH
+from tfusion.apiserver.statefile import SCHEMA_VERSION
 from tfusion.apiserver.store import Store
 from tfusion.cli import main
 from tfusion.kube import resources as r
@@ -26,7 +27,7 @@ async def test_backup_while_running_restore_refused_while_running_and_restored_i
 
     assert main(["state", "backup", str(backup), "--state", state, "--kubeconfig", apiserver.kubeconfig]) == 0
     out = capsys.readouterr().out
-    assert "from the API server running on it" in out and "store schema 1" in out
+    assert "from the API server running on it" in out and f"store schema {SCHEMA_VERSION}" in out
     assert backup.stat().st_mode & 0o777 == 0o600, "a backup holds the keys and tokens"
     assert not backup.with_name("backup.db.partial").exists()
     assert main(["state", "backup", str(backup), "--state", state, "--kubeconfig", apiserver.kubeconfig]) == 1

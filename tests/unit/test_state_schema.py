@@ -46,21 +46,48 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _objects_sql(db: sqlite3.Connection) -> str:
+    return str(db.execute("SELECT sql FROM sqlite_master WHERE name = 'objects'").fetchone()[0])
+
+
 def test_a_new_file_is_stamped_and_a_file_from_before_versions_is_read_as_version_1(tmp_path: Path) -> None:
     store = Store(tmp_path / "new.db", 10)
     store.close()
     db = sqlite3.connect(tmp_path / "new.db")
     assert meta_text(db, "schema") == str(SCHEMA_VERSION) and meta_text(db, "written_by") == __version__
+    assert "WITHOUT ROWID" not in _objects_sql(db)
     db.close()
 
     old = _unversioned(tmp_path / "old.db")
+    db = sqlite3.connect(old)
+    assert schema_version(db, str(old)) == 1
+    db.close()
     store = Store(old, 10)
     entry = store.get("configmaps", "default", "a")
     assert entry is not None and store.rv == 7, "the objects of a file from before versions are kept"
     store.close()
     db = sqlite3.connect(old)
-    assert schema_version(db, str(old)) == 1 and meta_text(db, "schema") == "1"
+    assert schema_version(db, str(old)) == SCHEMA_VERSION == 2
     db.close()
+
+
+def test_version_1_becomes_a_rowid_table_with_every_object_and_its_key(tmp_path: Path) -> None:
+    path = _unversioned(tmp_path / "state.db")
+    big = b"x" * 20_000  # several pages: the rows that made the old layout slow
+    _file(path, *(f"INSERT INTO objects VALUES ('pods', 'ns{i % 3}', 'p{i}', {10 + i}, x'{big.hex()}')"
+                  for i in range(5)))
+    db = sqlite3.connect(path)
+    before = db.execute("SELECT * FROM objects ORDER BY skey, ns, name").fetchall()
+    assert ensure_schema(db, str(path)) == 1
+    assert "WITHOUT ROWID" not in _objects_sql(db) and schema_version(db, str(path)) == 2
+    assert db.execute("SELECT * FROM objects ORDER BY skey, ns, name").fetchall() == before
+    assert [row[1] for row in db.execute("PRAGMA table_info(objects)")] == ["skey", "ns", "name", "rv", "data"]
+    with pytest.raises(sqlite3.IntegrityError):  # the key is still unique
+        db.execute("INSERT INTO objects VALUES ('pods', 'ns0', 'p0', 1, x'00')")
+    db.close()
+    kept = sqlite3.connect(tmp_path / "state.db.schema-1.bak")
+    assert "WITHOUT ROWID" in _objects_sql(kept) and kept.execute("SELECT count(*) FROM objects").fetchone() == (6,)
+    kept.close()
 
 
 def test_a_newer_schema_is_refused_naming_it_and_the_file_is_not_changed(tmp_path: Path) -> None:

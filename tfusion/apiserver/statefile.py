@@ -26,20 +26,36 @@ log = logging.getLogger(__name__)
 
 #: the layout this tfusion reads and writes: tables `objects` (skey, ns, name, rv, data) and `meta` (k, v).
 #: Raise it with every change of layout, and add the migration from the previous version to MIGRATIONS.
-SCHEMA_VERSION = 1
+#: 2: `objects` is a rowid table (1 kept the rows in the key's own B-tree: WITHOUT ROWID)
+SCHEMA_VERSION = 2
 #: meta keys: the schema version, and the tfusion that last opened the file (for messages)
 SCHEMA_KEY, WRITTEN_BY_KEY = "schema", "written_by"
 OBJECT_COLUMNS = ("skey", "ns", "name", "rv", "data")
 
 Migration = Callable[[sqlite3.Connection], None]
-#: version n -> the step that turns a file of version n into one of version n + 1 (inside one transaction)
-MIGRATIONS: dict[int, Migration] = {}
 
+_OBJECTS = ("CREATE TABLE {table} (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL, rv INTEGER NOT NULL,"
+            " data BLOB NOT NULL, PRIMARY KEY (skey, ns, name))")
 _CREATE = (
-    "CREATE TABLE IF NOT EXISTS objects (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,"
-    " rv INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (skey, ns, name)) WITHOUT ROWID",
+    _OBJECTS.format(table="IF NOT EXISTS objects"),
     "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL)",
 )
+
+
+def _objects_with_rowid(db: sqlite3.Connection) -> None:
+    """1 -> 2: `objects` as a rowid table. SQLite keeps a WITHOUT ROWID table's whole rows in its key's
+    B-tree, which suits rows of a few dozen bytes; an object is kilobytes, so every write moved
+    them about: at 130,000 pods a write cost 65 us of CPU and 95-145 us in all, 33 and 65 us as a
+    rowid table (and 43 against 30 us of CPU on a small file)."""
+    db.execute(_OBJECTS.format(table="objects_v2"))
+    db.execute("INSERT INTO objects_v2 (skey, ns, name, rv, data) SELECT skey, ns, name, rv, data FROM objects"
+               " ORDER BY skey, ns, name")
+    db.execute("DROP TABLE objects")
+    db.execute("ALTER TABLE objects_v2 RENAME TO objects")
+
+
+#: version n -> the step that turns a file of version n into one of version n + 1 (inside one transaction)
+MIGRATIONS: dict[int, Migration] = {1: _objects_with_rowid}
 
 
 class StateFileError(OSError):
