@@ -6,7 +6,8 @@ says the request is met); a worker that came without the finalizer gets it in on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ async def cluster(kube: KubeClient) -> None:
         subresource="status")
 
 
-def bare_worker(name: str, *, finalizer: bool = True) -> dict[str, Any]:
+def bare_worker(name: str, *, finalizer: bool) -> dict[str, Any]:
     """A bound worker as the webhook and the scheduler leave a bare pod (`finalizer=False`: as one
     created past the webhook): its workload still to adopt."""
     notes = {tfa.GPU_POOL: POOL, tfa.TFLOPS_REQUEST: "10", tfa.VRAM_REQUEST: "1Gi", tfa.TFLOPS_LIMIT: "10",
@@ -84,13 +85,21 @@ async def new_workload(kube: KubeClient, name: str) -> dict[str, Any]:
                      "finalizers": [tfa.FINALIZER]}, "spec": {"poolName": POOL}})
 
 
-async def test_an_admitted_bare_worker_costs_one_write_its_adoption(apiserver: Any, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def a_bare_worker(apiserver: Any, tmp_path: Path, name: str, *,
+                        finalizer: bool) -> AsyncIterator[tuple[KubeClient, dict[str, Any], dict[str, Any]]]:
+    """A running controller, then a workload as the webhook creates it and its bare worker: (a client,
+    the workload, the pod) as created."""
     await apply_crds(apiserver)
     async with kube_client(apiserver) as kube, controllers() as tg:
         await cluster(kube)
         await start_controller(tg, settings_for(apiserver, tmp_path))
-        workload = await new_workload(kube, "solo")
-        pod = await kube.create(r.PODS, bare_worker("solo"))
+        workload = await new_workload(kube, name)
+        yield kube, workload, await kube.create(r.PODS, bare_worker(name, finalizer=finalizer))
+
+
+async def test_an_admitted_bare_worker_costs_one_write_its_adoption(apiserver: Any, tmp_path: Path) -> None:
+    async with a_bare_worker(apiserver, tmp_path, "solo", finalizer=True) as (kube, workload, pod):
         await adopted(kube, workload, pod["metadata"]["uid"])
 
         # the workload's status is written after the adoption (its reconciler counts the worker);
@@ -106,12 +115,7 @@ async def test_an_admitted_bare_worker_costs_one_write_its_adoption(apiserver: A
 
 
 async def test_a_worker_without_the_finalizer_gets_it_in_one_write(apiserver: Any, tmp_path: Path) -> None:
-    await apply_crds(apiserver)
-    async with kube_client(apiserver) as kube, controllers() as tg:
-        await cluster(kube)
-        await start_controller(tg, settings_for(apiserver, tmp_path))
-        workload = await new_workload(kube, "late")
-        pod = await kube.create(r.PODS, bare_worker("late", finalizer=False))
+    async with a_bare_worker(apiserver, tmp_path, "late", finalizer=False) as (kube, workload, pod):
         marked = await first_change(kube, r.PODS, "late", pod["metadata"]["resourceVersion"], lambda _: True)
         assert marked["metadata"]["finalizers"] == [tfa.FINALIZER]
         assert marked["metadata"]["annotations"] == pod["metadata"]["annotations"]
