@@ -34,10 +34,10 @@ OBJECT_COLUMNS = ("skey", "ns", "name", "rv", "data")
 
 Migration = Callable[[sqlite3.Connection], None]
 
-_OBJECTS = ("CREATE TABLE {table} (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL, rv INTEGER NOT NULL,"
+_OBJECTS = ("CREATE TABLE {} (skey TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL, rv INTEGER NOT NULL,"
             " data BLOB NOT NULL, PRIMARY KEY (skey, ns, name))")
 _CREATE = (
-    _OBJECTS.format(table="IF NOT EXISTS objects"),
+    _OBJECTS.format("IF NOT EXISTS objects"),
     "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL)",
 )
 
@@ -47,7 +47,7 @@ def _objects_with_rowid(db: sqlite3.Connection) -> None:
     B-tree, which suits rows of a few dozen bytes; an object is kilobytes, so every write moved
     them about: at 130,000 pods a write cost 65 us of CPU and 95-145 us in all, 33 and 65 us as a
     rowid table (and 43 against 30 us of CPU on a small file)."""
-    db.execute(_OBJECTS.format(table="objects_v2"))
+    db.execute(_OBJECTS.format("objects_v2"))
     db.execute("INSERT INTO objects_v2 (skey, ns, name, rv, data) SELECT skey, ns, name, rv, data FROM objects"
                " ORDER BY skey, ns, name")
     db.execute("DROP TABLE objects")

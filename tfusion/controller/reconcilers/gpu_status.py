@@ -96,9 +96,9 @@ class GpuStatusReconciler:
                 raise
             self._fed[name] = digest
         service.adopt_waiting_for(allocator, name)
-        if not knows_gpu(allocator, name) or status_matches(Gpu(cached), views.gpu_status(allocator, name)):
+        if not knows_gpu(allocator, name):
             return None
-        try:
+        try:  # compares the cached status with the ledger first: most events are our own write's echo
             node = await self._write(allocator, name, cached)
         except KubeError as exc:
             service.metrics.writes.labels("gpu", "error").inc()
@@ -109,9 +109,9 @@ class GpuStatusReconciler:
         return None
 
     async def _write(self, allocator: GpuAllocator, name: str, cached: JsonMapping) -> str | None:
-        """A merge patch of the status on the resourceVersion read: the cached object's first (one
-        round trip per write, not a GET and a PUT), the API server's after a 409. Returns the GPU's
-        GPUNode, None if nothing was written."""
+        """A merge patch of the status on the resourceVersion read, when the status differs from the
+        ledger: the cached object's first (one round trip per write, not a GET and a PUT), the API
+        server's after a 409. Returns the GPU's GPUNode, None if nothing was written."""
         client, writes = self.runtime.client, self.service.metrics.writes
         obj: JsonMapping | None = cached
         for _ in range(STATUS_WRITE_ATTEMPTS):
