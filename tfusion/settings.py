@@ -287,6 +287,8 @@ OPTIONS: tuple[Option, ...] = (
        "requests the client may send at once above --kube-api-qps"),
     _o("log_level", "--log-level", "TF_LOG_LEVEL", "info", _choice("trace", "debug", "info", "warn", "error"),
        "common", "log verbosity"),
+    _o("event_loop", "--event-loop", "TF_EVENT_LOOP", "uvloop", _choice("uvloop", "asyncio"), "common",
+       "the event loop the roles run on: uvloop (libuv's, less CPU per request) or Python's asyncio one"),
     _o("node_name", "--node-name", "GPU_NODE_NAME", "", str, "common",
        "this node's name (GPU node / simulated kubelet); default: the host name"),
     _o("pod_name", None, "POD_NAME", "", str, "common", "pod name (downward API), used in identities"),
@@ -535,6 +537,7 @@ class Settings:
     kube_api_qps: float = _default("kube_api_qps")
     kube_api_burst: int = _default("kube_api_burst")
     log_level: str = _default("log_level")
+    event_loop: str = _default("event_loop")
     node_name: str = _default("node_name")
     pod_name: str = _default("pod_name")
     pod_namespace: str = _default("pod_namespace")

@@ -182,6 +182,23 @@ async def test_custom_resource_status_and_generation(apiserver: Any, widgets: No
     assert info.value.response is not None and info.value.response.status_code == 422
 
 
+async def test_a_write_checks_what_its_schema_never_saw(http: httpx.AsyncClient, widgets: None) -> None:
+    # an update skips the parts equal to the stored object only when that object was validated against
+    # the schema in force: one stored before its CRD changed is checked whole
+    assert (await http.post(WIDGETS, json={"metadata": {"name": "before"}, "spec": {"size": 5}})).status_code == 201
+    crd = (await http.get(f"{CRDS}/widgets.example.com")).json()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"]["maximum"] = 3
+    assert (await http.put(f"{CRDS}/widgets.example.com", json=crd)).status_code == 200
+    status = b'{"status":{"phase":"Up"}}'
+    refused = await http.patch(f"{WIDGETS}/before/status", content=status, headers=MERGE)
+    assert refused.status_code == 422, refused.text
+    assert [c["field"] for c in refused.json()["details"]["causes"]] == ["spec.size"]
+    assert (await http.post(WIDGETS, json={"metadata": {"name": "after"}, "spec": {"size": 2}})).status_code == 201
+    assert (await http.patch(f"{WIDGETS}/after/status", content=status, headers=MERGE)).status_code == 200
+    wrong = await http.patch(f"{WIDGETS}/after/status", content=b'{"status":{"ready":"x"}}', headers=MERGE)
+    assert wrong.status_code == 422 and [c["field"] for c in wrong.json()["details"]["causes"]] == ["status.ready"]
+
+
 async def test_strict_field_validation(http: httpx.AsyncClient, widgets: None) -> None:
     body = {"metadata": {"name": "strict"}, "spec": {"size": 1, "bogus": True}}
     refused = await http.post(WIDGETS, params={"fieldValidation": "Strict"}, json=body)

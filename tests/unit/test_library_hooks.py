@@ -168,3 +168,62 @@ async def test_our_protocol_sees_the_request_state_it_reads() -> None:
     finally:
         writer.close()
         protocol.transport.close()
+
+
+async def test_a_response_leaves_in_one_write_and_close_sends_what_is_pending() -> None:
+    """uvicorn writes a response's head and body apart; through our protocol they reach the real
+    transport as one write (one TLS record, one send), and a response that closes its connection
+    still arrives whole before the end of the stream."""
+    config = uvicorn.Config(_answer_ok, lifespan="off", log_level="warning")
+    protocol_class: Any = _with_head_timeout(30.0)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    ours, theirs = socket.socketpair()
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
+    writes: list[bytes] = []
+    real_write = transport.write
+
+    def counted(data: bytes | bytearray | memoryview[Any]) -> None:
+        writes.append(bytes(data))
+        real_write(data)
+
+    transport.write = counted  # type: ignore[method-assign]
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    try:
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        await reader.readuntil(b"hello")
+        assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 OK") and writes[0].endswith(b"hello")
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nbye")
+        assert (await reader.read()).endswith(b"\r\n\r\nbye")  # whole, then the end of the stream
+        assert len(writes) == 2
+    finally:
+        writer.close()
+        protocol.transport.close()
+
+
+async def test_a_streamed_head_leaves_before_its_body_exists() -> None:
+    """A head with no body in the same turn (a watch's) is not held back until the first event."""
+    go_on = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"transfer-encoding", b"chunked")]})
+        await go_on.wait()
+        await send({"type": "http.response.body", "body": b"event", "more_body": False})
+
+    config = uvicorn.Config(stream, lifespan="off", log_level="warning")
+    protocol_class: Any = _with_head_timeout(30.0)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    ours, theirs = socket.socketpair()
+    await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        go_on.set()
+        assert (await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)).endswith(b"event\r\n0\r\n\r\n")
+    finally:
+        writer.close()
+        protocol.transport.close()

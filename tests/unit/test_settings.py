@@ -9,13 +9,16 @@ when set (`NOT_IMPLEMENTED_FOUND` pins the ones known today). Nothing here touch
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from tfusion import roles
 from tfusion import settings as settings_module
 from tfusion.settings import (
     NOT_IMPLEMENTED,
@@ -33,6 +36,7 @@ from tfusion.settings import (
 ENV_CASES: dict[str, tuple[str, Any, str | None]] = {
     "kubeconfig_env": ("/tmp/kc.yaml", "/tmp/kc.yaml", None),
     "log_level": ("debug", "debug", "loud"),
+    "event_loop": ("asyncio", "asyncio", "tokio"),
     "node_name": ("gpu-node-7", "gpu-node-7", None),
     "pod_name": ("tf-controller-0", "tf-controller-0", None),
     "pod_namespace": ("tf-system", "tf-system", None),
@@ -111,8 +115,8 @@ def test_empty_env_counts_as_unset(opt: Option) -> None:
 
 
 #: a two-valued option cannot have a flag sample unlike both its default and its env case: its
-#: precedence is tested in test_settings_isolation_policy.py
-_TWO_VALUED = {"isolation_mode_policy"}
+#: precedence is tested on its own (test_settings_isolation_policy.py, test_event_loop_flag_beats_env)
+_TWO_VALUED = {"isolation_mode_policy", "event_loop"}
 _FLAG_AND_ENV = [opt for opt in ENV_OPTIONS if opt.flag and opt.attr not in _TWO_VALUED]
 
 
@@ -130,6 +134,22 @@ def test_flag_and_env_precedence(opt: Option) -> None:
         assert getattr(settings, opt.attr) == flag_value, f"{opt.flag} must win over {opt.env}"
     # the flag alone is used when the environment is silent
     assert getattr(_load(flags={**needs, opt.attr: flag_value}), opt.attr) == flag_value
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_roles_run_on_the_chosen_event_loop(loop: str) -> None:
+    async def running_loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    options = roles.backend_options(_load(flags={"event_loop": loop}))
+    module = anyio.run(running_loop_module, backend_options=options)
+    assert module.startswith("uvloop") == (loop == "uvloop"), module
+
+
+def test_event_loop_flag_beats_env() -> None:
+    assert _load(flags={"event_loop": "asyncio"}, env={"TF_EVENT_LOOP": "uvloop"}).event_loop == "asyncio"
+    assert _load(flags={"event_loop": "uvloop"}, env={"TF_EVENT_LOOP": "asyncio"}).event_loop == "uvloop"
+    assert _load().event_loop == "uvloop"
 
 
 def _flag_sample(opt: Option) -> Any:

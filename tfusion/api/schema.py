@@ -62,11 +62,29 @@ def format_errors(errors: list[FieldError]) -> str:
 # --- validation ---------------------------------------------------------------------------------
 
 
-def validate(schema: Schema, obj: Any) -> list[FieldError]:
-    """Every violation of `schema` by `obj` (which should be pruned and defaulted first)."""
+def validate(schema: Schema, obj: Any, valid_old: Any = None) -> list[FieldError]:
+    """Every violation of `schema` by `obj` (which should be pruned and defaulted first).
+
+    `valid_old`: an earlier version of the object known to satisfy `schema` (the API server passes
+    the stored object when it was validated against this very schema). A property or list item the
+    same as there cannot fail (whether a value satisfies its schema depends on nothing else), so it
+    is not walked again: a status write re-checks the status, not the spec."""
     errors: list[FieldError] = []
-    _Validator(errors).check(schema, obj, "", root=True)
+    _Validator(errors).check(schema, obj, "", root=True, old=valid_old)
     return errors
+
+
+def _same(value: Any, old: Any) -> bool:
+    """`value` is exactly `old` as JSON (Python's == alone takes True for 1 and 1.0 for 1, which a
+    schema's types tell apart)."""
+    if type(value) is not type(old):
+        return False
+    if not isinstance(value, dict | list):
+        return bool(value == old)
+    try:
+        return bool(value == old) and orjson.dumps(value) == orjson.dumps(old)
+    except orjson.JSONEncodeError:  # an integer past 64 bits: walked like any changed value
+        return False
 
 
 class _Validator:
@@ -79,7 +97,8 @@ class _Validator:
     def invalid(self, path: str, value: Any, detail: str) -> None:
         self.add(path, "FieldValueInvalid", f"Invalid value: {_show(value)}: {detail}")
 
-    def check(self, schema: Schema, obj: Any, path: str, *, root: bool = False) -> None:
+    def check(self, schema: Schema, obj: Any, path: str, *, root: bool = False, old: Any = None) -> None:
+        """`old`: the same place in a version known to be valid (None: none), see `validate`."""
         if obj is None:
             if not schema.get("nullable"):
                 self._type_mismatch(schema, obj, path)
@@ -91,9 +110,9 @@ class _Validator:
             if keyword in schema:
                 self._check_combinator(keyword, schema[keyword], obj, path)
         if isinstance(obj, dict):
-            self._check_object(schema, obj, path, root=root)
+            self._check_object(schema, obj, path, root=root, old=old if isinstance(old, dict) else None)
         elif isinstance(obj, list):
-            self._check_array(schema, obj, path)
+            self._check_array(schema, obj, path, old=old if isinstance(old, list) else None)
 
     # types
 
@@ -182,7 +201,8 @@ class _Validator:
 
     # containers
 
-    def _check_object(self, schema: Schema, obj: JsonObject, path: str, *, root: bool) -> None:
+    def _check_object(self, schema: Schema, obj: JsonObject, path: str, *, root: bool,
+                      old: JsonObject | None = None) -> None:
         properties: dict[str, Schema] = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in obj:
@@ -197,13 +217,16 @@ class _Validator:
             self._check_embedded(obj, path)
         extra = schema.get("additionalProperties")
         for key, value in obj.items():
+            was = old.get(key) if old is not None else None
+            if was is not None and _same(value, was):
+                continue
             child = _join(path, key)
             if root and key in _ROOT_KEYS:
                 self._check_root_field(key, value, child)
             elif key in properties:
-                self.check(properties[key], value, child)
+                self.check(properties[key], value, child, old=was)
             elif isinstance(extra, dict):
-                self.check(extra, value, child)
+                self.check(extra, value, child, old=was)
 
     def _check_embedded(self, obj: JsonObject, path: str) -> None:
         for key in ("apiVersion", "kind"):
@@ -218,7 +241,7 @@ class _Validator:
             return
         self.check(_METADATA_SCHEMA, value, path)
 
-    def _check_array(self, schema: Schema, obj: list[Any], path: str) -> None:
+    def _check_array(self, schema: Schema, obj: list[Any], path: str, *, old: list[Any] | None = None) -> None:
         if "maxItems" in schema and len(obj) > schema["maxItems"]:
             self.add(path, "FieldValueTooMany",
                      f"Too many: {len(obj)}: must have at most {schema['maxItems']} items")
@@ -233,8 +256,12 @@ class _Validator:
                 seen.add(key)
         items = schema.get("items")
         if isinstance(items, dict):
+            olds = old or ()
             for i, item in enumerate(obj):
-                self.check(items, item, f"{path}[{i}]")
+                was = olds[i] if i < len(olds) else None
+                if was is not None and _same(item, was):
+                    continue
+                self.check(items, item, f"{path}[{i}]", old=was)
 
 
 _STRING_MAP: Final[Schema] = {"type": "object", "additionalProperties": {"type": "string"}}

@@ -327,16 +327,17 @@ class _Walk:
             self.causes.append(_invalid(path, rules.schema, value, _BUDGET_MESSAGE))
             raise OutOfSteps(per_rule=False)
         unchanged = old is not None and value == old
-        self_value = to_cel(value, rules.schema)
-        variables = {"self": self_value}
+        # a transition rule runs only where an old value correlates; ratcheting: kube forgives an
+        # unchanged value any other rule would refuse (it only warns), so none of those runs
+        due = [rule for rule in rules.rules
+               if (rule.uses_old_self and old is not None) or (not rule.uses_old_self and not unchanged)]
+        if not due:
+            return  # and the values are not converted for CEL: a status write leaves the spec as it was
+        variables = {"self": to_cel(value, rules.schema)}
         if old is not None:
             variables["oldSelf"] = to_cel(old, rules.schema)
         memo_key = _memo_key(value, old)
-        for rule in rules.rules:
-            if rule.uses_old_self and old is None:
-                continue
-            if unchanged and not rule.uses_old_self:
-                continue  # ratcheting: kube forgives an unchanged value (it only warns)
+        for rule in due:
             self.rule(rule, rules.schema, value, variables, path, memo_key)
 
     def rule(self, rule: CompiledRule, schema: Schema, value: Any, variables: dict[str, Any], path: str,

@@ -151,9 +151,10 @@ def register(registry: Registry, crd: dict[str, Any]) -> None:
     spec = crd.get("spec") or {}
     names = spec.get("names") or {}
     storage = next((v["name"] for v in spec.get("versions") or [] if v.get("storage")), "")
-    for version in spec.get("versions") or []:
-        if not version.get("served", True):
-            continue
+    served = [version for version in spec.get("versions") or [] if version.get("served", True)]
+    # with two served versions a stored object may have been validated against the other's schema
+    since = _resource_version(crd) if len(served) == 1 else None
+    for version in served:
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
         subresources = version.get("subresources") or {}
         registry.add(
@@ -169,6 +170,7 @@ def register(registry: Registry, crd: dict[str, Any]) -> None:
                 subresources=("status",) if "status" in subresources else (),
                 tracks_generation=True,
                 schema=schema,
+                schema_since=since,
                 printer_columns=list(version.get("additionalPrinterColumns") or []),
                 crd_name=name,
                 storage_version=storage,
@@ -201,6 +203,21 @@ def validate_custom(info: ResourceInfo, obj: dict[str, Any], old: dict[str, Any]
     from tfusion.api import schema as schemas
     from tfusion.apiserver import crd_rules
 
-    causes: list[Cause] = [(e.field, e.reason, e.message) for e in schemas.validate(info.schema, obj)]
+    valid_old = old if old is not None and _validated_against(info, old) else None
+    causes: list[Cause] = [(e.field, e.reason, e.message) for e in schemas.validate(info.schema, obj, valid_old)]
     # CEL rules assume the schema's types hold, so (like kube on type errors) they run on schema-valid objects
     return causes or crd_rules.validate(info.schema, obj, old)
+
+
+def _validated_against(info: ResourceInfo, stored: dict[str, Any]) -> bool:
+    """Whether `stored` (an object as the store holds it) was written after its CRD last changed, so
+    it passed validation against `info.schema` itself: every write of a custom object is validated."""
+    written = _resource_version(stored)
+    return info.schema_since is not None and written is not None and written > info.schema_since
+
+
+def _resource_version(obj: dict[str, Any]) -> int | None:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -29,6 +29,9 @@ class ResourceInfo:
     #: does this for CRDs, custom resources, Deployments, ReplicaSets and Jobs among the kinds served here
     tracks_generation: bool = False
     schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
+    #: the resourceVersion of the CRD write that set `schema`, when the CRD serves this version alone:
+    #: a stored object of a later resourceVersion was validated against this very schema
+    schema_since: int | None = None
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     crd_name: str = ""  # set for custom resources
     storage_version: str = ""

@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 BUILTIN, EXTENDER = "builtin", "extender"
 #: Bindings in flight at once (each on its own kept-alive connection)
-MAX_CONCURRENT_BINDS = 16
+MAX_CONCURRENT_BINDS = 64
 WORKER = tfa.COMPONENT_WORKER
 
 
