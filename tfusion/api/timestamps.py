@@ -8,6 +8,7 @@ six fractional digits (Lease renewTime, Event eventTime). Writing both here keep
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 
@@ -19,9 +20,19 @@ def _moment(moment: datetime | float | None) -> datetime:
     return moment.astimezone(UTC)
 
 
+#: (the Unix second, its `rfc3339` text) of the latest "now": a server stamps several times per write
+_now_text: tuple[int, str] = (-1, "")
+
+
 def rfc3339(moment: datetime | float | None = None) -> str:
     """`metav1.Time`: RFC 3339, UTC, whole seconds, a trailing Z. `moment` is a datetime (a naive
     one is taken as local time), Unix seconds, or None for now."""
+    global _now_text
+    if moment is None:
+        second = int(time.time())
+        if _now_text[0] != second:  # a tuple swapped whole: a thread reading it sees one pair or the other
+            _now_text = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+        return _now_text[1]
     return _moment(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

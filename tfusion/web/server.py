@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -96,7 +96,7 @@ class _CoalescedWrites:
     scheduled pods. The head is held until the next write, which sends both at once (the same turn
     of the event loop, so no answer waits); a head with nothing after it in that turn (a watch's,
     a 204) leaves at the end of the turn. Everything else is the transport's own; `close` sends what
-    is held first."""
+    is held first (as do `writelines` and `write_eof`)."""
 
     __slots__ = ("_head", "_loop", "_transport")
 
@@ -120,6 +120,13 @@ class _CoalescedWrites:
         head, self._head = self._head, None
         if head is not None and not self._transport.is_closing():
             self._transport.write(head)
+
+    def writelines(self, chunks: Iterable[bytes]) -> None:
+        self.write(b"".join(chunks))
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
 
     def close(self) -> None:
         self._flush()
