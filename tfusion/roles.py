@@ -55,9 +55,13 @@ def planned_roles(settings: Settings) -> list[str]:
 
 
 def backend_options(settings: Settings) -> dict[str, Any]:
-    """anyio's asyncio options for `--event-loop`: uvloop is the same asyncio API on libuv, measured at
-    about 5 % less CPU per scheduled pod in both the embedded API server and the controller
-    (docs/performance.md)."""
+    """anyio's asyncio options for `--event-loop`. uvloop is the same asyncio API on libuv: about 5 %
+    less CPU per scheduled pod in the embedded API server and in the controller, but a longer tail
+    where each request is CPU-heavy (the webhook's first pods at c=10: p99 5.5 ms against 3.8 ms on
+    asyncio), so `auto` takes it only for a process that is the API server alone, whose CPU per
+    request bounds the pods a cluster schedules (docs/performance.md)."""
+    if settings.event_loop == "auto":
+        return {"use_uvloop": planned_roles(settings) == ["apiserver"]}
     return {"use_uvloop": settings.event_loop == "uvloop"}
 
 

@@ -287,8 +287,10 @@ OPTIONS: tuple[Option, ...] = (
        "requests the client may send at once above --kube-api-qps"),
     _o("log_level", "--log-level", "TF_LOG_LEVEL", "info", _choice("trace", "debug", "info", "warn", "error"),
        "common", "log verbosity"),
-    _o("event_loop", "--event-loop", "TF_EVENT_LOOP", "uvloop", _choice("uvloop", "asyncio"), "common",
-       "the event loop the roles run on: uvloop (libuv's, less CPU per request) or Python's asyncio one"),
+    _o("event_loop", "--event-loop", "TF_EVENT_LOOP", "auto", _choice("auto", "uvloop", "asyncio"), "common",
+       "the event loop the roles run on: uvloop (libuv's: less CPU per request, a longer tail on CPU-heavy "
+       "requests), asyncio (Python's), or auto: uvloop for a process that runs only the embedded API server, "
+       "asyncio otherwise"),
     _o("node_name", "--node-name", "GPU_NODE_NAME", "", str, "common",
        "this node's name (GPU node / simulated kubelet); default: the host name"),
     _o("pod_name", None, "POD_NAME", "", str, "common", "pod name (downward API), used in identities"),

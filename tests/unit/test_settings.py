@@ -115,8 +115,8 @@ def test_empty_env_counts_as_unset(opt: Option) -> None:
 
 
 #: a two-valued option cannot have a flag sample unlike both its default and its env case: its
-#: precedence is tested on its own (test_settings_isolation_policy.py, test_event_loop_flag_beats_env)
-_TWO_VALUED = {"isolation_mode_policy", "event_loop"}
+#: precedence is tested in test_settings_isolation_policy.py
+_TWO_VALUED = {"isolation_mode_policy"}
 _FLAG_AND_ENV = [opt for opt in ENV_OPTIONS if opt.flag and opt.attr not in _TWO_VALUED]
 
 
@@ -136,25 +136,22 @@ def test_flag_and_env_precedence(opt: Option) -> None:
     assert getattr(_load(flags={**needs, opt.attr: flag_value}), opt.attr) == flag_value
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_roles_run_on_the_chosen_event_loop(loop: str) -> None:
+@pytest.mark.parametrize(("loop", "role", "uvloop"), [
+    ("uvloop", "controller", True), ("asyncio", "apiserver", False),
+    ("auto", "apiserver", True), ("auto", "controller", False), ("auto", "all", False),
+])
+def test_roles_run_on_the_chosen_event_loop(loop: str, role: str, uvloop: bool) -> None:
     async def running_loop_module() -> str:
         return type(asyncio.get_running_loop()).__module__
 
-    options = roles.backend_options(_load(flags={"event_loop": loop}))
-    module = anyio.run(running_loop_module, backend_options=options)
-    assert module.startswith("uvloop") == (loop == "uvloop"), module
-
-
-def test_event_loop_flag_beats_env() -> None:
-    assert _load(flags={"event_loop": "asyncio"}, env={"TF_EVENT_LOOP": "uvloop"}).event_loop == "asyncio"
-    assert _load(flags={"event_loop": "uvloop"}, env={"TF_EVENT_LOOP": "asyncio"}).event_loop == "uvloop"
-    assert _load().event_loop == "uvloop"
+    settings = _load(flags={"event_loop": loop}, roles=(role,))
+    module = anyio.run(running_loop_module, backend_options=roles.backend_options(settings))
+    assert module.startswith("uvloop") == uvloop, module
 
 
 def _flag_sample(opt: Option) -> Any:
     samples: dict[str, Any] = {
-        "log_level": "warn", "node_name": "flag-node", "controller_listen": ":7070",
+        "log_level": "warn", "event_loop": "uvloop", "node_name": "flag-node", "controller_listen": ":7070",
         "operator_namespace": "flag-ns", "hypervisor_port": 7001, "vendor": "Ascend",
         "state_dir": "/flag/state", "hypervisor_host": "10.0.0.1",
         "metrics_push_url": "http://10.0.0.9:8086/write", "autoscaler_usage_source": "greptimedb",
