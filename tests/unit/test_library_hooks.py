@@ -146,16 +146,23 @@ async def _answer_ok(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _connected(app: Any) -> tuple[Any, asyncio.Transport, asyncio.StreamReader, asyncio.StreamWriter]:
+    """`app` served through our protocol on one end of a socket pair: the protocol, the real
+    transport under it, and the other end's streams."""
+    config = uvicorn.Config(app, lifespan="off", log_level="warning")
+    protocol_class: Any = _with_head_timeout(30.0)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    ours, theirs = socket.socketpair()
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    return protocol, transport, reader, writer
+
+
 async def test_our_protocol_sees_the_request_state_it_reads() -> None:
     """A request through HeadDeadlineProtocol on a real socket: the instance attributes it reads
     (loop, transport, parser, flow, cycle and the cycle's more_body/response_complete) hold what it
     expects, and the head deadline is armed again once the response is complete."""
-    config = uvicorn.Config(_answer_ok, lifespan="off", log_level="warning")
-    protocol_class: Any = _with_head_timeout(30.0)
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
-    ours, theirs = socket.socketpair()
-    await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
-    reader, writer = await asyncio.open_connection(sock=theirs)
+    protocol, _, reader, writer = await _connected(_answer_ok)
     try:
         assert protocol.loop is asyncio.get_running_loop() and protocol.parser is not None
         assert protocol.transport is not None and protocol.flow is not None and protocol._awaiting_head
@@ -174,11 +181,7 @@ async def test_a_response_leaves_in_one_write_and_close_sends_what_is_pending() 
     """uvicorn writes a response's head and body apart; through our protocol they reach the real
     transport as one write (one TLS record, one send), and a response that closes its connection
     still arrives whole before the end of the stream."""
-    config = uvicorn.Config(_answer_ok, lifespan="off", log_level="warning")
-    protocol_class: Any = _with_head_timeout(30.0)
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
-    ours, theirs = socket.socketpair()
-    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
+    protocol, transport, reader, writer = await _connected(_answer_ok)
     writes: list[bytes] = []
     real_write = transport.write
 
@@ -187,7 +190,6 @@ async def test_a_response_leaves_in_one_write_and_close_sends_what_is_pending() 
         real_write(data)
 
     transport.write = counted  # type: ignore[method-assign]
-    reader, writer = await asyncio.open_connection(sock=theirs)
     try:
         writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
         await reader.readuntil(b"hello")
@@ -212,12 +214,7 @@ async def test_a_streamed_head_leaves_before_its_body_exists() -> None:
         await go_on.wait()
         await send({"type": "http.response.body", "body": b"event", "more_body": False})
 
-    config = uvicorn.Config(stream, lifespan="off", log_level="warning")
-    protocol_class: Any = _with_head_timeout(30.0)
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
-    ours, theirs = socket.socketpair()
-    await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, ours)
-    reader, writer = await asyncio.open_connection(sock=theirs)
+    protocol, _, reader, writer = await _connected(stream)
     try:
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)

@@ -84,7 +84,8 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "tensor-fusion-scheduler"
 BUILTIN, EXTENDER = "builtin", "extender"
-#: Bindings in flight at once (each on its own kept-alive connection)
+#: Bindings in flight at once (each on its own kept-alive connection): with 16, binds fell seconds
+#: behind a burst of 600 creates a second (p99 4-5 s); with 64 they keep up (p99 about 0.2 s)
 MAX_CONCURRENT_BINDS = 64
 WORKER = tfa.COMPONENT_WORKER
 
