@@ -40,8 +40,10 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
   (`tfusion_pool_workers` has samples): the term-start pass over every object (each pod, GPU and
   workload reconciled once, each worker's billing row made), during which it schedules too, more
   slowly;
-- then, on that settled leader, `--new-pods` pods of Deployments created as users write them,
-  mutated by the controller's webhook and bound by its scheduler: `pods_per_s`, `bind_p50_ms`,
+- then, on that settled leader, `--new-pods` pods of Deployments (`--pods-per-workload` each, one
+  Deployment's after another) created as the ReplicaSet controller sends a user's template (with
+  its generateName: the API server names them), mutated by the controller's webhook and bound by
+  its scheduler: `pods_per_s`, `bind_p50_ms`,
   `bind_p99_ms`, `unscheduled` and `double_allocations` (scheduling.py's definitions and checker,
   over every pod of the cluster), and `watch_relists`: how often the benchmark's bind watcher fell
   behind the API server's watch history and listed instead (its pods then count as bound when the
@@ -297,10 +299,13 @@ class Cluster:
                                       "spec": {"containers": [{"name": "main", "image": "app"}]}}}}
 
     def user_pod(self, ns: str, name: str, deployment: str, rs_uid: str, pool: str) -> dict[str, Any]:
-        """A pod as the ReplicaSet controller writes it from a template a user wrote."""
+        """A pod as the ReplicaSet controller writes it from a template a user wrote; a `name` that
+        ends in "-" is its generateName (the ReplicaSet controller names every pod so)."""
         pod = sched.webhook_pod(0)
         meta = pod["metadata"]
-        meta.update({"name": name, "namespace": ns, "labels": {**meta["labels"], "app": deployment},
+        del meta["name"]
+        meta.update({"generateName" if name.endswith("-") else "name": name, "namespace": ns,
+                     "labels": {**meta["labels"], "app": deployment},
                      "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{deployment}-rs",
                                           "uid": rs_uid, "controller": True, "blockOwnerDeletion": True}]})
         meta["annotations"].update({tfa.GPU_POOL: pool, tfa.TFLOPS_REQUEST: str(POD_TFLOPS),
@@ -607,16 +612,24 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
     conns = await cluster.connections()
     numbers = iter(range(args.new_pods))
 
+    bodies: dict[int, bytes] = {}
+
+    def pod_of(d: int) -> bytes:
+        """Deployment d's pod, the same for each of its pods (the API server names them)."""
+        if d not in bodies:
+            ns, dep, rs_uid = targets[d]
+            pool = cluster.pools[d % len(cluster.pools)]
+            bodies[d] = json.dumps(cluster.user_pod(ns, f"{dep}-rs-", dep, rs_uid, pool)).encode()
+        return bodies[d]
+
     async def creator(conn: Any) -> None:
         for i in numbers:
             d = i // per
-            ns, dep, rs_uid = targets[d]
-            pool = cluster.pools[d % len(cluster.pools)]
-            pod = cluster.user_pod(ns, f"{dep}-{i % per:03d}", dep, rs_uid, pool)
-            status, body = await conn.request("POST", f"/api/v1/namespaces/{ns}/pods", json.dumps(pod).encode())
+            ns = targets[d][0]
+            status, body = await conn.request("POST", f"/api/v1/namespaces/{ns}/pods", pod_of(d))
             if status != 201:
                 raise RuntimeError(f"pod create answered {status}: {body[:300]!r}")
-            created_at[f"{ns}/{pod['metadata']['name']}"] = time.monotonic()
+            created_at[f"{ns}/{_CREATED.decode(body).metadata.name}"] = time.monotonic()
 
     await asyncio.gather(*(creator(c) for c in conns))
     for conn in conns:
@@ -632,6 +645,17 @@ async def schedule_new(cluster: Cluster, run: int) -> dict[str, Any]:
             "bind_p50_ms": statistics.median(latencies) if latencies else float("nan"),
             "bind_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies
             else float("nan"), "watch_relists": len(relists)}
+
+
+class _Named(msgspec.Struct):
+    name: str
+
+
+class _Created(msgspec.Struct):
+    metadata: _Named
+
+
+_CREATED = msgspec.json.Decoder(_Created)
 
 
 class _CheckedMeta(msgspec.Struct):

@@ -38,7 +38,7 @@ from tfusion.api import podindex
 from tfusion.controller.webhook import certs
 from tfusion.controller.webhook.registration import CONFIGURATION_NAME, MUTATING_WEBHOOK_CONFIGURATIONS
 from tfusion.controller.webhook.server import MAX_REVIEW_BYTES
-from tfusion.controller.webhook.workloads import WorkloadWriter
+from tfusion.controller.webhook.workloads import AWAITING_POD, WorkloadWriter
 from tfusion.kube import resources as r
 from tfusion.kube.client import KubeClient, KubeError
 from tfusion.kube.informer import Informer
@@ -501,7 +501,10 @@ TEMPLATE = {"metadata": {"labels": {"app": "train"}},
 
 
 async def owned_pod(kube: KubeClient, name: str, rs: dict[str, Any], notes: dict[str, str]) -> dict[str, Any]:
+    """A pod of `rs` named `name`; a name ending in "-" is a generateName, as the ReplicaSet controller sends."""
     body = pod(name, notes, labels={"app": "train", "pod-template-hash": "abc123"})
+    if name.endswith("-"):
+        body["metadata"]["generateName"] = body["metadata"].pop("name")
     body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                                             "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
                                             "controller": True, "blockOwnerDeletion": True}]
@@ -561,3 +564,31 @@ async def test_pods_of_one_replicaset_admitted_together_look_up_and_create_once(
         assert webhook is not None
         assert webhook.owners.lookups == 1, "one ReplicaSet read for the eight pods"
         assert webhook.workloads.writes == 1, "one create for the eight pods, no AlreadyExists and re-read"
+
+
+async def test_replicas_admitted_together_are_analysed_once(apiserver: Any, kube: KubeClient,
+                                                            tmp_path: Path) -> None:
+    """The pods a ReplicaSet makes from its template are alike (generateName): the first one's
+    analysis is kept at once (its owner asks for eight) and serves the seven others, also those
+    that waited for its owner lookup. Their workload has no awaiting-pod mark: it goes with the
+    Deployment that owns it."""
+    _, rs = await deployment_and_replicaset(kube, 8)
+    async with controllers() as tg:
+        ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
+        async with anyio.create_task_group() as pods:
+            for _ in range(8):
+                pods.start_soon(owned_pod, kube, "train-abc123-", rs, BARE)
+        webhook = ctl.runtime.webhook
+        assert webhook is not None
+        assert (webhook.memo.hits, webhook.memo.misses, len(webhook.memo)) == (7, 0, 1)
+        # one rendering served them all, each with its own index written in (memo.py)
+        indexes = {podindex.decode_pod_index(name, int(count)) for p in await kube.list(r.PODS, namespace="default")
+                   for name, count in p["spec"]["containers"][0]["resources"]["limits"].items()}
+        assert len(indexes) == 8
+        with anyio.fail_after(30):  # as created (the workload reconciler may have written it since)
+            async for kind, workload in kube.watch(r.TENSORFUSIONWORKLOADS, namespace="default",
+                                                   resource_version=rs["metadata"]["resourceVersion"]):
+                if kind == "ADDED" and workload["metadata"]["name"] == "train":
+                    break
+        assert AWAITING_POD not in (workload["metadata"].get("annotations") or {})
+        assert workload["metadata"]["finalizers"] == [tfa.FINALIZER]

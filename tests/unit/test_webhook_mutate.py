@@ -9,6 +9,7 @@ import copy
 import json
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.helpers.mutate_inputs import BARE, OWNER, POOL, ctx, env_of, pool, tf_pod
@@ -17,6 +18,7 @@ from tfusion.api.accessors import Pod
 from tfusion.apiserver.patch import json_patch
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse, selects
 from tfusion.controller.webhook.patch import json_diff
+from tfusion.controller.webhook import render as render_module
 from tfusion.controller.webhook.render import render
 
 
@@ -374,3 +376,38 @@ def test_vertical_scaling_rules_and_the_pools_container_patch() -> None:
     _, plain = mutated(tf_pod({**BARE, tfa.AUTOSCALE: "true"}, labels={"team": "c"}), context)
     assert plain.workload["spec"]["autoScalingConfig"] == {"autoSetResources": {"enable": True,
                                                                                "targetResource": "all"}}
+
+
+ANY_INDEX_CASES = {
+    "soft": BARE,
+    "sidecar": {**BARE, tfa.SIDECAR_WORKER: "true", tfa.ISOLATION: "hard", tfa.VRAM_LIMIT: "8Gi"},
+    "two containers": {**BARE, tfa.INJECT_CONTAINER: "app,side"},
+}
+
+
+@pytest.mark.parametrize("notes", ANY_INDEX_CASES.values(), ids=ANY_INDEX_CASES.keys())
+def test_one_rendering_for_any_index_gives_each_index_its_patch(notes: dict[str, str]) -> None:
+    """What the memo does for a Deployment's pods (memo.py): the patch rendered once with the index
+    marks, an index written in, is to the byte the patch rendered for that index, for all 128."""
+    two = tfa.INJECT_CONTAINER in notes
+    pod = tf_pod(notes, containers=[{"name": "app", "image": "python"}, {"name": "side", "image": "python"}]
+                 if two else None)
+    plan = analyse(Pod(pod), ctx(), OWNER)
+    assert plan is not None and render_module.renders_any_index(plan, orjson.dumps(pod))
+    template = orjson.dumps(json_diff(pod, render(Pod(pod), plan, index=render_module.ANY_INDEX,
+                                                  host_port=None))).decode()
+    for index in range(1, tfa.POD_INDEX_MAX + 1):
+        one = orjson.dumps(json_diff(pod, render(Pod(pod), plan, index=index, host_port=None))).decode()
+        assert render_module.with_index(template, index) == one, index
+
+
+def test_a_pool_patch_or_an_index_already_there_is_rendered_for_each_index() -> None:
+    pod = tf_pod(BARE)
+    plan = analyse(Pod(pod), ctx(), OWNER)
+    assert plan is not None and render_module.renders_any_index(plan, orjson.dumps(pod))
+    patched = analyse(Pod(pod), ctx(pools=[pool(componentConfig={"client": {"patchToContainer": {
+        "resources": {"limits": {"tensor-fusion.ai/index_0": "3"}}}}})]), OWNER)
+    assert patched is not None and not render_module.renders_any_index(patched, orjson.dumps(pod))
+    held = tf_pod(BARE, containers=[{"name": "app", "image": "python",
+                                     "resources": {"limits": {"tensor-fusion.ai/index_2": "4"}}}])
+    assert not render_module.renders_any_index(plan, orjson.dumps(held))

@@ -7,10 +7,14 @@ is busiest. The mutation is a pure function of the pod as sent, its namespace, t
 `analyse` reads (pools, provider configs, quotas, workload profiles, scheduling templates,
 namespaces and, for compute-percent pods, GPU capacities), the dynamic config, the pod's resolved
 owner and its index. `ReviewMemo` keeps the plan, and the JSON patch for each index a pod got, under
-the pod's bytes (without the managedFields kube-apiserver stamps to the second) and namespace; an
-entry holds while every informer it read has the same `generation` (a counter of changes to its
-store other than status writes), the dynamic config is the same object and the owner resolves the
-same; the GPU capacities it looked up are compared again.
+the pod's bytes (without the managedFields kube-apiserver stamps to the second) and namespace. The
+index is rendered once for all: the patch made with marks where the index goes (render.ANY_INDEX)
+is kept too, and each new index's patch is that text with the marks replaced (render.with_index),
+since a Deployment's pods get one index after another (1 to 128) and rendering them was most of a
+memo hit's cost (where the index goes nowhere else: render.renders_any_index). An entry holds while
+every informer it read has the same `generation` (a counter of changes to its store other than
+status writes), the dynamic config is the same object and the owner resolves the same; the GPU
+capacities it looked up are compared again.
 
 Named pods without a controller (pods created one by one, by a script or a person) are never
 byte-identical: they differ in their name, which their plan reads only as their workload's name.
@@ -26,8 +30,9 @@ their own) would only push out entries that do come again; and on CPython 3.11, 
 replace evicted ones grow the collector's youngest generation without counting towards its
 collection (the count is allocations minus frees, and each eviction frees as much as an entry
 allocates), so a stream of such pods ended in young collections of ~95,000 objects that held the
-event loop 25 ms each. The second pod of a Deployment or of a script's run pays the analysis once
-more.
+event loop 25 ms each. The second pod of a script's run pays the analysis once more. A pod whose
+owner asks for more than one replica is kept from the first: its siblings are on their way (a
+cluster of small Deployments otherwise analysed two pods of each).
 
 What it never skips: the owner lookup (itself cached), the index assignment, the workload check,
 and everything for the plans it does not keep, which claim or read something per pod: a host port,
@@ -74,7 +79,8 @@ class Remembered:
     #: the GPU capacities the analysis looked up (compute percent, dedicated GPUs), by model: GPU
     #: status changes with every allocation, so these are compared instead of a generation
     gpu_reads: dict[str, object]
-    #: the base64 JSON patch for each index (None: no index); for a shape, the JSON text (see above)
+    #: the base64 JSON patch for each index (None: no index); for a shape, the JSON text (see above);
+    #: under render.ANY_INDEX, the JSON text with the index's marks (service._any_index)
     patches: dict[int | None, str] = field(default_factory=dict)
     #: a shape's workload as last handed out under a pod's name (name, workload): the same pod sent
     #: again gets the very object, which the workload writer recognises without comparing it
@@ -119,9 +125,10 @@ class ReviewMemo:
         return found
 
     def remember(self, key: Key, entry: Remembered) -> None:
-        """Keep `entry` under `key`, unless this is the first time `key` is seen (see the module
-        docstring): then only mark it."""
-        if key not in self._entries and not self._seen_before(key):
+        """Keep `entry` under `key`, unless this is the first time `key` is seen and its owner
+        promises no more replicas (see the module docstring): then only mark it."""
+        siblings = (entry.owner.replicas or 0) > 1
+        if key not in self._entries and not siblings and not self._seen_before(key):
             return
         old = self._entries.pop(key, None)
         if old is not None:

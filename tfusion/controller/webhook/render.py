@@ -15,8 +15,9 @@ TypedDicts, so their keys are checked.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 import orjson
 
@@ -196,12 +197,42 @@ def _strip_native(container: JsonObject, names: Sequence[str]) -> None:
                 resources.pop(side)
 
 
-def _set_index(container: JsonObject, index: int) -> None:
+#: `render(index=ANY_INDEX)` writes marks where the index resource's number and count go, so that
+#: one rendering, and its JSON patch as text, serves every index: `with_index` writes one in. (No
+#: pod index is 0: they run from 1.) The marks are random for each process, so no pod holds them by
+#: chance (a pod that does is rendered for its own index).
+ANY_INDEX: Final = 0
+_INDEX_MARK = secrets.token_hex(8)
+_NUMBER_MARK, _COUNT_MARK = f"{_INDEX_MARK}n", f"{_INDEX_MARK}c"
+_MARK_BYTES, _INDEX_PREFIX_BYTES = _INDEX_MARK.encode(), tfa.INDEX_RESOURCE_PREFIX.encode()
+
+
+def renders_any_index(plan: Plan, sent: bytes) -> bool:
+    """Whether `with_index` on the rendering for ANY_INDEX gives what rendering the index itself
+    gives, for this plan and the pod as `sent`: the index goes nowhere but the limits `_set_index`
+    writes (no pool's patchToContainer merged over them), and the pod holds no index resource of its
+    own (its patch would remove that one and add the new, which may be the same) and no mark."""
+    return (plan.remote is None and not section(plan.pool.component_config, "client", "patchToContainer")
+            and _INDEX_PREFIX_BYTES not in sent and _MARK_BYTES not in sent)
+
+
+def with_index(rendered: str, index: int) -> str:
+    """JSON text rendered with ANY_INDEX (a pod, or its patch), with `index` written in."""
     resource, count = podindex.encode_pod_index(index)
+    number = resource.removeprefix(tfa.INDEX_RESOURCE_PREFIX)
+    return rendered.replace(_NUMBER_MARK, number).replace(_COUNT_MARK, str(count))
+
+
+def _set_index(container: JsonObject, index: int) -> None:
+    if index == ANY_INDEX:
+        resource, count = tfa.INDEX_RESOURCE_PREFIX + _NUMBER_MARK, _COUNT_MARK
+    else:
+        resource, number = podindex.encode_pod_index(index)
+        count = str(number)
     limits = child(child(container, "resources"), "limits")
     for name in [n for n in limits if podindex.index_resource_number(n) is not None]:
         del limits[name]
-    limits[resource] = str(count)
+    limits[resource] = count
 
 
 def _apply_container_patch(pod: JsonObject, plan: Plan) -> None:

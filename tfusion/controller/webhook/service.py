@@ -300,6 +300,7 @@ class WebhookService:
         placed = {**pod, "metadata": {**meta, "namespace": namespace}}  # the pod in its namespace
         view = Pod(placed)
         key = (_memo_bytes(request, pod, meta), namespace)
+        held = key in self.memo
         if (known := await self._remembered(key, state, view, namespace)) is not None:
             return await self._finish(request, pod, view, namespace, known.plan, (key, known))
         context = self.context(namespace, state)
@@ -308,6 +309,10 @@ class WebhookService:
         if mutate.progressive_only(view, context):  # the patch is against the pod as sent (no namespace)
             return allowed(request.uid, encode_patch(json_diff(pod, mutate.progressive_pod(Pod(pod)))))
         owner = await self.owners.resolve(view, namespace)
+        # the siblings of an owner's first pod wait for its owner walk above; the first one's plan
+        # is in the memo by the time they go on, and no analysis is done again
+        if not held and key in self.memo and (known := self._memo_answer(key, state, owner)) is not None:
+            return await self._finish(request, pod, view, namespace, known.plan, (key, known))
         plan = mutate.analyse(view, context, owner)
         if plan is None:
             return allowed(request.uid)
@@ -376,8 +381,9 @@ class WebhookService:
         index = await self.assignments.assign_index(f"{namespace}/{name}")
         patch = entry.patches.get(index)  # the shape's patch as JSON text (SHAPE_NAME where the name goes)
         if patch is None:
-            patch = orjson.dumps(json_diff(shaped, render.render(view, entry.plan, index=index,
-                                                                 host_port=None))).decode()
+            template = self._any_index(request, shaped, view, key, entry)
+            patch = render.with_index(template, index) if template is not None else orjson.dumps(
+                json_diff(shaped, render.render(view, entry.plan, index=index, host_port=None))).decode()
             self.memo.add_patch(key, entry, index, patch)
         if not request.dryRun:
             await self.workloads.ensure(workload)
@@ -387,7 +393,10 @@ class WebhookService:
         """The memo's answer for this pod, if it holds one that is still current."""
         if key not in self.memo:
             return None
-        found = self.memo.get(key, state, await self.owners.resolve(view, namespace), self._capacity)
+        return self._memo_answer(key, state, await self.owners.resolve(view, namespace))
+
+    def _memo_answer(self, key: MemoKey, state: State, owner: Owner) -> Remembered | None:
+        found = self.memo.get(key, state, owner, self._capacity)
         if found is None or self.workloads.recommendation(found.plan.workload) is not None:
             return None
         return found
@@ -399,17 +408,41 @@ class WebhookService:
         pod_key = _assignment_key(view, namespace)
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
-        patch = remembered[1].patches.get(index) if remembered is not None else None
-        if patch is None:
-            port = None
-            if plan.host_port is not None and not request.dryRun:
-                port = await self.assignments.assign_host_port(pod_key)
-            patch = encode_patch(json_diff(pod, render.render(view, plan, index=index, host_port=port)))
-            if remembered is not None:
-                self.memo.add_patch(*remembered, index, patch)
+        kept = None if remembered is None else remembered[1].patches.get(index)
+        if kept is not None:
+            patch = kept
+        elif remembered is None:
+            patch = await self._rendered(request, pod, view, plan, index, pod_key)
+        else:
+            template = None if index is None else self._any_index(request, pod, view, *remembered)
+            patch = base64.b64encode(render.with_index(template, index).encode()).decode() \
+                if template is not None and index is not None \
+                else await self._rendered(request, pod, view, plan, index, pod_key)
+            self.memo.add_patch(*remembered, index, patch)
         if not request.dryRun:
             await self.workloads.ensure(plan.workload)
         return allowed(request.uid, patch)
+
+    async def _rendered(self, request: AdmissionRequest, pod: JsonObject, view: Pod, plan: mutate.Plan,
+                        index: int | None, pod_key: str) -> str:
+        """The pod rendered with its index (and a host port, if the plan wants one): the JSON patch."""
+        port = None
+        if plan.host_port is not None and not request.dryRun:
+            port = await self.assignments.assign_host_port(pod_key)
+        return encode_patch(json_diff(pod, render.render(view, plan, index=index, host_port=port)))
+
+    def _any_index(self, request: AdmissionRequest, sent: JsonObject, view: Pod, key: MemoKey,
+                   entry: Remembered) -> str | None:
+        """The entry's patch for every index, as JSON text rendered with render.ANY_INDEX
+        (`render.with_index` writes an index in): rendered once, kept with the entry. None where
+        each index is rendered of its own (render.renders_any_index). `sent`: the pod the patch is
+        against, `view` it as analysed."""
+        found = entry.patches.get(render.ANY_INDEX)
+        if found is None and render.renders_any_index(entry.plan, bytes(request.object)):
+            found = orjson.dumps(json_diff(sent, render.render(view, entry.plan, index=render.ANY_INDEX,
+                                                               host_port=None))).decode()
+            self.memo.add_patch(key, entry, render.ANY_INDEX, found)
+        return found
 
     def _state(self) -> State:
         return State(tuple(i.generation for i in self._read_informers), self.runtime.dynamic_config.current)

@@ -16,10 +16,13 @@ reconciler, reconcilers/pod.py) sets the owner and drops `AWAITING_POD` in one w
 
 Admission must leave nothing behind for a pod that never comes (a caller that made up the
 review, an API server killed before it stored the pod, a pod refused after the webhook answered): a
-workload the webhook creates carries `AWAITING_POD` (when it was created), and the workload
-reconciler (reconcilers/workload.py) removes that annotation once a pod of the workload exists, or
-deletes the workload when none has appeared within its grace. The state lives on the workload, so a
-controller killed meanwhile finds it again at start.
+bare pod's workload the webhook creates carries `AWAITING_POD` (when it was created), and the
+workload reconciler (reconcilers/workload.py) removes that annotation once a pod of the workload
+exists, or deletes the workload when none has appeared within its grace. The state lives on the
+workload, so a controller killed meanwhile finds it again at start. A workload created with a
+controller owner (a Deployment's, a Job's) has no mark: the garbage collector removes it with that
+owner, as it removes the pods the owner makes, and leaving the mark off saves the write that would
+remove it for each Deployment.
 
 The autoscaler's recommendation reaches new pods here too: when the pod's workload (as cached,
 with the pod's own autoScalingConfig merged over it) has autoscaling enabled and a
@@ -84,13 +87,15 @@ def awaiting_pod_since(workload: Body) -> dt.datetime | None:
 
 
 def _awaiting(desired: JsonObject) -> JsonObject:
-    """`desired` as created: marked with `AWAITING_POD`, and with the finalizer the workload
-    reconciler would otherwise add in a write of its own (a copy; `desired` is shared)."""
+    """`desired` as created: marked with `AWAITING_POD` unless a controller owns it, and with the
+    finalizer the workload reconciler would otherwise add in a write of its own (a copy; `desired`
+    is shared)."""
     meta = desired.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
-    notes = meta.get("annotations")
-    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
-    meta["annotations"] = {**(notes if isinstance(notes, dict) else {}), AWAITING_POD: stamp}
+    if Body(desired).meta.controller_ref() is None:
+        notes = meta.get("annotations")
+        stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+        meta["annotations"] = {**(notes if isinstance(notes, dict) else {}), AWAITING_POD: stamp}
     finalizers = meta.get("finalizers")
     finalizers = [str(f) for f in finalizers] if isinstance(finalizers, list) else []
     meta["finalizers"] = finalizers if tfa.FINALIZER in finalizers else [*finalizers, tfa.FINALIZER]
