@@ -148,8 +148,12 @@ class ReviewMemo:
         self._marks.add(mark)
         return False
 
+    def holds(self, key: Key, entry: Remembered) -> bool:
+        """Whether `entry` is the one kept under `key` (not a first sighting's, only marked)."""
+        return self._entries.get(key) is entry
+
     def add_patch(self, key: Key, entry: Remembered, index: int | None, patch: str) -> None:
-        if self._entries.get(key) is entry and index not in entry.patches:
+        if self.holds(key, entry) and index not in entry.patches:
             entry.patches[index] = patch
             self._bytes += len(patch)
             self._trim()

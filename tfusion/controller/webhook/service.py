@@ -381,7 +381,7 @@ class WebhookService:
         index = await self.assignments.assign_index(f"{namespace}/{name}")
         patch = entry.patches.get(index)  # the shape's patch as JSON text (SHAPE_NAME where the name goes)
         if patch is None:
-            template = self._any_index(request, shaped, view, key, entry)
+            template = self._any_index(request, shaped, view, key, entry) if self.memo.holds(key, entry) else None
             patch = render.with_index(template, index) if template is not None else orjson.dumps(
                 json_diff(shaped, render.render(view, entry.plan, index=index, host_port=None))).decode()
             self.memo.add_patch(key, entry, index, patch)
@@ -408,20 +408,26 @@ class WebhookService:
         pod_key = _assignment_key(view, namespace)
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
-        kept = None if remembered is None else remembered[1].patches.get(index)
-        if kept is not None:
-            patch = kept
-        elif remembered is None:
+        if remembered is not None and self.memo.holds(*remembered):
+            patch = await self._remembered_patch(request, pod, view, index, pod_key, *remembered)
+        else:  # a plan the memo does not keep, or a first sighting it only marked: nothing to share
             patch = await self._rendered(request, pod, view, plan, index, pod_key)
-        else:
-            template = None if index is None else self._any_index(request, pod, view, *remembered)
-            patch = base64.b64encode(render.with_index(template, index).encode()).decode() \
-                if template is not None and index is not None \
-                else await self._rendered(request, pod, view, plan, index, pod_key)
-            self.memo.add_patch(*remembered, index, patch)
         if not request.dryRun:
             await self.workloads.ensure(plan.workload)
         return allowed(request.uid, patch)
+
+    async def _remembered_patch(self, request: AdmissionRequest, pod: JsonObject, view: Pod, index: int | None,
+                                pod_key: str, key: MemoKey, entry: Remembered) -> str:
+        """The memo entry's patch for this index: kept, or written into its patch for any index, or
+        rendered; kept from then on."""
+        patch = entry.patches.get(index)
+        if patch is None:
+            template = None if index is None else self._any_index(request, pod, view, key, entry)
+            patch = base64.b64encode(render.with_index(template, index).encode()).decode() \
+                if template is not None and index is not None \
+                else await self._rendered(request, pod, view, entry.plan, index, pod_key)
+            self.memo.add_patch(key, entry, index, patch)
+        return patch
 
     async def _rendered(self, request: AdmissionRequest, pod: JsonObject, view: Pod, plan: mutate.Plan,
                         index: int | None, pod_key: str) -> str:
