@@ -16,9 +16,9 @@ from tests.helpers.mutate_inputs import BARE, OWNER, POOL, ctx, env_of, pool, tf
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Pod
 from tfusion.apiserver.patch import json_patch
+from tfusion.controller.webhook import render as render_module
 from tfusion.controller.webhook.mutate import Context, Denial, Owner, analyse, selects
 from tfusion.controller.webhook.patch import json_diff
-from tfusion.controller.webhook import render as render_module
 from tfusion.controller.webhook.render import render
 
 

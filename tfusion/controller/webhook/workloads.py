@@ -86,7 +86,7 @@ def awaiting_pod_since(workload: Body) -> dt.datetime | None:
     return found if found.tzinfo is not None else found.replace(tzinfo=dt.UTC)
 
 
-def _awaiting(desired: JsonObject) -> JsonObject:
+def _as_created(desired: JsonObject) -> JsonObject:
     """`desired` as created: marked with `AWAITING_POD` unless a controller owns it, and with the
     finalizer the workload reconciler would otherwise add in a write of its own (a copy; `desired`
     is shared)."""
@@ -364,7 +364,8 @@ class WorkloadWriter:
         key = _key(wanted)
         self.writes += 1
         try:
-            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _as_created(desired),
+                                               namespace=wanted.namespace)
             self._remember(key, created)
             return "created"
         except AlreadyExists:
@@ -386,7 +387,8 @@ class WorkloadWriter:
                                               _patch_for(current, desired, released), namespace=wanted.namespace)
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
             self.writes += 1
-            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _awaiting(desired), namespace=wanted.namespace)
+            created = await self.client.create(r.TENSORFUSIONWORKLOADS, _as_created(desired),
+                                               namespace=wanted.namespace)
             self._remember(_key(wanted), created)
             return "created"
         self._remember(_key(wanted), patched)
