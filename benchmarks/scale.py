@@ -52,11 +52,19 @@ Lease timings 15 s / 10 s / 2 s, which are tfusion's defaults) and measured:
 `phases_s` gives the command's own wall-clock time by phase (the build's parts, each run's
 failovers and new pods, the final check, the allocator walk) and `total_s` all of it.
 
+Then, when `--compare-nodes` (1,000 by default) is fewer than `--nodes`, the command runs itself
+again in a child process at that many nodes: the same GPUs per node, the same new pods (as many,
+in Deployments of the same size, the same runs and clients), the bound pods scaled down with the
+nodes as far as the runs leave room; `compared` holds its figures and `pods_per_s_ratio` is the
+full size's median `pods_per_s` over its median: what is left of the throughput when only the
+cluster's size changes (issue 33: at least 0.8). `command_s` is the whole command's time.
+
 Each figure is the median of `--runs` runs on the one cluster (each run starts fresh replicas and
 schedules its own `--new-pods`), with the runs' min and max beside it. Exits 1 on any double
 allocation or unscheduled pod, and fails when a new pod is not seen bound.
 
 Usage: python benchmarks/scale.py [--nodes 5000] [--gpus 20000] [--pods 100000] [--new-pods 10000] [--runs 3]
+                                  [--compare-nodes 1000]
 Quick: python benchmarks/scale.py --nodes 500 --gpus 2000 --pods 10000 --new-pods 1000 --runs 1
 """
 
@@ -847,8 +855,12 @@ def main() -> None:
                         help="walk the allocator's and the pod cache's objects in a controller run in-process")
     parser.add_argument("--controller-log-level", default="warn")
     parser.add_argument("--workdir", type=Path, help="keep the state and logs here (default: a temporary folder)")
+    parser.add_argument("--compare-nodes", type=int, default=1000,
+                        help="then the same at this many nodes, for pods_per_s_ratio (0: not; skipped unless "
+                             "fewer than --nodes)")
     parser.add_argument("--in-process-memory", metavar="KUBECONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    began = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children on the way out
     if args.in_process_memory:
         import anyio
@@ -875,9 +887,40 @@ def main() -> None:
             raise
         finally:
             cluster.stop_all()
+        if 0 < args.compare_nodes < args.nodes:
+            result.update(compare(args, work / "compare", result["pods_per_s"]["median"]))
+        result["command_s"] = round(time.monotonic() - began, 1)
         print(json.dumps(result))
-        if result["double_allocations"] or result["unscheduled"]:
+        if result["double_allocations"] or result["unscheduled"] or result.get("compared", {}).get("failed"):
             sys.exit(1)
+
+
+def compare(args: argparse.Namespace, work: Path, pods_per_s: float) -> dict[str, Any]:
+    """This command again at `--compare-nodes` nodes, in a child process, after the full-size run: the
+    same new pods (Deployments of the same size, the same runs and clients), the GPUs per node kept,
+    the bound pods scaled down with the nodes as far as the runs leave room (half the room left, as
+    at full size most GPUs keep room). `pods_per_s_ratio`: the full size's median over its median,
+    what is left of the throughput when only the cluster's size changes."""
+    nodes = args.compare_nodes
+    gpus = args.gpus // args.nodes * nodes
+    room = gpus * (GPU_TFLOPS // POD_TFLOPS) - args.new_pods * args.runs
+    pods = min(args.pods * nodes // args.nodes, room // 2)
+    command = [sys.executable, __file__, "--nodes", str(nodes), "--gpus", str(gpus), "--pods", str(max(0, pods)),
+               "--new-pods", str(args.new_pods), "--runs", str(args.runs), "--clients", str(args.clients),
+               "--namespaces", str(args.namespaces), "--pods-per-workload", str(args.pods_per_workload),
+               "--timeout", str(args.timeout), "--timeout-ready", str(args.timeout_ready),
+               "--controller-log-level", args.controller_log_level, "--no-allocator-memory", "--compare-nodes", "0",
+               "--workdir", str(work)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=sys.stderr, timeout=1800, check=False)
+    lines = done.stdout.decode().strip().splitlines()
+    if not lines:
+        return {"compared": {"nodes": nodes, "failed": f"exit {done.returncode}, no JSON"}}
+    found = json.loads(lines[-1])
+    compared = {key: found[key] for key in ("nodes", "gpus", "pods", "new_pods", "runs", "pods_per_s", "bind_p50_ms",
+                                            "bind_p99_ms", "unscheduled", "double_allocations", "total_s")}
+    if done.returncode:
+        compared["failed"] = f"exit {done.returncode}"
+    return {"compared": compared, "pods_per_s_ratio": round(pods_per_s / compared["pods_per_s"]["median"], 3)}
 
 
 if __name__ == "__main__":
