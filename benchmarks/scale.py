@@ -762,6 +762,7 @@ async def build(cluster: Cluster, timeout: float) -> dict[str, Any]:
     # a controller on the nodes and GPUs: their memory, and the template pod through its webhook
     with cluster.phase("template_pod"):
         webhook_port = sched.free_port()
+        assert cluster.kube is not None
         await sched.webhook_service(cluster.kube, webhook_port)
         proc, url, _ = cluster.start_controller("template", webhook_port=webhook_port)
         try:
@@ -911,8 +912,14 @@ def compare(args: argparse.Namespace, work: Path, pods_per_s: float) -> dict[str
                "--timeout", str(args.timeout), "--timeout-ready", str(args.timeout_ready),
                "--controller-log-level", args.controller_log_level, "--no-allocator-memory", "--compare-nodes", "0",
                "--workdir", str(work)]
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=sys.stderr, timeout=1800, check=False)
-    lines = done.stdout.decode().strip().splitlines()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=sys.stderr) as done:
+        try:
+            out, _ = done.communicate(timeout=1800)
+        except BaseException:  # SIGTERM (not subprocess.run's SIGKILL): it stops the servers it started
+            done.terminate()
+            done.wait(60)
+            raise
+    lines = out.decode().strip().splitlines()
     if not lines:
         return {"compared": {"nodes": nodes, "failed": f"exit {done.returncode}, no JSON"}}
     found = json.loads(lines[-1])
