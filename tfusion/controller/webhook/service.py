@@ -381,9 +381,7 @@ class WebhookService:
         index = await self.assignments.assign_index(f"{namespace}/{name}")
         patch = entry.patches.get(index)  # the shape's patch as JSON text (SHAPE_NAME where the name goes)
         if patch is None:
-            template = self._any_index(request, shaped, view, key, entry) if self.memo.holds(key, entry) else None
-            patch = render.with_index(template, index) if template is not None else orjson.dumps(
-                json_diff(shaped, render.render(view, entry.plan, index=index, host_port=None))).decode()
+            patch = self._patch_text(request, shaped, view, key, entry, index)
             self.memo.add_patch(key, entry, index, patch)
         if not request.dryRun:
             await self.workloads.ensure(workload)
@@ -409,29 +407,36 @@ class WebhookService:
         # a remote client holds no GPU, so no index either (its workers get theirs)
         index = None if plan.remote is not None else await self.assignments.assign_index(pod_key)
         if remembered is not None and self.memo.holds(*remembered):
-            patch = await self._remembered_patch(request, pod, view, index, pod_key, *remembered)
+            patch = self._remembered_patch(request, pod, view, index, *remembered)
         else:  # a plan the memo does not keep, or a first sighting it only marked: nothing to share
             patch = await self._rendered(request, pod, view, plan, index, pod_key)
         if not request.dryRun:
             await self.workloads.ensure(plan.workload)
         return allowed(request.uid, patch)
 
-    async def _remembered_patch(self, request: AdmissionRequest, pod: JsonObject, view: Pod, index: int | None,
-                                pod_key: str, key: MemoKey, entry: Remembered) -> str:
-        """The memo entry's patch for this index: kept, or written into its patch for any index, or
-        rendered; kept from then on."""
+    def _remembered_patch(self, request: AdmissionRequest, pod: JsonObject, view: Pod, index: int | None,
+                          key: MemoKey, entry: Remembered) -> str:
+        """The kept memo entry's base64 patch for this index, made once (`_patch_text`)."""
         patch = entry.patches.get(index)
         if patch is None:
-            template = None if index is None else self._any_index(request, pod, view, key, entry)
-            patch = base64.b64encode(render.with_index(template, index).encode()).decode() \
-                if template is not None and index is not None \
-                else await self._rendered(request, pod, view, entry.plan, index, pod_key)
+            patch = base64.b64encode(self._patch_text(request, pod, view, key, entry, index).encode()).decode()
             self.memo.add_patch(key, entry, index, patch)
         return patch
 
+    def _patch_text(self, request: AdmissionRequest, sent: JsonObject, view: Pod, key: MemoKey, entry: Remembered,
+                    index: int | None) -> str:
+        """The memo entry's JSON patch for `index` as text: its patch for any index with this one
+        written in, where the memo keeps the entry and that serves; else rendered (a plan the memo
+        keeps takes no host port). `sent`: the pod the patch is against, `view` it as analysed."""
+        template = self._any_index(request, sent, view, key, entry) \
+            if index is not None and self.memo.holds(key, entry) else None
+        if template is not None and index is not None:
+            return render.with_index(template, index)
+        return _patch_json(sent, view, entry.plan, index)
+
     async def _rendered(self, request: AdmissionRequest, pod: JsonObject, view: Pod, plan: mutate.Plan,
                         index: int | None, pod_key: str) -> str:
-        """The pod rendered with its index (and a host port, if the plan wants one): the JSON patch."""
+        """The pod rendered with its index (and a host port, if the plan wants one): the base64 patch."""
         port = None
         if plan.host_port is not None and not request.dryRun:
             port = await self.assignments.assign_host_port(pod_key)
@@ -445,8 +450,7 @@ class WebhookService:
         against, `view` it as analysed."""
         found = entry.patches.get(render.ANY_INDEX)
         if found is None and render.renders_any_index(entry.plan, bytes(request.object)):
-            found = orjson.dumps(json_diff(sent, render.render(view, entry.plan, index=render.ANY_INDEX,
-                                                               host_port=None))).decode()
+            found = _patch_json(sent, view, entry.plan, render.ANY_INDEX)
             self.memo.add_patch(key, entry, render.ANY_INDEX, found)
         return found
 
@@ -569,6 +573,11 @@ def _workload_name_problem(name: str) -> bool:
 def _renamed(workload: JsonObject, name: str) -> JsonObject:
     """The shape's workload for the pod named `name` (SHAPE_NAME is its name and nothing else)."""
     return {**workload, "metadata": {**section(workload, "metadata"), "name": name}}
+
+
+def _patch_json(sent: JsonObject, view: Pod, plan: mutate.Plan, index: int | None) -> str:
+    """The JSON patch, as text, from `sent` to the pod `view` rendered with `index` (no host port)."""
+    return orjson.dumps(json_diff(sent, render.render(view, plan, index=index, host_port=None))).decode()
 
 
 def _memo_bytes(request: AdmissionRequest, pod: JsonObject, meta: JsonMapping, *, shaped: bool = False) -> bytes:
