@@ -1,4 +1,6 @@
-"""The writes a new bare worker costs the pod reconciler (issue 33: fewer API writes per pod): the
+"""The writes a new bare worker costs the pod reconciler (issue 33: fewer API writes per pod): a bare
+local worker's workload created from the webhook's pending-owned-workload-spec, owned by it (one
+write); for a workload already there (a remote client's, which the webhook creates), the
 workload's new owner and the removal of its awaiting-pod mark in one write, seen on a watch from
 the workload's creation (the first change that carries either part carries both); nothing written
 to a pod the webhook admitted (it keeps its pending-owned-workload annotation: the owner reference
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from tests.apiserver_fixture import apply_crds
@@ -112,6 +115,44 @@ async def test_an_admitted_bare_worker_costs_one_write_its_adoption(apiserver: A
         now = await kube.get(r.PODS, "solo", namespace="default")
         assert now["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
         assert now["metadata"]["annotations"][tfa.PENDING_OWNED_WORKLOAD] == "solo"
+
+
+async def test_a_bare_local_worker_costs_one_write_its_workload_created_owned(apiserver: Any,
+                                                                              tmp_path: Path) -> None:
+    """A worker carrying the webhook's pending-owned-workload-spec: its workload is created by the
+    pod reconciler as that annotation says, owned by the pod and with our finalizer from the start
+    (no awaiting mark, no adoption write); after it only its status is written, never the pod."""
+    wanted = {"labels": {tfa.GPU_POOL: POOL}, "annotations": {tfa.WORKLOAD_MODE: tfa.WORKLOAD_MODE_DYNAMIC},
+              "spec": {"poolName": POOL, "qos": "medium", "isLocalGPU": True, "gpuCount": 1, "isolation": "soft",
+                       "resources": {"requests": {"tflops": "10", "vram": "1Gi"},
+                                     "limits": {"tflops": "10", "vram": "1Gi"}}}}
+    await apply_crds(apiserver)
+    async with kube_client(apiserver) as kube, controllers() as tg:
+        await cluster(kube)
+        await start_controller(tg, settings_for(apiserver, tmp_path))
+        body = bare_worker("own", finalizer=True)
+        body["metadata"]["annotations"][tfa.PENDING_OWNED_WORKLOAD_SPEC] = orjson.dumps(wanted).decode()
+        pod = await kube.create(r.PODS, body)
+        seen: list[tuple[str, dict[str, Any]]] = []
+        with anyio.fail_after(DEADLINE_S):  # resourceVersions are the API server's one sequence
+            async for kind, obj in kube.watch(r.TENSORFUSIONWORKLOADS, namespace="default",
+                                              resource_version=pod["metadata"]["resourceVersion"]):
+                seen.append((kind, obj))
+                if (obj.get("status") or {}).get("workerCount") == 1:
+                    break
+        (kind, created), later = seen[0], seen[1:]
+        assert kind == "ADDED"
+        meta = created["metadata"]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in meta["ownerReferences"]] == [
+            ("Pod", pod["metadata"]["uid"], True)]
+        assert meta["finalizers"] == [tfa.FINALIZER] and meta["labels"] == wanted["labels"]
+        assert meta["annotations"] == wanted["annotations"] and created["spec"] == wanted["spec"]
+        for kind, obj in later:  # after the create, only the status is written
+            assert kind == "MODIFIED" and obj["spec"] == created["spec"]
+            unchanged = {"resourceVersion": "", "managedFields": []}  # these two change with any write
+            assert {**obj["metadata"], **unchanged} == {**meta, **unchanged}
+        now = await kube.get(r.PODS, "own", namespace="default")
+        assert now["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
 
 
 async def test_a_worker_without_the_finalizer_gets_it_in_one_write(apiserver: Any, tmp_path: Path) -> None:

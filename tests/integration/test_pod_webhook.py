@@ -65,13 +65,16 @@ async def test_a_bare_pod_comes_back_mutated_with_its_workload(apiserver: Any, k
         assert spec["schedulerName"] == "tensor-fusion-scheduler"
         assert spec["initContainers"][0]["name"] == "init-soft-limiter"
         assert any(k.startswith("tensor-fusion.ai/index_") for k in spec["containers"][0]["resources"]["limits"])
+        # the pod reconciler creates the workload the webhook decided on, owned by the pod from the
+        # start; deleted and created again under its name, the new pod keeps the workload (the
+        # garbage collector would take it along with the old pod)
+        await eventually(lambda: _owned_by(ctl, "default/bare", created["metadata"]["uid"]),
+                         what="the workload owned by the pod, in the cache")
         workload = await kube.get(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
         assert workload["spec"]["poolName"] == POOL
         assert workload["spec"]["resources"]["requests"] == {"tflops": "20", "vram": "8Gi"}
-        # the pod becomes its workload's owner; deleted and created again under its name, the new
-        # pod keeps the workload (the garbage collector would take it along with the old pod)
-        await eventually(lambda: _owned_by(ctl, "default/bare", created["metadata"]["uid"]),
-                         what="the workload owned by the pod, in the cache")
+        assert tfa.FINALIZER in workload["metadata"]["finalizers"]
+        assert AWAITING_POD not in (workload["metadata"].get("annotations") or {})
         await kube.delete(r.PODS, "bare", namespace="default")
         with anyio.fail_after(10):  # created again at once, as `kubectl replace --force` does
             while not await gone(kube, "bare"):
@@ -89,8 +92,8 @@ async def test_a_bare_pod_waits_for_its_terminating_workload_and_gets_a_new_one(
         apiserver: Any, kube: KubeClient, tmp_path: Path) -> None:
     """The race the test above can lose under load, made certain: the old pod's workload is still
     being deleted (its finalizer's cleanup not done) when the new pod is admitted. Patching it
-    would leave the new pod with a workload about to vanish; the webhook waits for it to go and
-    creates the new pod's own."""
+    would leave the new pod with a workload about to vanish; the webhook admits the pod at once and
+    the pod reconciler waits for the old workload to go and creates the new pod's own."""
     hold = "example.com/hold"
     async with controllers() as tg:
         ctl = await serve_webhook(tg, kube, webhook_settings(apiserver, tmp_path))
@@ -113,12 +116,13 @@ async def test_a_bare_pod_waits_for_its_terminating_workload_and_gets_a_new_one(
                              namespace="default")
 
         tg.start_soon(release_later)
-        again = await kube.create(r.PODS, pod("bare", BARE), namespace="default")
+        with anyio.fail_after(0.4):  # admitted without waiting: the workload is the pod reconciler's to make
+            again = await kube.create(r.PODS, pod("bare", BARE), namespace="default")
+        await eventually(lambda: _owned_by(ctl, "default/bare", again["metadata"]["uid"]),
+                         what="the new workload owned by the new pod")
         fresh = await kube.get(r.TENSORFUSIONWORKLOADS, "bare", namespace="default")
         assert fresh["metadata"]["uid"] != terminating["metadata"]["uid"]
         assert not fresh["metadata"].get("deletionTimestamp")
-        await eventually(lambda: _owned_by(ctl, "default/bare", again["metadata"]["uid"]),
-                         what="the new workload owned by the new pod")
 
 
 async def test_a_workload_deleted_after_the_webhook_wrote_it_is_made_again(kube: KubeClient) -> None:
@@ -253,8 +257,11 @@ async def test_an_internal_failure_is_500_and_leaves_nothing(apiserver: Any, kub
             return False
 
         await eventually(gone)
+        owned = pod("orphan", BARE)  # an owned pod's workload is written at admission (a bare pod's is not)
+        owned["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "Widget", "name": "w",
+                                                 "uid": "widget-1", "controller": True}]
         with pytest.raises(KubeError) as info:
-            await kube.create(r.PODS, pod("orphan", BARE), namespace="default")
+            await kube.create(r.PODS, owned, namespace="default")
         assert info.value.code == 500 and "internal error: the API server failed" in str(info.value)
         assert not [p for p in await kube.list(r.PODS, namespace="default") if p["metadata"]["name"] == "orphan"]
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import eventually
 from tests.helpers.controller import controllers
 from tests.helpers.webhook import (
     BARE,
@@ -67,5 +68,9 @@ async def test_only_the_api_servers_certificate_gets_an_answer(apiserver: Any, k
                                          timeout=10) as http:
                 with pytest.raises(httpx.TransportError):
                     await http.post(PATH, json=review(name))
-        names = [w["metadata"]["name"] for w in await kube.list(r.TENSORFUSIONWORKLOADS, namespace="default")]
-        assert names == ["through-the-api"]
+
+        async def names() -> list[str]:
+            return [w["metadata"]["name"] for w in await kube.list(r.TENSORFUSIONWORKLOADS, namespace="default")]
+
+        await eventually(names, what="the admitted pod's workload")  # the pod reconciler makes it
+        assert await names() == ["through-the-api"]

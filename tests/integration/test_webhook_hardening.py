@@ -1,8 +1,9 @@
 """The pod webhook against callers that are not the API server, and pods it cannot use.
 
-- A review for a pod that never comes leaves nothing: 50 made-up reviews create 50 workloads
-  marked awaiting-pod-since, and the workload reconciler deletes every one once the grace is over,
-  while a real pod's workload, created alongside, is confirmed and kept.
+- A review for a pod that never comes leaves nothing: 50 made-up reviews of bare local pods write
+  no workload (the pod reconciler makes one once its pod exists); 50 of remote clients create 50
+  workloads marked awaiting-pod-since, and the workload reconciler deletes every one once the
+  grace is over, while a real pod's workload, created alongside, is owned by it and kept.
 - Bad input is a 4xx, never a 5xx: a body nested 200,000 levels deep, integers beyond 64 bits,
   `1e999999`, a field of the wrong type anywhere in the pod, a pod named `a.` (its workload could
   not be named after it), and a Hypothesis fuzz of pod shapes through the route.
@@ -90,13 +91,16 @@ async def test_reviews_for_pods_that_never_come_leave_no_workload(apiserver: Any
         reconcilers = ctl.runtime.reconcilers
         assert reconcilers is not None
         reconcilers.workload.admission_grace = 3600.0
+        remote = {**BARE, tfa.IS_LOCAL_GPU: "false"}
         async with httpx.AsyncClient(base_url=webhook_url(ctl), verify=trust(ctl), timeout=30) as http:
             for i in range(GHOSTS):
-                answer = await http.post(PATH, json=review(pod(f"ghost-{i}", BARE), uid=f"g{i}"))
-                assert answer.json()["response"]["allowed"] is True
+                for name, notes in ((f"local-{i}", BARE), (f"ghost-{i}", remote)):
+                    answer = await http.post(PATH, json=review(pod(name, notes), uid=f"g-{name}"))
+                    assert answer.json()["response"]["allowed"] is True
         real = await kube.create(r.PODS, pod("real", BARE), namespace="default")
         ghosts = await workload_names(kube, "ghost-")
-        assert len(ghosts) == GHOSTS  # the webhook did write them
+        assert len(ghosts) == GHOSTS  # the webhook did write the remote clients' workloads
+        assert not await workload_names(kube, "local-")  # and none of a bare local pod's
 
         async def confirmed() -> bool:
             found = await kube.get(r.TENSORFUSIONWORKLOADS, "real", namespace="default")

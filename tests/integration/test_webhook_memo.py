@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import copy
 import ssl
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,9 @@ async def test_bare_pods_that_differ_only_in_name_share_the_answer(apiserver: An
         fresh = mutation(await kube.create(r.PODS, bare("solo-c"), namespace="default"))[0]
         assert all(named_apart(decided, name) == named_apart(fresh, "solo-c")
                    for decided, name in zip(shared, names, strict=True))
-        for name in (*names, "solo-c"):  # each pod's own workload
-            workload = await kube.get(r.TENSORFUSIONWORKLOADS, name, namespace="default")
+        for name in (*names, "solo-c"):  # each pod's own workload (the pod reconciler makes it)
+            workload = await eventually(partial(kube.get, r.TENSORFUSIONWORKLOADS, name, namespace="default"),
+                                        retry_on=(NotFound,), what=f"workload {name}")
             assert workload["spec"]["resources"]["requests"]["tflops"] == "20"
 
 

@@ -216,6 +216,24 @@ def test_no_resources_and_two_containers_are_denied() -> None:
     assert "env" not in out["spec"]["containers"][0] and env_of(out["spec"]["containers"][1])
 
 
+def test_only_a_bare_local_pod_carries_its_workload_for_the_pod_reconciler() -> None:
+    """pending-owned-workload-spec: the plan's workload less its name, namespace and owners (the pod
+    reconciler adds those); a remote client's workload and an owned pod's are written at
+    admission, and a copy of the annotation a pod arrives with is dropped."""
+    out, plan = mutated(tf_pod(BARE))
+    carried = orjson.loads(out["metadata"]["annotations"][tfa.PENDING_OWNED_WORKLOAD_SPEC])
+    workload: dict[str, Any] = plan.workload
+    meta = workload["metadata"]
+    assert carried == {"labels": meta["labels"], "annotations": meta["annotations"], "spec": workload["spec"]}
+    stale = {**BARE, tfa.PENDING_OWNED_WORKLOAD_SPEC: "{}"}
+    deployment = Owner(workload_name="d", reference={"apiVersion": "apps/v1", "kind": "Deployment", "name": "d",
+                                                     "uid": "u", "controller": True})
+    for pod, context, owner in ((tf_pod(stale), ctx(), deployment),
+                                (tf_pod({**stale, tfa.IS_LOCAL_GPU: "false"}), ctx(), OWNER)):
+        out, _ = mutated(pod, context, owner)
+        assert tfa.PENDING_OWNED_WORKLOAD_SPEC not in out["metadata"]["annotations"]
+
+
 def test_remote_mode_comes_from_the_annotation_or_the_pool_and_refuses_a_sidecar() -> None:
     # the whole remote rendering is in tests/unit/test_webhook_remote.py
     for pod, context in ((tf_pod({**BARE, tfa.IS_LOCAL_GPU: "false"}), ctx()),

@@ -83,6 +83,9 @@ GPU_TOPOLOGY_SOURCE = "tensor-fusion.ai/gpu-topology-source"
 WORKLOAD_MODE = "tensor-fusion.ai/workload-mode"  # on TensorFusionWorkload: dynamic|fixed
 CONTAINER_GPU_COUNT = "tensor-fusion.ai/container-gpu-count"  # JSON {container: count}
 PENDING_OWNED_WORKLOAD = "tensor-fusion.ai/pending-owned-workload"
+#: tfusion's own, on a bare local-GPU pod: the labels, annotations and spec (JSON) of the workload
+#: the pod reconciler creates for it, owned by the pod (reconcilers/pod.py)
+PENDING_OWNED_WORKLOAD_SPEC = "tensor-fusion.ai/pending-owned-workload-spec"
 GANG_DESIRED_MEMBERS = "tensor-fusion.ai/gang-desired-members"
 GANG_REQUIRED_MEMBERS = "tensor-fusion.ai/gang-required-members"
 GANG_GROUP_KEY = "tensor-fusion.ai/gang-group-key"  # "<namespace>/<workload>"

@@ -21,13 +21,17 @@
 - `tensor-fusion.ai/pending-owned-workload: <workload>` (the webhook's request) makes the pod the
   controlling owner of that TensorFusionWorkload in its namespace. The annotation stays: whether
   the request is met is read from the workload's ownerReferences (the original removes it, one more
-  write per bare pod that nothing reads). A workload that does not exist yet is looked for again
-  when it reaches the cache, or in a few seconds (a Warning event says so once the pod is older
-  than that).
+  write per bare pod that nothing reads). With `pending-owned-workload-spec` (a bare local pod: the
+  webhook writes no workload for it) the workload is created as that annotation says, owned by the
+  pod, or brought to it and taken over when one of its name is there; one being deleted is waited
+  for (webhook/workloads.py). Without it (a remote client, whose workload the webhook created), a
+  workload that does not exist yet is looked for again when it reaches the cache, or in a few
+  seconds (a Warning event says so once the pod is older than that).
 - Writes per new worker, as few as the protocol allows: none to a pod the webhook admitted (its
   finalizer is already there); a worker without the finalizer gets it in one strategic merge patch
-  (no resourceVersion, so the scheduler's Binding does not make it conflict); a bare pod's adoption
-  is one merge patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
+  (no resourceVersion, so the scheduler's Binding does not make it conflict); a bare local pod's
+  workload is one create, owned and with our finalizer; a remote client's adoption is one merge
+  patch of the workload that also drops its awaiting-pod mark (webhook/workloads.py).
 - A remote vGPU client pod (label `tensor-fusion.ai/component=client`) gets its
   TensorFusionConnection: named as the webhook's `TENSOR_FUSION_CONNECTION_NAME` says, for the
   workload of its `selected-workload` annotation, owned (controller) by the pod, so that it goes
@@ -42,6 +46,8 @@ import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+import orjson
+
 from tfusion.api import annotations as tfa
 from tfusion.api.accessors import Body, Pod
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
@@ -49,9 +55,9 @@ from tfusion.api.timestamps import parse_rfc3339
 from tfusion.controller.reconcilers.common import FINALIZER, controlled_by
 from tfusion.controller.runtime import component_selector
 from tfusion.controller.webhook.remote import connection_of
-from tfusion.controller.webhook.workloads import AWAITING_POD
+from tfusion.controller.webhook.workloads import AWAITING_POD, WorkloadWriter
 from tfusion.kube import resources as r
-from tfusion.kube.client import AlreadyExists, NotFound
+from tfusion.kube.client import AlreadyExists, KubeError, NotFound
 from tfusion.kube.ownership import controller_reference
 from tfusion.kube.reconciler import Result, ensure_finalizer, set_finalizers
 
@@ -62,6 +68,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKLOAD_RETRY_S = 3.0
+#: how soon a bare pod's workload the API server refused (a quota, a namespace being deleted) is tried again
+WORKLOAD_REFUSED_RETRY_S = 30.0
 #: how often a worker that lost its component label (and so left the informer) is read again
 LABEL_RECHECK_S = 30.0
 #: pods by the workload their pending-owned-workload annotation names ("namespace/workload")
@@ -92,6 +100,8 @@ class PodReconciler:
         self.pods.add_index(PENDING_INDEX, _pending_workload)
         self.pods.add_handler(on_delete=lambda obj: self._on_delete(Pod(obj)))
         self.workloads = runtime.informer(r.TENSORFUSIONWORKLOADS)
+        #: bare pods' workloads: their creation, and this reconciler's own writes until the cache has them
+        self.writer = WorkloadWriter(runtime.client, self.workloads)
         self.connections = runtime.informer(r.TENSORFUSIONCONNECTIONS)
 
     def _adopters(self, workload: JsonMapping) -> list[str]:
@@ -210,14 +220,22 @@ class PodReconciler:
 
     async def _adopt_workload(self, pod: Pod) -> Result | None:
         """The pod made the controlling owner of the workload its pending-owned-workload annotation
-        names, in one write that also drops the workload's awaiting-pod mark (its pod exists now)
-        and, for a workload created before the webhook stamped it, adds our finalizer. Nothing is
-        written once the workload names the pod as its controller."""
+        names. With the webhook's pending-owned-workload-spec (a bare local pod): the workload
+        created so, or brought up to that spec and taken over when one of its name is there. Else
+        (a remote client's workload, which the webhook created): one write that also drops the
+        workload's awaiting-pod mark (its pod exists now) and, for a workload created before the
+        webhook stamped it, adds our finalizer. Nothing is written once the workload names the pod
+        as its controller."""
         workload_name = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD)
         if not workload_name:
             return None
         namespace = pod.namespace
-        workload = self.workloads.get(f"{namespace}/{workload_name}")
+        workload = self.writer.current(f"{namespace}/{workload_name}")
+        if workload is not None and controlled_by(Body(workload), pod.uid):
+            return None
+        spec = pod.meta.annotation(tfa.PENDING_OWNED_WORKLOAD_SPEC)
+        if spec is not None:
+            return None if pod.meta.deleting else await self._create_workload(pod, workload_name, spec)
         if workload is None:
             if _age_s(pod) > WORKLOAD_RETRY_S:  # not the cache's lag behind a pod just admitted
                 self.runtime.events.warning(pod, "WorkloadNotFound", f"TensorFusionWorkload {workload_name} "
@@ -236,6 +254,39 @@ class PodReconciler:
             await self.runtime.client.patch(r.TENSORFUSIONWORKLOADS, workload_name, {"metadata": patch},
                                             namespace=namespace)
         return None
+
+    async def _create_workload(self, pod: Pod, name: str, spec: str) -> Result | None:
+        """The workload the webhook decided on (`spec`: pending-owned-workload-spec), owned by the
+        pod from the start; a refusal is the pod's Warning event, tried again in a while."""
+        try:
+            desired = owned_workload(pod, name, spec)
+            await self.writer.ensure(desired)
+        except ValueError as exc:
+            self.runtime.events.warning(pod, "WorkloadNotCreated", f"{tfa.PENDING_OWNED_WORKLOAD_SPEC}: {exc}")
+            return None
+        except KubeError as exc:
+            if exc.code >= 500:
+                raise
+            self.runtime.events.warning(pod, "WorkloadNotCreated", f"TensorFusionWorkload {name} was refused: {exc}")
+            return Result(requeue_after=WORKLOAD_REFUSED_RETRY_S)
+        return None
+
+
+def owned_workload(pod: Pod, name: str, spec: str) -> JsonObject:
+    """The TensorFusionWorkload `name` of a bare pod, from the webhook's pending-owned-workload-spec
+    (labels, annotations, spec), controlled by the pod; ValueError when the annotation is not that."""
+    try:
+        found = orjson.loads(spec)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    parts = found if isinstance(found, dict) else {}
+    if not all(isinstance(parts.get(k), dict) for k in ("labels", "annotations", "spec")):
+        raise ValueError("not an object of labels, annotations and spec")
+    owner = json_object(controller_reference(pod, r.PODS))
+    meta: JsonObject = {"name": name, "namespace": pod.namespace, "labels": parts["labels"],
+                        "annotations": parts["annotations"], "ownerReferences": [owner]}
+    return {"apiVersion": r.TENSORFUSIONWORKLOADS.api_version, "kind": r.TENSORFUSIONWORKLOADS.kind,
+            "metadata": meta, "spec": parts["spec"]}
 
 
 def _key(obj: Body) -> str:

@@ -26,8 +26,9 @@
   workload with gang status still reads its workers).
   Of `status.gang` (the scheduler writes it, scheduling/gang_runtime.py) this controller owns
   readyMembers and the phases Running (the required members are ready) and Failed (one failed).
-- A workload the pod webhook created is marked `awaiting-pod-since` (webhook/workloads.py): once a
-  pod of it exists (a worker labelled with it, or a remote client that selected it) and, for a bare
+- A workload the pod webhook created for a bare remote client is marked `awaiting-pod-since`
+  (webhook/workloads.py; a bare local pod's is created by the pod reconciler, owned by its pod):
+  once a pod of it exists (a worker labelled with it, or a remote client that selected it) and, for a bare
   pod, has become its owner (its pending-owned-workload annotation gone; until then the workload is
   never deleted), the mark goes; when none has appeared `admission_grace` seconds after the mark,
   the workload is deleted (the pod it was made for never came, or went before adopting it). Every

@@ -122,6 +122,14 @@ def workload_object(name: str, namespace: str, pool_name: str, owner_reference: 
     return {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload", "metadata": meta, "spec": spec}
 
 
+def pending_workload(workload: JsonMapping) -> str:
+    """The PENDING_OWNED_WORKLOAD_SPEC annotation of a bare local pod: what of `workload` is not
+    its name, namespace or owner (those the pod reconciler writes), as compact JSON."""
+    meta = section(workload, "metadata")
+    return orjson.dumps({"labels": section(meta, "labels"), "annotations": section(meta, "annotations"),
+                         "spec": section(workload, "spec")}, option=orjson.OPT_SORT_KEYS).decode()
+
+
 def images(pool: GpuPool, provider: JsonMapping | None) -> tuple[str, str]:
     """(client, worker) images: the ProviderConfig's and the pool's, else the defaults (the soft
     limiter's image is limiter_source.py's)."""

@@ -304,7 +304,8 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
     limiter = limiter_source(res.provider, res.vendor, ctx.limiter_image)
     plan = Plan(pool=res.pool, pool_name=res.pool_name, vendor=res.vendor, isolation=res.isolation, qos=res.qos,
                 sidecar=res.sidecar, gpu_count=res.gpu_count, inject=inject, amounts=res.amounts,
-                annotations=new_notes, remove_annotations=[*stale_annotations(res.amounts), tfa.INDEX],
+                annotations=new_notes, remove_annotations=[*stale_annotations(res.amounts), tfa.INDEX,
+                                                        tfa.PENDING_OWNED_WORKLOAD_SPEC],
                 labels=new_labels, workload=workload,
                 native_resources=res.native_resources,
                 enabled_replicas=enabled_replicas, host_port=host_port, disabled_features=disabled,
@@ -313,6 +314,8 @@ def _analyse(pod: Pod, ctx: Context, owner: Owner) -> Plan | None:
                 hypervisor_port=build.hypervisor_port(res.pool), migrated=migrated,
                 capacity_model=res.capacity_model)
     if res.local:
+        if owner.reference is None:  # the pod reconciler creates it once the pod exists, owned by it
+            plan.annotations[tfa.PENDING_OWNED_WORKLOAD_SPEC] = build.pending_workload(workload)
         return plan
     from tfusion.controller.webhook.remote import remote_plan  # remote.py imports this module
 

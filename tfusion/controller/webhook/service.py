@@ -384,7 +384,7 @@ class WebhookService:
             patch = self._patch_text(request, shaped, view, key, entry, index)
             self.memo.add_patch(key, entry, index, patch)
         if not request.dryRun:
-            await self.workloads.ensure(workload)
+            await self.workloads.ensure(workload, create=_creates_workload(entry.plan))
         return allowed(request.uid, base64.b64encode(patch.replace(SHAPE_NAME, name).encode()).decode())
 
     async def _remembered(self, key: MemoKey, state: State, view: Pod, namespace: str) -> Remembered | None:
@@ -411,7 +411,7 @@ class WebhookService:
         else:  # a plan the memo does not keep, or a first sighting it only marked: nothing to share
             patch = await self._rendered(request, pod, view, plan, index, pod_key)
         if not request.dryRun:
-            await self.workloads.ensure(plan.workload)
+            await self.workloads.ensure(plan.workload, create=_creates_workload(plan))
         return allowed(request.uid, patch)
 
     def _remembered_patch(self, request: AdmissionRequest, pod: JsonObject, view: Pod, index: int | None,
@@ -538,6 +538,14 @@ def _sound(request: AdmissionRequest, pod: JsonObject) -> bool:
         return False
     return not shapes.mismatch(_POD_SHAPE, pod)
 _WORKLOADS_STORAGE = f"{r.TENSORFUSIONWORKLOADS.group}/{r.TENSORFUSIONWORKLOADS.plural}"
+
+
+def _creates_workload(plan: mutate.Plan) -> bool:
+    """Whether admission creates the pod's workload when there is none: not for a bare local pod,
+    whose workload the pod reconciler creates once the pod exists, owned by it from the start (one
+    write, none of them on the pod's way to its node). A workload that exists is brought up to date
+    here all the same (a pod created again under its name)."""
+    return tfa.PENDING_OWNED_WORKLOAD_SPEC not in plan.annotations
 
 
 def _check_workload_name(plan: mutate.Plan) -> None:

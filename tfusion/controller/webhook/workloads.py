@@ -10,13 +10,20 @@ already matches (the common case: every pod after the first). A bare pod's workl
 that pod; when a pod is deleted and created again under its name, the webhook takes the workload
 back from the deleted pod before the garbage collector takes it away (`_released_pod`).
 
+A bare local pod's workload that does not exist yet is not created at admission
+(`ensure(create=False)`): the pod carries it (`pending-owned-workload-spec`) and the pod reconciler
+creates it with this same writer once the pod exists, owned by the pod from the start (one write,
+none of them on the pod's way to its node; kube-apiserver gives a pod its UID only after admission,
+so the webhook could not name the owner). The writer's memory of its own answers keeps that
+reconciler from creating it twice while its cache catches up.
+
 A workload the webhook creates carries the controller's finalizer from the start (the workload
-reconciler would add it in a write of its own otherwise), and a bare pod's adoption (the pod
-reconciler, reconcilers/pod.py) sets the owner and drops `AWAITING_POD` in one write.
+reconciler would add it in a write of its own otherwise), and a bare remote client's adoption (the
+pod reconciler, reconcilers/pod.py) sets the owner and drops `AWAITING_POD` in one write.
 
 Admission must leave nothing behind for a pod that never comes (a caller that made up the
 review, an API server killed before it stored the pod, a pod refused after the webhook answered): a
-bare pod's workload the webhook creates carries `AWAITING_POD` (when it was created), and the
+bare remote client's workload the webhook creates carries `AWAITING_POD` (when it was created), and the
 workload reconciler (reconcilers/workload.py) removes that annotation once a pod of the workload
 exists, or deletes the workload when none has appeared within its grace. The state lives on the
 workload, so a controller killed meanwhile finds it again at start. A workload created with a
@@ -44,7 +51,7 @@ import anyio
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Pod, Workload, section, text
+from tfusion.api.accessors import Body, Meta, Pod, Workload, section, text
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import ANNOTATION_OF, parse_quantity
@@ -319,7 +326,7 @@ class WorkloadWriter:
         cached = self.informer.get(f"{wanted.namespace or None}/{wanted.name or None}")
         return None if cached is None else recommendation_for(Workload(cached), desired)
 
-    def _current(self, key: str) -> JsonMapping | None:
+    def current(self, key: str) -> JsonMapping | None:
         """The newer of the informer's copy and this writer's last answer. No copy in an informer
         that has seen past the answer's version means deleted since: a bare pod deleted and
         created again under its name must not be handed its deleted workload. (A delete handler
@@ -340,24 +347,25 @@ class WorkloadWriter:
         while len(self._written) > self.memory:
             self._written.popitem(last=False)
 
-    async def ensure(self, desired: JsonObject) -> str:
-        """"unchanged", "created" or "patched"."""
+    async def ensure(self, desired: JsonObject, *, create: bool = True) -> str:
+        """"unchanged", "created", "patched", or "left" (`create` false: there is no workload to
+        bring up to date, or only one being deleted; nothing is created and nothing waited for)."""
         wanted = Body(desired)
         key = _key(wanted)
         async with self._ensuring.hold(key):
-            return await self._ensure(key, desired)
+            return await self._ensure(key, desired, create)
 
-    async def _ensure(self, key: str, desired: JsonObject) -> str:
-        found = self._current(key)
-        if found is None:
-            return await self._create(desired)
+    async def _ensure(self, key: str, desired: JsonObject, create: bool) -> str:
+        found = self.current(key)
+        if found is None or (not create and Body(found).meta.deleting):
+            return await self._create(desired) if create else "left"
         cached = Body(found)
         if cached.meta.deleting:
             return await self._after_deletion(desired)
         released = await self._released_pod(cached, desired)
         if released is None and self._known_match(key, cached, desired):
             return "unchanged"
-        return await self._patch(cached, desired, released)
+        return await self._patch(cached, desired, released, create)
 
     async def _create(self, desired: JsonObject) -> str:
         wanted = Body(desired)
@@ -379,13 +387,15 @@ class WorkloadWriter:
             return "unchanged"
         return await self._patch(current, desired, released)
 
-    async def _patch(self, current: Body, desired: JsonObject, released: str | None) -> str:
+    async def _patch(self, current: Body, desired: JsonObject, released: str | None, create: bool = True) -> str:
         wanted = Body(desired)
         self.writes += 1
         try:
             patched = await self.client.patch(r.TENSORFUSIONWORKLOADS, wanted.name,
                                               _patch_for(current, desired, released), namespace=wanted.namespace)
         except NotFound:  # collected with its old pod meanwhile: the new pod's own, then
+            if not create:
+                return "left"
             self.writes += 1
             created = await self.client.create(r.TENSORFUSIONWORKLOADS, _as_created(desired),
                                                namespace=wanted.namespace)
@@ -432,13 +442,21 @@ class WorkloadWriter:
         return None if Body(pod).uid == ref.get("uid") else str(ref.get("uid"))
 
 
+def _taken_by_pod(wanted: Meta, ref: JsonMapping) -> bool:
+    """Whether a pod asks to control the workload (the pod reconciler's write for a bare pod) and
+    `ref` is another controller, which that pod replaces, as its adoption does (reconcilers/pod.py)."""
+    mine = wanted.controller_ref()
+    return mine is not None and mine.get("kind") == "Pod" and mine.get("uid") != ref.get("uid")
+
+
 def _patch_for(have: Body, desired: JsonObject, released: str | None = None) -> JsonObject:
     """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
     `released` owner's reference (a UID) dropped."""
     wanted = Body(desired).meta
     meta: JsonObject = {"labels": json_document(section(wanted.raw, "labels")),
                         "annotations": json_document(section(wanted.raw, "annotations"))}
-    kept = [ref for ref in have.meta.owner_references if not (released is not None and ref.get("uid") == released)]
+    kept = [ref for ref in have.meta.owner_references if not (released is not None and ref.get("uid") == released)
+            and not (ref.get("controller") and _taken_by_pod(wanted, ref))]
     missing = [ref for ref in wanted.owner_references if not _owner_present(have, ref)]
     if missing or released is not None:
         meta["ownerReferences"] = [json_document(ref) for ref in (*kept, *missing)]
