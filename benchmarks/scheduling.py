@@ -18,6 +18,8 @@ A watch on pods records when each pod is first seen bound. Reported:
 - `double_allocations`: recomputed at the end from every pod's `gpu-ids` and its request against
   each GPU's capacity: GPUs whose summed TFLOPS or VRAM exceeds capacity, plus pods that name a
   GPU on another node than the one they are bound to.
+- `workloads_not_owned`: bare pods (`pending-owned-workload`) whose workload, once the run has
+  settled, is missing or not controlled by the pod (the pod reconciler creates it after the pod);
 - `scheduler_attempts`: the controller's scheduling attempts by result, read from its /metrics
   (more than `pods` means some pods were parked as unschedulable and tried again).
 
@@ -36,7 +38,8 @@ resource"), `reads_per_pod` (gets and lists), and `controller_cpu_ms_per_pod` /
 `apiserver_cpu_ms_per_pod` (user + system CPU of each process from the first create to the
 settled end), and `benchmark_cpu_ms_per_pod` (this process's, the load it adds to the same cores).
 `--profile PATH` writes the controller's cProfile stats of the same stretch to PATH.
-The run exits non-zero when a pod is left unscheduled or a GPU is double-allocated.
+The run exits non-zero when a pod is left unscheduled, a GPU is double-allocated or a bare pod
+has no workload of its own.
 
 With `--gangs` the pods are gang members (groups of 4 and 8 alternating, created already mutated:
 the webhook stamps gang annotations only on pods of a controller with replicas), each group
@@ -382,6 +385,19 @@ async def wait_bound_or_stalled(done: asyncio.Event, bound_at: dict[str, float],
             seen = len(bound_at)
 
 
+def count_unowned_workloads(pods: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> int:
+    """Pods asking to own a workload (bare pods through the webhook) whose workload, once the run
+    has settled, does not exist or is not controlled by that pod."""
+    controllers = {w["metadata"]["name"]: [o.get("uid") for o in w["metadata"].get("ownerReferences") or []
+                                           if o.get("controller")] for w in workloads}
+    missing = 0
+    for pod in pods:
+        name = (pod["metadata"].get("annotations") or {}).get(tfa.PENDING_OWNED_WORKLOAD)
+        if name and controllers.get(name) != [pod["metadata"]["uid"]]:
+            missing += 1
+    return missing
+
+
 def count_double_allocations(pods: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> int:
     capacity = {g["metadata"]["name"]: (Quantity.parse(g["status"]["capacity"]["tflops"]).milli_value(),
                                         Quantity.parse(g["status"]["capacity"]["vram"]).value(),
@@ -487,6 +503,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
         pods = list(await kube.list(r.PODS, namespace="default"))
         gpus = list(await kube.list(r.GPUS))
         unscheduled = sum(1 for p in pods if not p["spec"].get("nodeName"))
+        unowned = count_unowned_workloads(pods, list(await kube.list(r.TENSORFUSIONWORKLOADS, namespace="default")))
         gangs: dict[str, Any] = {}
         if args.gangs:
             total, complete, partial = gang_counts(pods)
@@ -504,6 +521,7 @@ async def run(args: argparse.Namespace, kubeconfig: Path, controller_url: str,
             if latencies else None,
             "creates_per_s": round(args.pods / max(1e-9, created - first), 1),
             "unscheduled": unscheduled,
+            "workloads_not_owned": unowned,
             "double_allocations": count_double_allocations(pods, gpus),
             "writes_per_pod": round(sum(by_verb.values()), 2),
             "writes_per_pod_by": by_verb,
@@ -578,10 +596,12 @@ def main() -> None:
                 if proc is not None:
                     stop(proc)
         print(json.dumps(result))
-        failed = result["unscheduled"] or result["double_allocations"] or result.get("partial_gangs")
+        failed = (result["unscheduled"] or result["double_allocations"] or result.get("partial_gangs")
+                  or result["workloads_not_owned"])
         if failed:
             sys.stderr.write(f"FAILED: {result['unscheduled']} unscheduled, {result['double_allocations']} double "
-                             f"allocation(s), {result.get('partial_gangs', 0)} partial gang(s)\n")
+                             f"allocation(s), {result.get('partial_gangs', 0)} partial gang(s), "
+                             f"{result['workloads_not_owned']} bare pod(s) without their own workload\n")
             raise SystemExit(1)
 
 
