@@ -218,3 +218,23 @@ def test_editing_an_encoded_set_agrees_with_the_set_algebra(a: FieldSet, b: Fiel
 def test_the_one_walk_encoding_agrees_with_the_set(obj: dict[str, Any]) -> None:
     for shape in (SHAPE, shape_for("Pod"), Shape()):
         assert FieldSet.decode(fields_v1_of(obj, shape)) == FieldSet(fields_of(obj, shape))
+
+
+def test_a_spec_seen_before_is_answered_by_its_json_and_as_a_copy() -> None:
+    """The pods of one template share a spec: its FieldsV1 is found again by its JSON (the same as
+    a walk gives), whatever the rest of the object says; an answer changed by its caller changes no
+    later one, and a shape made again (a CRD changed) never takes the old shape's answer."""
+    shape = shape_for("Pod")
+    spec = {"containers": [{"name": "a", "image": "x", "env": [{"name": "E", "value": "1"}]}], "nodeName": "n"}
+    first = fields_v1_of({"metadata": {"name": "p-1"}, "spec": spec}, shape)
+    first["f:spec"]["f:containers"].clear()
+    again = fields_v1_of({"metadata": {"name": "p-2", "labels": {"a": "b"}}, "spec": dict(spec)}, shape)
+    walked = FieldSet(fields_of({"metadata": {"name": "p-2", "labels": {"a": "b"}}, "spec": spec}, shape))
+    assert FieldSet.decode(again) == walked and again["f:spec"]["f:containers"]
+    crd = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+        "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}}}
+    tags = {"spec": {"tags": ["x", "y"]}}
+    as_set = fields_v1_of(tags, shape_for("Widget", crd))
+    atomic = fields_v1_of(tags, shape_for("Widget", {"type": "object", "properties": {"spec": {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}}}))
+    assert as_set["f:spec"]["f:tags"] == {'v:"x"': {}, 'v:"y"': {}} and atomic["f:spec"]["f:tags"] == {}

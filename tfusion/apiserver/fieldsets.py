@@ -423,13 +423,46 @@ def _collect(value: Any, shape: Shape, at: Path, out: set[Path]) -> None:
 
 def fields_v1_of(value: Any, shape: Shape) -> dict[str, Any]:
     """`FieldSet(fields_of(value, shape)).encode()` in one walk, without building paths: every create
-    records its writer's entry, and objects with a few hundred fields are common."""
-    children, _ = _encoded(value, shape)
+    records its writer's entry, and objects with a few hundred fields are common. An object's
+    `spec` is looked up by its JSON first (`_SpecFields`)."""
+    children, _ = _encoded(value, shape, top=True)
     return children
 
 
-def _encoded(value: Any, shape: Shape) -> tuple[dict[str, Any], bool]:
-    """The FieldsV1 children of a node, and whether the node is a member by its own value."""
+class _SpecFields:
+    """The FieldsV1 of recently seen specs, by shape and JSON text. The pods of one template (a
+    Deployment's, a Job's) are created with equal specs, up to their pod-index resource (one of
+    128), and a pod's spec is most of its fields: its walk was about a twelfth of the embedded API
+    server's CPU while it scheduled such pods. An entry holds its shape, so a shape made again
+    (a CRD changed) never takes another's answer; answers are copies, so no caller can change one."""
+
+    SIZE = 2048
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, bytes], tuple[Shape, bytes, bool]] = {}
+
+    def encoded(self, spec: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], bool]:
+        try:
+            key = (id(shape), orjson.dumps(spec))
+        except orjson.JSONEncodeError:  # not JSON orjson writes (an integer past 64 bits): walked, not kept
+            return _encoded(spec, shape)
+        found = self._known.get(key)
+        if found is not None and found[0] is shape:
+            below: dict[str, Any] = orjson.loads(found[1])
+            return below, found[2]
+        below, member = _encoded(spec, shape)
+        if len(self._known) >= self.SIZE:
+            self._known.clear()  # a burst of distinct specs: start again rather than keep order
+        self._known[key] = (shape, orjson.dumps(below), member)
+        return below, member
+
+
+_SPECS = _SpecFields()
+
+
+def _encoded(value: Any, shape: Shape, *, top: bool = False) -> tuple[dict[str, Any], bool]:
+    """The FieldsV1 children of a node, and whether the node is a member by its own value (`top`:
+    the node is an object, whose spec `_SPECS` may know)."""
     if isinstance(value, dict):
         if shape.atomic_map:
             return {}, True
@@ -439,7 +472,8 @@ def _encoded(value: Any, shape: Shape) -> tuple[dict[str, Any], bool]:
                 out["f:" + key] = {}
                 continue
             sub, declared = shape.child(key)
-            below, member = _encoded(child, sub)
+            below, member = _SPECS.encoded(child, sub) if top and key == "spec" and isinstance(child, dict) \
+                else _encoded(child, sub)
             _put(out, "f:" + key, below, member or not declared or child is None or child == {})
         return out, False
     if isinstance(value, list):
