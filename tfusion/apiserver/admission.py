@@ -375,7 +375,7 @@ def _apply_patch(name: str, obj: dict[str, Any], response: Mapping[str, Any], *,
         )
     try:
         ops = orjson.loads(base64.b64decode(raw, validate=True))
-        patched = json_patch(obj, ops, owned=owned)
+        patched = json_patch(obj, ops, owned=owned, ops_owned=True)  # decoded just now, held by nobody
     except (binascii.Error, ValueError, orjson.JSONDecodeError, PatchError) as exc:
         raise AdmissionError(
             500,

@@ -195,23 +195,23 @@ def _replace(doc: Any, tokens: Sequence[str], value: Any) -> Any:
     return doc
 
 
-def _value_of(op: Mapping[str, Any]) -> Any:
+def _value_of(op: Mapping[str, Any], ops_owned: bool) -> Any:
     if "value" not in op:
         raise _OpFailed("missing required member 'value'")
-    return _clone(op["value"])
+    return op["value"] if ops_owned else _clone(op["value"])
 
 
-def _apply_op(doc: Any, op: Mapping[str, Any]) -> Any:
+def _apply_op(doc: Any, op: Mapping[str, Any], ops_owned: bool) -> Any:
     name = op["op"]
     tokens = _parse_pointer(op["path"], "path")
     if name == "add":
-        return _add(doc, tokens, _value_of(op))
+        return _add(doc, tokens, _value_of(op, ops_owned))
     if name == "remove":
         return _remove(doc, tokens)[0]
     if name == "replace":
-        return _replace(doc, tokens, _value_of(op))
+        return _replace(doc, tokens, _value_of(op, ops_owned))
     if name == "test":
-        expected = _value_of(op)
+        expected = _value_of(op, True)  # compared, never stored
         actual = _walk(doc, tokens)
         if not _json_equal(actual, expected):
             raise _OpFailed(f"test failed: value is {actual!r}, expected {expected!r}")
@@ -231,9 +231,12 @@ def _apply_op(doc: Any, op: Mapping[str, Any]) -> Any:
     return _add(doc, tokens, value)
 
 
-def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None, owned: bool = False) -> Any:
+def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None, owned: bool = False,
+               ops_owned: bool = False) -> Any:
     """Apply an RFC 6902 JSON patch (a list of operations) and return the patched copy (the patched
     `target` itself with `owned`: the caller's private copy, which a failing op leaves half patched).
+    With `ops_owned` (the ops were just decoded and nobody else holds them) their values go into
+    the document as they are, not copied.
 
     With `max_bytes`, the document's JSON size is kept under it while the ops run: `copy` and `add`
     can double a document per op, so checking only the result would let a short patch build
@@ -252,7 +255,7 @@ def json_patch(target: Any, ops: Any, *, max_bytes: int | None = None, owned: bo
         if "path" not in op:
             raise PatchError(f"{_label(index, op)}: missing required member 'path'")
         try:
-            doc = _apply_op(doc, op)
+            doc = _apply_op(doc, op, ops_owned)
             if budget is not None and name in ("add", "copy", "replace", "move"):
                 budget.grew(doc, op, index)
         except _OpFailed as exc:

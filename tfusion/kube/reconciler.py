@@ -142,9 +142,11 @@ class Controller:
         def on_update(old: JsonMapping | None, new: JsonMapping) -> None:
             if not self.primed or (old is not None and not all(p(old, new) for p in predicates)):
                 return
-            on_change(new)
+            keys = tuple(keys_of(new))  # a map may return a generator: read once
+            for key in keys:
+                self.queue.add(key)
             if old is not None:
-                for key in set(keys_of(old)) - set(keys_of(new)):  # e.g. an owner that changed
+                for key in set(keys_of(old)).difference(keys):  # e.g. an owner that changed
                     self.queue.add(key)
 
         informer.add_handler(on_add=on_change, on_update=on_update, on_delete=on_change)

@@ -118,7 +118,7 @@ class ConnectionReconciler:
         return [Body(c) for c in self.connections.by_index(index, value)]
 
     def _keys_of_worker(self, pod: Pod) -> list[str]:
-        if not pod.is_worker:
+        if not pod.is_worker or not len(self.connections):  # no connection (local mode only): nothing to wake
             return []
         namespace = pod.namespace
         keys = [f"{namespace}/{ref.get('name')}" for ref in pod.meta.owner_references
