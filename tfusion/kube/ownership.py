@@ -8,10 +8,11 @@ delete), so they are written here once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypedDict
 
 from tfusion.api.accessors import Body, text
-from tfusion.api.jsontypes import JsonMapping
+from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.kube.resources import ApiResource
 
 
@@ -37,6 +38,14 @@ def owner_reference(owner: Body, resource: ApiResource) -> OwnerReference:
     one already, such as a Node Karpenter's NodeClaim controls): garbage collection follows it."""
     return {"apiVersion": resource.api_version, "kind": resource.kind, "name": owner.name, "uid": owner.uid,
             "controller": False, "blockOwnerDeletion": False}
+
+
+def with_controller(refs: Iterable[JsonMapping], controller: JsonMapping) -> list[JsonObject]:
+    """`refs` with `controller` as their one controller: the owners that are not controllers kept,
+    another controller (and any other reference to the same object) replaced (adoption)."""
+    uid = controller.get("uid")
+    kept = [json_object(ref) for ref in refs if not ref.get("controller") and ref.get("uid") != uid]
+    return [*kept, json_object(controller)]
 
 
 def controller_reference_to(ref: JsonMapping) -> OwnerReference:

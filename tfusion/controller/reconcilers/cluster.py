@@ -37,7 +37,7 @@ from tfusion.controller.reconcilers.common import (
 from tfusion.kube import resources as r
 from tfusion.kube.backoff import Backoff
 from tfusion.kube.client import AlreadyExists, KubeError, NotFound
-from tfusion.kube.ownership import controller_reference
+from tfusion.kube.ownership import controller_reference, with_controller
 from tfusion.kube.reconciler import Result, ensure_finalizer, generation_changed
 
 if TYPE_CHECKING:
@@ -85,11 +85,11 @@ def _needs_update(existing: GpuPool, desired: GpuPool) -> bool:
 
 def _updated(existing: GpuPool, desired: GpuPool) -> JsonObject:
     have, want = existing.meta, desired.meta
-    owners = [o for o in have.owner_references if not o.get("controller")]
+    (owner,) = want.owner_references  # desired_pool's: the cluster, as controller
     return {**json_object(existing.raw), "spec": json_object(desired.spec), "metadata": {
         **json_object(have.raw), "labels": {**have.labels, **want.labels},
         "annotations": {**have.annotations, **want.annotations},
-        "ownerReferences": [json_object(o) for o in (*owners, *want.owner_references)]}}
+        "ownerReferences": [*with_controller(have.owner_references, owner)]}}
 
 
 class ClusterReconciler:

@@ -58,7 +58,7 @@ from tfusion.controller.webhook.remote import connection_of
 from tfusion.controller.webhook.workloads import AWAITING_POD, WorkloadWriter
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, KubeError, NotFound
-from tfusion.kube.ownership import controller_reference
+from tfusion.kube.ownership import controller_reference, with_controller
 from tfusion.kube.reconciler import Result, ensure_finalizer, set_finalizers
 
 if TYPE_CHECKING:
@@ -245,9 +245,8 @@ class PodReconciler:
         meta = Body(workload).meta
         refs = meta.owner_references
         if owner not in refs:
-            owners = [o for o in refs if not o.get("controller")]
             patch: JsonObject = {"resourceVersion": meta.resource_version,
-                                 "ownerReferences": [json_object(o) for o in (*owners, owner)],
+                                 "ownerReferences": [*with_controller(refs, json_object(owner))],
                                  "annotations": {AWAITING_POD: None}}
             if FINALIZER not in meta.finalizers and not meta.deleting:
                 patch["finalizers"] = [*meta.finalizers, FINALIZER]

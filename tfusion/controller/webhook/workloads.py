@@ -51,7 +51,7 @@ import anyio
 import orjson
 
 from tfusion.api import annotations as tfa
-from tfusion.api.accessors import Body, Meta, Pod, Workload, section, text
+from tfusion.api.accessors import Body, Pod, Workload, section, text
 from tfusion.api.jsontypes import JsonMapping, JsonObject, json_object
 from tfusion.api.quantity import Quantity, QuantityError
 from tfusion.controller.defaults import ANNOTATION_OF, parse_quantity
@@ -60,7 +60,7 @@ from tfusion.controller.webhook.mutate import Owner, Plan
 from tfusion.kube import resources as r
 from tfusion.kube.client import AlreadyExists, Conflict, KubeClient, NotFound
 from tfusion.kube.informer import Informer
-from tfusion.kube.ownership import controller_reference_to
+from tfusion.kube.ownership import controller_reference_to, with_controller
 
 #: how long admission waits for a terminating workload of the same name to be removed, and how often it looks
 TERMINATING_WAIT_S = 5.0
@@ -442,24 +442,22 @@ class WorkloadWriter:
         return None if Body(pod).uid == ref.get("uid") else str(ref.get("uid"))
 
 
-def _taken_by_pod(wanted: Meta, ref: JsonMapping) -> bool:
-    """Whether a pod asks to control the workload (the pod reconciler's write for a bare pod) and
-    `ref` is another controller, which that pod replaces, as its adoption does (reconcilers/pod.py)."""
-    mine = wanted.controller_ref()
-    return mine is not None and mine.get("kind") == "Pod" and mine.get("uid") != ref.get("uid")
-
-
 def _patch_for(have: Body, desired: JsonObject, released: str | None = None) -> JsonObject:
     """A merge patch: the desired labels, annotations and spec, the owners it lacks added, and the
-    `released` owner's reference (a UID) dropped."""
+    `released` owner's reference (a UID) dropped. A pod that asks to control the workload (the pod
+    reconciler's write for a bare pod) replaces the controller there was, as its adoption does."""
     wanted = Body(desired).meta
     meta: JsonObject = {"labels": json_document(section(wanted.raw, "labels")),
                         "annotations": json_document(section(wanted.raw, "annotations"))}
-    kept = [ref for ref in have.meta.owner_references if not (released is not None and ref.get("uid") == released)
-            and not (ref.get("controller") and _taken_by_pod(wanted, ref))]
-    missing = [ref for ref in wanted.owner_references if not _owner_present(have, ref)]
-    if missing or released is not None:
-        meta["ownerReferences"] = [json_document(ref) for ref in (*kept, *missing)]
+    have_refs = [json_object(ref) for ref in have.meta.owner_references]
+    refs = [ref for ref in have_refs if released is None or ref.get("uid") != released]
+    mine = wanted.controller_ref()
+    if mine is not None and mine.get("kind") == "Pod":
+        refs = with_controller(refs, mine)
+    uids = {ref.get("uid") for ref in refs}
+    refs += [json_object(ref) for ref in wanted.owner_references if ref.get("uid") not in uids]
+    if refs != have_refs:
+        meta["ownerReferences"] = [*refs]
     return {"metadata": meta, "spec": json_document(section(desired, "spec"))}
 
 
